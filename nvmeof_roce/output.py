@@ -1,0 +1,34 @@
+"""Printing results: a human table/text, or JSON with --json."""
+import json
+import sys
+from typing import Any, Iterable, Sequence
+
+
+def emit(result: Any, as_json: bool, human=None) -> None:
+    """Print `result` as JSON, or through `human(result)` (default: str)."""
+    if as_json:
+        json.dump(result, sys.stdout, indent=2, sort_keys=False, default=str)
+        sys.stdout.write("\n")
+    elif human is not None:
+        human(result)
+    else:
+        print(result)
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A plain left-aligned text table."""
+    rows = [[("" if c is None else str(c)) for c in r] for r in rows]
+    widths = [len(h) for h in headers]
+    for r in rows:
+        for i, c in enumerate(r):
+            widths[i] = max(widths[i], len(c))
+    lines = ["  ".join(h.ljust(widths[i]) for i, h in enumerate(headers)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    for r in rows:
+        lines.append("  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip())
+    return "\n".join(lines)
+
+
+def progress(message: str) -> None:
+    """A progress line for anything slow; goes to stderr so --json stdout stays clean."""
+    print(f"[nvmeof-roce] {message}", file=sys.stderr, flush=True)

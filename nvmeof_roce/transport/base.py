@@ -1,0 +1,136 @@
+"""The queue contract shared by the loopback and RDMA transports.
+
+One NVMe queue (admin or I/O) is one reliable connection.  The target sees a
+`TargetQueue`; the host (initiator) sees a `HostQueue`.  Both are driven by a
+single-threaded event loop: no call here blocks, results arrive as callbacks
+(target) or through `poll()` (host).
+
+Data movement follows RDMA's rules: the host registers memory and advertises
+(addr, key, length) in a keyed SGL; the *target* moves the data with
+`read_host` (RDMA READ) and `write_host` (RDMA WRITE).  A bad key, an
+out-of-bounds range or a missing access right is a `RemoteAccessError`, and on
+RDMA it also kills the connection (the QP goes to the error state).
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Callable, Optional, Protocol
+
+
+class TransportError(Exception):
+    """A transfer or connection failed (the queue is, or will be, torn down)."""
+
+
+class RemoteAccessError(TransportError):
+    """The peer's memory could not be accessed: unknown key, out of bounds, or no access right."""
+
+
+class ConnectRejected(TransportError):
+    """The target rejected the connection with an NVMe-oF RDMA CM reject status (STS)."""
+
+    def __init__(self, status: int, message: str = ""):
+        super().__init__(message or f"connection rejected by the target: CM reject status {status}")
+        self.status = status
+
+
+@dataclass(frozen=True)
+class ConnectRequest:
+    """What the host asked for when it opened a queue (the RDMA CM private data)."""
+
+    recfmt: int
+    qid: int
+    hrqsize: int  # host receive queue size, 1's based
+    hsqsize: int  # host send queue size, 0's based
+    cntlid: int  # controller ID for I/O queues on recent kernels, else 0
+    peer: str = ""  # "address:port" of the host, for logs
+
+
+# Completion callback for RDMA READ: data is valid only during the call.
+ReadDone = Callable[[Optional[memoryview], Optional[TransportError]], None]
+
+
+class TargetQueue(abc.ABC):
+    """The target's end of one NVMe queue."""
+
+    request: ConnectRequest
+    in_capsule_size: int  # bytes of in-capsule data accepted after the 64-byte SQE (0 on admin queues)
+
+    @property
+    def qid(self) -> int:
+        return self.request.qid
+
+    @abc.abstractmethod
+    def read_host(self, addr: int, key: int, length: int, done: ReadDone) -> None:
+        """RDMA READ `length` bytes of host memory; `done(data, None)` or `done(None, error)` later."""
+
+    @abc.abstractmethod
+    def write_host(self, addr: int, key: int, data) -> None:
+        """RDMA WRITE `data` to host memory; ordered before any later `respond` on this queue."""
+
+    @abc.abstractmethod
+    def respond(self, cqe: bytes, invalidate_key: Optional[int] = None) -> None:
+        """SEND a 16-byte completion (with remote invalidation of `invalidate_key` if given)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Disconnect this queue.  The handler's `queue_closed` is called once."""
+
+
+class QueueHandler(Protocol):
+    """Implemented by the target: the transport calls these from its event loop."""
+
+    def check_connect(self, request: ConnectRequest) -> int:
+        """0 to accept a new queue, else the CM reject status (nvme/cm.py)."""
+
+    def queue_opened(self, queue: TargetQueue) -> None:
+        """The queue's connection is accepted; capsules may follow."""
+
+    def capsule_received(self, queue: TargetQueue, capsule: memoryview) -> None:
+        """A command capsule: the 64-byte SQE, then any in-capsule data.  Valid only during the call."""
+
+    def queue_closed(self, queue: TargetQueue) -> None:
+        """The connection is gone (disconnect, transport error, or close())."""
+
+    def tick(self, now: float) -> None:
+        """Called periodically (about every 100 ms) for timers such as keep-alive expiry."""
+
+
+@dataclass
+class HostBuffer:
+    """Host memory registered for remote read and write by the target."""
+
+    addr: int
+    key: int
+    view: memoryview
+
+
+class HostQueue(abc.ABC):
+    """The host's end of one NVMe queue."""
+
+    qid: int
+    crqsize: int  # controller receive queue size from the accept private data
+
+    @abc.abstractmethod
+    def register(self, size: int) -> HostBuffer:
+        """Allocate and register `size` bytes the target may READ and WRITE."""
+
+    @abc.abstractmethod
+    def send(self, capsule: bytes) -> None:
+        """SEND one command capsule (64-byte SQE + optional in-capsule data)."""
+
+    @abc.abstractmethod
+    def poll(self, timeout: float) -> list:
+        """Return the 16-byte CQEs received, waiting up to `timeout` seconds for at least one."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Disconnect."""
+
+
+class Connector(abc.ABC):
+    """Opens host queues to one target address."""
+
+    @abc.abstractmethod
+    def connect(self, qid: int, hrqsize: int, hsqsize: int, cntlid: int = 0) -> HostQueue:
+        """Open queue `qid`; raises ConnectRejected or TransportError."""
