@@ -1,0 +1,296 @@
+"""Build the lab image: Debian's kernel, a bookworm rootfs, a small initramfs, an ext4 disk.
+
+Everything is cached under the user's cache directory and keyed by its inputs
+(package list, kernel package, the guest-side files, the pinned Python
+dependencies), so a second `lab build` is a no-op and a change to any input
+builds a new image.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import lzma
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from ..errors import NvmeofError, ToolMissing
+from ..output import progress
+from . import aptconfig
+
+BUILD_FORMAT = 1  # bump when the build steps change in a way the inputs don't show
+
+GUEST_PACKAGES = [
+    "kmod", "iproute2", "rdma-core", "ibverbs-utils", "ibverbs-providers", "rdmacm-utils", "perftest",
+    "nvme-cli", "fio", "python3", "python3-pyverbs", "util-linux", "procps", "busybox-static",
+    "e2fsprogs", "bash", "less", "strace", "ethtool", "nftables", "iptables",
+]
+
+# Kernel module trees the guest never needs (keeps the image ~500 MB).
+DROPPED_MODULE_DIRS = [
+    "kernel/drivers/gpu", "kernel/drivers/media", "kernel/sound", "kernel/drivers/net/wireless",
+    "kernel/drivers/usb", "kernel/drivers/bluetooth", "kernel/net/bluetooth", "kernel/drivers/staging",
+    "kernel/drivers/iio", "kernel/drivers/hid", "kernel/drivers/input", "kernel/drivers/isdn",
+    "kernel/net/mac80211", "kernel/net/wireless", "kernel/drivers/net/can", "kernel/drivers/video",
+    "kernel/drivers/platform", "kernel/drivers/hwmon", "kernel/drivers/mmc", "kernel/drivers/thunderbolt",
+]
+
+# What the initramfs loads to reach the root disk and the 9p shares.
+INITRAMFS_MODULES = ["virtio_pci", "virtio_blk", "ext4", "9pnet_virtio", "9p"]
+
+GUEST_DIR = Path(__file__).with_name("guest")
+
+
+def cache_root() -> Path:
+    base = os.environ.get("NVMEOF_ROCE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "nvmeof-roce")
+    return Path(base) / "lab"
+
+
+@dataclass
+class LabImage:
+    """A built image: kernel, initramfs and root disk, with the inputs it was built from."""
+
+    directory: Path
+
+    @property
+    def kernel(self) -> Path:
+        return self.directory / "vmlinux"
+
+    @property
+    def initrd(self) -> Path:
+        return self.directory / "initrd.img"
+
+    @property
+    def disk(self) -> Path:
+        return self.directory / "rootfs.ext4"
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.directory / "manifest.json"
+
+    def manifest(self) -> dict:
+        return json.loads(self.manifest_path.read_text())
+
+    def complete(self) -> bool:
+        return self.manifest_path.exists() and all(p.exists() for p in (self.kernel, self.initrd, self.disk))
+
+
+def python_requirements() -> List[str]:
+    """The project's pinned runtime + dev dependencies (the same the host venv has)."""
+    try:
+        reqs = metadata.requires("nvmeof-roce") or []
+    except metadata.PackageNotFoundError:
+        raise NvmeofError("the nvmeof-roce package is not installed", "run 'make venv' (pip install -e '.[dev]')")
+    keep = []
+    for req in reqs:
+        spec, _, marker = req.partition(";")
+        if not marker or re.search(r"extra\s*==\s*['\"]dev['\"]", marker):
+            keep.append(spec.strip().replace(" ", ""))
+    return sorted(keep)
+
+
+def image_inputs() -> Dict[str, object]:
+    kernel_pkg = aptconfig.resolve_kernel_package()
+    guest_files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(GUEST_DIR.iterdir())}
+    return {
+        "format": BUILD_FORMAT,
+        "suite": aptconfig.GUEST_SUITE,
+        "kernel_package": kernel_pkg,
+        "packages": sorted(GUEST_PACKAGES),
+        "python_requirements": python_requirements(),
+        "guest_files": guest_files,
+    }
+
+
+def inputs_key(inputs: Dict[str, object]) -> str:
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def current_image() -> Optional[LabImage]:
+    """The newest complete image, whatever its inputs (for `lab status`)."""
+    images = sorted((cache_root() / "images").glob("*/manifest.json"), key=lambda p: p.stat().st_mtime)
+    for manifest in reversed(images):
+        image = LabImage(manifest.parent)
+        if image.complete():
+            return image
+    return None
+
+
+def image_for(inputs: Dict[str, object]) -> LabImage:
+    return LabImage(cache_root() / "images" / inputs_key(inputs))
+
+
+def _need(tool: str, package: str) -> None:
+    if shutil.which(tool) is None:
+        raise ToolMissing(tool, package)
+
+
+def _run(args: List[str], what: str, **kw) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(args, check=True, capture_output=True, text=True, **kw)
+    except subprocess.CalledProcessError as exc:
+        tail = "\n".join((exc.stderr or exc.stdout or "").strip().splitlines()[-15:])
+        raise NvmeofError(f"{what} failed (exit {exc.returncode}): {' '.join(args[:4])} ...\n{tail}",
+                          "check the machine's apt sources and network access to its Debian mirror; then 'nvmeof-roce lab build' again")
+
+
+def extract_vmlinux(vmlinuz: Path, out: Path) -> None:
+    """Debian's vmlinuz is a bzImage with an XZ payload; the ELF inside boots through PVH directly."""
+    data = vmlinuz.read_bytes()
+    start = data.find(b"\xfd7zXZ\x00")
+    if start < 0:
+        raise NvmeofError(f"{vmlinuz}: no XZ payload found", "the lab expects Debian's amd64 kernel image")
+    decomp = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
+    elf = decomp.decompress(data[start:])
+    if elf[:4] != b"\x7fELF":
+        raise NvmeofError(f"{vmlinuz}: payload is not an ELF kernel", "the lab expects Debian's amd64 kernel image")
+    out.write_bytes(elf)
+
+
+def _modules_closure(rootfs: Path, release: str, modules: List[str]) -> List[str]:
+    """Module files (relative to rootfs) in load order, dependencies first."""
+    ordered: List[str] = []
+    for mod in modules:
+        out = _run(["chroot", str(rootfs), "modprobe", "-S", release, "--show-depends", mod], f"modprobe --show-depends {mod}").stdout
+        for line in out.splitlines():
+            parts = line.split()
+            if parts and parts[0] == "insmod" and parts[1] not in ordered:
+                ordered.append(parts[1])
+    return ordered
+
+
+def build_initramfs(rootfs: Path, release: str, out: Path, work: Path) -> None:
+    tree = work / "initramfs"
+    shutil.rmtree(tree, ignore_errors=True)
+    (tree / "bin").mkdir(parents=True)
+    shutil.copy2(rootfs / "bin/busybox", tree / "bin/busybox")
+    order = []
+    for rel in _modules_closure(rootfs, release, INITRAMFS_MODULES):
+        src = rootfs / rel.lstrip("/")
+        dst = tree / rel.lstrip("/")
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.suffix == ".xz":  # busybox insmod takes plain .ko
+            dst = dst.with_suffix("")
+            dst.write_bytes(lzma.decompress(src.read_bytes()))
+        else:
+            shutil.copy2(src, dst)
+        order.append("/" + str(dst.relative_to(tree)))
+    (tree / "modules.order").write_text("\n".join(order) + "\n")
+    shutil.copy2(GUEST_DIR / "initramfs-init", tree / "init")
+    files = subprocess.run(["find", "."], cwd=tree, check=True, capture_output=True).stdout
+    cpio = subprocess.run(["cpio", "-o", "-H", "newc", "--quiet"], cwd=tree, input=files, check=True, capture_output=True).stdout
+    out.write_bytes(cpio)
+
+
+def _install_guest_files(rootfs: Path) -> None:
+    shutil.copy2(GUEST_DIR / "nvmeof-lab-init", rootfs / "sbin/nvmeof-lab-init")
+    shutil.copy2(GUEST_DIR / "nvmeof-roce", rootfs / "usr/local/bin/nvmeof-roce")
+    (rootfs / "etc/hostname").write_text("nvmeof-lab\n")
+    (rootfs / "etc/hosts").write_text("127.0.0.1 localhost\n10.99.0.1 nvmeof-lab\n")
+    (rootfs / "etc/fstab").write_text("")
+
+
+def _dir_size(path: Path) -> int:
+    out = subprocess.run(["du", "-sb", str(path)], check=True, capture_output=True, text=True).stdout
+    return int(out.split()[0])
+
+
+def build(force: bool = False) -> LabImage:
+    """Build the lab image if its inputs changed (or `force`); return it."""
+    if os.geteuid() != 0:
+        raise NvmeofError("building the lab needs root (debootstrap, chroot)", "run it as root or with sudo")
+    for tool, pkg in (("debootstrap", "debootstrap"), ("mke2fs", "e2fsprogs"), ("cpio", "cpio"),
+                      ("dpkg", "dpkg"), ("apt-get", "apt")):
+        _need(tool, pkg)
+
+    progress("lab build: resolving inputs (kernel package, guest packages, Python pins)")
+    inputs = image_inputs()
+    image = image_for(inputs)
+    if image.complete() and not force:
+        progress(f"lab build: image {image.directory.name} is up to date, skipping build")
+        os.utime(image.manifest_path)
+        return image
+
+    started = time.monotonic()
+    root = cache_root()
+    debs = root / "debs"
+    debs.mkdir(parents=True, exist_ok=True)
+    work = root / "work"
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    mirror = aptconfig.debian_mirror()
+    kernel_pkg = str(inputs["kernel_package"])
+    release = aptconfig.kernel_release(kernel_pkg)
+
+    progress(f"lab build [1/6]: downloading {kernel_pkg}")
+    kdir = work / "kernel"
+    kdir.mkdir()
+    existing = sorted(debs.glob(f"{kernel_pkg}_*.deb"))
+    if not existing:
+        _run(["apt-get", "download", "-q", kernel_pkg], f"apt-get download {kernel_pkg}", cwd=debs)
+        existing = sorted(debs.glob(f"{kernel_pkg}_*.deb"))
+    _run(["dpkg-deb", "-x", str(existing[-1]), str(kdir)], "dpkg-deb -x (kernel)")
+
+    progress(f"lab build [2/6]: debootstrap {aptconfig.GUEST_SUITE} rootfs ({len(GUEST_PACKAGES)} packages; 1-2 min)")
+    rootfs = work / "rootfs"
+    _run(["debootstrap", "--variant=minbase", f"--cache-dir={debs}", "--include=" + ",".join(GUEST_PACKAGES),
+          aptconfig.GUEST_SUITE, str(rootfs), mirror], "debootstrap")
+
+    progress(f"lab build [3/6]: kernel {release}: vmlinux and modules")
+    image_tmp = root / "images" / (image.directory.name + ".tmp")
+    shutil.rmtree(image_tmp, ignore_errors=True)
+    image_tmp.mkdir(parents=True)
+    extract_vmlinux(kdir / "boot" / f"vmlinuz-{release}", image_tmp / "vmlinux")
+    mod_src = kdir / "lib/modules" / release
+    for rel in DROPPED_MODULE_DIRS:
+        shutil.rmtree(mod_src / rel, ignore_errors=True)
+    mod_dst = rootfs / "lib/modules" / release
+    shutil.rmtree(mod_dst, ignore_errors=True)
+    shutil.copytree(mod_src, mod_dst, symlinks=True)
+    _run(["chroot", str(rootfs), "depmod", "-a", release], "depmod")
+
+    progress("lab build [4/6]: project Python dependencies (pinned, same as the venv)")
+    site = rootfs / "usr/local/lib/python3.11/dist-packages"
+    site.mkdir(parents=True, exist_ok=True)
+    _run([sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--target", str(site),
+          *inputs["python_requirements"]], "pip install (guest dependencies)")
+    _install_guest_files(rootfs)
+    # The guest is throwaway; drop apt's caches and docs to keep the disk small.
+    for rel in ("var/cache/apt/archives", "usr/share/doc", "usr/share/man", "usr/share/locale"):
+        shutil.rmtree(rootfs / rel, ignore_errors=True)
+
+    progress("lab build [5/6]: initramfs")
+    build_initramfs(rootfs, release, image_tmp / "initrd.img", work)
+
+    size = _dir_size(rootfs)
+    disk_mb = int(size * 1.3 / 2**20) + 200
+    progress(f"lab build [6/6]: ext4 root disk ({disk_mb} MB)")
+    _run(["mke2fs", "-q", "-t", "ext4", "-L", "nvmeof-lab", "-d", str(rootfs), str(image_tmp / "rootfs.ext4"),
+          f"{disk_mb}M"], "mke2fs")
+
+    manifest = {"inputs": inputs, "key": image.directory.name, "kernel_release": release,
+                "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "build_seconds": round(time.monotonic() - started, 1), "rootfs_bytes": size}
+    (image_tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    shutil.rmtree(image.directory, ignore_errors=True)
+    image_tmp.rename(image.directory)
+    shutil.rmtree(work, ignore_errors=True)
+    _prune_old_images(keep=image.directory)
+    progress(f"lab build: done in {manifest['build_seconds']} s -> {image.directory}")
+    return image
+
+
+def _prune_old_images(keep: Path, max_images: int = 2) -> None:
+    images = sorted((p for p in (cache_root() / "images").iterdir() if p.is_dir() and p != keep),
+                    key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in images[max_images - 1:]:
+        shutil.rmtree(old, ignore_errors=True)
