@@ -1,0 +1,381 @@
+"""Namespace backends for the userspace target: RAM, file/block device, null.
+
+Every backend has the same interface (`Backend`); offsets and lengths are in bytes and the
+caller (the target core) has already checked them against LBA ranges — a backend still refuses
+an out-of-range access with `BackendError` instead of touching memory it does not own.
+
+- RAM: one anonymous mmap (page aligned, so the target can register it as one memory region);
+  `.buffer` is a writable memoryview of all of it, for zero-copy reads.
+- file: a regular file or a block device, opened with O_DIRECT where the filesystem allows it
+  (tmpfs does not: then buffered). Reads go straight into the caller's memoryview with
+  os.preadv; an access O_DIRECT refuses (unaligned buffer or offset) falls back to a second,
+  buffered descriptor. flush = fdatasync.
+- null: reads zeros, writes are discarded.
+"""
+import ctypes
+import ctypes.util
+import errno
+import fcntl
+import logging
+import mmap
+import os
+import stat
+import struct
+from typing import Optional
+
+from ..errors import NvmeofError
+from .config import NamespaceConfig
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Backend", "BackendError", "RamBackend", "FileBackend", "NullBackend", "open_backend"]
+
+# linux/fs.h
+BLKGETSIZE64 = 0x80081272
+BLKSSZGET = 0x1268
+BLKDISCARD = 0x1277
+BLKZEROOUT = 0x127F
+FALLOC_FL_KEEP_SIZE = 0x01
+FALLOC_FL_PUNCH_HOLE = 0x02
+FALLOC_FL_ZERO_RANGE = 0x10
+
+_ZERO_CHUNK = 1 << 20
+
+
+class BackendError(NvmeofError):
+    """A namespace backend failed; the message names the path (or backend) and the fix."""
+
+
+class Backend:
+    """The interface the target core codes against."""
+
+    kind = "?"
+    block_size: int
+    num_blocks: int
+    path: Optional[str] = None
+
+    @property
+    def size_bytes(self) -> int:
+        return self.block_size * self.num_blocks
+
+    def _check(self, offset: int, length: int) -> None:
+        if offset < 0 or length < 0 or offset + length > self.size_bytes:
+            raise BackendError(f"{self.describe()}: access {offset}+{length} is outside 0..{self.size_bytes}",
+                               "the caller must check LBA ranges against num_blocks")
+
+    def describe(self) -> str:
+        return f"{self.kind} namespace" + (f" {self.path}" if self.path else "")
+
+    def read_into(self, offset: int, buf: memoryview) -> None:
+        raise NotImplementedError
+
+    def read(self, offset: int, length: int) -> bytes:
+        out = bytearray(length)
+        self.read_into(offset, memoryview(out))
+        return bytes(out)
+
+    def write(self, offset: int, data) -> None:
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        pass
+
+    def write_zeroes(self, offset: int, length: int) -> None:
+        raise NotImplementedError
+
+    def discard(self, offset: int, length: int) -> None:
+        """Deallocate; reads of the range return zeros afterwards."""
+        self.write_zeroes(offset, length)
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"<{type(self).__name__} {self.describe()} {self.num_blocks}x{self.block_size}>"
+
+
+class RamBackend(Backend):
+    kind = "ram"
+
+    def __init__(self, size_bytes: int, block_size: int = 512):
+        if size_bytes <= 0 or size_bytes % block_size:
+            raise BackendError(f"ram namespace: size {size_bytes} is not a positive multiple of {block_size}",
+                               "give a size that is a multiple of the block size")
+        self.block_size = block_size
+        self.num_blocks = size_bytes // block_size
+        try:
+            self._map = mmap.mmap(-1, size_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        except (OSError, OverflowError) as exc:
+            raise BackendError(f"ram namespace: cannot allocate {size_bytes} bytes: {exc}",
+                               "use a smaller nvmeof_roce.size or a file backend") from None
+        self.buffer = memoryview(self._map)
+
+    def read_into(self, offset, buf):
+        buf = memoryview(buf).cast("B")
+        self._check(offset, len(buf))
+        buf[:] = self.buffer[offset:offset + len(buf)]
+
+    def read(self, offset, length):
+        self._check(offset, length)
+        return bytes(self.buffer[offset:offset + length])
+
+    def write(self, offset, data):
+        data = memoryview(data).cast("B")
+        self._check(offset, len(data))
+        self.buffer[offset:offset + len(data)] = data
+
+    def write_zeroes(self, offset, length):
+        self._check(offset, length)
+        end = offset + length
+        while offset < end:
+            n = min(_ZERO_CHUNK, end - offset)
+            self.buffer[offset:offset + n] = bytes(n)
+            offset += n
+
+    def close(self):
+        if self._map is not None and not self._map.closed:
+            self.buffer.release()
+            self._map.close()
+
+
+class NullBackend(Backend):
+    kind = "null"
+
+    def __init__(self, size_bytes: int, block_size: int = 512):
+        if size_bytes <= 0 or size_bytes % block_size:
+            raise BackendError(f"null namespace: size {size_bytes} is not a positive multiple of {block_size}",
+                               "give a size that is a multiple of the block size")
+        self.block_size = block_size
+        self.num_blocks = size_bytes // block_size
+
+    def read_into(self, offset, buf):
+        buf = memoryview(buf).cast("B")
+        self._check(offset, len(buf))
+        buf[:] = bytes(len(buf))
+
+    def write(self, offset, data):
+        self._check(offset, len(memoryview(data).cast("B")))
+
+    def write_zeroes(self, offset, length):
+        self._check(offset, length)
+
+
+_libc = None
+
+
+def _fallocate(fd: int, mode: int, offset: int, length: int) -> bool:
+    """fallocate(2) with flags; False if the filesystem does not support that mode."""
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+    if _libc.fallocate(fd, mode, offset, length) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+        return False
+    raise OSError(err, os.strerror(err))
+
+
+class FileBackend(Backend):
+    kind = "file"
+
+    def __init__(self, path: str, block_size: int = 512, create_size: Optional[int] = None,
+                 direct: bool = True):
+        self.path = path
+        self.block_size = block_size
+        self._fd = self._dfd = -1
+        self.direct = False
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            if create_size is None:
+                raise BackendError(f"{path}: no such file",
+                                   f"create it (truncate -s 1G {path}), or set nvmeof_roce.size so the "
+                                   "target creates it") from None
+            self._create(path, create_size)
+            st = os.stat(path)
+        except PermissionError:
+            raise BackendError(f"{path}: permission denied", "run as root or give this user access to the file") from None
+        self.is_block = stat.S_ISBLK(st.st_mode)
+        if not (self.is_block or stat.S_ISREG(st.st_mode)):
+            raise BackendError(f"{path}: not a regular file or block device",
+                               "device.path must name a file or a block device (e.g. /dev/nullb0)")
+        self._fd = self._open(os.O_RDWR)
+        try:
+            if self.is_block:
+                size = struct.unpack("Q", fcntl.ioctl(self._fd, BLKGETSIZE64, b"\0" * 8))[0]
+                lbs = struct.unpack("i", fcntl.ioctl(self._fd, BLKSSZGET, b"\0" * 4))[0]
+                if block_size < lbs:
+                    raise BackendError(f"{path}: logical block size is {lbs}, larger than the namespace's {block_size}",
+                                       f"set nvmeof_roce.block_size to {lbs} (or 4096)")
+            else:
+                size = st.st_size
+                if create_size is not None and size != create_size:
+                    log.warning("%s exists with %d bytes; nvmeof_roce.size %d is only used to create it",
+                                path, size, create_size)
+            if size == 0:
+                raise BackendError(f"{path}: is empty (0 bytes)",
+                                   f"give it a size (truncate -s 1G {path}) or remove it and set nvmeof_roce.size")
+            if size % block_size:
+                raise BackendError(f"{path}: size {size} is not a multiple of the block size {block_size}",
+                                   f"resize it to a multiple of {block_size} (truncate -s {size - size % block_size or block_size} {path})")
+            self.num_blocks = size // block_size
+            if direct:
+                try:
+                    self._dfd = self._open(os.O_RDWR | os.O_DIRECT)
+                    self.direct = True
+                except BackendError:
+                    raise
+                except OSError:
+                    self._dfd = -1   # tmpfs and some others refuse O_DIRECT: buffered only
+        except BaseException:
+            self.close()
+            raise
+        log.debug("%s: %d blocks of %d, %s", path, self.num_blocks, block_size,
+                  "O_DIRECT" if self.direct else "buffered")
+
+    def _create(self, path, size):
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileNotFoundError:
+            raise BackendError(f"{path}: cannot create, its directory does not exist",
+                               f"create {os.path.dirname(path) or '.'} first") from None
+        except PermissionError:
+            raise BackendError(f"{path}: permission denied creating the file",
+                               "run as root or pick a directory this user can write") from None
+        try:
+            os.ftruncate(fd, size)
+        finally:
+            os.close(fd)
+
+    def _open(self, flags):
+        try:
+            return os.open(self.path, flags | os.O_CLOEXEC)
+        except PermissionError:
+            raise BackendError(f"{self.path}: permission denied opening it read-write",
+                               "run as root or give this user write access (chmod/chown, or the 'disk' group)") from None
+        except OSError as exc:
+            if flags & os.O_DIRECT:
+                raise
+            raise BackendError(f"{self.path}: cannot open: {exc.strerror}", "check the path and that it is not in use") from None
+
+    def _io_error(self, what, offset, length, exc):
+        return BackendError(f"{self.path}: {what} of {length} bytes at {offset} failed: {exc.strerror or exc}",
+                            "check the device (dmesg) and free space")
+
+    def read_into(self, offset, buf):
+        buf = memoryview(buf).cast("B")
+        length = len(buf)
+        self._check(offset, length)
+        done = 0
+        fd = self._dfd if self.direct else self._fd
+        while done < length:
+            try:
+                n = os.preadv(fd, [buf[done:]], offset + done)
+            except OSError as exc:
+                if exc.errno == errno.EINVAL and fd == self._dfd:
+                    fd = self._fd           # unaligned for O_DIRECT: use the buffered descriptor
+                    continue
+                raise self._io_error("read", offset, length, exc) from None
+            if n == 0:   # past EOF of a shrunk file: zeros
+                buf[done:] = bytes(length - done)
+                break
+            done += n
+
+    def write(self, offset, data):
+        data = memoryview(data).cast("B")
+        length = len(data)
+        self._check(offset, length)
+        done = 0
+        fd = self._dfd if self.direct else self._fd
+        while done < length:
+            try:
+                n = os.pwritev(fd, [data[done:]], offset + done)
+            except OSError as exc:
+                if exc.errno == errno.EINVAL and fd == self._dfd:
+                    fd = self._fd
+                    continue
+                raise self._io_error("write", offset, length, exc) from None
+            done += n
+
+    def flush(self):
+        try:
+            os.fdatasync(self._fd)
+        except OSError as exc:
+            raise BackendError(f"{self.path}: flush failed: {exc.strerror}", "check the device (dmesg)") from None
+
+    def _zero_by_writing(self, offset, length):
+        zeros = bytes(min(_ZERO_CHUNK, length))
+        end = offset + length
+        while offset < end:
+            n = min(len(zeros), end - offset)
+            self.write(offset, memoryview(zeros)[:n])
+            offset += n
+
+    def write_zeroes(self, offset, length):
+        self._check(offset, length)
+        if length == 0:
+            return
+        try:
+            if self.is_block:
+                try:
+                    fcntl.ioctl(self._fd, BLKZEROOUT, struct.pack("QQ", offset, length))
+                    return
+                except OSError as exc:
+                    if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOTTY):
+                        raise
+            elif _fallocate(self._fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, offset, length) or \
+                    _fallocate(self._fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length):
+                return
+        except OSError as exc:
+            raise self._io_error("write zeroes", offset, length, exc) from None
+        self._zero_by_writing(offset, length)
+
+    def discard(self, offset, length):
+        self._check(offset, length)
+        if length == 0:
+            return
+        try:
+            if self.is_block:
+                try:
+                    fcntl.ioctl(self._fd, BLKDISCARD, struct.pack("QQ", offset, length))
+                except OSError as exc:
+                    if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOTTY):
+                        raise
+                # a discard may leave old data: make the range read back as zeros
+                self.write_zeroes(offset, length)
+            elif not _fallocate(self._fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length):
+                self.write_zeroes(offset, length)
+        except OSError as exc:
+            raise self._io_error("discard", offset, length, exc) from None
+
+    def close(self):
+        for name in ("_dfd", "_fd"):
+            fd = getattr(self, name, -1)
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+                setattr(self, name, -1)
+
+
+def open_backend(ns: NamespaceConfig) -> Backend:
+    """Open the backend a namespace config describes."""
+    if ns.backend == "ram":
+        return RamBackend(ns.size_bytes, ns.block_size)
+    if ns.backend == "null":
+        return NullBackend(ns.size_bytes, ns.block_size)
+    if ns.backend == "file":
+        if not ns.path:
+            raise BackendError(f"namespace {ns.nsid}: file backend without device.path",
+                               "set device.path to a file or block device")
+        return FileBackend(ns.path, ns.block_size, create_size=ns.size_bytes)
+    raise BackendError(f"namespace {ns.nsid}: unknown backend {ns.backend!r}", "use ram, file or null")

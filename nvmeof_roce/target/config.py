@@ -1,0 +1,794 @@
+"""The one target config schema: a superset of nvmetcli's /etc/nvmet/config.json.
+
+Both targets read it: `nvmeof-roce nvmet apply` (the kernel's nvmet through configfs) and
+`nvmeof-roce target serve` (the userspace target). The shape is nvmetcli's dump::
+
+    {"hosts": [{"nqn": HOSTNQN}],
+     "ports": [{"portid": 1, "addr": {"trtype": "rdma", "adrfam": "ipv4", "traddr": "10.99.0.1",
+                                      "trsvcid": "4420", "treq": "not specified"},
+                "param": {"inline_data_size": "16384"}, "subsystems": [NQN], "referrals": [],
+                "ana_groups": [{"grpid": 1, "ana": {"state": "optimized"}}]}],
+     "subsystems": [{"nqn": NQN, "attr": {"allow_any_host": "0", "serial": ..., "model": ...},
+                     "allowed_hosts": [HOSTNQN],
+                     "namespaces": [{"nsid": 1, "enable": 1, "ana_grpid": 1,
+                                     "device": {"path": "/dev/nullb0", "uuid": ..., "nguid": ...}}]}]}
+
+Keys that only the userspace target understands live under ``"nvmeof_roce"`` (on the top
+level, a port, a subsystem or a namespace); for example a RAM namespace::
+
+    {"nsid": 1, "nvmeof_roce": {"backend": "ram", "size": "64M", "block_size": 512}}
+
+The kernel path rejects every ``"nvmeof_roce"`` key (see `userspace_only_keys`). A namespace
+without it is a file or block device namespace using ``device.path``.
+
+``to_dict()`` gives the config back in nvmetcli's shape with the generated values (serial,
+namespace UUID, ...) filled in; for a file nvmetcli saved it equals the file.
+"""
+import copy
+import ipaddress
+import json
+import re
+import uuid as uuidlib
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from ..errors import NvmeofError
+
+__all__ = [
+    "ConfigError", "TargetConfig", "PortConfig", "SubsystemConfig", "NamespaceConfig",
+    "HostConfig", "ReferralConfig", "AnaGroupConfig", "load_config", "parse_config",
+    "parse_size", "validate_nqn", "userspace_only_keys", "DISCOVERY_NQN", "NSID_MAX",
+]
+
+DISCOVERY_NQN = "nqn.2014-08.org.nvmexpress.discovery"
+NQN_MAX_BYTES = 223
+NSID_MAX = 0xFFFFFFFE
+CNTLID_MAX = 0xFFEF
+ANA_GRPID_MAX = 128          # NVMET_MAX_ANAGRPS
+PORTID_MAX = 0xFFFF          # configfs ports/<u16>
+DEFAULT_TRSVCID = 4420
+DEFAULT_MODEL = "nvmeof-roce"
+BLOCK_SIZES = (512, 4096)
+BACKENDS = ("ram", "file", "null")
+USERSPACE_KEY = "nvmeof_roce"
+
+TRTYPES = ("rdma", "tcp", "loop", "fc", "pcie")
+ADRFAMS = ("ipv4", "ipv6", "ib", "fc", "loop", "pci", "")
+TREQS = ("not specified", "required", "not required")
+ANA_STATES = ("optimized", "non-optimized", "inaccessible", "persistent-loss", "change")
+
+# A fixed namespace for uuid5: a namespace's UUID derives from (subsystem NQN, NSID) only.
+_UUID_NAMESPACE = uuidlib.uuid5(uuidlib.NAMESPACE_DNS, "nvmeof-roce.namespace")
+
+_NQN_RE = re.compile(
+    r"^nqn\.(?P<year>\d{4})-(?P<month>\d{2})\."
+    r"(?P<domain>[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*)"
+    r"(?::(?P<rest>.+))?$"
+)
+_UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([kKmMgGtTpP]?)(i?[bB])?\s*$")
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
+
+
+class ConfigError(NvmeofError):
+    """A bad target config: the message names the file and the field path."""
+
+    def __init__(self, source: str, where: str, problem: str, fix: str = ""):
+        location = f"{source}: {where}" if where else source
+        super().__init__(f"{location}: {problem}", fix)
+        self.source = source
+        self.where = where
+        self.problem = problem
+
+
+# --------------------------------------------------------------------------- helpers
+
+def parse_size(value: Any) -> int:
+    """'64M', '1G', '4KiB', '512', 4096 -> bytes (binary multiples). ValueError if not a size."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a size: {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"negative size: {value}")
+        return value
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if m:
+            return int(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
+    raise ValueError(f"not a size: {value!r}")
+
+
+def nqn_problem(nqn: Any) -> Optional[str]:
+    """Why `nqn` is not a valid NQN, or None."""
+    if not isinstance(nqn, str) or not nqn:
+        return f"must be a non-empty string, got {nqn!r}"
+    if len(nqn.encode("utf-8")) > NQN_MAX_BYTES:
+        return f"is {len(nqn.encode('utf-8'))} bytes, longer than the {NQN_MAX_BYTES}-byte NQN limit"
+    if any(c.isspace() or ord(c) < 0x20 or c == "/" for c in nqn):
+        return f"{nqn!r} contains whitespace, a control character or '/'"
+    m = _NQN_RE.match(nqn)
+    if not m:
+        return f"{nqn!r} is not an NQN (nqn.yyyy-mm.reverse-domain:name or nqn.2014-08.org.nvmexpress:uuid:UUID)"
+    if not 1 <= int(m.group("month")) <= 12:
+        return f"{nqn!r}: month {m.group('month')} is not 01..12"
+    rest = m.group("rest")
+    if nqn != DISCOVERY_NQN and not rest:
+        return f"{nqn!r} has no ':name' part after the domain"
+    if rest and rest.startswith("uuid:") and m.group("domain") == "org.nvmexpress":
+        if not _UUID_RE.match(rest[5:]):
+            return f"{nqn!r}: the uuid form needs a UUID after 'uuid:'"
+    return None
+
+
+def validate_nqn(nqn: Any, source: str = "", where: str = "nqn") -> str:
+    problem = nqn_problem(nqn)
+    if problem:
+        raise ConfigError(source, where, problem,
+                          "use an NQN like nqn.2014-08.org.example:storage1 "
+                          "(nvme gen-hostnqn makes a host NQN)")
+    return nqn
+
+
+def namespace_uuid(subsys_nqn: str, nsid: int) -> str:
+    """The deterministic UUID of namespace `nsid` in `subsys_nqn` (stable across restarts)."""
+    return str(uuidlib.uuid5(_UUID_NAMESPACE, f"{subsys_nqn}#{nsid}"))
+
+
+def subsystem_serial(nqn: str) -> str:
+    """A stable 16-hex-digit serial number derived from the NQN."""
+    return hashlib.sha256(nqn.encode("utf-8")).hexdigest()[:16]
+
+
+def userspace_only_keys(data: Any, path: str = "") -> List[str]:
+    """Field paths of every "nvmeof_roce" key in a raw config dict (the kernel rejects them)."""
+    found = []
+    if isinstance(data, dict):
+        for k, v in data.items():
+            sub = f"{path}.{k}" if path else k
+            if k == USERSPACE_KEY:
+                found.append(sub)
+            else:
+                found.extend(userspace_only_keys(v, sub))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            found.extend(userspace_only_keys(v, f"{path}[{i}]"))
+    return found
+
+
+def _flag(v: Any) -> Optional[bool]:
+    """'1'/'0'/1/0/true/false -> bool; None if not a flag."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int) and v in (0, 1):
+        return bool(v)
+    if isinstance(v, str) and v.strip().lower() in ("1", "0", "true", "false", "yes", "no", "y", "n"):
+        return v.strip().lower() in ("1", "true", "yes", "y")
+    return None
+
+
+class _Ctx:
+    """Where we are while parsing: the file name and the field path."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def err(self, where: str, problem: str, fix: str = "") -> ConfigError:
+        return ConfigError(self.source, where, problem, fix)
+
+    def dict_at(self, value: Any, where: str, optional=True) -> dict:
+        if value is None and optional:
+            return {}
+        if not isinstance(value, dict):
+            raise self.err(where or "(top level)", f"must be an object, got {type(value).__name__} {value!r}",
+                           "write it as a JSON object {...} (see targets/*.json)")
+        return value
+
+    def list_at(self, value: Any, where: str) -> list:
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise self.err(where, f"must be a list, got {type(value).__name__} {value!r}",
+                           "write it as a JSON list [...] (see targets/*.json)")
+        return value
+
+    def int_at(self, value: Any, where: str, lo: int, hi: int, hexrange=False) -> int:
+        rng = f"{lo}..{hi:#X}".replace("0X", "0x") if hexrange else f"{lo}..{hi}"
+        try:
+            if isinstance(value, bool):
+                raise ValueError
+            n = value if isinstance(value, int) else int(str(value), 0)
+        except (TypeError, ValueError):
+            raise self.err(where, f"must be an integer {rng}, got {value!r}", f"give an integer in {rng}") from None
+        if not lo <= n <= hi:
+            raise self.err(where, f"must be {rng}, got {value!r}", f"give an integer in {rng}")
+        return n
+
+    def flag_at(self, value: Any, where: str) -> bool:
+        f = _flag(value)
+        if f is None:
+            raise self.err(where, f"must be 0 or 1 (or true/false), got {value!r}", "use 1 to turn it on, 0 to turn it off")
+        return f
+
+    def str_at(self, value: Any, where: str) -> str:
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise self.err(where, f"must be a string, got {type(value).__name__} {value!r}", "write it as a JSON string")
+        return str(value)
+
+    def unknown(self, d: dict, known, where: str) -> None:
+        for k in d:
+            if k not in known:
+                raise self.err(f"{where}.{k}" if where else k, "unknown key",
+                               f"remove it; known keys here: {', '.join(sorted(known))}")
+
+
+# --------------------------------------------------------------------------- the model
+
+@dataclass
+class HostConfig:
+    nqn: str
+    attrs: Dict[str, dict] = field(default_factory=dict)   # attribute groups, e.g. "dhchap"
+
+    def to_dict(self) -> dict:
+        d = {"nqn": self.nqn}
+        d.update(copy.deepcopy(self.attrs))
+        return d
+
+
+@dataclass
+class ReferralConfig:
+    name: str
+    trtype: str
+    adrfam: str
+    traddr: str
+    trsvcid: str
+    treq: str = "not specified"
+    portid: Optional[int] = None
+    enabled: bool = True
+    raw: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = copy.deepcopy(self.raw)
+        addr = d.setdefault("addr", {})
+        addr.update({"trtype": self.trtype, "adrfam": self.adrfam, "traddr": self.traddr,
+                     "trsvcid": self.trsvcid, "treq": self.treq})
+        if self.portid is not None:
+            addr["portid"] = str(self.portid)
+        d["name"] = self.name
+        d["enable"] = 1 if self.enabled else 0
+        return d
+
+
+@dataclass
+class AnaGroupConfig:
+    grpid: int
+    state: str = "optimized"
+    raw: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = copy.deepcopy(self.raw)
+        d.setdefault("ana", {})["state"] = self.state
+        d["grpid"] = self.grpid
+        return d
+
+
+@dataclass
+class PortConfig:
+    portid: int
+    trtype: str = "rdma"
+    adrfam: str = "ipv4"
+    traddr: str = ""
+    trsvcid: int = DEFAULT_TRSVCID      # 0 where the transport has no service id (loop, fc)
+    treq: str = "not specified"
+    subsystems: List[str] = field(default_factory=list)
+    referrals: List[ReferralConfig] = field(default_factory=list)
+    params: Dict[str, str] = field(default_factory=dict)   # configfs param_* (inline_data_size, ...)
+    ana_groups: List[AnaGroupConfig] = field(default_factory=list)
+    userspace: dict = field(default_factory=dict)           # the port's "nvmeof_roce" key
+    raw: dict = field(default_factory=dict)
+
+    @property
+    def trsvcid_str(self) -> str:
+        if self.trsvcid:
+            return str(self.trsvcid)
+        return str(self.raw.get("addr", {}).get("trsvcid", ""))
+
+    def to_dict(self) -> dict:
+        d = copy.deepcopy(self.raw)
+        addr = d.setdefault("addr", {})
+        addr.update({"trtype": self.trtype, "adrfam": self.adrfam, "traddr": self.traddr,
+                     "trsvcid": self.trsvcid_str, "treq": self.treq})
+        if self.params or "param" in d:
+            d["param"] = dict(self.params)
+        d["portid"] = self.portid
+        d["subsystems"] = list(self.subsystems)
+        d["referrals"] = [r.to_dict() for r in self.referrals]
+        if self.ana_groups or "ana_groups" in d:
+            d["ana_groups"] = [a.to_dict() for a in self.ana_groups]
+        if self.userspace:
+            d[USERSPACE_KEY] = copy.deepcopy(self.userspace)
+        return d
+
+
+@dataclass
+class NamespaceConfig:
+    nsid: int
+    enabled: bool = True
+    backend: str = "file"               # 'ram' | 'file' | 'null'
+    path: Optional[str] = None
+    size_bytes: Optional[int] = None    # ram/null: required; file: size to create if missing
+    block_size: int = 512
+    uuid: str = ""
+    nguid: Optional[str] = None
+    eui64: Optional[str] = None
+    ana_grpid: int = 1
+    buffered_io: Optional[bool] = None  # kernel nvmet: buffered_io (needed for files on tmpfs)
+    userspace: dict = field(default_factory=dict)   # the namespace's "nvmeof_roce" key
+    raw: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = copy.deepcopy(self.raw)
+        dev = d.setdefault("device", {})
+        if self.path is not None:
+            dev["path"] = self.path
+        dev["uuid"] = self.uuid
+        if self.nguid is not None:
+            dev["nguid"] = self.nguid
+        if self.eui64 is not None:
+            dev["eui64"] = self.eui64
+        d["enable"] = 1 if self.enabled else 0
+        d["nsid"] = self.nsid
+        d["ana_grpid"] = self.ana_grpid
+        if self.buffered_io is not None:
+            d["buffered_io"] = 1 if self.buffered_io else 0
+        if self.userspace:
+            d[USERSPACE_KEY] = copy.deepcopy(self.userspace)
+        return d
+
+
+@dataclass
+class SubsystemConfig:
+    nqn: str
+    allow_any_host: bool = False
+    allowed_hosts: List[str] = field(default_factory=list)
+    serial: str = ""
+    model: str = DEFAULT_MODEL
+    namespaces: List[NamespaceConfig] = field(default_factory=list)
+    attrs: Dict[str, str] = field(default_factory=dict)  # every attr_* as given (strings), incl. version, cntlid_*
+    userspace: dict = field(default_factory=dict)
+    raw: dict = field(default_factory=dict)
+
+    @property
+    def version(self) -> Optional[str]:
+        return self.attrs.get("version")
+
+    @property
+    def cntlid_min(self) -> int:
+        return int(self.attrs.get("cntlid_min", 1))
+
+    @property
+    def cntlid_max(self) -> int:
+        return int(self.attrs.get("cntlid_max", CNTLID_MAX))
+
+    def namespace(self, nsid: int) -> Optional[NamespaceConfig]:
+        return next((n for n in self.namespaces if n.nsid == nsid), None)
+
+    def to_dict(self) -> dict:
+        d = copy.deepcopy(self.raw)
+        attr = dict(self.attrs)
+        attr["allow_any_host"] = "1" if self.allow_any_host else "0"
+        attr["serial"] = self.serial
+        attr["model"] = self.model
+        d["attr"] = attr
+        d["allowed_hosts"] = list(self.allowed_hosts)
+        d["namespaces"] = [n.to_dict() for n in self.namespaces]
+        d["nqn"] = self.nqn
+        if self.userspace:
+            d[USERSPACE_KEY] = copy.deepcopy(self.userspace)
+        return d
+
+
+@dataclass
+class TargetConfig:
+    hosts: List[str] = field(default_factory=list)
+    ports: List[PortConfig] = field(default_factory=list)
+    subsystems: List[SubsystemConfig] = field(default_factory=list)
+    source: str = "<config>"
+    raw: dict = field(default_factory=dict)
+    host_entries: List[HostConfig] = field(default_factory=list)
+    userspace: dict = field(default_factory=dict)
+
+    def subsystem(self, nqn: str) -> Optional[SubsystemConfig]:
+        return next((s for s in self.subsystems if s.nqn == nqn), None)
+
+    def port(self, portid: int) -> Optional[PortConfig]:
+        return next((p for p in self.ports if p.portid == portid), None)
+
+    def to_dict(self) -> dict:
+        d = {k: copy.deepcopy(v) for k, v in self.raw.items()
+             if k not in ("hosts", "ports", "subsystems", USERSPACE_KEY)}
+        d["hosts"] = [h.to_dict() for h in self.host_entries]
+        d["ports"] = [p.to_dict() for p in self.ports]
+        d["subsystems"] = [s.to_dict() for s in self.subsystems]
+        if self.userspace:
+            d[USERSPACE_KEY] = copy.deepcopy(self.userspace)
+        return d
+
+    def userspace_only_keys(self) -> List[str]:
+        return userspace_only_keys(self.raw)
+
+
+# --------------------------------------------------------------------------- parsing
+
+_TOP_KEYS = {"hosts", "ports", "subsystems", "discovery", USERSPACE_KEY}
+_PORT_KEYS = {"portid", "addr", "param", "subsystems", "referrals", "ana_groups", USERSPACE_KEY}
+_ADDR_KEYS = {"trtype", "adrfam", "traddr", "trsvcid", "treq", "tsas", "portid"}
+_SUBSYS_KEYS = {"nqn", "attr", "allowed_hosts", "namespaces", "passthru", USERSPACE_KEY}
+_NS_KEYS = {"nsid", "enable", "device", "ana_grpid", "ana", "resv", "buffered_io", "p2pmem",
+            "revalidate_size", USERSPACE_KEY}
+_DEVICE_KEYS = {"path", "uuid", "nguid", "eui64"}
+_NS_US_KEYS = {"backend", "size", "block_size"}
+_HOST_KEYS = {"nqn", "dhchap"}
+
+
+def load_config(path) -> TargetConfig:
+    """Read and validate a target config file."""
+    source = str(path)
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ConfigError(source, "", "no such file",
+                          "check the path; example configs are in targets/ "
+                          "(nvmeof-roce nvmet save FILE writes the kernel's current config)") from None
+    except PermissionError:
+        raise ConfigError(source, "", "permission denied reading the file",
+                          "run as a user who can read it (or as root)") from None
+    except IsADirectoryError:
+        raise ConfigError(source, "", "is a directory, not a config file", "give the path of a .json file") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(source, f"line {exc.lineno} column {exc.colno}", f"invalid JSON: {exc.msg}",
+                          "fix the JSON syntax (python3 -m json.tool FILE shows the error)") from None
+    return parse_config(data, source)
+
+
+def parse_config(data: dict, source: str = "<config>") -> TargetConfig:
+    """Validate a config dict (nvmetcli's shape, plus "nvmeof_roce" keys) into a TargetConfig."""
+    ctx = _Ctx(source)
+    data = ctx.dict_at(data, "", optional=False) if data is not None else {}
+    ctx.unknown(data, _TOP_KEYS, "")
+    cfg = TargetConfig(source=source, raw=copy.deepcopy(data))
+    cfg.userspace = ctx.dict_at(data.get(USERSPACE_KEY), USERSPACE_KEY)
+
+    # hosts
+    seen = {}
+    for i, h in enumerate(ctx.list_at(data.get("hosts"), "hosts")):
+        where = f"hosts[{i}]"
+        if isinstance(h, str):
+            h = {"nqn": h}
+        h = ctx.dict_at(h, where, optional=False)
+        ctx.unknown(h, _HOST_KEYS, where)
+        if "nqn" not in h:
+            raise ctx.err(where, "missing 'nqn'", 'add "nqn": HOSTNQN (nvme gen-hostnqn makes one)')
+        nqn = validate_nqn(h["nqn"], source, f"{where}.nqn")
+        if nqn in seen:
+            raise ctx.err(f"{where}.nqn", f"duplicate host {nqn!r} (also hosts[{seen[nqn]}])", "list each host once")
+        seen[nqn] = i
+        attrs = {k: ctx.dict_at(v, f"{where}.{k}") for k, v in h.items() if k != "nqn"}
+        cfg.host_entries.append(HostConfig(nqn=nqn, attrs=attrs))
+    cfg.hosts = [h.nqn for h in cfg.host_entries]
+
+    # subsystems
+    seen = {}
+    for i, s in enumerate(ctx.list_at(data.get("subsystems"), "subsystems")):
+        sub = _parse_subsystem(ctx, s, f"subsystems[{i}]", set(cfg.hosts))
+        if sub.nqn in seen:
+            raise ctx.err(f"subsystems[{i}].nqn", f"duplicate subsystem {sub.nqn!r} (also subsystems[{seen[sub.nqn]}])",
+                          "give each subsystem its own NQN")
+        seen[sub.nqn] = i
+        cfg.subsystems.append(sub)
+
+    # ports
+    seen = {}
+    endpoints = {}
+    for i, p in enumerate(ctx.list_at(data.get("ports"), "ports")):
+        port = _parse_port(ctx, p, f"ports[{i}]", {s.nqn for s in cfg.subsystems})
+        if port.portid in seen:
+            raise ctx.err(f"ports[{i}].portid", f"duplicate portid {port.portid} (also ports[{seen[port.portid]}])",
+                          "give each port its own portid")
+        seen[port.portid] = i
+        if port.trtype in ("rdma", "tcp"):
+            ep = (port.trtype, port.traddr, port.trsvcid)
+            if ep in endpoints:
+                raise ctx.err(f"ports[{i}].addr", f"{port.trtype} {port.traddr}:{port.trsvcid} is already "
+                              f"used by ports[{endpoints[ep]}]",
+                              "use another trsvcid (e.g. 4421) or list the subsystems on the one port")
+            endpoints[ep] = i
+        cfg.ports.append(port)
+    return cfg
+
+
+def _parse_subsystem(ctx: _Ctx, s: Any, where: str, hosts: set) -> SubsystemConfig:
+    s = ctx.dict_at(s, where, optional=False)
+    ctx.unknown(s, _SUBSYS_KEYS, where)
+    if "nqn" not in s:
+        raise ctx.err(where, "missing 'nqn'", 'add "nqn": "nqn.2014-08.org.example:name"')
+    nqn = validate_nqn(s["nqn"], ctx.source, f"{where}.nqn")
+    if nqn == DISCOVERY_NQN:
+        raise ctx.err(f"{where}.nqn", "is the discovery NQN; the target provides that subsystem itself",
+                      "use another NQN for a storage subsystem")
+    attr = ctx.dict_at(s.get("attr"), f"{where}.attr")
+    attrs = {k: ctx.str_at(v, f"{where}.attr.{k}") for k, v in attr.items()}
+
+    allowed = []
+    for j, h in enumerate(ctx.list_at(s.get("allowed_hosts"), f"{where}.allowed_hosts")):
+        hw = f"{where}.allowed_hosts[{j}]"
+        validate_nqn(h, ctx.source, hw)
+        if h not in hosts:
+            raise ctx.err(hw, f"host {h!r} is not in the top-level 'hosts' list",
+                          f'add {{"nqn": "{h}"}} to "hosts"')
+        if h in allowed:
+            raise ctx.err(hw, f"host {h!r} is listed twice", "list each allowed host once")
+        allowed.append(h)
+
+    if "allow_any_host" in attr:
+        allow_any = ctx.flag_at(attr["allow_any_host"], f"{where}.attr.allow_any_host")
+        if allow_any and allowed:
+            raise ctx.err(f"{where}.attr.allow_any_host",
+                          "is 1 while allowed_hosts lists hosts (the kernel refuses this too)",
+                          'set "allow_any_host": "0" to use the allow-list, or empty allowed_hosts')
+    else:
+        # No explicit choice: a subsystem without an allow-list is open, one with a list is closed.
+        allow_any = not allowed
+
+    serial = attrs.get("serial") or subsystem_serial(nqn)
+    if len(serial) > 20 or not all(0x20 <= ord(c) < 0x7F for c in serial):
+        raise ctx.err(f"{where}.attr.serial", f"must be 1..20 printable ASCII characters, got {serial!r}",
+                      "shorten it, or leave it out to get a stable serial derived from the NQN")
+    model = attrs.get("model") or DEFAULT_MODEL
+    if len(model) > 40 or not all(0x20 <= ord(c) < 0x7F for c in model):
+        raise ctx.err(f"{where}.attr.model", f"must be 1..40 printable ASCII characters, got {model!r}",
+                      "shorten it")
+    if "version" in attrs and not re.match(r"^\d+\.\d+(\.\d+)?$", attrs["version"]):
+        raise ctx.err(f"{where}.attr.version", f"must look like 1.3 or 2.0.0, got {attrs['version']!r}",
+                      "use MAJOR.MINOR[.TERTIARY]")
+    cmin = cmax = None
+    if "cntlid_min" in attrs:
+        cmin = ctx.int_at(attrs["cntlid_min"], f"{where}.attr.cntlid_min", 1, CNTLID_MAX, hexrange=True)
+    if "cntlid_max" in attrs:
+        cmax = ctx.int_at(attrs["cntlid_max"], f"{where}.attr.cntlid_max", 1, CNTLID_MAX, hexrange=True)
+    if (cmin or 1) > (cmax or CNTLID_MAX):
+        raise ctx.err(f"{where}.attr.cntlid_min", f"{cmin} is above cntlid_max {cmax or CNTLID_MAX}",
+                      "make cntlid_min <= cntlid_max")
+    for flagname in ("pi_enable",):
+        if flagname in attrs:
+            ctx.flag_at(attrs[flagname], f"{where}.attr.{flagname}")
+    if "qid_max" in attrs:
+        ctx.int_at(attrs["qid_max"], f"{where}.attr.qid_max", 1, 65535)
+    attrs.pop("allow_any_host", None)
+    attrs.pop("serial", None)
+    attrs.pop("model", None)
+
+    sub = SubsystemConfig(nqn=nqn, allow_any_host=allow_any, allowed_hosts=allowed, serial=serial,
+                          model=model, attrs=attrs,
+                          userspace=ctx.dict_at(s.get(USERSPACE_KEY), f"{where}.{USERSPACE_KEY}"),
+                          raw=copy.deepcopy(s))
+    seen = {}
+    for j, n in enumerate(ctx.list_at(s.get("namespaces"), f"{where}.namespaces")):
+        ns = _parse_namespace(ctx, n, f"{where}.namespaces[{j}]", nqn)
+        if ns.nsid in seen:
+            raise ctx.err(f"{where}.namespaces[{j}].nsid",
+                          f"duplicate nsid {ns.nsid} (also namespaces[{seen[ns.nsid]}])",
+                          "give each namespace of a subsystem its own nsid")
+        seen[ns.nsid] = j
+        sub.namespaces.append(ns)
+    return sub
+
+
+def _parse_namespace(ctx: _Ctx, n: Any, where: str, subsys_nqn: str) -> NamespaceConfig:
+    n = ctx.dict_at(n, where, optional=False)
+    ctx.unknown(n, _NS_KEYS, where)
+    if "nsid" not in n:
+        raise ctx.err(where, "missing 'nsid'", 'add "nsid": 1 (1..0xFFFFFFFE)')
+    nsid = ctx.int_at(n["nsid"], f"{where}.nsid", 1, NSID_MAX, hexrange=True)
+    enabled = ctx.flag_at(n.get("enable", 1), f"{where}.enable")
+    dev = ctx.dict_at(n.get("device"), f"{where}.device")
+    ctx.unknown(dev, _DEVICE_KEYS, f"{where}.device")
+    us = ctx.dict_at(n.get(USERSPACE_KEY), f"{where}.{USERSPACE_KEY}")
+    ctx.unknown(us, _NS_US_KEYS, f"{where}.{USERSPACE_KEY}")
+
+    backend = us.get("backend", "file")
+    if backend not in BACKENDS:
+        raise ctx.err(f"{where}.{USERSPACE_KEY}.backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}",
+                      "ram keeps data in memory, null discards writes and reads zeros, file uses device.path")
+    block_size = 512
+    if "block_size" in us:
+        bw = f"{where}.{USERSPACE_KEY}.block_size"
+        block_size = ctx.int_at(us["block_size"], bw, 1, 1 << 20)
+        if block_size not in BLOCK_SIZES:
+            raise ctx.err(bw, f"must be 512 or 4096, got {us['block_size']!r}", "use 512 or 4096")
+    size = None
+    if "size" in us:
+        sw = f"{where}.{USERSPACE_KEY}.size"
+        try:
+            size = parse_size(us["size"])
+        except ValueError:
+            raise ctx.err(sw, f"is not a size: {us['size']!r}", 'use bytes or K/M/G/T, e.g. "64M" or "1G"') from None
+        if size == 0:
+            raise ctx.err(sw, "must be more than 0", 'give a size such as "64M"')
+        if size % block_size:
+            raise ctx.err(sw, f"{size} bytes is not a multiple of the block size {block_size}",
+                          f"round it to a multiple of {block_size}")
+
+    path = dev.get("path")
+    if path is not None:
+        path = ctx.str_at(path, f"{where}.device.path")
+    if backend in ("ram", "null"):
+        if size is None:
+            raise ctx.err(f"{where}.{USERSPACE_KEY}.size", f"is required for a {backend} namespace",
+                          'add "size": "64M" (bytes or K/M/G/T)')
+        if path:
+            raise ctx.err(f"{where}.device.path", f"is set but the backend is {backend!r}",
+                          'remove device.path, or use "backend": "file"')
+    else:
+        if not path:
+            if us:
+                raise ctx.err(f"{where}.device.path", "is required for a file namespace",
+                              'set device.path to a file or block device, or use "backend": "ram" with a "size"')
+            raise ctx.err(f"{where}.device.path", "is required (a file or block device)",
+                          'set device.path, or add "nvmeof_roce": {"backend": "ram", "size": "64M"} '
+                          "for a userspace RAM namespace")
+        if not path.startswith("/"):
+            raise ctx.err(f"{where}.device.path", f"must be an absolute path, got {path!r}",
+                          "the kernel resolves paths from /, write the full path")
+
+    uuid = dev.get("uuid")
+    if uuid is not None and uuid != "":
+        if not isinstance(uuid, str) or not _UUID_RE.match(uuid):
+            raise ctx.err(f"{where}.device.uuid", f"is not a UUID: {uuid!r}",
+                          "use the 8-4-4-4-12 hex form, or leave it out for a stable generated one")
+        uuid = uuid.lower()
+    else:
+        uuid = namespace_uuid(subsys_nqn, nsid)
+    nguid = dev.get("nguid")
+    if nguid is not None:
+        hexd = str(nguid).replace("-", "")
+        if not re.fullmatch(r"[0-9a-fA-F]{32}", hexd):
+            raise ctx.err(f"{where}.device.nguid", f"must be 32 hex digits (dashes allowed), got {nguid!r}",
+                          "use a 16-byte value such as 0123456789abcdef0123456789abcdef")
+    eui64 = dev.get("eui64")
+    if eui64 is not None:
+        hexd = str(eui64).replace("-", "").replace(":", "")
+        if not re.fullmatch(r"[0-9a-fA-F]{16}", hexd):
+            raise ctx.err(f"{where}.device.eui64", f"must be 16 hex digits, got {eui64!r}",
+                          "use an 8-byte value such as 0123456789abcdef")
+    grp = n.get("ana_grpid", (n.get("ana") or {}).get("grpid", 1) if isinstance(n.get("ana"), dict) else 1)
+    ana_grpid = ctx.int_at(grp, f"{where}.ana_grpid", 1, ANA_GRPID_MAX)
+    buffered = None
+    if "buffered_io" in n:
+        buffered = ctx.flag_at(n["buffered_io"], f"{where}.buffered_io")
+    return NamespaceConfig(nsid=nsid, enabled=enabled, backend=backend, path=path if backend == "file" else None,
+                           size_bytes=size, block_size=block_size, uuid=uuid, nguid=nguid, eui64=eui64,
+                           ana_grpid=ana_grpid, buffered_io=buffered, userspace=us, raw=copy.deepcopy(n))
+
+
+def _check_addr(ctx: _Ctx, where: str, trtype: str, adrfam: str, traddr: str, trsvcid: Any, ip_required=True):
+    """trtype/adrfam/traddr/trsvcid consistency; returns trsvcid as int (0 if not applicable)."""
+    if trtype not in TRTYPES:
+        raise ctx.err(f"{where}.trtype", f"must be one of {', '.join(TRTYPES)}, got {trtype!r}",
+                      'NVMe over RoCE uses "rdma"')
+    if adrfam not in ADRFAMS:
+        raise ctx.err(f"{where}.adrfam", f"must be one of {', '.join(a for a in ADRFAMS if a)}, got {adrfam!r}",
+                      'RoCE over IPv4 uses "ipv4"')
+    if trtype in ("rdma", "tcp"):
+        if adrfam not in ("ipv4", "ipv6", "ib") or (trtype == "tcp" and adrfam == "ib"):
+            raise ctx.err(f"{where}.adrfam", f"{adrfam!r} does not go with trtype {trtype!r}",
+                          'use "ipv4" (or "ipv6")')
+        if adrfam in ("ipv4", "ipv6"):
+            try:
+                ip = ipaddress.ip_address(traddr)
+            except ValueError:
+                raise ctx.err(f"{where}.traddr", f"{traddr!r} is not an {adrfam} address",
+                              f"give the {adrfam} address of the RDMA netdev, e.g. 10.99.0.1") from None
+            if (adrfam == "ipv4") != (ip.version == 4):
+                raise ctx.err(f"{where}.traddr", f"{traddr!r} is an IPv{ip.version} address but adrfam is {adrfam!r}",
+                              f'set adrfam to "ipv{ip.version}"')
+        try:
+            svc = int(str(trsvcid))
+        except ValueError:
+            raise ctx.err(f"{where}.trsvcid", f"must be a port number 1..65535, got {trsvcid!r}",
+                          "NVMe-oF uses 4420 (8009 for a TCP discovery controller)") from None
+        if not 1 <= svc <= 65535:
+            raise ctx.err(f"{where}.trsvcid", f"must be a port number 1..65535, got {trsvcid!r}",
+                          "NVMe-oF uses 4420")
+        return svc
+    return 0
+
+
+def _parse_port(ctx: _Ctx, p: Any, where: str, subsystems: set) -> PortConfig:
+    p = ctx.dict_at(p, where, optional=False)
+    ctx.unknown(p, _PORT_KEYS, where)
+    if "portid" not in p:
+        raise ctx.err(where, "missing 'portid'", 'add "portid": 1')
+    portid = ctx.int_at(p["portid"], f"{where}.portid", 0, PORTID_MAX)
+    addr = ctx.dict_at(p.get("addr"), f"{where}.addr")
+    ctx.unknown(addr, _ADDR_KEYS, f"{where}.addr")
+    trtype = ctx.str_at(addr.get("trtype", "rdma"), f"{where}.addr.trtype")
+    adrfam = ctx.str_at(addr.get("adrfam", "ipv4" if trtype in ("rdma", "tcp") else ""), f"{where}.addr.adrfam")
+    traddr = ctx.str_at(addr.get("traddr", ""), f"{where}.addr.traddr")
+    treq = ctx.str_at(addr.get("treq", "not specified"), f"{where}.addr.treq")
+    if treq not in TREQS:
+        raise ctx.err(f"{where}.addr.treq", f"must be one of {', '.join(TREQS)}, got {treq!r}",
+                      'use "not specified"')
+    if trtype in ("rdma", "tcp") and not traddr:
+        raise ctx.err(f"{where}.addr.traddr", f"is required for an {trtype} port",
+                      "give the IP address of the RDMA netdev, e.g. 10.99.0.1")
+    svc_raw = addr.get("trsvcid", DEFAULT_TRSVCID if trtype in ("rdma", "tcp") else "")
+    trsvcid = _check_addr(ctx, f"{where}.addr", trtype, adrfam, traddr, svc_raw)
+    params = {k: ctx.str_at(v, f"{where}.param.{k}")
+              for k, v in ctx.dict_at(p.get("param"), f"{where}.param").items()}
+    if "inline_data_size" in params:
+        ctx.int_at(params["inline_data_size"], f"{where}.param.inline_data_size", -1, 1 << 20)
+    if "max_queue_size" in params:
+        ctx.int_at(params["max_queue_size"], f"{where}.param.max_queue_size", -1, 1 << 16)
+
+    subs = []
+    for j, nqn in enumerate(ctx.list_at(p.get("subsystems"), f"{where}.subsystems")):
+        sw = f"{where}.subsystems[{j}]"
+        validate_nqn(nqn, ctx.source, sw)
+        if nqn not in subsystems:
+            raise ctx.err(sw, f"subsystem {nqn!r} is not defined in 'subsystems'",
+                          "add that subsystem, or remove it from the port")
+        if nqn in subs:
+            raise ctx.err(sw, f"subsystem {nqn!r} is listed twice", "list it once")
+        subs.append(nqn)
+
+    referrals = []
+    names = set()
+    for j, r in enumerate(ctx.list_at(p.get("referrals"), f"{where}.referrals")):
+        rw = f"{where}.referrals[{j}]"
+        r = ctx.dict_at(r, rw, optional=False)
+        ctx.unknown(r, {"name", "addr", "enable", "portid"}, rw)
+        if not r.get("name"):
+            raise ctx.err(rw, "missing 'name'", 'add "name": "ref1"')
+        name = ctx.str_at(r["name"], f"{rw}.name")
+        if name in names:
+            raise ctx.err(f"{rw}.name", f"duplicate referral {name!r}", "give each referral its own name")
+        names.add(name)
+        ra = ctx.dict_at(r.get("addr"), f"{rw}.addr")
+        ctx.unknown(ra, _ADDR_KEYS, f"{rw}.addr")
+        rt = ctx.str_at(ra.get("trtype", "rdma"), f"{rw}.addr.trtype")
+        rf = ctx.str_at(ra.get("adrfam", "ipv4"), f"{rw}.addr.adrfam")
+        rtraddr = ctx.str_at(ra.get("traddr", ""), f"{rw}.addr.traddr")
+        rsvc = ra.get("trsvcid", DEFAULT_TRSVCID)
+        _check_addr(ctx, f"{rw}.addr", rt, rf, rtraddr, rsvc)
+        rportid = None
+        if "portid" in ra:
+            rportid = ctx.int_at(ra["portid"], f"{rw}.addr.portid", 0, PORTID_MAX)
+        referrals.append(ReferralConfig(
+            name=name, trtype=rt, adrfam=rf, traddr=rtraddr, trsvcid=str(rsvc),
+            treq=ctx.str_at(ra.get("treq", "not specified"), f"{rw}.addr.treq"), portid=rportid,
+            enabled=ctx.flag_at(r.get("enable", 1), f"{rw}.enable"), raw=copy.deepcopy(r)))
+
+    anas = []
+    for j, a in enumerate(ctx.list_at(p.get("ana_groups"), f"{where}.ana_groups")):
+        aw = f"{where}.ana_groups[{j}]"
+        a = ctx.dict_at(a, aw, optional=False)
+        ctx.unknown(a, {"grpid", "ana"}, aw)
+        if "grpid" not in a:
+            raise ctx.err(aw, "missing 'grpid'", 'add "grpid": 1')
+        grpid = ctx.int_at(a["grpid"], f"{aw}.grpid", 1, ANA_GRPID_MAX)
+        if any(g.grpid == grpid for g in anas):
+            raise ctx.err(f"{aw}.grpid", f"duplicate ANA group {grpid}", "list each group once")
+        state = ctx.dict_at(a.get("ana"), f"{aw}.ana").get("state", "optimized")
+        if state not in ANA_STATES:
+            raise ctx.err(f"{aw}.ana.state", f"must be one of {', '.join(ANA_STATES)}, got {state!r}",
+                          'use "optimized"')
+        anas.append(AnaGroupConfig(grpid=grpid, state=state, raw=copy.deepcopy(a)))
+
+    return PortConfig(portid=portid, trtype=trtype, adrfam=adrfam, traddr=traddr, trsvcid=trsvcid, treq=treq,
+                      subsystems=subs, referrals=referrals, params=params, ana_groups=anas,
+                      userspace=ctx.dict_at(p.get(USERSPACE_KEY), f"{where}.{USERSPACE_KEY}"),
+                      raw=copy.deepcopy(p))
