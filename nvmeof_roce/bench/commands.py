@@ -1,0 +1,167 @@
+"""`nvmeof-roce bench`: the kernel target and our userspace target side by side (fio + perftest)."""
+from __future__ import annotations
+
+import datetime as _dt
+import signal
+import sys
+from pathlib import Path
+from typing import List
+
+from ..errors import NvmeofError
+from ..output import emit, progress, table
+from . import report
+from .perftest import DEFAULT_TESTS
+from .runner import BenchConfig, BenchRunner, available_jobs, select_jobs
+from .targets import DEFAULT_PORTS, KernelHost, KernelNvmetTarget, TargetUnderTest, UserspaceTarget
+
+LAB_TRADDR = "10.99.0.1"
+TARGET_NAMES = ("kernel", "userspace")
+
+
+def _size_mb(text: str) -> int:
+    from ..target.config import parse_size  # shared size syntax: 512M, 1G, ...
+    try:
+        n = parse_size(text)
+    except ValueError as exc:
+        raise NvmeofError(f"--ns-size {text!r}: {exc}", "e.g. --ns-size 512M")
+    if n < (1 << 20) or n % (1 << 20):
+        raise NvmeofError(f"--ns-size {text!r} must be a whole number of MiB", "e.g. --ns-size 512M")
+    return n >> 20
+
+
+def build_targets(args, out_dir: Path) -> List[TargetUnderTest]:
+    names = [n.strip() for n in args.targets.split(",") if n.strip()]
+    bad = [n for n in names if n not in TARGET_NAMES]
+    if bad or not names:
+        raise NvmeofError(f"--targets {args.targets!r}: unknown target {', '.join(bad) or '(none)'}",
+                          "--targets kernel,userspace (either or both, in the order to interleave)")
+    size_mb = _size_mb(args.ns_size)
+    targets: List[TargetUnderTest] = []
+    for name in names:
+        if name == "kernel":
+            targets.append(KernelNvmetTarget(args.traddr, args.kernel_port, backend=args.kernel_backend,
+                                             size_mb=size_mb))
+        else:
+            targets.append(UserspaceTarget(args.traddr, args.userspace_port, size_mb=size_mb, work_dir=out_dir,
+                                           config_path=args.userspace_config))
+    return targets
+
+
+def _default_out() -> Path:
+    return Path("results") / f"bench-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def _plots(result: dict, out_dir: Path) -> List[Path]:
+    from .plot import plot_all
+    try:
+        return plot_all(result, out_dir)
+    except NvmeofError as exc:
+        progress(f"bench: no plots: {exc}")
+        return []
+
+
+def _print_paths(json_path: Path, pngs: List[Path], to_stderr: bool) -> None:
+    lines = [f"results: {json_path}"] + [f"plot:    {p}" for p in pngs]
+    for line in lines:
+        print(line, file=sys.stderr if to_stderr else sys.stdout)
+
+
+def cmd_list_jobs(args) -> int:
+    jobs = available_jobs(args.jobs_dir)
+
+    def human(_):
+        print(table(["job", "kind", "description"], [[j.name, j.kind, j.description] for j in jobs.values()]))
+    emit({n: {"kind": j.kind, "description": j.description,
+              "file": str(j.fio_job.path) if j.fio_job else None, "params": j.params}
+          for n, j in jobs.items()}, args.json, human)
+    return 0
+
+
+def cmd_from(args) -> int:
+    """Re-print the table of an earlier run and (re)draw its plots next to it."""
+    result = report.load_json(args.from_result)
+    src = Path(args.from_result)
+    json_path = src / "bench.json" if src.is_dir() else src
+    out_dir = Path(args.out) if args.out else json_path.parent
+    pngs = [] if args.no_plots else _plots(result, out_dir)
+    emit(result, args.json, lambda r: print(report.render(r)))
+    _print_paths(json_path, pngs, args.json)
+    return 0 if result.get("ok") else 1
+
+
+def cmd_bench(args) -> int:
+    if args.list_jobs:
+        return cmd_list_jobs(args)
+    if args.from_result:
+        return cmd_from(args)
+    if args.runtime <= 0 or args.ramp < 0:
+        raise NvmeofError("--runtime must be above 0 and --ramp not negative", "e.g. --runtime 10 --ramp 2")
+    out_dir = Path(args.out) if args.out else _default_out()
+    jobs = select_jobs(args.jobs, args.jobs_dir)
+    targets = build_targets(args, out_dir)
+    perftest_tests = tuple(t.strip() for t in args.perftest_tests.split(",") if t.strip())
+    config = BenchConfig(out_dir=out_dir, traddr=args.traddr, runtime=args.runtime, ramp=args.ramp, size=args.size,
+                         repeats=args.repeats, perftest=not args.no_perftest, perftest_tests=perftest_tests,
+                         perftest_iterations=args.perftest_iterations, perftest_rdma_cm=args.perftest_gid is None,
+                         perftest_gid=args.perftest_gid, rdma_device=args.rdma_device)
+    runner = BenchRunner(config, targets, jobs, host=KernelHost() if any(j.kind == "fio" for j in jobs) else None)
+
+    # SIGTERM (a CI timeout, the lab) unwinds like Ctrl-C, through the runner's finally blocks.
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        result = runner.run()
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+    json_path = report.write_json(result, out_dir / "bench.json")
+    pngs = [] if args.no_plots else _plots(result, out_dir)
+    emit(result, args.json, lambda r: print(report.render(r)))
+    _print_paths(json_path, pngs, args.json)
+    if not result["ok"]:
+        progress("bench: finished with errors (see above)")
+        return 1
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "bench", help="benchmark the kernel target and the userspace target side by side (fio, perftest)",
+        description="Set up the targets, measure the RDMA link with perftest, run fio jobs through the kernel "
+                    "host against each target interleaved job by job, tear everything down, and write a table, "
+                    "a JSON file and PNG charts. Needs root and an RDMA device; in the lab: "
+                    "nvmeof-roce lab run -- nvmeof-roce bench.")
+    p.add_argument("--jobs", metavar="LIST", help="comma-separated jobs (default: every fio job; see --list-jobs)")
+    p.add_argument("--targets", default="kernel,userspace", metavar="LIST",
+                   help="targets to measure, in interleaving order (default kernel,userspace)")
+    p.add_argument("--repeats", type=int, default=1, metavar="N", help="runs of every job on every target (default 1)")
+    p.add_argument("--runtime", type=float, default=10.0, metavar="S", help="seconds measured per fio job (default 10)")
+    p.add_argument("--ramp", type=float, default=2.0, metavar="S", help="seconds of warm-up before measuring (default 2)")
+    p.add_argument("--size", default="256M", help="region of the namespace fio exercises (fio size, default 256M)")
+    p.add_argument("--traddr", default=LAB_TRADDR, metavar="IP",
+                   help=f"RDMA address both targets listen on (default {LAB_TRADDR}, the lab's rxe0)")
+    p.add_argument("--kernel-port", type=int, default=DEFAULT_PORTS["kernel"], metavar="N",
+                   help=f"kernel target's trsvcid (default {DEFAULT_PORTS['kernel']})")
+    p.add_argument("--userspace-port", type=int, default=DEFAULT_PORTS["userspace"], metavar="N",
+                   help=f"userspace target's trsvcid (default {DEFAULT_PORTS['userspace']})")
+    p.add_argument("--kernel-backend", choices=("null_blk", "file"), default="null_blk",
+                   help="kernel namespace: memory-backed null_blk (default) or a file on tmpfs (buffered_io)")
+    p.add_argument("--ns-size", default="512M", help="namespace size of both targets (default 512M)")
+    p.add_argument("--userspace-config", type=Path, metavar="FILE",
+                   help="config for the userspace target instead of the generated RAM one (address from ports[0])")
+    p.add_argument("--out", metavar="DIR", help="output directory (default results/bench-<timestamp>/)")
+    p.add_argument("--json", action="store_true", help="print the result JSON instead of the table")
+    p.add_argument("--no-perftest", action="store_true", help="skip the perftest link measurements")
+    p.add_argument("--perftest-tests", default=",".join(DEFAULT_TESTS), metavar="LIST",
+                   help=f"perftest programs to run (default {','.join(DEFAULT_TESTS)})")
+    p.add_argument("--perftest-iterations", type=int, metavar="N", help="perftest -n (default: perftest's own)")
+    p.add_argument("--perftest-gid", type=int, metavar="N",
+                   help="run perftest without rdma_cm, with this GID index (-x N); default: rdma_cm (-R)")
+    p.add_argument("--rdma-device", metavar="DEV", help="RDMA device for perftest (default: the one holding --traddr)")
+    p.add_argument("--no-plots", action="store_true", help="no PNG charts")
+    p.add_argument("--jobs-dir", type=Path, metavar="DIR", help="fio job files (default: the checkout's fio-jobs/)")
+    p.add_argument("--list-jobs", action="store_true", help="list the jobs and exit")
+    p.add_argument("--from", dest="from_result", metavar="RESULT",
+                   help="re-print an earlier run's table and re-draw its plots (bench.json or its directory)")
+    p.set_defaults(func=cmd_bench)

@@ -1,0 +1,358 @@
+"""The bench's small, isolated kernel glue: a RAM-backed nvmet-rdma export and the nvme-cli host side.
+
+Interim: `nvmeof_roce.kernel.nvmet` (configfs object model + `apply` of the project's JSON config) and
+`nvmeof_roce.kernel.nvme_cli` (connect/disconnect/list) are being written. When they land,
+`NvmetExport` becomes an `apply` of the config from `kernel_config()` plus a removal of exactly those
+objects, and `nvme_connect`/`nvme_disconnect` call the wrapper; nothing outside this module changes.
+
+Every object made here is named after the bench (its own NQN, a free port id, its own null_blk device),
+so nothing another user configured is touched, and removal is idempotent.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from ..errors import NvmeofError, ToolMissing
+
+log = logging.getLogger(__name__)
+
+CONFIGFS = Path("/sys/kernel/config")
+SYSFS = Path("/sys")
+
+
+def _run(args: List[str], timeout: float = 30.0) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise ToolMissing(args[0], {"modprobe": "kmod", "nvme": "nvme-cli", "rdma": "iproute2"}.get(args[0], args[0]))
+    except subprocess.TimeoutExpired:
+        raise NvmeofError(f"{' '.join(args)} did not finish within {timeout:.0f} s", "check dmesg")
+
+
+def _write(path: Path, value: str) -> None:
+    try:
+        with open(path, "w") as f:
+            f.write(value)
+    except OSError as exc:
+        raise NvmeofError(f"writing {value!r} to {path} failed: {exc.strerror or exc}",
+                          "see dmesg for the kernel's reason") from exc
+
+
+def modprobe(*modules: str) -> None:
+    """Load kernel modules (nothing to do when already loaded or built in)."""
+    missing = [m for m in modules if not Path(f"/sys/module/{m.replace('-', '_')}").exists()]
+    if not missing:
+        return
+    proc = _run(["modprobe", "-a", *missing])
+    if proc.returncode != 0:
+        raise NvmeofError(f"modprobe {' '.join(missing)} failed: {proc.stderr.strip()}",
+                          "use a kernel with NVMe-oF/RDMA modules (nvmet, nvmet-rdma, nvme-rdma, null_blk), "
+                          "or the lab: nvmeof-roce lab run -- nvmeof-roce bench")
+
+
+def require_root(what: str) -> None:
+    if os.geteuid() != 0:
+        raise NvmeofError(f"{what} needs root (configfs, nvme connect)", "run it as root (sudo)")
+
+
+# --- RDMA CM listeners: who is bound to an address and port ------------------------------------------
+
+def rdma_listeners() -> Optional[List[Dict[str, object]]]:
+    """[{"addr", "port", "comm"}] of RDMA CM ids in LISTEN state; None when `rdma` cannot tell."""
+    if not shutil.which("rdma"):
+        return None
+    proc = _run(["rdma", "-j", "resource", "show", "cm_id"])
+    if proc.returncode != 0:
+        return None
+    try:
+        entries = json.loads(proc.stdout or "[]")
+    except ValueError:
+        return None
+    out = []
+    for e in entries if isinstance(entries, list) else []:
+        if not isinstance(e, dict) or str(e.get("state", "")).upper() != "LISTEN":
+            continue
+        out.append({"addr": str(e.get("src-addr", e.get("src_addr", ""))),
+                    "port": int(e.get("src-port", e.get("src_port", 0)) or 0),
+                    "comm": str(e.get("comm", ""))})
+    return out
+
+
+def listener_on(traddr: str, trsvcid: int) -> Optional[str]:
+    """The process name listening on traddr:trsvcid (or on the wildcard address), '' if none, None if unknown."""
+    listeners = rdma_listeners()
+    if listeners is None:
+        return None
+    for entry in listeners:
+        if entry["port"] == int(trsvcid) and entry["addr"] in (traddr, "0.0.0.0", "::"):
+            return entry["comm"] or "?"
+    return ""
+
+
+# --- RAM-backed block device: null_blk through configfs (memory_backed) ------------------------------
+
+@dataclass
+class NullBlk:
+    """A memory-backed null_blk device of our own (configfs /sys/kernel/config/nullb/<name>)."""
+
+    name: str
+    size_mb: int
+    block_size: int = 512
+    configfs: Path = CONFIGFS
+    path: Optional[str] = None
+
+    @property
+    def directory(self) -> Path:
+        return self.configfs / "nullb" / self.name
+
+    def create(self) -> str:
+        if not (self.configfs / "nullb").is_dir():
+            # nr_devices=0: no default nullb0 if we are the first to load the module
+            proc = _run(["modprobe", "null_blk", "nr_devices=0"])
+            if proc.returncode != 0 or not (self.configfs / "nullb").is_dir():
+                raise NvmeofError("null_blk's configfs (/sys/kernel/config/nullb) is not available: "
+                                  f"{proc.stderr.strip() or 'module loaded without configfs'}",
+                                  "load null_blk, mount configfs, or use --kernel-backend file")
+        if self.directory.exists():
+            self.remove()  # left over by an interrupted run of ours
+        self.directory.mkdir()
+        for attr, value in (("size", str(self.size_mb)), ("blocksize", str(self.block_size)),
+                            ("memory_backed", "1"), ("irqmode", "0"), ("power", "1")):
+            _write(self.directory / attr, value)
+        index = (self.directory / "index").read_text().strip()
+        self.path = f"/dev/nullb{index}"
+        _wait_for(lambda: os.path.exists(self.path), 5.0, f"{self.path} to appear")
+        return self.path
+
+    def remove(self) -> None:
+        if not self.directory.exists():
+            return
+        try:
+            _write(self.directory / "power", "0")
+        except NvmeofError as exc:
+            log.warning("%s", exc)
+        self.directory.rmdir()
+
+
+@dataclass
+class TmpfsFile:
+    """A file on tmpfs (/dev/shm): nvmet serves it with buffered_io (tmpfs refuses O_DIRECT)."""
+
+    name: str
+    size_mb: int
+    directory: Path = Path("/dev/shm")
+    path: Optional[str] = None
+
+    def create(self) -> str:
+        p = self.directory / f"{self.name}.img"
+        with open(p, "wb") as f:
+            f.truncate(self.size_mb << 20)
+        self.path = str(p)
+        return self.path
+
+    def remove(self) -> None:
+        if self.path and os.path.exists(self.path):
+            os.unlink(self.path)
+
+
+# --- the nvmet export -----------------------------------------------------------------------------
+
+def kernel_config(nqn: str, device_path: str, traddr: str, trsvcid: int, portid: int = 1,
+                  buffered_io: bool = False) -> dict:
+    """The export in the project's config schema (nvmetcli's shape), for `nvmet apply` once it lands."""
+    ns = {"nsid": 1, "enable": 1, "device": {"path": device_path}}
+    if buffered_io:
+        ns["buffered_io"] = 1
+    return {"hosts": [],
+            "ports": [{"portid": portid, "addr": {"trtype": "rdma", "adrfam": "ipv4", "traddr": traddr,
+                                                  "trsvcid": str(trsvcid), "treq": "not specified"},
+                       "subsystems": [nqn], "referrals": []}],
+            "subsystems": [{"nqn": nqn, "attr": {"allow_any_host": "1"}, "allowed_hosts": [],
+                            "namespaces": [ns]}]}
+
+
+@dataclass
+class NvmetExport:
+    """One subsystem with one namespace on one RDMA port, made directly in configfs."""
+
+    nqn: str
+    device_path: str
+    traddr: str
+    trsvcid: int
+    buffered_io: bool = False
+    configfs: Path = CONFIGFS
+    portid: Optional[int] = None
+
+    @property
+    def root(self) -> Path:
+        return self.configfs / "nvmet"
+
+    def _free_portid(self) -> int:
+        used = {int(p.name) for p in (self.root / "ports").iterdir() if p.name.isdigit()}
+        n = 1
+        while n in used:
+            n += 1
+        return n
+
+    def create(self) -> None:
+        if not self.root.is_dir():
+            raise NvmeofError("nvmet's configfs (/sys/kernel/config/nvmet) is not there",
+                              "modprobe nvmet nvmet-rdma and mount configfs on /sys/kernel/config")
+        subsys = self.root / "subsystems" / self.nqn
+        if subsys.exists():
+            self.remove()  # left over by an interrupted run of ours (our own NQN)
+        subsys.mkdir()
+        _write(subsys / "attr_allow_any_host", "1")
+        ns = subsys / "namespaces" / "1"
+        ns.mkdir()
+        _write(ns / "device_path", self.device_path)
+        if self.buffered_io:
+            _write(ns / "buffered_io", "1")
+        _write(ns / "enable", "1")
+        self.portid = self._free_portid()
+        port = self.root / "ports" / str(self.portid)
+        port.mkdir()
+        for attr, value in (("trtype", "rdma"), ("adrfam", "ipv4"), ("traddr", self.traddr),
+                            ("trsvcid", str(self.trsvcid))):
+            _write(port / f"addr_{attr}", value)
+        try:
+            os.symlink(subsys, port / "subsystems" / self.nqn)
+        except OSError as exc:  # the port is enabled here: a busy address or a missing nvmet-rdma shows now
+            raise NvmeofError(f"enabling nvmet port {self.traddr}:{self.trsvcid} failed: {exc.strerror or exc}",
+                              f"is {self.traddr}:{self.trsvcid} already in use, or nvmet-rdma missing? "
+                              "(rdma resource show cm_id; dmesg)") from exc
+
+    def _our_ports(self) -> List[Path]:
+        ports = []
+        for port in (self.root / "ports").glob("*"):
+            if (port / "subsystems" / self.nqn).is_symlink():
+                ports.append(port)
+        return ports
+
+    def remove(self) -> None:
+        """Remove our subsystem and every port that exports it (only ours: same NQN)."""
+        if not self.root.is_dir():
+            return
+        ports = self._our_ports()
+        mine = self.root / "ports" / str(self.portid) if self.portid else None
+        if mine is not None and mine.is_dir() and mine not in ports:
+            ports.append(mine)  # made by us, but enabling it failed before the link existed
+        for port in ports:
+            link = port / "subsystems" / self.nqn
+            if link.is_symlink():
+                os.unlink(link)
+            if not any((port / "subsystems").iterdir()):
+                port.rmdir()
+        self.portid = None
+        subsys = self.root / "subsystems" / self.nqn
+        if subsys.exists():
+            for ns in (subsys / "namespaces").glob("*"):
+                try:
+                    _write(ns / "enable", "0")
+                except NvmeofError as exc:
+                    log.warning("%s", exc)
+                ns.rmdir()
+            subsys.rmdir()
+
+
+# --- host side: nvme-cli connect / disconnect, the namespace's block device -------------------------
+
+def nvme_binary() -> str:
+    path = shutil.which("nvme")
+    if not path:
+        raise ToolMissing("nvme", "nvme-cli")
+    return path
+
+
+def controllers(nqn: str, sysfs: Path = SYSFS) -> List[str]:
+    """Names (nvmeN) of the controllers connected to subsystem `nqn`."""
+    out = []
+    for ctrl in sorted((sysfs / "class" / "nvme").glob("nvme*")):
+        try:
+            if (ctrl / "subsysnqn").read_text().strip() == nqn:
+                out.append(ctrl.name)
+        except OSError:
+            continue
+    return out
+
+
+def namespace_devices(nqn: str, sysfs: Path = SYSFS) -> List[str]:
+    """/dev paths of the block devices of subsystem `nqn`: the multipath heads (nvme-subsysN/nvmeXnY) or,
+    without native multipath, the controllers' namespaces (nvmeX/nvmeXnY)."""
+    pattern = re.compile(r"^nvme\d+n\d+$")
+    devices = []
+    for sub in sorted((sysfs / "class" / "nvme-subsystem").glob("nvme-subsys*")):
+        try:
+            if (sub / "subsysnqn").read_text().strip() != nqn:
+                continue
+        except OSError:
+            continue
+        devices += [e.name for e in sorted(sub.iterdir()) if pattern.match(e.name)]
+    if not devices:
+        for ctrl in controllers(nqn, sysfs):
+            devices += [e.name for e in sorted((sysfs / "class" / "nvme" / ctrl).iterdir()) if pattern.match(e.name)]
+    return [f"/dev/{d}" for d in sorted(set(devices))]
+
+
+def nvme_connect(traddr: str, trsvcid: int, nqn: str, timeout: float = 20.0) -> str:
+    """Connect the kernel host to nqn at traddr:trsvcid over RDMA and return the namespace's block device."""
+    binary = nvme_binary()
+    modprobe("nvme-rdma")
+    if controllers(nqn):
+        nvme_disconnect(nqn)  # a stale connection of ours (same NQN) from an interrupted run
+    cmd = [binary, "connect", "-t", "rdma", "-a", traddr, "-s", str(trsvcid), "-n", nqn]
+    deadline = time.monotonic() + timeout
+    last = ""
+    while True:
+        proc = _run(cmd, timeout=timeout)
+        if proc.returncode == 0:
+            break
+        last = (proc.stderr or proc.stdout).strip()
+        if controllers(nqn) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)  # the target may still be starting to listen
+    if proc.returncode != 0 and not controllers(nqn):
+        raise NvmeofError(f"nvme connect to {nqn} at {traddr}:{trsvcid} failed: {last}",
+                          "is the target listening? (rdma resource show cm_id; dmesg)")
+    devices: List[str] = []
+
+    def found() -> bool:
+        devices[:] = [d for d in namespace_devices(nqn) if os.path.exists(d)]
+        return bool(devices)
+
+    try:
+        _wait_for(found, 10.0, f"a block device for {nqn}")
+    except NvmeofError:
+        nvme_disconnect(nqn)
+        raise NvmeofError(f"connected to {nqn} but no namespace block device appeared",
+                          "check that the subsystem has an enabled namespace (dmesg)")
+    return devices[0]
+
+
+def nvme_disconnect(nqn: str, timeout: float = 15.0) -> None:
+    """Disconnect every controller of `nqn`, and wait until they are gone."""
+    if not controllers(nqn):
+        return
+    proc = _run([nvme_binary(), "disconnect", "-n", nqn], timeout=timeout)
+    try:
+        _wait_for(lambda: not controllers(nqn), timeout, f"the controllers of {nqn} to go away")
+    except NvmeofError:
+        raise NvmeofError(f"nvme disconnect -n {nqn} left {', '.join(controllers(nqn))} connected: "
+                          f"{(proc.stderr or proc.stdout).strip()}", f"nvme disconnect -n {nqn}")
+
+
+def _wait_for(predicate, timeout: float, what: str, interval: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise NvmeofError(f"timed out after {timeout:.0f} s waiting for {what}", "check dmesg")
+        time.sleep(interval)

@@ -1,0 +1,204 @@
+"""PNG charts of a bench result (matplotlib, Agg backend; the `plot` extra).
+
+- latency.png:   per job, fio completion-latency percentiles (p50 p90 p99 p99.9), one bar per target
+- iops.png:      IOPS per job, one bar per target, the numerator/denominator ratio above each group
+- bandwidth.png: MB/s per job, the same layout
+- perftest.png:  perftest latencies (typical, avg, p99, p99.9) per test, when perftest ran
+
+Bars are the medians across repeats; the whiskers span the lowest to the highest repeat.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..errors import NvmeofError
+from .report import LAT_KEYS, fmt_ratio
+
+# Colour-blind-safe colours (Okabe-Ito), one per target in order.
+COLOURS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00"]
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise NvmeofError("matplotlib is not installed, so no PNG charts",
+                          "pip install -e '.[plot]' (or re-draw later: nvmeof-roce bench --from RESULT.json)")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _targets(result: dict) -> List[str]:
+    order = list(result.get("params", {}).get("targets") or [])
+    for job in result.get("jobs", {}).values():
+        for t in job["results"]:
+            if t not in order:
+                order.append(t)
+    return order
+
+
+def _spread(values: Sequence[Optional[float]], median: Optional[float]) -> Tuple[float, float]:
+    vals = [v for v in values if v is not None]
+    if not vals or median is None:
+        return 0.0, 0.0
+    return max(0.0, median - min(vals)), max(0.0, max(vals) - median)
+
+
+def _subtitle(result: dict) -> str:
+    p = result.get("params", {})
+    m = result.get("machine", {})
+    reps = p.get("repeats", 1)
+    where = "lab guest (emulated: compare ratios only)" if m.get("lab") else m.get("hostname", "")
+    return (f"{where}, {result.get('date', '')[:16]}; traddr {p.get('traddr', '')}; "
+            f"median of {reps} repeat{'s' if reps != 1 else ''}, whiskers min-max")
+
+
+def _grouped_bars(ax, groups: List[str], targets: List[str], values: Dict[str, List[Optional[float]]],
+                  errs: Dict[str, Tuple[List[float], List[float]]]):
+    n = max(1, len(targets))
+    width = 0.8 / n
+    for i, t in enumerate(targets):
+        xs = [g + (i - (n - 1) / 2) * width for g in range(len(groups))]
+        ys = [v if v is not None else 0.0 for v in values[t]]
+        lo, hi = errs[t]
+        ax.bar(xs, ys, width, label=t, color=COLOURS[i % len(COLOURS)], yerr=[lo, hi], capsize=3,
+               error_kw={"elinewidth": 1, "ecolor": "#333333"})
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+
+
+def plot_latency(result: dict, path: Path) -> Optional[Path]:
+    plt = _pyplot()
+    jobs = [(n, j) for n, j in result.get("jobs", {}).items() if j["results"]]
+    if not jobs:
+        return None
+    targets = _targets(result)
+    biggest = max([v for _, j in jobs for s in j["results"].values() for r in s["repeats"]
+                   for v in (r.get("lat_us") or {}).values() if v is not None] or [0.0])
+    unit, scale = ("ms", 1000.0) if biggest >= 2000 else ("µs", 1.0)
+
+    def conv(us):
+        return None if us is None else us / scale
+
+    cols = min(3, len(jobs))
+    rows = math.ceil(len(jobs) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.9 * rows), squeeze=False)
+    for k, (name, job) in enumerate(jobs):
+        ax = axes[k // cols][k % cols]
+        present = [t for t in targets if t in job["results"]]
+        values, errs = {}, {}
+        for t in present:
+            slot = job["results"][t]
+            med = (slot.get("median") or {}).get("lat_us") or {}
+            values[t] = [conv(med.get(q)) for q in LAT_KEYS]
+            lo, hi = [], []
+            for q in LAT_KEYS:
+                a, b = _spread([conv((r.get("lat_us") or {}).get(q)) for r in slot["repeats"]], conv(med.get(q)))
+                lo.append(a)
+                hi.append(b)
+            errs[t] = (lo, hi)
+        _grouped_bars(ax, list(LAT_KEYS), present, values, errs)
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("completion latency percentile")
+        ax.set_ylabel(f"latency ({unit})")
+    for k in range(len(jobs), rows * cols):
+        axes[k // cols][k % cols].axis("off")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper right", title="target")
+    fig.suptitle("fio completion latency by percentile, per job\n" + _subtitle(result), fontsize=11)
+    fig.tight_layout(rect=(0, 0, 0.9, 0.93))
+    return _save(plt, fig, path)
+
+
+def _per_job_metric(result: dict, path: Path, metric: str, ylabel: str, title: str, scale: float):
+    plt = _pyplot()
+    jobs = [(n, j) for n, j in result.get("jobs", {}).items() if j["results"]]
+    if not jobs:
+        return None
+    targets = _targets(result)
+    present = [t for t in targets if any(t in j["results"] for _, j in jobs)]
+    values: Dict[str, List[Optional[float]]] = {t: [] for t in present}
+    errs: Dict[str, Tuple[List[float], List[float]]] = {t: ([], []) for t in present}
+    for _, job in jobs:
+        for t in present:
+            slot = job["results"].get(t)
+            if not slot:
+                values[t].append(None)
+                errs[t][0].append(0.0)
+                errs[t][1].append(0.0)
+                continue
+            med = (slot.get("median") or {}).get(metric)
+            med = None if med is None else med / scale
+            values[t].append(med)
+            lo, hi = _spread([None if r.get(metric) is None else r[metric] / scale for r in slot["repeats"]], med)
+            errs[t][0].append(lo)
+            errs[t][1].append(hi)
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.7 * len(jobs) + 2), 5.0))
+    _grouped_bars(ax, [n for n, _ in jobs], present, values, errs)
+    ax.set_xticklabels([n for n, _ in jobs], rotation=25, ha="right", fontsize=9)
+    ax.set_ylabel(ylabel)
+    ax.set_xlabel("fio job")
+    top = max([v + e for t in present for v, e in zip([x or 0.0 for x in values[t]], errs[t][1])] or [1.0])
+    ax.set_ylim(0, top * 1.18 if top > 0 else 1)
+    key = "iops" if metric == "iops" else "bw_bytes"
+    for g, (_, job) in enumerate(jobs):
+        r = job.get("ratio")
+        if r and r.get(key) is not None:
+            ax.annotate(f"{r['numerator']}/{r['denominator']} {fmt_ratio(r[key])}", (g, top * 1.06),
+                        ha="center", fontsize=8, color="#333333")
+    ax.legend(title="target", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title(title + "\n" + _subtitle(result), fontsize=11)
+    fig.tight_layout()
+    return _save(plt, fig, path)
+
+
+def plot_iops(result: dict, path: Path) -> Optional[Path]:
+    return _per_job_metric(result, path, "iops", "IOPS (I/O per second)", "fio IOPS per job and target", 1.0)
+
+
+def plot_bandwidth(result: dict, path: Path) -> Optional[Path]:
+    return _per_job_metric(result, path, "bw_bytes", "bandwidth (MB/s, 10^6 bytes/s)",
+                           "fio bandwidth per job and target", 1e6)
+
+
+def plot_perftest(result: dict, path: Path) -> Optional[Path]:
+    tests = [(n, p) for n, p in result.get("perftest", {}).items()
+             if not p.get("error") and p.get("kind") == "lat" and p.get("t_typical_us") is not None]
+    if not tests:
+        return None
+    plt = _pyplot()
+    stats = [("typical", "t_typical_us"), ("avg", "t_avg_us"), ("p99", "p99_us"), ("p99.9", "p99_9_us")]
+    names = [s for s, _ in stats]
+    values = {n: [p.get(k) for _, k in stats] for n, p in tests}
+    errs = {n: ([0.0] * len(stats), [0.0] * len(stats)) for n, _ in tests}
+    fig, ax = plt.subplots(figsize=(8.0, 4.8))
+    _grouped_bars(ax, names, [n for n, _ in tests], values, errs)
+    ax.set_ylabel("latency (µs)")
+    ax.set_xlabel("perftest statistic (message size: " +
+                  ", ".join(sorted({f"{p.get('bytes')} B" for _, p in tests})) + ")")
+    ax.legend(title="test", loc="upper left")
+    ax.set_title("RDMA link latency (perftest, server and client on one link)\n" + _subtitle(result), fontsize=11)
+    fig.tight_layout()
+    return _save(plt, fig, path)
+
+
+def _save(plt, fig, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_all(result: dict, out_dir: Path) -> List[Path]:
+    """Every chart that has data; raises NvmeofError when matplotlib is missing."""
+    _pyplot()
+    out_dir = Path(out_dir)
+    made = [plot_latency(result, out_dir / "latency.png"), plot_iops(result, out_dir / "iops.png"),
+            plot_bandwidth(result, out_dir / "bandwidth.png"), plot_perftest(result, out_dir / "perftest.png")]
+    return [p for p in made if p is not None]

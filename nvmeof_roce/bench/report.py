@@ -1,0 +1,244 @@
+"""The bench result: one JSON-ready dict, the side-by-side table, and the userspace/kernel ratio.
+
+Schema `nvmeof-roce-bench/1` (docs/benchmarks.md has the full description)::
+
+    {"schema", "date", "machine": {...}, "params": {...}, "targets": {name: {...}},
+     "jobs": {job: {"kind", "description", "report",
+                    "results": {target: {"repeats": [{"repeat", "iops", "bw_bytes", "lat_us": {p50 p90 p99 p99.9},
+                                                      "lat_mean_us", "errors", "error_text", "raw"}],
+                                         "median": {"iops", "bw_bytes", "lat_us": {...}}, "errors"}},
+                    "ratio": {"numerator", "denominator", "iops", "bw_bytes", "p50", "p90", "p99", "p99.9"} | null}},
+     "perftest": {test: {...} | {"error": "..."}},
+     "errors": [...], "ok": bool}
+
+Medians are taken per metric across repeats (the median IOPS and the median p99 may come from different
+repeats). A ratio is numerator/denominator of those medians: above 1 means more IOPS or bandwidth, or a
+higher (worse) latency, for the numerator.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+
+from ..errors import NvmeofError
+from ..output import table
+
+SCHEMA = "nvmeof-roce-bench/1"
+LAT_KEYS = ("p50", "p90", "p99", "p99.9")
+DEFAULT_RATIO = ("userspace", "kernel")
+
+
+# --- building -------------------------------------------------------------------------------------
+
+def new_result(*, date: str, machine: dict, params: dict, targets: Dict[str, dict],
+               ratio: Sequence[str] = DEFAULT_RATIO) -> dict:
+    params = dict(params)
+    params["ratio"] = list(ratio)
+    return {"schema": SCHEMA, "date": date, "machine": machine, "params": params, "targets": targets,
+            "jobs": {}, "perftest": {}, "errors": [], "ok": True}
+
+
+def add_job(result: dict, name: str, *, kind: str, description: str = "", report: str = "") -> dict:
+    job = result["jobs"].setdefault(name, {"kind": kind, "description": description, "report": report,
+                                           "results": {}, "ratio": None})
+    return job
+
+
+def repeat_record(repeat: int, *, iops: Optional[float], bw_bytes: Optional[float], lat_us: Dict[str, Any],
+                  lat_mean_us: Optional[float] = None, errors: int = 0, error_text: str = "",
+                  raw: Optional[str] = None, **extra) -> dict:
+    rec = {"repeat": repeat, "iops": iops, "bw_bytes": bw_bytes,
+           "lat_us": {k: lat_us.get(k) for k in LAT_KEYS}, "lat_mean_us": lat_mean_us,
+           "errors": int(errors), "error_text": error_text, "raw": raw}
+    rec.update(extra)
+    return rec
+
+
+def add_repeat(result: dict, job: str, target: str, record: dict) -> None:
+    if job not in result["jobs"]:
+        add_job(result, job, kind="fio")
+    slot = result["jobs"][job]["results"].setdefault(target, {"repeats": [], "median": None, "errors": 0})
+    slot["repeats"].append(record)
+
+
+def _median(values: Iterable[Optional[float]]) -> Optional[float]:
+    vals = [float(v) for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def finalize(result: dict) -> dict:
+    """Medians per job and target, the ratio per job, and the overall `ok`."""
+    num, den = (result["params"].get("ratio") or DEFAULT_RATIO)[:2]
+    any_errors = bool(result["errors"])
+    for job in result["jobs"].values():
+        for slot in job["results"].values():
+            reps = slot["repeats"]
+            # a repeat with errors still counts in the medians: its numbers are real, its errors are reported
+            slot["median"] = {
+                "iops": _median(r.get("iops") for r in reps),
+                "bw_bytes": _median(r.get("bw_bytes") for r in reps),
+                "lat_us": {k: _median((r.get("lat_us") or {}).get(k) for r in reps) for k in LAT_KEYS},
+            }
+            slot["errors"] = sum(int(r.get("errors") or 0) for r in reps)
+            any_errors = any_errors or slot["errors"] > 0
+        a, b = job["results"].get(num), job["results"].get(den)
+        if a and b and a["median"] and b["median"]:
+            ratio = {"numerator": num, "denominator": den,
+                     "iops": _ratio(a["median"]["iops"], b["median"]["iops"]),
+                     "bw_bytes": _ratio(a["median"]["bw_bytes"], b["median"]["bw_bytes"])}
+            for k in LAT_KEYS:
+                ratio[k] = _ratio(a["median"]["lat_us"][k], b["median"]["lat_us"][k])
+            job["ratio"] = ratio
+        else:
+            job["ratio"] = None
+    for p in result["perftest"].values():
+        any_errors = any_errors or bool(p.get("error"))
+    result["ok"] = not any_errors
+    return result
+
+
+# --- files ----------------------------------------------------------------------------------------
+
+def write_json(result: dict, path: Union[str, Path]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+    return path
+
+
+def load_json(path: Union[str, Path]) -> dict:
+    path = Path(path)
+    if path.is_dir():
+        path = path / "bench.json"
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise NvmeofError(f"{path}: no such result file", "pass a bench.json (or its directory) written by a bench run")
+    except ValueError as exc:
+        raise NvmeofError(f"{path}: not JSON ({exc})", "pass a bench.json written by a bench run")
+    if not isinstance(result, dict) or result.get("schema") != SCHEMA:
+        raise NvmeofError(f"{path}: not a bench result (schema is not {SCHEMA})",
+                          "pass a bench.json written by a bench run")
+    return result
+
+
+# --- formatting -----------------------------------------------------------------------------------
+
+def fmt_iops(v: Optional[float]) -> str:
+    if v is None:
+        return "-"
+    if v >= 1e6:
+        return f"{v / 1e6:.2f}M"
+    if v >= 1e4:
+        return f"{v / 1e3:.1f}k"
+    if v >= 1e3:
+        return f"{v / 1e3:.2f}k"
+    return f"{v:.0f}" if v >= 10 else f"{v:.1f}"
+
+
+def fmt_mbps(bw_bytes: Optional[float]) -> str:
+    """bytes/s as MB/s (10^6, as fio's 'MB/s')."""
+    if bw_bytes is None:
+        return "-"
+    mb = bw_bytes / 1e6
+    return f"{mb:.0f}" if mb >= 100 else f"{mb:.1f}" if mb >= 1 else f"{mb:.2f}"
+
+
+def fmt_lat(us: Optional[float]) -> str:
+    if us is None:
+        return "-"
+    if us >= 1e6:
+        return f"{us / 1e6:.2f} s"
+    if us >= 1e3:
+        return f"{us / 1e3:.1f} ms" if us < 1e5 else f"{us / 1e3:.0f} ms"
+    return f"{us:.1f} µs" if us < 100 else f"{us:.0f} µs"
+
+
+def fmt_ratio(r: Optional[float]) -> str:
+    return "-" if r is None else f"x{r:.2f}"
+
+
+def fmt_size(n: Optional[int]) -> str:
+    if n is None:
+        return "-"
+    for unit, factor in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= factor and n % factor == 0:
+            return f"{n // factor} {unit}"
+    return f"{n} B"
+
+
+def fio_table(result: dict) -> str:
+    """Per job and target: IOPS, MB/s, p50, p99, p99.9, errors; then the ratio row."""
+    headers = ["job", "target", "IOPS", "MB/s", "p50", "p99", "p99.9", "errors"]
+    rows: List[List[str]] = []
+    targets = result["params"].get("targets") or []
+    for name, job in result["jobs"].items():
+        first = True
+        order = [t for t in targets if t in job["results"]] + [t for t in job["results"] if t not in targets]
+        for t in order:
+            slot = job["results"][t]
+            med = slot.get("median") or {}
+            lat = med.get("lat_us") or {}
+            rows.append([name if first else "", t, fmt_iops(med.get("iops")), fmt_mbps(med.get("bw_bytes")),
+                         fmt_lat(lat.get("p50")), fmt_lat(lat.get("p99")), fmt_lat(lat.get("p99.9")),
+                         str(slot.get("errors", 0))])
+            first = False
+        r = job.get("ratio")
+        if r:
+            rows.append(["", f"{r['numerator']}/{r['denominator']}", fmt_ratio(r["iops"]),
+                         fmt_ratio(r["bw_bytes"]), fmt_ratio(r["p50"]), fmt_ratio(r["p99"]),
+                         fmt_ratio(r["p99.9"]), ""])
+    return table(headers, rows)
+
+
+def perftest_table(result: dict) -> str:
+    headers = ["test", "size", "typical", "avg", "p99", "p99.9", "BW MiB/s", "Mpps"]
+    rows = []
+    for test, p in result.get("perftest", {}).items():
+        if p.get("error"):
+            rows.append([test, "", "error: " + str(p["error"]).splitlines()[0], "", "", "", "", ""])
+            continue
+        bw = p.get("bw_avg_mb_s")
+        rate = p.get("msg_rate_mpps")
+        rows.append([test, fmt_size(p.get("bytes")), fmt_lat(p.get("t_typical_us")), fmt_lat(p.get("t_avg_us")),
+                     fmt_lat(p.get("p99_us")), fmt_lat(p.get("p99_9_us")),
+                     "-" if bw is None else f"{bw:.1f}", "-" if rate is None else f"{rate:.4f}"])
+    return table(headers, rows)
+
+
+def render(result: dict) -> str:
+    """The whole terminal report."""
+    p = result.get("params", {})
+    m = result.get("machine", {})
+    reps = p.get("repeats", 1)
+    lines = [f"nvmeof-roce bench  {result.get('date', '')}  on {m.get('hostname', '?')} "
+             f"({m.get('kernel', '?')}{', lab guest' if m.get('lab') else ''})",
+             f"traddr {p.get('traddr', '?')}, runtime {p.get('runtime_s', '?')} s + ramp {p.get('ramp_s', '?')} s, "
+             f"size {p.get('size', '?')}, {reps} repeat{'s' if reps != 1 else ''} "
+             f"(medians shown; targets interleaved job by job)"]
+    for name, t in result.get("targets", {}).items():
+        lines.append(f"  {name}: {t.get('kind', '')}, {t.get('traddr', '')}:{t.get('trsvcid', '')} "
+                     f"{t.get('subnqn', '')}{'  [' + t['backend'] + ']' if t.get('backend') else ''}")
+    if result.get("perftest"):
+        lines += ["", "perftest (RDMA link, no NVMe):", perftest_table(result)]
+    if result.get("jobs"):
+        lines += ["", "fio (completion latency; ratio above 1 = more IOPS/bandwidth or more latency):",
+                  fio_table(result)]
+    failures = [(j, t, r) for j, job in result.get("jobs", {}).items() for t, s in job["results"].items()
+                for r in s["repeats"] if r.get("errors")]
+    if failures or result.get("errors"):
+        lines.append("")
+        lines.append("errors:")
+        for j, t, r in failures:
+            lines.append(f"  {j} on {t}, repeat {r.get('repeat')}: {r.get('errors')} error(s): {r.get('error_text')}")
+        for e in result.get("errors", []):
+            lines.append(f"  {e}")
+    return "\n".join(lines)

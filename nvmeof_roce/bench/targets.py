@@ -1,0 +1,300 @@
+"""The targets under test and the host that reaches them.
+
+A `TargetUnderTest` exports one namespace at `address` (traddr, trsvcid, subnqn): `check()` refuses clearly
+when it cannot run here, `setup()` brings it up, `teardown()` takes it down again (idempotent, safe after a
+half-done setup). The two real ones:
+
+- `KernelNvmetTarget`: the kernel's nvmet-rdma over configfs, namespace on a memory-backed null_blk device
+  (or a file on tmpfs served with buffered_io), default port 4420;
+- `UserspaceTarget`: our target, `nvmeof-roce target serve CONFIG.json` as a child process, with a RAM
+  namespace, default port 4421.
+
+Both use their own NQN and port, so they can be up at the same time on one address.
+
+A `Host` turns a target into a block device for fio: `KernelHost` connects the kernel's nvme-rdma with
+nvme-cli and finds the namespace's /dev/nvmeXnY.
+"""
+from __future__ import annotations
+
+import abc
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, Optional
+
+from ..errors import NvmeofError
+from . import kernel_glue
+from .perftest import rdma_device_for
+
+log = logging.getLogger(__name__)
+
+NQN_PREFIX = "nqn.2014-08.org.nvmeof-roce:bench-"
+DEFAULT_PORTS = {"kernel": 4420, "userspace": 4421}
+
+
+class TargetUnderTest(abc.ABC):
+    """One NVMe-oF target the bench measures."""
+
+    name = "target"
+    kind = ""
+
+    def __init__(self, traddr: str, trsvcid: int, subnqn: Optional[str] = None):
+        self.traddr = traddr
+        self.trsvcid = int(trsvcid)
+        self.subnqn = subnqn or NQN_PREFIX + self.name
+
+    @property
+    def address(self) -> Dict[str, str]:
+        return {"trtype": "rdma", "adrfam": "ipv4", "traddr": self.traddr, "trsvcid": str(self.trsvcid),
+                "subnqn": self.subnqn}
+
+    def check(self) -> None:
+        """Raise NvmeofError (with the fix) when this target cannot run here."""
+
+    @abc.abstractmethod
+    def setup(self) -> None:
+        ...
+
+    @abc.abstractmethod
+    def teardown(self) -> None:
+        ...
+
+    def describe(self) -> dict:
+        d = {"kind": self.kind}
+        d.update(self.address)
+        return d
+
+    def _check_address_free(self) -> None:
+        who = kernel_glue.listener_on(self.traddr, self.trsvcid)
+        if who:
+            raise NvmeofError(f"{self.traddr}:{self.trsvcid} is already in use by {who}",
+                              f"stop it, or give the {self.name} target another port "
+                              f"(--{self.name}-port)")
+
+
+class Host(abc.ABC):
+    """Something that turns a target into a block device fio can use."""
+
+    name = "host"
+
+    def check(self) -> None:
+        """Raise NvmeofError when the host side cannot run here (missing tool, module)."""
+
+    @abc.abstractmethod
+    def connect(self, target: TargetUnderTest) -> str:
+        """Connect and return the device path."""
+
+    @abc.abstractmethod
+    def disconnect(self, target: TargetUnderTest) -> None:
+        """Disconnect (idempotent)."""
+
+    def connected(self, target: TargetUnderTest) -> bool:
+        return False
+
+
+# --- the kernel target --------------------------------------------------------------------------------
+
+class KernelNvmetTarget(TargetUnderTest):
+    name = "kernel"
+
+    def __init__(self, traddr: str, trsvcid: int = DEFAULT_PORTS["kernel"], subnqn: Optional[str] = None,
+                 backend: str = "null_blk", size_mb: int = 512):
+        super().__init__(traddr, trsvcid, subnqn)
+        if backend not in ("null_blk", "file"):
+            raise NvmeofError(f"kernel backend {backend!r} is not null_blk or file", "--kernel-backend null_blk|file")
+        self.backend = backend
+        self.size_mb = int(size_mb)
+        self.kind = "kernel nvmet-rdma (configfs)"
+        self._device = None
+        self._export: Optional[kernel_glue.NvmetExport] = None
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d["backend"] = (f"null_blk, memory-backed, {self.size_mb} MiB" if self.backend == "null_blk"
+                        else f"file on tmpfs, buffered_io, {self.size_mb} MiB")
+        return d
+
+    def check(self) -> None:
+        kernel_glue.require_root("the kernel target")
+        rdma_device_for(self.traddr)
+        if not kernel_glue.CONFIGFS.is_dir() or not os.path.ismount(kernel_glue.CONFIGFS):
+            raise NvmeofError("configfs is not mounted on /sys/kernel/config",
+                              "mount -t configfs none /sys/kernel/config")
+        kernel_glue.modprobe("nvmet", "nvmet-rdma")
+        if not (kernel_glue.CONFIGFS / "nvmet").is_dir():
+            raise NvmeofError("nvmet is loaded but /sys/kernel/config/nvmet is missing", "check dmesg")
+        self._check_address_free()
+
+    def setup(self) -> None:
+        name = self.subnqn.rsplit(":", 1)[-1]
+        if self.backend == "null_blk":
+            self._device = kernel_glue.NullBlk(name=name, size_mb=self.size_mb)
+        else:
+            self._device = kernel_glue.TmpfsFile(name=name, size_mb=self.size_mb)
+        path = self._device.create()
+        self._export = kernel_glue.NvmetExport(nqn=self.subnqn, device_path=path, traddr=self.traddr,
+                                               trsvcid=self.trsvcid, buffered_io=self.backend == "file")
+        self._export.create()
+
+    def teardown(self) -> None:
+        errors = []
+        export = self._export or kernel_glue.NvmetExport(nqn=self.subnqn, device_path="", traddr=self.traddr,
+                                                         trsvcid=self.trsvcid)
+        for step in (export.remove, self._device.remove if self._device else None):
+            if step is None:
+                continue
+            try:
+                step()
+            except (OSError, NvmeofError) as exc:
+                errors.append(str(exc))
+        self._export = None
+        self._device = None
+        if errors:
+            raise NvmeofError("kernel target teardown: " + "; ".join(errors),
+                              f"remove it by hand under /sys/kernel/config/nvmet ({self.subnqn})")
+
+
+# --- our userspace target -----------------------------------------------------------------------------
+
+def userspace_config(traddr: str, trsvcid: int, subnqn: str, size_mb: int, block_size: int = 512) -> dict:
+    """The project's config schema (targets/ram.json's shape): one RAM namespace on one RDMA port."""
+    return {"hosts": [],
+            "ports": [{"portid": 1, "addr": {"trtype": "rdma", "adrfam": "ipv4", "traddr": traddr,
+                                             "trsvcid": str(trsvcid), "treq": "not specified"},
+                       "subsystems": [subnqn], "referrals": []}],
+            "subsystems": [{"nqn": subnqn, "attr": {"allow_any_host": "1", "model": "nvmeof-roce"},
+                            "allowed_hosts": [],
+                            "namespaces": [{"nsid": 1, "enable": 1,
+                                            "nvmeof_roce": {"backend": "ram", "size": f"{size_mb}M",
+                                                            "block_size": block_size}}]}]}
+
+
+def _cli() -> list:
+    return [sys.executable, "-m", "nvmeof_roce"]
+
+
+class UserspaceTarget(TargetUnderTest):
+    name = "userspace"
+
+    def __init__(self, traddr: str, trsvcid: int = DEFAULT_PORTS["userspace"], subnqn: Optional[str] = None,
+                 size_mb: int = 512, work_dir: Optional[Path] = None, config_path: Optional[Path] = None,
+                 ready_timeout: float = 60.0):
+        self.config_path = Path(config_path) if config_path else None
+        if self.config_path:
+            traddr, trsvcid, subnqn = self._address_from_config(self.config_path)
+        super().__init__(traddr, trsvcid, subnqn)
+        self.size_mb = int(size_mb)
+        self.work_dir = Path(work_dir) if work_dir else Path.cwd()
+        self.ready_timeout = ready_timeout
+        self.kind = "nvmeof-roce userspace target (target serve)"
+        self._proc: Optional[subprocess.Popen] = None
+        self._log = None
+        self.log_path: Optional[Path] = None
+
+    @staticmethod
+    def _address_from_config(path: Path):
+        try:
+            cfg = json.loads(path.read_text())
+            port = cfg["ports"][0]
+            nqn = port["subsystems"][0]
+            return port["addr"]["traddr"], int(port["addr"]["trsvcid"]), nqn
+        except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+            raise NvmeofError(f"{path}: cannot take the address from it ({exc})",
+                              "give a config with ports[0].addr.traddr/trsvcid and ports[0].subsystems[0]")
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d["backend"] = (f"config {self.config_path}" if self.config_path else f"ram, {self.size_mb} MiB")
+        return d
+
+    def check(self) -> None:
+        proc = subprocess.run(_cli() + ["target", "serve", "--help"], capture_output=True, text=True, timeout=60)
+        if proc.returncode != 0:
+            last = ((proc.stderr or proc.stdout).strip().splitlines() or ["?"])[-1]
+            raise NvmeofError(f"the userspace target is not available here ('nvmeof-roce target serve': {last})",
+                              "use a checkout with the userspace target, or --targets kernel")
+        rdma_device_for(self.traddr)
+        self._check_address_free()
+
+    def setup(self) -> None:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        config = self.config_path
+        if config is None:
+            config = self.work_dir / "userspace-target.json"
+            config.write_text(json.dumps(userspace_config(self.traddr, self.trsvcid, self.subnqn, self.size_mb),
+                                         indent=2) + "\n")
+        self.log_path = self.work_dir / "userspace-target.log"
+        self._log = open(self.log_path, "w")
+        cmd = _cli() + ["target", "serve", str(config)]
+        log.info("starting %s", " ".join(cmd))
+        self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self._wait_listening()
+
+    def _wait_listening(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout
+        while True:
+            if self._proc.poll() is not None:
+                raise NvmeofError(f"the userspace target exited with code {self._proc.returncode} while starting: "
+                                  f"{self._log_tail()}", f"see {self.log_path}")
+            who = kernel_glue.listener_on(self.traddr, self.trsvcid)
+            if who is None:  # `rdma` cannot tell: give it a moment, the host retries its connect anyway
+                time.sleep(2.0)
+                return
+            if who:
+                return
+            if time.monotonic() > deadline:
+                raise NvmeofError(f"the userspace target is not listening on {self.traddr}:{self.trsvcid} after "
+                                  f"{self.ready_timeout:.0f} s: {self._log_tail()}", f"see {self.log_path}")
+            time.sleep(0.2)
+
+    def _log_tail(self, n: int = 5) -> str:
+        try:
+            lines = [ln for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
+        except (OSError, AttributeError):
+            return "no log"
+        return " | ".join(lines[-n:]) or "no output"
+
+    def teardown(self) -> None:
+        proc, self._proc = self._proc, None
+        try:
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    log.warning("userspace target (pid %d) ignored SIGTERM; killing it", proc.pid)
+                    proc.kill()
+                    proc.wait(10)
+        finally:
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+
+
+# --- the kernel host ----------------------------------------------------------------------------------
+
+class KernelHost(Host):
+    """The kernel's nvme-rdma host, driven with nvme-cli."""
+
+    name = "kernel nvme-rdma (nvme-cli)"
+
+    def check(self) -> None:
+        kernel_glue.require_root("the kernel host (nvme connect)")
+        kernel_glue.nvme_binary()
+        kernel_glue.modprobe("nvme-rdma")
+        if not os.path.exists("/dev/nvme-fabrics"):
+            raise NvmeofError("/dev/nvme-fabrics is missing", "modprobe nvme-fabrics nvme-rdma")
+
+    def connect(self, target: TargetUnderTest) -> str:
+        return kernel_glue.nvme_connect(target.traddr, target.trsvcid, target.subnqn)
+
+    def disconnect(self, target: TargetUnderTest) -> None:
+        kernel_glue.nvme_disconnect(target.subnqn)
+
+    def connected(self, target: TargetUnderTest) -> bool:
+        return bool(kernel_glue.controllers(target.subnqn))
