@@ -45,13 +45,9 @@ test-quick: venv
 test-lab: lab
 	$(NVMEOF) lab run --timeout $(LAB_TIMEOUT) -- python3 -m pytest -p no:cacheprovider -m lab tests/lab
 
-# Both tiers always run; the make fails if either failed.
+# Both tiers always run; their summaries are repeated last; the make fails if either failed.
 test: deps venv lab
-	@unit=0; lab=0; \
-	$(PYTEST) -m "not lab" tests/unit || unit=$$?; \
-	$(NVMEOF) lab run --timeout $(LAB_TIMEOUT) -- python3 -m pytest -p no:cacheprovider -m lab tests/lab || lab=$$?; \
-	echo "[nvmeof-roce] unit tier exit $$unit, lab tier exit $$lab"; \
-	[ $$unit = 0 ] && [ $$lab = 0 ]
+	$(VENV)/bin/python tests/tiers.py $(VENV)/bin/python $(LAB_TIMEOUT)
 
 demo: deps venv lab
 	$(NVMEOF) demo

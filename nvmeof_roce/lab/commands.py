@@ -149,3 +149,23 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_clean)
 
     lab.set_defaults(func=lambda args: (lab.print_help(), 2)[1])
+    register_demo(subparsers)
+
+
+def cmd_demo(args) -> int:
+    """The main job: on the host, boot the lab and run the demo inside it; in the lab, run it."""
+    if os.environ.get("NVMEOF_LAB") == "1":
+        from . import demo
+        return demo.run_in_guest(runtime=args.runtime)
+    image = ensure_image()
+    run = LabRun(command=["nvmeof-roce", "demo", "--runtime", str(args.runtime)], project=project_root(),
+                 timeout=args.timeout)
+    progress("demo: booting the lab guest")
+    return run_in_guest(image, run)
+
+
+def register_demo(subparsers) -> None:
+    p = subparsers.add_parser("demo", help="the main job: run the NVMe-oF/RDMA demo in the lab")
+    p.add_argument("--runtime", type=int, default=10, help="fio runtime in seconds (default 10)")
+    p.add_argument("--timeout", type=float, default=900, help="lab timeout in seconds (default 900)")
+    p.set_defaults(func=cmd_demo)

@@ -1,0 +1,116 @@
+"""The lab from the host: apt source parsing, and real boots of the cached guest image."""
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from nvmeof_roce.errors import NvmeofError
+from nvmeof_roce.lab import aptconfig, image as lab_image
+
+
+def test_mirror_from_deb822_sources(tmp_path):
+    d = tmp_path / "etc/apt/sources.list.d"
+    d.mkdir(parents=True)
+    (d / "debian.sources").write_text(textwrap.dedent("""\
+        Types: deb
+        URIs: http://mirror.example.invalid/debian/
+        Suites: bookworm bookworm-updates
+        Components: main
+        Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+        Types: deb
+        URIs: http://mirror.example.invalid/debian-security
+        Suites: bookworm-security
+        Components: main
+        """))
+    assert aptconfig.debian_mirror(str(tmp_path)) == "http://mirror.example.invalid/debian"
+
+
+def test_mirror_from_one_line_sources_list(tmp_path):
+    (tmp_path / "etc/apt").mkdir(parents=True)
+    (tmp_path / "etc/apt/sources.list").write_text(
+        "# comment\ndeb [arch=amd64] http://other.example.invalid/debian bookworm main contrib\n")
+    assert aptconfig.debian_mirror(str(tmp_path)) == "http://other.example.invalid/debian"
+
+
+def test_no_bookworm_source_names_the_fix(tmp_path):
+    (tmp_path / "etc/apt").mkdir(parents=True)
+    (tmp_path / "etc/apt/sources.list").write_text("deb http://x.invalid/ubuntu jammy main\n")
+    with pytest.raises(NvmeofError) as err:
+        aptconfig.debian_mirror(str(tmp_path))
+    assert "bookworm" in str(err.value) and "fix:" in str(err.value)
+
+
+def test_kernel_release_from_package():
+    assert aptconfig.kernel_release("linux-image-6.1.0-56-amd64") == "6.1.0-56-amd64"
+
+
+def test_image_inputs_key_changes_with_guest_packages(monkeypatch):
+    monkeypatch.setattr(aptconfig, "resolve_kernel_package", lambda: "linux-image-6.1.0-56-amd64")
+    base = lab_image.image_inputs()
+    monkeypatch.setattr(lab_image, "GUEST_PACKAGES", lab_image.GUEST_PACKAGES + ["tcpdump"])
+    changed = lab_image.image_inputs()
+    assert lab_image.inputs_key(base) != lab_image.inputs_key(changed)
+    assert "pytest==9.2.0" in base["python_requirements"]
+
+
+# --- real boots of the lab guest (the image is built by `make test` before this tier runs) ---
+
+def _built_image():
+    try:
+        image = lab_image.image_for(lab_image.image_inputs())
+    except NvmeofError as exc:
+        pytest.skip(f"lab inputs unavailable: {exc.message}")
+    if not image.complete():
+        pytest.skip("lab image not built: run `nvmeof-roce lab build` (make test builds it first)")
+    return image
+
+
+def _lab(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "nvmeof_roce", "lab", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_lab_run_ibv_devinfo_reports_port_active():
+    _built_image()
+    proc = _lab("run", "--timeout", "300", "--", "ibv_devinfo")
+    assert proc.returncode == 0, proc.stderr
+    assert "PORT_ACTIVE" in proc.stdout
+    assert "link_layer:\t\tEthernet" in proc.stdout
+
+
+def test_lab_run_passes_the_exit_code_through():
+    _built_image()
+    assert _lab("run", "--timeout", "300", "--", "false").returncode == 1
+    assert _lab("run", "--timeout", "300", "--", "sh", "-c", "exit 7").returncode == 7
+
+
+def test_lab_run_share_is_writable_from_the_guest(tmp_path):
+    _built_image()
+    proc = _lab("run", "--share", str(tmp_path), "--timeout", "300", "--",
+                "sh", "-c", "cat /sys/class/infiniband/rxe0/ports/1/state > /mnt/share/state")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "state").read_text().strip() == "4: ACTIVE"
+
+
+def test_hung_guest_is_killed_at_the_timeout_and_no_qemu_remains(tmp_path):
+    _built_image()
+    marker = tmp_path / "hang-marker"
+    marker.mkdir()
+    proc = _lab("run", "--share", str(marker), "--timeout", "20", "--", "sleep", "600", timeout=120)
+    assert proc.returncode == 1
+    assert "did not finish within 20 s" in proc.stderr and "killed" in proc.stderr
+    left = subprocess.run(["pgrep", "-f", f"path={marker}"], capture_output=True, text=True)
+    assert left.stdout.strip() == "", f"QEMU still running: {left.stdout}"
+
+
+def test_lab_status_json_describes_the_cached_image():
+    image = _built_image()
+    proc = _lab("status", "--json")
+    assert proc.returncode == 0
+    import json
+    status = json.loads(proc.stdout)
+    assert status["image"]["path"] == str(image.directory)
+    assert status["image"]["up_to_date"] is True
+    assert status["image"]["kernel_release"].endswith("-amd64")
