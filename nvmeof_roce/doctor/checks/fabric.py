@@ -1,0 +1,272 @@
+"""Lossless fabric: PFC and the RoCE priority, ECN/DCQCN, pause/discard/error counters."""
+from __future__ import annotations
+
+import re
+from typing import Dict, List, Optional, Tuple
+
+from ...errors import ToolMissing
+from ..context import Context
+from ..machine import ToolNotRun, missing_tool_reason
+from ..result import CheckResult, fail, ok, skipped, warn
+from ..sysfs import NET_CLASS, Port, read_counters
+from ..tools import ToolFailed, dcb_app_dscp, dcb_pfc_priorities, ethtool_stats, lldptool_pfc_priorities, mlnx_qos
+from .addressing import RDMA_CM_CONFIGFS
+
+PRIORITIES = range(8)
+
+
+def _pfc_not_applicable(ctx: Context, port: Port, check: str) -> Optional[CheckResult]:
+    """Skip reasons shared by the fabric checks: not RoCE, no netdev, Soft-RoCE on a virtual netdev."""
+    if not port.is_ethernet:
+        return skipped(check, port.name, "not a RoCE port")
+    if not port.netdev:
+        return skipped(check, port.name, "no netdev found for this port")
+    netdev = ctx.netdev(port.netdev)
+    if port.device.is_soft_roce and not netdev.is_physical:
+        return skipped(check, port.name, f"Soft-RoCE over virtual netdev {netdev.name}: no DCB/PFC/ECN there")
+    return None
+
+
+def _roce_dscp(ctx: Context, port: Port) -> Tuple[int, str]:
+    """The DSCP RoCE connections use by default: rdma_cm default_roce_tos >> 2 (0 when unset)."""
+    path = f"{RDMA_CM_CONFIGFS}/{port.device.name}/ports/{port.number}/default_roce_tos"
+    tos = ctx.machine.read(path)
+    if tos is not None and tos.isdigit():
+        return int(tos) >> 2, f"{path}: {tos}"
+    return 0, f"{path}: unset, so ToS 0 unless the application sets one (nvme connect --tos)"
+
+
+def _read_pfc(ctx: Context, netdev: str):
+    """(priorities, dscp->prio map or None, trust, evidence, skip reasons) from the first tool that answers.
+
+    Tried in order: dcb (iproute2, any DCB-capable driver), mlnx_qos (NVIDIA), lldptool (lldpad).
+    """
+    reasons, unsupported = [], []
+    try:
+        prios = dcb_pfc_priorities(ctx.machine, netdev)
+        evidence = [f"dcb -j pfc show dev {netdev}: PFC on priorities {prios or 'none'}"]
+        mapping = None
+        try:
+            mapping = dcb_app_dscp(ctx.machine, netdev) or None
+            if mapping:
+                evidence.append(f"dcb -j app show dev {netdev}: dscp-prio {_format_mapping(mapping)}")
+        except (ToolMissing, ToolNotRun, ToolFailed, ValueError):
+            pass
+        return prios, mapping, ("dscp" if mapping else None), evidence, []
+    except (ToolMissing, ToolNotRun) as exc:
+        reasons.append(missing_tool_reason(exc))
+    except ToolFailed as exc:
+        (unsupported if exc.not_supported else reasons).append(str(exc))
+    try:
+        qos = mlnx_qos(ctx.machine, netdev)
+        evidence = [f"mlnx_qos -i {netdev}: PFC on priorities {qos.pfc_priorities or 'none'}, trust {qos.trust}"]
+        mapping = qos.dscp_to_prio if qos.trust == "dscp" else None
+        return qos.pfc_priorities, mapping, qos.trust, evidence, []
+    except (ToolMissing, ToolNotRun) as exc:
+        reasons.append(missing_tool_reason(exc))
+    except ToolFailed as exc:
+        (unsupported if exc.not_supported else reasons).append(str(exc))
+    try:
+        prios = lldptool_pfc_priorities(ctx.machine, netdev)
+        return prios, None, None, [f"lldptool -t -i {netdev} -V PFC: PFC enabled {prios or 'none'}"], []
+    except (ToolMissing, ToolNotRun) as exc:
+        reasons.append(missing_tool_reason(exc))
+    except ToolFailed as exc:
+        (unsupported if exc.not_supported else reasons).append(str(exc))
+    return None, None, None, unsupported + reasons, (unsupported, reasons)
+
+
+def _format_mapping(mapping: Dict[int, int]) -> str:
+    return " ".join(f"{d}:{p}" for d, p in sorted(mapping.items()))
+
+
+def check_pfc(ctx: Context, port: Port) -> CheckResult:
+    """Detects a lossy RoCE fabric on the host side: PFC (802.1Qbb) enabled on no priority, or
+    RoCE traffic (its DSCP, from rdma_cm's default ToS) mapped to a priority without PFC.  RoCE's
+    go-back-N retransmission collapses under drops; unless the fabric is designed for lossy RoCE
+    with ECN, the RoCE priority must be lossless on the NIC and every switch port."""
+    skip = _pfc_not_applicable(ctx, port, "fabric.pfc")
+    if skip:
+        return skip
+    netdev = port.netdev
+    prios, mapping, trust, evidence, failure = _read_pfc(ctx, netdev)
+    if prios is None:
+        unsupported, reasons = failure
+        if unsupported:
+            return skipped("fabric.pfc", port.name, f"{netdev} does not support DCB (driver "
+                           f"{ctx.netdev(netdev).driver or '?'})", evidence)
+        return skipped("fabric.pfc", port.name, "; ".join(reasons), evidence)
+    dscp, dscp_line = _roce_dscp(ctx, port)
+    evidence.append(dscp_line)
+    details = {"netdev": netdev, "pfc_priorities": prios, "trust": trust, "roce_dscp": dscp}
+    fix_enable = (f"enable PFC on the RoCE priority (3 by convention) on the NIC and on the switch ports: "
+                  f"dcb pfc set dev {netdev} prio-pfc 3:on (or mlnx_qos -i {netdev} --pfc 0,0,0,1,0,0,0,0 "
+                  f"--trust dscp), map RoCE's DSCP to it, and set rdma_cm's ToS: "
+                  f"echo 106 > {RDMA_CM_CONFIGFS}/{port.device.name}/ports/{port.number}/default_roce_tos "
+                  f"(DSCP 26; mkdir {RDMA_CM_CONFIGFS}/{port.device.name} first)")
+    if not prios:
+        return warn("fabric.pfc", port.name, f"PFC is off on every priority of {netdev}: RoCE runs lossy",
+                    evidence, fix_enable + "; or, for a lossy design, make sure ECN/DCQCN is on end to end",
+                    **details)
+    if mapping:
+        priority = mapping.get(dscp, dscp >> 3)  # unmapped DSCPs follow the default DSCP>>3 mapping
+        details["roce_priority"] = priority
+        ctx.roce_priority[port.name] = priority
+        if priority not in prios:
+            return warn("fabric.pfc", port.name, f"RoCE traffic (DSCP {dscp}) maps to priority {priority}, "
+                        f"but PFC is on {prios}", evidence,
+                        f"make the RoCE DSCP map to a PFC priority: set rdma_cm's ToS to DSCP 26 (echo 106 > "
+                        f"{RDMA_CM_CONFIGFS}/{port.device.name}/ports/{port.number}/default_roce_tos) and map "
+                        f"DSCP 26 to priority {prios[0]} (dcb app add dev {netdev} dscp-prio 26:{prios[0]})",
+                        **details)
+        return ok("fabric.pfc", port.name, f"PFC on priority {', '.join(map(str, prios))}; RoCE DSCP {dscp} -> "
+                  f"priority {priority}", evidence, **details)
+    if len(prios) == 1:
+        ctx.roce_priority[port.name] = prios[0]
+    return ok("fabric.pfc", port.name, f"PFC on priority {', '.join(map(str, prios))} (DSCP mapping not shown; "
+              "trust pcp or unknown)", evidence, **details)
+
+
+def check_ecn(ctx: Context, port: Port) -> CheckResult:
+    """Detects ECN/DCQCN congestion control switched off where the driver exposes it in sysfs
+    (/sys/class/net/X/ecn/roce_np/enable/N: notification point, answers ECN marks with CNPs;
+    roce_rp/enable/N: reaction point, slows down on CNPs).  Without it a congested switch can
+    only pause (PFC) or drop; DCQCN keeps queues short and avoids pause storms."""
+    skip = _pfc_not_applicable(ctx, port, "fabric.ecn")
+    if skip:
+        return skip
+    base = f"{NET_CLASS}/{port.netdev}/ecn"
+    if not ctx.machine.is_dir(base):
+        return skipped("fabric.ecn", port.name, f"{base} absent: this driver does not expose ECN in sysfs "
+                       "(upstream mlx5 keeps DCQCN on by default; see its debugfs cc_params)")
+    states: Dict[str, Dict[int, Optional[str]]] = {}
+    for point in ("roce_np", "roce_rp"):
+        states[point] = {p: ctx.machine.read(f"{base}/{point}/enable/{p}") for p in PRIORITIES}
+    priority = ctx.roce_priority.get(port.name)
+    wanted = [priority] if priority is not None else list(PRIORITIES)
+    evidence = [f"{base}/{point}/enable/0-7: {' '.join(v if v is not None else '-' for v in values.values())}"
+                for point, values in states.items()]
+    details = {point: {str(p): v for p, v in values.items()} for point, values in states.items()}
+    details["priority"] = priority
+    off = [f"{point} priority {p}" for point, values in states.items() for p in wanted if values[p] == "0"]
+    on_anywhere = any(v == "1" for values in states.values() for v in values.values())
+    where = f"priority {priority}" if priority is not None else "any priority"
+    fix = (f"for p in {' '.join(map(str, wanted))}; do echo 1 > {base}/roce_np/enable/$p; "
+           f"echo 1 > {base}/roce_rp/enable/$p; done (and ECN marking on the switch queues)")
+    if priority is None and not on_anywhere:
+        return warn("fabric.ecn", port.name, "ECN/DCQCN is off on every priority", evidence, fix, **details)
+    if priority is not None and off:
+        return warn("fabric.ecn", port.name, f"ECN/DCQCN off on the RoCE priority: {', '.join(off)}", evidence,
+                    fix, **details)
+    return ok("fabric.ecn", port.name, f"ECN/DCQCN on ({where}: notification and reaction points)", evidence,
+              **details)
+
+
+# Counter names by what their growth means.
+PAUSE = re.compile(r"pause|pfc", re.I)
+CONGESTION = re.compile(r"cnp|ecn_marked", re.I)
+TROUBLE = re.compile(r"discard|drop|_err|error|out_of_buffer|out_of_sequence|retry|retrans|timeout|link_downed|"
+                     r"duplicate|seq_err|rnr|crc|symbol|storm", re.I)
+# XDP drops are deliberate; flush errors only follow a queue pair's teardown.
+NOT_TROUBLE = re.compile(r"xdp|flush", re.I)
+
+
+def classify_counter(name: str) -> Optional[str]:
+    """"pause", "congestion", "errors", or None for traffic counters (bytes, packets, requests)."""
+    if PAUSE.search(name) and "storm" not in name:
+        return "pause"
+    if CONGESTION.search(name):
+        return "congestion"
+    if TROUBLE.search(name) and not NOT_TROUBLE.search(name):
+        return "errors"
+    return None
+
+
+def _sample(ctx: Context, port: Port, tool_notes: List[str]) -> Dict[str, int]:
+    """One reading of every counter for a port: RDMA port counters, hw_counters, ethtool -S."""
+    values: Dict[str, int] = {}
+    for directory in ("counters", "hw_counters"):
+        for name, value in read_counters(ctx.machine, f"{port.sysfs}/{directory}").items():
+            values[f"{directory}/{name}"] = value
+    if port.netdev and ctx.netdev(port.netdev).is_physical:
+        try:
+            for name, value in ethtool_stats(ctx.machine, port.netdev).items():
+                values[f"ethtool/{name}"] = value
+        except (ToolMissing, ToolNotRun, ToolFailed) as exc:
+            note = f"ethtool -S {port.netdev}: {missing_tool_reason(exc)}"
+            if note not in tool_notes:
+                tool_notes.append(note)
+    return values
+
+
+def check_error_counters(ctx: Context) -> List[CheckResult]:
+    """Detects pause frames, discards and transport errors that are growing right now: reads
+    every port's RDMA counters (ports/N/counters, ports/N/hw_counters) and `ethtool -S` twice,
+    `--interval` seconds apart.  Non-zero but static counters are history (shown in details);
+    growing pause counters mean congestion backpressure or a pause storm, growing discards or
+    retransmissions mean packet loss.  Growing CNP/ECN counters mean DCQCN is reacting to
+    congestion: reported, not a warning."""
+    ports = [p for p in ctx.ports if p.is_ethernet]
+    if not ports:
+        return [skipped("fabric.counters", "", "no RoCE port to sample")]
+    notes: Dict[str, List[str]] = {p.name: [] for p in ports}
+    first = {p.name: _sample(ctx, p, notes[p.name]) for p in ports}
+    interval = ctx.options.interval
+    if interval > 0:
+        ctx.machine.sleep(interval)
+        second = {p.name: _sample(ctx, p, notes[p.name]) for p in ports}
+    else:
+        second = first
+    results = []
+    for port in ports:
+        results.append(_counter_result(port, first[port.name], second[port.name], interval, notes[port.name]))
+    return results
+
+
+def _counter_result(port: Port, before: Dict[str, int], after: Dict[str, int], interval: float,
+                    notes: List[str]) -> CheckResult:
+    growth: Dict[str, Dict[str, int]] = {"pause": {}, "errors": {}, "congestion": {}}
+    nonzero: Dict[str, int] = {}
+    for name, value in after.items():
+        kind = classify_counter(name.split("/", 1)[1])
+        if kind is None:
+            continue
+        if value:
+            nonzero[name] = value
+        delta = value - before.get(name, value)
+        if delta > 0:
+            growth[kind][name] = delta
+    where = f"{port.sysfs}/{{counters,hw_counters}}" + (", ethtool -S " + port.netdev if port.netdev else "")
+    evidence = [f"sampled {len(after)} counters twice, {interval:g} s apart: {where}"] if interval > 0 else [
+        f"sampled {len(after)} counters once (--interval 0): growth not measured"]
+    evidence += notes
+    for kind in ("pause", "errors", "congestion"):
+        for name, delta in sorted(growth[kind].items()):
+            evidence.append(f"{name}: +{delta} in {interval:g} s (now {after[name]})")
+    static = {n: v for n, v in nonzero.items() if not any(n in g for g in growth.values())}
+    if static:
+        evidence.append("non-zero, not growing: " + ", ".join(f"{n}={v}" for n, v in sorted(static.items())))
+    details = {"interval": interval, "growing": growth, "nonzero": nonzero, "counters": len(after)}
+    if not after:
+        return skipped("fabric.counters", port.name, "no counters readable", evidence + notes, **details)
+    problems, fixes = [], []
+    if growth["pause"]:
+        problems.append(f"pause frames growing ({', '.join(_short(n) for n in sorted(growth['pause']))})")
+        fixes.append("pause frames mean a receiver (this NIC or the switch) is out of buffer: find the congested "
+                     "link; a steady stream with no load is a pause storm (a stuck receiver); enable ECN/DCQCN so "
+                     "senders slow down before PFC triggers; check the switch's PFC watchdog")
+    if growth["errors"]:
+        problems.append(f"discards/errors growing ({', '.join(_short(n) for n in sorted(growth['errors']))})")
+        fixes.append("packets are being lost or retransmitted: check PFC on the RoCE priority (fabric.pfc), MTU "
+                     "end to end (port.mtu), cabling (CRC/symbol errors) and `ethtool -S` on both ends; "
+                     "out_of_buffer/rnr means receive queues ran empty (the application is too slow to repost)")
+    if problems:
+        return warn("fabric.counters", port.name, "; ".join(problems), evidence, "\n".join(fixes), **details)
+    summary = "no pause, discard or error counter growing" if interval > 0 else "counters read (growth not measured)"
+    if growth["congestion"]:
+        summary += "; CNPs flowing (DCQCN reacting to congestion)"
+    return ok("fabric.counters", port.name, summary, evidence, **details)
+
+
+def _short(name: str) -> str:
+    return name.split("/", 1)[1]
