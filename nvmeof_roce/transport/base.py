@@ -43,7 +43,8 @@ class ConnectRequest:
     hrqsize: int  # host receive queue size, 1's based
     hsqsize: int  # host send queue size, 0's based
     cntlid: int  # controller ID for I/O queues on recent kernels, else 0
-    peer: str = ""  # "address:port" of the host, for logs
+    peer: str = ""  # "address:port" the queue came in on, for logs
+    port_id: int = 0  # the config port (portid) whose listener accepted it
 
 
 # Completion callback for RDMA READ: data is valid only during the call.
