@@ -280,12 +280,18 @@ def run_fio(job: Union[FioJobFile, str, Path], device: str, runtime: float, size
         if "{" not in text:
             # Older fio versions print the JSON on stdout whatever --output says.
             text = proc.stdout if "{" in proc.stdout else text
+        failed = NvmeofError(
+            f"fio {job.name} on {device} failed (exit {proc.returncode}): "
+            f"{_stderr_summary(proc.stderr + proc.stdout) or _fio_notes(text) or 'no output'}",
+            "check the device path and that it can be opened with O_DIRECT (tmpfs cannot)")
         if "{" not in text:
-            raise NvmeofError(
-                f"fio {job.name} on {device} failed (exit {proc.returncode}): "
-                f"{_stderr_summary(proc.stderr + proc.stdout) or 'no output'}",
-                "check the device path and that you may open it with O_DIRECT (tmpfs cannot)")
-        result = parse_fio_json(text, report=job.report, job=job.name)
+            raise failed
+        try:
+            result = parse_fio_json(text, report=job.report, job=job.name)
+        except NvmeofError:
+            raise failed from None  # fio prints its errors into the JSON document too
+        if result.errors and not any(d.total_ios for d in result.directions.values()):
+            raise failed  # not one I/O done: fio could not run the job at all
         if proc.returncode != 0:
             result.errors = max(result.errors, 1)
             result.error_text = "; ".join(
@@ -296,6 +302,10 @@ def run_fio(job: Union[FioJobFile, str, Path], device: str, runtime: float, size
     finally:
         if tmpdir:
             shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _fio_notes(text: str) -> str:
+    return "; ".join(ln.strip() for ln in text.splitlines() if ln.startswith("fio:"))[:500]
 
 
 def _num(value: float) -> str:

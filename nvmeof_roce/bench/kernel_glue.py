@@ -73,18 +73,33 @@ def rdma_listeners() -> Optional[List[Dict[str, object]]]:
     proc = _run(["rdma", "-j", "resource", "show", "cm_id"])
     if proc.returncode != 0:
         return None
+    return parse_cm_id_listeners(proc.stdout)
+
+
+def parse_cm_id_listeners(text: str) -> Optional[List[Dict[str, object]]]:
+    """The LISTEN entries of `rdma -j resource show cm_id`."""
     try:
-        entries = json.loads(proc.stdout or "[]")
+        entries = json.loads(text or "[]")
     except ValueError:
         return None
     out = []
     for e in entries if isinstance(entries, list) else []:
         if not isinstance(e, dict) or str(e.get("state", "")).upper() != "LISTEN":
             continue
-        out.append({"addr": str(e.get("src-addr", e.get("src_addr", ""))),
-                    "port": int(e.get("src-port", e.get("src_port", 0)) or 0),
-                    "comm": str(e.get("comm", ""))})
+        addr, port = _split_addr(e)
+        out.append({"addr": addr, "port": port, "comm": str(e.get("comm", ""))})
     return out
+
+
+def _split_addr(entry: dict):
+    """iproute2 prints "src-addr": "10.99.0.1:4420" ("[fe80::1]:4420" for IPv6); older ones had "src-port"."""
+    addr = str(entry.get("src-addr", ""))
+    if "src-port" in entry:
+        return addr, int(entry["src-port"] or 0)
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        return addr, 0
+    return host.strip("[]"), int(port)
 
 
 def listener_on(traddr: str, trsvcid: int) -> Optional[str]:
@@ -129,8 +144,11 @@ class NullBlk:
                             ("memory_backed", "1"), ("irqmode", "0"), ("power", "1")):
             _write(self.directory / attr, value)
         index = (self.directory / "index").read_text().strip()
-        self.path = f"/dev/nullb{index}"
-        _wait_for(lambda: os.path.exists(self.path), 5.0, f"{self.path} to appear")
+        # since Linux 6.0 a configfs device's disk takes the directory's name; before, nullb<index>
+        candidates = [f"/dev/{self.name}", f"/dev/nullb{index}"]
+        _wait_for(lambda: any(_is_our_disk(c, self.size_mb) for c in candidates), 5.0,
+                  f"the null_blk disk ({' or '.join(candidates)}) to appear")
+        self.path = next(c for c in candidates if _is_our_disk(c, self.size_mb))
         return self.path
 
     def remove(self) -> None:
@@ -141,6 +159,15 @@ class NullBlk:
         except NvmeofError as exc:
             log.warning("%s", exc)
         self.directory.rmdir()
+
+
+def _is_our_disk(dev: str, size_mb: int) -> bool:
+    name = os.path.basename(dev)
+    try:
+        sectors = int((SYSFS / "block" / name / "size").read_text())
+    except (OSError, ValueError):
+        return False
+    return os.path.exists(dev) and sectors * 512 == size_mb << 20
 
 
 @dataclass

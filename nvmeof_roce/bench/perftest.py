@@ -186,26 +186,21 @@ def parse_perftest_output(text: str) -> List[PerftestRow]:
 
 # --- where the address lives: RDMA device and GID index, from sysfs --------------------------------
 
-def _gid_for_ipv4(ip: str) -> str:
-    mapped = ipaddress.IPv6Address("::ffff:" + ip)
-    return ":".join(f"{int.from_bytes(mapped.packed[i:i + 2], 'big'):04x}" for i in range(0, 16, 2))
-
-
 def find_gid(address: str, device: Optional[str] = None, sysfs: Path = SYSFS_IB) -> Optional[Tuple[str, int, int]]:
     """(device, port, gid index) of the RoCE GID for an IPv4 address, RoCE v2 preferred; None if no device has it."""
     try:
         ipaddress.IPv4Address(address)
     except ValueError:
         raise NvmeofError(f"{address} is not an IPv4 address", "pass the IPv4 address of the RDMA interface")
-    want = _gid_for_ipv4(address)
+    want = ipaddress.IPv6Address("::ffff:" + address)
     best = None
     devices = [sysfs / device] if device else sorted(sysfs.glob("*"))
     for dev in devices:
         for port_dir in sorted((dev / "ports").glob("*")):
             for gid_file in sorted((port_dir / "gids").glob("*"), key=lambda p: int(p.name) if p.name.isdigit() else 0):
                 try:
-                    gid = gid_file.read_text().strip()
-                except OSError:  # unused GID slots refuse to be read
+                    gid = ipaddress.IPv6Address(gid_file.read_text().strip())
+                except (OSError, ValueError):  # unused GID slots refuse to be read
                     continue
                 if gid != want:
                     continue

@@ -47,13 +47,18 @@ def _spread(values: Sequence[Optional[float]], median: Optional[float]) -> Tuple
     return max(0.0, median - min(vals)), max(0.0, max(vals) - median)
 
 
-def _subtitle(result: dict) -> str:
+def _subtitle(result: dict, repeats: bool = True) -> str:
     p = result.get("params", {})
     m = result.get("machine", {})
     reps = p.get("repeats", 1)
-    where = "lab guest (emulated: compare ratios only)" if m.get("lab") else m.get("hostname", "")
-    return (f"{where}, {result.get('date', '')[:16]}; traddr {p.get('traddr', '')}; "
-            f"median of {reps} repeat{'s' if reps != 1 else ''}, whiskers min-max")
+    where = "lab guest (emulated: compare ratios, not absolute numbers)" if m.get("lab") else m.get("hostname", "")
+    date = str(result.get("date", ""))[:16].replace("T", " ")
+    line1 = f"{where}, {date} UTC, traddr {p.get('traddr', '')}"
+    if not repeats:
+        return line1
+    line2 = (f"median of {reps} repeats, whiskers from the lowest to the highest" if reps > 1
+             else "one repeat (--repeats N for medians and spread)")
+    return line1 + "\n" + line2
 
 
 def _grouped_bars(ax, groups: List[str], targets: List[str], values: Dict[str, List[Optional[float]]],
@@ -64,8 +69,9 @@ def _grouped_bars(ax, groups: List[str], targets: List[str], values: Dict[str, L
         xs = [g + (i - (n - 1) / 2) * width for g in range(len(groups))]
         ys = [v if v is not None else 0.0 for v in values[t]]
         lo, hi = errs[t]
-        ax.bar(xs, ys, width, label=t, color=COLOURS[i % len(COLOURS)], yerr=[lo, hi], capsize=3,
-               error_kw={"elinewidth": 1, "ecolor": "#333333"})
+        spread = any(lo) or any(hi)
+        ax.bar(xs, ys, width, label=t, color=COLOURS[i % len(COLOURS)], yerr=[lo, hi] if spread else None,
+               capsize=3, error_kw={"elinewidth": 1, "ecolor": "#333333"})
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels(groups)
     ax.grid(axis="y", alpha=0.3)
@@ -110,8 +116,8 @@ def plot_latency(result: dict, path: Path) -> Optional[Path]:
         axes[k // cols][k % cols].axis("off")
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper right", title="target")
-    fig.suptitle("fio completion latency by percentile, per job\n" + _subtitle(result), fontsize=11)
-    fig.tight_layout(rect=(0, 0, 0.9, 0.93))
+    fig.suptitle("fio completion latency (clat) by percentile, per job\n" + _subtitle(result), fontsize=11)
+    fig.tight_layout(rect=(0, 0, 0.9, 0.95 if rows > 1 else 0.88))
     return _save(plt, fig, path)
 
 
@@ -138,7 +144,7 @@ def _per_job_metric(result: dict, path: Path, metric: str, ylabel: str, title: s
             lo, hi = _spread([None if r.get(metric) is None else r[metric] / scale for r in slot["repeats"]], med)
             errs[t][0].append(lo)
             errs[t][1].append(hi)
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.7 * len(jobs) + 2), 5.0))
+    fig, ax = plt.subplots(figsize=(max(9.0, 1.7 * len(jobs) + 2), 5.5))
     _grouped_bars(ax, [n for n, _ in jobs], present, values, errs)
     ax.set_xticklabels([n for n, _ in jobs], rotation=25, ha="right", fontsize=9)
     ax.set_ylabel(ylabel)
@@ -152,7 +158,7 @@ def _per_job_metric(result: dict, path: Path, metric: str, ylabel: str, title: s
             ax.annotate(f"{r['numerator']}/{r['denominator']} {fmt_ratio(r[key])}", (g, top * 1.06),
                         ha="center", fontsize=8, color="#333333")
     ax.legend(title="target", loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.set_title(title + "\n" + _subtitle(result), fontsize=11)
+    ax.set_title(title + "\n" + _subtitle(result), fontsize=10)
     fig.tight_layout()
     return _save(plt, fig, path)
 
@@ -176,13 +182,14 @@ def plot_perftest(result: dict, path: Path) -> Optional[Path]:
     names = [s for s, _ in stats]
     values = {n: [p.get(k) for _, k in stats] for n, p in tests}
     errs = {n: ([0.0] * len(stats), [0.0] * len(stats)) for n, _ in tests}
-    fig, ax = plt.subplots(figsize=(8.0, 4.8))
+    fig, ax = plt.subplots(figsize=(9.0, 5.2))
     _grouped_bars(ax, names, [n for n, _ in tests], values, errs)
     ax.set_ylabel("latency (µs)")
     ax.set_xlabel("perftest statistic (message size: " +
                   ", ".join(sorted({f"{p.get('bytes')} B" for _, p in tests})) + ")")
     ax.legend(title="test", loc="upper left")
-    ax.set_title("RDMA link latency (perftest, server and client on one link)\n" + _subtitle(result), fontsize=11)
+    ax.set_title("RDMA link latency (perftest, server and client on one link)\n" + _subtitle(result, repeats=False),
+                 fontsize=10)
     fig.tight_layout()
     return _save(plt, fig, path)
 

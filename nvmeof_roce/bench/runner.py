@@ -150,7 +150,7 @@ def machine_info(traddr: Optional[str] = None) -> dict:
         "cpus": os.cpu_count(),
         "memory_mb": int(mem.group(1)) // 1024 if mem else None,
         "python": platform.python_version(),
-        "lab": os.path.exists("/mnt/ctl/env"),
+        "lab": os.environ.get("NVMEOF_LAB") == "1" or os.path.exists("/mnt/ctl/env"),
         "rdma_devices": rdma,
         "tools": {"fio": fio_version(), "nvme": _tool_version(["nvme", "version"]),
                   "perftest": perftest_version()},
