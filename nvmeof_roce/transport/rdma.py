@@ -190,13 +190,15 @@ class EventLoop:
 class RdmaListener:
     """Listens on traddr:trsvcid and turns accepted connections into `RdmaTargetQueue`s."""
 
-    def __init__(self, loop: EventLoop, traddr: str, trsvcid: int = 4420, *, port_id: int = 0,
-                 in_capsule_size: int = 4096, max_transfer: int = 128 * 1024, data_chunks: int = 1024,
-                 remote_invalidate: bool = True):
+    def __init__(self, loop: EventLoop, traddr: str, trsvcid: int = 4420, *, handler: Optional[QueueHandler] = None,
+                 port_id: int = 0, in_capsule_size: Optional[int] = None, max_transfer: int = 128 * 1024,
+                 data_chunks: int = 1024, remote_invalidate: bool = True):
         require_pyverbs()
         self.loop = loop
-        self.handler = loop.handler
+        self.handler = handler or loop.handler
         self.traddr, self.trsvcid, self.port_id = traddr, int(trsvcid), port_id
+        if in_capsule_size is None:  # what the handler advertises in IOCCSZ
+            in_capsule_size = getattr(self.handler, "in_capsule_size", 4096)
         self.in_capsule_size = in_capsule_size
         self.max_transfer = max_transfer
         self.remote_invalidate = remote_invalidate

@@ -1,0 +1,90 @@
+"""`nvmeof-roce target serve`: the userspace target on the RDMA transport, in the foreground."""
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from typing import List, Optional
+
+from ..errors import NvmeofError
+from .config import TargetConfig, load_config
+
+log = logging.getLogger(__name__)
+
+DRAIN_SECONDS = 5.0  # how long a stop waits for in-flight commands
+
+
+class TargetServer:
+    """A Target plus one RDMA listener per configured port, on one event loop."""
+
+    def __init__(self, config: TargetConfig, *, data_chunks: int = 1024, remote_invalidate: bool = True):
+        from ..transport.rdma import EventLoop, RdmaListener, require_pyverbs
+        from .core import Target
+
+        require_pyverbs()
+        rdma_ports = [p for p in config.ports if p.trtype == "rdma"]
+        if not rdma_ports:
+            raise NvmeofError(f"{config.source}: no port with trtype 'rdma'",
+                              "add a port like {\"portid\": 1, \"addr\": {\"trtype\": \"rdma\", \"adrfam\": \"ipv4\", "
+                              "\"traddr\": \"10.99.0.1\", \"trsvcid\": \"4420\"}, \"subsystems\": [...]}")
+        for port in config.ports:
+            if port.trtype != "rdma":
+                log.warning("port %d: trtype %r is not served by the userspace target (RDMA only); skipped",
+                            port.portid, port.trtype)
+        self.config = config
+        self.target = Target(config)
+        self.loop = EventLoop(self.target)
+        self.listeners = []
+        try:
+            for port in rdma_ports:
+                self.listeners.append(RdmaListener(
+                    self.loop, port.traddr, port.trsvcid, handler=self.target.port(port.portid), port_id=port.portid,
+                    max_transfer=self.target.max_transfer, data_chunks=data_chunks,
+                    remote_invalidate=remote_invalidate))
+        except BaseException:
+            self.close()
+            raise
+        self.stopping = False
+
+    def addresses(self) -> List[str]:
+        return [f"{lst.traddr}:{lst.trsvcid} ({lst.device_name})" for lst in self.listeners]
+
+    def request_stop(self, *_args) -> None:
+        if not self.stopping:
+            log.info("stop requested: finishing in-flight commands")
+        self.stopping = True
+
+    def serve(self) -> None:
+        self.loop.run(lambda: self.stopping)
+        # Let in-flight commands complete (or fail with a status) before the queues close.
+        deadline = time.monotonic() + DRAIN_SECONDS
+        while self.target.in_flight() and time.monotonic() < deadline:
+            self.loop.run_once(0.05)
+
+    def close(self) -> None:
+        for listener in self.listeners:
+            listener.close()
+        self.listeners = []
+        self.target.close()  # flushes and closes the namespaces
+
+
+def serve(path: str, *, ready_file: Optional[str] = None, data_chunks: int = 1024,
+          remote_invalidate: bool = True) -> int:
+    config = load_config(path)
+    server = TargetServer(config, data_chunks=data_chunks, remote_invalidate=remote_invalidate)
+    previous = {sig: signal.signal(sig, server.request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for sub in config.subsystems:
+            log.warning("subsystem %s: %d namespace(s)%s", sub.nqn, len(sub.namespaces),
+                        "" if sub.allow_any_host else f", hosts {', '.join(sub.allowed_hosts) or 'none'}")
+        print(f"nvmeof-roce target: serving {config.source} on {', '.join(server.addresses())}", flush=True)
+        if ready_file:
+            with open(ready_file, "w") as f:
+                f.write("ready\n")
+        server.serve()
+    finally:
+        server.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    print("nvmeof-roce target: stopped", flush=True)
+    return 0
