@@ -71,7 +71,7 @@ def fail(check: str, subject: str, summary: str, evidence=(), fix: str = "", **d
 def skipped(check: str, subject: str, reason: str, evidence=(), **details) -> CheckResult:
     """A check that could not run; `reason` says why (missing tool, not applicable, ...)."""
     details.setdefault("reason", reason)
-    return CheckResult(check, subject, Status.SKIPPED, f"skipped: {reason}", list(evidence), "", details)
+    return CheckResult(check, subject, Status.SKIPPED, reason, list(evidence), "", details)
 
 
 def worst(results: List[CheckResult]) -> Status:

@@ -119,10 +119,9 @@ def parse_mlnx_qos(text: str) -> MlnxQos:
     if m:
         trust = m.group(1)
     dscp_to_prio = {}
-    for prio, dscps in re.findall(r"prio:\s*(\d+)\s+dscp:\s*([\d,\s]+)", text):
-        for d in dscps.replace(" ", "").strip(",").split(","):
-            if d:
-                dscp_to_prio[int(d)] = int(prio)
+    for prio, dscps in re.findall(r"prio:\s*(\d+)\s+dscp:\s*([\d, ]+)", text):
+        for d in re.findall(r"\d+", dscps):
+            dscp_to_prio[int(d)] = int(prio)
     pfc = []
     m = re.search(r"PFC configuration:.*?^\s*enabled\s+([01\s]+)$", text, re.S | re.M)
     if m:
