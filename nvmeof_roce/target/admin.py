@@ -1,0 +1,290 @@
+"""Admin commands of an I/O controller (wire doc §5): Identify, logs, features, AER, Keep Alive.
+
+Each handler validates the command, then completes it through the Target
+(`t.complete`), or holds it (`t.hold`, the AER).  Lengths are checked against
+the SGL exactly as nvmet does (§3.1).
+"""
+from __future__ import annotations
+
+from .. import __version__
+from ..nvme import admin as A
+from ..nvme import identify as I
+from ..nvme import status as S
+from ..nvme.command import (ADMIN_ASYNC_EVENT, ADMIN_GET_FEATURES, ADMIN_GET_LOG_PAGE, ADMIN_IDENTIFY,
+                            ADMIN_KEEP_ALIVE, ADMIN_SET_FEATURES, NSID_ALL, NVM_DSM, NVM_FLUSH, NVM_READ,
+                            NVM_WRITE, NVM_WRITE_ZEROES)
+from ..nvme.log import (EFFECT_CSUPP, EFFECT_LBCC, ERROR_ENTRY_SIZE, ChangedNsList, CommandEffectsLog,
+                        SmartLog)
+from .controller import ERROR_LOG_ENTRIES, MAX_AER
+from .core import LOC_CDW10, LOC_CDW11, LOC_CDW12, LOC_DPTR, LOC_NSID, Target
+from .request import Request
+from .subsystem import MAX_NSID
+
+MDTS = 8  # 2^8 x 4 KiB = 1 MiB per command, like nvmet-rdma
+MAX_TRANSFER = 4096 << MDTS
+KAS = 10  # keep-alive granularity in 100 ms units
+ONCS = I.ONCS_DSM | I.ONCS_WRITE_ZEROES
+CTRATT_HOSTID_128 = 1 << 0
+CTRATT_TBKAS = 1 << 6  # traffic based keep alive: every command restarts the timer
+FIRMWARE_REVISION = __version__[:8]
+
+EFFECTS = CommandEffectsLog(
+    admin={op: EFFECT_CSUPP for op in (ADMIN_GET_LOG_PAGE, ADMIN_IDENTIFY, ADMIN_SET_FEATURES,
+                                       ADMIN_GET_FEATURES, ADMIN_ASYNC_EVENT, ADMIN_KEEP_ALIVE)},
+    io={NVM_FLUSH: EFFECT_CSUPP, NVM_READ: EFFECT_CSUPP, NVM_WRITE: EFFECT_CSUPP | EFFECT_LBCC,
+        NVM_WRITE_ZEROES: EFFECT_CSUPP | EFFECT_LBCC, NVM_DSM: EFFECT_CSUPP | EFFECT_LBCC},
+).pack()
+
+
+def sgls_for(in_capsule_size: int) -> int:
+    sgls = I.SGLS_SUPPORTED | I.SGLS_KEYED
+    if in_capsule_size:
+        sgls |= I.SGLS_OFFSET
+    return sgls
+
+
+def identify_controller(ctrl) -> bytes:
+    """Identify Controller as the Linux host wants it (§5.2, §8.1 item 8)."""
+    sub = ctrl.subsystem
+    port = ctrl.port
+    mqes = port.mqes
+    return I.IdentifyController(
+        sn=sub.serial, mn=sub.model, fr=FIRMWARE_REVISION, rab=6, cmic=0x03, mdts=MDTS, cntlid=ctrl.cntlid,
+        ver=sub.version, oaes=A.AEN_CFG_NS_ATTR, ctratt=CTRATT_HOSTID_128 | CTRATT_TBKAS,
+        cntrltype=I.CNTRLTYPE_IO, acl=3, aerl=MAX_AER - 1, frmw=0x03, lpa=0x07, elpe=ERROR_LOG_ENTRIES - 1,
+        kas=KAS, sqes=0x66, cqes=0x44, maxcmd=mqes + 1, nn=MAX_NSID, oncs=ONCS, vwc=1,
+        sgls=sgls_for(port.in_capsule_size), subnqn=sub.nqn, ioccsz=(64 + port.in_capsule_size) // 16,
+        iorcsz=1, icdoff=0, msdbd=1, psd0_max_power=0x09C4, psd0_entry_lat=0x10, psd0_exit_lat=0x4,
+    ).pack()
+
+
+def identify_namespace(ns) -> bytes:
+    """Identify Namespace (§5.3): one LBA format, shared (NMIC), NCAP = NSZE."""
+    return I.IdentifyNamespace(
+        nsze=ns.num_blocks, ncap=ns.num_blocks, nuse=ns.num_blocks, nmic=1, lbaf0_lbads=ns.lbads,
+        nguid=ns.nguid or bytes(16), eui64=ns.eui64 or bytes(8),
+    ).pack()
+
+
+def ns_descriptors(ns) -> bytes:
+    """CNS 0x03: EUI-64 and NGUID when configured, always the UUID, then CSI = NVM."""
+    descs = []
+    if ns.eui64:
+        descs.append(I.NsDescriptor(I.NIDT_EUI64, ns.eui64))
+    if ns.nguid:
+        descs.append(I.NsDescriptor(I.NIDT_NGUID, ns.nguid))
+    descs.append(I.NsDescriptor(I.NIDT_UUID, ns.uuid))
+    descs.append(I.NsDescriptor(I.NIDT_CSI, b"\0"))
+    return I.NsDescriptorList(descs).pack()
+
+
+def _identify(t: Target, req: Request) -> None:
+    if req.sgl_len != I.IDENTIFY_SIZE:
+        return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
+    ctrl = req.queue.ctrl
+    sub = ctrl.subsystem
+    cns = req.cdw10 & 0xFF
+    nsid = req.nsid
+    if cns == A.CNS_NAMESPACE:
+        if nsid == 0 or nsid == NSID_ALL:
+            return t.complete(req, S.INVALID_NS | S.DNR, location=LOC_NSID)
+        ns = sub.namespaces.get(nsid)
+        data = identify_namespace(ns) if ns else bytes(I.IDENTIFY_SIZE)  # inactive: all zero (NCAP 0)
+    elif cns == A.CNS_CONTROLLER:
+        data = identify_controller(ctrl)
+    elif cns == A.CNS_ACTIVE_NS_LIST:
+        if nsid >= NSID_ALL - 1:
+            return t.complete(req, S.INVALID_NS | S.DNR, location=LOC_NSID)
+        data = I.ActiveNamespaceList([n for n in sub.active_nsids() if n > nsid]).pack()
+    elif cns == A.CNS_NS_DESC_LIST:
+        ns = sub.namespaces.get(nsid)
+        if ns is None:
+            return t.complete(req, S.INVALID_NS | S.DNR, location=LOC_NSID)
+        data = ns_descriptors(ns)
+    elif cns == A.CNS_CS_CONTROLLER and (req.cdw11 >> 24) == 0:
+        data = bytes(I.IDENTIFY_SIZE)  # NVM command set specific: nothing to report
+    else:
+        return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
+    t.complete(req, 0, data=data)
+
+
+# ---------------------------------------------------------------------- Get Log Page
+
+def log_page_request(t: Target, req: Request):
+    """(length, offset) of a Get Log Page, or None after completing it with an error."""
+    numd = (req.cdw10 >> 16) | ((req.cdw11 & 0xFFFF) << 16)
+    length = (numd + 1) * 4
+    if req.sgl_len != length:
+        t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
+        return None
+    if length > MAX_TRANSFER:
+        t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
+        return None
+    offset = req.cdw12 | (req.cdw13 << 32)
+    if offset & 3:
+        t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW12)
+        return None
+    return length, offset
+
+
+def window(page: bytes, offset: int, length: int) -> bytes:
+    """Bytes [offset, offset + length) of a log page, zero filled past its end (LPO and partial reads)."""
+    part = page[offset:offset + length]
+    if len(part) < length:
+        part = part + bytes(length - len(part))
+    return part
+
+
+def _smart_log(sub, nsid: int):
+    if nsid in (0, NSID_ALL):
+        namespaces = list(sub.namespaces.values())
+    else:
+        ns = sub.namespaces.get(nsid)
+        if ns is None:
+            return None
+        namespaces = [ns]
+    units = 512 * 1000  # data units are thousands of 512-byte units, rounded up
+    read = sum(n.bytes_read for n in namespaces)
+    written = sum(n.bytes_written for n in namespaces)
+    return SmartLog(temperature=273 + 30, avail_spare=100, spare_thresh=10,
+                    data_units_read=-(-read // units), data_units_written=-(-written // units),
+                    host_reads=sum(n.read_commands for n in namespaces),
+                    host_writes=sum(n.write_commands for n in namespaces),
+                    power_cycles=1).pack()
+
+
+def _get_log_page(t: Target, req: Request) -> None:
+    window_args = log_page_request(t, req)
+    if window_args is None:
+        return
+    length, offset = window_args
+    ctrl = req.queue.ctrl
+    lid = req.cdw10 & 0xFF
+    retain = bool(req.cdw10 & (1 << 15))
+    if lid == A.LID_ERROR:
+        page = b"".join(e.pack() for e in ctrl.error_log).ljust(ERROR_LOG_ENTRIES * ERROR_ENTRY_SIZE, b"\0")
+    elif lid == A.LID_SMART:
+        page = _smart_log(ctrl.subsystem, req.nsid)
+        if page is None:
+            return t.complete(req, S.INVALID_NS | S.DNR, location=LOC_NSID)
+    elif lid == A.LID_FW_SLOT:
+        page = bytes(512)
+    elif lid == A.LID_CHANGED_NS:
+        page = ChangedNsList(ctrl.take_changed_nsids(retain)).pack()
+    elif lid == A.LID_CMD_EFFECTS:
+        page = EFFECTS
+    else:
+        return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
+    t.complete(req, 0, data=window(page, offset, length))
+
+
+# ---------------------------------------------------------------------- features
+
+def set_feature_common(t: Target, req: Request, fid: int) -> bool:
+    """Features both controller kinds support (KATO, Async Event Configuration); False if not one."""
+    ctrl = req.queue.ctrl
+    value = req.cdw11
+    if fid == A.FEAT_KATO:
+        ctrl.kato_ms = value
+        ctrl.keep_alive(t.clock())
+        t.complete(req, 0, result=ctrl.kato_seconds)
+    elif fid == A.FEAT_ASYNC_EVENT:
+        if value & ~ctrl.supported_aen():
+            t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW11)
+        else:
+            ctrl.aen_enabled = value
+            t.complete(req, 0, result=value)
+    else:
+        return False
+    return True
+
+
+def get_feature_common(t: Target, req: Request, fid: int) -> bool:
+    ctrl = req.queue.ctrl
+    if fid == A.FEAT_KATO:
+        t.complete(req, 0, result=ctrl.kato_seconds * 1000)
+    elif fid == A.FEAT_ASYNC_EVENT:
+        t.complete(req, 0, result=ctrl.aen_enabled)
+    else:
+        return False
+    return True
+
+
+def _set_features(t: Target, req: Request) -> None:
+    if req.sgl_len:
+        return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
+    fid = req.cdw10 & 0xFF
+    if set_feature_common(t, req, fid):
+        return
+    ctrl = req.queue.ctrl
+    if fid == A.FEAT_NUM_QUEUES:
+        nsqr = req.cdw11 & 0xFFFF
+        ncqr = req.cdw11 >> 16
+        if nsqr == 0xFFFF or ncqr == 0xFFFF:
+            return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW11)
+        granted = min(nsqr, ncqr, ctrl.subsystem.max_qid - 1)  # all 0's based
+        ctrl.max_io_qid = granted + 1
+        return t.complete(req, 0, result=granted | (granted << 16))
+    if fid == A.FEAT_HOST_ID:
+        return t.complete(req, S.CMD_SEQ_ERROR | S.DNR, location=LOC_CDW10)
+    t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
+
+
+# Mandatory features with nothing to configure here: Get returns 0 (as nvmet does)
+_ZERO_FEATURES = {A.FEAT_ARBITRATION, A.FEAT_POWER_MGMT, 0x04, 0x05, 0x08, 0x09, 0x0A}
+
+
+def _get_features(t: Target, req: Request) -> None:
+    fid = req.cdw10 & 0xFF
+    ctrl = req.queue.ctrl
+    if fid == A.FEAT_HOST_ID:
+        if not req.cdw11 & 1:  # only the 128-bit host identifier exists on fabrics
+            return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW11)
+        if req.sgl_len != 16:
+            return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
+        return t.complete(req, 0, data=ctrl.hostid)
+    if req.sgl_len:
+        return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
+    if get_feature_common(t, req, fid):
+        return
+    if fid == A.FEAT_NUM_QUEUES:
+        n = ctrl.max_io_qid - 1
+        return t.complete(req, 0, result=n | (n << 16))
+    if fid == A.FEAT_VOLATILE_WC:
+        return t.complete(req, 0, result=1)
+    if fid in _ZERO_FEATURES:
+        return t.complete(req, 0, result=0)
+    t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
+
+
+# ---------------------------------------------------------------------- AER, Keep Alive
+
+def async_event(t: Target, req: Request) -> None:
+    if req.sgl_len:
+        return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
+    ctrl = req.queue.ctrl
+    if len(ctrl.aers) >= MAX_AER:
+        return t.complete(req, S.ASYNC_LIMIT | S.DNR)
+    t.hold(req)
+    ctrl.aers.append(req)
+    t.deliver_events(ctrl)
+
+
+def keep_alive(t: Target, req: Request) -> None:
+    if req.sgl_len:
+        return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
+    ctrl = req.queue.ctrl
+    if not ctrl.kato_ms:
+        return t.complete(req, S.KA_TIMEOUT_INVALID | S.DNR)
+    ctrl.keep_alive(t.clock())
+    t.complete(req, 0)
+
+
+COMMANDS = {
+    ADMIN_IDENTIFY: _identify,
+    ADMIN_GET_LOG_PAGE: _get_log_page,
+    ADMIN_SET_FEATURES: _set_features,
+    ADMIN_GET_FEATURES: _get_features,
+    ADMIN_ASYNC_EVENT: async_event,
+    ADMIN_KEEP_ALIVE: keep_alive,
+}

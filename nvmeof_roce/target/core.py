@@ -1,0 +1,579 @@
+"""The userspace NVMe-oF target core: transport independent, single threaded, never blocking.
+
+`Target` implements transport/base.py's `QueueHandler`.  A transport calls it
+from its event loop; every capsule becomes a `Request` that runs through the
+state machine in request.py:
+
+    parse  ->  checks (flags, connected?, enabled?, NSID, opcode)  ->  SGL mapping
+           ->  command handler: validates its fields and lengths, then either
+                 completes at once, or fetches host data (in-capsule, or RDMA READ
+                 via read_host: the request waits in READING), or holds (AER)
+           ->  execute  ->  write_host (controller-to-host data) + respond (CQE)  ->  free
+
+Every malformed input ends in an NVMe status (or a CM reject, or a clean close
+of that one queue).  An unexpected exception inside a handler is caught, counted
+in `internal_errors`, logged, and answered with Internal Error, so it never
+escapes into the transport.
+
+Ports: the Target itself handles queues arriving on *any* configured port (a
+subsystem is reachable if some port exports it).  `target.port(portid)` gives a
+handler bound to one port, for a transport listening on that port's address.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Dict, List, Optional
+
+from ..nvme import cm
+from ..nvme import fabrics as F
+from ..nvme import status as S
+from ..nvme.command import CQE_STRUCT, FABRICS_OPCODE, FLAGS_FUSE_MASK, FLAGS_PSDT_MASK, PSDT_SGL_MPTR_CONTIG, \
+    PSDT_SGL_MPTR_SGL, SQE_SIZE, is_write_direction
+from ..nvme.sgl import SUBTYPE_ADDRESS, SUBTYPE_INVALIDATE_KEY, SUBTYPE_OFFSET, TYPE_DATA_BLOCK, \
+    TYPE_KEYED_DATA_BLOCK
+from .config import NamespaceConfig, PortConfig, TargetConfig
+from .controller import Controller
+from .request import EXECUTING, FREE, HELD, READING, QueueState, Request
+from .subsystem import DiscoverySubsystem, Namespace, Subsystem
+
+log = logging.getLogger(__name__)
+
+DEFAULT_IN_CAPSULE_SIZE = 4096  # nvmet's default inline_data_size (PAGE_SIZE)
+DEFAULT_QUEUE_SIZE = 128  # nvmet's port max_queue_size: CAP.MQES = 127
+MIN_QUEUE_SIZE = 16
+MAX_QUEUE_SIZE = 1024
+MAX_QUEUES = 4096  # queues per target before CM connects are refused with "no resources"
+NO_LOCATION = 0xFFFF
+
+# SQE byte offsets reported as the error location (like nvmet's error_loc)
+LOC_OPCODE = 0
+LOC_FLAGS = 1
+LOC_NSID = 4
+LOC_DPTR = 24
+LOC_CDW10 = 40
+LOC_CDW11 = 44
+LOC_CDW12 = 48
+
+Handler = Callable[["Target", Request], None]
+
+
+class PortContext:
+    """Where queues arrive: one configured port, or every port (port None)."""
+
+    def __init__(self, target: "Target", port: Optional[PortConfig], in_capsule_size: int, queue_size: int):
+        self.target = target
+        self.port = port
+        self.portid = port.portid if port else None
+        self.in_capsule_size = in_capsule_size
+        self.mqes = queue_size - 1
+
+    def ports(self) -> List[PortConfig]:
+        return [self.port] if self.port else list(self.target.config.ports)
+
+    def exports(self, nqn: str) -> bool:
+        return any(nqn in p.subsystems for p in self.ports())
+
+    @classmethod
+    def for_port(cls, target: "Target", port: PortConfig) -> "PortContext":
+        inline = int(port.params.get("inline_data_size", -1))
+        if inline < 0:
+            inline = target.default_in_capsule_size
+        queue_size = int(port.params.get("max_queue_size", -1))
+        if queue_size < 0:
+            queue_size = target.default_queue_size
+        return cls(target, port, inline, max(MIN_QUEUE_SIZE, min(MAX_QUEUE_SIZE, queue_size)))
+
+
+class PortHandler:
+    """A QueueHandler for one port: what a transport listening on that port's address is given."""
+
+    def __init__(self, target: "Target", ctx: PortContext):
+        self.target = target
+        self.ctx = ctx
+
+    @property
+    def in_capsule_size(self) -> int:
+        return self.ctx.in_capsule_size
+
+    def check_connect(self, request) -> int:
+        return self.target._check_connect(self.ctx, request)
+
+    def queue_opened(self, queue) -> None:
+        self.target._queue_opened(self.ctx, queue)
+
+    def capsule_received(self, queue, capsule) -> None:
+        self.target.capsule_received(queue, capsule)
+
+    def queue_closed(self, queue) -> None:
+        self.target.queue_closed(queue)
+
+    def tick(self, now: float) -> None:
+        self.target.tick(now)
+
+
+class Target:
+    """Subsystems, namespaces and controllers, driven by transports through the QueueHandler calls."""
+
+    def __init__(self, config: TargetConfig, clock: Callable[[], float] = time.monotonic,
+                 in_capsule_size: int = DEFAULT_IN_CAPSULE_SIZE, queue_size: int = DEFAULT_QUEUE_SIZE):
+        self.config = config
+        self.clock = clock
+        self.default_in_capsule_size = in_capsule_size
+        self.default_queue_size = max(MIN_QUEUE_SIZE, min(MAX_QUEUE_SIZE, queue_size))
+        self.subsystems: Dict[str, Subsystem] = {}
+        self.discovery = DiscoverySubsystem()
+        self.genctr = 1  # discovery log generation: changes only when what discovery lists changes
+        self.internal_errors = 0
+        self.closed = False
+        self._queues: Dict[object, QueueState] = {}
+        self._any_port = PortContext(self, None, in_capsule_size, self.default_queue_size)
+        self._port_handlers: Dict[int, PortHandler] = {}
+        try:
+            for sub_cfg in config.subsystems:
+                sub = Subsystem(sub_cfg)
+                self.subsystems[sub.nqn] = sub
+                for ns_cfg in sub_cfg.namespaces:
+                    sub.open_namespace(ns_cfg)
+        except BaseException:
+            for sub in self.subsystems.values():
+                sub.close()
+            raise
+        from . import admin, discovery, io  # the command tables (they import this module's names)
+        self._admin_cmds: Dict[int, Handler] = admin.COMMANDS
+        self._discovery_cmds: Dict[int, Handler] = discovery.COMMANDS
+        self._io_cmds: Dict[int, Handler] = io.COMMANDS
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def in_capsule_size(self) -> int:
+        """In-capsule data bytes an I/O queue accepts (transports size receive buffers to 64 + this)."""
+        return self._any_port.in_capsule_size
+
+    def port(self, portid: int) -> PortHandler:
+        """The QueueHandler for one configured port."""
+        handler = self._port_handlers.get(portid)
+        if handler is None:
+            port = self.config.port(portid)
+            if port is None:
+                raise KeyError(f"no port {portid} in {self.config.source}")
+            handler = self._port_handlers[portid] = PortHandler(self, PortContext.for_port(self, port))
+        return handler
+
+    def subsystem(self, nqn: str) -> Subsystem:
+        return self.subsystems[nqn]
+
+    def controllers(self) -> List[Controller]:
+        out = list(self.discovery.controllers.values())
+        for sub in self.subsystems.values():
+            out.extend(sub.controllers.values())
+        return out
+
+    def add_namespace(self, subnqn: str, ns_config: NamespaceConfig) -> Optional[Namespace]:
+        """Open and add a namespace; controllers of the subsystem get a namespace-changed event."""
+        sub = self.subsystems[subnqn]
+        ns = sub.open_namespace(ns_config)
+        if ns is not None:
+            self._namespace_changed(sub, ns.nsid)
+        return ns
+
+    def remove_namespace(self, subnqn: str, nsid: int) -> None:
+        """Remove a namespace (flushing and closing its backend); controllers get an event."""
+        sub = self.subsystems[subnqn]
+        ns = sub.remove_namespace(nsid)
+        ns.removed = True
+        try:
+            ns.close()
+        finally:
+            self._namespace_changed(sub, nsid)
+
+    def close(self) -> None:
+        """Disconnect every controller, then flush and close all backends."""
+        if self.closed:
+            return
+        self.closed = True
+        for ctrl in self.controllers():
+            self._delete_controller(ctrl, "target shutting down")
+        for qs in list(self._queues.values()):
+            self._close_queue(qs, "target shutting down")
+        for sub in self.subsystems.values():
+            sub.close()
+
+    # ------------------------------------------------------------------ QueueHandler
+    def check_connect(self, request) -> int:
+        return self._check_connect(self._any_port, request)
+
+    def queue_opened(self, queue) -> None:
+        self._queue_opened(self._any_port, queue)
+
+    def capsule_received(self, queue, capsule) -> None:
+        qs = self._queues.get(queue)
+        if qs is None or qs.closed:
+            return
+        if len(capsule) < SQE_SIZE:
+            # nvmet treats a capsule shorter than an SQE as fatal for the queue
+            self._close_queue(qs, f"capsule of {len(capsule)} bytes is shorter than an SQE")
+            return
+        req = qs.alloc()
+        if req is None:
+            self._close_queue(qs, f"host exceeded the queue depth of {qs.depth} outstanding commands")
+            return
+        req.parse(capsule)
+        try:
+            self._start(req)
+        except Exception:
+            self._internal_error(req)
+        finally:
+            req.capsule = None  # valid only during this call
+
+    def queue_closed(self, queue) -> None:
+        qs = self._queues.pop(queue, None)
+        if qs is None:
+            return
+        qs.closed = True
+        ctrl = qs.ctrl
+        if ctrl is None or ctrl.dead:
+            return
+        if qs.qid == 0:
+            self._delete_controller(ctrl, "admin queue disconnected")
+        elif ctrl.io_queues.get(qs.qid) is qs:
+            del ctrl.io_queues[qs.qid]
+            log.info("controller %d: I/O queue %d disconnected", ctrl.cntlid, qs.qid)
+
+    def tick(self, now: float) -> None:
+        for ctrl in self.controllers():
+            if ctrl.expired(now):
+                log.warning("controller %d (%s, host %s): keep-alive timeout of %d s expired",
+                            ctrl.cntlid, ctrl.subsystem.nqn, ctrl.hostnqn, ctrl.kato_seconds)
+                self._delete_controller(ctrl, "keep-alive timeout")
+
+    # ------------------------------------------------------------------ connection management
+    def _check_connect(self, ctx: PortContext, request) -> int:
+        """The CM-level checks nvmet makes (wire doc §1.3), plus queue sizes against MQES."""
+        if self.closed or len(self._queues) >= MAX_QUEUES:
+            return cm.STS_NO_RESOURCES
+        if request.recfmt != 0:
+            return cm.STS_INVALID_RECFMT
+        if request.qid == 0:
+            if request.hsqsize + 1 > cm.ADMIN_QUEUE_DEPTH:
+                return cm.STS_INVALID_HSQSIZE
+        else:
+            max_qid = max([s.max_qid for s in self.subsystems.values()] or [0])
+            if request.qid > max_qid:
+                return cm.STS_INVALID_QID
+            if request.hsqsize > ctx.mqes:
+                return cm.STS_INVALID_HSQSIZE
+        if request.hrqsize == 0:
+            return cm.STS_INVALID_HRQSIZE
+        return 0
+
+    def _queue_opened(self, ctx: PortContext, queue) -> None:
+        self._queues[queue] = QueueState(queue, ctx, self)
+        log.debug("queue %d opened from %s", queue.request.qid, queue.request.peer or "?")
+
+    def _close_queue(self, qs: QueueState, reason: str, level: int = logging.WARNING) -> None:
+        if qs.closed:
+            return
+        log.log(level, "queue %d: closing: %s", qs.qid, reason)
+        qs.closed = True
+        try:
+            qs.transport.close()
+        except Exception:
+            log.exception("queue %d: transport close failed", qs.qid)
+
+    def _delete_controller(self, ctrl: Controller, reason: str) -> None:
+        """Free the CNTLID and disconnect every queue of the controller."""
+        if ctrl.dead:
+            return
+        ctrl.dead = True
+        if ctrl.subsystem.controllers.get(ctrl.cntlid) is ctrl:
+            del ctrl.subsystem.controllers[ctrl.cntlid]
+        ctrl.aers.clear()
+        ctrl.pending_events.clear()
+        log.info("controller %d (%s, host %s) deleted: %s", ctrl.cntlid, ctrl.subsystem.nqn, ctrl.hostnqn, reason)
+        for qs in ctrl.queues():
+            self._close_queue(qs, f"controller {ctrl.cntlid} deleted: {reason}", logging.INFO)
+
+    def find_subsystem(self, ctx: PortContext, nqn: str) -> Optional[Subsystem]:
+        """The subsystem named `nqn` if it is exported on this port (the discovery one always is)."""
+        if nqn == F.DISCOVERY_NQN:
+            return self.discovery
+        sub = self.subsystems.get(nqn)
+        if sub is None or not ctx.exports(nqn):
+            return None
+        return sub
+
+    def _namespace_changed(self, sub: Subsystem, nsid: int) -> None:
+        for ctrl in list(sub.controllers.values()):
+            ctrl.ns_changed(nsid)
+            self.deliver_events(ctrl)
+
+    # ------------------------------------------------------------------ the state machine
+    def _start(self, req: Request) -> None:
+        """NEW: the checks every command gets, in nvmet's order, then the command's handler."""
+        qs = req.queue
+        ctrl = qs.ctrl
+        if ctrl is not None:
+            ctrl.last_traffic = self.clock()  # CTRATT.TBKAS: any command counts as keep-alive traffic
+        flags = req.flags
+        if flags & FLAGS_FUSE_MASK:
+            return self.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_FLAGS)
+        psdt = flags & FLAGS_PSDT_MASK
+        if psdt != PSDT_SGL_MPTR_CONTIG and psdt != PSDT_SGL_MPTR_SGL:
+            return self.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_FLAGS)
+
+        opc = req.opc
+        if ctrl is None:
+            if opc != FABRICS_OPCODE or req.fctype != F.FCTYPE_CONNECT:
+                return self.complete(req, S.INVALID_OPCODE | S.DNR, location=LOC_OPCODE)
+            handler = _fabrics_connect
+        elif opc == FABRICS_OPCODE:
+            handler = _FABRICS_ADMIN.get(req.fctype) if qs.qid == 0 else _FABRICS_IO.get(req.fctype)
+            if handler is None:
+                return self.complete(req, S.INVALID_OPCODE | S.DNR, location=LOC_OPCODE)
+        else:
+            if not ctrl.ready:
+                return self.complete(req, S.CMD_SEQ_ERROR | S.DNR, location=LOC_OPCODE)
+            if qs.qid == 0:
+                table = self._discovery_cmds if ctrl.is_discovery else self._admin_cmds
+            else:
+                ns = ctrl.subsystem.namespaces.get(req.nsid)
+                if ns is None:
+                    return self.complete(req, S.INVALID_NS | S.DNR, location=LOC_NSID)
+                req.ns = ns
+                table = self._io_cmds
+            handler = table.get(opc)
+            if handler is None:
+                return self.complete(req, S.INVALID_OPCODE | S.DNR, location=LOC_OPCODE)
+
+        status = self._map_sgl(req)
+        if status:
+            return self.complete(req, status, location=LOC_DPTR)
+        req.state = EXECUTING
+        handler(self, req)
+
+    def _map_sgl(self, req: Request) -> int:
+        """Check the data descriptor (nvmet_rdma_map_sgl): keyed 0x40/0x4F, or in-capsule 0x01."""
+        sgl_type = req.sgl_id >> 4
+        subtype = req.sgl_id & 0xF
+        if sgl_type == TYPE_KEYED_DATA_BLOCK:
+            if subtype != SUBTYPE_ADDRESS and subtype != SUBTYPE_INVALIDATE_KEY:
+                return S.INVALID_FIELD | S.DNR
+            return 0
+        if sgl_type == TYPE_DATA_BLOCK:
+            if subtype != SUBTYPE_OFFSET:
+                return S.INVALID_FIELD | S.DNR
+            if not is_write_direction(req.opc, req.fctype):
+                return S.INVALID_FIELD | S.DNR
+            end = req.sgl_addr + req.sgl_len
+            if end > req.queue.in_capsule_size:
+                return S.SGL_INVALID_OFFSET | S.DNR
+            if SQE_SIZE + end > len(req.capsule):
+                return S.SGL_INVALID_DATA | S.DNR  # the descriptor promises more than the capsule carried
+            req.inline_offset = req.sgl_addr
+            return 0
+        return S.SGL_INVALID_TYPE | S.DNR
+
+    def fetch(self, req: Request, length: int, next_step: Callable) -> None:
+        """READING: get `length` bytes of host data, then call next_step(target, req, data)."""
+        if req.inline_offset >= 0:
+            start = SQE_SIZE + req.inline_offset
+            next_step(self, req, req.capsule[start:start + length])
+            return
+        req.state = READING
+        req.next_step = next_step
+        req.queue.transport.read_host(req.sgl_addr, req.sgl_key, length, req.read_done)
+
+    def _host_data_arrived(self, req: Request, data, error) -> None:
+        """The RDMA READ of a request finished (called by the transport)."""
+        qs = req.queue
+        if req.state != READING:
+            return
+        if qs.closed:
+            req.state = FREE
+            return
+        if error is not None:
+            self.complete(req, S.DATA_XFER_ERROR, location=LOC_DPTR)
+            self._close_queue(qs, f"RDMA READ failed: {error}")  # as nvmet: a failed transfer ends the queue
+            return
+        req.state = EXECUTING
+        step, req.next_step = req.next_step, None
+        try:
+            step(self, req, data)
+        except Exception:
+            self._internal_error(req)
+
+    def hold(self, req: Request) -> None:
+        """HELD: no completion until an event arrives (the AER)."""
+        req.state = HELD
+
+    def complete(self, req: Request, status: int = 0, result: int = 0, data=None, dw1: int = 0,
+                 location: int = NO_LOCATION) -> None:
+        """Send controller-to-host data (if any, on success) and the CQE, then free the request."""
+        qs = req.queue
+        if qs.closed:
+            req.state = FREE
+            return
+        transport = qs.transport
+        if status:
+            ctrl = qs.ctrl
+            if ctrl is not None and location != NO_LOCATION:
+                ctrl.log_error(req, status, location)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("queue %d cid %#x opc %#04x: %s", qs.qid, req.cid, req.opc, S.describe(status))
+        elif data is not None and len(data):
+            transport.write_host(req.sgl_addr, req.sgl_key, data)
+        cqe = CQE_STRUCT.pack(result & 0xFFFFFFFF, dw1 & 0xFFFFFFFF, qs.next_sqhd(), qs.qid, req.cid,
+                              (status << 1) & 0xFFFF)
+        qs.release(req)
+        transport.respond(cqe)
+
+    def _internal_error(self, req: Request) -> None:
+        self.internal_errors += 1
+        log.exception("internal error handling queue %d cid %#x opc %#04x", req.queue.qid, req.cid, req.opc)
+        if req.state != FREE and not req.queue.closed:
+            if req.state == HELD:
+                ctrl = req.queue.ctrl
+                if ctrl is not None and req in ctrl.aers:
+                    ctrl.aers.remove(req)
+            try:
+                self.complete(req, S.INTERNAL | S.DNR)
+            except Exception:
+                log.exception("could not complete the failed request")
+
+    def deliver_events(self, ctrl: Controller) -> None:
+        """Complete held AERs with pending events."""
+        while ctrl.aers and ctrl.pending_events:
+            req = ctrl.aers.pop(0)
+            if req.queue.closed:
+                continue
+            self.complete(req, 0, result=ctrl.pending_events.popleft())
+
+
+# ---------------------------------------------------------------------- fabrics commands (§4)
+
+def _fabrics_connect(t: Target, req: Request) -> None:
+    if req.sgl_len != F.CONNECT_DATA_SIZE:
+        return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
+    t.fetch(req, F.CONNECT_DATA_SIZE, _connect_with_data)
+
+
+def _connect_with_data(t: Target, req: Request, data) -> None:
+    qs = req.queue
+    if qs.ctrl is not None:  # a second Connect raced the first on this queue
+        return t.complete(req, S.CONNECT_CTRL_BUSY | S.DNR, location=LOC_OPCODE)
+    recfmt = req.cdw10 & 0xFFFF
+    qid = req.cdw10 >> 16
+    sqsize = req.cdw11 & 0xFFFF
+    cattr = (req.cdw11 >> 16) & 0xFF
+    kato = req.cdw12
+    if recfmt != 0:
+        return t.complete(req, S.CONNECT_FORMAT | S.DNR, location=LOC_CDW10)
+    d = F.ConnectData.unpack(data)
+
+    def invalid(iattr: int):
+        t.complete(req, S.CONNECT_INVALID_PARAM | S.DNR, result=iattr)
+
+    if qid != qs.qid:
+        log.warning("Connect for QID %d on the queue opened as QID %d", qid, qs.qid)
+        return invalid(F.iattr_sqe(F.CONNECT_SQE_OFF_QID))
+    sub = t.find_subsystem(qs.port, d.subnqn)
+    if sub is None:
+        log.warning("Connect from %s to unknown or unexported subsystem %r", d.hostnqn, d.subnqn)
+        return invalid(F.iattr_data(F.CONNECT_DATA_OFF_SUBNQN))
+    if not sub.host_allowed(d.hostnqn):
+        log.warning("Connect to %s from host %r, which is not allowed", sub.nqn, d.hostnqn)
+        return t.complete(req, S.CONNECT_INVALID_HOST | S.DNR,
+                          result=F.iattr_data(F.CONNECT_DATA_OFF_HOSTNQN))
+    if sqsize == 0:
+        return invalid(F.iattr_sqe(F.CONNECT_SQE_OFF_SQSIZE))
+
+    if qid == 0:
+        if d.cntlid != F.DYNAMIC_CNTLID:
+            return invalid(F.iattr_data(F.CONNECT_DATA_OFF_CNTLID))
+        if sqsize > cm.ADMIN_QUEUE_DEPTH - 1:
+            return invalid(F.iattr_sqe(F.CONNECT_SQE_OFF_SQSIZE))
+        cntlid = sub.alloc_cntlid()
+        if cntlid is None:
+            log.warning("%s: no free controller ID", sub.nqn)
+            return t.complete(req, S.CONNECT_CTRL_BUSY | S.DNR)
+        cap = F.make_cap(qs.port.mqes)
+        ctrl = Controller(sub, cntlid, d.hostnqn, d.hostid, kato, qs.port, cap, t.clock())
+        sub.controllers[cntlid] = ctrl
+        ctrl.admin_queue = qs
+        _install_queue(qs, ctrl, sqsize, cattr)
+        log.info("controller %d created for %s, host %s (KATO %d ms)", cntlid, sub.nqn, d.hostnqn, ctrl.kato_ms)
+        return t.complete(req, 0, result=cntlid)
+
+    ctrl = sub.controllers.get(d.cntlid)
+    if ctrl is None or ctrl.dead or ctrl.hostnqn != d.hostnqn:
+        log.warning("I/O Connect for controller %d of %s from %s: no such controller for that host",
+                    d.cntlid, sub.nqn, d.hostnqn)
+        return invalid(F.iattr_data(F.CONNECT_DATA_OFF_CNTLID))
+    if qid > ctrl.max_io_qid:
+        return invalid(F.iattr_sqe(F.CONNECT_SQE_OFF_QID))
+    if sqsize > F.cap_mqes(ctrl.cap):
+        return invalid(F.iattr_sqe(F.CONNECT_SQE_OFF_SQSIZE))
+    if qid in ctrl.io_queues:
+        return t.complete(req, S.CMD_SEQ_ERROR | S.DNR, location=LOC_CDW10)
+    ctrl.io_queues[qid] = qs
+    _install_queue(qs, ctrl, sqsize, cattr)
+    log.debug("controller %d: I/O queue %d connected (SQSIZE %d)", ctrl.cntlid, qid, sqsize)
+    t.complete(req, 0, result=ctrl.cntlid)
+
+
+def _install_queue(qs: QueueState, ctrl: Controller, sqsize: int, cattr: int) -> None:
+    qs.ctrl = ctrl
+    qs.sqsize = sqsize
+    qs.sqhd = 0
+    qs.sqflow_disabled = bool(cattr & F.CATTR_DISABLE_SQFLOW)
+
+
+def _property_get(t: Target, req: Request) -> None:
+    if req.sgl_len:
+        return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
+    ctrl = req.queue.ctrl
+    offset = req.cdw11
+    if req.cdw10 & 1:  # 8-byte property: only CAP
+        if offset != F.PROP_CAP:
+            return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW11)
+        value = ctrl.cap
+    elif offset == F.PROP_VS:
+        value = ctrl.subsystem.version
+    elif offset == F.PROP_CC:
+        value = ctrl.cc
+    elif offset == F.PROP_CSTS:
+        value = ctrl.csts
+    else:
+        return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW11)
+    t.complete(req, 0, result=value & 0xFFFFFFFF, dw1=value >> 32)
+
+
+def _property_set(t: Target, req: Request) -> None:
+    if req.sgl_len:
+        return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
+    if req.cdw10 & 1 or req.cdw11 != F.PROP_CC:  # only CC is writable, as a 4-byte property
+        return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10 if req.cdw10 & 1 else LOC_CDW11)
+    ctrl = req.queue.ctrl
+    ctrl.set_cc(req.cdw12, t.clock())
+    t.complete(req, 0)
+
+
+def _disconnect(t: Target, req: Request) -> None:
+    """Disconnect (I/O queues only): complete, then close the queue."""
+    if req.sgl_len:
+        return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
+    if req.cdw10 & 0xFFFF:
+        return t.complete(req, S.CONNECT_FORMAT | S.DNR, location=LOC_CDW10)
+    qs = req.queue
+    t.complete(req, 0)
+    t._close_queue(qs, "host sent Disconnect", logging.INFO)
+
+
+def _already_connected(t: Target, req: Request) -> None:
+    t.complete(req, S.CONNECT_CTRL_BUSY | S.DNR, location=LOC_OPCODE)
+
+
+_FABRICS_ADMIN = {F.FCTYPE_PROPERTY_GET: _property_get, F.FCTYPE_PROPERTY_SET: _property_set,
+                  F.FCTYPE_CONNECT: _already_connected}
+_FABRICS_IO = {F.FCTYPE_DISCONNECT: _disconnect, F.FCTYPE_CONNECT: _already_connected}

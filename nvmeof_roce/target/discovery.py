@@ -1,0 +1,117 @@
+"""The discovery controller (wire doc §5.8, §8.1 item 14).
+
+It accepts what nvmet's does: fabrics commands, Identify CNS 1, Get Log Page
+0x70 (honouring LPO and partial lengths), Set/Get Features KATO and Async
+Event Configuration, AER, Keep Alive.  The log lists, for each port in scope,
+the subsystems that port exports and the connecting host may access, plus the
+port's referrals.
+"""
+from __future__ import annotations
+
+from typing import List
+
+from .. import __version__
+from ..nvme import admin as A
+from ..nvme import identify as I
+from ..nvme import log as L
+from ..nvme import status as S
+from ..nvme.command import (ADMIN_ASYNC_EVENT, ADMIN_GET_FEATURES, ADMIN_GET_LOG_PAGE, ADMIN_IDENTIFY,
+                            ADMIN_KEEP_ALIVE, ADMIN_SET_FEATURES)
+from ..nvme.fabrics import DISCOVERY_NQN
+from .admin import KAS, async_event, get_feature_common, keep_alive, log_page_request, set_feature_common, \
+    sgls_for, window
+from .controller import MAX_AER
+from .core import LOC_CDW10, LOC_DPTR, Target
+from .request import Request
+
+WILDCARD_ADDRESSES = ("", "0.0.0.0", "::", "[::]")
+_TREQ = {"not specified": L.TREQ_NOT_SPECIFIED, "required": L.TREQ_REQUIRED, "not required": L.TREQ_NOT_REQUIRED}
+
+
+def identify_discovery_controller(ctrl) -> bytes:
+    sub = ctrl.subsystem
+    return I.IdentifyController(
+        sn=sub.serial, mn=sub.model, fr=__version__[:8], rab=6, mdts=0, cntlid=ctrl.cntlid, ver=sub.version,
+        cntrltype=I.CNTRLTYPE_DISCOVERY, aerl=MAX_AER - 1, lpa=0x04, elpe=0, kas=KAS, sqes=0x66, cqes=0x44,
+        maxcmd=32, sgls=sgls_for(ctrl.port.in_capsule_size), subnqn=DISCOVERY_NQN, ioccsz=4, iorcsz=1,
+        icdoff=0, msdbd=1, dctype=1,
+    ).pack()
+
+
+def _entry_address(port, local_address: str) -> str:
+    """nvmet never reports a wildcard: it substitutes the address the host connected to."""
+    if port.traddr in WILDCARD_ADDRESSES and local_address:
+        return local_address
+    return port.traddr
+
+
+def discovery_entries(t: Target, ctrl) -> List[L.DiscoveryLogEntry]:
+    local = getattr(ctrl.admin_queue.transport, "local_address", "") if ctrl.admin_queue else ""
+    entries = []
+    for port in sorted(ctrl.port.ports(), key=lambda p: p.portid):
+        base = dict(trtype=L.TRTYPES.get(port.trtype, 0), adrfam=L.ADRFAMS.get(port.adrfam, 0),
+                    treq=_TREQ.get(port.treq, 0), portid=port.portid, trsvcid=port.trsvcid_str,
+                    traddr=_entry_address(port, local))
+        for nqn in port.subsystems:
+            sub = t.subsystems.get(nqn)
+            if sub is not None and sub.host_allowed(ctrl.hostnqn):
+                entries.append(L.DiscoveryLogEntry(subtype=L.SUBTYPE_NVME, subnqn=nqn, **base))
+        for ref in port.referrals:
+            if ref.enabled:
+                entries.append(L.DiscoveryLogEntry(
+                    trtype=L.TRTYPES.get(ref.trtype, 0), adrfam=L.ADRFAMS.get(ref.adrfam, 0),
+                    subtype=L.SUBTYPE_REFERRAL, treq=_TREQ.get(ref.treq, 0),
+                    portid=ref.portid if ref.portid is not None else port.portid,
+                    trsvcid=str(ref.trsvcid), subnqn=DISCOVERY_NQN, traddr=ref.traddr))
+    return entries
+
+
+def discovery_log(t: Target, ctrl) -> bytes:
+    entries = discovery_entries(t, ctrl)
+    header = L.DiscoveryLogHeader(genctr=t.genctr, numrec=len(entries))
+    return header.pack() + b"".join(e.pack() for e in entries)
+
+
+def _identify(t: Target, req: Request) -> None:
+    if req.sgl_len != I.IDENTIFY_SIZE:
+        return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
+    if req.cdw10 & 0xFF != A.CNS_CONTROLLER:
+        return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
+    t.complete(req, 0, data=identify_discovery_controller(req.queue.ctrl))
+
+
+def _get_log_page(t: Target, req: Request) -> None:
+    window_args = log_page_request(t, req)
+    if window_args is None:
+        return
+    length, offset = window_args
+    if req.cdw10 & 0xFF != A.LID_DISCOVERY:
+        return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
+    ctrl = req.queue.ctrl
+    if not req.cdw10 & (1 << 15):  # RAE clear: a discovery-change event may be reported again
+        ctrl.aen_masked &= ~A.AEN_CFG_DISC_CHANGE
+    t.complete(req, 0, data=window(discovery_log(t, ctrl), offset, length))
+
+
+def _set_features(t: Target, req: Request) -> None:
+    if req.sgl_len:
+        return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
+    if not set_feature_common(t, req, req.cdw10 & 0xFF):
+        t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
+
+
+def _get_features(t: Target, req: Request) -> None:
+    if req.sgl_len:
+        return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
+    if not get_feature_common(t, req, req.cdw10 & 0xFF):
+        t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
+
+
+COMMANDS = {
+    ADMIN_IDENTIFY: _identify,
+    ADMIN_GET_LOG_PAGE: _get_log_page,
+    ADMIN_SET_FEATURES: _set_features,
+    ADMIN_GET_FEATURES: _get_features,
+    ADMIN_ASYNC_EVENT: async_event,
+    ADMIN_KEEP_ALIVE: keep_alive,
+}

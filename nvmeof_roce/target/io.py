@@ -1,0 +1,147 @@
+"""NVM I/O commands (wire doc §6): Read, Write, Flush, Write Zeroes, Dataset Management.
+
+The NSID was resolved before these run (req.ns).  Every check happens before
+any data moves: transfer length against the SGL (SGL Data Length Invalid),
+MDTS (Invalid Field), LBA range (LBA Out of Range), all with DNR.
+"""
+from __future__ import annotations
+
+import logging
+
+from ..nvme import status as S
+from ..nvme.command import NVM_DSM, NVM_FLUSH, NVM_READ, NVM_WRITE, NVM_WRITE_ZEROES
+from ..nvme.nvm import CONTROL_FUA, DSM_AD, DSM_RANGE_SIZE, DSM_RANGE_STRUCT
+from .admin import MAX_TRANSFER
+from .core import LOC_CDW10, LOC_CDW12, LOC_DPTR, Target
+from .request import Request
+
+log = logging.getLogger(__name__)
+
+_CONTROL_FUA = CONTROL_FUA << 16  # CDW12 bits 31:16 are the control field
+
+
+def _rw_checks(t: Target, req: Request):
+    """(byte offset, length) of a Read/Write, or None after completing it with an error."""
+    ns = req.ns
+    nlb = (req.cdw12 & 0xFFFF) + 1
+    length = nlb << ns.lbads
+    if req.sgl_len != length:
+        t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
+        return None
+    if length > MAX_TRANSFER:
+        t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW12)
+        return None
+    slba = req.cdw10 | (req.cdw11 << 32)
+    if slba + nlb > ns.num_blocks:
+        t.complete(req, S.LBA_RANGE | S.DNR, location=LOC_CDW10)
+        return None
+    return slba << ns.lbads, length
+
+
+def _read(t: Target, req: Request) -> None:
+    checked = _rw_checks(t, req)
+    if checked is None:
+        return
+    offset, length = checked
+    ns = req.ns
+    if ns.direct_view is not None:
+        data = ns.direct_view[offset:offset + length]  # sent straight from the RAM namespace
+    else:
+        data = req.buffer(length)
+        try:
+            ns.backend.read_into(offset, data)
+        except Exception as exc:
+            log.error("namespace %d: read of %d bytes at %d failed: %s", ns.nsid, length, offset, exc)
+            return t.complete(req, S.READ_ERROR)
+    ns.bytes_read += length
+    ns.read_commands += 1
+    t.complete(req, 0, data=data)
+
+
+def _write(t: Target, req: Request) -> None:
+    checked = _rw_checks(t, req)
+    if checked is not None:
+        t.fetch(req, checked[1], _write_data)
+
+
+def _write_data(t: Target, req: Request, data) -> None:
+    ns = req.ns
+    if ns.removed:  # removed while its data was in flight
+        return t.complete(req, S.INVALID_NS | S.DNR)
+    offset = (req.cdw10 | (req.cdw11 << 32)) << ns.lbads
+    try:
+        ns.backend.write(offset, data)
+        if req.cdw12 & _CONTROL_FUA:
+            ns.backend.flush()
+    except Exception as exc:
+        log.error("namespace %d: write of %d bytes at %d failed: %s", ns.nsid, len(data), offset, exc)
+        return t.complete(req, S.WRITE_FAULT)
+    ns.bytes_written += len(data)
+    ns.write_commands += 1
+    t.complete(req, 0)
+
+
+def _flush(t: Target, req: Request) -> None:
+    if req.sgl_len:
+        return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
+    try:
+        req.ns.backend.flush()
+    except Exception as exc:
+        log.error("namespace %d: flush failed: %s", req.ns.nsid, exc)
+        return t.complete(req, S.WRITE_FAULT)
+    t.complete(req, 0)
+
+
+def _write_zeroes(t: Target, req: Request) -> None:
+    if req.sgl_len:
+        return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
+    ns = req.ns
+    nlb = (req.cdw12 & 0xFFFF) + 1
+    slba = req.cdw10 | (req.cdw11 << 32)
+    if slba + nlb > ns.num_blocks:
+        return t.complete(req, S.LBA_RANGE | S.DNR, location=LOC_CDW10)
+    try:
+        ns.backend.write_zeroes(slba << ns.lbads, nlb << ns.lbads)
+    except Exception as exc:
+        log.error("namespace %d: write zeroes failed: %s", ns.nsid, exc)
+        return t.complete(req, S.WRITE_FAULT)
+    t.complete(req, 0)
+
+
+def _dsm(t: Target, req: Request) -> None:
+    ranges_len = ((req.cdw10 & 0xFF) + 1) * DSM_RANGE_SIZE
+    # The Linux host always sends a 4096-byte buffer: only "at least NR+1 ranges" is required.
+    if req.sgl_len < ranges_len:
+        return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
+    if not req.cdw11 & DSM_AD:
+        return t.complete(req, 0)  # IDR/IDW hints only: nothing to do
+    t.fetch(req, ranges_len, _dsm_ranges)
+
+
+def _dsm_ranges(t: Target, req: Request, data) -> None:
+    ns = req.ns
+    if ns.removed:
+        return t.complete(req, S.INVALID_NS | S.DNR)
+    ranges = []
+    for pos in range(0, len(data), DSM_RANGE_SIZE):
+        _attrs, nlb, slba = DSM_RANGE_STRUCT.unpack_from(data, pos)
+        if slba + nlb > ns.num_blocks:
+            return t.complete(req, S.LBA_RANGE | S.DNR)
+        if nlb:
+            ranges.append((slba << ns.lbads, nlb << ns.lbads))
+    try:
+        for offset, length in ranges:
+            ns.backend.discard(offset, length)
+    except Exception as exc:
+        log.error("namespace %d: deallocate failed: %s", ns.nsid, exc)
+        return t.complete(req, S.WRITE_FAULT)
+    t.complete(req, 0)
+
+
+COMMANDS = {
+    NVM_FLUSH: _flush,
+    NVM_WRITE: _write,
+    NVM_READ: _read,
+    NVM_WRITE_ZEROES: _write_zeroes,
+    NVM_DSM: _dsm,
+}

@@ -1,0 +1,126 @@
+"""Per-queue state and the request objects of the target's state machine.
+
+A request moves through these states (like SPDK lib/nvmf/rdma.c, but with
+no threads and no blocking):
+
+    NEW ──parse/validate──> READING (RDMA READ of host data, or in-capsule data)
+        ──> EXECUTING ──> (RDMA WRITE of data) + SEND completion ──> FREE
+    and for the AER:  NEW ──> HELD ──(event)──> completion ──> FREE
+
+Requests are preallocated per queue (HSQSIZE + 1 of them) and reused, so the
+hot path does not allocate a request per command.
+"""
+from __future__ import annotations
+
+from typing import Callable, List, Optional
+
+from ..nvme.command import SQE_STRUCT
+from ..nvme.sgl import TYPE_KEYED_DATA_BLOCK
+
+FREE = 0
+NEW = 1
+READING = 2
+EXECUTING = 3
+HELD = 4
+STATE_NAMES = {FREE: "free", NEW: "new", READING: "reading", EXECUTING: "executing", HELD: "held"}
+
+_unpack_sqe = SQE_STRUCT.unpack_from
+
+
+class Request:
+    """One command in flight: the SQE fields, its SGL, and where it is in the state machine."""
+
+    __slots__ = ("queue", "state", "opc", "flags", "cid", "nsid", "cdw2", "cdw3", "mptr",
+                 "sgl_addr", "sgl_id", "sgl_len", "sgl_key", "cdw10", "cdw11", "cdw12", "cdw13", "cdw14", "cdw15",
+                 "inline_offset", "capsule", "ns", "next_step", "buf", "read_done", "_target")
+
+    def __init__(self, queue: "QueueState", target):
+        self.queue = queue
+        self.state = FREE
+        self._target = target
+        self.ns = None
+        self.next_step: Optional[Callable] = None
+        self.capsule = None
+        self.inline_offset = -1  # >= 0: the data is in the capsule at 64 + this offset
+        self.buf = bytearray(0)  # reused buffer for controller-to-host data
+        self.read_done = self._on_read_done  # bound once, handed to read_host
+
+    def parse(self, capsule) -> None:
+        (self.opc, self.flags, self.cid, self.nsid, self.cdw2, self.cdw3, self.mptr, self.sgl_addr, word,
+         self.cdw10, self.cdw11, self.cdw12, self.cdw13, self.cdw14, self.cdw15) = _unpack_sqe(capsule)
+        self.sgl_id = word >> 56
+        if (self.sgl_id >> 4) == TYPE_KEYED_DATA_BLOCK:
+            self.sgl_len = word & 0xFFFFFF
+            self.sgl_key = (word >> 24) & 0xFFFFFFFF
+        else:
+            self.sgl_len = word & 0xFFFFFFFF
+            self.sgl_key = 0
+        self.capsule = capsule
+        self.inline_offset = -1
+        self.ns = None
+        self.next_step = None
+        self.state = NEW
+
+    @property
+    def fctype(self) -> int:
+        return self.nsid & 0xFF
+
+    def buffer(self, length: int) -> memoryview:
+        """A reusable scratch buffer of `length` bytes for data going to the host."""
+        if len(self.buf) < length:
+            self.buf = bytearray(length)
+        return memoryview(self.buf)[:length]
+
+    def _on_read_done(self, data, error) -> None:
+        self._target._host_data_arrived(self, data, error)
+
+    def __repr__(self) -> str:
+        return (f"<Request qid={self.queue.qid} cid={self.cid:#x} opc={self.opc:#04x} "
+                f"{STATE_NAMES.get(self.state, self.state)}>")
+
+
+class QueueState:
+    """The target's view of one queue: its transport end, its controller once connected, its requests."""
+
+    __slots__ = ("transport", "qid", "port", "target", "ctrl", "sqsize", "sqhd", "sqflow_disabled", "depth",
+                 "free", "active", "closed", "in_capsule_size")
+
+    def __init__(self, transport, port, target):
+        self.transport = transport
+        request = transport.request
+        self.qid = request.qid
+        self.port = port
+        self.target = target
+        self.ctrl = None
+        self.sqsize = request.hsqsize  # replaced by Connect's SQSIZE
+        self.sqhd = 0
+        self.sqflow_disabled = False
+        # The host may have HSQSIZE + 1 commands outstanding (held AERs included).
+        self.depth = request.hsqsize + 1
+        self.free: List[Request] = [Request(self, target) for _ in range(min(self.depth, 64))]
+        self.active = 0
+        self.closed = False
+        self.in_capsule_size = getattr(transport, "in_capsule_size", 0) if self.qid else 0
+
+    def alloc(self) -> Optional[Request]:
+        if self.active >= self.depth:
+            return None
+        self.active += 1
+        if self.free:
+            return self.free.pop()
+        return Request(self, self.target)  # deeper than the preallocated pool: grow it
+
+    def release(self, req: Request) -> None:
+        req.state = FREE
+        req.capsule = None
+        req.ns = None
+        req.next_step = None
+        self.active -= 1
+        self.free.append(req)
+
+    def next_sqhd(self) -> int:
+        """SQ head after consuming one entry (0xFFFF when the host disabled SQ flow control)."""
+        if self.sqflow_disabled:
+            return 0xFFFF
+        self.sqhd = (self.sqhd + 1) % (self.sqsize + 1)
+        return self.sqhd

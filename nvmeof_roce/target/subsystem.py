@@ -1,0 +1,146 @@
+"""Subsystems and namespaces of the userspace target (built from target/config.py)."""
+from __future__ import annotations
+
+import logging
+import re
+import uuid as uuidlib
+from typing import Dict, List, Optional
+
+from ..nvme.fabrics import DISCOVERY_NQN, MAX_CNTLID, MIN_CNTLID, make_version
+from .backends import Backend, open_backend
+from .config import NamespaceConfig, SubsystemConfig
+
+log = logging.getLogger(__name__)
+
+MAX_NSID = 1024  # Identify Controller NN: the highest NSID a subsystem may use
+DEFAULT_MAX_QID = 128  # I/O queues per controller (nvmet's default)
+DEFAULT_VERSION = make_version(1, 3, 0)  # VS 1.3: the command sequence the wire doc recommends
+
+
+def _hex_bytes(text: Optional[str], size: int) -> Optional[bytes]:
+    if not text:
+        return None
+    raw = bytes.fromhex(re.sub(r"[-:]", "", text))
+    return raw if len(raw) == size else None
+
+
+class Namespace:
+    """One namespace: its backend and the identifiers the host sees."""
+
+    def __init__(self, config: NamespaceConfig, backend: Backend):
+        self.config = config
+        self.nsid = config.nsid
+        self.backend = backend
+        self.block_size = backend.block_size
+        self.lbads = backend.block_size.bit_length() - 1
+        self.num_blocks = backend.num_blocks
+        self.uuid = uuidlib.UUID(config.uuid).bytes if config.uuid else uuidlib.uuid4().bytes
+        self.nguid = _hex_bytes(config.nguid, 16)
+        self.eui64 = _hex_bytes(config.eui64, 8)
+        self.removed = False
+        # RAM namespaces expose their memory: reads are sent straight from it, without a copy.
+        self.direct_view = getattr(backend, "buffer", None)
+        # SMART counters (bytes and commands)
+        self.bytes_read = 0
+        self.bytes_written = 0
+        self.read_commands = 0
+        self.write_commands = 0
+
+    def close(self) -> None:
+        try:
+            self.backend.flush()
+        finally:
+            self.backend.close()
+
+    def __repr__(self) -> str:
+        return f"<Namespace {self.nsid} {self.backend!r}>"
+
+
+class Subsystem:
+    """An NVM subsystem: namespaces, the hosts allowed in, and its live controllers by CNTLID."""
+
+    is_discovery = False
+
+    def __init__(self, config: SubsystemConfig):
+        self.config = config
+        self.nqn = config.nqn
+        self.serial = config.serial
+        self.model = config.model
+        self.allow_any_host = config.allow_any_host
+        self.allowed_hosts = set(config.allowed_hosts)
+        self.version = self._version(config.attrs.get("version"))
+        self.cntlid_min = int(str(config.attrs.get("cntlid_min", MIN_CNTLID)), 0)
+        self.cntlid_max = int(str(config.attrs.get("cntlid_max", MAX_CNTLID)), 0)
+        self.max_qid = int(str(config.attrs.get("qid_max", DEFAULT_MAX_QID)), 0)
+        self.namespaces: Dict[int, Namespace] = {}
+        self.controllers: Dict[int, object] = {}
+        self._active_nsids: Optional[List[int]] = None
+        self._next_cntlid = self.cntlid_min
+
+    @staticmethod
+    def _version(text: Optional[str]) -> int:
+        if not text:
+            return DEFAULT_VERSION
+        parts = [int(p) for p in text.split(".")] + [0]
+        return make_version(parts[0], parts[1], parts[2])
+
+    def host_allowed(self, hostnqn: str) -> bool:
+        return self.allow_any_host or hostnqn in self.allowed_hosts
+
+    def alloc_cntlid(self) -> Optional[int]:
+        """The next free controller ID, round robin so a just-freed ID is not reused at once."""
+        span = self.cntlid_max - self.cntlid_min + 1
+        for i in range(span):
+            cntlid = self.cntlid_min + (self._next_cntlid - self.cntlid_min + i) % span
+            if cntlid not in self.controllers:
+                self._next_cntlid = cntlid + 1 if cntlid < self.cntlid_max else self.cntlid_min
+                return cntlid
+        return None
+
+    # -- namespaces
+    def open_namespace(self, ns_config: NamespaceConfig) -> Optional[Namespace]:
+        """Open and add a namespace (None when it is configured disabled)."""
+        if not 1 <= ns_config.nsid <= MAX_NSID:
+            raise ValueError(f"{self.nqn}: NSID {ns_config.nsid} is outside 1..{MAX_NSID}")
+        if ns_config.nsid in self.namespaces:
+            raise ValueError(f"{self.nqn}: NSID {ns_config.nsid} already exists")
+        if not ns_config.enabled:
+            return None
+        ns = Namespace(ns_config, open_backend(ns_config))
+        self.namespaces[ns.nsid] = ns
+        self._active_nsids = None
+        return ns
+
+    def remove_namespace(self, nsid: int) -> Namespace:
+        ns = self.namespaces.pop(nsid)
+        self._active_nsids = None
+        return ns
+
+    def active_nsids(self) -> List[int]:
+        if self._active_nsids is None:
+            self._active_nsids = sorted(self.namespaces)
+        return self._active_nsids
+
+    def close(self) -> None:
+        for ns in list(self.namespaces.values()):
+            try:
+                ns.close()
+            except Exception as exc:  # one bad backend must not keep the others open
+                log.error("%s: closing namespace %d: %s", self.nqn, ns.nsid, exc)
+        self.namespaces.clear()
+        self._active_nsids = None
+
+    def __repr__(self) -> str:
+        return f"<Subsystem {self.nqn} ns={self.active_nsids()}>"
+
+
+class DiscoverySubsystem(Subsystem):
+    """The well-known discovery subsystem: any host may connect, it lists what that host may see."""
+
+    is_discovery = True
+
+    def __init__(self):
+        cfg = SubsystemConfig(nqn=DISCOVERY_NQN, allow_any_host=True, serial="discovery",
+                              model="nvmeof-roce discovery")
+        super().__init__(cfg)
+        self.max_qid = 0  # admin queue only
