@@ -205,7 +205,7 @@ def test_parser_rejects_non_json():
 
 
 @pytest.mark.parametrize("name", ["fio-nvmeof-randread-4k-qd32.json", "fio-nvmeof-randrw-4k-70-30-qd16.json",
-                                  "fio-nvmeof-verify-crc32c-64k-qd8.json"])
+                                  "fio-nvmeof-verify-crc32c-64k-qd8.json", "fio-nvmeof-randread-4k-qd1.json"])
 def test_parser_on_real_nvmeof_output(name):
     """fio JSON captured in the lab, from an NVMe-oF namespace (kernel host -> nvmet-rdma over rxe0)."""
     import json
