@@ -32,10 +32,12 @@ from ..nvme.command import CQE_STRUCT, FABRICS_OPCODE, FLAGS_FUSE_MASK, FLAGS_PS
     PSDT_SGL_MPTR_SGL, SQE_SIZE, is_write_direction
 from ..nvme.sgl import SUBTYPE_ADDRESS, SUBTYPE_INVALIDATE_KEY, SUBTYPE_OFFSET, TYPE_DATA_BLOCK, \
     TYPE_KEYED_DATA_BLOCK
-from .config import NamespaceConfig, PortConfig, TargetConfig
+from ..transport.base import TransportError
+from .backends import BackendError
+from .config import ConfigError, NamespaceConfig, PortConfig, TargetConfig
 from .controller import Controller
 from .request import EXECUTING, FREE, HELD, READING, QueueState, Request
-from .subsystem import DiscoverySubsystem, Namespace, Subsystem
+from .subsystem import MAX_NSID, DiscoverySubsystem, Namespace, Subsystem
 
 log = logging.getLogger(__name__)
 
@@ -130,11 +132,18 @@ class Target:
         self._any_port = PortContext(self, None, in_capsule_size, self.default_queue_size)
         self._port_handlers: Dict[int, PortHandler] = {}
         try:
-            for sub_cfg in config.subsystems:
+            for i, sub_cfg in enumerate(config.subsystems):
                 sub = Subsystem(sub_cfg)
                 self.subsystems[sub.nqn] = sub
-                for ns_cfg in sub_cfg.namespaces:
-                    sub.open_namespace(ns_cfg)
+                for j, ns_cfg in enumerate(sub_cfg.namespaces):
+                    where = f"subsystems[{i}].namespaces[{j}]"
+                    try:
+                        sub.open_namespace(ns_cfg)
+                    except BackendError as exc:
+                        raise ConfigError(config.source, where, exc.message, exc.fix) from None
+                    except ValueError as exc:
+                        raise ConfigError(config.source, f"{where}.nsid", str(exc),
+                                          f"use an NSID in 1..{MAX_NSID}") from None
         except BaseException:
             for sub in self.subsystems.values():
                 sub.close()
@@ -149,6 +158,17 @@ class Target:
     def in_capsule_size(self) -> int:
         """In-capsule data bytes an I/O queue accepts (transports size receive buffers to 64 + this)."""
         return self._any_port.in_capsule_size
+
+    @property
+    def max_transfer(self) -> int:
+        """Largest data transfer of one command (MDTS), for transports sizing their data buffers."""
+        from .admin import MAX_TRANSFER
+        return MAX_TRANSFER
+
+    def in_flight(self) -> int:
+        """Commands being processed (held AERs excluded): what a graceful stop waits for."""
+        held = sum(len(c.aers) for c in self.controllers())
+        return max(0, sum(qs.active for qs in self._queues.values() if not qs.closed) - held)
 
     def port(self, portid: int) -> PortHandler:
         """The QueueHandler for one configured port."""
@@ -422,11 +442,18 @@ class Target:
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("queue %d cid %#x opc %#04x: %s", qs.qid, req.cid, req.opc, S.describe(status))
         elif data is not None and len(data):
-            transport.write_host(req.sgl_addr, req.sgl_key, data)
+            try:
+                transport.write_host(req.sgl_addr, req.sgl_key, data)
+            except TransportError as exc:  # e.g. no staging buffer: report it instead of sending data
+                log.warning("queue %d cid %#x: RDMA WRITE not possible: %s", qs.qid, req.cid, exc)
+                status, result, dw1 = S.DATA_XFER_ERROR, 0, 0
         cqe = CQE_STRUCT.pack(result & 0xFFFFFFFF, dw1 & 0xFFFFFFFF, qs.next_sqhd(), qs.qid, req.cid,
                               (status << 1) & 0xFFFF)
         qs.release(req)
-        transport.respond(cqe)
+        try:
+            transport.respond(cqe)
+        except TransportError as exc:
+            self._close_queue(qs, f"cannot send a completion: {exc}")
 
     def _internal_error(self, req: Request) -> None:
         self.internal_errors += 1

@@ -1,0 +1,125 @@
+"""`nvmeof-roce target ...`: commands for the userspace target.
+
+    nvmeof-roce target check CONFIG.json [--json]
+
+validates the config, opens every namespace backend (without creating missing
+files), and prints the subsystems, namespaces and ports.  Errors name the file
+and the field; the exit code is 1 on any error.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+
+from ..output import emit, table
+from .backends import BackendError, open_backend
+from .config import ConfigError, TargetConfig, load_config
+from .subsystem import MAX_NSID
+
+
+def check_config(path: str) -> dict:
+    """Validate `path` and open its backends; a summary dict, or ConfigError naming file and field."""
+    config = load_config(path)
+    return summarize(config)
+
+
+def summarize(config: TargetConfig) -> dict:
+    subsystems = []
+    for i, sub in enumerate(config.subsystems):
+        namespaces = []
+        for j, ns in enumerate(sub.namespaces):
+            where = f"subsystems[{i}].namespaces[{j}]"
+            if ns.nsid > MAX_NSID:
+                raise ConfigError(config.source, f"{where}.nsid",
+                                  f"{ns.nsid} is above {MAX_NSID}, the highest NSID the userspace target serves",
+                                  f"use an NSID in 1..{MAX_NSID}")
+            namespaces.append(_open_namespace(config, where, ns))
+        subsystems.append({
+            "nqn": sub.nqn, "allow_any_host": sub.allow_any_host, "allowed_hosts": list(sub.allowed_hosts),
+            "serial": sub.serial, "model": sub.model, "namespaces": namespaces,
+            "ports": [p.portid for p in config.ports if sub.nqn in p.subsystems],
+        })
+    ports = [{
+        "portid": p.portid, "trtype": p.trtype, "adrfam": p.adrfam, "traddr": p.traddr, "trsvcid": p.trsvcid_str,
+        "subsystems": list(p.subsystems), "referrals": [r.name for r in p.referrals],
+    } for p in config.ports]
+    return {"config": config.source, "ok": True, "hosts": list(config.hosts), "subsystems": subsystems,
+            "ports": ports}
+
+
+def _open_namespace(config: TargetConfig, where: str, ns) -> dict:
+    info = {"nsid": ns.nsid, "enabled": ns.enabled, "backend": ns.backend, "path": ns.path,
+            "block_size": ns.block_size, "uuid": ns.uuid, "size_bytes": ns.size_bytes, "blocks": None,
+            "note": ""}
+    if not ns.enabled:
+        info["note"] = "disabled"
+        return info
+    if ns.backend == "file" and ns.path and not os.path.exists(ns.path) and ns.size_bytes:
+        info["note"] = f"will be created ({ns.size_bytes} bytes)"  # check never creates files
+        info["blocks"] = ns.size_bytes // ns.block_size
+        return info
+    try:
+        backend = open_backend(ns)
+    except BackendError as exc:
+        raise ConfigError(config.source, f"{where}.device.path" if ns.backend == "file" else where,
+                          exc.message, exc.fix) from None
+    try:
+        info["size_bytes"] = backend.size_bytes
+        info["blocks"] = backend.num_blocks
+        if ns.backend == "file" and not getattr(backend, "direct", True):
+            info["note"] = "buffered I/O (no O_DIRECT here)"
+    finally:
+        backend.close()
+    return info
+
+
+def _print_summary(summary: dict) -> None:
+    print(f"{summary['config']}: OK")
+    rows = []
+    for sub in summary["subsystems"]:
+        hosts = "any host" if sub["allow_any_host"] else (", ".join(sub["allowed_hosts"]) or "no host")
+        if not sub["namespaces"]:
+            rows.append([sub["nqn"], "-", "", "", "", "", hosts])
+        for ns in sub["namespaces"]:
+            size = "" if ns["size_bytes"] is None else str(ns["size_bytes"])
+            rows.append([sub["nqn"], ns["nsid"], ns["backend"] + (f" {ns['path']}" if ns["path"] else ""), size,
+                         ns["block_size"], ns["note"], hosts])
+    print()
+    print(table(["SUBSYSTEM", "NSID", "BACKEND", "BYTES", "BLOCK", "NOTE", "HOSTS"], rows))
+    print()
+    print(table(["PORT", "TRTYPE", "ADDRESS", "SUBSYSTEMS"],
+                [[p["portid"], p["trtype"], f"{p['traddr']}:{p['trsvcid']}", ", ".join(p["subsystems"])]
+                 for p in summary["ports"]]))
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    try:
+        summary = check_config(args.config)
+    except ConfigError as exc:
+        if args.json:
+            emit({"config": args.config, "ok": False, "error": exc.message, "field": exc.where, "fix": exc.fix},
+                 True)
+            return 1
+        raise
+    emit(summary, args.json, _print_summary)
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("target", help="the userspace NVMe-oF target",
+                                   description="Check and serve target configs with the userspace target.")
+    commands = parser.add_subparsers(dest="target_command", metavar="SUBCOMMAND")
+    parser.set_defaults(func=lambda args: parser.print_help() or 2)
+
+    check = commands.add_parser("check", help="validate a target config and open its backends",
+                                description="Validate CONFIG (nvmetcli JSON superset) and open every "
+                                            "namespace backend; print the subsystems, namespaces and ports.")
+    check.add_argument("config", metavar="CONFIG.json")
+    check.add_argument("--json", action="store_true", help="print the result as JSON")
+    check.set_defaults(func=_cmd_check)
+
+    # `target serve` lives in serve.py; it registers itself here when it provides register_serve().
+    serve = importlib.import_module(".serve", __package__)
+    if hasattr(serve, "register_serve"):
+        serve.register_serve(commands)
