@@ -50,7 +50,7 @@ class FioJobFile:
 
     @classmethod
     def load(cls, path: Union[str, Path]) -> "FioJobFile":
-        path = Path(path)
+        path = Path(path).resolve()
         meta: Dict[str, str] = {}
         with open(path, encoding="utf-8") as f:
             for line in f:
@@ -264,7 +264,7 @@ def run_fio(job: Union[FioJobFile, str, Path], device: str, runtime: float, size
     if output_path is None:
         tmpdir = tempfile.mkdtemp(prefix="nvmeof-fio-")
         output_path = Path(tmpdir) / f"{job.name}.json"
-    output_path = Path(output_path)
+    output_path = Path(output_path).resolve()
     output_path.parent.mkdir(parents=True, exist_ok=True)
     if output_path.exists():
         output_path.unlink()
@@ -272,7 +272,9 @@ def run_fio(job: Union[FioJobFile, str, Path], device: str, runtime: float, size
     log.info("running %s with DEVICE=%s RUNTIME=%s RAMP=%s SIZE=%s", " ".join(cmd), device, runtime, ramp, size)
     try:
         try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+            # cwd: fio may leave files behind (verify state, logs): next to the results, not wherever we are
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
+                                  cwd=str(output_path.parent))
         except subprocess.TimeoutExpired as exc:
             raise NvmeofError(f"fio {job.name} on {device} did not finish within {timeout:.0f} s",
                               "check that the device still answers (dmesg), or raise --runtime limits") from exc

@@ -193,6 +193,7 @@ class UserspaceTarget(TargetUnderTest):
         self.ready_timeout = ready_timeout
         self.kind = "nvmeof-roce userspace target (target serve)"
         self._proc: Optional[subprocess.Popen] = None
+        self._ready_file_supported = False
         self._log = None
         self.log_path: Optional[Path] = None
 
@@ -218,6 +219,7 @@ class UserspaceTarget(TargetUnderTest):
             last = ((proc.stderr or proc.stdout).strip().splitlines() or ["?"])[-1]
             raise NvmeofError(f"the userspace target is not available here ('nvmeof-roce target serve': {last})",
                               "use a checkout with the userspace target, or --targets kernel")
+        self._ready_file_supported = "--ready-file" in proc.stdout
         rdma_device_for(self.traddr)
         self._check_address_free()
 
@@ -231,22 +233,34 @@ class UserspaceTarget(TargetUnderTest):
         self.log_path = self.work_dir / "userspace-target.log"
         self._log = open(self.log_path, "w")
         cmd = _cli() + ["target", "serve", str(config)]
+        ready = None
+        if self._ready_file_supported:
+            ready = self.work_dir / "userspace-target.ready"
+            if ready.exists():
+                ready.unlink()
+            cmd += ["--ready-file", str(ready)]
         log.info("starting %s", " ".join(cmd))
         self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        self._wait_listening()
+        self._wait_listening(ready)
 
-    def _wait_listening(self) -> None:
+    def _wait_listening(self, ready: Optional[Path]) -> None:
+        """Until the ready file appears (the target writes it once it listens), or else until `rdma` shows
+        the listener; the process dying meanwhile is an error with its log."""
         deadline = time.monotonic() + self.ready_timeout
         while True:
             if self._proc.poll() is not None:
                 raise NvmeofError(f"the userspace target exited with code {self._proc.returncode} while starting: "
                                   f"{self._log_tail()}", f"see {self.log_path}")
-            who = kernel_glue.listener_on(self.traddr, self.trsvcid)
-            if who is None:  # `rdma` cannot tell: give it a moment, the host retries its connect anyway
-                time.sleep(2.0)
-                return
-            if who:
-                return
+            if ready is not None:
+                if ready.exists():
+                    return
+            else:
+                who = kernel_glue.listener_on(self.traddr, self.trsvcid)
+                if who is None:  # `rdma` cannot tell: give it a moment, the host retries its connect anyway
+                    time.sleep(2.0)
+                    return
+                if who:
+                    return
             if time.monotonic() > deadline:
                 raise NvmeofError(f"the userspace target is not listening on {self.traddr}:{self.trsvcid} after "
                                   f"{self.ready_timeout:.0f} s: {self._log_tail()}", f"see {self.log_path}")

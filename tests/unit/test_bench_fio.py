@@ -129,8 +129,11 @@ def test_mixed_job_reports_read_write_and_combined(data_file):
 
 
 @needs_fio
-def test_verify_job_reads_back_what_it_wrote(data_file):
-    res = run_fio(JOBS["verify-crc32c-64k-qd8"], str(data_file), runtime=1, size="16M", ramp=0)
+def test_verify_job_reads_back_what_it_wrote(data_file, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = run_fio(JOBS["verify-crc32c-64k-qd8"], str(data_file), runtime=1, size="16M", ramp=0,
+                  output_path=tmp_path / "out" / "v.json")
+    assert not list(tmp_path.rglob("*.state"))  # no verify state files left behind
     assert res.errors == 0
     assert res.report == "write"
     assert res.directions["write"].total_ios > 0
