@@ -1,0 +1,554 @@
+"""The kernel NVMe host through nvme-cli: discover, connect, connect-all, disconnect, list.
+
+One wrapper for the tool (`NvmeCli`), over `tool.run` (the `sh` package). JSON output is parsed
+by pure functions (`parse_discover`, `parse_list`, `parse_list_subsys`, ...) that accept the shapes
+nvme-cli 1.x and 2.x print (Debian bookworm has 2.3 with libnvme 1.3; tests use outputs captured
+from it in the lab, tests/unit/fixtures/nvme-cli-2.3/).
+
+nvme-cli reports most connect failures as "Failed to write to /dev/nvme-fabrics: <errno text>";
+the kernel log says why. `explain_failure` combines both into a message that names the cause:
+module not loaded, nothing listening at the address, host not allowed, no such subsystem.
+"""
+import json
+import logging
+import os
+import re
+import uuid
+from dataclasses import dataclass, asdict
+from typing import Callable, Dict, List, Optional
+
+from ..errors import NvmeofError
+from . import modules, tool
+
+log = logging.getLogger(__name__)
+
+ETC_NVME = "/etc/nvme"
+DEV_FABRICS = "/dev/nvme-fabrics"
+HOST_MODULES = {"rdma": "nvme_rdma", "tcp": "nvme_tcp", "fc": "nvme_fc", "loop": "nvme_loop"}
+UUID_NQN_PREFIX = "nqn.2014-08.org.nvmexpress:uuid:"
+# a fixed namespace so a host NQN generated from the machine id is the same every time
+_HOSTID_NAMESPACE = uuid.UUID("6f1b6f0e-3c1d-5b7a-9c55-6e766d656f66")
+
+
+class NvmeCliError(NvmeofError):
+    pass
+
+
+# --------------------------------------------------------------------------- host identity
+
+@dataclass
+class HostIdentity:
+    hostnqn: str
+    hostid: str
+    source: str          # where they came from: "option", "/etc/nvme", "generated from /etc/machine-id", ...
+
+    def to_dict(self):
+        return asdict(self)
+
+
+def _read_first_line(path: str) -> Optional[str]:
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            v = f.readline().strip()
+        return v or None
+    except OSError:
+        return None
+
+
+def host_identity(hostnqn: Optional[str] = None, hostid: Optional[str] = None, etc_dir: str = ETC_NVME,
+                  machine_id: str = "/etc/machine-id",
+                  product_uuid: str = "/sys/class/dmi/id/product_uuid") -> HostIdentity:
+    """The host NQN and host ID: given > /etc/nvme/{hostnqn,hostid} > generated (stable per machine)."""
+    sources = []
+    if hostnqn:
+        sources.append("option")
+    else:
+        hostnqn = _read_first_line(os.path.join(etc_dir, "hostnqn"))
+        if hostnqn:
+            sources.append(os.path.join(etc_dir, "hostnqn"))
+    if hostid:
+        sources.append("option")
+    else:
+        hostid = _read_first_line(os.path.join(etc_dir, "hostid"))
+        if hostid:
+            sources.append(os.path.join(etc_dir, "hostid"))
+    if not hostid and hostnqn and hostnqn.startswith(UUID_NQN_PREFIX):
+        hostid = hostnqn[len(UUID_NQN_PREFIX):]
+        sources.append("hostid from the host NQN's UUID")
+    if not hostid:
+        seed, seed_src = None, None
+        for p in (product_uuid, machine_id):
+            v = _read_first_line(p)
+            if v and v.strip("0-") and v.lower() != "03000200-0400-0500-0006-000700080009":
+                seed, seed_src = v.lower(), p
+                break
+        if seed is None:
+            raise NvmeCliError("no host NQN/ID: /etc/nvme/hostnqn is missing and this machine has no id to derive one "
+                               "from", "write one: nvme gen-hostnqn > /etc/nvme/hostnqn (or pass --hostnqn/--hostid)")
+        hostid = str(uuid.uuid5(_HOSTID_NAMESPACE, seed))
+        sources.append(f"generated from {seed_src}")
+    if not hostnqn:
+        hostnqn = UUID_NQN_PREFIX + hostid
+        sources.append("host NQN from the host ID")
+    try:
+        uuid.UUID(hostid)
+    except ValueError:
+        raise NvmeCliError(f"host ID {hostid!r} is not a UUID", "use a UUID (nvme gen-hostnqn's form), "
+                           "e.g. from /etc/nvme/hostid") from None
+    return HostIdentity(hostnqn=hostnqn, hostid=hostid, source=", ".join(dict.fromkeys(sources)))
+
+
+# --------------------------------------------------------------------------- parsers
+
+def _loads(text: str, what: str):
+    text = (text or "").strip()
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        # some versions print a line of text before the JSON
+        i = min([j for j in (text.find("{"), text.find("[")) if j >= 0], default=-1)
+        if i > 0:
+            try:
+                return json.loads(text[i:])
+            except json.JSONDecodeError:
+                pass
+        raise NvmeCliError(f"nvme {what}: output is not JSON: {text[:200]!r}",
+                           "check nvme-cli's version (nvme version); nvmeof-roce expects nvme-cli >= 1.9") from None
+
+
+def _g(d: dict, *names, default=None):
+    """The first of several key spellings that is present (nvme-cli renamed keys between versions)."""
+    for n in names:
+        if n in d:
+            return d[n]
+    lower = {k.lower(): v for k, v in d.items()}
+    for n in names:
+        if n.lower() in lower:
+            return lower[n.lower()]
+    return default
+
+
+def parse_address(addr: str) -> Dict[str, str]:
+    """'traddr=10.99.0.1,trsvcid=4420,src_addr=...' -> dict."""
+    out = {}
+    for part in (addr or "").split(","):
+        if "=" in part:
+            k, v = part.split("=", 1)
+            out[k.strip()] = v.strip()
+    return out
+
+
+def parse_discover(text: str) -> dict:
+    """`nvme discover -o json` -> {"genctr": int, "records": [{trtype, adrfam, subtype, treq, portid, trsvcid,
+    subnqn, traddr, ...}]}; portid an int, trsvcid a string, rdma_pkey an int."""
+    data = _loads(text, "discover")
+    if data is None:
+        return {"genctr": 0, "records": []}
+    if isinstance(data, list):      # some builds print one object per discovery controller
+        data = data[0] if data else {}
+    records = []
+    for r in _g(data, "records", "Records", default=[]) or []:
+        rec = dict(r)
+        for k in ("portid", "cntlid", "asqsz"):
+            if k in rec:
+                try:
+                    rec[k] = int(str(rec[k]), 0)
+                except ValueError:
+                    pass
+        if "trsvcid" in rec:
+            rec["trsvcid"] = str(rec["trsvcid"]).strip()
+        if "rdma_pkey" in rec:
+            try:
+                rec["rdma_pkey"] = int(str(rec["rdma_pkey"]), 0)
+            except ValueError:
+                pass
+        rec["traddr"] = str(rec.get("traddr", "")).strip()
+        rec["subnqn"] = str(rec.get("subnqn", "")).strip()
+        records.append(rec)
+    genctr = _g(data, "genctr", "Generation counter", default=0)
+    try:
+        genctr = int(str(genctr), 0)
+    except ValueError:
+        genctr = 0
+    return {"genctr": genctr, "records": records}
+
+
+def parse_connect(text: str) -> Optional[str]:
+    """`nvme connect -o json` -> the controller name ('nvme0'), or None if nvme-cli printed nothing."""
+    text = (text or "").strip()
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        m = re.search(r"\b(nvme\d+)\b", text)   # older: "device: nvme0"
+        return m.group(1) if m else None
+    if isinstance(data, dict):
+        dev = _g(data, "device", "Device")
+        if dev:
+            return os.path.basename(str(dev))
+    return None
+
+
+def parse_list_subsys(text: str) -> List[dict]:
+    """`nvme list-subsys -o json` -> [{"name", "nqn", "hostnqn", "hostid", "paths": [{"name", "transport",
+    "address", "traddr", "trsvcid", "state"}]}].
+
+    Accepts 2.x (a list of hosts each with "Subsystems") and 1.x ({"Subsystems": [{"Name","NQN"},
+    {"Paths": [...]}, ...]}, where a subsystem's paths follow it as a separate element).
+    """
+    data = _loads(text, "list-subsys")
+    if data is None:
+        return []
+    hosts = data if isinstance(data, list) else [data]
+    out = []
+    for h in hosts:
+        if not isinstance(h, dict):
+            continue
+        hostnqn = _g(h, "HostNQN", "hostnqn")
+        hostid = _g(h, "HostID", "hostid")
+        current = None
+        for s in _g(h, "Subsystems", "subsystems", default=[]) or []:
+            if not isinstance(s, dict):
+                continue
+            nqn = _g(s, "NQN", "SubsystemNQN", "nqn")
+            if nqn is None and current is not None and _g(s, "Paths", "paths") is not None:
+                current["paths"].extend(_paths(_g(s, "Paths", "paths")))   # 1.x: paths in the next element
+                continue
+            current = {"name": _g(s, "Name", "Subsystem", "name"), "nqn": nqn,
+                       "hostnqn": _g(s, "HostNQN", default=hostnqn), "hostid": _g(s, "HostID", default=hostid),
+                       "iopolicy": _g(s, "IOPolicy", "iopolicy"),
+                       "paths": _paths(_g(s, "Paths", "paths", "Controllers", default=[]))}
+            out.append(current)
+    return out
+
+
+def _paths(items) -> List[dict]:
+    out = []
+    for p in items or []:
+        if not isinstance(p, dict):
+            continue
+        addr = str(_g(p, "Address", "address", default="") or "")
+        a = parse_address(addr)
+        out.append({"name": _g(p, "Name", "Controller", "name"), "transport": _g(p, "Transport", "transport"),
+                    "address": addr, "traddr": a.get("traddr"), "trsvcid": a.get("trsvcid"),
+                    "host_traddr": a.get("host_traddr") or a.get("src_addr"),
+                    "state": _g(p, "State", "state")})
+    return out
+
+
+def parse_list(text: str) -> List[dict]:
+    """`nvme list -o json` (plain or -v) -> [{"device", "nsid", "controller", "subsystem", "subnqn", "serial",
+    "model", "firmware", "size_bytes", "used_bytes", "sector_size", "max_lba"}] (unknown fields None)."""
+    data = _loads(text, "list")
+    if data is None:
+        return []
+    devices = _g(data, "Devices", "devices", default=[]) if isinstance(data, dict) else data
+    out = []
+    for d in devices or []:
+        if not isinstance(d, dict):
+            continue
+        if _g(d, "Subsystems") is not None:       # verbose shape: hosts -> subsystems -> namespaces
+            for s in _g(d, "Subsystems", default=[]) or []:
+                ctrls = _g(s, "Controllers", default=[]) or []
+                c0 = ctrls[0] if ctrls else {}
+                for ns in _g(s, "Namespaces", default=[]) or []:
+                    out.append(_ns_entry(ns, c0, s))
+                for c in ctrls:
+                    for ns in _g(c, "Namespaces", default=[]) or []:   # non-multipath: under the controller
+                        out.append(_ns_entry(ns, c, s))
+            continue
+        out.append(_ns_entry(d, d, {}))
+    # one entry per device path
+    seen, uniq = set(), []
+    for e in out:
+        if e["device"] not in seen:
+            seen.add(e["device"])
+            uniq.append(e)
+    return sorted(uniq, key=lambda e: _natural(e["device"] or ""))
+
+
+def _natural(s):
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
+
+
+def _int(v):
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _ns_entry(ns: dict, ctrl: dict, subsys: dict) -> dict:
+    dev = _g(ns, "DevicePath", "NameSpace", "Namespace")
+    if isinstance(dev, int) or dev is None:     # 2.x plain: "NameSpace" is the NSID, DevicePath the path
+        dev = _g(ns, "DevicePath")
+    dev = str(dev) if dev is not None else None
+    if dev and not dev.startswith("/"):
+        dev = "/dev/" + dev
+    nsid = _g(ns, "NSID", "Nsid")
+    if nsid is None and isinstance(_g(ns, "NameSpace"), int):
+        nsid = _g(ns, "NameSpace")
+    if nsid is None and dev:
+        m = re.search(r"n(\d+)$", dev)
+        nsid = int(m.group(1)) if m else None
+    sector = _int(_g(ns, "SectorSize", "sector_size"))
+    max_lba = _int(_g(ns, "MaximumLBA", "max_lba"))
+    size = _int(_g(ns, "PhysicalSize", "physical_size"))
+    ctrl_name = _g(ctrl, "Controller") if ctrl is not ns else None
+    if ctrl_name is None and dev:
+        m = re.match(r"/dev/(nvme\d+)n\d+$", dev)
+        ctrl_name = m.group(1) if m else None
+    return {"device": dev, "nsid": _int(nsid), "controller": ctrl_name,
+            "subsystem": _g(subsys, "Subsystem", "Name"), "subnqn": _g(subsys, "SubsystemNQN", "NQN"),
+            "serial": (str(_g(ctrl, "SerialNumber", default="") or "").strip() or None),
+            "model": (str(_g(ctrl, "ModelNumber", default="") or "").strip() or None),
+            "firmware": (str(_g(ctrl, "Firmware", default="") or "").strip() or None),
+            "transport": _g(ctrl, "Transport"), "address": _g(ctrl, "Address"),
+            "size_bytes": size, "used_bytes": _int(_g(ns, "UsedBytes", "used_bytes")),
+            "sector_size": sector, "max_lba": max_lba}
+
+
+def parse_disconnect(text: str) -> int:
+    """'NQN:... disconnected 1 controller(s)' -> 1."""
+    m = re.search(r"disconnected\s+(\d+)\s+controller", text or "")
+    return int(m.group(1)) if m else 0
+
+
+# --------------------------------------------------------------------------- failures
+
+def explain_failure(what: str, res: tool.ToolResult, traddr: str = "", trsvcid="", nqn: str = "",
+                    hostnqn: str = "", transport: str = "rdma", kernel_log: str = "") -> NvmeCliError:
+    """A message that names the cause of a failed nvme discover/connect."""
+    text = (res.stderr + "\n" + res.stdout).strip()
+    klog = (kernel_log or "").lower()
+    target = f"{traddr}:{trsvcid}" if traddr else "the target"
+    low = text.lower()
+    if "already connected" in low:
+        return NvmeCliError(f"{what}: already connected to {nqn or target}",
+                            "nvmeof-roce host list shows the controller; disconnect it first "
+                            f"(nvmeof-roce host disconnect --nqn {nqn or 'NQN'})")
+    if "failed to open /dev/nvme-fabrics" in low or "nvme-fabrics: no such file" in low:
+        mod = HOST_MODULES.get(transport, "nvme_fabrics")
+        return NvmeCliError(f"{what}: /dev/nvme-fabrics does not exist: the kernel module {mod} (and nvme_fabrics) "
+                            "is not loaded", f"modprobe {mod.replace('_', '-')} (as root)")
+    if "no handler found for transport" in klog:
+        mod = HOST_MODULES.get(transport, "nvme_" + transport)
+        return NvmeCliError(f"{what}: the kernel has no NVMe host driver for transport {transport!r}: "
+                            f"module {mod} is not loaded", f"modprobe {mod.replace('_', '-')} (as root)")
+    if "is not allowed" in klog or "not allowed" in low:
+        return NvmeCliError(f"{what}: the target refused host {hostnqn or '(this host)'}: it is not in the allowed "
+                            f"hosts of {nqn or 'the subsystem'}",
+                            "on the target, add this host NQN to the subsystem's allowed_hosts (and hosts), or set "
+                            "allow_any_host; or connect with the allowed --hostnqn")
+    if "connect invalid data parameter" in klog or "invalid subsystem" in klog:
+        return NvmeCliError(f"{what}: the target at {target} has no subsystem {nqn!r} on that port",
+                            f"check the NQN with nvmeof-roce host discover --traddr {traddr} --trsvcid {trsvcid}")
+    if "invalid service id" in klog or "connection refused" in low:
+        return NvmeCliError(f"{what}: nothing listens at {target} ({transport}): the RDMA connection was rejected",
+                            "check traddr/trsvcid and that the target port is enabled (a subsystem linked to it); "
+                            "nvmeof-roce nvmet show on the target")
+    if any(s in low for s in ("connection reset by peer", "no route to host", "timed out", "network is unreachable",
+                              "cannot assign requested address", "address not available")) or \
+            "rdma connection establishment failed" in klog or "address resolve failed" in klog:
+        return NvmeCliError(f"{what}: the target at {target} is unreachable over {transport} "
+                            f"({_errtext(text) or 'connection failed'})",
+                            "check the address and trsvcid, that this host has an RDMA device on that network "
+                            "(nvmeof-roce rdma status) and that the target listens there")
+    if "input/output error" in low:
+        return NvmeCliError(f"{what}: the target at {target} rejected the connect command "
+                            f"({_errtext(text)}): the host is not allowed or the subsystem does not exist",
+                            "check the NQN (nvmeof-roce host discover) and the subsystem's allowed hosts; dmesg "
+                            "shows which")
+    if "invalid argument" in low or "invalid arguments" in low:
+        return NvmeCliError(f"{what}: the kernel rejected the options ({_errtext(text)})",
+                            "check the options (queue size 16..1024, nr-io-queues >= 1); dmesg shows which")
+    return NvmeCliError(f"{what} failed (exit {res.exit_code}): {_errtext(text) or 'no output'}",
+                        "dmesg shows the kernel's reason")
+
+
+def _errtext(text: str) -> str:
+    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    return "; ".join(lines[:2])
+
+
+# --------------------------------------------------------------------------- the wrapper
+
+Runner = Callable[..., tool.ToolResult]
+
+
+class NvmeCli:
+    """nvme-cli, run through `runner(tool, args, package=..., timeout=...)` (tool.run; tests pass a fake)."""
+
+    def __init__(self, runner: Optional[Runner] = None, sys_module: str = modules.SYS_MODULE,
+                 load_modules: bool = True, etc_dir: str = ETC_NVME, kernel_log: Optional[Callable[[], str]] = None):
+        self.runner = runner or tool.run
+        self.sys_module = sys_module
+        self.load_modules = load_modules
+        self.etc_dir = etc_dir
+        self.kernel_log = kernel_log or _dmesg_tail
+
+    def _nvme(self, args, timeout=120) -> tool.ToolResult:
+        self._klog_before = self._klog()
+        return self.runner("nvme", list(args), package="nvme-cli", timeout=timeout)
+
+    def _klog(self) -> List[str]:
+        try:
+            return (self.kernel_log() or "").lower().splitlines()
+        except Exception:   # noqa: BLE001 - the kernel log only refines messages
+            return []
+
+    def identity(self, hostnqn=None, hostid=None) -> HostIdentity:
+        return host_identity(hostnqn, hostid, self.etc_dir)
+
+    def _ensure_transport(self, transport: str):
+        mod = HOST_MODULES.get(transport)
+        if mod and self.load_modules:
+            modules.ensure(mod, f"the NVMe host over {transport}", self.sys_module)
+
+    def _addr_args(self, transport, traddr, trsvcid, host_traddr=None, ident: Optional[HostIdentity] = None):
+        args = ["--transport", transport, "--traddr", traddr]
+        if trsvcid not in (None, ""):
+            args += ["--trsvcid", str(trsvcid)]
+        if host_traddr:
+            args += ["--host-traddr", host_traddr]
+        if ident:
+            args += ["--hostnqn", ident.hostnqn, "--hostid", ident.hostid]
+        return args
+
+    @staticmethod
+    def _tuning_args(nr_io_queues=None, queue_size=None, keep_alive_tmo=None, ctrl_loss_tmo=None,
+                     reconnect_delay=None):
+        args = []
+        for flag, v in (("--nr-io-queues", nr_io_queues), ("--queue-size", queue_size),
+                        ("--keep-alive-tmo", keep_alive_tmo), ("--ctrl-loss-tmo", ctrl_loss_tmo),
+                        ("--reconnect-delay", reconnect_delay)):
+            if v is not None:
+                args += [flag, str(v)]
+        return args
+
+    def _fail(self, what, res, **kw):
+        before, after = getattr(self, "_klog_before", []), self._klog()
+        new = after
+        if before:
+            last = before[-1]
+            idx = max((i for i, l in enumerate(after) if l == last), default=-1)
+            new = after[idx + 1:] if idx >= 0 else after[-40:]
+        return explain_failure(what, res, kernel_log="\n".join(new), **kw)
+
+    # commands -----------------------------------------------------------------
+    def discover(self, traddr: str, trsvcid=4420, transport="rdma", hostnqn=None, hostid=None,
+                 host_traddr=None) -> dict:
+        ident = self.identity(hostnqn, hostid)
+        self._ensure_transport(transport)
+        res = self._nvme(["discover", *self._addr_args(transport, traddr, trsvcid, host_traddr, ident),
+                          "--output-format=json"])
+        if not res.ok:
+            raise self._fail(f"nvme discover {traddr}:{trsvcid}", res, traddr=traddr, trsvcid=trsvcid,
+                             hostnqn=ident.hostnqn, transport=transport)
+        out = parse_discover(res.stdout)
+        out["hostnqn"] = ident.hostnqn
+        return out
+
+    def connect(self, traddr: str, nqn: str, trsvcid=4420, transport="rdma", hostnqn=None, hostid=None,
+                host_traddr=None, **tuning) -> dict:
+        ident = self.identity(hostnqn, hostid)
+        self._ensure_transport(transport)
+        res = self._nvme(["connect", *self._addr_args(transport, traddr, trsvcid, host_traddr, ident),
+                          "--nqn", nqn, *self._tuning_args(**tuning), "--output-format=json"])
+        if not res.ok:
+            raise self._fail(f"nvme connect {nqn} at {traddr}:{trsvcid}", res, traddr=traddr, trsvcid=trsvcid,
+                             nqn=nqn, hostnqn=ident.hostnqn, transport=transport)
+        ctrl = parse_connect(res.stdout)
+        if ctrl is None:   # older nvme-cli prints nothing: find the controller by address
+            new = [p["name"] for s in self.list_subsystems() if s["nqn"] == nqn for p in s["paths"]
+                   if p["traddr"] == traddr and str(p["trsvcid"]) == str(trsvcid)]
+            ctrl = new[-1] if new else None
+        return {"controller": ctrl, "nqn": nqn, "traddr": traddr, "trsvcid": str(trsvcid), "transport": transport,
+                "hostnqn": ident.hostnqn, "hostid": ident.hostid}
+
+    def connect_all(self, traddr: str, trsvcid=4420, transport="rdma", hostnqn=None, hostid=None,
+                    host_traddr=None, **tuning) -> dict:
+        """nvme connect-all; reports what got connected and which discovered subsystems did not."""
+        ident = self.identity(hostnqn, hostid)
+        self._ensure_transport(transport)
+        disc = self.discover(traddr, trsvcid, transport, ident.hostnqn, ident.hostid, host_traddr)
+        before = {(s["nqn"], p["name"]) for s in self.list_subsystems() for p in s["paths"]}
+        res = self._nvme(["connect-all", *self._addr_args(transport, traddr, trsvcid, host_traddr, ident),
+                          *self._tuning_args(**tuning)])
+        if not res.ok and "already connected" not in (res.stderr + res.stdout).lower():
+            raise self._fail(f"nvme connect-all {traddr}:{trsvcid}", res, traddr=traddr, trsvcid=trsvcid,
+                             hostnqn=ident.hostnqn, transport=transport)
+        after = self.list_subsystems()
+        connected = [{"nqn": s["nqn"], "controller": p["name"], "traddr": p["traddr"], "trsvcid": p["trsvcid"]}
+                     for s in after for p in s["paths"] if (s["nqn"], p["name"]) not in before]
+        live = {s["nqn"] for s in after}
+        wanted = [r for r in disc["records"] if "discovery" not in str(r.get("subtype", ""))]
+        missing = [r["subnqn"] for r in wanted if r["subnqn"] not in live]
+        return {"connected": connected, "not_connected": missing, "hostnqn": ident.hostnqn,
+                "discovered": [r["subnqn"] for r in wanted]}
+
+    def disconnect(self, nqn: Optional[str] = None, device: Optional[str] = None) -> dict:
+        if bool(nqn) == bool(device):
+            raise NvmeCliError("disconnect needs exactly one of an NQN or a controller device",
+                               "give --nqn NQN or --device nvme0")
+        args = ["disconnect", "--nqn", nqn] if nqn else ["disconnect", "--device", os.path.basename(device)]
+        res = self._nvme(args)
+        if not res.ok:
+            raise self._fail(f"nvme disconnect {nqn or device}", res, nqn=nqn or "")
+        n = parse_disconnect(res.stdout + res.stderr)
+        if n == 0:
+            raise NvmeCliError(f"nvme disconnect: no controller of {nqn or device} is connected",
+                               "nvmeof-roce host list shows what is connected")
+        return {"disconnected": n, "nqn": nqn, "device": device}
+
+    def disconnect_all(self) -> dict:
+        before = self.list_subsystems()
+        res = self._nvme(["disconnect-all"])
+        if not res.ok:
+            raise self._fail("nvme disconnect-all", res)
+        return {"disconnected": [{"nqn": s["nqn"], "controller": p["name"]} for s in before for p in s["paths"]]}
+
+    def list_subsystems(self) -> List[dict]:
+        res = self._nvme(["list-subsys", "--output-format=json"], timeout=60)
+        if not res.ok:
+            if not (res.stdout.strip() or "").strip() and "no nvme" in (res.stderr.lower()):
+                return []
+            raise self._fail("nvme list-subsys", res)
+        return parse_list_subsys(res.stdout)
+
+    def list_namespaces(self) -> List[dict]:
+        res = self._nvme(["list", "--output-format=json", "--verbose"], timeout=60)
+        if not res.ok:
+            res = self._nvme(["list", "--output-format=json"], timeout=60)
+        if not res.ok:
+            raise self._fail("nvme list", res)
+        return parse_list(res.stdout)
+
+    def list(self) -> dict:
+        subs = self.list_subsystems()
+        nss = self.list_namespaces()
+        by_ctrl = {}
+        for s in subs:
+            for p in s["paths"]:
+                by_ctrl[p["name"]] = s
+        for n in nss:
+            s = by_ctrl.get(n["controller"])
+            if s and not n.get("subnqn"):
+                n["subnqn"] = s["nqn"]
+        for s in subs:
+            s["namespaces"] = [n for n in nss if n.get("subnqn") == s["nqn"]]
+        return {"subsystems": subs, "namespaces": nss}
+
+
+def _dmesg_tail(lines: int = 200) -> str:
+    """The end of the kernel log, to explain a failed connect; '' if unreadable (not root, no dmesg)."""
+    try:
+        res = tool.run("dmesg", [], package="util-linux", timeout=10)
+    except NvmeofError:
+        return ""
+    if not res.ok:
+        return ""
+    return "\n".join(res.stdout.splitlines()[-lines:])
