@@ -133,7 +133,7 @@ def _g(d: dict, *names, default=None):
 def parse_address(addr: str) -> Dict[str, str]:
     """'traddr=10.99.0.1,trsvcid=4420,src_addr=...' -> dict."""
     out = {}
-    for part in (addr or "").split(","):
+    for part in re.split(r"[,\s]+", addr or ""):
         if "=" in part:
             k, v = part.split("=", 1)
             out[k.strip()] = v.strip()

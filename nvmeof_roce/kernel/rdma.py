@@ -201,7 +201,8 @@ def _port(dev: str, pdir: str, num: int, sysfs: str, devinfo: Dict[int, dict]) -
         gtype = _read(os.path.join(pdir, "gid_attrs", "types", str(idx)))   # EINVAL for empty entries
         ndev = _read(os.path.join(pdir, "gid_attrs", "ndevs", str(idx)))
         try:
-            gid_c = str(ipaddress.IPv6Address(gid))
+            a6 = ipaddress.IPv6Address(gid)
+            gid_c = f"::ffff:{a6.ipv4_mapped}" if a6.ipv4_mapped else str(a6)   # same on every Python
         except ValueError:
             gid_c = gid
         gids.append({"index": idx, "gid": gid_c, "type": gtype, "roce": roce_version(gtype), "netdev": ndev,

@@ -1,0 +1,296 @@
+"""nvme-cli wrapper: parsers on outputs captured from nvme-cli 2.3 (Debian bookworm) in the lab, other
+2.x/1.x shapes, failure messages (stderr + kernel log captured in the lab), argv built for nvme."""
+import json
+from pathlib import Path
+
+import pytest
+
+from nvmeof_roce.kernel import nvme_cli
+from nvmeof_roce.kernel.nvme_cli import (
+    NvmeCli, NvmeCliError, explain_failure, host_identity, parse_connect, parse_discover, parse_list,
+    parse_list_subsys, parse_disconnect,
+)
+from nvmeof_roce.kernel.tool import ToolResult
+
+FIX = Path(__file__).parent / "fixtures" / "nvme-cli-2.3"
+CAP1 = "nqn.2024-01.io.example:cap1"
+
+
+def fx(name):
+    return (FIX / name).read_text()
+
+
+# ---------------------------------------------------------------- parsers, real 2.3 output
+
+def test_discover_23():
+    d = parse_discover(fx("discover.json"))
+    assert d["genctr"] == 4 and len(d["records"]) == 2
+    disc, sub = d["records"]
+    assert disc["subtype"] == "current discovery subsystem"
+    assert (sub["subnqn"], sub["traddr"], sub["trsvcid"], sub["portid"], sub["trtype"]) == \
+        (CAP1, "10.99.0.1", "4420", 1, "rdma")
+    assert sub["rdma_pkey"] == 0
+
+
+def test_connect_23():
+    assert parse_connect(fx("connect.json")) == "nvme0"
+    assert parse_connect("") is None
+    assert parse_connect("device: nvme3\n") == "nvme3"
+
+
+def test_list_23_plain():
+    ns = parse_list(fx("list.json"))
+    assert [n["device"] for n in ns] == ["/dev/nvme0n1", "/dev/nvme0n2"]
+    n1, n2 = ns
+    assert (n1["nsid"], n1["controller"], n1["sector_size"], n1["size_bytes"]) == (1, "nvme0", 512, 268435456000)
+    assert (n2["nsid"], n2["sector_size"], n2["max_lba"], n2["serial"]) == (2, 4096, 16384, "serialX")
+    assert parse_list(fx("list-empty.json")) == []
+
+
+def test_list_23_verbose_has_subsystem():
+    ns = parse_list(fx("list-verbose.json"))
+    assert [(n["device"], n["nsid"], n["subnqn"], n["controller"]) for n in ns] == [
+        ("/dev/nvme0n1", 1, CAP1, "nvme0"), ("/dev/nvme0n2", 2, CAP1, "nvme0")]
+    assert ns[0]["transport"] == "rdma" and ns[0]["size_bytes"] == 268435456000
+
+
+def test_list_subsys_23():
+    subs = parse_list_subsys(fx("list-subsys.json"))
+    assert len(subs) == 1
+    s = subs[0]
+    assert (s["name"], s["nqn"]) == ("nvme-subsys0", CAP1)
+    assert s["hostnqn"].startswith("nqn.2014-08.org.nvmexpress:uuid:")
+    assert s["paths"] == [{"name": "nvme0", "transport": "rdma", "address": "traddr=10.99.0.1,trsvcid=4420",
+                           "traddr": "10.99.0.1", "trsvcid": "4420", "host_traddr": None, "state": "live"}]
+    assert parse_list_subsys(fx("list-subsys-empty.json")) == []
+
+
+# ---------------------------------------------------------------- other versions' shapes
+
+def test_list_subsys_1x_shape():
+    text = json.dumps({"Subsystems": [
+        {"Name": "nvme-subsys0", "NQN": CAP1},
+        {"Paths": [{"Name": "nvme0", "Transport": "rdma", "Address": "traddr=10.99.0.1 trsvcid=4420", "State": "live"}]},
+        {"Name": "nvme-subsys1", "NQN": "nqn.2024-01.io.example:b"},
+        {"Paths": [{"Name": "nvme1", "Transport": "rdma", "Address": "traddr=10.99.0.1,trsvcid=4421",
+                    "State": "connecting"}]}]})
+    subs = parse_list_subsys(text)
+    assert [(s["nqn"], [p["name"] for p in s["paths"]]) for s in subs] == [
+        (CAP1, ["nvme0"]), ("nqn.2024-01.io.example:b", ["nvme1"])]
+    assert subs[1]["paths"][0]["trsvcid"] == "4421" and subs[1]["paths"][0]["state"] == "connecting"
+    assert subs[0]["paths"][0]["traddr"] == "10.99.0.1" and subs[0]["paths"][0]["trsvcid"] == "4420"
+
+
+def test_list_subsys_later_2x_shape():
+    # nvme-cli 2.8+: IOPolicy, src_addr in Address
+    text = json.dumps([{"HostNQN": "h", "HostID": "i", "Subsystems": [
+        {"Name": "nvme-subsys0", "NQN": CAP1, "IOPolicy": "numa",
+         "Paths": [{"Name": "nvme0", "Transport": "rdma",
+                    "Address": "traddr=10.99.0.1,trsvcid=4420,src_addr=10.99.0.1", "State": "live"}]}]}])
+    s = parse_list_subsys(text)[0]
+    assert s["iopolicy"] == "numa" and s["paths"][0]["host_traddr"] == "10.99.0.1"
+
+
+def test_list_later_2x_shape():
+    text = json.dumps({"Devices": [{"NameSpace": 1, "DevicePath": "/dev/nvme1n1", "GenericPath": "/dev/ng1n1",
+                                    "Firmware": "6.1", "Index": 1, "ModelNumber": "Linux", "SerialNumber": "abc",
+                                    "UsedBytes": 4096, "MaximumLBA": 8, "PhysicalSize": 4096, "SectorSize": 512}]})
+    (n,) = parse_list(text)
+    assert (n["device"], n["nsid"], n["controller"], n["model"]) == ("/dev/nvme1n1", 1, "nvme1", "Linux")
+
+
+def test_discover_other_shapes():
+    d = parse_discover(json.dumps({"genctr": "7", "records": [{"subnqn": "x", "portid": "2", "trsvcid": 4420,
+                                                             "rdma_pkey": "0x0000", "traddr": "10.0.0.1 "}]}))
+    r = d["records"][0]
+    assert (d["genctr"], r["portid"], r["trsvcid"], r["rdma_pkey"], r["traddr"]) == (7, 2, "4420", 0, "10.0.0.1")
+    assert parse_discover("") == {"genctr": 0, "records": []}
+    with pytest.raises(NvmeCliError, match="not JSON"):
+        parse_discover("Discovery Log Number of Records 2")
+
+
+def test_disconnect_count():
+    assert parse_disconnect(f"NQN:{CAP1} disconnected 1 controller(s)\n") == 1
+    assert parse_disconnect("NQN:x disconnected 0 controller(s)") == 0
+
+
+# ---------------------------------------------------------------- failures (stderr and dmesg from the lab)
+
+FAB_EIO = ("Failed to write to /dev/nvme-fabrics: Input/output error\n"
+           "could not add new controller: failed to write to nvme-fabrics device\n")
+FAB_RESET = ("Failed to write to /dev/nvme-fabrics: Connection reset by peer\n"
+             "could not add new controller: failed to write to nvme-fabrics device\n")
+FAB_NOOPEN = ("Failed to open /dev/nvme-fabrics: No such file or directory\n"
+              "could not add new controller: failed to open nvme-fabrics device\n")
+DEAD = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-00000000dead"
+
+
+def fail(stderr, stdout=""):
+    return ToolResult(["nvme", "connect"], 1, stdout, stderr)
+
+
+def test_failure_host_not_allowed():
+    klog = (f"[17.776951] nvmet: connect by host {DEAD} for subsystem {CAP1} not allowed\n"
+            f"[17.777927] nvme nvme0: Connect for subsystem {CAP1} is not allowed, hostnqn: {DEAD}\n")
+    e = explain_failure("nvme connect", fail(FAB_EIO), "10.99.0.1", "4420", CAP1, DEAD, kernel_log=klog)
+    assert f"refused host {DEAD}: it is not in the allowed hosts of {CAP1}" in e.message
+    assert "allowed_hosts" in e.fix
+
+
+def test_failure_no_such_subsystem():
+    klog = ('[120.660824] nvme nvme0: Connect Invalid Data Parameter, subsysnqn "nqn.2024-01.io.example:nosuch"\n')
+    e = explain_failure("nvme connect", fail(FAB_EIO), "10.99.0.1", "4420", "nqn.2024-01.io.example:nosuch",
+                        kernel_log=klog)
+    assert "has no subsystem 'nqn.2024-01.io.example:nosuch'" in e.message and "host discover" in e.fix
+
+
+def test_failure_eio_without_kernel_log():
+    e = explain_failure("nvme connect", fail(FAB_EIO), "10.99.0.1", "4420", CAP1)
+    assert "rejected the connect command" in e.message and "not allowed or the subsystem does not exist" in e.message
+
+
+def test_failure_nothing_listening():
+    klog = "[120.383997] nvme nvme0: Connect rejected: status 8 (invalid service ID).\n"
+    e = explain_failure("nvme connect", fail(FAB_RESET), "10.99.0.1", "4499", CAP1, kernel_log=klog)
+    assert "nothing listens at 10.99.0.1:4499" in e.message
+
+
+def test_failure_unreachable():
+    klog = "[120.208563] nvme nvme0: rdma connection establishment failed (-104)\n"
+    e = explain_failure("nvme connect", fail(FAB_RESET), "10.99.0.9", "4420", CAP1, kernel_log=klog)
+    assert "the target at 10.99.0.9:4420 is unreachable over rdma" in e.message and "rdma status" in e.fix
+
+
+def test_failure_module_not_loaded():
+    e = explain_failure("nvme connect", fail(FAB_NOOPEN), "10.99.0.1", "4420", CAP1)
+    assert "module nvme_rdma (and nvme_fabrics) is not loaded" in e.message and e.fix == "modprobe nvme-rdma (as root)"
+    e = explain_failure("nvme connect", fail("Failed to write to /dev/nvme-fabrics: Invalid argument"), "x", "1",
+                        kernel_log="nvme_fabrics: no handler found for transport rdma.")
+    assert "module nvme_rdma is not loaded" in e.message
+
+
+def test_failure_already_connected():
+    e = explain_failure("nvme connect", fail("already connected\n"), "10.99.0.1", "4420", CAP1)
+    assert f"already connected to {CAP1}" in e.message and "disconnect" in e.fix
+
+
+# ---------------------------------------------------------------- host identity
+
+def test_identity_from_etc(tmp_path):
+    (tmp_path / "hostnqn").write_text("nqn.2014-08.org.nvmexpress:uuid:e3e6337d-2b0c-4d0f-afc9-bd8228773684\n")
+    (tmp_path / "hostid").write_text("77adfae5-a959-4eec-8a09-ad1cef47789e\n")
+    i = host_identity(etc_dir=str(tmp_path))
+    assert i.hostnqn.endswith("e3e6337d-2b0c-4d0f-afc9-bd8228773684") and i.hostid.startswith("77adfae5")
+    assert str(tmp_path / "hostnqn") in i.source
+    j = host_identity(hostnqn="nqn.2024-01.io.example:h", etc_dir=str(tmp_path))
+    assert j.hostnqn == "nqn.2024-01.io.example:h" and j.hostid.startswith("77adfae5")
+
+
+def test_identity_generated_is_stable(tmp_path):
+    mid = tmp_path / "machine-id"
+    mid.write_text("0123456789abcdef0123456789abcdef\n")
+    a = host_identity(etc_dir=str(tmp_path / "none"), machine_id=str(mid), product_uuid=str(tmp_path / "nope"))
+    b = host_identity(etc_dir=str(tmp_path / "none"), machine_id=str(mid), product_uuid=str(tmp_path / "nope"))
+    assert a == b and a.hostnqn == "nqn.2014-08.org.nvmexpress:uuid:" + a.hostid
+    assert "generated from" in a.source
+    with pytest.raises(NvmeCliError, match="host ID 'nope' is not a UUID"):
+        host_identity(hostid="nope", etc_dir=str(tmp_path))
+
+
+# ---------------------------------------------------------------- the wrapper with a fake nvme
+
+class FakeNvme:
+    def __init__(self, responses):
+        self.responses = responses    # list of (match-first-arg, ToolResult)
+        self.calls = []
+
+    def __call__(self, tool, args, package, timeout=None):
+        assert tool == "nvme" and package == "nvme-cli"
+        self.calls.append(args)
+        for key, res in self.responses:
+            if args[0] == key:
+                return res
+        raise AssertionError(f"unexpected nvme {args}")
+
+
+def ok(out=""):
+    return ToolResult(["nvme"], 0, out, "")
+
+
+@pytest.fixture
+def etc(tmp_path):
+    (tmp_path / "hostnqn").write_text("nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-00000000a001\n")
+    (tmp_path / "hostid").write_text("00000000-0000-4000-8000-00000000a001\n")
+    return str(tmp_path)
+
+
+def test_connect_argv_and_result(etc):
+    fake = FakeNvme([("connect", ok(fx("connect.json")))])
+    cli = NvmeCli(runner=fake, load_modules=False, etc_dir=etc, kernel_log=lambda: "")
+    r = cli.connect("10.99.0.1", CAP1, 4420, nr_io_queues=2, queue_size=64, keep_alive_tmo=5, ctrl_loss_tmo=-1,
+                    reconnect_delay=2)
+    assert r["controller"] == "nvme0" and r["hostnqn"].endswith("a001")
+    assert fake.calls == [["connect", "--transport", "rdma", "--traddr", "10.99.0.1", "--trsvcid", "4420",
+                           "--hostnqn", "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-00000000a001",
+                           "--hostid", "00000000-0000-4000-8000-00000000a001", "--nqn", CAP1,
+                           "--nr-io-queues", "2", "--queue-size", "64", "--keep-alive-tmo", "5",
+                           "--ctrl-loss-tmo", "-1", "--reconnect-delay", "2", "--output-format=json"]]
+
+
+def test_connect_failure_uses_new_kernel_log_lines_only(etc):
+    logs = iter(["[1.0] old: Connect for subsystem x is not allowed, hostnqn: y",
+                 "[1.0] old: Connect for subsystem x is not allowed, hostnqn: y\n"
+                 "[2.0] nvme nvme0: Connect rejected: status 8 (invalid service ID)."])
+    fake = FakeNvme([("connect", ToolResult(["nvme"], 1, "", FAB_RESET))])
+    cli = NvmeCli(runner=fake, load_modules=False, etc_dir=etc, kernel_log=lambda: next(logs))
+    with pytest.raises(NvmeCliError) as ei:
+        cli.connect("10.99.0.1", CAP1, 4499)
+    assert "nothing listens at 10.99.0.1:4499" in ei.value.message
+
+
+def test_disconnect_none_is_an_error(etc):
+    fake = FakeNvme([("disconnect", ok("NQN:nqn.2024-01.io.example:nope disconnected 0 controller(s)\n"))])
+    cli = NvmeCli(runner=fake, load_modules=False, etc_dir=etc, kernel_log=lambda: "")
+    with pytest.raises(NvmeCliError, match="no controller of nqn.2024-01.io.example:nope is connected"):
+        cli.disconnect(nqn="nqn.2024-01.io.example:nope")
+    fake.responses = [("disconnect", ok(f"NQN:{CAP1} disconnected 1 controller(s)\n"))]
+    assert cli.disconnect(nqn=CAP1)["disconnected"] == 1
+    with pytest.raises(NvmeCliError, match="exactly one"):
+        cli.disconnect()
+
+
+def test_connect_all_reports_not_connected(etc):
+    subs = iter([fx("list-subsys-empty.json"), fx("list-subsys.json")])
+    disc = json.loads(fx("discover.json"))
+    disc["records"].append(dict(disc["records"][1], subnqn="nqn.2024-01.io.example:closed"))
+
+    def runner(tool, args, package, timeout=None):
+        if args[0] == "discover":
+            return ok(json.dumps(disc))
+        if args[0] == "list-subsys":
+            return ok(next(subs))
+        if args[0] == "connect-all":
+            return ok("")
+        raise AssertionError(args)
+    cli = NvmeCli(runner=runner, load_modules=False, etc_dir=etc, kernel_log=lambda: "")
+    r = cli.connect_all("10.99.0.1", 4420)
+    assert r["connected"] == [{"nqn": CAP1, "controller": "nvme0", "traddr": "10.99.0.1", "trsvcid": "4420"}]
+    assert r["not_connected"] == ["nqn.2024-01.io.example:closed"]
+    assert r["discovered"] == [CAP1, "nqn.2024-01.io.example:closed"]
+
+
+def test_list_joins_namespaces(etc):
+    fake = FakeNvme([("list-subsys", ok(fx("list-subsys.json"))), ("list", ok(fx("list.json")))])
+    cli = NvmeCli(runner=fake, load_modules=False, etc_dir=etc, kernel_log=lambda: "")
+    r = cli.list()
+    assert [n["device"] for n in r["subsystems"][0]["namespaces"]] == ["/dev/nvme0n1", "/dev/nvme0n2"]
+    assert all(n["subnqn"] == CAP1 for n in r["namespaces"])
+
+
+def test_missing_nvme_tool(etc, monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(nvme_cli.tool.os.path, "exists", lambda p: False)
+    cli = NvmeCli(load_modules=False, etc_dir=etc, kernel_log=lambda: "")
+    with pytest.raises(Exception) as ei:
+        cli.list_subsystems()
+    assert "nvme: command not found" in str(ei.value) and "nvme-cli" in str(ei.value)
