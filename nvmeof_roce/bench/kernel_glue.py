@@ -330,7 +330,7 @@ def namespace_devices(nqn: str, sysfs: Path = SYSFS) -> List[str]:
     return [f"/dev/{d}" for d in sorted(set(devices))]
 
 
-def nvme_connect(traddr: str, trsvcid: int, nqn: str, timeout: float = 20.0) -> str:
+def nvme_connect(traddr: str, trsvcid: int, nqn: str, timeout: float = 20.0, device_timeout: float = 10.0) -> str:
     """Connect the kernel host to nqn at traddr:trsvcid over RDMA and return the namespace's block device."""
     binary = nvme_binary()
     modprobe("nvme-rdma")
@@ -357,7 +357,7 @@ def nvme_connect(traddr: str, trsvcid: int, nqn: str, timeout: float = 20.0) -> 
         return bool(devices)
 
     try:
-        _wait_for(found, 10.0, f"a block device for {nqn}")
+        _wait_for(found, device_timeout, f"a block device for {nqn}")
     except NvmeofError:
         nvme_disconnect(nqn)
         raise NvmeofError(f"connected to {nqn} but no namespace block device appeared",

@@ -43,7 +43,9 @@ class TargetUnderTest(abc.ABC):
     name = "target"
     kind = ""
 
-    def __init__(self, traddr: str, trsvcid: int, subnqn: Optional[str] = None):
+    def __init__(self, traddr: str, trsvcid: int, subnqn: Optional[str] = None, name: Optional[str] = None):
+        if name:
+            self.name = name
         self.traddr = traddr
         self.trsvcid = int(trsvcid)
         self.subnqn = subnqn or NQN_PREFIX + self.name
@@ -103,8 +105,8 @@ class KernelNvmetTarget(TargetUnderTest):
     name = "kernel"
 
     def __init__(self, traddr: str, trsvcid: int = DEFAULT_PORTS["kernel"], subnqn: Optional[str] = None,
-                 backend: str = "null_blk", size_mb: int = 512):
-        super().__init__(traddr, trsvcid, subnqn)
+                 backend: str = "null_blk", size_mb: int = 512, name: Optional[str] = None):
+        super().__init__(traddr, trsvcid, subnqn, name)
         if backend not in ("null_blk", "file"):
             raise NvmeofError(f"kernel backend {backend!r} is not null_blk or file", "--kernel-backend null_blk|file")
         self.backend = backend
