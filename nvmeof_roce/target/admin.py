@@ -20,7 +20,7 @@ from .core import LOC_CDW10, LOC_CDW11, LOC_CDW12, LOC_DPTR, LOC_NSID, Target
 from .request import Request
 from .subsystem import MAX_NSID
 
-MDTS = 8  # 2^8 x 4 KiB = 1 MiB per command, like nvmet-rdma
+MDTS = 5  # 2^5 x 4 KiB = 128 KiB per command (SPDK's default max I/O size; the kernel host splits larger I/O)
 MAX_TRANSFER = 4096 << MDTS
 KAS = 10  # keep-alive granularity in 100 ms units
 ONCS = I.ONCS_DSM | I.ONCS_WRITE_ZEROES

@@ -17,7 +17,7 @@ DRAIN_SECONDS = 5.0  # how long a stop waits for in-flight commands
 class TargetServer:
     """A Target plus one RDMA listener per configured port, on one event loop."""
 
-    def __init__(self, config: TargetConfig, *, data_chunks: int = 1024, remote_invalidate: bool = True):
+    def __init__(self, config: TargetConfig, *, data_chunks: int = 512, remote_invalidate: bool = True):
         from ..transport.rdma import EventLoop, RdmaListener, require_pyverbs
         from .core import Target
 
@@ -68,7 +68,7 @@ class TargetServer:
         self.target.close()  # flushes and closes the namespaces
 
 
-def serve(path: str, *, ready_file: Optional[str] = None, data_chunks: int = 1024,
+def serve(path: str, *, ready_file: Optional[str] = None, data_chunks: int = 512,
           remote_invalidate: bool = True) -> int:
     config = load_config(path)
     server = TargetServer(config, data_chunks=data_chunks, remote_invalidate=remote_invalidate)
@@ -88,3 +88,24 @@ def serve(path: str, *, ready_file: Optional[str] = None, data_chunks: int = 102
             signal.signal(sig, handler)
     print("nvmeof-roce target: stopped", flush=True)
     return 0
+
+
+def _cmd_serve(args) -> int:
+    # Connects, disconnects and rejects are logged at INFO: show them unless the user asked for less.
+    logging.getLogger("nvmeof_roce").setLevel(logging.DEBUG if args.verbose > 1 else logging.INFO)
+    return serve(args.config, ready_file=args.ready_file, data_chunks=args.data_buffers,
+                 remote_invalidate=not args.no_remote_invalidate)
+
+
+def register_serve(commands) -> None:
+    p = commands.add_parser("serve", help="serve a target config over RDMA in the foreground",
+                            description="Run the userspace NVMe-oF target on every RDMA port of CONFIG "
+                                        "(default service 4420) until SIGINT/SIGTERM. In-flight commands "
+                                        "complete, connections close, files are flushed.")
+    p.add_argument("config", metavar="CONFIG.json")
+    p.add_argument("--ready-file", metavar="PATH", help="write PATH once listening (for scripts and tests)")
+    p.add_argument("--data-buffers", type=int, default=512, metavar="N",
+                   help="data buffers registered at start, per port, each MDTS bytes (default 512)")
+    p.add_argument("--no-remote-invalidate", action="store_true",
+                   help="answer with plain SEND even when the host's key asks for remote invalidation")
+    p.set_defaults(func=_cmd_serve)
