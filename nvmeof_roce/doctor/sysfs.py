@@ -157,16 +157,21 @@ class Device:
 
 
 def read_gids(machine: Machine, port_path: str) -> List[Gid]:
-    """The populated GID entries of one port (zero GIDs and unreadable types are skipped)."""
+    """The populated GID entries of one port.
+
+    The table has a fixed size (rxe: 1024 entries, mlx5: 255); an unused entry prints the zero
+    GID and its type fails with EINVAL.  The type is read first, so unused entries cost one
+    failed read and a --capture copies only the populated ones.
+    """
     gids = []
     for name in machine.listdir(f"{port_path}/gids"):
         if not name.isdigit():
             continue
+        gid_type = machine.read(f"{port_path}/gid_attrs/types/{name}")
+        if gid_type is None:  # EINVAL: an unused entry
+            continue
         value = machine.read(f"{port_path}/gids/{name}")
         if not value or value == ZERO_GID:
-            continue
-        gid_type = machine.read(f"{port_path}/gid_attrs/types/{name}")
-        if gid_type is None:  # EINVAL: an unused entry on kernels that print a stale GID
             continue
         ndev = machine.read(f"{port_path}/gid_attrs/ndevs/{name}") or ""
         try:

@@ -338,13 +338,21 @@ def check_firewall(ctx: Context) -> CheckResult:
 
 def discover_with_userspace_initiator(traddr: str, trsvcid: int, timeout: float, hostnqn: Optional[str]) -> list:
     """Connect to the target's discovery controller with our userspace initiator and fetch the
-    discovery log.  Raises ImportError when the initiator or pyverbs is not installed."""
-    from nvmeof_roce.host.discovery import discover
-    from nvmeof_roce.transport.rdma import RdmaConnector
+    discovery log.  Raises ImportError when the initiator or pyverbs is not available."""
+    import inspect
 
-    connector = RdmaConnector(traddr, trsvcid=trsvcid, timeout=timeout)
+    from nvmeof_roce.host.discovery import discover
+    from nvmeof_roce.transport import rdma
+
+    pyverbs_error = getattr(rdma, "PYVERBS_ERROR", None)
+    if pyverbs_error is not None:  # the transport imports without pyverbs and fails on first use
+        raise ImportError(f"pyverbs is not available: {pyverbs_error}")
+    connector = rdma.RdmaConnector(traddr, trsvcid=trsvcid, timeout=timeout)
+    kwargs = {"hostnqn": hostnqn}
+    if "timeout" in inspect.signature(discover).parameters:
+        kwargs["timeout"] = timeout
     try:
-        return list(discover(connector, hostnqn=hostnqn))
+        return list(discover(connector, **kwargs))
     finally:
         close = getattr(connector, "close", None)
         if callable(close):
