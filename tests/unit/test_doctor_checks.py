@@ -276,3 +276,32 @@ def test_a_crashing_check_is_reported_not_fatal(tmp_path, monkeypatch):
     assert results["stack.memlock"].status is Status.WARN
     assert "RuntimeError: boom" in results["stack.memlock"].summary
     assert results["device.present"].status is Status.OK
+
+
+def test_real_lab_rxe0_capture_replays(tmp_path):
+    """fixtures/doctor/rxe0-lab was captured in the lab guest with `doctor --capture --traddr 10.99.0.1`."""
+    from doctor_fixtures import FIXTURES
+
+    results = diagnose(FIXTURES / "rxe0-lab", traddr="10.99.0.1", interval=0)
+    expected = {
+        "stack.modules": "ok", "stack.device_files": "warn", "stack.memlock": "ok", "device.present": "ok",
+        "device.soft_roce rxe0": "warn", "port.state rxe0/1": "ok", "port.link_layer rxe0/1": "ok",
+        "port.mtu rxe0/1": "ok", "address.gids rxe0/1": "ok", "address.roce_mode rxe0/1": "ok",
+        "address.traddr_gid": "ok", "address.route": "ok", "fabric.pfc rxe0/1": "skipped",
+        "fabric.ecn rxe0/1": "skipped", "fabric.counters rxe0/1": "ok",
+        "nvme.host_identity": "warn",  # the lab image's hostid is not the UUID of its hostnqn
+        "nvme.firewall": "ok", "nvme.target 10.99.0.1:4420": "skipped", "kernel.messages": "ok",
+    }
+    assert {k: r.status.value for k, r in results.items()} == expected
+    assert results["address.gids rxe0/1"].summary == "RoCE v2 GIDs: 10.99.0.1 (IPv4, gid 1, rxenet0)"
+    assert results["port.state rxe0/1"].summary == "ACTIVE, LinkUp, 2.5 Gb/sec (1X SDR)"
+    assert results["address.route"].details["local"] is True
+    assert "rxenet0" in results["device.soft_roce rxe0"].summary
+
+
+def test_captured_tree_never_probes_the_live_network(tmp_path):
+    from nvmeof_roce.doctor.checks.nvme import discover_with_userspace_initiator
+
+    results = diagnose(build_tree(tmp_path), traddr=TRADDR, discover=discover_with_userspace_initiator)
+    target = results["nvme.target 192.168.100.2:4420"]
+    assert target.status is Status.SKIPPED and "captured tree" in target.summary

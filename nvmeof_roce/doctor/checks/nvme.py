@@ -394,6 +394,8 @@ def check_target_reachable(ctx: Context) -> CheckResult:
     if not ctx.traddr:
         return skipped("nvme.target", "", "no --traddr given")
     target = f"{ctx.traddr}:{ctx.options.trsvcid}"
+    if not ctx.machine.is_live and ctx.discover is discover_with_userspace_initiator:
+        return skipped("nvme.target", target, "not run: --root points at a captured tree, not at this host")
     try:
         entries = ctx.discover(ctx.traddr, ctx.options.trsvcid, ctx.options.connect_timeout, ctx.hostnqn)
     except ImportError as exc:
