@@ -118,10 +118,10 @@ class RecordedRunner:
 
     def run(self, argv: Sequence[str], timeout: float = 10.0) -> ToolResult:
         key = tuple(argv)
-        if argv[0] in self.missing:
-            raise ToolMissing(argv[0], TOOL_PACKAGES.get(argv[0], argv[0]))
         entries = self.recordings.get(key)
         if not entries:
+            if argv[0] in self.missing:
+                raise ToolMissing(argv[0], TOOL_PACKAGES.get(argv[0], argv[0]))
             raise ToolNotRun(argv)
         count = self.replayed.get(key, 0)
         self.replayed[key] = count + 1

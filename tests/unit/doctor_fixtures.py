@@ -90,3 +90,21 @@ def diagnose(root: Path, sleep=None, discover=no_discovery, **options) -> Dict[s
 
 def status_of(results: Dict[str, CheckResult], label: str) -> Optional[str]:
     return results[label].status.value if label in results else None
+
+
+def record_tool(root: Path, argv, stdout: str, returncode: int = 0, stderr: str = "") -> None:
+    """Add (or replace) one recorded tool run in a built tree."""
+    index_file = root / "recorded-tools" / "index.json"
+    index = [e for e in json.loads(index_file.read_text()) if e.get("argv") != list(argv)]
+    name = "test-" + "-".join(argv).replace("/", "_") + ".txt"
+    (root / "recorded-tools" / name).write_text(stdout)
+    index.append({"argv": list(argv), "returncode": returncode, "stdout_file": name, "stderr": stderr})
+    index_file.write_text(json.dumps(index, indent=1))
+
+
+def mark_missing(root: Path, *tools: str) -> None:
+    """Make tools 'not installed' in a built tree."""
+    index_file = root / "recorded-tools" / "index.json"
+    index = [e for e in json.loads(index_file.read_text()) if e.get("argv", [""])[0] not in tools]
+    index.append({"missing": list(tools)})
+    index_file.write_text(json.dumps(index, indent=1))

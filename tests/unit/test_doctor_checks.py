@@ -305,3 +305,109 @@ def test_captured_tree_never_probes_the_live_network(tmp_path):
     results = diagnose(build_tree(tmp_path), traddr=TRADDR, discover=discover_with_userspace_initiator)
     target = results["nvme.target 192.168.100.2:4420"]
     assert target.status is Status.SKIPPED and "captured tree" in target.summary
+
+
+def test_ipv6_traddr(tmp_path):
+    results = diagnose(build_tree(tmp_path), traddr="fd00:100::2")
+    gid = results["address.traddr_gid"]
+    assert gid.status is Status.OK and gid.summary.startswith("fd00:100::1 (IPv6) has RoCE v2 GID 5 on mlx5_0/1")
+    route = results["address.route"]
+    assert route.status is Status.OK and route.details["family"] == "IPv6"
+
+
+def test_pfc_off_everywhere(tmp_path):
+    from doctor_fixtures import record_tool
+
+    root = build_tree(tmp_path)
+    record_tool(root, ["dcb", "-j", "pfc", "show", "dev", "ens1f0np0"],
+                '{"pfc_cap":8,"macsec_bypass":false,"delay":0,"prio_pfc":[false,false,false,false,false,false,false,false]}\n')
+    pfc = diagnose(root)["fabric.pfc mlx5_0/1"]
+    assert pfc.status is Status.WARN and "PFC is off on every priority of ens1f0np0" in pfc.summary
+    assert "dcb pfc set dev ens1f0np0 prio-pfc 3:on" in pfc.fix and "default_roce_tos" in pfc.fix
+
+
+def test_pfc_from_mlnx_qos_when_dcb_is_missing(tmp_path):
+    from doctor_fixtures import mark_missing, record_tool
+    from test_doctor_parsers import MLNX_QOS
+
+    root = build_tree(tmp_path)
+    mark_missing(root, "dcb")
+    record_tool(root, ["mlnx_qos", "-i", "ens1f0np0"], MLNX_QOS)
+    pfc = diagnose(root)["fabric.pfc mlx5_0/1"]
+    assert pfc.status is Status.OK, pfc.evidence
+    assert pfc.summary == "PFC on priority 3; RoCE DSCP 26 -> priority 3"
+    assert pfc.evidence[0] == "mlnx_qos -i ens1f0np0: PFC on priorities [3], trust dscp"
+
+
+def test_pfc_from_lldptool_last(tmp_path):
+    from doctor_fixtures import mark_missing, record_tool
+
+    root = build_tree(tmp_path)
+    mark_missing(root, "dcb", "mlnx_qos")
+    record_tool(root, ["lldptool", "-t", "-i", "ens1f0np0", "-V", "PFC"],
+                "IEEE 8021QAZ PFC TLV\n\t Willing: yes\n\t MACsec Bypass Capable: no\n"
+                "\t PFC capable traffic classes: 8\n\t PFC enabled: 3\n")
+    pfc = diagnose(root)["fabric.pfc mlx5_0/1"]
+    assert pfc.status is Status.OK and pfc.summary.startswith("PFC on priority 3")
+
+
+def test_pfc_skipped_when_no_dcb_tool_is_installed(tmp_path):
+    from doctor_fixtures import mark_missing
+
+    root = build_tree(tmp_path)
+    mark_missing(root, "dcb", "mlnx_qos", "lldptool")
+    pfc = diagnose(root)["fabric.pfc mlx5_0/1"]
+    assert pfc.status is Status.SKIPPED
+    assert "dcb not installed (apt-get install iproute2)" in pfc.summary
+    assert "lldptool not installed (apt-get install lldpad)" in pfc.summary
+    assert "mlnx_qos not installed" in pfc.summary
+
+
+def test_pfc_skipped_when_the_driver_has_no_dcb(tmp_path):
+    from doctor_fixtures import record_tool
+
+    root = build_tree(tmp_path)
+    record_tool(root, ["dcb", "-j", "pfc", "show", "dev", "ens1f0np0"], "", 1, "Attribute read: Operation not supported\n")
+    pfc = diagnose(root)["fabric.pfc mlx5_0/1"]
+    assert pfc.status is Status.SKIPPED and "ens1f0np0 does not support DCB (driver mlx5_core)" in pfc.summary
+
+
+def test_ecn_off_on_the_roce_priority(tmp_path):
+    root = build_tree(tmp_path)
+    for point in ("roce_np", "roce_rp"):
+        (root / f"sys/class/net/ens1f0np0/ecn/{point}/enable/3").write_text("0\n")
+    ecn = diagnose(root)["fabric.ecn mlx5_0/1"]
+    assert ecn.status is Status.WARN
+    assert ecn.summary == "ECN/DCQCN off on the RoCE priority: roce_np priority 3, roce_rp priority 3"
+    assert "echo 1 > /sys/class/net/ens1f0np0/ecn/roce_np/enable/$p" in ecn.fix
+
+
+def test_roce_v1_mode_warns(tmp_path):
+    root = build_tree(tmp_path)
+    (root / "sys/kernel/config/rdma_cm/mlx5_0/ports/1/default_roce_mode").write_text("IB/RoCE v1\n")
+    mode = diagnose(root)["address.roce_mode mlx5_0/1"]
+    assert mode.status is Status.WARN and "not routable" in mode.summary
+    assert "echo 'RoCE v2' > /sys/kernel/config/rdma_cm/mlx5_0/ports/1/default_roce_mode" in mode.fix
+
+
+def test_missing_host_identity(tmp_path):
+    root = build_tree(tmp_path)
+    (root / "etc/nvme/hostnqn").unlink()
+    identity = diagnose(root)["nvme.host_identity"]
+    assert identity.status is Status.WARN and "/etc/nvme/hostnqn missing" in identity.summary
+    assert "nvme gen-hostnqn > /etc/nvme/hostnqn" in identity.fix
+
+
+def test_missing_userspace_modules_fail(tmp_path):
+    root = build_tree(tmp_path)
+    modules = root / "proc/modules"
+    modules.write_text("".join(l + "\n" for l in modules.read_text().splitlines()
+                               if not l.startswith(("ib_uverbs ", "rdma_ucm "))))
+    for name in ("ib_uverbs", "rdma_ucm"):
+        (root / "sys/module" / name / "initstate").unlink()
+        (root / "sys/module" / name / "refcnt").unlink()
+        (root / "sys/module" / name).rmdir()
+    result = diagnose(root)["stack.modules"]
+    assert result.status is Status.FAIL and "ib_uverbs, rdma_ucm not loaded" in result.summary
+    assert "modprobe -a ib_uverbs rdma_ucm" in result.fix
+    assert result.details["modules"]["ib_uverbs"] == "available"  # in modules.dep: loadable

@@ -1,6 +1,7 @@
 """Addressing: RoCE v2 GIDs for IP addresses, the rdma_cm RoCE mode, the route to --traddr."""
 from __future__ import annotations
 
+import ipaddress
 from typing import List, Optional, Tuple
 
 from ...errors import ToolMissing
@@ -88,7 +89,6 @@ def _local_address_for_traddr(ctx: Context):
     The target's own address when --traddr is local (we are the target), else the route's
     source address (we are the host).  Raises ToolMissing/ToolFailed from `ip route get`.
     """
-    import ipaddress
     if _gids_for(ctx, ctx.traddr_ip):
         return ctx.traddr_ip, "--traddr is an address of this host (target side)", None
     route = ctx.route_to_traddr

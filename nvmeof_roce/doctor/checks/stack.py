@@ -149,12 +149,17 @@ def check_device_files(ctx: Context) -> CheckResult:
     if not ctx.devices:
         return skipped("stack.device_files", "", "no RDMA device to check")
     nodes = _uverbs_nodes(ctx)
-    wanted: List[Tuple[str, str]] = [(f"/dev/infiniband/{nodes.get(d.name, '?')}", f"uverbs node of {d.name}")
-                                     for d in ctx.devices]
-    wanted.append(("/dev/infiniband/rdma_cm", "RDMA CM"))
     evidence, missing, world_writable, no_access = [], [], [], []
+    wanted: List[Tuple[str, str]] = []
+    for device in ctx.devices:
+        if device.name in nodes:
+            wanted.append((f"/dev/infiniband/{nodes[device.name]}", f"uverbs node of {device.name}"))
+        else:
+            missing.append(f"uverbs node of {device.name}")
+            evidence.append(f"/sys/class/infiniband_verbs/*/ibdev: no uverbs node for {device.name}")
+    wanted.append(("/dev/infiniband/rdma_cm", "RDMA CM"))
     for path, what in wanted:
-        mode = machine.file_mode(path) if not path.endswith("/?") else None
+        mode = machine.file_mode(path)
         if mode is None:
             missing.append(f"{path} ({what})")
             evidence.append(f"{path}: absent")
