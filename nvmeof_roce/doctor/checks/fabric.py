@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from ...errors import ToolMissing
 from ..context import Context
 from ..machine import ToolNotRun, missing_tool_reason
-from ..result import CheckResult, fail, ok, skipped, warn
+from ..result import CheckResult, ok, skipped, warn
 from ..sysfs import NET_CLASS, Port, read_counters
 from ..tools import ToolFailed, dcb_app_dscp, dcb_pfc_priorities, ethtool_stats, lldptool_pfc_priorities, mlnx_qos
 from .addressing import RDMA_CM_CONFIGFS
@@ -36,44 +37,56 @@ def _roce_dscp(ctx: Context, port: Port) -> Tuple[int, str]:
     return 0, f"{path}: unset, so ToS 0 unless the application sets one (nvme connect --tos)"
 
 
-def _read_pfc(ctx: Context, netdev: str):
-    """(priorities, dscp->prio map or None, trust, evidence, skip reasons) from the first tool that answers.
+@dataclass
+class PfcReading:
+    """What the DCB tools said about one netdev (priorities None: no tool could answer)."""
 
-    Tried in order: dcb (iproute2, any DCB-capable driver), mlnx_qos (NVIDIA), lldptool (lldpad).
-    """
-    reasons, unsupported = [], []
+    priorities: Optional[List[int]] = None
+    dscp_to_prio: Optional[Dict[int, int]] = None  # only when traffic is classified by DSCP
+    trust: Optional[str] = None
+    evidence: List[str] = field(default_factory=list)
+    unsupported: List[str] = field(default_factory=list)  # "Operation not supported": no DCB in the driver
+    unavailable: List[str] = field(default_factory=list)  # tool missing, not recorded, or other failures
+
+
+def _pfc_from_dcb(ctx: Context, netdev: str) -> PfcReading:
+    prios = dcb_pfc_priorities(ctx.machine, netdev)
+    reading = PfcReading(prios, evidence=[f"dcb -j pfc show dev {netdev}: PFC on priorities {prios or 'none'}"])
     try:
-        prios = dcb_pfc_priorities(ctx.machine, netdev)
-        evidence = [f"dcb -j pfc show dev {netdev}: PFC on priorities {prios or 'none'}"]
-        mapping = None
+        mapping = dcb_app_dscp(ctx.machine, netdev)
+    except (ToolMissing, ToolNotRun, ToolFailed, ValueError):
+        mapping = {}
+    if mapping:
+        reading.dscp_to_prio, reading.trust = mapping, "dscp"
+        reading.evidence.append(f"dcb -j app show dev {netdev}: dscp-prio {_format_mapping(mapping)}")
+    return reading
+
+
+def _pfc_from_mlnx_qos(ctx: Context, netdev: str) -> PfcReading:
+    qos = mlnx_qos(ctx.machine, netdev)
+    return PfcReading(qos.pfc_priorities, qos.dscp_to_prio if qos.trust == "dscp" else None, qos.trust,
+                      [f"mlnx_qos -i {netdev}: PFC on priorities {qos.pfc_priorities or 'none'}, trust {qos.trust}"])
+
+
+def _pfc_from_lldptool(ctx: Context, netdev: str) -> PfcReading:
+    prios = lldptool_pfc_priorities(ctx.machine, netdev)
+    return PfcReading(prios, evidence=[f"lldptool -t -i {netdev} -V PFC: PFC enabled {prios or 'none'}"])
+
+
+def _read_pfc(ctx: Context, netdev: str) -> PfcReading:
+    """Ask dcb (iproute2, any DCB-capable driver), then mlnx_qos (NVIDIA), then lldptool (lldpad)."""
+    failed = PfcReading()
+    for ask in (_pfc_from_dcb, _pfc_from_mlnx_qos, _pfc_from_lldptool):
         try:
-            mapping = dcb_app_dscp(ctx.machine, netdev) or None
-            if mapping:
-                evidence.append(f"dcb -j app show dev {netdev}: dscp-prio {_format_mapping(mapping)}")
-        except (ToolMissing, ToolNotRun, ToolFailed, ValueError):
-            pass
-        return prios, mapping, ("dscp" if mapping else None), evidence, []
-    except (ToolMissing, ToolNotRun) as exc:
-        reasons.append(missing_tool_reason(exc))
-    except ToolFailed as exc:
-        (unsupported if exc.not_supported else reasons).append(str(exc))
-    try:
-        qos = mlnx_qos(ctx.machine, netdev)
-        evidence = [f"mlnx_qos -i {netdev}: PFC on priorities {qos.pfc_priorities or 'none'}, trust {qos.trust}"]
-        mapping = qos.dscp_to_prio if qos.trust == "dscp" else None
-        return qos.pfc_priorities, mapping, qos.trust, evidence, []
-    except (ToolMissing, ToolNotRun) as exc:
-        reasons.append(missing_tool_reason(exc))
-    except ToolFailed as exc:
-        (unsupported if exc.not_supported else reasons).append(str(exc))
-    try:
-        prios = lldptool_pfc_priorities(ctx.machine, netdev)
-        return prios, None, None, [f"lldptool -t -i {netdev} -V PFC: PFC enabled {prios or 'none'}"], []
-    except (ToolMissing, ToolNotRun) as exc:
-        reasons.append(missing_tool_reason(exc))
-    except ToolFailed as exc:
-        (unsupported if exc.not_supported else reasons).append(str(exc))
-    return None, None, None, unsupported + reasons, (unsupported, reasons)
+            return ask(ctx, netdev)
+        except (ToolMissing, ToolNotRun) as exc:
+            failed.unavailable.append(missing_tool_reason(exc))
+        except ToolFailed as exc:
+            (failed.unsupported if exc.not_supported else failed.unavailable).append(str(exc))
+        except ValueError as exc:  # output not understood
+            failed.unavailable.append(f"{ask.__name__}: output not understood ({exc})")
+    failed.evidence = failed.unsupported + failed.unavailable
+    return failed
 
 
 def _format_mapping(mapping: Dict[int, int]) -> str:
@@ -89,13 +102,14 @@ def check_pfc(ctx: Context, port: Port) -> CheckResult:
     if skip:
         return skip
     netdev = port.netdev
-    prios, mapping, trust, evidence, failure = _read_pfc(ctx, netdev)
-    if prios is None:
-        unsupported, reasons = failure
-        if unsupported:
+    reading = _read_pfc(ctx, netdev)
+    evidence = list(reading.evidence)
+    if reading.priorities is None:
+        if reading.unsupported:
             return skipped("fabric.pfc", port.name, f"{netdev} does not support DCB (driver "
                            f"{ctx.netdev(netdev).driver or '?'})", evidence)
-        return skipped("fabric.pfc", port.name, "; ".join(reasons), evidence)
+        return skipped("fabric.pfc", port.name, "; ".join(reading.unavailable), evidence)
+    prios, mapping, trust = reading.priorities, reading.dscp_to_prio, reading.trust
     dscp, dscp_line = _roce_dscp(ctx, port)
     evidence.append(dscp_line)
     details = {"netdev": netdev, "pfc_priorities": prios, "trust": trust, "roce_dscp": dscp}
