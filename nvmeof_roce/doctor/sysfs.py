@@ -148,12 +148,13 @@ class Device:
 
     @property
     def kind(self) -> str:
+        """"Soft-RoCE", "soft-iWARP", or "hardware: MT4119, driver mlx5_core"."""
         if self.is_soft_roce:
-            return "Soft-RoCE (rxe)"
+            return "Soft-RoCE"
         if self.name.startswith(SOFT_IWARP_PREFIX):
-            return "soft-iWARP (siw)"
+            return "soft-iWARP"
         parts = [p for p in (self.hca_type, self.driver and f"driver {self.driver}") if p]
-        return "hardware" + (f" ({', '.join(parts)})" if parts else "")
+        return "hardware" + (f": {', '.join(parts)}" if parts else "")
 
 
 def read_gids(machine: Machine, port_path: str) -> List[Gid]:

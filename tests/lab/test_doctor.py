@@ -36,7 +36,7 @@ def test_doctor_reports_rxe0():
         assert results["stack.modules"]["details"]["modules"][module] in ("loaded", "built-in")
     assert "rdma_rxe" in results["stack.modules"]["details"]["providers"]
 
-    assert results["device.present"]["status"] == "ok" and "rxe0 (Soft-RoCE (rxe))" in results["device.present"]["summary"]
+    assert results["device.present"]["status"] == "ok" and "rxe0 (Soft-RoCE)" in results["device.present"]["summary"]
     soft = results["device.soft_roce rxe0"]
     assert soft["status"] == "warn" and "Soft-RoCE" in soft["summary"] and "rxenet0" in soft["summary"], report
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 from typing import List, Optional, Tuple
 
 from ...errors import ToolMissing
@@ -122,7 +123,7 @@ def check_gid_for_traddr(ctx: Context) -> CheckResult:
         return skipped("address.traddr_gid", "", f"cannot find the source address: {missing_tool_reason(exc)}")
     evidence = [f"{role}: {address}"]
     if route is not None:
-        evidence.append(f"ip -j route get {ctx.traddr}: {route.raw}")
+        evidence.append(f"ip -j route get {ctx.traddr}: {json.dumps(route.raw)}")
     if address is None:
         return fail("address.traddr_gid", "", f"no source address toward {ctx.traddr}", evidence,
                     f"give the RDMA netdev an address in {ctx.traddr}'s subnet, or a route to it")
@@ -165,7 +166,7 @@ def check_route_to_traddr(ctx: Context) -> CheckResult:
         return fail("address.route", "", f"no route to {ctx.traddr}", [str(exc)],
                     f"add an address in {ctx.traddr}'s subnet to the RDMA netdev, or a route: "
                     f"ip route add {ctx.traddr} via GATEWAY dev NETDEV")
-    evidence = [f"ip -j route get {ctx.traddr}: {route.raw}"]
+    evidence = [f"ip -j route get {ctx.traddr}: {json.dumps(route.raw)}"]
     details = {"dev": route.dev, "prefsrc": route.prefsrc, "gateway": route.gateway, "local": route.is_local,
                "family": _family(ctx.traddr_ip)}
     if route.is_local:
