@@ -1,9 +1,10 @@
-"""The bench's small, isolated kernel glue: a RAM-backed nvmet-rdma export and the nvme-cli host side.
+"""The bench's kernel glue: a RAM-backed nvmet-rdma export and the nvme-cli host side.
 
-Interim: `nvmeof_roce.kernel.nvmet` (configfs object model + `apply` of the project's JSON config) and
-`nvmeof_roce.kernel.nvme_cli` (connect/disconnect/list) are being written. When they land,
-`NvmetExport` becomes an `apply` of the config from `kernel_config()` plus a removal of exactly those
-objects, and `nvme_connect`/`nvme_disconnect` call the wrapper; nothing outside this module changes.
+The export goes through the project's kernel layer: the config (the one schema, `kernel_config()`) is
+applied with `nvmeof_roce.kernel.apply.apply(..., prune=False)`, so only the bench's own objects are added,
+and removed through `nvmeof_roce.kernel.nvmet` (the subsystem and the ports that exported it). The host
+connects with `nvmeof_roce.kernel.nvme_cli.NvmeCli`. What the kernel layer has no notion of lives here: the
+memory-backed null_blk device (configfs nullb), finding the namespace's block device in sysfs, and waiting.
 
 Every object made here is named after the bench (its own NQN, a free port id, its own null_blk device),
 so nothing another user configured is touched, and removal is idempotent.
@@ -15,7 +16,6 @@ import logging
 import os
 import re
 import shutil
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,15 +29,6 @@ CONFIGFS = Path("/sys/kernel/config")
 SYSFS = Path("/sys")
 
 
-def _run(args: List[str], timeout: float = 30.0) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
-    except FileNotFoundError:
-        raise ToolMissing(args[0], {"modprobe": "kmod", "nvme": "nvme-cli", "rdma": "iproute2"}.get(args[0], args[0]))
-    except subprocess.TimeoutExpired:
-        raise NvmeofError(f"{' '.join(args)} did not finish within {timeout:.0f} s", "check dmesg")
-
-
 def _write(path: Path, value: str) -> None:
     try:
         with open(path, "w") as f:
@@ -49,14 +40,14 @@ def _write(path: Path, value: str) -> None:
 
 def modprobe(*modules: str) -> None:
     """Load kernel modules (nothing to do when already loaded or built in)."""
-    missing = [m for m in modules if not Path(f"/sys/module/{m.replace('-', '_')}").exists()]
-    if not missing:
-        return
-    proc = _run(["modprobe", "-a", *missing])
-    if proc.returncode != 0:
-        raise NvmeofError(f"modprobe {' '.join(missing)} failed: {proc.stderr.strip()}",
-                          "use a kernel with NVMe-oF/RDMA modules (nvmet, nvmet-rdma, nvme-rdma, null_blk), "
-                          "or the lab: nvmeof-roce lab run -- nvmeof-roce bench")
+    from ..kernel import modules as kmodules
+    for m in modules:
+        try:
+            kmodules.ensure(m, "the bench")
+        except NvmeofError as exc:
+            raise NvmeofError(exc.message,
+                              "use a kernel with NVMe-oF/RDMA modules (nvmet, nvmet-rdma, nvme-rdma, null_blk), "
+                              "or the lab: nvmeof-roce lab run -- nvmeof-roce bench") from None
 
 
 def require_root(what: str) -> None:
@@ -68,12 +59,14 @@ def require_root(what: str) -> None:
 
 def rdma_listeners() -> Optional[List[Dict[str, object]]]:
     """[{"addr", "port", "comm"}] of RDMA CM ids in LISTEN state; None when `rdma` cannot tell."""
-    if not shutil.which("rdma"):
+    from ..kernel.rdma import Rdma
+    try:
+        res = Rdma().run(["resource", "show", "cm_id"])
+    except NvmeofError:  # no rdma tool
         return None
-    proc = _run(["rdma", "-j", "resource", "show", "cm_id"])
-    if proc.returncode != 0:
+    if not res.ok:
         return None
-    return parse_cm_id_listeners(proc.stdout)
+    return parse_cm_id_listeners(res.stdout)
 
 
 def parse_cm_id_listeners(text: str) -> Optional[List[Dict[str, object]]]:
@@ -132,8 +125,9 @@ class NullBlk:
     def create(self) -> str:
         if not (self.configfs / "nullb").is_dir():
             # nr_devices=0: no default nullb0 if we are the first to load the module
-            proc = _run(["modprobe", "null_blk", "nr_devices=0"])
-            if proc.returncode != 0 or not (self.configfs / "nullb").is_dir():
+            from ..kernel import tool
+            proc = tool.run("modprobe", ["null_blk", "nr_devices=0"], package="kmod")
+            if not proc.ok or not (self.configfs / "nullb").is_dir():
                 raise NvmeofError("null_blk's configfs (/sys/kernel/config/nullb) is not available: "
                                   f"{proc.stderr.strip() or 'module loaded without configfs'}",
                                   "load null_blk, mount configfs, or use --kernel-backend file")
@@ -209,7 +203,7 @@ def kernel_config(nqn: str, device_path: str, traddr: str, trsvcid: int, portid:
 
 @dataclass
 class NvmetExport:
-    """One subsystem with one namespace on one RDMA port, made directly in configfs."""
+    """One subsystem with one namespace on one RDMA port of the kernel's nvmet."""
 
     nqn: str
     device_path: str
@@ -219,85 +213,67 @@ class NvmetExport:
     configfs: Path = CONFIGFS
     portid: Optional[int] = None
 
-    @property
-    def root(self) -> Path:
-        return self.configfs / "nvmet"
+    def _root(self, load_modules: bool = True):
+        from ..kernel.nvmet import Root
+        return Root(str(self.configfs / "nvmet"), load_modules=load_modules)
 
     def _free_portid(self) -> int:
-        used = {int(p.name) for p in (self.root / "ports").iterdir() if p.name.isdigit()}
+        used = {int(p.name) for p in (self.configfs / "nvmet" / "ports").iterdir() if p.name.isdigit()}
         n = 1
         while n in used:
             n += 1
         return n
 
-    def create(self) -> None:
-        if not self.root.is_dir():
-            raise NvmeofError("nvmet's configfs (/sys/kernel/config/nvmet) is not there",
-                              "modprobe nvmet nvmet-rdma and mount configfs on /sys/kernel/config")
-        subsys = self.root / "subsystems" / self.nqn
-        if subsys.exists():
-            self.remove()  # left over by an interrupted run of ours (our own NQN)
-        subsys.mkdir()
-        _write(subsys / "attr_allow_any_host", "1")
-        ns = subsys / "namespaces" / "1"
-        ns.mkdir()
-        _write(ns / "device_path", self.device_path)
-        if self.buffered_io:
-            _write(ns / "buffered_io", "1")
-        _write(ns / "enable", "1")
-        self.portid = self._free_portid()
-        port = self.root / "ports" / str(self.portid)
-        port.mkdir()
-        for attr, value in (("trtype", "rdma"), ("adrfam", "ipv4"), ("traddr", self.traddr),
-                            ("trsvcid", str(self.trsvcid))):
-            _write(port / f"addr_{attr}", value)
-        try:
-            os.symlink(subsys, port / "subsystems" / self.nqn)
-        except OSError as exc:  # the port is enabled here: a busy address or a missing nvmet-rdma shows now
-            raise NvmeofError(f"enabling nvmet port {self.traddr}:{self.trsvcid} failed: {exc.strerror or exc}",
-                              f"is {self.traddr}:{self.trsvcid} already in use, or nvmet-rdma missing? "
-                              "(rdma resource show cm_id; dmesg)") from exc
+    def config(self):
+        from ..target.config import parse_config
+        return parse_config(kernel_config(self.nqn, self.device_path, self.traddr, self.trsvcid,
+                                          self.portid or 1, self.buffered_io), source="bench kernel target")
 
-    def _our_ports(self) -> List[Path]:
-        ports = []
-        for port in (self.root / "ports").glob("*"):
-            if (port / "subsystems" / self.nqn).is_symlink():
-                ports.append(port)
-        return ports
+    def create(self) -> None:
+        from ..kernel.apply import apply
+        root = self._root()
+        if (self.configfs / "nvmet" / "subsystems" / self.nqn).exists():
+            self.remove()  # left over by an interrupted run of ours (our own NQN)
+        self.portid = self._free_portid()
+        try:
+            apply(root, self.config(), prune=False)  # adds ours, leaves everything else alone
+        except NvmeofError as exc:
+            raise NvmeofError(f"setting up nvmet-rdma on {self.traddr}:{self.trsvcid}: {exc.message}",
+                              exc.fix or "see dmesg") from None
 
     def remove(self) -> None:
-        """Remove our subsystem and every port that exports it (only ours: same NQN)."""
-        if not self.root.is_dir():
+        """Remove our subsystem and the ports that exported only it (ours: same NQN)."""
+        if not (self.configfs / "nvmet").is_dir():
             return
-        ports = self._our_ports()
-        mine = self.root / "ports" / str(self.portid) if self.portid else None
-        if mine is not None and mine.is_dir() and mine not in ports:
-            ports.append(mine)  # made by us, but enabling it failed before the link existed
+        from ..kernel.nvmet import Port
+        root = self._root(load_modules=False)
+        ports = []
+        subsys_dir = self.configfs / "nvmet" / "subsystems" / self.nqn
+        if subsys_dir.is_dir():
+            sub = root.subsystem(self.nqn)
+            ports = sub.ports
+            sub.delete()  # unlinks it from its ports, deletes its namespaces
+        if self.portid is not None and (self.configfs / "nvmet" / "ports" / str(self.portid)).is_dir():
+            ports.append(Port(root, self.portid, "lookup"))  # made by us, maybe never linked
         for port in ports:
-            link = port / "subsystems" / self.nqn
-            if link.is_symlink():
-                os.unlink(link)
-            if not any((port / "subsystems").iterdir()):
-                port.rmdir()
+            if port.exists and not port.subsystems:
+                port.delete()
         self.portid = None
-        subsys = self.root / "subsystems" / self.nqn
-        if subsys.exists():
-            for ns in (subsys / "namespaces").glob("*"):
-                try:
-                    _write(ns / "enable", "0")
-                except NvmeofError as exc:
-                    log.warning("%s", exc)
-                ns.rmdir()
-            subsys.rmdir()
 
 
 # --- host side: nvme-cli connect / disconnect, the namespace's block device -------------------------
 
 def nvme_binary() -> str:
-    path = shutil.which("nvme")
-    if not path:
-        raise ToolMissing("nvme", "nvme-cli")
-    return path
+    """Where nvme-cli is (the kernel layer also looks in /usr/sbin and /sbin)."""
+    for path in (shutil.which("nvme"), "/usr/sbin/nvme", "/sbin/nvme"):
+        if path and os.path.exists(path):
+            return path
+    raise ToolMissing("nvme", "nvme-cli")
+
+
+def _nvme_cli():
+    from ..kernel.nvme_cli import NvmeCli
+    return NvmeCli()
 
 
 def controllers(nqn: str, sysfs: Path = SYSFS) -> List[str]:
@@ -332,24 +308,22 @@ def namespace_devices(nqn: str, sysfs: Path = SYSFS) -> List[str]:
 
 def nvme_connect(traddr: str, trsvcid: int, nqn: str, timeout: float = 20.0, device_timeout: float = 10.0) -> str:
     """Connect the kernel host to nqn at traddr:trsvcid over RDMA and return the namespace's block device."""
-    binary = nvme_binary()
-    modprobe("nvme-rdma")
+    nvme_binary()
+    cli = _nvme_cli()
     if controllers(nqn):
         nvme_disconnect(nqn)  # a stale connection of ours (same NQN) from an interrupted run
-    cmd = [binary, "connect", "-t", "rdma", "-a", traddr, "-s", str(trsvcid), "-n", nqn]
     deadline = time.monotonic() + timeout
-    last = ""
     while True:
-        proc = _run(cmd, timeout=timeout)
-        if proc.returncode == 0:
+        try:
+            cli.connect(traddr, nqn, trsvcid=trsvcid, transport="rdma")
             break
-        last = (proc.stderr or proc.stdout).strip()
-        if controllers(nqn) or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)  # the target may still be starting to listen
-    if proc.returncode != 0 and not controllers(nqn):
-        raise NvmeofError(f"nvme connect to {nqn} at {traddr}:{trsvcid} failed: {last}",
-                          "is the target listening? (rdma resource show cm_id; dmesg)")
+        except NvmeofError as exc:
+            if controllers(nqn):
+                break
+            if time.monotonic() > deadline:
+                raise NvmeofError(f"nvme connect to {nqn} at {traddr}:{trsvcid} failed: {exc.message}",
+                                  exc.fix or "is the target listening? (rdma resource show cm_id; dmesg)") from None
+            time.sleep(0.5)  # the target may still be starting to listen
     devices: List[str] = []
 
     def found() -> bool:
@@ -369,12 +343,16 @@ def nvme_disconnect(nqn: str, timeout: float = 15.0) -> None:
     """Disconnect every controller of `nqn`, and wait until they are gone."""
     if not controllers(nqn):
         return
-    proc = _run([nvme_binary(), "disconnect", "-n", nqn], timeout=timeout)
+    problem = ""
+    try:
+        _nvme_cli().disconnect(nqn=nqn)
+    except NvmeofError as exc:
+        problem = exc.message
     try:
         _wait_for(lambda: not controllers(nqn), timeout, f"the controllers of {nqn} to go away")
     except NvmeofError:
-        raise NvmeofError(f"nvme disconnect -n {nqn} left {', '.join(controllers(nqn))} connected: "
-                          f"{(proc.stderr or proc.stdout).strip()}", f"nvme disconnect -n {nqn}")
+        raise NvmeofError(f"nvme disconnect -n {nqn} left {', '.join(controllers(nqn))} connected"
+                          + (f": {problem}" if problem else ""), f"nvme disconnect -n {nqn}")
 
 
 def _wait_for(predicate, timeout: float, what: str, interval: float = 0.1) -> None:

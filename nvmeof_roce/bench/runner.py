@@ -34,7 +34,7 @@ from . import report
 from .fio import FioJobFile, FioResult, fio_binary, fio_version, list_job_files, run_fio
 from .perftest import (DEFAULT_TESTS, PerftestResult, perftest_binary, perftest_version, rdma_device_for,
                        run_perftest)
-from .targets import Host, TargetUnderTest
+from .targets import Host, TargetUnderTest, cli_subcommand
 
 log = logging.getLogger(__name__)
 
@@ -178,8 +178,7 @@ def initiator_perf_command(target: TargetUnderTest, params: Dict[str, object], r
 
 
 def check_initiator_perf() -> None:
-    proc = subprocess.run(_cli() + ["initiator", "perf", "--help"], capture_output=True, text=True, timeout=60)
-    if proc.returncode != 0:
+    if cli_subcommand("initiator", "perf") is None:
         raise NvmeofError("the userspace initiator's load generator ('nvmeof-roce initiator perf') is not "
                           "available in this checkout", "leave the uinit-* jobs out of --jobs")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from nvmeof_roce.bench import report, runner as runner_mod
-from nvmeof_roce.bench.runner import BenchConfig, BenchRunner, JobSpec, select_jobs
+from nvmeof_roce.bench.runner import BenchConfig, BenchRunner, select_jobs
 from nvmeof_roce.bench.targets import Host, TargetUnderTest
 from nvmeof_roce.cli import main
 from nvmeof_roce.errors import NvmeofError
@@ -275,9 +275,16 @@ def test_initiator_perf_command_and_refusal(work, monkeypatch):
     assert cmd[1:5] == ["-m", "nvmeof_roce", "initiator", "perf"]
     assert cmd[cmd.index("--subnqn") + 1] == t.subnqn and cmd[cmd.index("--qd") + 1] == "32"
     assert cmd[cmd.index("--time") + 1] == "5" and "--json" in cmd
-    monkeypatch.setattr(runner_mod, "_cli", lambda: [sys.executable, "-c", "import sys; sys.exit(2)"])
+    monkeypatch.setattr(runner_mod, "cli_subcommand", lambda *names: None)
     with pytest.raises(NvmeofError, match="initiator perf"):
         runner_mod.check_initiator_perf()
+
+
+def test_cli_subcommand_lookup():
+    from nvmeof_roce.bench.targets import cli_subcommand, has_option
+    bench = cli_subcommand("bench")
+    assert bench is not None and has_option(bench, "--repeats") and not has_option(bench, "--nope")
+    assert cli_subcommand("bench", "nothing-here") is None and cli_subcommand("no-such-command") is None
 
 
 def test_runner_refuses_bad_arguments(work):
@@ -387,7 +394,7 @@ def test_from_rerenders_a_saved_result(tmp_path, capsys):
     assert code == 0
     assert "userspace/kernel" in out.out and f"results: {tmp_path / 'run' / 'bench.json'}" in out.out
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib  # noqa: F401 - only whether it is there
         assert (tmp_path / "png" / "iops.png").exists() and "plot:" in out.out
     except ImportError:
         assert "no plots" in out.err
