@@ -215,7 +215,7 @@ class Target:
         for ctrl in self.controllers():
             self._delete_controller(ctrl, "target shutting down")
         for qs in list(self._queues.values()):
-            self._close_queue(qs, "target shutting down")
+            self._close_queue(qs, "target shutting down", logging.INFO)
         for sub in self.subsystems.values():
             sub.close()
 
