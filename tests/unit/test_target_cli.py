@@ -1,0 +1,106 @@
+"""`nvmeof-roce target check CONFIG [--json]`: validates the config, opens the backends."""
+import json
+
+import pytest
+
+from nvmeof_roce import cli
+from nvmeof_roce.target.config import ConfigError, parse_config
+from nvmeof_roce.target.core import Target
+
+NQN = "nqn.2024-01.io.test:cli"
+
+
+def write(tmp_path, config, name="target.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def base_config(namespaces):
+    return {"ports": [{"portid": 1, "addr": {"trtype": "rdma", "adrfam": "ipv4", "traddr": "10.99.0.1",
+                                             "trsvcid": "4420"}, "subsystems": [NQN]}],
+            "subsystems": [{"nqn": NQN, "namespaces": namespaces}]}
+
+
+def test_check_ok_human(tmp_path, capsys):
+    disk = tmp_path / "disk.img"
+    disk.write_bytes(bytes(1 << 20))
+    path = write(tmp_path, base_config([
+        {"nsid": 1, "nvmeof_roce": {"backend": "ram", "size": "4M"}},
+        {"nsid": 2, "device": {"path": str(disk)}},
+        {"nsid": 3, "nvmeof_roce": {"backend": "null", "size": "1G", "block_size": 4096}},
+    ]))
+    assert cli.main(["target", "check", path]) == 0
+    out = capsys.readouterr().out
+    assert f"{path}: OK" in out
+    assert NQN in out and "ram" in out and str(disk) in out and "4096" in out and "10.99.0.1:4420" in out
+
+
+def test_check_json_reports_sizes(tmp_path, capsys):
+    disk = tmp_path / "disk.img"
+    disk.write_bytes(bytes(8192))
+    path = write(tmp_path, base_config([{"nsid": 1, "device": {"path": str(disk)}},
+                                        {"nsid": 2, "enable": 0, "nvmeof_roce": {"backend": "ram", "size": "1M"}}]))
+    assert cli.main(["target", "check", path, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["ok"] is True
+    ns1, ns2 = result["subsystems"][0]["namespaces"]
+    assert (ns1["size_bytes"], ns1["blocks"], ns1["block_size"]) == (8192, 16, 512)
+    assert ns2["note"] == "disabled" and ns2["blocks"] is None
+    assert result["ports"][0]["subsystems"] == [NQN]
+    assert result["subsystems"][0]["ports"] == [1]
+
+
+def test_check_does_not_create_missing_files(tmp_path, capsys):
+    disk = tmp_path / "new.img"
+    path = write(tmp_path, base_config([{"nsid": 1, "device": {"path": str(disk)},
+                                         "nvmeof_roce": {"backend": "file", "size": "1M"}}]))
+    assert cli.main(["target", "check", path, "--json"]) == 0
+    assert not disk.exists()
+    assert "will be created" in json.loads(capsys.readouterr().out)["subsystems"][0]["namespaces"][0]["note"]
+
+
+def test_check_missing_backend_file_names_file_and_field(tmp_path, capsys):
+    path = write(tmp_path, base_config([{"nsid": 1, "device": {"path": str(tmp_path / "absent.img")}}]))
+    assert cli.main(["target", "check", path]) == 1
+    err = capsys.readouterr().err
+    assert path in err and "subsystems[0].namespaces[0].device.path" in err and "no such file" in err
+
+
+def test_check_json_error(tmp_path, capsys):
+    path = write(tmp_path, base_config([{"nsid": 1, "nvmeof_roce": {"backend": "ram", "size": "lots"}}]))
+    assert cli.main(["target", "check", path, "--json"]) == 1
+    result = json.loads(capsys.readouterr().out)
+    assert result["ok"] is False and result["field"] == "subsystems[0].namespaces[0].nvmeof_roce.size"
+    assert path in result["error"] and result["fix"]
+
+
+def test_check_bad_json_and_missing_file(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{ not json")
+    assert cli.main(["target", "check", str(bad)]) == 1
+    assert "invalid JSON" in capsys.readouterr().err
+    assert cli.main(["target", "check", str(tmp_path / "nope.json")]) == 1
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_check_rejects_nsid_the_userspace_target_cannot_serve(tmp_path, capsys):
+    path = write(tmp_path, base_config([{"nsid": 5000, "nvmeof_roce": {"backend": "ram", "size": "1M"}}]))
+    assert cli.main(["target", "check", path]) == 1
+    err = capsys.readouterr().err
+    assert "subsystems[0].namespaces[0].nsid" in err and "1024" in err
+
+
+def test_target_construction_errors_name_the_field(tmp_path):
+    cfg = parse_config(base_config([{"nsid": 1, "device": {"path": str(tmp_path / "absent.img")}}]), "cfg.json")
+    with pytest.raises(ConfigError) as exc:
+        Target(cfg)
+    assert exc.value.where == "subsystems[0].namespaces[0]" and "cfg.json" in str(exc.value)
+
+
+def test_shipped_example_configs_check(capsys):
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parents[2]
+    for name in ("ram.json", "two-subsystems.json"):
+        assert cli.main(["target", "check", str(root / "targets" / name), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["ok"]
