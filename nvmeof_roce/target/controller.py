@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from typing import Deque, Dict, List, Optional
+from typing import Deque, Dict, List
 
 from ..nvme import admin as A
 from ..nvme import fabrics as F

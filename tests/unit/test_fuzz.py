@@ -29,7 +29,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from loopback_env import Env, null_ns, port, ram_ns
-from nvmeof_roce.host.initiator import Controller
 from nvmeof_roce.nvme import fabrics as F
 from nvmeof_roce.nvme.command import CQE_STRUCT, SQE_STRUCT
 from nvmeof_roce.nvme.sgl import ID_IN_CAPSULE, ID_KEYED

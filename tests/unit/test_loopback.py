@@ -138,7 +138,7 @@ def test_remote_access_errors_tear_the_queue_down(setup, bad):
 def test_keys_are_scoped_to_the_connector(setup):
     fabric, handler, _ = setup
     host_a, target_a = open_queue(fabric, handler)
-    host_b = fabric.connector(ADDR).connect(1, 4, 3)
+    fabric.connector(ADDR).connect(1, 4, 3)
     target_b = handler.queues[-1]
     buf_a = host_a.register(64)
     target_b.write_host(buf_a.addr, buf_a.key, b"x")  # another host's key: unknown here
@@ -146,7 +146,7 @@ def test_keys_are_scoped_to_the_connector(setup):
     assert handler.closed == [target_b]
     # a second queue of the same connector shares the registrations (one protection domain)
     conn = fabric.connector(ADDR)
-    q1 = conn.connect(1, 4, 3)
+    conn.connect(1, 4, 3)
     t1 = handler.queues[-1]
     q2 = conn.connect(2, 4, 3)
     buf = q2.register(64)

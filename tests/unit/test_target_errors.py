@@ -1,12 +1,11 @@
 """Every error path of the target, with hand-built capsules: each gets its proper NVMe status
 (docs/nvmeof-rdma-wire.md §2.2, §3.1, §4, §6.2), a CM reject, or a clean close of that queue only."""
 import os
-import struct
 
 import pytest
 
-from loopback_env import (ADDR1, ADDR2, HOST_A, HOST_B, SUB_4K, SUB_NULL, SUB_ONLY_A, SUB_RAM, Env, RawQueue,
-                          raw_connect, raw_enable, standard_config)
+from loopback_env import (HOST_A, HOST_B, SUB_ONLY_A, SUB_RAM, Env, RawQueue, raw_connect, raw_enable,
+                          standard_config)
 from nvmeof_roce.nvme import admin as A
 from nvmeof_roce.nvme import cm
 from nvmeof_roce.nvme import fabrics as F
