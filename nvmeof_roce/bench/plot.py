@@ -111,13 +111,21 @@ def plot_latency(result: dict, path: Path) -> Optional[Path]:
         _grouped_bars(ax, list(LAT_KEYS), present, values, errs)
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("completion latency percentile")
-        ax.set_ylabel(f"latency ({unit})")
+        shown = [v for t in present for v in values[t] if v]
+        if shown and max(shown) / min(shown) > 20:  # p50 and p99.9 orders of magnitude apart
+            from matplotlib.ticker import FuncFormatter, NullFormatter
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
+            ax.set_ylabel(f"latency ({unit}, log scale)")
+        else:
+            ax.set_ylabel(f"latency ({unit})")
     for k in range(len(jobs), rows * cols):
         axes[k // cols][k % cols].axis("off")
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper right", title="target")
     fig.suptitle("fio completion latency (clat) by percentile, per job\n" + _subtitle(result), fontsize=11)
-    fig.tight_layout(rect=(0, 0, 0.9, 0.95 if rows > 1 else 0.88))
+    fig.tight_layout(rect=(0, 0, 0.9, 1 - 0.75 / (3.9 * rows)))
     return _save(plt, fig, path)
 
 
@@ -152,12 +160,15 @@ def _per_job_metric(result: dict, path: Path, metric: str, ylabel: str, title: s
     top = max([v + e for t in present for v, e in zip([x or 0.0 for x in values[t]], errs[t][1])] or [1.0])
     ax.set_ylim(0, top * 1.18 if top > 0 else 1)
     key = "iops" if metric == "iops" else "bw_bytes"
+    pair = None
     for g, (_, job) in enumerate(jobs):
         r = job.get("ratio")
         if r and r.get(key) is not None:
-            ax.annotate(f"{r['numerator']}/{r['denominator']} {fmt_ratio(r[key])}", (g, top * 1.06),
-                        ha="center", fontsize=8, color="#333333")
+            pair = f"{r['numerator']}/{r['denominator']}"
+            ax.annotate(fmt_ratio(r[key]), (g, top * 1.06), ha="center", fontsize=9, color="#333333")
     ax.legend(title="target", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    if pair:
+        title += f" (above each job: {pair})"
     ax.set_title(title + "\n" + _subtitle(result), fontsize=10)
     fig.tight_layout()
     return _save(plt, fig, path)
