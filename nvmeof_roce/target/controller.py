@@ -57,6 +57,8 @@ class Controller:
         """nvmet rounds KATO up to whole seconds."""
         return math.ceil(self.kato_ms / 1000) if self.kato_ms else 0
 
+    shutdown_at = None  # when the host wrote CC.SHN; the controller is deleted shortly after
+
     def keep_alive(self, now: float) -> None:
         self.last_traffic = now
 
@@ -80,8 +82,10 @@ class Controller:
             self._clear()
             self.subsystem_flush()
             self.csts |= F.CSTS_SHST_COMPLETE
+            self.shutdown_at = now
         if not new & F.CC_SHN_MASK and old & F.CC_SHN_MASK:
             self.csts &= ~F.CSTS_SHST_COMPLETE
+            self.shutdown_at = None
 
     def _start(self, now: float) -> None:
         cc = self.cc

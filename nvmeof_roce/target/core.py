@@ -60,6 +60,9 @@ LOC_CDW12 = 48
 Handler = Callable[["Target", Request], None]
 
 
+SHUTDOWN_LINGER = 2.0  # seconds a shut-down controller keeps its admin queue for the last CSTS reads
+
+
 class PortContext:
     """Where queues arrive: one configured port, or every port (port None)."""
 
@@ -262,7 +265,12 @@ class Target:
 
     def tick(self, now: float) -> None:
         for ctrl in self.controllers():
-            if ctrl.expired(now):
+            if ctrl.shutdown_at is not None and now - ctrl.shutdown_at >= SHUTDOWN_LINGER:
+                # After CC.SHN the Linux host reads CSTS once more and then disconnects the admin queue.
+                # The transport cannot always tell which connection a CM disconnect belongs to
+                # (pyverbs), so the controller goes away here, as its host intends.
+                self._delete_controller(ctrl, "shut down by the host")
+            elif ctrl.expired(now):
                 log.warning("controller %d (%s, host %s): keep-alive timeout of %d s expired",
                             ctrl.cntlid, ctrl.subsystem.nqn, ctrl.hostnqn, ctrl.kato_seconds)
                 self._delete_controller(ctrl, "keep-alive timeout")
@@ -582,8 +590,13 @@ def _property_set(t: Target, req: Request) -> None:
     if req.cdw10 & 1 or req.cdw11 != F.PROP_CC:  # only CC is writable, as a 4-byte property
         return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10 if req.cdw10 & 1 else LOC_CDW11)
     ctrl = req.queue.ctrl
+    was_shut_down = ctrl.shutdown_at is not None
     ctrl.set_cc(req.cdw12, t.clock())
     t.complete(req, 0)
+    if ctrl.shutdown_at is not None and not was_shut_down:
+        # The host disconnects its I/O queues before it shuts the controller down (wire doc §1.8).
+        for qs in list(ctrl.io_queues.values()):
+            t._close_queue(qs, f"controller {ctrl.cntlid} shut down", logging.INFO)
 
 
 def _disconnect(t: Target, req: Request) -> None:

@@ -47,7 +47,7 @@ try:  # pyverbs is Debian's python3-pyverbs; import lazily so the rest of the pa
     from pyverbs.mr import MR
     from pyverbs.pd import PD
     from pyverbs.pyverbs_error import PyverbsRDMAError
-    from pyverbs.qp import QP, QPCap, QPInitAttr
+    from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
     from pyverbs.wr import SGE, RecvWR, SendWR
     PYVERBS_ERROR = None
 except ImportError as exc:  # pragma: no cover - depends on the machine
@@ -57,6 +57,8 @@ ADMIN_CAPSULE = 64
 RESPONSE_SIZE = 16
 CM_TIMEOUT_MS = 3000
 SEND_WR_BASE = 1 << 32  # wr_ids below this are receive slots
+ADMIN_CHUNKS = 8  # data buffers reserved for an admin queue
+ACK_TIMEOUT = 14  # QP local ACK timeout exponent: 4.096 us << 14 = 67 ms
 
 
 def require_pyverbs() -> None:
@@ -244,9 +246,9 @@ class RdmaListener:
                 continue
             name = event.event_str()
             event.ack_cm_event()
-            # pyverbs cannot tell which child an ESTABLISHED/DISCONNECTED belongs to (§7.3.2): queues are
-            # torn down by their own completions, by the controller's shutdown and by keep-alive expiry.
             log.debug("CM event %s on %s:%d", name, self.traddr, self.trsvcid)
+            # pyverbs cannot tell which child a DISCONNECTED belongs to (wire doc §7.3.2): a queue ends with
+            # its controller (CC.SHN, keep-alive expiry) or on a failed work completion.
 
     def _reject(self, child, sts: int, why: str) -> None:
         log.warning("rejecting a connection on %s:%d: %s (STS %d, %s)", self.traddr, self.trsvcid, why, sts,
@@ -269,7 +271,9 @@ class RdmaListener:
         if sts:
             self._reject(child, sts, f"QID {parsed.qid} HSQSIZE {parsed.hsqsize} HRQSIZE {parsed.hrqsize}")
             return
-        chunks = self.pool.reserve(parsed.hsqsize + 1)
+        # Admin commands move at most a few KiB, one at a time in practice: few chunks.  An I/O queue gets
+        # one chunk per command slot, so its commands never wait for a buffer.
+        chunks = self.pool.reserve(min(parsed.hsqsize + 1, ADMIN_CHUNKS) if parsed.qid == 0 else parsed.hsqsize + 1)
         if chunks is None:
             self._reject(child, cmdata.STS_NO_RESOURCES, "data buffer pool exhausted")
             return
@@ -375,6 +379,12 @@ class RdmaTargetQueue(TargetQueue):
         if self.max_reads < 1:
             raise _AcceptRefused(cmdata.STS_INVALID_IRD, "host offers no RDMA READ resources (responder_resources 0)")
         attr.max_rd_atomic = self.max_reads
+        log.debug("queue %d RTS: local ack timeout %d, retry %d, rnr retry %d", request.qid, attr.timeout,
+                  attr.retry_cnt, attr.rnr_retry)
+        # A bounded ACK timeout (4.096 us << 14 = 67 ms, times retry_cnt): a vanished host fails our
+        # next work request within about a second instead of never (rxe's CM leaves it at 0 = infinite).
+        if attr.timeout == 0 or attr.timeout > ACK_TIMEOUT:
+            attr.timeout = ACK_TIMEOUT
         self.qp.modify(attr, mask)
 
         self.next_wr_id = SEND_WR_BASE
@@ -419,10 +429,10 @@ class RdmaTargetQueue(TargetQueue):
                     self._on_send_completion(wc)
 
     def _on_failed_completion(self, wc) -> None:
+        context = self.send_context.pop(wc.wr_id, None)
         if wc.status != e.IBV_WC_WR_FLUSH_ERR:
             log.warning("queue %d: work completion failed: status %d (vendor error 0x%x): closing the queue",
                         self.qid, wc.status, wc.vendor_err)
-        context = self.send_context.pop(wc.wr_id, None)
         if context is not None and context[0] == "read":
             self._finish_read(context, None, RemoteAccessError(
                 f"RDMA READ failed with work completion status {wc.status}"))
@@ -447,10 +457,10 @@ class RdmaTargetQueue(TargetQueue):
             self.reads_in_flight -= 1
             self._finish_read(context, self.listener.pool.view(chunk, length), None)
             self._start_waiting_reads()
-        else:  # a response SEND: its slot and the chunks of the WRITEs chained before it are free again
+        elif context[0] == "send":  # its slot and the chunks of the WRITEs chained before it are free again
             _, slot, chunks, _keepalive = context
             self.free_resp.append(slot)
-            self.free_chunks.extend(chunks)
+            self._release_chunks(chunks)
 
     def _finish_read(self, context, data, error) -> None:
         chunk, done = context[1], context[3]
@@ -497,14 +507,24 @@ class RdmaTargetQueue(TargetQueue):
         if self.closed:
             return
         length = len(data)
-        if length > self.listener.max_transfer or not self.free_chunks:
-            raise TransportError(f"cannot stage {length} bytes for RDMA WRITE")
-        chunk = self.free_chunks.pop()
-        self.listener.pool.view(chunk, length)[:] = data
-        wr = SendWR(wr_id=0, opcode=e.IBV_WR_RDMA_WRITE, num_sge=1,
-                    sg=[SGE(self.listener.pool.addr(chunk), length, self.listener.pool.memory.lkey)], send_flags=0)
+        if self.free_chunks and length <= self.listener.max_transfer:
+            chunk = self.free_chunks.pop()
+            self.listener.pool.view(chunk, length)[:] = data
+            sge = SGE(self.listener.pool.addr(chunk), length, self.listener.pool.memory.lkey)
+        else:  # rare (an admin queue with many data commands in flight): a registration of its own
+            chunk = RegisteredMemory(self.listener.pd, length, e.IBV_ACCESS_LOCAL_WRITE)
+            chunk.view[:length] = data
+            sge = SGE(chunk.addr, length, chunk.lkey)
+        wr = SendWR(wr_id=0, opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, sg=[sge], send_flags=0)
         wr.set_wr_rdma(key, addr)
         self.pending_writes.append((wr, chunk))
+
+    def _release_chunks(self, chunks) -> None:
+        for chunk in chunks:
+            if isinstance(chunk, RegisteredMemory):
+                chunk.close()
+            else:
+                self.free_chunks.append(chunk)
 
     def respond(self, cqe: bytes, invalidate_key: Optional[int] = None) -> None:
         if self.closed:
@@ -660,15 +680,16 @@ class RdmaHostQueue(HostQueue):
         self.cm_id.establish()
         self.responses: Deque[bytes] = collections.deque()
 
-    def _wait_event(self, wanted: int, what: str) -> bytes:
-        deadline = time.monotonic() + self.connector.timeout
+    def _wait_event(self, wanted: int, what: str, timeout: Optional[float] = None) -> bytes:
+        timeout = self.connector.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         selector = selectors.DefaultSelector()
         selector.register(self.cm_fd, selectors.EVENT_READ)
         try:
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise TransportError(f"timed out {what} ({self.connector.timeout:.0f} s)")
+                    raise TransportError(f"timed out {what} ({timeout:.0f} s)")
                 if not selector.select(remaining):
                     continue
                 try:
@@ -782,9 +803,13 @@ class RdmaHostQueue(HostQueue):
             return
         self._released = True
         self.closed = True
+        try:  # like the kernel host: the QP stops answering first, then the CM disconnect
+            self.qp.modify(QPAttr(qp_state=e.IBV_QPS_ERR), e.IBV_QP_STATE)
+        except Exception:
+            pass
         try:
             self.cm_id.disconnect()
-            self._wait_event(ce.RDMA_CM_EVENT_DISCONNECTED, f"disconnecting queue {self.qid}")
+            self._wait_event(ce.RDMA_CM_EVENT_DISCONNECTED, f"disconnecting queue {self.qid}", timeout=2.0)
         except Exception:
             pass
         self._release_verbs()

@@ -18,3 +18,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "lab" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nvme_host_modules():
+    """The kernel NVMe-oF host (nvme-cli needs nvme_fabrics loaded to scan its topology)."""
+    if IN_LAB:
+        import subprocess
+        subprocess.run(["modprobe", "-a", "nvme_rdma", "nvme_fabrics"], check=True)

@@ -161,3 +161,18 @@ def test_wrong_key_is_a_transfer_error_and_other_queues_go_on(target):
     good.close()
     bad.close()
     conn.close()
+
+
+def test_closing_one_queue_leaves_the_others_working(target):
+    import time
+    from nvmeof_roce.transport.rdma import RdmaConnector
+    conn = RdmaConnector(LAB_IP, PORT)
+    stays = conn.connect(qid=1, hrqsize=32, hsqsize=31)
+    leaves = conn.connect(qid=2, hrqsize=32, hsqsize=31)
+    leaves.close()
+    buf = stays.register(4096)
+    buf.view[:5] = b"alive"
+    stays.send(capsule(1, 3, buf, 5))
+    assert wait_cqe(stays)[5] == 0 and target.stored == b"alive"
+    stays.close()
+    conn.close()
