@@ -150,7 +150,8 @@ example_strategy = st.fixed_dictionaries({
 
 # Why the target may close a queue on its own; anything else is a bug.
 ALLOWED_CLOSE_REASONS = ("shorter than an SQE", "RDMA READ failed", "host sent Disconnect", "deleted: admin queue",
-                         "deleted: keep-alive timeout", "target shutting down")
+                         "deleted: keep-alive timeout", "target shutting down",
+                         "shut down")  # a (fuzzed) CC.SHN ends the association's I/O queues
 
 
 class CloseReasons(logging.Handler):
