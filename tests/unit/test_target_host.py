@@ -556,3 +556,20 @@ def test_target_as_handler_for_any_port():
     entries = discover(fabric.connector("192.0.2.9:4420"), hostnqn=HOST_B)
     assert {(e.portid, e.subnqn) for e in entries} == {(1, SUB_RAM), (1, SUB_4K), (1, SUB_NULL), (2, SUB_RAM)}
     target.close()
+
+
+def test_controller_is_deleted_shortly_after_shutdown(env):
+    """After CC.SHN the host disconnects; the target also ends the association on its own (I/O
+    queues at once, the controller after a short linger for the last CSTS reads)."""
+    ctrl = env.connect(SUB_RAM, num_io_queues=1)
+    sub = env.target.subsystem(SUB_RAM)
+    ctrl.property_set(F.PROP_CC, F.CC_DEFAULT | F.CC_EN | F.CC_SHN_NORMAL)
+    assert ctrl.property_get(F.PROP_CSTS) & F.CSTS_SHST_MASK == F.CSTS_SHST_COMPLETE
+    with pytest.raises(TransportError):
+        ctrl.io_queues[0].transport.poll(0)
+    assert ctrl.cntlid in sub.controllers
+    env.clock.advance(2.5)
+    env.fabric.tick()
+    assert ctrl.cntlid not in sub.controllers
+    with pytest.raises(TransportError):
+        ctrl.admin.transport.poll(0)
