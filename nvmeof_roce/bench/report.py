@@ -230,8 +230,10 @@ def render(result: dict) -> str:
     if result.get("perftest"):
         lines += ["", "perftest (RDMA link, no NVMe):", perftest_table(result)]
     if result.get("jobs"):
-        lines += ["", "fio (completion latency; ratio above 1 = more IOPS/bandwidth or more latency):",
-                  fio_table(result)]
+        kinds = {j.get("kind") for j in result["jobs"].values()}
+        what = "fio (completion latency" if kinds == {"fio"} else \
+            "jobs (fio: completion latency; uinit-*: our initiator's per-command latency"
+        lines += ["", f"{what}; ratio above 1 = more IOPS/bandwidth or more latency):", fio_table(result)]
     failures = [(j, t, r) for j, job in result.get("jobs", {}).items() for t, s in job["results"].items()
                 for r in s["repeats"] if r.get("errors")]
     if failures or result.get("errors"):

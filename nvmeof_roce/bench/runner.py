@@ -169,12 +169,18 @@ def _cli() -> List[str]:
     return [sys.executable, "-m", "nvmeof_roce"]
 
 
-def initiator_perf_command(target: TargetUnderTest, params: Dict[str, object], runtime: float) -> List[str]:
-    """The command line of our initiator's load generator. Expected on stdout with --json:
-    {"iops", "bw_bytes", "lat_us": {"p50", "p90", "p99", "p99.9"}, "lat_mean_us", "errors"}."""
+READ_PERCENT = {"randread": 100, "randwrite": 0, "randrw": 70}
+
+
+def initiator_perf_command(target: TargetUnderTest, params: Dict[str, object], runtime: float,
+                           ramp: float = 0.0) -> List[str]:
+    """The command line of our initiator's load generator (`nvmeof-roce initiator perf`, like SPDK's perf).
+    With --json it prints {"iops", "bandwidth_bytes", "errors", "latency_us": {"p50", "p90", "p99", "p99.9",
+    "mean"}, ...}."""
     return _cli() + ["initiator", "perf", "--traddr", target.traddr, "--trsvcid", str(target.trsvcid),
-                     "--subnqn", target.subnqn, "--rw", str(params["rw"]), "--bs", str(params["bs"]),
-                     "--qd", str(params["qd"]), "--time", _num(runtime), "--json"]
+                     "--nqn", target.subnqn, "--nsid", "1", "--block-size", str(params["bs"]),
+                     "--queue-depth", str(params["qd"]), "--read-percent", str(READ_PERCENT[str(params["rw"])]),
+                     "--runtime", _num(runtime), "--ramp", _num(ramp), "--json"]
 
 
 def check_initiator_perf() -> None:
@@ -184,19 +190,25 @@ def check_initiator_perf() -> None:
 
 
 def run_initiator_perf(job: JobSpec, target: TargetUnderTest, config: BenchConfig, raw: Path) -> dict:
-    cmd = initiator_perf_command(target, job.params, config.runtime)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=2 * config.runtime + 120)
+    cmd = initiator_perf_command(target, job.params, config.runtime, config.ramp)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=2 * (config.runtime + config.ramp) + 120)
     raw.parent.mkdir(parents=True, exist_ok=True)
     raw.write_text(proc.stdout + ("\n" + proc.stderr if proc.stderr else ""))
+    return parse_initiator_perf(proc.stdout, proc.returncode, proc.stderr, raw)
+
+
+def parse_initiator_perf(stdout: str, returncode: int = 0, stderr: str = "", raw: Optional[Path] = None) -> dict:
+    """`initiator perf --json` output as a repeat's numbers."""
     try:
-        data = json.loads(proc.stdout)
+        data = json.loads(stdout[stdout.index("{"):])
     except ValueError:
-        raise NvmeofError(f"initiator perf gave no JSON (exit {proc.returncode}): {proc.stderr.strip()[-300:]}",
-                          f"see {raw}")
-    errors = int(data.get("errors", 0) or 0) or (1 if proc.returncode else 0)
-    return {"iops": data.get("iops"), "bw_bytes": data.get("bw_bytes"), "lat_us": data.get("lat_us") or {},
-            "lat_mean_us": data.get("lat_mean_us"), "errors": errors,
-            "error_text": proc.stderr.strip()[-300:] if errors else ""}
+        raise NvmeofError(f"initiator perf gave no JSON (exit {returncode}): {stderr.strip()[-300:]}",
+                          f"see {raw}" if raw else "run it by hand with --json")
+    lat = dict(data.get("latency_us") or data.get("lat_us") or {})
+    errors = int(data.get("errors", 0) or 0) or (1 if returncode else 0)
+    return {"iops": data.get("iops"), "bw_bytes": data.get("bandwidth_bytes", data.get("bw_bytes")),
+            "lat_us": {k: lat.get(k) for k in report.LAT_KEYS}, "lat_mean_us": lat.get("mean"),
+            "errors": errors, "error_text": stderr.strip()[-300:] if errors else ""}
 
 
 def _num(v: float) -> str:

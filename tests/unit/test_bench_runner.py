@@ -271,10 +271,21 @@ def test_initiator_perf_jobs_go_through_the_hook(work):
 
 def test_initiator_perf_command_and_refusal(work, monkeypatch):
     t = FileTarget("userspace", work, [])
-    cmd = runner_mod.initiator_perf_command(t, {"rw": "randread", "bs": 4096, "qd": 32}, 5)
+    cmd = runner_mod.initiator_perf_command(t, {"rw": "randwrite", "bs": 4096, "qd": 32}, 5, 1.5)
     assert cmd[1:5] == ["-m", "nvmeof_roce", "initiator", "perf"]
-    assert cmd[cmd.index("--subnqn") + 1] == t.subnqn and cmd[cmd.index("--qd") + 1] == "32"
-    assert cmd[cmd.index("--time") + 1] == "5" and "--json" in cmd
+    opt = {cmd[i]: cmd[i + 1] for i in range(5, len(cmd) - 1, 2)}
+    assert opt["--nqn"] == t.subnqn and opt["--trsvcid"] == "4420" and opt["--queue-depth"] == "32"
+    assert opt["--read-percent"] == "0" and opt["--runtime"] == "5" and opt["--ramp"] == "1.5"
+    assert cmd[-1] == "--json"
+    got = runner_mod.parse_initiator_perf(
+        '{"iops": 812.5, "bandwidth_bytes": 3328000.0, "ios": 4062, "errors": 0, "runtime_s": 5.0,'
+        ' "latency_us": {"p50": 35000.0, "p90": 52000.0, "p99": 80000.0, "p99.9": 91000.0, "mean": 39000.0}}')
+    assert got["iops"] == 812.5 and got["bw_bytes"] == 3328000.0 and got["lat_mean_us"] == 39000.0
+    assert got["lat_us"] == {"p50": 35000.0, "p90": 52000.0, "p99": 80000.0, "p99.9": 91000.0}
+    assert got["errors"] == 0
+    assert runner_mod.parse_initiator_perf('{"iops": 1, "errors": 0}', returncode=1, stderr="boom")["errors"] == 1
+    with pytest.raises(NvmeofError, match="no JSON"):
+        runner_mod.parse_initiator_perf("Traceback ...", 1, "Traceback ...")
     monkeypatch.setattr(runner_mod, "cli_subcommand", lambda *names: None)
     with pytest.raises(NvmeofError, match="initiator perf"):
         runner_mod.check_initiator_perf()
@@ -418,3 +429,13 @@ def test_bench_refuses_clearly_without_rdma_address(capsys, tmp_path):
 def test_bench_argument_errors(args, message, capsys):
     assert main(["bench"] + args) == 1
     assert message in capsys.readouterr().err
+
+
+def test_parse_initiator_perf_reads_what_the_initiator_writes():
+    """The shape `nvmeof-roce initiator perf --json` prints: host/perf.py's PerfResult.to_dict()."""
+    perf = pytest.importorskip("nvmeof_roce.host.perf")
+    result = perf.PerfResult(iops=1500.0, bandwidth_bytes=6144000.0, ios=7500, errors=2, runtime_s=5.0,
+                             latency_us={"p50": 20.0, "p90": 30.0, "p99": 40.0, "p99.9": 50.0, "mean": 22.0})
+    got = runner_mod.parse_initiator_perf(json.dumps(result.to_dict()))
+    assert (got["iops"], got["bw_bytes"], got["errors"], got["lat_mean_us"]) == (1500.0, 6144000.0, 2, 22.0)
+    assert got["lat_us"] == {"p50": 20.0, "p90": 30.0, "p99": 40.0, "p99.9": 50.0}
