@@ -7,6 +7,7 @@
     nvmeof-roce shell < script.txt                      the same, from stdin
 """
 import argparse
+import logging
 import os
 import sys
 import warnings
@@ -38,6 +39,10 @@ def make_shell(root: Root, prefs_dir=None):
     # configshell's Console binds the stdout it saw at import time: use the current one
     shell.con._stdout, shell.con._stderr = sys.stdout, sys.stderr
     shell.prefs["color_mode"] = sys.stdout.isatty()
+    if not logging.getLogger().isEnabledFor(logging.DEBUG):
+        # configshell's Log.debug calls inspect.stack() (reading the source of every frame) even when
+        # nothing is logged: seconds per command on a slow filesystem
+        shell.log.debug = lambda msg: None
     UIRoot(shell, root)
     return shell
 

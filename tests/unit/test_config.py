@@ -261,3 +261,12 @@ def test_load_config_file_errors(tmp_path):
         load_config(bad)
     with pytest.raises(ConfigError, match="is a directory"):
         load_config(tmp_path)
+
+
+def test_real_kernel_dump_loads_unchanged():
+    # `nvmet show --json` on the lab's 6.1 kernel (nvmetcli's shape: discovery, dhchap, ana, resv groups)
+    raw = json.loads((FIXTURES / "nvmet-show-6.1.json").read_text())
+    cfg = parse_config(raw, "nvmet-show-6.1.json")
+    assert cfg.to_dict() == raw
+    assert len(cfg.subsystems) == 2 and len(cfg.ports) == 2
+    assert any(n.buffered_io for s in cfg.subsystems for n in s.namespaces)
