@@ -60,6 +60,7 @@ LOC_CDW12 = 48
 Handler = Callable[["Target", Request], None]
 
 
+INVALIDATE_KEYED_ID = (TYPE_KEYED_DATA_BLOCK << 4) | SUBTYPE_INVALIDATE_KEY  # 0x4F
 SHUTDOWN_LINGER = 2.0  # seconds a shut-down controller keeps its admin queue for the last CSTS reads
 
 
@@ -457,9 +458,12 @@ class Target:
                 status, result, dw1 = S.DATA_XFER_ERROR, 0, 0
         cqe = CQE_STRUCT.pack(result & 0xFFFFFFFF, dw1 & 0xFFFFFFFF, qs.next_sqhd(), qs.qid, req.cid,
                               (status << 1) & 0xFFFF)
+        # A keyed descriptor with subtype 0xF asks us to invalidate the host's key with the response
+        # (SEND with Invalidate), as nvmet does; it saves the host a local invalidation.
+        invalidate = req.sgl_key if req.sgl_id == INVALIDATE_KEYED_ID and req.sgl_len else None
         qs.release(req)
         try:
-            transport.respond(cqe)
+            transport.respond(cqe, invalidate)
         except TransportError as exc:
             self._close_queue(qs, f"cannot send a completion: {exc}")
 

@@ -65,14 +65,15 @@ class FakeClock:
 
 
 class _Region:
-    __slots__ = ("addr", "key", "buf", "access", "valid")
+    __slots__ = ("addr", "key", "buf", "access", "valid", "invalidatable")
 
-    def __init__(self, addr: int, key: int, size: int, access: int):
+    def __init__(self, addr: int, key: int, size: int, access: int, invalidatable: bool = False):
         self.addr = addr
         self.key = key
         self.buf = bytearray(size)
         self.access = access
         self.valid = True
+        self.invalidatable = invalidatable  # a fast-registration (FRWR) key, as the Linux host uses
 
 
 class _ProtectionDomain:
@@ -86,10 +87,10 @@ class _ProtectionDomain:
         self._regions: Dict[int, _Region] = {}
         self._next_addr = 0x7F00_0000_0000 + (_ProtectionDomain._next_pd << 36)
 
-    def register(self, size: int, access: int) -> _Region:
+    def register(self, size: int, access: int, invalidatable: bool = False) -> _Region:
         if size <= 0:
             raise ValueError("cannot register an empty region")
-        region = _Region(self._next_addr, self._fabric._new_key(), size, access)
+        region = _Region(self._next_addr, self._fabric._new_key(), size, access, invalidatable)
         self._next_addr += (size + 0xFFFF) & ~0xFFF  # page aligned, with a gap between regions
         self._regions[region.key] = region
         return region
@@ -225,9 +226,13 @@ class LoopbackTargetQueue(TargetQueue):
                 conn.fail(f"response of {len(cqe)} bytes into a 16-byte receive buffer")
                 return
             if invalidate_key is not None:
-                # Regions here are plain registrations (ibv_reg_mr): not remotely invalidatable.
-                conn.fail(f"SEND with Invalidate of key {invalidate_key:#x}, which is not an FRWR key")
-                return
+                # Only fast-registration keys can be invalidated remotely; a plain registration
+                # (ibv_reg_mr) fails the receive and the connection, as rxe does (wire doc §3.2).
+                region = conn.pd._regions.get(invalidate_key)
+                if region is None or not region.valid or not region.invalidatable:
+                    conn.fail(f"SEND with Invalidate of key {invalidate_key:#x}, which is not an FRWR key")
+                    return
+                region.valid = False
             conn.host._deliver(cqe)
 
         conn.fabric._post(op)
@@ -264,10 +269,12 @@ class LoopbackHostQueue(HostQueue):
     def register(self, size: int) -> HostBuffer:
         return self.register_with_access(size)
 
-    def register_with_access(self, size: int, remote_read: bool = True, remote_write: bool = True) -> HostBuffer:
-        """Loopback extra: register with only some remote access rights (to test the target's errors)."""
+    def register_with_access(self, size: int, remote_read: bool = True, remote_write: bool = True,
+                             invalidatable: bool = False) -> HostBuffer:
+        """Loopback extra: register with only some remote access rights (to test the target's errors), or
+        as an FRWR-like key that the target may invalidate with its response."""
         access = (ACCESS_REMOTE_READ if remote_read else 0) | (ACCESS_REMOTE_WRITE if remote_write else 0)
-        region = self._conn.pd.register(size, access)
+        region = self._conn.pd.register(size, access, invalidatable)
         return HostBuffer(region.addr, region.key, memoryview(region.buf))
 
     def deregister(self, buf: HostBuffer) -> None:

@@ -139,14 +139,30 @@ def test_bad_sgl_type_or_subtype(ctrl, sgl_id, expected):
     assert q.command(flush).status == expected
 
 
-def test_keyed_invalidate_subtype_is_accepted_and_answered_with_plain_send(ctrl):
+def test_keyed_invalidate_subtype_invalidates_the_hosts_key_with_the_response(ctrl):
+    q = io(ctrl)
+    frwr = q.transport.register_with_access(4096, invalidatable=True)
+    frwr.view[:512] = b"k" * 512
+    sgl = SglDescriptor.keyed(frwr.addr, 512, frwr.key, invalidate=True)
+    assert q.command(write_cmd(q, sgl=sgl)).status == 0
+    # the key was invalidated by the response (SEND with Invalidate): a new key is needed for the next command
+    frwr2 = q.transport.register_with_access(4096, invalidatable=True)
+    assert q.command(read_cmd(q, sgl=SglDescriptor.keyed(frwr2.addr, 512, frwr2.key, invalidate=True))).status == 0
+    assert bytes(frwr2.view[:512]) == b"k" * 512
+    # reusing an invalidated key is a remote access error that tears the queue down
+    q.send(read_cmd(q, sgl=SglDescriptor.keyed(frwr.addr, 512, frwr.key)).pack())
+    with pytest.raises(TransportError, match="unknown key"):
+        q.poll_one()
+    assert q.transport.closed
+
+
+def test_keyed_invalidate_subtype_on_a_plain_registration_breaks_the_connection_like_rxe(ctrl):
     q = io(ctrl)
     sgl = SglDescriptor.keyed(q.buf.addr, 512, q.buf.key, invalidate=True)
-    q.buf.view[:512] = b"k" * 512
-    assert q.command(write_cmd(q, sgl=sgl)).status == 0
-    q.buf.view[:512] = bytes(512)
-    assert q.command(read_cmd(q, sgl=sgl)).status == 0
-    assert bytes(q.buf.view[:512]) == b"k" * 512
+    q.send(read_cmd(q, sgl=sgl).pack())
+    with pytest.raises(TransportError, match="not an FRWR key"):
+        q.poll_one()
+    assert q.transport.closed
 
 
 def test_in_capsule_rules(ctrl):
