@@ -110,7 +110,7 @@ def test_malformed_capsule_sweep_while_a_kernel_host_verifies_another_controller
     fio = None
     try:
         (dev,) = namespaces_of(NQN_CLEAN)
-        fio = subprocess.Popen(["fio", "--name=clean", f"--filename={dev}", "--rw=randwrite", "--verify=crc32c",
+        fio = subprocess.Popen(["fio", "--name=clean", "--verify_state_save=0", f"--filename={dev}", "--rw=randwrite", "--verify=crc32c",
                                 "--verify_fatal=1", "--bsrange=4k-64k", "--iodepth=16", "--size=16M",
                                 "--ioengine=libaio", "--direct=1", "--output-format=json"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -22,6 +22,7 @@ HOSTNQN = open("/etc/nvme/hostnqn").read().strip() if os.path.exists("/etc/nvme/
 
 def fio(device, *args, runtime=None):
     cmd = ["fio", "--name=lab", f"--filename={device}", "--ioengine=libaio", "--direct=1", "--output-format=json",
+           "--verify_state_save=0",
            *args]
     if runtime:
         cmd += ["--time_based", f"--runtime={runtime}"]

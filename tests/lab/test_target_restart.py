@@ -12,7 +12,7 @@ from targetproc import LAB_IP, ServedTarget, config, disconnect_all_quietly, fil
 pytestmark = pytest.mark.lab
 
 NQN = "nqn.2024-01.io.nvmeof-roce:lab-restart"
-VERIFY_JOB = ["--name=flushed", "--rw=write", "--bs=64k", "--size=8M", "--offset=0", "--verify=crc32c",
+VERIFY_JOB = ["--name=flushed", "--verify_state_save=0", "--rw=write", "--bs=64k", "--size=8M", "--offset=0", "--verify=crc32c",
               "--ioengine=libaio", "--direct=1", "--iodepth=8"]
 
 
