@@ -25,6 +25,8 @@ _ADDR_ORDER = ["trtype", "adrfam", "traddr", "trsvcid", "treq", "tsas", "portid"
 _DEVICE_ORDER = ["path", "uuid", "nguid", "eui64"]
 _HEXID = {("device", "uuid"), ("device", "nguid"), ("device", "eui64")}
 _FLAGS = {("attr", "allow_any_host"), ("attr", "pi_enable"), ("param", "pi_enable"), ("resv", "enable")}
+# "-1" asks for the transport's default, which the kernel resolves (and shows) once the port is enabled
+_DEFAULT_MINUS_ONE = {("param", "inline_data_size"), ("param", "max_queue_size")}
 
 
 @dataclass
@@ -98,6 +100,8 @@ class _Planner:
                 if current is None and (v is None or str(v) == ""):
                     continue   # a new object starts with empty strings
                 if current is not None and n in have and norm(g, n, have[n]) == norm(g, n, v):
+                    continue
+                if current is not None and n in have and (g, n) in _DEFAULT_MINUS_ONE and str(v).strip() == "-1":
                     continue
                 if current is not None and n not in have and str(v) == "":
                     continue   # the kernel lacks it and nothing is asked

@@ -194,6 +194,10 @@ class FakeNvmetFS(ConfigFS):
                     raise _err(errno.EINVAL, link)
         else:
             raise _err(errno.EPERM, link)
+        if lp[0] == "ports" and not self.port_enabled(os.path.join(self.root, "ports", lp[1])):
+            idsz = os.path.join(self.root, "ports", lp[1], "param_inline_data_size")
+            if self._get(f"{self.root}/ports/{lp[1]}/addr_trtype") == "rdma" and self._get(idsz) == "-1":
+                self._set(idsz, "4096")     # nvmet-rdma resolves the default when it enables the port
         os.symlink(target, link)
 
     def unlink(self, p):
