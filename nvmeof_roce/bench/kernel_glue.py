@@ -140,7 +140,7 @@ class NullBlk:
         index = (self.directory / "index").read_text().strip()
         # since Linux 6.0 a configfs device's disk takes the directory's name; before, nullb<index>
         candidates = [f"/dev/{self.name}", f"/dev/nullb{index}"]
-        _wait_for(lambda: any(_is_our_disk(c, self.size_mb) for c in candidates), 5.0,
+        _wait_for(lambda: any(_is_our_disk(c, self.size_mb) for c in candidates), 20.0,
                   f"the null_blk disk ({' or '.join(candidates)}) to appear")
         self.path = next(c for c in candidates if _is_our_disk(c, self.size_mb))
         return self.path
@@ -306,7 +306,7 @@ def namespace_devices(nqn: str, sysfs: Path = SYSFS) -> List[str]:
     return [f"/dev/{d}" for d in sorted(set(devices))]
 
 
-def nvme_connect(traddr: str, trsvcid: int, nqn: str, timeout: float = 20.0, device_timeout: float = 10.0) -> str:
+def nvme_connect(traddr: str, trsvcid: int, nqn: str, timeout: float = 30.0, device_timeout: float = 20.0) -> str:
     """Connect the kernel host to nqn at traddr:trsvcid over RDMA and return the namespace's block device."""
     nvme_binary()
     cli = _nvme_cli()
@@ -339,7 +339,7 @@ def nvme_connect(traddr: str, trsvcid: int, nqn: str, timeout: float = 20.0, dev
     return devices[0]
 
 
-def nvme_disconnect(nqn: str, timeout: float = 15.0) -> None:
+def nvme_disconnect(nqn: str, timeout: float = 30.0) -> None:
     """Disconnect every controller of `nqn`, and wait until they are gone."""
     if not controllers(nqn):
         return

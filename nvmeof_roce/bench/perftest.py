@@ -274,7 +274,7 @@ def _stop(proc: Optional[subprocess.Popen], grace: float = 3.0) -> str:
 
 def run_perftest(test: str, address: str, *, device: Optional[str] = None, size: Optional[int] = None,
                  iterations: Optional[int] = None, rdma_cm: bool = True, gid_index: Optional[int] = None,
-                 port: int = 18515, ib_port: int = 1, timeout: float = 120.0, connect_timeout: float = 15.0,
+                 port: int = 18515, ib_port: int = 1, timeout: float = 120.0, connect_timeout: float = 45.0,
                  extra: Sequence[str] = (), raw_output: Optional[Path] = None) -> PerftestResult:
     """Run one perftest test with its server and client on this machine, over `address`'s RDMA device.
 
