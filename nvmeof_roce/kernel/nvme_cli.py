@@ -334,6 +334,9 @@ def explain_failure(what: str, res: tool.ToolResult, traddr: str = "", trsvcid="
         mod = HOST_MODULES.get(transport, "nvme_fabrics")
         return NvmeCliError(f"{what}: /dev/nvme-fabrics does not exist: the kernel module {mod} (and nvme_fabrics) "
                             "is not loaded", f"modprobe {mod.replace('_', '-')} (as root)")
+    if "failed to scan topology" in low:
+        return NvmeCliError(f"{what}: nvme-cli could not read the NVMe topology ({_errtext(text)})",
+                            "load the NVMe host modules: modprobe nvme-rdma (it brings nvme_fabrics and nvme_core)")
     if "no handler found for transport" in klog:
         mod = HOST_MODULES.get(transport, "nvme_" + transport)
         return NvmeCliError(f"{what}: the kernel has no NVMe host driver for transport {transport!r}: "
@@ -511,19 +514,26 @@ class NvmeCli:
             raise self._fail("nvme disconnect-all", res)
         return {"disconnected": [{"nqn": s["nqn"], "controller": p["name"]} for s in before for p in s["paths"]]}
 
+    def _no_fabrics(self, res) -> bool:
+        """nvme-cli cannot scan the topology because no NVMe-oF host module is loaded: nothing is connected."""
+        return "scan topology" in (res.stderr + res.stdout).lower() and \
+            not modules.is_loaded("nvme_fabrics", self.sys_module)
+
     def list_subsystems(self) -> List[dict]:
         res = self._nvme(["list-subsys", "--output-format=json"], timeout=60)
         if not res.ok:
-            if not (res.stdout.strip() or "").strip() and "no nvme" in (res.stderr.lower()):
+            if self._no_fabrics(res):
                 return []
             raise self._fail("nvme list-subsys", res)
         return parse_list_subsys(res.stdout)
 
     def list_namespaces(self) -> List[dict]:
         res = self._nvme(["list", "--output-format=json", "--verbose"], timeout=60)
-        if not res.ok:
+        if not res.ok and not self._no_fabrics(res):
             res = self._nvme(["list", "--output-format=json"], timeout=60)
         if not res.ok:
+            if self._no_fabrics(res):
+                return []
             raise self._fail("nvme list", res)
         return parse_list(res.stdout)
 

@@ -1,0 +1,140 @@
+"""The `nvmet`, `host` and `rdma` commands through nvmeof_roce.cli.main (exit codes, --json, messages)."""
+import json
+from pathlib import Path
+
+import pytest
+
+from nvmeof_roce import cli
+from nvmeof_roce.kernel import commands as kc
+from nvmeof_roce.kernel import nvme_cli
+from nvmeof_roce.kernel.nvmet import Root
+from nvmeof_roce.kernel.tool import ToolResult
+from fake_nvmet import FakeNvmetFS
+
+FIX = Path(__file__).parent / "fixtures" / "nvme-cli-2.3"
+S1 = "nqn.2024-01.io.example:one"
+
+
+@pytest.fixture
+def kernel(tmp_path, monkeypatch):
+    (tmp_path / "a.img").write_bytes(b"")
+    fs = FakeNvmetFS(tmp_path / "cfs")
+    root = Root(fs.root, fs=fs, sys_module=fs.sys_module)
+    monkeypatch.setattr(kc, "Root", lambda path: root)
+    cfg = {"ports": [{"portid": 1, "addr": {"trtype": "rdma", "adrfam": "ipv4", "traddr": "10.99.0.1",
+                                            "trsvcid": "4420"}, "subsystems": [S1]}],
+           "subsystems": [{"nqn": S1, "namespaces": [{"nsid": 1, "device": {"path": str(tmp_path / "a.img")}}]}]}
+    f = tmp_path / "k.json"
+    f.write_text(json.dumps(cfg))
+    return root, f, tmp_path
+
+
+def run(capsys, *argv):
+    code = cli.main(list(map(str, argv)))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_nvmet_apply_dry_run_then_apply(kernel, capsys):
+    root, f, _ = kernel
+    code, out, _ = run(capsys, "nvmet", "apply", f, "--dry-run", "--json")
+    plan = json.loads(out)
+    assert code == 0 and plan["dry_run"] is True and root.subsystems == []
+    assert {"op": "mkdir", "path": f"subsystems/{S1}", "description": f"+ create subsystem {S1}",
+            "field": "subsystems[0]"} in plan["steps"]
+    code, out, _ = run(capsys, "nvmet", "apply", f)
+    assert code == 0 and f"+ link subsystem {S1} to port 1" in out
+    code, out, _ = run(capsys, "nvmet", "apply", f)
+    assert code == 0 and out.strip() == "nothing to change"
+
+
+def test_nvmet_show_save_clear(kernel, capsys):
+    root, f, tmp = kernel
+    run(capsys, "nvmet", "apply", f)
+    code, out, _ = run(capsys, "nvmet", "show")
+    assert code == 0 and f"    {S1}  allow_any_host=1" in out and "1: rdma ipv4 10.99.0.1:4420  enabled" in out
+    code, out, _ = run(capsys, "nvmet", "show", "--json")
+    assert json.loads(out) == root.dump()
+    saved = tmp / "s" / "config.json"
+    code, out, _ = run(capsys, "nvmet", "save", saved, "--json")
+    assert code == 0 and json.loads(out) == {"file": str(saved), "subsystems": 1, "ports": 1, "hosts": 0}
+    assert json.loads(saved.read_text()) == root.dump()
+    code, out, _ = run(capsys, "nvmet", "clear", "--json")
+    assert json.loads(out) == {"removed": {"subsystems": [S1], "ports": [1], "hosts": []}}
+    assert root.dump()["subsystems"] == []
+
+
+def test_nvmet_errors_exit_1(kernel, capsys):
+    root, f, tmp = kernel
+    code, _, err = run(capsys, "nvmet", "apply", "targets/ram.json")
+    assert code == 1 and "subsystems[0].namespaces[0].nvmeof_roce: only the userspace target" in err
+    bad = tmp / "bad.json"
+    bad.write_text(json.dumps({"subsystems": [{"nqn": S1, "namespaces": [{"nsid": 0, "device": {"path": "/x"}}]}]}))
+    code, _, err = run(capsys, "nvmet", "apply", bad)
+    assert code == 1 and f"{bad}: subsystems[0].namespaces[0].nsid: must be 1..0xFFFFFFFE, got 0" in err
+    assert "fix:" in err
+
+
+def fake_cli(monkeypatch, responses, tmp_path):
+    (tmp_path / "hostnqn").write_text("nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-00000000a001\n")
+    calls = []
+
+    def runner(tool, args, package, timeout=None):
+        calls.append(args)
+        return responses[args[0]]
+    monkeypatch.setattr(kc, "_cli", lambda: nvme_cli.NvmeCli(runner=runner, load_modules=False,
+                                                             etc_dir=str(tmp_path), kernel_log=lambda: ""))
+    return calls
+
+
+def test_host_commands(monkeypatch, tmp_path, capsys):
+    ok = lambda name: ToolResult(["nvme"], 0, (FIX / name).read_text(), "")
+    calls = fake_cli(monkeypatch, {"discover": ok("discover.json"), "connect": ok("connect.json"),
+                                   "list-subsys": ok("list-subsys.json"), "list": ok("list-verbose.json"),
+                                   "disconnect": ToolResult(["nvme"], 0, "NQN:x disconnected 1 controller(s)", "")},
+                     tmp_path)
+    code, out, _ = run(capsys, "host", "discover", "-a", "10.99.0.1", "--json")
+    assert code == 0 and [r["subnqn"] for r in json.loads(out)["records"]][1] == "nqn.2024-01.io.example:cap1"
+    code, out, _ = run(capsys, "host", "discover", "-a", "10.99.0.1")
+    assert "discovery log of 10.99.0.1:4420 (2 records, generation 4)" in out
+    code, out, _ = run(capsys, "host", "connect", "-a", "10.99.0.1", "-n", "nqn.2024-01.io.example:cap1",
+                       "-i", "2", "--json")
+    assert code == 0 and json.loads(out)["controller"] == "nvme0"
+    assert "--nr-io-queues" in calls[-1]
+    code, out, _ = run(capsys, "host", "list")
+    assert "nvme-subsys0  nqn.2024-01.io.example:cap1" in out and "nvme0  rdma  10.99.0.1:4420  live" in out
+    assert "/dev/nvme0n1  nsid 1" in out
+    code, out, _ = run(capsys, "host", "disconnect", "-n", "x", "--json")
+    assert code == 0 and json.loads(out)["disconnected"] == 1
+    code, _, err = run(capsys, "host", "disconnect")
+    assert code == 1 and "give --nqn NQN or --device nvmeN" in err
+
+
+def test_host_connect_failure_message(monkeypatch, tmp_path, capsys):
+    fake_cli(monkeypatch, {"connect": ToolResult(["nvme"], 1, "", "already connected\n")}, tmp_path)
+    code, _, err = run(capsys, "host", "connect", "-a", "10.99.0.1", "-n", S1)
+    assert code == 1 and f"already connected to {S1}" in err
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["host", "connect", "-a", "10.99.0.1", "-n", S1, "-s", "99999"], "--trsvcid '99999': must be a port number"),
+    (["host", "connect", "-a", "10.99.0.1", "-n", S1, "-Q", "1"], "--queue-size 1: must be at least 2"),
+    (["host", "connect", "-a", "10.99.0.1", "-n", S1, "-l", "-5"], "--ctrl-loss-tmo -5: must be -1"),
+    (["rdma", "roce-mode", "rxe0"], "roce-mode DEV needs a PORT too"),
+])
+def test_bad_options(argv, words, capsys):
+    code, _, err = run(capsys, *argv)
+    assert code == 1 and words in err
+
+
+def test_rdma_status_json(monkeypatch, capsys):
+    st = {"devices": [{"name": "rxe0", "soft_roce": True, "node_type": "CA", "node_guid": "g",
+                       "ports": [{"port": 1, "state": "ACTIVE", "phys_state": "LinkUp", "link_layer": "Ethernet",
+                                  "netdev": "rxenet0", "active_mtu": 1024, "default_roce_mode": "v2",
+                                  "gids": [{"index": 1, "gid": "::ffff:10.99.0.1", "type": "RoCE v2",
+                                            "netdev": "rxenet0", "ip": "10.99.0.1"}]}]}]}
+    monkeypatch.setattr(kc.rdma, "status", lambda: st)
+    code, out, _ = run(capsys, "rdma", "status", "--json")
+    assert code == 0 and json.loads(out) == st
+    code, out, _ = run(capsys, "rdma", "status")
+    assert "rxe0  Soft-RoCE" in out and "::ffff:10.99.0.1  RoCE v2" in out
