@@ -11,8 +11,8 @@ is linked (unlink, change, relink); a namespace's device_*/buffered_io only whil
 before allowing any host; clear allow_any_host before linking hosts).
 """
 import logging
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from dataclasses import dataclass
+from typing import Any, List, Optional
 
 from ..target.config import TargetConfig
 from . import modules

@@ -1,7 +1,5 @@
 """`nvmeof-roce nvmet ...`, `nvmeof-roce host ...` (the kernel host, through nvme-cli) and `nvmeof-roce rdma ...`."""
 import argparse
-import os
-import sys
 
 from ..errors import NvmeofError
 from ..output import emit, table

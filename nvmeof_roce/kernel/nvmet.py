@@ -20,7 +20,7 @@ import logging
 import os
 import stat
 import tempfile
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 from ..errors import NvmeofError
 from . import modules

@@ -1,7 +1,6 @@
 """rdma status/add-rxe/del-rxe/roce-mode against a fake sysfs/configfs built from what the lab's rxe0 shows."""
 import errno
 import json
-import os
 from pathlib import Path
 
 import pytest
