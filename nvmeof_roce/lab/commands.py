@@ -1,6 +1,7 @@
 """`nvmeof-roce lab build | run | shell | status | clean`."""
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import time
@@ -154,18 +155,19 @@ def register(subparsers) -> None:
 
 def cmd_demo(args) -> int:
     """The main job: on the host, boot the lab and run the demo inside it; in the lab, run it."""
-    if os.environ.get("NVMEOF_LAB") == "1":
-        from . import demo
-        return demo.run_in_guest(runtime=args.runtime)
-    image = ensure_image()
-    run = LabRun(command=["nvmeof-roce", "demo", "--runtime", str(args.runtime)], project=project_root(),
-                 timeout=args.timeout)
-    progress("demo: booting the lab guest")
-    return run_in_guest(image, run)
+    from . import demo
+    if args.in_guest:
+        return demo.run_in_guest(args.out, args.runtime)
+    return demo.run_on_host(project_root(), args.runtime, args.timeout)
 
 
 def register_demo(subparsers) -> None:
-    p = subparsers.add_parser("demo", help="the main job: run the NVMe-oF/RDMA demo in the lab")
-    p.add_argument("--runtime", type=int, default=10, help="fio runtime in seconds (default 10)")
+    p = subparsers.add_parser("demo", help="the main job: kernel and userspace targets side by side in the lab",
+                              description="Boot the lab, serve targets/demo.json with the userspace target and the "
+                                          "same namespace with the kernel's nvmet-rdma, run a short benchmark of "
+                                          "both, print the table and write JSON and PNGs under results/.")
+    p.add_argument("--runtime", type=int, default=5, help="seconds per fio job (default 5)")
     p.add_argument("--timeout", type=float, default=900, help="lab timeout in seconds (default 900)")
+    p.add_argument("--in-guest", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", default="/mnt/share", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_demo)
