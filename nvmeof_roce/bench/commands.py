@@ -84,6 +84,9 @@ def cmd_from(args) -> int:
     json_path = src / "bench.json" if src.is_dir() else src
     out_dir = Path(args.out) if args.out else json_path.parent
     pngs = [] if args.no_plots else _plots(result, out_dir)
+    if args.markdown is not None:
+        print(report.render_markdown(result, args.markdown), end="")
+        return 0 if result.get("ok") else 1
     emit(result, args.json, lambda r: print(report.render(r)))
     _print_paths(json_path, pngs, args.json)
     return 0 if result.get("ok") else 1
@@ -117,6 +120,9 @@ def cmd_bench(args) -> int:
 
     json_path = report.write_json(result, out_dir / "bench.json")
     pngs = [] if args.no_plots else _plots(result, out_dir)
+    if args.markdown is not None:
+        print(report.render_markdown(result, args.markdown), end="")
+        return 0 if result.get("ok") else 1
     emit(result, args.json, lambda r: print(report.render(r)))
     _print_paths(json_path, pngs, args.json)
     if not result["ok"]:
@@ -164,4 +170,6 @@ def register(subparsers) -> None:
     p.add_argument("--list-jobs", action="store_true", help="list the jobs and exit")
     p.add_argument("--from", dest="from_result", metavar="RESULT",
                    help="re-print an earlier run's table and re-draw its plots (bench.json or its directory)")
+    p.add_argument("--markdown", metavar="PLOTS_DIR", nargs="?", const="",
+                   help="with --from: print a results section for docs/benchmarks.md (plots linked from PLOTS_DIR)")
     p.set_defaults(func=cmd_bench)

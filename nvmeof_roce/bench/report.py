@@ -244,3 +244,43 @@ def render(result: dict) -> str:
         for e in result.get("errors", []):
             lines.append(f"  {e}")
     return "\n".join(lines)
+
+
+def render_markdown(result: dict, plots_dir: str = "") -> str:
+    """A results section for docs/benchmarks.md: machine, date, command, the side-by-side table, the plots."""
+    params, machine = result.get("params", {}), result.get("machine", {})
+    num, den = params.get("ratio", ["userspace", "kernel"])
+    lines = [f"Measured {result.get('date', '?')} on {machine.get('hostname', '?')} "
+             f"({machine.get('os', '?')}, kernel {machine.get('kernel', '?')}, {machine.get('cpu', '?')}, "
+             f"{machine.get('cpus', '?')} vCPUs{', lab guest' if machine.get('lab') else ''}); "
+             f"{', '.join(f'{k} {v}' for k, v in machine.get('tools', {}).items())}.",
+             f"Runtime {params.get('runtime_s')} s + ramp {params.get('ramp_s')} s per job, "
+             f"{params.get('repeats')} repeat(s), targets interleaved job by job; medians shown.", "",
+             f"| job | target | IOPS | MB/s | p50 | p99 | p99.9 | errors |", "|---|---|---|---|---|---|---|---|"]
+    for name, job in result.get("jobs", {}).items():
+        for target, res in job.get("results", {}).items():
+            med = res.get("median", {})
+            lat = med.get("lat_us", {})
+            lines.append(f"| `{name}` | {target} | {fmt_iops(med.get('iops'))} | {fmt_mbps(med.get('bw_bytes'))} | "
+                         f"{fmt_lat(lat.get('p50'))} | {fmt_lat(lat.get('p99'))} | {fmt_lat(lat.get('p99.9'))} | "
+                         f"{res.get('errors', 0)} |")
+        ratio = job.get("ratio") or {}
+        if ratio:
+            lines.append(f"| | **{num}/{den}** | **{fmt_ratio(ratio.get('iops'))}** | {fmt_ratio(ratio.get('bw_bytes'))} | "
+                         f"{fmt_ratio(ratio.get('p50'))} | {fmt_ratio(ratio.get('p99'))} | "
+                         f"{fmt_ratio(ratio.get('p99.9'))} | |")
+    perftest = result.get("perftest") or {}
+    if perftest:
+        parts = []
+        for name, r in perftest.items():
+            if not isinstance(r, dict):
+                continue
+            if r.get("t_typical_us") is not None:
+                parts.append(f"{name} {fmt_lat(r['t_typical_us'])} typical ({fmt_size(r.get('bytes'))})")
+            elif r.get("bw_avg_mb_s") is not None:
+                parts.append(f"{name} {r['bw_avg_mb_s']:.1f} MB/s ({fmt_size(r.get('bytes'))})")
+        lines += ["", "RDMA link (perftest): " + ", ".join(parts) + "."]
+    if plots_dir:
+        lines += ["", f"![latency percentiles per job]({plots_dir}/latency.png)",
+                  f"![IOPS per job]({plots_dir}/iops.png)"]
+    return "\n".join(lines) + "\n"

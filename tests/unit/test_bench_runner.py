@@ -155,6 +155,13 @@ def test_interleaved_run_with_repeats(work):
     assert again == json.loads(path.read_text())
     text = report.render(again)
     assert "randwrite-4k-qd32" in text and "userspace/kernel" in text and "x" in text
+    # the docs section: one row per job and target from the medians, then the bold ratio row
+    md = report.render_markdown(again, "img")
+    k = again["jobs"]["randread-4k-qd1"]["results"]["kernel"]["median"]
+    assert f"| `randread-4k-qd1` | kernel | {report.fmt_iops(k['iops'])} |" in md
+    assert md.count("| | **userspace/kernel** |") == 2
+    assert f"**{report.fmt_ratio(again['jobs']['randwrite-4k-qd32']['ratio']['iops'])}**" in md
+    assert "![IOPS per job](img/iops.png)" in md and "2 repeat(s)" in md
 
 
 @needs_fio
