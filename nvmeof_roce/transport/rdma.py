@@ -7,7 +7,8 @@ project's own device Context and PD (never the CM's: closing a child id breaks
 those, wire doc §7.3.4).  Receive buffers, response buffers and data buffers are
 registered with local access only: the target initiates every transfer itself.
 Data buffers come from one pool registered once at start; each queue reserves
-`depth` of them at accept, so a command never waits for a buffer.
+its share at accept (so no queue starves another) and its commands wait for a
+free one beyond that.
 
 Host side (`RdmaConnector`): one CM id and event channel per queue, so every CM
 event belongs to a known queue; host memory is registered with remote read and
@@ -58,6 +59,7 @@ RESPONSE_SIZE = 16
 CM_TIMEOUT_MS = 3000
 SEND_WR_BASE = 1 << 32  # wr_ids below this are receive slots
 ADMIN_CHUNKS = 8  # data buffers reserved for an admin queue
+IO_CHUNKS = 32  # data buffers reserved for an I/O queue; commands beyond wait for one (RDMA READ or WRITE)
 ACK_TIMEOUT = 14  # QP local ACK timeout exponent: 4.096 us << 14 = 67 ms
 
 
@@ -271,9 +273,9 @@ class RdmaListener:
         if sts:
             self._reject(child, sts, f"QID {parsed.qid} HSQSIZE {parsed.hsqsize} HRQSIZE {parsed.hrqsize}")
             return
-        # Admin commands move at most a few KiB, one at a time in practice: few chunks.  An I/O queue gets
-        # one chunk per command slot, so its commands never wait for a buffer.
-        chunks = self.pool.reserve(min(parsed.hsqsize + 1, ADMIN_CHUNKS) if parsed.qid == 0 else parsed.hsqsize + 1)
+        # Each queue reserves its own chunks, so no queue can starve another; admin commands move a few KiB,
+        # one at a time in practice.  Commands beyond a queue's chunks wait for one (reads and responses).
+        chunks = self.pool.reserve(min(parsed.hsqsize + 1, ADMIN_CHUNKS if parsed.qid == 0 else IO_CHUNKS))
         if chunks is None:
             self._reject(child, cmdata.STS_NO_RESOURCES, "data buffer pool exhausted")
             return
@@ -391,7 +393,8 @@ class RdmaTargetQueue(TargetQueue):
         self.send_context: Dict[int, tuple] = {}
         self.reads_in_flight = 0
         self.waiting_reads: Deque[tuple] = collections.deque()
-        self.pending_writes: List[tuple] = []  # (SendWR, chunk) posted chained before the next response
+        self.pending_writes: List[list] = []  # [addr, key, chunk or unstaged bytes, length] before the next response
+        self.deferred: Deque[tuple] = collections.deque()  # responses waiting for chunks or a response slot
 
         param = ConnParam(resources=0, depth=self.max_reads, flow_control=1, retry=7, rnr_retry=7,
                           qp_num=self.qp.qp_num, data_len=cmdata.ACCEPT_SIZE)
@@ -468,6 +471,7 @@ class RdmaTargetQueue(TargetQueue):
             done(data, error)
         finally:
             self.free_chunks.append(chunk)
+            self._post_deferred()
 
     # -- the TargetQueue contract --
 
@@ -507,30 +511,42 @@ class RdmaTargetQueue(TargetQueue):
         if self.closed:
             return
         length = len(data)
-        if self.free_chunks and length <= self.listener.max_transfer:
-            chunk = self.free_chunks.pop()
-            self.listener.pool.view(chunk, length)[:] = data
-            sge = SGE(self.listener.pool.addr(chunk), length, self.listener.pool.memory.lkey)
-        else:  # rare (an admin queue with many data commands in flight): a registration of its own
-            chunk = RegisteredMemory(self.listener.pd, length, e.IBV_ACCESS_LOCAL_WRITE)
-            chunk.view[:length] = data
-            sge = SGE(chunk.addr, length, chunk.lkey)
-        wr = SendWR(wr_id=0, opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, sg=[sge], send_flags=0)
-        wr.set_wr_rdma(key, addr)
-        self.pending_writes.append((wr, chunk))
+        if length > self.listener.max_transfer:
+            raise TransportError(f"RDMA WRITE of {length} bytes exceeds the {self.listener.max_transfer}-byte MDTS")
+        # Without a free chunk the data waits (copied) and so does the response that follows it.
+        self.pending_writes.append([addr, key, self._stage(data) if self.free_chunks and not self.deferred
+                                    else bytes(data), length])
+
+    def _stage(self, data) -> int:
+        chunk = self.free_chunks.pop()
+        self.listener.pool.view(chunk, len(data))[:] = data
+        return chunk
 
     def _release_chunks(self, chunks) -> None:
-        for chunk in chunks:
-            if isinstance(chunk, RegisteredMemory):
-                chunk.close()
-            else:
-                self.free_chunks.append(chunk)
+        self.free_chunks.extend(chunks)
+        self._post_deferred()
+        self._start_waiting_reads()
 
     def respond(self, cqe: bytes, invalidate_key: Optional[int] = None) -> None:
         if self.closed:
             return
-        if not self.free_resp:
-            raise TransportError("no free response slot")
+        writes, self.pending_writes = self.pending_writes, []
+        self.deferred.append((writes, bytes(cqe), invalidate_key))
+        self._post_deferred()
+
+    def _post_deferred(self) -> None:
+        """Post waiting responses in order, each once its WRITE data is staged in registered chunks."""
+        while self.deferred and not self.closed:
+            writes, cqe, invalidate_key = self.deferred[0]
+            unstaged = [w for w in writes if not isinstance(w[2], int)]
+            if len(unstaged) > len(self.free_chunks) or not self.free_resp:
+                return
+            for w in unstaged:
+                w[2] = self._stage(w[2])
+            self.deferred.popleft()
+            self._post_response(writes, cqe, invalidate_key)
+
+    def _post_response(self, writes, cqe: bytes, invalidate_key: Optional[int]) -> None:
         slot = self.free_resp.pop()
         start = slot * RESPONSE_SIZE
         self.resp_mem.view[start:start + RESPONSE_SIZE] = cqe
@@ -541,12 +557,16 @@ class RdmaTargetQueue(TargetQueue):
         if invalidate_key is not None and self.listener.remote_invalidate:
             send.opcode = e.IBV_WR_SEND_WITH_INV
             send.imm_data = invalidate_key  # the C union shares imm_data with invalidate_rkey (§7.2)
-        writes, self.pending_writes = self.pending_writes, []
-        head = send
-        for wr, _chunk in reversed(writes):  # WRITEs unsignaled, chained in front of the signaled SEND
+        pool = self.listener.pool
+        head, wrs = send, []
+        for addr, key, chunk, length in reversed(writes):  # WRITEs unsignaled, chained before the SEND
+            wr = SendWR(wr_id=0, opcode=e.IBV_WR_RDMA_WRITE, num_sge=1,
+                        sg=[SGE(pool.addr(chunk), length, pool.memory.lkey)], send_flags=0)
+            wr.set_wr_rdma(key, addr)
             wr.next_wr = head
             head = wr
-        self.send_context[wr_id] = ("send", slot, [chunk for _, chunk in writes], (send, writes))
+            wrs.append(wr)
+        self.send_context[wr_id] = ("send", slot, [w[2] for w in writes], (send, wrs))
         try:
             self.qp.post_send(head)
         except PyverbsRDMAError as exc:

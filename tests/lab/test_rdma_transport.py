@@ -127,6 +127,33 @@ def test_many_outstanding_commands(target):
     conn.close()
 
 
+def test_more_commands_than_data_buffers_wait_for_one_and_all_complete(target):
+    """A queue reserves 32 data buffers: 100 outstanding reads returning data must queue for them."""
+    from nvmeof_roce.transport.rdma import IO_CHUNKS, RdmaConnector
+    conn = RdmaConnector(LAB_IP, PORT)
+    queue = conn.connect(qid=1, hrqsize=128, hsqsize=127)
+    buf = queue.register(4096)
+    buf.view[:4096] = pattern = os.urandom(4096)
+    queue.send(capsule(1, 1, buf, 4096))
+    assert wait_cqe(queue)[5] == 0
+    out = queue.register(100 * 4096)
+    count = 100
+    assert count > IO_CHUNKS
+    for i in range(count):
+        queue.send(capsule(2, 0x100 + i, out, 4096, offset=i * 4096))
+    seen = set()
+    while len(seen) < count:
+        cqes = queue.poll(10)
+        assert cqes, f"only {len(seen)} of {count} completed"
+        for cqe in cqes:
+            fields = struct.unpack("<IIHHHH", cqe)
+            assert fields[5] == 0
+            seen.add(fields[4])
+    assert all(bytes(out.view[i * 4096:(i + 1) * 4096]) == pattern for i in range(count))
+    queue.close()
+    conn.close()
+
+
 def test_reject_carries_the_nvmeof_status(target):
     from nvmeof_roce.transport.base import ConnectRejected
     from nvmeof_roce.transport.rdma import RdmaConnector
