@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -25,7 +26,7 @@ from ..errors import NvmeofError, ToolMissing
 from ..output import progress
 from . import aptconfig
 
-BUILD_FORMAT = 1  # bump when the build steps change in a way the inputs don't show
+BUILD_FORMAT = 2  # bump when the build steps change in a way the inputs don't show
 
 GUEST_PACKAGES = [
     "kmod", "iproute2", "rdma-core", "ibverbs-utils", "ibverbs-providers", "rdmacm-utils", "perftest",
@@ -196,6 +197,11 @@ def _install_guest_files(rootfs: Path) -> None:
     (rootfs / "etc/hostname").write_text("nvmeof-lab\n")
     (rootfs / "etc/hosts").write_text("127.0.0.1 localhost\n10.99.0.1 nvmeof-lab\n")
     (rootfs / "etc/fstab").write_text("")
+    # One host identity, as nvme-cli's own generator makes it: the host ID is the UUID inside the host NQN.
+    host_uuid = str(uuid.uuid4())
+    (rootfs / "etc/nvme").mkdir(parents=True, exist_ok=True)
+    (rootfs / "etc/nvme/hostnqn").write_text(f"nqn.2014-08.org.nvmexpress:uuid:{host_uuid}\n")
+    (rootfs / "etc/nvme/hostid").write_text(host_uuid + "\n")
 
 
 def _dir_size(path: Path) -> int:
