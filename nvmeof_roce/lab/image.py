@@ -7,6 +7,7 @@ builds a new image.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import lzma
@@ -220,13 +221,24 @@ def build(force: bool = False) -> LabImage:
     progress("lab build: resolving inputs (kernel package, guest packages, Python pins)")
     inputs = image_inputs()
     image = image_for(inputs)
-    if image.complete() and not force:
-        progress(f"lab build: image {image.directory.name} is up to date, skipping build")
-        os.utime(image.manifest_path)
-        return image
-
-    started = time.monotonic()
     root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    # One build at a time per cache: two checkouts (or a test run and a shell) share it.
+    with open(root / ".build.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress("lab build: another build of this cache is running; waiting for it")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if image.complete() and not force:
+            progress(f"lab build: image {image.directory.name} is up to date, skipping build")
+            os.utime(image.manifest_path)
+            return image
+        return _build_locked(inputs, image, root)
+
+
+def _build_locked(inputs: Dict[str, object], image: LabImage, root: Path) -> LabImage:
+    started = time.monotonic()
     debs = root / "debs"
     debs.mkdir(parents=True, exist_ok=True)
     work = root / "work"

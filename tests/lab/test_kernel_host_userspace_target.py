@@ -115,3 +115,23 @@ def test_host_not_on_allow_list_is_refused_and_others_still_served(served):
     finally:
         nvme("disconnect", "-n", NQN_ALLOWED)
     assert served.proc.poll() is None
+
+
+def test_nvmeof_roce_host_commands_against_our_target(served):
+    """`nvmeof-roce host discover/connect/list/disconnect` (nvme-cli underneath) with our target on the other end."""
+    from kernel_helpers import cli
+    found = cli("host", "discover", "-a", LAB_IP, "-s", "4420", "--json")
+    assert NQN_A in {r["subnqn"] for r in found["records"]}
+    conn = cli("host", "connect", "-a", LAB_IP, "-s", "4420", "-n", NQN_A, "-i", "1", "-Q", "64", "--json")
+    ctrl = conn["controller"]
+    try:
+        assert int(open(f"/sys/class/nvme/{ctrl}/queue_count").read()) == 2  # admin + 1 I/O queue
+        assert int(open(f"/sys/class/nvme/{ctrl}/sqsize").read()) + 1 == 64
+        sub = next(s for s in cli("host", "list", "--json")["subsystems"] if s["nqn"] == NQN_A)
+        assert [(p["transport"], p["traddr"], p["trsvcid"], p["state"]) for p in sub["paths"]] == \
+            [("rdma", LAB_IP, "4420", "live")]
+        assert sorted(n["size_bytes"] for n in sub["namespaces"]) == [32 * 2**20, 64 * 2**20]
+    finally:
+        gone = cli("host", "disconnect", "-n", NQN_A, "--json")
+    assert gone["disconnected"] == 1
+    assert served.proc.poll() is None
