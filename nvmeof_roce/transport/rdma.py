@@ -152,7 +152,7 @@ class DataPool:
 # --- the target's event loop ---------------------------------------------------------------
 
 class EventLoop:
-    """One selector for every CM channel and completion channel; timers through handler.tick()."""
+    """One selector for every CM channel and completion channel; timers run through handler.tick()."""
 
     def __init__(self, handler: QueueHandler, tick_interval: float = 0.1):
         self.handler = handler
@@ -455,12 +455,11 @@ class RdmaTargetQueue(TargetQueue):
         context = self.send_context.pop(wc.wr_id, None)
         if context is None:
             return
-        if context[0] == "read":
-            chunk, length, done = context[1], context[2], context[3]
+        if context[0] == "read":  # ("read", chunk, length, done)
             self.reads_in_flight -= 1
-            self._finish_read(context, self.listener.pool.view(chunk, length), None)
+            self._finish_read(context, self.listener.pool.view(context[1], context[2]), None)
             self._start_waiting_reads()
-        elif context[0] == "send":  # its slot and the chunks of the WRITEs chained before it are free again
+        else:  # ("send", slot, chunks, WRs kept alive until posted): slot and chunks are free again
             _, slot, chunks, _keepalive = context
             self.free_resp.append(slot)
             self._release_chunks(chunks)
