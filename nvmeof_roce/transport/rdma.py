@@ -58,6 +58,8 @@ ADMIN_CAPSULE = 64
 RESPONSE_SIZE = 16
 CM_TIMEOUT_MS = 3000
 SEND_WR_BASE = 1 << 32  # wr_ids below this are receive slots
+RESPONSE_WR_BASE = SEND_WR_BASE  # target: + response slot
+READ_WR_BASE = 1 << 40  # target: RDMA READs count up from here
 ADMIN_CHUNKS = 8  # data buffers reserved for an admin queue
 IO_CHUNKS = 32  # data buffers reserved for an I/O queue; commands beyond wait for one (RDMA READ or WRITE)
 ACK_TIMEOUT = 14  # QP local ACK timeout exponent: 4.096 us << 14 = 67 ms
@@ -360,6 +362,11 @@ class RdmaTargetQueue(TargetQueue):
         self.resp_count = self.depth + 4
         self.resp_mem = RegisteredMemory(pd, self.resp_count * RESPONSE_SIZE, local)
         self.free_resp: List[int] = list(range(self.resp_count))
+        # One SEND per response slot, built once: pyverbs objects are costly to create per command.
+        self.resp_wrs = [SendWR(wr_id=RESPONSE_WR_BASE + i, opcode=e.IBV_WR_SEND, num_sge=1,
+                                sg=[SGE(self.resp_mem.addr + i * RESPONSE_SIZE, RESPONSE_SIZE, self.resp_mem.lkey)],
+                                send_flags=e.IBV_SEND_SIGNALED)
+                         for i in range(self.resp_count)]
         self.free_chunks: List[int] = list(chunks)
 
         self.comp_channel, self.cq_fd = _create_with_fd(lambda: CompChannel(ctx), "infinibandevent")
@@ -389,7 +396,7 @@ class RdmaTargetQueue(TargetQueue):
             attr.timeout = ACK_TIMEOUT
         self.qp.modify(attr, mask)
 
-        self.next_wr_id = SEND_WR_BASE
+        self.next_wr_id = READ_WR_BASE
         self.send_context: Dict[int, tuple] = {}
         self.reads_in_flight = 0
         self.waiting_reads: Deque[tuple] = collections.deque()
@@ -459,7 +466,7 @@ class RdmaTargetQueue(TargetQueue):
             self.reads_in_flight -= 1
             self._finish_read(context, self.listener.pool.view(context[1], context[2]), None)
             self._start_waiting_reads()
-        else:  # ("send", slot, chunks, WRs kept alive until posted): slot and chunks are free again
+        else:  # ("send", slot, chunks, WRITE WRs kept alive until posted): slot and chunks are free again
             _, slot, chunks, _keepalive = context
             self.free_resp.append(slot)
             self._release_chunks(chunks)
@@ -549,13 +556,13 @@ class RdmaTargetQueue(TargetQueue):
         slot = self.free_resp.pop()
         start = slot * RESPONSE_SIZE
         self.resp_mem.view[start:start + RESPONSE_SIZE] = cqe
-        wr_id = self._wr_id()
-        send = SendWR(wr_id=wr_id, opcode=e.IBV_WR_SEND, num_sge=1,
-                      sg=[SGE(self.resp_mem.addr + start, RESPONSE_SIZE, self.resp_mem.lkey)],
-                      send_flags=e.IBV_SEND_SIGNALED)
+        send = self.resp_wrs[slot]
+        wr_id = RESPONSE_WR_BASE + slot
         if invalidate_key is not None and self.listener.remote_invalidate:
             send.opcode = e.IBV_WR_SEND_WITH_INV
             send.imm_data = invalidate_key  # the C union shares imm_data with invalidate_rkey (§7.2)
+        else:
+            send.opcode = e.IBV_WR_SEND
         pool = self.listener.pool
         head, wrs = send, []
         for addr, key, chunk, length in reversed(writes):  # WRITEs unsignaled, chained before the SEND
@@ -565,7 +572,7 @@ class RdmaTargetQueue(TargetQueue):
             wr.next_wr = head
             head = wr
             wrs.append(wr)
-        self.send_context[wr_id] = ("send", slot, [w[2] for w in writes], (send, wrs))
+        self.send_context[wr_id] = ("send", slot, [w[2] for w in writes], wrs)
         try:
             self.qp.post_send(head)
         except PyverbsRDMAError as exc:
