@@ -256,7 +256,7 @@ def render_markdown(result: dict, plots_dir: str = "") -> str:
              f"{', '.join(f'{k} {v}' for k, v in machine.get('tools', {}).items())}.",
              f"Runtime {params.get('runtime_s')} s + ramp {params.get('ramp_s')} s per job, "
              f"{params.get('repeats')} repeat(s), targets interleaved job by job; medians shown.", "",
-             f"| job | target | IOPS | MB/s | p50 | p99 | p99.9 | errors |", "|---|---|---|---|---|---|---|---|"]
+             "| job | target | IOPS | MB/s | p50 | p99 | p99.9 | errors |", "|---|---|---|---|---|---|---|---|"]
     for name, job in result.get("jobs", {}).items():
         for target, res in job.get("results", {}).items():
             med = res.get("median", {})

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import time
 
 from ..errors import NvmeofError
-from ..nvme.fabrics import DISCOVERY_NQN
 from ..nvme.log import (ADRFAM_IPV4, ADRFAM_IPV6, SUBTYPE_NVME, SUBTYPE_REFERRAL, TRTYPE_RDMA)
 from ..nvme.status import NvmeStatusError
 from ..output import emit, progress, table

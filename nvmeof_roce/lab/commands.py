@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import time
 from pathlib import Path
@@ -18,11 +17,6 @@ def project_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
-def ensure_image() -> lab_image.LabImage:
-    """The image for the current inputs, built first if needed."""
-    return lab_image.build(force=False)
-
-
 def _lab_run(args, interactive: bool) -> int:
     command = list(args.command or [])
     if command and command[0] == "--":
@@ -35,7 +29,7 @@ def _lab_run(args, interactive: bool) -> int:
         if not sep or not key:
             raise NvmeofError(f"--env {item!r}: expected NAME=VALUE", "e.g. --env RUNTIME=5")
         env[key] = value
-    image = ensure_image()
+    image = lab_image.build(force=False)  # the image for the current inputs, built first if needed
     run = LabRun(command=command, project=Path(args.project).resolve() if args.project else project_root(),
                  share=Path(args.share).resolve() if args.share else None, timeout=args.timeout,
                  memory_mb=args.memory, cpus=args.cpus, kvm=args.kvm, interactive=interactive,

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from ..errors import NvmeofError, ToolMissing
-from ..output import progress
 from .image import LabImage
 
 QEMU = "qemu-system-x86_64"

@@ -41,7 +41,6 @@ log = logging.getLogger(__name__)
 try:  # pyverbs is Debian's python3-pyverbs; import lazily so the rest of the package works without it
     import pyverbs.cm_enums as ce
     import pyverbs.enums as e
-    from pyverbs.addr import AHAttr  # noqa: F401  (imported to fail early on a broken install)
     from pyverbs.cmid import AddrInfo, CMEvent, CMEventChannel, CMID, ConnParam
     from pyverbs.cq import CQ, CompChannel
     from pyverbs.device import Context

@@ -2,10 +2,8 @@
 host's fio verify runs on another controller) and against the kernel's nvmet-rdma configured through configfs."""
 import json
 import os
-import struct
 import subprocess
 import sys
-import time
 
 import pytest
 

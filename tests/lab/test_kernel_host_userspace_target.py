@@ -1,7 +1,6 @@
 """The Linux kernel host (nvme-rdma, nvme-cli, fio) against our userspace target over real rxe."""
 import json
 import os
-import signal
 import subprocess
 import time
 
@@ -107,7 +106,7 @@ def test_host_not_on_allow_list_is_refused_and_others_still_served(served):
     bad = nvme("connect", "-t", "rdma", "-a", LAB_IP, "-s", "4420", "-n", NQN_ALLOWED, "-q", BAD_HOST,
                check=False)
     assert bad.returncode != 0
-    good = nvme("connect", "-t", "rdma", "-a", LAB_IP, "-s", "4420", "-n", NQN_ALLOWED, "-q", GOOD_HOST)
+    nvme("connect", "-t", "rdma", "-a", LAB_IP, "-s", "4420", "-n", NQN_ALLOWED, "-q", GOOD_HOST)
     try:
         (dev,) = namespaces_of(NQN_ALLOWED, expect=1)
         job = fio(dev, "--rw=randwrite", "--verify=crc32c", "--bs=4k", "--iodepth=16", "--size=2M")

@@ -191,7 +191,6 @@ def test_wrong_key_is_a_transfer_error_and_other_queues_go_on(target):
 
 
 def test_closing_one_queue_leaves_the_others_working(target):
-    import time
     from nvmeof_roce.transport.rdma import RdmaConnector
     conn = RdmaConnector(LAB_IP, PORT)
     stays = conn.connect(qid=1, hrqsize=32, hsqsize=31)
