@@ -12,8 +12,10 @@ from .errors import NvmeofError
 COMMAND_MODULES = [
     "nvmeof_roce.lab.commands",
     "nvmeof_roce.target.commands",
-    "nvmeof_roce.host.commands",
-    "nvmeof_roce.kernel.commands",
+    "nvmeof_roce.initiator.commands",
+    "nvmeof_roce.kernel.nvmet_commands",
+    "nvmeof_roce.kernel.host_commands",
+    "nvmeof_roce.kernel.rdma_commands",
     "nvmeof_roce.shell.commands",
     "nvmeof_roce.bench.commands",
     "nvmeof_roce.doctor.commands",
@@ -30,13 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:  # that layer has no commands yet
-                continue
-            raise
-        module.register(subparsers)
+        importlib.import_module(name).register(subparsers)
     return parser
 
 

@@ -4,6 +4,11 @@ import sys
 from typing import Any, Iterable, Sequence
 
 
+def add_json_option(parser) -> None:
+    """The `--json` flag every command that prints a result has."""
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
 def emit(result: Any, as_json: bool, human=None) -> None:
     """Print `result` as JSON, or through `human(result)` (default: str)."""
     if as_json:

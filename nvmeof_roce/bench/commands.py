@@ -19,7 +19,7 @@ TARGET_NAMES = ("kernel", "userspace")
 
 
 def _size_mb(text: str) -> int:
-    from ..target.config import parse_size  # shared size syntax: 512M, 1G, ...
+    from ..config import parse_size  # shared size syntax: 512M, 1G, ...
     try:
         n = parse_size(text)
     except ValueError as exc:

@@ -59,7 +59,7 @@ def require_root(what: str) -> None:
 
 def rdma_listeners() -> Optional[List[Dict[str, object]]]:
     """[{"addr", "port", "comm"}] of RDMA CM ids in LISTEN state; None when `rdma` cannot tell."""
-    from ..kernel.rdma import Rdma
+    from ..kernel.softroce import Rdma
     try:
         res = Rdma().run(["resource", "show", "cm_id"])
     except NvmeofError:  # no rdma tool
@@ -225,7 +225,7 @@ class NvmetExport:
         return n
 
     def config(self):
-        from ..target.config import parse_config
+        from ..config import parse_config
         return parse_config(kernel_config(self.nqn, self.device_path, self.traddr, self.trsvcid,
                                           self.portid or 1, self.buffered_io), source="bench kernel target")
 

@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from ..target.config import TargetConfig
+from ..config import TargetConfig
 from . import modules
 from .nvmet import NvmetError, Root, TRANSPORT_MODULES, ANA_DEFAULT_GROUP
 

@@ -24,7 +24,7 @@ from configshell import ExecutionError
 from ..errors import NvmeofError
 from ..kernel import apply as applymod
 from ..kernel.nvmet import DEFAULT_SAVE_FILE, Root, save_json, Subsystem, Port
-from ..target.config import load_config, nqn_problem
+from ..config import load_config, nqn_problem
 
 ATTR_HELP = {
     "attr": {"allow_any_host": "1: any host may connect; 0: only allowed_hosts",

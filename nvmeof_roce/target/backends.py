@@ -24,7 +24,7 @@ import struct
 from typing import Optional
 
 from ..errors import NvmeofError
-from .config import NamespaceConfig
+from ..config import NamespaceConfig
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import os
 
 from ..output import emit, table
 from .backends import BackendError, open_backend
-from .config import ConfigError, TargetConfig, load_config
+from ..config import ConfigError, TargetConfig, load_config
 from .subsystem import MAX_NSID
 
 

@@ -34,7 +34,7 @@ from ..nvme.sgl import SUBTYPE_ADDRESS, SUBTYPE_INVALIDATE_KEY, SUBTYPE_OFFSET, 
     TYPE_KEYED_DATA_BLOCK
 from ..transport.base import TransportError
 from .backends import BackendError
-from .config import ConfigError, NamespaceConfig, PortConfig, TargetConfig
+from ..config import ConfigError, NamespaceConfig, PortConfig, TargetConfig
 from .controller import Controller
 from .request import EXECUTING, FREE, HELD, READING, QueueState, Request
 from .subsystem import MAX_NSID, DiscoverySubsystem, Namespace, Subsystem

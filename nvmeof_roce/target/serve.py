@@ -7,7 +7,7 @@ import time
 from typing import List, Optional
 
 from ..errors import NvmeofError
-from .config import TargetConfig, load_config
+from ..config import TargetConfig, load_config
 
 log = logging.getLogger(__name__)
 

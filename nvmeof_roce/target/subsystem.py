@@ -1,4 +1,4 @@
-"""Subsystems and namespaces of the userspace target (built from target/config.py)."""
+"""Subsystems and namespaces of the userspace target (built from nvmeof_roce/config.py)."""
 from __future__ import annotations
 
 import logging
@@ -8,7 +8,7 @@ from typing import Dict, List, Optional
 
 from ..nvme.fabrics import DISCOVERY_NQN, MAX_CNTLID, MIN_CNTLID, make_version
 from .backends import Backend, open_backend
-from .config import NamespaceConfig, SubsystemConfig
+from ..config import NamespaceConfig, SubsystemConfig
 
 log = logging.getLogger(__name__)
 

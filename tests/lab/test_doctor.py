@@ -72,14 +72,14 @@ def test_doctor_traddr_local_address_has_a_gid_and_route():
 
 
 def _initiator_available():
-    for module in ("nvmeof_roce.host.discovery", "nvmeof_roce.transport.rdma"):
+    for module in ("nvmeof_roce.initiator.discovery", "nvmeof_roce.transport.rdma"):
         if importlib.util.find_spec(module) is None:
             return False
     return True
 
 
 needs_initiator = pytest.mark.skipif(not _initiator_available(),
-                                     reason="the userspace initiator (nvmeof_roce.host.discovery) is not there yet")
+                                     reason="the userspace initiator (nvmeof_roce.initiator.discovery) is not there yet")
 
 
 @needs_initiator

@@ -96,7 +96,7 @@ class RawIoQueue:
 
 
 def test_malformed_capsule_sweep_while_a_kernel_host_verifies_another_controller(ours):
-    from nvmeof_roce.host.initiator import Controller
+    from nvmeof_roce.initiator.controller import Controller
     from nvmeof_roce.nvme import nvm
     from nvmeof_roce.nvme import status as S
     from nvmeof_roce.nvme.command import SQE
@@ -216,7 +216,7 @@ def test_our_initiator_against_kernel_nvmet(kernel_target):
     assert out.returncode == 0, out.stdout + out.stderr
     assert json.loads(out.stdout)["ok"]
 
-    from nvmeof_roce.host.initiator import Controller
+    from nvmeof_roce.initiator.controller import Controller
     from nvmeof_roce.transport.rdma import RdmaConnector
     connector = RdmaConnector(LAB_IP, KERNEL_PORT)
     ctrl = Controller.connect(connector, NQN_KERNEL, num_io_queues=2)

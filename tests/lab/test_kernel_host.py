@@ -35,7 +35,7 @@ def target(tmp_path_factory):
     disconnect_quietly(OPEN, CLOSED)
     from nvmeof_roce.kernel import apply as applymod
     from nvmeof_roce.kernel.nvmet import Root
-    from nvmeof_roce.target.config import parse_config
+    from nvmeof_roce.config import parse_config
     applymod.remove(Root(), parse_config(cfg, "kh.json"))
     os.unlink(img)
     os.unlink(img2)

@@ -14,7 +14,7 @@ import pytest
 
 from kernel_helpers import (HOSTNQN, LAB_IP, block_device_of, cli, disconnect_quietly, is_subset, loop_detach,
                             loop_device, modprobe, save_capture, sparse_file)
-from nvmeof_roce.target.config import parse_config
+from nvmeof_roce.config import parse_config
 
 pytestmark = pytest.mark.lab
 

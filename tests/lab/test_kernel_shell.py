@@ -50,7 +50,7 @@ subsystems/ create {SUB}
     cfile.write_text(json.dumps(cfg))
     from nvmeof_roce.kernel import apply as applymod
     from nvmeof_roce.kernel.nvmet import Root
-    from nvmeof_roce.target.config import parse_config
+    from nvmeof_roce.config import parse_config
     try:
         cli("shell", "-f", script)
         by_shell = mine(cli("nvmet", "show", "--json"))

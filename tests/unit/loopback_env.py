@@ -9,11 +9,11 @@ from __future__ import annotations
 import itertools
 from typing import List, Optional
 
-from nvmeof_roce.host.initiator import Controller
+from nvmeof_roce.initiator.controller import Controller
 from nvmeof_roce.nvme import fabrics as F
 from nvmeof_roce.nvme.command import CQE, SQE
 from nvmeof_roce.nvme.sgl import SglDescriptor
-from nvmeof_roce.target.config import parse_config
+from nvmeof_roce.config import parse_config
 from nvmeof_roce.target.core import Target
 from nvmeof_roce.transport.loopback import FakeClock, LoopbackFabric
 

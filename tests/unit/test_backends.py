@@ -6,7 +6,7 @@ import pytest
 from nvmeof_roce.target.backends import (
     BackendError, FileBackend, NullBackend, RamBackend, open_backend,
 )
-from nvmeof_roce.target.config import NamespaceConfig
+from nvmeof_roce.config import NamespaceConfig
 
 
 def pattern(n, seed=1):

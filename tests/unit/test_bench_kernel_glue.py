@@ -6,7 +6,7 @@ from pathlib import Path
 
 from nvmeof_roce.bench import kernel_glue as kg
 from nvmeof_roce.bench.targets import KernelNvmetTarget, UserspaceTarget, userspace_config
-from nvmeof_roce.target.config import parse_config
+from nvmeof_roce.config import parse_config
 
 FIXTURES = Path(__file__).parent / "fixtures" / "bench"
 NQN = "nqn.2014-08.org.nvmeof-roce:bench-kernel"
@@ -59,7 +59,7 @@ def test_rdma_cm_id_listing_from_the_lab():
 
 
 def test_the_configs_follow_the_project_schema():
-    """Both exports are valid configs of the one schema the targets read (target/config.py)."""
+    """Both exports are valid configs of the one schema the targets read (config.py)."""
     u = parse_config(userspace_config("10.99.0.1", 4421, "nqn.2014-08.org.nvmeof-roce:bench-userspace", 256),
                      source="userspace")
     assert u.ports[0].trsvcid == 4421 and u.subsystems[0].namespaces[0].backend == "ram"

@@ -439,8 +439,8 @@ def test_bench_argument_errors(args, message, capsys):
 
 
 def test_parse_initiator_perf_reads_what_the_initiator_writes():
-    """The shape `nvmeof-roce initiator perf --json` prints: host/perf.py's PerfResult.to_dict()."""
-    perf = pytest.importorskip("nvmeof_roce.host.perf")
+    """The shape `nvmeof-roce initiator perf --json` prints: initiator/perf.py's PerfResult.to_dict()."""
+    perf = pytest.importorskip("nvmeof_roce.initiator.perf")
     result = perf.PerfResult(iops=1500.0, bandwidth_bytes=6144000.0, ios=7500, errors=2, runtime_s=5.0,
                              latency_us={"p50": 20.0, "p90": 30.0, "p99": 40.0, "p99.9": 50.0, "mean": 22.0})
     got = runner_mod.parse_initiator_perf(json.dumps(result.to_dict()))

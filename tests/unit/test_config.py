@@ -1,11 +1,11 @@
-"""The shared target config schema (nvmeof_roce.target.config)."""
+"""The shared target config schema (nvmeof_roce.config)."""
 import copy
 import json
 from pathlib import Path
 
 import pytest
 
-from nvmeof_roce.target.config import (
+from nvmeof_roce.config import (
     ConfigError, load_config, parse_config, parse_size, namespace_uuid, subsystem_serial, userspace_only_keys,
 )
 

@@ -6,8 +6,8 @@ import uuid
 import pytest
 
 from loopback_env import HOST_A, SUB_RAM, Env, standard_config
-from nvmeof_roce.host import initiator
-from nvmeof_roce.host.initiator import CommandTimeout, Controller, HostError, QueueFull
+from nvmeof_roce.initiator import controller as initiator
+from nvmeof_roce.initiator.controller import CommandTimeout, Controller, HostError, QueueFull
 from nvmeof_roce.nvme import status as S
 from nvmeof_roce.nvme.command import SQE
 from nvmeof_roce.nvme.status import NvmeStatusError

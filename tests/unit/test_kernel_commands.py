@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from nvmeof_roce import cli
-from nvmeof_roce.kernel import commands as kc
+from nvmeof_roce.kernel import host_commands, nvmet_commands, rdma_commands
 from nvmeof_roce.kernel import nvme_cli
 from nvmeof_roce.kernel.nvmet import Root
 from nvmeof_roce.kernel.tool import ToolResult
@@ -20,7 +20,7 @@ def kernel(tmp_path, monkeypatch):
     (tmp_path / "a.img").write_bytes(b"")
     fs = FakeNvmetFS(tmp_path / "cfs")
     root = Root(fs.root, fs=fs, sys_module=fs.sys_module)
-    monkeypatch.setattr(kc, "Root", lambda path: root)
+    monkeypatch.setattr(nvmet_commands, "Root", lambda path: root)
     cfg = {"ports": [{"portid": 1, "addr": {"trtype": "rdma", "adrfam": "ipv4", "traddr": "10.99.0.1",
                                             "trsvcid": "4420"}, "subsystems": [S1]}],
            "subsystems": [{"nqn": S1, "namespaces": [{"nsid": 1, "device": {"path": str(tmp_path / "a.img")}}]}]}
@@ -82,7 +82,7 @@ def fake_cli(monkeypatch, responses, tmp_path):
     def runner(tool, args, package, timeout=None):
         calls.append(args)
         return responses[args[0]]
-    monkeypatch.setattr(kc, "_cli", lambda: nvme_cli.NvmeCli(runner=runner, load_modules=False,
+    monkeypatch.setattr(host_commands, "_cli", lambda: nvme_cli.NvmeCli(runner=runner, load_modules=False,
                                                              etc_dir=str(tmp_path), kernel_log=lambda: ""))
     return calls
 
@@ -133,7 +133,7 @@ def test_rdma_status_json(monkeypatch, capsys):
                                   "netdev": "rxenet0", "active_mtu": 1024, "default_roce_mode": "v2",
                                   "gids": [{"index": 1, "gid": "::ffff:10.99.0.1", "type": "RoCE v2",
                                             "netdev": "rxenet0", "ip": "10.99.0.1"}]}]}]}
-    monkeypatch.setattr(kc.rdma, "status", lambda: st)
+    monkeypatch.setattr(rdma_commands.softroce, "status", lambda: st)
     code, out, _ = run(capsys, "rdma", "status", "--json")
     assert code == 0 and json.loads(out) == st
     code, out, _ = run(capsys, "rdma", "status")

@@ -8,7 +8,7 @@ import pytest
 
 from nvmeof_roce.kernel import apply as applymod
 from nvmeof_roce.kernel.nvmet import NvmetError, Root, save_json, fs_type
-from nvmeof_roce.target.config import parse_config, load_config
+from nvmeof_roce.config import parse_config, load_config
 from fake_nvmet import FakeNvmetFS
 
 FIX = Path(__file__).parent / "fixtures"

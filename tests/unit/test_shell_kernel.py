@@ -8,7 +8,7 @@ from nvmeof_roce.kernel import apply as applymod
 from nvmeof_roce.kernel.nvmet import Root
 from nvmeof_roce.shell import commands as shellcmd
 from nvmeof_roce.shell.commands import run_commands, split_commands
-from nvmeof_roce.target.config import parse_config
+from nvmeof_roce.config import parse_config
 from fake_nvmet import FakeNvmetFS
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from nvmeof_roce import cli
-from nvmeof_roce.target.config import ConfigError, parse_config
+from nvmeof_roce.config import ConfigError, parse_config
 from nvmeof_roce.target.core import Target
 
 NQN = "nqn.2024-01.io.test:cli"

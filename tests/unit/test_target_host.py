@@ -7,15 +7,15 @@ import pytest
 
 from loopback_env import (ADDR1, ADDR2, HOST_A, HOST_B, SUB_4K, SUB_FILE, SUB_HIDDEN, SUB_NULL, SUB_ONLY_A,
                           SUB_RAM, Env, RawQueue, file_ns, port, ram_ns, standard_config)
-from nvmeof_roce.host.discovery import discover, read_discovery_log
-from nvmeof_roce.host.initiator import Controller
+from nvmeof_roce.initiator.discovery import discover, read_discovery_log
+from nvmeof_roce.initiator.controller import Controller
 from nvmeof_roce.nvme import admin as A
 from nvmeof_roce.nvme import fabrics as F
 from nvmeof_roce.nvme import identify as I
 from nvmeof_roce.nvme import log as L
 from nvmeof_roce.nvme import status as S
 from nvmeof_roce.nvme.status import NvmeStatusError
-from nvmeof_roce.target.config import parse_config
+from nvmeof_roce.config import parse_config
 from nvmeof_roce.target.core import Target
 from nvmeof_roce.transport.base import TransportError
 from nvmeof_roce.transport.loopback import LoopbackFabric

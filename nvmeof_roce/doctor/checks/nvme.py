@@ -341,7 +341,7 @@ def discover_with_userspace_initiator(traddr: str, trsvcid: int, timeout: float,
     discovery log.  Raises ImportError when the initiator or pyverbs is not available."""
     import inspect
 
-    from nvmeof_roce.host.discovery import discover
+    from nvmeof_roce.initiator.discovery import discover
     from nvmeof_roce.transport import rdma
 
     pyverbs_error = getattr(rdma, "PYVERBS_ERROR", None)
@@ -400,7 +400,7 @@ def check_target_reachable(ctx: Context) -> CheckResult:
         entries = ctx.discover(ctx.traddr, ctx.options.trsvcid, ctx.options.connect_timeout, ctx.hostnqn)
     except ImportError as exc:
         return skipped("nvme.target", target, f"userspace initiator unavailable ({exc}); needs "
-                       "nvmeof_roce.host.discovery, nvmeof_roce.transport.rdma and pyverbs (apt-get install "
+                       "nvmeof_roce.initiator.discovery, nvmeof_roce.transport.rdma and pyverbs (apt-get install "
                        "python3-pyverbs)")
     except Exception as exc:  # any transport or protocol error is a failed reachability test
         return fail("nvme.target", target, f"cannot reach {target}: {type(exc).__name__}: {exc}",

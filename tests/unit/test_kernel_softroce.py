@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from nvmeof_roce.kernel import rdma
-from nvmeof_roce.kernel.rdma import RdmaError, Rdma
+from nvmeof_roce.kernel import softroce as rdma
+from nvmeof_roce.kernel.softroce import RdmaError, Rdma
 from nvmeof_roce.kernel.tool import ToolResult
 
 FIX = Path(__file__).parent / "fixtures" / "rdma"

@@ -48,7 +48,7 @@ def _explain(exc: Exception, args) -> NvmeofError:
 
 @contextlib.contextmanager
 def _controller(args, nqn, **kw):
-    from .initiator import Controller
+    from .controller import Controller
     connector = _connector(args)
     ctrl = None
     try:

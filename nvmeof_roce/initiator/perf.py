@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
 from ..errors import NvmeofError
-from .initiator import Completion, Controller
+from .controller import Completion, Controller
 
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 

@@ -14,7 +14,7 @@ from ..nvme import admin as A
 from ..nvme.fabrics import DISCOVERY_NQN
 from ..nvme.log import DISC_ENTRY_SIZE, DISC_HEADER_SIZE, DiscoveryLogEntry, DiscoveryLogHeader
 from ..transport.base import Connector
-from .initiator import DEFAULT_TIMEOUT, Controller
+from .controller import DEFAULT_TIMEOUT, Controller
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from ..errors import NvmeofError
+from .errors import NvmeofError
 
 __all__ = [
     "ConfigError", "TargetConfig", "PortConfig", "SubsystemConfig", "NamespaceConfig",

@@ -1,0 +1,155 @@
+"""`nvmeof-roce host ...`: the Linux kernel NVMe-oF host, through nvme-cli.
+
+(The userspace initiator is `nvmeof-roce initiator`, in nvmeof_roce/initiator/.)"""
+from ..errors import NvmeofError
+from ..output import add_json_option as _add_json, emit, table
+from . import nvme_cli
+
+
+def _cli() -> nvme_cli.NvmeCli:
+    return nvme_cli.NvmeCli()
+
+
+def _addr_opts(p, nqn=False, nqn_required=True):
+    p.add_argument("-t", "--transport", default="rdma", choices=["rdma", "tcp", "fc", "loop"],
+                   help="transport (default rdma)")
+    p.add_argument("-a", "--traddr", required=True, help="target address, e.g. 10.99.0.1")
+    p.add_argument("-s", "--trsvcid", default="4420", help="target service id (port), default 4420")
+    p.add_argument("-w", "--host-traddr", help="local address to connect from")
+    p.add_argument("-q", "--hostnqn", help="host NQN (default /etc/nvme/hostnqn, else generated from the machine id)")
+    p.add_argument("-I", "--hostid", help="host ID (default /etc/nvme/hostid, else generated)")
+    if nqn:
+        p.add_argument("-n", "--nqn", required=nqn_required, help="subsystem NQN")
+
+
+def _tuning_opts(p):
+    p.add_argument("-i", "--nr-io-queues", type=int, help="number of I/O queues")
+    p.add_argument("-Q", "--queue-size", type=int, help="I/O queue depth")
+    p.add_argument("-k", "--keep-alive-tmo", type=int, help="keep-alive timeout, seconds")
+    p.add_argument("-l", "--ctrl-loss-tmo", type=int, help="controller loss timeout, seconds (-1: forever)")
+    p.add_argument("-c", "--reconnect-delay", type=int, help="seconds between reconnect attempts")
+
+
+def _tuning(args):
+    for name, lo in (("nr_io_queues", 1), ("queue_size", 2), ("keep_alive_tmo", 0), ("reconnect_delay", 1)):
+        v = getattr(args, name)
+        if v is not None and v < lo:
+            raise NvmeofError(f"--{name.replace('_', '-')} {v}: must be at least {lo}",
+                              f"give --{name.replace('_', '-')} >= {lo}")
+    if args.ctrl_loss_tmo is not None and args.ctrl_loss_tmo < -1:
+        raise NvmeofError(f"--ctrl-loss-tmo {args.ctrl_loss_tmo}: must be -1 (forever) or >= 0", "give -1 or more")
+    return {k: getattr(args, k) for k in ("nr_io_queues", "queue_size", "keep_alive_tmo", "ctrl_loss_tmo",
+                                          "reconnect_delay")}
+
+
+def _check_svc(args):
+    if args.transport in ("rdma", "tcp"):
+        try:
+            v = int(args.trsvcid)
+            assert 1 <= v <= 65535
+        except (ValueError, AssertionError):
+            raise NvmeofError(f"--trsvcid {args.trsvcid!r}: must be a port number 1..65535",
+                              "NVMe-oF uses 4420") from None
+
+
+def cmd_host_discover(args):
+    _check_svc(args)
+    r = _cli().discover(args.traddr, args.trsvcid, args.transport, args.hostnqn, args.hostid, args.host_traddr)
+
+    def human(r):
+        print(f"discovery log of {args.traddr}:{args.trsvcid} ({len(r['records'])} records, generation {r['genctr']})")
+        print(table(["subtype", "subnqn", "trtype", "traddr", "trsvcid", "portid"],
+                    [[x.get("subtype"), x.get("subnqn"), x.get("trtype"), x.get("traddr"), x.get("trsvcid"),
+                      x.get("portid")] for x in r["records"]]))
+    emit(r, args.json, human)
+    return 0
+
+
+def cmd_host_connect(args):
+    _check_svc(args)
+    r = _cli().connect(args.traddr, args.nqn, args.trsvcid, args.transport, args.hostnqn, args.hostid,
+                       args.host_traddr, **_tuning(args))
+    emit(r, args.json, lambda r: print(f"connected {r['nqn']} at {r['traddr']}:{r['trsvcid']} as {r['controller']}"))
+    return 0
+
+
+def cmd_host_connect_all(args):
+    _check_svc(args)
+    r = _cli().connect_all(args.traddr, args.trsvcid, args.transport, args.hostnqn, args.hostid, args.host_traddr,
+                           **_tuning(args))
+
+    def human(r):
+        for c in r["connected"]:
+            print(f"connected {c['nqn']} as {c['controller']}")
+        for nqn in r["not_connected"]:
+            print(f"not connected: {nqn} (already connected elsewhere, or this host is not allowed; see dmesg)")
+        if not r["connected"] and not r["not_connected"]:
+            print("nothing to connect (every subsystem in the discovery log is already connected)")
+    emit(r, args.json, human)
+    return 1 if r["not_connected"] and not r["connected"] else 0
+
+
+def cmd_host_disconnect(args):
+    if not args.nqn and not args.device:
+        raise NvmeofError("host disconnect: give --nqn NQN or --device nvmeN", "nvmeof-roce host list shows them")
+    r = _cli().disconnect(args.nqn, args.device)
+    emit(r, args.json, lambda r: print(f"disconnected {r['disconnected']} controller(s) of {args.nqn or args.device}"))
+    return 0
+
+
+def cmd_host_disconnect_all(args):
+    r = _cli().disconnect_all()
+    emit(r, args.json, lambda r: print(f"disconnected {len(r['disconnected'])} controller(s)"))
+    return 0
+
+
+def cmd_host_list(args):
+    r = _cli().list()
+
+    def human(r):
+        if not r["subsystems"]:
+            print("no NVMe-oF subsystems connected")
+            return
+        for s in r["subsystems"]:
+            print(f"{s['name']}  {s['nqn']}")
+            for p in s["paths"]:
+                print(f"  {p['name']}  {p['transport']}  {p['traddr']}:{p['trsvcid']}  {p['state']}")
+            for n in s.get("namespaces", []):
+                size = n.get("size_bytes")
+                print(f"  {n['device']}  nsid {n['nsid']}  {size if size is not None else '?'} bytes  "
+                      f"{n.get('sector_size')}-byte sectors")
+    emit(r, args.json, human)
+    return 0
+
+
+def register(subparsers) -> None:
+    h = subparsers.add_parser("host", help="the kernel NVMe host through nvme-cli: discover, connect, list",
+                              description="The Linux kernel's NVMe-oF host driver, through nvme-cli. (The userspace "
+                              "initiator is `nvmeof-roce initiator`.)")
+    hs = h.add_subparsers(dest="host_cmd", metavar="ACTION")
+    hs.required = True
+    x = hs.add_parser("discover", help="read a discovery controller's log")
+    _addr_opts(x)
+    _add_json(x)
+    x.set_defaults(func=cmd_host_discover)
+    x = hs.add_parser("connect", help="connect to a subsystem")
+    _addr_opts(x, nqn=True)
+    _tuning_opts(x)
+    _add_json(x)
+    x.set_defaults(func=cmd_host_connect)
+    x = hs.add_parser("connect-all", help="connect to every subsystem a discovery controller lists")
+    _addr_opts(x)
+    _tuning_opts(x)
+    _add_json(x)
+    x.set_defaults(func=cmd_host_connect_all)
+    x = hs.add_parser("disconnect", help="disconnect a subsystem (--nqn) or a controller (--device)")
+    x.add_argument("-n", "--nqn", help="subsystem NQN")
+    x.add_argument("-d", "--device", help="controller, e.g. nvme0")
+    _add_json(x)
+    x.set_defaults(func=cmd_host_disconnect)
+    x = hs.add_parser("disconnect-all", help="disconnect every NVMe-oF controller")
+    _add_json(x)
+    x.set_defaults(func=cmd_host_disconnect_all)
+    x = hs.add_parser("list", help="connected subsystems, their paths and namespaces")
+    _add_json(x)
+    x.set_defaults(func=cmd_host_list)

@@ -1,0 +1,117 @@
+"""`nvmeof-roce nvmet ...`: the kernel NVMe target through configfs."""
+import argparse
+
+from ..config import load_config
+from ..output import add_json_option as _add_json, emit
+from . import apply as applymod
+from .nvmet import DEFAULT_SAVE_FILE, NVMET_ROOT, Root, save_json
+
+
+def _root(args) -> Root:
+    return Root(getattr(args, "root", None) or NVMET_ROOT)
+
+
+
+
+def cmd_nvmet_apply(args):
+    cfg = load_config(args.file)
+    root = _root(args)
+    desired = applymod.kernel_dict(cfg)
+    steps = applymod.plan(root.dump(), desired, prune=args.prune)
+    if args.dry_run:
+        emit({"file": args.file, "dry_run": True, "steps": [s.to_dict() for s in steps]}, args.json,
+             lambda r: print("\n".join(str(s) for s in steps) if steps else "nothing to change"))
+        return 0
+    done = applymod.execute(root, steps)
+    emit({"file": args.file, "dry_run": False, "steps": [s.to_dict() for s in done]}, args.json,
+         lambda r: print("\n".join(str(s) for s in done) if done else "nothing to change"))
+    return 0
+
+
+def cmd_nvmet_save(args):
+    root = _root(args)
+    data = root.dump()
+    path = args.file or DEFAULT_SAVE_FILE
+    save_json(data, path)
+    emit({"file": path, "subsystems": len(data["subsystems"]), "ports": len(data["ports"]),
+          "hosts": len(data["hosts"])}, args.json,
+         lambda r: print(f"saved {r['subsystems']} subsystem(s), {r['ports']} port(s), {r['hosts']} host(s) to {path}"))
+    return 0
+
+
+def cmd_nvmet_clear(args):
+    root = _root(args)
+    before = root.dump()
+    root.clear()
+    emit({"removed": {"subsystems": [s["nqn"] for s in before["subsystems"]],
+                      "ports": [p["portid"] for p in before["ports"]],
+                      "hosts": [h["nqn"] for h in before["hosts"]]}}, args.json,
+         lambda r: print(f"removed {len(before['subsystems'])} subsystem(s), {len(before['ports'])} port(s), "
+                         f"{len(before['hosts'])} host(s)"))
+    return 0
+
+
+def show_text(d: dict, root_path: str = NVMET_ROOT) -> str:
+    lines = [f"nvmet ({root_path})"]
+    lines.append(f"  hosts ({len(d['hosts'])})")
+    for h in d["hosts"]:
+        lines.append(f"    {h['nqn']}")
+    lines.append(f"  subsystems ({len(d['subsystems'])})")
+    for s in d["subsystems"]:
+        a = s.get("attr", {})
+        lines.append(f"    {s['nqn']}  allow_any_host={a.get('allow_any_host')} serial={a.get('serial')} "
+                     f"model={a.get('model')}")
+        for n in s.get("namespaces", []):
+            dev = n.get("device", {})
+            flags = "enabled" if n.get("enable") else "disabled"
+            if n.get("buffered_io"):
+                flags += ", buffered_io"
+            lines.append(f"      namespace {n['nsid']}: {dev.get('path') or '(no device)'}  {flags}  "
+                         f"uuid={dev.get('uuid')}  ana_grpid={n.get('ana_grpid')}")
+        for h in s.get("allowed_hosts", []):
+            lines.append(f"      allowed host {h}")
+    lines.append(f"  ports ({len(d['ports'])})")
+    for p in d["ports"]:
+        a = p.get("addr", {})
+        state = "enabled" if p.get("subsystems") else "not enabled (no subsystem linked)"
+        lines.append(f"    {p['portid']}: {a.get('trtype')} {a.get('adrfam')} {a.get('traddr')}:{a.get('trsvcid')}  "
+                     f"{state}")
+        for nqn in p.get("subsystems", []):
+            lines.append(f"      subsystem {nqn}")
+        for r in p.get("referrals", []):
+            ra = r.get("addr", {})
+            lines.append(f"      referral {r['name']}: {ra.get('trtype')} {ra.get('traddr')}:{ra.get('trsvcid')}")
+    return "\n".join(lines)
+
+
+def cmd_nvmet_show(args):
+    root = _root(args)
+    d = root.dump()
+    emit(d, args.json, lambda r: print(show_text(r, root.path)))
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("nvmet", help="the kernel NVMe target (nvmet) through configfs",
+                              description="Apply, save, clear and show the kernel target's configuration. The file "
+                              "format is nvmetcli's /etc/nvmet/config.json (see docs/kernel.md).")
+    p.add_argument("--root", default=NVMET_ROOT, help=argparse.SUPPRESS)
+    sub = p.add_subparsers(dest="nvmet_cmd", metavar="ACTION")
+    sub.required = True
+    a = sub.add_parser("apply", help="make the kernel match FILE: create, change and remove only what differs")
+    a.add_argument("file", metavar="FILE")
+    a.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    a.add_argument("--no-prune", dest="prune", action="store_false",
+                   help="do not remove subsystems, ports or hosts that FILE does not name")
+    _add_json(a)
+    a.set_defaults(func=cmd_nvmet_apply)
+    s = sub.add_parser("save", help=f"write the running config to FILE (default {DEFAULT_SAVE_FILE}), atomically")
+    s.add_argument("file", metavar="FILE", nargs="?")
+    _add_json(s)
+    s.set_defaults(func=cmd_nvmet_save)
+    c = sub.add_parser("clear", help="remove every port, subsystem and host")
+    _add_json(c)
+    c.set_defaults(func=cmd_nvmet_clear)
+    sh = sub.add_parser("show", help="show the running config (--json: nvmetcli's format)")
+    _add_json(sh)
+    sh.set_defaults(func=cmd_nvmet_show)

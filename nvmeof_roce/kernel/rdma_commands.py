@@ -1,0 +1,79 @@
+"""`nvmeof-roce rdma ...`: RDMA devices, GIDs, Soft-RoCE links and the RoCE mode."""
+from ..errors import NvmeofError
+from ..output import add_json_option as _add_json, emit, table
+from . import softroce
+
+
+def cmd_rdma_status(args):
+    r = softroce.status()
+
+    def human(r):
+        if not r["devices"]:
+            print("no RDMA devices (for Soft-RoCE: nvmeof-roce rdma add-rxe NETDEV)")
+            return
+        for d in r["devices"]:
+            kind = "Soft-RoCE" if d["soft_roce"] else d.get("node_type")
+            print(f"{d['name']}  {kind}  node_guid {d['node_guid']}")
+            for p in d["ports"]:
+                print(f"  port {p['port']}: {p['state']} ({p['phys_state']}), {p['link_layer']}, netdev {p['netdev']}, "
+                      f"active MTU {p['active_mtu']}, default RoCE mode {p.get('default_roce_mode') or '?'}")
+                if p["gids"]:
+                    print("    " + table(["index", "gid", "type", "netdev", "ip"],
+                                         [[g["index"], g["gid"], g["type"], g["netdev"], g["ip"]] for g in p["gids"]]
+                                         ).replace("\n", "\n    "))
+    emit(r, args.json, human)
+    return 0
+
+
+def cmd_rdma_add_rxe(args):
+    r = softroce.add_rxe(args.netdev, args.name)
+    emit(r, args.json, lambda r: print(f"added {r['name']} on {r['netdev']}"
+                                      + ("" if r["active"] else f" (not ACTIVE yet: is {r['netdev']} up?)")))
+    return 0 if r["active"] else 1
+
+
+def cmd_rdma_del_rxe(args):
+    r = softroce.del_rxe(args.name)
+    emit(r, args.json, lambda r: print(f"deleted {r['name']}"))
+    return 0
+
+
+def cmd_rdma_roce_mode(args):
+    if args.device is None:
+        r = softroce.all_roce_modes()
+        emit(r, args.json, lambda r: print(table(["device", "port", "mode"], [[x["device"], x["port"], x["mode"]]
+                                                                             for x in r]) if r else "no RoCE ports"))
+        return 0
+    if args.port is None:
+        raise NvmeofError("roce-mode DEV needs a PORT too", "e.g. nvmeof-roce rdma roce-mode rxe0 1 [v1|v2]")
+    if args.mode is None:
+        r = softroce.get_roce_mode(args.device, args.port)
+        emit(r, args.json, lambda r: print(f"{r['device']} port {r['port']}: RoCE {r['mode']}"))
+        return 0
+    r = softroce.set_roce_mode(args.device, args.port, args.mode)
+    emit(r, args.json, lambda r: print(f"{r['device']} port {r['port']}: RoCE {r['mode']} (was {r['was']})"))
+    return 0
+
+
+def register(subparsers) -> None:
+    r = subparsers.add_parser("rdma", help="RDMA devices, GIDs, Soft-RoCE links, RoCE mode")
+    rs = r.add_subparsers(dest="rdma_cmd", metavar="ACTION")
+    rs.required = True
+    x = rs.add_parser("status", help="devices, ports, state, MTU, GID table (RoCE version, netdev)")
+    _add_json(x)
+    x.set_defaults(func=cmd_rdma_status)
+    x = rs.add_parser("add-rxe", help="add a Soft-RoCE device on NETDEV (rdma link add)")
+    x.add_argument("netdev", metavar="NETDEV")
+    x.add_argument("--name", default="rxe0", help="RDMA device name (default rxe0)")
+    _add_json(x)
+    x.set_defaults(func=cmd_rdma_add_rxe)
+    x = rs.add_parser("del-rxe", help="delete a Soft-RoCE device (rdma link delete)")
+    x.add_argument("name", metavar="NAME")
+    _add_json(x)
+    x.set_defaults(func=cmd_rdma_del_rxe)
+    x = rs.add_parser("roce-mode", help="rdma_cm's default RoCE mode: all ports, one port, or set v1/v2")
+    x.add_argument("device", metavar="DEV", nargs="?")
+    x.add_argument("port", metavar="PORT", nargs="?", type=int)
+    x.add_argument("mode", metavar="v1|v2", nargs="?", choices=["v1", "v2"])
+    _add_json(x)
+    x.set_defaults(func=cmd_rdma_roce_mode)
