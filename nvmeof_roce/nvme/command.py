@@ -28,7 +28,8 @@ PSDT_SGL_MPTR_CONTIG = 0x40  # what the Linux host sends on every RDMA command
 PSDT_SGL_MPTR_SGL = 0x80
 FLAGS_SGL = PSDT_SGL_MPTR_CONTIG
 
-NSID_ALL = 0xFFFFFFFF
+NSID_ALL = 0xFFFFFFFF  # broadcast: every namespace, or the controller itself
+NSID_MAX = 0xFFFFFFFE  # the highest NSID a namespace may have
 
 # Admin opcodes
 ADMIN_DELETE_SQ = 0x00
