@@ -1,4 +1,4 @@
-"""The 64-byte submission queue entry and the 16-byte completion (wire doc §2.1, §2.4).
+"""The 64-byte submission queue entry and the 16-byte completion (docs/protocol.md §2.1, §2.4).
 
 `SQE_STRUCT` / `CQE_STRUCT` are precompiled for hot paths that unpack straight
 from a receive buffer; `SQE` / `CQE` are the readable classes built on them.

@@ -1,4 +1,4 @@
-"""Admin commands of an I/O controller (wire doc §5): Identify, logs, features, AER, Keep Alive.
+"""Admin commands of an I/O controller (docs/protocol.md §5): Identify, logs, features, AER, Keep Alive.
 
 Each handler validates the command, then completes it through the Target
 (`t.complete`), or holds it (`t.hold`, the AER).  Lengths are checked against

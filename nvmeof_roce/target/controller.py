@@ -1,4 +1,4 @@
-"""A target controller: registers, keep-alive, asynchronous events, error log (wire doc §4.3, §5.5, §5.6)."""
+"""A target controller: registers, keep-alive, asynchronous events, error log (docs/protocol.md §4.3, §5.5, §5.6)."""
 from __future__ import annotations
 
 import logging

@@ -264,7 +264,7 @@ class Target:
 
     # ------------------------------------------------------------------ connection management
     def _check_connect(self, ctx: PortContext, request) -> int:
-        """The CM-level checks nvmet makes (wire doc §1.3), plus queue sizes against MQES."""
+        """The CM-level checks nvmet makes (nvmet_rdma_parse_cm_connect_req; docs/protocol.md §1.3), plus queue sizes against MQES."""
         if self.closed or len(self._queues) >= MAX_QUEUES:
             return cm.STS_NO_RESOURCES
         if request.recfmt != 0:
@@ -584,7 +584,7 @@ def _property_set(t: Target, req: Request) -> None:
     ctrl.set_cc(req.cdw12, t.clock())
     t.complete(req, 0)
     if ctrl.shutdown_at is not None and not was_shut_down:
-        # The host disconnects its I/O queues before it shuts the controller down (wire doc §1.8).
+        # The host disconnects its I/O queues before it shuts the controller down (docs/protocol.md §1.8).
         for qs in list(ctrl.io_queues.values()):
             t._close_queue(qs, f"controller {ctrl.cntlid} shut down", logging.INFO)
 

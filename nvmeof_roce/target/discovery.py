@@ -1,4 +1,4 @@
-"""The discovery controller (wire doc §5.8, §8.1 item 14).
+"""The discovery controller (docs/protocol.md §5.8, §8.1 item 14).
 
 It accepts what nvmet's does: fabrics commands, Identify CNS 1, Get Log Page
 0x70 (honouring LPO and partial lengths), Set/Get Features KATO and Async

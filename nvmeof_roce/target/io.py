@@ -1,4 +1,4 @@
-"""NVM I/O commands (wire doc §6): Read, Write, Flush, Write Zeroes, Dataset Management.
+"""NVM I/O commands (docs/protocol.md §6): Read, Write, Flush, Write Zeroes, Dataset Management.
 
 The NSID was resolved before these run (req.ns).  Every check happens before
 any data moves: transfer length against the SGL (SGL Data Length Invalid),

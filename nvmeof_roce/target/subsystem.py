@@ -14,7 +14,7 @@ from ..config import NamespaceConfig, SubsystemConfig
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_QID = 128  # I/O queues per controller (nvmet's default)
-DEFAULT_VERSION = make_version(1, 3, 0)  # VS 1.3: the command sequence the wire doc recommends
+DEFAULT_VERSION = make_version(1, 3, 0)  # VS 1.3: the host command sequence of docs/protocol.md §4.3, §5.1
 
 
 def _hex_bytes(text: Optional[str], size: int) -> Optional[bytes]:

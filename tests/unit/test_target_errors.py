@@ -1,5 +1,5 @@
 """Every error path of the target, with hand-built capsules: each gets its proper NVMe status
-(docs/nvmeof-rdma-wire.md §2.2, §3.1, §4, §6.2), a CM reject, or a clean close of that queue only."""
+(docs/protocol.md §2.2, §3.1, §4, §6.2), a CM reject, or a clean close of that queue only."""
 import os
 
 import pytest
