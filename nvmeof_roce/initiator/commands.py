@@ -2,6 +2,7 @@
 
     initiator discover     -a ADDR [-s 4420]
     initiator identify     -a ADDR -n NQN [--nsid N]
+    initiator ana-log      -a ADDR -n NQN [--groups-only]
     initiator read         -a ADDR -n NQN --nsid N --slba LBA --blocks N [--output FILE]
     initiator write        -a ADDR -n NQN --nsid N --slba LBA (--input FILE | --pattern BYTE --blocks N)
     initiator connect-test -a ADDR -n NQN     (connect, identify all namespaces, write/read/verify, disconnect)
@@ -132,6 +133,25 @@ def cmd_identify(args) -> int:
     return 0
 
 
+def ana_log_dict(log) -> dict:
+    return {"chgcnt": log.chgcnt, "groups": [{"grpid": g.grpid, "state": g.state_name, "chgcnt": g.chgcnt,
+                                               "nsids": g.nsids} for g in log.groups]}
+
+
+def cmd_ana_log(args) -> int:
+    with _controller(args, args.nqn, num_io_queues=0) as ctrl:
+        result = ana_log_dict(ctrl.ana_log(groups_only=args.groups_only))
+        result["cntlid"] = ctrl.cntlid
+
+    def human(r):
+        print(f"ANA log of controller {r['cntlid']} at {args.traddr}:{args.trsvcid}: change count {r['chgcnt']}, "
+              f"{len(r['groups'])} group(s)")
+        print(table(["GROUP", "STATE", "NSIDS"],
+                    [[g["grpid"], g["state"], " ".join(map(str, g["nsids"])) or "-"] for g in r["groups"]]))
+    emit(result, args.json, human)
+    return 0
+
+
 def cmd_read(args) -> int:
     with _controller(args, args.nqn) as ctrl:
         data = ctrl.read(args.nsid, args.slba, args.blocks)
@@ -246,6 +266,11 @@ def register(subparsers) -> None:
     _common(p)
     p.add_argument("--nsid", type=int, help="only this namespace")
     p.set_defaults(func=cmd_identify)
+
+    p = sub.add_parser("ana-log", help="read the ANA log: each ANA group's state on this path, and its namespaces")
+    _common(p)
+    p.add_argument("--groups-only", action="store_true", help="RGO: groups and states without the NSID lists")
+    p.set_defaults(func=cmd_ana_log)
 
     p = sub.add_parser("read", help="read blocks (hex dump, or --output FILE)")
     _common(p)

@@ -211,6 +211,7 @@ class Controller:
         self.io_queues: List[_Queue] = []
         self.events: List[Tuple[int, int, int]] = []  # (type, info, log page) of completed AERs
         self.namespaces_changed = False
+        self.ana_changed = False  # an ANA change notice arrived; ana_log() clears it
         self._ns_cache: Dict[int, I.IdentifyNamespace] = {}
         self._next_io = 0
         self._last_keep_alive = clock()
@@ -241,8 +242,9 @@ class Controller:
             ctrl._identify_and_check(is_discovery)
             if not is_discovery and num_io_queues > 0:
                 ctrl._connect_io_queues(num_io_queues, queue_size, io_slot_size, use_in_capsule)
-            if enable_aen and not is_discovery and ctrl.id_ctrl.oaes & A.AEN_CFG_NS_ATTR:
-                ctrl.set_features(A.FEAT_ASYNC_EVENT, A.AEN_CFG_NS_ATTR)
+            wanted = ctrl.id_ctrl.oaes & (A.AEN_CFG_NS_ATTR | A.AEN_CFG_ANA_CHANGE)
+            if enable_aen and not is_discovery and wanted:
+                ctrl.set_features(A.FEAT_ASYNC_EVENT, wanted)
                 ctrl._submit_aer()
         except BaseException:
             ctrl._abort()
@@ -523,6 +525,18 @@ class Controller:
         self.namespaces_changed = False
         return L.ChangedNsList.unpack(self.get_log_page(A.LID_CHANGED_NS, L.CHANGED_NS_LOG_SIZE)).nsids
 
+    def ana_log(self, groups_only: bool = False) -> L.AnaLog:
+        """Read the whole ANA log (sized as the Linux host sizes it from NANAGRPID and MNAN); re-arms ANA
+        change notices.  `groups_only` sets RGO: the groups and states without their NSID lists."""
+        idc = self.id_ctrl
+        if not idc.anacap or not idc.cmic & I.CMIC_ANA:
+            raise NvmeofError(f"{self.subnqn}: the controller does not report ANA (CMIC bit 3 clear)",
+                              "ANA needs a target with ANA groups (our target, or nvmet with multipath)")
+        length = L.ANA_HEADER_SIZE + idc.nanagrpid * L.ANA_DESC_SIZE + (0 if groups_only else 4 * idc.mnan)
+        self.ana_changed = False
+        raw = self.get_log_page(A.LID_ANA, length, lsp=L.ANA_LSP_RGO if groups_only else 0)
+        return L.AnaLog.unpack(raw)
+
     def keep_alive(self) -> None:
         self._sync(self.admin, A.KeepAliveCommand().to_sqe(), name="Keep Alive")
         self._last_keep_alive = self.clock()
@@ -562,6 +576,8 @@ class Controller:
             self.events.append(ev)
             if ev[0] == A.AER_TYPE_NOTICE and ev[1] == A.AER_NOTICE_NS_CHANGED:
                 self.namespaces_changed = True
+            if ev[0] == A.AER_TYPE_NOTICE and ev[1] == A.AER_NOTICE_ANA:
+                self.ana_changed = True
                 self._ns_cache.clear()
             if not self.closed and not self.admin.dead:
                 self._submit_aer()

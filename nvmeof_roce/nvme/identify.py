@@ -19,6 +19,18 @@ CNTRLTYPE_IO = 1
 CNTRLTYPE_DISCOVERY = 2
 CNTRLTYPE_ADMIN = 3
 
+# CMIC bits (offset 76)
+CMIC_MULTI_PORT = 1 << 0
+CMIC_MULTI_CTRL = 1 << 1
+CMIC_ANA = 1 << 3  # the controller reports Asymmetric Namespace Access
+
+# ANACAP bits (offset 343): which ANA states the controller may report
+ANACAP_OPTIMIZED = 1 << 0
+ANACAP_NON_OPTIMIZED = 1 << 1
+ANACAP_INACCESSIBLE = 1 << 2
+ANACAP_PERSISTENT_LOSS = 1 << 3
+ANACAP_CHANGE = 1 << 4
+
 # SGLS bits
 SGLS_SUPPORTED = 0x1  # bits 1:0 = 01: SGLs supported, no alignment requirement
 SGLS_KEYED = 1 << 2
@@ -89,6 +101,10 @@ class IdentifyController:
     wctemp: int = 0
     cctemp: int = 0
     kas: int = 0
+    anatt: int = 0
+    anacap: int = 0
+    anagrpmax: int = 0
+    nanagrpid: int = 0
     sqes: int = 0
     cqes: int = 0
     maxcmd: int = 0
@@ -123,7 +139,8 @@ class IdentifyController:
         ("ctratt", 96, "I"), ("cntrltype", 111, "B"), ("crdt1", 128, "H"), ("crdt2", 130, "H"),
         ("crdt3", 132, "H"), ("oacs", 256, "H"), ("acl", 258, "B"), ("aerl", 259, "B"), ("frmw", 260, "B"),
         ("lpa", 261, "B"), ("elpe", 262, "B"), ("npss", 263, "B"), ("avscc", 264, "B"), ("apsta", 265, "B"),
-        ("wctemp", 266, "H"), ("cctemp", 268, "H"), ("kas", 320, "H"), ("sqes", 512, "B"), ("cqes", 513, "B"),
+        ("wctemp", 266, "H"), ("cctemp", 268, "H"), ("kas", 320, "H"), ("anatt", 342, "B"),
+        ("anacap", 343, "B"), ("anagrpmax", 344, "I"), ("nanagrpid", 348, "I"), ("sqes", 512, "B"), ("cqes", 513, "B"),
         ("maxcmd", 514, "H"), ("nn", 516, "I"), ("oncs", 520, "H"), ("fuses", 522, "H"), ("fna", 524, "B"),
         ("vwc", 525, "B"), ("awun", 526, "H"), ("awupf", 528, "H"), ("nvscc", 530, "B"), ("nwpc", 531, "B"),
         ("acwu", 532, "H"), ("sgls", 536, "I"), ("mnan", 540, "I"), ("ioccsz", 1792, "I"),

@@ -241,3 +241,66 @@ class DiscoveryLogEntry:
             "portid": self.portid, "cntlid": self.cntlid, "asqsz": self.asqsz, "trsvcid": self.trsvcid,
             "subnqn": self.subnqn, "traddr": self.traddr,
         }
+
+
+# -- Asymmetric Namespace Access (LID 0x0C): a 16-byte header, then one descriptor per ANA group
+ANA_STATE_OPTIMIZED = 0x01
+ANA_STATE_NON_OPTIMIZED = 0x02
+ANA_STATE_INACCESSIBLE = 0x03
+ANA_STATE_PERSISTENT_LOSS = 0x04
+ANA_STATE_CHANGE = 0x0F
+ANA_STATES = {"optimized": ANA_STATE_OPTIMIZED, "non-optimized": ANA_STATE_NON_OPTIMIZED,
+              "inaccessible": ANA_STATE_INACCESSIBLE, "persistent-loss": ANA_STATE_PERSISTENT_LOSS,
+              "change": ANA_STATE_CHANGE}
+ANA_STATE_NAMES = {v: k for k, v in ANA_STATES.items()}
+ANA_LSP_RGO = 1 << 0  # Get Log Page LSP bit 0: return groups only (no NSID lists)
+
+_ANA_HEADER = struct.Struct("<QH6x")   # CHGCNT 0, NGRPS 8
+_ANA_DESC = struct.Struct("<IIQB15x")  # ANAGRPID 0, NNSIDS 4, CHGCNT 8, state 16 (bits 3:0), then NSIDs at 32
+ANA_HEADER_SIZE = _ANA_HEADER.size
+ANA_DESC_SIZE = _ANA_DESC.size
+assert ANA_HEADER_SIZE == 16 and ANA_DESC_SIZE == 32
+
+
+@dataclass
+class AnaGroupDescriptor:
+    grpid: int
+    state: int
+    chgcnt: int = 0
+    nsids: List[int] = field(default_factory=list)
+
+    @property
+    def state_name(self) -> str:
+        return ANA_STATE_NAMES.get(self.state, f"{self.state:#x}")
+
+
+@dataclass
+class AnaLog:
+    """The ANA log page; with RGO the descriptors carry no NSIDs (NNSIDS 0)."""
+
+    chgcnt: int = 0
+    groups: List[AnaGroupDescriptor] = field(default_factory=list)
+
+    def pack(self) -> bytes:
+        out = [_ANA_HEADER.pack(self.chgcnt, len(self.groups))]
+        for g in self.groups:
+            out.append(_ANA_DESC.pack(g.grpid, len(g.nsids), g.chgcnt, g.state & 0xF))
+            out.append(struct.pack(f"<{len(g.nsids)}I", *g.nsids))
+        return b"".join(out)
+
+    @classmethod
+    def unpack(cls, buf) -> "AnaLog":
+        buf = bytes(buf)
+        chgcnt, ngrps = _ANA_HEADER.unpack_from(buf, 0)
+        offset = ANA_HEADER_SIZE
+        groups = []
+        for _ in range(ngrps):
+            grpid, nnsids, gchg, state = _ANA_DESC.unpack_from(buf, offset)
+            offset += ANA_DESC_SIZE
+            nsids = list(struct.unpack_from(f"<{nnsids}I", buf, offset))
+            offset += 4 * nnsids
+            groups.append(AnaGroupDescriptor(grpid, state & 0xF, gchg, nsids))
+        return cls(chgcnt, groups)
+
+    def size(self) -> int:
+        return ANA_HEADER_SIZE + sum(ANA_DESC_SIZE + 4 * len(g.nsids) for g in self.groups)

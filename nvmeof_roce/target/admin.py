@@ -11,12 +11,15 @@ from typing import TYPE_CHECKING
 from .. import __version__
 from ..nvme import admin as A
 from ..nvme import identify as I
+from ..nvme import log as L
 from ..nvme import status as S
+from ..config import ANA_GRPID_MAX
 from ..nvme.command import (ADMIN_ASYNC_EVENT, ADMIN_GET_FEATURES, ADMIN_GET_LOG_PAGE, ADMIN_IDENTIFY,
                             ADMIN_KEEP_ALIVE, ADMIN_SET_FEATURES, NSID_ALL, NVM_DSM, NVM_FLUSH, NVM_READ,
                             NVM_WRITE, NVM_WRITE_ZEROES)
 from ..nvme.log import (EFFECT_CSUPP, EFFECT_LBCC, ERROR_ENTRY_SIZE, ChangedNsList, CommandEffectsLog,
                         SmartLog)
+from .ana import ANACAP, ANATT_SECONDS, UNREACHABLE
 from .limits import ERROR_LOG_ENTRIES, MAX_AER, MAX_NSID, MAX_TRANSFER, MDTS
 from .request import LOC_CDW10, LOC_CDW11, LOC_CDW12, LOC_DPTR, LOC_NSID, Request
 
@@ -28,6 +31,8 @@ ONCS = I.ONCS_DSM | I.ONCS_WRITE_ZEROES
 CTRATT_HOSTID_128 = 1 << 0
 CTRATT_TBKAS = 1 << 6  # traffic based keep alive: every command restarts the timer
 FIRMWARE_REVISION = __version__[:8]
+# Several ports, several controllers, and ANA reporting (which the Linux host needs to use multipath with ANA)
+CMIC = I.CMIC_MULTI_PORT | I.CMIC_MULTI_CTRL | I.CMIC_ANA
 
 EFFECTS = CommandEffectsLog(
     admin={op: EFFECT_CSUPP for op in (ADMIN_GET_LOG_PAGE, ADMIN_IDENTIFY, ADMIN_SET_FEATURES,
@@ -50,20 +55,22 @@ def identify_controller(ctrl) -> bytes:
     port = ctrl.port
     mqes = port.mqes
     return I.IdentifyController(
-        sn=sub.serial, mn=sub.model, fr=FIRMWARE_REVISION, rab=6, cmic=0x03, mdts=MDTS, cntlid=ctrl.cntlid,
-        ver=sub.version, oaes=A.AEN_CFG_NS_ATTR, ctratt=CTRATT_HOSTID_128 | CTRATT_TBKAS,
+        sn=sub.serial, mn=sub.model, fr=FIRMWARE_REVISION, rab=6, cmic=CMIC, mdts=MDTS, cntlid=ctrl.cntlid,
+        ver=sub.version, oaes=ctrl.supported_aen(), ctratt=CTRATT_HOSTID_128 | CTRATT_TBKAS,
         cntrltype=I.CNTRLTYPE_IO, acl=3, aerl=MAX_AER - 1, frmw=0x03, lpa=0x07, elpe=ERROR_LOG_ENTRIES - 1,
-        kas=KAS, sqes=0x66, cqes=0x44, maxcmd=mqes + 1, nn=MAX_NSID, oncs=ONCS, vwc=1,
+        kas=KAS, anatt=ANATT_SECONDS, anacap=ANACAP, anagrpmax=ANA_GRPID_MAX, nanagrpid=ANA_GRPID_MAX,
+        mnan=MAX_NSID, sqes=0x66, cqes=0x44, maxcmd=mqes + 1, nn=MAX_NSID, oncs=ONCS, vwc=1,
         sgls=sgls_for(port.in_capsule_size), subnqn=sub.nqn, ioccsz=(64 + port.in_capsule_size) // 16,
         iorcsz=1, icdoff=0, msdbd=1, psd0_max_power=0x09C4, psd0_entry_lat=0x10, psd0_exit_lat=0x4,
     ).pack()
 
 
-def identify_namespace(ns) -> bytes:
-    """Identify Namespace (§5.3): one LBA format, shared (NMIC), NCAP = NSZE."""
+def identify_namespace(ns, ana_state: str = "optimized") -> bytes:
+    """Identify Namespace (§5.3): one LBA format, shared (NMIC), NCAP = NSZE, its ANA group; NUSE 0 while
+    the namespace cannot be reached through this port (nvmet_execute_identify_ns)."""
     return I.IdentifyNamespace(
-        nsze=ns.num_blocks, ncap=ns.num_blocks, nuse=ns.num_blocks, nmic=1, lbaf0_lbads=ns.lbads,
-        nguid=ns.nguid or bytes(16), eui64=ns.eui64 or bytes(8),
+        nsze=ns.num_blocks, ncap=ns.num_blocks, nuse=0 if ana_state in UNREACHABLE else ns.num_blocks, nmic=1,
+        lbaf0_lbads=ns.lbads, nguid=ns.nguid or bytes(16), eui64=ns.eui64 or bytes(8), anagrpid=ns.ana_grpid,
     ).pack()
 
 
@@ -90,7 +97,8 @@ def _identify(t: Target, req: Request) -> None:
         if nsid == 0 or nsid == NSID_ALL:
             return t.complete(req, S.INVALID_NS | S.DNR, location=LOC_NSID)
         ns = sub.namespaces.get(nsid)
-        data = identify_namespace(ns) if ns else bytes(I.IDENTIFY_SIZE)  # inactive: all zero (NCAP 0)
+        data = (identify_namespace(ns, t.ana.state(ctrl.port.portid, ns.ana_grpid)) if ns
+                else bytes(I.IDENTIFY_SIZE))  # inactive: all zero (NCAP 0)
     elif cns == A.CNS_CONTROLLER:
         data = identify_controller(ctrl)
     elif cns == A.CNS_ACTIVE_NS_LIST:
@@ -174,6 +182,12 @@ def _get_log_page(t: Target, req: Request) -> None:
         page = ChangedNsList(ctrl.take_changed_nsids(retain)).pack()
     elif lid == A.LID_CMD_EFFECTS:
         page = EFFECTS
+    elif lid == A.LID_ANA:
+        lsp = (req.cdw10 >> 8) & 0x7F
+        if lsp & ~L.ANA_LSP_RGO:
+            return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
+        page = t.ana.log_page(ctrl.port.portid, ctrl.subsystem.namespaces.values(), bool(lsp & L.ANA_LSP_RGO))
+        ctrl.ana_log_read(retain)
     else:
         return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
     t.complete(req, 0, data=window(page, offset, length))

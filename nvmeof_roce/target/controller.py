@@ -16,7 +16,7 @@ from .request import Request
 log = logging.getLogger(__name__)
 
 DISCOVERY_DEFAULT_KATO_MS = 120_000  # nvmet keeps a discovery controller with KATO 0 alive this long
-IO_AEN_SUPPORTED = A.AEN_CFG_NS_ATTR
+IO_AEN_SUPPORTED = A.AEN_CFG_NS_ATTR | A.AEN_CFG_ANA_CHANGE
 DISCOVERY_AEN_SUPPORTED = A.AEN_CFG_DISC_CHANGE
 
 
@@ -135,6 +135,11 @@ class Controller:
         if not retain_event:
             self.aen_masked &= ~A.AEN_CFG_NS_ATTR
         return out
+
+    def ana_log_read(self, retain_event: bool) -> None:
+        """Reading the ANA log re-arms the ANA change notice unless RAE is set."""
+        if not retain_event:
+            self.aen_masked &= ~A.AEN_CFG_ANA_CHANGE
 
     # -- error log
     def log_error(self, req: Request, status: int, location: int) -> None:

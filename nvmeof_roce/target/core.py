@@ -36,6 +36,7 @@ from ..transport.base import TransportError
 from .backends import BackendError
 from ..config import ConfigError, NamespaceConfig, PortConfig, TargetConfig
 from .controller import Controller
+from .ana import AnaTable
 from . import admin, discovery, io
 from .limits import DEFAULT_IN_CAPSULE_SIZE, DEFAULT_QUEUE_SIZE, MAX_NSID, MAX_QUEUE_SIZE, MAX_QUEUES, \
     MAX_TRANSFER, MIN_QUEUE_SIZE
@@ -64,6 +65,16 @@ class PortContext:
 
     def ports(self) -> List[PortConfig]:
         return [self.port] if self.port else list(self.target.config.ports)
+
+    def discovery_ports(self) -> List[PortConfig]:
+        """The ports a discovery log read through this port lists: the port itself, and under `serve --workers`
+        the same port of every other worker (Target.discovery_siblings), so that every path is discovered."""
+        if self.port is None:
+            return self.ports()
+        siblings = self.target.discovery_siblings.get(self.portid)
+        if not siblings:
+            return [self.port]
+        return [p for p in self.target.config.ports if p.portid in siblings]
 
     def exports(self, nqn: str) -> bool:
         return any(nqn in p.subsystems for p in self.ports())
@@ -123,6 +134,8 @@ class Target:
         self._queues: Dict[object, QueueState] = {}
         self._any_port = PortContext(self, None, in_capsule_size, self.default_queue_size)
         self._port_handlers: Dict[int, PortHandler] = {}
+        self.ana = AnaTable(config)  # ANA groups and their state on each port (target/ana.py)
+        self.discovery_siblings: Dict[int, List[int]] = {}  # portid -> the portids of one path group (workers.py)
         try:
             for i, sub_cfg in enumerate(config.subsystems):
                 sub = Subsystem(sub_cfg)
@@ -356,6 +369,9 @@ class Target:
                 if ns is None:
                     return self.complete(req, S.INVALID_NS | S.DNR, location=LOC_NSID)
                 req.ns = ns
+                ana_status = self.ana.io_status(ctrl.port.portid, ns.ana_grpid)
+                if ana_status:  # this path cannot serve the namespace now (nvmet_check_ana_state)
+                    return self.complete(req, ana_status, location=LOC_NSID)
                 table = self._io_cmds
             handler = table.get(opc)
             if handler is None:

@@ -37,6 +37,7 @@ class Namespace:
         self.uuid = uuidlib.UUID(config.uuid).bytes if config.uuid else uuidlib.uuid4().bytes
         self.nguid = _hex_bytes(config.nguid, 16)
         self.eui64 = _hex_bytes(config.eui64, 8)
+        self.ana_grpid = config.ana_grpid
         self.removed = False
         # RAM namespaces expose their memory: reads are sent straight from it, without a copy.
         self.direct_view = backend.buffer

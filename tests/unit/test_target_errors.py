@@ -467,8 +467,10 @@ def test_log_page_errors_and_error_log(ctrl):
         S.INVALID_FIELD | S.DNR
     assert a.command(A.GetLogPageCommand(lid=0x70, numd=255, sgl=a.keyed(1024))).status == \
         S.INVALID_FIELD | S.DNR  # discovery log from an I/O controller
-    assert a.command(A.GetLogPageCommand(lid=0x0C, numd=255, sgl=a.keyed(1024))).status == \
-        S.INVALID_FIELD | S.DNR  # no ANA
+    assert a.command(A.GetLogPageCommand(lid=0x0C, numd=255, lsp=0x40, sgl=a.keyed(1024))).status == \
+        S.INVALID_FIELD | S.DNR  # ANA log with a reserved LSP bit
+    assert a.command(A.GetLogPageCommand(lid=0x0D, numd=255, sgl=a.keyed(1024))).status == \
+        S.INVALID_FIELD | S.DNR  # a log page we do not have
     q = io(ctrl)
     cqe = q.command(read_cmd(q, slba=1 << 30))
     errors = ctrl.error_log()
