@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from ..errors import NvmeofError
 from ..output import emit, table
 from .backends import BackendError, open_backend
 from ..config import ConfigError, TargetConfig, load_config
@@ -105,6 +106,24 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_ana_state(args) -> int:
+    from .ana_control import change_state, current_states, default_run_dir
+    run_dir = args.run_dir or default_run_dir()
+    if (args.port is None) != (args.state is None):
+        raise NvmeofError("give both --port and STATE to change a state, or neither to show them",
+                          "e.g. nvmeof-roce target ana-state --port 1 --group 1 inaccessible")
+    if args.port is not None:
+        workers = change_state(run_dir, args.port, args.group, args.state)
+        print(f"port {args.port} group {args.group}: {args.state} (applied by {workers} worker(s))")
+        return 0
+    states = current_states(run_dir)
+    rows = [{"portid": p, "grpid": g, "state": s} for p, groups in sorted(states.items())
+            for g, s in sorted(groups.items())]
+    emit(rows, args.json, lambda r: print(table(["PORT", "GROUP", "STATE"],
+                                                [[x["portid"], x["grpid"], x["state"]] for x in r])))
+    return 0
+
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser("target", help="the userspace NVMe-oF target",
                                    description="Check and serve target configs with the userspace target.")
@@ -119,3 +138,15 @@ def register(subparsers) -> None:
     check.set_defaults(func=_cmd_check)
 
     register_serve(commands)  # `target serve` lives in serve.py
+
+    ana = commands.add_parser("ana-state", help="show or change the ANA state of a port's group in a running target",
+                              description="Without --port: print the running target's ANA states. With --port, "
+                                          "--group and STATE: change that group's state on that port in every "
+                                          "worker; hosts connected through the port get an ANA change notice.")
+    ana.add_argument("state", nargs="?", metavar="STATE",
+                     help="optimized, non-optimized, inaccessible, persistent-loss or change")
+    ana.add_argument("--port", type=int, metavar="PORTID", help="the portid (as in the discovery log)")
+    ana.add_argument("--group", type=int, default=1, metavar="GRPID", help="the ANA group (default 1)")
+    ana.add_argument("--run-dir", metavar="DIR", help="the target's --run-dir (default /run/nvmeof-roce as root)")
+    ana.add_argument("--json", action="store_true", help="print the states as JSON")
+    ana.set_defaults(func=_cmd_ana_state)

@@ -50,7 +50,7 @@ def _entry_address(port, local_address: str) -> str:
 def discovery_entries(t: Target, ctrl) -> List[L.DiscoveryLogEntry]:
     local = ctrl.admin_queue.transport.local_address if ctrl.admin_queue else ""
     entries = []
-    for port in sorted(ctrl.port.ports(), key=lambda p: p.portid):
+    for port in sorted(ctrl.port.discovery_ports(), key=lambda p: p.portid):
         base = dict(trtype=L.TRTYPES.get(port.trtype, 0), adrfam=L.ADRFAMS.get(port.adrfam, 0),
                     treq=_TREQ.get(port.treq, 0), portid=port.portid, trsvcid=port.trsvcid_str,
                     traddr=_entry_address(port, local))

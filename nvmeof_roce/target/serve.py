@@ -17,12 +17,15 @@ DRAIN_SECONDS = 5.0  # how long a stop waits for in-flight commands
 class TargetServer:
     """A Target plus one RDMA listener per configured port, on one event loop."""
 
-    def __init__(self, config: TargetConfig, *, data_chunks: int = 512, remote_invalidate: bool = True):
+    def __init__(self, config: TargetConfig, *, data_chunks: int = 512, remote_invalidate: bool = True,
+                 listen_portids: Optional[List[int]] = None):
         from ..transport.rdma import EventLoop, RdmaListener, require_pyverbs
         from .core import Target
 
         require_pyverbs()
         rdma_ports = [p for p in config.ports if p.trtype == "rdma"]
+        if listen_portids is not None:  # a worker of `serve --workers` listens on its own ports only
+            rdma_ports = [p for p in rdma_ports if p.portid in listen_portids]
         if not rdma_ports:
             raise NvmeofError(f"{config.source}: no port with trtype 'rdma'",
                               "add a port like {\"portid\": 1, \"addr\": {\"trtype\": \"rdma\", \"adrfam\": \"ipv4\", "
@@ -45,6 +48,7 @@ class TargetServer:
             self.close()
             raise
         self.stopping = False
+        self.ana_control = None  # ana_control.AnaControl: run-time ANA changes, applied between events
 
     def addresses(self) -> List[str]:
         return [f"{lst.traddr}:{lst.trsvcid} ({lst.device_name})" for lst in self.listeners]
@@ -55,13 +59,20 @@ class TargetServer:
         self.stopping = True
 
     def serve(self) -> None:
-        self.loop.run(lambda: self.stopping)
+        self.loop.run(self._should_stop)
         # Let in-flight commands complete (or fail with a status) before the queues close.
         deadline = time.monotonic() + DRAIN_SECONDS
         while self.target.in_flight() and time.monotonic() < deadline:
             self.loop.run_once(0.05)
 
+    def _should_stop(self) -> bool:
+        if self.ana_control is not None:
+            self.ana_control.poll()
+        return self.stopping
+
     def close(self) -> None:
+        if self.ana_control is not None:
+            self.ana_control.close()
         for listener in self.listeners:
             listener.close()
         self.listeners = []
@@ -69,9 +80,30 @@ class TargetServer:
 
 
 def serve(path: str, *, ready_file: Optional[str] = None, data_chunks: int = 512,
-          remote_invalidate: bool = True) -> int:
+          remote_invalidate: bool = True, run_dir: Optional[str] = None, worker: Optional[int] = None,
+          listen_portids: Optional[List[int]] = None, path_groups: Optional[List[str]] = None) -> int:
+    from .ana_control import AnaControl, default_run_dir, publish, unpublish
     config = load_config(path)
-    server = TargetServer(config, data_chunks=data_chunks, remote_invalidate=remote_invalidate)
+    server = TargetServer(config, data_chunks=data_chunks, remote_invalidate=remote_invalidate,
+                          listen_portids=listen_portids)
+    for group in path_groups or ():  # a worker: these ports are one port of the config, one per worker
+        ids = [int(x) for x in group.split(",")]
+        for portid in ids:
+            server.target.discovery_siblings[portid] = ids
+    explicit_run_dir = run_dir is not None
+    run_dir = run_dir or default_run_dir()
+    published = False
+    if worker is None:  # a worker's supervisor publishes the run directory
+        try:
+            publish(run_dir, server.target.ana, workers=1)
+            published = True
+        except (NvmeofError, OSError) as exc:
+            if explicit_run_dir:
+                server.close()
+                raise
+            log.warning("run-time ANA changes are off: %s (pass --run-dir)", exc)
+    if published or worker is not None:
+        server.ana_control = AnaControl(run_dir, server.target, worker or 0)
     previous = {sig: signal.signal(sig, server.request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         for sub in config.subsystems:
@@ -86,15 +118,21 @@ def serve(path: str, *, ready_file: Optional[str] = None, data_chunks: int = 512
         server.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if published:
+            unpublish(run_dir)
     print("nvmeof-roce target: stopped", flush=True)
     return 0
 
 
 def _cmd_serve(args) -> int:
+    from .workers import workers_requested, supervise
+    if workers_requested(args) is not None:
+        return supervise(args)
     # Connects, disconnects and rejects are logged at INFO: show them unless the user asked for less.
     logging.getLogger("nvmeof_roce").setLevel(logging.DEBUG if args.verbose > 1 else logging.INFO)
     return serve(args.config, ready_file=args.ready_file, data_chunks=args.data_buffers,
-                 remote_invalidate=not args.no_remote_invalidate)
+                 remote_invalidate=not args.no_remote_invalidate, run_dir=args.run_dir, worker=args.worker_index,
+                 listen_portids=args.listen_port, path_groups=args.path_group)
 
 
 def register_serve(commands) -> None:
@@ -108,4 +146,6 @@ def register_serve(commands) -> None:
                    help="data buffers registered at start, per port, each MDTS bytes (default 512)")
     p.add_argument("--no-remote-invalidate", action="store_true",
                    help="answer with plain SEND even when the host's key asks for remote invalidation")
+    from .workers import add_worker_arguments
+    add_worker_arguments(p)
     p.set_defaults(func=_cmd_serve)

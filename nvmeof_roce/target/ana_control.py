@@ -1,0 +1,196 @@
+"""Changing ANA states of a running target: a state file in the run directory and SIGUSR2.
+
+    RUN_DIR/target.pid          the serving process (the supervisor with --workers)
+    RUN_DIR/ana-state.json      {"generation": G, "workers": N, "ports": {"1": {"1": "optimized", ...}}}
+    RUN_DIR/ana-applied.<i>     the generation worker i (0 without --workers) has applied
+
+`nvmeof-roce target ana-state` rewrites the file under a lock with the next generation, sends SIGUSR2 to the
+serving process (a supervisor forwards it to its workers), and waits until every worker wrote that generation
+to its applied file.  A worker (re)started later applies the file as it finds it, so a restarted worker comes
+back in the states set at run time.  The signal handler only sets a flag: the event loop applies the change
+between events (`poll`), never inside another command.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import signal
+import time
+from typing import Dict
+
+from ..config import ANA_STATES
+from ..errors import NvmeofError
+from .ana import AnaTable, apply_states
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "ana-state.json"
+PID_FILE = "target.pid"
+LOCK_FILE = "ana-state.lock"
+APPLY_TIMEOUT = 10.0
+
+
+def default_run_dir() -> str:
+    if os.geteuid() == 0:
+        return "/run/nvmeof-roce"
+    return os.path.join(os.environ.get("XDG_RUNTIME_DIR") or "/tmp", f"nvmeof-roce-{os.getuid()}")
+
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _locked(run_dir: str):
+    with open(os.path.join(run_dir, LOCK_FILE), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def read_state(run_dir: str) -> dict:
+    path = os.path.join(run_dir, STATE_FILE)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise NvmeofError(f"{path}: no ANA state file: no target serving with run directory {run_dir}",
+                          "start 'nvmeof-roce target serve CONFIG' (with the same --run-dir), or pass the "
+                          "--run-dir the target uses") from None
+
+
+def _states_of(data: dict) -> Dict[int, Dict[int, str]]:
+    return {int(p): {int(g): s for g, s in groups.items()} for p, groups in data.get("ports", {}).items()}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def publish(run_dir: str, table: AnaTable, workers: int) -> None:
+    """The serving process (or supervisor) at start: pid file and the configured states, generation 0."""
+    os.makedirs(run_dir, exist_ok=True)
+    pid_path = os.path.join(run_dir, PID_FILE)
+    try:
+        with open(pid_path) as f:
+            other = int(f.read().strip() or 0)
+    except (FileNotFoundError, ValueError):
+        other = 0
+    if other and other != os.getpid() and _pid_alive(other):
+        raise NvmeofError(f"{run_dir}: another target (pid {other}) uses this run directory",
+                          "stop it, or give this target its own --run-dir")
+    with _locked(run_dir):
+        for name in os.listdir(run_dir):
+            if name.startswith("ana-applied."):
+                os.unlink(os.path.join(run_dir, name))
+        ports = {str(p): {str(g): s for g, s in groups.items()} for p, groups in table.states().items()}
+        _write_atomic(os.path.join(run_dir, STATE_FILE),
+                      json.dumps({"generation": 0, "workers": workers, "ports": ports}, indent=1) + "\n")
+        _write_atomic(pid_path, f"{os.getpid()}\n")
+
+
+def unpublish(run_dir: str) -> None:
+    for name in (PID_FILE, STATE_FILE):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(run_dir, name))
+
+
+class AnaControl:
+    """In a serving process: applies the state file when SIGUSR2 arrives (and once at start)."""
+
+    def __init__(self, run_dir: str, target, worker: int = 0):
+        self.run_dir = run_dir
+        self.target = target
+        self.worker = worker
+        self.pending = True  # apply what the file says at start (a restarted worker)
+        self._previous = signal.signal(signal.SIGUSR2, self._on_signal)
+
+    def _on_signal(self, *_args) -> None:
+        self.pending = True
+
+    def poll(self) -> None:
+        if not self.pending:
+            return
+        self.pending = False
+        try:
+            with _locked(self.run_dir):
+                data = read_state(self.run_dir)
+        except (NvmeofError, OSError, ValueError) as exc:
+            log.error("ANA: cannot read the state file: %s", exc)
+            return
+        for problem in apply_states(self.target, _states_of(data)):
+            log.error("ANA: %s", problem)
+        _write_atomic(os.path.join(self.run_dir, f"ana-applied.{self.worker}"), f"{data.get('generation', 0)}\n")
+
+    def close(self) -> None:
+        signal.signal(signal.SIGUSR2, self._previous)
+
+
+def change_state(run_dir: str, portid: int, grpid: int, state: str,
+                 timeout: float = APPLY_TIMEOUT) -> int:
+    """Set (port, group) to `state` in a running target and wait until every worker applied it; returns the
+    number of workers that did."""
+    if state not in ANA_STATES:
+        raise NvmeofError(f"unknown ANA state {state!r}", f"use one of: {', '.join(ANA_STATES)}")
+    with _locked(run_dir):
+        data = read_state(run_dir)
+        ports = data.get("ports", {})
+        if str(portid) not in ports:
+            raise NvmeofError(f"port {portid} is not a port of the running target",
+                              f"use one of its portids: {', '.join(sorted(ports, key=int))}")
+        if str(grpid) not in ports[str(portid)]:
+            raise NvmeofError(f"ANA group {grpid} does not exist in the running target",
+                              f"use one of its groups: {', '.join(sorted(ports[str(portid)], key=int))}")
+        ports[str(portid)][str(grpid)] = state
+        data["generation"] = generation = int(data.get("generation", 0)) + 1
+        _write_atomic(os.path.join(run_dir, STATE_FILE), json.dumps(data, indent=1) + "\n")
+    pid = _target_pid(run_dir)
+    try:
+        os.kill(pid, signal.SIGUSR2)
+    except ProcessLookupError:
+        raise NvmeofError(f"the target (pid {pid}) in {run_dir} is not running",
+                          "start it again; the state file keeps the change for the next start of a worker") from None
+    workers = int(data.get("workers", 1))
+    deadline = time.monotonic() + timeout
+    while True:
+        done = sum(1 for i in range(workers) if _applied(run_dir, i) >= generation)
+        if done == workers:
+            return done
+        if time.monotonic() > deadline:
+            raise NvmeofError(f"only {done} of {workers} worker(s) applied the change within {timeout:.0f} s",
+                              "check the target's log; a restarting worker applies it when it comes back")
+        time.sleep(0.05)
+
+
+def _target_pid(run_dir: str) -> int:
+    try:
+        with open(os.path.join(run_dir, PID_FILE)) as f:
+            return int(f.read().strip())
+    except (FileNotFoundError, ValueError):
+        raise NvmeofError(f"{run_dir}: no target pid file", "is the target running with this --run-dir?") from None
+
+
+def _applied(run_dir: str, worker: int) -> int:
+    try:
+        with open(os.path.join(run_dir, f"ana-applied.{worker}")) as f:
+            return int(f.read().strip() or -1)
+    except (FileNotFoundError, ValueError):
+        return -1
+
+
+def current_states(run_dir: str) -> Dict[int, Dict[int, str]]:
+    return _states_of(read_state(run_dir))
