@@ -13,8 +13,9 @@ LAB_IP = "10.99.0.1"
 class ServedTarget:
     """`nvmeof-roce target serve CONFIG` in a subprocess; waits until it listens."""
 
-    def __init__(self, config: dict, path: str, log_path: str = None):
+    def __init__(self, config: dict, path: str, log_path: str = None, args=()):
         self.config = config
+        self.args = list(args)
         self.path = path
         with open(path, "w") as f:
             json.dump(config, f)
@@ -27,7 +28,7 @@ class ServedTarget:
             os.unlink(self.ready)
         self.log = open(self.log_path, "a")
         self.proc = subprocess.Popen([sys.executable, "-m", "nvmeof_roce", "-v", "target", "serve", self.path,
-                                      "--ready-file", self.ready], stdout=self.log, stderr=subprocess.STDOUT)
+                                      "--ready-file", self.ready, *self.args], stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while not os.path.exists(self.ready):
             if self.proc.poll() is not None:
