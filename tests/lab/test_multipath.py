@@ -93,6 +93,7 @@ def multipath_target(tmp_path):
     finally:
         disconnect_all_quietly()
         code = target.stop()
+        print(target.output()[-6000:])  # the supervisor's and workers' log, for the record (-s)
         assert code == 0, target.output()
 
 
