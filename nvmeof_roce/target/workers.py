@@ -335,6 +335,8 @@ class Supervisor:
 
 
 def supervise(args) -> int:
+    from ..transport.rdma import require_pyverbs
+    require_pyverbs()  # one clear error here rather than one per worker
     n = workers_requested(args)
     cpus = parse_cpus(args.cpus) if args.cpus else None
     worker_args = ["--data-buffers", str(args.data_buffers)]
