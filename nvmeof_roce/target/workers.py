@@ -45,7 +45,7 @@ SHM_DIR = "/dev/shm"
 RESTART_DELAY = 0.5       # seconds before a dead worker is started again
 RESTART_DELAY_MAX = 10.0  # a worker that keeps dying at start is retried at most this often
 STOP_TIMEOUT = 15.0       # after SIGTERM, how long workers get to drain before SIGKILL
-READY_TIMEOUT = 60.0
+READY_TIMEOUT = 120.0
 
 
 def add_worker_arguments(p: argparse.ArgumentParser) -> None:

@@ -83,7 +83,7 @@ def multipath_target(tmp_path):
     run_dir = str(tmp_path / "run")
     cfg = config([{"nqn": NQN, "attr": {"allow_any_host": "1"}, "allowed_hosts": [],
                    "namespaces": [ram_namespace(1, "64M")]}])
-    target = ServedTarget(cfg, str(tmp_path / "mp.json"), args=["--workers", "2", "--run-dir", run_dir]).start()
+    target = ServedTarget(cfg, str(tmp_path / "mp.json"), args=["--workers", "2", "--run-dir", run_dir]).start(timeout=150)
     try:
         nvme("connect-all", "-t", "rdma", "-a", LAB_IP, "-s", "4420", "--reconnect-delay=1", "--ctrl-loss-tmo=60")
         ctrls = wait_paths_live()
@@ -130,7 +130,7 @@ def test_kill_9_of_a_worker_during_verify_then_its_path_comes_back(multipath_tar
     target, run_dir, ctrls = multipath_target
     dev = head_device()
     job = subprocess.Popen(["fio", "--name=mp", f"--filename={dev}", "--ioengine=libaio", "--direct=1",
-                            "--verify_state_save=0", "--rw=randwrite", "--bs=4k", "--size=24M", "--iodepth=16",
+                            "--verify_state_save=0", "--rw=randwrite", "--bs=4k", "--size=48M", "--iodepth=16",
                             "--verify=crc32c", "--do_verify=1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True)
     time.sleep(3)
