@@ -1,4 +1,4 @@
-"""Asymmetric Namespace Access (NVMe base spec "Asymmetric Namespace Access Reporting"; docs/multipath.md).
+"""Asymmetric Namespace Access (docs/protocol.md §5.9; docs/multipath.md).
 
 An ANA group is a set of namespaces (each namespace's `ana_grpid`); each *port* gives every group a state.  A
 host reaches a namespace through one controller per port, so the state of (port, group) is the state of that
