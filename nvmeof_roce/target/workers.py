@@ -37,6 +37,7 @@ from ..errors import NvmeofError
 from ..nvme.fabrics import MAX_CNTLID, MIN_CNTLID
 from .ana import AnaTable
 from .ana_control import default_run_dir, publish, unpublish
+from .backends import open_backend
 
 log = logging.getLogger(__name__)
 
@@ -177,9 +178,13 @@ def worker_configs(config: TargetConfig, n: int, run_dir: str) -> Tuple[List[dic
 
 
 def _create_shm(config: TargetConfig, run_dir: str) -> List[str]:
+    """Create the shared RAM files (returned, to remove at stop) and any file namespace the config asks to
+    create: here, once, rather than by N workers racing to create it."""
     created = []
     for s in config.subsystems:
         for ns in s.namespaces:
+            if ns.backend == "file" and ns.enabled and ns.path and not os.path.exists(ns.path):
+                open_backend(ns).close()
             if ns.backend == "ram" and ns.enabled:
                 path = shm_path(run_dir, s.nqn, ns.nsid)
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)

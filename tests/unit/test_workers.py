@@ -137,3 +137,14 @@ def test_a_second_target_on_the_same_run_dir_is_refused(tmp_path):
     with pytest.raises(NvmeofError, match="another target"):
         publish(run_dir, env.target.ana, workers=1)
     env.close()
+
+
+def test_the_supervisor_creates_a_file_namespace_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(workers, "SHM_DIR", str(tmp_path))
+    image = tmp_path / "disk.img"
+    cfg = parse_config({"ports": [port(1, ADDR1, [SUB])], "subsystems": [{"nqn": SUB, "namespaces": [
+        {"nsid": 1, "device": {"path": str(image)}, "nvmeof_roce": {"backend": "file", "size": "1M"}},
+        ram_ns(2, "2M")]}]}, "mp.json")
+    shm = workers._create_shm(cfg, str(tmp_path / "run"))
+    assert image.stat().st_size == 1 << 20
+    assert len(shm) == 1 and os.path.getsize(shm[0]) == 2 << 20
