@@ -237,6 +237,8 @@ def _nvme_line(n: Dict[str, object]) -> str:
             s += f" SGL id {sgl['id']:#04x}"
         if n.get("in_capsule_bytes"):
             s += f" +{n['in_capsule_bytes']} B data"
+        if n.get("continued"):
+            s += " (capsule continues)"
         return s
     s = f"NVMe response cid {n['cid']} sqhd {n['sqhd']} status {n['status_name']}"
     if n.get("for"):
@@ -390,7 +392,7 @@ def decode_frame(packet: Packet) -> Optional[Frame]:
     if frame.deth is not None and dest_qp == 1:
         frame.cm = decode_cm(payload)
     elif opcode in SEND_FIRST_OR_ONLY:
-        frame.nvme = decode_capsule(payload, frame.payload_len)
+        frame.nvme = decode_capsule(payload, frame.payload_len, whole=opcode != 0x00)
     return frame
 
 
@@ -426,9 +428,10 @@ def decode_cm(mad: bytes) -> Optional[Dict[str, object]]:
     return cm
 
 
-def decode_capsule(payload: bytes, length: int) -> Optional[Dict[str, object]]:
-    """An NVMe-oF capsule in the first packet of a SEND: a 16-byte response or a 64-byte command."""
-    if length == CQE_SIZE and len(payload) >= CQE_SIZE:
+def decode_capsule(payload: bytes, length: int, whole: bool = True) -> Optional[Dict[str, object]]:
+    """An NVMe-oF capsule in the first packet of a SEND: a 16-byte response or a 64-byte command.
+    `whole` is False for a SEND First: the capsule goes on in the next packets (in-capsule data)."""
+    if whole and length == CQE_SIZE and len(payload) >= CQE_SIZE:
         cqe = CQE.unpack(payload)
         return {"kind": "response", "cid": cqe.cid, "sqhd": cqe.sqhd, "sqid": cqe.sqid, "status": cqe.status,
                 "status_name": status_describe(cqe.status) if cqe.status else "Success", "result": cqe.result}
@@ -443,8 +446,11 @@ def decode_capsule(payload: bytes, length: int) -> Optional[Dict[str, object]]:
         sgl_d = {"type": "in-capsule", "addr": sgl.addr, "length": sgl.length}
     else:
         sgl_d = {"type": "other", "id": sgl.sgl_id, "addr": sgl.addr, "length": sgl.length}
-    n: Dict[str, object] = {"kind": "command", "opcode": sqe.opc, "cid": sqe.cid, "nsid": sqe.nsid,
-                            "sgl": sgl_d, "in_capsule_bytes": length - SQE_SIZE}
+    n: Dict[str, object] = {"kind": "command", "opcode": sqe.opc, "cid": sqe.cid, "nsid": sqe.nsid, "sgl": sgl_d}
+    if whole:
+        n["in_capsule_bytes"] = length - SQE_SIZE
+    else:
+        n["continued"] = True  # in-capsule data follows in SEND Middle/Last packets
     if sqe.opc == ADMIN_FABRICS:
         n["fctype"] = sqe.fctype
         if sqe.fctype == FCTYPE_CONNECT:
