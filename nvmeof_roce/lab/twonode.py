@@ -51,7 +51,17 @@ def node_run(base: LabRun, node: str, spec: NodeSpec, wire: Path) -> LabRun:
     return replace(base, command=spec.command, interactive=spec.interactive,
                    cmdline=f"nvmeof.node={node} nvmeof.addr={ADDRESSES[node]}/24 nvmeof.peer={ADDRESSES[peer]} "
                            f"nvmeof.mtu={spec.mtu}",
-                   extra_args=["-netdev", netdev, "-device", f"virtio-net-pci,netdev=wire,mac={MACS[node]}"])
+                   extra_args=["-netdev", netdev, "-device", nic_device(node, spec.mtu)])
+
+
+def nic_device(node: str, mtu: int) -> str:
+    """The virtio NIC.  Left to its defaults, virtio-net receives frames of any size whatever the guest's
+    MTU (mergeable 64 KiB buffers), so an MTU mismatch could never drop a frame.  Like a real NIC, ours
+    takes frames up to its boot MTU only: small receive buffers for 1500, host_mtu for jumbo boots."""
+    base = f"virtio-net-pci,netdev=wire,mac={MACS[node]}"
+    if mtu > 1500:
+        return f"{base},host_mtu={mtu}"
+    return f"{base},mrg_rxbuf=off,guest_tso4=off,guest_tso6=off,guest_ecn=off,guest_ufo=off"
 
 
 def run_two(image: LabImage, base: LabRun, specs: Dict[str, NodeSpec], peer_grace: float = 120.0) -> Dict[str, int]:

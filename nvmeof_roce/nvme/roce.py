@@ -81,6 +81,8 @@ CM_ATTRS = {0x0001: "ClassPortInfo", 0x0010: "REQ", 0x0011: "MRA", 0x0012: "REJ"
             0x0019: "LAP", 0x001A: "APR"}
 MAD_HEADER = 24
 CM_REQ_PRIVATE = 140   # offsets inside the CM message (after the MAD header), Linux's struct cm_req_msg
+CMA_HEADER = 36        # rdma_cm's cma_hdr in a REQ: version, IP version, source port, source and destination IP
+RDMA_PS_TCP = 0x0106
 CM_REP_PRIVATE = 36
 CM_REJ_PRIVATE = 84
 
@@ -406,9 +408,15 @@ def decode_cm(mad: bytes) -> Optional[Dict[str, object]]:
                              "local_comm_id": struct.unpack_from("!I", msg, 0)[0]}
     try:
         if attr == 0x0010:  # REQ
+            service_id = struct.unpack_from("!Q", msg, 8)[0]
+            if service_id >> 16 == RDMA_PS_TCP:
+                cm["port"] = service_id & 0xFFFF  # rdma_cm's service ID: port space << 16 | destination port
             cm["qpn"] = struct.unpack_from("!I", msg, 32)[0] >> 8
             cm["start_psn"] = struct.unpack_from("!I", msg, 44)[0] >> 8
-            req = nvme_cm.CmConnectRequest.unpack(msg[CM_REQ_PRIVATE:CM_REQ_PRIVATE + nvme_cm.REQUEST_SIZE])
+            private = CM_REQ_PRIVATE
+            if msg[private] == 0 and msg[private + 1] >> 4 in (4, 6):
+                private += CMA_HEADER  # rdma_cm's own header (Linux struct cma_hdr) precedes the user's data
+            req = nvme_cm.CmConnectRequest.unpack(msg[private:private + nvme_cm.REQUEST_SIZE])
             cm.update(qid=req.qid, hrqsize=req.hrqsize, hsqsize=req.hsqsize)
         elif attr == 0x0013:  # REP
             cm["remote_comm_id"] = struct.unpack_from("!I", msg, 4)[0]
@@ -523,6 +531,8 @@ def decode(packets: Iterable[Packet]) -> Decode:
                 flow.rnr_naks += 1
         if frame.cm:
             _track_cm(frame, pending_req, qp_qid, peer_qp)
+        if flow.qid is None:
+            flow.qid = qp_qid.get((frame.dst, frame.dest_qp))
         if frame.nvme is not None:
             n = frame.nvme
             if n["kind"] == "command":
@@ -530,7 +540,8 @@ def decode(packets: Iterable[Packet]) -> Decode:
                 if qid is None and n.get("connect_qid") is not None:
                     qid = qp_qid[(frame.dst, frame.dest_qp)] = n["connect_qid"]
                 _name_command(n, qid)
-                flow.qid = qid
+                if qid is not None:
+                    flow.qid = qid
                 outstanding[(frame.src, frame.dst, frame.dest_qp, n["cid"])] = n["name"]
             else:
                 # the response goes to the host's QP; find the command by CID on the reverse flow

@@ -148,10 +148,11 @@ def disconnect(nqn):
     sh("nvme", "disconnect", "-n", nqn)
 
 
-def fio_verify(device, size="16M"):
+def fio_verify(device, size="16M", runtime=None):
+    timed = [f"--runtime={runtime}", "--time_based"] if runtime else []
     proc = sh("fio", "--name=verify", f"--filename={device}", "--ioengine=libaio", "--direct=1", "--rw=randrw",
               "--verify=crc32c", "--verify_fatal=1", "--bsrange=4k-64k", "--iodepth=16", f"--size={size}",
-              "--verify_state_save=0", "--output-format=json", timeout=1200)
+              *timed, "--verify_state_save=0", "--output-format=json", timeout=1200)
     job = json.loads(proc.stdout[proc.stdout.index("{"):])["jobs"][0]
     return {"error": job["error"], "read_ios": job["read"]["total_ios"], "write_ios": job["write"]["total_ios"],
             "read_bytes": job["read"]["io_bytes"], "write_bytes": job["write"]["io_bytes"]}
@@ -222,9 +223,12 @@ def host_loss():
     dev = connect("4421", NQN_USER)
     before = hw_counters()
     cap = start_capture(f"{SHARE}/loss.pcap")
-    doc = subprocess.Popen([sys.executable, "-m", "nvmeof_roce", "doctor", "--json", "--interval", "20",
+    # doctor samples the counters 15 s apart while fio runs for 45 s
+    doc = subprocess.Popen([sys.executable, "-m", "nvmeof_roce", "doctor", "--json", "--interval", "15",
                             "--traddr", TARGET_IP], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    RESULT["fio_userspace"] = fio_verify(dev, size="8M")
+    started = time.monotonic()
+    RESULT["fio_userspace"] = fio_verify(dev, size="16M", runtime=45)
+    RESULT["fio_seconds"] = round(time.monotonic() - started, 1)
     out, err = doc.communicate(timeout=600)
     RESULT["doctor"] = json.loads(out) if out.strip() else {"stderr": err}
     RESULT["tcpdump"] = stop_capture(cap)

@@ -32,7 +32,8 @@ def test_each_node_gets_its_role_address_and_one_end_of_the_wire(tmp_path):
     assert f"local.path={wire / 'host'}" in nh and f"remote.path={wire / 'target'}" in nh
     assert nt.startswith("dgram,") and "inet" not in nt
     assert t[t.index("-smp") + 1] == "1"
-    assert "virtio-net-pci,netdev=wire,mac=52:54:00:99:01:01" in t
+    assert "virtio-net-pci,netdev=wire,mac=52:54:00:99:01:01,mrg_rxbuf=off" in t[t.index("-device") + 1]
+    assert h[h.index("-device") + 1].endswith("host_mtu=9000")
 
 
 def _cli(*args):

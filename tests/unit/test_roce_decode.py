@@ -60,11 +60,14 @@ def cm_mad(attr, body):
     return hdr + body.ljust(232, b"\0")
 
 
-def cm_req(comm_id, qpn, qid):
+def cm_req(comm_id, qpn, qid, port=4421):
     msg = bytearray(232)
     struct.pack_into("!I", msg, 0, comm_id)
+    struct.pack_into("!Q", msg, 8, 0x0106 << 16 | port)  # service ID: RDMA_PS_TCP, port
     struct.pack_into("!I", msg, 32, qpn << 8)
-    struct.pack_into("<HHHH", msg, 140, 0, qid, 128, 127)  # NVMe-oF CM private data: RECFMT QID HRQSIZE HSQSIZE
+    # private data: rdma_cm's header (version 0, IPv4, source port, ::ffff-less IPv4 in the last 4 of 16 bytes)
+    struct.pack_into("!BBH12x4s12x4s", msg, 140, 0, 0x40, 0xABCD, ip4(HOST), ip4(TARGET))
+    struct.pack_into("<HHHH", msg, 176, 0, qid, 128, 127)  # then NVMe-oF's: RECFMT QID HRQSIZE HSQSIZE
     return cm_mad(0x0010, bytes(msg))
 
 
@@ -123,7 +126,8 @@ def test_decode_nvme_read_and_write_in_order(tmp_path):
     d = roce.decode(pcap.read_packets(write(tmp_path, nvme_exchange())))
     assert d.packets == 19 and len(d.frames) == 19 and d.other == 0 and d.bad_icrc == 0
     f = d.frames
-    assert f[0].cm["msg"] == "REQ" and f[0].cm["qid"] == 1 and f[0].cm["qpn"] == HOST_QP
+    assert f[0].cm["msg"] == "REQ" and f[0].cm["qid"] == 1 and f[0].cm["qpn"] == HOST_QP and f[0].cm["port"] == 4421
+    assert (f[0].cm["hrqsize"], f[0].cm["hsqsize"]) == (128, 127)
     assert f[1].cm["msg"] == "REP" and f[1].cm["qpn"] == TARGET_QP and f[1].cm["crqsize"] == 128
     read = f[2].nvme
     assert f[2].opname == "SEND Only" and f[2].dest_qp == TARGET_QP and f[2].psn == 100
@@ -149,7 +153,7 @@ def test_decode_nvme_read_and_write_in_order(tmp_path):
     assert all(x.icrc["ok"] for x in f) and not any(x.retransmit for x in f)
     flows = {(x.src, x.dest_qp): x for x in d.flows}
     assert flows[(HOST, TARGET_QP)].qid == 1 and flows[(HOST, TARGET_QP)].naks == 0
-    assert flows[(TARGET, HOST_QP)].frames == 9
+    assert flows[(TARGET, HOST_QP)].frames == 9 and flows[(TARGET, HOST_QP)].qid == 1
 
 
 def test_nak_rnr_and_retransmission_counted_per_flow(tmp_path):
@@ -230,3 +234,40 @@ def test_cli_decode_json_and_summary(tmp_path):
     full = subprocess.run([sys.executable, "-m", "nvmeof_roce", "rdma", "decode", str(path)],
                           capture_output=True, text=True, check=True).stdout
     assert "NVMe Read cid 7 nsid 0x1 qid 1" in full and "invalidate rkey 0x1234" in full
+
+
+# Three frames as rxe put them on the lab's wire (tcpdump in the host guest): the capsule of a 4 KiB read, its
+# response SEND with Invalidate, and the RDMA READ Request of a 4 KiB write.  Their ICRCs were computed by the
+# kernel's rxe, so these check our ICRC against an independent implementation.
+REAL_READ_CAPSULE = bytes.fromhex(
+    "52540099010152540099010208004500006c9ef24000401184c60a6301020a630101e64012b7005800000400ffff0000001880"
+    "7097a9024064000100000000000000000000000000000000000000003001068188ffff0010003c6701004f0008000000000000"
+    "0700000000000000000000000000000042f712c7")
+REAL_SEND_WITH_INV = bytes.fromhex(
+    "52540099010252540099010108004500004066e140004011bd030a6301010a630102e64012b7002c00001700ffff0000001880"
+    "f049d20001673c00000000000000000500010064000000f57638fb")
+REAL_READ_REQUEST = bytes.fromhex(
+    "52540099010252540099010108004500003c681340004011bbd50a6301010a630102ea5212b7002800000c00ffff0000001a80"
+    "4227e6ffff8881072bd000000208d800001000e92886c5")
+
+
+def test_real_rxe_frames():
+    d = roce.decode(pcap.read_packets(pcap.write_pcap([(1.0, REAL_READ_CAPSULE), (1.1, REAL_SEND_WITH_INV),
+                                                       (1.2, REAL_READ_REQUEST)])))
+    cap, resp, read = d.frames
+    assert all(f.icrc["ok"] for f in d.frames)
+    assert (cap.src, cap.dst, cap.dest_qp, cap.psn, cap.ack_req) == (HOST, TARGET, 0x18, 7378857, True)
+    assert cap.nvme["cid"] == 100 and cap.nvme["slba"] == 2048 and cap.nvme["nlb"] == 8
+    assert cap.nvme["sgl"] == {"type": "keyed", "addr": 0xffff888106013000, "length": 4096, "key": 0x1673c,
+                               "invalidate": True}
+    assert resp.opname == "SEND Only with Invalidate" and resp.invalidate_rkey == 0x1673c
+    assert resp.nvme["cid"] == 100 and resp.nvme["for"] == "Read?"
+    assert read.reth == {"va": 0xffff8881072bd000, "rkey": 0x208d8, "length": 4096} and read.ack_req
+    broken = bytearray(REAL_SEND_WITH_INV)
+    broken[-20] ^= 1  # one bit of the CQE
+    assert not roce.decode_frame(pcap.Packet(1, 0.0, pcap.LINKTYPE_ETHERNET, bytes(broken), len(broken))).icrc["ok"]
+    # the variant fields are outside the ICRC: ECN marking by a switch (IP ToS) and the TTL
+    marked = bytearray(REAL_SEND_WITH_INV)
+    marked[15] |= 0x03
+    marked[22] = 17
+    assert roce.decode_frame(pcap.Packet(1, 0.0, pcap.LINKTYPE_ETHERNET, bytes(marked), len(marked))).icrc["ok"]
