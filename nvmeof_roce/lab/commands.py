@@ -94,13 +94,13 @@ def _lab_run_two(args, interactive: bool) -> int:
 
 
 def cmd_signal(args) -> int:
-    from . import rendezvous
+    from .. import rendezvous
     rendezvous.signal(args.name, args.text or "")
     return 0
 
 
 def cmd_wait(args) -> int:
-    from . import rendezvous
+    from .. import rendezvous
     text = rendezvous.wait(args.name, args.timeout)
     if text:
         print(text)

@@ -1,7 +1,7 @@
 """One node's side of a two-node lab scenario: `python3 tests/twonode/node.py target|host SCENARIO`.
 
 Runs inside a guest of `nvmeof-roce lab run --nodes 2` (test_two_node.py starts it).  The nodes meet through
-rendezvous files (nvmeof_roce.lab.rendezvous); results, logs and captures go to /mnt/share for the host-side
+rendezvous files (nvmeof_roce.rendezvous); results, logs and captures go to /mnt/share for the host-side
 test to check.  Exit code 0 when every step of this node worked; a step that fails raises with its output.
 
 Scenarios:
@@ -21,7 +21,7 @@ import sys
 import time
 
 sys.path.insert(0, "/mnt/project")
-from nvmeof_roce.lab import rendezvous  # noqa: E402
+from nvmeof_roce import rendezvous  # noqa: E402
 
 SHARE = "/mnt/share"
 TARGET_IP, HOST_IP = "10.99.1.1", "10.99.1.2"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from nvmeof_roce.errors import NvmeofError
-from nvmeof_roce.lab import rendezvous
+from nvmeof_roce import rendezvous
 from nvmeof_roce.lab.twonode import NodeSpec, node_run
 from nvmeof_roce.lab.vm import LabRun, qemu_args
 

@@ -12,7 +12,7 @@ import re
 import time
 from pathlib import Path
 
-from ..errors import NvmeofError
+from .errors import NvmeofError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
