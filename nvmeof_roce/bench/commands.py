@@ -113,6 +113,8 @@ def cmd_bench(args) -> int:
     perftest_tests = tuple(t.strip() for t in args.perftest_tests.split(",") if t.strip())
     if args.node == "target":
         args.traddr = twonode.TARGET_NODE
+        if args.userspace_config:  # the same config, listening on this node's address
+            args.userspace_config = twonode.config_on_target_node(args.userspace_config, out_dir)
         return twonode.serve_targets(build_targets(args, out_dir), () if args.no_perftest else perftest_tests,
                                      args.perftest_iterations, BenchConfig.perftest_port, args.timeout)
     remote = args.node == "host"

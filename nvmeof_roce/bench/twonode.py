@@ -96,6 +96,20 @@ class CapturingHost(KernelHost):
 
 # -- the target node
 
+def config_on_target_node(path: Path, out_dir: Path) -> Path:
+    """A copy of a userspace target config whose ports listen on the target node's address."""
+    try:
+        config = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise NvmeofError(f"--userspace-config {path}: {exc}", "give a target config JSON file")
+    for port in config.get("ports", []):
+        port.setdefault("addr", {})["traddr"] = TARGET_NODE
+    out = Path(out_dir) / "userspace-target.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(config, indent=1))
+    return out
+
+
 def serve_targets(targets: List[TargetUnderTest], perftest_tests, iterations: Optional[int], port: int,
                   timeout: float) -> int:
     device = rdma_device_for(TARGET_NODE) if perftest_tests else None

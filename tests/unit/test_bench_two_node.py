@@ -77,3 +77,9 @@ def test_capture_needs_two_nodes():
     r = subprocess.run([sys.executable, "-m", "nvmeof_roce", "bench", "--capture", "--no-perftest"],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "--capture needs --two-node" in r.stderr
+
+
+def test_userspace_config_is_moved_to_the_target_node_address(tmp_path):
+    out = twonode.config_on_target_node("targets/demo.json", tmp_path)
+    cfg = json.loads(out.read_text())
+    assert [p["addr"]["traddr"] for p in cfg["ports"]] == ["10.99.1.1"] and cfg["ports"][0]["addr"]["trsvcid"] == "4421"
