@@ -87,9 +87,9 @@ class CapturingHost(KernelHost):
     def _summarize(path: Path) -> None:
         from ..nvme import pcap, roce
         try:
-            d = roce.decode(pcap.read_packets(path))
-        except NvmeofError as exc:
-            progress(f"bench: capture {path.name}: {exc.message}")
+            d = roce.decode(pcap.read_packets(path.read_bytes(), str(path)))
+        except (OSError, NvmeofError) as exc:
+            progress(f"bench: capture {path.name}: {exc}")
             return
         path.with_suffix(".summary.json").write_text(json.dumps(d.to_dict(frames=False), indent=1))
 

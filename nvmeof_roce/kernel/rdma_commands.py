@@ -90,7 +90,12 @@ def register(subparsers) -> None:
 
 def cmd_rdma_decode(args):
     from ..nvme import pcap, roce
-    result = roce.decode(pcap.read_packets(args.file))
+    try:
+        with open(args.file, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise NvmeofError(f"cannot read {args.file}: {exc.strerror}", "check the path") from None
+    result = roce.decode(pcap.read_packets(data, args.file))
     if args.json:
         emit(result.to_dict(frames=not args.summary), True)
         return 0

@@ -6,15 +6,14 @@ either byte order), then a 16-byte record header per packet.  pcapng: blocks
 of (type, length, body, length); we read the Section Header, Interface
 Description (link type per interface), Enhanced and Simple Packet blocks.
 
-`read_packets()` yields `Packet(index, time, linktype, data, orig_len)`;
+`read_packets(bytes)` yields `Packet(index, time, linktype, data, orig_len)`;
 `data` may be shorter than `orig_len` when the capture's snap length cut it.
 """
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Iterator, List, Union
+from typing import Iterator, List
 
 from ..errors import NvmeofError
 
@@ -45,16 +44,9 @@ def _bad(path, what: str) -> NvmeofError:
                                           "or QEMU's -object filter-dump")
 
 
-def read_packets(source: Union[str, Path, bytes]) -> Iterator[Packet]:
-    """The packets of a pcap or pcapng file (a path, or the file's bytes)."""
-    name = "capture" if isinstance(source, (bytes, bytearray)) else str(source)
-    if isinstance(source, (bytes, bytearray)):
-        buf = bytes(source)
-    else:
-        try:
-            buf = Path(source).read_bytes()
-        except OSError as exc:
-            raise NvmeofError(f"cannot read {source}: {exc.strerror}", "check the path") from None
+def read_packets(buf: bytes, name: str = "capture") -> Iterator[Packet]:
+    """The packets of a pcap or pcapng file, from its bytes (`name` for the error messages)."""
+    buf = bytes(buf)
     if len(buf) < 4:
         raise _bad(name, f"{len(buf)} bytes is too short for a capture file header")
     magic_le = struct.unpack_from("<I", buf)[0]

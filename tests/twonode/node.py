@@ -11,6 +11,7 @@ Scenarios:
   loss   netem 1 % loss on both NICs; fio crc32c verify through the userspace target under capture;
          doctor samples the RoCE counters during it.
   mtu    the host node's eth0 at MTU 9000, the target's at 1500: doctor on each node.
+  flap   the host node's link down for 8 s in the middle of a fio crc32c verify run through the userspace target.
 """
 import glob
 import json
@@ -237,6 +238,38 @@ def host_loss():
     save()
     if RESULT["fio_userspace"]["error"]:
         raise SystemExit(f"fio verify failed under loss: {RESULT}")
+
+
+def target_flap():
+    proc = serve_user_target()
+    rendezvous.signal("targets-ready")
+    rendezvous.wait("host.done", 1500)
+    stop_user_target(proc)
+    save()
+
+
+def host_flap():
+    """The host node's link goes down for 8 s in the middle of a verify run, then comes back."""
+    rendezvous.wait("targets-ready", 300)
+    sh("modprobe", "-a", "nvme_rdma", "nvme_fabrics")
+    dev = connect("4421", NQN_USER)
+    fio = subprocess.Popen(["fio", "--name=verify", f"--filename={dev}", "--ioengine=libaio", "--direct=1",
+                            "--rw=randrw", "--verify=crc32c", "--verify_fatal=1", "--bsrange=4k-64k", "--iodepth=16",
+                            "--size=16M", "--runtime=60", "--time_based", "--verify_state_save=0",
+                            "--output-format=json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(15)
+    sh("ip", "link", "set", "eth0", "down")
+    RESULT["port_state_down"] = open("/sys/class/infiniband/rxe0/ports/1/state").read().strip()
+    time.sleep(8)
+    sh("ip", "link", "set", "eth0", "up")
+    out, err = fio.communicate(timeout=900)
+    job = json.loads(out[out.index("{"):])["jobs"][0] if "{" in out else {"error": fio.returncode}
+    RESULT["fio_userspace"] = {"error": job["error"], "returncode": fio.returncode, "stderr": err[-2000:],
+                               "read_ios": job.get("read", {}).get("total_ios"),
+                               "write_ios": job.get("write", {}).get("total_ios")}
+    RESULT["kernel_log"] = [line for line in sh("dmesg").stdout.splitlines() if "nvme" in line][-20:]
+    disconnect(NQN_USER)
+    save()
 
 
 def host_mtu():

@@ -90,7 +90,7 @@ def frames_after(d, start, src, predicate):
 
 def test_capture_decodes_read_and_writes_as_the_target_logged_them(basic):
     share, _ = basic
-    d = roce.decode(pcap.read_packets(share / "io.pcap"))
+    d = roce.decode(pcap.read_packets((share / "io.pcap").read_bytes()))
     assert d.bad_icrc == 0 and len(d.frames) > 20
     log = wire_log(share)
     # CM: the connect requests carried the queue IDs, so each capsule knows its queue
@@ -148,7 +148,7 @@ def test_lossy_link_fio_verify_completes_with_retransmissions(tmp_path):
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     fio = r["host"]["fio_userspace"]
     assert fio["error"] == 0 and fio["read_ios"] > 0 and fio["write_ios"] > 0
-    d = roce.decode(pcap.read_packets(share / "loss.pcap"))
+    d = roce.decode(pcap.read_packets((share / "loss.pcap").read_bytes()))
     retrans = sum(len(f.retransmitted) for f in d.flows)
     naks = sum(f.naks for f in d.flows)
     assert retrans > 0 and naks > 0, d.to_dict(frames=False)
@@ -171,3 +171,16 @@ def test_mtu_mismatch_is_named_on_the_node_that_has_it(tmp_path):
     assert host["address.path_mtu"]["status"] == "fail", host["address.path_mtu"]
     assert "MTU 9000" in host["address.path_mtu"]["summary"] and TARGET_IP in host["address.path_mtu"]["summary"]
     assert target["address.path_mtu"]["status"] == "ok", target["address.path_mtu"]
+
+
+def test_link_down_and_up_mid_run_recovers_without_data_errors(tmp_path):
+    share = tmp_path / "two-node-flap"
+    proc, r = two_nodes(share, "flap")
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    host = r["host"]
+    assert "DOWN" in host["port_state_down"]
+    fio = host["fio_userspace"]
+    assert fio["error"] == 0 and fio["returncode"] == 0, fio
+    # the kernel host lost the queues with the link and reconnected once it was back
+    log = "\n".join(host["kernel_log"])
+    assert "Successfully reconnected" in log or "reconnect" in log.lower(), log

@@ -123,7 +123,7 @@ def write(tmp_path, frames, name="c.pcap"):
 
 
 def test_decode_nvme_read_and_write_in_order(tmp_path):
-    d = roce.decode(pcap.read_packets(write(tmp_path, nvme_exchange())))
+    d = roce.decode(pcap.read_packets(write(tmp_path, nvme_exchange()).read_bytes()))
     assert d.packets == 19 and len(d.frames) == 19 and d.other == 0 and d.bad_icrc == 0
     f = d.frames
     assert f[0].cm["msg"] == "REQ" and f[0].cm["qid"] == 1 and f[0].cm["qpn"] == HOST_QP and f[0].cm["port"] == 4421
@@ -167,7 +167,7 @@ def test_nak_rnr_and_retransmission_counted_per_flow(tmp_path):
         frame(TARGET, HOST, 0x11, HOST_QP, 12, aeth(0x62, 6)),            # NAK remote access error
         frame(HOST, TARGET, 0x04, TARGET_QP, 13, payload=b"x" * 64),
     ]
-    d = roce.decode(pcap.read_packets(write(tmp_path, frames)))
+    d = roce.decode(pcap.read_packets(write(tmp_path, frames).read_bytes()))
     assert [x.retransmit for x in d.frames] == [False, False, False, True, True, False, False, False]
     assert d.frames[2].aeth["type"] == "NAK" and d.frames[2].aeth["reason"] == "PSN Sequence Error"
     assert d.frames[5].aeth == {"type": "RNR NAK", "timer": 14, "syndrome": 0x2E, "msn": 6}
@@ -213,12 +213,13 @@ def test_pcapng_big_endian_nanoseconds_and_vlan(tmp_path):
 
 
 def test_not_a_capture_is_named(tmp_path):
-    p = tmp_path / "x.pcap"
-    p.write_bytes(b"hello world, not a pcap at all")
-    with pytest.raises(NvmeofError, match="unknown file magic"):
-        list(pcap.read_packets(p))
-    with pytest.raises(NvmeofError, match="cannot read"):
-        pcap.read_packets(tmp_path / "missing.pcap")
+    with pytest.raises(NvmeofError, match="x.pcap: unknown file magic"):
+        list(pcap.read_packets(b"hello world, not a pcap at all", "x.pcap"))
+    with pytest.raises(NvmeofError, match="too short"):
+        list(pcap.read_packets(b"\xd4\xc3"))
+    r = subprocess.run([sys.executable, "-m", "nvmeof_roce", "rdma", "decode", str(tmp_path / "missing.pcap")],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "cannot read" in r.stderr and "missing.pcap" in r.stderr
 
 
 def test_cli_decode_json_and_summary(tmp_path):
