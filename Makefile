@@ -12,7 +12,7 @@ LAB_TIMEOUT ?= 3000
 APT_PACKAGES := qemu-system-x86 debootstrap e2fsprogs cpio xz-utils fio
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test test-unit test-lab test-quick deps venv lab clean-lab help
+.PHONY: demo test test-unit test-lab test-quick test-two-node deps venv lab clean-lab help
 
 help:
 	@echo "make demo   - set up everything, build the lab if needed, run the main job"
@@ -45,6 +45,12 @@ test-quick: venv
 
 test-lab: lab
 	$(NVMEOF) lab run --timeout $(LAB_TIMEOUT) -- python3 -m pytest -p no:cacheprovider -m lab tests/lab
+
+# Two guests on a virtual wire (docs/two-node.md): perftest, the kernel host against both targets, a decoded
+# capture, a lossy link, an MTU mismatch.  Boots two guests per scenario (about 8 min in all on 2 cores), so it
+# holds the lab lock and is not part of `make test`.
+test-two-node: lab
+	flock /tmp/nvmeof-lab.lock env NVMEOF_TWO_NODE=1 $(PYTEST) -p no:cacheprovider -m twonode tests/twonode
 
 # Both tiers always run; their summaries are repeated last; the make fails if either failed.
 test: deps venv lab

@@ -1,6 +1,7 @@
 """`nvmeof-roce bench`: the kernel target and our userspace target side by side (fio + perftest)."""
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import signal
 import sys
@@ -12,6 +13,9 @@ from ..output import emit, progress, table
 from . import report
 from .perftest import DEFAULT_TESTS
 from .runner import BenchConfig, BenchRunner, available_jobs, select_jobs
+from . import twonode
+from .perftest import rdma_device_for
+from .runner import machine_info
 from .targets import DEFAULT_PORTS, KernelHost, KernelNvmetTarget, TargetUnderTest, UserspaceTarget
 
 LAB_TRADDR = "10.99.0.1"
@@ -99,15 +103,34 @@ def cmd_bench(args) -> int:
         return cmd_from(args)
     if args.runtime <= 0 or args.ramp < 0:
         raise NvmeofError("--runtime must be above 0 and --ramp not negative", "e.g. --runtime 10 --ramp 2")
+    if args.capture and not (args.two_node or args.node):
+        raise NvmeofError("--capture needs --two-node: on one node rxe loops its packets back inside the kernel, "
+                          "there is no wire to capture", "nvmeof-roce bench --two-node --capture")
     out_dir = Path(args.out) if args.out else _default_out()
     jobs = select_jobs(args.jobs, args.jobs_dir)
-    targets = build_targets(args, out_dir)
+    if args.two_node and not args.node:
+        return _two_node_on_machine(args, out_dir)
     perftest_tests = tuple(t.strip() for t in args.perftest_tests.split(",") if t.strip())
-    config = BenchConfig(out_dir=out_dir, traddr=args.traddr, runtime=args.runtime, ramp=args.ramp, size=args.size,
+    if args.node == "target":
+        args.traddr = twonode.TARGET_NODE
+        if args.userspace_config:  # the same config, listening on this node's address
+            args.userspace_config = twonode.config_on_target_node(args.userspace_config, out_dir)
+        return twonode.serve_targets(build_targets(args, out_dir), () if args.no_perftest else perftest_tests,
+                                     args.perftest_iterations, BenchConfig.perftest_port, args.timeout)
+    remote = args.node == "host"
+    targets = twonode.remote_targets(600) if remote else build_targets(args, out_dir)
+    config = BenchConfig(out_dir=out_dir, traddr=twonode.TARGET_NODE if remote else args.traddr,
+                         runtime=args.runtime, ramp=args.ramp, size=args.size,
                          repeats=args.repeats, perftest=not args.no_perftest, perftest_tests=perftest_tests,
                          perftest_iterations=args.perftest_iterations, perftest_rdma_cm=args.perftest_gid is None,
-                         perftest_gid=args.perftest_gid, rdma_device=args.rdma_device)
-    runner = BenchRunner(config, targets, jobs, host=KernelHost() if any(j.kind == "fio" for j in jobs) else None)
+                         perftest_gid=args.perftest_gid,
+                         rdma_device=args.rdma_device or (rdma_device_for(twonode.HOST_NODE) if remote else None),
+                         topology=twonode.topology() if remote else None)
+    host = None
+    if any(j.kind == "fio" for j in jobs):
+        host = twonode.CapturingHost(out_dir) if args.capture else KernelHost()
+    extra = {"perftest_runner": twonode.remote_perftest, "machine": machine_info(twonode.HOST_NODE)} if remote else {}
+    runner = BenchRunner(config, targets, jobs, host=host, **extra)
 
     # SIGTERM (a CI timeout, the lab) unwinds like Ctrl-C, through the runner's finally blocks.
     def on_term(signum, frame):
@@ -117,6 +140,8 @@ def cmd_bench(args) -> int:
         result = runner.run()
     finally:
         signal.signal(signal.SIGTERM, old)
+        if remote:
+            twonode.done()  # the target node tears down
 
     json_path = report.write_json(result, out_dir / "bench.json")
     pngs = [] if args.no_plots else _plots(result, out_dir)
@@ -129,6 +154,21 @@ def cmd_bench(args) -> int:
         progress("bench: finished with errors (see above)")
         return 1
     return 0
+
+
+def _two_node_on_machine(args, out_dir: Path) -> int:
+    """bench --two-node on this machine: boot the two lab nodes, then report what the host node measured."""
+    import os
+    if os.environ.get("NVMEOF_LAB") == "1":
+        raise NvmeofError("bench --two-node boots two lab guests: run it on the machine, not inside a guest",
+                          "exit the guest and run nvmeof-roce bench --two-node there")
+    argv = sys.argv[sys.argv.index("bench") + 1:] if "bench" in sys.argv else []
+    code = twonode.run_on_machine(argv, out_dir, args.timeout)
+    result = report.load_json(out_dir / "bench.json")
+    pngs = [] if args.no_plots else _plots(result, out_dir)
+    emit(result, args.json, lambda r: print(report.render(r)))
+    _print_paths(out_dir / "bench.json", pngs, args.json)
+    return code or (0 if result.get("ok") else 1)
 
 
 def register(subparsers) -> None:
@@ -166,6 +206,15 @@ def register(subparsers) -> None:
                    help="run perftest without rdma_cm, with this GID index (-x N); default: rdma_cm (-R)")
     p.add_argument("--rdma-device", metavar="DEV", help="RDMA device for perftest (default: the one holding --traddr)")
     p.add_argument("--no-plots", action="store_true", help="no PNG charts")
+    p.add_argument("--two-node", action="store_true",
+                   help="boot two lab nodes: both targets on one (10.99.1.1), nvme-cli + fio on the other "
+                        "(10.99.1.2), one virtual wire between (docs/two-node.md)")
+    p.add_argument("--capture", action="store_true",
+                   help=f"with --two-node: keep a tcpdump capture (first {twonode.CAPTURE_PACKETS} frames) of each "
+                        "fio run and its decoded summary under OUT/captures/")
+    p.add_argument("--timeout", type=float, default=3600, metavar="S",
+                   help="with --two-node: lab time limit in seconds (default 3600)")
+    p.add_argument("--node", choices=("target", "host"), help=argparse.SUPPRESS)  # inside the two-node lab
     p.add_argument("--jobs-dir", type=Path, metavar="DIR", help="fio job files (default: the checkout's fio-jobs/)")
     p.add_argument("--list-jobs", action="store_true", help="list the jobs and exit")
     p.add_argument("--from", dest="from_result", metavar="RESULT",

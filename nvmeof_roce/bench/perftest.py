@@ -275,8 +275,11 @@ def _stop(proc: Optional[subprocess.Popen], grace: float = 3.0) -> str:
 def run_perftest(test: str, address: str, *, device: Optional[str] = None, size: Optional[int] = None,
                  iterations: Optional[int] = None, rdma_cm: bool = True, gid_index: Optional[int] = None,
                  port: int = 18515, ib_port: int = 1, timeout: float = 120.0, connect_timeout: float = 45.0,
-                 extra: Sequence[str] = (), raw_output: Optional[Path] = None) -> PerftestResult:
+                 extra: Sequence[str] = (), raw_output: Optional[Path] = None,
+                 remote_server: bool = False) -> PerftestResult:
     """Run one perftest test with its server and client on this machine, over `address`'s RDMA device.
+    With `remote_server` only the client runs here: the server was started on `address`'s machine
+    (two-node bench), and `device` is this machine's RDMA device.
 
     Without rdma_cm and with no gid_index, the RoCE v2 GID index of `address` is looked up in sysfs.
     The client is retried while the server is not yet listening (it prints nothing until it exits). The server
@@ -301,11 +304,12 @@ def run_perftest(test: str, address: str, *, device: Optional[str] = None, size:
     server_out = client_out = ""
     attempts: List[str] = []
     try:
-        server = subprocess.Popen(server_cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if not remote_server:
+            server = subprocess.Popen(server_cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.monotonic() + connect_timeout
         time.sleep(0.3)
         while True:
-            if server.poll() is not None:
+            if server is not None and server.poll() is not None:
                 server_out = _stop(server)
                 raise NvmeofError(f"{test} server exited (code {server.returncode}) before a client connected: "
                                   f"{_tail(server_out)}", f"check '{test} -d {device}' by hand")
@@ -325,7 +329,8 @@ def run_perftest(test: str, address: str, *, device: Optional[str] = None, size:
                                   "without rdma_cm pass the GID index (--perftest-gid)")
             time.sleep(0.25)
         try:
-            server.wait(10)
+            if server is not None:
+                server.wait(10)
         except subprocess.TimeoutExpired:
             pass
     finally:

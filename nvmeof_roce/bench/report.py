@@ -214,6 +214,15 @@ def perftest_table(result: dict) -> str:
     return table(headers, rows)
 
 
+def topology_text(result: dict) -> str:
+    """Which topology was measured: one guest for everything, or two nodes on a wire (bench --two-node)."""
+    t = result.get("topology")
+    if not t:
+        return "one node (the host, both targets and fio on one machine)"
+    return (f"two nodes: targets on {t['target_node']}, host and fio on {t['host_node']}, "
+            f"{t.get('link', 'one link')}")
+
+
 def render(result: dict) -> str:
     """The whole terminal report."""
     p = result.get("params", {})
@@ -223,7 +232,8 @@ def render(result: dict) -> str:
              f"({m.get('kernel', '?')}{', lab guest' if m.get('lab') else ''})",
              f"traddr {p.get('traddr', '?')}, runtime {p.get('runtime_s', '?')} s + ramp {p.get('ramp_s', '?')} s, "
              f"size {p.get('size', '?')}, {reps} repeat{'s' if reps != 1 else ''} "
-             f"(medians shown; targets interleaved job by job)"]
+             f"(medians shown; targets interleaved job by job)",
+             "topology: " + topology_text(result)]
     for name, t in result.get("targets", {}).items():
         lines.append(f"  {name}: {t.get('kind', '')}, {t.get('traddr', '')}:{t.get('trsvcid', '')} "
                      f"{t.get('subnqn', '')}{'  [' + t['backend'] + ']' if t.get('backend') else ''}")
@@ -255,7 +265,8 @@ def render_markdown(result: dict, plots_dir: str = "") -> str:
              f"{machine.get('cpus', '?')} vCPUs{', lab guest' if machine.get('lab') else ''}); "
              f"{', '.join(f'{k} {v}' for k, v in machine.get('tools', {}).items())}.",
              f"Runtime {params.get('runtime_s')} s + ramp {params.get('ramp_s')} s per job, "
-             f"{params.get('repeats')} repeat(s), targets interleaved job by job; medians shown.", "",
+             f"{params.get('repeats')} repeat(s), targets interleaved job by job; medians shown.",
+             f"Topology: {topology_text(result)}.", "",
              "| job | target | IOPS | MB/s | p50 | p99 | p99.9 | errors |", "|---|---|---|---|---|---|---|---|"]
     for name, job in result.get("jobs", {}).items():
         for target, res in job.get("results", {}).items():

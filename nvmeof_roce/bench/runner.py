@@ -111,6 +111,7 @@ class BenchConfig:
     perftest_port: int = 18515
     rdma_device: Optional[str] = None
     ratio: Sequence[str] = report.DEFAULT_RATIO
+    topology: Optional[dict] = None  # bench --two-node: which node ran what (report.topology_text)
 
 
 def _read(path: str) -> str:
@@ -260,7 +261,8 @@ class BenchRunner:
         if self.config.perftest:
             for test in self.config.perftest_tests:
                 check(perftest_binary, test)
-            check(rdma_device_for, self.config.traddr)
+            if self.config.rdma_device is None:  # (two-node: the client's own device, given)
+                check(rdma_device_for, self.config.traddr)
         for t in self.targets:
             check(t.check)
         if problems:
@@ -286,6 +288,8 @@ class BenchRunner:
                     "traddr": cfg.traddr, "host": self.host.name if self.host else None,
                     "order": "for each repeat, for each job, each target in turn (interleaved)"},
             targets={t.name: t.describe() for t in self.targets}, ratio=cfg.ratio)
+        if cfg.topology:
+            result["topology"] = dict(cfg.topology)
         for j in self.jobs:
             report.add_job(result, j.name, kind=j.kind, description=j.description, report=j.report)
 

@@ -38,6 +38,7 @@ RECORDED_MODES_FILE = "recorded-modes.json"
 # Debian package (or where to get it) for each external tool the checks run.
 TOOL_PACKAGES: Dict[str, str] = {
     "ip": "iproute2",
+    "ping": "iputils-ping",
     "dcb": "iproute2",
     "ethtool": "ethtool",
     "nft": "nftables",

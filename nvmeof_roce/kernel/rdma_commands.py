@@ -77,3 +77,36 @@ def register(subparsers) -> None:
     x.add_argument("mode", metavar="v1|v2", nargs="?", choices=["v1", "v2"])
     _add_json(x)
     x.set_defaults(func=cmd_rdma_roce_mode)
+    x = rs.add_parser("decode", help="decode RoCE v2 frames in a pcap/pcapng capture (BTH, RETH, AETH, NVMe capsules)",
+                      description="Per frame: the BTH (opcode, dest QP, PSN, ack request), RETH, AETH, ImmDt/IETH, "
+                                  "ICRC check, CM messages, and the NVMe-oF command or response inside SENDs; then a "
+                                  "per-flow summary (frames, bytes, retransmitted PSNs, NAKs). Capture with e.g. "
+                                  "tcpdump -i eth0 -w FILE udp port 4791.")
+    x.add_argument("file", metavar="FILE.pcap")
+    x.add_argument("--summary", action="store_true", help="only the per-flow summary")
+    _add_json(x)
+    x.set_defaults(func=cmd_rdma_decode)
+
+
+def cmd_rdma_decode(args):
+    from ..nvme import pcap, roce
+    try:
+        with open(args.file, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise NvmeofError(f"cannot read {args.file}: {exc.strerror}", "check the path") from None
+    result = roce.decode(pcap.read_packets(data, args.file))
+    if args.json:
+        emit(result.to_dict(frames=not args.summary), True)
+        return 0
+    if not args.summary:
+        for frame in result.frames:
+            print(frame.line())
+        print()
+    print(f"{result.packets} packets, {len(result.frames)} RoCE v2 frames, {result.other} other"
+          + (f", {result.bad_icrc} with a bad ICRC" if result.bad_icrc else ""))
+    if result.flows:
+        print(table(["src", "dst", "dest QP", "qid", "frames", "bytes", "retransmitted PSNs", "NAKs", "RNR NAKs"],
+                    [[f.src, f.dst, f"{f.dest_qp:#x}", "" if f.qid is None else f.qid, f.frames, f.bytes,
+                      len(f.retransmitted), f.naks, f.rnr_naks] for f in result.flows]))
+    return 0

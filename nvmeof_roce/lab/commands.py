@@ -18,6 +18,12 @@ def project_root() -> Path:
 
 
 def _lab_run(args, interactive: bool) -> int:
+    if args.nodes == 2 or getattr(args, "node", None):
+        return _lab_run_two(args, interactive)
+    if args.target_cmd or args.host_cmd:
+        raise NvmeofError("--target-cmd and --host-cmd need --nodes 2", "e.g. nvmeof-roce lab run --nodes 2 "
+                          "--target-cmd 'CMD' --host-cmd 'CMD'")
+    args.cpus = args.cpus or 2
     command = list(args.command or [])
     if command and command[0] == "--":
         command = command[1:]
@@ -40,6 +46,65 @@ def _lab_run(args, interactive: bool) -> int:
     code = run_in_guest(image, run)
     progress(f"lab: guest finished in {time.monotonic() - started:.1f} s, exit code {code}")
     return code
+
+
+def _lab_run_two(args, interactive: bool) -> int:
+    """Two guests on a virtual wire (twonode.py): target 10.99.1.1, host 10.99.1.2."""
+    import tempfile
+    from .twonode import NodeSpec, run_two
+
+    if args.nodes not in (1, 2):
+        raise NvmeofError(f"--nodes {args.nodes}: the lab has one or two nodes", "use --nodes 2")
+    command = list(args.command or [])
+    if command and command[0] == "--":
+        command = command[1:]
+    if command:
+        raise NvmeofError("with --nodes 2 the commands are --target-cmd and --host-cmd, not a trailing command",
+                          "e.g. --target-cmd 'nvmeof-roce lab wait host.done' --host-cmd 'ibv_devinfo'")
+    # By default the target node serves until the host node's command has ended.
+    target_cmd = args.target_cmd or "nvmeof-roce lab wait host.done --timeout 86400"
+    host_cmd = args.host_cmd or ("true" if not interactive else "")
+    if not interactive and not args.host_cmd:
+        raise NvmeofError("lab run --nodes 2: no --host-cmd given", "e.g. --host-cmd 'ibv_rc_pingpong -g 1 10.99.1.1'")
+    env = {}
+    for item in args.env or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise NvmeofError(f"--env {item!r}: expected NAME=VALUE", "e.g. --env RUNTIME=5")
+        env[key] = value
+    shell_node = (getattr(args, "node", None) or "host") if interactive else None
+    specs = {"target": NodeSpec(["sh", "-c", target_cmd], interactive=shell_node == "target"),
+             "host": NodeSpec(["sh", "-c", host_cmd], interactive=shell_node == "host")}
+    if shell_node:
+        specs[shell_node].command = []
+    image = lab_image.build(force=False)
+    cpus = args.cpus or 1
+    with tempfile.TemporaryDirectory(prefix="nvmeof-lab-share-") as tmp_share:
+        share = Path(args.share).resolve() if args.share else Path(tmp_share)
+        base = LabRun(command=[], project=Path(args.project).resolve() if args.project else project_root(),
+                      share=share, timeout=args.timeout, memory_mb=args.memory, cpus=cpus, kvm=args.kvm,
+                      rxe=not args.no_rxe, env=env)
+        progress(f"lab: booting two guests ({'KVM' if args.kvm else 'TCG'}, {cpus} vCPU and {args.memory} MB each, "
+                 f"timeout {args.timeout:.0f} s): target 10.99.1.1, host 10.99.1.2 on a virtual wire")
+        started = time.monotonic()
+        codes = run_two(image, base, specs)
+    progress(f"lab: both guests finished in {time.monotonic() - started:.1f} s, "
+             f"exit codes: target {codes['target']}, host {codes['host']}")
+    return codes["host"] or codes["target"]
+
+
+def cmd_signal(args) -> int:
+    from .. import rendezvous
+    rendezvous.signal(args.name, args.text or "")
+    return 0
+
+
+def cmd_wait(args) -> int:
+    from .. import rendezvous
+    text = rendezvous.wait(args.name, args.timeout)
+    if text:
+        print(text)
+    return 0
 
 
 def cmd_build(args) -> int:
@@ -109,10 +174,21 @@ def _add_run_options(p) -> None:
     p.add_argument("--project", metavar="DIR", help="checkout mounted at /mnt/project (default: this one)")
     p.add_argument("--timeout", type=float, default=1800, help="hard limit in seconds; QEMU is killed after it (default 1800)")
     p.add_argument("--memory", type=int, default=4096, metavar="MB", help="guest memory (default 4096)")
-    p.add_argument("--cpus", type=int, default=2, help="guest vCPUs (default 2)")
+    p.add_argument("--cpus", type=int, default=None, help="guest vCPUs (default 2; with --nodes 2: 1 per node)")
     p.add_argument("--kvm", action="store_true", help="use KVM instead of TCG emulation (hangs on some VMs)")
     p.add_argument("--no-rxe", action="store_true", help="do not bring up Soft-RoCE (rxe0)")
     p.add_argument("--env", action="append", metavar="NAME=VALUE", help="environment variable for the command")
+    _add_two_node_options(p)
+
+
+def _add_two_node_options(p) -> None:
+    g = p.add_argument_group("two nodes", "two guests joined by a virtual wire (a QEMU datagram socket): target "
+                             "10.99.1.1 and host 10.99.1.2, rxe0 on each eth0; rendezvous with "
+                             "'nvmeof-roce lab signal|wait NAME' in the guests (docs/two-node.md)")
+    g.add_argument("--nodes", type=int, default=1, choices=[1, 2], help="1 (default) or 2 guests")
+    g.add_argument("--target-cmd", metavar="CMD", help="shell command on the target node (default: wait for the "
+                   "host node's command to end)")
+    g.add_argument("--host-cmd", metavar="CMD", help="shell command on the host node")
 
 
 def register(subparsers) -> None:
@@ -133,7 +209,19 @@ def register(subparsers) -> None:
 
     p = sub.add_parser("shell", help="boot the guest with an interactive shell (exit powers off)")
     _add_run_options(p)
+    p.add_argument("--node", choices=["host", "target"], help="two nodes: the shell is on this one, the other "
+                   "runs its --target-cmd/--host-cmd (default: wait)")
     p.set_defaults(func=cmd_shell, command=None)
+
+    p = sub.add_parser("signal", help="in a two-node guest: create the rendezvous file NAME")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("text", metavar="TEXT", nargs="?", help="content (e.g. a port or a QP number)")
+    p.set_defaults(func=cmd_signal)
+
+    p = sub.add_parser("wait", help="in a two-node guest: wait for the rendezvous file NAME, print its content")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--timeout", type=float, default=300, help="seconds (default 300)")
+    p.set_defaults(func=cmd_wait)
 
     p = sub.add_parser("status", help="what is cached, its inputs, its age")
     p.add_argument("--json", action="store_true", help="machine-readable output")

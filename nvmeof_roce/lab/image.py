@@ -32,7 +32,7 @@ BUILD_FORMAT = 2  # bump when the build steps change in a way the inputs don't s
 GUEST_PACKAGES = [
     "kmod", "iproute2", "rdma-core", "ibverbs-utils", "ibverbs-providers", "rdmacm-utils", "perftest",
     "nvme-cli", "fio", "python3", "python3-pyverbs", "util-linux", "procps", "busybox-static",
-    "e2fsprogs", "bash", "less", "strace", "ethtool", "nftables", "iptables",
+    "e2fsprogs", "bash", "less", "strace", "ethtool", "nftables", "iptables", "tcpdump",
 ]
 
 # Kernel module trees the guest never needs (keeps the image ~500 MB).

@@ -39,19 +39,22 @@ class LabRun:
     interactive: bool = False
     rxe: bool = True
     env: Dict[str, str] = field(default_factory=dict)
+    cmdline: str = ""                                     # extra kernel parameters (two-node: nvmeof.node=...)
+    extra_args: List[str] = field(default_factory=list)   # extra QEMU arguments (two-node: the NIC)
 
 
 def qemu_args(image: LabImage, run: LabRun, ctl: Path) -> List[str]:
     accel = ["-accel", "kvm", "-cpu", "host"] if run.kvm else ["-accel", "tcg,thread=multi", "-cpu", "max"]
     args = [QEMU, *accel, "-smp", str(run.cpus), "-m", f"{run.memory_mb}M",
             "-kernel", str(image.kernel), "-initrd", str(image.initrd),
-            "-append", "console=ttyS0 root=/dev/vda rw quiet loglevel=3 panic=-1",
+            "-append", "console=ttyS0 root=/dev/vda rw quiet loglevel=3 panic=-1" + (f" {run.cmdline}" if run.cmdline else ""),
             "-drive", f"file={image.disk},if=virtio,format=raw,snapshot=on,cache=unsafe",
             "-virtfs", f"local,path={ctl},mount_tag=ctl,security_model=none,id=ctl",
             "-virtfs", f"local,path={run.project},mount_tag=project,security_model=none,id=project",
             "-nic", "none", "-no-reboot"]
     if run.share is not None:
         args += ["-virtfs", f"local,path={run.share},mount_tag=share,security_model=none,id=share"]
+    args += run.extra_args
     if run.interactive:
         args += ["-nographic"]  # serial and monitor multiplexed on this terminal (Ctrl-A X quits)
     else:

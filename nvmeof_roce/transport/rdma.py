@@ -37,6 +37,9 @@ from .base import (ConnectRejected, ConnectRequest, Connector, HostBuffer, HostQ
                    ReadDone, RemoteAccessError, TargetQueue, TransportError)
 
 log = logging.getLogger(__name__)
+# One DEBUG line per capsule received and per work request posted (`target serve -vv`): what a capture
+# of the wire must show, in the same order (`nvmeof-roce rdma decode`, docs/two-node.md).
+wire_log = logging.getLogger(__name__ + ".wire")
 
 try:  # pyverbs is Debian's python3-pyverbs; import lazily so the rest of the package works without it
     import pyverbs.cm_enums as ce
@@ -455,6 +458,9 @@ class RdmaTargetQueue(TargetQueue):
             log.warning("queue %d: capsule of %d bytes (< 64): closing the queue", self.qid, length)
             self.close()
             return
+        if wire_log.isEnabledFor(logging.DEBUG):
+            wire_log.debug("qp %#x qid %d: capsule %d B opc %#04x cid %d", self.qp.qp_num, self.qid, length,
+                           capsule[0], int.from_bytes(capsule[2:4], "little"))
         self.listener.handler.capsule_received(self, memoryview(capsule))
 
     def _on_send_completion(self, wc) -> None:
@@ -505,6 +511,9 @@ class RdmaTargetQueue(TargetQueue):
             wr.set_wr_rdma(key, addr)
             self.send_context[wr_id] = ("read", chunk, length, done)
             self.reads_in_flight += 1
+            if wire_log.isEnabledFor(logging.DEBUG):
+                wire_log.debug("qp %#x qid %d: RDMA READ va %#x rkey %#x len %d", self.qp.qp_num, self.qid,
+                               addr, key, length)
             try:
                 self.qp.post_send(wr)
             except PyverbsRDMAError as exc:
@@ -572,6 +581,14 @@ class RdmaTargetQueue(TargetQueue):
             head = wr
             wrs.append(wr)
         self.send_context[wr_id] = ("send", slot, [w[2] for w in writes], wrs)
+        if wire_log.isEnabledFor(logging.DEBUG):
+            for addr, key, _chunk, length in writes:
+                wire_log.debug("qp %#x qid %d: RDMA WRITE va %#x rkey %#x len %d", self.qp.qp_num, self.qid,
+                               addr, key, length)
+            wire_log.debug("qp %#x qid %d: SEND response cid %d%s", self.qp.qp_num, self.qid,
+                           int.from_bytes(cqe[12:14], "little"),
+                           f" with invalidate rkey {invalidate_key:#x}" if send.opcode == e.IBV_WR_SEND_WITH_INV
+                           else "")
         try:
             self.qp.post_send(head)
         except PyverbsRDMAError as exc:

@@ -287,7 +287,8 @@ def test_real_lab_rxe0_capture_replays(tmp_path):
         "stack.modules": "ok", "stack.device_files": "warn", "stack.memlock": "ok", "device.present": "ok",
         "device.soft_roce rxe0": "warn", "port.state rxe0/1": "ok", "port.link_layer rxe0/1": "ok",
         "port.mtu rxe0/1": "ok", "address.gids rxe0/1": "ok", "address.roce_mode rxe0/1": "ok",
-        "address.traddr_gid": "ok", "address.route": "ok", "fabric.pfc rxe0/1": "skipped",
+        "address.traddr_gid": "ok", "address.route": "ok", "address.path_mtu": "skipped",
+        "fabric.pfc rxe0/1": "skipped",
         "fabric.ecn rxe0/1": "skipped", "fabric.counters rxe0/1": "ok",
         "nvme.host_identity": "warn",  # the lab image's hostid is not the UUID of its hostnqn
         "nvme.firewall": "ok", "nvme.target 10.99.0.1:4420": "skipped", "kernel.messages": "ok",
@@ -411,3 +412,63 @@ def test_missing_userspace_modules_fail(tmp_path):
     assert result.status is Status.FAIL and "ib_uverbs, rdma_ucm not loaded" in result.summary
     assert "modprobe -a ib_uverbs rdma_ucm" in result.fix
     assert result.details["modules"]["ib_uverbs"] == "available"  # in modules.dep: loadable
+
+
+class PathRunner:
+    """The recorded tools, plus a live-looking `ping` across a path whose largest frame is `path_mtu`."""
+
+    def __init__(self, root, path_mtu, iputils=True):
+        from nvmeof_roce.doctor.machine import RecordedRunner
+        self.recorded = RecordedRunner(root / "recorded-tools")
+        self.path_mtu, self.iputils, self.pings = path_mtu, iputils, []
+
+    def run(self, argv, timeout=10.0):
+        from nvmeof_roce.doctor.machine import ToolResult
+        from nvmeof_roce.errors import ToolMissing
+        if argv[0] == "ping" and not self.iputils:
+            raise ToolMissing("ping", "iputils-ping")
+        if argv[0] in ("ping", "busybox"):
+            size = int(argv[argv.index("-s") + 1])
+            self.pings.append(argv)
+            return ToolResult(list(argv), 0 if size + 28 <= self.path_mtu else 1, "")
+        return self.recorded.run(argv, timeout)
+
+
+def _path_mtu_check(root, runner):
+    from nvmeof_roce.doctor.checks.addressing import check_path_mtu
+    from nvmeof_roce.doctor.context import Context, DoctorOptions
+    from nvmeof_roce.doctor.machine import Machine
+    machine = Machine(str(root), runner=runner, sleep=lambda s: None)
+    return check_path_mtu(Context(machine, DoctorOptions(traddr=TRADDR, interval=0)))
+
+
+def test_path_mtu_mismatch_is_named(tmp_path):
+    root = build_tree(tmp_path)  # ens1f0np0 at MTU 9000
+    runner = PathRunner(root, path_mtu=1500)
+    r = _path_mtu_check(root, runner)
+    assert r.status is Status.FAIL, r.summary
+    assert r.summary == f"MTU mismatch: ens1f0np0 has MTU 9000 but frames larger than 1500 bytes do not reach {TRADDR}"
+    assert r.details["path_mtu"] == 1500 and "ip link set ens1f0np0 mtu 1500" in r.fix
+    assert len(runner.pings) == 4  # 56 bytes, the full 9000, then 4200 (no) and 1500 (yes)
+    assert "RoCE MTU 4096" in r.fix and "carries 1024" in r.fix
+    assert runner.pings[1][:4] == ["ping", "-M", "do", "-c"] and "8972" in runner.pings[1]
+
+
+def test_path_mtu_ok_and_busybox_fallback(tmp_path):
+    root = build_tree(tmp_path)
+    runner = PathRunner(root, path_mtu=9000, iputils=False)
+    r = _path_mtu_check(root, runner)
+    assert r.status is Status.OK and r.summary == f"9000-byte frames reach {TRADDR} over ens1f0np0"
+    assert all(p[:2] == ["busybox", "ping"] for p in runner.pings) and len(runner.pings) == 2
+
+
+def test_path_mtu_skipped_without_any_reply(tmp_path):
+    root = build_tree(tmp_path)
+    r = _path_mtu_check(root, PathRunner(root, path_mtu=0))
+    assert r.status is Status.SKIPPED and "no ping reply" in r.summary
+
+
+def test_path_mtu_below_the_common_sizes_is_bisected(tmp_path):
+    root = build_tree(tmp_path)
+    r = _path_mtu_check(root, PathRunner(root, path_mtu=1400))
+    assert r.status is Status.FAIL and 1392 <= r.details["path_mtu"] <= 1400, r.summary

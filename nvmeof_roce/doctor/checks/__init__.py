@@ -19,6 +19,7 @@ CHECKS = [
     ("port", "address.roce_mode", addressing.check_roce_mode),
     ("host", "address.traddr_gid", addressing.check_gid_for_traddr),
     ("host", "address.route", addressing.check_route_to_traddr),
+    ("host", "address.path_mtu", addressing.check_path_mtu),
     ("port", "fabric.pfc", fabric.check_pfc),
     ("port", "fabric.ecn", fabric.check_ecn),
     ("host", "fabric.counters", fabric.check_error_counters),

@@ -9,7 +9,7 @@ from ...errors import ToolMissing
 from ..context import Context
 from ..machine import ToolNotRun, missing_tool_reason
 from ..result import CheckResult, fail, ok, skipped, warn
-from ..sysfs import Gid, Port
+from ..sysfs import Gid, Port, roce_mtu_for_netdev_mtu
 from ..tools import ToolFailed
 
 RDMA_CM_CONFIGFS = "/sys/kernel/config/rdma_cm"
@@ -187,3 +187,79 @@ def check_route_to_traddr(ctx: Context) -> CheckResult:
                 evidence,
                 f"route {ctx.traddr} through an RDMA netdev ({', '.join(rdma_netdevs) or 'none found'}): move this "
                 f"host's address to it, or ip route add {ctx.traddr} dev NETDEV [via GATEWAY]", **details)
+
+
+COMMON_MTUS = (9000, 4200, 1500)
+# ICMP echo overhead: IPv4 header 20 + ICMP 8; IPv6 header 40 + ICMPv6 8.
+PING_OVERHEAD = {4: 28, 6: 48}
+
+
+def _ping(ctx: Context, size: int) -> Tuple[bool, str]:
+    """One echo of `size` payload bytes to --traddr, not fragmented: (reply seen, the command).
+    iputils ping sets DF (-M do); busybox ping (no -M) sends one unfragmented frame as long as
+    it fits the local MTU, which is all this probe sends."""
+    family = ["-6"] if _family(ctx.traddr_ip) == "IPv6" else []
+    try:
+        r = ctx.machine.run(["ping", *family, "-M", "do", "-c", "1", "-W", "2", "-s", str(size), ctx.traddr],
+                            timeout=10)
+    except ToolMissing:
+        r = ctx.machine.run(["busybox", "ping", *family, "-c", "1", "-W", "2", "-s", str(size), ctx.traddr],
+                            timeout=10)
+    return r.returncode == 0, r.command
+
+
+def check_path_mtu(ctx: Context) -> CheckResult:
+    """Detects an MTU mismatch on the path to --traddr: pings of the full MTU of the netdev the route
+    uses, unfragmented.  If small pings come back and full-size ones do not, a hop (the peer or a
+    switch port) has a smaller MTU than this node: RoCE packets sized for this node's MTU are dropped
+    silently (no ICMP for RoCE), so connects may work while data transfers time out and retry."""
+    problem = _traddr_preconditions(ctx, "address.path_mtu")
+    if problem:
+        return problem
+    try:
+        route = ctx.route_to_traddr
+    except (ToolMissing, ToolNotRun, ToolFailed) as exc:
+        return skipped("address.path_mtu", "", f"no route to {ctx.traddr}: {missing_tool_reason(exc)}")
+    if route.is_local:
+        return skipped("address.path_mtu", "", f"{ctx.traddr} is this host's own address: no path to measure")
+    netdev = ctx.netdev(route.dev) if route.dev else None
+    if netdev is None or netdev.mtu is None:
+        return skipped("address.path_mtu", "", f"the MTU of {route.dev or 'the route netdev'} is not readable")
+    overhead = PING_OVERHEAD[6 if _family(ctx.traddr_ip) == "IPv6" else 4]
+    evidence = [f"ip route get {ctx.traddr}: dev {route.dev}, MTU {netdev.mtu}"]
+    try:
+        small, cmd = _ping(ctx, 56)
+        evidence.append(f"{cmd}: {'reply' if small else 'no reply'}")
+        if not small:
+            return skipped("address.path_mtu", "", f"no ping reply from {ctx.traddr} at all: cannot measure the "
+                           "path MTU (ICMP filtered, or no connectivity: see address.route)", evidence)
+        full, cmd = _ping(ctx, netdev.mtu - overhead)
+        evidence.append(f"{cmd}: {'reply' if full else 'no reply'}")
+    except (ToolMissing, ToolNotRun) as exc:
+        return skipped("address.path_mtu", "", missing_tool_reason(exc), evidence)
+    details = {"dev": route.dev, "mtu": netdev.mtu}
+    if full:
+        return ok("address.path_mtu", "", f"{netdev.mtu}-byte frames reach {ctx.traddr} over {route.dev}",
+                  evidence, **details)
+    # The largest frame that does get through: the common MTUs first (one of them, usually), else bisection.
+    lo, hi = 56 + overhead, netdev.mtu
+    for common in (m for m in COMMON_MTUS if m < netdev.mtu):
+        reply, cmd = _ping(ctx, common - overhead)
+        evidence.append(f"{cmd}: {'reply' if reply else 'no reply'}")
+        if reply:
+            lo = common
+            break
+        hi = common
+    while lo not in COMMON_MTUS and hi - lo > 8:
+        mid = (lo + hi) // 2
+        reply, cmd = _ping(ctx, mid - overhead)
+        evidence.append(f"{cmd}: {'reply' if reply else 'no reply'}")
+        lo, hi = (mid, hi) if reply else (lo, mid)
+    details["path_mtu"] = lo
+    ours, theirs = roce_mtu_for_netdev_mtu(netdev.mtu), roce_mtu_for_netdev_mtu(lo)
+    return fail("address.path_mtu", "", f"MTU mismatch: {route.dev} has MTU {netdev.mtu} but frames larger than "
+                f"{lo} bytes do not reach {ctx.traddr}", evidence,
+                f"use one MTU end to end: lower this node (ip link set {route.dev} mtu {lo if lo < 1500 else 1500}) "
+                f"or raise the peer and every switch port to {netdev.mtu}. Until then RoCE packets sized for this "
+                f"node's RoCE MTU {ours} are dropped on the way (the path carries {theirs}), so I/O stalls in "
+                "retransmissions while connects still work", **details)

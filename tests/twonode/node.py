@@ -1,0 +1,303 @@
+"""One node's side of a two-node lab scenario: `python3 tests/twonode/node.py target|host SCENARIO`.
+
+Runs inside a guest of `nvmeof-roce lab run --nodes 2` (test_two_node.py starts it).  The nodes meet through
+rendezvous files (nvmeof_roce.rendezvous); results, logs and captures go to /mnt/share for the host-side
+test to check.  Exit code 0 when every step of this node worked; a step that fails raises with its output.
+
+Scenarios:
+  basic  perftest over rdma_cm; the kernel host connects to the kernel target (port 4420) and to the
+         userspace target (4421: 4 KiB in-capsule data; 4422: no in-capsule data) and runs fio crc32c
+         verify; a tcpdump capture of one 4 KiB read, one in-capsule 4 KiB write and one 4 KiB write by RDMA READ.
+  loss   netem 1 % loss on both NICs; fio crc32c verify through the userspace target under capture;
+         doctor samples the RoCE counters during it.
+  mtu    the host node's eth0 at MTU 9000, the target's at 1500: doctor on each node.
+  flap   the host node's link down for 8 s in the middle of a fio crc32c verify run through the userspace target.
+"""
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, "/mnt/project")
+from nvmeof_roce import rendezvous  # noqa: E402
+
+SHARE = "/mnt/share"
+TARGET_IP, HOST_IP = "10.99.1.1", "10.99.1.2"
+NQN_KERNEL = "nqn.2024-01.io.nvmeof-roce:two-node-kernel"
+NQN_USER = "nqn.2024-01.io.nvmeof-roce:two-node-user"
+RESULT = {}
+
+
+def step(name):
+    print(f"[two-node] {name}", flush=True)
+
+
+def sh(*args, check=True, timeout=600, **kw):
+    proc = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, **kw)
+    if check and proc.returncode != 0:
+        raise SystemExit(f"{' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stderr}\n{proc.stdout}")
+    return proc
+
+
+def save():
+    with open(f"{SHARE}/{ROLE}-result.json", "w") as f:
+        json.dump(RESULT, f, indent=1)
+
+
+# -- target node
+
+def kernel_target_config(image):
+    return {"hosts": [], "ports": [{"portid": 1, "addr": {"trtype": "rdma", "adrfam": "ipv4", "traddr": TARGET_IP,
+                                                          "trsvcid": "4420"}, "subsystems": [NQN_KERNEL]}],
+            "subsystems": [{"nqn": NQN_KERNEL, "attr": {"allow_any_host": "1"},
+                            "namespaces": [{"nsid": 1, "device": {"path": image}, "buffered_io": 1}]}]}
+
+
+def user_target_config():
+    def port(portid, svc, inline):
+        return {"portid": portid, "addr": {"trtype": "rdma", "adrfam": "ipv4", "traddr": TARGET_IP, "trsvcid": svc},
+                "param": {"inline_data_size": str(inline)}, "subsystems": [NQN_USER], "referrals": []}
+    return {"hosts": [], "ports": [port(1, "4421", 4096), port(2, "4422", 0)],
+            "subsystems": [{"nqn": NQN_USER, "attr": {"allow_any_host": "1"}, "allowed_hosts": [],
+                            "namespaces": [{"nsid": 1, "enable": 1,
+                                            "nvmeof_roce": {"backend": "ram", "size": "64M", "block_size": 512}}]}]}
+
+
+def serve_user_target():
+    with open("/tmp/user.json", "w") as f:
+        json.dump(user_target_config(), f)
+    ready = "/tmp/user.ready"
+    log = open(f"{SHARE}/target.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "nvmeof_roce", "-vv", "target", "serve", "/tmp/user.json",
+                             "--ready-file", ready], stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(ready):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"userspace target did not start:\n{open(f'{SHARE}/target.log').read()}")
+        time.sleep(0.1)
+    return proc
+
+
+def stop_user_target(proc):
+    proc.send_signal(signal.SIGTERM)
+    RESULT["user_target_exit"] = proc.wait(60)
+
+
+def target_basic():
+    step("perftest server (ib_write_bw over rdma_cm)")
+    perf = subprocess.Popen(["ib_write_bw", "-d", "rxe0", "-R", "-F", "-s", "65536", "-n", "200"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(2)
+    rendezvous.signal("perf-ready")
+    out, _ = perf.communicate(timeout=300)
+    RESULT["perftest_server_exit"] = perf.returncode
+    step("kernel target (nvmet-rdma) on 4420, userspace target on 4421/4422")
+    sh("modprobe", "-a", "nvmet", "nvmet_rdma")
+    image = "/tmp/kernel-ns.img"
+    with open(image, "wb") as f:
+        f.truncate(64 << 20)
+    with open("/tmp/kernel.json", "w") as f:
+        json.dump(kernel_target_config(image), f)
+    sh(sys.executable, "-m", "nvmeof_roce", "nvmet", "apply", "/tmp/kernel.json")
+    proc = serve_user_target()
+    rendezvous.signal("targets-ready")
+    rendezvous.wait("host.done", 1500)
+    stop_user_target(proc)
+    sh(sys.executable, "-m", "nvmeof_roce", "nvmet", "clear", check=False)
+    save()
+    if RESULT["perftest_server_exit"] or RESULT["user_target_exit"]:
+        raise SystemExit(f"target side failed: {RESULT}\n{out}")
+
+
+def target_loss():
+    proc = serve_user_target()
+    netem("loss", "1%")
+    rendezvous.signal("targets-ready")
+    rendezvous.wait("host.done", 1500)
+    RESULT["hw_counters"] = hw_counters()
+    stop_user_target(proc)
+    save()
+
+
+def target_mtu():
+    RESULT["doctor"] = doctor(HOST_IP)
+    rendezvous.signal("target-doctor-done")
+    rendezvous.wait("host.done", 600)
+    save()
+
+
+# -- host node
+
+def connect(svc, nqn, io_queues=1):
+    sh("nvme", "connect", "-t", "rdma", "-a", TARGET_IP, "-s", svc, "-n", nqn, "-i", str(io_queues))
+    deadline = time.monotonic() + 30
+    while True:
+        for subsys in glob.glob("/sys/class/nvme-subsystem/nvme-subsys*"):
+            if open(f"{subsys}/subsysnqn").read().strip() == nqn:
+                disks = glob.glob(f"{subsys}/nvme*n*")
+                if disks:
+                    return "/dev/" + os.path.basename(disks[0])
+        if time.monotonic() > deadline:
+            raise SystemExit(f"no namespace of {nqn} appeared")
+        time.sleep(0.1)
+
+
+def disconnect(nqn):
+    sh("nvme", "disconnect", "-n", nqn)
+
+
+def fio_verify(device, size="16M", runtime=None):
+    timed = [f"--runtime={runtime}", "--time_based"] if runtime else []
+    proc = sh("fio", "--name=verify", f"--filename={device}", "--ioengine=libaio", "--direct=1", "--rw=randrw",
+              "--verify=crc32c", "--verify_fatal=1", "--bsrange=4k-64k", "--iodepth=16", f"--size={size}",
+              *timed, "--verify_state_save=0", "--output-format=json", timeout=1200)
+    job = json.loads(proc.stdout[proc.stdout.index("{"):])["jobs"][0]
+    return {"error": job["error"], "read_ios": job["read"]["total_ios"], "write_ios": job["write"]["total_ios"],
+            "read_bytes": job["read"]["io_bytes"], "write_bytes": job["write"]["io_bytes"]}
+
+
+def start_capture(path):
+    if os.path.exists(path):
+        os.unlink(path)
+    proc = subprocess.Popen(["tcpdump", "-i", "eth0", "-U", "-s", "0", "-w", path, "udp", "port", "4791"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while not os.path.exists(path):  # tcpdump writes the file header once it listens
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"tcpdump did not start: {proc.stderr.read().decode()}")
+        time.sleep(0.1)
+    time.sleep(0.5)
+    return proc
+
+
+def stop_capture(proc):
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=30)[1].decode()
+    return err.strip().splitlines()[-2:] if err.strip() else []
+
+
+def host_basic():
+    step("perftest client")
+    rendezvous.wait("perf-ready", 300)
+    out = sh("ib_write_bw", "-d", "rxe0", "-R", "-F", "-s", "65536", "-n", "200", TARGET_IP, timeout=300).stdout
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith("65536")]
+    RESULT["perftest"] = {"bytes": 65536, "iterations": int(rows[0][1]), "bw_peak_MBps": float(rows[0][2]),
+                          "bw_avg_MBps": float(rows[0][3])}
+    rendezvous.wait("targets-ready", 300)
+    sh("modprobe", "-a", "nvme_rdma", "nvme_fabrics")
+    step("kernel target: connect, fio crc32c verify")
+    dev = connect("4420", NQN_KERNEL, io_queues=1)
+    RESULT["fio_kernel"] = fio_verify(dev)
+    disconnect(NQN_KERNEL)
+    step("userspace target: connect, fio crc32c verify")
+    dev = connect("4421", NQN_USER)
+    RESULT["fio_userspace"] = fio_verify(dev)
+    disconnect(NQN_USER)
+    step("capture: 4 KiB read, 4 KiB in-capsule write (4421), 4 KiB write by RDMA READ (4422)")
+    with open("/tmp/block", "wb") as f:
+        f.write(os.urandom(4096))
+    cap = start_capture(f"{SHARE}/io.pcap")
+    dev = connect("4421", NQN_USER)
+    time.sleep(1)  # the partition scan's reads go first
+    sh("dd", f"if={dev}", "of=/dev/null", "bs=4096", "count=1", "skip=256", "iflag=direct")        # LBA 2048
+    sh("dd", "if=/tmp/block", f"of={dev}", "bs=4096", "count=1", "seek=512", "oflag=direct")       # LBA 4096
+    disconnect(NQN_USER)
+    dev = connect("4422", NQN_USER)
+    time.sleep(1)
+    sh("dd", "if=/tmp/block", f"of={dev}", "bs=4096", "count=1", "seek=768", "oflag=direct")       # LBA 6144
+    disconnect(NQN_USER)
+    RESULT["tcpdump"] = stop_capture(cap)
+    save()
+    bad = [k for k in ("fio_kernel", "fio_userspace") if RESULT[k]["error"]]
+    if bad:
+        raise SystemExit(f"fio verify failed: {bad}: {RESULT}")
+
+
+def host_loss():
+    rendezvous.wait("targets-ready", 300)
+    sh("modprobe", "-a", "nvme_rdma", "nvme_fabrics")
+    netem("loss", "1%")
+    dev = connect("4421", NQN_USER)
+    before = hw_counters()
+    cap = start_capture(f"{SHARE}/loss.pcap")
+    # doctor samples the counters 15 s apart while fio runs for 45 s
+    doc = subprocess.Popen([sys.executable, "-m", "nvmeof_roce", "doctor", "--json", "--interval", "15",
+                            "--traddr", TARGET_IP], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    started = time.monotonic()
+    RESULT["fio_userspace"] = fio_verify(dev, size="16M", runtime=45)
+    RESULT["fio_seconds"] = round(time.monotonic() - started, 1)
+    out, err = doc.communicate(timeout=600)
+    RESULT["doctor"] = json.loads(out) if out.strip() else {"stderr": err}
+    RESULT["tcpdump"] = stop_capture(cap)
+    RESULT["hw_counters_before"], RESULT["hw_counters"] = before, hw_counters()
+    disconnect(NQN_USER)
+    save()
+    if RESULT["fio_userspace"]["error"]:
+        raise SystemExit(f"fio verify failed under loss: {RESULT}")
+
+
+def target_flap():
+    proc = serve_user_target()
+    rendezvous.signal("targets-ready")
+    rendezvous.wait("host.done", 1500)
+    stop_user_target(proc)
+    save()
+
+
+def host_flap():
+    """The host node's link goes down for 8 s in the middle of a verify run, then comes back."""
+    rendezvous.wait("targets-ready", 300)
+    sh("modprobe", "-a", "nvme_rdma", "nvme_fabrics")
+    dev = connect("4421", NQN_USER)
+    fio = subprocess.Popen(["fio", "--name=verify", f"--filename={dev}", "--ioengine=libaio", "--direct=1",
+                            "--rw=randrw", "--verify=crc32c", "--verify_fatal=1", "--bsrange=4k-64k", "--iodepth=16",
+                            "--size=16M", "--runtime=60", "--time_based", "--verify_state_save=0",
+                            "--output-format=json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(15)
+    sh("ip", "link", "set", "eth0", "down")
+    RESULT["port_state_down"] = open("/sys/class/infiniband/rxe0/ports/1/state").read().strip()
+    time.sleep(8)
+    sh("ip", "link", "set", "eth0", "up")
+    out, err = fio.communicate(timeout=900)
+    job = json.loads(out[out.index("{"):])["jobs"][0] if "{" in out else {"error": fio.returncode}
+    RESULT["fio_userspace"] = {"error": job["error"], "returncode": fio.returncode, "stderr": err[-2000:],
+                               "read_ios": job.get("read", {}).get("total_ios"),
+                               "write_ios": job.get("write", {}).get("total_ios")}
+    RESULT["kernel_log"] = [line for line in sh("dmesg").stdout.splitlines() if "nvme" in line][-20:]
+    disconnect(NQN_USER)
+    save()
+
+
+def host_mtu():
+    sh("ip", "link", "set", "eth0", "mtu", "9000")
+    rendezvous.wait("target-doctor-done", 600)
+    RESULT["doctor"] = doctor(TARGET_IP)
+    save()
+
+
+# -- shared
+
+def netem(*args):
+    sh("modprobe", "sch_netem")
+    sh("tc", "qdisc", "replace", "dev", "eth0", "root", "netem", *args)
+    RESULT.setdefault("netem", []).append(" ".join(args))
+
+
+def hw_counters():
+    d = "/sys/class/infiniband/rxe0/ports/1/hw_counters"
+    return {name: int(open(f"{d}/{name}").read()) for name in sorted(os.listdir(d))}
+
+
+def doctor(traddr):
+    proc = sh(sys.executable, "-m", "nvmeof_roce", "doctor", "--json", "--interval", "2", "--traddr", traddr,
+              check=False, timeout=600)
+    return json.loads(proc.stdout) if proc.stdout.strip() else {"stderr": proc.stderr}
+
+
+if __name__ == "__main__":
+    ROLE, SCENARIO = sys.argv[1], sys.argv[2]
+    globals()[f"{ROLE}_{SCENARIO}"]()

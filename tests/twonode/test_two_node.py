@@ -1,0 +1,186 @@
+"""Two lab guests on a virtual wire, driven from the host: perftest and the kernel host against both targets
+across the wire, a decoded capture checked against the userspace target's own log, and a lossy link.
+
+Each scenario is one `nvmeof-roce lab run --nodes 2` whose nodes run tests/twonode/node.py; the checks here
+read what the nodes left in the share (results, target log, pcap)."""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nvmeof_roce.nvme import pcap, roce
+
+pytestmark = pytest.mark.twonode
+
+ROOT = Path(__file__).resolve().parents[2]
+TARGET_IP, HOST_IP = "10.99.1.1", "10.99.1.2"
+
+
+def two_nodes(share: Path, scenario: str, timeout: int = 1800):
+    share.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([sys.executable, "-m", "nvmeof_roce", "lab", "run", "--nodes", "2", "--share", str(share),
+                           "--timeout", str(timeout),
+                           "--target-cmd", f"python3 tests/twonode/node.py target {scenario}",
+                           "--host-cmd", f"python3 tests/twonode/node.py host {scenario}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout + 120)
+    (share / "console.log").write_text(proc.stdout + proc.stderr)
+    results = {}
+    for node in ("target", "host"):
+        path = share / f"{node}-result.json"
+        results[node] = json.loads(path.read_text()) if path.exists() else None
+    return proc, results
+
+
+@pytest.fixture(scope="module")
+def basic(tmp_path_factory):
+    share = tmp_path_factory.mktemp("two-node-basic")
+    proc, results = two_nodes(share, "basic")
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    return share, results
+
+
+def test_perftest_and_fio_verify_across_the_wire(basic):
+    _, r = basic
+    perf = r["host"]["perftest"]
+    assert perf["iterations"] == 200 and perf["bw_avg_MBps"] > 0
+    for target in ("fio_kernel", "fio_userspace"):
+        fio = r["host"][target]
+        assert fio["error"] == 0 and fio["read_ios"] > 0 and fio["write_ios"] > 0, fio
+    assert r["target"]["user_target_exit"] == 0
+
+
+def wire_log(share: Path):
+    """The userspace target's per-QP wire trace: [(qp, qid, event text)]."""
+    pat = re.compile(r"qp (0x[0-9a-f]+) qid (\d+): ((?:capsule|RDMA|SEND response) .*)$")
+    out = []
+    for line in (share / "target.log").read_text().splitlines():
+        m = pat.search(line)
+        if m:
+            out.append((int(m.group(1), 16), int(m.group(2)), m.group(3)))
+    return out
+
+
+def logged_sequence(log, qp, cid, opc):
+    """The target's trace for one command: its capsule line and what it posted for it, up to its response."""
+    for i, (q, _qid, text) in enumerate(log):
+        if q == qp and re.match(rf"capsule \d+ B opc {opc:#04x} cid {cid}$", text):
+            seq = [text]
+            for q2, _, t2 in log[i + 1:]:
+                if q2 != qp:
+                    continue
+                seq.append(t2)
+                if t2.startswith(f"SEND response cid {cid}"):
+                    return seq
+    raise AssertionError(f"target log has no complete trace of cid {cid} opc {opc:#x} on QP {qp:#x}")
+
+
+def command_frame(d, name, slba):
+    hits = [f for f in d.frames if f.nvme and f.nvme.get("kind") == "command" and f.nvme.get("name") == name
+            and f.nvme.get("slba") == slba]
+    assert len(hits) == 1, f"{len(hits)} {name} commands at LBA {slba} in the capture"
+    return hits[0]
+
+
+def frames_after(d, start, src, predicate):
+    return [f for f in d.frames if f.index > start.index and f.src == src and predicate(f)]
+
+
+def test_capture_decodes_read_and_writes_as_the_target_logged_them(basic):
+    share, _ = basic
+    d = roce.decode(pcap.read_packets((share / "io.pcap").read_bytes()))
+    assert d.bad_icrc == 0 and len(d.frames) > 20
+    log = wire_log(share)
+    # CM: the connect requests carried the queue IDs, so each capsule knows its queue
+    reqs = [f for f in d.frames if f.cm and f.cm["msg"] == "REQ"]
+    assert {f.cm["qid"] for f in reqs} == {0, 1} and all(f.src == HOST_IP for f in reqs)
+
+    # 4 KiB read: capsule (keyed SGL, invalidate) -> RDMA WRITE of 4096 with its rkey -> SEND with Invalidate
+    cmd = command_frame(d, "Read", 2048)
+    sgl = cmd.nvme["sgl"]
+    assert cmd.src == HOST_IP and cmd.nvme["qid"] == 1 and cmd.nvme["nlb"] == 8
+    assert sgl["type"] == "keyed" and sgl["length"] == 4096 and sgl["invalidate"]
+    seq = logged_sequence(log, cmd.dest_qp, cmd.nvme["cid"], 0x02)
+    assert seq[1:] == [f"RDMA WRITE va {sgl['addr']:#x} rkey {sgl['key']:#x} len 4096",
+                       f"SEND response cid {cmd.nvme['cid']} with invalidate rkey {sgl['key']:#x}"]
+    writes = frames_after(d, cmd, TARGET_IP, lambda f: f.reth is not None and f.opname.startswith("RDMA WRITE"))
+    resp = frames_after(d, cmd, TARGET_IP, lambda f: f.nvme and f.nvme.get("cid") == cmd.nvme["cid"]
+                        and f.nvme["kind"] == "response")[0]
+    assert writes[0].reth == {"va": sgl["addr"], "rkey": sgl["key"], "length": 4096}
+    assert resp.opname == "SEND Only with Invalidate" and resp.invalidate_rkey == sgl["key"]
+    assert cmd.index < writes[0].index < resp.index and resp.nvme["status_name"] == "Success"
+    data = [f for f in d.frames if writes[0].index <= f.index < resp.index and f.src == TARGET_IP
+            and f.opname.startswith("RDMA WRITE")]
+    assert sum(f.payload_len for f in data) == 4096
+
+    # 4 KiB write with in-capsule data (port 4421): the data rides in the SEND, no RDMA READ
+    cmd = command_frame(d, "Write", 4096)
+    assert cmd.nvme["sgl"] == {"type": "in-capsule", "addr": 0, "length": 4096}
+    seq = logged_sequence(log, cmd.dest_qp, cmd.nvme["cid"], 0x01)
+    assert seq == [f"capsule {64 + 4096} B opc 0x01 cid {cmd.nvme['cid']}", f"SEND response cid {cmd.nvme['cid']}"]
+    resp = frames_after(d, cmd, TARGET_IP, lambda f: f.nvme and f.nvme.get("cid") == cmd.nvme["cid"])[0]
+    assert resp.opname == "SEND Only" and resp.nvme["for"] == "Write"
+    assert not frames_after(d, cmd, TARGET_IP, lambda f: f.opname == "RDMA READ Request" and f.index < resp.index)
+
+    # 4 KiB write without in-capsule data (port 4422): RDMA READ of 4096 with the host's rkey, then SEND w/ Inv
+    cmd = command_frame(d, "Write", 6144)
+    sgl = cmd.nvme["sgl"]
+    assert sgl["type"] == "keyed" and sgl["length"] == 4096 and sgl["invalidate"]
+    seq = logged_sequence(log, cmd.dest_qp, cmd.nvme["cid"], 0x01)
+    assert seq[1:] == [f"RDMA READ va {sgl['addr']:#x} rkey {sgl['key']:#x} len 4096",
+                       f"SEND response cid {cmd.nvme['cid']} with invalidate rkey {sgl['key']:#x}"]
+    read = frames_after(d, cmd, TARGET_IP, lambda f: f.opname == "RDMA READ Request")[0]
+    assert read.reth == {"va": sgl["addr"], "rkey": sgl["key"], "length": 4096}
+    responses = frames_after(d, read, HOST_IP, lambda f: f.opname.startswith("RDMA READ Response"))
+    resp = frames_after(d, read, TARGET_IP, lambda f: f.nvme and f.nvme.get("cid") == cmd.nvme["cid"])[0]
+    assert resp.opname == "SEND Only with Invalidate" and resp.invalidate_rkey == sgl["key"]
+    got = [f for f in responses if f.index < resp.index]
+    assert sum(f.payload_len for f in got) == 4096 and got[0].psn == read.psn
+    assert cmd.index < read.index < got[-1].index < resp.index
+    assert not any(f.retransmit for f in d.frames) and all(f.naks == 0 for f in d.flows)
+
+
+def test_lossy_link_fio_verify_completes_with_retransmissions(tmp_path):
+    share = tmp_path / "two-node-loss"
+    proc, r = two_nodes(share, "loss")
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    fio = r["host"]["fio_userspace"]
+    assert fio["error"] == 0 and fio["read_ios"] > 0 and fio["write_ios"] > 0
+    d = roce.decode(pcap.read_packets((share / "loss.pcap").read_bytes()))
+    retrans = sum(len(f.retransmitted) for f in d.flows)
+    naks = sum(f.naks for f in d.flows)
+    assert retrans > 0 and naks > 0, d.to_dict(frames=False)
+    # rxe counted them too, on both nodes, and doctor saw the counters grow during the run
+    for node in ("host", "target"):
+        c = r[node]["hw_counters"]
+        assert c["rcvd_seq_err"] + c["duplicate_request"] + c["out_of_seq_request"] > 0, (node, c)
+    counters = [c for c in r["host"]["doctor"] if c["check"] == "fabric.counters"]
+    assert counters and counters[0]["status"] == "warn", counters
+    assert "growing" in counters[0]["summary"] and re.search(r"hw_counters/\w+: \+\d+", "\n".join(counters[0]["evidence"]))
+    (share / "loss-summary.json").write_text(json.dumps(d.to_dict(frames=False), indent=1))
+
+
+def test_mtu_mismatch_is_named_on_the_node_that_has_it(tmp_path):
+    share = tmp_path / "two-node-mtu"
+    proc, r = two_nodes(share, "mtu", timeout=900)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    host = {c["check"]: c for c in r["host"]["doctor"]}
+    target = {c["check"]: c for c in r["target"]["doctor"]}
+    assert host["address.path_mtu"]["status"] == "fail", host["address.path_mtu"]
+    assert "MTU 9000" in host["address.path_mtu"]["summary"] and TARGET_IP in host["address.path_mtu"]["summary"]
+    assert target["address.path_mtu"]["status"] == "ok", target["address.path_mtu"]
+
+
+def test_link_down_and_up_mid_run_recovers_without_data_errors(tmp_path):
+    share = tmp_path / "two-node-flap"
+    proc, r = two_nodes(share, "flap")
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    host = r["host"]
+    assert "DOWN" in host["port_state_down"]
+    fio = host["fio_userspace"]
+    assert fio["error"] == 0 and fio["returncode"] == 0, fio
+    # the kernel host lost the queues with the link and reconnected once it was back
+    log = "\n".join(host["kernel_log"])
+    assert "Successfully reconnected" in log or "reconnect" in log.lower(), log

@@ -1,0 +1,62 @@
+"""`lab run --nodes 2` from the host side: the QEMU arguments of each node, the CLI's answers to bad input,
+and the rendezvous files.  (The boots themselves are tests/lab/test_two_node.py, `make test-two-node`.)"""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nvmeof_roce.errors import NvmeofError
+from nvmeof_roce import rendezvous
+from nvmeof_roce.lab.twonode import NodeSpec, node_run
+from nvmeof_roce.lab.vm import LabRun, qemu_args
+
+
+class FakeImage:
+    kernel, initrd, disk = Path("/i/vmlinux"), Path("/i/initrd.img"), Path("/i/rootfs.ext4")
+
+
+def test_each_node_gets_its_role_address_and_one_end_of_the_wire(tmp_path):
+    base = LabRun(command=[], project=tmp_path, share=tmp_path / "share", cpus=1)
+    wire = tmp_path / "wire"
+    runs = {n: node_run(base, n, NodeSpec(["true"], mtu=9000 if n == "host" else 1500), wire)
+            for n in ("target", "host")}
+    t = qemu_args(FakeImage, runs["target"], tmp_path / "ctl")
+    h = qemu_args(FakeImage, runs["host"], tmp_path / "ctl")
+    append_t = t[t.index("-append") + 1]
+    assert "nvmeof.node=target nvmeof.addr=10.99.1.1/24 nvmeof.peer=10.99.1.2 nvmeof.mtu=1500" in append_t
+    assert "nvmeof.node=host nvmeof.addr=10.99.1.2/24 nvmeof.peer=10.99.1.1 nvmeof.mtu=9000" in h[h.index("-append") + 1]
+    nt, nh = t[t.index("-netdev") + 1], h[h.index("-netdev") + 1]
+    # each side binds its own socket and sends to the other's: a point-to-point wire, no host network
+    assert f"local.path={wire / 'target'}" in nt and f"remote.path={wire / 'host'}" in nt
+    assert f"local.path={wire / 'host'}" in nh and f"remote.path={wire / 'target'}" in nh
+    assert nt.startswith("dgram,") and "inet" not in nt
+    assert t[t.index("-smp") + 1] == "1"
+    assert "virtio-net-pci,netdev=wire,mac=52:54:00:99:01:01,mrg_rxbuf=off" in t[t.index("-device") + 1]
+    assert h[h.index("-device") + 1].endswith("host_mtu=9000")
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "nvmeof_roce", *args], capture_output=True, text=True)
+
+
+def test_cli_rejects_inconsistent_two_node_options():
+    r = _cli("lab", "run", "--host-cmd", "true")
+    assert r.returncode != 0 and "need --nodes 2" in r.stderr
+    r = _cli("lab", "run", "--nodes", "2", "--", "ibv_devinfo")
+    assert r.returncode != 0 and "--target-cmd and --host-cmd" in r.stderr
+    r = _cli("lab", "run", "--nodes", "3", "--host-cmd", "true")
+    assert r.returncode != 0 and "invalid choice" in r.stderr
+
+
+def test_rendezvous_signal_wait(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAB_SYNC", str(tmp_path))
+    rendezvous.signal("target-ready", "4420")
+    assert rendezvous.wait("target-ready", 1) == "4420"
+    with pytest.raises(NvmeofError, match="did not appear"):
+        rendezvous.wait("never", 0.2)
+    with pytest.raises(NvmeofError, match="plain file name"):
+        rendezvous.signal("../escape")
+    monkeypatch.delenv("LAB_SYNC")
+    with pytest.raises(NvmeofError, match="LAB_SYNC"):
+        rendezvous.wait("x", 0)
