@@ -21,7 +21,7 @@ import mmap
 import os
 import stat
 import struct
-from typing import Optional
+from typing import Iterator, Optional
 
 from ..errors import NvmeofError
 from ..config import NamespaceConfig
@@ -40,6 +40,7 @@ FALLOC_FL_PUNCH_HOLE = 0x02
 FALLOC_FL_ZERO_RANGE = 0x10
 
 _ZERO_CHUNK = 1 << 20
+PAGE_SIZE = mmap.PAGESIZE
 
 
 class BackendError(NvmeofError):
@@ -50,6 +51,7 @@ class Backend:
     """The interface the target core codes against."""
 
     kind = "?"
+    blocking = False  # True if calls may wait for a device (run them off the event loop)
     block_size: int
     num_blocks: int
     path: Optional[str] = None
@@ -86,6 +88,21 @@ class Backend:
     def discard(self, offset: int, length: int) -> None:
         """Deallocate; reads of the range return zeros afterwards."""
         self.write_zeroes(offset, length)
+
+    def zero_steps(self, offset: int, length: int, deallocate: bool, slice_bytes: int) -> Iterator[int]:
+        """Zero (or deallocate) a range in slices of at most `slice_bytes`; yields each slice's size.
+
+        The target runs one slice per event loop pass (target/work.py)."""
+        self._check(offset, length)
+        end = offset + length
+        while offset < end:
+            n = min(slice_bytes, end - offset)
+            if deallocate:
+                self.discard(offset, n)
+            else:
+                self.write_zeroes(offset, n)
+            offset += n
+            yield n
 
     def close(self) -> None:
         pass
@@ -132,6 +149,23 @@ class RamBackend(Backend):
 
     def write_zeroes(self, offset, length):
         self._check(offset, length)
+        # Whole pages go back to the kernel: a private anonymous mapping reads zeros afterwards
+        # (madvise MADV_DONTNEED), in microseconds per MiB instead of a memset. The region is never
+        # registered with the RDMA device (reads are copied into the transport's data buffers);
+        # a registered MR would keep the old pages pinned.
+        first = -(-offset // PAGE_SIZE) * PAGE_SIZE
+        last = (offset + length) // PAGE_SIZE * PAGE_SIZE
+        if last > first:
+            self._memset(offset, first - offset)
+            self._map.madvise(mmap.MADV_DONTNEED, first, last - first)
+            self._memset(last, offset + length - last)
+        else:
+            self._memset(offset, length)
+
+    def discard(self, offset, length):
+        self.write_zeroes(offset, length)
+
+    def _memset(self, offset, length):
         end = offset + length
         while offset < end:
             n = min(_ZERO_CHUNK, end - offset)
@@ -165,6 +199,10 @@ class NullBackend(Backend):
     def write_zeroes(self, offset, length):
         self._check(offset, length)
 
+    def zero_steps(self, offset, length, deallocate, slice_bytes):
+        self._check(offset, length)
+        return iter(())  # nothing stored, nothing to zero
+
 
 _libc = None
 
@@ -185,6 +223,7 @@ def _fallocate(fd: int, mode: int, offset: int, length: int) -> bool:
 
 class FileBackend(Backend):
     kind = "file"
+    blocking = True  # fdatasync, fallocate and BLKZEROOUT wait for the device
 
     def __init__(self, path: str, block_size: int = 512, create_size: Optional[int] = None,
                  direct: bool = True):

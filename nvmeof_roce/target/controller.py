@@ -79,13 +79,22 @@ class Controller:
         if not new & F.CC_EN and old & F.CC_EN:
             self._clear()
         if new & F.CC_SHN_MASK and not old & F.CC_SHN_MASK:
+            # The core flushes the namespaces (off the loop for files), then calls shutdown_complete.
             self._clear()
-            self.subsystem_flush()
-            self.csts |= F.CSTS_SHST_COMPLETE
-            self.shutdown_at = now
+            self.csts = (self.csts & ~F.CSTS_SHST_MASK) | F.CSTS_SHST_OCCUR
         if not new & F.CC_SHN_MASK and old & F.CC_SHN_MASK:
-            self.csts &= ~F.CSTS_SHST_COMPLETE
+            self.csts &= ~F.CSTS_SHST_MASK
             self.shutdown_at = None
+
+    @property
+    def shutting_down(self) -> bool:
+        """CC.SHN was written and the flush it asks for is running (CSTS.SHST = occurring)."""
+        return self.csts & F.CSTS_SHST_MASK == F.CSTS_SHST_OCCUR
+
+    def shutdown_complete(self, now: float) -> None:
+        if self.shutting_down:
+            self.csts = (self.csts & ~F.CSTS_SHST_MASK) | F.CSTS_SHST_COMPLETE
+            self.shutdown_at = now
 
     def _start(self, now: float) -> None:
         cc = self.cc
@@ -104,14 +113,6 @@ class Controller:
     def _clear(self) -> None:
         self.csts &= ~F.CSTS_RDY
         self.cc = 0
-
-    def subsystem_flush(self) -> None:
-        """A normal shutdown: make the namespaces' data durable."""
-        for ns in list(self.subsystem.namespaces.values()):
-            try:
-                ns.backend.flush()
-            except Exception as exc:
-                log.error("controller %d: flush of namespace %d at shutdown failed: %s", self.cntlid, ns.nsid, exc)
 
     # -- asynchronous events
     def supported_aen(self) -> int:

@@ -38,6 +38,7 @@ from ..config import ConfigError, NamespaceConfig, PortConfig, TargetConfig
 from .controller import Controller
 from .request import EXECUTING, FREE, HELD, READING, QueueState, Request
 from .subsystem import MAX_NSID, DiscoverySubsystem, Namespace, Subsystem
+from .work import Work
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,7 @@ class Target:
         self._queues: Dict[object, QueueState] = {}
         self._any_port = PortContext(self, None, in_capsule_size, self.default_queue_size)
         self._port_handlers: Dict[int, PortHandler] = {}
+        self.work = Work()  # blocking backend calls and sliced jobs, off the loop (work.py)
         try:
             for i, sub_cfg in enumerate(config.subsystems):
                 sub = Subsystem(sub_cfg)
@@ -174,6 +176,10 @@ class Target:
         held = sum(len(c.aers) for c in self.controllers())
         return max(0, sum(qs.active for qs in self._queues.values() if not qs.closed) - held)
 
+    def queue_count(self) -> int:
+        """Queues open (connected or waiting for their Connect)."""
+        return sum(1 for qs in self._queues.values() if not qs.closed)
+
     def port(self, portid: int) -> PortHandler:
         """The QueueHandler for one configured port."""
         handler = self._port_handlers.get(portid)
@@ -211,6 +217,11 @@ class Target:
         finally:
             self._namespace_changed(sub, nsid)
 
+    def attach_loop(self, loop) -> None:
+        """Give the target its event loop (with `watch(fd, callback)` and `unwatch(fd)`): from then on blocking backend calls run on a
+        worker thread and long commands in slices, their completions coming back through the loop."""
+        self.work.attach(loop)
+
     def close(self) -> None:
         """Disconnect every controller, then flush and close all backends."""
         if self.closed:
@@ -220,6 +231,7 @@ class Target:
             self._delete_controller(ctrl, "target shutting down")
         for qs in list(self._queues.values()):
             self._close_queue(qs, "target shutting down", logging.INFO)
+        self.work.close()  # lets a running fdatasync finish before the files close
         for sub in self.subsystems.values():
             sub.close()
 
@@ -432,6 +444,46 @@ class Target:
         except Exception:
             self._internal_error(req)
 
+    def run_blocking(self, req: Request, fn: Callable[[], None], what: str) -> None:
+        """EXECUTING off the loop: fn() on the worker thread, then complete (Write Fault if it raised)."""
+        self.work.call(fn, lambda exc: self._background_done(req, exc, what))
+
+    def run_sliced(self, req: Request, steps, what: str) -> None:
+        """EXECUTING in slices: one step of `steps` per loop pass, then complete."""
+        self.work.sliced(steps, lambda exc: self._background_done(req, exc, what), what)
+
+    def _background_done(self, req: Request, exc: Optional[BaseException], what: str) -> None:
+        if exc is not None:
+            ns = req.ns
+            log.error("namespace %s: %s failed: %s", ns.nsid if ns is not None else "?", what, exc)
+            return self.complete(req, S.WRITE_FAULT)
+        self.complete(req, 0)
+
+    def shutdown_flush(self, ctrl: Controller) -> None:
+        """CC.SHN: make the namespaces durable (CSTS.SHST 'occurring'), then report 'complete'.
+        fdatasync runs on the worker thread, so other hosts are served meanwhile."""
+        namespaces = list(ctrl.subsystem.namespaces.values())
+
+        def flush_all():
+            errors = []
+            for ns in namespaces:
+                try:
+                    ns.backend.flush()
+                except Exception as exc:
+                    errors.append(f"namespace {ns.nsid}: {exc}")
+            if errors:
+                raise BackendError("; ".join(errors), "check the device (dmesg)")
+
+        def done(exc):
+            if exc is not None:
+                log.error("controller %d: flush at shutdown failed: %s", ctrl.cntlid, exc)
+            ctrl.shutdown_complete(self.clock())
+
+        if any(ns.backend.blocking for ns in namespaces):
+            self.work.call(flush_all, done)
+        else:
+            done(_call(flush_all))
+
     def hold(self, req: Request) -> None:
         """HELD: no completion until an event arrives (the AER)."""
         req.state = HELD
@@ -487,6 +539,14 @@ class Target:
             if req.queue.closed:
                 continue
             self.complete(req, 0, result=ctrl.pending_events.popleft())
+
+
+def _call(fn: Callable[[], None]) -> Optional[BaseException]:
+    try:
+        fn()
+    except Exception as exc:
+        return exc
+    return None
 
 
 # ---------------------------------------------------------------------- fabrics commands (§4)
@@ -594,13 +654,14 @@ def _property_set(t: Target, req: Request) -> None:
     if req.cdw10 & 1 or req.cdw11 != F.PROP_CC:  # only CC is writable, as a 4-byte property
         return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10 if req.cdw10 & 1 else LOC_CDW11)
     ctrl = req.queue.ctrl
-    was_shut_down = ctrl.shutdown_at is not None
+    was_shutting_down = ctrl.shutting_down
     ctrl.set_cc(req.cdw12, t.clock())
     t.complete(req, 0)
-    if ctrl.shutdown_at is not None and not was_shut_down:
+    if ctrl.shutting_down and not was_shutting_down:
         # The host disconnects its I/O queues before it shuts the controller down (wire doc §1.8).
         for qs in list(ctrl.io_queues.values()):
             t._close_queue(qs, f"controller {ctrl.cntlid} shut down", logging.INFO)
+        t.shutdown_flush(ctrl)
 
 
 def _disconnect(t: Target, req: Request) -> None:

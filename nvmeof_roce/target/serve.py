@@ -12,6 +12,7 @@ from ..config import TargetConfig, load_config
 log = logging.getLogger(__name__)
 
 DRAIN_SECONDS = 5.0  # how long a stop waits for in-flight commands
+STATUS_INTERVAL = 60.0  # seconds between status lines in the log
 
 
 class TargetServer:
@@ -34,6 +35,8 @@ class TargetServer:
         self.config = config
         self.target = Target(config)
         self.loop = EventLoop(self.target)
+        self.target.attach_loop(self.loop)  # fdatasync and long commands stay off the loop
+        self.next_status = time.monotonic() + STATUS_INTERVAL
         self.listeners = []
         try:
             for port in rdma_ports:
@@ -54,8 +57,24 @@ class TargetServer:
             log.info("stop requested: finishing in-flight commands")
         self.stopping = True
 
+    def status_line(self, recent: bool = True) -> str:
+        t = self.target
+        longest = self.loop.longest_pass_recent if recent else self.loop.longest_pass
+        return (f"status: {len(t.controllers())} controller(s), {t.queue_count()} queue(s), "
+                f"{t.in_flight()} command(s) in flight, longest loop pass {longest * 1000:.1f} ms"
+                + (f" (last {STATUS_INTERVAL:.0f} s; {self.loop.longest_pass * 1000:.1f} ms since start)"
+                   if recent else " since start"))
+
+    def _should_stop(self) -> bool:
+        now = time.monotonic()
+        if now >= self.next_status:
+            log.info("%s", self.status_line())
+            self.loop.longest_pass_recent = 0.0
+            self.next_status = now + STATUS_INTERVAL
+        return self.stopping
+
     def serve(self) -> None:
-        self.loop.run(lambda: self.stopping)
+        self.loop.run(self._should_stop)
         # Let in-flight commands complete (or fail with a status) before the queues close.
         deadline = time.monotonic() + DRAIN_SECONDS
         while self.target.in_flight() and time.monotonic() < deadline:
@@ -83,6 +102,7 @@ def serve(path: str, *, ready_file: Optional[str] = None, data_chunks: int = 512
                 f.write("ready\n")
         server.serve()
     finally:
+        log.warning("%s", server.status_line(recent=False))
         server.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -84,6 +84,7 @@ class Env:
         self.config = parse_config(config, "test-config")
         self.target = Target(self.config, clock=self.clock, in_capsule_size=in_capsule_size, **target_args)
         self.fabric = LoopbackFabric(clock=self.clock)
+        self.target.attach_loop(self.fabric)
         for p in self.config.ports:
             self.fabric.listen(f"{p.traddr}:{p.trsvcid}", self.target.port(p.portid))
 
