@@ -388,6 +388,20 @@ class SubsystemConfig:
         return d
 
 
+# Settings of the userspace target (the top-level "nvmeof_roce" object): name -> (default, lo, hi, meaning)
+SETTINGS = {
+    "max_kato": (300, 1, 3600, "seconds: the longest keep-alive timeout a host may ask for; also the idle limit "
+                               "of an I/O controller connected with KATO 0"),
+    "discovery_idle_limit": (120, 1, 3600, "seconds a discovery controller with KATO 0 may stay idle (nvmet: 120)"),
+}
+
+
+@dataclass
+class TargetSettings:
+    max_kato: int = SETTINGS["max_kato"][0]
+    discovery_idle_limit: int = SETTINGS["discovery_idle_limit"][0]
+
+
 @dataclass
 class TargetConfig:
     hosts: List[str] = field(default_factory=list)
@@ -397,6 +411,7 @@ class TargetConfig:
     raw: dict = field(default_factory=dict)
     host_entries: List[HostConfig] = field(default_factory=list)
     userspace: dict = field(default_factory=dict)
+    settings: TargetSettings = field(default_factory=TargetSettings)
 
     def subsystem(self, nqn: str) -> Optional[SubsystemConfig]:
         return next((s for s in self.subsystems if s.nqn == nqn), None)
@@ -461,6 +476,10 @@ def parse_config(data: dict, source: str = "<config>") -> TargetConfig:
     ctx.unknown(data, _TOP_KEYS, "")
     cfg = TargetConfig(source=source, raw=copy.deepcopy(data))
     cfg.userspace = ctx.dict_at(data.get(USERSPACE_KEY), USERSPACE_KEY)
+    ctx.unknown(cfg.userspace, set(SETTINGS), USERSPACE_KEY)
+    for name, (_default, lo, hi, _meaning) in SETTINGS.items():
+        if name in cfg.userspace:
+            setattr(cfg.settings, name, ctx.int_at(cfg.userspace[name], f"{USERSPACE_KEY}.{name}", lo, hi))
 
     # hosts
     seen = {}

@@ -6,6 +6,8 @@ the SGL exactly as nvmet does (§3.1).
 """
 from __future__ import annotations
 
+import logging
+
 from .. import __version__
 from ..nvme import admin as A
 from ..nvme import identify as I
@@ -19,6 +21,8 @@ from .controller import ERROR_LOG_ENTRIES, MAX_AER
 from .core import LOC_CDW10, LOC_CDW11, LOC_CDW12, LOC_DPTR, LOC_NSID, Target
 from .request import Request
 from .subsystem import MAX_NSID
+
+log = logging.getLogger(__name__)
 
 MDTS = 5  # 2^5 x 4 KiB = 128 KiB per command (SPDK's default max I/O size; the kernel host splits larger I/O)
 MAX_TRANSFER = 4096 << MDTS
@@ -185,6 +189,13 @@ def set_feature_common(t: Target, req: Request, fid: int) -> bool:
     ctrl = req.queue.ctrl
     value = req.cdw11
     if fid == A.FEAT_KATO:
+        if value > ctrl.max_kato * 1000:
+            log.warning("controller %d: Set Features KATO %d ms is above the target's max_kato of %d s",
+                        ctrl.cntlid, value, ctrl.max_kato)
+            t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW11)
+            return True
+        if ctrl.is_discovery and value == 0:
+            value = ctrl.discovery_idle * 1000  # KATO 0 would keep a discovery controller forever
         ctrl.kato_ms = value
         ctrl.keep_alive(t.clock())
         t.complete(req, 0, result=ctrl.kato_seconds)

@@ -16,7 +16,8 @@ log = logging.getLogger(__name__)
 
 MAX_AER = 4  # outstanding AERs per controller (AERL = 3, 0's based)
 ERROR_LOG_ENTRIES = 64  # ELPE = 63, 0's based
-DISCOVERY_DEFAULT_KATO_MS = 120_000  # nvmet keeps a discovery controller with KATO 0 alive this long
+DISCOVERY_IDLE_LIMIT = 120  # s: nvmet keeps a discovery controller with KATO 0 alive this long (NVMET_DISC_KATO_MS)
+DEFAULT_MAX_KATO = 300  # s: the longest keep-alive timeout a host may ask for (config: nvmeof_roce.max_kato)
 IO_AEN_SUPPORTED = A.AEN_CFG_NS_ATTR
 DISCOVERY_AEN_SUPPORTED = A.AEN_CFG_DISC_CHANGE
 
@@ -25,15 +26,17 @@ class Controller:
     """One host's association with a subsystem, created by the admin Connect."""
 
     def __init__(self, subsystem, cntlid: int, hostnqn: str, hostid: bytes, kato_ms: int, port, cap: int,
-                 now: float):
+                 now: float, max_kato: int = DEFAULT_MAX_KATO, discovery_idle: int = DISCOVERY_IDLE_LIMIT):
         self.subsystem = subsystem
         self.cntlid = cntlid
         self.hostnqn = hostnqn
         self.hostid = hostid
         self.port = port
         self.is_discovery = subsystem.is_discovery
+        self.max_kato = max_kato
+        self.discovery_idle = discovery_idle
         if self.is_discovery and kato_ms == 0:
-            kato_ms = DISCOVERY_DEFAULT_KATO_MS
+            kato_ms = discovery_idle * 1000  # as nvmet_alloc_ctrl does with NVMET_DISC_KATO_MS
         self.kato_ms = kato_ms
         self.last_traffic = now
         self.cap = cap
@@ -62,8 +65,18 @@ class Controller:
     def keep_alive(self, now: float) -> None:
         self.last_traffic = now
 
+    @property
+    def timeout_seconds(self) -> int:
+        """How long the target waits for traffic before it deletes the controller.  KATO 0 turns the
+        host's keep-alive off; nvmet then runs no timer at all, which keeps a vanished host's queues
+        forever: here a discovery controller gets the discovery idle limit and an I/O controller the
+        target's max_kato (any command counts, CTRATT.TBKAS)."""
+        if self.kato_ms:
+            return self.kato_seconds
+        return self.discovery_idle if self.is_discovery else self.max_kato
+
     def expired(self, now: float) -> bool:
-        return bool(self.kato_ms) and now - self.last_traffic > self.kato_seconds
+        return now - self.last_traffic > self.timeout_seconds
 
     # -- registers
     @property

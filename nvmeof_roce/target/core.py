@@ -34,7 +34,7 @@ from ..nvme.sgl import SUBTYPE_ADDRESS, SUBTYPE_INVALIDATE_KEY, SUBTYPE_OFFSET, 
     TYPE_KEYED_DATA_BLOCK
 from ..transport.base import TransportError
 from .backends import BackendError
-from ..config import ConfigError, NamespaceConfig, PortConfig, TargetConfig
+from ..config import NQN_MAX_BYTES, ConfigError, NamespaceConfig, PortConfig, TargetConfig
 from .controller import Controller
 from .request import EXECUTING, FREE, HELD, READING, QueueState, Request
 from .subsystem import MAX_NSID, DiscoverySubsystem, Namespace, Subsystem
@@ -62,6 +62,7 @@ Handler = Callable[["Target", Request], None]
 
 
 INVALIDATE_KEYED_ID = (TYPE_KEYED_DATA_BLOCK << 4) | SUBTYPE_INVALIDATE_KEY  # 0x4F
+NQN_FIELD_SIZE = 256  # SUBNQN and HOSTNQN fields of the Connect data
 SHUTDOWN_LINGER = 2.0  # seconds a shut-down controller keeps its admin queue for the last CSTS reads
 
 
@@ -284,8 +285,9 @@ class Target:
                 # (pyverbs), so the controller goes away here, as its host intends.
                 self._delete_controller(ctrl, "shut down by the host")
             elif ctrl.expired(now):
-                log.warning("controller %d (%s, host %s): keep-alive timeout of %d s expired",
-                            ctrl.cntlid, ctrl.subsystem.nqn, ctrl.hostnqn, ctrl.kato_seconds)
+                log.warning("controller %d (%s, host %s): keep-alive timeout of %d s expired%s",
+                            ctrl.cntlid, ctrl.subsystem.nqn, ctrl.hostnqn, ctrl.timeout_seconds,
+                            "" if ctrl.kato_ms else " (KATO 0: the target's idle limit)")
                 self._delete_controller(ctrl, "keep-alive timeout")
 
     # ------------------------------------------------------------------ connection management
@@ -576,6 +578,14 @@ def _connect_with_data(t: Target, req: Request, data) -> None:
     if qid != qs.qid:
         log.warning("Connect for QID %d on the queue opened as QID %d", qid, qs.qid)
         return invalid(F.iattr_sqe(F.CONNECT_SQE_OFF_QID))
+    raw = bytes(data)
+    for offset, name in ((F.CONNECT_DATA_OFF_SUBNQN, "SUBNQN"), (F.CONNECT_DATA_OFF_HOSTNQN, "HOSTNQN")):
+        # An NQN is at most 223 bytes and NUL-terminated within its 256-byte field (NVMe base spec, NQN).
+        end = raw.find(b"\0", offset, offset + NQN_FIELD_SIZE)
+        if end < 0 or end - offset > NQN_MAX_BYTES:
+            log.warning("Connect with a %s that is %s", name,
+                        "not NUL-terminated" if end < 0 else f"{end - offset} bytes (more than {NQN_MAX_BYTES})")
+            return invalid(F.iattr_data(offset))
     sub = t.find_subsystem(qs.port, d.subnqn)
     if sub is None:
         log.warning("Connect from %s to unknown or unexported subsystem %r", d.hostnqn, d.subnqn)
@@ -590,6 +600,11 @@ def _connect_with_data(t: Target, req: Request, data) -> None:
     if qid == 0:
         if d.cntlid != F.DYNAMIC_CNTLID:
             return invalid(F.iattr_data(F.CONNECT_DATA_OFF_CNTLID))
+        max_kato = t.config.settings.max_kato
+        if kato > max_kato * 1000:
+            log.warning("Connect to %s from %s with KATO %d ms, above the target's max_kato of %d s",
+                        sub.nqn, d.hostnqn, kato, max_kato)
+            return invalid(F.iattr_sqe(F.CONNECT_SQE_OFF_KATO))
         if sqsize > cm.ADMIN_QUEUE_DEPTH - 1:
             return invalid(F.iattr_sqe(F.CONNECT_SQE_OFF_SQSIZE))
         cntlid = sub.alloc_cntlid()
@@ -597,7 +612,9 @@ def _connect_with_data(t: Target, req: Request, data) -> None:
             log.warning("%s: no free controller ID", sub.nqn)
             return t.complete(req, S.CONNECT_CTRL_BUSY | S.DNR)
         cap = F.make_cap(qs.port.mqes)
-        ctrl = Controller(sub, cntlid, d.hostnqn, d.hostid, kato, qs.port, cap, t.clock())
+        settings = t.config.settings
+        ctrl = Controller(sub, cntlid, d.hostnqn, d.hostid, kato, qs.port, cap, t.clock(),
+                          max_kato=settings.max_kato, discovery_idle=settings.discovery_idle_limit)
         sub.controllers[cntlid] = ctrl
         ctrl.admin_queue = qs
         _install_queue(qs, ctrl, sqsize, cattr)
@@ -605,10 +622,19 @@ def _connect_with_data(t: Target, req: Request, data) -> None:
         return t.complete(req, 0, result=cntlid)
 
     ctrl = sub.controllers.get(d.cntlid)
-    if ctrl is None or ctrl.dead or ctrl.hostnqn != d.hostnqn:
-        log.warning("I/O Connect for controller %d of %s from %s: no such controller for that host",
+    if ctrl is None or ctrl.dead:
+        log.warning("I/O Connect for controller %d of %s from %s: no such controller",
                     d.cntlid, sub.nqn, d.hostnqn)
         return invalid(F.iattr_data(F.CONNECT_DATA_OFF_CNTLID))
+    # The I/O queue belongs to the host that made the controller: same host NQN and host ID.
+    if ctrl.hostnqn != d.hostnqn:
+        log.warning("I/O Connect for controller %d of %s from %s: the controller belongs to host %s",
+                    d.cntlid, sub.nqn, d.hostnqn, ctrl.hostnqn)
+        return invalid(F.iattr_data(F.CONNECT_DATA_OFF_HOSTNQN))
+    if ctrl.hostid != d.hostid:
+        log.warning("I/O Connect for controller %d of %s from %s: host ID %s is not the controller's %s",
+                    d.cntlid, sub.nqn, d.hostnqn, bytes(d.hostid).hex(), bytes(ctrl.hostid).hex())
+        return invalid(F.iattr_data(F.CONNECT_DATA_OFF_HOSTID))
     if qid > ctrl.max_io_qid:
         return invalid(F.iattr_sqe(F.CONNECT_SQE_OFF_QID))
     if sqsize > F.cap_mqes(ctrl.cap):
