@@ -226,7 +226,7 @@ class FileBackend(Backend):
     blocking = True  # fdatasync, fallocate and BLKZEROOUT wait for the device
 
     def __init__(self, path: str, block_size: int = 512, create_size: Optional[int] = None,
-                 direct: bool = True):
+                 direct: bool = True, lock: bool = False):
         self.path = path
         self.block_size = block_size
         self._fd = self._dfd = -1
@@ -248,6 +248,8 @@ class FileBackend(Backend):
                                "device.path must name a file or a block device (e.g. /dev/nullb0)")
         self._fd = self._open(os.O_RDWR)
         try:
+            if lock:
+                self._lock()
             if self.is_block:
                 size = struct.unpack("Q", fcntl.ioctl(self._fd, BLKGETSIZE64, b"\0" * 8))[0]
                 lbs = struct.unpack("i", fcntl.ioctl(self._fd, BLKSSZGET, b"\0" * 4))[0]
@@ -279,6 +281,16 @@ class FileBackend(Backend):
             raise
         log.debug("%s: %d blocks of %d, %s", path, self.num_blocks, block_size,
                   "O_DIRECT" if self.direct else "buffered")
+
+    def _lock(self):
+        """An exclusive flock for as long as the target serves the file: a second target (or a second
+        namespace) on the same file would corrupt it."""
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BackendError(f"{self.path}: is in use: another process holds its lock (another nvmeof-roce "
+                               "target serving it?)",
+                               "stop the other target, or give this namespace its own file") from None
 
     def _create(self, path, size):
         try:
@@ -406,8 +418,8 @@ class FileBackend(Backend):
                 setattr(self, name, -1)
 
 
-def open_backend(ns: NamespaceConfig) -> Backend:
-    """Open the backend a namespace config describes."""
+def open_backend(ns: NamespaceConfig, lock: bool = False) -> Backend:
+    """Open the backend a namespace config describes (`lock`: flock a file for as long as it is open)."""
     if ns.backend == "ram":
         return RamBackend(ns.size_bytes, ns.block_size)
     if ns.backend == "null":
@@ -416,5 +428,5 @@ def open_backend(ns: NamespaceConfig) -> Backend:
         if not ns.path:
             raise BackendError(f"namespace {ns.nsid}: file backend without device.path",
                                "set device.path to a file or block device")
-        return FileBackend(ns.path, ns.block_size, create_size=ns.size_bytes)
+        return FileBackend(ns.path, ns.block_size, create_size=ns.size_bytes, lock=lock)
     raise BackendError(f"namespace {ns.nsid}: unknown backend {ns.backend!r}", "use ram, file or null")

@@ -84,11 +84,12 @@ class PortContext:
 
     @classmethod
     def for_port(cls, target: "Target", port: PortConfig) -> "PortContext":
-        inline = int(port.params.get("inline_data_size", -1))
-        if inline < 0:
+        # parsed (decimal or hex) and bounded by the loader: nvmeof_roce/config.py
+        inline = port.inline_data_size
+        if inline is None or inline < 0:
             inline = target.default_in_capsule_size
-        queue_size = int(port.params.get("max_queue_size", -1))
-        if queue_size < 0:
+        queue_size = port.max_queue_size
+        if queue_size is None or queue_size < 0:
             queue_size = target.default_queue_size
         return cls(target, port, inline, max(MIN_QUEUE_SIZE, min(MAX_QUEUE_SIZE, queue_size)))
 

@@ -7,7 +7,7 @@ import time
 from typing import List, Optional
 
 from ..errors import NvmeofError
-from ..config import TargetConfig, load_config
+from ..config import TargetConfig, load_userspace_config
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class TargetServer:
 
 def serve(path: str, *, ready_file: Optional[str] = None, data_chunks: int = 512,
           remote_invalidate: bool = True) -> int:
-    config = load_config(path)
+    config = load_userspace_config(path)  # the same loader and checks as `target check`
     server = TargetServer(config, data_chunks=data_chunks, remote_invalidate=remote_invalidate)
     previous = {sig: signal.signal(sig, server.request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

@@ -106,7 +106,7 @@ class Subsystem:
             raise ValueError(f"{self.nqn}: NSID {ns_config.nsid} already exists")
         if not ns_config.enabled:
             return None
-        ns = Namespace(ns_config, open_backend(ns_config))
+        ns = Namespace(ns_config, open_backend(ns_config, lock=True))
         self.namespaces[ns.nsid] = ns
         self._active_nsids = None
         return ns
