@@ -260,6 +260,11 @@ class LoopbackHostQueue(HostQueue):
         return self._conn.request.hsqsize + 1
 
     @property
+    def waiting(self) -> int:
+        """Completions received and not yet polled (looking does not pump the fabric)."""
+        return len(self._cqes) + len(self._rnr_backlog)
+
+    @property
     def error(self) -> Optional[str]:
         return self._conn.error
 
@@ -439,10 +444,10 @@ class LoopbackFabric:
                 callback()
         return len(ready)
 
-    def pump(self, max_ops: Optional[int] = None) -> int:
+    def pump(self, max_ops: Optional[int] = None, watched: bool = True) -> int:
         """Run queued operations until none are left (or `max_ops`); tick the handlers on time.
-        Without `max_ops`, readable watched fds are served too, in passes between the operations,
-        until neither has anything left."""
+        Without `max_ops` (and unless `watched` is False), readable watched fds are served too, in
+        passes between the operations, until neither has anything left."""
         if self._pumping:  # called from inside an operation: the outer loop will get to it
             return 0
         self._pumping = True
@@ -452,7 +457,7 @@ class LoopbackFabric:
                 while self._ops and (max_ops is None or ran < max_ops):
                     self._ops.popleft()()
                     ran += 1
-                if max_ops is not None or not self.run_watched(0):
+                if max_ops is not None or not watched or not self.run_watched(0):
                     break
             self.ops_run += ran
         finally:
