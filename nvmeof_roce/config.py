@@ -956,33 +956,48 @@ def validate_for_userspace(cfg: TargetConfig, memory: Optional[int] = None) -> L
                 if v not in (None, ""):
                     refuse(f"hosts[{i}].{group}.{k}", f"{group} {k} (in-band authentication)")
 
-    for i, p in enumerate(cfg.ports):
+    # ports from the raw config: a port with a problem the loader reported is still checked here
+    raw_ports = raw.get("ports") if isinstance(raw.get("ports"), list) else []
+    for i, p in enumerate(raw_ports):
+        if not isinstance(p, dict):
+            continue
         where = f"ports[{i}]"
-        addr = p.raw.get("addr") or {}
-        if p.trtype != "rdma":
+        addr = p.get("addr") if isinstance(p.get("addr"), dict) else {}
+        trtype = addr.get("trtype", "rdma")
+        if trtype != "rdma":
             errors.append(ConfigError(cfg.source, f"{where}.addr.trtype",
-                                      f"{p.trtype!r}: the userspace target serves RDMA (RoCE) only",
+                                      f"{trtype!r}: the userspace target serves RDMA (RoCE) only",
                                       f'use "rdma", or {USERSPACE_FIX}'))
-        if p.treq == "required":
+        if addr.get("treq") == "required":
             refuse(f"{where}.addr.treq", "treq \"required\" (secure channel)")
         if str(addr.get("tsas", "") or "").strip().lower() not in _US_TSAS:
             refuse(f"{where}.addr.tsas", f"tsas {addr['tsas']!r} (transport security)")
-        for k, v in p.params.items():
+        params = p.get("param") if isinstance(p.get("param"), dict) else {}
+        for k, v in params.items():
             if k not in _US_PORT_PARAMS:
                 refuse(f"{where}.param.{k}", f"port parameter {k!r}")
             elif k == "pi_enable" and truthy(v):
                 refuse(f"{where}.param.pi_enable", "protection information")
         lo, hi = USERSPACE_QUEUE_SIZES
-        if p.max_queue_size not in (None, -1) and not lo <= p.max_queue_size <= hi:
+        try:
+            queue_size = int(str(params.get("max_queue_size", -1)), 0)
+        except ValueError:
+            queue_size = -1  # the loader reported it
+        if queue_size != -1 and not lo <= queue_size <= hi:
             errors.append(ConfigError(cfg.source, f"{where}.param.max_queue_size",
-                                      f"{p.max_queue_size} is outside {lo}..{hi}, the queue sizes the userspace "
+                                      f"{queue_size} is outside {lo}..{hi}, the queue sizes the userspace "
                                       "target serves", f"give {lo}..{hi} (or -1 for the default 128)"))
-        for j, a in enumerate(p.ana_groups):
-            if a.grpid != 1 or a.state != "optimized":
-                refuse(f"{where}.ana_groups[{j}]", f"ANA group {a.grpid} ({a.state})",
+        groups = p.get("ana_groups") if isinstance(p.get("ana_groups"), list) else []
+        for j, a in enumerate(groups):
+            a = a if isinstance(a, dict) else {}
+            grpid = str(a.get("grpid", ""))
+            state = (a.get("ana") or {}).get("state", "optimized") if isinstance(a.get("ana"), dict) else "?"
+            if grpid != "1" or state != "optimized":
+                refuse(f"{where}.ana_groups[{j}]", f"ANA group {grpid} ({state})",
                        "keep only the default group 1 (optimized), or serve this config with the kernel target: "
                        "`nvmeof-roce nvmet apply`")
-        for k in p.userspace:
+        us = p.get(USERSPACE_KEY) if isinstance(p.get(USERSPACE_KEY), dict) else {}
+        for k in us:
             refuse(f"{where}.{USERSPACE_KEY}.{k}", f"port setting {k!r}",
                    "remove it (no port settings exist; target settings go in the top-level \"nvmeof_roce\")")
 
