@@ -338,3 +338,43 @@ def test_connect_hostnqn_of_223_bytes_is_accepted(env):
     assert len(hostnqn) == 223
     _, cqe = raw_connect(env.connector(), SUB_OTHER, data=_connect_data(SUB_OTHER.encode(), hostnqn))
     assert cqe.status == 0
+
+
+# ---------------------------------------------------------------------------- the RDMA event loop's order
+
+def test_event_loop_serves_ready_fds_before_the_timers():
+    """A pass that stalls (here: a handler sleeping past the tick interval) must not make the timers run
+    before what arrived meanwhile was served: a keep-alive waiting in a queue would be counted as silence."""
+    import os
+    import time
+    from nvmeof_roce.transport.rdma import EventLoop
+
+    events = []
+
+    class Handler:
+        def tick(self, now):
+            events.append("tick")
+
+    loop = EventLoop(Handler(), tick_interval=0.05)
+    slow_r, slow_w = os.pipe()
+    late_r, late_w = os.pipe()
+
+    def slow():
+        os.read(slow_r, 1)
+        events.append("slow")
+        time.sleep(0.12)  # longer than the tick interval
+        os.write(late_w, b"k")  # a capsule arrives while the loop is busy
+
+    def late():
+        os.read(late_r, 1)
+        events.append("late")
+
+    loop.watch(slow_r, slow)
+    loop.watch(late_r, late)
+    os.write(slow_w, b"x")
+    loop.run(lambda: events.count("tick") >= 2)
+    assert events.index("late") < events.index("tick", events.index("slow"))
+    assert loop.longest_pass >= 0.12
+    for fd in (slow_r, slow_w, late_r, late_w):
+        os.close(fd)
+    loop.selector.close()
