@@ -152,6 +152,9 @@ class DataPool:
 
 # --- the target's event loop ---------------------------------------------------------------
 
+SLOW_HANDLER = 0.1  # s: a handler that holds the loop this long is logged (other hosts wait meanwhile)
+
+
 class EventLoop:
     """One selector for every CM channel and completion channel; timers run through handler.tick()."""
 
@@ -178,10 +181,15 @@ class EventLoop:
         ready = self.selector.select(timeout)
         start = time.monotonic()
         for key, _ in ready:
+            began = time.monotonic()
             try:
                 key.data()
             except Exception:  # one broken queue must not stop the target
                 log.exception("event handler failed")
+            took = time.monotonic() - began
+            if took >= SLOW_HANDLER:
+                log.warning("one event handler held the loop %.0f ms: %s", took * 1000,
+                            getattr(key.data, "__qualname__", key.data))
         self._account(start)
         return len(ready)
 
