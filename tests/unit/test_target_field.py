@@ -9,7 +9,6 @@ from nvmeof_roce.nvme import fabrics as F
 from nvmeof_roce.nvme import nvm
 from nvmeof_roce.nvme import status as S
 from nvmeof_roce.nvme.command import CQE, NVM_FLUSH, SQE
-from nvmeof_roce.nvme.sgl import SglDescriptor
 from nvmeof_roce.target.io import merge_ranges
 from nvmeof_roce.target.work import SLICE_BYTES
 
@@ -279,7 +278,6 @@ def test_any_command_on_any_queue_is_keep_alive_traffic(env):
 
 
 def test_identify_advertises_tbkas_and_kas(env):
-    from nvmeof_roce.nvme import identify as I
     ctrl = env.connect(SUB_OTHER)
     data = ctrl.identify(1)
     ctratt = int.from_bytes(data[96:100], "little")
