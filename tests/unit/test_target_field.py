@@ -376,3 +376,44 @@ def test_event_loop_serves_ready_fds_before_the_timers():
     for fd in (slow_r, slow_w, late_r, late_w):
         os.close(fd)
     loop.selector.close()
+
+
+def test_event_loop_gives_a_busy_handler_its_turn_after_the_others():
+    """A handler that stops at its budget returns a continuation: it runs in the next pass, and the
+    handlers that became ready meanwhile run before it gets another turn."""
+    import os
+    from nvmeof_roce.transport.rdma import EventLoop
+
+    class Handler:
+        def tick(self, now):
+            pass
+
+    loop = EventLoop(Handler())
+    events = []
+    busy_r, busy_w = os.pipe()
+    other_r, other_w = os.pipe()
+    work = list(range(3))  # three budgets' worth of completions
+
+    def busy_more():
+        events.append(f"busy{work.pop(0)}")
+        return busy_more if work else None
+
+    def busy():
+        os.read(busy_r, 1)
+        os.write(other_w, b"o")  # another queue's capsule arrives meanwhile
+        return busy_more()
+
+    def other():
+        os.read(other_r, 1)
+        events.append("other")
+
+    loop.watch(busy_r, busy)
+    loop.watch(other_r, other)
+    os.write(busy_w, b"b")
+    assert loop.run_once(1.0) == 1 and events == ["busy0"]
+    assert loop.run_once(1.0) == 2 and events == ["busy0", "other", "busy1"]  # no wait: work was left
+    assert loop.run_once(1.0) == 1 and events == ["busy0", "other", "busy1", "busy2"]
+    assert loop.run_once(0) == 0
+    for fd in (busy_r, busy_w, other_r, other_w):
+        os.close(fd)
+    loop.selector.close()
