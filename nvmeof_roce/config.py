@@ -41,6 +41,7 @@ __all__ = [
     "ConfigError", "TargetConfig", "PortConfig", "SubsystemConfig", "NamespaceConfig",
     "HostConfig", "ReferralConfig", "AnaGroupConfig", "load_config", "parse_config",
     "parse_size", "validate_nqn", "userspace_only_keys", "DISCOVERY_NQN", "NSID_MAX",
+    "ConfigErrors", "validate_for_userspace", "load_userspace_config", "TargetSettings", "SETTINGS",
 ]
 
 ANA_GRPID_MAX = 128          # NVMET_MAX_ANAGRPS
@@ -48,6 +49,8 @@ PORTID_MAX = 0xFFFF          # configfs ports/<u16>
 DEFAULT_TRSVCID = 4420
 DEFAULT_MODEL = "nvmeof-roce"
 BLOCK_SIZES = (512, 4096)
+MAX_INLINE_DATA_SIZE = 16384  # nvmet_rdma's NVMET_RDMA_MAX_INLINE_DATA_SIZE (with 4 KiB pages)
+MAX_BLOCKS = (1 << 64) - 1    # NSZE is a 64-bit block count
 BACKENDS = ("ram", "file", "null")
 USERSPACE_KEY = "nvmeof_roce"
 
@@ -78,6 +81,28 @@ class ConfigError(NvmeofError):
         self.source = source
         self.where = where
         self.problem = problem
+
+
+class ConfigErrors(ConfigError):
+    """Several problems in one config, all reported at once (the first one's fields are the attributes)."""
+
+    def __init__(self, errors: List[ConfigError]):
+        first = errors[0]
+        super().__init__(first.source, first.where, first.problem, first.fix)
+        self.errors = list(errors)
+        self.message = "\n".join(str(e) for e in errors)
+        self.args = (self.message,)
+
+    def __str__(self) -> str:
+        return self.message + f"\n({len(self.errors)} problems)"
+
+
+def raise_all(errors: List[ConfigError]) -> None:
+    """Raise the one error, or all of them together; nothing if the list is empty."""
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise ConfigErrors(errors)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -281,6 +306,8 @@ class PortConfig:
     subsystems: List[str] = field(default_factory=list)
     referrals: List[ReferralConfig] = field(default_factory=list)
     params: Dict[str, str] = field(default_factory=dict)   # configfs param_* (inline_data_size, ...)
+    inline_data_size: Optional[int] = None  # param_inline_data_size parsed (None or -1: the default)
+    max_queue_size: Optional[int] = None    # param_max_queue_size parsed (None or -1: the default)
     ana_groups: List[AnaGroupConfig] = field(default_factory=list)
     userspace: dict = field(default_factory=dict)           # the port's "nvmeof_roce" key
     raw: dict = field(default_factory=dict)
@@ -386,6 +413,24 @@ class SubsystemConfig:
         return d
 
 
+# Settings of the userspace target (the top-level "nvmeof_roce" object): name -> (default, lo, hi, meaning)
+SETTINGS = {
+    "max_kato": (300, 1, 3600, "seconds: the longest keep-alive timeout a host may ask for; also the idle limit "
+                               "of an I/O controller connected with KATO 0"),
+    "discovery_idle_limit": (120, 1, 3600, "seconds a discovery controller with KATO 0 may stay idle (nvmet: 120)"),
+}
+
+
+# `serve --workers` settings in the same object; target/workers.py checks their values
+WORKER_KEYS = {"workers", "cpus"}
+
+
+@dataclass
+class TargetSettings:
+    max_kato: int = SETTINGS["max_kato"][0]
+    discovery_idle_limit: int = SETTINGS["discovery_idle_limit"][0]
+
+
 @dataclass
 class TargetConfig:
     hosts: List[str] = field(default_factory=list)
@@ -395,6 +440,7 @@ class TargetConfig:
     raw: dict = field(default_factory=dict)
     host_entries: List[HostConfig] = field(default_factory=list)
     userspace: dict = field(default_factory=dict)
+    settings: TargetSettings = field(default_factory=TargetSettings)
 
     def subsystem(self, nqn: str) -> Optional[SubsystemConfig]:
         return next((s for s in self.subsystems if s.nqn == nqn), None)
@@ -430,7 +476,22 @@ _HOST_KEYS = {"nqn", "dhchap"}
 
 
 def load_config(path) -> TargetConfig:
-    """Read and validate a target config file."""
+    """Read and validate a target config file (every problem reported at once)."""
+    cfg, errors = load_config_collect(path)
+    raise_all(errors)
+    return cfg
+
+
+def load_config_collect(path):
+    """(config or None, errors) for a config file."""
+    try:
+        data = _read_json(path)
+    except ConfigError as exc:
+        return None, [exc]
+    return parse_config_collect(data, str(path))
+
+
+def _read_json(path):
     source = str(path)
     try:
         with open(path, "r", encoding="utf-8") as f:
@@ -449,66 +510,115 @@ def load_config(path) -> TargetConfig:
     except json.JSONDecodeError as exc:
         raise ConfigError(source, f"line {exc.lineno} column {exc.colno}", f"invalid JSON: {exc.msg}",
                           "fix the JSON syntax (python3 -m json.tool FILE shows the error)") from None
-    return parse_config(data, source)
+    return data
 
 
 def parse_config(data: dict, source: str = "<config>") -> TargetConfig:
-    """Validate a config dict (nvmetcli's shape, plus "nvmeof_roce" keys) into a TargetConfig."""
+    """Validate a config dict (nvmetcli's shape, plus "nvmeof_roce" keys) into a TargetConfig.
+    Every problem found is reported (ConfigErrors when there are several)."""
+    cfg, errors = parse_config_collect(data, source)
+    raise_all(errors)
+    return cfg
+
+
+def parse_config_collect(data: dict, source: str = "<config>"):
+    """(config, errors): parse everything that parses, collect the first problem of each host,
+    subsystem, namespace and port (a later problem in the same object may hide behind the first)."""
     ctx = _Ctx(source)
-    data = ctx.dict_at(data, "", optional=False) if data is not None else {}
-    ctx.unknown(data, _TOP_KEYS, "")
+    errors: List[ConfigError] = []
+    try:
+        data = ctx.dict_at(data, "", optional=False) if data is not None else {}
+    except ConfigError as exc:
+        return TargetConfig(source=source), [exc]
     cfg = TargetConfig(source=source, raw=copy.deepcopy(data))
-    cfg.userspace = ctx.dict_at(data.get(USERSPACE_KEY), USERSPACE_KEY)
+
+    def attempt(fn, *args):
+        try:
+            return fn(*args)
+        except ConfigError as exc:
+            errors.append(exc)
+            return None
+
+    attempt(ctx.unknown, data, _TOP_KEYS, "")
+    cfg.userspace = attempt(ctx.dict_at, data.get(USERSPACE_KEY), USERSPACE_KEY) or {}
+    attempt(ctx.unknown, cfg.userspace, set(SETTINGS) | WORKER_KEYS, USERSPACE_KEY)
+    for name, (_default, lo, hi, _meaning) in SETTINGS.items():
+        if name in cfg.userspace:
+            value = attempt(ctx.int_at, cfg.userspace[name], f"{USERSPACE_KEY}.{name}", lo, hi)
+            if value is not None:
+                setattr(cfg.settings, name, value)
 
     # hosts
     seen = {}
-    for i, h in enumerate(ctx.list_at(data.get("hosts"), "hosts")):
-        where = f"hosts[{i}]"
-        if isinstance(h, str):
-            h = {"nqn": h}
-        h = ctx.dict_at(h, where, optional=False)
-        ctx.unknown(h, _HOST_KEYS, where)
-        if "nqn" not in h:
-            raise ctx.err(where, "missing 'nqn'", 'add "nqn": HOSTNQN (nvme gen-hostnqn makes one)')
-        nqn = validate_nqn(h["nqn"], source, f"{where}.nqn")
-        if nqn in seen:
-            raise ctx.err(f"{where}.nqn", f"duplicate host {nqn!r} (also hosts[{seen[nqn]}])", "list each host once")
-        seen[nqn] = i
-        attrs = {k: ctx.dict_at(v, f"{where}.{k}") for k, v in h.items() if k != "nqn"}
-        cfg.host_entries.append(HostConfig(nqn=nqn, attrs=attrs))
+    for i, h in enumerate(attempt(ctx.list_at, data.get("hosts"), "hosts") or []):
+        host = attempt(_parse_host, ctx, h, f"hosts[{i}]", seen)
+        if host is not None:
+            cfg.host_entries.append(host)
     cfg.hosts = [h.nqn for h in cfg.host_entries]
+    # a host that failed to parse must not make every subsystem naming it fail too
+    named_hosts = set(cfg.hosts) | {h.get("nqn") if isinstance(h, dict) else h
+                                    for h in (data.get("hosts") or []) if isinstance(h, (dict, str))} \
+        if isinstance(data.get("hosts") or [], list) else set()
 
     # subsystems
     seen = {}
-    for i, s in enumerate(ctx.list_at(data.get("subsystems"), "subsystems")):
-        sub = _parse_subsystem(ctx, s, f"subsystems[{i}]", set(cfg.hosts))
+    for i, s in enumerate(attempt(ctx.list_at, data.get("subsystems"), "subsystems") or []):
+        sub = attempt(_parse_subsystem, ctx, s, f"subsystems[{i}]", named_hosts, errors)
+        if sub is None:
+            continue
         if sub.nqn in seen:
-            raise ctx.err(f"subsystems[{i}].nqn", f"duplicate subsystem {sub.nqn!r} (also subsystems[{seen[sub.nqn]}])",
-                          "give each subsystem its own NQN")
+            errors.append(ctx.err(f"subsystems[{i}].nqn",
+                                  f"duplicate subsystem {sub.nqn!r} (also subsystems[{seen[sub.nqn]}])",
+                                  "give each subsystem its own NQN"))
+            continue
         seen[sub.nqn] = i
         cfg.subsystems.append(sub)
+    raw_subsystems = data.get("subsystems")
+    named_subsystems = None if raw_subsystems is not None and not isinstance(raw_subsystems, list) else (
+        {s.nqn for s in cfg.subsystems} | {
+            s.get("nqn") for s in (raw_subsystems or []) if isinstance(s, dict) and isinstance(s.get("nqn"), str)})
 
     # ports
     seen = {}
     endpoints = {}
-    for i, p in enumerate(ctx.list_at(data.get("ports"), "ports")):
-        port = _parse_port(ctx, p, f"ports[{i}]", {s.nqn for s in cfg.subsystems})
+    for i, p in enumerate(attempt(ctx.list_at, data.get("ports"), "ports") or []):
+        port = attempt(_parse_port, ctx, p, f"ports[{i}]", named_subsystems)
+        if port is None:
+            continue
         if port.portid in seen:
-            raise ctx.err(f"ports[{i}].portid", f"duplicate portid {port.portid} (also ports[{seen[port.portid]}])",
-                          "give each port its own portid")
+            errors.append(ctx.err(f"ports[{i}].portid",
+                                  f"duplicate portid {port.portid} (also ports[{seen[port.portid]}])",
+                                  "give each port its own portid"))
+            continue
         seen[port.portid] = i
         if port.trtype in ("rdma", "tcp"):
             ep = (port.trtype, port.traddr, port.trsvcid)
             if ep in endpoints:
-                raise ctx.err(f"ports[{i}].addr", f"{port.trtype} {port.traddr}:{port.trsvcid} is already "
-                              f"used by ports[{endpoints[ep]}]",
-                              "use another trsvcid (e.g. 4421) or list the subsystems on the one port")
+                errors.append(ctx.err(f"ports[{i}].addr", f"{port.trtype} {port.traddr}:{port.trsvcid} is already "
+                                      f"used by ports[{endpoints[ep]}]",
+                                      "use another trsvcid (e.g. 4421) or list the subsystems on the one port"))
+                continue
             endpoints[ep] = i
         cfg.ports.append(port)
-    return cfg
+    return cfg, errors
 
 
-def _parse_subsystem(ctx: _Ctx, s: Any, where: str, hosts: set) -> SubsystemConfig:
+def _parse_host(ctx: "_Ctx", h: Any, where: str, seen: dict) -> HostConfig:
+    if isinstance(h, str):
+        h = {"nqn": h}
+    h = ctx.dict_at(h, where, optional=False)
+    ctx.unknown(h, _HOST_KEYS, where)
+    if "nqn" not in h:
+        raise ctx.err(where, "missing 'nqn'", 'add "nqn": HOSTNQN (nvme gen-hostnqn makes one)')
+    nqn = validate_nqn(h["nqn"], ctx.source, f"{where}.nqn")
+    if nqn in seen:
+        raise ctx.err(f"{where}.nqn", f"duplicate host {nqn!r} (also {seen[nqn]})", "list each host once")
+    seen[nqn] = where
+    attrs = {k: ctx.dict_at(v, f"{where}.{k}") for k, v in h.items() if k != "nqn"}
+    return HostConfig(nqn=nqn, attrs=attrs)
+
+
+def _parse_subsystem(ctx: _Ctx, s: Any, where: str, hosts: set, errors: Optional[list] = None) -> SubsystemConfig:
     s = ctx.dict_at(s, where, optional=False)
     ctx.unknown(s, _SUBSYS_KEYS, where)
     if "nqn" not in s:
@@ -575,11 +685,17 @@ def _parse_subsystem(ctx: _Ctx, s: Any, where: str, hosts: set) -> SubsystemConf
                           raw=copy.deepcopy(s))
     seen = {}
     for j, n in enumerate(ctx.list_at(s.get("namespaces"), f"{where}.namespaces")):
-        ns = _parse_namespace(ctx, n, f"{where}.namespaces[{j}]", nqn)
-        if ns.nsid in seen:
-            raise ctx.err(f"{where}.namespaces[{j}].nsid",
-                          f"duplicate nsid {ns.nsid} (also namespaces[{seen[ns.nsid]}])",
-                          "give each namespace of a subsystem its own nsid")
+        try:
+            ns = _parse_namespace(ctx, n, f"{where}.namespaces[{j}]", nqn)
+            if ns.nsid in seen:
+                raise ctx.err(f"{where}.namespaces[{j}].nsid",
+                              f"duplicate nsid {ns.nsid} (also namespaces[{seen[ns.nsid]}])",
+                              "give each namespace of a subsystem its own nsid")
+        except ConfigError as exc:
+            if errors is None:
+                raise
+            errors.append(exc)  # the other namespaces are still checked
+            continue
         seen[ns.nsid] = j
         sub.namespaces.append(ns)
     return sub
@@ -619,6 +735,10 @@ def _parse_namespace(ctx: _Ctx, n: Any, where: str, subsys_nqn: str) -> Namespac
         if size % block_size:
             raise ctx.err(sw, f"{size} bytes is not a multiple of the block size {block_size}",
                           f"round it to a multiple of {block_size}")
+        if size // block_size > MAX_BLOCKS:
+            raise ctx.err(sw, f"{us['size']!r} is {size // block_size} blocks of {block_size} bytes, more than "
+                          f"the 64-bit block count (NSZE) can hold",
+                          f"give at most {MAX_BLOCKS * block_size >> 50}P")
 
     path = dev.get("path")
     if path is not None:
@@ -705,7 +825,7 @@ def _check_addr(ctx: _Ctx, where: str, trtype: str, adrfam: str, traddr: str, tr
     return 0
 
 
-def _parse_port(ctx: _Ctx, p: Any, where: str, subsystems: set) -> PortConfig:
+def _parse_port(ctx: _Ctx, p: Any, where: str, subsystems: Optional[set]) -> PortConfig:
     p = ctx.dict_at(p, where, optional=False)
     ctx.unknown(p, _PORT_KEYS, where)
     if "portid" not in p:
@@ -727,16 +847,20 @@ def _parse_port(ctx: _Ctx, p: Any, where: str, subsystems: set) -> PortConfig:
     trsvcid = _check_addr(ctx, f"{where}.addr", trtype, adrfam, traddr, svc_raw)
     params = {k: ctx.str_at(v, f"{where}.param.{k}")
               for k, v in ctx.dict_at(p.get("param"), f"{where}.param").items()}
+    # Parsed once here (decimal or 0x hex, as configfs' kstrtoint accepts); both targets use these values.
+    inline = queue_size = None
     if "inline_data_size" in params:
-        ctx.int_at(params["inline_data_size"], f"{where}.param.inline_data_size", -1, 1 << 20)
+        inline = ctx.int_at(params["inline_data_size"], f"{where}.param.inline_data_size", -1, MAX_INLINE_DATA_SIZE)
     if "max_queue_size" in params:
-        ctx.int_at(params["max_queue_size"], f"{where}.param.max_queue_size", -1, 1 << 16)
+        queue_size = ctx.int_at(params["max_queue_size"], f"{where}.param.max_queue_size", -1, 1 << 16)
 
     subs = []
     for j, nqn in enumerate(ctx.list_at(p.get("subsystems"), f"{where}.subsystems")):
         sw = f"{where}.subsystems[{j}]"
-        validate_nqn(nqn, ctx.source, sw)
-        if nqn not in subsystems:
+        if subsystems is None or (isinstance(nqn, str) and nqn in subsystems):
+            pass  # defined (its own errors, if any, are reported where it is defined)
+        else:
+            validate_nqn(nqn, ctx.source, sw)
             raise ctx.err(sw, f"subsystem {nqn!r} is not defined in 'subsystems'",
                           "add that subsystem, or remove it from the port")
         if nqn in subs:
@@ -788,5 +912,149 @@ def _parse_port(ctx: _Ctx, p: Any, where: str, subsystems: set) -> PortConfig:
 
     return PortConfig(portid=portid, trtype=trtype, adrfam=adrfam, traddr=traddr, trsvcid=trsvcid, treq=treq,
                       subsystems=subs, referrals=referrals, params=params, ana_groups=anas,
+                      inline_data_size=inline, max_queue_size=queue_size,
                       userspace=ctx.dict_at(p.get(USERSPACE_KEY), f"{where}.{USERSPACE_KEY}"),
                       raw=copy.deepcopy(p))
+
+
+# --------------------------------------------------------------------------- the userspace target's subset
+
+USERSPACE_FIX = "remove it, or serve this config with the kernel target: `nvmeof-roce nvmet apply`"
+USERSPACE_MAX_NSID = 1024           # the userspace target's Identify Controller NN
+USERSPACE_QUEUE_SIZES = (16, 1024)  # param_max_queue_size the userspace target serves
+_US_SUBSYS_ATTRS = {"allow_any_host", "serial", "model", "version", "cntlid_min", "cntlid_max", "qid_max",
+                    "pi_enable"}
+_US_PORT_PARAMS = {"inline_data_size", "max_queue_size", "pi_enable"}
+_US_TSAS = ("", "none", "not required")
+
+
+def _physical_memory() -> Optional[int]:
+    try:
+        import os
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def validate_for_userspace(cfg: TargetConfig, memory: Optional[int] = None) -> List[ConfigError]:
+    """Everything in `cfg` the userspace target (`target check` / `target serve`) does not implement, or
+    cannot hold: one ConfigError per key, naming its path and the fix.  The kernel path (`nvmet apply`)
+    supports these keys and does not call this."""
+    errors: List[ConfigError] = []
+    raw = cfg.raw if isinstance(cfg.raw, dict) else {}
+
+    def refuse(where: str, what: str, fix: str = USERSPACE_FIX) -> None:
+        errors.append(ConfigError(cfg.source, where, f"{what}: the userspace target does not implement it", fix))
+
+    def truthy(v: Any) -> bool:
+        f = _flag(v)
+        return bool(v) if f is None else f
+
+    if raw.get("discovery"):
+        refuse("discovery", "discovery subsystem settings")
+    for i, h in enumerate(cfg.host_entries):
+        for group, attrs in h.attrs.items():
+            for k, v in attrs.items():
+                if v not in (None, ""):
+                    refuse(f"hosts[{i}].{group}.{k}", f"{group} {k} (in-band authentication)")
+
+    # ports from the raw config: a port with a problem the loader reported is still checked here
+    raw_ports = raw.get("ports") if isinstance(raw.get("ports"), list) else []
+    for i, p in enumerate(raw_ports):
+        if not isinstance(p, dict):
+            continue
+        where = f"ports[{i}]"
+        addr = p.get("addr") if isinstance(p.get("addr"), dict) else {}
+        trtype = addr.get("trtype", "rdma")
+        if trtype != "rdma":
+            errors.append(ConfigError(cfg.source, f"{where}.addr.trtype",
+                                      f"{trtype!r}: the userspace target serves RDMA (RoCE) only",
+                                      f'use "rdma", or {USERSPACE_FIX}'))
+        if addr.get("treq") == "required":
+            refuse(f"{where}.addr.treq", "treq \"required\" (secure channel)")
+        if str(addr.get("tsas", "") or "").strip().lower() not in _US_TSAS:
+            refuse(f"{where}.addr.tsas", f"tsas {addr['tsas']!r} (transport security)")
+        params = p.get("param") if isinstance(p.get("param"), dict) else {}
+        for k, v in params.items():
+            if k not in _US_PORT_PARAMS:
+                refuse(f"{where}.param.{k}", f"port parameter {k!r}")
+            elif k == "pi_enable" and truthy(v):
+                refuse(f"{where}.param.pi_enable", "protection information")
+        lo, hi = USERSPACE_QUEUE_SIZES
+        try:
+            queue_size = int(str(params.get("max_queue_size", -1)), 0)
+        except ValueError:
+            queue_size = -1  # the loader reported it
+        if queue_size != -1 and not lo <= queue_size <= hi:
+            errors.append(ConfigError(cfg.source, f"{where}.param.max_queue_size",
+                                      f"{queue_size} is outside {lo}..{hi}, the queue sizes the userspace "
+                                      "target serves", f"give {lo}..{hi} (or -1 for the default 128)"))
+        # ANA groups and states are served (target/ana.py)
+        us = p.get(USERSPACE_KEY) if isinstance(p.get(USERSPACE_KEY), dict) else {}
+        for k in us:
+            refuse(f"{where}.{USERSPACE_KEY}.{k}", f"port setting {k!r}",
+                   "remove it (no port settings exist; target settings go in the top-level \"nvmeof_roce\")")
+
+    paths: Dict[str, str] = {}
+    ram_total = 0
+    memory = _physical_memory() if memory is None else memory
+    for i, s in enumerate(cfg.subsystems):
+        where = f"subsystems[{i}]"
+        for k, v in (s.raw.get("attr") or {}).items():
+            if k not in _US_SUBSYS_ATTRS:
+                refuse(f"{where}.attr.{k}", f"subsystem attribute {k!r}",
+                       f"remove it (known: {', '.join(sorted(_US_SUBSYS_ATTRS))}), or serve this config with the "
+                       "kernel target: `nvmeof-roce nvmet apply`")
+            elif k == "pi_enable" and truthy(v):
+                refuse(f"{where}.attr.pi_enable", "protection information")
+        if "passthru" in s.raw:
+            refuse(f"{where}.passthru", "passthru")
+        for k in s.userspace:
+            refuse(f"{where}.{USERSPACE_KEY}.{k}", f"subsystem setting {k!r}", "remove it")
+        for j, n in enumerate(s.namespaces):
+            nw = f"{where}.namespaces[{j}]"
+            if n.nsid > USERSPACE_MAX_NSID:
+                errors.append(ConfigError(cfg.source, f"{nw}.nsid",
+                                          f"{n.nsid} is above {USERSPACE_MAX_NSID}, the highest NSID the userspace "
+                                          "target serves", f"use an NSID in 1..{USERSPACE_MAX_NSID}"))
+            for group, keys in (("resv", ("enable",)), ):
+                g = n.raw.get(group)
+                if isinstance(g, dict) and any(truthy(g.get(k)) for k in keys):
+                    refuse(f"{nw}.{group}.enable", "reservations (resv_enable)")
+            if truthy(n.raw.get("p2pmem", 0) or 0):
+                refuse(f"{nw}.p2pmem", "peer-to-peer memory")
+            if not n.enabled:
+                continue
+            if n.backend == "file" and n.path:
+                real = _realpath(n.path)
+                if real in paths:
+                    errors.append(ConfigError(cfg.source, f"{nw}.device.path",
+                                              f"{n.path} is already the backing of {paths[real]}",
+                                              "give each namespace its own file or device (two namespaces on one "
+                                              "file would corrupt each other)"))
+                else:
+                    paths[real] = nw
+            if n.backend == "ram" and n.size_bytes:
+                ram_total += n.size_bytes
+                if memory and ram_total > memory:
+                    errors.append(ConfigError(
+                        cfg.source, f"{nw}.{USERSPACE_KEY}.size",
+                        f"the RAM namespaces come to {ram_total} bytes with this one, more than the "
+                        f"{memory} bytes of memory this machine has",
+                        "make the RAM namespaces smaller, or use a file namespace"))
+    return errors
+
+
+def _realpath(path: str) -> str:
+    import os
+    return os.path.realpath(path)
+
+
+def load_userspace_config(path) -> TargetConfig:
+    """`target check` and `target serve`: read, parse and check what the userspace target serves; every
+    problem is reported at once (ConfigErrors)."""
+    cfg, errors = load_config_collect(path)
+    if cfg is not None:
+        errors.extend(validate_for_userspace(cfg))
+    raise_all(errors)
+    return cfg

@@ -6,6 +6,7 @@ the SGL exactly as nvmet does (§3.1).
 """
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from .. import __version__
@@ -25,6 +26,8 @@ from .request import LOC_CDW10, LOC_CDW11, LOC_CDW12, LOC_DPTR, LOC_NSID, Reques
 
 if TYPE_CHECKING:
     from .core import Target
+
+log = logging.getLogger(__name__)
 
 KAS = 10  # keep-alive granularity in 100 ms units
 ONCS = I.ONCS_DSM | I.ONCS_WRITE_ZEROES
@@ -200,6 +203,13 @@ def set_feature_common(t: Target, req: Request, fid: int) -> bool:
     ctrl = req.queue.ctrl
     value = req.cdw11
     if fid == A.FEAT_KATO:
+        if value > ctrl.max_kato * 1000:
+            log.warning("controller %d: Set Features KATO %d ms is above the target's max_kato of %d s",
+                        ctrl.cntlid, value, ctrl.max_kato)
+            t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW11)
+            return True
+        if ctrl.is_discovery and value == 0:
+            value = ctrl.discovery_idle * 1000  # KATO 0 would keep a discovery controller forever
         ctrl.kato_ms = value
         ctrl.keep_alive(t.clock())
         t.complete(req, 0, result=ctrl.kato_seconds)

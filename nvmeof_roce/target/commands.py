@@ -1,46 +1,49 @@
 """`nvmeof-roce target ...`: commands for the userspace target.
 
-    nvmeof-roce target check CONFIG.json [--json]
+    nvmeof-roce target check CONFIG.json [CONFIG.json ...] [--json]
 
-validates the config, opens every namespace backend (without creating missing
-files), and prints the subsystems, namespaces and ports.  Errors name the file
-and the field; the exit code is 1 on any error.
+validates each config as the userspace target reads it (the same loader as
+`target serve`), opens every file namespace (without creating missing files),
+and prints the subsystems, namespaces and ports.  RAM and null namespaces are
+checked against the config only: nothing is allocated.  Every problem of a file
+is reported, each naming the file and the field; the exit code is 1 if any
+file has one.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from ..errors import NvmeofError
 from ..output import emit, table
 from .backends import BackendError, open_backend
-from ..config import ConfigError, TargetConfig, load_config
-from .limits import MAX_NSID
+from ..config import ConfigError, ConfigErrors, TargetConfig, load_userspace_config, raise_all
 from .serve import register_serve
 
 
 def check_config(path: str) -> dict:
-    """Validate `path` and open its backends; a summary dict, or ConfigError naming file and field."""
-    config = load_config(path)
+    """Validate `path` and open its file backends; a summary dict, or ConfigError(s) naming file and field."""
+    config = load_userspace_config(path)
     return summarize(config)
 
 
 def summarize(config: TargetConfig) -> dict:
     subsystems = []
+    errors = []
     for i, sub in enumerate(config.subsystems):
         namespaces = []
         for j, ns in enumerate(sub.namespaces):
-            where = f"subsystems[{i}].namespaces[{j}]"
-            if ns.nsid > MAX_NSID:
-                raise ConfigError(config.source, f"{where}.nsid",
-                                  f"{ns.nsid} is above {MAX_NSID}, the highest NSID the userspace target serves",
-                                  f"use an NSID in 1..{MAX_NSID}")
-            namespaces.append(_open_namespace(config, where, ns))
+            try:
+                namespaces.append(_open_namespace(config, f"subsystems[{i}].namespaces[{j}]", ns))
+            except ConfigError as exc:
+                errors.append(exc)
         subsystems.append({
             "nqn": sub.nqn, "allow_any_host": sub.allow_any_host, "allowed_hosts": list(sub.allowed_hosts),
             "serial": sub.serial, "model": sub.model, "namespaces": namespaces,
             "ports": [p.portid for p in config.ports if sub.nqn in p.subsystems],
         })
+    raise_all(errors)
     ports = [{
         "portid": p.portid, "trtype": p.trtype, "adrfam": p.adrfam, "traddr": p.traddr, "trsvcid": p.trsvcid_str,
         "subsystems": list(p.subsystems), "referrals": [r.name for r in p.referrals],
@@ -55,6 +58,10 @@ def _open_namespace(config: TargetConfig, where: str, ns) -> dict:
             "note": ""}
     if not ns.enabled:
         info["note"] = "disabled"
+        return info
+    if ns.backend in ("ram", "null"):
+        # the loader checked the size against the block count and the machine's memory; never allocate here
+        info["blocks"] = ns.size_bytes // ns.block_size
         return info
     if ns.backend == "file" and ns.path and not os.path.exists(ns.path) and ns.size_bytes:
         info["note"] = f"will be created ({ns.size_bytes} bytes)"  # check never creates files
@@ -94,16 +101,28 @@ def _print_summary(summary: dict) -> None:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    try:
-        summary = check_config(args.config)
-    except ConfigError as exc:
-        if args.json:
-            emit({"config": args.config, "ok": False, "error": exc.message, "field": exc.where, "fix": exc.fix},
-                 True)
-            return 1
-        raise
-    emit(summary, args.json, _print_summary)
-    return 0
+    results = []
+    failed = False
+    for path in args.config:
+        try:
+            results.append(check_config(path))
+        except ConfigError as exc:
+            failed = True
+            errors = exc.errors if isinstance(exc, ConfigErrors) else [exc]
+            results.append({"config": path, "ok": False,
+                            "errors": [{"error": e.message, "field": e.where, "fix": e.fix} for e in errors],
+                            # the first problem, as before several were reported
+                            "error": exc.errors[0].message if isinstance(exc, ConfigErrors) else exc.message,
+                            "field": exc.where, "fix": exc.fix})
+            if not args.json:
+                print(f"nvmeof-roce: error: {exc}", file=sys.stderr)
+            continue
+        if not args.json:
+            _print_summary(results[-1])
+            print()
+    if args.json:
+        emit(results[0] if len(results) == 1 else results, True)
+    return 1 if failed else 0
 
 
 def _cmd_ana_state(args) -> int:
@@ -131,9 +150,10 @@ def register(subparsers) -> None:
     parser.set_defaults(func=lambda args: parser.print_help() or 2)
 
     check = commands.add_parser("check", help="validate a target config and open its backends",
-                                description="Validate CONFIG (nvmetcli JSON superset) and open every "
-                                            "namespace backend; print the subsystems, namespaces and ports.")
-    check.add_argument("config", metavar="CONFIG.json")
+                                description="Validate each CONFIG (nvmetcli JSON superset) as `target serve` "
+                                            "reads it, open every file namespace (RAM is never allocated), and "
+                                            "print the subsystems, namespaces and ports; every problem is listed.")
+    check.add_argument("config", metavar="CONFIG.json", nargs="+", help="one or more configs")
     check.add_argument("--json", action="store_true", help="print the result as JSON")
     check.set_defaults(func=_cmd_check)
 

@@ -15,8 +15,9 @@ from .request import Request
 
 log = logging.getLogger(__name__)
 
-DISCOVERY_DEFAULT_KATO_MS = 120_000  # nvmet keeps a discovery controller with KATO 0 alive this long
 IO_AEN_SUPPORTED = A.AEN_CFG_NS_ATTR | A.AEN_CFG_ANA_CHANGE
+DISCOVERY_IDLE_LIMIT = 120  # s: nvmet keeps a discovery controller with KATO 0 alive this long (NVMET_DISC_KATO_MS)
+DEFAULT_MAX_KATO = 300  # s: the longest keep-alive timeout a host may ask for (config: nvmeof_roce.max_kato)
 DISCOVERY_AEN_SUPPORTED = A.AEN_CFG_DISC_CHANGE
 
 
@@ -24,15 +25,17 @@ class Controller:
     """One host's association with a subsystem, created by the admin Connect."""
 
     def __init__(self, subsystem, cntlid: int, hostnqn: str, hostid: bytes, kato_ms: int, port, cap: int,
-                 now: float):
+                 now: float, max_kato: int = DEFAULT_MAX_KATO, discovery_idle: int = DISCOVERY_IDLE_LIMIT):
         self.subsystem = subsystem
         self.cntlid = cntlid
         self.hostnqn = hostnqn
         self.hostid = hostid
         self.port = port
         self.is_discovery = subsystem.is_discovery
+        self.max_kato = max_kato
+        self.discovery_idle = discovery_idle
         if self.is_discovery and kato_ms == 0:
-            kato_ms = DISCOVERY_DEFAULT_KATO_MS
+            kato_ms = discovery_idle * 1000  # as nvmet_alloc_ctrl does with NVMET_DISC_KATO_MS
         self.kato_ms = kato_ms
         self.last_traffic = now
         self.cap = cap
@@ -61,8 +64,18 @@ class Controller:
     def keep_alive(self, now: float) -> None:
         self.last_traffic = now
 
+    @property
+    def timeout_seconds(self) -> int:
+        """How long the target waits for traffic before it deletes the controller.  KATO 0 turns the
+        host's keep-alive off; nvmet then runs no timer at all, which keeps a vanished host's queues
+        forever: here a discovery controller gets the discovery idle limit and an I/O controller the
+        target's max_kato (any command counts, CTRATT.TBKAS)."""
+        if self.kato_ms:
+            return self.kato_seconds
+        return self.discovery_idle if self.is_discovery else self.max_kato
+
     def expired(self, now: float) -> bool:
-        return bool(self.kato_ms) and now - self.last_traffic > self.kato_seconds
+        return now - self.last_traffic > self.timeout_seconds
 
     # -- registers
     @property
@@ -78,13 +91,22 @@ class Controller:
         if not new & F.CC_EN and old & F.CC_EN:
             self._clear()
         if new & F.CC_SHN_MASK and not old & F.CC_SHN_MASK:
+            # The core flushes the namespaces (off the loop for files), then calls shutdown_complete.
             self._clear()
-            self.subsystem_flush()
-            self.csts |= F.CSTS_SHST_COMPLETE
-            self.shutdown_at = now
+            self.csts = (self.csts & ~F.CSTS_SHST_MASK) | F.CSTS_SHST_OCCUR
         if not new & F.CC_SHN_MASK and old & F.CC_SHN_MASK:
-            self.csts &= ~F.CSTS_SHST_COMPLETE
+            self.csts &= ~F.CSTS_SHST_MASK
             self.shutdown_at = None
+
+    @property
+    def shutting_down(self) -> bool:
+        """CC.SHN was written and the flush it asks for is running (CSTS.SHST = occurring)."""
+        return self.csts & F.CSTS_SHST_MASK == F.CSTS_SHST_OCCUR
+
+    def shutdown_complete(self, now: float) -> None:
+        if self.shutting_down:
+            self.csts = (self.csts & ~F.CSTS_SHST_MASK) | F.CSTS_SHST_COMPLETE
+            self.shutdown_at = now
 
     def _start(self, now: float) -> None:
         cc = self.cc
@@ -103,14 +125,6 @@ class Controller:
     def _clear(self) -> None:
         self.csts &= ~F.CSTS_RDY
         self.cc = 0
-
-    def subsystem_flush(self) -> None:
-        """A normal shutdown: make the namespaces' data durable."""
-        for ns in list(self.subsystem.namespaces.values()):
-            try:
-                ns.backend.flush()
-            except Exception as exc:
-                log.error("controller %d: flush of namespace %d at shutdown failed: %s", self.cntlid, ns.nsid, exc)
 
     # -- asynchronous events
     def supported_aen(self) -> int:

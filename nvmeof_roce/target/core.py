@@ -34,7 +34,7 @@ from ..nvme.sgl import SUBTYPE_ADDRESS, SUBTYPE_INVALIDATE_KEY, SUBTYPE_OFFSET, 
     TYPE_KEYED_DATA_BLOCK
 from ..transport.base import TransportError
 from .backends import BackendError
-from ..config import ConfigError, NamespaceConfig, PortConfig, TargetConfig
+from ..config import NQN_MAX_BYTES, ConfigError, NamespaceConfig, PortConfig, TargetConfig
 from .controller import Controller
 from .ana import AnaTable
 from . import admin, discovery, io
@@ -43,6 +43,7 @@ from .limits import DEFAULT_IN_CAPSULE_SIZE, DEFAULT_QUEUE_SIZE, MAX_NSID, MAX_Q
 from .request import EXECUTING, FREE, HELD, LOC_CDW10, LOC_CDW11, LOC_DPTR, LOC_FLAGS, LOC_NSID, LOC_OPCODE, \
     NO_LOCATION, READING, QueueState, Request
 from .subsystem import DiscoverySubsystem, Namespace, Subsystem
+from .work import Work
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ Handler = Callable[["Target", Request], None]
 
 
 INVALIDATE_KEYED_ID = (TYPE_KEYED_DATA_BLOCK << 4) | SUBTYPE_INVALIDATE_KEY  # 0x4F
+NQN_FIELD_SIZE = 256  # SUBNQN and HOSTNQN fields of the Connect data
 SHUTDOWN_LINGER = 2.0  # seconds a shut-down controller keeps its admin queue for the last CSTS reads
 
 
@@ -81,11 +83,12 @@ class PortContext:
 
     @classmethod
     def for_port(cls, target: "Target", port: PortConfig) -> "PortContext":
-        inline = int(port.params.get("inline_data_size", -1))
-        if inline < 0:
+        # parsed (decimal or hex) and bounded by the loader: nvmeof_roce/config.py
+        inline = port.inline_data_size
+        if inline is None or inline < 0:
             inline = target.default_in_capsule_size
-        queue_size = int(port.params.get("max_queue_size", -1))
-        if queue_size < 0:
+        queue_size = port.max_queue_size
+        if queue_size is None or queue_size < 0:
             queue_size = target.default_queue_size
         return cls(target, port, inline, max(MIN_QUEUE_SIZE, min(MAX_QUEUE_SIZE, queue_size)))
 
@@ -121,8 +124,10 @@ class Target:
     """Subsystems, namespaces and controllers, driven by transports through the QueueHandler calls."""
 
     def __init__(self, config: TargetConfig, clock: Callable[[], float] = time.monotonic,
-                 in_capsule_size: int = DEFAULT_IN_CAPSULE_SIZE, queue_size: int = DEFAULT_QUEUE_SIZE):
+                 in_capsule_size: int = DEFAULT_IN_CAPSULE_SIZE, queue_size: int = DEFAULT_QUEUE_SIZE,
+                 file_lock: str = "exclusive"):
         self.config = config
+        self.file_lock = file_lock  # "shared" in the workers of `serve --workers` (backends.FileBackend._lock)
         self.clock = clock
         self.default_in_capsule_size = in_capsule_size
         self.default_queue_size = max(MIN_QUEUE_SIZE, min(MAX_QUEUE_SIZE, queue_size))
@@ -136,6 +141,7 @@ class Target:
         self._port_handlers: Dict[int, PortHandler] = {}
         self.ana = AnaTable(config)  # ANA groups and their state on each port (target/ana.py)
         self.discovery_siblings: Dict[int, List[int]] = {}  # portid -> the portids of one path group (workers.py)
+        self.work = Work()  # blocking backend calls and sliced jobs, off the loop (work.py)
         try:
             for i, sub_cfg in enumerate(config.subsystems):
                 sub = Subsystem(sub_cfg)
@@ -143,7 +149,7 @@ class Target:
                 for j, ns_cfg in enumerate(sub_cfg.namespaces):
                     where = f"subsystems[{i}].namespaces[{j}]"
                     try:
-                        sub.open_namespace(ns_cfg)
+                        sub.open_namespace(ns_cfg, file_lock)
                     except BackendError as exc:
                         raise exc.config_error(config.source, where, ns_cfg) from None
                     except ValueError as exc:
@@ -173,6 +179,10 @@ class Target:
         held = sum(len(c.aers) for c in self.controllers())
         return max(0, sum(qs.active for qs in self._queues.values() if not qs.closed) - held)
 
+    def queue_count(self) -> int:
+        """Queues open (connected or waiting for their Connect)."""
+        return sum(1 for qs in self._queues.values() if not qs.closed)
+
     def port(self, portid: int) -> PortHandler:
         """The QueueHandler for one configured port."""
         handler = self._port_handlers.get(portid)
@@ -195,7 +205,7 @@ class Target:
     def add_namespace(self, subnqn: str, ns_config: NamespaceConfig) -> Optional[Namespace]:
         """Open and add a namespace; controllers of the subsystem get a namespace-changed event."""
         sub = self.subsystems[subnqn]
-        ns = sub.open_namespace(ns_config)
+        ns = sub.open_namespace(ns_config, self.file_lock)
         if ns is not None:
             self._namespace_changed(sub, ns.nsid)
         return ns
@@ -210,6 +220,11 @@ class Target:
         finally:
             self._namespace_changed(sub, nsid)
 
+    def attach_loop(self, loop) -> None:
+        """Give the target its event loop (with `watch(fd, callback)` and `unwatch(fd)`): from then on blocking backend calls run on a
+        worker thread and long commands in slices, their completions coming back through the loop."""
+        self.work.attach(loop)
+
     def close(self) -> None:
         """Disconnect every controller, then flush and close all backends."""
         if self.closed:
@@ -219,6 +234,7 @@ class Target:
             self._delete_controller(ctrl, "target shutting down")
         for qs in list(self._queues.values()):
             self._close_queue(qs, "target shutting down", logging.INFO)
+        self.work.close()  # lets a running fdatasync finish before the files close
         for sub in self.subsystems.values():
             sub.close()
 
@@ -271,8 +287,9 @@ class Target:
                 # (pyverbs), so the controller goes away here, as its host intends.
                 self._delete_controller(ctrl, "shut down by the host")
             elif ctrl.expired(now):
-                log.warning("controller %d (%s, host %s): keep-alive timeout of %d s expired",
-                            ctrl.cntlid, ctrl.subsystem.nqn, ctrl.hostnqn, ctrl.kato_seconds)
+                log.warning("controller %d (%s, host %s): keep-alive timeout of %d s expired%s",
+                            ctrl.cntlid, ctrl.subsystem.nqn, ctrl.hostnqn, ctrl.timeout_seconds,
+                            "" if ctrl.kato_ms else " (KATO 0: the target's idle limit)")
                 self._delete_controller(ctrl, "keep-alive timeout")
 
     # ------------------------------------------------------------------ connection management
@@ -434,6 +451,49 @@ class Target:
         except Exception:
             self._internal_error(req)
 
+    def run_blocking(self, req: Request, fn: Callable[[], None], what: str) -> None:
+        """EXECUTING off the loop: fn() on the worker thread, then complete (Write Fault if it raised)."""
+        self.work.call(fn, lambda exc: self._background_done(req, exc, what))
+
+    def run_sliced(self, req: Request, steps, what: str) -> None:
+        """EXECUTING in slices: one step of `steps` per loop pass, then complete."""
+        self.work.sliced(steps, lambda exc: self._background_done(req, exc, what), what)
+
+    def _background_done(self, req: Request, exc: Optional[BaseException], what: str) -> None:
+        if isinstance(exc, (OSError, BackendError)):
+            ns = req.ns
+            log.error("namespace %s: %s failed: %s", ns.nsid if ns is not None else "?", what, exc)
+            return self.complete(req, S.WRITE_FAULT)
+        if exc is not None:  # a bug, not the device: Internal Error, counted (as in _start)
+            log.error("%s raised %r", what, exc, exc_info=exc)
+            return self._internal_error(req)
+        self.complete(req, 0)
+
+    def shutdown_flush(self, ctrl: Controller) -> None:
+        """CC.SHN: make the namespaces durable (CSTS.SHST 'occurring'), then report 'complete'.
+        fdatasync runs on the worker thread, so other hosts are served meanwhile."""
+        namespaces = list(ctrl.subsystem.namespaces.values())
+
+        def flush_all():
+            errors = []
+            for ns in namespaces:
+                try:
+                    ns.backend.flush()
+                except (OSError, BackendError) as exc:
+                    errors.append(f"namespace {ns.nsid}: {exc}")
+            if errors:
+                raise BackendError("; ".join(errors), "check the device (dmesg)")
+
+        def done(exc):
+            if exc is not None:
+                log.error("controller %d: flush at shutdown failed: %s", ctrl.cntlid, exc)
+            ctrl.shutdown_complete(self.clock())
+
+        if any(ns.backend.blocking for ns in namespaces):
+            self.work.call(flush_all, done)
+        else:
+            done(_call(flush_all))
+
     def hold(self, req: Request) -> None:
         """HELD: no completion until an event arrives (the AER)."""
         req.state = HELD
@@ -491,6 +551,14 @@ class Target:
             self.complete(req, 0, result=ctrl.pending_events.popleft())
 
 
+def _call(fn: Callable[[], None]) -> Optional[BaseException]:
+    try:
+        fn()
+    except Exception as exc:
+        return exc
+    return None
+
+
 # ---------------------------------------------------------------------- fabrics commands (§4)
 
 def _fabrics_connect(t: Target, req: Request) -> None:
@@ -518,6 +586,14 @@ def _connect_with_data(t: Target, req: Request, data) -> None:
     if qid != qs.qid:
         log.warning("Connect for QID %d on the queue opened as QID %d", qid, qs.qid)
         return invalid(F.iattr_sqe(F.CONNECT_SQE_OFF_QID))
+    raw = bytes(data)
+    for offset, name in ((F.CONNECT_DATA_OFF_SUBNQN, "SUBNQN"), (F.CONNECT_DATA_OFF_HOSTNQN, "HOSTNQN")):
+        # An NQN is at most 223 bytes and NUL-terminated within its 256-byte field (NVMe base spec, NQN).
+        end = raw.find(b"\0", offset, offset + NQN_FIELD_SIZE)
+        if end < 0 or end - offset > NQN_MAX_BYTES:
+            log.warning("Connect with a %s that is %s", name,
+                        "not NUL-terminated" if end < 0 else f"{end - offset} bytes (more than {NQN_MAX_BYTES})")
+            return invalid(F.iattr_data(offset))
     sub = t.find_subsystem(qs.port, d.subnqn)
     if sub is None:
         log.warning("Connect from %s to unknown or unexported subsystem %r", d.hostnqn, d.subnqn)
@@ -532,6 +608,11 @@ def _connect_with_data(t: Target, req: Request, data) -> None:
     if qid == 0:
         if d.cntlid != F.DYNAMIC_CNTLID:
             return invalid(F.iattr_data(F.CONNECT_DATA_OFF_CNTLID))
+        max_kato = t.config.settings.max_kato
+        if kato > max_kato * 1000:
+            log.warning("Connect to %s from %s with KATO %d ms, above the target's max_kato of %d s",
+                        sub.nqn, d.hostnqn, kato, max_kato)
+            return invalid(F.iattr_sqe(F.CONNECT_SQE_OFF_KATO))
         if sqsize > cm.ADMIN_QUEUE_DEPTH - 1:
             return invalid(F.iattr_sqe(F.CONNECT_SQE_OFF_SQSIZE))
         cntlid = sub.alloc_cntlid()
@@ -539,7 +620,9 @@ def _connect_with_data(t: Target, req: Request, data) -> None:
             log.warning("%s: no free controller ID", sub.nqn)
             return t.complete(req, S.CONNECT_CTRL_BUSY | S.DNR)
         cap = F.make_cap(qs.port.mqes)
-        ctrl = Controller(sub, cntlid, d.hostnqn, d.hostid, kato, qs.port, cap, t.clock())
+        settings = t.config.settings
+        ctrl = Controller(sub, cntlid, d.hostnqn, d.hostid, kato, qs.port, cap, t.clock(),
+                          max_kato=settings.max_kato, discovery_idle=settings.discovery_idle_limit)
         sub.controllers[cntlid] = ctrl
         ctrl.admin_queue = qs
         _install_queue(qs, ctrl, sqsize, cattr)
@@ -547,10 +630,19 @@ def _connect_with_data(t: Target, req: Request, data) -> None:
         return t.complete(req, 0, result=cntlid)
 
     ctrl = sub.controllers.get(d.cntlid)
-    if ctrl is None or ctrl.dead or ctrl.hostnqn != d.hostnqn:
-        log.warning("I/O Connect for controller %d of %s from %s: no such controller for that host",
+    if ctrl is None or ctrl.dead:
+        log.warning("I/O Connect for controller %d of %s from %s: no such controller",
                     d.cntlid, sub.nqn, d.hostnqn)
         return invalid(F.iattr_data(F.CONNECT_DATA_OFF_CNTLID))
+    # The I/O queue belongs to the host that made the controller: same host NQN and host ID.
+    if ctrl.hostnqn != d.hostnqn:
+        log.warning("I/O Connect for controller %d of %s from %s: the controller belongs to host %s",
+                    d.cntlid, sub.nqn, d.hostnqn, ctrl.hostnqn)
+        return invalid(F.iattr_data(F.CONNECT_DATA_OFF_HOSTNQN))
+    if ctrl.hostid != d.hostid:
+        log.warning("I/O Connect for controller %d of %s from %s: host ID %s is not the controller's %s",
+                    d.cntlid, sub.nqn, d.hostnqn, bytes(d.hostid).hex(), bytes(ctrl.hostid).hex())
+        return invalid(F.iattr_data(F.CONNECT_DATA_OFF_HOSTID))
     if qid > ctrl.max_io_qid:
         return invalid(F.iattr_sqe(F.CONNECT_SQE_OFF_QID))
     if sqsize > F.cap_mqes(ctrl.cap):
@@ -596,13 +688,14 @@ def _property_set(t: Target, req: Request) -> None:
     if req.cdw10 & 1 or req.cdw11 != F.PROP_CC:  # only CC is writable, as a 4-byte property
         return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10 if req.cdw10 & 1 else LOC_CDW11)
     ctrl = req.queue.ctrl
-    was_shut_down = ctrl.shutdown_at is not None
+    was_shutting_down = ctrl.shutting_down
     ctrl.set_cc(req.cdw12, t.clock())
     t.complete(req, 0)
-    if ctrl.shutdown_at is not None and not was_shut_down:
+    if ctrl.shutting_down and not was_shutting_down:
         # The host disconnects its I/O queues before it shuts the controller down (docs/protocol.md §1.8).
         for qs in list(ctrl.io_queues.values()):
             t._close_queue(qs, f"controller {ctrl.cntlid} shut down", logging.INFO)
+        t.shutdown_flush(ctrl)
 
 
 def _disconnect(t: Target, req: Request) -> None:

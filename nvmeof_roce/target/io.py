@@ -15,6 +15,7 @@ from ..nvme.nvm import CONTROL_FUA, DSM_AD, DSM_RANGE_SIZE, DSM_RANGE_STRUCT
 from .backends import BackendError
 from .limits import MAX_TRANSFER
 from .request import LOC_CDW10, LOC_CDW12, LOC_DPTR, Request
+from .work import SLICE_BYTES
 
 if TYPE_CHECKING:
     from .core import Target
@@ -79,25 +80,33 @@ def _write_data(t: Target, req: Request, data) -> None:
     offset = (req.cdw10 | (req.cdw11 << 32)) << ns.lbads
     try:
         ns.backend.write(offset, data)
-        if req.cdw12 & _CONTROL_FUA:
-            ns.backend.flush()
     except BACKEND_ERRORS as exc:
         log.error("namespace %d: write of %d bytes at %d failed: %s", ns.nsid, len(data), offset, exc)
         return t.complete(req, S.WRITE_FAULT)
     ns.bytes_written += len(data)
     ns.write_commands += 1
+    if req.cdw12 & _CONTROL_FUA:
+        return _flush_then_complete(t, req, "FUA write")
     t.complete(req, 0)
 
 
 def _flush(t: Target, req: Request) -> None:
     if req.sgl_len:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
-    try:
-        req.ns.backend.flush()
-    except BACKEND_ERRORS as exc:
-        log.error("namespace %d: flush failed: %s", req.ns.nsid, exc)
-        return t.complete(req, S.WRITE_FAULT)
-    t.complete(req, 0)
+    _flush_then_complete(t, req, "flush")
+
+
+def _flush_then_complete(t: Target, req: Request, what: str) -> None:
+    """Make the namespace durable (fdatasync for files: on the worker thread), then complete."""
+    ns = req.ns
+    if not ns.backend.blocking:
+        try:
+            ns.backend.flush()
+        except BACKEND_ERRORS as exc:
+            log.error("namespace %d: %s failed: %s", ns.nsid, what, exc)
+            return t.complete(req, S.WRITE_FAULT)
+        return t.complete(req, 0)
+    t.run_blocking(req, ns.backend.flush, what)
 
 
 def _write_zeroes(t: Target, req: Request) -> None:
@@ -108,12 +117,37 @@ def _write_zeroes(t: Target, req: Request) -> None:
     slba = req.cdw10 | (req.cdw11 << 32)
     if slba + nlb > ns.num_blocks:
         return t.complete(req, S.LBA_RANGE | S.DNR, location=LOC_CDW10)
-    try:
-        ns.backend.write_zeroes(slba << ns.lbads, nlb << ns.lbads)
-    except BACKEND_ERRORS as exc:
-        log.error("namespace %d: write zeroes failed: %s", ns.nsid, exc)
-        return t.complete(req, S.WRITE_FAULT)
-    t.complete(req, 0)
+    _zero_ranges(t, req, [(slba << ns.lbads, nlb << ns.lbads)], False, "write zeroes")
+
+
+def _zero_ranges(t: Target, req: Request, ranges, deallocate: bool, what: str) -> None:
+    """Zero or deallocate byte ranges without holding the loop: a file on the worker thread,
+    RAM in slices of SLICE_BYTES across loop passes (target/work.py)."""
+    backend = req.ns.backend
+    if backend.blocking:
+        op = backend.discard if deallocate else backend.write_zeroes
+
+        def run():
+            for offset, length in ranges:
+                op(offset, length)
+        return t.run_blocking(req, run, what)
+
+    def steps():
+        for offset, length in ranges:
+            yield from backend.zero_steps(offset, length, deallocate, SLICE_BYTES)
+    t.run_sliced(req, steps(), what)
+
+
+def merge_ranges(ranges):
+    """Sort (offset, length) ranges and merge the overlapping and adjacent ones."""
+    merged = []
+    for offset, length in sorted(ranges):
+        if merged and offset <= merged[-1][0] + merged[-1][1]:
+            last_offset, last_length = merged[-1]
+            merged[-1] = (last_offset, max(last_length, offset + length - last_offset))
+        else:
+            merged.append((offset, length))
+    return merged
 
 
 def _dsm(t: Target, req: Request) -> None:
@@ -137,13 +171,9 @@ def _dsm_ranges(t: Target, req: Request, data) -> None:
             return t.complete(req, S.LBA_RANGE | S.DNR)
         if nlb:
             ranges.append((slba << ns.lbads, nlb << ns.lbads))
-    try:
-        for offset, length in ranges:
-            ns.backend.discard(offset, length)
-    except BACKEND_ERRORS as exc:
-        log.error("namespace %d: deallocate failed: %s", ns.nsid, exc)
-        return t.complete(req, S.WRITE_FAULT)
-    t.complete(req, 0)
+    # At most 256 ranges of up to 2^32 blocks each: merged, the work is bounded by the namespace
+    # size, and it is worked off in slices, never in one call.
+    _zero_ranges(t, req, merge_ranges(ranges), True, "deallocate")
 
 
 COMMANDS = {

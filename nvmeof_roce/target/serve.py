@@ -7,18 +7,19 @@ import time
 from typing import List, Optional
 
 from ..errors import NvmeofError
-from ..config import TargetConfig, load_config
+from ..config import TargetConfig, load_userspace_config
 
 log = logging.getLogger(__name__)
 
 DRAIN_SECONDS = 5.0  # how long a stop waits for in-flight commands
+STATUS_INTERVAL = 60.0  # seconds between status lines in the log
 
 
 class TargetServer:
     """A Target plus one RDMA listener per configured port, on one event loop."""
 
     def __init__(self, config: TargetConfig, *, data_chunks: int = 512, remote_invalidate: bool = True,
-                 listen_portids: Optional[List[int]] = None):
+                 listen_portids: Optional[List[int]] = None, file_lock: str = "exclusive"):
         from ..transport.rdma import EventLoop, RdmaListener, require_pyverbs
         from .core import Target
 
@@ -35,8 +36,10 @@ class TargetServer:
                 log.warning("port %d: trtype %r is not served by the userspace target (RDMA only); skipped",
                             port.portid, port.trtype)
         self.config = config
-        self.target = Target(config)
+        self.target = Target(config, file_lock=file_lock)
         self.loop = EventLoop(self.target)
+        self.target.attach_loop(self.loop)  # fdatasync and long commands stay off the loop
+        self.next_status = time.monotonic() + STATUS_INTERVAL
         self.listeners = []
         try:
             for port in rdma_ports:
@@ -58,17 +61,30 @@ class TargetServer:
             log.info("stop requested: finishing in-flight commands")
         self.stopping = True
 
+    def status_line(self, recent: bool = True) -> str:
+        t = self.target
+        longest = self.loop.longest_pass_recent if recent else self.loop.longest_pass
+        return (f"status: {len(t.controllers())} controller(s), {t.queue_count()} queue(s), "
+                f"{t.in_flight()} command(s) in flight, longest loop pass {longest * 1000:.1f} ms"
+                + (f" (last {STATUS_INTERVAL:.0f} s; {self.loop.longest_pass * 1000:.1f} ms since start)"
+                   if recent else " since start"))
+
+    def _should_stop(self) -> bool:
+        now = time.monotonic()
+        if now >= self.next_status:
+            log.info("%s", self.status_line())
+            self.loop.longest_pass_recent = 0.0
+            self.next_status = now + STATUS_INTERVAL
+        if self.ana_control is not None:
+            self.ana_control.poll()
+        return self.stopping
+
     def serve(self) -> None:
         self.loop.run(self._should_stop)
         # Let in-flight commands complete (or fail with a status) before the queues close.
         deadline = time.monotonic() + DRAIN_SECONDS
         while self.target.in_flight() and time.monotonic() < deadline:
             self.loop.run_once(0.05)
-
-    def _should_stop(self) -> bool:
-        if self.ana_control is not None:
-            self.ana_control.poll()
-        return self.stopping
 
     def close(self) -> None:
         if self.ana_control is not None:
@@ -83,9 +99,10 @@ def serve(path: str, *, ready_file: Optional[str] = None, data_chunks: int = 512
           remote_invalidate: bool = True, run_dir: Optional[str] = None, worker: Optional[int] = None,
           listen_portids: Optional[List[int]] = None, path_groups: Optional[List[str]] = None) -> int:
     from .ana_control import AnaControl, default_run_dir, publish, unpublish
-    config = load_config(path)
+    config = load_userspace_config(path)  # the same loader and checks as `target check`
     server = TargetServer(config, data_chunks=data_chunks, remote_invalidate=remote_invalidate,
-                          listen_portids=listen_portids)
+                          listen_portids=listen_portids,
+                          file_lock="exclusive" if worker is None else "shared")
     for group in path_groups or ():  # a worker: these ports are one port of the config, one per worker
         ids = [int(x) for x in group.split(",")]
         for portid in ids:
@@ -115,6 +132,7 @@ def serve(path: str, *, ready_file: Optional[str] = None, data_chunks: int = 512
                 f.write("ready\n")
         server.serve()
     finally:
+        log.warning("%s", server.status_line(recent=False))
         server.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -99,7 +99,7 @@ class Subsystem:
         return None
 
     # -- namespaces
-    def open_namespace(self, ns_config: NamespaceConfig) -> Optional[Namespace]:
+    def open_namespace(self, ns_config: NamespaceConfig, file_lock: str = "exclusive") -> Optional[Namespace]:
         """Open and add a namespace (None when it is configured disabled)."""
         if not 1 <= ns_config.nsid <= MAX_NSID:
             raise ValueError(f"{self.nqn}: NSID {ns_config.nsid} is outside 1..{MAX_NSID}")
@@ -107,7 +107,7 @@ class Subsystem:
             raise ValueError(f"{self.nqn}: NSID {ns_config.nsid} already exists")
         if not ns_config.enabled:
             return None
-        ns = Namespace(ns_config, open_backend(ns_config))
+        ns = Namespace(ns_config, open_backend(ns_config, lock=file_lock))
         self.namespaces[ns.nsid] = ns
         self._active_nsids = None
         return ns

@@ -32,7 +32,7 @@ import sys
 import time
 from typing import Dict, List, Optional, Tuple
 
-from ..config import USERSPACE_KEY, ConfigError, TargetConfig, load_config, parse_config
+from ..config import USERSPACE_KEY, ConfigError, TargetConfig, load_userspace_config, parse_config
 from ..errors import NvmeofError
 from ..nvme.fabrics import MAX_CNTLID, MIN_CNTLID
 from .ana import AnaTable
@@ -66,11 +66,6 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
 
 def _config_workers(config: TargetConfig) -> Tuple[Optional[int], Optional[List[int]]]:
     us = config.userspace or {}
-    known = {"workers", "cpus"}
-    for key in us:
-        if key not in known:
-            raise ConfigError(config.source, f"{USERSPACE_KEY}.{key}", "unknown key",
-                              f"remove it; known keys here: {', '.join(sorted(known))}")
     workers = us.get("workers")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
                                 or not 1 <= workers <= MAX_WORKERS):
@@ -102,7 +97,7 @@ def workers_requested(args) -> Optional[int]:
         if not 1 <= args.workers <= MAX_WORKERS:
             raise NvmeofError(f"--workers {args.workers}: must be 1..{MAX_WORKERS}", "e.g. --workers 2")
         return args.workers
-    workers, _ = _config_workers(load_config(args.config))
+    workers, _ = _config_workers(load_userspace_config(args.config))
     return workers
 
 
@@ -201,7 +196,7 @@ class Supervisor:
 
     def __init__(self, config_path: str, n: int, *, cpus: Optional[List[int]], run_dir: str,
                  ready_file: Optional[str], worker_args: List[str], verbose: int = 0):
-        self.config = load_config(config_path)
+        self.config = load_userspace_config(config_path)
         _, config_cpus = _config_workers(self.config)
         self.n = n
         self.cpus = cpus if cpus is not None else config_cpus

@@ -28,6 +28,7 @@ Usage::
 from __future__ import annotations
 
 import logging
+import select
 import time
 from collections import deque
 from typing import Callable, Dict, List, Optional
@@ -259,6 +260,11 @@ class LoopbackHostQueue(HostQueue):
         return self._conn.request.hsqsize + 1
 
     @property
+    def waiting(self) -> int:
+        """Completions received and not yet polled (looking does not pump the fabric)."""
+        return len(self._cqes) + len(self._rnr_backlog)
+
+    @property
     def error(self) -> Optional[str]:
         return self._conn.error
 
@@ -309,7 +315,10 @@ class LoopbackHostQueue(HostQueue):
             self._cqes.append(cqe)
 
     def poll(self, timeout: float = 0.0) -> List[bytes]:
-        self._conn.fabric.pump()
+        fabric = self._conn.fabric
+        fabric.pump()
+        if not self._cqes and timeout > 0 and fabric.run_watched(timeout):
+            fabric.pump()  # a worker thread finished something meanwhile
         out = list(self._cqes)
         self._cqes.clear()
         while self._rnr_backlog and len(self._cqes) < self._conn.request.hrqsize:
@@ -388,6 +397,7 @@ class LoopbackFabric:
         self._pumping = False
         self._last_tick = clock()
         self.ops_run = 0
+        self._watched: Dict[int, Callable[[], None]] = {}  # fd -> callback, like EventLoop.watch
 
     def _new_key(self) -> int:
         self._next_key = (self._next_key + 0x1F3) & 0xFFFFFFFF  # keys that are not simply 1, 2, 3
@@ -414,16 +424,41 @@ class LoopbackFabric:
     def idle(self) -> bool:
         return not self._ops
 
-    def pump(self, max_ops: Optional[int] = None) -> int:
-        """Run queued operations until none are left (or `max_ops`); tick the handlers on time."""
+    def watch(self, fd: int, callback: Callable[[], None]) -> None:
+        """Call `callback` when `fd` is readable (checked whenever the fabric is pumped), as the RDMA
+        EventLoop does: the target's worker thread reports through such an fd."""
+        self._watched[fd] = callback
+
+    def unwatch(self, fd: int) -> None:
+        self._watched.pop(fd, None)
+
+    def run_watched(self, timeout: float = 0.0) -> int:
+        """One pass over the watched fds: run the callbacks of the readable ones (waiting up to
+        `timeout` for one); the number run."""
+        if not self._watched:
+            return 0
+        ready, _, _ = select.select(list(self._watched), [], [], timeout)
+        for fd in ready:
+            callback = self._watched.get(fd)
+            if callback is not None:
+                callback()
+        return len(ready)
+
+    def pump(self, max_ops: Optional[int] = None, watched: bool = True) -> int:
+        """Run queued operations until none are left (or `max_ops`); tick the handlers on time.
+        Without `max_ops` (and unless `watched` is False), readable watched fds are served too, in
+        passes between the operations, until neither has anything left."""
         if self._pumping:  # called from inside an operation: the outer loop will get to it
             return 0
         self._pumping = True
         ran = 0
         try:
-            while self._ops and (max_ops is None or ran < max_ops):
-                self._ops.popleft()()
-                ran += 1
+            while True:
+                while self._ops and (max_ops is None or ran < max_ops):
+                    self._ops.popleft()()
+                    ran += 1
+                if max_ops is not None or not watched or not self.run_watched(0):
+                    break
             self.ops_run += ran
         finally:
             self._pumping = False

@@ -155,6 +155,10 @@ class DataPool:
 
 # --- the target's event loop ---------------------------------------------------------------
 
+CQ_BUDGET = 64  # completions one queue handles per loop pass before the others get their turn
+SLOW_HANDLER = 0.1  # s: a handler that holds the loop this long is logged (other hosts wait meanwhile)
+
+
 class EventLoop:
     """One selector for every CM channel and completion channel; timers run through handler.tick()."""
 
@@ -163,6 +167,9 @@ class EventLoop:
         self.tick_interval = tick_interval
         self.selector = selectors.DefaultSelector()
         self.listeners: List["RdmaListener"] = []
+        self._again: List[Callable] = []  # continuations of handlers that stopped at their budget
+        self.longest_pass = 0.0  # seconds: the longest loop pass since start
+        self.longest_pass_recent = 0.0  # ... since the caller last reset it (status lines)
 
     def watch(self, fd: int, callback: Callable[[], None]) -> None:
         self.selector.register(fd, selectors.EVENT_READ, callback)
@@ -173,21 +180,57 @@ class EventLoop:
         except (KeyError, ValueError):
             pass
 
-    def run_once(self, timeout: float) -> None:
-        for key, _ in self.selector.select(timeout):
+    def run_once(self, timeout: float) -> int:
+        """One loop pass: wait up to `timeout` (not at all while a handler has work left) and run the
+        handlers of every ready fd, then the continuations handlers left last pass; how many ran.
+
+        A handler may return a callable: it stopped at its budget with work left (a busy queue's
+        completions), and that callable runs in the next pass, after the other queues had their turn.
+        The time the handlers took is the pass: the longest is kept (longest_pass, longest_pass_recent)."""
+        again, self._again = self._again, []
+        ready = self.selector.select(0 if again else timeout)
+        start = time.monotonic()
+        callbacks = [key.data for key, _ in ready] + again
+        for callback in callbacks:
+            began = time.monotonic()
             try:
-                key.data()
+                more = callback()
+                if callable(more) and more not in self._again:
+                    self._again.append(more)
             except Exception:  # one broken queue must not stop the target
                 log.exception("event handler failed")
+            took = time.monotonic() - began
+            if took >= SLOW_HANDLER:
+                log.warning("one event handler held the loop %.0f ms: %s", took * 1000,
+                            getattr(callback, "__qualname__", callback))
+        self._account(start)
+        return len(callbacks)
+
+    def _account(self, start: float) -> None:
+        took = time.monotonic() - start
+        if took > self.longest_pass_recent:
+            self.longest_pass_recent = took
+            if took > self.longest_pass:
+                self.longest_pass = took
 
     def run(self, should_stop: Callable[[], bool]) -> None:
         next_tick = time.monotonic()
         while not should_stop():
             now = time.monotonic()
-            if now >= next_tick:
-                self.handler.tick(now)
-                next_tick = now + self.tick_interval
             self.run_once(max(0.0, min(next_tick - now, self.tick_interval)))
+            now = time.monotonic()
+            if now >= next_tick:
+                # Serve what arrived while the last pass ran (capsules, completions, keep-alives) before
+                # the timers look at it, and let the timers judge as of the last moment at which everything
+                # that had arrived was served: a slow pass is never charged to the hosts as silence.
+                while True:
+                    served_until = time.monotonic()
+                    if not self.run_once(0) or time.monotonic() - now > self.tick_interval:
+                        break  # nothing more was ready, or still busy: the timers run anyway
+                start = time.monotonic()
+                self.handler.tick(served_until)
+                self._account(start)
+                next_tick = start + self.tick_interval
 
     def close(self) -> None:
         for listener in list(self.listeners):
@@ -415,7 +458,7 @@ class RdmaTargetQueue(TargetQueue):
 
     # -- completions --
 
-    def _on_cq_event(self) -> None:
+    def _on_cq_event(self):
         try:
             self.comp_channel.get_cq_event(self.cq)
         except PyverbsRDMAError as exc:
@@ -424,13 +467,19 @@ class RdmaTargetQueue(TargetQueue):
             raise
         self.cq.ack_events(1)
         self.cq.req_notify()  # re-arm before polling so no completion is missed
-        self.poll_completions()
+        return self.poll_completions()
 
-    def poll_completions(self) -> None:
+    def poll_completions(self):
+        """Handle up to CQ_BUDGET completions; if the budget ran out, return this method for the event
+        loop to call again next pass, so one busy queue cannot hold the loop (EventLoop.run_once)."""
+        done = 0
         while not self.closed:
+            if done >= CQ_BUDGET:
+                return self.poll_completions
             count, wcs = self.cq.poll(num_entries=32)
             if count == 0:
-                return
+                return None
+            done += count
             for wc in wcs[:count]:
                 if wc.status != e.IBV_WC_SUCCESS:
                     self._on_failed_completion(wc)

@@ -84,6 +84,7 @@ class Env:
         self.config = parse_config(config, "test-config")
         self.target = Target(self.config, clock=self.clock, in_capsule_size=in_capsule_size, **target_args)
         self.fabric = LoopbackFabric(clock=self.clock)
+        self.target.attach_loop(self.fabric)
         for p in self.config.ports:
             self.fabric.listen(f"{p.traddr}:{p.trsvcid}", self.target.port(p.portid))
 
@@ -151,13 +152,18 @@ class RawQueue:
         return cqe
 
 
+RAW_HOSTID = bytes(range(16))
+
+
 def raw_connect(connector, subnqn: str, hostnqn: str = HOST_A, qid: int = 0, cntlid: int = F.DYNAMIC_CNTLID,
-                sqsize: int = 31, kato: int = 0, hsqsize: Optional[int] = None):
+                sqsize: int = 31, kato: int = 0, hsqsize: Optional[int] = None, hostid: bytes = RAW_HOSTID,
+                data: Optional[bytes] = None):
     """CM-connect queue `qid` and send a Connect; returns (RawQueue, CQE)."""
     hsq = sqsize if hsqsize is None else hsqsize
     transport = connector.connect(qid, hsq + 1, hsq, 0 if qid == 0 else cntlid)
     q = RawQueue(transport)
-    data = F.ConnectData(bytes(range(16)), cntlid, subnqn, hostnqn).pack()
+    if data is None:
+        data = F.ConnectData(hostid, cntlid, subnqn, hostnqn).pack()
     q.buf.view[:1024] = data
     cqe = q.command(F.ConnectCommand(qid=qid, sqsize=sqsize, kato=kato, sgl=q.keyed(1024)))
     return q, cqe

@@ -58,7 +58,7 @@ def _worker_env(tmp_path, monkeypatch, n=2):
     workers._create_shm(cfg, str(tmp_path / "run"))
     envs = []
     for i, c in enumerate(configs):
-        env = Env(c)
+        env = Env(c, file_lock="shared")  # the workers of one target share the namespace file
         for group in groups:
             for portid in group:
                 env.target.discovery_siblings[portid] = group
