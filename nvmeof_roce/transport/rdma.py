@@ -266,6 +266,7 @@ class RdmaListener:
         self.queues: Dict[int, RdmaTargetQueue] = {}
         self.limits = limits or ResourceLimits()
         self.children: Dict[int, "RdmaTargetQueue"] = {}  # rdma_cm_id pointer -> its open queue
+        self.cm_ids_created = 0  # child ids made from CONNECT_REQUESTs
         self.cm_ids_destroyed = 0
         self.disconnects_attributed = 0
         self.channel, self.cm_fd = _create_with_fd(CMEventChannel, "rdma_cm")
@@ -305,6 +306,7 @@ class RdmaListener:
             if kind == ce.RDMA_CM_EVENT_CONNECT_REQUEST:
                 private = bytes(event.private_data or b"")
                 child = CMID(creator=event, listen_id=self.listen_id)  # before the ack (§7.3.3)
+                self.cm_ids_created += 1
                 event.ack_cm_event()
                 self._on_connect_request(child, private, id_ptr)
                 continue
@@ -378,7 +380,7 @@ class RdmaListener:
         """One line of figures for `target serve`'s status log."""
         connected = sum(1 for q in self.queues.values() if q.share.guaranteed)
         return (f"{self.traddr}:{self.trsvcid}: {len(self.queues)} queues ({connected} connected), "
-                f"{len(self.queues)} CM ids kept ({self.cm_ids_destroyed} destroyed, "
+                f"{self.cm_ids_created - self.cm_ids_destroyed} CM ids kept ({self.cm_ids_destroyed} destroyed, "
                 f"{self.disconnects_attributed} disconnects attributed), "
                 f"data buffers {self.pool.accounts.status()}")
 
@@ -401,6 +403,7 @@ class RdmaListener:
                 return
             if event.event_type == ce.RDMA_CM_EVENT_CONNECT_REQUEST:
                 child = CMID(creator=event, listen_id=self.listen_id)
+                self.cm_ids_created += 1
                 event.ack_cm_event()
                 self._reject(child, cmdata.STS_NO_RESOURCES, "target shutting down")
             else:
