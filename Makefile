@@ -12,11 +12,12 @@ LAB_TIMEOUT ?= 3000
 APT_PACKAGES := qemu-system-x86 debootstrap e2fsprogs cpio xz-utils fio
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test test-unit test-lab test-quick test-two-node deps venv lab clean-lab help
+.PHONY: demo test test-unit test-lab test-long test-quick test-two-node deps venv lab clean-lab help
 
 help:
 	@echo "make demo   - set up everything, build the lab if needed, run the main job"
 	@echo "make test   - set up everything, run unit tests and the lab tests"
+	@echo "make test-long - the long lab scenarios (16-vCPU guest), not part of make test or CI"
 
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -44,7 +45,14 @@ test-quick: venv
 	$(PYTEST) -m "not lab and not fuzz" tests/unit
 
 test-lab: lab
-	$(NVMEOF) lab run --timeout $(LAB_TIMEOUT) -- python3 -m pytest -p no:cacheprovider -m lab tests/lab
+	$(NVMEOF) lab run --timeout $(LAB_TIMEOUT) -- python3 -m pytest -p no:cacheprovider -m "lab and not long" tests/lab
+
+# Scenarios that need a bigger guest (16 vCPUs under TCG on this machine's cores): slow, so not in `make test`.
+LONG_CPUS ?= 16
+LONG_MEMORY ?= 4G
+test-long: lab
+	$(NVMEOF) lab run --cpus $(LONG_CPUS) --memory $(LONG_MEMORY) --timeout $(LAB_TIMEOUT) -- \
+	  python3 -m pytest -p no:cacheprovider -m long tests/lab
 
 # Two guests on a virtual wire (docs/two-node.md): perftest, the kernel host against both targets, a decoded
 # capture, a lossy link, an MTU mismatch.  Boots two guests per scenario (about 8 min in all on 2 cores), so it

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import time
 from pathlib import Path
@@ -15,6 +16,32 @@ from .vm import LabRun, run_in_guest
 def project_root() -> Path:
     """The checkout that holds this package (mounted at /mnt/project in the guest)."""
     return Path(__file__).resolve().parents[2]
+
+
+MAX_CPUS = 64  # QEMU's pc machine takes more, but TCG on a small host makes no progress past this
+MIN_MEMORY_MB = 512  # the guest's kernel, initrd and tools
+
+
+def memory_size(text: str) -> int:
+    """--memory: '2048', '2048M' or '2G' -> MiB."""
+    match = re.fullmatch(r"\s*(\d+)\s*([MmGg]?)(?:i?[Bb])?\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size; use MiB (2048) or a unit (2G, 1536M)")
+    mib = int(match.group(1)) * (1024 if match.group(2).lower() == "g" else 1)
+    if mib < MIN_MEMORY_MB:
+        raise argparse.ArgumentTypeError(f"{text!r}: the guest needs at least {MIN_MEMORY_MB} MiB")
+    return mib
+
+
+def cpu_count(text: str) -> int:
+    """--cpus: 1..MAX_CPUS."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of vCPUs") from None
+    if not 1 <= n <= MAX_CPUS:
+        raise argparse.ArgumentTypeError(f"{n} vCPUs: use 1-{MAX_CPUS}")
+    return n
 
 
 def _lab_run(args, interactive: bool) -> int:
@@ -173,8 +200,11 @@ def _add_run_options(p) -> None:
     p.add_argument("--share", metavar="DIR", help="host directory mounted read-write at /mnt/share in the guest")
     p.add_argument("--project", metavar="DIR", help="checkout mounted at /mnt/project (default: this one)")
     p.add_argument("--timeout", type=float, default=1800, help="hard limit in seconds; QEMU is killed after it (default 1800)")
-    p.add_argument("--memory", type=int, default=4096, metavar="MB", help="guest memory (default 4096)")
-    p.add_argument("--cpus", type=int, default=None, help="guest vCPUs (default 2; with --nodes 2: 1 per node)")
+    p.add_argument("--memory", type=memory_size, default=4096, metavar="SIZE",
+                   help="guest memory: MiB, or with a unit like 2G or 1536M (default 4G)")
+    p.add_argument("--cpus", type=cpu_count, default=None, metavar="N",
+                   help=f"guest vCPUs, 1-{MAX_CPUS} (default 2; with --nodes 2: 1 per node; TCG runs them on the "
+                        "host's cores, so more is slower)")
     p.add_argument("--kvm", action="store_true", help="use KVM instead of TCG emulation (hangs on some VMs)")
     p.add_argument("--no-rxe", action="store_true", help="do not bring up Soft-RoCE (rxe0)")
     p.add_argument("--env", action="append", metavar="NAME=VALUE", help="environment variable for the command")

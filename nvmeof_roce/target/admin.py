@@ -247,7 +247,8 @@ def _set_features(t: Target, req: Request) -> None:
         ncqr = req.cdw11 >> 16
         if nsqr == 0xFFFF or ncqr == 0xFFFF:
             return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW11)
-        granted = min(nsqr, ncqr, ctrl.subsystem.max_qid - 1)  # all 0's based
+        # 0's based; capped by the subsystem, the resource limits and what the port's pool can guarantee
+        granted = t.io_queue_grant(req.queue, min(nsqr, ncqr) + 1) - 1
         ctrl.max_io_qid = granted + 1
         return t.complete(req, 0, result=granted | (granted << 16))
     if fid == A.FEAT_HOST_ID:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from typing import Callable, Dict, List, Optional
 
 from ..nvme import cm
@@ -33,6 +34,7 @@ from ..nvme.command import CQE_STRUCT, FABRICS_OPCODE, FLAGS_FUSE_MASK, FLAGS_PS
 from ..nvme.sgl import SUBTYPE_ADDRESS, SUBTYPE_INVALIDATE_KEY, SUBTYPE_OFFSET, TYPE_DATA_BLOCK, \
     TYPE_KEYED_DATA_BLOCK
 from ..transport.base import TransportError
+from ..transport.resources import ResourceLimits
 from .backends import BackendError
 from ..config import NQN_MAX_BYTES, ConfigError, NamespaceConfig, PortConfig, TargetConfig
 from .controller import Controller
@@ -53,6 +55,7 @@ Handler = Callable[["Target", Request], None]
 INVALIDATE_KEYED_ID = (TYPE_KEYED_DATA_BLOCK << 4) | SUBTYPE_INVALIDATE_KEY  # 0x4F
 NQN_FIELD_SIZE = 256  # SUBNQN and HOSTNQN fields of the Connect data
 SHUTDOWN_LINGER = 2.0  # seconds a shut-down controller keeps its admin queue for the last CSTS reads
+REFUSED_LINGER = 0.5  # seconds a queue whose Connect failed stays open so the host receives the status
 
 
 class PortContext:
@@ -125,10 +128,14 @@ class Target:
 
     def __init__(self, config: TargetConfig, clock: Callable[[], float] = time.monotonic,
                  in_capsule_size: int = DEFAULT_IN_CAPSULE_SIZE, queue_size: int = DEFAULT_QUEUE_SIZE,
-                 file_lock: str = "exclusive"):
+                 file_lock: str = "exclusive", limits: Optional[ResourceLimits] = None):
         self.config = config
         self.file_lock = file_lock  # "shared" in the workers of `serve --workers` (backends.FileBackend._lock)
         self.clock = clock
+        self.limits = limits or ResourceLimits()
+        # Queues without a successful Connect, by deadline (each dict is in deadline order): closed in tick().
+        self._awaiting_connect: "OrderedDict[QueueState, float]" = OrderedDict()
+        self._connect_refused: "OrderedDict[QueueState, float]" = OrderedDict()
         self.default_in_capsule_size = in_capsule_size
         self.default_queue_size = max(MIN_QUEUE_SIZE, min(MAX_QUEUE_SIZE, queue_size))
         self.subsystems: Dict[str, Subsystem] = {}
@@ -270,6 +277,8 @@ class Target:
         if qs is None:
             return
         qs.closed = True
+        self._awaiting_connect.pop(qs, None)
+        self._connect_refused.pop(qs, None)
         ctrl = qs.ctrl
         if ctrl is None or ctrl.dead:
             return
@@ -280,6 +289,7 @@ class Target:
             log.info("controller %d: I/O queue %d disconnected", ctrl.cntlid, qs.qid)
 
     def tick(self, now: float) -> None:
+        self._close_unconnected(now)
         for ctrl in self.controllers():
             if ctrl.shutdown_at is not None and now - ctrl.shutdown_at >= SHUTDOWN_LINGER:
                 # After CC.SHN the Linux host reads CSTS once more and then disconnects the admin queue.
@@ -302,6 +312,10 @@ class Target:
         if request.qid == 0:
             if request.hsqsize + 1 > cm.ADMIN_QUEUE_DEPTH:
                 return cm.STS_INVALID_HSQSIZE
+            if len(self.controllers()) >= self.limits.max_controllers:
+                log.warning("refusing an admin queue: %d controllers exist (--max-controllers)",
+                            self.limits.max_controllers)
+                return cm.STS_NO_RESOURCES
         else:
             max_qid = max([s.max_qid for s in self.subsystems.values()] or [0])
             if request.qid > max_qid:
@@ -313,8 +327,55 @@ class Target:
         return 0
 
     def _queue_opened(self, ctx: PortContext, queue) -> None:
-        self._queues[queue] = QueueState(queue, ctx, self)
+        qs = self._queues[queue] = QueueState(queue, ctx, self)
+        self._awaiting_connect[qs] = self.clock() + self.limits.connect_timeout
         log.debug("queue %d opened from %s", queue.request.qid, queue.request.peer or "?")
+
+    # -- resources (transport/resources.py): queues without a Connect, grants, counts
+
+    def _close_unconnected(self, now: float) -> None:
+        """Close queues that got no NVMe Connect in time, and those whose Connect was refused."""
+        for pending, why in ((self._connect_refused, "its NVMe Connect was refused"),
+                             (self._awaiting_connect, f"no NVMe Connect within {self.limits.connect_timeout:g} s")):
+            while pending:
+                qs, deadline = next(iter(pending.items()))
+                if deadline > now:
+                    break
+                del pending[qs]
+                self._close_queue(qs, why, logging.INFO)
+
+    def _connect_failed(self, qs: QueueState) -> None:
+        """A command on a queue without a controller failed: close it shortly (after the status is sent)."""
+        if self._awaiting_connect.pop(qs, None) is not None:
+            self._connect_refused[qs] = self.clock() + REFUSED_LINGER
+
+    def _commit_queue(self, qs: QueueState) -> bool:
+        """The Connect is accepted: the transport commits the queue's guaranteed buffers."""
+        if not qs.transport.connected():
+            log.warning("queue %d: the data buffer pool cannot guarantee another queue its minimum "
+                        "(raise --data-buffers, or lower --max-queues-per-ctrl)", qs.qid)
+            return False
+        self._awaiting_connect.pop(qs, None)
+        return True
+
+    def host_io_queues(self, hostnqn: str, exclude=None) -> int:
+        """I/O queues host `hostnqn` holds over all its controllers (but `exclude`)."""
+        return sum(len(c.io_queues) for c in self.controllers()
+                   if c.hostnqn == hostnqn and c is not exclude and not c.dead)
+
+    def io_queue_grant(self, qs: QueueState, requested: int) -> int:
+        """Set Features Number of Queues: the I/O queues (1's based) controller `qs.ctrl` may create."""
+        ctrl = qs.ctrl
+        return self.limits.io_queue_grant(requested, ctrl.subsystem.max_qid,
+                                          self.host_io_queues(ctrl.hostnqn, exclude=ctrl),
+                                          qs.transport.guarantee_capacity())
+
+    def status(self) -> str:
+        """One line of counts for `target serve`'s status log."""
+        ctrls = self.controllers()
+        return (f"{len(self._queues)} queues ({len(self._awaiting_connect)} awaiting Connect, "
+                f"{len(self._connect_refused)} refused), {len(ctrls)} controllers "
+                f"({sum(1 for c in ctrls if c.is_discovery)} discovery)")
 
     def _close_queue(self, qs: QueueState, reason: str, level: int = logging.WARNING) -> None:
         if qs.closed:
@@ -528,6 +589,8 @@ class Target:
             transport.respond(cqe, invalidate)
         except TransportError as exc:
             self._close_queue(qs, f"cannot send a completion: {exc}")
+        if status and qs.ctrl is None:
+            self._connect_failed(qs)
 
     def _internal_error(self, req: Request) -> None:
         self.internal_errors += 1
@@ -615,14 +678,21 @@ def _connect_with_data(t: Target, req: Request, data) -> None:
             return invalid(F.iattr_sqe(F.CONNECT_SQE_OFF_KATO))
         if sqsize > cm.ADMIN_QUEUE_DEPTH - 1:
             return invalid(F.iattr_sqe(F.CONNECT_SQE_OFF_SQSIZE))
+        if len(t.controllers()) >= t.limits.max_controllers:
+            log.warning("Connect from %s to %s: %d controllers exist (--max-controllers)", d.hostnqn, sub.nqn,
+                        t.limits.max_controllers)
+            return t.complete(req, S.CONNECT_CTRL_BUSY)
         cntlid = sub.alloc_cntlid()
         if cntlid is None:
             log.warning("%s: no free controller ID", sub.nqn)
             return t.complete(req, S.CONNECT_CTRL_BUSY | S.DNR)
+        if not t._commit_queue(qs):
+            return t.complete(req, S.CONNECT_CTRL_BUSY)
         cap = F.make_cap(qs.port.mqes)
         settings = t.config.settings
         ctrl = Controller(sub, cntlid, d.hostnqn, d.hostid, kato, qs.port, cap, t.clock(),
                           max_kato=settings.max_kato, discovery_idle=settings.discovery_idle_limit)
+        ctrl.max_io_qid = min(ctrl.max_io_qid, t.limits.max_queues_per_ctrl)
         sub.controllers[cntlid] = ctrl
         ctrl.admin_queue = qs
         _install_queue(qs, ctrl, sqsize, cattr)
@@ -649,6 +719,12 @@ def _connect_with_data(t: Target, req: Request, data) -> None:
         return invalid(F.iattr_sqe(F.CONNECT_SQE_OFF_SQSIZE))
     if qid in ctrl.io_queues:
         return t.complete(req, S.CMD_SEQ_ERROR | S.DNR, location=LOC_CDW10)
+    if t.host_io_queues(ctrl.hostnqn) >= t.limits.max_queues_per_host:
+        log.warning("I/O Connect from %s: the host has %d I/O queues (--max-queues-per-host)", ctrl.hostnqn,
+                    t.limits.max_queues_per_host)
+        return invalid(F.iattr_sqe(F.CONNECT_SQE_OFF_QID))
+    if not t._commit_queue(qs):
+        return t.complete(req, S.CONNECT_CTRL_BUSY)
     ctrl.io_queues[qid] = qs
     _install_queue(qs, ctrl, sqsize, cattr)
     log.debug("controller %d: I/O queue %d connected (SQSIZE %d)", ctrl.cntlid, qid, sqsize)

@@ -8,6 +8,7 @@ from typing import List, Optional
 
 from ..errors import NvmeofError
 from ..config import TargetConfig, load_userspace_config
+from ..transport.resources import ResourceLimits
 
 log = logging.getLogger(__name__)
 
@@ -18,8 +19,9 @@ STATUS_INTERVAL = 60.0  # seconds between status lines in the log
 class TargetServer:
     """A Target plus one RDMA listener per configured port, on one event loop."""
 
-    def __init__(self, config: TargetConfig, *, data_chunks: int = 512, remote_invalidate: bool = True,
-                 listen_portids: Optional[List[int]] = None, file_lock: str = "exclusive"):
+    def __init__(self, config: TargetConfig, *, limits: Optional[ResourceLimits] = None,
+                 remote_invalidate: bool = True, listen_portids: Optional[List[int]] = None,
+                 file_lock: str = "exclusive"):
         from ..transport.rdma import EventLoop, RdmaListener, require_pyverbs
         from .core import Target
 
@@ -36,7 +38,8 @@ class TargetServer:
                 log.warning("port %d: trtype %r is not served by the userspace target (RDMA only); skipped",
                             port.portid, port.trtype)
         self.config = config
-        self.target = Target(config, file_lock=file_lock)
+        self.limits = limits or ResourceLimits()
+        self.target = Target(config, file_lock=file_lock, limits=self.limits)
         self.loop = EventLoop(self.target)
         self.target.attach_loop(self.loop)  # fdatasync and long commands stay off the loop
         self.next_status = time.monotonic() + STATUS_INTERVAL
@@ -45,7 +48,7 @@ class TargetServer:
             for port in rdma_ports:
                 self.listeners.append(RdmaListener(
                     self.loop, port.traddr, port.trsvcid, handler=self.target.port(port.portid), port_id=port.portid,
-                    max_transfer=self.target.max_transfer, data_chunks=data_chunks,
+                    max_transfer=self.target.max_transfer, limits=self.limits,
                     remote_invalidate=remote_invalidate))
         except BaseException:
             self.close()
@@ -62,12 +65,17 @@ class TargetServer:
         self.stopping = True
 
     def status_line(self, recent: bool = True) -> str:
+        """The counts an admin (or a test) checks: queues, controllers, CM ids, data buffers per port, commands
+        in flight and the longest loop pass."""
         t = self.target
         longest = self.loop.longest_pass_recent if recent else self.loop.longest_pass
-        return (f"status: {len(t.controllers())} controller(s), {t.queue_count()} queue(s), "
-                f"{t.in_flight()} command(s) in flight, longest loop pass {longest * 1000:.1f} ms"
+        return ("status: " + "; ".join([t.status()] + [lst.status() for lst in self.listeners])
+                + f"; {t.in_flight()} command(s) in flight, longest loop pass {longest * 1000:.1f} ms"
                 + (f" (last {STATUS_INTERVAL:.0f} s; {self.loop.longest_pass * 1000:.1f} ms since start)"
                    if recent else " since start"))
+
+    def log_status(self, *_args) -> None:
+        log.warning("%s", self.status_line(recent=False))
 
     def _should_stop(self) -> bool:
         now = time.monotonic()
@@ -95,12 +103,12 @@ class TargetServer:
         self.target.close()  # flushes and closes the namespaces
 
 
-def serve(path: str, *, ready_file: Optional[str] = None, data_chunks: int = 512,
+def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[ResourceLimits] = None,
           remote_invalidate: bool = True, run_dir: Optional[str] = None, worker: Optional[int] = None,
           listen_portids: Optional[List[int]] = None, path_groups: Optional[List[str]] = None) -> int:
     from .ana_control import AnaControl, default_run_dir, publish, unpublish
     config = load_userspace_config(path)  # the same loader and checks as `target check`
-    server = TargetServer(config, data_chunks=data_chunks, remote_invalidate=remote_invalidate,
+    server = TargetServer(config, limits=limits, remote_invalidate=remote_invalidate,
                           listen_portids=listen_portids,
                           file_lock="exclusive" if worker is None else "shared")
     for group in path_groups or ():  # a worker: these ports are one port of the config, one per worker
@@ -122,11 +130,15 @@ def serve(path: str, *, ready_file: Optional[str] = None, data_chunks: int = 512
     if published or worker is not None:
         server.ana_control = AnaControl(run_dir, server.target, worker or 0)
     previous = {sig: signal.signal(sig, server.request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # SIGUSR1 logs a status line (queues, controllers, CM ids kept, free data buffers).  The handler runs
+    # between two Python statements of the loop, which only reads counts here.
+    previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, server.log_status)
     try:
         for sub in config.subsystems:
             log.warning("subsystem %s: %d namespace(s)%s", sub.nqn, len(sub.namespaces),
                         "" if sub.allow_any_host else f", hosts {', '.join(sub.allowed_hosts) or 'none'}")
-        print(f"nvmeof-roce target: serving {config.source} on {', '.join(server.addresses())}", flush=True)
+        print(f"nvmeof-roce target: serving {config.source} on {', '.join(server.addresses())}; "
+              f"{server.limits.describe()}", flush=True)
         if ready_file:
             with open(ready_file, "w") as f:
                 f.write("ready\n")
@@ -142,13 +154,24 @@ def serve(path: str, *, ready_file: Optional[str] = None, data_chunks: int = 512
     return 0
 
 
+def limits_from_args(args) -> ResourceLimits:
+    return ResourceLimits(data_buffers=args.data_buffers, queue_min_buffers=args.queue_min_buffers,
+                          max_queues_per_ctrl=args.max_queues_per_ctrl, max_queues_per_host=args.max_queues_per_host,
+                          max_controllers=args.max_controllers, connect_timeout=args.connect_timeout)
+
+
+# The resource options of `serve`, forwarded as they are to each worker of `serve --workers`
+LIMIT_OPTIONS = ("data_buffers", "queue_min_buffers", "max_queues_per_ctrl", "max_queues_per_host",
+                 "max_controllers", "connect_timeout")
+
+
 def _cmd_serve(args) -> int:
     from .workers import workers_requested, supervise
     if workers_requested(args) is not None:
         return supervise(args)
     # Connects, disconnects and rejects are logged at INFO: show them unless the user asked for less.
     logging.getLogger("nvmeof_roce").setLevel(logging.DEBUG if args.verbose > 1 else logging.INFO)
-    return serve(args.config, ready_file=args.ready_file, data_chunks=args.data_buffers,
+    return serve(args.config, ready_file=args.ready_file, limits=limits_from_args(args),
                  remote_invalidate=not args.no_remote_invalidate, run_dir=args.run_dir, worker=args.worker_index,
                  listen_portids=args.listen_port, path_groups=args.path_group)
 
@@ -160,8 +183,23 @@ def register_serve(commands) -> None:
                                         "complete, connections close, files are flushed.")
     p.add_argument("config", metavar="CONFIG.json")
     p.add_argument("--ready-file", metavar="PATH", help="write PATH once listening (for scripts and tests)")
-    p.add_argument("--data-buffers", type=int, default=512, metavar="N",
-                   help="data buffers registered at start, per port, each MDTS bytes (default 512)")
+    d = ResourceLimits()
+    p.add_argument("--data-buffers", type=int, default=d.data_buffers, metavar="N",
+                   help=f"data buffers registered at start per port, each MDTS (128 KiB) bytes, shared by the "
+                        f"port's queues (default {d.data_buffers})")
+    p.add_argument("--queue-min-buffers", type=int, default=d.queue_min_buffers, metavar="N",
+                   help=f"data buffers guaranteed to each queue once its NVMe Connect succeeds "
+                        f"(default {d.queue_min_buffers})")
+    p.add_argument("--max-queues-per-ctrl", type=int, default=d.max_queues_per_ctrl, metavar="N",
+                   help=f"most I/O queues Set Features Number of Queues grants one controller "
+                        f"(default {d.max_queues_per_ctrl}; also capped by the subsystem's qid_max and the pool)")
+    p.add_argument("--max-queues-per-host", type=int, default=d.max_queues_per_host, metavar="N",
+                   help=f"most I/O queues of one host NQN over all its controllers (default {d.max_queues_per_host})")
+    p.add_argument("--max-controllers", type=int, default=d.max_controllers, metavar="N",
+                   help=f"most controllers, discovery included (default {d.max_controllers})")
+    p.add_argument("--connect-timeout", type=float, default=d.connect_timeout, metavar="SECONDS",
+                   help=f"close a connection without a successful NVMe Connect after this long "
+                        f"(default {d.connect_timeout:g})")
     p.add_argument("--no-remote-invalidate", action="store_true",
                    help="answer with plain SEND even when the host's key asks for remote invalidation")
     from .workers import add_worker_arguments

@@ -339,7 +339,10 @@ def supervise(args) -> int:
     require_pyverbs()  # one clear error here rather than one per worker
     n = workers_requested(args)
     cpus = parse_cpus(args.cpus) if args.cpus else None
-    worker_args = ["--data-buffers", str(args.data_buffers)]
+    from .serve import LIMIT_OPTIONS
+    worker_args = []
+    for name in LIMIT_OPTIONS:  # each worker gets the same resource limits
+        worker_args += ["--" + name.replace("_", "-"), str(getattr(args, name))]
     if args.no_remote_invalidate:
         worker_args.append("--no-remote-invalidate")
     logging.getLogger("nvmeof_roce").setLevel(logging.DEBUG if args.verbose > 1 else logging.INFO)

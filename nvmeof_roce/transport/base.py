@@ -78,6 +78,15 @@ class TargetQueue(abc.ABC):
     def close(self) -> None:
         """Disconnect this queue.  The handler's `queue_closed` is called once."""
 
+    def connected(self) -> bool:
+        """The target accepted this queue's NVMe Connect: commit what a connected queue is guaranteed
+        (transport/resources.py).  False if the transport cannot guarantee it; the Connect then fails."""
+        return True
+
+    def guarantee_capacity(self) -> Optional[int]:
+        """How many more queues this queue's port can guarantee their data buffers (None: unbounded)."""
+        return None
+
 
 class QueueHandler(Protocol):
     """Implemented by the target: the transport calls these from its event loop."""

@@ -34,6 +34,7 @@ from collections import deque
 from typing import Callable, Dict, List, Optional
 
 from ..nvme.cm import CmConnectRequest, PrivateDataError
+from .resources import BufferPool
 from .base import (ConnectRejected, ConnectRequest, Connector, HostBuffer, HostQueue, QueueHandler,
                    RemoteAccessError, TargetQueue, TransportError)
 
@@ -162,6 +163,8 @@ class _Connection:
         if not self._closed_reported:
             self._closed_reported = True
             self.listener.connections.discard(self)
+            if self.target.share is not None:
+                self.target.share.close()
             self.listener.handler.queue_closed(self.target)
 
 
@@ -172,6 +175,14 @@ class LoopbackTargetQueue(TargetQueue):
         self.in_capsule_size = conn.listener.in_capsule_size if conn.request.qid else 0
         self.local_address = conn.listener.traddr
         self.transport = "loopback"
+        pool = conn.listener.pool  # accounting only: loopback transfers need no registered buffers
+        self.share = pool.share() if pool is not None else None
+
+    def connected(self) -> bool:
+        return self.share.commit() if self.share is not None else True
+
+    def guarantee_capacity(self) -> Optional[int]:
+        return self.share.pool.guarantee_capacity() if self.share is not None else None
 
     @property
     def receive_size(self) -> int:
@@ -334,8 +345,10 @@ class LoopbackHostQueue(HostQueue):
 
 
 class LoopbackListener:
-    def __init__(self, fabric: "LoopbackFabric", address: str, handler: QueueHandler, in_capsule_size: int):
+    def __init__(self, fabric: "LoopbackFabric", address: str, handler: QueueHandler, in_capsule_size: int,
+                 pool: Optional[BufferPool] = None):
         self.fabric = fabric
+        self.pool = pool
         self.address = address
         self.traddr = address.rsplit(":", 1)[0].strip("[]")
         self.handler = handler
@@ -406,14 +419,16 @@ class LoopbackFabric:
     def _post(self, op: Callable[[], None]) -> None:
         self._ops.append(op)
 
-    def listen(self, address: str, handler: QueueHandler, in_capsule_size: Optional[int] = None) -> LoopbackListener:
+    def listen(self, address: str, handler: QueueHandler, in_capsule_size: Optional[int] = None,
+               pool: Optional[BufferPool] = None) -> LoopbackListener:
         """Accept queues at `address` ("traddr:trsvcid").  The I/O receive buffers hold 64 +
-        in_capsule_size bytes; by default the handler's `in_capsule_size` attribute, else 4096."""
+        in_capsule_size bytes; by default the handler's `in_capsule_size` attribute, else 4096.
+        `pool`: account data-buffer guarantees as the RDMA transport does (transport/resources.py)."""
         if address in self._listeners:
             raise TransportError(f"{address}: address already in use")
         if in_capsule_size is None:
             in_capsule_size = getattr(handler, "in_capsule_size", DEFAULT_IN_CAPSULE_SIZE)
-        listener = LoopbackListener(self, address, handler, in_capsule_size)
+        listener = LoopbackListener(self, address, handler, in_capsule_size, pool)
         self._listeners[address] = listener
         return listener
 

@@ -6,9 +6,18 @@ STS).  An accepted queue gets its own QP, CQ and completion channel on the
 project's own device Context and PD (never the CM's: closing a child id breaks
 those, docs/protocol.md §7.3 item 4).  Receive buffers, response buffers and data buffers are
 registered with local access only: the target initiates every transfer itself.
-Data buffers come from one pool registered once at start; each queue reserves
-its share at accept (so no queue starves another) and its commands wait for a
-free one beyond that.
+Data buffers come from one pool per port registered once at start and shared by
+its queues (transport/resources.py): a queue is guaranteed a small minimum only
+once its NVMe Connect succeeds, takes the rest from the shared part, and its
+commands wait for a buffer when none is free.
+
+CM events of every child id arrive on the listener's one channel.  pyverbs 44
+does not say which child an event is for, so `_CmEventIds` reads the
+`rdma_cm_event.id` pointer out of the pyverbs CMEvent object with ctypes (the
+layout is verified at first use against the channel's fd): a DISCONNECTED closes
+its queue at once.  A child id is destroyed as soon as its queue is closed or its
+connection rejected (every event is acked before it is acted on, so the destroy
+never waits, docs/protocol.md §7.3 item 3).
 
 Host side (`RdmaConnector`): one CM id and event channel per queue, so every CM
 event belongs to a known queue; host memory is registered with remote read and
@@ -33,6 +42,7 @@ from typing import Callable, Deque, Dict, List, Optional
 
 from ..errors import NvmeofError
 from ..nvme import cm as cmdata
+from .resources import BufferPool, PoolShare, ResourceLimits
 from .base import (ConnectRejected, ConnectRequest, Connector, HostBuffer, HostQueue, QueueHandler,
                    ReadDone, RemoteAccessError, TargetQueue, TransportError)
 
@@ -62,8 +72,6 @@ CM_TIMEOUT_MS = 3000
 SEND_WR_BASE = 1 << 32  # wr_ids below this are receive slots
 RESPONSE_WR_BASE = SEND_WR_BASE  # target: + response slot
 READ_WR_BASE = 1 << 40  # target: RDMA READs count up from here
-ADMIN_CHUNKS = 8  # data buffers reserved for an admin queue
-IO_CHUNKS = 32  # data buffers reserved for an I/O queue; commands beyond wait for one (RDMA READ or WRITE)
 ACK_TIMEOUT = 14  # QP local ACK timeout exponent: 4.096 us << 14 = 67 ms
 
 
@@ -103,6 +111,63 @@ def _eagain(exc: Exception) -> bool:
     return getattr(exc, "error_code", None) in (errno.EAGAIN, errno.EWOULDBLOCK)
 
 
+# --- which child id a CM event is for ---------------------------------------------------------
+
+_MIN_POINTER = 1 << 16  # no user-space object lives below this: a smaller "pointer" is not one
+
+
+class _CmEventIds:
+    """The `rdma_cm_event.id` pointer of a pyverbs 44 CMEvent, read with ctypes.
+
+    pyverbs keeps the `struct rdma_cm_event *` in a C field of the CMEvent object and
+    exposes neither it nor the id.  librdmacm's structs start (rdma_cma.h):
+    rdma_cm_event {id, listen_id, event, status, ...}; rdma_cm_id {verbs, channel, ...};
+    rdma_event_channel {fd}.  The field's offset in the object is found once, on the
+    first event (Cython stores the object's only C field, `event`, last), and accepted only if the chain event -> id -> channel -> fd leads to
+    this listener's channel fd and the event type matches: on any other layout the
+    attribution is switched off (and logged), never guessed.
+    """
+
+    def __init__(self, channel_fd: int):
+        self.channel_fd = channel_fd
+        self.offset: Optional[int] = None
+        self.disabled = False
+
+    @staticmethod
+    def _ptr(addr: int) -> int:
+        return ctypes.c_void_p.from_address(addr).value or 0
+
+    def _check(self, event, offset: int) -> int:
+        ev = self._ptr(id(event) + offset)
+        if ev < _MIN_POINTER or ev % 8:
+            return 0
+        if ctypes.c_int.from_address(ev + 16).value != event.event_type:
+            return 0
+        cm_id = self._ptr(ev)
+        if cm_id < _MIN_POINTER or cm_id % 8:
+            return 0
+        channel = self._ptr(cm_id + 8)
+        if channel < _MIN_POINTER or channel % 4 or ctypes.c_int.from_address(channel).value != self.channel_fd:
+            return 0
+        return cm_id
+
+    def of(self, event) -> Optional[int]:
+        if self.disabled:
+            return None
+        if self.offset is not None:
+            return self._check(event, self.offset) or None
+        offset = type(event).__basicsize__ - 8
+        cm_id = self._check(event, offset)
+        if cm_id:
+            self.offset = offset
+            log.info("CM events are attributed to their connection (rdma_cm_event at offset %d of CMEvent)", offset)
+            return cm_id
+        self.disabled = True
+        log.warning("cannot read which connection a CM event belongs to (pyverbs layout not recognised): "
+                    "a vanished host is found by keep-alive and failed work requests only")
+        return None
+
+
 # --- registered memory ---------------------------------------------------------------------
 
 class RegisteredMemory:
@@ -129,21 +194,12 @@ class RegisteredMemory:
 
 
 class DataPool:
-    """Fixed-size data chunks carved from one registration made at start."""
+    """Fixed-size data chunks carved from one registration made at start; `accounts` says who may take which."""
 
-    def __init__(self, pd, chunk_size: int, chunks: int):
+    def __init__(self, pd, chunk_size: int, chunks: int, min_per_queue: int):
         self.chunk_size = chunk_size
         self.memory = RegisteredMemory(pd, chunk_size * chunks, e.IBV_ACCESS_LOCAL_WRITE)
-        self.free: List[int] = list(range(chunks))
-
-    def reserve(self, count: int) -> Optional[List[int]]:
-        if count > len(self.free):
-            return None
-        taken, self.free = self.free[:count], self.free[count:]
-        return taken
-
-    def release(self, chunks: List[int]) -> None:
-        self.free.extend(chunks)
+        self.accounts = BufferPool(chunks, min_per_queue)
 
     def view(self, chunk: int, length: int) -> memoryview:
         start = chunk * self.chunk_size
@@ -243,7 +299,7 @@ class RdmaListener:
 
     def __init__(self, loop: EventLoop, traddr: str, trsvcid: int = 4420, *, handler: Optional[QueueHandler] = None,
                  port_id: int = 0, in_capsule_size: Optional[int] = None, max_transfer: int = 128 * 1024,
-                 data_chunks: int = 1024, remote_invalidate: bool = True):
+                 limits: Optional[ResourceLimits] = None, remote_invalidate: bool = True):
         require_pyverbs()
         self.loop = loop
         self.handler = handler or loop.handler
@@ -254,8 +310,13 @@ class RdmaListener:
         self.max_transfer = max_transfer
         self.remote_invalidate = remote_invalidate
         self.queues: Dict[int, RdmaTargetQueue] = {}
-        self.zombies: List[object] = []  # child CM ids are kept until shutdown (docs/protocol.md §7.3 items 2-4)
+        self.limits = limits or ResourceLimits()
+        self.children: Dict[int, "RdmaTargetQueue"] = {}  # rdma_cm_id pointer -> its open queue
+        self.cm_ids_created = 0  # child ids made from CONNECT_REQUESTs
+        self.cm_ids_destroyed = 0
+        self.disconnects_attributed = 0
         self.channel, self.cm_fd = _create_with_fd(CMEventChannel, "rdma_cm")
+        self.event_ids = _CmEventIds(self.cm_fd)
         self.listen_id = CMID(creator=self.channel, port_space=ce.RDMA_PS_TCP)
         try:
             self.listen_id.bind_addr(AddrInfo(src=traddr, src_service=str(trsvcid), port_space=ce.RDMA_PS_TCP,
@@ -269,7 +330,7 @@ class RdmaListener:
         self.context = Context(name=self.listen_id.dev_name)
         self.pd = PD(self.context)
         self.device = self.context.query_device()
-        self.pool = DataPool(self.pd, max_transfer, data_chunks)
+        self.pool = DataPool(self.pd, max_transfer, self.limits.data_buffers, self.limits.queue_min_buffers)
         loop.watch(self.cm_fd, self._on_cm_events)
         loop.listeners.append(self)
         log.info("listening on %s:%d (%s)", traddr, self.trsvcid, self.listen_id.dev_name)
@@ -287,17 +348,25 @@ class RdmaListener:
                     return
                 raise
             kind = event.event_type
+            id_ptr = self.event_ids.of(event)  # read before the ack frees the event
             if kind == ce.RDMA_CM_EVENT_CONNECT_REQUEST:
                 private = bytes(event.private_data or b"")
-                child = CMID(creator=event, listen_id=self.listen_id)  # before the ack (§7.3 item 3)
+                child = CMID(creator=event, listen_id=self.listen_id)  # before the ack (docs/protocol.md §7.3 item 3)
+                self.cm_ids_created += 1
                 event.ack_cm_event()
-                self._on_connect_request(child, private)
+                self._on_connect_request(child, private, id_ptr)
                 continue
             name = event.event_str()
             event.ack_cm_event()
-            log.debug("CM event %s on %s:%d", name, self.traddr, self.trsvcid)
-            # pyverbs cannot tell which child a DISCONNECTED belongs to (docs/protocol.md §7.3 item 2): a queue ends with
-            # its controller (CC.SHN, keep-alive expiry) or on a failed work completion.
+            queue = self.children.get(id_ptr) if id_ptr else None
+            log.debug("CM event %s on %s:%d (queue %s)", name, self.traddr, self.trsvcid,
+                      queue.qid if queue is not None else "?")
+            if queue is not None and kind in (ce.RDMA_CM_EVENT_DISCONNECTED, ce.RDMA_CM_EVENT_TIMEWAIT_EXIT):
+                # The peer disconnected (or its CM gave up on it): release the queue now, not at keep-alive expiry.
+                self.disconnects_attributed += 1
+                log.info("queue %d (%s): host disconnected (CM %s)", queue.qid, queue.request.peer, name)
+                queue.peer_gone = True
+                queue.close()
 
     def _reject(self, child, sts: int, why: str) -> None:
         log.warning("rejecting a connection on %s:%d: %s (STS %d, %s)", self.traddr, self.trsvcid, why, sts,
@@ -306,9 +375,18 @@ class RdmaListener:
             child.reject(cmdata.CmReject(0, sts).pack())
         except PyverbsRDMAError as exc:
             log.warning("reject failed: %s", exc)
-        self.zombies.append(child)
+        self._destroy_id(child)
 
-    def _on_connect_request(self, child, private: bytes) -> None:
+    def _destroy_id(self, cm_id) -> None:
+        """Destroy a child id: its events are all acked by now, so this never waits (docs/protocol.md §7.3 item 3).  Our
+        QPs, CQs and MRs live on our own Context and PD, which a child close cannot break (docs/protocol.md §7.3 item 4)."""
+        try:
+            cm_id.close()
+            self.cm_ids_destroyed += 1
+        except Exception as exc:
+            log.warning("destroying a CM id failed: %s", exc)
+
+    def _on_connect_request(self, child, private: bytes, id_ptr: Optional[int] = None) -> None:
         try:
             parsed = cmdata.CmConnectRequest.unpack(private)
         except cmdata.PrivateDataError as exc:
@@ -320,30 +398,37 @@ class RdmaListener:
         if sts:
             self._reject(child, sts, f"QID {parsed.qid} HSQSIZE {parsed.hsqsize} HRQSIZE {parsed.hrqsize}")
             return
-        # Each queue reserves its own chunks, so no queue can starve another; admin commands move a few KiB,
-        # one at a time in practice.  Commands beyond a queue's chunks wait for one (reads and responses).
-        chunks = self.pool.reserve(min(parsed.hsqsize + 1, ADMIN_CHUNKS if parsed.qid == 0 else IO_CHUNKS))
-        if chunks is None:
-            self._reject(child, cmdata.STS_NO_RESOURCES, "data buffer pool exhausted")
-            return
+        # Nothing but the receive and response rings is committed here: data buffers are guaranteed to a
+        # queue only once its NVMe Connect succeeds (connected()), and the target closes a queue that does
+        # not get there within its connect timeout.
         try:
-            queue = RdmaTargetQueue(self, child, request, chunks)
+            queue = RdmaTargetQueue(self, child, request)
         except _AcceptRefused as exc:
-            self.pool.release(chunks)
             self._reject(child, exc.sts, str(exc))
             return
         except Exception as exc:
-            self.pool.release(chunks)
             log.exception("setting up queue %d failed", parsed.qid)
             self._reject(child, cmdata.STS_NO_RESOURCES, f"queue setup failed: {exc}")
             return
+        queue.id_ptr = id_ptr
         self.queues[queue.cq_fd] = queue
+        if id_ptr:
+            self.children[id_ptr] = queue
         self.handler.queue_opened(queue)
 
     def forget(self, queue: "RdmaTargetQueue") -> None:
         self.queues.pop(queue.cq_fd, None)
-        self.pool.release(queue.chunks)
-        self.zombies.append(queue.cm_id)
+        if queue.id_ptr:
+            self.children.pop(queue.id_ptr, None)
+        self._destroy_id(queue.cm_id)
+
+    def status(self) -> str:
+        """One line of figures for `target serve`'s status log."""
+        connected = sum(1 for q in self.queues.values() if q.share.guaranteed)
+        return (f"{self.traddr}:{self.trsvcid}: {len(self.queues)} queues ({connected} connected), "
+                f"{self.cm_ids_created - self.cm_ids_destroyed} CM ids kept ({self.cm_ids_destroyed} destroyed, "
+                f"{self.disconnects_attributed} disconnects attributed), "
+                f"data buffers {self.pool.accounts.status()}")
 
     def close(self) -> None:
         for queue in list(self.queues.values()):
@@ -353,12 +438,6 @@ class RdmaListener:
             self.loop.listeners.remove(self)
         # Drain and ack what is left so destroying the ids cannot wait on an unacked event.
         self._drain_cm_events()
-        for child in self.zombies:
-            try:
-                child.close()
-            except Exception:
-                pass
-        self.zombies.clear()
         self.listen_id.close()
         self.pool.memory.close()
 
@@ -370,6 +449,7 @@ class RdmaListener:
                 return
             if event.event_type == ce.RDMA_CM_EVENT_CONNECT_REQUEST:
                 child = CMID(creator=event, listen_id=self.listen_id)
+                self.cm_ids_created += 1
                 event.ack_cm_event()
                 self._reject(child, cmdata.STS_NO_RESOURCES, "target shutting down")
             else:
@@ -385,12 +465,13 @@ class _AcceptRefused(Exception):
 class RdmaTargetQueue(TargetQueue):
     """One accepted NVMe queue: an RC QP with its CQ, receive slots, response slots and data chunks."""
 
-    def __init__(self, listener: RdmaListener, cm_id, request: ConnectRequest, chunks: List[int]):
+    def __init__(self, listener: RdmaListener, cm_id, request: ConnectRequest):
         self.listener = listener
         self.cm_id = cm_id
+        self.id_ptr: Optional[int] = None
         self.request = request
-        self.chunks = chunks
         self.closed = False
+        self.peer_gone = False
         self.depth = request.hsqsize + 1
         self.in_capsule_size = listener.in_capsule_size if request.qid else 0
         self.recv_size = ADMIN_CAPSULE + self.in_capsule_size
@@ -412,7 +493,6 @@ class RdmaTargetQueue(TargetQueue):
                                 sg=[SGE(self.resp_mem.addr + i * RESPONSE_SIZE, RESPONSE_SIZE, self.resp_mem.lkey)],
                                 send_flags=e.IBV_SEND_SIGNALED)
                          for i in range(self.resp_count)]
-        self.free_chunks: List[int] = list(chunks)
 
         self.comp_channel, self.cq_fd = _create_with_fd(lambda: CompChannel(ctx), "infinibandevent")
         self.max_send_wr = 3 * self.depth + 8
@@ -452,6 +532,9 @@ class RdmaTargetQueue(TargetQueue):
                           qp_num=self.qp.qp_num, data_len=cmdata.ACCEPT_SIZE)
         param.set_private_data(cmdata.CmAccept(0, self.depth).pack())
         cm_id.accept(param)
+        # Data buffers: taken from the port's pool per transfer; `held` are this queue's right now.
+        self.share: PoolShare = listener.pool.accounts.share(wake=self._resume)
+        self.held: set = set()
         listener.loop.watch(self.cq_fd, self._on_cq_event)
         log.info("queue %d accepted on %s:%d: depth %d, in-capsule %d B, %d RDMA READs in flight",
                  request.qid, listener.traddr, listener.trsvcid, self.depth, self.in_capsule_size, self.max_reads)
@@ -530,8 +613,33 @@ class RdmaTargetQueue(TargetQueue):
         try:
             done(data, error)
         finally:
-            self.free_chunks.append(chunk)
-            self._post_deferred()
+            self._give([chunk])
+            self._resume()
+
+    # -- data buffers from the port's shared pool
+
+    def _take(self, count: int) -> Optional[List[int]]:
+        chunks = self.share.take(count)
+        if chunks:
+            self.held.update(chunks)
+        return chunks
+
+    def _give(self, chunks) -> None:
+        chunks = [c for c in chunks if c in self.held]
+        self.held.difference_update(chunks)
+        self.share.give(chunks)
+
+    def _resume(self) -> None:
+        """Buffers may be free again: send waiting responses, start waiting reads."""
+        self._post_deferred()
+        self._start_waiting_reads()
+
+    def connected(self) -> bool:
+        """The target accepted this queue's NVMe Connect: guarantee it its minimum of data buffers."""
+        return self.share.commit()
+
+    def guarantee_capacity(self) -> Optional[int]:
+        return self.listener.pool.accounts.guarantee_capacity()
 
     # -- the TargetQueue contract --
 
@@ -550,9 +658,12 @@ class RdmaTargetQueue(TargetQueue):
         self._start_waiting_reads()
 
     def _start_waiting_reads(self) -> None:
-        while self.waiting_reads and self.reads_in_flight < self.max_reads and self.free_chunks and not self.closed:
+        while self.waiting_reads and self.reads_in_flight < self.max_reads and not self.closed:
+            taken = self._take(1)
+            if not taken:
+                return  # woken by the pool when a buffer is free
+            chunk = taken[0]
             addr, key, length, done = self.waiting_reads.popleft()
-            chunk = self.free_chunks.pop()
             wr_id = self._wr_id()
             wr = SendWR(wr_id=wr_id, opcode=e.IBV_WR_RDMA_READ, num_sge=1,
                         sg=[SGE(self.listener.pool.addr(chunk), length, self.listener.pool.memory.lkey)],
@@ -577,18 +688,16 @@ class RdmaTargetQueue(TargetQueue):
         if length > self.listener.max_transfer:
             raise TransportError(f"RDMA WRITE of {length} bytes exceeds the {self.listener.max_transfer}-byte MDTS")
         # Without a free chunk the data waits (copied) and so does the response that follows it.
-        self.pending_writes.append([addr, key, self._stage(data) if self.free_chunks and not self.deferred
-                                    else bytes(data), length])
+        taken = None if self.deferred else self._take(1)
+        self.pending_writes.append([addr, key, self._stage(taken[0], data) if taken else bytes(data), length])
 
-    def _stage(self, data) -> int:
-        chunk = self.free_chunks.pop()
+    def _stage(self, chunk: int, data) -> int:
         self.listener.pool.view(chunk, len(data))[:] = data
         return chunk
 
     def _release_chunks(self, chunks) -> None:
-        self.free_chunks.extend(chunks)
-        self._post_deferred()
-        self._start_waiting_reads()
+        self._give(chunks)
+        self._resume()
 
     def respond(self, cqe: bytes, invalidate_key: Optional[int] = None) -> None:
         if self.closed:
@@ -601,11 +710,14 @@ class RdmaTargetQueue(TargetQueue):
         """Post waiting responses in order, each once its WRITE data is staged in registered chunks."""
         while self.deferred and not self.closed:
             writes, cqe, invalidate_key = self.deferred[0]
-            unstaged = [w for w in writes if not isinstance(w[2], int)]
-            if len(unstaged) > len(self.free_chunks) or not self.free_resp:
+            if not self.free_resp:
                 return
-            for w in unstaged:
-                w[2] = self._stage(w[2])
+            unstaged = [w for w in writes if not isinstance(w[2], int)]
+            taken = self._take(len(unstaged)) if unstaged else []
+            if taken is None:
+                return  # woken by the pool when buffers are free
+            for w, chunk in zip(unstaged, taken):
+                w[2] = self._stage(chunk, w[2])
             self.deferred.popleft()
             self._post_response(writes, cqe, invalidate_key)
 
@@ -675,6 +787,11 @@ class RdmaTargetQueue(TargetQueue):
                     resource.close()
                 except Exception:
                     pass
+            # With the QP gone nothing uses our buffers any more: all of them go back to the pool.
+            self.pending_writes.clear()
+            self.deferred.clear()
+            self._give(list(self.held))
+            self.share.close()
             self.recv_mem.close()
             self.resp_mem.close()
             listener.forget(self)

@@ -25,6 +25,7 @@ class EchoHandler:
 
     def queue_opened(self, queue):
         self.opened.append(queue.qid)
+        assert queue.connected()  # no NVMe Connect here: every queue counts as connected
 
     def queue_closed(self, queue):
         self.closed.append(queue.qid)
@@ -61,7 +62,8 @@ def target():
     from nvmeof_roce.transport.rdma import EventLoop, RdmaListener
     handler = EchoHandler()
     loop = EventLoop(handler)
-    RdmaListener(loop, LAB_IP, PORT, data_chunks=64)
+    from nvmeof_roce.transport.resources import ResourceLimits
+    handler.listener = RdmaListener(loop, LAB_IP, PORT, limits=ResourceLimits(data_buffers=16, queue_min_buffers=2))
     stop = threading.Event()
     thread = threading.Thread(target=loop.run, args=(stop.is_set,), daemon=True)
     thread.start()
@@ -128,8 +130,8 @@ def test_many_outstanding_commands(target):
 
 
 def test_more_commands_than_data_buffers_wait_for_one_and_all_complete(target):
-    """A queue reserves 32 data buffers: 100 outstanding reads returning data must queue for them."""
-    from nvmeof_roce.transport.rdma import IO_CHUNKS, RdmaConnector
+    """The port has 16 data buffers: 100 outstanding reads returning data must queue for them."""
+    from nvmeof_roce.transport.rdma import RdmaConnector
     conn = RdmaConnector(LAB_IP, PORT)
     queue = conn.connect(qid=1, hrqsize=128, hsqsize=127)
     buf = queue.register(4096)
@@ -138,7 +140,7 @@ def test_more_commands_than_data_buffers_wait_for_one_and_all_complete(target):
     assert wait_cqe(queue)[5] == 0
     out = queue.register(100 * 4096)
     count = 100
-    assert count > IO_CHUNKS
+    assert count > target.listener.pool.accounts.total
     for i in range(count):
         queue.send(capsule(2, 0x100 + i, out, 4096, offset=i * 4096))
     seen = set()
@@ -201,4 +203,35 @@ def test_closing_one_queue_leaves_the_others_working(target):
     stays.send(capsule(1, 3, buf, 5))
     assert wait_cqe(stays)[5] == 0 and target.stored == b"alive"
     stays.close()
+    conn.close()
+
+
+def test_a_host_disconnect_closes_exactly_its_queue(target):
+    """CM DISCONNECTED events all arrive on the listener's channel: each must close the queue it is for."""
+    import time
+    from nvmeof_roce.transport.rdma import RdmaConnector
+    conn = RdmaConnector(LAB_IP, PORT)
+    queues = [conn.connect(qid=q, hrqsize=8, hsqsize=7) for q in (1, 2, 3)]
+    listener = target.listener
+    assert listener.event_ids.offset is not None, "the rdma_cm_event pointer was not found in pyverbs' CMEvent"
+    free_before = listener.pool.accounts.free_count
+    queues[1].close()  # the middle one: neither the first nor the last accepted
+    started = time.monotonic()
+    while 2 not in target.closed and time.monotonic() - started < 5:
+        time.sleep(0.01)
+    print(f"queue 2 released {time.monotonic() - started:.3f} s after the host's disconnect")
+    assert target.closed == [2]
+    assert listener.disconnects_attributed == 1
+    assert len(listener.queues) == 2 and listener.pool.accounts.committed == 2 * 2
+    assert listener.pool.accounts.free_count == free_before
+    for q in (queues[0], queues[2]):  # the others still work
+        buf = q.register(4096)
+        q.send(capsule(1, 9, buf, 4096))
+        assert wait_cqe(q)[5] == 0
+        q.close()
+    deadline = time.monotonic() + 5
+    while len(listener.queues) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(target.closed) == [1, 2, 3] and not listener.queues
+    assert listener.pool.accounts.committed == 0 and listener.pool.accounts.free_count == 16
     conn.close()

@@ -114,3 +114,24 @@ def test_lab_status_json_describes_the_cached_image():
     assert status["image"]["path"] == str(image.directory)
     assert status["image"]["up_to_date"] is True
     assert status["image"]["kernel_release"].endswith("-amd64")
+
+
+def test_lab_run_memory_and_cpus_reach_qemu(tmp_path):
+    import argparse
+    from nvmeof_roce.lab.commands import cpu_count, memory_size
+    from nvmeof_roce.lab.vm import LabRun, qemu_args
+
+    assert memory_size("2G") == 2048
+    assert memory_size("1536M") == 1536
+    assert memory_size("3072") == 3072
+    for bad in ("2T", "lots", "256M"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            memory_size(bad)
+    assert cpu_count("16") == 16
+    for bad in ("0", "sixteen", "65"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            cpu_count(bad)
+    image = type("Image", (), {"kernel": tmp_path / "k", "initrd": tmp_path / "i", "disk": tmp_path / "d"})()
+    args = qemu_args(image, LabRun(command=["true"], project=tmp_path, cpus=16, memory_mb=2048), tmp_path)
+    assert args[args.index("-smp") + 1] == "16"
+    assert args[args.index("-m") + 1] == "2048M"
