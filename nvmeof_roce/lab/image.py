@@ -99,8 +99,9 @@ def python_requirements() -> List[str]:
     return sorted(keep)
 
 
-def image_inputs() -> Dict[str, object]:
-    kernel_pkg = aptconfig.resolve_kernel_package()
+def image_inputs(kernel: str = aptconfig.DEFAULT_KERNEL) -> Dict[str, object]:
+    # The kernel generation shows in the inputs only through its package, so the 6.1 image keeps its key.
+    kernel_pkg = aptconfig.resolve_kernel_package(kernel)
     guest_files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(GUEST_DIR.iterdir())}
     return {
         "format": BUILD_FORMAT,
@@ -116,12 +117,17 @@ def inputs_key(inputs: Dict[str, object]) -> str:
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def current_image() -> Optional[LabImage]:
-    """The newest complete image, whatever its inputs (for `lab status`)."""
+def image_kernel(image: LabImage) -> str:
+    """The --kernel generation an image was built with (6.1, 6.12)."""
+    return aptconfig.kernel_generation(image.manifest().get("kernel_release", ""))
+
+
+def current_image(kernel: Optional[str] = None) -> Optional[LabImage]:
+    """The newest complete image (of one kernel generation if given), whatever its inputs (for `lab status`)."""
     images = sorted((cache_root() / "images").glob("*/manifest.json"), key=lambda p: p.stat().st_mtime)
     for manifest in reversed(images):
         image = LabImage(manifest.parent)
-        if image.complete():
+        if image.complete() and (kernel is None or image_kernel(image) == kernel):
             return image
     return None
 
@@ -210,16 +216,16 @@ def _dir_size(path: Path) -> int:
     return int(out.split()[0])
 
 
-def build(force: bool = False) -> LabImage:
-    """Build the lab image if its inputs changed (or `force`); return it."""
+def build(force: bool = False, kernel: str = aptconfig.DEFAULT_KERNEL) -> LabImage:
+    """Build the lab image for one kernel generation if its inputs changed (or `force`); return it."""
     if os.geteuid() != 0:
         raise NvmeofError("building the lab needs root (debootstrap, chroot)", "run it as root or with sudo")
     for tool, pkg in (("debootstrap", "debootstrap"), ("mke2fs", "e2fsprogs"), ("cpio", "cpio"),
                       ("dpkg", "dpkg"), ("apt-get", "apt")):
         _need(tool, pkg)
 
-    progress("lab build: resolving inputs (kernel package, guest packages, Python pins)")
-    inputs = image_inputs()
+    progress(f"lab build: resolving inputs (kernel {kernel} package, guest packages, Python pins)")
+    inputs = image_inputs(kernel)
     image = image_for(inputs)
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
@@ -308,7 +314,20 @@ def _build_locked(inputs: Dict[str, object], image: LabImage, root: Path) -> Lab
 
 
 def _prune_old_images(keep: Path, max_images: int = 2) -> None:
-    images = sorted((p for p in (cache_root() / "images").iterdir() if p.is_dir() and p != keep),
-                    key=lambda p: p.stat().st_mtime, reverse=True)
+    """Keep `keep` and the newest others of its kernel generation up to `max_images`; images of the other
+    generations are side by side and stay (each is pruned when its own generation is rebuilt)."""
+    generation = image_kernel(LabImage(keep))
+    images = []
+    for p in (cache_root() / "images").iterdir():
+        if not p.is_dir() or p == keep:
+            continue
+        image = LabImage(p)
+        try:
+            same = not image.manifest_path.exists() or image_kernel(image) == generation
+        except (OSError, ValueError):
+            same = True  # an unreadable manifest: a broken image, fair to remove
+        if same:
+            images.append(p)
+    images.sort(key=lambda p: p.stat().st_mtime, reverse=True)
     for old in images[max_images - 1:]:
         shutil.rmtree(old, ignore_errors=True)
