@@ -7,9 +7,9 @@ NVMEOF    := $(VENV)/bin/nvmeof-roce
 PYTEST    := $(VENV)/bin/python -m pytest
 LAB_TIMEOUT ?= 3000
 
-# Host packages: QEMU (software emulation), debootstrap, e2fsprogs and cpio build the lab image;
+# Host packages: QEMU (software emulation), debootstrap, e2fsprogs, cpio and zstd (6.12 kernel) build the lab image;
 # fio runs the benchmark job files in the unit tests.
-APT_PACKAGES := qemu-system-x86 debootstrap e2fsprogs cpio xz-utils fio
+APT_PACKAGES := qemu-system-x86 debootstrap e2fsprogs cpio xz-utils zstd fio
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: demo test test-unit test-lab test-quick deps venv lab clean-lab help

@@ -150,14 +150,26 @@ def _run(args: List[str], what: str, **kw) -> subprocess.CompletedProcess:
                           "check the machine's apt sources and network access to its Debian mirror; then 'nvmeof-roce lab build' again")
 
 
+def _bzimage_payload(data: bytes) -> bytes:
+    """The compressed kernel inside a bzImage (boot protocol 2.08+: payload_offset/payload_length)."""
+    setup_sects = data[0x1f1] or 4
+    offset = int.from_bytes(data[0x248:0x24c], "little")
+    length = int.from_bytes(data[0x24c:0x250], "little")
+    start = (setup_sects + 1) * 512 + offset
+    return data[start:start + length]
+
+
 def extract_vmlinux(vmlinuz: Path, out: Path) -> None:
-    """Debian's vmlinuz is a bzImage with an XZ payload; the ELF inside boots through PVH directly."""
-    data = vmlinuz.read_bytes()
-    start = data.find(b"\xfd7zXZ\x00")
-    if start < 0:
-        raise NvmeofError(f"{vmlinuz}: no XZ payload found", "the lab expects Debian's amd64 kernel image")
-    decomp = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
-    elf = decomp.decompress(data[start:])
+    """Debian's vmlinuz is a bzImage (XZ payload for 6.1, zstd for 6.12); the ELF inside boots through PVH."""
+    payload = _bzimage_payload(vmlinuz.read_bytes())
+    if payload.startswith(b"\xfd7zXZ\x00"):
+        elf = lzma.LZMADecompressor(format=lzma.FORMAT_XZ).decompress(payload)
+    elif payload.startswith(b"\x28\xb5\x2f\xfd"):
+        _need("zstd", "zstd")  # the standard library has no zstd before Python 3.14
+        # The kernel build appends the uncompressed size (4 bytes) after the zstd frame.
+        elf = subprocess.run(["zstd", "-d", "-c", "-q"], input=payload[:-4], check=True, capture_output=True).stdout
+    else:
+        raise NvmeofError(f"{vmlinuz}: payload is neither XZ nor zstd", "the lab expects Debian's amd64 kernel image")
     if elf[:4] != b"\x7fELF":
         raise NvmeofError(f"{vmlinuz}: payload is not an ELF kernel", "the lab expects Debian's amd64 kernel image")
     out.write_bytes(elf)
