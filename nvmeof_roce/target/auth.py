@@ -317,9 +317,11 @@ def auth_send(t, req) -> None:
     """Authentication Send (fabrics 0x05): a message from the host."""
     qs = req.queue
     if qs.auth is None:
-        log.warning("queue %d: Authentication Send, but host %s has no DH-HMAC-CHAP key for this subsystem",
-                    qs.qid, qs.ctrl.hostnqn)
-        return t.complete(req, S.CMD_SEQ_ERROR | S.DNR, location=0)
+        # No key for this host here: as a target without authentication (nvmet built without
+        # CONFIG_NVME_TARGET_AUTH), the command does not exist for this queue.
+        log.info("queue %d: Authentication Send from host %s, which has no DH-HMAC-CHAP key for %s",
+                 qs.qid, qs.ctrl.hostnqn, qs.ctrl.subsystem.nqn)
+        return t.complete(req, S.INVALID_OPCODE | S.DNR, location=0)
     if not _check_command(t, req, req.cdw11):
         return
     t.fetch(req, req.cdw11, _send_with_data)
@@ -334,9 +336,11 @@ def auth_receive(t, req) -> None:
     """Authentication Receive (fabrics 0x06): the controller's next message."""
     qs = req.queue
     if qs.auth is None:
-        log.warning("queue %d: Authentication Receive, but host %s has no DH-HMAC-CHAP key for this subsystem",
-                    qs.qid, qs.ctrl.hostnqn)
-        return t.complete(req, S.CMD_SEQ_ERROR | S.DNR, location=0)
+        # No key for this host here: as a target without authentication (nvmet built without
+        # CONFIG_NVME_TARGET_AUTH), the command does not exist for this queue.
+        log.info("queue %d: Authentication Receive from host %s, which has no DH-HMAC-CHAP key for %s",
+                 qs.qid, qs.ctrl.hostnqn, qs.ctrl.subsystem.nqn)
+        return t.complete(req, S.INVALID_OPCODE | S.DNR, location=0)
     al = req.cdw11
     if not _check_command(t, req, al):
         return

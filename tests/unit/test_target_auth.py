@@ -227,7 +227,8 @@ def test_auth_commands_on_a_queue_without_authentication(make_env):
     env = make_env()
     q, cqe = raw_connect(env.connector(), SUB, HOST_B)
     assert cqe.status == 0 and not cqe.result & A.CONNECT_AUTHREQ_ATR
-    assert send(q, A.Negotiate(1).pack()).status == S.CMD_SEQ_ERROR | S.DNR
+    assert send(q, A.Negotiate(1).pack()).status == S.INVALID_OPCODE | S.DNR
+    assert q.command(auth_sqe(q, F.FCTYPE_AUTH_RECV, 64)).status == S.INVALID_OPCODE | S.DNR
 
 
 def _negotiated(raw, dhchap=None):
