@@ -310,7 +310,16 @@ class Controller:
         try:
             msg = chap.reply(challenge)
             self._auth_command(q, send, len(msg), msg, "Authentication Send (Reply)")
-            success1 = self._auth_command(q, recv, RECEIVE_LENGTH, name="Authentication Receive (Success1)").data
+            try:
+                success1 = self._auth_command(q, recv, RECEIVE_LENGTH,
+                                              name="Authentication Receive (Success1)").data
+            except (CommandTimeout, TransportError) as exc:
+                # nvmet answers a failed reply with AUTH_Failure1 and ends the controller at once
+                # (nvmet_ctrl_fatal_error), so the Failure1 often never arrives.
+                raise HostAuthError(f"{self.subnqn}: queue {q.qid}: the controller refused authentication: it "
+                                    f"dropped the queue after our DH-HMAC-CHAP reply ({exc})",
+                                    "most likely a wrong host key: check --dhchap-secret against the target's key "
+                                    "for this host NQN (the target's log says)") from None
             msg = chap.success1(success1)
         except HostAuthError as exc:
             if exc.failure2 is not None:

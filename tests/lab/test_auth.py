@@ -18,6 +18,7 @@ import uuid
 
 import pytest
 
+from kernel_helpers import save_capture
 from targetproc import LAB_IP, ServedTarget, disconnect_all_quietly, namespaces_of, nvme
 
 pytestmark = pytest.mark.lab
@@ -168,6 +169,8 @@ def _refused(served, name, key, ctrl_key, target_says, host_says):
         time.sleep(0.2)
     assert target_says in served.output()[before:], served.output()[before:]
     assert not namespaces_of_quiet(SUB)
+    save_capture(f"auth-{target_says.replace(' ', '-')}.txt",
+                 f"host dmesg:\n{kernel}\n\ntarget log:\n{served.output()[before:]}")
     return kernel
 
 
@@ -201,6 +204,8 @@ def test_no_key_is_refused(served):
     while "never started DH-HMAC-CHAP" not in served.output()[before:] and time.monotonic() < deadline:
         time.sleep(0.2)
     assert "never started DH-HMAC-CHAP" in served.output()[before:], served.output()[before:]
+    save_capture("auth-no-key.txt", f"host dmesg:\n{kernel}\n\nnvme connect:\n{proc.stderr}\n\n"
+                                    f"target log:\n{served.output()[before:]}")
 
 
 def cli(*args, timeout=300):
@@ -208,10 +213,10 @@ def cli(*args, timeout=300):
                           timeout=timeout)
 
 
-def initiator_test(name, key, ctrl_key):
+def initiator_test(name, key, ctrl_key, timeout=10):
     hostnqn, hostid = host_of(name)
     args = ["initiator", "connect-test", "-a", LAB_IP, "-s", str(PORT), "-n", SUB, "-q", hostnqn, "-I", hostid,
-            "-S", key, "--blocks", "16", "--json"]
+            "-S", key, "--blocks", "16", "--timeout", str(timeout), "--json"]
     if ctrl_key:
         args += ["-C", ctrl_key]
     return cli(*args)
@@ -244,8 +249,10 @@ def test_our_initiator_authenticates_to_kernel_nvmet(setup, keys, served):
         key, ctrl_key = keys["sha256-2048-bi"]
         wrong = initiator_test("sha256-2048-bi", key, gen_key(3))
         assert wrong.returncode != 0 and "controller authentication failed" in wrong.stderr, wrong.stderr
-        wrong = initiator_test("sha256-null", gen_key(1), None)
+        mark = dmesg_mark()
+        wrong = initiator_test("sha256-null", gen_key(1), None, timeout=3)
         assert wrong.returncode != 0 and "refused authentication" in wrong.stderr, wrong.stderr
+        save_capture("auth-nvmet-wrong-host-key.dmesg", dmesg_since(mark))
     finally:
         from nvmeof_roce.config import parse_config
         from nvmeof_roce.kernel import apply as applymod
