@@ -952,11 +952,7 @@ def validate_for_userspace(cfg: TargetConfig, memory: Optional[int] = None) -> L
 
     if raw.get("discovery"):
         refuse("discovery", "discovery subsystem settings")
-    for i, h in enumerate(cfg.host_entries):
-        for group, attrs in h.attrs.items():
-            for k, v in attrs.items():
-                if v not in (None, ""):
-                    refuse(f"hosts[{i}].{group}.{k}", f"{group} {k} (in-band authentication)")
+    # hosts[].dhchap (DH-HMAC-CHAP) is served: target/auth.py checks the keys (`target check` too)
 
     # ports from the raw config: a port with a problem the loader reported is still checked here
     raw_ports = raw.get("ports") if isinstance(raw.get("ports"), list) else []

@@ -41,6 +41,8 @@ def _explain(exc: Exception, args) -> NvmeofError:
     if isinstance(exc, NvmeStatusError) and exc.status & 0x7FF == 0x182:
         return NvmeofError(f"{where}: Connect rejected with Invalid Parameters: {exc}",
                            "check the subsystem NQN (is it exported on this port?) with 'initiator discover'")
+    if isinstance(exc, NvmeStatusError) and exc.status & 0x7FF == 0x191:
+        return NvmeofError(f"{where}: {exc}", "the target requires DH-HMAC-CHAP: give --dhchap-secret")
     if isinstance(exc, TransportError):
         return NvmeofError(f"{where}: {exc}", "check the address and port, that a target listens there, and "
                                               "'nvmeof-roce rdma status' / 'nvmeof-roce doctor --traddr'")
@@ -55,7 +57,8 @@ def _controller(args, nqn, **kw):
     try:
         try:
             ctrl = Controller.connect(connector, nqn, hostnqn=args.hostnqn, hostid=args.hostid,
-                                      timeout=args.timeout, **kw)
+                                      timeout=args.timeout, dhchap_secret=getattr(args, "dhchap_secret", None),
+                                      dhchap_ctrl_secret=getattr(args, "dhchap_ctrl_secret", None), **kw)
         except (TransportError, NvmeStatusError) as exc:
             raise _explain(exc, args) from None
         yield ctrl
@@ -243,6 +246,11 @@ def _common(p, nqn: bool = True) -> None:
         p.add_argument("-n", "--nqn", required=True, help="subsystem NQN")
     p.add_argument("-q", "--hostnqn", help="host NQN (default: /etc/nvme/hostnqn, else generated)")
     p.add_argument("-I", "--hostid", help="host ID UUID (default: /etc/nvme/hostid, else generated)")
+    if nqn:
+        p.add_argument("-S", "--dhchap-secret", metavar="DHHC-1:NN:...:",
+                       help="DH-HMAC-CHAP host key: authenticate when the target asks (as nvme connect -S)")
+        p.add_argument("-C", "--dhchap-ctrl-secret", metavar="DHHC-1:NN:...:",
+                       help="DH-HMAC-CHAP controller key: also authenticate the target (bidirectional)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per connection step and command")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 

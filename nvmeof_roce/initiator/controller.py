@@ -24,6 +24,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import NvmeofError
 from ..nvme import admin as A
+from ..nvme import auth as auth_proto
 from ..nvme import fabrics as F
 from ..nvme import identify as I
 from ..nvme import log as L
@@ -35,6 +36,7 @@ from ..nvme.nvm import DSM_AD, DsmRange, pack_dsm_ranges
 from ..nvme.sgl import ID_IN_CAPSULE, ID_KEYED
 from ..nvme.status import NvmeStatusError
 from ..transport.base import Connector, HostQueue, TransportError
+from .auth import RECEIVE_LENGTH, HostAuthenticator, HostAuthError
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +100,15 @@ def default_host_identity() -> Tuple[str, bytes]:
                 hostid = uuidlib.uuid5(uuidlib.NAMESPACE_DNS, nqn).bytes
         _default_identity = (nqn, hostid)
     return _default_identity
+
+
+def _parse_secret(text: Optional[str], option: str):
+    if not text:
+        return None
+    try:
+        return auth_proto.parse_secret(text)
+    except auth_proto.SecretError as exc:
+        raise HostError(f"{option}: {exc}", "give the whole DHHC-1:NN:...: string (nvmeof-roce gen-dhchap-key)")
 
 
 def _hostid_bytes(hostid) -> bytes:
@@ -194,8 +205,15 @@ class Controller:
     """A connected NVMe-oF controller (admin queue + I/O queues).  Use `Controller.connect(...)`."""
 
     def __init__(self, connector: Connector, subnqn: str, hostnqn: str, hostid: bytes, kato_ms: int,
-                 timeout: float, clock: Callable[[], float]):
+                 timeout: float, clock: Callable[[], float], dhchap_secret: Optional[str] = None,
+                 dhchap_ctrl_secret: Optional[str] = None):
         self.connector = connector
+        self.dhchap_secret = _parse_secret(dhchap_secret, "--dhchap-secret")
+        self.dhchap_ctrl_secret = _parse_secret(dhchap_ctrl_secret, "--dhchap-ctrl-secret")
+        if self.dhchap_ctrl_secret is not None and self.dhchap_secret is None:
+            raise HostError("--dhchap-ctrl-secret without --dhchap-secret",
+                            "bidirectional authentication needs the host key too")
+        self.authenticated_queues: List[int] = []
         self.subnqn = subnqn
         self.hostnqn = hostnqn
         self.hostid = hostid
@@ -225,17 +243,21 @@ class Controller:
                 num_io_queues: int = 1, queue_size: int = 32, kato_ms: Optional[int] = None,
                 timeout: float = DEFAULT_TIMEOUT, io_slot_size: int = DEFAULT_IO_SLOT_SIZE,
                 use_in_capsule: bool = True, enable_aen: bool = True,
-                clock: Callable[[], float] = time.monotonic) -> "Controller":
+                clock: Callable[[], float] = time.monotonic, dhchap_secret: Optional[str] = None,
+                dhchap_ctrl_secret: Optional[str] = None) -> "Controller":
         """Connect the admin queue, enable the controller, identify it, then connect I/O queues.
 
         `queue_size` is the I/O queue depth asked for (clamped to CAP.MQES + 1 and MAXCMD);
-        `kato_ms` defaults to 5000 for I/O controllers and 0 for discovery controllers."""
+        `kato_ms` defaults to 5000 for I/O controllers and 0 for discovery controllers.  With
+        `dhchap_secret` (and `dhchap_ctrl_secret` for bidirectional authentication, both
+        `DHHC-1:NN:...:`) every queue authenticates when the target asks (AUTHREQ.ATR)."""
         if hostnqn is None:
             hostnqn = default_host_identity()[0]
         is_discovery = subnqn == F.DISCOVERY_NQN
         if kato_ms is None:
             kato_ms = 0 if is_discovery else DEFAULT_KATO_MS
-        ctrl = cls(connector, subnqn, hostnqn, _hostid_bytes(hostid), kato_ms, timeout, clock)
+        ctrl = cls(connector, subnqn, hostnqn, _hostid_bytes(hostid), kato_ms, timeout, clock, dhchap_secret,
+                   dhchap_ctrl_secret)
         try:
             ctrl._connect_admin()
             ctrl._enable()
@@ -262,7 +284,57 @@ class Controller:
         data = F.ConnectData(self.hostid, cntlid, self.subnqn, self.hostnqn).pack()
         sqe = F.ConnectCommand(qid=q.qid, sqsize=sqsize, kato=kato_ms).to_sqe()
         comp = self._sync(q, sqe, data_out=data, name="Connect")
+        if comp.result & (auth_proto.CONNECT_AUTHREQ_ATR | auth_proto.CONNECT_AUTHREQ_ASCR):
+            if comp.result & auth_proto.CONNECT_AUTHREQ_ASCR:
+                raise HostError(f"{self.subnqn}: queue {q.qid}: the target requires a secure channel (AUTHREQ.ASCR)",
+                                "secure channel concatenation (TLS) is not supported by this initiator")
+            if self.dhchap_secret is None:
+                raise HostError(f"{self.subnqn}: queue {q.qid}: the target requires DH-HMAC-CHAP authentication",
+                                "give the host key: --dhchap-secret DHHC-1:NN:...: (the target's hosts[].dhchap.key)")
+            self._authenticate(q)
+        elif self.dhchap_ctrl_secret is not None:
+            raise HostError(f"{self.subnqn}: queue {q.qid}: the target does not authenticate this host, so it "
+                            "cannot prove its controller key", "configure hosts[].dhchap on the target, or drop "
+                            "--dhchap-ctrl-secret")
         return comp.result & 0xFFFF
+
+    def _auth_command(self, q: _Queue, fctype: int, length: int, data_out=None, name: str = "") -> Completion:
+        sqe = SQE(opc=F.FABRICS_OPCODE, nsid=fctype, cdw10=auth_proto.auth_cdw10(), cdw11=length)
+        return self._sync(q, sqe, data_out=data_out, data_in_len=0 if data_out is not None else length, name=name)
+
+    def _authenticate(self, q: _Queue) -> None:
+        """DH-HMAC-CHAP on one queue (NVMe Base 2.0 §8.13.5; nvme_auth_negotiate and its work function)."""
+        chap = HostAuthenticator(self.dhchap_secret, self.dhchap_ctrl_secret, self.hostnqn, self.subnqn, q.qid)
+        send, recv = F.FCTYPE_AUTH_SEND, F.FCTYPE_AUTH_RECV
+        msg = chap.negotiate()
+        self._auth_command(q, send, len(msg), msg, "Authentication Send (Negotiate)")
+        challenge = self._auth_command(q, recv, RECEIVE_LENGTH, name="Authentication Receive (Challenge)").data
+        try:
+            msg = chap.reply(challenge)
+            self._auth_command(q, send, len(msg), msg, "Authentication Send (Reply)")
+            try:
+                success1 = self._auth_command(q, recv, RECEIVE_LENGTH,
+                                              name="Authentication Receive (Success1)").data
+            except (CommandTimeout, TransportError) as exc:
+                # nvmet answers a failed reply with AUTH_Failure1 and ends the controller at once
+                # (nvmet_ctrl_fatal_error), so the Failure1 often never arrives.
+                raise HostAuthError(f"{self.subnqn}: queue {q.qid}: the controller refused authentication: it "
+                                    f"dropped the queue after our DH-HMAC-CHAP reply ({exc})",
+                                    "most likely a wrong host key: check --dhchap-secret against the target's key "
+                                    "for this host NQN (the target's log says)") from None
+            msg = chap.success1(success1)
+        except HostAuthError as exc:
+            if exc.failure2 is not None:
+                try:
+                    self._auth_command(q, send, len(exc.failure2), exc.failure2, "Authentication Send (Failure2)")
+                except NvmeofError:
+                    pass  # the failure is what we report
+            raise
+        if msg is not None:
+            self._auth_command(q, send, len(msg), msg, "Authentication Send (Success2)")
+        self.authenticated_queues.append(q.qid)
+        log.debug("queue %d authenticated (%s, %s)", q.qid, auth_proto.HASH_NAMES[chap.hash_id],
+                  auth_proto.DHGROUP_NAMES[chap.dhgroup_id])
 
     def _enable(self) -> None:
         self.cap = self.property_get(F.PROP_CAP, size8=True)

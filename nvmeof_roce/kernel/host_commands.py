@@ -30,6 +30,32 @@ def _tuning_opts(p):
     p.add_argument("-c", "--reconnect-delay", type=int, help="seconds between reconnect attempts")
 
 
+def _auth_opts(p):
+    p.add_argument("-S", "--dhchap-secret", metavar="DHHC-1:NN:...:",
+                   help="DH-HMAC-CHAP host key (nvme connect --dhchap-secret; nvmeof-roce gen-dhchap-key makes one)")
+    p.add_argument("-C", "--dhchap-ctrl-secret", metavar="DHHC-1:NN:...:",
+                   help="DH-HMAC-CHAP controller key: authenticate the target too (bidirectional)")
+
+
+def _auth(args):
+    """Check the keys here, with a clear message, before nvme-cli and the kernel see them."""
+    from ..nvme.auth import SecretError, parse_secret
+    out = {}
+    for name in ("dhchap_secret", "dhchap_ctrl_secret"):
+        value = getattr(args, name, None)
+        if value:
+            try:
+                parse_secret(value)
+            except SecretError as exc:
+                raise NvmeofError(f"--{name.replace('_', '-')}: {exc}",
+                                  "give the whole DHHC-1:NN:...: string (nvmeof-roce gen-dhchap-key)") from None
+            out[name] = value
+    if out.get("dhchap_ctrl_secret") and not out.get("dhchap_secret"):
+        raise NvmeofError("--dhchap-ctrl-secret without --dhchap-secret",
+                          "bidirectional authentication needs the host key too")
+    return out
+
+
 def _tuning(args):
     for name, lo in (("nr_io_queues", 1), ("queue_size", 2), ("keep_alive_tmo", 0), ("reconnect_delay", 1)):
         v = getattr(args, name)
@@ -68,7 +94,7 @@ def cmd_host_discover(args):
 def cmd_host_connect(args):
     _check_svc(args)
     r = _cli().connect(args.traddr, args.nqn, args.trsvcid, args.transport, args.hostnqn, args.hostid,
-                       args.host_traddr, **_tuning(args))
+                       args.host_traddr, **_tuning(args), **_auth(args))
     emit(r, args.json, lambda r: print(f"connected {r['nqn']} at {r['traddr']}:{r['trsvcid']} as {r['controller']}"))
     return 0
 
@@ -76,7 +102,7 @@ def cmd_host_connect(args):
 def cmd_host_connect_all(args):
     _check_svc(args)
     r = _cli().connect_all(args.traddr, args.trsvcid, args.transport, args.hostnqn, args.hostid, args.host_traddr,
-                           **_tuning(args))
+                           **_tuning(args), **_auth(args))
 
     def human(r):
         for c in r["connected"]:
@@ -122,7 +148,43 @@ def cmd_host_list(args):
     return 0
 
 
+def cmd_gen_dhchap_key(args):
+    """As `nvme gen-dhchap-key`: a random (or given) key, transformed with the host NQN for a hash, encoded."""
+    from ..nvme.auth import HASH_NAMES, SecretError, generate_secret
+    key = None
+    if args.secret:
+        try:
+            key = bytes.fromhex(args.secret)
+        except ValueError:
+            raise NvmeofError(f"--secret {args.secret!r}: not hexadecimal", "give the key as hex digits") from None
+    length = args.key_length or (len(key) if key else {0: 32, 1: 32, 2: 48, 3: 64}[args.hmac])
+    nqn = None
+    if args.hmac:
+        nqn = args.nqn or nvme_cli.host_identity().hostnqn  # nvme-cli transforms with this host's NQN too
+    try:
+        text = generate_secret(args.hmac, length, nqn=nqn, key=key)
+    except SecretError as exc:
+        raise NvmeofError(f"gen-dhchap-key: {exc}", "use --key-length 32, 48 or 64 (matching --hmac: 1 = 32, "
+                                                    "2 = 48, 3 = 64) and a --secret of that many bytes") from None
+    r = {"key": text, "hmac": HASH_NAMES.get(args.hmac, "none"), "key_length": length, "nqn": nqn}
+    emit(r, args.json, lambda r: print(r["key"]))
+    return 0
+
+
 def register(subparsers) -> None:
+    g = subparsers.add_parser("gen-dhchap-key", help="make a DH-HMAC-CHAP key (as nvme gen-dhchap-key)",
+                              description="A DHHC-1 secret for NVMe in-band authentication: put it in the target "
+                                          "config (hosts[].dhchap.key or ctrl_key) and give it to the host "
+                                          "(--dhchap-secret / --dhchap-ctrl-secret). See docs/auth.md.")
+    g.add_argument("-m", "--hmac", type=int, default=0, choices=[0, 1, 2, 3],
+                   help="hash for the key transformation: 0 none (default), 1 SHA-256, 2 SHA-384, 3 SHA-512")
+    g.add_argument("-l", "--key-length", type=int, choices=[32, 48, 64],
+                   help="key bytes (default: the hash's length, 32 without one)")
+    g.add_argument("-n", "--nqn", help="host NQN for the transformation (default: this host's)")
+    g.add_argument("-s", "--secret", metavar="HEX", help="the key bytes instead of random ones")
+    _add_json(g)
+    g.set_defaults(func=cmd_gen_dhchap_key)
+
     h = subparsers.add_parser("host", help="the kernel NVMe host through nvme-cli: discover, connect, list",
                               description="The Linux kernel's NVMe-oF host driver, through nvme-cli. (The userspace "
                               "initiator is `nvmeof-roce initiator`.)")
@@ -135,11 +197,13 @@ def register(subparsers) -> None:
     x = hs.add_parser("connect", help="connect to a subsystem")
     _addr_opts(x, nqn=True)
     _tuning_opts(x)
+    _auth_opts(x)
     _add_json(x)
     x.set_defaults(func=cmd_host_connect)
     x = hs.add_parser("connect-all", help="connect to every subsystem a discovery controller lists")
     _addr_opts(x)
     _tuning_opts(x)
+    _auth_opts(x)
     _add_json(x)
     x.set_defaults(func=cmd_host_connect_all)
     x = hs.add_parser("disconnect", help="disconnect a subsystem (--nqn) or a controller (--device)")

@@ -326,6 +326,17 @@ def explain_failure(what: str, res: tool.ToolResult, traddr: str = "", trsvcid="
     klog = (kernel_log or "").lower()
     target = f"{traddr}:{trsvcid}" if traddr else "the target"
     low = text.lower()
+    if "dhchap" in klog and ("unknown parameter" in klog or "invalid" in klog):
+        return NvmeCliError(f"{what}: this kernel has no NVMe in-band authentication (CONFIG_NVME_HOST_AUTH), so "
+                            "it cannot use --dhchap-secret", "use a kernel with it (Debian's 6.12: lab run --kernel "
+                            "6.12), or connect without keys to a target that does not require them")
+    if "no key" in klog and "qid" in klog:
+        return NvmeCliError(f"{what}: the target requires DH-HMAC-CHAP authentication and no key was given",
+                            "give the host key: --dhchap-secret DHHC-1:NN:...: (the target's hosts[].dhchap.key)")
+    if "authentication failed" in klog or "authentication setup failed" in klog:
+        return NvmeCliError(f"{what}: DH-HMAC-CHAP authentication with {nqn or target} failed",
+                            "check --dhchap-secret against the target's key for this host NQN (and "
+                            "--dhchap-ctrl-secret against its controller key); the target's log names which")
     if "already connected" in low:
         return NvmeCliError(f"{what}: already connected to {nqn or target}",
                             "nvmeof-roce host list shows the controller; disconnect it first "
@@ -423,11 +434,12 @@ class NvmeCli:
 
     @staticmethod
     def _tuning_args(nr_io_queues=None, queue_size=None, keep_alive_tmo=None, ctrl_loss_tmo=None,
-                     reconnect_delay=None):
+                     reconnect_delay=None, dhchap_secret=None, dhchap_ctrl_secret=None):
         args = []
         for flag, v in (("--nr-io-queues", nr_io_queues), ("--queue-size", queue_size),
                         ("--keep-alive-tmo", keep_alive_tmo), ("--ctrl-loss-tmo", ctrl_loss_tmo),
-                        ("--reconnect-delay", reconnect_delay)):
+                        ("--reconnect-delay", reconnect_delay), ("--dhchap-secret", dhchap_secret),
+                        ("--dhchap-ctrl-secret", dhchap_ctrl_secret)):
             if v is not None:
                 args += [flag, str(v)]
         return args

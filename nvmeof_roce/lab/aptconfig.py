@@ -15,7 +15,13 @@ from typing import Iterator, List, Optional
 
 from ..errors import NvmeofError
 
-GUEST_SUITE = "bookworm"  # the lab guest is Debian 12 with its 6.1 kernel
+GUEST_SUITE = "bookworm"  # the lab guest is Debian 12 with its 6.1 kernel (or the 6.12 one it also ships)
+
+# Kernel generations the lab offers, each by the Debian meta package that names the newest build:
+# 6.1 is bookworm's own kernel (no CONFIG_NVME_AUTH), 6.12 the long-term kernel bookworm ships too
+# (NVME_HOST_AUTH, NVME_TARGET_AUTH, NVME_RDMA, NVME_TARGET_RDMA and RDMA_RXE as modules).
+KERNEL_META_PACKAGES = {"6.1": "linux-image-amd64", "6.12": "linux-image-6.12-amd64"}
+DEFAULT_KERNEL = "6.1"
 
 
 @dataclass
@@ -92,17 +98,32 @@ def kernel_package(meta: str = "linux-image-amd64") -> Optional[str]:
     return None
 
 
-def resolve_kernel_package() -> str:
-    pkg = kernel_package()
+def kernel_meta_package(kernel: str) -> str:
+    try:
+        return KERNEL_META_PACKAGES[kernel]
+    except KeyError:
+        raise NvmeofError(f"--kernel {kernel}: the lab offers kernels {', '.join(KERNEL_META_PACKAGES)}",
+                          f"use --kernel {' or --kernel '.join(KERNEL_META_PACKAGES)}")
+
+
+def resolve_kernel_package(kernel: str = DEFAULT_KERNEL) -> str:
+    meta = kernel_meta_package(kernel)
+    pkg = kernel_package(meta)
     if pkg is None:  # empty package lists on a fresh machine
         subprocess.run(["apt-get", "update", "-qq"], check=False)
-        pkg = kernel_package()
+        pkg = kernel_package(meta)
     if pkg is None:
         raise NvmeofError(
-            "apt cannot resolve linux-image-amd64 to a kernel package",
+            f"apt cannot resolve {meta} to a kernel package",
             "run 'apt-get update' (the lab needs Debian's linux-image-*-amd64 from the machine's apt sources)",
         )
     return pkg
+
+
+def kernel_generation(release: str) -> str:
+    """6.1.0-56-amd64 -> 6.1, 6.12.117+deb12-amd64 -> 6.12 (which --kernel an image belongs to)."""
+    m = re.match(r"(\d+)\.(\d+)", release)
+    return f"{m.group(1)}.{m.group(2)}" if m else release
 
 
 def kernel_release(package: str) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..errors import NvmeofError
 from ..output import emit, progress
+from . import aptconfig
 from . import image as lab_image
 from .vm import LabRun, run_in_guest
 
@@ -62,7 +63,7 @@ def _lab_run(args, interactive: bool) -> int:
         if not sep or not key:
             raise NvmeofError(f"--env {item!r}: expected NAME=VALUE", "e.g. --env RUNTIME=5")
         env[key] = value
-    image = lab_image.build(force=False)  # the image for the current inputs, built first if needed
+    image = lab_image.build(force=False, kernel=args.kernel)  # the image for the current inputs, built first if needed
     run = LabRun(command=command, project=Path(args.project).resolve() if args.project else project_root(),
                  share=Path(args.share).resolve() if args.share else None, timeout=args.timeout,
                  memory_mb=args.memory, cpus=args.cpus, kvm=args.kvm, interactive=interactive,
@@ -135,7 +136,7 @@ def cmd_wait(args) -> int:
 
 
 def cmd_build(args) -> int:
-    lab_image.build(force=args.force)
+    lab_image.build(force=args.force, kernel=args.kernel)
     return 0
 
 
@@ -147,41 +148,50 @@ def cmd_shell(args) -> int:
     return _lab_run(args, interactive=True)
 
 
+def _image_status(kernel: str) -> dict:
+    image = lab_image.current_image(kernel)
+    if image is None:
+        return None
+    manifest = image.manifest()
+    status = {
+        "path": str(image.directory),
+        "key": manifest["key"],
+        "built": manifest["built"],
+        "age_hours": round((time.time() - image.manifest_path.stat().st_mtime) / 3600, 1),
+        "kernel_release": manifest["kernel_release"],
+        "disk_bytes": image.disk.stat().st_size,
+        "inputs": manifest["inputs"],
+    }
+    try:
+        status["up_to_date"] = lab_image.image_for(lab_image.image_inputs(kernel)).directory == image.directory
+    except NvmeofError as exc:
+        status["up_to_date"] = None
+        status["inputs_error"] = exc.message
+    return status
+
+
 def cmd_status(args) -> int:
     root = lab_image.cache_root()
-    image = lab_image.current_image()
-    status = {"cache": str(root), "image": None}
-    if image is not None:
-        manifest = image.manifest()
-        status["image"] = {
-            "path": str(image.directory),
-            "key": manifest["key"],
-            "built": manifest["built"],
-            "age_hours": round((time.time() - image.manifest_path.stat().st_mtime) / 3600, 1),
-            "kernel_release": manifest["kernel_release"],
-            "disk_bytes": image.disk.stat().st_size,
-            "inputs": manifest["inputs"],
-        }
-        try:
-            status["image"]["up_to_date"] = lab_image.image_for(lab_image.image_inputs()).directory == image.directory
-        except NvmeofError as exc:
-            status["image"]["up_to_date"] = None
-            status["image"]["inputs_error"] = exc.message
+    kernels = [args.kernel] if args.kernel else list(aptconfig.KERNEL_META_PACKAGES)
+    # "image" stays the default kernel's image (what scripts read); "images" has every generation.
+    images = {kernel: _image_status(kernel) for kernel in kernels}
+    status = {"cache": str(root), "image": images.get(aptconfig.DEFAULT_KERNEL), "images": images}
 
     def human(s):
         print(f"cache: {s['cache']}")
-        img = s["image"]
-        if img is None:
-            print("image: none built (run 'nvmeof-roce lab build')")
-            return
-        state = {True: "up to date", False: "STALE (inputs changed; 'nvmeof-roce lab build' rebuilds)",
-                 None: "unknown"}[img["up_to_date"]]
-        print(f"image: {img['key']} ({state})")
-        print(f"  built:   {img['built']} (last used {img['age_hours']} h ago)")
-        print(f"  kernel:  {img['kernel_release']} ({img['inputs']['kernel_package']})")
-        print(f"  disk:    {img['disk_bytes'] / 2**20:.0f} MB  {img['path']}")
-        print(f"  packages: {', '.join(img['inputs']['packages'])}")
-        print(f"  python:   {', '.join(img['inputs']['python_requirements'])}")
+        for kernel, img in s["images"].items():
+            if img is None:
+                print(f"image --kernel {kernel}: none built (run 'nvmeof-roce lab build --kernel {kernel}')")
+                continue
+            state = {True: "up to date",
+                     False: f"STALE (inputs changed; 'nvmeof-roce lab build --kernel {kernel}' rebuilds)",
+                     None: "unknown"}[img["up_to_date"]]
+            print(f"image --kernel {kernel}: {img['key']} ({state})")
+            print(f"  built:   {img['built']} (last used {img['age_hours']} h ago)")
+            print(f"  kernel:  {img['kernel_release']} ({img['inputs']['kernel_package']})")
+            print(f"  disk:    {img['disk_bytes'] / 2**20:.0f} MB  {img['path']}")
+            print(f"  packages: {', '.join(img['inputs']['packages'])}")
+            print(f"  python:   {', '.join(img['inputs']['python_requirements'])}")
 
     emit(status, args.json, human)
     return 0
@@ -196,7 +206,14 @@ def cmd_clean(args) -> int:
     return 0
 
 
+def _add_kernel_option(p, default=aptconfig.DEFAULT_KERNEL) -> None:
+    p.add_argument("--kernel", choices=list(aptconfig.KERNEL_META_PACKAGES), default=default,
+                   help=f"Debian kernel generation of the guest (default {default or 'all'}; 6.12 has NVMe "
+                        "in-band authentication, 6.1 does not)")
+
+
 def _add_run_options(p) -> None:
+    _add_kernel_option(p)
     p.add_argument("--share", metavar="DIR", help="host directory mounted read-write at /mnt/share in the guest")
     p.add_argument("--project", metavar="DIR", help="checkout mounted at /mnt/project (default: this one)")
     p.add_argument("--timeout", type=float, default=1800, help="hard limit in seconds; QEMU is killed after it (default 1800)")
@@ -229,6 +246,7 @@ def register(subparsers) -> None:
 
     p = sub.add_parser("build", help="build (or reuse) the cached lab image")
     p.add_argument("--force", action="store_true", help="rebuild even if the cached image is up to date")
+    _add_kernel_option(p)
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("run", help="boot the guest, run a command in /mnt/project, return its exit code",
@@ -255,6 +273,7 @@ def register(subparsers) -> None:
 
     p = sub.add_parser("status", help="what is cached, its inputs, its age")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_kernel_option(p, default=None)
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("clean", help="remove cached lab images (--all: also the downloaded packages)")

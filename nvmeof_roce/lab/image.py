@@ -99,8 +99,9 @@ def python_requirements() -> List[str]:
     return sorted(keep)
 
 
-def image_inputs() -> Dict[str, object]:
-    kernel_pkg = aptconfig.resolve_kernel_package()
+def image_inputs(kernel: str = aptconfig.DEFAULT_KERNEL) -> Dict[str, object]:
+    # The kernel generation shows in the inputs only through its package, so the 6.1 image keeps its key.
+    kernel_pkg = aptconfig.resolve_kernel_package(kernel)
     guest_files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(GUEST_DIR.iterdir())}
     return {
         "format": BUILD_FORMAT,
@@ -116,12 +117,24 @@ def inputs_key(inputs: Dict[str, object]) -> str:
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def current_image() -> Optional[LabImage]:
-    """The newest complete image, whatever its inputs (for `lab status`)."""
+def image_kernel(image: LabImage) -> str:
+    """The --kernel generation an image was built with (6.1, 6.12)."""
+    return aptconfig.kernel_generation(image.manifest().get("kernel_release", ""))
+
+
+def current_image(kernel: Optional[str] = None) -> Optional[LabImage]:
+    """For `lab status`: the image this checkout's inputs select, if it is built; else the newest complete image
+    (of one kernel generation if given), whatever its inputs."""
+    try:
+        wanted = image_for(image_inputs(kernel or aptconfig.DEFAULT_KERNEL))
+        if wanted.complete():
+            return wanted
+    except NvmeofError:
+        pass  # inputs unknown (no apt lists yet): fall back to the newest image
     images = sorted((cache_root() / "images").glob("*/manifest.json"), key=lambda p: p.stat().st_mtime)
     for manifest in reversed(images):
         image = LabImage(manifest.parent)
-        if image.complete():
+        if image.complete() and (kernel is None or image_kernel(image) == kernel):
             return image
     return None
 
@@ -144,14 +157,26 @@ def _run(args: List[str], what: str, **kw) -> subprocess.CompletedProcess:
                           "check the machine's apt sources and network access to its Debian mirror; then 'nvmeof-roce lab build' again")
 
 
+def _bzimage_payload(data: bytes) -> bytes:
+    """The compressed kernel inside a bzImage (boot protocol 2.08+: payload_offset/payload_length)."""
+    setup_sects = data[0x1f1] or 4
+    offset = int.from_bytes(data[0x248:0x24c], "little")
+    length = int.from_bytes(data[0x24c:0x250], "little")
+    start = (setup_sects + 1) * 512 + offset
+    return data[start:start + length]
+
+
 def extract_vmlinux(vmlinuz: Path, out: Path) -> None:
-    """Debian's vmlinuz is a bzImage with an XZ payload; the ELF inside boots through PVH directly."""
-    data = vmlinuz.read_bytes()
-    start = data.find(b"\xfd7zXZ\x00")
-    if start < 0:
-        raise NvmeofError(f"{vmlinuz}: no XZ payload found", "the lab expects Debian's amd64 kernel image")
-    decomp = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
-    elf = decomp.decompress(data[start:])
+    """Debian's vmlinuz is a bzImage (XZ payload for 6.1, zstd for 6.12); the ELF inside boots through PVH."""
+    payload = _bzimage_payload(vmlinuz.read_bytes())
+    if payload.startswith(b"\xfd7zXZ\x00"):
+        elf = lzma.LZMADecompressor(format=lzma.FORMAT_XZ).decompress(payload)
+    elif payload.startswith(b"\x28\xb5\x2f\xfd"):
+        _need("zstd", "zstd")  # the standard library has no zstd before Python 3.14
+        # The kernel build appends the uncompressed size (4 bytes) after the zstd frame.
+        elf = subprocess.run(["zstd", "-d", "-c", "-q"], input=payload[:-4], check=True, capture_output=True).stdout
+    else:
+        raise NvmeofError(f"{vmlinuz}: payload is neither XZ nor zstd", "the lab expects Debian's amd64 kernel image")
     if elf[:4] != b"\x7fELF":
         raise NvmeofError(f"{vmlinuz}: payload is not an ELF kernel", "the lab expects Debian's amd64 kernel image")
     out.write_bytes(elf)
@@ -210,16 +235,16 @@ def _dir_size(path: Path) -> int:
     return int(out.split()[0])
 
 
-def build(force: bool = False) -> LabImage:
-    """Build the lab image if its inputs changed (or `force`); return it."""
+def build(force: bool = False, kernel: str = aptconfig.DEFAULT_KERNEL) -> LabImage:
+    """Build the lab image for one kernel generation if its inputs changed (or `force`); return it."""
     if os.geteuid() != 0:
         raise NvmeofError("building the lab needs root (debootstrap, chroot)", "run it as root or with sudo")
     for tool, pkg in (("debootstrap", "debootstrap"), ("mke2fs", "e2fsprogs"), ("cpio", "cpio"),
                       ("dpkg", "dpkg"), ("apt-get", "apt")):
         _need(tool, pkg)
 
-    progress("lab build: resolving inputs (kernel package, guest packages, Python pins)")
-    inputs = image_inputs()
+    progress(f"lab build: resolving inputs (kernel {kernel} package, guest packages, Python pins)")
+    inputs = image_inputs(kernel)
     image = image_for(inputs)
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
@@ -308,7 +333,20 @@ def _build_locked(inputs: Dict[str, object], image: LabImage, root: Path) -> Lab
 
 
 def _prune_old_images(keep: Path, max_images: int = 2) -> None:
-    images = sorted((p for p in (cache_root() / "images").iterdir() if p.is_dir() and p != keep),
-                    key=lambda p: p.stat().st_mtime, reverse=True)
+    """Keep `keep` and the newest others of its kernel generation up to `max_images`; images of the other
+    generations are side by side and stay (each is pruned when its own generation is rebuilt)."""
+    generation = image_kernel(LabImage(keep))
+    images = []
+    for p in (cache_root() / "images").iterdir():
+        if not p.is_dir() or p == keep:
+            continue
+        image = LabImage(p)
+        try:
+            same = not image.manifest_path.exists() or image_kernel(image) == generation
+        except (OSError, ValueError):
+            same = True  # an unreadable manifest: a broken image, fair to remove
+        if same:
+            images.append(p)
+    images.sort(key=lambda p: p.stat().st_mtime, reverse=True)
     for old in images[max_images - 1:]:
         shutil.rmtree(old, ignore_errors=True)

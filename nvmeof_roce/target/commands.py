@@ -17,6 +17,7 @@ import sys
 
 from ..errors import NvmeofError
 from ..output import emit, table
+from . import auth
 from .backends import BackendError, open_backend
 from ..config import ConfigError, ConfigErrors, TargetConfig, load_userspace_config, raise_all
 from .serve import register_serve
@@ -25,6 +26,7 @@ from .serve import register_serve
 def check_config(path: str) -> dict:
     """Validate `path` and open its file backends; a summary dict, or ConfigError(s) naming file and field."""
     config = load_userspace_config(path)
+    auth.host_settings(config)  # DH-HMAC-CHAP keys parse, with known hashes and groups
     return summarize(config)
 
 

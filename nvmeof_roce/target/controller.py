@@ -52,6 +52,7 @@ class Controller:
         self.error_log: Deque[ErrorLogEntry] = deque(maxlen=ERROR_LOG_ENTRIES)
         self.error_count = 0
         self.dead = False
+        self.auth = None  # target/auth.py's HostAuth when the host must authenticate each queue
 
     # -- keep alive
     @property

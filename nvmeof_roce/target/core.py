@@ -37,6 +37,7 @@ from ..transport.base import TransportError
 from ..transport.resources import ResourceLimits
 from .backends import BackendError
 from ..config import NQN_MAX_BYTES, ConfigError, NamespaceConfig, PortConfig, TargetConfig
+from . import auth
 from .controller import Controller
 from .ana import AnaTable
 from . import admin, discovery, io
@@ -149,6 +150,7 @@ class Target:
         self.ana = AnaTable(config)  # ANA groups and their state on each port (target/ana.py)
         self.discovery_siblings: Dict[int, List[int]] = {}  # portid -> the portids of one path group (workers.py)
         self.work = Work()  # blocking backend calls and sliced jobs, off the loop (work.py)
+        self.host_auth = auth.host_settings(config)  # DH-HMAC-CHAP keys by host NQN
         try:
             for i, sub_cfg in enumerate(config.subsystems):
                 sub = Subsystem(sub_cfg)
@@ -280,6 +282,10 @@ class Target:
         self._awaiting_connect.pop(qs, None)
         self._connect_refused.pop(qs, None)
         ctrl = qs.ctrl
+        if qs.auth is not None and not qs.auth.authenticated:
+            log.warning("controller %d queue %d: host %s disconnected without authenticating: %s", ctrl.cntlid,
+                        qs.qid, ctrl.hostnqn, qs.auth.failure if qs.auth.attempted else
+                        "it never started DH-HMAC-CHAP (no key on the host? the target requires hosts[].dhchap.key)")
         if ctrl is None or ctrl.dead:
             return
         if qs.qid == 0:
@@ -433,6 +439,10 @@ class Target:
             if opc != FABRICS_OPCODE or req.fctype != F.FCTYPE_CONNECT:
                 return self.complete(req, S.INVALID_OPCODE | S.DNR, location=LOC_OPCODE)
             handler = _fabrics_connect
+        elif qs.auth is not None and not qs.auth.authenticated and (
+                opc != FABRICS_OPCODE or req.fctype not in _BEFORE_AUTHENTICATION):
+            # nvmet_check_auth_status: nothing but authentication until the queue is authenticated
+            return self.complete(req, S.AUTH_REQUIRED | S.DNR, location=LOC_OPCODE)
         elif opc == FABRICS_OPCODE:
             handler = _FABRICS_ADMIN.get(req.fctype) if qs.qid == 0 else _FABRICS_IO.get(req.fctype)
             if handler is None:
@@ -695,9 +705,11 @@ def _connect_with_data(t: Target, req: Request, data) -> None:
         ctrl.max_io_qid = min(ctrl.max_io_qid, t.limits.max_queues_per_ctrl)
         sub.controllers[cntlid] = ctrl
         ctrl.admin_queue = qs
+        ctrl.auth = _host_auth(t, sub, d.hostnqn)
         _install_queue(qs, ctrl, sqsize, cattr)
-        log.info("controller %d created for %s, host %s (KATO %d ms)", cntlid, sub.nqn, d.hostnqn, ctrl.kato_ms)
-        return t.complete(req, 0, result=cntlid)
+        log.info("controller %d created for %s, host %s (KATO %d ms)%s", cntlid, sub.nqn, d.hostnqn, ctrl.kato_ms,
+                 " with DH-HMAC-CHAP" if ctrl.auth else "")
+        return t.complete(req, 0, result=_connect_result(ctrl))
 
     ctrl = sub.controllers.get(d.cntlid)
     if ctrl is None or ctrl.dead:
@@ -728,7 +740,20 @@ def _connect_with_data(t: Target, req: Request, data) -> None:
     ctrl.io_queues[qid] = qs
     _install_queue(qs, ctrl, sqsize, cattr)
     log.debug("controller %d: I/O queue %d connected (SQSIZE %d)", ctrl.cntlid, qid, sqsize)
-    t.complete(req, 0, result=ctrl.cntlid)
+    t.complete(req, 0, result=_connect_result(ctrl))
+
+
+def _host_auth(t: Target, sub, hostnqn: str):
+    """The host's DH-HMAC-CHAP settings if it must authenticate to `sub` (nvmet_setup_auth: only a host
+    listed in allowed_hosts, never on the discovery subsystem or with allow_any_host)."""
+    if sub.is_discovery or sub.allow_any_host or hostnqn not in sub.allowed_hosts:
+        return None
+    return t.host_auth.get(hostnqn)
+
+
+def _connect_result(ctrl: Controller) -> int:
+    """Connect response DW0: CNTLID, and AUTHREQ.ATR when the host must authenticate (nvmet_connect_result)."""
+    return ctrl.cntlid | (auth.A.CONNECT_AUTHREQ_ATR if ctrl.auth else 0)
 
 
 def _install_queue(qs: QueueState, ctrl: Controller, sqsize: int, cattr: int) -> None:
@@ -736,6 +761,8 @@ def _install_queue(qs: QueueState, ctrl: Controller, sqsize: int, cattr: int) ->
     qs.sqsize = sqsize
     qs.sqhd = 0
     qs.sqflow_disabled = bool(cattr & F.CATTR_DISABLE_SQFLOW)
+    if ctrl.auth is not None:
+        qs.auth = auth.QueueAuth(ctrl.auth, qs.qid, ctrl.cntlid, ctrl.hostnqn, ctrl.subsystem.nqn)
 
 
 def _property_get(t: Target, req: Request) -> None:
@@ -790,5 +817,11 @@ def _already_connected(t: Target, req: Request) -> None:
 
 
 _FABRICS_ADMIN = {F.FCTYPE_PROPERTY_GET: _property_get, F.FCTYPE_PROPERTY_SET: _property_set,
-                  F.FCTYPE_CONNECT: _already_connected}
-_FABRICS_IO = {F.FCTYPE_DISCONNECT: _disconnect, F.FCTYPE_CONNECT: _already_connected}
+                  F.FCTYPE_CONNECT: _already_connected,
+                  F.FCTYPE_AUTH_SEND: auth.auth_send, F.FCTYPE_AUTH_RECV: auth.auth_receive}
+_FABRICS_IO = {F.FCTYPE_DISCONNECT: _disconnect, F.FCTYPE_CONNECT: _already_connected,
+               F.FCTYPE_AUTH_SEND: auth.auth_send, F.FCTYPE_AUTH_RECV: auth.auth_receive}
+# What a queue that must authenticate accepts before it has (Property Set is not among them: an
+# unauthenticated host cannot enable the controller).
+_BEFORE_AUTHENTICATION = {F.FCTYPE_AUTH_SEND, F.FCTYPE_AUTH_RECV, F.FCTYPE_PROPERTY_GET, F.FCTYPE_CONNECT,
+                          F.FCTYPE_DISCONNECT}

@@ -93,7 +93,7 @@ class QueueState:
     """The target's view of one queue: its transport end, its controller once connected, its requests."""
 
     __slots__ = ("transport", "qid", "port", "target", "ctrl", "sqsize", "sqhd", "sqflow_disabled", "depth",
-                 "free", "active", "closed", "in_capsule_size")
+                 "free", "active", "closed", "in_capsule_size", "auth")
 
     def __init__(self, transport, port, target):
         self.transport = transport
@@ -111,6 +111,7 @@ class QueueState:
         self.active = 0
         self.closed = False
         self.in_capsule_size = transport.in_capsule_size if self.qid else 0
+        self.auth = None  # target/auth.py's QueueAuth when the host must authenticate this queue
 
     def alloc(self) -> Optional[Request]:
         if self.active >= self.depth:

@@ -7,7 +7,6 @@ import threading
 
 import pytest
 
-from nvmeof_roce import rendezvous
 from nvmeof_roce.bench import report, twonode
 from nvmeof_roce.bench.targets import TargetUnderTest
 

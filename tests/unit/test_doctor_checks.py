@@ -284,7 +284,8 @@ def test_real_lab_rxe0_capture_replays(tmp_path):
 
     results = diagnose(FIXTURES / "rxe0-lab", traddr="10.99.0.1", interval=0)
     expected = {
-        "stack.modules": "ok", "stack.device_files": "warn", "stack.memlock": "ok", "device.present": "ok",
+        "stack.modules": "ok", "stack.device_files": "warn", "stack.memlock": "ok", "stack.nvme_auth": "ok",
+        "device.present": "ok",
         "device.soft_roce rxe0": "warn", "port.state rxe0/1": "ok", "port.link_layer rxe0/1": "ok",
         "port.mtu rxe0/1": "ok", "address.gids rxe0/1": "ok", "address.roce_mode rxe0/1": "ok",
         "address.traddr_gid": "ok", "address.route": "ok", "address.path_mtu": "skipped",
@@ -472,3 +473,18 @@ def test_path_mtu_below_the_common_sizes_is_bisected(tmp_path):
     root = build_tree(tmp_path)
     r = _path_mtu_check(root, PathRunner(root, path_mtu=1400))
     assert r.status is Status.FAIL and 1392 <= r.details["path_mtu"] <= 1400, r.summary
+def test_nvme_auth_support_from_the_kernel_config(tmp_path):
+    """Debian's 6.12 config has both sides; 6.1's has neither (lines as the two kernels' /boot/config-* have them)."""
+    root = build_tree(tmp_path)
+    release = (root / "proc/sys/kernel/osrelease").read_text().strip()
+    (root / "boot").mkdir(exist_ok=True)
+    config = root / "boot" / f"config-{release}"
+    config.write_text("CONFIG_NVME_AUTH=m\nCONFIG_NVME_HOST_AUTH=y\nCONFIG_NVME_TARGET_AUTH=y\n")
+    result = diagnose(root, traddr=TRADDR)["stack.nvme_auth"]
+    assert result.status is Status.OK and result.summary.endswith("host and target")
+    assert result.details["host"] is True and result.details["target"] is True
+    config.write_text("# CONFIG_NVME_HOST_AUTH is not set\n# CONFIG_NVME_TARGET_AUTH is not set\n")
+    result = diagnose(root, traddr=TRADDR)["stack.nvme_auth"]
+    assert "no kernel support (host and target missing" in result.summary
+    assert "linux-image-6.12-amd64" in result.fix
+    assert any("CONFIG_NVME_HOST_AUTH=not set" in e for e in result.evidence)

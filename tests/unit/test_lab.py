@@ -1,4 +1,6 @@
 """The lab from the host: apt source parsing, and real boots of the cached guest image."""
+import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -47,12 +49,46 @@ def test_kernel_release_from_package():
 
 
 def test_image_inputs_key_changes_with_guest_packages(monkeypatch):
-    monkeypatch.setattr(aptconfig, "resolve_kernel_package", lambda: "linux-image-6.1.0-56-amd64")
+    monkeypatch.setattr(aptconfig, "resolve_kernel_package", lambda kernel="6.1": "linux-image-6.1.0-56-amd64")
     base = lab_image.image_inputs()
     monkeypatch.setattr(lab_image, "GUEST_PACKAGES", lab_image.GUEST_PACKAGES + ["tcpdump"])
     changed = lab_image.image_inputs()
     assert lab_image.inputs_key(base) != lab_image.inputs_key(changed)
     assert "pytest==9.2.0" in base["python_requirements"]
+
+
+def test_kernel_generations_resolve_to_their_own_package_and_key(monkeypatch):
+    packages = {"linux-image-amd64": "linux-image-6.1.0-56-amd64",
+                "linux-image-6.12-amd64": "linux-image-6.12.117+deb12-amd64"}
+    monkeypatch.setattr(aptconfig, "kernel_package", lambda meta: packages[meta])
+    old = lab_image.image_inputs("6.1")
+    new = lab_image.image_inputs("6.12")
+    assert old["kernel_package"] == "linux-image-6.1.0-56-amd64"
+    assert new["kernel_package"] == "linux-image-6.12.117+deb12-amd64"
+    assert lab_image.inputs_key(old) != lab_image.inputs_key(new)
+    assert aptconfig.kernel_generation(aptconfig.kernel_release(new["kernel_package"])) == "6.12"
+    assert aptconfig.kernel_generation("6.1.0-56-amd64") == "6.1"
+
+
+def test_unknown_kernel_generation_names_the_choices():
+    with pytest.raises(NvmeofError) as err:
+        aptconfig.resolve_kernel_package("5.10")
+    assert "6.1" in str(err.value) and "6.12" in str(err.value)
+
+
+def test_pruning_keeps_the_other_kernel_generation(tmp_path, monkeypatch):
+    monkeypatch.setenv("NVMEOF_ROCE_CACHE", str(tmp_path))
+    images = tmp_path / "lab" / "images"
+    made = {}
+    for i, (name, release) in enumerate([("a61", "6.1.0-56-amd64"), ("b612", "6.12.117+deb12-amd64"),
+                                          ("c61", "6.1.0-57-amd64"), ("d61", "6.1.0-58-amd64")]):
+        d = images / name
+        d.mkdir(parents=True)
+        (d / "manifest.json").write_text(json.dumps({"kernel_release": release}))
+        os.utime(d, (1000 + i, 1000 + i))
+        made[name] = d
+    lab_image._prune_old_images(keep=made["d61"])
+    assert sorted(p.name for p in images.iterdir()) == ["b612", "c61", "d61"]
 
 
 # --- real boots of the lab guest (the image is built by `make test` before this tier runs) ---

@@ -24,6 +24,7 @@ CHECKS = [
     ("port", "fabric.ecn", fabric.check_ecn),
     ("host", "fabric.counters", fabric.check_error_counters),
     ("host", "nvme.host_identity", nvme.check_host_identity),
+    ("host", "stack.nvme_auth", stack.check_nvme_auth),
     ("host", "nvme.firewall", nvme.check_firewall),
     ("host", "nvme.target", nvme.check_target_reachable),
     ("host", "kernel.messages", kernel_log.check_kernel_messages),

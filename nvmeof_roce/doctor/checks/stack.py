@@ -237,3 +237,55 @@ def check_memlock_limit(ctx: Context) -> CheckResult:
         return warn("stack.memlock", "", f"ulimit -l {_human_bytes(soft)} is too low to register RDMA buffers",
                     evidence, fix, **details)
     return ok("stack.memlock", "", f"ulimit -l {_human_bytes(soft)}", evidence, **details)
+
+
+AUTH_OPTIONS = {"CONFIG_NVME_HOST_AUTH": "host", "CONFIG_NVME_TARGET_AUTH": "target"}
+
+
+def _kernel_config(ctx: Context, release: Optional[str]) -> Tuple[Optional[str], str]:
+    """The kernel's build config: /boot/config-RELEASE, else /proc/config.gz (CONFIG_IKCONFIG_PROC)."""
+    if release:
+        text = ctx.machine.read(f"/boot/config-{release}")
+        if text:
+            return text, f"/boot/config-{release}"
+    try:
+        import gzip
+        with gzip.open(ctx.machine.path("/proc/config.gz"), "rt") as f:
+            return f.read(), "/proc/config.gz"
+    except (OSError, EOFError, ValueError, AttributeError):
+        return None, ""
+
+
+def check_nvme_auth(ctx: Context) -> CheckResult:
+    """Reports whether the kernel does NVMe in-band authentication (DH-HMAC-CHAP): the host side
+    (CONFIG_NVME_HOST_AUTH: nvme connect --dhchap-secret) and the target side (CONFIG_NVME_TARGET_AUTH:
+    nvmet's hosts/*/dhchap_key), from the kernel config, else from the nvme-auth module being there.
+    Debian 12's 6.1 kernel has neither; its 6.12 kernel has both. Informational: the userspace
+    target and initiator authenticate on any kernel."""
+    release = _kernel_release(ctx)
+    text, source = _kernel_config(ctx, release)
+    evidence = []
+    sides = {}
+    if text is not None:
+        for option, side in AUTH_OPTIONS.items():
+            m = re.search(rf"^{option}=(y|m)$", text, re.M)
+            sides[side] = bool(m)
+            evidence.append(f"{source}: {option}={m.group(1) if m else 'not set'}")
+    else:
+        state = ModuleTable(ctx).state("nvme_auth")
+        evidence.append(f"no kernel config readable (/boot/config-{release or '?'}, /proc/config.gz); "
+                        f"module nvme_auth: {state}")
+        present = state != MISSING
+        sides = {"host": present, "target": present}
+    have = [s for s, yes in sides.items() if yes]
+    details = {"host": sides.get("host"), "target": sides.get("target"), "kernel": release}
+    if len(have) == 2:
+        return ok("stack.nvme_auth", "", "NVMe in-band authentication (DH-HMAC-CHAP): host and target",
+                  evidence, **details)
+    missing = [s for s in ("host", "target") if s not in have]
+    summary = (f"NVMe in-band authentication (DH-HMAC-CHAP): {'only the ' + have[0] if have else 'no'} kernel "
+               f"support ({' and '.join(missing)} missing in {release or 'this kernel'})")
+    fix = ("only needed for DH-HMAC-CHAP with the kernel's host or nvmet: use a kernel built with "
+           "CONFIG_NVME_HOST_AUTH/CONFIG_NVME_TARGET_AUTH (Debian 12: linux-image-6.12-amd64); the userspace "
+           "target and initiator authenticate on this kernel too (docs/auth.md)")
+    return ok("stack.nvme_auth", "", summary, evidence, fix=fix, **details)
