@@ -135,6 +135,7 @@ class Target:
         self._queues: Dict[object, QueueState] = {}
         self._any_port = PortContext(self, None, in_capsule_size, self.default_queue_size)
         self._port_handlers: Dict[int, PortHandler] = {}
+        self.tick_hooks: List[Callable[[float], None]] = []  # e.g. the control socket's (target/control.py)
         try:
             for i, sub_cfg in enumerate(config.subsystems):
                 sub = Subsystem(sub_cfg)
@@ -265,6 +266,8 @@ class Target:
             log.info("controller %d: I/O queue %d disconnected", ctrl.cntlid, qs.qid)
 
     def tick(self, now: float) -> None:
+        for hook in self.tick_hooks:
+            hook(now)
         for ctrl in self.controllers():
             if ctrl.shutdown_at is not None and now - ctrl.shutdown_at >= SHUTDOWN_LINGER:
                 # After CC.SHN the Linux host reads CSTS once more and then disconnects the admin queue.

@@ -7,6 +7,7 @@ MDTS (Invalid Field), LBA range (LBA Out of Range), all with DNR.
 from __future__ import annotations
 
 import logging
+from time import perf_counter_ns
 
 from ..nvme import status as S
 from ..nvme.command import NVM_DSM, NVM_FLUSH, NVM_READ, NVM_WRITE, NVM_WRITE_ZEROES
@@ -39,6 +40,7 @@ def _rw_checks(t: Target, req: Request):
 
 
 def _read(t: Target, req: Request) -> None:
+    started = perf_counter_ns()
     checked = _rw_checks(t, req)
     if checked is None:
         return
@@ -52,13 +54,16 @@ def _read(t: Target, req: Request) -> None:
             ns.backend.read_into(offset, data)
         except Exception as exc:
             log.error("namespace %d: read of %d bytes at %d failed: %s", ns.nsid, length, offset, exc)
+            ns.stats.errors += 1
             return t.complete(req, S.READ_ERROR)
     ns.bytes_read += length
     ns.read_commands += 1
+    ns.stats.read_latency.record_ns(perf_counter_ns() - started)
     t.complete(req, 0, data=data)
 
 
 def _write(t: Target, req: Request) -> None:
+    req.started_ns = perf_counter_ns()
     checked = _rw_checks(t, req)
     if checked is not None:
         t.fetch(req, checked[1], _write_data)
@@ -75,9 +80,11 @@ def _write_data(t: Target, req: Request, data) -> None:
             ns.backend.flush()
     except Exception as exc:
         log.error("namespace %d: write of %d bytes at %d failed: %s", ns.nsid, len(data), offset, exc)
+        ns.stats.errors += 1
         return t.complete(req, S.WRITE_FAULT)
     ns.bytes_written += len(data)
     ns.write_commands += 1
+    ns.stats.write_latency.record_ns(perf_counter_ns() - req.started_ns)
     t.complete(req, 0)
 
 

@@ -28,6 +28,7 @@ Usage::
 from __future__ import annotations
 
 import logging
+import selectors
 import time
 from collections import deque
 from typing import Callable, Dict, List, Optional
@@ -388,6 +389,32 @@ class LoopbackFabric:
         self._pumping = False
         self._last_tick = clock()
         self.ops_run = 0
+        self._selector: Optional[selectors.BaseSelector] = None  # file descriptors watched like EventLoop's
+
+    def watch(self, fd: int, callback: Callable[[], None]) -> None:
+        """Call `callback` when `fd` is readable, from pump() (as transport/rdma.py EventLoop.watch does)."""
+        if self._selector is None:
+            self._selector = selectors.DefaultSelector()
+        self._selector.register(fd, selectors.EVENT_READ, callback)
+
+    def unwatch(self, fd: int) -> None:
+        if self._selector is not None:
+            try:
+                self._selector.unregister(fd)
+            except (KeyError, ValueError):
+                pass
+
+    def poll_fds(self, timeout: float = 0.0) -> int:
+        """Run the callbacks of watched descriptors that are readable (waiting up to `timeout`)."""
+        if self._selector is None or not self._selector.get_map():
+            return 0
+        ready = self._selector.select(timeout)
+        for key, _ in ready:
+            try:
+                key.data()
+            except Exception:
+                log.exception("watched descriptor callback failed")
+        return len(ready)
 
     def _new_key(self) -> int:
         self._next_key = (self._next_key + 0x1F3) & 0xFFFFFFFF  # keys that are not simply 1, 2, 3
@@ -420,6 +447,7 @@ class LoopbackFabric:
             return 0
         self._pumping = True
         ran = 0
+        self.poll_fds(0.0)
         try:
             while self._ops and (max_ops is None or ran < max_ops):
                 self._ops.popleft()()
