@@ -123,3 +123,8 @@ def register(subparsers) -> None:
     serve = importlib.import_module(".serve", __package__)
     if hasattr(serve, "register_serve"):
         serve.register_serve(commands)
+
+    # the control socket's clients: `target add-ns ...` verbs and the top-level `rpc`
+    from .rpc_commands import register_rpc, register_target_verbs
+    register_target_verbs(commands)
+    register_rpc(subparsers)

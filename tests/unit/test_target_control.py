@@ -488,3 +488,49 @@ def test_plan_lists_port_and_host_changes():
     changes = live.plan(old, parse_config(new_data, "new"))
     assert [(c.action, c.portid if c.portid >= 0 else c.host) for c in changes] == [
         ("add-host", HOST_B), ("link", 2), ("add-port", 3)]
+
+
+# ------------------------------------------------------------------------------------------ the CLI
+
+def test_cli_verbs_over_the_socket(env, tmp_path, capsys):
+    from nvmeof_roce.cli import main
+    path = str(tmp_path / "cli.sock")
+    server = RpcServer(Control(env.target), path, env.fabric)
+
+    def run(*argv):
+        code = _serve_while(env, lambda: main(list(argv)))
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    try:
+        code, out, _ = run("target", "add-ns", SUB_RAM, "--ram", "2M", "--nsid", "5", "--socket", path, "--json")
+        assert code == 0 and json.loads(out) == {"nqn": SUB_RAM, "nsid": 5}
+        code, out, _ = run("target", "resize-ns", SUB_RAM, "5", "4M", "--socket", path)
+        assert code == 0 and "8192 blocks" in out
+        code, out, _ = run("rpc", "nvmf_get_subsystems", "--param", f"nqn={SUB_RAM}", "--socket", path)
+        assert [n["nsid"] for n in json.loads(out)[0]["namespaces"]] == [1, 2, 5]
+        code, out, _ = run("rpc", "nvmf_subsystem_add_ns", json.dumps({"nqn": SUB_RAM}),
+                           "--param", "namespace.backend=null", "--param", "namespace.size=1M", "--socket", path)
+        assert code == 0 and json.loads(out) == 3
+        code, out, _ = run("target", "rm-ns", SUB_RAM, "5", "--socket", path)
+        assert code == 0 and "removed" in out
+        code, out, err = run("target", "rm-ns", SUB_RAM, "5", "--socket", path)
+        assert code == 1 and "(nsid)" in err and "fix:" in err
+        code, out, _ = run("target", "add-host", SUB_ONLY_A, HOST_B, "--socket", path)
+        assert code == 0 and sorted(env.target.subsystems[SUB_ONLY_A].allowed_hosts) == sorted([HOST_A, HOST_B])
+        code, out, _ = run("target", "rm-host", SUB_ONLY_A, HOST_B, "--socket", path)
+        assert code == 0 and env.target.subsystems[SUB_ONLY_A].allowed_hosts == {HOST_A}
+        edited = env.target.config.to_dict()
+        edited["subsystems"][0]["namespaces"] = edited["subsystems"][0]["namespaces"][:1]
+        (tmp_path / "edit.json").write_text(json.dumps(edited))
+        code, out, _ = run("target", "reload", "--dry-run", str(tmp_path / "edit.json"), "--socket", path)
+        assert code == 0 and "would apply 2 change(s)" in out and "remove namespace 2" in out
+        assert sorted(env.target.subsystems[SUB_RAM].namespaces) == [1, 2, 3]
+        ctrl = env.connect(SUB_RAM)
+        code, out, _ = run("target", "status", "--socket", path)
+        assert code == 0 and HOST_A in out and "longest loop pass" in out
+        code, out, _ = run("target", "status", "--json", "--socket", path)
+        assert json.loads(out)["hosts"][0]["hostnqn"] == HOST_A
+        ctrl.close()
+    finally:
+        server.close()
