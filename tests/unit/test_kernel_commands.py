@@ -64,6 +64,31 @@ def test_nvmet_show_save_clear(kernel, capsys):
     assert root.dump()["subsystems"] == []
 
 
+def test_nvmet_restore_and_connected_hosts(kernel, capsys):
+    root, f, tmp = kernel
+    code, out, _ = run(capsys, "nvmet", "restore", tmp / "missing.json")
+    assert code == 0 and "no saved config, nothing to restore" in out
+    code, out, _ = run(capsys, "nvmet", "restore", f, "--json")
+    assert code == 0 and json.loads(out)["restored"] is True and [s["nqn"] for s in root.dump()["subsystems"]] == [S1]
+    code, out, _ = run(capsys, "nvmet", "restore", f)  # the kernel already matches: nothing to do
+    assert code == 0 and "(0 change(s))" in out
+    # connected hosts: none listed where the kernel has no debugfs nvmet directory
+    code, out, _ = run(capsys, "nvmet", "show", "--debugfs", tmp / "no-debugfs")
+    assert "connected hosts: unknown: this kernel does not list" in out
+    ctrl = tmp / "dbg" / S1 / "ctrl3"
+    ctrl.mkdir(parents=True)
+    for name, value in (("hostnqn", "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-00000000a001"),
+                        ("port", "1"), ("kato", "5"), ("state", "live"), ("host_traddr", "10.99.0.2")):
+        (ctrl / name).write_text(value + "\n")
+    code, out, _ = run(capsys, "nvmet", "show", "--json", "--connected", "--debugfs", tmp / "dbg")
+    d = json.loads(out)
+    assert d["config"] == root.dump() and d["connected_hosts"] == [{
+        "subnqn": S1, "cntlid": 3, "hostnqn": "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-00000000a001",
+        "port": "1", "kato": 5, "state": "live", "host_traddr": "10.99.0.2"}]
+    code, out, _ = run(capsys, "nvmet", "show", "--debugfs", tmp / "dbg")
+    assert "connected hosts (1)" in out and "controller 3  port 1  10.99.0.2  live" in out
+
+
 def test_nvmet_errors_exit_1(kernel, capsys):
     root, f, tmp = kernel
     code, _, err = run(capsys, "nvmet", "apply", "targets/ram.json")
