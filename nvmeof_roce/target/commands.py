@@ -94,16 +94,29 @@ def _print_summary(summary: dict) -> None:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    try:
-        summary = check_config(args.config)
-    except ConfigError as exc:
-        if args.json:
-            emit({"config": args.config, "ok": False, "error": exc.message, "field": exc.where, "fix": exc.fix},
-                 True)
-            return 1
-        raise
-    emit(summary, args.json, _print_summary)
-    return 0
+    """Check every file given; the exit code is 1 if any of them is bad (each error is reported)."""
+    results, failed = [], 0
+    for path in args.config:
+        try:
+            results.append(check_config(path))
+        except ConfigError as exc:
+            failed += 1
+            if not args.json and len(args.config) == 1:
+                raise
+            results.append({"config": path, "ok": False, "error": exc.message, "field": exc.where, "fix": exc.fix})
+
+    def human(rs):
+        for i, r in enumerate(rs):
+            if i:
+                print()
+            if r["ok"]:
+                _print_summary(r)
+            else:
+                print(f"{r['error']}\n  fix: {r['fix']}" if r["fix"] else r["error"])
+
+    emit(results[0] if len(results) == 1 else results, args.json,
+         human if len(results) > 1 else (lambda r: _print_summary(r)))
+    return 1 if failed else 0
 
 
 def register(subparsers) -> None:
@@ -115,7 +128,7 @@ def register(subparsers) -> None:
     check = commands.add_parser("check", help="validate a target config and open its backends",
                                 description="Validate CONFIG (nvmetcli JSON superset) and open every "
                                             "namespace backend; print the subsystems, namespaces and ports.")
-    check.add_argument("config", metavar="CONFIG.json")
+    check.add_argument("config", metavar="CONFIG.json", nargs="+", help="one or more configs")
     check.add_argument("--json", action="store_true", help="print the result as JSON")
     check.set_defaults(func=_cmd_check)
 

@@ -534,3 +534,18 @@ def test_cli_verbs_over_the_socket(env, tmp_path, capsys):
         ctrl.close()
     finally:
         server.close()
+
+
+def test_initiator_block_count_is_zero_based_like_nvme_cli(env, monkeypatch, capsys):
+    from nvmeof_roce.cli import main
+    from nvmeof_roce.initiator import commands as icmd
+    monkeypatch.setattr(icmd, "_connector", lambda args: env.connector(f"{args.traddr}:{args.trsvcid}"))
+    base = ["initiator"]
+    common = ["-a", "10.99.0.1", "-n", SUB_RAM, "-q", HOST_A]
+    assert main(base + ["write", *common, "--nsid", "1", "--slba", "4", "--pattern", "0x5a", "-c", "3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["bytes"] == 4 * 512
+    assert main(base + ["read", *common, "--nsid", "1", "--slba", "4", "--block-count", "3", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["blocks"] == 4 and bytes.fromhex(got["hex"]) == b"\x5a" * 2048
+    assert main(base + ["read", *common, "--slba", "4", "--blocks", "2", "-c", "1"]) == 1
+    assert "not both" in capsys.readouterr().err
