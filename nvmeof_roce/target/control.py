@@ -623,12 +623,12 @@ class _Conn:
 class RpcServer:
     """Serves a `Control` on a Unix socket from an event loop with watch(fd, cb) / unwatch(fd)."""
 
-    def __init__(self, control: Control, path: str, loop):
+    def __init__(self, control: Control, path: str, loop, sock: Optional[socket.socket] = None):
         self.control = control
         self.path = path
         self.loop = loop
         self.conns: Dict[int, _Conn] = {}
-        self.sock = bind_unix_socket(path)
+        self.sock = sock if sock is not None else bind_unix_socket(path)  # serve.py binds it before the listeners
         self.sock.setblocking(False)
         loop.watch(self.sock.fileno(), self._accept)
         control.target.tick_hooks.append(self._flush_pending)

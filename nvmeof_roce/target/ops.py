@@ -15,7 +15,7 @@ import signal
 from typing import Callable, Optional
 
 from . import live
-from .control import Control, RpcError, RpcServer, default_socket_path
+from .control import Control, RpcError, RpcServer, bind_unix_socket, default_socket_path
 from .sdnotify import notify
 
 log = logging.getLogger(__name__)
@@ -44,8 +44,17 @@ class RdmaListeners(live.Listeners):
             listener.close()
 
 
+def bind_control_socket(config_path: str, rpc_socket: Optional[str]):
+    """Bind the control socket first, so a second target for the same socket stops before touching RDMA."""
+    if rpc_socket is None:
+        return None, None
+    path = rpc_socket or default_socket_path(config_path)
+    return path, bind_unix_socket(path)
+
+
 class Operations:
-    def __init__(self, server, config_path: str, rpc_socket: Optional[str] = "", metrics: Optional[str] = None):
+    def __init__(self, server, config_path: str, rpc_socket: Optional[str] = "", metrics: Optional[str] = None,
+                 bound_socket=None):
         self.server = server
         self.target = server.target
         self.config_path = config_path
@@ -56,7 +65,8 @@ class Operations:
         self._reload_pending = False
         try:
             if rpc_socket is not None:
-                self.rpc = RpcServer(self.control, rpc_socket or default_socket_path(config_path), server.loop)
+                self.rpc = RpcServer(self.control, rpc_socket or default_socket_path(config_path), server.loop,
+                                     sock=bound_socket)
             if metrics:
                 from .metrics import Metrics
                 self.metrics = Metrics(self.target, server)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 from typing import List, Optional
@@ -77,11 +78,18 @@ class TargetServer:
 
 def serve(path: str, *, ready_file: Optional[str] = None, data_chunks: int = 512,
           remote_invalidate: bool = True, rpc_socket: Optional[str] = "", metrics: Optional[str] = None) -> int:
-    from .ops import Operations
+    from .ops import Operations, bind_control_socket
     config = load_config(path)
-    server = TargetServer(config, data_chunks=data_chunks, remote_invalidate=remote_invalidate)
+    socket_path, bound = bind_control_socket(path, rpc_socket)
     try:
-        ops = Operations(server, path, rpc_socket=rpc_socket, metrics=metrics)
+        server = TargetServer(config, data_chunks=data_chunks, remote_invalidate=remote_invalidate)
+    except BaseException:
+        if bound is not None:
+            bound.close()
+            os.unlink(socket_path)
+        raise
+    try:
+        ops = Operations(server, path, rpc_socket=socket_path, metrics=metrics, bound_socket=bound)
     except BaseException:
         server.close()
         raise
