@@ -211,7 +211,8 @@ def register_rpc(subparsers) -> None:
                                           "rpc_get_methods lists them). Parameters come from a JSON object "
                                           "and/or --param KEY=VALUE (dots nest: namespace.size=64M).")
     p.add_argument("method")
-    p.add_argument("params", nargs="?", metavar="JSON", help="the parameters as one JSON object")
+    p.add_argument("params", nargs="?", metavar="JSON",
+                   help="the parameters as one JSON object (right after METHOD, before any option)")
     p.add_argument("--param", "-p", action="append", metavar="KEY=VALUE", help="one parameter (repeatable)")
     _common(p, json_flag=False)
     p.set_defaults(func=_cmd_rpc)

@@ -77,9 +77,7 @@ class Ops:
         return json.loads(self.target_cmd("status", "--json").stdout)
 
     def rpc(self, method, params=None):
-        args = ["rpc", method, "--socket", self.sock]
-        if params is not None:
-            args.append(json.dumps(params))
+        args = ["rpc", method] + ([json.dumps(params)] if params is not None else []) + ["--socket", self.sock]
         return json.loads(self.cli(*args).stdout)
 
 
