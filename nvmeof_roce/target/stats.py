@@ -154,26 +154,31 @@ def transport_status(server) -> dict:
     """RDMA figures where the transport provides them.
 
     Hooks (attributes read if present, so transports can add them without changing this module):
-      loop.longest_pass_s         the longest event-loop pass, seconds
-      listener.pool               a DataPool: `free` list and `memory` of chunk_size * chunks
+      loop.longest_pass           the longest event-loop pass since start, seconds
+      listener.pool               a DataPool: `free` chunk list and `memory` (chunk_size * chunks), or with
+                                  `accounts` (a BufferPool: `total`, `free`, `committed`)
       listener.wc_errors          failed work completions (not flushes) on that listener's queues
       listener.stats()            a dict of any further figures
     """
     if server is None:
         return {"loop": {}, "listeners": []}
     loop = getattr(server, "loop", None)
-    out = {"loop": {"longest_pass_s": getattr(loop, "longest_pass_s", None)}, "listeners": []}
+    longest = getattr(loop, "longest_pass", None)
+    out = {"loop": {"longest_pass_s": longest if isinstance(longest, (int, float)) else None}, "listeners": []}
     for lst in getattr(server, "listeners", []):
         d = {"address": f"{getattr(lst, 'traddr', '')}:{getattr(lst, 'trsvcid', '')}",
              "portid": getattr(lst, "port_id", None), "queues": len(getattr(lst, "queues", {}) or {}),
              "wc_errors": getattr(lst, "wc_errors", None)}
         pool = getattr(lst, "pool", None)
         if pool is not None:
-            total = getattr(pool, "chunks", None)
-            if total is None and getattr(pool, "chunk_size", 0):
-                total = len(pool.memory.view) // pool.chunk_size if hasattr(pool, "memory") else None
-            free = len(getattr(pool, "free", []) or [])
+            accounts = getattr(pool, "accounts", pool)
+            total = getattr(accounts, "total", None)
+            if total is None and getattr(pool, "chunk_size", 0) and hasattr(pool, "memory"):
+                total = len(pool.memory.view) // pool.chunk_size
+            free = len(getattr(accounts, "free", []) or [])
             d["pool"] = {"chunks": total, "free": free, "in_use": (total - free) if total is not None else None}
+            if getattr(accounts, "committed", None) is not None:
+                d["pool"]["guaranteed"] = accounts.committed
         extra = getattr(lst, "stats", None)
         if callable(extra):
             d.update(extra())

@@ -157,7 +157,9 @@ def test_live_namespaces_status_and_metrics_while_fio_verifies(ops):
         assert len(io_queues) >= 3, io_queues  # default + 1 write (-W) + 1 poll (-P) queue
         sub = next(s for s in status["subsystems"] if s["nqn"] == NQN_OPS)
         assert [q["qid"] for q in sub["controllers"][0]["queues"]] == [0] + io_queues
-        print("status during fio:", json.dumps(sub["namespaces"][0]))
+        listener = status["transport"]["listeners"][0]
+        assert listener["address"] == f"{LAB_IP}:4420" and listener["pool"]["chunks"] > 0, listener
+        print("status during fio:", json.dumps(sub["namespaces"][0]), json.dumps(status["transport"]))
 
         first = metric(scrape(), "nvmeof_roce_namespace_writes_total", 1)
         time.sleep(3)
