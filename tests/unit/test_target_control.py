@@ -549,3 +549,18 @@ def test_initiator_block_count_is_zero_based_like_nvme_cli(env, monkeypatch, cap
     assert got["blocks"] == 4 and bytes.fromhex(got["hex"]) == b"\x5a" * 2048
     assert main(base + ["read", *common, "--slba", "4", "--blocks", "2", "-c", "1"]) == 1
     assert "not both" in capsys.readouterr().err
+
+
+def test_query_methods_errors(control):
+    assert rpc_error(control, "nvmf_get_subsystems", {"nqn": NEW_SUB}).field == "nqn"
+    assert [s["nqn"] for s in control.call("nvmf_get_subsystems")][:2] == [F.DISCOVERY_NQN, SUB_RAM]
+    err = rpc_error(control, "nvmf_subsystem_get_controllers", {})
+    assert err.field == "nqn" and "missing" in err.message
+    assert rpc_error(control, "nvmf_subsystem_get_qpairs", {"nqn": NEW_SUB}).field == "nqn"
+    assert control.call("nvmf_subsystem_get_qpairs", {"nqn": F.DISCOVERY_NQN}) == []
+    assert rpc_error(control, "nvmf_get_stats", {"verbose": True}).field == "verbose"
+    assert rpc_error(control, "nvmeof_get_status", {"x": 1}).field == "x"
+    err = rpc_error(control, "nvmeof_reload_config", {"path": "/nonexistent/t.json"})
+    assert "no such file" in err.message and err.fix
+    assert rpc_error(control, "nvmf_subsystem_resize_ns", {"nqn": SUB_RAM, "nsid": 1}).field == "size"
+    assert rpc_error(control, "nvmf_subsystem_allow_any_host", {"nqn": SUB_RAM}).field == "allow_any_host"
