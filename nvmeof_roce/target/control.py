@@ -11,7 +11,6 @@ as they arrive, a reply that does not fit in the socket buffer is finished on la
 """
 from __future__ import annotations
 
-import copy
 import errno
 import json
 import logging
@@ -20,9 +19,9 @@ import socket
 import stat
 from typing import Any, Callable, Dict, List, Optional
 
-from ..config import ConfigError, DISCOVERY_NQN, TargetConfig, load_config, parse_config, parse_size
+from ..config import ConfigError, DISCOVERY_NQN, load_config, parse_config, parse_size
 from . import live
-from .stats import Sampler, controller_status, target_status
+from .stats import Sampler, controller_status, namespace_status, target_status
 
 log = logging.getLogger(__name__)
 
@@ -491,8 +490,8 @@ class Control:
             "tick_rate": 1_000_000,
             "poll_groups": [{"name": "nvmf_tgt_poll_group_000", "current_admin_qpairs": admin,
                              "current_io_qpairs": io, "transports": [{"trtype": "RDMA"}]}],
-            "namespaces": [dict(nqn=nqn, **ns_stat) for nqn, sub in t.subsystems.items()
-                           for ns_stat in (_ns_stats(self, nqn, ns) for ns in sub.namespaces.values())],
+            "namespaces": [dict(nqn=nqn, **namespace_status(nqn, ns, self.sampler))
+                           for nqn, sub in t.subsystems.items() for _, ns in sorted(sub.namespaces.items())],
             "internal_errors": t.internal_errors,
         }
 
@@ -542,11 +541,6 @@ class Control:
     def rpc_nvmeof_get_status(self, params) -> dict:
         _Params("nvmeof_get_status", params, ())
         return target_status(self.target, self.sampler, self.server, self.socket_path)
-
-
-def _ns_stats(control: Control, nqn: str, ns) -> dict:
-    from .stats import namespace_status
-    return namespace_status(nqn, ns, control.sampler)
 
 
 def _sub_field(where: str, names: dict) -> str:
