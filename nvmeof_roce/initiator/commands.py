@@ -3,8 +3,10 @@
     initiator discover     -a ADDR [-s 4420]
     initiator identify     -a ADDR -n NQN [--nsid N]
     initiator ana-log      -a ADDR -n NQN [--groups-only]
-    initiator read         -a ADDR -n NQN --nsid N --slba LBA --blocks N [--output FILE]
-    initiator write        -a ADDR -n NQN --nsid N --slba LBA (--input FILE | --pattern BYTE --blocks N)
+    initiator read         -a ADDR -n NQN --nsid N --slba LBA (--blocks N | -c N-1) [--output FILE]
+    initiator write        -a ADDR -n NQN --nsid N --slba LBA (--input FILE | --pattern BYTE (--blocks N | -c N-1))
+
+(--block-count/-c is nvme-cli's 0-based count, as in `nvme read -c 7` for 8 blocks.)
     initiator connect-test -a ADDR -n NQN     (connect, identify all namespaces, write/read/verify, disconnect)
     initiator perf         -a ADDR -n NQN     (load generator: queue depth, block size, mix, runtime)
 """
@@ -153,9 +155,21 @@ def cmd_ana_log(args) -> int:
                     [[g["grpid"], g["state"], " ".join(map(str, g["nsids"])) or "-"] for g in r["groups"]]))
     emit(result, args.json, human)
     return 0
+def _block_count(args, default=None):
+    """--blocks N, or nvme-cli's 0-based --block-count N-1 (-c): the number of blocks."""
+    if args.block_count is not None:
+        if args.blocks is not None:
+            raise NvmeofError("give --blocks (a count) or --block-count (0-based, as nvme-cli), not both",
+                              "--block-count 7 is --blocks 8")
+        if args.block_count < 0 or args.block_count > 0xFFFF:
+            raise NvmeofError(f"--block-count {args.block_count}: must be 0..65535 (0-based: 0 is one block)",
+                              "give the number of blocks minus one")
+        return args.block_count + 1
+    return args.blocks if args.blocks is not None else default
 
 
 def cmd_read(args) -> int:
+    args.blocks = _block_count(args, 1)
     with _controller(args, args.nqn) as ctrl:
         data = ctrl.read(args.nsid, args.slba, args.blocks)
     if args.output:
@@ -172,6 +186,7 @@ def cmd_read(args) -> int:
 
 
 def cmd_write(args) -> int:
+    args.blocks = _block_count(args)
     with _controller(args, args.nqn) as ctrl:
         bs = ctrl.block_size(args.nsid)
         if args.input:
@@ -181,7 +196,8 @@ def cmd_write(args) -> int:
                 data += bytes(bs - len(data) % bs)  # pad the last block with zeros
         else:
             if not args.blocks:
-                raise NvmeofError("write: --pattern needs --blocks", "e.g. --pattern 0xA5 --blocks 8")
+                raise NvmeofError("write: --pattern needs --blocks (or --block-count)",
+                                  "e.g. --pattern 0xA5 --blocks 8 (= --block-count 7)")
             data = bytes([args.pattern]) * (args.blocks * bs)
         ctrl.write(args.nsid, args.slba, data)
     emit({"nsid": args.nsid, "slba": args.slba, "bytes": len(data)}, args.json,
@@ -284,7 +300,8 @@ def register(subparsers) -> None:
     _common(p)
     p.add_argument("--nsid", type=int, default=1)
     p.add_argument("--slba", type=_int, default=0, help="first LBA")
-    p.add_argument("--blocks", type=int, default=1, help="number of blocks")
+    p.add_argument("--blocks", type=int, help="number of blocks (default 1)")
+    p.add_argument("-c", "--block-count", type=int, help="nvme-cli's 0-based count: blocks minus one")
     p.add_argument("--output", metavar="FILE")
     p.set_defaults(func=cmd_read)
 
@@ -295,6 +312,7 @@ def register(subparsers) -> None:
     p.add_argument("--input", metavar="FILE")
     p.add_argument("--pattern", type=_int, default=0xA5, help="byte to fill with (default 0xA5)")
     p.add_argument("--blocks", type=int, help="number of blocks for --pattern")
+    p.add_argument("-c", "--block-count", type=int, help="nvme-cli's 0-based count for --pattern: blocks minus one")
     p.set_defaults(func=cmd_write)
 
     p = sub.add_parser("connect-test", help="connect, identify, write/read/verify every namespace, disconnect",

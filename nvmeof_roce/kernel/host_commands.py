@@ -1,19 +1,36 @@
 """`nvmeof-roce host ...`: the Linux kernel NVMe-oF host, through nvme-cli.
 
 (The userspace initiator is `nvmeof-roce initiator`, in nvmeof_roce/initiator/.)"""
+import argparse
+
 from ..errors import NvmeofError
-from ..output import add_json_option as _add_json, emit, table
+from ..output import emit, table
 from . import nvme_cli
+
+
+class _OutputFormat(argparse.Action):
+    """nvme-cli's -o/--output-format json|normal: the same switch as --json."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        namespace.json = values == "json"
+
+
+def _add_json(p):
+    p.add_argument("--json", action="store_true", help="print the result as JSON (= -o json)")
+    p.add_argument("-o", "--output-format", choices=("json", "normal"), action=_OutputFormat, dest="output_format",
+                   help="as nvme-cli: json or normal (default normal)")
 
 
 def _cli() -> nvme_cli.NvmeCli:
     return nvme_cli.NvmeCli()
 
 
-def _addr_opts(p, nqn=False, nqn_required=True):
+def _addr_opts(p, nqn=False, nqn_required=True, traddr_required=True):
     p.add_argument("-t", "--transport", default="rdma", choices=["rdma", "tcp", "fc", "loop"],
                    help="transport (default rdma)")
-    p.add_argument("-a", "--traddr", required=True, help="target address, e.g. 10.99.0.1")
+    p.add_argument("-a", "--traddr", required=traddr_required,
+                   help="target address, e.g. 10.99.0.1" + ("" if traddr_required else
+                                                            " (default: every line of /etc/nvme/discovery.conf)"))
     p.add_argument("-s", "--trsvcid", default="4420", help="target service id (port), default 4420")
     p.add_argument("-w", "--host-traddr", help="local address to connect from")
     p.add_argument("-q", "--hostnqn", help="host NQN (default /etc/nvme/hostnqn, else generated from the machine id)")
@@ -28,6 +45,14 @@ def _tuning_opts(p):
     p.add_argument("-k", "--keep-alive-tmo", type=int, help="keep-alive timeout, seconds")
     p.add_argument("-l", "--ctrl-loss-tmo", type=int, help="controller loss timeout, seconds (-1: forever)")
     p.add_argument("-c", "--reconnect-delay", type=int, help="seconds between reconnect attempts")
+    p.add_argument("-T", "--tos", type=int,
+                   help="IP type of service of the RDMA connections (DSCP << 2): pick the DSCP that maps to the "
+                        "priority `nvmeof-roce doctor` reports PFC on")
+    p.add_argument("-P", "--nr-poll-queues", type=int, help="number of polling I/O queues")
+    p.add_argument("-W", "--nr-write-queues", type=int, help="number of I/O queues for writes only")
+    p.add_argument("-D", "--duplicate-connect", action="store_true",
+                   help="allow a second controller to the same subsystem and address")
+    p.add_argument("--disable-sqflow", action="store_true", help="ask the target for SQ flow control off")
 
 
 def _auth_opts(p):
@@ -62,10 +87,18 @@ def _tuning(args):
         if v is not None and v < lo:
             raise NvmeofError(f"--{name.replace('_', '-')} {v}: must be at least {lo}",
                               f"give --{name.replace('_', '-')} >= {lo}")
+    for name in ("nr_poll_queues", "nr_write_queues"):
+        v = getattr(args, name)
+        if v is not None and v < 0:
+            raise NvmeofError(f"--{name.replace('_', '-')} {v}: must be 0 or more", "give a count >= 0")
+    if args.tos is not None and not 0 <= args.tos <= 255:
+        raise NvmeofError(f"--tos {args.tos}: must be 0..255 (an IP TOS byte: DSCP << 2)",
+                          "e.g. -T 104 for DSCP 26; `nvmeof-roce doctor` shows which priority has PFC")
     if args.ctrl_loss_tmo is not None and args.ctrl_loss_tmo < -1:
         raise NvmeofError(f"--ctrl-loss-tmo {args.ctrl_loss_tmo}: must be -1 (forever) or >= 0", "give -1 or more")
     return {k: getattr(args, k) for k in ("nr_io_queues", "queue_size", "keep_alive_tmo", "ctrl_loss_tmo",
-                                          "reconnect_delay")}
+                                          "reconnect_delay", "tos", "nr_poll_queues", "nr_write_queues",
+                                          "duplicate_connect", "disable_sqflow")}
 
 
 def _check_svc(args):
@@ -78,16 +111,39 @@ def _check_svc(args):
                               "NVMe-oF uses 4420") from None
 
 
-def cmd_host_discover(args):
-    _check_svc(args)
-    r = _cli().discover(args.traddr, args.trsvcid, args.transport, args.hostnqn, args.hostid, args.host_traddr)
+def _conf_entries(cli) -> list:
+    entries = cli.discovery_conf()
+    if not entries:
+        raise NvmeofError(f"no --traddr, and {cli.etc_dir}/discovery.conf lists no discovery controller",
+                          f"give -a ADDR, or add a line like '--transport=rdma --traddr=10.99.0.1 --trsvcid=4420' "
+                          f"to {cli.etc_dir}/discovery.conf")
+    return entries
 
-    def human(r):
-        print(f"discovery log of {args.traddr}:{args.trsvcid} ({len(r['records'])} records, generation {r['genctr']})")
-        print(table(["subtype", "subnqn", "trtype", "traddr", "trsvcid", "portid"],
-                    [[x.get("subtype"), x.get("subnqn"), x.get("trtype"), x.get("traddr"), x.get("trsvcid"),
-                      x.get("portid")] for x in r["records"]]))
-    emit(r, args.json, human)
+
+def _print_discovery(r):
+    print(f"discovery log of {r['traddr']}:{r['trsvcid']} ({len(r['records'])} records, generation {r['genctr']})")
+    print(table(["subtype", "subnqn", "trtype", "traddr", "trsvcid", "portid"],
+                [[x.get("subtype"), x.get("subnqn"), x.get("trtype"), x.get("traddr"), x.get("trsvcid"),
+                  x.get("portid")] for x in r["records"]]))
+
+
+def cmd_host_discover(args):
+    cli = _cli()
+    if not args.traddr:  # as nvme-cli: every discovery controller of /etc/nvme/discovery.conf
+        results = []
+        for e in _conf_entries(cli):
+            r = cli.discover(e["traddr"], e.get("trsvcid", "4420"), e.get("transport", "rdma"),
+                             e.get("hostnqn", args.hostnqn), e.get("hostid", args.hostid), e.get("host_traddr"),
+                             persistent=args.persistent or e.get("persistent", False))
+            r.update(traddr=e["traddr"], trsvcid=str(e.get("trsvcid", "4420")))
+            results.append(r)
+        emit(results, args.json, lambda rs: [_print_discovery(r) for r in rs])
+        return 0
+    _check_svc(args)
+    r = cli.discover(args.traddr, args.trsvcid, args.transport, args.hostnqn, args.hostid, args.host_traddr,
+                     persistent=args.persistent)
+    r.update(traddr=args.traddr, trsvcid=str(args.trsvcid))
+    emit(r, args.json, _print_discovery)
     return 0
 
 
@@ -100,9 +156,28 @@ def cmd_host_connect(args):
 
 
 def cmd_host_connect_all(args):
-    _check_svc(args)
-    r = _cli().connect_all(args.traddr, args.trsvcid, args.transport, args.hostnqn, args.hostid, args.host_traddr,
-                           **_tuning(args), **_auth(args))
+    if args.duplicate_connect:
+        raise NvmeofError("connect-all cannot duplicate connections (nvme connect-all has no -D)",
+                          "use host connect -D for the one subsystem you want twice")
+    cli = _cli()
+    tuning = _tuning(args)
+    tuning["persistent"] = args.persistent
+    auth = _auth(args)
+    if not args.traddr:  # as nvme-cli: every discovery controller of /etc/nvme/discovery.conf
+        r = {"connected": [], "not_connected": [], "discovered": []}
+        for e in _conf_entries(cli):
+            t = dict(tuning)
+            t.update({k: v for k, v in e.items() if k in t and v is not None})
+            one = cli.connect_all(e["traddr"], e.get("trsvcid", "4420"), e.get("transport", "rdma"),
+                                  e.get("hostnqn", args.hostnqn), e.get("hostid", args.hostid), e.get("host_traddr"),
+                                  **t, **auth)
+            for key in ("connected", "not_connected", "discovered"):
+                r[key] += one[key]
+            r["hostnqn"] = one["hostnqn"]
+    else:
+        _check_svc(args)
+        r = cli.connect_all(args.traddr, args.trsvcid, args.transport, args.hostnqn, args.hostid, args.host_traddr,
+                            **tuning, **auth)
 
     def human(r):
         for c in r["connected"]:
@@ -191,7 +266,9 @@ def register(subparsers) -> None:
     hs = h.add_subparsers(dest="host_cmd", metavar="ACTION")
     hs.required = True
     x = hs.add_parser("discover", help="read a discovery controller's log")
-    _addr_opts(x)
+    _addr_opts(x, traddr_required=False)
+    x.add_argument("-p", "--persistent", action="store_true",
+                   help="keep the discovery controller connected (Discovery Log Change events)")
     _add_json(x)
     x.set_defaults(func=cmd_host_discover)
     x = hs.add_parser("connect", help="connect to a subsystem")
@@ -201,9 +278,11 @@ def register(subparsers) -> None:
     _add_json(x)
     x.set_defaults(func=cmd_host_connect)
     x = hs.add_parser("connect-all", help="connect to every subsystem a discovery controller lists")
-    _addr_opts(x)
+    _addr_opts(x, traddr_required=False)
     _tuning_opts(x)
     _auth_opts(x)
+    x.add_argument("-p", "--persistent", action="store_true",
+                   help="keep the discovery controller connected (Discovery Log Change events)")
     _add_json(x)
     x.set_defaults(func=cmd_host_connect_all)
     x = hs.add_parser("disconnect", help="disconnect a subsystem (--nqn) or a controller (--device)")

@@ -140,6 +140,68 @@ def parse_address(addr: str) -> Dict[str, str]:
     return out
 
 
+_CONF_OPTIONS = {  # discovery.conf options (nvme-cli's long and short names) -> our keyword
+    "--transport": "transport", "-t": "transport", "--traddr": "traddr", "-a": "traddr",
+    "--trsvcid": "trsvcid", "-s": "trsvcid", "--host-traddr": "host_traddr", "-w": "host_traddr",
+    "--hostnqn": "hostnqn", "-q": "hostnqn", "--hostid": "hostid", "-I": "hostid", "--nqn": "nqn", "-n": "nqn",
+    "--keep-alive-tmo": "keep_alive_tmo", "-k": "keep_alive_tmo", "--ctrl-loss-tmo": "ctrl_loss_tmo",
+    "-l": "ctrl_loss_tmo", "--reconnect-delay": "reconnect_delay", "-c": "reconnect_delay",
+    "--nr-io-queues": "nr_io_queues", "-i": "nr_io_queues", "--queue-size": "queue_size", "-Q": "queue_size",
+    "--tos": "tos", "-T": "tos", "--host-iface": "host_iface", "-f": "host_iface",
+}
+_CONF_FLAGS = {"--persistent": "persistent", "-p": "persistent", "--disable-sqflow": "disable_sqflow",
+               "--duplicate-connect": "duplicate_connect", "-D": "duplicate_connect"}
+_CONF_INTS = {"keep_alive_tmo", "ctrl_loss_tmo", "reconnect_delay", "nr_io_queues", "queue_size", "tos"}
+
+
+def parse_discovery_conf(text: str, source: str = "discovery.conf") -> List[dict]:
+    """nvme-cli's discovery.conf: one discovery controller per line, as command-line options ('#' comments).
+
+    Each entry is a dict of our keyword names (transport, traddr, trsvcid, ...); an unknown option or a line
+    without --traddr is an error naming the line."""
+    import shlex
+    entries = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            words = shlex.split(line)
+        except ValueError as exc:
+            raise NvmeCliError(f"{source}:{lineno}: {exc}", "fix the quoting on that line") from None
+        entry: dict = {"transport": "rdma", "trsvcid": "4420"}
+        i = 0
+        while i < len(words):
+            word = words[i]
+            name, eq, value = word.partition("=")
+            if name in _CONF_FLAGS and not eq:
+                entry[_CONF_FLAGS[name]] = True
+                i += 1
+                continue
+            if name not in _CONF_OPTIONS:
+                raise NvmeCliError(f"{source}:{lineno}: unknown option {name!r}",
+                                   "use nvme-cli's options, e.g. --transport=rdma --traddr=10.99.0.1 --trsvcid=4420")
+            if not eq:
+                if i + 1 >= len(words):
+                    raise NvmeCliError(f"{source}:{lineno}: {name} needs a value", f"write {name}=VALUE")
+                value = words[i + 1]
+                i += 1
+            key = _CONF_OPTIONS[name]
+            if key in _CONF_INTS:
+                try:
+                    value = int(value)
+                except ValueError:
+                    raise NvmeCliError(f"{source}:{lineno}: {name} {value!r} is not a number",
+                                       f"give {name} a number") from None
+            entry[key] = value
+            i += 1
+        if not entry.get("traddr"):
+            raise NvmeCliError(f"{source}:{lineno}: no --traddr", "every line names a discovery controller: "
+                               "--transport=rdma --traddr=10.99.0.1 --trsvcid=4420")
+        entries.append(entry)
+    return entries
+
+
 def parse_discover(text: str) -> dict:
     """`nvme discover -o json` -> {"genctr": int, "records": [{trtype, adrfam, subtype, treq, portid, trsvcid,
     subnqn, traddr, ...}]}; portid an int, trsvcid a string, rdma_pkey an int."""
@@ -434,14 +496,21 @@ class NvmeCli:
 
     @staticmethod
     def _tuning_args(nr_io_queues=None, queue_size=None, keep_alive_tmo=None, ctrl_loss_tmo=None,
-                     reconnect_delay=None, dhchap_secret=None, dhchap_ctrl_secret=None):
+                     reconnect_delay=None, tos=None, nr_poll_queues=None, nr_write_queues=None,
+                     duplicate_connect=False, disable_sqflow=False, persistent=False,
+                     dhchap_secret=None, dhchap_ctrl_secret=None):
         args = []
         for flag, v in (("--nr-io-queues", nr_io_queues), ("--queue-size", queue_size),
                         ("--keep-alive-tmo", keep_alive_tmo), ("--ctrl-loss-tmo", ctrl_loss_tmo),
-                        ("--reconnect-delay", reconnect_delay), ("--dhchap-secret", dhchap_secret),
-                        ("--dhchap-ctrl-secret", dhchap_ctrl_secret)):
+                        ("--reconnect-delay", reconnect_delay), ("--tos", tos),
+                        ("--nr-poll-queues", nr_poll_queues), ("--nr-write-queues", nr_write_queues),
+                        ("--dhchap-secret", dhchap_secret), ("--dhchap-ctrl-secret", dhchap_ctrl_secret)):
             if v is not None:
                 args += [flag, str(v)]
+        for flag, on in (("--duplicate-connect", duplicate_connect), ("--disable-sqflow", disable_sqflow),
+                         ("--persistent", persistent)):
+            if on:
+                args.append(flag)
         return args
 
     def _fail(self, what, res, **kw):
@@ -454,12 +523,22 @@ class NvmeCli:
         return explain_failure(what, res, kernel_log="\n".join(new), **kw)
 
     # commands -----------------------------------------------------------------
+    def discovery_conf(self) -> List[dict]:
+        """The entries of /etc/nvme/discovery.conf (what nvme discover/connect-all use with no address)."""
+        path = os.path.join(self.etc_dir, "discovery.conf")
+        try:
+            with open(path) as f:
+                text = f.read()
+        except FileNotFoundError:
+            return []
+        return parse_discovery_conf(text, path)
+
     def discover(self, traddr: str, trsvcid=4420, transport="rdma", hostnqn=None, hostid=None,
-                 host_traddr=None) -> dict:
+                 host_traddr=None, persistent: bool = False) -> dict:
         ident = self.identity(hostnqn, hostid)
         self._ensure_transport(transport)
         res = self._nvme(["discover", *self._addr_args(transport, traddr, trsvcid, host_traddr, ident),
-                          "--output-format=json"])
+                          *(["--persistent"] if persistent else []), "--output-format=json"])
         if not res.ok:
             raise self._fail(f"nvme discover {traddr}:{trsvcid}", res, traddr=traddr, trsvcid=trsvcid,
                              hostnqn=ident.hostnqn, transport=transport)
@@ -490,6 +569,9 @@ class NvmeCli:
         ident = self.identity(hostnqn, hostid)
         self._ensure_transport(transport)
         disc = self.discover(traddr, trsvcid, transport, ident.hostnqn, ident.hostid, host_traddr)
+        tuning = dict(tuning)
+        if tuning.pop("duplicate_connect", False):  # nvme connect-all has no --duplicate-connect
+            raise NvmeCliError("connect-all cannot duplicate connections", "use host connect -D for one subsystem")
         before = {(s["nqn"], p["name"]) for s in self.list_subsystems() for p in s["paths"]}
         res = self._nvme(["connect-all", *self._addr_args(transport, traddr, trsvcid, host_traddr, ident),
                           *self._tuning_args(**tuning)])

@@ -1,10 +1,12 @@
 """`nvmeof-roce nvmet ...`: the kernel NVMe target through configfs."""
 import argparse
+import os
 
 from ..config import load_config
 from ..output import add_json_option as _add_json, emit
 from . import apply as applymod
 from .nvmet import DEFAULT_SAVE_FILE, NVMET_ROOT, Root, save_json
+from .nvmet_hosts import DEBUGFS_NVMET, NOT_EXPOSED, connected_hosts
 
 
 def _root(args) -> Root:
@@ -25,6 +27,22 @@ def cmd_nvmet_apply(args):
     done = applymod.execute(root, steps)
     emit({"file": args.file, "dry_run": False, "steps": [s.to_dict() for s in done]}, args.json,
          lambda r: print("\n".join(str(s) for s in done) if done else "nothing to change"))
+    return 0
+
+
+def cmd_nvmet_restore(args):
+    """nvmetcli restore: make the kernel match FILE (default /etc/nvmet/config.json); no file is not an error."""
+    path = args.file or DEFAULT_SAVE_FILE
+    if not os.path.exists(path):
+        emit({"file": path, "restored": False, "reason": "no such file"}, args.json,
+             lambda r: print(f"{path}: no saved config, nothing to restore"))
+        return 0
+    cfg = load_config(path)
+    root = _root(args)
+    done = applymod.execute(root, applymod.plan(root.dump(), applymod.kernel_dict(cfg), prune=True))
+    emit({"file": path, "restored": True, "steps": [s.to_dict() for s in done]}, args.json,
+         lambda r: print(f"restored {len(cfg.subsystems)} subsystem(s), {len(cfg.ports)} port(s) from {path}"
+                         f" ({len(done)} change(s))"))
     return 0
 
 
@@ -84,10 +102,25 @@ def show_text(d: dict, root_path: str = NVMET_ROOT) -> str:
     return "\n".join(lines)
 
 
+def connected_text(hosts) -> str:
+    if hosts is None:
+        return f"  connected hosts: unknown: {NOT_EXPOSED}"
+    lines = [f"  connected hosts ({len(hosts)})"]
+    for h in hosts:
+        lines.append(f"    {h['hostnqn']}  {h['subnqn']} controller {h['cntlid']}  port {h['port']}  "
+                     f"{h['host_traddr'] or '?'}  {h['state']}  kato {h['kato']}")
+    return "\n".join(lines)
+
+
 def cmd_nvmet_show(args):
     root = _root(args)
     d = root.dump()
-    emit(d, args.json, lambda r: print(show_text(r, root.path)))
+    hosts = connected_hosts(args.debugfs)
+    if args.json and args.connected:  # beside the config, which stays nvmetcli's format without --connected
+        emit({"config": d, "connected_hosts": hosts, "connected_hosts_note": "" if hosts is not None
+              else NOT_EXPOSED}, True)
+        return 0
+    emit(d, args.json, lambda r: print(show_text(r, root.path) + "\n" + connected_text(hosts)))
     return 0
 
 
@@ -105,6 +138,12 @@ def register(subparsers) -> None:
                    help="do not remove subsystems, ports or hosts that FILE does not name")
     _add_json(a)
     a.set_defaults(func=cmd_nvmet_apply)
+    r = sub.add_parser("restore", help=f"apply FILE (default {DEFAULT_SAVE_FILE}) as at boot; no file: exit 0",
+                       description="What nvmetcli restore does at boot: make the kernel target match FILE. A "
+                                   "missing FILE is not an error (nothing was saved yet).")
+    r.add_argument("file", metavar="FILE", nargs="?")
+    _add_json(r)
+    r.set_defaults(func=cmd_nvmet_restore)
     s = sub.add_parser("save", help=f"write the running config to FILE (default {DEFAULT_SAVE_FILE}), atomically")
     s.add_argument("file", metavar="FILE", nargs="?")
     _add_json(s)
@@ -112,6 +151,9 @@ def register(subparsers) -> None:
     c = sub.add_parser("clear", help="remove every port, subsystem and host")
     _add_json(c)
     c.set_defaults(func=cmd_nvmet_clear)
-    sh = sub.add_parser("show", help="show the running config (--json: nvmetcli's format)")
+    sh = sub.add_parser("show", help="show the running config and connected hosts (--json: nvmetcli's format)")
     _add_json(sh)
+    sh.add_argument("--connected", action="store_true",
+                    help="with --json: {config, connected_hosts} (hosts listed where the kernel exposes them)")
+    sh.add_argument("--debugfs", default=DEBUGFS_NVMET, help=argparse.SUPPRESS)
     sh.set_defaults(func=cmd_nvmet_show)

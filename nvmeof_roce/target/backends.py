@@ -110,6 +110,13 @@ class Backend:
                 self.write_zeroes(offset, n)
             offset += n
             yield n
+    def prepare_resize(self, size_bytes: int):
+        """Check a new size and get ready for it; returns `commit()`, which switches to it and cannot fail.
+
+        A live resize (nvmeof-roce target resize-ns) prepares every change first and commits only when all
+        are ready, so a refused change leaves the running target as it was."""
+        raise BackendError(f"{self.describe()}: this backend cannot be resized",
+                           "remove the namespace and add it again with the new size")
 
     def close(self) -> None:
         pass
@@ -179,10 +186,29 @@ class RamBackend(Backend):
             self.buffer[offset:offset + n] = bytes(n)
             offset += n
 
+    def prepare_resize(self, size_bytes):
+        _check_new_size("ram", size_bytes, self.block_size)
+        try:
+            new_map = mmap.mmap(-1, size_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        except (OSError, OverflowError) as exc:
+            raise BackendError(f"ram namespace: cannot allocate {size_bytes} bytes: {exc}",
+                               "use a smaller size") from None
+
+        def commit():
+            keep = min(size_bytes, self.size_bytes)
+            new_map[:keep] = self.buffer[:keep]
+            # Reads in flight may still hold views of the old memory: it is freed once they are done.
+            self._map, self.buffer = new_map, memoryview(new_map)
+            self.num_blocks = size_bytes // self.block_size
+        return commit
+
     def close(self):
         if self._map is not None and not self._map.closed:
             self.buffer.release()
-            self._map.close()
+            try:
+                self._map.close()
+            except BufferError:  # a view is still exported (a read in flight): freed with it
+                pass
 
 
 class NullBackend(Backend):
@@ -209,6 +235,18 @@ class NullBackend(Backend):
     def zero_steps(self, offset, length, deallocate, slice_bytes):
         self._check(offset, length)
         return iter(())  # nothing stored, nothing to zero
+    def prepare_resize(self, size_bytes):
+        _check_new_size("null", size_bytes, self.block_size)
+
+        def commit():
+            self.num_blocks = size_bytes // self.block_size
+        return commit
+
+
+def _check_new_size(kind: str, size_bytes: int, block_size: int) -> None:
+    if size_bytes <= 0 or size_bytes % block_size:
+        raise BackendError(f"{kind} namespace: size {size_bytes} is not a positive multiple of the block size "
+                           f"{block_size}", f"give a multiple of {block_size} bytes")
 
 
 _libc = None
@@ -369,6 +407,30 @@ class FileBackend(Backend):
             os.fdatasync(self._fd)
         except OSError as exc:
             raise BackendError(f"{self.path}: flush failed: {exc.strerror}", "check the device (dmesg)") from None
+
+    def prepare_resize(self, size_bytes):
+        _check_new_size("file", size_bytes, self.block_size)
+        if self.is_block:
+            current = struct.unpack("Q", fcntl.ioctl(self._fd, BLKGETSIZE64, b"\0" * 8))[0]
+            if size_bytes != current:
+                raise BackendError(f"{self.path}: is a block device of {current} bytes; the target cannot make "
+                                   f"it {size_bytes}", "resize the device first (e.g. lvextend), then resize the "
+                                   f"namespace to its new size ({current} now)")
+        elif size_bytes > self.size_bytes:
+            try:  # growing first is harmless: hosts see the old size until the commit
+                os.ftruncate(self._fd, size_bytes)
+            except OSError as exc:
+                raise BackendError(f"{self.path}: cannot grow to {size_bytes} bytes: {exc.strerror}",
+                                   "free space on its filesystem or pick a smaller size") from None
+
+        def commit():
+            if not self.is_block and size_bytes < self.size_bytes:
+                try:
+                    os.ftruncate(self._fd, size_bytes)
+                except OSError as exc:  # the namespace still shrinks: hosts no longer reach the tail
+                    log.error("%s: cannot shrink the file to %d bytes: %s", self.path, size_bytes, exc.strerror)
+            self.num_blocks = size_bytes // self.block_size
+        return commit
 
     def _zero_by_writing(self, offset, length):
         zeros = bytes(min(_ZERO_CHUNK, length))

@@ -172,3 +172,8 @@ def register(subparsers) -> None:
     ana.add_argument("--run-dir", metavar="DIR", help="the target's --run-dir (default /run/nvmeof-roce as root)")
     ana.add_argument("--json", action="store_true", help="print the states as JSON")
     ana.set_defaults(func=_cmd_ana_state)
+
+    # the control socket's clients: `target add-ns ...` verbs and the top-level `rpc`
+    from .rpc_commands import register_rpc, register_target_verbs
+    register_target_verbs(commands)
+    register_rpc(subparsers)

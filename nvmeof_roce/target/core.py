@@ -151,6 +151,7 @@ class Target:
         self.discovery_siblings: Dict[int, List[int]] = {}  # portid -> the portids of one path group (workers.py)
         self.work = Work()  # blocking backend calls and sliced jobs, off the loop (work.py)
         self.host_auth = auth.host_settings(config)  # DH-HMAC-CHAP keys by host NQN
+        self.tick_hooks: List[Callable[[float], None]] = []  # e.g. the control socket's (target/control.py)
         try:
             for i, sub_cfg in enumerate(config.subsystems):
                 sub = Subsystem(sub_cfg)
@@ -296,6 +297,8 @@ class Target:
 
     def tick(self, now: float) -> None:
         self._close_unconnected(now)
+        for hook in self.tick_hooks:
+            hook(now)
         for ctrl in self.controllers():
             if ctrl.shutdown_at is not None and now - ctrl.shutdown_at >= SHUTDOWN_LINGER:
                 # After CC.SHN the Linux host reads CSTS once more and then disconnects the admin queue.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING
+from time import perf_counter_ns
 
 from ..nvme import status as S
 from ..nvme.command import NVM_DSM, NVM_FLUSH, NVM_READ, NVM_WRITE, NVM_WRITE_ZEROES
@@ -48,6 +49,7 @@ def _rw_checks(t: Target, req: Request):
 
 
 def _read(t: Target, req: Request) -> None:
+    started = perf_counter_ns()
     checked = _rw_checks(t, req)
     if checked is None:
         return
@@ -61,13 +63,16 @@ def _read(t: Target, req: Request) -> None:
             ns.backend.read_into(offset, data)
         except BACKEND_ERRORS as exc:
             log.error("namespace %d: read of %d bytes at %d failed: %s", ns.nsid, length, offset, exc)
+            ns.stats.errors += 1
             return t.complete(req, S.READ_ERROR)
     ns.bytes_read += length
     ns.read_commands += 1
+    ns.stats.read_latency.record_ns(perf_counter_ns() - started)
     t.complete(req, 0, data=data)
 
 
 def _write(t: Target, req: Request) -> None:
+    req.started_ns = perf_counter_ns()
     checked = _rw_checks(t, req)
     if checked is not None:
         t.fetch(req, checked[1], _write_data)
@@ -82,9 +87,11 @@ def _write_data(t: Target, req: Request, data) -> None:
         ns.backend.write(offset, data)
     except BACKEND_ERRORS as exc:
         log.error("namespace %d: write of %d bytes at %d failed: %s", ns.nsid, len(data), offset, exc)
+        ns.stats.errors += 1
         return t.complete(req, S.WRITE_FAULT)
     ns.bytes_written += len(data)
     ns.write_commands += 1
+    ns.stats.write_latency.record_ns(perf_counter_ns() - req.started_ns)
     if req.cdw12 & _CONTROL_FUA:
         return _flush_then_complete(t, req, "FUA write")
     t.complete(req, 0)

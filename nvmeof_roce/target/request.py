@@ -42,7 +42,7 @@ class Request:
 
     __slots__ = ("queue", "state", "opc", "flags", "cid", "nsid", "cdw2", "cdw3", "mptr",
                  "sgl_addr", "sgl_id", "sgl_len", "sgl_key", "cdw10", "cdw11", "cdw12", "cdw13", "cdw14", "cdw15",
-                 "inline_offset", "capsule", "ns", "next_step", "buf", "read_done", "_target")
+                 "inline_offset", "capsule", "ns", "next_step", "buf", "read_done", "_target", "started_ns")
 
     def __init__(self, queue: "QueueState", target):
         self.queue = queue
@@ -54,6 +54,7 @@ class Request:
         self.inline_offset = -1  # >= 0: the data is in the capsule at 64 + this offset
         self.buf = bytearray(0)  # reused buffer for controller-to-host data
         self.read_done = self._on_read_done  # bound once, handed to read_host
+        self.started_ns = 0  # perf_counter_ns() when an I/O command started (stats.py latency)
 
     def parse(self, capsule) -> None:
         (self.opc, self.flags, self.cid, self.nsid, self.cdw2, self.cdw3, self.mptr, self.sgl_addr, word,

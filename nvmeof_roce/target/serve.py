@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 from typing import List, Optional
@@ -39,6 +40,7 @@ class TargetServer:
                             port.portid, port.trtype)
         self.config = config
         self.limits = limits or ResourceLimits()
+        self.remote_invalidate = remote_invalidate  # for ports added live (target/ops.py)
         self.target = Target(config, file_lock=file_lock, limits=self.limits)
         self.loop = EventLoop(self.target)
         self.target.attach_loop(self.loop)  # fdatasync and long commands stay off the loop
@@ -62,7 +64,12 @@ class TargetServer:
     def request_stop(self, *_args) -> None:
         if not self.stopping:
             log.info("stop requested: finishing in-flight commands")
+            if self.on_stop is not None:
+                self.on_stop()
         self.stopping = True
+
+    on_stop = None  # ops.py: sd_notify STOPPING=1
+    should_stop_hook = None  # ops.py: runs a pending SIGHUP reload on the loop
 
     def status_line(self, recent: bool = True) -> str:
         """The counts an admin (or a test) checks: queues, controllers, CM ids, data buffers per port, commands
@@ -88,7 +95,7 @@ class TargetServer:
         return self.stopping
 
     def serve(self) -> None:
-        self.loop.run(self._should_stop)
+        self.loop.run(self.should_stop_hook(self._should_stop) if self.should_stop_hook else self._should_stop)
         # Let in-flight commands complete (or fail with a status) before the queues close.
         deadline = time.monotonic() + DRAIN_SECONDS
         while self.target.in_flight() and time.monotonic() < deadline:
@@ -105,12 +112,23 @@ class TargetServer:
 
 def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[ResourceLimits] = None,
           remote_invalidate: bool = True, run_dir: Optional[str] = None, worker: Optional[int] = None,
-          listen_portids: Optional[List[int]] = None, path_groups: Optional[List[str]] = None) -> int:
+          listen_portids: Optional[List[int]] = None, path_groups: Optional[List[str]] = None,
+          rpc_socket: Optional[str] = "", metrics: Optional[str] = None) -> int:
     from .ana_control import AnaControl, default_run_dir, publish, unpublish
+    from .ops import Operations, bind_control_socket
     config = load_userspace_config(path)  # the same loader and checks as `target check`
-    server = TargetServer(config, limits=limits, remote_invalidate=remote_invalidate,
-                          listen_portids=listen_portids,
-                          file_lock="exclusive" if worker is None else "shared")
+    if worker is not None:
+        rpc_socket = None  # the workers of `serve --workers` take no live changes yet (docs/operations.md)
+    socket_path, bound = bind_control_socket(path, rpc_socket)
+    try:
+        server = TargetServer(config, limits=limits, remote_invalidate=remote_invalidate,
+                              listen_portids=listen_portids,
+                              file_lock="exclusive" if worker is None else "shared")
+    except BaseException:
+        if bound is not None:
+            bound.close()
+            os.unlink(socket_path)
+        raise
     for group in path_groups or ():  # a worker: these ports are one port of the config, one per worker
         ids = [int(x) for x in group.split(",")]
         for portid in ids:
@@ -129,6 +147,12 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
             log.warning("run-time ANA changes are off: %s (pass --run-dir)", exc)
     if published or worker is not None:
         server.ana_control = AnaControl(run_dir, server.target, worker or 0)
+    try:
+        ops = Operations(server, path, rpc_socket=socket_path, metrics=metrics, bound_socket=bound)
+    except BaseException:
+        server.close()
+        raise
+    server.on_stop, server.should_stop_hook = ops.stopping, ops.should_stop_hook
     previous = {sig: signal.signal(sig, server.request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     # SIGUSR1 logs a status line (queues, controllers, CM ids kept, free data buffers).  The handler runs
     # between two Python statements of the loop, which only reads counts here.
@@ -137,13 +161,17 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
         for sub in config.subsystems:
             log.warning("subsystem %s: %d namespace(s)%s", sub.nqn, len(sub.namespaces),
                         "" if sub.allow_any_host else f", hosts {', '.join(sub.allowed_hosts) or 'none'}")
-        print(f"nvmeof-roce target: serving {config.source} on {', '.join(server.addresses())}; "
-              f"{server.limits.describe()}", flush=True)
+        print(f"nvmeof-roce target: serving {config.source} on {', '.join(server.addresses())}"
+              + (f", control socket {ops.socket_path}" if ops.socket_path else "")
+              + (f", metrics {ops.metrics_url}" if ops.metrics_url else "")
+              + f"; {server.limits.describe()}", flush=True)
         if ready_file:
             with open(ready_file, "w") as f:
                 f.write("ready\n")
+        ops.ready()
         server.serve()
     finally:
+        ops.close()
         log.warning("%s", server.status_line(recent=False))
         server.close()
         for sig, handler in previous.items():
@@ -173,14 +201,19 @@ def _cmd_serve(args) -> int:
     logging.getLogger("nvmeof_roce").setLevel(logging.DEBUG if args.verbose > 1 else logging.INFO)
     return serve(args.config, ready_file=args.ready_file, limits=limits_from_args(args),
                  remote_invalidate=not args.no_remote_invalidate, run_dir=args.run_dir, worker=args.worker_index,
-                 listen_portids=args.listen_port, path_groups=args.path_group)
+                 listen_portids=args.listen_port, path_groups=args.path_group,
+                 rpc_socket=None if args.no_rpc_socket else (args.rpc_socket or ""), metrics=args.metrics)
 
 
 def register_serve(commands) -> None:
     p = commands.add_parser("serve", help="serve a target config over RDMA in the foreground",
                             description="Run the userspace NVMe-oF target on every RDMA port of CONFIG "
                                         "(default service 4420) until SIGINT/SIGTERM. In-flight commands "
-                                        "complete, connections close, files are flushed.")
+                                        "complete, connections close, files are flushed. SIGHUP re-reads "
+                                        "CONFIG and applies the differences; the control socket takes "
+                                        "live changes (nvmeof-roce rpc, target add-ns ...); under systemd "
+                                        "(Type=notify) it reports READY/STATUS/STOPPING. SIGUSR1 logs a status "
+                                        "line.")
     p.add_argument("config", metavar="CONFIG.json")
     p.add_argument("--ready-file", metavar="PATH", help="write PATH once listening (for scripts and tests)")
     d = ResourceLimits()
@@ -202,6 +235,11 @@ def register_serve(commands) -> None:
                         f"(default {d.connect_timeout:g})")
     p.add_argument("--no-remote-invalidate", action="store_true",
                    help="answer with plain SEND even when the host's key asks for remote invalidation")
+    p.add_argument("--rpc-socket", metavar="PATH",
+                   help="the JSON-RPC control socket (default /run/nvmeof-roce/NAME.sock for NAME.json; mode 0600)")
+    p.add_argument("--no-rpc-socket", action="store_true", help="serve without a control socket")
+    p.add_argument("--metrics", metavar="ADDR:PORT",
+                   help="serve Prometheus metrics on ADDR:PORT (ADDR defaults to 127.0.0.1: ':9712')")
     from .workers import add_worker_arguments
     add_worker_arguments(p)
     p.set_defaults(func=_cmd_serve)

@@ -9,6 +9,7 @@ from typing import Dict, List, Optional
 from ..nvme.fabrics import DISCOVERY_NQN, MAX_CNTLID, MIN_CNTLID, make_version
 from .backends import Backend, open_backend
 from .limits import MAX_NSID
+from .stats import NamespaceStats
 from ..config import NamespaceConfig, SubsystemConfig
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ class Namespace:
         self.bytes_written = 0
         self.read_commands = 0
         self.write_commands = 0
+        self.stats = NamespaceStats()  # latency histograms and errors, for status and metrics
 
     def close(self) -> None:
         try:

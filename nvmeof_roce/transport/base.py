@@ -145,3 +145,6 @@ class Connector(abc.ABC):
     @abc.abstractmethod
     def connect(self, qid: int, hrqsize: int, hsqsize: int, cntlid: int = 0) -> HostQueue:
         """Open queue `qid`; raises ConnectRejected or TransportError."""
+
+    def close(self) -> None:
+        """Release what the connector holds itself (its queues are closed by their owner)."""

@@ -13,10 +13,11 @@ LAB_IP = "10.99.0.1"
 class ServedTarget:
     """`nvmeof-roce target serve CONFIG` in a subprocess; waits until it listens."""
 
-    def __init__(self, config: dict, path: str, log_path: str = None, args=()):
+    def __init__(self, config: dict, path: str, log_path: str = None, args=(), env=None):
         self.config = config
-        self.args = list(args)
         self.path = path
+        self.args = list(args)  # more `target serve` options
+        self.env = env
         with open(path, "w") as f:
             json.dump(config, f)
         self.ready = path + ".ready"
@@ -28,7 +29,8 @@ class ServedTarget:
             os.unlink(self.ready)
         self.log = open(self.log_path, "a")
         self.proc = subprocess.Popen([sys.executable, "-m", "nvmeof_roce", "-v", "target", "serve", self.path,
-                                      "--ready-file", self.ready, *self.args], stdout=self.log, stderr=subprocess.STDOUT)
+                                      "--ready-file", self.ready, *self.args], stdout=self.log,
+                                     stderr=subprocess.STDOUT, env=self.env)
         deadline = time.monotonic() + timeout
         while not os.path.exists(self.ready):
             if self.proc.poll() is not None:

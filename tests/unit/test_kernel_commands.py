@@ -64,6 +64,31 @@ def test_nvmet_show_save_clear(kernel, capsys):
     assert root.dump()["subsystems"] == []
 
 
+def test_nvmet_restore_and_connected_hosts(kernel, capsys):
+    root, f, tmp = kernel
+    code, out, _ = run(capsys, "nvmet", "restore", tmp / "missing.json")
+    assert code == 0 and "no saved config, nothing to restore" in out
+    code, out, _ = run(capsys, "nvmet", "restore", f, "--json")
+    assert code == 0 and json.loads(out)["restored"] is True and [s["nqn"] for s in root.dump()["subsystems"]] == [S1]
+    code, out, _ = run(capsys, "nvmet", "restore", f)  # the kernel already matches: nothing to do
+    assert code == 0 and "(0 change(s))" in out
+    # connected hosts: none listed where the kernel has no debugfs nvmet directory
+    code, out, _ = run(capsys, "nvmet", "show", "--debugfs", tmp / "no-debugfs")
+    assert "connected hosts: unknown: this kernel does not list" in out
+    ctrl = tmp / "dbg" / S1 / "ctrl3"
+    ctrl.mkdir(parents=True)
+    for name, value in (("hostnqn", "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-00000000a001"),
+                        ("port", "1"), ("kato", "5"), ("state", "live"), ("host_traddr", "10.99.0.2")):
+        (ctrl / name).write_text(value + "\n")
+    code, out, _ = run(capsys, "nvmet", "show", "--json", "--connected", "--debugfs", tmp / "dbg")
+    d = json.loads(out)
+    assert d["config"] == root.dump() and d["connected_hosts"] == [{
+        "subnqn": S1, "cntlid": 3, "hostnqn": "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-00000000a001",
+        "port": "1", "kato": 5, "state": "live", "host_traddr": "10.99.0.2"}]
+    code, out, _ = run(capsys, "nvmet", "show", "--debugfs", tmp / "dbg")
+    assert "connected hosts (1)" in out and "controller 3  port 1  10.99.0.2  live" in out
+
+
 def test_nvmet_errors_exit_1(kernel, capsys):
     root, f, tmp = kernel
     code, _, err = run(capsys, "nvmet", "apply", "targets/ram.json")
@@ -110,6 +135,40 @@ def test_host_commands(monkeypatch, tmp_path, capsys):
     assert code == 1 and "give --nqn NQN or --device nvmeN" in err
 
 
+def test_host_nvme_cli_habits(monkeypatch, tmp_path, capsys):
+    ok = lambda name: ToolResult(["nvme"], 0, (FIX / name).read_text(), "")
+    calls = fake_cli(monkeypatch, {"discover": ok("discover.json"), "connect": ok("connect.json"),
+                                   "connect-all": ToolResult(["nvme"], 0, "", ""),
+                                   "list-subsys": ok("list-subsys.json")}, tmp_path)
+    code, out, _ = run(capsys, "host", "connect", "-a", "10.99.0.1", "-n", S1, "-o", "json", "-T", "104", "-P", "1",
+                       "-W", "2", "-D", "--disable-sqflow")
+    assert code == 0 and json.loads(out)["controller"] == "nvme0"
+    args = calls[-1]
+    for flag, value in (("--tos", "104"), ("--nr-poll-queues", "1"), ("--nr-write-queues", "2")):
+        assert args[args.index(flag) + 1] == value
+    assert "--duplicate-connect" in args and "--disable-sqflow" in args
+    code, out, _ = run(capsys, "host", "connect", "-a", "10.99.0.1", "-n", S1, "--output-format", "normal")
+    assert out.startswith("connected ") and "--tos" not in calls[-1] and "--duplicate-connect" not in calls[-1]
+    # discover with no address: every line of discovery.conf, as nvme-cli
+    code, _, err = run(capsys, "host", "discover")
+    assert code == 1 and "discovery.conf lists no discovery controller" in err
+    (tmp_path / "discovery.conf").write_text("# controllers\n--transport=rdma --traddr=10.99.0.1 --trsvcid=4420\n"
+                                             "-t rdma -a 10.99.0.2 -s 4421 -p\n")
+    code, out, _ = run(capsys, "host", "discover", "-o", "json")
+    logs = json.loads(out)
+    assert code == 0 and [(r["traddr"], r["trsvcid"]) for r in logs] == [("10.99.0.1", "4420"), ("10.99.0.2", "4421")]
+    discovers = [c for c in calls if c[0] == "discover"]
+    assert "--persistent" not in discovers[-2] and "--persistent" in discovers[-1]
+    code, out, _ = run(capsys, "host", "discover", "-a", "10.99.0.3", "-p")
+    assert "--persistent" in calls[-1] and "discovery log of 10.99.0.3:4420" in out
+    code, out, _ = run(capsys, "host", "connect-all", "--json")
+    assert code == 0 and [c[c.index("--traddr") + 1] for c in calls if c[0] == "connect-all"] == \
+        ["10.99.0.1", "10.99.0.2"]
+    (tmp_path / "discovery.conf").write_text("--traddr=10.99.0.1 --colour=red\n")
+    code, _, err = run(capsys, "host", "discover")
+    assert code == 1 and "discovery.conf:1: unknown option '--colour'" in err
+
+
 def test_host_connect_failure_message(monkeypatch, tmp_path, capsys):
     fake_cli(monkeypatch, {"connect": ToolResult(["nvme"], 1, "", "already connected\n")}, tmp_path)
     code, _, err = run(capsys, "host", "connect", "-a", "10.99.0.1", "-n", S1)
@@ -120,6 +179,9 @@ def test_host_connect_failure_message(monkeypatch, tmp_path, capsys):
     (["host", "connect", "-a", "10.99.0.1", "-n", S1, "-s", "99999"], "--trsvcid '99999': must be a port number"),
     (["host", "connect", "-a", "10.99.0.1", "-n", S1, "-Q", "1"], "--queue-size 1: must be at least 2"),
     (["host", "connect", "-a", "10.99.0.1", "-n", S1, "-l", "-5"], "--ctrl-loss-tmo -5: must be -1"),
+    (["host", "connect", "-a", "10.99.0.1", "-n", S1, "-T", "300"], "--tos 300: must be 0..255"),
+    (["host", "connect", "-a", "10.99.0.1", "-n", S1, "-P", "-1"], "--nr-poll-queues -1: must be 0 or more"),
+    (["host", "connect-all", "-a", "10.99.0.1", "-D"], "connect-all cannot duplicate connections"),
     (["rdma", "roce-mode", "rxe0"], "roce-mode DEV needs a PORT too"),
 ])
 def test_bad_options(argv, words, capsys):

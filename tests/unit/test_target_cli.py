@@ -104,3 +104,14 @@ def test_shipped_example_configs_check(capsys):
     for name in ("ram.json", "two-subsystems.json"):
         assert cli.main(["target", "check", str(root / "targets" / name), "--json"]) == 0
         assert json.loads(capsys.readouterr().out)["ok"]
+
+
+def test_check_several_files(tmp_path, capsys):
+    good = write(tmp_path, base_config([{"nsid": 1, "nvmeof_roce": {"backend": "ram", "size": "4M"}}]), "good.json")
+    bad = write(tmp_path, base_config([{"nsid": 1, "nvmeof_roce": {"backend": "ram"}}]), "bad.json")
+    assert cli.main(["target", "check", good, bad]) == 1
+    captured = capsys.readouterr()
+    assert f"{good}: OK" in captured.out
+    assert f"{bad}: subsystems[0].namespaces[0].nvmeof_roce.size: is required" in captured.err
+    assert cli.main(["target", "check", good, good, "--json"]) == 0
+    assert [r["ok"] for r in json.loads(capsys.readouterr().out)] == [True, True]

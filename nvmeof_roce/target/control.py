@@ -1,0 +1,846 @@
+"""The control socket of a running userspace target: JSON-RPC 2.0 over a Unix socket.
+
+Method and parameter names are SPDK's (`scripts/rpc.py nvmf_*`) where SPDK has the operation, so an SPDK user
+recognises them; the few of our own are named `nvmf_subsystem_resize_ns`, `nvmeof_reload_config` and
+`nvmeof_get_status`.  Every change is made by editing a copy of the running config, validating it with the
+config loader (the same rules as a file), and applying the difference with live.py: a refused change answers
+a JSON-RPC error whose `data` names the field and the fix, and leaves the target as it was.
+
+The server runs on the target's event loop (`loop.watch(fd, callback)`), never blocking it: requests are read
+as they arrive, a reply that does not fit in the socket buffer is finished on later ticks.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import socket
+import stat
+from typing import Any, Callable, Dict, List, Optional
+
+from ..config import ConfigError, DISCOVERY_NQN, load_userspace_config, parse_config, parse_size, raise_all, \
+    validate_for_userspace
+from . import auth
+from . import live
+from .stats import Sampler, controller_status, namespace_status, target_status
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SOCKET_DIR = "/run/nvmeof-roce"
+MAX_REQUEST_BYTES = 1 << 20
+
+# JSON-RPC 2.0 error codes (SPDK uses the same ones for bad parameters)
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+
+
+def default_socket_path(config_path: str) -> str:
+    """/run/nvmeof-roce/NAME.sock for CONFIG NAME.json (the systemd unit's instance name)."""
+    name = os.path.basename(str(config_path))
+    if name.endswith(".json"):
+        name = name[:-5]
+    return os.path.join(DEFAULT_SOCKET_DIR, f"{name or 'target'}.sock")
+
+
+class RpcError(Exception):
+    """A JSON-RPC error: `field` is the parameter (or config field) at fault, `fix` what to do."""
+
+    def __init__(self, message: str, field: str = "", fix: str = "", code: int = INVALID_PARAMS):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.fix = fix
+        self.code = code
+
+    def to_dict(self) -> dict:
+        data = {}
+        if self.field:
+            data["field"] = self.field
+        if self.fix:
+            data["fix"] = self.fix
+        d = {"code": self.code, "message": self.message}
+        if data:
+            d["data"] = data
+        return d
+
+
+# ------------------------------------------------------------------------------------- parameters
+
+class _Params:
+    def __init__(self, method: str, params: Any, known: tuple):
+        if params is None:
+            params = {}
+        if not isinstance(params, dict):
+            raise RpcError(f"{method}: params must be an object (named parameters), got {type(params).__name__}",
+                           "params", 'send "params": {"nqn": ...}')
+        for k in params:
+            if k not in known and k != "tgt_name":
+                raise RpcError(f"{method}: unknown parameter {k!r}", k,
+                               f"remove it; {method} takes {', '.join(known) or 'no parameters'}")
+        if params.get("tgt_name") not in (None, ""):
+            raise RpcError("tgt_name: this target process serves one target; it has no named targets", "tgt_name",
+                           "leave tgt_name out")
+        self.method = method
+        self.p = params
+
+    def has(self, name: str) -> bool:
+        return self.p.get(name) is not None
+
+    def str(self, name: str, required: bool = True, default: str = "") -> str:
+        v = self.p.get(name)
+        if v is None:
+            if required:
+                raise RpcError(f"{self.method}: missing parameter {name!r}", name, f"add \"{name}\": ...")
+            return default
+        if not isinstance(v, str) or not v:
+            raise RpcError(f"{name} must be a non-empty string, got {v!r}", name, f"give {name} as a JSON string")
+        return v
+
+    def int(self, name: str, required: bool = True, default: Optional[int] = None) -> Optional[int]:
+        v = self.p.get(name)
+        if v is None:
+            if required:
+                raise RpcError(f"{self.method}: missing parameter {name!r}", name, f"add \"{name}\": N")
+            return default
+        if isinstance(v, bool) or not isinstance(v, int):
+            try:
+                v = int(str(v), 0)
+            except ValueError:
+                raise RpcError(f"{name} must be an integer, got {v!r}", name, f"give {name} as a number") from None
+        return v
+
+    def bool(self, name: str, required: bool = False, default: bool = False) -> bool:
+        v = self.p.get(name)
+        if v is None:
+            if required:
+                raise RpcError(f"{self.method}: missing parameter {name!r}", name, f"add \"{name}\": true or false")
+            return default
+        if isinstance(v, bool):
+            return v
+        if v in (0, 1, "0", "1", "true", "false"):
+            return v in (1, "1", "true")
+        raise RpcError(f"{name} must be true or false, got {v!r}", name, f"give {name} as true or false")
+
+    def dict(self, name: str) -> dict:
+        v = self.p.get(name)
+        if not isinstance(v, dict):
+            raise RpcError(f"{self.method}: parameter {name!r} must be an object, got {v!r}", name,
+                           f"give \"{name}\": {{...}}")
+        return v
+
+
+# -------------------------------------------------------------------------------------- the methods
+
+_NS_PARAMS = {  # RPC namespace key -> (where it goes in the config's namespace object)
+    "nsid": ("nsid",), "path": ("device", "path"), "uuid": ("device", "uuid"), "nguid": ("device", "nguid"),
+    "eui64": ("device", "eui64"), "anagrpid": ("ana_grpid",), "backend": ("nvmeof_roce", "backend"),
+    "size": ("nvmeof_roce", "size"), "block_size": ("nvmeof_roce", "block_size"),
+}
+_CONFIG_TO_RPC = {".".join(v): k for k, v in _NS_PARAMS.items()}
+
+
+class Control:
+    """The RPC methods over one running Target (no sockets here: `call()` takes and returns dicts)."""
+
+    def __init__(self, target, listeners: Optional[live.Listeners] = None, config_path: str = "",
+                 server=None, socket_path: str = ""):
+        self.target = target
+        self.listeners = listeners
+        self.config_path = config_path or target.config.source
+        self.server = server
+        self.socket_path = socket_path
+        self.sampler = Sampler(target)
+        target.tick_hooks.append(self.sampler.tick)
+        self.methods: Dict[str, Callable[[_Params], Any]] = {}
+        for name in dir(self):
+            if name.startswith("rpc_"):
+                self.methods[name[4:]] = getattr(self, name)
+
+    # -- dispatch
+    def call(self, method: str, params: Any = None) -> Any:
+        fn = self.methods.get(method)
+        if fn is None:
+            raise RpcError(f"method {method!r} not found", "method",
+                           "rpc_get_methods lists the methods (nvmeof-roce rpc rpc_get_methods)", METHOD_NOT_FOUND)
+        return fn(params)
+
+    def handle(self, request: Any) -> Optional[dict]:
+        """One JSON-RPC request object -> its response object (None for a notification)."""
+        if not isinstance(request, dict) or request.get("jsonrpc") != "2.0" or not isinstance(
+                request.get("method"), str):
+            return {"jsonrpc": "2.0", "id": request.get("id") if isinstance(request, dict) else None,
+                    "error": RpcError("not a JSON-RPC 2.0 request", "jsonrpc",
+                                      'send {"jsonrpc": "2.0", "method": ..., "params": {...}, "id": 1}',
+                                      INVALID_REQUEST).to_dict()}
+        rid = request.get("id")
+        try:
+            result = self.call(request["method"], request.get("params"))
+            response = {"jsonrpc": "2.0", "id": rid, "result": result}
+        except RpcError as exc:
+            log.warning("rpc %s: %s", request["method"], exc.message)
+            response = {"jsonrpc": "2.0", "id": rid, "error": exc.to_dict()}
+        except Exception as exc:
+            log.exception("rpc %s failed", request["method"])
+            response = {"jsonrpc": "2.0", "id": rid,
+                        "error": RpcError(f"internal error: {exc}", "", "see the target's log",
+                                          INTERNAL_ERROR).to_dict()}
+        return None if "id" not in request else response
+
+    # -- editing the running config
+    def _edit(self, edit: Callable[[dict], None], rpc_fields: Optional[Callable[[str], str]] = None) -> List[dict]:
+        data = self.target.config.to_dict()
+        edit(data)
+        return self._apply_dict(data, rpc_fields)
+
+    def _apply_dict(self, data: dict, rpc_fields=None, dry_run: bool = False, source: str = "") -> List[dict]:
+        try:
+            new = parse_config(data, source or self.target.config.source)
+            # the same checks as `target check` / `serve`: nothing the userspace target cannot honour
+            raise_all(validate_for_userspace(new))
+            auth.host_settings(new)
+            changes = live.plan(self.target.config, new)
+            if not dry_run:
+                live.apply(self.target, new, self.listeners, changes)
+        except ConfigError as exc:
+            field = rpc_fields(exc.where) if rpc_fields else exc.where
+            raise RpcError(exc.problem if field else str(exc), field or exc.where, exc.fix) from None
+        return [c.to_dict() for c in changes]
+
+    def _subsystem_index(self, data: dict, nqn: str) -> int:
+        for i, s in enumerate(data["subsystems"]):
+            if s["nqn"] == nqn:
+                return i
+        known = ", ".join(s["nqn"] for s in data["subsystems"]) or "none"
+        raise RpcError(f"no subsystem {nqn!r}", "nqn", f"use one of: {known} (nvmf_get_subsystems lists them)")
+
+    def _sub(self, nqn: str):
+        sub = self.target.subsystems.get(nqn)
+        if sub is None:
+            known = ", ".join(self.target.subsystems) or "none"
+            raise RpcError(f"no subsystem {nqn!r}", "nqn", f"use one of: {known} (nvmf_get_subsystems lists them)")
+        return sub
+
+    # -- SPDK's methods
+    def rpc_rpc_get_methods(self, params) -> List[str]:
+        _Params("rpc_get_methods", params, ("current",))
+        return sorted(self.methods)
+
+    def rpc_nvmf_get_subsystems(self, params) -> List[dict]:
+        p = _Params("nvmf_get_subsystems", params, ("nqn",))
+        nqn = p.str("nqn", required=False)
+        if nqn and nqn != DISCOVERY_NQN:
+            self._sub(nqn)
+        out = []
+        if not nqn or nqn == DISCOVERY_NQN:
+            out.append({"nqn": DISCOVERY_NQN, "subtype": "Discovery", "listen_addresses": [
+                _listen_address(port) for port in self.target.config.ports], "allow_any_host": True, "hosts": []})
+        for s in self.target.config.subsystems:
+            if nqn and s.nqn != nqn:
+                continue
+            sub = self.target.subsystems[s.nqn]
+            out.append({
+                "nqn": s.nqn, "subtype": "NVMe",
+                "listen_addresses": [_listen_address(p) for p in self.target.config.ports if s.nqn in p.subsystems],
+                "allow_any_host": s.allow_any_host, "hosts": [{"nqn": h} for h in s.allowed_hosts],
+                "serial_number": s.serial, "model_number": s.model,
+                "min_cntlid": s.cntlid_min, "max_cntlid": s.cntlid_max,
+                "namespaces": [_namespace_info(n, sub.namespaces.get(n.nsid)) for n in s.namespaces],
+            })
+        return out
+
+    def rpc_nvmf_create_subsystem(self, params) -> bool:
+        p = _Params("nvmf_create_subsystem", params, ("nqn", "serial_number", "model_number", "allow_any_host",
+                                                       "max_namespaces", "ana_reporting", "min_cntlid", "max_cntlid"))
+        nqn = p.str("nqn")
+        if p.int("max_namespaces", required=False, default=0) not in (0, None):
+            raise RpcError("max_namespaces is not supported: a subsystem of this target takes NSIDs 1..1024",
+                           "max_namespaces", "leave max_namespaces out (or 0)")
+        if p.bool("ana_reporting"):
+            raise RpcError("ana_reporting is not supported by the userspace target", "ana_reporting",
+                           "leave ana_reporting out")
+        attr = {"allow_any_host": "1" if p.bool("allow_any_host") else "0"}
+        if p.has("serial_number"):
+            attr["serial"] = p.str("serial_number")
+        if p.has("model_number"):
+            attr["model"] = p.str("model_number")
+        if p.has("min_cntlid"):
+            attr["cntlid_min"] = str(p.int("min_cntlid"))
+        if p.has("max_cntlid"):
+            attr["cntlid_max"] = str(p.int("max_cntlid"))
+
+        def edit(d):
+            if any(s["nqn"] == nqn for s in d["subsystems"]):
+                raise RpcError(f"subsystem {nqn!r} already exists", "nqn",
+                               "pick another NQN, or nvmf_delete_subsystem it first")
+            d["subsystems"].append({"nqn": nqn, "attr": attr, "allowed_hosts": [], "namespaces": []})
+
+        self._edit(edit, lambda where: _sub_field(where, {"nqn": "nqn", "attr.serial": "serial_number",
+                                                          "attr.model": "model_number",
+                                                          "attr.cntlid_min": "min_cntlid",
+                                                          "attr.cntlid_max": "max_cntlid"}))
+        return True
+
+    def rpc_nvmf_delete_subsystem(self, params) -> bool:
+        p = _Params("nvmf_delete_subsystem", params, ("nqn",))
+        nqn = p.str("nqn")
+
+        def edit(d):
+            del d["subsystems"][self._subsystem_index(d, nqn)]
+            for port in d["ports"]:
+                if nqn in port["subsystems"]:
+                    port["subsystems"].remove(nqn)
+
+        self._edit(edit)
+        return True
+
+    def rpc_nvmf_subsystem_add_ns(self, params) -> int:
+        p = _Params("nvmf_subsystem_add_ns", params, ("nqn", "namespace"))
+        nqn = p.str("nqn")
+        spec = p.dict("namespace")
+        for k in spec:
+            if k == "bdev_name":
+                raise RpcError("namespace.bdev_name: this target has no bdevs", "namespace.bdev_name",
+                               'give "path" (a file or block device), or "backend": "ram" or "null" with a "size"')
+            if k not in _NS_PARAMS:
+                raise RpcError(f"namespace: unknown key {k!r}", f"namespace.{k}",
+                               f"remove it; known keys: {', '.join(_NS_PARAMS)}")
+        self._sub(nqn)
+        nsid = spec.get("nsid")
+        if nsid is None:  # SPDK: the lowest free NSID
+            used = {n.nsid for n in self.target.config.subsystem(nqn).namespaces}
+            nsid = next(i for i in range(1, len(used) + 2) if i not in used)
+        ns: Dict[str, Any] = {"nsid": nsid, "enable": 1}
+        for k, v in spec.items():
+            if k == "nsid":
+                continue
+            where = _NS_PARAMS[k]
+            target = ns
+            for part in where[:-1]:
+                target = target.setdefault(part, {})
+            target[where[-1]] = v
+        if "path" in spec and "backend" not in spec:
+            ns.setdefault("nvmeof_roce", {})["backend"] = "file"
+
+        def edit(d):
+            s = d["subsystems"][self._subsystem_index(d, nqn)]
+            if any(str(n.get("nsid")) == str(nsid) for n in s["namespaces"]):
+                raise RpcError(f"{nqn} already has namespace {nsid}", "namespace.nsid",
+                               "pick a free NSID, or leave nsid out to get the lowest free one")
+            s["namespaces"].append(ns)
+
+        self._edit(edit, _ns_field)
+        return int(nsid) if not isinstance(nsid, str) else int(nsid, 0)
+
+    def rpc_nvmf_subsystem_remove_ns(self, params) -> bool:
+        p = _Params("nvmf_subsystem_remove_ns", params, ("nqn", "nsid"))
+        nqn, nsid = p.str("nqn"), p.int("nsid")
+        self._sub(nqn)
+
+        def edit(d):
+            s = d["subsystems"][self._subsystem_index(d, nqn)]
+            keep = [n for n in s["namespaces"] if int(str(n["nsid"]), 0) != nsid]
+            if len(keep) == len(s["namespaces"]):
+                raise RpcError(f"{nqn} has no namespace {nsid}", "nsid",
+                               "nvmf_get_subsystems lists the namespaces")
+            s["namespaces"] = keep
+
+        self._edit(edit)
+        return True
+
+    def rpc_nvmf_subsystem_resize_ns(self, params) -> dict:
+        p = _Params("nvmf_subsystem_resize_ns", params, ("nqn", "nsid", "size"))
+        nqn, nsid = p.str("nqn"), p.int("nsid")
+        raw = p.p.get("size")
+        if raw is None:
+            raise RpcError("nvmf_subsystem_resize_ns: missing parameter 'size'", "size", 'add "size": "2G" (or bytes)')
+        try:
+            size = parse_size(raw)
+        except ValueError:
+            raise RpcError(f"size is not a size: {raw!r}", "size", 'give bytes or K/M/G/T, e.g. "2G"') from None
+        sub = self._sub(nqn)
+        if nsid not in sub.namespaces:
+            raise RpcError(f"{nqn} has no enabled namespace {nsid}", "nsid", "nvmf_get_subsystems lists them")
+
+        def edit(d):
+            s = d["subsystems"][self._subsystem_index(d, nqn)]
+            for n in s["namespaces"]:
+                if int(str(n["nsid"]), 0) == nsid:
+                    n.setdefault("nvmeof_roce", {})["size"] = size
+                    if n["nvmeof_roce"].get("backend", "file") == "file":
+                        n["nvmeof_roce"]["backend"] = "file"
+
+        self._edit(edit, lambda where: "size" if where.endswith(".size") else _ns_field(where))
+        ns = sub.namespaces[nsid]
+        return {"nsid": nsid, "size_bytes": ns.num_blocks * ns.block_size, "blocks": ns.num_blocks}
+
+    def rpc_nvmf_subsystem_add_host(self, params) -> bool:
+        p = _Params("nvmf_subsystem_add_host", params, ("nqn", "host", "psk"))
+        nqn, host = p.str("nqn"), p.str("host")
+        if p.has("psk"):
+            raise RpcError("psk: TLS is not supported on RDMA", "psk", "leave psk out")
+        sub = self._sub(nqn)
+        if sub.allow_any_host:
+            raise RpcError(f"{nqn} allows any host, so an allow-list would not be used", "nqn",
+                           f"first call nvmf_subsystem_allow_any_host with nqn {nqn} and allow_any_host false")
+
+        def edit(d):
+            if not any(h["nqn"] == host for h in d["hosts"]):
+                d["hosts"].append({"nqn": host})
+            s = d["subsystems"][self._subsystem_index(d, nqn)]
+            if host in s["allowed_hosts"]:
+                raise RpcError(f"host {host} is already allowed on {nqn}", "host", "nothing to do")
+            s["allowed_hosts"].append(host)
+
+        self._edit(edit, lambda where: "host" if "hosts" in where else where)
+        return True
+
+    def rpc_nvmf_subsystem_remove_host(self, params) -> bool:
+        p = _Params("nvmf_subsystem_remove_host", params, ("nqn", "host"))
+        nqn, host = p.str("nqn"), p.str("host")
+        self._sub(nqn)
+
+        def edit(d):
+            s = d["subsystems"][self._subsystem_index(d, nqn)]
+            if host not in s["allowed_hosts"]:
+                raise RpcError(f"host {host} is not on the allow-list of {nqn}", "host",
+                               "nvmf_get_subsystems lists the allowed hosts")
+            s["allowed_hosts"].remove(host)
+
+        self._edit(edit)
+        return True
+
+    def rpc_nvmf_subsystem_allow_any_host(self, params) -> bool:
+        p = _Params("nvmf_subsystem_allow_any_host", params, ("nqn", "allow_any_host"))
+        nqn = p.str("nqn")
+        allow = p.bool("allow_any_host", required=True)
+        self._sub(nqn)
+
+        def edit(d):
+            d["subsystems"][self._subsystem_index(d, nqn)]["attr"]["allow_any_host"] = "1" if allow else "0"
+
+        self._edit(edit, lambda where: "allow_any_host" if where.endswith("allow_any_host") else where)
+        return True
+
+    def rpc_nvmf_subsystem_add_listener(self, params) -> bool:
+        p = _Params("nvmf_subsystem_add_listener", params, ("nqn", "listen_address"))
+        nqn = p.str("nqn")
+        la = _listen_params(p.dict("listen_address"))
+        if nqn != DISCOVERY_NQN:
+            self._sub(nqn)
+
+        def edit(d):
+            port = _find_port(d, la)
+            if port is None:
+                portid = max([int(str(x["portid"])) for x in d["ports"]] + [0]) + 1
+                port = {"portid": portid, "addr": dict(la, treq="not specified"), "subsystems": [], "referrals": []}
+                d["ports"].append(port)
+            if nqn == DISCOVERY_NQN:
+                return  # every port serves discovery
+            if nqn in port["subsystems"]:
+                raise RpcError(f"{nqn} already listens on {la['traddr']}:{la['trsvcid']}", "listen_address",
+                               "nothing to do")
+            port["subsystems"].append(nqn)
+
+        self._edit(edit, lambda where: "listen_address" + where.split(".addr", 1)[1] if ".addr" in where
+                   else where)
+        return True
+
+    def rpc_nvmf_subsystem_remove_listener(self, params) -> bool:
+        p = _Params("nvmf_subsystem_remove_listener", params, ("nqn", "listen_address"))
+        nqn = p.str("nqn")
+        la = _listen_params(p.dict("listen_address"))
+        self._sub(nqn)
+
+        def edit(d):
+            port = _find_port(d, la)
+            if port is None or nqn not in port["subsystems"]:
+                raise RpcError(f"{nqn} does not listen on {la['traddr']}:{la['trsvcid']}", "listen_address",
+                               "nvmf_get_subsystems lists each subsystem's listen_addresses")
+            port["subsystems"].remove(nqn)
+
+        self._edit(edit)
+        return True
+
+    def rpc_nvmf_subsystem_get_controllers(self, params) -> List[dict]:
+        p = _Params("nvmf_subsystem_get_controllers", params, ("nqn",))
+        nqn = p.str("nqn")
+        sub = self.target.discovery if nqn == DISCOVERY_NQN else self._sub(nqn)
+        return [controller_status(c) for _, c in sorted(sub.controllers.items())]
+
+    def rpc_nvmf_subsystem_get_qpairs(self, params) -> List[dict]:
+        p = _Params("nvmf_subsystem_get_qpairs", params, ("nqn",))
+        nqn = p.str("nqn")
+        sub = self.target.discovery if nqn == DISCOVERY_NQN else self._sub(nqn)
+        out = []
+        for _, ctrl in sorted(sub.controllers.items()):
+            port = ctrl.port.port
+            for qs in sorted(ctrl.queues(), key=lambda q: q.qid):
+                out.append({"cntlid": ctrl.cntlid, "qid": qs.qid, "state": "closed" if qs.closed else "active",
+                            "hostnqn": ctrl.hostnqn, "sqsize": qs.sqsize, "outstanding": qs.active,
+                            "listen_address": _listen_address(port) if port is not None else {}})
+        return out
+
+    def rpc_nvmf_get_stats(self, params) -> dict:
+        _Params("nvmf_get_stats", params, ())
+        t = self.target
+        admin = io = 0
+        for ctrl in t.controllers():
+            admin += 1 if ctrl.admin_queue is not None else 0
+            io += len(ctrl.io_queues)
+        return {
+            "tick_rate": 1_000_000,
+            "poll_groups": [{"name": "nvmf_tgt_poll_group_000", "current_admin_qpairs": admin,
+                             "current_io_qpairs": io, "transports": [{"trtype": "RDMA"}]}],
+            "namespaces": [dict(nqn=nqn, **namespace_status(nqn, ns, self.sampler))
+                           for nqn, sub in t.subsystems.items() for _, ns in sorted(sub.namespaces.items())],
+            "internal_errors": t.internal_errors,
+        }
+
+    def rpc_save_config(self, params) -> dict:
+        """The running config in the file format (nvmetcli's shape); with `path`, also written there."""
+        p = _Params("save_config", params, ("path",))
+        data = self.target.config.to_dict()
+        path = p.str("path", required=False)
+        if path:
+            if not os.path.isabs(path):
+                raise RpcError(f"path must be absolute, got {path!r}", "path",
+                               "the target's working directory is not yours: give the full path")
+            tmp = f"{path}.tmp.{os.getpid()}"
+            try:
+                with open(tmp, "w") as f:
+                    json.dump(data, f, indent=2)
+                    f.write("\n")
+                os.replace(tmp, path)
+            except OSError as exc:
+                raise RpcError(f"cannot write {path}: {exc.strerror}", "path", "pick a writable directory") from None
+        return data
+
+    # -- our own
+    def rpc_nvmeof_reload_config(self, params) -> dict:
+        """Re-read the config file (or `path`) and apply the difference; `dry_run` only plans."""
+        p = _Params("nvmeof_reload_config", params, ("path", "dry_run"))
+        path = p.str("path", required=False) or self.config_path
+        dry_run = p.bool("dry_run")
+        return self.reload(path, dry_run)
+
+    def reload(self, path: str, dry_run: bool = False) -> dict:
+        try:
+            new = load_userspace_config(path)
+            auth.host_settings(new)
+        except ConfigError as exc:
+            raise RpcError(exc.problem, exc.where or "path", exc.fix) from None
+        try:
+            changes = live.plan(self.target.config, new)
+            if not dry_run:
+                live.apply(self.target, new, self.listeners, changes)
+        except ConfigError as exc:
+            raise RpcError(exc.problem, exc.where, exc.fix) from None
+        if not dry_run:
+            self.config_path = path
+        return {"config": path, "dry_run": dry_run, "applied": not dry_run,
+                "changes": [c.to_dict() for c in changes]}
+
+    def rpc_nvmeof_get_status(self, params) -> dict:
+        _Params("nvmeof_get_status", params, ())
+        return target_status(self.target, self.sampler, self.server, self.socket_path)
+
+
+def _sub_field(where: str, names: dict) -> str:
+    tail = where.split("]", 1)[1].lstrip(".") if where.startswith("subsystems[") else where
+    return names.get(tail, where)
+
+
+def _ns_field(where: str) -> str:
+    """A config loader field path inside the new namespace -> the RPC's namespace.KEY."""
+    if ".namespaces[" in where:
+        tail = where.split(".namespaces[", 1)[1].split("]", 1)[1].lstrip(".")
+        if tail in _CONFIG_TO_RPC:
+            return f"namespace.{_CONFIG_TO_RPC[tail]}"
+        if tail in ("device", "nvmeof_roce", ""):
+            return "namespace"
+    return where
+
+
+def _listen_address(port) -> dict:
+    return {"trtype": port.trtype.upper(), "adrfam": port.adrfam.upper() if port.adrfam.startswith("ip") else
+            port.adrfam, "traddr": port.traddr, "trsvcid": port.trsvcid_str}
+
+
+def _listen_params(la: dict) -> dict:
+    for k in la:
+        if k not in ("trtype", "adrfam", "traddr", "trsvcid"):
+            raise RpcError(f"listen_address: unknown key {k!r}", f"listen_address.{k}",
+                           "give trtype, adrfam, traddr, trsvcid")
+    trtype = str(la.get("trtype", "rdma")).lower()
+    if trtype != "rdma":
+        raise RpcError(f"listen_address.trtype must be RDMA, got {la.get('trtype')!r}", "listen_address.trtype",
+                       'the userspace target serves RDMA only: "trtype": "RDMA"')
+    if not la.get("traddr"):
+        raise RpcError("listen_address.traddr is required", "listen_address.traddr",
+                       "give the IP address of an RDMA netdev, e.g. 10.99.0.1")
+    return {"trtype": "rdma", "adrfam": str(la.get("adrfam", "ipv4")).lower(), "traddr": str(la["traddr"]),
+            "trsvcid": str(la.get("trsvcid", "4420"))}
+
+
+def _find_port(d: dict, la: dict) -> Optional[dict]:
+    for port in d["ports"]:
+        a = port.get("addr", {})
+        if (a.get("trtype", "rdma"), a.get("traddr"), str(a.get("trsvcid", "4420"))) == \
+                (la["trtype"], la["traddr"], la["trsvcid"]):
+            return port
+    return None
+
+
+def _namespace_info(cfg, ns) -> dict:
+    d = {"nsid": cfg.nsid, "name": cfg.path or f"{cfg.backend}{cfg.nsid}", "uuid": cfg.uuid,
+         "anagrpid": cfg.ana_grpid, "backend": cfg.backend, "enabled": cfg.enabled}
+    if cfg.path:
+        d["path"] = cfg.path
+    if cfg.nguid:
+        d["nguid"] = cfg.nguid
+    if cfg.eui64:
+        d["eui64"] = cfg.eui64
+    if ns is not None:
+        d.update(block_size=ns.block_size, blocks=ns.num_blocks, size_bytes=ns.num_blocks * ns.block_size)
+    return d
+
+
+# ----------------------------------------------------------------------------------------- the socket
+
+class _Conn:
+    __slots__ = ("sock", "inbuf", "outbuf")
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.inbuf = b""
+        self.outbuf = b""
+
+
+class RpcServer:
+    """Serves a `Control` on a Unix socket from an event loop with watch(fd, cb) / unwatch(fd)."""
+
+    def __init__(self, control: Control, path: str, loop, sock: Optional[socket.socket] = None):
+        self.control = control
+        self.path = path
+        self.loop = loop
+        self.conns: Dict[int, _Conn] = {}
+        self.sock = sock if sock is not None else bind_unix_socket(path)  # serve.py binds it before the listeners
+        self.sock.setblocking(False)
+        loop.watch(self.sock.fileno(), self._accept)
+        control.target.tick_hooks.append(self._flush_pending)
+        control.socket_path = path
+        log.info("control socket %s", path)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                log.warning("control socket accept: %s", exc)
+                return
+            sock.setblocking(False)
+            conn = _Conn(sock)
+            self.conns[sock.fileno()] = conn
+            self.loop.watch(sock.fileno(), lambda c=conn: self._readable(c))
+
+    def _readable(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close(conn)
+            return
+        conn.inbuf += data
+        if len(conn.inbuf) > MAX_REQUEST_BYTES:
+            self._send(conn, {"jsonrpc": "2.0", "id": None, "error": RpcError(
+                f"request larger than {MAX_REQUEST_BYTES} bytes", "", "send smaller requests",
+                INVALID_REQUEST).to_dict()})
+            conn.inbuf = b""
+            return
+        decoder = json.JSONDecoder()
+        while True:
+            try:
+                text = conn.inbuf.decode("utf-8").lstrip()
+            except UnicodeDecodeError:
+                return self._bad(conn, "request is not UTF-8")
+            if not text:
+                conn.inbuf = b""
+                return
+            try:
+                request, end = decoder.raw_decode(text)
+            except json.JSONDecodeError as exc:
+                if exc.pos >= len(text) or exc.msg.startswith("Unterminated"):
+                    return  # incomplete: wait for the rest
+                return self._bad(conn, f"invalid JSON: {exc.msg}")
+            conn.inbuf = text[end:].encode("utf-8")
+            response = self.control.handle(request)
+            if response is not None:
+                self._send(conn, response)
+
+    def _bad(self, conn: _Conn, why: str) -> None:
+        self._send(conn, {"jsonrpc": "2.0", "id": None,
+                          "error": RpcError(why, "", "send one JSON-RPC 2.0 object per request",
+                                            PARSE_ERROR).to_dict()})
+        conn.inbuf = b""
+
+    def _send(self, conn: _Conn, response: dict) -> None:
+        conn.outbuf += json.dumps(response).encode("utf-8") + b"\n"
+        self._write(conn)
+
+    def _write(self, conn: _Conn) -> None:
+        while conn.outbuf:
+            try:
+                n = conn.sock.send(conn.outbuf)
+            except (BlockingIOError, InterruptedError):
+                return  # the rest goes on a later tick
+            except OSError:
+                self._close(conn)
+                return
+            conn.outbuf = conn.outbuf[n:]
+
+    def _flush_pending(self, _now: float) -> None:
+        for conn in list(self.conns.values()):
+            if conn.outbuf:
+                self._write(conn)
+
+    def _close(self, conn: _Conn) -> None:
+        fd = conn.sock.fileno()
+        if fd >= 0:
+            self.loop.unwatch(fd)
+            self.conns.pop(fd, None)
+        conn.sock.close()
+
+    def close(self) -> None:
+        for conn in list(self.conns.values()):
+            self._close(conn)
+        self.loop.unwatch(self.sock.fileno())
+        self.sock.close()
+        try:
+            if stat.S_ISSOCK(os.lstat(self.path).st_mode):
+                os.unlink(self.path)
+        except OSError:
+            pass
+        try:
+            self.control.target.tick_hooks.remove(self._flush_pending)
+        except ValueError:
+            pass
+
+
+def bind_unix_socket(path: str) -> socket.socket:
+    """Bind and listen on `path` (mode 0600); refuse if a live server holds it, remove a stale one."""
+    from ..errors import NvmeofError
+    directory = os.path.dirname(path) or "."
+    try:
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+    except OSError as exc:
+        raise NvmeofError(f"cannot create {directory} for the control socket: {exc.strerror}",
+                          "run as root, or give --rpc-socket PATH in a directory you can write") from None
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        if not stat.S_ISSOCK(st.st_mode):
+            raise NvmeofError(f"{path} exists and is not a socket", "remove it or give another --rpc-socket PATH")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except OSError as exc:
+            if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT):
+                raise NvmeofError(f"{path}: cannot tell whether another target uses it: {exc.strerror}",
+                                  "give another --rpc-socket PATH") from None
+            log.warning("removing the stale control socket %s", path)
+            os.unlink(path)
+        else:
+            raise NvmeofError(f"another target is running with the control socket {path}",
+                              "stop that target, or give this one another --rpc-socket PATH")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)  # the socket is created 0600: root (the owner) only
+    try:
+        sock.bind(path)
+    except OSError as exc:
+        sock.close()
+        raise NvmeofError(f"cannot bind the control socket {path}: {exc.strerror}",
+                          "give another --rpc-socket PATH") from None
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o600)
+    sock.listen(16)
+    return sock
+
+
+# ----------------------------------------------------------------------------------------- the client
+
+def call(path: str, method: str, params: Optional[dict] = None, timeout: float = 60.0) -> Any:
+    """Call `method` on the target at `path`; the result, or RpcError as the server answered it."""
+    from ..errors import NvmeofError
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+    except FileNotFoundError:
+        sock.close()
+        raise NvmeofError(f"no control socket at {path}",
+                          "start the target (nvmeof-roce target serve CONFIG) or give --socket PATH") from None
+    except PermissionError:
+        sock.close()
+        raise NvmeofError(f"{path}: permission denied", "the control socket is root-only: run as root") from None
+    except ConnectionRefusedError:
+        sock.close()
+        raise NvmeofError(f"{path}: no target is listening (a stale socket)",
+                          "start the target, or remove the stale socket") from None
+    try:
+        request = {"jsonrpc": "2.0", "method": method, "id": 1}
+        if params is not None:
+            request["params"] = params
+        sock.sendall(json.dumps(request).encode("utf-8"))
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = sock.recv(1 << 16)
+            if not chunk:
+                break
+            buf += chunk
+    except socket.timeout:
+        raise NvmeofError(f"{path}: no answer to {method} within {timeout} s",
+                          "check the target's log; it may be stalled") from None
+    finally:
+        sock.close()
+    if not buf:
+        raise NvmeofError(f"{path}: the target closed the connection without answering {method}",
+                          "check the target's log")
+    response = json.loads(buf.decode("utf-8"))
+    if "error" in response:
+        err = response["error"]
+        data = err.get("data") or {}
+        raise RpcError(err.get("message", "error"), data.get("field", ""), data.get("fix", ""),
+                       err.get("code", INTERNAL_ERROR))
+    return response.get("result")
+
+
+def find_socket(explicit: Optional[str] = None) -> str:
+    """The control socket to use: `explicit`, else the only one under /run/nvmeof-roce."""
+    from ..errors import NvmeofError
+    if explicit:
+        return explicit
+    try:
+        found = sorted(os.path.join(DEFAULT_SOCKET_DIR, n) for n in os.listdir(DEFAULT_SOCKET_DIR)
+                       if n.endswith(".sock"))
+    except OSError:
+        found = []
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise NvmeofError(f"no running target found (no socket in {DEFAULT_SOCKET_DIR})",
+                          "start one with nvmeof-roce target serve CONFIG, or give --socket PATH")
+    raise NvmeofError(f"several targets are running: {', '.join(found)}", "choose one with --socket PATH")

@@ -1,0 +1,129 @@
+"""Operations around `target serve`: the control socket, SIGHUP reload, metrics and sd_notify.
+
+`Operations(server, ...)` attaches them to a running `TargetServer` (serve.py) and keeps serve.py small:
+
+    ops = Operations(server, config_path, rpc_socket=..., metrics=...)
+    ops.ready()            # sd_notify READY=1 + STATUS=, once the listeners and the socket are up
+    loop.run(ops.should_stop_hook(server.should_stop))   # a pending SIGHUP reload runs on the loop
+    ops.stopping()         # STOPPING=1
+    ops.close()
+"""
+from __future__ import annotations
+
+import logging
+import signal
+from typing import Callable, Optional
+
+from . import live
+from .control import Control, RpcError, RpcServer, bind_unix_socket, default_socket_path
+from .sdnotify import notify
+
+log = logging.getLogger(__name__)
+
+
+class RdmaListeners(live.Listeners):
+    """Opens an RDMA listener for a port added while the target runs (nvmf_subsystem_add_listener, reload)."""
+
+    def __init__(self, server):
+        self.server = server
+
+    def open(self, target, port):
+        from ..transport.rdma import RdmaListener
+        if port.trtype != "rdma":
+            from ..config import ConfigError
+            raise ConfigError("", f"port {port.portid}", f"trtype {port.trtype!r} is not served by the "
+                              "userspace target", 'use "trtype": "rdma"')
+        listener = RdmaListener(self.server.loop, port.traddr, port.trsvcid, handler=target.port(port.portid),
+                                port_id=port.portid, max_transfer=target.max_transfer,
+                                limits=self.server.limits, remote_invalidate=self.server.remote_invalidate)
+        self.server.listeners.append(listener)
+
+    def close(self, portid):
+        for listener in [x for x in self.server.listeners if x.port_id == portid]:
+            self.server.listeners.remove(listener)
+            listener.close()
+
+
+def bind_control_socket(config_path: str, rpc_socket: Optional[str]):
+    """Bind the control socket first, so a second target for the same socket stops before touching RDMA."""
+    if rpc_socket is None:
+        return None, None
+    path = rpc_socket or default_socket_path(config_path)
+    return path, bind_unix_socket(path)
+
+
+class Operations:
+    def __init__(self, server, config_path: str, rpc_socket: Optional[str] = "", metrics: Optional[str] = None,
+                 bound_socket=None):
+        self.server = server
+        self.target = server.target
+        self.config_path = config_path
+        self.control = Control(self.target, RdmaListeners(server), config_path=config_path, server=server)
+        self.rpc = None
+        self.metrics = None
+        self.metrics_url = ""
+        self._reload_pending = False
+        try:
+            if rpc_socket is not None:
+                self.rpc = RpcServer(self.control, rpc_socket or default_socket_path(config_path), server.loop,
+                                     sock=bound_socket)
+            if metrics:
+                from .metrics import Metrics
+                self.metrics = Metrics(self.target, server)
+                self.metrics_url = self.metrics.start(metrics)
+        except BaseException:
+            self.close()
+            raise
+        self._previous_hup = signal.signal(signal.SIGHUP, self._on_sighup)
+
+    @property
+    def socket_path(self) -> str:
+        return self.rpc.path if self.rpc else ""
+
+    def _on_sighup(self, *_args) -> None:
+        self._reload_pending = True  # the reload itself runs on the loop, between two passes
+
+    def should_stop_hook(self, should_stop: Callable[[], bool]) -> Callable[[], bool]:
+        def check() -> bool:
+            if self._reload_pending:
+                self._reload_pending = False
+                self.reload()
+            return should_stop()
+        return check
+
+    def reload(self) -> dict:
+        """Re-read the config file and apply the difference; an invalid file changes nothing."""
+        log.warning("SIGHUP: reloading %s", self.config_path)
+        notify("RELOADING=1", "STATUS=reloading")
+        try:
+            result = self.control.reload(self.config_path)
+        except RpcError as exc:
+            log.error("reload refused, the target is unchanged: %s: %s (fix: %s)", exc.field, exc.message, exc.fix)
+            notify("READY=1", f"STATUS=reload refused: {exc.field}: {exc.message}")
+            return {"applied": False, "error": exc.to_dict()}
+        if not result["changes"]:
+            log.warning("reload: no differences")
+        notify("READY=1", f"STATUS={self.status_line()}")
+        return result
+
+    def status_line(self) -> str:
+        t = self.target
+        return (f"serving {len(t.subsystems)} subsystem(s), {sum(len(s.controllers) for s in t.subsystems.values())} "
+                f"controller(s) on {', '.join(self.server.addresses())}")
+
+    def ready(self) -> None:
+        notify("READY=1", f"STATUS={self.status_line()}")
+
+    def stopping(self) -> None:
+        notify("STOPPING=1", "STATUS=stopping: finishing in-flight commands")
+
+    def close(self) -> None:
+        if getattr(self, "_previous_hup", None) is not None:
+            signal.signal(signal.SIGHUP, self._previous_hup)
+            self._previous_hup = None
+        if self.rpc is not None:
+            self.rpc.close()
+            self.rpc = None
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None

@@ -1,0 +1,210 @@
+"""Figures of a running target: per-namespace latency histograms, rates, and the status snapshot.
+
+The I/O path only adds to counters and one histogram bucket per command (cheap, no allocation); rates and
+percentiles are computed when someone asks (`target status`, the metrics endpoint), from samples the event
+loop takes once a second (`Sampler.tick`).
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from typing import Deque, Dict, List, Optional, Tuple
+
+# Latency buckets: upper bounds in microseconds, 4 per power of two from 1 us to ~67 s.
+_STEPS_PER_OCTAVE = 4
+BUCKET_BOUNDS_US: List[float] = [2 ** (i / _STEPS_PER_OCTAVE) for i in range(0, 26 * _STEPS_PER_OCTAVE + 1)]
+PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+
+
+class LatencyHistogram:
+    """Command latencies (ns in, us out) in logarithmic buckets; percentiles are bucket upper bounds."""
+
+    __slots__ = ("counts", "total", "sum_us")
+
+    def __init__(self):
+        self.counts = [0] * (len(BUCKET_BOUNDS_US) + 1)  # the last bucket is +Inf
+        self.total = 0
+        self.sum_us = 0.0
+
+    def record_ns(self, ns: int) -> None:
+        us = ns / 1000.0
+        if us <= 1.0:
+            i = 0
+        else:
+            i = min(len(BUCKET_BOUNDS_US), math.ceil(math.log2(us) * _STEPS_PER_OCTAVE))
+        self.counts[i] += 1
+        self.total += 1
+        self.sum_us += us
+
+    def percentile(self, p: float) -> Optional[float]:
+        """The latency (us) at or below which p percent of the commands completed (None if none yet)."""
+        if not self.total:
+            return None
+        rank = math.ceil(self.total * p / 100.0)
+        seen = 0
+        for i, n in enumerate(self.counts):
+            seen += n
+            if seen >= rank:
+                return BUCKET_BOUNDS_US[i] if i < len(BUCKET_BOUNDS_US) else math.inf
+        return math.inf
+
+    def percentiles(self) -> Dict[str, Optional[float]]:
+        return {f"p{p:g}": _round(self.percentile(p)) for p in PERCENTILES}
+
+    def cumulative(self) -> List[Tuple[float, int]]:
+        """(upper bound in seconds, cumulative count) pairs, for a Prometheus histogram."""
+        out, seen = [], 0
+        for bound, n in zip(BUCKET_BOUNDS_US, self.counts):
+            seen += n
+            out.append((bound / 1e6, seen))
+        out.append((math.inf, self.total))
+        return out
+
+
+def _round(v: Optional[float]) -> Optional[float]:
+    if v is None or math.isinf(v):
+        return v
+    return round(v, 1)
+
+
+class NamespaceStats:
+    """What the I/O path counts for one namespace besides the SMART counters on `Namespace`."""
+
+    __slots__ = ("read_latency", "write_latency", "errors")
+
+    def __init__(self):
+        self.read_latency = LatencyHistogram()
+        self.write_latency = LatencyHistogram()
+        self.errors = 0
+
+
+def ns_counters(ns) -> Tuple[int, int, int, int]:
+    return ns.read_commands, ns.write_commands, ns.bytes_read, ns.bytes_written
+
+
+class Sampler:
+    """Keeps a few seconds of counter samples per namespace to report rates (IOPS, bytes per second)."""
+
+    def __init__(self, target, window: float = 5.0, clock=time.monotonic):
+        self.target = target
+        self.window = window
+        self.clock = clock
+        self.samples: Deque[Tuple[float, Dict[Tuple[str, int], tuple]]] = deque()
+        self._last = 0.0
+
+    def tick(self, _now: float = 0.0) -> None:
+        now = self.clock()
+        if now - self._last < 1.0:
+            return
+        self._last = now
+        self.samples.append((now, self._snapshot()))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= self.window:
+            self.samples.popleft()
+
+    def _snapshot(self) -> Dict[Tuple[str, int], tuple]:
+        return {(nqn, nsid): ns_counters(ns) for nqn, sub in self.target.subsystems.items()
+                for nsid, ns in sub.namespaces.items()}
+
+    def rates(self, nqn: str, ns) -> Dict[str, float]:
+        """Per-second rates over the window (from the oldest sample to now)."""
+        now = self.clock()
+        current = ns_counters(ns)
+        for when, snap in self.samples:
+            before = snap.get((nqn, ns.nsid))
+            if before is not None and now - when > 0.2:
+                span = now - when
+                d = [max(0, c - b) for c, b in zip(current, before)]
+                return {"read_iops": round(d[0] / span, 1), "write_iops": round(d[1] / span, 1),
+                        "iops": round((d[0] + d[1]) / span, 1), "read_bytes_per_s": round(d[2] / span),
+                        "write_bytes_per_s": round(d[3] / span), "window_s": round(span, 2)}
+        return {"read_iops": 0.0, "write_iops": 0.0, "iops": 0.0, "read_bytes_per_s": 0, "write_bytes_per_s": 0,
+                "window_s": 0.0}
+
+
+# ------------------------------------------------------------------------------------------- status
+
+def namespace_status(nqn: str, ns, sampler: Optional[Sampler]) -> dict:
+    stats: NamespaceStats = ns.stats
+    d = {
+        "nsid": ns.nsid, "backend": ns.config.backend, "path": ns.config.path, "block_size": ns.block_size,
+        "blocks": ns.num_blocks, "size_bytes": ns.num_blocks * ns.block_size, "uuid": ns.config.uuid,
+        "read_commands": ns.read_commands, "write_commands": ns.write_commands,
+        "bytes_read": ns.bytes_read, "bytes_written": ns.bytes_written, "errors": stats.errors,
+        "read_latency_us": stats.read_latency.percentiles(),
+        "write_latency_us": stats.write_latency.percentiles(),
+    }
+    d.update(sampler.rates(nqn, ns) if sampler is not None else {})
+    return d
+
+
+def queue_status(qs) -> dict:
+    return {"qid": qs.qid, "depth": qs.depth, "sqsize": qs.sqsize, "active": qs.active,
+            "peer": getattr(getattr(qs.transport, "request", None), "peer", "") or ""}
+
+
+def controller_status(ctrl) -> dict:
+    queues = [queue_status(q) for q in sorted(ctrl.queues(), key=lambda q: q.qid)]
+    return {"cntlid": ctrl.cntlid, "hostnqn": ctrl.hostnqn, "hostid": bytes(ctrl.hostid).hex() if ctrl.hostid else "",
+            "portid": ctrl.port.portid, "kato_ms": ctrl.kato_ms, "ready": ctrl.ready,
+            "num_io_qpairs": len(ctrl.io_queues), "queues": queues}
+
+
+def transport_status(server) -> dict:
+    """RDMA figures where the transport provides them.
+
+    Hooks (attributes read if present, so transports can add them without changing this module):
+      loop.longest_pass           the longest event-loop pass since start, seconds
+      listener.pool               a DataPool: `free` chunk list and `memory` (chunk_size * chunks), or with
+                                  `accounts` (a BufferPool: `total`, `free`, `committed`)
+      listener.wc_errors          failed work completions (not flushes) on that listener's queues
+      listener.stats()            a dict of any further figures
+    """
+    if server is None:
+        return {"loop": {}, "listeners": []}
+    loop = getattr(server, "loop", None)
+    longest = getattr(loop, "longest_pass", None)
+    out = {"loop": {"longest_pass_s": longest if isinstance(longest, (int, float)) else None}, "listeners": []}
+    for lst in getattr(server, "listeners", []):
+        d = {"address": f"{getattr(lst, 'traddr', '')}:{getattr(lst, 'trsvcid', '')}",
+             "portid": getattr(lst, "port_id", None), "queues": len(getattr(lst, "queues", {}) or {}),
+             "wc_errors": getattr(lst, "wc_errors", None)}
+        pool = getattr(lst, "pool", None)
+        if pool is not None:
+            accounts = getattr(pool, "accounts", pool)
+            total = getattr(accounts, "total", None)
+            if total is None and getattr(pool, "chunk_size", 0) and hasattr(pool, "memory"):
+                total = len(pool.memory.view) // pool.chunk_size
+            free = len(getattr(accounts, "free", []) or [])
+            d["pool"] = {"chunks": total, "free": free, "in_use": (total - free) if total is not None else None}
+            if getattr(accounts, "committed", None) is not None:
+                d["pool"]["guaranteed"] = accounts.committed
+        extra = getattr(lst, "stats", None)
+        if callable(extra):
+            d.update(extra())
+        out["listeners"].append(d)
+    return out
+
+
+def target_status(target, sampler: Optional[Sampler] = None, server=None, socket_path: str = "") -> dict:
+    subsystems = []
+    for nqn, sub in target.subsystems.items():
+        ports = [p.portid for p in target.config.ports if nqn in p.subsystems]
+        subsystems.append({
+            "nqn": nqn, "allow_any_host": sub.allow_any_host, "allowed_hosts": sorted(sub.allowed_hosts),
+            "ports": ports,
+            "namespaces": [namespace_status(nqn, ns, sampler) for _, ns in sorted(sub.namespaces.items())],
+            "controllers": [controller_status(c) for _, c in sorted(sub.controllers.items())],
+        })
+    hosts: Dict[str, dict] = {}
+    for ctrl in target.controllers():
+        h = hosts.setdefault(ctrl.hostnqn, {"hostnqn": ctrl.hostnqn, "controllers": []})
+        h["controllers"].append({"subnqn": ctrl.subsystem.nqn, "cntlid": ctrl.cntlid,
+                                 "io_queues": sorted(ctrl.io_queues)})
+    return {
+        "config": target.config.source, "socket": socket_path, "genctr": target.genctr,
+        "internal_errors": target.internal_errors, "in_flight": target.in_flight(),
+        "subsystems": subsystems, "hosts": list(hosts.values()),
+        "discovery_controllers": [controller_status(c) for c in target.discovery.controllers.values()],
+        "transport": transport_status(server),
+    }
