@@ -99,6 +99,15 @@ def cmd_bench(args) -> int:
         return cmd_from(args)
     if args.runtime <= 0 or args.ramp < 0:
         raise NvmeofError("--runtime must be above 0 and --ramp not negative", "e.g. --runtime 10 --ramp 2")
+    if args.soak_ios < 1000:
+        raise NvmeofError(f"--soak-ios {args.soak_ios}: the soak needs at least 1000 commands to fit a line",
+                          "e.g. --soak-ios 200000 in the lab, --soak-ios 3000000 on RDMA hardware")
+    if args.soak_interval <= 0 or args.soak_timeout <= 0:
+        raise NvmeofError("--soak-interval and --soak-timeout must be above 0",
+                          "e.g. --soak-interval 2 --soak-timeout 7200")
+    if args.soak_skip is not None and not 0 <= args.soak_skip < args.soak_ios:
+        raise NvmeofError(f"--soak-skip {args.soak_skip} must be from 0 to below --soak-ios ({args.soak_ios})",
+                          "e.g. --soak-skip 20000")
     out_dir = Path(args.out) if args.out else _default_out()
     jobs = select_jobs(args.jobs, args.jobs_dir)
     targets = build_targets(args, out_dir)
@@ -106,8 +115,10 @@ def cmd_bench(args) -> int:
     config = BenchConfig(out_dir=out_dir, traddr=args.traddr, runtime=args.runtime, ramp=args.ramp, size=args.size,
                          repeats=args.repeats, perftest=not args.no_perftest, perftest_tests=perftest_tests,
                          perftest_iterations=args.perftest_iterations, perftest_rdma_cm=args.perftest_gid is None,
-                         perftest_gid=args.perftest_gid, rdma_device=args.rdma_device)
-    runner = BenchRunner(config, targets, jobs, host=KernelHost() if any(j.kind == "fio" for j in jobs) else None)
+                         perftest_gid=args.perftest_gid, rdma_device=args.rdma_device, soak_ios=args.soak_ios,
+                         soak_interval=args.soak_interval, soak_timeout=args.soak_timeout,
+                         soak_skip=args.soak_skip)
+    runner = BenchRunner(config, targets, jobs, host=KernelHost() if any(j.kind in ("fio", "soak") for j in jobs) else None)
 
     # SIGTERM (a CI timeout, the lab) unwinds like Ctrl-C, through the runner's finally blocks.
     def on_term(signum, frame):
@@ -165,6 +176,15 @@ def register(subparsers) -> None:
     p.add_argument("--perftest-gid", type=int, metavar="N",
                    help="run perftest without rdma_cm, with this GID index (-x N); default: rdma_cm (-R)")
     p.add_argument("--rdma-device", metavar="DEV", help="RDMA device for perftest (default: the one holding --traddr)")
+    p.add_argument("--soak-ios", type=int, default=200_000, metavar="N",
+                   help="commands the soak job (--jobs soak) reads (default 200000: minutes in the emulated lab; "
+                        "the field figure wants 3000000 on RDMA hardware)")
+    p.add_argument("--soak-interval", type=float, default=2.0, metavar="S",
+                   help="seconds between the soak's RSS samples (default 2)")
+    p.add_argument("--soak-timeout", type=float, default=7200.0, metavar="S",
+                   help="cap on the soak's duration; it ends at the count or the cap (default 7200)")
+    p.add_argument("--soak-skip", type=int, metavar="N",
+                   help="commands at the soak's start left out of the RSS fit (default: the first tenth)")
     p.add_argument("--no-plots", action="store_true", help="no PNG charts")
     p.add_argument("--jobs-dir", type=Path, metavar="DIR", help="fio job files (default: the checkout's fio-jobs/)")
     p.add_argument("--list-jobs", action="store_true", help="list the jobs and exit")

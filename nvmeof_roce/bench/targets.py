@@ -72,6 +72,12 @@ class TargetUnderTest(abc.ABC):
         d.update(self.address)
         return d
 
+    @property
+    def pid(self) -> Optional[int]:
+        """The process serving this target, whose CPU time and RSS the bench samples; None when the target
+        has no process of its own (the kernel target runs in softirq and kworkers)."""
+        return None
+
     def _check_address_free(self) -> None:
         who = kernel_glue.listener_on(self.traddr, self.trsvcid)
         if who:
@@ -261,6 +267,10 @@ class UserspaceTarget(TargetUnderTest):
         log.info("starting %s", " ".join(cmd))
         self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self._wait_listening(ready)
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
     def _wait_listening(self, ready: Optional[Path]) -> None:
         """Until the ready file appears (the target writes it once it listens), or else until `rdma` shows
