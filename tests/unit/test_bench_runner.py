@@ -321,6 +321,9 @@ def test_select_jobs():
     all_fio = select_jobs(None)
     assert all_fio and all(j.kind == "fio" for j in all_fio)
     assert [j.name for j in select_jobs("all")] == [j.name for j in all_fio]
+    assert "soak" not in [j.name for j in all_fio]  # a count, not a time: only when named
+    soak = select_jobs("soak")
+    assert [(j.name, j.kind) for j in soak] == [("soak", "soak")] and soak[0].fio_job.report == "read"
     picked = select_jobs("seqwrite-128k-qd16, randread-4k-qd1.fio,seqwrite-128k-qd16")
     assert [j.name for j in picked] == ["seqwrite-128k-qd16", "randread-4k-qd1"]
     with pytest.raises(NvmeofError, match="unknown job 'nope'") as exc:
@@ -432,6 +435,9 @@ def test_bench_refuses_clearly_without_rdma_address(capsys, tmp_path):
     (["--ns-size", "1500K"], "whole number of MiB"),
     (["--jobs", "nope"], "unknown job"),
     (["--runtime", "0"], "--runtime must be above 0"),
+    (["--soak-ios", "999"], "--soak-ios 999: the soak needs at least 1000 commands"),
+    (["--soak-interval", "0"], "--soak-interval and --soak-timeout must be above 0"),
+    (["--soak-ios", "5000", "--soak-skip", "5000"], "--soak-skip 5000 must be from 0 to below --soak-ios (5000)"),
 ])
 def test_bench_argument_errors(args, message, capsys):
     assert main(["bench"] + args) == 1
