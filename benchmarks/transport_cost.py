@@ -287,6 +287,9 @@ def main(argv=None) -> int:
     p.add_argument("--depth", type=int, default=32, help="I/O queue depth asked for at connect (default 32)")
     p.add_argument("--stand-ins", action="store_true", help="use the plain-Python pyverbs stand-ins even "
                                                            "when pyverbs is installed")
+    p.add_argument("--checkout", type=Path, metavar="DIR",
+                   help="measure the nvmeof_roce package of another checkout (the before of a change: a git "
+                        "worktree of an older commit); the fake device stays this one")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = p.parse_args(argv)
     for name in ("reads", "rounds", "depth"):
@@ -298,7 +301,12 @@ def main(argv=None) -> int:
         batches = []
     if not batches or min(batches) < 1:
         p.error(f"--batch {args.batch!r}: give whole numbers of at least 1, e.g. --batch 1,32")
+    if args.checkout is not None:
+        if not (args.checkout / "nvmeof_roce" / "transport" / "rdma.py").is_file():
+            p.error(f"--checkout {args.checkout}: no nvmeof_roce/transport/rdma.py there")
+        sys.path.insert(0, str(args.checkout.resolve()))
     real = fakeverbs.install(prefer_real=not args.stand_ins)
+    import nvmeof_roce
     import logging
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("nvmeof_roce").setLevel(logging.WARNING)
@@ -327,6 +335,7 @@ def main(argv=None) -> int:
                       "transport_us_per_read": round(r["us_per_read"] - core["us_per_read"], 2),
                       "device_us_per_read": round(r["device_us_per_read"], 2),
                       "rss_bytes_per_read": round(r["rss_bytes_per_read"], 1)} for r in runs],
+        "checkout": str(Path(nvmeof_roce.__file__).resolve().parents[1]),
         "python": platform.python_version(), "host": socket.gethostname(),
         "lab": os.path.exists("/mnt/ctl/env") or os.environ.get("NVMEOF_LAB") == "1",
     }
@@ -334,7 +343,7 @@ def main(argv=None) -> int:
         print(json.dumps(out, indent=2))
         return 0
     print(f"transport_cost: {args.reads} reads of {READ_BYTES} B x {args.rounds} rounds, "
-          f"pyverbs {pyverbs_version}, Python {out['python']} on {out['host']}")
+          f"pyverbs {pyverbs_version}, Python {out['python']} on {out['host']}, checkout {out['checkout']}")
     print(f"  target core alone                      : {out['core_us_per_read']:8.2f} µs per read")
     for r in out["by_batch"]:
         print(f"  batch {r['batch']:>3}: RDMA transport + core : {r['rdma_us_per_read']:8.2f} µs per read "

@@ -15,7 +15,7 @@ from .runner import BenchConfig, BenchRunner, available_jobs, select_jobs
 from .targets import DEFAULT_PORTS, KernelHost, KernelNvmetTarget, TargetUnderTest, UserspaceTarget
 
 LAB_TRADDR = "10.99.0.1"
-TARGET_NAMES = ("kernel", "userspace")
+TARGET_NAMES = ("kernel", "userspace", "baseline")
 
 
 def _size_mb(text: str) -> int:
@@ -34,16 +34,26 @@ def build_targets(args, out_dir: Path) -> List[TargetUnderTest]:
     bad = [n for n in names if n not in TARGET_NAMES]
     if bad or not names:
         raise NvmeofError(f"--targets {args.targets!r}: unknown target {', '.join(bad) or '(none)'}",
-                          "--targets kernel,userspace (either or both, in the order to interleave)")
+                          "--targets kernel,userspace[,baseline] (any of them, in the order to interleave)")
     size_mb = _size_mb(args.ns_size)
     targets: List[TargetUnderTest] = []
     for name in names:
         if name == "kernel":
             targets.append(KernelNvmetTarget(args.traddr, args.kernel_port, backend=args.kernel_backend,
                                              size_mb=size_mb))
-        else:
+        elif name == "userspace":
             targets.append(UserspaceTarget(args.traddr, args.userspace_port, size_mb=size_mb, work_dir=out_dir,
                                            config_path=args.userspace_config))
+        else:
+            if not args.baseline_checkout:
+                raise NvmeofError("--targets baseline needs --baseline-checkout DIR (the checkout whose target "
+                                  "is the 'before')", "git worktree add results/baseline <commit>, then "
+                                  "--baseline-checkout results/baseline")
+            targets.append(UserspaceTarget(args.traddr, args.baseline_port, size_mb=size_mb, work_dir=out_dir,
+                                           name="baseline", checkout=args.baseline_checkout))
+    if args.baseline_checkout and "baseline" not in names:
+        raise NvmeofError("--baseline-checkout is given but 'baseline' is not in --targets",
+                          "--targets kernel,userspace,baseline")
     return targets
 
 
@@ -108,16 +118,23 @@ def cmd_bench(args) -> int:
     if args.soak_skip is not None and not 0 <= args.soak_skip < args.soak_ios:
         raise NvmeofError(f"--soak-skip {args.soak_skip} must be from 0 to below --soak-ios ({args.soak_ios})",
                           "e.g. --soak-skip 20000")
+    ratio = tuple(x.strip() for x in (args.ratio or "/".join(report.DEFAULT_RATIO)).split("/"))
+    if len(ratio) != 2 or not all(ratio) or ratio[0] == ratio[1]:
+        raise NvmeofError(f"--ratio {args.ratio!r} is not two targets as A/B", "e.g. --ratio userspace/baseline")
     out_dir = Path(args.out) if args.out else _default_out()
     jobs = select_jobs(args.jobs, args.jobs_dir)
     targets = build_targets(args, out_dir)
+    missing = [r for r in ratio if r not in [t.name for t in targets]]
+    if missing and args.ratio:  # the default ratio is simply left out when a target is not measured
+        raise NvmeofError(f"--ratio {args.ratio}: {', '.join(missing)} is not in --targets {args.targets}",
+                          "name two of the measured targets, e.g. --ratio userspace/kernel")
     perftest_tests = tuple(t.strip() for t in args.perftest_tests.split(",") if t.strip())
     config = BenchConfig(out_dir=out_dir, traddr=args.traddr, runtime=args.runtime, ramp=args.ramp, size=args.size,
                          repeats=args.repeats, perftest=not args.no_perftest, perftest_tests=perftest_tests,
                          perftest_iterations=args.perftest_iterations, perftest_rdma_cm=args.perftest_gid is None,
                          perftest_gid=args.perftest_gid, rdma_device=args.rdma_device, soak_ios=args.soak_ios,
                          soak_interval=args.soak_interval, soak_timeout=args.soak_timeout,
-                         soak_skip=args.soak_skip)
+                         soak_skip=args.soak_skip, ratio=ratio)
     runner = BenchRunner(config, targets, jobs, host=KernelHost() if any(j.kind in ("fio", "soak") for j in jobs) else None)
 
     # SIGTERM (a CI timeout, the lab) unwinds like Ctrl-C, through the runner's finally blocks.
@@ -152,6 +169,9 @@ def register(subparsers) -> None:
     p.add_argument("--jobs", metavar="LIST", help="comma-separated jobs (default: every fio job; see --list-jobs)")
     p.add_argument("--targets", default="kernel,userspace", metavar="LIST",
                    help="targets to measure, in interleaving order (default kernel,userspace)")
+    p.add_argument("--ratio", metavar="A/B",
+                   help="the ratio the report leads with (default userspace/kernel; before and after: "
+                        "userspace/baseline)")
     p.add_argument("--repeats", type=int, default=1, metavar="N", help="runs of every job on every target (default 1)")
     p.add_argument("--runtime", type=float, default=10.0, metavar="S", help="seconds measured per fio job (default 10)")
     p.add_argument("--ramp", type=float, default=2.0, metavar="S", help="seconds of warm-up before measuring (default 2)")
@@ -162,6 +182,11 @@ def register(subparsers) -> None:
                    help=f"kernel target's trsvcid (default {DEFAULT_PORTS['kernel']})")
     p.add_argument("--userspace-port", type=int, default=DEFAULT_PORTS["userspace"], metavar="N",
                    help=f"userspace target's trsvcid (default {DEFAULT_PORTS['userspace']})")
+    p.add_argument("--baseline-port", type=int, default=DEFAULT_PORTS["baseline"], metavar="N",
+                   help=f"baseline target's trsvcid (default {DEFAULT_PORTS['baseline']})")
+    p.add_argument("--baseline-checkout", type=Path, metavar="DIR",
+                   help="with --targets ...,baseline: another checkout whose 'target serve' is measured as "
+                        "'baseline' (the before of a change, e.g. a git worktree of an older commit)")
     p.add_argument("--kernel-backend", choices=("null_blk", "file"), default="null_blk",
                    help="kernel namespace: memory-backed null_blk (default) or a file on tmpfs (buffered_io)")
     p.add_argument("--ns-size", default="512M", help="namespace size of both targets (default 512M)")
