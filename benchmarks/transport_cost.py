@@ -19,11 +19,14 @@ core: the same Target on the loopback fabric for the setup; then each read capsu
 With python3-pyverbs installed (the lab guest) the transport's work requests, scatter entries and work
 completions are real pyverbs objects (their cost, and their leaks, are the point); without it plain-Python
 stand-ins are used and the output says so (`pyverbs: stand-ins`): that figure leaves pyverbs' costs out.
-`rss_bytes_per_read` is the process's VmRSS growth over the timed reads divided by their number.
+`malloc_bytes_per_read` is the C heap still in use after the timed reads (glibc mallinfo2, after a garbage
+collection) divided by their number: what pyverbs objects leak shows here exactly; `rss_bytes_per_read` is the
+VmRSS growth, which hides small leaks in already resident heap until there are tens of thousands of reads.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
 import os
@@ -33,6 +36,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -76,6 +80,23 @@ def vmrss() -> int:
     except OSError:
         pass
     return 0
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def malloc_in_use() -> Optional[int]:
+    """Bytes the C heap has handed out and not had back (glibc mallinfo2: uordblks + hblkhd), or None. Python's
+    own small objects live in pymalloc's arenas, outside it, so this shows what C code (pyverbs) keeps."""
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = _MallInfo2
+    info = fn()
+    return info.uordblks + info.hblkhd
 
 
 def _instrumentation_overhead(n: int = 200_000) -> float:
@@ -201,21 +222,27 @@ def bench_rdma(reads: int, batch: int, rounds: int, depth: int) -> dict:
         if bytes(buf.view[:READ_BYTES]) != pattern:
             raise SystemExit("transport_cost: a timed read did not deliver the namespace's data")
         overhead = _instrumentation_overhead()
-        per_read, device, rss = [], [], []
+        per_read, device, rss, heap = [], [], [], []
         for _ in range(rounds):
             gc.collect()
+            heap0 = malloc_in_use()
             rss0, dev0, calls0 = vmrss(), fakeverbs.DEVICE.spent, fakeverbs.DEVICE.calls
             t0 = time.perf_counter()
             count, last = one_round(reads)
             wall = time.perf_counter() - t0
             dev = fakeverbs.DEVICE.spent - dev0 + overhead * (fakeverbs.DEVICE.calls - calls0)
             rss.append((vmrss() - rss0) / reads)
+            gc.collect()
+            heap1 = malloc_in_use()
+            if heap0 is not None and heap1 is not None:
+                heap.append((heap1 - heap0) / reads)
             _check_cqes(last, len(last), count, reads)
             per_read.append((wall - dev) * 1e6 / reads)
             device.append(dev * 1e6 / reads)
         invalidated = end.invalidated
         return {"us_per_read": statistics.median(per_read), "rounds_us": [round(x, 2) for x in per_read],
                 "device_us_per_read": statistics.median(device), "rss_bytes_per_read": statistics.median(rss),
+                "malloc_bytes_per_read": statistics.median(heap) if heap else None,
                 "batch": batch, "queue_depth": qdepth, "send_with_invalidate": invalidated > 0}
     finally:
         server.close()
@@ -329,12 +356,16 @@ def main(argv=None) -> int:
         "transport_us_per_read": round(rdma["us_per_read"] - core["us_per_read"], 2),
         "device_us_per_read": round(rdma["device_us_per_read"], 2),
         "rss_bytes_per_read": round(rdma["rss_bytes_per_read"], 1),
+        "malloc_bytes_per_read": None if rdma["malloc_bytes_per_read"] is None else
+        round(rdma["malloc_bytes_per_read"], 1),
         "send_with_invalidate": rdma["send_with_invalidate"],
         "rdma_rounds_us": rdma["rounds_us"], "core_rounds_us": core["rounds_us"],
         "by_batch": [{"batch": r["batch"], "rdma_us_per_read": round(r["us_per_read"], 2),
                       "transport_us_per_read": round(r["us_per_read"] - core["us_per_read"], 2),
                       "device_us_per_read": round(r["device_us_per_read"], 2),
-                      "rss_bytes_per_read": round(r["rss_bytes_per_read"], 1)} for r in runs],
+                      "rss_bytes_per_read": round(r["rss_bytes_per_read"], 1),
+                      "malloc_bytes_per_read": None if r["malloc_bytes_per_read"] is None else
+                      round(r["malloc_bytes_per_read"], 1)} for r in runs],
         "checkout": str(Path(nvmeof_roce.__file__).resolve().parents[1]),
         "python": platform.python_version(), "host": socket.gethostname(),
         "lab": os.path.exists("/mnt/ctl/env") or os.environ.get("NVMEOF_LAB") == "1",
@@ -348,7 +379,9 @@ def main(argv=None) -> int:
     for r in out["by_batch"]:
         print(f"  batch {r['batch']:>3}: RDMA transport + core : {r['rdma_us_per_read']:8.2f} µs per read "
               f"(the transport's share {r['transport_us_per_read']:.2f}; fake device's own "
-              f"{r['device_us_per_read']:.2f} subtracted); RSS growth {r['rss_bytes_per_read']:.1f} B per read")
+              f"{r['device_us_per_read']:.2f} subtracted)")
+        heap = "-" if r["malloc_bytes_per_read"] is None else f"{r['malloc_bytes_per_read']:.1f}"
+        print(f"             memory kept: C heap {heap} B per read, RSS {r['rss_bytes_per_read']:.1f} B per read")
     return 0
 
 
