@@ -14,7 +14,9 @@ A `Sample` is one reading of all of them at one moment; `cpu_cost()` turns two s
 """
 from __future__ import annotations
 
+import glob
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -113,13 +115,31 @@ def system_cpu(proc: str = "/proc") -> Optional[SystemCpu]:
     return parse_proc_stat(text) if text else None
 
 
+def stat_files(device: str, sysfs: str = "/sys") -> List[str]:
+    """The /sys/block/*/stat files that count a device's I/Os. A native-multipath head (nvmeXnY) is counted by
+    its paths (nvmeXcCnY, hidden disks that do the requests): heads keep no statistics before Linux 6.3."""
+    name = Path(device).name
+    m = re.fullmatch(r"nvme(\d+)n(\d+)", name)
+    if m:
+        paths = sorted(glob.glob(f"{sysfs}/block/nvme{m.group(1)}c*n{m.group(2)}/stat"))
+        if paths:
+            return paths
+    return [f"{sysfs}/block/{name}/stat"]
+
+
 def block_device_ios(device: str, sysfs: str = "/sys") -> Optional[int]:
-    """I/Os completed on a block device (/dev/nvme0n1 -> /sys/block/nvme0n1/stat), None if unknown."""
-    text = _read(f"{sysfs}/block/{Path(device).name}/stat")
-    try:
-        return parse_block_stat(text) if text else None
-    except ValueError:
-        return None
+    """I/Os completed on a block device (/dev/nvme0n1: its multipath paths, or /sys/block/nvme0n1/stat),
+    None if unknown."""
+    total = None
+    for path in stat_files(device, sysfs):
+        text = _read(path)
+        try:
+            n = parse_block_stat(text) if text else None
+        except ValueError:
+            n = None
+        if n is not None:
+            total = (total or 0) + n
+    return total
 
 
 @dataclass

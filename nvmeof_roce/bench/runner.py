@@ -13,7 +13,8 @@ Job kinds:
 - `initiator-perf`: our userspace initiator's load generator (`nvmeof-roce initiator perf`, in the manner of
   SPDK's perf) connecting to the target itself: see `initiator_perf_command()` for the hook;
 - `soak`: fio-jobs/soak/soak-randread-4k-qd32.fio, a fixed number of commands (`--soak-ios`) while the
-  target's RSS is sampled every `--soak-interval` seconds; its growth per million commands is fitted.
+  target's RSS is sampled every `--soak-interval` seconds; its growth per million commands is fitted. The
+  region is written once first (fio-jobs/soak/prefill-seqwrite-128k.fio), not sampled.
 
 Every job also records what it cost (procstat.py): the userspace target process's user and system CPU time
 and CPU µs per I/O, and the whole machine's busy CPU per I/O (the only figure the kernel target, which has
@@ -72,6 +73,7 @@ INITIATOR_PERF_JOBS = {
 SOAK_JOB = "soak"
 SOAK_FILE = Path("soak") / "soak-randread-4k-qd32.fio"
 SOAK_BLOCK = 4096
+PREFILL_FILE = "prefill-seqwrite-128k.fio"  # next to the soak job
 
 
 def available_jobs(jobs_dir: Optional[Path] = None) -> Dict[str, JobSpec]:
@@ -265,6 +267,9 @@ class BenchRunner:
         self.progress = progress
         self.machine = machine
         self.raw_dir = Path(config.out_dir) / "raw"
+        soak = next((j for j in self.jobs if j.kind == "soak" and j.fio_job), None)
+        prefill = soak.fio_job.path.parent / PREFILL_FILE if soak else None
+        self.prefill_job = FioJobFile.load(prefill) if prefill and prefill.is_file() else None
 
     # -- refusing early ----------------------------------------------------------------------------------
 
@@ -386,6 +391,11 @@ class BenchRunner:
         sampler = None
         try:
             device = self.host.connect(target)
+            if soak:
+                prefill = self._soak_prefill(device, target)
+                if prefill is not None:
+                    return report.repeat_record(repeat, iops=None, bw_bytes=None, lat_us={}, errors=1,
+                                                error_text=prefill, raw=rel, device=device)
             sampler = procstat.Sampler(target.pid, lambda: procstat.block_device_ios(device),
                                        interval=cfg.soak_interval)
             if soak:
@@ -409,7 +419,7 @@ class BenchRunner:
         extra = {}
         samples = sampler.samples
         fio_ios = sum(s.total_ios for s in res.directions.values() if s.total_ios) if res.directions else 0
-        ios, source = _window_ios(samples, fio_ios)
+        ios, source = _window_ios(samples, fio_ios, 0.0 if soak else cfg.ramp)
         extra["cpu"] = procstat.cpu_cost(samples[0], samples[-1], ios, source)
         if soak:
             extra["soak"] = self._soak_record(samples, fio_ios, target)
@@ -418,6 +428,22 @@ class BenchRunner:
             errors=res.errors, error_text=res.error_text, raw=rel, device=device, headline=res.report,
             directions={d: {"iops": s.iops, "bw_bytes": s.bw_bytes, "lat_us": s.clat_us}
                         for d, s in res.directions.items() if s.total_ios}, **extra)
+
+    def _soak_prefill(self, device: str, target: TargetUnderTest) -> Optional[str]:
+        """Write the soak's region once, sequentially, before anything is sampled: the RAM namespace's pages
+        are then all resident, so neither their first touch nor the kernel's later merging of them into huge
+        pages (khugepaged fills a 2 MiB range that has a page in use) shows as growth per command."""
+        job = self.prefill_job
+        if job is None:
+            return None
+        self.progress(f"bench: soak on {target.name}: writing the {self.config.size} region once first")
+        raw = self.raw_dir / f"soak-prefill.{target.name}.json"
+        try:
+            res = self.fio_runner(job, device, self.config.soak_timeout, self.config.size, 0, output_path=raw,
+                                  timeout=self.config.soak_timeout + 120)
+        except NvmeofError as exc:
+            return f"the soak's prefill failed: {exc.message}"
+        return f"the soak's prefill failed: {res.error_text}" if res.errors else None
 
     def _soak_record(self, samples: List[procstat.Sample], fio_ios: int, target: TargetUnderTest) -> dict:
         cfg = self.config
@@ -444,12 +470,12 @@ def _counted(samples: Sequence[procstat.Sample]) -> bool:
             and samples[-1].ios > samples[0].ios)
 
 
-def _window_ios(samples: Sequence[procstat.Sample], fio_ios: int):
+def _window_ios(samples: Sequence[procstat.Sample], fio_ios: int, ramp: float = 0.0):
     """The I/Os completed between the first and last sample, and where the count came from."""
     if _counted(samples):
         return samples[-1].ios - samples[0].ios, "block device statistics"
     if fio_ios:
-        return fio_ios, "fio's count (its ramp excluded, so µs per I/O is a little high)"
+        return fio_ios, ("fio's count" + (" (its ramp excluded, so µs per I/O is a little high)" if ramp else ""))
     return None, ""
 
 

@@ -59,6 +59,20 @@ def test_block_stat():
         procstat.parse_block_stat("1 2 3")
 
 
+def test_block_device_ios_of_a_multipath_head_counts_its_paths(tmp_path):
+    real = (PROC / "vda.block-stat").read_text()
+    zero = " ".join(["0"] * 17) + "\n"
+    for name, text in (("nvme1n1", zero), ("nvme1c1n1", real), ("nvme1c3n1", real), ("nvme1c1n2", real),
+                       ("sda", real)):
+        (tmp_path / "block" / name).mkdir(parents=True)
+        (tmp_path / "block" / name / "stat").write_text(text)
+    one = 775252 + 2460351
+    # the head keeps no statistics (before Linux 6.3): its two paths to namespace 1 do
+    assert procstat.block_device_ios("/dev/nvme1n1", sysfs=str(tmp_path)) == 2 * one
+    assert procstat.block_device_ios("/dev/sda", sysfs=str(tmp_path)) == one
+    assert procstat.block_device_ios("/dev/nvme9n1", sysfs=str(tmp_path)) is None
+
+
 def test_readers_on_this_machine():
     me = os.getpid()
     cpu = procstat.process_cpu(me)
@@ -190,6 +204,9 @@ def test_run_records_cpu_per_job_and_the_soak(work):  # noqa: F811 (fixture)
     assert rss["samples"] >= 2 and rss["points"][-1][0] == 3000 and rss["growth_bytes_per_million"] is not None
     assert soak["results"]["userspace"]["median"]["rss_growth_bytes_per_million"] == rss["growth_bytes_per_million"]
     assert any("RSS" in ln and "per million commands" in ln for ln in lines)
+    # the region was written once before each target's soak, outside the sampled window
+    assert (work / "out" / "raw" / "soak-prefill.userspace.json").exists()
+    assert sum("writing the 8M region once first" in ln for ln in lines) == 2
 
     text = report.render(result)
     assert "cost and memory" in text and "n/a (no process)" in text and "RSS growth /M cmds" in text
