@@ -12,12 +12,13 @@ LAB_TIMEOUT ?= 3000
 APT_PACKAGES := qemu-system-x86 debootstrap e2fsprogs cpio xz-utils zstd fio
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test test-unit test-lab test-long test-quick test-two-node deps venv lab clean-lab help
+.PHONY: demo test test-unit test-lab test-long test-quick test-two-node deps venv lab clean-lab help bench-transport
 
 help:
 	@echo "make demo   - set up everything, build the lab if needed, run the main job"
 	@echo "make test   - set up everything, run unit tests and the lab tests"
 	@echo "make test-long - the long lab scenarios (16-vCPU guest), not part of make test or CI"
+	@echo "make bench-transport - Python µs per 4 KiB read through the RDMA transport (lab, fake device)"
 
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -74,3 +75,9 @@ demo: deps venv lab
 
 clean-lab: venv
 	$(NVMEOF) lab clean
+
+# Python µs per 4 KiB read through the RDMA transport (a fake device, real pyverbs objects) and the target
+# core alone: a benchmark, not a test (docs/benchmarks.md). pyverbs is only in the lab guest, so it runs there;
+# `python3 benchmarks/transport_cost.py --stand-ins` runs anywhere, without pyverbs' own costs.
+bench-transport: lab
+	$(NVMEOF) lab run --timeout 900 -- python3 benchmarks/transport_cost.py

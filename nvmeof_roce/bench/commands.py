@@ -19,7 +19,7 @@ from .runner import machine_info
 from .targets import DEFAULT_PORTS, KernelHost, KernelNvmetTarget, TargetUnderTest, UserspaceTarget
 
 LAB_TRADDR = "10.99.0.1"
-TARGET_NAMES = ("kernel", "userspace")
+TARGET_NAMES = ("kernel", "userspace", "baseline")
 
 
 def _size_mb(text: str) -> int:
@@ -38,16 +38,26 @@ def build_targets(args, out_dir: Path) -> List[TargetUnderTest]:
     bad = [n for n in names if n not in TARGET_NAMES]
     if bad or not names:
         raise NvmeofError(f"--targets {args.targets!r}: unknown target {', '.join(bad) or '(none)'}",
-                          "--targets kernel,userspace (either or both, in the order to interleave)")
+                          "--targets kernel,userspace[,baseline] (any of them, in the order to interleave)")
     size_mb = _size_mb(args.ns_size)
     targets: List[TargetUnderTest] = []
     for name in names:
         if name == "kernel":
             targets.append(KernelNvmetTarget(args.traddr, args.kernel_port, backend=args.kernel_backend,
                                              size_mb=size_mb))
-        else:
+        elif name == "userspace":
             targets.append(UserspaceTarget(args.traddr, args.userspace_port, size_mb=size_mb, work_dir=out_dir,
                                            config_path=args.userspace_config))
+        else:
+            if not args.baseline_checkout:
+                raise NvmeofError("--targets baseline needs --baseline-checkout DIR (the checkout whose target "
+                                  "is the 'before')", "git worktree add results/baseline <commit>, then "
+                                  "--baseline-checkout results/baseline")
+            targets.append(UserspaceTarget(args.traddr, args.baseline_port, size_mb=size_mb, work_dir=out_dir,
+                                           name="baseline", checkout=args.baseline_checkout))
+    if args.baseline_checkout and "baseline" not in names:
+        raise NvmeofError("--baseline-checkout is given but 'baseline' is not in --targets",
+                          "--targets kernel,userspace,baseline")
     return targets
 
 
@@ -106,6 +116,18 @@ def cmd_bench(args) -> int:
     if args.capture and not (args.two_node or args.node):
         raise NvmeofError("--capture needs --two-node: on one node rxe loops its packets back inside the kernel, "
                           "there is no wire to capture", "nvmeof-roce bench --two-node --capture")
+    if args.soak_ios < 1000:
+        raise NvmeofError(f"--soak-ios {args.soak_ios}: the soak needs at least 1000 commands to fit a line",
+                          "e.g. --soak-ios 200000 in the lab, --soak-ios 3000000 on RDMA hardware")
+    if args.soak_interval <= 0 or args.soak_timeout <= 0:
+        raise NvmeofError("--soak-interval and --soak-timeout must be above 0",
+                          "e.g. --soak-interval 2 --soak-timeout 7200")
+    if args.soak_skip is not None and not 0 <= args.soak_skip < args.soak_ios:
+        raise NvmeofError(f"--soak-skip {args.soak_skip} must be from 0 to below --soak-ios ({args.soak_ios})",
+                          "e.g. --soak-skip 20000")
+    ratio = tuple(x.strip() for x in (args.ratio or "/".join(report.DEFAULT_RATIO)).split("/"))
+    if len(ratio) != 2 or not all(ratio) or ratio[0] == ratio[1]:
+        raise NvmeofError(f"--ratio {args.ratio!r} is not two targets as A/B", "e.g. --ratio userspace/baseline")
     out_dir = Path(args.out) if args.out else _default_out()
     jobs = select_jobs(args.jobs, args.jobs_dir)
     if args.two_node and not args.node:
@@ -125,9 +147,16 @@ def cmd_bench(args) -> int:
                          perftest_iterations=args.perftest_iterations, perftest_rdma_cm=args.perftest_gid is None,
                          perftest_gid=args.perftest_gid,
                          rdma_device=args.rdma_device or (rdma_device_for(twonode.HOST_NODE) if remote else None),
-                         topology=twonode.topology() if remote else None)
+                         topology=twonode.topology() if remote else None, soak_ios=args.soak_ios,
+                         soak_interval=args.soak_interval, soak_timeout=args.soak_timeout,
+                         soak_skip=args.soak_skip, ratio=ratio)
+    if not remote and args.node is None:
+        missing = [r for r in ratio if r not in [t.name for t in targets]]
+        if missing and args.ratio:  # the default ratio is simply left out when a target is not measured
+            raise NvmeofError(f"--ratio {args.ratio}: {', '.join(missing)} is not in --targets {args.targets}",
+                              "name two of the measured targets, e.g. --ratio userspace/kernel")
     host = None
-    if any(j.kind == "fio" for j in jobs):
+    if any(j.kind in ("fio", "soak") for j in jobs):
         host = twonode.CapturingHost(out_dir) if args.capture else KernelHost()
     extra = {"perftest_runner": twonode.remote_perftest, "machine": machine_info(twonode.HOST_NODE)} if remote else {}
     runner = BenchRunner(config, targets, jobs, host=host, **extra)
@@ -181,6 +210,9 @@ def register(subparsers) -> None:
     p.add_argument("--jobs", metavar="LIST", help="comma-separated jobs (default: every fio job; see --list-jobs)")
     p.add_argument("--targets", default="kernel,userspace", metavar="LIST",
                    help="targets to measure, in interleaving order (default kernel,userspace)")
+    p.add_argument("--ratio", metavar="A/B",
+                   help="the ratio the report leads with (default userspace/kernel; before and after: "
+                        "userspace/baseline)")
     p.add_argument("--repeats", type=int, default=1, metavar="N", help="runs of every job on every target (default 1)")
     p.add_argument("--runtime", type=float, default=10.0, metavar="S", help="seconds measured per fio job (default 10)")
     p.add_argument("--ramp", type=float, default=2.0, metavar="S", help="seconds of warm-up before measuring (default 2)")
@@ -191,6 +223,11 @@ def register(subparsers) -> None:
                    help=f"kernel target's trsvcid (default {DEFAULT_PORTS['kernel']})")
     p.add_argument("--userspace-port", type=int, default=DEFAULT_PORTS["userspace"], metavar="N",
                    help=f"userspace target's trsvcid (default {DEFAULT_PORTS['userspace']})")
+    p.add_argument("--baseline-port", type=int, default=DEFAULT_PORTS["baseline"], metavar="N",
+                   help=f"baseline target's trsvcid (default {DEFAULT_PORTS['baseline']})")
+    p.add_argument("--baseline-checkout", type=Path, metavar="DIR",
+                   help="with --targets ...,baseline: another checkout whose 'target serve' is measured as "
+                        "'baseline' (the before of a change, e.g. a git worktree of an older commit)")
     p.add_argument("--kernel-backend", choices=("null_blk", "file"), default="null_blk",
                    help="kernel namespace: memory-backed null_blk (default) or a file on tmpfs (buffered_io)")
     p.add_argument("--ns-size", default="512M", help="namespace size of both targets (default 512M)")
@@ -205,6 +242,15 @@ def register(subparsers) -> None:
     p.add_argument("--perftest-gid", type=int, metavar="N",
                    help="run perftest without rdma_cm, with this GID index (-x N); default: rdma_cm (-R)")
     p.add_argument("--rdma-device", metavar="DEV", help="RDMA device for perftest (default: the one holding --traddr)")
+    p.add_argument("--soak-ios", type=int, default=200_000, metavar="N",
+                   help="commands the soak job (--jobs soak) reads (default 200000: minutes in the emulated lab; "
+                        "the field figure wants 3000000 on RDMA hardware)")
+    p.add_argument("--soak-interval", type=float, default=2.0, metavar="S",
+                   help="seconds between the soak's RSS samples (default 2)")
+    p.add_argument("--soak-timeout", type=float, default=7200.0, metavar="S",
+                   help="cap on the soak's duration; it ends at the count or the cap (default 7200)")
+    p.add_argument("--soak-skip", type=int, metavar="N",
+                   help="commands at the soak's start left out of the RSS fit (default: the first tenth)")
     p.add_argument("--no-plots", action="store_true", help="no PNG charts")
     p.add_argument("--two-node", action="store_true",
                    help="boot two lab nodes: both targets on one (10.99.1.1), nvme-cli + fio on the other "

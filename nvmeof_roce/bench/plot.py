@@ -4,6 +4,8 @@
 - iops.png:      IOPS per job, one bar per target, the numerator/denominator ratio above each group
 - bandwidth.png: MB/s per job, the same layout
 - perftest.png:  perftest latencies (typical, avg, p99, p99.9) per test, when perftest ran
+- cpu.png:       CPU µs per I/O per job: the userspace target's process, and the whole guest per target
+- soak.png:      the soak job: the target's RSS against commands completed, with the fitted line
 
 Bars are the medians across repeats; the whiskers span the lowest to the highest repeat.
 """
@@ -205,6 +207,87 @@ def plot_perftest(result: dict, path: Path) -> Optional[Path]:
     return _save(plt, fig, path)
 
 
+def plot_cpu(result: dict, path: Path) -> Optional[Path]:
+    """Two panels: the target process's CPU µs per I/O (the userspace target; the kernel target has no
+    process) and the whole guest's busy CPU µs per I/O, per job, a bar per target."""
+    jobs = [(n, j) for n, j in result.get("jobs", {}).items()
+            if any((s.get("median") or {}).get("cpu") for s in j["results"].values())]
+    if not jobs:
+        return None
+    plt = _pyplot()
+    targets = _targets(result)
+    present = [t for t in targets if any(t in j["results"] for _, j in jobs)]
+    fig, axes = plt.subplots(1, 2, figsize=(max(11.0, 2.2 * len(jobs) + 4), 5.5), squeeze=False)
+    for ax, key, title in ((axes[0][0], "target_us_per_io", "target process (user + system)"),
+                           (axes[0][1], "guest_us_per_io", "whole guest (fio and kernel host included)")):
+        values: Dict[str, List[Optional[float]]] = {t: [] for t in present}
+        errs: Dict[str, Tuple[List[float], List[float]]] = {t: ([], []) for t in present}
+        for _, job in jobs:
+            for t in present:
+                slot = job["results"].get(t) or {}
+                med = ((slot.get("median") or {}).get("cpu") or {}).get(key)
+                values[t].append(med)
+                lo, hi = _spread([(r.get("cpu") or {}).get(key) for r in slot.get("repeats", [])], med)
+                errs[t][0].append(lo)
+                errs[t][1].append(hi)
+        _grouped_bars(ax, [n for n, _ in jobs], present, values, errs)
+        ax.set_xticklabels([n for n, _ in jobs], rotation=25, ha="right", fontsize=9)
+        ax.set_ylabel("CPU µs per I/O")
+        ax.set_title(title, fontsize=10)
+        for g, (_, job) in enumerate(jobs):
+            for i, t in enumerate(present):
+                if key == "target_us_per_io" and t in job["results"] and values[t][g] is None:
+                    n = max(1, len(present))
+                    ax.annotate("no process", (g + (i - (n - 1) / 2) * 0.8 / n, 0), ha="center", va="bottom",
+                                rotation=90, fontsize=8, color="#555555")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper right", title="target")
+    fig.suptitle("CPU per I/O, per job (lower is cheaper)\n" + _subtitle(result), fontsize=11)
+    fig.tight_layout(rect=(0, 0, 0.9, 0.88))
+    return _save(plt, fig, path)
+
+
+def plot_soak(result: dict, path: Path) -> Optional[Path]:
+    """The soak job: target RSS (MiB) against commands completed (millions), every repeat, with its fit."""
+    series = []
+    for name, job in result.get("jobs", {}).items():
+        if job.get("kind") != "soak":
+            continue
+        for t, slot in job["results"].items():
+            for r in slot["repeats"]:
+                rss = (r.get("soak") or {}).get("rss")
+                if rss and rss.get("points"):
+                    series.append((t, r.get("repeat"), rss))
+    if not series:
+        return None
+    plt = _pyplot()
+    targets = _targets(result)
+    fig, ax = plt.subplots(figsize=(9.0, 5.4))
+    for t, repeat, rss in series:
+        colour = COLOURS[targets.index(t) % len(COLOURS)] if t in targets else "#333333"
+        xs = [p[0] / 1e6 for p in rss["points"]]
+        ys = [p[1] / (1 << 20) for p in rss["points"]]
+        growth = rss.get("growth_bytes_per_million")
+        label = f"{t} (repeat {repeat})" + ("" if growth is None else
+                                            f": {growth / (1 << 20):+.2f} MiB per million commands")
+        ax.plot(xs, ys, "o", ms=3, color=colour, label=label)
+        if growth is not None:
+            fitted = [p for p in rss["points"] if p[0] >= rss.get("skip_commands", 0)]
+            if len(fitted) >= 2:
+                x0, x1 = fitted[0][0], fitted[-1][0]
+                y0 = sum(p[1] for p in fitted) / len(fitted) - growth / 1e6 * sum(p[0] for p in fitted) / len(fitted)
+                ax.plot([x0 / 1e6, x1 / 1e6], [(y0 + growth / 1e6 * x0) / (1 << 20), (y0 + growth / 1e6 * x1) / (1 << 20)],
+                        "-", color=colour, lw=1)
+    ax.set_xlabel("commands completed (millions)")
+    ax.set_ylabel("target RSS (MiB, VmRSS)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title("soak: target resident memory against commands (line: least-squares fit)\n"
+                 + _subtitle(result, repeats=False), fontsize=10)
+    fig.tight_layout()
+    return _save(plt, fig, path)
+
+
 def _save(plt, fig, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -218,5 +301,6 @@ def plot_all(result: dict, out_dir: Path) -> List[Path]:
     _pyplot()
     out_dir = Path(out_dir)
     made = [plot_latency(result, out_dir / "latency.png"), plot_iops(result, out_dir / "iops.png"),
-            plot_bandwidth(result, out_dir / "bandwidth.png"), plot_perftest(result, out_dir / "perftest.png")]
+            plot_bandwidth(result, out_dir / "bandwidth.png"), plot_perftest(result, out_dir / "perftest.png"),
+            plot_cpu(result, out_dir / "cpu.png"), plot_soak(result, out_dir / "soak.png")]
     return [p for p in made if p is not None]

@@ -11,6 +11,11 @@ Schema `nvmeof-roce-bench/1` (docs/benchmarks.md has the full description)::
      "perftest": {test: {...} | {"error": "..."}},
      "errors": [...], "ok": bool}
 
+Each repeat also carries `cpu` (procstat.cpu_cost: the userspace target process's user/system seconds and CPU
+µs per I/O, the whole guest's busy seconds and µs per I/O), and a soak repeat `soak` (its RSS samples and their
+growth per million commands); `median` then has `cpu` {"target_us_per_io", "guest_us_per_io",
+"target_user_s", "target_system_s"} and `rss_growth_bytes_per_million`.
+
 Medians are taken per metric across repeats (the median IOPS and the median p99 may come from different
 repeats). A ratio is numerator/denominator of those medians: above 1 means more IOPS or bandwidth, or a
 higher (worse) latency, for the numerator.
@@ -27,6 +32,7 @@ from ..output import table
 
 SCHEMA = "nvmeof-roce-bench/1"
 LAT_KEYS = ("p50", "p90", "p99", "p99.9")
+CPU_KEYS = ("target_us_per_io", "guest_us_per_io", "target_user_s", "target_system_s")
 DEFAULT_RATIO = ("userspace", "kernel")
 
 
@@ -87,6 +93,11 @@ def finalize(result: dict) -> dict:
                 "bw_bytes": _median(r.get("bw_bytes") for r in reps),
                 "lat_us": {k: _median((r.get("lat_us") or {}).get(k) for r in reps) for k in LAT_KEYS},
             }
+            if any(r.get("cpu") for r in reps):
+                slot["median"]["cpu"] = {k: _median((r.get("cpu") or {}).get(k) for r in reps) for k in CPU_KEYS}
+            if any(r.get("soak") for r in reps):
+                slot["median"]["rss_growth_bytes_per_million"] = _median(
+                    ((r.get("soak") or {}).get("rss") or {}).get("growth_bytes_per_million") for r in reps)
             slot["errors"] = sum(int(r.get("errors") or 0) for r in reps)
             any_errors = any_errors or slot["errors"] > 0
         a, b = job["results"].get(num), job["results"].get(den)
@@ -162,6 +173,23 @@ def fmt_lat(us: Optional[float]) -> str:
     return f"{us:.1f} µs" if us < 100 else f"{us:.0f} µs"
 
 
+def fmt_us(us: Optional[float]) -> str:
+    """CPU µs per I/O."""
+    if us is None:
+        return "-"
+    return f"{us:.1f}" if us < 100 else f"{us:.0f}"
+
+
+def fmt_bytes(n: Optional[float]) -> str:
+    """A byte count (signed: an RSS growth may be negative) in B, KiB or MiB."""
+    if n is None:
+        return "-"
+    for unit, factor in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= factor:
+            return f"{n / factor:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
 def fmt_ratio(r: Optional[float]) -> str:
     return "-" if r is None else f"x{r:.2f}"
 
@@ -214,6 +242,52 @@ def perftest_table(result: dict) -> str:
     return table(headers, rows)
 
 
+def _has_cost(result: dict) -> bool:
+    return any((slot.get("median") or {}).get("cpu") for job in result.get("jobs", {}).values()
+               for slot in job["results"].values())
+
+
+def _cost_rows(result: dict) -> List[List[str]]:
+    """Per job and target: target user s, system s, target CPU µs/IO, guest CPU µs/IO, RSS growth per
+    million commands (soak), the target's RSS at the end of the soak."""
+    rows: List[List[str]] = []
+    targets = result["params"].get("targets") or []
+    for name, job in result["jobs"].items():
+        first = True
+        order = [t for t in targets if t in job["results"]] + [t for t in job["results"] if t not in targets]
+        for t in order:
+            slot = job["results"][t]
+            med = slot.get("median") or {}
+            cpu = med.get("cpu") or {}
+            if not cpu:
+                continue
+            soak = [(r.get("soak") or {}).get("rss") or {} for r in slot["repeats"] if r.get("soak")]
+            if soak:
+                growth = fmt_bytes(med.get("rss_growth_bytes_per_million"))
+                end = fmt_bytes(soak[-1].get("rss_end_bytes")) if soak[-1] else "-"
+                if not soak[-1]:
+                    growth = "n/a (no process)"
+            else:
+                growth, end = "", ""
+            rows.append([name if first else "", t,
+                         "-" if cpu.get("target_user_s") is None else f"{cpu['target_user_s']:.1f}",
+                         "-" if cpu.get("target_system_s") is None else f"{cpu['target_system_s']:.1f}",
+                         fmt_us(cpu.get("target_us_per_io")) if cpu.get("target_us_per_io") is not None
+                         else "n/a (no process)",
+                         fmt_us(cpu.get("guest_us_per_io")), growth, end])
+            first = False
+    return rows
+
+
+COST_HEADERS = ["job", "target", "target user s", "target sys s", "target CPU µs/IO", "guest CPU µs/IO",
+                "RSS growth /M cmds", "RSS at end"]
+
+
+def cost_table(result: dict) -> str:
+    return table(COST_HEADERS, _cost_rows(result))
+
+
+
 def topology_text(result: dict) -> str:
     """Which topology was measured: one guest for everything, or two nodes on a wire (bench --two-node)."""
     t = result.get("topology")
@@ -221,6 +295,8 @@ def topology_text(result: dict) -> str:
         return "one node (the host, both targets and fio on one machine)"
     return (f"two nodes: targets on {t['target_node']}, host and fio on {t['host_node']}, "
             f"{t.get('link', 'one link')}")
+
+
 
 
 def render(result: dict) -> str:
@@ -244,6 +320,10 @@ def render(result: dict) -> str:
         what = "fio (completion latency" if kinds == {"fio"} else \
             "jobs (fio: completion latency; uinit-*: our initiator's per-command latency"
         lines += ["", f"{what}; ratio above 1 = more IOPS/bandwidth or more latency):", fio_table(result)]
+    if _has_cost(result):
+        lines += ["", "cost and memory (target: the userspace target's process, from /proc/PID/stat and status; "
+                      "guest: the whole machine's busy CPU, fio and the kernel host included; the kernel target "
+                      "has no process of its own):", cost_table(result)]
     failures = [(j, t, r) for j, job in result.get("jobs", {}).items() for t, s in job["results"].items()
                 for r in s["repeats"] if r.get("errors")]
     if failures or result.get("errors"):
@@ -280,6 +360,16 @@ def render_markdown(result: dict, plots_dir: str = "") -> str:
             lines.append(f"| | **{num}/{den}** | **{fmt_ratio(ratio.get('iops'))}** | {fmt_ratio(ratio.get('bw_bytes'))} | "
                          f"{fmt_ratio(ratio.get('p50'))} | {fmt_ratio(ratio.get('p99'))} | "
                          f"{fmt_ratio(ratio.get('p99.9'))} | |")
+    if _has_cost(result):
+        lines += ["", "What each job cost (medians): the userspace target process's CPU (user + system, from "
+                      "/proc/PID/stat) per I/O, and the whole guest's busy CPU per I/O (fio and the kernel host "
+                      "included; the only figure for the kernel target, which has no process); the soak job's "
+                      "target RSS growth per million commands (least-squares fit of VmRSS against commands "
+                      "completed).", "",
+                  "| " + " | ".join(COST_HEADERS) + " |", "|" + "---|" * len(COST_HEADERS)]
+        for row in _cost_rows(result):
+            cells = [f"`{row[0]}`" if row[0] else ""] + row[1:]
+            lines.append("| " + " | ".join(cells) + " |")
     perftest = result.get("perftest") or {}
     if perftest:
         parts = []
@@ -294,4 +384,8 @@ def render_markdown(result: dict, plots_dir: str = "") -> str:
     if plots_dir:
         lines += ["", f"![latency percentiles per job]({plots_dir}/latency.png)",
                   f"![IOPS per job]({plots_dir}/iops.png)"]
+        if _has_cost(result):
+            lines.append(f"![CPU per I/O]({plots_dir}/cpu.png)")
+        if any(j.get("kind") == "soak" for j in result.get("jobs", {}).values()):
+            lines.append(f"![soak: target RSS against commands]({plots_dir}/soak.png)")
     return "\n".join(lines) + "\n"

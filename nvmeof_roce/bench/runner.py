@@ -11,7 +11,14 @@ that was set up is torn down, also on an error or Ctrl-C.
 Job kinds:
 - `fio`: a job file from fio-jobs/ run on the kernel host's block device;
 - `initiator-perf`: our userspace initiator's load generator (`nvmeof-roce initiator perf`, in the manner of
-  SPDK's perf) connecting to the target itself: see `initiator_perf_command()` for the hook.
+  SPDK's perf) connecting to the target itself: see `initiator_perf_command()` for the hook;
+- `soak`: fio-jobs/soak/soak-randread-4k-qd32.fio, a fixed number of commands (`--soak-ios`) while the
+  target's RSS is sampled every `--soak-interval` seconds; its growth per million commands is fitted. The
+  region is written once first (fio-jobs/soak/prefill-seqwrite-128k.fio), not sampled.
+
+Every job also records what it cost (procstat.py): the userspace target process's user and system CPU time
+and CPU µs per I/O, and the whole machine's busy CPU per I/O (the only figure the kernel target, which has
+no process, has), sampled just before and just after the job's fio or perf run.
 """
 from __future__ import annotations
 
@@ -31,7 +38,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 from ..errors import NvmeofError
 from ..output import progress as _progress
 from . import report
-from .fio import FioJobFile, FioResult, fio_binary, fio_version, list_job_files, run_fio
+from .fio import FioJobFile, FioResult, default_jobs_dir, fio_binary, fio_version, list_job_files, run_fio
+from . import procstat
 from .perftest import (DEFAULT_TESTS, PerftestResult, perftest_binary, perftest_version, rdma_device_for,
                        run_perftest)
 from .targets import Host, TargetUnderTest
@@ -44,7 +52,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class JobSpec:
     name: str
-    kind: str  # "fio" | "initiator-perf"
+    kind: str  # "fio" | "initiator-perf" | "soak"
     description: str = ""
     fio_job: Optional[FioJobFile] = None
     params: Dict[str, object] = field(default_factory=dict)
@@ -62,9 +70,19 @@ INITIATOR_PERF_JOBS = {
 }
 
 
+SOAK_JOB = "soak"
+SOAK_FILE = Path("soak") / "soak-randread-4k-qd32.fio"
+SOAK_BLOCK = 4096
+PREFILL_FILE = "prefill-seqwrite-128k.fio"  # next to the soak job
+
+
 def available_jobs(jobs_dir: Optional[Path] = None) -> Dict[str, JobSpec]:
     jobs = {name: JobSpec(name=name, kind="fio", description=f.description, fio_job=f)
             for name, f in list_job_files(jobs_dir).items()}
+    soak_file = (Path(jobs_dir) if jobs_dir else default_jobs_dir()) / SOAK_FILE
+    if soak_file.is_file():  # not in the default selection: it runs for a count, not a time
+        soak = FioJobFile.load(soak_file)
+        jobs[SOAK_JOB] = JobSpec(name=SOAK_JOB, kind="soak", description=soak.description, fio_job=soak)
     for name, params in INITIATOR_PERF_JOBS.items():
         jobs[name] = JobSpec(name=name, kind="initiator-perf", params=dict(params),
                              description=f"userspace initiator perf: {params['rw']} {params['bs']} B, "
@@ -112,6 +130,12 @@ class BenchConfig:
     rdma_device: Optional[str] = None
     ratio: Sequence[str] = report.DEFAULT_RATIO
     topology: Optional[dict] = None  # bench --two-node: which node ran what (report.topology_text)
+    # the soak job: its command count, how often the target's RSS is sampled, a cap on its duration, and the
+    # commands left out of the fit at the start (None: the first tenth, while pools and caches fill once)
+    soak_ios: int = 200_000
+    soak_interval: float = 2.0
+    soak_timeout: float = 7200.0
+    soak_skip: Optional[int] = None
 
 
 def _read(path: str) -> str:
@@ -238,6 +262,9 @@ class BenchRunner:
         self.progress = progress
         self.machine = machine
         self.raw_dir = Path(config.out_dir) / "raw"
+        soak = next((j for j in self.jobs if j.kind == "soak" and j.fio_job), None)
+        prefill = soak.fio_job.path.parent / PREFILL_FILE if soak else None
+        self.prefill_job = FioJobFile.load(prefill) if prefill and prefill.is_file() else None
 
     # -- refusing early ----------------------------------------------------------------------------------
 
@@ -252,7 +279,7 @@ class BenchRunner:
                 problems.append(exc)
 
         kinds = {j.kind for j in self.jobs}
-        if "fio" in kinds:
+        if kinds & {"fio", "soak"}:
             check(fio_binary)
             if self.host is None:
                 problems.append(NvmeofError("fio jobs need a host to connect with", "internal: no host given"))
@@ -286,6 +313,8 @@ class BenchRunner:
             params={"jobs": [j.name for j in self.jobs], "targets": [t.name for t in self.targets],
                     "repeats": cfg.repeats, "runtime_s": cfg.runtime, "ramp_s": cfg.ramp, "size": cfg.size,
                     "traddr": cfg.traddr, "host": self.host.name if self.host else None,
+                    "soak_ios": cfg.soak_ios if any(j.kind == "soak" for j in self.jobs) else None,
+                    "clk_tck": procstat.CLK_TCK,
                     "order": "for each repeat, for each job, each target in turn (interleaved)"},
             targets={t.name: t.describe() for t in self.targets}, ratio=cfg.ratio)
         if cfg.topology:
@@ -341,33 +370,123 @@ class BenchRunner:
         raw = self.raw_dir / f"{job.name}.{target.name}.r{repeat}.json"
         rel = str(raw.relative_to(cfg.out_dir))
         if job.kind == "initiator-perf":
+            sampler = procstat.Sampler(target.pid)
+            before = sampler.sample()
             try:
                 got = self.initiator_perf(job, target, cfg, raw)
             except NvmeofError as exc:
                 got = {"iops": None, "bw_bytes": None, "lat_us": {}, "errors": 1, "error_text": exc.message}
-            return report.repeat_record(repeat, raw=rel, **got)
+            after = sampler.sample()
+            # no block device to count on: the perf's own rate over its runtime and ramp (an estimate)
+            ios = round(got["iops"] * (cfg.runtime + cfg.ramp)) if got.get("iops") else None
+            return report.repeat_record(repeat, raw=rel, cpu=procstat.cpu_cost(
+                before, after, ios, "estimated: perf IOPS x (runtime + ramp)"), **got)
 
+        soak = job.kind == "soak"
         device = None
+        sampler = None
         try:
             device = self.host.connect(target)
+            if soak:
+                prefill = self._soak_prefill(device, target)
+                if prefill is not None:
+                    return report.repeat_record(repeat, iops=None, bw_bytes=None, lat_us={}, errors=1,
+                                                error_text=prefill, raw=rel, device=device)
+            sampler = procstat.Sampler(target.pid, lambda: procstat.block_device_ios(device),
+                                       interval=cfg.soak_interval)
+            if soak:
+                sampler.start()  # RSS every soak_interval seconds
+            else:
+                sampler.sample()
             try:
-                res = self.fio_runner(job.fio_job, device, cfg.runtime, cfg.size, cfg.ramp, output_path=raw)
+                if soak:
+                    res = self.fio_runner(job.fio_job, device, cfg.soak_timeout, cfg.size, 0, output_path=raw,
+                                          extra_env={"SOAK_BYTES": str(cfg.soak_ios * SOAK_BLOCK)},
+                                          timeout=cfg.soak_timeout + 120)
+                else:
+                    res = self.fio_runner(job.fio_job, device, cfg.runtime, cfg.size, cfg.ramp, output_path=raw)
             except NvmeofError as exc:  # fio could not run at all: record it, go on with the next job
                 return report.repeat_record(repeat, iops=None, bw_bytes=None, lat_us={}, errors=1,
                                             error_text=exc.message, raw=rel, device=device)
+            finally:
+                sampler.stop()
         finally:
             self.host.disconnect(target)
+        extra = {}
+        samples = sampler.samples
+        fio_ios = sum(s.total_ios for s in res.directions.values() if s.total_ios) if res.directions else 0
+        ios, source = _window_ios(samples, fio_ios, 0.0 if soak else cfg.ramp)
+        extra["cpu"] = procstat.cpu_cost(samples[0], samples[-1], ios, source)
+        if soak:
+            extra["soak"] = self._soak_record(samples, fio_ios, target)
         return report.repeat_record(
             repeat, iops=res.iops, bw_bytes=res.bw_bytes, lat_us=res.clat_us, lat_mean_us=res.lat_mean_us,
             errors=res.errors, error_text=res.error_text, raw=rel, device=device, headline=res.report,
             directions={d: {"iops": s.iops, "bw_bytes": s.bw_bytes, "lat_us": s.clat_us}
-                        for d, s in res.directions.items() if s.total_ios})
+                        for d, s in res.directions.items() if s.total_ios}, **extra)
+
+    def _soak_prefill(self, device: str, target: TargetUnderTest) -> Optional[str]:
+        """Write the soak's region once, sequentially, before anything is sampled: the RAM namespace's pages
+        are then all resident, so neither their first touch nor the kernel's later merging of them into huge
+        pages (khugepaged fills a 2 MiB range that has a page in use) shows as growth per command."""
+        job = self.prefill_job
+        if job is None:
+            return None
+        self.progress(f"bench: soak on {target.name}: writing the {self.config.size} region once first")
+        raw = self.raw_dir / f"soak-prefill.{target.name}.json"
+        try:
+            res = self.fio_runner(job, device, self.config.soak_timeout, self.config.size, 0, output_path=raw,
+                                  timeout=self.config.soak_timeout + 120)
+        except NvmeofError as exc:
+            return f"the soak's prefill failed: {exc.message}"
+        return f"the soak's prefill failed: {res.error_text}" if res.errors else None
+
+    def _soak_record(self, samples: List[procstat.Sample], fio_ios: int, target: TargetUnderTest) -> dict:
+        cfg = self.config
+        skip = cfg.soak_skip if cfg.soak_skip is not None else cfg.soak_ios // 10
+        if not _counted(samples) and fio_ios and len(samples) >= 2:
+            # the block device keeps no statistics here: spread fio's count over the run's time
+            t0, t1 = samples[0].t, samples[-1].t
+            for s in samples:
+                s.ios = round(fio_ios * (s.t - t0) / (t1 - t0)) if t1 > t0 else 0
+            source = "fio's count spread evenly over time"
+        else:
+            source = "block device statistics"
+        rec = {"commands_requested": cfg.soak_ios, "commands_done": fio_ios, "interval_s": cfg.soak_interval,
+               "commands_source": source, "rss": None,
+               "note": None if target.pid else "no target process: RSS not measured (the kernel target)"}
+        if target.pid or any(s.rss_bytes for s in samples):
+            rec["rss"] = procstat.rss_growth(samples, skip_commands=skip)
+        return rec
+
+
+def _counted(samples: Sequence[procstat.Sample]) -> bool:
+    """The block device counted the I/Os of this window (its statistics may be off or missing)."""
+    return (len(samples) >= 2 and samples[0].ios is not None and samples[-1].ios is not None
+            and samples[-1].ios > samples[0].ios)
+
+
+def _window_ios(samples: Sequence[procstat.Sample], fio_ios: int, ramp: float = 0.0):
+    """The I/Os completed between the first and last sample, and where the count came from."""
+    if _counted(samples):
+        return samples[-1].ios - samples[0].ios, "block device statistics"
+    if fio_ios:
+        return fio_ios, ("fio's count" + (" (its ramp excluded, so µs per I/O is a little high)" if ramp else ""))
+    return None, ""
 
 
 def _summary(rec: dict) -> str:
     lat = rec.get("lat_us") or {}
     text = (f"{report.fmt_iops(rec.get('iops'))} IOPS, {report.fmt_mbps(rec.get('bw_bytes'))} MB/s, "
             f"p50 {report.fmt_lat(lat.get('p50'))}, p99 {report.fmt_lat(lat.get('p99'))}")
+    cpu = rec.get("cpu") or {}
+    if cpu.get("target_us_per_io") is not None:
+        text += f", target CPU {cpu['target_us_per_io']:.0f} µs/IO"
+    if cpu.get("guest_us_per_io") is not None:
+        text += f", guest CPU {cpu['guest_us_per_io']:.0f} µs/IO"
+    growth = ((rec.get("soak") or {}).get("rss") or {}).get("growth_bytes_per_million")
+    if growth is not None:
+        text += f", RSS {report.fmt_bytes(growth)} per million commands"
     if rec.get("errors"):
         text += f", {rec['errors']} error(s): {rec.get('error_text')}"
     return text

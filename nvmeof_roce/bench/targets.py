@@ -7,7 +7,9 @@ half-done setup). The two real ones:
 - `KernelNvmetTarget`: the kernel's nvmet-rdma over configfs, namespace on a memory-backed null_blk device
   (or a file on tmpfs served with buffered_io), default port 4420;
 - `UserspaceTarget`: our target, `nvmeof-roce target serve CONFIG.json` as a child process, with a RAM
-  namespace, default port 4421.
+  namespace, default port 4421; as `baseline` (default port 4422) the same from another checkout
+  (`--baseline-checkout DIR`, e.g. a git worktree of the commit before a change), so a before and an after
+  run in one boot, interleaved.
 
 Both use their own NQN and port, so they can be up at the same time on one address.
 
@@ -34,7 +36,7 @@ from .perftest import rdma_device_for
 log = logging.getLogger(__name__)
 
 NQN_PREFIX = "nqn.2014-08.org.nvmeof-roce:bench-"
-DEFAULT_PORTS = {"kernel": 4420, "userspace": 4421}
+DEFAULT_PORTS = {"kernel": 4420, "userspace": 4421, "baseline": 4422}
 
 
 class TargetUnderTest(abc.ABC):
@@ -70,6 +72,12 @@ class TargetUnderTest(abc.ABC):
         d = {"kind": self.kind}
         d.update(self.address)
         return d
+
+    @property
+    def pid(self) -> Optional[int]:
+        """The process serving this target, whose CPU time and RSS the bench samples; None when the target
+        has no process of its own (the kernel target runs in softirq and kworkers)."""
+        return None
 
     def _check_address_free(self) -> None:
         who = kernel_glue.listener_on(self.traddr, self.trsvcid)
@@ -185,11 +193,13 @@ class UserspaceTarget(TargetUnderTest):
 
     def __init__(self, traddr: str, trsvcid: int = DEFAULT_PORTS["userspace"], subnqn: Optional[str] = None,
                  size_mb: int = 512, work_dir: Optional[Path] = None, config_path: Optional[Path] = None,
-                 ready_timeout: float = 60.0):
+                 ready_timeout: float = 60.0, name: Optional[str] = None, checkout: Optional[Path] = None):
         self.config_path = Path(config_path) if config_path else None
         if self.config_path:
             traddr, trsvcid, subnqn = self._address_from_config(self.config_path)
-        super().__init__(traddr, trsvcid, subnqn)
+        super().__init__(traddr, trsvcid, subnqn, name)
+        # another checkout's target (the baseline): its package first on the child's path
+        self.checkout = Path(checkout).resolve() if checkout else None
         self.size_mb = int(size_mb)
         self.work_dir = Path(work_dir) if work_dir else Path.cwd()
         self.ready_timeout = ready_timeout
@@ -212,9 +222,16 @@ class UserspaceTarget(TargetUnderTest):
     def describe(self) -> dict:
         d = super().describe()
         d["backend"] = (f"config {self.config_path}" if self.config_path else f"ram, {self.size_mb} MiB")
+        if self.checkout:
+            d["checkout"] = str(self.checkout)
         return d
 
     def check(self) -> None:
+        if self.checkout is not None:
+            if not (self.checkout / "nvmeof_roce" / "target" / "serve.py").is_file():
+                raise NvmeofError(f"--{self.name}-checkout {self.checkout}: no nvmeof_roce/target/serve.py there",
+                                  "give a checkout of nvmeof-roce with the userspace target, e.g. "
+                                  "git worktree add results/baseline <commit>")
         rdma_device_for(self.traddr)
         self._check_address_free()
 
@@ -222,19 +239,29 @@ class UserspaceTarget(TargetUnderTest):
         self.work_dir.mkdir(parents=True, exist_ok=True)
         config = self.config_path
         if config is None:
-            config = self.work_dir / "userspace-target.json"
+            config = self.work_dir / f"{self.name}-target.json"
             config.write_text(json.dumps(userspace_config(self.traddr, self.trsvcid, self.subnqn, self.size_mb),
                                          indent=2) + "\n")
-        self.log_path = self.work_dir / "userspace-target.log"
+        self.log_path = self.work_dir / f"{self.name}-target.log"
         self._log = open(self.log_path, "w")
         cmd = _cli() + ["target", "serve", str(config)]
-        ready = self.work_dir / "userspace-target.ready"
+        ready = self.work_dir / f"{self.name}-target.ready"
         if ready.exists():
             ready.unlink()
-        cmd += ["--ready-file", str(ready)]
+        cmd += ["--ready-file", str(ready)]  # every checkout's `target serve` has it
         log.info("starting %s", " ".join(cmd))
-        self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        env = None
+        if self.checkout is not None:
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.pathsep.join([str(self.checkout)] + [p for p in env.get("PYTHONPATH", "").split(
+                os.pathsep) if p])
+        self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      env=env, cwd=str(self.checkout) if self.checkout else None)
         self._wait_listening(ready)
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
     def _wait_listening(self, ready: Optional[Path]) -> None:
         """Until the ready file appears (the target writes it once it listens), or else until `rdma` shows

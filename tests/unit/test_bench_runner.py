@@ -311,6 +311,9 @@ def test_select_jobs():
     all_fio = select_jobs(None)
     assert all_fio and all(j.kind == "fio" for j in all_fio)
     assert [j.name for j in select_jobs("all")] == [j.name for j in all_fio]
+    assert "soak" not in [j.name for j in all_fio]  # a count, not a time: only when named
+    soak = select_jobs("soak")
+    assert [(j.name, j.kind) for j in soak] == [("soak", "soak")] and soak[0].fio_job.report == "read"
     picked = select_jobs("seqwrite-128k-qd16, randread-4k-qd1.fio,seqwrite-128k-qd16")
     assert [j.name for j in picked] == ["seqwrite-128k-qd16", "randread-4k-qd1"]
     with pytest.raises(NvmeofError, match="unknown job 'nope'") as exc:
@@ -422,6 +425,13 @@ def test_bench_refuses_clearly_without_rdma_address(capsys, tmp_path):
     (["--ns-size", "1500K"], "whole number of MiB"),
     (["--jobs", "nope"], "unknown job"),
     (["--runtime", "0"], "--runtime must be above 0"),
+    (["--targets", "kernel,baseline"], "--targets baseline needs --baseline-checkout DIR"),
+    (["--baseline-checkout", "/tmp"], "--baseline-checkout is given but 'baseline' is not in --targets"),
+    (["--ratio", "userspace"], "--ratio 'userspace' is not two targets as A/B"),
+    (["--ratio", "userspace/baseline"], "baseline is not in --targets kernel,userspace"),
+    (["--soak-ios", "999"], "--soak-ios 999: the soak needs at least 1000 commands"),
+    (["--soak-interval", "0"], "--soak-interval and --soak-timeout must be above 0"),
+    (["--soak-ios", "5000", "--soak-skip", "5000"], "--soak-skip 5000 must be from 0 to below --soak-ios (5000)"),
 ])
 def test_bench_argument_errors(args, message, capsys):
     assert main(["bench"] + args) == 1
@@ -436,3 +446,19 @@ def test_parse_initiator_perf_reads_what_the_initiator_writes():
     got = runner_mod.parse_initiator_perf(json.dumps(result.to_dict()))
     assert (got["iops"], got["bw_bytes"], got["errors"], got["lat_mean_us"]) == (1500.0, 6144000.0, 2, 22.0)
     assert got["lat_us"] == {"p50": 20.0, "p90": 30.0, "p99": 40.0, "p99.9": 50.0}
+
+
+def test_baseline_target_runs_another_checkout(tmp_path, capsys):
+    """--targets kernel,userspace,baseline: the baseline is our target served from another checkout, on its
+    own port and NQN; a directory that is not a checkout is refused in the preflight, naming the option."""
+    import argparse
+    from nvmeof_roce.bench.commands import build_targets
+    args = argparse.Namespace(targets="kernel,userspace,baseline", traddr="10.99.0.1", kernel_port=4420,
+                              userspace_port=4421, baseline_port=4422, kernel_backend="null_blk", ns_size="64M",
+                              userspace_config=None, baseline_checkout=tmp_path)
+    kernel, user, base = build_targets(args, tmp_path / "out")
+    assert (base.name, base.trsvcid, base.subnqn) == ("baseline", 4422, "nqn.2014-08.org.nvmeof-roce:bench-baseline")
+    assert user.checkout is None and base.checkout == tmp_path.resolve()
+    assert base.describe()["checkout"] == str(tmp_path.resolve())
+    with pytest.raises(NvmeofError, match="--baseline-checkout .*: no nvmeof_roce/target/serve.py there"):
+        base.check()

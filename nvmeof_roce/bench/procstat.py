@@ -1,0 +1,267 @@
+"""What a job costs: CPU time from /proc, resident memory, I/Os completed, and a straight-line fit.
+
+Sources (proc(5), the kernel's Documentation/block/stat.rst):
+- `/proc/PID/stat`: the userspace target's utime (field 14) and stime (field 15) in clock ticks;
+- `/proc/PID/status`: its `VmRSS` (resident set, kB);
+- `/proc/stat`: the `cpu` line, the whole machine's time in ticks per state. The kernel target has no process
+  (it runs in softirq and kworkers), so for it only the guest's total busy time says what a job cost; that
+  total includes fio and the kernel host, on every target alike;
+- `/sys/block/DEV/stat`: read and write I/Os completed on the kernel host's block device: the exact number
+  of commands in a sampling window (fio's own count leaves out its ramp, the CPU window does not).
+
+A `Sample` is one reading of all of them at one moment; `cpu_cost()` turns two samples into seconds and
+µs per I/O; `rss_growth()` fits RSS against commands completed (least squares) for the soak job.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+# --- parsers (text in, numbers out: unit-tested on real captures) -----------------------------------
+
+@dataclass(frozen=True)
+class ProcessCpu:
+    utime_ticks: int
+    stime_ticks: int
+
+
+def parse_pid_stat(text: str) -> ProcessCpu:
+    """utime and stime of /proc/PID/stat. The command name (field 2) is in parentheses and may itself
+    contain spaces or ')', so the fields are counted from the last ')'."""
+    end = text.rfind(")")
+    if end < 0:
+        raise ValueError("not a /proc/PID/stat line (no ')' after the command name)")
+    rest = text[end + 1:].split()
+    # rest[0] is field 3 (state): field N is rest[N - 3]
+    if len(rest) < 13:
+        raise ValueError(f"/proc/PID/stat has {len(rest) + 2} fields, expected at least 15")
+    return ProcessCpu(utime_ticks=int(rest[14 - 3]), stime_ticks=int(rest[15 - 3]))
+
+
+def parse_vmrss(text: str) -> int:
+    """VmRSS of /proc/PID/status, in bytes."""
+    for line in text.splitlines():
+        if line.startswith("VmRSS:"):
+            parts = line.split()
+            if len(parts) >= 2 and parts[1].isdigit():
+                unit = parts[2].lower() if len(parts) > 2 else "kb"
+                return int(parts[1]) * (1024 if unit == "kb" else 1)
+    raise ValueError("no VmRSS line in /proc/PID/status (a kernel thread, or the process is a zombie)")
+
+
+@dataclass(frozen=True)
+class SystemCpu:
+    busy_ticks: int  # user + nice + system + irq + softirq + steal (guest time is already in user)
+    idle_ticks: int  # idle + iowait
+
+    @property
+    def total_ticks(self) -> int:
+        return self.busy_ticks + self.idle_ticks
+
+
+def parse_proc_stat(text: str) -> SystemCpu:
+    """The aggregate `cpu` line of /proc/stat (every CPU summed)."""
+    for line in text.splitlines():
+        parts = line.split()
+        if parts and parts[0] == "cpu":
+            v = [int(x) for x in parts[1:]] + [0] * 8
+            user, nice, system, idle, iowait, irq, softirq, steal = v[:8]
+            return SystemCpu(busy_ticks=user + nice + system + irq + softirq + steal, idle_ticks=idle + iowait)
+    raise ValueError("no aggregate 'cpu' line in /proc/stat")
+
+
+def parse_block_stat(text: str) -> int:
+    """Read plus write I/Os completed, from /sys/block/DEV/stat (fields 1 and 5)."""
+    fields = text.split()
+    if len(fields) < 11:
+        raise ValueError(f"/sys/block/DEV/stat has {len(fields)} fields, expected at least 11")
+    return int(fields[0]) + int(fields[4])
+
+
+# --- readers --------------------------------------------------------------------------------------------
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def process_cpu(pid: int, proc: str = "/proc") -> Optional[ProcessCpu]:
+    text = _read(f"{proc}/{pid}/stat")
+    return parse_pid_stat(text) if text else None
+
+
+def process_rss(pid: int, proc: str = "/proc") -> Optional[int]:
+    text = _read(f"{proc}/{pid}/status")
+    try:
+        return parse_vmrss(text) if text else None
+    except ValueError:
+        return None
+
+
+def system_cpu(proc: str = "/proc") -> Optional[SystemCpu]:
+    text = _read(f"{proc}/stat")
+    return parse_proc_stat(text) if text else None
+
+
+def stat_files(device: str, sysfs: str = "/sys") -> List[str]:
+    """The /sys/block/*/stat files that count a device's I/Os. A native-multipath head (nvmeXnY) is counted by
+    its paths (nvmeXcCnY, hidden disks that do the requests): heads keep no statistics before Linux 6.3."""
+    name = Path(device).name
+    m = re.fullmatch(r"nvme(\d+)n(\d+)", name)
+    if m:
+        paths = sorted(glob.glob(f"{sysfs}/block/nvme{m.group(1)}c*n{m.group(2)}/stat"))
+        if paths:
+            return paths
+    return [f"{sysfs}/block/{name}/stat"]
+
+
+def block_device_ios(device: str, sysfs: str = "/sys") -> Optional[int]:
+    """I/Os completed on a block device (/dev/nvme0n1: its multipath paths, or /sys/block/nvme0n1/stat),
+    None if unknown."""
+    total = None
+    for path in stat_files(device, sysfs):
+        text = _read(path)
+        try:
+            n = parse_block_stat(text) if text else None
+        except ValueError:
+            n = None
+        if n is not None:
+            total = (total or 0) + n
+    return total
+
+
+@dataclass
+class Sample:
+    t: float  # time.monotonic()
+    pid_cpu: Optional[ProcessCpu] = None
+    rss_bytes: Optional[int] = None
+    system: Optional[SystemCpu] = None
+    ios: Optional[int] = None
+
+
+def take_sample(pid: Optional[int], io_counter: Optional[Callable[[], Optional[int]]] = None) -> Sample:
+    return Sample(t=time.monotonic(), pid_cpu=process_cpu(pid) if pid else None,
+                  rss_bytes=process_rss(pid) if pid else None, system=system_cpu(),
+                  ios=io_counter() if io_counter else None)
+
+
+# --- what two samples say ---------------------------------------------------------------------------------
+
+def cpu_cost(before: Sample, after: Sample, ios: Optional[int], ios_source: str = "",
+             clk_tck: int = CLK_TCK) -> dict:
+    """The JSON record of a job's CPU cost between two samples.
+
+    target_*: the userspace target process (None for a target without one); guest_*: the whole machine
+    (every CPU, every process, the kernel). µs per I/O are None when no I/O completed."""
+    wall = after.t - before.t
+    out: Dict[str, object] = {"wall_s": round(wall, 3), "ios": ios, "ios_source": ios_source,
+                              "target_user_s": None, "target_system_s": None, "target_cpu_s": None,
+                              "target_us_per_io": None, "target_cpu_percent": None,
+                              "guest_busy_s": None, "guest_us_per_io": None, "guest_busy_percent": None}
+    per_io = (lambda secs: secs * 1e6 / ios) if ios else (lambda secs: None)
+    if before.pid_cpu and after.pid_cpu:
+        user = (after.pid_cpu.utime_ticks - before.pid_cpu.utime_ticks) / clk_tck
+        system = (after.pid_cpu.stime_ticks - before.pid_cpu.stime_ticks) / clk_tck
+        out.update(target_user_s=round(user, 3), target_system_s=round(system, 3),
+                   target_cpu_s=round(user + system, 3), target_us_per_io=_round(per_io(user + system)),
+                   target_cpu_percent=_round(100.0 * (user + system) / wall) if wall > 0 else None)
+    if before.system and after.system:
+        busy = (after.system.busy_ticks - before.system.busy_ticks) / clk_tck
+        total = (after.system.total_ticks - before.system.total_ticks) / clk_tck
+        out.update(guest_busy_s=round(busy, 3), guest_us_per_io=_round(per_io(busy)),
+                   guest_busy_percent=_round(100.0 * busy / total) if total > 0 else None)
+    return out
+
+
+def _round(v: Optional[float], digits: int = 1) -> Optional[float]:
+    return None if v is None else round(v, digits)
+
+
+def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> Tuple[float, float, Optional[float]]:
+    """Least-squares y = slope * x + intercept; returns (slope, intercept, r²) (r² None when y is flat)."""
+    n = len(xs)
+    if n != len(ys) or n < 2:
+        raise ValueError("a line needs at least two points")
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        raise ValueError("every point has the same x: no slope")
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    slope = sxy / sxx
+    intercept = my - slope * mx
+    syy = sum((y - my) ** 2 for y in ys)
+    r2 = None if syy == 0 else 1.0 - sum((y - (slope * x + intercept)) ** 2 for x, y in zip(xs, ys)) / syy
+    return slope, intercept, r2
+
+
+def rss_growth(samples: Sequence[Sample], skip_commands: int = 0) -> Optional[dict]:
+    """RSS growth per million commands: the slope of RSS against commands completed, by least squares.
+
+    `skip_commands`: leave out the samples before this many commands (the warm-up, where the pools and
+    caches fill once). The points themselves are kept (`points`: [commands, RSS bytes]) for the plot."""
+    pts = [(s.ios, s.rss_bytes) for s in samples if s.ios is not None and s.rss_bytes is not None]
+    if not pts:
+        return None
+    base = pts[0][0]
+    points = [[ios - base, rss] for ios, rss in pts]
+    fitted = [p for p in points if p[0] >= skip_commands]
+    out = {"points": points, "samples": len(points), "skip_commands": skip_commands,
+           "commands": points[-1][0], "rss_start_bytes": points[0][1], "rss_end_bytes": points[-1][1],
+           "rss_max_bytes": max(p[1] for p in points), "growth_bytes_per_million": None, "r2": None}
+    try:
+        slope, _, r2 = linear_fit([p[0] for p in fitted], [p[1] for p in fitted])
+    except ValueError:
+        return out
+    out["growth_bytes_per_million"] = round(slope * 1e6)
+    out["r2"] = None if r2 is None else round(r2, 4)
+    return out
+
+
+class Sampler:
+    """Samples in the background every `interval` seconds (for the soak's RSS curve), plus on demand."""
+
+    def __init__(self, pid: Optional[int], io_counter: Optional[Callable[[], Optional[int]]] = None,
+                 interval: float = 2.0):
+        self.pid = pid
+        self.io_counter = io_counter
+        self.interval = interval
+        self.samples: List[Sample] = []
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def sample(self) -> Sample:
+        s = take_sample(self.pid, self.io_counter)
+        self.samples.append(s)
+        return s
+
+    def start(self) -> "Sampler":
+        self.sample()
+        self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def stop(self) -> Sample:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        return self.sample()
+
+
+__all__ = ["ProcessCpu", "SystemCpu", "Sample", "Sampler", "parse_pid_stat", "parse_vmrss", "parse_proc_stat",
+           "parse_block_stat", "cpu_cost", "linear_fit", "rss_growth", "block_device_ios", "take_sample"]
