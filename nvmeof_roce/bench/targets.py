@@ -19,7 +19,6 @@ nvme-cli and finds the namespace's /dev/nvmeXnY.
 from __future__ import annotations
 
 import abc
-import argparse
 import json
 import logging
 import os
@@ -189,23 +188,6 @@ def _cli() -> list:
     return [sys.executable, "-m", "nvmeof_roce"]
 
 
-def cli_subcommand(*names: str) -> Optional[argparse.ArgumentParser]:
-    """The parser of `nvmeof-roce NAME...` if this checkout has that command, else None (in-process: starting
-    another interpreter to ask costs half a minute in the emulated lab)."""
-    from ..cli import build_parser
-    parser = build_parser()
-    for name in names:
-        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
-        if sub is None or name not in sub.choices:
-            return None
-        parser = sub.choices[name]
-    return parser
-
-
-def has_option(parser: argparse.ArgumentParser, option: str) -> bool:
-    return any(option in a.option_strings for a in parser._actions)
-
-
 class UserspaceTarget(TargetUnderTest):
     name = "userspace"
 
@@ -223,7 +205,6 @@ class UserspaceTarget(TargetUnderTest):
         self.ready_timeout = ready_timeout
         self.kind = "nvmeof-roce userspace target (target serve)"
         self._proc: Optional[subprocess.Popen] = None
-        self._ready_file_supported = False
         self._log = None
         self.log_path: Optional[Path] = None
 
@@ -246,20 +227,10 @@ class UserspaceTarget(TargetUnderTest):
         return d
 
     def check(self) -> None:
-        if self.checkout is not None:
-            if not (self.checkout / "nvmeof_roce" / "target" / "serve.py").is_file():
-                raise NvmeofError(f"--{self.name}-checkout {self.checkout}: no nvmeof_roce/target/serve.py there",
-                                  "give a checkout of nvmeof-roce with the userspace target, e.g. "
-                                  "git worktree add results/baseline <commit>")
-            self._ready_file_supported = False  # that checkout's options are not ours to ask: wait on `rdma`
-            rdma_device_for(self.traddr)
-            self._check_address_free()
-            return
-        serve = cli_subcommand("target", "serve")
-        if serve is None:
-            raise NvmeofError("the userspace target is not available here (this checkout has no "
-                              "'nvmeof-roce target serve')", "use a checkout with the userspace target, or --targets kernel")
-        self._ready_file_supported = has_option(serve, "--ready-file")
+        if self.checkout is not None and not (self.checkout / "nvmeof_roce" / "target" / "serve.py").is_file():
+            raise NvmeofError(f"--{self.name}-checkout {self.checkout}: no nvmeof_roce/target/serve.py there",
+                              "give a checkout of nvmeof-roce with the userspace target, e.g. "
+                              "git worktree add results/baseline <commit>")
         rdma_device_for(self.traddr)
         self._check_address_free()
 
@@ -274,7 +245,7 @@ class UserspaceTarget(TargetUnderTest):
         self._log = open(self.log_path, "w")
         cmd = _cli() + ["target", "serve", str(config)]
         ready = None
-        if self._ready_file_supported:
+        if self.checkout is None:  # another checkout's target may not know --ready-file: wait on `rdma` for it
             ready = self.work_dir / f"{self.name}-target.ready"
             if ready.exists():
                 ready.unlink()
