@@ -227,11 +227,10 @@ class UserspaceTarget(TargetUnderTest):
         return d
 
     def check(self) -> None:
-        if self.checkout is not None:
-            if not (self.checkout / "nvmeof_roce" / "target" / "serve.py").is_file():
-                raise NvmeofError(f"--{self.name}-checkout {self.checkout}: no nvmeof_roce/target/serve.py there",
-                                  "give a checkout of nvmeof-roce with the userspace target, e.g. "
-                                  "git worktree add results/baseline <commit>")
+        if self.checkout is not None and not (self.checkout / "nvmeof_roce" / "target" / "serve.py").is_file():
+            raise NvmeofError(f"--{self.name}-checkout {self.checkout}: no nvmeof_roce/target/serve.py there",
+                              "give a checkout of nvmeof-roce with the userspace target, e.g. "
+                              "git worktree add results/baseline <commit>")
         rdma_device_for(self.traddr)
         self._check_address_free()
 
@@ -245,10 +244,12 @@ class UserspaceTarget(TargetUnderTest):
         self.log_path = self.work_dir / f"{self.name}-target.log"
         self._log = open(self.log_path, "w")
         cmd = _cli() + ["target", "serve", str(config)]
-        ready = self.work_dir / f"{self.name}-target.ready"
-        if ready.exists():
-            ready.unlink()
-        cmd += ["--ready-file", str(ready)]  # every checkout's `target serve` has it
+        ready = None
+        if self.checkout is None:  # another checkout's target may not know --ready-file: wait on `rdma` for it
+            ready = self.work_dir / f"{self.name}-target.ready"
+            if ready.exists():
+                ready.unlink()
+            cmd += ["--ready-file", str(ready)]
         log.info("starting %s", " ".join(cmd))
         env = None
         if self.checkout is not None:
