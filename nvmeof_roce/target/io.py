@@ -1,4 +1,4 @@
-"""NVM I/O commands (wire doc §6): Read, Write, Flush, Write Zeroes, Dataset Management.
+"""NVM I/O commands (docs/protocol.md §6): Read, Write, Flush, Write Zeroes, Dataset Management.
 
 The NSID was resolved before these run (req.ns).  Every check happens before
 any data moves: transfer length against the SGL (SGL Data Length Invalid),
@@ -7,18 +7,26 @@ MDTS (Invalid Field), LBA range (LBA Out of Range), all with DNR.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from ..nvme import status as S
 from ..nvme.command import NVM_DSM, NVM_FLUSH, NVM_READ, NVM_WRITE, NVM_WRITE_ZEROES
 from ..nvme.nvm import CONTROL_FUA, DSM_AD, DSM_RANGE_SIZE, DSM_RANGE_STRUCT
-from .admin import MAX_TRANSFER
-from .core import LOC_CDW10, LOC_CDW12, LOC_DPTR, Target
-from .request import Request
+from .backends import BackendError
+from .limits import MAX_TRANSFER
+from .request import LOC_CDW10, LOC_CDW12, LOC_DPTR, Request
+
+if TYPE_CHECKING:
+    from .core import Target
 from .work import SLICE_BYTES
 
 log = logging.getLogger(__name__)
 
 _CONTROL_FUA = CONTROL_FUA << 16  # CDW12 bits 31:16 are the control field
+
+# What a failing backend raises: a media error for the host.  Anything else is a bug in the target; it
+# propagates to Target._internal_error, which answers Internal Error and counts it in Target.internal_errors.
+BACKEND_ERRORS = (OSError, BackendError)
 
 
 def _rw_checks(t: Target, req: Request):
@@ -51,7 +59,7 @@ def _read(t: Target, req: Request) -> None:
         data = req.buffer(length)
         try:
             ns.backend.read_into(offset, data)
-        except Exception as exc:
+        except BACKEND_ERRORS as exc:
             log.error("namespace %d: read of %d bytes at %d failed: %s", ns.nsid, length, offset, exc)
             return t.complete(req, S.READ_ERROR)
     ns.bytes_read += length
@@ -72,7 +80,7 @@ def _write_data(t: Target, req: Request, data) -> None:
     offset = (req.cdw10 | (req.cdw11 << 32)) << ns.lbads
     try:
         ns.backend.write(offset, data)
-    except Exception as exc:
+    except BACKEND_ERRORS as exc:
         log.error("namespace %d: write of %d bytes at %d failed: %s", ns.nsid, len(data), offset, exc)
         return t.complete(req, S.WRITE_FAULT)
     ns.bytes_written += len(data)
@@ -94,7 +102,7 @@ def _flush_then_complete(t: Target, req: Request, what: str) -> None:
     if not ns.backend.blocking:
         try:
             ns.backend.flush()
-        except Exception as exc:
+        except BACKEND_ERRORS as exc:
             log.error("namespace %d: %s failed: %s", ns.nsid, what, exc)
             return t.complete(req, S.WRITE_FAULT)
         return t.complete(req, 0)

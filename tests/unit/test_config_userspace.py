@@ -172,7 +172,7 @@ def test_a_served_file_is_locked(tmp_path):
     try:
         with pytest.raises(ConfigError) as ei:
             Target(cfg)
-        assert ei.value.where == "subsystems[0].namespaces[0]"
+        assert ei.value.where == "subsystems[0].namespaces[0].device.path"
         assert "is in use: another process holds its lock" in ei.value.problem
     finally:
         first.close()
