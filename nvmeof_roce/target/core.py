@@ -538,9 +538,10 @@ class Target:
             ns = req.ns
             log.error("namespace %s: %s failed: %s", ns.nsid if ns is not None else "?", what, exc)
             return self.complete(req, S.WRITE_FAULT)
-        if exc is not None:  # a bug, not the device: Internal Error, counted (as in _start)
-            log.error("%s raised %r", what, exc, exc_info=exc)
-            return self._internal_error(req)
+        if exc is not None:  # a bug, not the device: counted and answered like one on the loop
+            self.internal_errors += 1
+            log.error("internal error in %s on queue %d cid %#x", what, req.queue.qid, req.cid, exc_info=exc)
+            return self.complete(req, S.INTERNAL | S.DNR)
         self.complete(req, 0)
 
     def shutdown_flush(self, ctrl: Controller) -> None:
