@@ -25,7 +25,7 @@ FOUR_HOSTS = [(f"nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-0000000
                f"11111111-2222-3333-4444-00000000010{i}") for i in range(4)]  # (host NQN, host ID)
 DATA_BUFFERS = 1024  # the serve default
 CONNECT_TIMEOUT = 5.0  # the serve default
-KATO = 5
+KATO = 30  # long enough that keep-alive cannot be what reclaims the killed host below
 
 
 @pytest.fixture(scope="module")
