@@ -354,7 +354,7 @@ class Target:
                 self._close_queue(qs, why, logging.INFO)
 
     def _connect_failed(self, qs: QueueState) -> None:
-        """A command on a queue without a controller failed: close it shortly (after the status is sent)."""
+        """The Connect on a queue without a controller failed: close it shortly (after the status is sent)."""
         if self._awaiting_connect.pop(qs, None) is not None:
             self._connect_refused[qs] = self.clock() + REFUSED_LINGER
 
@@ -603,7 +603,7 @@ class Target:
             transport.respond(cqe, invalidate)
         except TransportError as exc:
             self._close_queue(qs, f"cannot send a completion: {exc}")
-        if status and qs.ctrl is None:
+        if status and qs.ctrl is None and req.opc == FABRICS_OPCODE and req.fctype == F.FCTYPE_CONNECT:
             self._connect_failed(qs)
 
     def _internal_error(self, req: Request) -> None:

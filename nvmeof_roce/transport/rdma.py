@@ -75,6 +75,43 @@ READ_WR_BASE = 1 << 40  # target: RDMA READs count up from here
 ACK_TIMEOUT = 14  # QP local ACK timeout exponent: 4.096 us << 14 = 67 ms
 
 
+# Bookworm's pyverbs 44 never frees an SGE or SendWR: their destructor is misnamed `__dealloc` (fixed upstream
+# later), so objects made per command leak.  There the data WRITE and READ work requests are made once per queue
+# and reused, each pointing at its own SGE's buffer so that updating the SGE changes what is posted; a work request
+# may be reused as soon as post_send returns (the provider has copied it).  On a fixed pyverbs that sharing would
+# free the buffer twice, so per-command objects (which no longer leak there) are used instead.
+WR_LEAKS = PYVERBS_ERROR is None and any(name.endswith("__dealloc") for name in dir(SendWR))
+
+
+class _DataWR:
+    """One reusable RDMA READ or WRITE work request with its SGE (only where WR_LEAKS)."""
+
+    __slots__ = ("wr", "sge")
+
+    def __init__(self, opcode: int, send_flags: int):
+        self.sge = SGE(0, 0, 0)
+        self.wr = SendWR(wr_id=0, opcode=opcode, num_sge=1, sg=[self.sge], send_flags=send_flags)
+        self.wr.sg_list = self.sge  # the WR now reads the SGE's buffer (its own one-entry copy is left unused)
+
+    def set(self, wr_id: int, addr: int, length: int, lkey: int, rkey: int, remote_addr: int):
+        sge = self.sge
+        sge.addr = addr
+        sge.length = length
+        sge.lkey = lkey
+        wr = self.wr
+        wr.wr_id = wr_id
+        wr.set_wr_rdma(rkey, remote_addr)
+        return wr
+
+
+def _data_wr(opcode: int, send_flags: int, wr_id: int, addr: int, length: int, lkey: int, rkey: int,
+             remote_addr: int):
+    """A new work request per command (pyverbs without the leak)."""
+    wr = SendWR(wr_id=wr_id, opcode=opcode, num_sge=1, sg=[SGE(addr, length, lkey)], send_flags=send_flags)
+    wr.set_wr_rdma(rkey, remote_addr)
+    return wr
+
+
 def require_pyverbs() -> None:
     if PYVERBS_ERROR is not None:
         raise NvmeofError(f"pyverbs is not available: {PYVERBS_ERROR}",
@@ -522,6 +559,9 @@ class RdmaTargetQueue(TargetQueue):
         self.qp.modify(attr, mask)
 
         self.next_wr_id = READ_WR_BASE
+        # Reused data work requests (WR_LEAKS): one READ (posted one at a time), WRITEs as many as one response chains.
+        self.read_wr = _DataWR(e.IBV_WR_RDMA_READ, e.IBV_SEND_SIGNALED) if WR_LEAKS else None
+        self.write_wrs: List[_DataWR] = []
         self.send_context: Dict[int, tuple] = {}
         self.reads_in_flight = 0
         self.waiting_reads: Deque[tuple] = collections.deque()
@@ -665,10 +705,12 @@ class RdmaTargetQueue(TargetQueue):
             chunk = taken[0]
             addr, key, length, done = self.waiting_reads.popleft()
             wr_id = self._wr_id()
-            wr = SendWR(wr_id=wr_id, opcode=e.IBV_WR_RDMA_READ, num_sge=1,
-                        sg=[SGE(self.listener.pool.addr(chunk), length, self.listener.pool.memory.lkey)],
-                        send_flags=e.IBV_SEND_SIGNALED)
-            wr.set_wr_rdma(key, addr)
+            pool = self.listener.pool
+            if self.read_wr is not None:
+                wr = self.read_wr.set(wr_id, pool.addr(chunk), length, pool.memory.lkey, key, addr)
+            else:
+                wr = _data_wr(e.IBV_WR_RDMA_READ, e.IBV_SEND_SIGNALED, wr_id, pool.addr(chunk), length,
+                              pool.memory.lkey, key, addr)
             self.send_context[wr_id] = ("read", chunk, length, done)
             self.reads_in_flight += 1
             if wire_log.isEnabledFor(logging.DEBUG):
@@ -734,13 +776,16 @@ class RdmaTargetQueue(TargetQueue):
             send.opcode = e.IBV_WR_SEND
         pool = self.listener.pool
         head, wrs = send, []
-        for addr, key, chunk, length in reversed(writes):  # WRITEs unsignaled, chained before the SEND
-            wr = SendWR(wr_id=0, opcode=e.IBV_WR_RDMA_WRITE, num_sge=1,
-                        sg=[SGE(pool.addr(chunk), length, pool.memory.lkey)], send_flags=0)
-            wr.set_wr_rdma(key, addr)
+        for i, (addr, key, chunk, length) in enumerate(reversed(writes)):  # WRITEs unsignaled, before the SEND
+            if WR_LEAKS:
+                while len(self.write_wrs) <= i:
+                    self.write_wrs.append(_DataWR(e.IBV_WR_RDMA_WRITE, 0))
+                wr = self.write_wrs[i].set(0, pool.addr(chunk), length, pool.memory.lkey, key, addr)
+            else:
+                wr = _data_wr(e.IBV_WR_RDMA_WRITE, 0, 0, pool.addr(chunk), length, pool.memory.lkey, key, addr)
+                wrs.append(wr)  # kept alive until the SEND completes
             wr.next_wr = head
             head = wr
-            wrs.append(wr)
         self.send_context[wr_id] = ("send", slot, [w[2] for w in writes], wrs)
         if wire_log.isEnabledFor(logging.DEBUG):
             for addr, key, _chunk, length in writes:

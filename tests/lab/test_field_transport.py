@@ -21,10 +21,11 @@ NQN_FIELD = "nqn.2024-01.io.nvmeof-roce:field"
 NQN_LOCKED = "nqn.2024-01.io.nvmeof-roce:field-locked"
 GOOD_HOST = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-000000000001"
 BAD_HOST = "nqn.2014-08.org.nvmexpress:uuid:99999999-2222-3333-4444-000000000009"
-FOUR_HOSTS = [f"nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-00000000010{i}" for i in range(4)]
+FOUR_HOSTS = [(f"nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-00000000010{i}",
+               f"11111111-2222-3333-4444-00000000010{i}") for i in range(4)]  # (host NQN, host ID)
 DATA_BUFFERS = 1024  # the serve default
 CONNECT_TIMEOUT = 5.0  # the serve default
-KATO = 5
+KATO = 30  # long enough that keep-alive cannot be what reclaims the killed host below
 
 
 @pytest.fixture(scope="module")
@@ -173,9 +174,17 @@ def test_four_host_nqns_on_one_subsystem_verify_disjoint_regions(served):
     baseline(served)
     since = dmesg_lines()
     try:
-        for host in FOUR_HOSTS:
-            nvme("connect", "-t", "rdma", "-a", LAB_IP, "-s", "4420", "-n", NQN_FIELD, "-q", host,
-                 "--duplicate-connect", "-i", "2", "-W", "2", timeout=120)
+        for hostnqn, hostid in FOUR_HOSTS:
+            # What `nvme connect --duplicate-connect -q HOSTNQN -I HOSTID -i 2 -W 2` asks the kernel for.
+            # nvme-cli 2.4 (bookworm) answers "already connected" before it gets there (its lookup ignores the
+            # host NQN and the flag), so the options go to /dev/nvme-fabrics directly.
+            fd = os.open("/dev/nvme-fabrics", os.O_RDWR)
+            try:
+                os.write(fd, f"transport=rdma,traddr={LAB_IP},trsvcid=4420,nqn={NQN_FIELD},hostnqn={hostnqn},"
+                             f"hostid={hostid},nr_io_queues=2,nr_write_queues=2,duplicate_connect".encode())
+                print(os.read(fd, 256).decode().strip())  # instance=N,cntlid=M
+            finally:
+                os.close(fd)
         created = created_io_queues(since)
         assert created == [4, 4, 4, 4], created
         assert live_paths(NQN_FIELD) == 4
@@ -191,7 +200,7 @@ def test_four_host_nqns_on_one_subsystem_verify_disjoint_regions(served):
         # four jobs, each on its own 8 MiB region, each verifying what it wrote
         fio_verify(device, "--numjobs=4", "--offset_increment=8M", size="8M")
     finally:
-        for host in FOUR_HOSTS:
+        for _ in FOUR_HOSTS:
             subprocess.run(["nvme", "disconnect", "-n", NQN_FIELD], capture_output=True)
     baseline(served)
 

@@ -235,3 +235,27 @@ def test_a_host_disconnect_closes_exactly_its_queue(target):
     assert sorted(target.closed) == [1, 2, 3] and not listener.queues
     assert listener.pool.accounts.committed == 0 and listener.pool.accounts.free_count == 16
     conn.close()
+
+
+def test_data_work_requests_are_made_once_per_queue_on_bookworms_pyverbs(target):
+    """pyverbs 44 never frees an SGE or SendWR: the transport must not make them per command there."""
+    from pyverbs.wr import SendWR
+    from nvmeof_roce.transport.rdma import WR_LEAKS, RdmaConnector
+    assert WR_LEAKS == any(name.endswith("__dealloc") for name in dir(SendWR))
+    conn = RdmaConnector(LAB_IP, PORT)
+    queue = conn.connect(qid=1, hrqsize=32, hsqsize=31)
+    tq = list(target.listener.queues.values())[-1]  # the queue accepted last
+    buf = queue.register(64 * 1024)
+    for i in range(200):  # alternate reads and writes of varying sizes: the reused WRs carry each one's values
+        size = 512 * (1 + i % 64)
+        data = os.urandom(size)
+        buf.view[:size] = data
+        queue.send(capsule(1, i, buf, size))
+        assert wait_cqe(queue)[5] == 0 and target.stored == data
+        buf.view[:size] = bytes(size)
+        queue.send(capsule(2, i, buf, size))
+        assert wait_cqe(queue)[5] == 0 and bytes(buf.view[:size]) == data
+    if WR_LEAKS:
+        assert tq.read_wr is not None and len(tq.write_wrs) == 1
+    queue.close()
+    conn.close()

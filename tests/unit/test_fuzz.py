@@ -151,7 +151,8 @@ example_strategy = st.fixed_dictionaries({
 # Why the target may close a queue on its own; anything else is a bug.
 ALLOWED_CLOSE_REASONS = ("shorter than an SQE", "RDMA READ failed", "host sent Disconnect", "deleted: admin queue",
                          "deleted: keep-alive timeout", "target shutting down",
-                         "shut down")  # a (fuzzed) CC.SHN ends the association's I/O queues
+                         "shut down",  # a (fuzzed) CC.SHN ends the association's I/O queues
+                         "NVMe Connect was refused", "no NVMe Connect within")  # transport/resources.py
 
 
 class CloseReasons(logging.Handler):
