@@ -11,7 +11,7 @@ Scenarios:
   loss   fio crc32c verify through the userspace target, 20 s without loss, then 60 s with netem 1 % loss on
          both NICs under capture, doctor sampling the RoCE counters again and again meanwhile.
   mtu    the host node's eth0 at MTU 9000, the target's at 1500: doctor on each node.
-  flap   the host node's link down for 8 s in the middle of a fio crc32c verify run through the userspace target.
+  flap   the host node's link down for 8 s in the middle of fio crc32c verify runs through both targets.
 """
 import glob
 import json
@@ -134,6 +134,11 @@ def target_mtu():
 
 def connect(svc, nqn, io_queues=1):
     sh("nvme", "connect", "-t", "rdma", "-a", TARGET_IP, "-s", svc, "-n", nqn, "-i", str(io_queues))
+    return connect_wait(nqn)
+
+
+def connect_wait(nqn):
+    """The block device of the connected subsystem `nqn`, once it appears."""
     deadline = time.monotonic() + 30
     while True:
         for subsys in glob.glob("/sys/class/nvme-subsystem/nvme-subsys*"):
@@ -261,34 +266,50 @@ def host_loss():
 
 
 def target_flap():
+    sh("modprobe", "-a", "nvmet", "nvmet_rdma")
+    image = "/tmp/kernel-ns.img"
+    with open(image, "wb") as f:
+        f.truncate(64 << 20)
+    with open("/tmp/kernel.json", "w") as f:
+        json.dump(kernel_target_config(image), f)
+    sh(sys.executable, "-m", "nvmeof_roce", "nvmet", "apply", "/tmp/kernel.json")
     proc = serve_user_target()
     rendezvous.signal("targets-ready")
     rendezvous.wait("host.done", 1500)
     stop_user_target(proc)
+    RESULT["kernel_log"] = [line for line in sh("dmesg").stdout.splitlines() if "nvmet" in line][-20:]
     save()
 
 
 def host_flap():
-    """The host node's link goes down for 8 s in the middle of a verify run, then comes back."""
+    """The host node's link goes down for 8 s in the middle of fio verify runs against both targets."""
     rendezvous.wait("targets-ready", 300)
     sh("modprobe", "-a", "nvme_rdma", "nvme_fabrics")
-    dev = connect("4421", NQN_USER)
-    fio = subprocess.Popen(["fio", "--name=verify", f"--filename={dev}", "--ioengine=libaio", "--direct=1",
-                            "--rw=randrw", "--verify=crc32c", "--verify_fatal=1", "--bsrange=4k-64k", "--iodepth=16",
-                            "--size=16M", "--runtime=60", "--time_based", "--verify_state_save=0",
-                            "--output-format=json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(15)
+    runs = {}
+    for name, svc, nqn in (("kernel", "4420", NQN_KERNEL), ("userspace", "4421", NQN_USER)):
+        # give up on a lost controller after 60 s (default 600) so a failed reconnect ends the run
+        sh("nvme", "connect", "-t", "rdma", "-a", TARGET_IP, "-s", svc, "-n", nqn, "-i", "1",
+           "--ctrl-loss-tmo", "60", "--reconnect-delay", "2")
+        dev = connect_wait(nqn)
+        runs[name] = subprocess.Popen(
+            ["fio", "--name=verify", f"--filename={dev}", "--ioengine=libaio", "--direct=1", "--rw=randrw",
+             "--verify=crc32c", "--verify_fatal=1", "--bsrange=4k-64k", "--iodepth=8", "--size=16M",
+             "--runtime=45", "--time_based", "--verify_state_save=0", "--output-format=json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(12)
     sh("ip", "link", "set", "eth0", "down")
     RESULT["port_state_down"] = open("/sys/class/infiniband/rxe0/ports/1/state").read().strip()
     time.sleep(8)
     sh("ip", "link", "set", "eth0", "up")
-    out, err = fio.communicate(timeout=900)
-    job = json.loads(out[out.index("{"):])["jobs"][0] if "{" in out else {"error": fio.returncode}
-    RESULT["fio_userspace"] = {"error": job["error"], "returncode": fio.returncode, "stderr": err[-2000:],
-                               "read_ios": job.get("read", {}).get("total_ios"),
-                               "write_ios": job.get("write", {}).get("total_ios")}
-    RESULT["kernel_log"] = [line for line in sh("dmesg").stdout.splitlines() if "nvme" in line][-20:]
-    disconnect(NQN_USER)
+    for name, fio in runs.items():
+        out, err = fio.communicate(timeout=900)
+        job = json.loads(out[out.index("{"):])["jobs"][0] if "{" in out else {}
+        RESULT[f"fio_{name}"] = {"error": job.get("error"), "returncode": fio.returncode, "stderr": err[-1500:],
+                                 "read_ios": job.get("read", {}).get("total_ios"),
+                                 "write_ios": job.get("write", {}).get("total_ios")}
+    RESULT["kernel_log"] = [line for line in sh("dmesg").stdout.splitlines() if "nvme" in line][-40:]
+    for nqn in (NQN_KERNEL, NQN_USER):
+        sh("nvme", "disconnect", "-n", nqn, check=False)
     save()
 
 

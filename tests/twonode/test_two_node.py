@@ -183,11 +183,12 @@ def test_mtu_mismatch_is_named_on_the_node_that_has_it(tmp_path):
 def test_link_down_and_up_mid_run_recovers_without_data_errors(tmp_path):
     share = tmp_path / "two-node-flap"
     proc, r = two_nodes(share, "flap")
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     host = r["host"]
+    assert host is not None, proc.stdout[-6000:] + proc.stderr[-3000:]
     assert "DOWN" in host["port_state_down"]
-    fio = host["fio_userspace"]
-    assert fio["error"] == 0 and fio["returncode"] == 0, fio
-    # the kernel host lost the queues with the link and reconnected once it was back
     log = "\n".join(host["kernel_log"])
-    assert "Successfully reconnected" in log or "reconnect" in log.lower(), log
+    for target in ("kernel", "userspace"):
+        fio = host[f"fio_{target}"]
+        assert fio["error"] == 0 and fio["returncode"] == 0, (target, fio, log)
+    # the kernel host lost its queues with the link and reconnected to both once it was back
+    assert log.count("Successfully reconnected") >= 2, log
