@@ -272,3 +272,18 @@ def test_real_rxe_frames():
     marked[15] |= 0x03
     marked[22] = 17
     assert roce.decode_frame(pcap.Packet(1, 0.0, pcap.LINKTYPE_ETHERNET, bytes(marked), len(marked))).icrc["ok"]
+
+
+def test_capsule_across_packets_is_marked_continued():
+    """64 + 4096 bytes at RoCE MTU 1024: SEND First carries the SQE and the start of the data."""
+    capsule = sqe(0x01, 5, 1, 0, 4096 | (0x01 << 56), cdw10=4096, cdw12=7) + b"\xcd" * 4096
+    frames = [frame(HOST, TARGET, 0x00, TARGET_QP, 1, payload=capsule[:1024]),
+              frame(HOST, TARGET, 0x01, TARGET_QP, 2, payload=capsule[1024:2048]),
+              frame(HOST, TARGET, 0x01, TARGET_QP, 3, payload=capsule[2048:3072]),
+              frame(HOST, TARGET, 0x01, TARGET_QP, 4, payload=capsule[3072:4096]),
+              frame(HOST, TARGET, 0x02, TARGET_QP, 5, payload=capsule[4096:], ack=True)]
+    d = roce.decode(pcap.read_packets(pcap.write_pcap([(1.0, f) for f in frames])))
+    first = d.frames[0].nvme
+    assert first["sgl"] == {"type": "in-capsule", "addr": 0, "length": 4096} and first["continued"]
+    assert "in_capsule_bytes" not in first and "(capsule continues)" in d.frames[0].line()
+    assert all(f.nvme is None for f in d.frames[1:])  # Middle/Last carry data, not capsules
