@@ -287,3 +287,15 @@ def test_capsule_across_packets_is_marked_continued():
     assert first["sgl"] == {"type": "in-capsule", "addr": 0, "length": 4096} and first["continued"]
     assert "in_capsule_bytes" not in first and "(capsule continues)" in d.frames[0].line()
     assert all(f.nvme is None for f in d.frames[1:])  # Middle/Last carry data, not capsules
+
+
+def test_cm_and_capsules_cut_by_a_short_snap_length():
+    """tcpdump -s 160: the REQ loses its private data, the capsule keeps its 64-byte SQE."""
+    req = ud(HOST, TARGET, 0, cm_req(0xAAAA, HOST_QP, 1))[:160]
+    cap = frame(HOST, TARGET, 0x04, TARGET_QP, 100, payload=sqe(0x02, 7, 1, *keyed(0x1000, 4096, 0x1234, True),
+                                                                cdw10=8, cdw12=7) + b"\0" * 200)[:160]
+    d = roce.decode(pcap.read_packets(pcap.write_pcap([(1.0, req), (1.1, cap)])))
+    assert d.frames[0].cm == {"msg": "REQ", "local_comm_id": 0xAAAA, "port": 4421, "qpn": HOST_QP,
+                              "start_psn": 0}
+    assert d.frames[1].nvme["cid"] == 7 and d.frames[1].icrc is None
+    assert d.frames[1].payload_len == 264 and d.frames[1].nvme["in_capsule_bytes"] == 200  # from the IP length
