@@ -345,7 +345,8 @@ def decode_frame(packet: Packet) -> Optional[Frame]:
     if dport != ROCE_V2_PORT or len(ip) < hdr_len + BTH_SIZE:
         return None
     # The IP total length tells how long the frame was even if the capture kept less of it.
-    cut = len(ip) < (struct.unpack_from("!H", ip, 2)[0] if not ipv6 else 40 + struct.unpack_from("!H", ip, 4)[0])
+    ip_total = struct.unpack_from("!H", ip, 2)[0] if not ipv6 else 40 + struct.unpack_from("!H", ip, 4)[0]
+    cut = len(ip) < ip_total
     ib = ip[hdr_len:]
     opcode, flags = ib[0], ib[1]
     dest_qp = struct.unpack_from("!I", ib, 4)[0] & 0xFFFFFF
@@ -381,8 +382,8 @@ def decode_frame(packet: Packet) -> Optional[Frame]:
             off += 16
     except struct.error:
         return frame  # headers cut by the snap length: BTH only
-    if cut:
-        frame.payload_len = max(0, len(ib) - off)
+    if cut:  # the payload's length from the IP header, its bytes as far as captured
+        frame.payload_len = max(0, ip_total - hdr_len - off - frame.pad - ICRC_SIZE)
         payload = ib[off:]
     else:
         end = len(ib) - ICRC_SIZE
@@ -414,6 +415,8 @@ def decode_cm(mad: bytes) -> Optional[Dict[str, object]]:
             cm["qpn"] = struct.unpack_from("!I", msg, 32)[0] >> 8
             cm["start_psn"] = struct.unpack_from("!I", msg, 44)[0] >> 8
             private = CM_REQ_PRIVATE
+            if len(msg) < private + 2:
+                return cm  # cut by the capture's snap length: no private data
             if msg[private] == 0 and msg[private + 1] >> 4 in (4, 6):
                 private += CMA_HEADER  # rdma_cm's own header (Linux struct cma_hdr) precedes the user's data
             req = nvme_cm.CmConnectRequest.unpack(msg[private:private + nvme_cm.REQUEST_SIZE])

@@ -8,10 +8,10 @@ Scenarios:
   basic  perftest over rdma_cm; the kernel host connects to the kernel target (port 4420) and to the
          userspace target (4421: 4 KiB in-capsule data; 4422: no in-capsule data) and runs fio crc32c
          verify; a tcpdump capture of one 4 KiB read, one in-capsule 4 KiB write and one 4 KiB write by RDMA READ.
-  loss   netem 1 % loss on both NICs; fio crc32c verify through the userspace target under capture;
-         doctor samples the RoCE counters during it.
+  loss   fio crc32c verify through the userspace target, 20 s without loss, then 60 s with netem 1 % loss on
+         both NICs under capture, doctor sampling the RoCE counters again and again meanwhile.
   mtu    the host node's eth0 at MTU 9000, the target's at 1500: doctor on each node.
-  flap   the host node's link down for 8 s in the middle of a fio crc32c verify run through the userspace target.
+  flap   the host node's link down for 8 s in the middle of fio crc32c verify runs through both targets.
 """
 import glob
 import json
@@ -114,8 +114,9 @@ def target_basic():
 
 def target_loss():
     proc = serve_user_target()
-    netem("loss", "1%")
     rendezvous.signal("targets-ready")
+    rendezvous.wait("baseline-done", 600)
+    netem("loss", "1%")
     rendezvous.wait("host.done", 1500)
     RESULT["hw_counters"] = hw_counters()
     stop_user_target(proc)
@@ -133,6 +134,11 @@ def target_mtu():
 
 def connect(svc, nqn, io_queues=1):
     sh("nvme", "connect", "-t", "rdma", "-a", TARGET_IP, "-s", svc, "-n", nqn, "-i", str(io_queues))
+    return connect_wait(nqn)
+
+
+def connect_wait(nqn):
+    """The block device of the connected subsystem `nqn`, once it appears."""
     deadline = time.monotonic() + 30
     while True:
         for subsys in glob.glob("/sys/class/nvme-subsystem/nvme-subsys*"):
@@ -159,10 +165,11 @@ def fio_verify(device, size="16M", runtime=None):
             "read_bytes": job["read"]["io_bytes"], "write_bytes": job["write"]["io_bytes"]}
 
 
-def start_capture(path):
+def start_capture(path, snaplen=0):
     if os.path.exists(path):
         os.unlink(path)
-    proc = subprocess.Popen(["tcpdump", "-i", "eth0", "-U", "-s", "0", "-w", path, "udp", "port", "4791"],
+    proc = subprocess.Popen(["tcpdump", "-i", "eth0", "-U", "-B", "16384", "-s", str(snaplen), "-w", path,
+                             "udp", "port", "4791"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 30
     while not os.path.exists(path):  # tcpdump writes the file header once it listens
@@ -220,55 +227,89 @@ def host_basic():
 def host_loss():
     rendezvous.wait("targets-ready", 300)
     sh("modprobe", "-a", "nvme_rdma", "nvme_fabrics")
+    dev = connect("4421", NQN_USER)
+    step("baseline: 20 s of fio verify without loss")
+    RESULT["fio_baseline"] = fio_verify(dev, size="16M", runtime=20)
+    rendezvous.signal("baseline-done")
     netem("loss", "1%")
-    dev = connect("4421", NQN_USER)
     before = hw_counters()
-    cap = start_capture(f"{SHARE}/loss.pcap")
-    # doctor samples the counters 15 s apart while fio runs for 45 s
-    doc = subprocess.Popen([sys.executable, "-m", "nvmeof_roce", "doctor", "--json", "--interval", "15",
-                            "--traddr", TARGET_IP], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # headers and capsules only (-s 160): full frames at this rate overrun tcpdump on one emulated vCPU
+    cap = start_capture(f"{SHARE}/loss.pcap", snaplen=160)
+    step("fio verify for 60 s with 1 % loss on both NICs; doctor samples the counters meanwhile")
     started = time.monotonic()
-    RESULT["fio_userspace"] = fio_verify(dev, size="16M", runtime=45)
-    RESULT["fio_seconds"] = round(time.monotonic() - started, 1)
-    out, err = doc.communicate(timeout=600)
-    RESULT["doctor"] = json.loads(out) if out.strip() else {"stderr": err}
-    RESULT["tcpdump"] = stop_capture(cap)
-    RESULT["hw_counters_before"], RESULT["hw_counters"] = before, hw_counters()
-    disconnect(NQN_USER)
-    save()
-    if RESULT["fio_userspace"]["error"]:
-        raise SystemExit(f"fio verify failed under loss: {RESULT}")
-
-
-def target_flap():
-    proc = serve_user_target()
-    rendezvous.signal("targets-ready")
-    rendezvous.wait("host.done", 1500)
-    stop_user_target(proc)
-    save()
-
-
-def host_flap():
-    """The host node's link goes down for 8 s in the middle of a verify run, then comes back."""
-    rendezvous.wait("targets-ready", 300)
-    sh("modprobe", "-a", "nvme_rdma", "nvme_fabrics")
-    dev = connect("4421", NQN_USER)
     fio = subprocess.Popen(["fio", "--name=verify", f"--filename={dev}", "--ioengine=libaio", "--direct=1",
                             "--rw=randrw", "--verify=crc32c", "--verify_fatal=1", "--bsrange=4k-64k", "--iodepth=16",
                             "--size=16M", "--runtime=60", "--time_based", "--verify_state_save=0",
                             "--output-format=json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(15)
+    doctors = []
+    while fio.poll() is None:
+        # doctor's counter check, 5 s apart, again and again while fio runs: I/O under loss comes in bursts
+        # between stalls, and one sample pair may fall into a stall
+        doc = sh(sys.executable, "-m", "nvmeof_roce", "doctor", "--json", "--interval", "5", check=False,
+                 timeout=300)
+        if doc.stdout.strip():
+            doctors.append([c for c in json.loads(doc.stdout) if c["check"] == "fabric.counters"])
+    out, err = fio.communicate()
+    job = json.loads(out[out.index("{"):])["jobs"][0]
+    RESULT["fio_userspace"] = {"error": job["error"], "read_ios": job["read"]["total_ios"],
+                               "write_ios": job["write"]["total_ios"], "read_bytes": job["read"]["io_bytes"],
+                               "write_bytes": job["write"]["io_bytes"], "returncode": fio.returncode}
+    RESULT["fio_seconds"] = round(time.monotonic() - started, 1)
+    RESULT["doctor_counters"] = doctors
+    RESULT["tcpdump"] = stop_capture(cap)
+    RESULT["hw_counters_before"], RESULT["hw_counters"] = before, hw_counters()
+    RESULT["kernel_log"] = [line for line in sh("dmesg").stdout.splitlines() if "nvme" in line][-20:]
+    disconnect(NQN_USER)
+    save()
+    if RESULT["fio_userspace"]["error"] or fio.returncode:
+        raise SystemExit(f"fio verify failed under loss: {RESULT['fio_userspace']}\n{err}")
+
+
+def target_flap():
+    sh("modprobe", "-a", "nvmet", "nvmet_rdma")
+    image = "/tmp/kernel-ns.img"
+    with open(image, "wb") as f:
+        f.truncate(64 << 20)
+    with open("/tmp/kernel.json", "w") as f:
+        json.dump(kernel_target_config(image), f)
+    sh(sys.executable, "-m", "nvmeof_roce", "nvmet", "apply", "/tmp/kernel.json")
+    proc = serve_user_target()
+    rendezvous.signal("targets-ready")
+    rendezvous.wait("host.done", 1500)
+    stop_user_target(proc)
+    RESULT["kernel_log"] = [line for line in sh("dmesg").stdout.splitlines() if "nvmet" in line][-20:]
+    save()
+
+
+def host_flap():
+    """The host node's link goes down for 8 s in the middle of fio verify runs against both targets."""
+    rendezvous.wait("targets-ready", 300)
+    sh("modprobe", "-a", "nvme_rdma", "nvme_fabrics")
+    runs = {}
+    for name, svc, nqn in (("kernel", "4420", NQN_KERNEL), ("userspace", "4421", NQN_USER)):
+        # give up on a lost controller after 60 s (default 600) so a failed reconnect ends the run
+        sh("nvme", "connect", "-t", "rdma", "-a", TARGET_IP, "-s", svc, "-n", nqn, "-i", "1",
+           "--ctrl-loss-tmo", "60", "--reconnect-delay", "2")
+        dev = connect_wait(nqn)
+        runs[name] = subprocess.Popen(
+            ["fio", "--name=verify", f"--filename={dev}", "--ioengine=libaio", "--direct=1", "--rw=randrw",
+             "--verify=crc32c", "--verify_fatal=1", "--bsrange=4k-64k", "--iodepth=8", "--size=16M",
+             "--runtime=45", "--time_based", "--verify_state_save=0", "--output-format=json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(12)
     sh("ip", "link", "set", "eth0", "down")
     RESULT["port_state_down"] = open("/sys/class/infiniband/rxe0/ports/1/state").read().strip()
     time.sleep(8)
     sh("ip", "link", "set", "eth0", "up")
-    out, err = fio.communicate(timeout=900)
-    job = json.loads(out[out.index("{"):])["jobs"][0] if "{" in out else {"error": fio.returncode}
-    RESULT["fio_userspace"] = {"error": job["error"], "returncode": fio.returncode, "stderr": err[-2000:],
-                               "read_ios": job.get("read", {}).get("total_ios"),
-                               "write_ios": job.get("write", {}).get("total_ios")}
-    RESULT["kernel_log"] = [line for line in sh("dmesg").stdout.splitlines() if "nvme" in line][-20:]
-    disconnect(NQN_USER)
+    for name, fio in runs.items():
+        out, err = fio.communicate(timeout=900)
+        job = json.loads(out[out.index("{"):])["jobs"][0] if "{" in out else {}
+        RESULT[f"fio_{name}"] = {"error": job.get("error"), "returncode": fio.returncode, "stderr": err[-1500:],
+                                 "read_ios": job.get("read", {}).get("total_ios"),
+                                 "write_ios": job.get("write", {}).get("total_ios")}
+    RESULT["kernel_log"] = [line for line in sh("dmesg").stdout.splitlines() if "nvme" in line][-40:]
+    for nqn in (NQN_KERNEL, NQN_USER):
+        sh("nvme", "disconnect", "-n", nqn, check=False)
     save()
 
 

@@ -60,3 +60,36 @@ def test_rendezvous_signal_wait(tmp_path, monkeypatch):
     monkeypatch.delenv("LAB_SYNC")
     with pytest.raises(NvmeofError, match="LAB_SYNC"):
         rendezvous.wait("x", 0)
+
+
+def _fake_guest(script_for):
+    """qemu_args replacement: a shell 'guest' that prints, reports an exit code in ctl like the init does."""
+    def qemu_args(image, run, ctl):
+        node = "target" if "nvmeof.node=target" in run.cmdline else "host"
+        return ["sh", "-c", script_for[node].format(ctl=ctl)]
+    return qemu_args
+
+
+def test_run_two_streams_both_consoles_and_returns_both_codes(tmp_path, monkeypatch, capfdbinary):
+    from nvmeof_roce.lab import twonode
+    monkeypatch.setattr(twonode.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(twonode, "qemu_args", _fake_guest({
+        "target": "echo serving; sleep 0.3; echo 0 > {ctl}/exit-code",
+        "host": "printf 'step 1\\r\\nstep 2\\n'; echo 3 > {ctl}/exit-code"}))
+    base = LabRun(command=[], project=tmp_path, share=tmp_path / "share", timeout=30)
+    codes = twonode.run_two(FakeImage, base, {"target": NodeSpec(["true"]), "host": NodeSpec(["true"])})
+    assert codes == {"target": 0, "host": 3}
+    out = capfdbinary.readouterr().out.decode()
+    assert "[target] serving\n" in out and "[host] step 1\n[host] step 2\n" in out
+    assert (tmp_path / "share" / ".lab-sync").is_dir()  # the rendezvous directory, fresh for the run
+
+
+def test_run_two_kills_a_node_that_outlives_its_peer(tmp_path, monkeypatch):
+    from nvmeof_roce.lab import twonode
+    monkeypatch.setattr(twonode.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(twonode, "qemu_args", _fake_guest({
+        "target": "exec sleep 60", "host": "echo 0 > {ctl}/exit-code"}))
+    base = LabRun(command=[], project=tmp_path, share=tmp_path / "share", timeout=30)
+    codes = twonode.run_two(FakeImage, base, {"target": NodeSpec(["true"]), "host": NodeSpec(["true"])},
+                            peer_grace=0.5)
+    assert codes == {"target": twonode.KILLED, "host": 0}

@@ -272,3 +272,30 @@ def test_real_rxe_frames():
     marked[15] |= 0x03
     marked[22] = 17
     assert roce.decode_frame(pcap.Packet(1, 0.0, pcap.LINKTYPE_ETHERNET, bytes(marked), len(marked))).icrc["ok"]
+
+
+def test_capsule_across_packets_is_marked_continued():
+    """64 + 4096 bytes at RoCE MTU 1024: SEND First carries the SQE and the start of the data."""
+    capsule = sqe(0x01, 5, 1, 0, 4096 | (0x01 << 56), cdw10=4096, cdw12=7) + b"\xcd" * 4096
+    frames = [frame(HOST, TARGET, 0x00, TARGET_QP, 1, payload=capsule[:1024]),
+              frame(HOST, TARGET, 0x01, TARGET_QP, 2, payload=capsule[1024:2048]),
+              frame(HOST, TARGET, 0x01, TARGET_QP, 3, payload=capsule[2048:3072]),
+              frame(HOST, TARGET, 0x01, TARGET_QP, 4, payload=capsule[3072:4096]),
+              frame(HOST, TARGET, 0x02, TARGET_QP, 5, payload=capsule[4096:], ack=True)]
+    d = roce.decode(pcap.read_packets(pcap.write_pcap([(1.0, f) for f in frames])))
+    first = d.frames[0].nvme
+    assert first["sgl"] == {"type": "in-capsule", "addr": 0, "length": 4096} and first["continued"]
+    assert "in_capsule_bytes" not in first and "(capsule continues)" in d.frames[0].line()
+    assert all(f.nvme is None for f in d.frames[1:])  # Middle/Last carry data, not capsules
+
+
+def test_cm_and_capsules_cut_by_a_short_snap_length():
+    """tcpdump -s 160: the REQ loses its private data, the capsule keeps its 64-byte SQE."""
+    req = ud(HOST, TARGET, 0, cm_req(0xAAAA, HOST_QP, 1))[:160]
+    cap = frame(HOST, TARGET, 0x04, TARGET_QP, 100, payload=sqe(0x02, 7, 1, *keyed(0x1000, 4096, 0x1234, True),
+                                                                cdw10=8, cdw12=7) + b"\0" * 200)[:160]
+    d = roce.decode(pcap.read_packets(pcap.write_pcap([(1.0, req), (1.1, cap)])))
+    assert d.frames[0].cm == {"msg": "REQ", "local_comm_id": 0xAAAA, "port": 4421, "qpn": HOST_QP,
+                              "start_psn": 0}
+    assert d.frames[1].nvme["cid"] == 7 and d.frames[1].icrc is None
+    assert d.frames[1].payload_len == 264 and d.frames[1].nvme["in_capsule_bytes"] == 200  # from the IP length
