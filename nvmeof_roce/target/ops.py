@@ -15,7 +15,8 @@ import signal
 from typing import Callable, Optional
 
 from . import live
-from .control import Control, RpcError, RpcServer, bind_unix_socket, default_socket_path
+from ..errors import NvmeofError
+from .control import Control, RpcError, RpcServer, SocketInUse, bind_unix_socket, default_socket_path
 from .sdnotify import notify
 
 log = logging.getLogger(__name__)
@@ -45,11 +46,23 @@ class RdmaListeners(live.Listeners):
 
 
 def bind_control_socket(config_path: str, rpc_socket: Optional[str]):
-    """Bind the control socket first, so a second target for the same socket stops before touching RDMA."""
+    """Bind the control socket first, so a second target for the same socket stops before touching RDMA.
+
+    An explicit --rpc-socket that cannot be bound is an error; the default one (under /run/nvmeof-roce) is
+    left out with a warning when its directory cannot be used (not root, read-only /run): the target serves
+    without live control rather than not at all."""
     if rpc_socket is None:
         return None, None
     path = rpc_socket or default_socket_path(config_path)
-    return path, bind_unix_socket(path)
+    try:
+        return path, bind_unix_socket(path)
+    except SocketInUse:
+        raise
+    except NvmeofError as exc:
+        if rpc_socket:
+            raise
+        log.warning("serving without a control socket: %s (fix: %s)", exc.message, exc.fix)
+        return None, None
 
 
 class Operations:

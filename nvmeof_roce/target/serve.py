@@ -89,7 +89,8 @@ def serve(path: str, *, ready_file: Optional[str] = None, data_chunks: int = 512
             os.unlink(socket_path)
         raise
     try:
-        ops = Operations(server, path, rpc_socket=socket_path, metrics=metrics, bound_socket=bound)
+        ops = Operations(server, path, rpc_socket=socket_path if bound is not None else None, metrics=metrics,
+                         bound_socket=bound)
     except BaseException:
         server.close()
         raise
