@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from .errors import NvmeofError
+from .nvme.command import NSID_MAX
+from .nvme.fabrics import DISCOVERY_NQN, MAX_CNTLID as CNTLID_MAX, NQN_MAX_LENGTH as NQN_MAX_BYTES
 
 __all__ = [
     "ConfigError", "TargetConfig", "PortConfig", "SubsystemConfig", "NamespaceConfig",
@@ -41,10 +43,6 @@ __all__ = [
     "parse_size", "validate_nqn", "userspace_only_keys", "DISCOVERY_NQN", "NSID_MAX",
 ]
 
-DISCOVERY_NQN = "nqn.2014-08.org.nvmexpress.discovery"
-NQN_MAX_BYTES = 223
-NSID_MAX = 0xFFFFFFFE
-CNTLID_MAX = 0xFFEF
 ANA_GRPID_MAX = 128          # NVMET_MAX_ANAGRPS
 PORTID_MAX = 0xFFFF          # configfs ports/<u16>
 DEFAULT_TRSVCID = 4420
@@ -591,7 +589,7 @@ def _parse_namespace(ctx: _Ctx, n: Any, where: str, subsys_nqn: str) -> Namespac
     n = ctx.dict_at(n, where, optional=False)
     ctx.unknown(n, _NS_KEYS, where)
     if "nsid" not in n:
-        raise ctx.err(where, "missing 'nsid'", 'add "nsid": 1 (1..0xFFFFFFFE)')
+        raise ctx.err(where, "missing 'nsid'", f'add "nsid": 1 (1..0x{NSID_MAX:X})')
     nsid = ctx.int_at(n["nsid"], f"{where}.nsid", 1, NSID_MAX, hexrange=True)
     enabled = ctx.flag_at(n.get("enable", 1), f"{where}.enable")
     dev = ctx.dict_at(n.get("device"), f"{where}.device")

@@ -34,7 +34,7 @@ from . import report
 from .fio import FioJobFile, FioResult, fio_binary, fio_version, list_job_files, run_fio
 from .perftest import (DEFAULT_TESTS, PerftestResult, perftest_binary, perftest_version, rdma_device_for,
                        run_perftest)
-from .targets import Host, TargetUnderTest, cli_subcommand
+from .targets import Host, TargetUnderTest
 
 log = logging.getLogger(__name__)
 
@@ -183,12 +183,6 @@ def initiator_perf_command(target: TargetUnderTest, params: Dict[str, object], r
                      "--runtime", _num(runtime), "--ramp", _num(ramp), "--json"]
 
 
-def check_initiator_perf() -> None:
-    if cli_subcommand("initiator", "perf") is None:
-        raise NvmeofError("the userspace initiator's load generator ('nvmeof-roce initiator perf') is not "
-                          "available in this checkout", "leave the uinit-* jobs out of --jobs")
-
-
 def run_initiator_perf(job: JobSpec, target: TargetUnderTest, config: BenchConfig, raw: Path) -> dict:
     cmd = initiator_perf_command(target, job.params, config.runtime, config.ramp)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=2 * (config.runtime + config.ramp) + 120)
@@ -263,8 +257,6 @@ class BenchRunner:
                 problems.append(NvmeofError("fio jobs need a host to connect with", "internal: no host given"))
             else:
                 check(self.host.check)
-        if "initiator-perf" in kinds:
-            check(check_initiator_perf)
         if self.config.perftest:
             for test in self.config.perftest_tests:
                 check(perftest_binary, test)

@@ -17,7 +17,6 @@ nvme-cli and finds the namespace's /dev/nvmeXnY.
 from __future__ import annotations
 
 import abc
-import argparse
 import json
 import logging
 import os
@@ -181,23 +180,6 @@ def _cli() -> list:
     return [sys.executable, "-m", "nvmeof_roce"]
 
 
-def cli_subcommand(*names: str) -> Optional[argparse.ArgumentParser]:
-    """The parser of `nvmeof-roce NAME...` if this checkout has that command, else None (in-process: starting
-    another interpreter to ask costs half a minute in the emulated lab)."""
-    from ..cli import build_parser
-    parser = build_parser()
-    for name in names:
-        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
-        if sub is None or name not in sub.choices:
-            return None
-        parser = sub.choices[name]
-    return parser
-
-
-def has_option(parser: argparse.ArgumentParser, option: str) -> bool:
-    return any(option in a.option_strings for a in parser._actions)
-
-
 class UserspaceTarget(TargetUnderTest):
     name = "userspace"
 
@@ -213,7 +195,6 @@ class UserspaceTarget(TargetUnderTest):
         self.ready_timeout = ready_timeout
         self.kind = "nvmeof-roce userspace target (target serve)"
         self._proc: Optional[subprocess.Popen] = None
-        self._ready_file_supported = False
         self._log = None
         self.log_path: Optional[Path] = None
 
@@ -234,11 +215,6 @@ class UserspaceTarget(TargetUnderTest):
         return d
 
     def check(self) -> None:
-        serve = cli_subcommand("target", "serve")
-        if serve is None:
-            raise NvmeofError("the userspace target is not available here (this checkout has no "
-                              "'nvmeof-roce target serve')", "use a checkout with the userspace target, or --targets kernel")
-        self._ready_file_supported = has_option(serve, "--ready-file")
         rdma_device_for(self.traddr)
         self._check_address_free()
 
@@ -252,12 +228,10 @@ class UserspaceTarget(TargetUnderTest):
         self.log_path = self.work_dir / "userspace-target.log"
         self._log = open(self.log_path, "w")
         cmd = _cli() + ["target", "serve", str(config)]
-        ready = None
-        if self._ready_file_supported:
-            ready = self.work_dir / "userspace-target.ready"
-            if ready.exists():
-                ready.unlink()
-            cmd += ["--ready-file", str(ready)]
+        ready = self.work_dir / "userspace-target.ready"
+        if ready.exists():
+            ready.unlink()
+        cmd += ["--ready-file", str(ready)]
         log.info("starting %s", " ".join(cmd))
         self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self._wait_listening(ready)

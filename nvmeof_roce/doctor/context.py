@@ -25,7 +25,7 @@ class DoctorOptions:
 
 
 # discover(traddr, trsvcid, timeout, hostnqn) -> list of discovery log entries.
-# Raises ImportError when the userspace initiator (or pyverbs) is not available.
+# Raises ImportError when pyverbs is not available.
 DiscoverFunction = Callable[[str, int, float, Optional[str]], list]
 
 

@@ -106,8 +106,8 @@ def _ns_uuid(ctrl, nsid):
         descs = ctrl.namespace_descriptors(nsid)
     except NvmeStatusError:
         return None
-    for desc in getattr(descs, "descriptors", []):
-        if getattr(desc, "nidt", None) == 3:
+    for desc in descs.descriptors:
+        if desc.nidt == 3:
             import uuid
             return str(uuid.UUID(bytes=bytes(desc.nid)))
     return None

@@ -5,7 +5,7 @@
     assert ctrl.read(1, 0, len(data) // 512) == data
     ctrl.close()
 
-What goes on the wire follows the Linux host (docs/nvmeof-rdma-wire.md §4.3, §5.1, §8.2):
+What goes on the wire follows the Linux host (docs/protocol.md §4.3, §5.1, §8.2):
 FLAGS 0x40 on every command, keyed SGLs of type 0x40 (never 0x4F) with the
 exact transfer length, no in-capsule data on the admin queue, in-capsule data
 only for I/O writes that fit IOCCSZ; the admin queue is 32 entries (31

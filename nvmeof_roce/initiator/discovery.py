@@ -1,6 +1,6 @@
 """Discovery: connect to the discovery controller and read its log page (LID 0x70).
 
-Like libnvme 1.16 (wire doc §5.8): read the 1024-byte header, then the entries
+Like libnvme 1.16 (docs/protocol.md §5.8): read the 1024-byte header, then the entries
 from LPO 1024 in 4096-byte chunks, then the header again; if GENCTR moved in
 between, start over.
 """

@@ -23,6 +23,7 @@ import tempfile
 from typing import List, Optional
 
 from ..errors import NvmeofError
+from ..nvme.command import NSID_MAX
 from . import modules
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,6 @@ log = logging.getLogger(__name__)
 NVMET_ROOT = "/sys/kernel/config/nvmet"
 DEFAULT_SAVE_FILE = "/etc/nvmet/config.json"
 ANA_DEFAULT_GROUP = 1
-NSID_MAX = 0xFFFFFFFE
 
 # transport -> the module that provides it in the kernel target
 TRANSPORT_MODULES = {"rdma": "nvmet_rdma", "tcp": "nvmet_tcp", "loop": "nvme_loop", "fc": "nvmet_fc"}
@@ -420,9 +420,9 @@ class Namespace(CFSNode):
         try:
             nsid = int(nsid)
         except (TypeError, ValueError):
-            raise NvmetError(f"namespace id {nsid!r} is not a number", "give an NSID 1..0xFFFFFFFE") from None
+            raise NvmetError(f"namespace id {nsid!r} is not a number", f"give an NSID 1..0x{NSID_MAX:X}") from None
         if not 1 <= nsid <= NSID_MAX:
-            raise NvmetError(f"namespace id {nsid} is out of range", "give an NSID 1..0xFFFFFFFE")
+            raise NvmetError(f"namespace id {nsid} is out of range", f"give an NSID 1..0x{NSID_MAX:X}")
         self.nsid = nsid
         super().__init__(subsystem.root, f"{subsystem.relpath}/namespaces/{nsid}", mode)
 

@@ -1,4 +1,4 @@
-"""Admin command SQEs (wire doc §5): Identify, Get Log Page, Set/Get Features, Keep Alive, AER."""
+"""Admin command SQEs (docs/protocol.md §5): Identify, Get Log Page, Set/Get Features, Keep Alive, AER."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

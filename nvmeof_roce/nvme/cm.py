@@ -1,4 +1,4 @@
-"""RDMA CM private data for NVMe-oF (wire doc §1.3 - §1.5).
+"""RDMA CM private data for NVMe-oF (docs/protocol.md §1.3 - §1.5).
 
 The connect request is 32 bytes as sent, but on IB/RoCE the CONNECT_REQUEST
 event delivers 56 (zero padded): parse only the first 10 bytes.

@@ -1,4 +1,4 @@
-"""The 64-byte submission queue entry and the 16-byte completion (wire doc §2.1, §2.4).
+"""The 64-byte submission queue entry and the 16-byte completion (docs/protocol.md §2.1, §2.4).
 
 `SQE_STRUCT` / `CQE_STRUCT` are precompiled for hot paths that unpack straight
 from a receive buffer; `SQE` / `CQE` are the readable classes built on them.
@@ -28,7 +28,8 @@ PSDT_SGL_MPTR_CONTIG = 0x40  # what the Linux host sends on every RDMA command
 PSDT_SGL_MPTR_SGL = 0x80
 FLAGS_SGL = PSDT_SGL_MPTR_CONTIG
 
-NSID_ALL = 0xFFFFFFFF
+NSID_ALL = 0xFFFFFFFF  # broadcast: every namespace, or the controller itself
+NSID_MAX = 0xFFFFFFFE  # the highest NSID a namespace may have
 
 # Admin opcodes
 ADMIN_DELETE_SQ = 0x00

@@ -1,4 +1,4 @@
-"""Fabrics commands (opcode 0x7F) and controller properties (wire doc §4).
+"""Fabrics commands (opcode 0x7F) and controller properties (docs/protocol.md §4).
 
 FCTYPE sits in SQE byte 4, which overlays the low byte of the NSID field.
 """

@@ -1,7 +1,7 @@
-"""Identify data structures, 4096 bytes each (wire doc §5.2 - §5.4).
+"""Identify data structures, 4096 bytes each (docs/protocol.md §5.2 - §5.4).
 
 Each structure is a dataclass; `_FIELDS` lists (attribute, byte offset, struct
-format) so pack() and unpack() read as the offset tables of the wire doc.
+format) so pack() and unpack() read as the offset tables of docs/protocol.md.
 Text fields (SN, MN, FR) are ASCII padded with spaces; NQNs are NUL-terminated.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Log pages (wire doc §5.7, §5.8): error, SMART, changed NS list, effects, discovery."""
+"""Log pages (docs/protocol.md §5.7, §5.8): error, SMART, changed NS list, effects, discovery."""
 from __future__ import annotations
 
 import struct

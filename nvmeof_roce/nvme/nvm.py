@@ -1,4 +1,4 @@
-"""NVM I/O commands (wire doc §6): Read, Write, Flush, Write Zeroes, Dataset Management."""
+"""NVM I/O commands (docs/protocol.md §6): Read, Write, Flush, Write Zeroes, Dataset Management."""
 from __future__ import annotations
 
 import struct

@@ -1,4 +1,4 @@
-"""SGL descriptors in the SQE's DPTR field (wire doc §2.2).
+"""SGL descriptors in the SQE's DPTR field (docs/protocol.md §2.2).
 
 Byte 15 of the 16-byte descriptor (SQE byte 39) is the SGL identifier: bits
 7:4 the type, bits 3:0 the subtype.  Two layouts matter on RDMA:

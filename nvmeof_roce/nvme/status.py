@@ -1,4 +1,4 @@
-"""NVMe status codes (wire doc §2.4, §6.3).
+"""NVMe status codes (docs/protocol.md §2.4, §6.3).
 
 Convention (the Linux kernel's): a status *code* is ``(SCT << 8) | SC``, with
 ``DNR`` (0x4000) and ``MORE`` (0x2000) or-ed in.  On the wire, in CQE bytes

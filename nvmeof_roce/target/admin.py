@@ -1,10 +1,12 @@
-"""Admin commands of an I/O controller (wire doc §5): Identify, logs, features, AER, Keep Alive.
+"""Admin commands of an I/O controller (docs/protocol.md §5): Identify, logs, features, AER, Keep Alive.
 
 Each handler validates the command, then completes it through the Target
 (`t.complete`), or holds it (`t.hold`, the AER).  Lengths are checked against
 the SGL exactly as nvmet does (§3.1).
 """
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from .. import __version__
 from ..nvme import admin as A
@@ -15,13 +17,12 @@ from ..nvme.command import (ADMIN_ASYNC_EVENT, ADMIN_GET_FEATURES, ADMIN_GET_LOG
                             NVM_WRITE, NVM_WRITE_ZEROES)
 from ..nvme.log import (EFFECT_CSUPP, EFFECT_LBCC, ERROR_ENTRY_SIZE, ChangedNsList, CommandEffectsLog,
                         SmartLog)
-from .controller import ERROR_LOG_ENTRIES, MAX_AER
-from .core import LOC_CDW10, LOC_CDW11, LOC_CDW12, LOC_DPTR, LOC_NSID, Target
-from .request import Request
-from .subsystem import MAX_NSID
+from .limits import ERROR_LOG_ENTRIES, MAX_AER, MAX_NSID, MAX_TRANSFER, MDTS
+from .request import LOC_CDW10, LOC_CDW11, LOC_CDW12, LOC_DPTR, LOC_NSID, Request
 
-MDTS = 5  # 2^5 x 4 KiB = 128 KiB per command (SPDK's default max I/O size; the kernel host splits larger I/O)
-MAX_TRANSFER = 4096 << MDTS
+if TYPE_CHECKING:
+    from .core import Target
+
 KAS = 10  # keep-alive granularity in 100 ms units
 ONCS = I.ONCS_DSM | I.ONCS_WRITE_ZEROES
 CTRATT_HOSTID_128 = 1 << 0

@@ -24,7 +24,7 @@ import struct
 from typing import Optional
 
 from ..errors import NvmeofError
-from ..config import NamespaceConfig
+from ..config import ConfigError, NamespaceConfig
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,11 @@ _ZERO_CHUNK = 1 << 20
 class BackendError(NvmeofError):
     """A namespace backend failed; the message names the path (or backend) and the fix."""
 
+    def config_error(self, source: str, where: str, ns: NamespaceConfig) -> ConfigError:
+        """A backend that cannot open is a bad config: blame the file's device.path, else the namespace."""
+        field = f"{where}.device.path" if ns.backend == "file" else where
+        return ConfigError(source, field, self.message, self.fix)
+
 
 class Backend:
     """The interface the target core codes against."""
@@ -53,6 +58,8 @@ class Backend:
     block_size: int
     num_blocks: int
     path: Optional[str] = None
+    buffer: Optional[memoryview] = None  # the whole namespace in memory (ram): reads are served from it directly
+    direct = False  # the file backend opened it with O_DIRECT
 
     @property
     def size_bytes(self) -> int:

@@ -9,13 +9,13 @@ and the field; the exit code is 1 on any error.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 
 from ..output import emit, table
 from .backends import BackendError, open_backend
 from ..config import ConfigError, TargetConfig, load_config
-from .subsystem import MAX_NSID
+from .limits import MAX_NSID
+from .serve import register_serve
 
 
 def check_config(path: str) -> dict:
@@ -62,12 +62,11 @@ def _open_namespace(config: TargetConfig, where: str, ns) -> dict:
     try:
         backend = open_backend(ns)
     except BackendError as exc:
-        raise ConfigError(config.source, f"{where}.device.path" if ns.backend == "file" else where,
-                          exc.message, exc.fix) from None
+        raise exc.config_error(config.source, where, ns) from None
     try:
         info["size_bytes"] = backend.size_bytes
         info["blocks"] = backend.num_blocks
-        if ns.backend == "file" and not getattr(backend, "direct", True):
+        if ns.backend == "file" and not backend.direct:
             info["note"] = "buffered I/O (no O_DIRECT here)"
     finally:
         backend.close()
@@ -132,10 +131,7 @@ def register(subparsers) -> None:
     check.add_argument("--json", action="store_true", help="print the result as JSON")
     check.set_defaults(func=_cmd_check)
 
-    # `target serve` lives in serve.py; it registers itself here when it provides register_serve().
-    serve = importlib.import_module(".serve", __package__)
-    if hasattr(serve, "register_serve"):
-        serve.register_serve(commands)
+    register_serve(commands)  # `target serve` lives in serve.py
 
     # the control socket's clients: `target add-ns ...` verbs and the top-level `rpc`
     from .rpc_commands import register_rpc, register_target_verbs

@@ -1,4 +1,4 @@
-"""A target controller: registers, keep-alive, asynchronous events, error log (wire doc §4.3, §5.5, §5.6)."""
+"""A target controller: registers, keep-alive, asynchronous events, error log (docs/protocol.md §4.3, §5.5, §5.6)."""
 from __future__ import annotations
 
 import logging
@@ -10,12 +10,11 @@ from ..nvme import admin as A
 from ..nvme import fabrics as F
 from ..nvme.command import FABRICS_OPCODE, NVM_READ, NVM_WRITE, NVM_WRITE_ZEROES
 from ..nvme.log import CHANGED_NS_MAX, ErrorLogEntry
+from .limits import ERROR_LOG_ENTRIES
 from .request import Request
 
 log = logging.getLogger(__name__)
 
-MAX_AER = 4  # outstanding AERs per controller (AERL = 3, 0's based)
-ERROR_LOG_ENTRIES = 64  # ELPE = 63, 0's based
 DISCOVERY_DEFAULT_KATO_MS = 120_000  # nvmet keeps a discovery controller with KATO 0 alive this long
 IO_AEN_SUPPORTED = A.AEN_CFG_NS_ATTR
 DISCOVERY_AEN_SUPPORTED = A.AEN_CFG_DISC_CHANGE

@@ -36,26 +36,14 @@ from ..transport.base import TransportError
 from .backends import BackendError
 from ..config import ConfigError, NamespaceConfig, PortConfig, TargetConfig
 from .controller import Controller
-from .request import EXECUTING, FREE, HELD, READING, QueueState, Request
-from .subsystem import MAX_NSID, DiscoverySubsystem, Namespace, Subsystem
+from . import admin, discovery, io
+from .limits import DEFAULT_IN_CAPSULE_SIZE, DEFAULT_QUEUE_SIZE, MAX_NSID, MAX_QUEUE_SIZE, MAX_QUEUES, \
+    MAX_TRANSFER, MIN_QUEUE_SIZE
+from .request import EXECUTING, FREE, HELD, LOC_CDW10, LOC_CDW11, LOC_DPTR, LOC_FLAGS, LOC_NSID, LOC_OPCODE, \
+    NO_LOCATION, READING, QueueState, Request
+from .subsystem import DiscoverySubsystem, Namespace, Subsystem
 
 log = logging.getLogger(__name__)
-
-DEFAULT_IN_CAPSULE_SIZE = 4096  # nvmet's default inline_data_size (PAGE_SIZE)
-DEFAULT_QUEUE_SIZE = 128  # nvmet's port max_queue_size: CAP.MQES = 127
-MIN_QUEUE_SIZE = 16
-MAX_QUEUE_SIZE = 1024
-MAX_QUEUES = 4096  # queues per target before CM connects are refused with "no resources"
-NO_LOCATION = 0xFFFF
-
-# SQE byte offsets reported as the error location (like nvmet's error_loc)
-LOC_OPCODE = 0
-LOC_FLAGS = 1
-LOC_NSID = 4
-LOC_DPTR = 24
-LOC_CDW10 = 40
-LOC_CDW11 = 44
-LOC_CDW12 = 48
 
 Handler = Callable[["Target", Request], None]
 
@@ -145,7 +133,7 @@ class Target:
                     try:
                         sub.open_namespace(ns_cfg)
                     except BackendError as exc:
-                        raise ConfigError(config.source, where, exc.message, exc.fix) from None
+                        raise exc.config_error(config.source, where, ns_cfg) from None
                     except ValueError as exc:
                         raise ConfigError(config.source, f"{where}.nsid", str(exc),
                                           f"use an NSID in 1..{MAX_NSID}") from None
@@ -153,7 +141,6 @@ class Target:
             for sub in self.subsystems.values():
                 sub.close()
             raise
-        from . import admin, discovery, io  # the command tables (they import this module's names)
         self._admin_cmds: Dict[int, Handler] = admin.COMMANDS
         self._discovery_cmds: Dict[int, Handler] = discovery.COMMANDS
         self._io_cmds: Dict[int, Handler] = io.COMMANDS
@@ -167,7 +154,6 @@ class Target:
     @property
     def max_transfer(self) -> int:
         """Largest data transfer of one command (MDTS), for transports sizing their data buffers."""
-        from .admin import MAX_TRANSFER
         return MAX_TRANSFER
 
     def in_flight(self) -> int:
@@ -281,7 +267,7 @@ class Target:
 
     # ------------------------------------------------------------------ connection management
     def _check_connect(self, ctx: PortContext, request) -> int:
-        """The CM-level checks nvmet makes (wire doc §1.3), plus queue sizes against MQES."""
+        """The CM-level checks nvmet makes (nvmet_rdma_parse_cm_connect_req; docs/protocol.md §1.3), plus queue sizes against MQES."""
         if self.closed or len(self._queues) >= MAX_QUEUES:
             return cm.STS_NO_RESOURCES
         if request.recfmt != 0:
@@ -601,7 +587,7 @@ def _property_set(t: Target, req: Request) -> None:
     ctrl.set_cc(req.cdw12, t.clock())
     t.complete(req, 0)
     if ctrl.shutdown_at is not None and not was_shut_down:
-        # The host disconnects its I/O queues before it shuts the controller down (wire doc §1.8).
+        # The host disconnects its I/O queues before it shuts the controller down (docs/protocol.md §1.8).
         for qs in list(ctrl.io_queues.values()):
             t._close_queue(qs, f"controller {ctrl.cntlid} shut down", logging.INFO)
 

@@ -1,4 +1,4 @@
-"""The discovery controller (wire doc §5.8, §8.1 item 14).
+"""The discovery controller (docs/protocol.md §5.8, §8.1 item 14).
 
 It accepts what nvmet's does: fabrics commands, Identify CNS 1, Get Log Page
 0x70 (honouring LPO and partial lengths), Set/Get Features KATO and Async
@@ -8,7 +8,7 @@ port's referrals.
 """
 from __future__ import annotations
 
-from typing import List
+from typing import TYPE_CHECKING, List
 
 from .. import __version__
 from ..nvme import admin as A
@@ -20,9 +20,11 @@ from ..nvme.command import (ADMIN_ASYNC_EVENT, ADMIN_GET_FEATURES, ADMIN_GET_LOG
 from ..nvme.fabrics import DISCOVERY_NQN
 from .admin import KAS, async_event, get_feature_common, keep_alive, log_page_request, set_feature_common, \
     sgls_for, window
-from .controller import MAX_AER
-from .core import LOC_CDW10, LOC_DPTR, Target
-from .request import Request
+from .limits import MAX_AER
+from .request import LOC_CDW10, LOC_DPTR, Request
+
+if TYPE_CHECKING:
+    from .core import Target
 
 WILDCARD_ADDRESSES = ("", "0.0.0.0", "::", "[::]")
 _TREQ = {"not specified": L.TREQ_NOT_SPECIFIED, "required": L.TREQ_REQUIRED, "not required": L.TREQ_NOT_REQUIRED}
@@ -46,7 +48,7 @@ def _entry_address(port, local_address: str) -> str:
 
 
 def discovery_entries(t: Target, ctrl) -> List[L.DiscoveryLogEntry]:
-    local = getattr(ctrl.admin_queue.transport, "local_address", "") if ctrl.admin_queue else ""
+    local = ctrl.admin_queue.transport.local_address if ctrl.admin_queue else ""
     entries = []
     for port in sorted(ctrl.port.ports(), key=lambda p: p.portid):
         base = dict(trtype=L.TRTYPES.get(port.trtype, 0), adrfam=L.ADRFAMS.get(port.adrfam, 0),

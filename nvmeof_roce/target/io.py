@@ -1,4 +1,4 @@
-"""NVM I/O commands (wire doc §6): Read, Write, Flush, Write Zeroes, Dataset Management.
+"""NVM I/O commands (docs/protocol.md §6): Read, Write, Flush, Write Zeroes, Dataset Management.
 
 The NSID was resolved before these run (req.ns).  Every check happens before
 any data moves: transfer length against the SGL (SGL Data Length Invalid),
@@ -8,17 +8,25 @@ from __future__ import annotations
 
 import logging
 from time import perf_counter_ns
+from typing import TYPE_CHECKING
 
 from ..nvme import status as S
 from ..nvme.command import NVM_DSM, NVM_FLUSH, NVM_READ, NVM_WRITE, NVM_WRITE_ZEROES
 from ..nvme.nvm import CONTROL_FUA, DSM_AD, DSM_RANGE_SIZE, DSM_RANGE_STRUCT
-from .admin import MAX_TRANSFER
-from .core import LOC_CDW10, LOC_CDW12, LOC_DPTR, Target
-from .request import Request
+from .backends import BackendError
+from .limits import MAX_TRANSFER
+from .request import LOC_CDW10, LOC_CDW12, LOC_DPTR, Request
+
+if TYPE_CHECKING:
+    from .core import Target
 
 log = logging.getLogger(__name__)
 
 _CONTROL_FUA = CONTROL_FUA << 16  # CDW12 bits 31:16 are the control field
+
+# What a failing backend raises: a media error for the host.  Anything else is a bug in the target; it
+# propagates to Target._internal_error, which answers Internal Error and counts it in Target.internal_errors.
+BACKEND_ERRORS = (OSError, BackendError)
 
 
 def _rw_checks(t: Target, req: Request):
@@ -52,7 +60,7 @@ def _read(t: Target, req: Request) -> None:
         data = req.buffer(length)
         try:
             ns.backend.read_into(offset, data)
-        except Exception as exc:
+        except BACKEND_ERRORS as exc:
             log.error("namespace %d: read of %d bytes at %d failed: %s", ns.nsid, length, offset, exc)
             ns.stats.errors += 1
             return t.complete(req, S.READ_ERROR)
@@ -78,7 +86,7 @@ def _write_data(t: Target, req: Request, data) -> None:
         ns.backend.write(offset, data)
         if req.cdw12 & _CONTROL_FUA:
             ns.backend.flush()
-    except Exception as exc:
+    except BACKEND_ERRORS as exc:
         log.error("namespace %d: write of %d bytes at %d failed: %s", ns.nsid, len(data), offset, exc)
         ns.stats.errors += 1
         return t.complete(req, S.WRITE_FAULT)
@@ -93,7 +101,7 @@ def _flush(t: Target, req: Request) -> None:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
     try:
         req.ns.backend.flush()
-    except Exception as exc:
+    except BACKEND_ERRORS as exc:
         log.error("namespace %d: flush failed: %s", req.ns.nsid, exc)
         return t.complete(req, S.WRITE_FAULT)
     t.complete(req, 0)
@@ -109,7 +117,7 @@ def _write_zeroes(t: Target, req: Request) -> None:
         return t.complete(req, S.LBA_RANGE | S.DNR, location=LOC_CDW10)
     try:
         ns.backend.write_zeroes(slba << ns.lbads, nlb << ns.lbads)
-    except Exception as exc:
+    except BACKEND_ERRORS as exc:
         log.error("namespace %d: write zeroes failed: %s", ns.nsid, exc)
         return t.complete(req, S.WRITE_FAULT)
     t.complete(req, 0)
@@ -139,7 +147,7 @@ def _dsm_ranges(t: Target, req: Request, data) -> None:
     try:
         for offset, length in ranges:
             ns.backend.discard(offset, length)
-    except Exception as exc:
+    except BACKEND_ERRORS as exc:
         log.error("namespace %d: deallocate failed: %s", ns.nsid, exc)
         return t.complete(req, S.WRITE_FAULT)
     t.complete(req, 0)

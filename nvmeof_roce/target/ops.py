@@ -15,8 +15,10 @@ import signal
 from typing import Callable, Optional
 
 from . import live
+from ..config import ConfigError
 from ..errors import NvmeofError
 from .control import Control, RpcError, RpcServer, SocketInUse, bind_unix_socket, default_socket_path
+from .metrics import Metrics
 from .sdnotify import notify
 
 log = logging.getLogger(__name__)
@@ -31,7 +33,6 @@ class RdmaListeners(live.Listeners):
     def open(self, target, port):
         from ..transport.rdma import RdmaListener
         if port.trtype != "rdma":
-            from ..config import ConfigError
             raise ConfigError("", f"port {port.portid}", f"trtype {port.trtype!r} is not served by the "
                               "userspace target", 'use "trtype": "rdma"')
         listener = RdmaListener(self.server.loop, port.traddr, port.trsvcid, handler=target.port(port.portid),
@@ -81,7 +82,6 @@ class Operations:
                 self.rpc = RpcServer(self.control, rpc_socket or default_socket_path(config_path), server.loop,
                                      sock=bound_socket)
             if metrics:
-                from .metrics import Metrics
                 self.metrics = Metrics(self.target, server)
                 self.metrics_url = self.metrics.start(metrics)
         except BaseException:

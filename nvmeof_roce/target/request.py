@@ -17,6 +17,16 @@ from typing import Callable, List, Optional
 from ..nvme.command import SQE_STRUCT
 from ..nvme.sgl import TYPE_KEYED_DATA_BLOCK
 
+# SQE byte offsets reported as the error location (like nvmet's error_loc)
+NO_LOCATION = 0xFFFF
+LOC_OPCODE = 0
+LOC_FLAGS = 1
+LOC_NSID = 4
+LOC_DPTR = 24
+LOC_CDW10 = 40
+LOC_CDW11 = 44
+LOC_CDW12 = 48
+
 FREE = 0
 NEW = 1
 READING = 2
@@ -101,7 +111,7 @@ class QueueState:
         self.free: List[Request] = [Request(self, target) for _ in range(min(self.depth, 64))]
         self.active = 0
         self.closed = False
-        self.in_capsule_size = getattr(transport, "in_capsule_size", 0) if self.qid else 0
+        self.in_capsule_size = transport.in_capsule_size if self.qid else 0
 
     def alloc(self) -> Optional[Request]:
         if self.active >= self.depth:

@@ -9,6 +9,7 @@ from typing import List, Optional
 
 from ..errors import NvmeofError
 from ..config import TargetConfig, load_config
+from .ops import Operations, bind_control_socket
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,6 @@ class TargetServer:
 
 def serve(path: str, *, ready_file: Optional[str] = None, data_chunks: int = 512,
           remote_invalidate: bool = True, rpc_socket: Optional[str] = "", metrics: Optional[str] = None) -> int:
-    from .ops import Operations, bind_control_socket
     config = load_config(path)
     socket_path, bound = bind_control_socket(path, rpc_socket)
     try:

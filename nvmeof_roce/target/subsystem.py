@@ -8,14 +8,14 @@ from typing import Dict, List, Optional
 
 from ..nvme.fabrics import DISCOVERY_NQN, MAX_CNTLID, MIN_CNTLID, make_version
 from .backends import Backend, open_backend
+from .limits import MAX_NSID
 from .stats import NamespaceStats
 from ..config import NamespaceConfig, SubsystemConfig
 
 log = logging.getLogger(__name__)
 
-MAX_NSID = 1024  # Identify Controller NN: the highest NSID a subsystem may use
 DEFAULT_MAX_QID = 128  # I/O queues per controller (nvmet's default)
-DEFAULT_VERSION = make_version(1, 3, 0)  # VS 1.3: the command sequence the wire doc recommends
+DEFAULT_VERSION = make_version(1, 3, 0)  # VS 1.3: the host command sequence of docs/protocol.md §4.3, §5.1
 
 
 def _hex_bytes(text: Optional[str], size: int) -> Optional[bytes]:
@@ -40,7 +40,7 @@ class Namespace:
         self.eui64 = _hex_bytes(config.eui64, 8)
         self.removed = False
         # RAM namespaces expose their memory: reads are sent straight from it, without a copy.
-        self.direct_view = getattr(backend, "buffer", None)
+        self.direct_view = backend.buffer
         # SMART counters (bytes and commands)
         self.bytes_read = 0
         self.bytes_written = 0

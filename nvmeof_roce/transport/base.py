@@ -56,6 +56,7 @@ class TargetQueue(abc.ABC):
 
     request: ConnectRequest
     in_capsule_size: int  # bytes of in-capsule data accepted after the 64-byte SQE (0 on admin queues)
+    local_address = ""  # the address the host connected to, where the transport knows it (discovery log entries)
 
     @property
     def qid(self) -> int:

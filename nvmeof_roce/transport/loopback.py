@@ -6,7 +6,7 @@ run when it is pumped (a host `poll()` pumps it).  So many commands can be
 outstanding and the target sees the same asynchronous pattern as on RDMA:
 `read_host` completes later, `respond` reaches the host later.
 
-RDMA rules it enforces (docs/nvmeof-rdma-wire.md §2.3, §3):
+RDMA rules it enforces (docs/protocol.md §2.3, §3):
   - host memory is reachable only through registered regions, by key, within
     bounds and with the right access; anything else is a `RemoteAccessError`
     and, as on RDMA, puts the connection in the error state (both ends torn down);
@@ -228,7 +228,7 @@ class LoopbackTargetQueue(TargetQueue):
                 return
             if invalidate_key is not None:
                 # Only fast-registration keys can be invalidated remotely; a plain registration
-                # (ibv_reg_mr) fails the receive and the connection, as rxe does (wire doc §3.2).
+                # (ibv_reg_mr) fails the receive and the connection, as rxe does (docs/protocol.md §3.2).
                 region = conn.pd._regions.get(invalidate_key)
                 if region is None or not region.valid or not region.invalidatable:
                     conn.fail(f"SEND with Invalidate of key {invalidate_key:#x}, which is not an FRWR key")

@@ -4,7 +4,7 @@ Target side (`RdmaListener` on an `EventLoop`): each CONNECT_REQUEST carries the
 NVMe-oF private data; the handler decides accept or reject (with the NVMe-oF
 STS).  An accepted queue gets its own QP, CQ and completion channel on the
 project's own device Context and PD (never the CM's: closing a child id breaks
-those, wire doc §7.3.4).  Receive buffers, response buffers and data buffers are
+those, docs/protocol.md §7.3 item 4).  Receive buffers, response buffers and data buffers are
 registered with local access only: the target initiates every transfer itself.
 Data buffers come from one pool registered once at start; each queue reserves
 its share at accept (so no queue starves another) and its commands wait for a
@@ -208,7 +208,7 @@ class RdmaListener:
         self.max_transfer = max_transfer
         self.remote_invalidate = remote_invalidate
         self.queues: Dict[int, RdmaTargetQueue] = {}
-        self.zombies: List[object] = []  # child CM ids are kept until shutdown (§7.3.2-3)
+        self.zombies: List[object] = []  # child CM ids are kept until shutdown (docs/protocol.md §7.3 items 2-4)
         self.channel, self.cm_fd = _create_with_fd(CMEventChannel, "rdma_cm")
         self.listen_id = CMID(creator=self.channel, port_space=ce.RDMA_PS_TCP)
         try:
@@ -243,14 +243,14 @@ class RdmaListener:
             kind = event.event_type
             if kind == ce.RDMA_CM_EVENT_CONNECT_REQUEST:
                 private = bytes(event.private_data or b"")
-                child = CMID(creator=event, listen_id=self.listen_id)  # before the ack (§7.3.3)
+                child = CMID(creator=event, listen_id=self.listen_id)  # before the ack (§7.3 item 3)
                 event.ack_cm_event()
                 self._on_connect_request(child, private)
                 continue
             name = event.event_str()
             event.ack_cm_event()
             log.debug("CM event %s on %s:%d", name, self.traddr, self.trsvcid)
-            # pyverbs cannot tell which child a DISCONNECTED belongs to (wire doc §7.3.2): a queue ends with
+            # pyverbs cannot tell which child a DISCONNECTED belongs to (docs/protocol.md §7.3 item 2): a queue ends with
             # its controller (CC.SHN, keep-alive expiry) or on a failed work completion.
 
     def _reject(self, child, sts: int, why: str) -> None:

@@ -10,8 +10,8 @@ import shutil
 import uuid
 
 from nvmeof_roce.kernel.nvmet import ConfigFS
+from nvmeof_roce.nvme.fabrics import DISCOVERY_NQN
 
-DISCOVERY_NQN = "nqn.2014-08.org.nvmexpress.discovery"
 
 
 def _err(code, path):

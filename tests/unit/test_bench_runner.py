@@ -276,7 +276,7 @@ def test_initiator_perf_jobs_go_through_the_hook(work):
     assert result["jobs"]["uinit-randread-4k-qd1"]["ratio"]["iops"] == pytest.approx(1.0)
 
 
-def test_initiator_perf_command_and_refusal(work, monkeypatch):
+def test_initiator_perf_command_and_output(work):
     t = FileTarget("userspace", work, [])
     cmd = runner_mod.initiator_perf_command(t, {"rw": "randwrite", "bs": 4096, "qd": 32}, 5, 1.5)
     assert cmd[1:5] == ["-m", "nvmeof_roce", "initiator", "perf"]
@@ -293,16 +293,6 @@ def test_initiator_perf_command_and_refusal(work, monkeypatch):
     assert runner_mod.parse_initiator_perf('{"iops": 1, "errors": 0}', returncode=1, stderr="boom")["errors"] == 1
     with pytest.raises(NvmeofError, match="no JSON"):
         runner_mod.parse_initiator_perf("Traceback ...", 1, "Traceback ...")
-    monkeypatch.setattr(runner_mod, "cli_subcommand", lambda *names: None)
-    with pytest.raises(NvmeofError, match="initiator perf"):
-        runner_mod.check_initiator_perf()
-
-
-def test_cli_subcommand_lookup():
-    from nvmeof_roce.bench.targets import cli_subcommand, has_option
-    bench = cli_subcommand("bench")
-    assert bench is not None and has_option(bench, "--repeats") and not has_option(bench, "--nope")
-    assert cli_subcommand("bench", "nothing-here") is None and cli_subcommand("no-such-command") is None
 
 
 def test_runner_refuses_bad_arguments(work):

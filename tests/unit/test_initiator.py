@@ -1,4 +1,4 @@
-"""The initiator on its own terms: what it puts on the wire (docs/nvmeof-rdma-wire.md §8.2), its host
+"""The initiator on its own terms: what it puts on the wire (docs/protocol.md §8.2), its host
 identity, and its asynchronous API."""
 import os
 import uuid

@@ -1,5 +1,5 @@
 """Golden bytes for every wire structure: the expected bytes are written out by hand
-from docs/nvmeof-rdma-wire.md (offsets in the comments), not produced by the code under test."""
+from docs/protocol.md and the NVMe specifications (offsets in the comments), not produced by the code under test."""
 import struct
 import uuid
 

@@ -95,7 +95,7 @@ def test_target_construction_errors_name_the_field(tmp_path):
     cfg = parse_config(base_config([{"nsid": 1, "device": {"path": str(tmp_path / "absent.img")}}]), "cfg.json")
     with pytest.raises(ConfigError) as exc:
         Target(cfg)
-    assert exc.value.where == "subsystems[0].namespaces[0]" and "cfg.json" in str(exc.value)
+    assert exc.value.where == "subsystems[0].namespaces[0].device.path" and "cfg.json" in str(exc.value)
 
 
 def test_shipped_example_configs_check(capsys):

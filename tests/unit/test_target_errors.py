@@ -1,5 +1,5 @@
 """Every error path of the target, with hand-built capsules: each gets its proper NVMe status
-(docs/nvmeof-rdma-wire.md §2.2, §3.1, §4, §6.2), a CM reject, or a clean close of that queue only."""
+(docs/protocol.md §2.2, §3.1, §4, §6.2), a CM reject, or a clean close of that queue only."""
 import os
 
 import pytest
@@ -545,13 +545,20 @@ def test_unexpected_exception_becomes_internal_error(env, ctrl, monkeypatch):
     ns = env.target.subsystem(SUB_RAM).namespaces[1]
     monkeypatch.setattr(ns, "direct_view", None)
 
+    def failing(*_args):
+        raise OSError(5, "Input/output error")
+
     def broken(*_args):
         raise ZeroDivisionError("boom")
 
-    monkeypatch.setattr(ns.backend, "read_into", broken)
+    monkeypatch.setattr(ns.backend, "read_into", failing)
     q = io(ctrl)
     assert q.command(read_cmd(q)).status == S.READ_ERROR  # a backend failure is a media error
+    assert env.target.internal_errors == 0
+    monkeypatch.setattr(ns.backend, "read_into", broken)
+    assert q.command(read_cmd(q)).status == S.INTERNAL | S.DNR  # a bug in the backend is the target's fault
+    assert env.target.internal_errors == 1
     monkeypatch.setattr(env.target, "_io_cmds", {0x02: lambda t, r: 1 / 0})
     assert q.command(read_cmd(q)).status == S.INTERNAL | S.DNR
-    assert env.target.internal_errors == 1
+    assert env.target.internal_errors == 2
     env.target.internal_errors = 0  # expected here; the fixture checks for none

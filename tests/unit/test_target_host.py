@@ -1,5 +1,5 @@
 """The initiator and the target talking over the loopback fabric: the happy paths and the
-behaviours the Linux host depends on (docs/nvmeof-rdma-wire.md §4, §5, §8.1)."""
+behaviours the Linux host depends on (docs/protocol.md §4, §5, §8.1)."""
 import os
 import uuid
 

@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from ...errors import ToolMissing
+from ...nvme.fabrics import NQN_MAX_LENGTH as NQN_MAX_BYTES
 from ..context import Context
 from ..machine import ToolNotRun, missing_tool_reason
 from ..result import CheckResult, fail, ok, skipped, warn
 from ..tools import ToolFailed, iptables_save, nft_ruleset
 
 ROCE_V2_UDP_PORT = 4791
-NQN_MAX_BYTES = 223
 NQN_FORMAT = re.compile(r"^nqn\.\d{4}-\d{2}\.[^:\s]+:\S+$")
 HOSTNQN_FILE = "/etc/nvme/hostnqn"
 HOSTID_FILE = "/etc/nvme/hostid"
@@ -338,25 +338,17 @@ def check_firewall(ctx: Context) -> CheckResult:
 
 def discover_with_userspace_initiator(traddr: str, trsvcid: int, timeout: float, hostnqn: Optional[str]) -> list:
     """Connect to the target's discovery controller with our userspace initiator and fetch the
-    discovery log.  Raises ImportError when the initiator or pyverbs is not available."""
-    import inspect
-
+    discovery log.  Raises ImportError when pyverbs is not available."""
     from nvmeof_roce.initiator.discovery import discover
     from nvmeof_roce.transport import rdma
 
-    pyverbs_error = getattr(rdma, "PYVERBS_ERROR", None)
-    if pyverbs_error is not None:  # the transport imports without pyverbs and fails on first use
-        raise ImportError(f"pyverbs is not available: {pyverbs_error}")
+    if rdma.PYVERBS_ERROR is not None:  # the transport imports without pyverbs and fails on first use
+        raise ImportError(f"pyverbs is not available: {rdma.PYVERBS_ERROR}")
     connector = rdma.RdmaConnector(traddr, trsvcid=trsvcid, timeout=timeout)
-    kwargs = {"hostnqn": hostnqn}
-    if "timeout" in inspect.signature(discover).parameters:
-        kwargs["timeout"] = timeout
     try:
-        return list(discover(connector, **kwargs))
+        return list(discover(connector, hostnqn=hostnqn, timeout=timeout))
     finally:
-        close = getattr(connector, "close", None)
-        if callable(close):
-            close()
+        connector.close()
 
 
 def _describe_entry(entry) -> str:
@@ -399,9 +391,8 @@ def check_target_reachable(ctx: Context) -> CheckResult:
     try:
         entries = ctx.discover(ctx.traddr, ctx.options.trsvcid, ctx.options.connect_timeout, ctx.hostnqn)
     except ImportError as exc:
-        return skipped("nvme.target", target, f"userspace initiator unavailable ({exc}); needs "
-                       "nvmeof_roce.initiator.discovery, nvmeof_roce.transport.rdma and pyverbs (apt-get install "
-                       "python3-pyverbs)")
+        return skipped("nvme.target", target, f"userspace initiator unavailable ({exc}); needs pyverbs "
+                       "(apt-get install python3-pyverbs)")
     except Exception as exc:  # any transport or protocol error is a failed reachability test
         return fail("nvme.target", target, f"cannot reach {target}: {type(exc).__name__}: {exc}",
                     [f"discovery to {target} with hostnqn {ctx.hostnqn or '(default)'}: {type(exc).__name__}: {exc}"],

@@ -1,0 +1,23 @@
+"""The userspace target's limits, in one place: what it advertises (Identify Controller, CAP) and enforces.
+
+Spec fields are named where a limit shows up on the wire; docs/protocol.md §1.6, §3.4 and §5.2 explain
+what the Linux host does with them.
+"""
+
+# Data transfer (docs/protocol.md §3.4): MDTS in units of the 4 KiB minimum page size.
+MDTS = 5  # 2^5 x 4 KiB = 128 KiB per command (SPDK's default max I/O size; the kernel host splits larger I/O)
+MAX_TRANSFER = 4096 << MDTS
+
+# Namespaces: Identify Controller NN, the highest NSID a subsystem may use.
+MAX_NSID = 1024
+
+# Queues (docs/protocol.md §1.6): the defaults are nvmet's (inline_data_size = PAGE_SIZE, max_queue_size 128).
+DEFAULT_IN_CAPSULE_SIZE = 4096
+DEFAULT_QUEUE_SIZE = 128  # CAP.MQES = 127
+MIN_QUEUE_SIZE = 16
+MAX_QUEUE_SIZE = 1024
+MAX_QUEUES = 4096  # queues per target before CM connects are refused with "no resources"
+
+# Per controller (Identify Controller AERL and ELPE are these minus one, 0's based).
+MAX_AER = 4
+ERROR_LOG_ENTRIES = 64
