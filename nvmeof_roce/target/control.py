@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ..config import ConfigError, DISCOVERY_NQN, load_userspace_config, parse_config, parse_size, raise_all, \
     validate_for_userspace
+from ..errors import NvmeofError
 from . import auth
 from . import live
 from .stats import Sampler, controller_status, namespace_status, target_status
@@ -735,9 +736,12 @@ class RpcServer:
             pass
 
 
+class SocketInUse(NvmeofError):
+    """Another live target answers on the control socket."""
+
+
 def bind_unix_socket(path: str) -> socket.socket:
     """Bind and listen on `path` (mode 0600); refuse if a live server holds it, remove a stale one."""
-    from ..errors import NvmeofError
     directory = os.path.dirname(path) or "."
     try:
         os.makedirs(directory, mode=0o755, exist_ok=True)
@@ -761,7 +765,7 @@ def bind_unix_socket(path: str) -> socket.socket:
             log.warning("removing the stale control socket %s", path)
             os.unlink(path)
         else:
-            raise NvmeofError(f"another target is running with the control socket {path}",
+            raise SocketInUse(f"another target is running with the control socket {path}",
                               "stop that target, or give this one another --rpc-socket PATH")
         finally:
             probe.close()
@@ -784,7 +788,6 @@ def bind_unix_socket(path: str) -> socket.socket:
 
 def call(path: str, method: str, params: Optional[dict] = None, timeout: float = 60.0) -> Any:
     """Call `method` on the target at `path`; the result, or RpcError as the server answered it."""
-    from ..errors import NvmeofError
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
@@ -830,7 +833,6 @@ def call(path: str, method: str, params: Optional[dict] = None, timeout: float =
 
 def find_socket(explicit: Optional[str] = None) -> str:
     """The control socket to use: `explicit`, else the only one under /run/nvmeof-roce."""
-    from ..errors import NvmeofError
     if explicit:
         return explicit
     try:

@@ -7,8 +7,8 @@ MDTS (Invalid Field), LBA range (LBA Out of Range), all with DNR.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 from time import perf_counter_ns
+from typing import TYPE_CHECKING
 
 from ..nvme import status as S
 from ..nvme.command import NVM_DSM, NVM_FLUSH, NVM_READ, NVM_WRITE, NVM_WRITE_ZEROES

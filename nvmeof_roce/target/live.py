@@ -26,7 +26,10 @@ from typing import Callable, Dict, List, Optional, Tuple
 from ..config import ConfigError, NamespaceConfig, PortConfig, SubsystemConfig, TargetConfig
 from ..nvme import admin as A
 from .backends import BackendError, open_backend
-from .subsystem import MAX_NSID, Namespace, Subsystem
+from .core import PortContext, PortHandler
+from .discovery import discovery_entries
+from .limits import MAX_NSID
+from .subsystem import Namespace, Subsystem
 
 log = logging.getLogger(__name__)
 
@@ -250,8 +253,6 @@ def _open_ns(config: TargetConfig, nqn: str, n: NamespaceConfig) -> Namespace:
 def apply(target, new: TargetConfig, listeners: Optional[Listeners] = None,
           changes: Optional[List[Change]] = None) -> List[Change]:
     """Make the running `target` serve `new`; returns the changes made. On any error nothing changed."""
-    from .discovery import discovery_entries  # the discovery module imports core, which imports us lazily
-
     old = target.config
     if changes is None:
         changes = plan(old, new)
@@ -292,7 +293,6 @@ def apply(target, new: TargetConfig, listeners: Optional[Listeners] = None,
                 port = new_ports[ch.portid]
                 if listeners is None:
                     listeners = Listeners()
-                from .core import PortContext, PortHandler
                 target._port_handlers[ch.portid] = PortHandler(target, PortContext.for_port(target, port))
                 ready.listeners = listeners
                 try:

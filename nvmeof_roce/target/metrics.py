@@ -12,6 +12,7 @@ import time
 from typing import Optional, Tuple
 
 from ..errors import NvmeofError
+from .stats import transport_status
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,6 @@ class Metrics:
             self.snapshot = self.take_snapshot()
 
     def take_snapshot(self) -> dict:
-        from .stats import transport_status
         namespaces = []
         for nqn, sub in self.target.subsystems.items():
             for nsid, ns in sub.namespaces.items():

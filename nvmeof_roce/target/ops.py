@@ -15,7 +15,10 @@ import signal
 from typing import Callable, Optional
 
 from . import live
-from .control import Control, RpcError, RpcServer, bind_unix_socket, default_socket_path
+from ..config import ConfigError
+from ..errors import NvmeofError
+from .control import Control, RpcError, RpcServer, SocketInUse, bind_unix_socket, default_socket_path
+from .metrics import Metrics
 from .sdnotify import notify
 
 log = logging.getLogger(__name__)
@@ -30,7 +33,6 @@ class RdmaListeners(live.Listeners):
     def open(self, target, port):
         from ..transport.rdma import RdmaListener
         if port.trtype != "rdma":
-            from ..config import ConfigError
             raise ConfigError("", f"port {port.portid}", f"trtype {port.trtype!r} is not served by the "
                               "userspace target", 'use "trtype": "rdma"')
         listener = RdmaListener(self.server.loop, port.traddr, port.trsvcid, handler=target.port(port.portid),
@@ -45,11 +47,23 @@ class RdmaListeners(live.Listeners):
 
 
 def bind_control_socket(config_path: str, rpc_socket: Optional[str]):
-    """Bind the control socket first, so a second target for the same socket stops before touching RDMA."""
+    """Bind the control socket first, so a second target for the same socket stops before touching RDMA.
+
+    An explicit --rpc-socket that cannot be bound is an error; the default one (under /run/nvmeof-roce) is
+    left out with a warning when its directory cannot be used (not root, read-only /run): the target serves
+    without live control rather than not at all."""
     if rpc_socket is None:
         return None, None
     path = rpc_socket or default_socket_path(config_path)
-    return path, bind_unix_socket(path)
+    try:
+        return path, bind_unix_socket(path)
+    except SocketInUse:
+        raise
+    except NvmeofError as exc:
+        if rpc_socket:
+            raise
+        log.warning("serving without a control socket: %s (fix: %s)", exc.message, exc.fix)
+        return None, None
 
 
 class Operations:
@@ -68,7 +82,6 @@ class Operations:
                 self.rpc = RpcServer(self.control, rpc_socket or default_socket_path(config_path), server.loop,
                                      sock=bound_socket)
             if metrics:
-                from .metrics import Metrics
                 self.metrics = Metrics(self.target, server)
                 self.metrics_url = self.metrics.start(metrics)
         except BaseException:

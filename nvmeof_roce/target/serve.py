@@ -10,6 +10,7 @@ from typing import List, Optional
 from ..errors import NvmeofError
 from ..config import TargetConfig, load_userspace_config
 from ..transport.resources import ResourceLimits
+from .ops import Operations, bind_control_socket
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,6 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
           listen_portids: Optional[List[int]] = None, path_groups: Optional[List[str]] = None,
           rpc_socket: Optional[str] = "", metrics: Optional[str] = None) -> int:
     from .ana_control import AnaControl, default_run_dir, publish, unpublish
-    from .ops import Operations, bind_control_socket
     config = load_userspace_config(path)  # the same loader and checks as `target check`
     if worker is not None:
         rpc_socket = None  # the workers of `serve --workers` take no live changes yet (docs/operations.md)
@@ -148,7 +148,8 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
     if published or worker is not None:
         server.ana_control = AnaControl(run_dir, server.target, worker or 0)
     try:
-        ops = Operations(server, path, rpc_socket=socket_path, metrics=metrics, bound_socket=bound)
+        ops = Operations(server, path, rpc_socket=socket_path if bound is not None else None, metrics=metrics,
+                         bound_socket=bound)
     except BaseException:
         server.close()
         raise

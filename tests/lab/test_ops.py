@@ -247,3 +247,9 @@ def test_sigterm_notifies_stopping(ops):
     assert ops.target.stop() == 0, ops.target.output()
     assert ops.notify.recv(4096).decode().startswith("STOPPING=1")
     assert not os.path.exists(ops.sock)
+
+
+def test_nvmet_restore_without_a_saved_file_exits_0(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "nvmeof_roce", "nvmet", "restore", str(tmp_path / "none.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "no saved config, nothing to restore" in proc.stdout, proc.stderr

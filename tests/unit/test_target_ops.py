@@ -147,3 +147,23 @@ def test_metrics_address_parsing():
     assert parse_listen("[::1]:9100") == ("::1", 9100)
     with pytest.raises(NvmeofError):
         parse_listen("localhost:http")
+
+
+def test_control_socket_binding_rules(tmp_path, monkeypatch):
+    from nvmeof_roce.target import control, ops as opsmod
+    blocked = tmp_path / "file-not-dir"
+    blocked.write_text("")
+    monkeypatch.setattr(control, "DEFAULT_SOCKET_DIR", str(blocked / "run"))
+    # the default place unusable: served without a socket (a warning), not refused
+    assert opsmod.bind_control_socket(str(tmp_path / "t.json"), "") == (None, None)
+    # an explicit path that cannot be bound: an error naming the fix
+    with pytest.raises(NvmeofError) as exc:
+        opsmod.bind_control_socket(str(tmp_path / "t.json"), str(blocked / "x.sock"))
+    assert "--rpc-socket" in exc.value.fix
+    path, sock = opsmod.bind_control_socket(str(tmp_path / "t.json"), str(tmp_path / "ok.sock"))
+    try:
+        with pytest.raises(control.SocketInUse):  # a live owner: refused even for the default place
+            opsmod.bind_control_socket(str(tmp_path / "t.json"), path)
+    finally:
+        sock.close()
+    assert opsmod.bind_control_socket(str(tmp_path / "t.json"), None) == (None, None)
