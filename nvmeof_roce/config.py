@@ -472,7 +472,7 @@ _NS_KEYS = {"nsid", "enable", "device", "ana_grpid", "ana", "resv", "buffered_io
             "revalidate_size", USERSPACE_KEY}
 _DEVICE_KEYS = {"path", "uuid", "nguid", "eui64"}
 _NS_US_KEYS = {"backend", "size", "block_size"}
-_HOST_KEYS = {"nqn", "dhchap"}
+_HOST_KEYS = {"nqn", "dhchap"}  # auth15: dhchap is honoured by both targets (userspace: target/auth.py)
 
 
 def load_config(path) -> TargetConfig:

@@ -111,6 +111,15 @@ class _Planner:
                            was=was, field=f"{fieldbase}.{g}.{n}" if fieldbase else f"{g}.{n}")
 
 
+def _passthru_configured(entries) -> bool:
+    """A passthru entry with a device or enabled (an empty, disabled one is what a kernel with
+    CONFIG_NVME_TARGET_PASSTHRU shows for every subsystem: nothing to apply)."""
+    for e in entries if isinstance(entries, list) else [entries] if entries else []:
+        if not isinstance(e, dict) or (e.get("device") or {}).get("path") or str(e.get("enable", "0")) not in ("0", ""):
+            return True
+    return False
+
+
 def _by(items, key):
     return {str(i[key]): i for i in items or []}
 
@@ -384,7 +393,7 @@ def kernel_dict(cfg: TargetConfig) -> dict:
             "for the kernel, remove the \"nvmeof_roce\" keys and give each namespace a device.path (a file, "
             "a loop device or null_blk /dev/nullb0); or serve this file with nvmeof-roce target serve")
     for i, s in enumerate(cfg.subsystems):
-        if "passthru" in s.raw:
+        if _passthru_configured(s.raw.get("passthru")):
             raise NvmetError(f"{cfg.source}: subsystems[{i}].passthru: passthru subsystems are not supported by "
                              "nvmeof-roce nvmet apply", "use nvmetcli for passthru subsystems")
     return cfg.to_dict()

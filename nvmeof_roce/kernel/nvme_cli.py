@@ -398,7 +398,8 @@ def explain_failure(what: str, res: tool.ToolResult, traddr: str = "", trsvcid="
     if "authentication failed" in klog or "authentication setup failed" in klog:
         return NvmeCliError(f"{what}: DH-HMAC-CHAP authentication with {nqn or target} failed",
                             "check --dhchap-secret against the target's key for this host NQN (and "
-                            "--dhchap-ctrl-secret against its controller key); the target's log names which")
+                            "--dhchap-ctrl-secret against its controller key); the target's log names which. "
+                            "A kernel without CONFIG_NVME_HOST_AUTH fails here too (nvmeof-roce doctor shows it)")
     if "already connected" in low:
         return NvmeCliError(f"{what}: already connected to {nqn or target}",
                             "nvmeof-roce host list shows the controller; disconnect it first "

@@ -513,10 +513,13 @@ class Subsystem(CFSNode):
                 full = f"{self.path}/passthru/{name}"
                 if self.root.fs.isfile(full) and self.root.fs.readable(full):
                     pt[name] = self.root._read(f"{self.relpath}/passthru/{name}").strip()
-            d["passthru"] = [{"device": {"path": pt.get("device_path", "")},
-                              "enable": int(pt.get("enable", "0") or 0),
-                              **{k: int(pt[k]) for k in ("clear_ids", "admin_timeout", "io_timeout")
-                                 if pt.get(k, "").lstrip("-").isdigit()}}]
+            # Kernels with CONFIG_NVME_TARGET_PASSTHRU (Debian's 6.12) have an empty passthru/ in every
+            # subsystem: only a configured one (a device or enabled) is part of the config.
+            if pt.get("device_path") or int(pt.get("enable", "0") or 0):
+                d["passthru"] = [{"device": {"path": pt.get("device_path", "")},
+                                  "enable": int(pt.get("enable", "0") or 0),
+                                  **{k: int(pt[k]) for k in ("clear_ids", "admin_timeout", "io_timeout")
+                                     if pt.get(k, "").lstrip("-").isdigit()}}]
         return d
 
 

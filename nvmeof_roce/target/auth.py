@@ -126,10 +126,13 @@ FAILURE1 = "failure1"  # a Receive: AUTH_Failure1 with `reason`
 DONE = "done"
 
 
+DEFAULT_EXPIRY = 120  # seconds a transaction may take without KATO (nvmet_execute_auth_send)
+
+
 class QueueAuth:
     """The DH-HMAC-CHAP state of one queue: pure protocol, fed the messages the commands carry."""
 
-    def __init__(self, settings: HostAuth, qid: int, cntlid: int, hostnqn: str, subnqn: str):
+    def __init__(self, settings: HostAuth, qid: int, cntlid: int, hostnqn: str, subnqn: str, now: float = 0.0):
         self.settings = settings
         self.qid = qid
         self.cntlid = cntlid
@@ -149,6 +152,17 @@ class QueueAuth:
         self._s2 = 0
         self._dh: Optional[A.DhKey] = None
         self._session_key = b""
+        self.last_step_at = now
+
+    def expire(self, now: float, kato_seconds: int) -> bool:
+        """A transaction idle for KATO (120 s without one) is abandoned, as nvmet_auth_expired_work does:
+        the queue waits for a new AUTH_Negotiate.  True if this one was."""
+        if self.step in (NEGOTIATE, DONE) or now - self.last_step_at <= (kato_seconds or DEFAULT_EXPIRY):
+            return False
+        log.warning("%s: DH-HMAC-CHAP transaction %d expired in the %s step", self._who(), self.tid, self.step)
+        self.failure = f"the host left the DH-HMAC-CHAP transaction in the {self.step} step until it expired"
+        self.step = NEGOTIATE
+        return True
 
     def _who(self) -> str:
         return f"controller {self.cntlid} queue {self.qid} (host {self.hostnqn})"
@@ -162,8 +176,10 @@ class QueueAuth:
                 A.FAILURE_NAMES.get(reason, hex(reason)))
 
     # ------------------------------------------------------------------ Authentication Send
-    def send(self, data: bytes) -> None:
+    def send(self, data: bytes, now: Optional[float] = None) -> None:
         """A message from the host (Authentication Send)."""
+        if now is not None:
+            self.last_step_at = now
         try:
             auth_type, auth_id, tid = A.message_kind(data)
         except A.AuthError as exc:
@@ -259,8 +275,10 @@ class QueueAuth:
         log.warning("%s: DH-HMAC-CHAP failed: %s", self._who(), self.failure)
 
     # ------------------------------------------------------------------ Authentication Receive
-    def receive(self) -> bytes:
+    def receive(self, now: Optional[float] = None) -> bytes:
         """The message for the host (Authentication Receive)."""
+        if now is not None:
+            self.last_step_at = now
         if self.step == CHALLENGE:
             return self._challenge()
         if self.step == SUCCESS1:
@@ -328,7 +346,7 @@ def auth_send(t, req) -> None:
 
 
 def _send_with_data(t, req, data) -> None:
-    req.queue.auth.send(bytes(data))
+    req.queue.auth.send(bytes(data), t.clock())
     t.complete(req, 0)
 
 
@@ -344,7 +362,7 @@ def auth_receive(t, req) -> None:
     al = req.cdw11
     if not _check_command(t, req, al):
         return
-    msg = qs.auth.receive()
+    msg = qs.auth.receive(t.clock())
     if len(msg) > al:
         if al < 8:  # not even room for an AUTH_Failure1
             return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW11)

@@ -300,6 +300,10 @@ class Target:
         for hook in self.tick_hooks:
             hook(now)
         for ctrl in self.controllers():
+            if ctrl.auth is not None:
+                for qs in ctrl.queues():
+                    if qs.auth is not None:
+                        qs.auth.expire(now, ctrl.kato_seconds)
             if ctrl.shutdown_at is not None and now - ctrl.shutdown_at >= SHUTDOWN_LINGER:
                 # After CC.SHN the Linux host reads CSTS once more and then disconnects the admin queue.
                 # The transport cannot always tell which connection a CM disconnect belongs to
@@ -766,7 +770,8 @@ def _install_queue(qs: QueueState, ctrl: Controller, sqsize: int, cattr: int) ->
     qs.sqhd = 0
     qs.sqflow_disabled = bool(cattr & F.CATTR_DISABLE_SQFLOW)
     if ctrl.auth is not None:
-        qs.auth = auth.QueueAuth(ctrl.auth, qs.qid, ctrl.cntlid, ctrl.hostnqn, ctrl.subsystem.nqn)
+        qs.auth = auth.QueueAuth(ctrl.auth, qs.qid, ctrl.cntlid, ctrl.hostnqn, ctrl.subsystem.nqn,
+                                 qs.target.clock())
 
 
 def _property_get(t: Target, req: Request) -> None:

@@ -200,3 +200,40 @@ def test_rdma_status_json(monkeypatch, capsys):
     assert code == 0 and json.loads(out) == st
     code, out, _ = run(capsys, "rdma", "status")
     assert "rxe0  Soft-RoCE" in out and "::ffff:10.99.0.1  RoCE v2" in out
+
+
+def test_host_connect_passes_dhchap_keys_to_nvme_cli(monkeypatch, tmp_path, capsys):
+    from nvmeof_roce.nvme.auth import generate_secret
+    key, ctrl_key = generate_secret(1), generate_secret(3)
+    ok = lambda name: ToolResult(["nvme"], 0, (FIX / name).read_text(), "")
+    calls = fake_cli(monkeypatch, {"connect": ok("connect.json"), "discover": ok("discover.json"),
+                                   "list-subsys": ok("list-subsys.json"), "connect-all": ToolResult(["nvme"], 0, "", "")},
+                     tmp_path)
+    code, out, _ = run(capsys, "host", "connect", "-a", "10.99.0.1", "-n", S1, "-S", key, "-C", ctrl_key, "--json")
+    assert code == 0
+    args = calls[-1]
+    assert args[args.index("--dhchap-secret") + 1] == key and args[args.index("--dhchap-ctrl-secret") + 1] == ctrl_key
+    code, out, _ = run(capsys, "host", "connect-all", "-a", "10.99.0.1", "--dhchap-secret", key, "--json")
+    assert calls[-2][0] == "connect-all" and key in calls[-2] and "--dhchap-ctrl-secret" not in calls[-2]
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["-S", "DHHC-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8AAAAA:"], "--dhchap-secret: the key's CRC-32"),
+    (["-S", "secret"], "--dhchap-secret: not a DH-HMAC-CHAP secret"),
+    (["-C", "DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:"], "--dhchap-ctrl-secret without --dhchap-secret"),
+])
+def test_host_connect_bad_keys_never_reach_nvme_cli(monkeypatch, tmp_path, capsys, argv, words):
+    calls = fake_cli(monkeypatch, {}, tmp_path)
+    code, _, err = run(capsys, "host", "connect", "-a", "10.99.0.1", "-n", S1, *argv)
+    assert code == 1 and words in err and calls == []
+
+
+def test_gen_dhchap_key_matches_nvme_cli(capsys):
+    # `nvme gen-dhchap-key -s 00010203...1f -m 1 -l 32 -n NQN` (nvme-cli 2.3) prints this
+    code, out, _ = run(capsys, "gen-dhchap-key", "-m", "1", "-l", "32", "-s", bytes(range(32)).hex(), "-n",
+                       "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555")
+    assert code == 0 and out.strip() == "DHHC-1:01:bOHk6jHoMxpP5YJr/eF6XNOGuPAzh0iRniebpsVb9ydqVuR5:"
+    code, _, err = run(capsys, "gen-dhchap-key", "-m", "3", "-l", "32", "-n", "nqn.x")
+    assert code == 1 and "does not match the hmac(sha512) transformation" in err
+    code, _, err = run(capsys, "gen-dhchap-key", "-s", "zz")
+    assert code == 1 and "not hexadecimal" in err

@@ -294,3 +294,17 @@ def test_missing_nvme_tool(etc, monkeypatch):
     with pytest.raises(Exception) as ei:
         cli.list_subsystems()
     assert "nvme: command not found" in str(ei.value) and "nvme-cli" in str(ei.value)
+
+
+# The 6.12 host's messages (nvmf_connect_admin_queue, nvme_auth_negotiate) for a refused authentication
+@pytest.mark.parametrize("klog,words", [
+    ("[  41.1] nvme nvme0: qid 0: authentication failed, error -13\n", "DH-HMAC-CHAP authentication with"),
+    ("[  41.1] nvme nvme0: qid 0: no key\n[  41.1] nvme nvme0: qid 0: authentication setup failed\n",
+     "requires DH-HMAC-CHAP authentication and no key was given"),
+    ("[  12.3] nvme_fabrics: unknown parameter or missing value 'dhchap_secret=DHHC-1:01:x:' in ctrl creation "
+     "request\n", "no NVMe in-band authentication"),
+])
+def test_authentication_failures_are_named(klog, words):
+    e = explain_failure("nvme connect", fail(FAB_EIO), "10.99.0.1", "4420", CAP1, kernel_log=klog)
+    assert words in e.message, e.message
+    assert e.fix

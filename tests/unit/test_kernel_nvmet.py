@@ -410,3 +410,15 @@ def test_inline_data_size_default_is_not_a_difference(env):
     assert env["root"].port(2).get_attr("param", "inline_data_size") == "4096"
     env["fs"].ops.clear()
     assert apply_dict(env["root"], data) == [] and env["fs"].ops == []
+
+
+def test_an_empty_passthru_entry_is_not_a_passthru_subsystem(env):
+    """Kernels with CONFIG_NVME_TARGET_PASSTHRU (Debian's 6.12) show passthru/ in every subsystem; a save
+    from there carries a disabled, device-less passthru entry, which applies like none."""
+    cfg = two_subsystems(env["dev"])
+    cfg["subsystems"][0]["passthru"] = [{"device": {"path": ""}, "enable": 0}]
+    applymod.apply(env["root"], parse_config(cfg, "saved-612.json"))
+    assert S1 in [s.nqn for s in env["root"].subsystems]
+    cfg["subsystems"][0]["passthru"] = [{"device": {"path": "/dev/nvme0"}, "enable": 1}]
+    with pytest.raises(NvmetError, match="passthru subsystems are not supported"):
+        applymod.apply(env["root"], parse_config(cfg, "passthru.json"))

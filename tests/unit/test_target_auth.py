@@ -363,3 +363,22 @@ def test_nvmet_save_shape_with_empty_keys_is_no_authentication():
     assert ctrl.authenticated_queues == []
     ctrl.close()
     env.close()
+
+
+def test_an_abandoned_transaction_expires(raw, caplog):
+    env, q = raw()
+    chap = HostAuthenticator(A.parse_secret(KEY), None, HOST_A, SUB, 0, tid=3)
+    send(q, chap.negotiate())
+    challenge = receive(q)
+    env.clock.advance(119)
+    env.target.tick(env.clock())
+    assert send(q, chap.reply(challenge)).status == 0  # still within 120 s (no KATO on this raw connect)
+    with caplog.at_level(logging.WARNING):
+        env.clock.advance(121)
+        env.target.tick(env.clock())
+    assert "transaction 3 expired in the success1 step" in caplog.text
+    assert failure_reason(q) == A.FAILURE_INCORRECT_MESSAGE  # the Success1 is gone with it
+    chap = HostAuthenticator(A.parse_secret(KEY), None, HOST_A, SUB, 0, tid=4)  # a new one works
+    send(q, chap.negotiate())
+    send(q, chap.reply(receive(q)))
+    assert chap.success1(receive(q)) is None
