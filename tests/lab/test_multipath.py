@@ -109,6 +109,8 @@ def test_connect_all_gives_one_head_with_two_live_paths_and_verify_runs_on_both(
     run = fio(dev, "--rw=randwrite", "--bs=4k", "--size=16M", "--iodepth=16", "--verify=crc32c", "--do_verify=1")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr
     after = {svc: read_commands(name) for svc, (name, _) in ctrls.items()}
+    print("reads, writes per path:", {svc: (after[svc][0] - before[svc][0], after[svc][1] - before[svc][1])
+                                      for svc in PORTS})
     for svc in PORTS:  # both workers served reads and writes
         assert after[svc][0] > before[svc][0] and after[svc][1] > before[svc][1], (before, after)
     # nvme-cli and our initiator read the ANA log: group 1 optimized on both paths
@@ -140,6 +142,7 @@ def test_kill_9_of_a_worker_during_verify_then_its_path_comes_back(multipath_tar
     out, err = job.communicate(timeout=600)
     assert job.returncode == 0, out[-3000:] + err
     assert "err= 0" in out
+    print([line for line in out.splitlines() if "err=" in line or "verify" in line.lower()])
     # the supervisor restarted worker 1 and the host reconnected its path
     assert _worker_pid(target, 1) != victim
     wait_paths_live(timeout=90)
@@ -152,7 +155,7 @@ def test_ana_inaccessible_moves_io_to_the_other_path_and_back(multipath_target):
     one, two = ctrls["4420"][0], ctrls["4421"][0]
     job = subprocess.Popen(["fio", "--name=mp", f"--filename={dev}", "--ioengine=libaio", "--direct=1",
                             "--rw=randread", "--bs=4k", "--size=16M", "--iodepth=8", "--time_based",
-                            "--runtime=40"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            "--runtime=100"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         time.sleep(2)
         print(cli("target", "ana-state", "--run-dir", run_dir, "--port", "2", "--group", "1", "inaccessible"))
@@ -161,6 +164,7 @@ def test_ana_inaccessible_moves_io_to_the_other_path_and_back(multipath_target):
         r1, r2 = read_commands(one)[0], read_commands(two)[0]
         time.sleep(4)
         s1, s2 = read_commands(one)[0], read_commands(two)[0]
+        print(f"inaccessible: reads in 4 s through 4420 {s1 - r1}, through 4421 {s2 - r2}")
         assert s2 == r2, f"path 4421 is inaccessible but served {s2 - r2} reads"
         assert s1 > r1
         ours = json.loads(cli("initiator", "ana-log", "-a", LAB_IP, "-s", "4421", "-n", NQN, "--json"))
@@ -173,6 +177,8 @@ def test_ana_inaccessible_moves_io_to_the_other_path_and_back(multipath_target):
         r1, r2 = read_commands(one)[0], read_commands(two)[0]
         time.sleep(4)
         s1, s2 = read_commands(one)[0], read_commands(two)[0]
+        print(f"optimized again: reads in 4 s through 4420 {s1 - r1}, through 4421 {s2 - r2}")
+        assert job.poll() is None, "fio ended before the measurement: make its runtime longer"
         assert s1 > r1 and s2 > r2, "both paths serve again after optimized"
     finally:
         out, err = job.communicate(timeout=120)
