@@ -301,16 +301,22 @@ def host_flap():
     RESULT["port_state_down"] = open("/sys/class/infiniband/rxe0/ports/1/state").read().strip()
     time.sleep(8)
     sh("ip", "link", "set", "eth0", "up")
+    deadline = time.monotonic() + 240  # fio runs 45 s; a queue that never comes back must not hold the lab
     for name, fio in runs.items():
-        out, err = fio.communicate(timeout=900)
+        try:
+            out, err = fio.communicate(timeout=max(1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            fio.kill()
+            out, err = fio.communicate()
+            err = "fio still waiting for I/O 4 minutes after the link came back; killed\n" + err
         job = json.loads(out[out.index("{"):])["jobs"][0] if "{" in out else {}
         RESULT[f"fio_{name}"] = {"error": job.get("error"), "returncode": fio.returncode, "stderr": err[-1500:],
                                  "read_ios": job.get("read", {}).get("total_ios"),
                                  "write_ios": job.get("write", {}).get("total_ios")}
     RESULT["kernel_log"] = [line for line in sh("dmesg").stdout.splitlines() if "nvme" in line][-40:]
-    for nqn in (NQN_KERNEL, NQN_USER):
-        sh("nvme", "disconnect", "-n", nqn, check=False)
     save()
+    for nqn in (NQN_KERNEL, NQN_USER):
+        sh("nvme", "disconnect", "-n", nqn, check=False, timeout=60)
 
 
 def host_mtu():

@@ -180,6 +180,9 @@ def test_mtu_mismatch_is_named_on_the_node_that_has_it(tmp_path):
     assert target["address.path_mtu"]["status"] == "ok", target["address.path_mtu"]
 
 
+@pytest.mark.xfail(strict=True, reason="after an 8 s link outage the kernel host never gets the userspace target's "
+                   "admin queue back: the target accepts each CM request, its REP is never answered "
+                   "(RDMA_CM_EVENT_UNREACHABLE) and no capsule arrives (docs/two-node.md, link down and up)")
 def test_link_down_and_up_mid_run_recovers_without_data_errors(tmp_path):
     share = tmp_path / "two-node-flap"
     proc, r = two_nodes(share, "flap")
