@@ -115,7 +115,8 @@ def _passthru_configured(entries) -> bool:
     """A passthru entry with a device or enabled (an empty, disabled one is what a kernel with
     CONFIG_NVME_TARGET_PASSTHRU shows for every subsystem: nothing to apply)."""
     for e in entries if isinstance(entries, list) else [entries] if entries else []:
-        if not isinstance(e, dict) or (e.get("device") or {}).get("path") or str(e.get("enable", "0")) not in ("0", ""):
+        path = (e.get("device") or {}).get("path") if isinstance(e, dict) else None
+        if not isinstance(e, dict) or path not in (None, "", "(null)") or str(e.get("enable", "0")) not in ("0", ""):
             return True
     return False
 

@@ -515,6 +515,8 @@ class Subsystem(CFSNode):
                     pt[name] = self.root._read(f"{self.relpath}/passthru/{name}").strip()
             # Kernels with CONFIG_NVME_TARGET_PASSTHRU (Debian's 6.12) have an empty passthru/ in every
             # subsystem: only a configured one (a device or enabled) is part of the config.
+            if pt.get("device_path") == "(null)":  # what an unset passthru device reads as
+                pt["device_path"] = ""
             if pt.get("device_path") or int(pt.get("enable", "0") or 0):
                 d["passthru"] = [{"device": {"path": pt.get("device_path", "")},
                                   "enable": int(pt.get("enable", "0") or 0),
