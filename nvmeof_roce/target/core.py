@@ -543,9 +543,7 @@ class Target:
             log.error("namespace %s: %s failed: %s", ns.nsid if ns is not None else "?", what, exc)
             return self.complete(req, S.WRITE_FAULT)
         if exc is not None:  # a bug, not the device: counted and answered like one on the loop
-            self.internal_errors += 1
-            log.error("internal error in %s on queue %d cid %#x", what, req.queue.qid, req.cid, exc_info=exc)
-            return self.complete(req, S.INTERNAL | S.DNR)
+            return self._internal_error(req, exc)
         self.complete(req, 0)
 
     def shutdown_flush(self, ctrl: Controller) -> None:
@@ -610,9 +608,12 @@ class Target:
         if status and qs.ctrl is None and req.opc == FABRICS_OPCODE and req.fctype == F.FCTYPE_CONNECT:
             self._connect_failed(qs)
 
-    def _internal_error(self, req: Request) -> None:
+    def _internal_error(self, req: Request, exc: Optional[BaseException] = None) -> None:
+        """A bug, not the host or the device: counted, logged with its traceback (`exc`, or the exception being
+        handled), and answered Internal Error | DNR."""
         self.internal_errors += 1
-        log.exception("internal error handling queue %d cid %#x opc %#04x", req.queue.qid, req.cid, req.opc)
+        log.error("internal error handling queue %d cid %#x opc %#04x", req.queue.qid, req.cid, req.opc,
+                  exc_info=exc if exc is not None else True)
         if req.state != FREE and not req.queue.closed:
             if req.state == HELD:
                 ctrl = req.queue.ctrl

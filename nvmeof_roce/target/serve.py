@@ -183,15 +183,13 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
     return 0
 
 
-def limits_from_args(args) -> ResourceLimits:
-    return ResourceLimits(data_buffers=args.data_buffers, queue_min_buffers=args.queue_min_buffers,
-                          max_queues_per_ctrl=args.max_queues_per_ctrl, max_queues_per_host=args.max_queues_per_host,
-                          max_controllers=args.max_controllers, connect_timeout=args.connect_timeout)
-
-
-# The resource options of `serve`, forwarded as they are to each worker of `serve --workers`
+# The resource options of `serve` (ResourceLimits' fields), forwarded as they are to each worker of `serve --workers`
 LIMIT_OPTIONS = ("data_buffers", "queue_min_buffers", "max_queues_per_ctrl", "max_queues_per_host",
                  "max_controllers", "connect_timeout")
+
+
+def limits_from_args(args) -> ResourceLimits:
+    return ResourceLimits(**{name: getattr(args, name) for name in LIMIT_OPTIONS})
 
 
 def _cmd_serve(args) -> int:
