@@ -27,6 +27,7 @@ namespace UUID, ...) filled in; for a file nvmetcli saved it equals the file.
 import copy
 import ipaddress
 import json
+import os
 import re
 import uuid as uuidlib
 import hashlib
@@ -930,7 +931,6 @@ _US_TSAS = ("", "none", "not required")
 
 def _physical_memory() -> Optional[int]:
     try:
-        import os
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return None
@@ -1022,7 +1022,7 @@ def validate_for_userspace(cfg: TargetConfig, memory: Optional[int] = None) -> L
             if not n.enabled:
                 continue
             if n.backend == "file" and n.path:
-                real = _realpath(n.path)
+                real = os.path.realpath(n.path)
                 if real in paths:
                     errors.append(ConfigError(cfg.source, f"{nw}.device.path",
                                               f"{n.path} is already the backing of {paths[real]}",
@@ -1039,11 +1039,6 @@ def validate_for_userspace(cfg: TargetConfig, memory: Optional[int] = None) -> L
                         f"{memory} bytes of memory this machine has",
                         "make the RAM namespaces smaller, or use a file namespace"))
     return errors
-
-
-def _realpath(path: str) -> str:
-    import os
-    return os.path.realpath(path)
 
 
 def load_userspace_config(path) -> TargetConfig:
