@@ -72,7 +72,9 @@ CM_TIMEOUT_MS = 3000
 SEND_WR_BASE = 1 << 32  # wr_ids below this are receive slots
 RESPONSE_WR_BASE = SEND_WR_BASE  # target: + response slot
 READ_WR_BASE = 1 << 40  # target: RDMA READs count up from here
-ACK_TIMEOUT = 14  # QP local ACK timeout exponent: 4.096 us << 14 = 67 ms
+# QP local ACK timeout exponent, at most (4.096 us << 19 = 2.1 s): what rdma_cm computes for RoCE here and what
+# the Linux host asks for in its REQ, so the target retransmits no sooner than nvmet_rdma or the host do.
+ACK_TIMEOUT = 19
 
 
 # Bookworm's pyverbs 44 never frees an SGE or SendWR: their destructor is misnamed `__dealloc` (fixed upstream
@@ -552,8 +554,9 @@ class RdmaTargetQueue(TargetQueue):
         attr.max_rd_atomic = self.max_reads
         log.debug("queue %d RTS: local ack timeout %d, retry %d, rnr retry %d", request.qid, attr.timeout,
                   attr.retry_cnt, attr.rnr_retry)
-        # A bounded ACK timeout (4.096 us << 14 = 67 ms, times retry_cnt): a vanished host fails our
-        # next work request within about a second instead of never (rxe's CM leaves it at 0 = infinite).
+        # rdma_cm's ACK timeout, as nvmet_rdma keeps it, bounded: 0 (infinite) would leave a work request to a
+        # vanished host pending for ever.  A shorter one (14, 67 ms) retransmitted WRITEs the host had already
+        # acknowledged whenever an emulated CPU delayed the ACK (docs/two-node.md, lossy link).
         if attr.timeout == 0 or attr.timeout > ACK_TIMEOUT:
             attr.timeout = ACK_TIMEOUT
         self.qp.modify(attr, mask)
