@@ -12,6 +12,8 @@ Scenarios:
          both NICs under capture, doctor sampling the RoCE counters again and again meanwhile.
   mtu    the host node's eth0 at MTU 9000, the target's at 1500: doctor on each node.
   flap   the host node's link down for 8 s in the middle of fio crc32c verify runs through both targets.
+  cmflap the same outage without NVMe: perftest over rdma_cm after a flap with nothing open across it, and after
+         a flap with a connection open across it (the minimal reproduction of the flap finding).
 """
 import glob
 import json
@@ -317,6 +319,84 @@ def host_flap():
     save()
     for nqn in (NQN_KERNEL, NQN_USER):
         sh("nvme", "disconnect", "-n", nqn, check=False, timeout=60)
+
+
+def diag_state(tag):
+    """What the RDMA stack holds: neighbours, CM ids, QPs (QP 1 is the GSI QP that carries the CM's MADs), GIDs,
+    rxe counters, and (after) the tasks blocked in the kernel, dumped by sysrq w."""
+    out = {}
+    for name, cmd in (("neigh", ["ip", "neigh"]), ("cm_id", ["rdma", "res", "show", "cm_id"]),
+                      ("qp", ["rdma", "res", "show", "qp"])):
+        p = sh(*cmd, check=False)
+        out[name] = (p.stdout + p.stderr).splitlines()
+    gids = []
+    for g in sorted(glob.glob("/sys/class/infiniband/rxe0/ports/1/gids/*"), key=lambda x: int(x.rsplit("/", 1)[1])):
+        v = open(g).read().strip()
+        if v != "0000:0000:0000:0000:0000:0000:0000:0000":
+            gids.append(f"{g.rsplit('/', 1)[1]} {v}")
+    out["gids"] = gids
+    out["hw_counters"] = hw_counters()
+    if tag == "after":
+        with open("/proc/sysrq-trigger", "w") as f:
+            f.write("w")
+        time.sleep(1)
+        log = sh("dmesg").stdout.splitlines()
+        out["blocked"] = log[max(i for i, line in enumerate(log) if "Show Blocked State" in line):]
+        out["rdma_log"] = [line for line in log if "infiniband" in line or "rxe" in line or "ib_mad" in line]
+    RESULT[f"diag_{tag}"] = out
+    save()
+
+
+def target_cmflap():
+    """perftest servers over rdma_cm, one after another, until the host is done (no NVMe at all)."""
+    rendezvous.signal("targets-ready")
+    runs = []
+    sync = os.environ.get("LAB_SYNC", f"{SHARE}/.lab-sync")
+    while not os.path.exists(f"{sync}/host.done"):
+        p = subprocess.run(["timeout", "40", "ib_write_bw", "-d", "rxe0", "-R", "-F", "-s", "4096", "-D", "2"],
+                           capture_output=True, text=True)
+        runs.append({"rc": p.returncode, "tail": (p.stdout + p.stderr).strip().splitlines()[-3:]})
+    RESULT["servers"] = runs
+    diag_state("after")
+    save()
+
+
+def host_cmflap():
+    """The host node's link down for 8 s twice: first with nothing open, then with a perftest connection open
+    across it; after each, a new perftest connection over rdma_cm (40 s to make it)."""
+    rendezvous.wait("targets-ready", 300)
+
+    def client(tag, duration=2, wait=True):
+        args = ["timeout", "40", "ib_write_bw", "-d", "rxe0", "-R", "-F", "-s", "4096", "-D", str(duration), TARGET_IP]
+        if not wait:
+            return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        time.sleep(3)  # the server restarts between runs
+        started = time.monotonic()
+        p = subprocess.run(args, capture_output=True, text=True)
+        RESULT.setdefault("clients", {})[tag] = {"rc": p.returncode, "s": round(time.monotonic() - started, 1),
+                                                 "tail": (p.stdout + p.stderr).strip().splitlines()[-3:]}
+        save()
+
+    client("before")
+    diag_state("before")
+    # 1: flap with no connection open
+    sh("ip", "link", "set", "eth0", "down")
+    time.sleep(8)
+    sh("ip", "link", "set", "eth0", "up")
+    time.sleep(2)
+    client("after a flap with nothing open")
+    # 2: flap with a connection open across it
+    time.sleep(3)
+    longrun = client("long", duration=20, wait=False)
+    time.sleep(6)
+    sh("ip", "link", "set", "eth0", "down")
+    time.sleep(8)
+    sh("ip", "link", "set", "eth0", "up")
+    out = longrun.communicate(timeout=60)[0]
+    RESULT["long"] = {"rc": longrun.returncode, "tail": out.strip().splitlines()[-3:]}
+    time.sleep(2)
+    client("after a flap with a connection open")
+    diag_state("after")
 
 
 def host_mtu():
