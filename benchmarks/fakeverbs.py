@@ -491,8 +491,8 @@ class QP:
     def wr_send_inv(self, invalidate_rkey):
         self._new(PV.e.IBV_WR_SEND_WITH_INV, imm=invalidate_rkey)
 
-    def wr_set_sge(self, lkey, addr, length):
-        self._batch[-1].sges = [(addr, length, lkey)]
+    def wr_set_sge(self, sge):  # pyverbs 44: an SGE object, read at the call (the provider copies it)
+        self._batch[-1].sges = [(sge.addr, sge.length, sge.lkey)]
 
     def wr_set_sge_list(self, sg_list):
         self._batch[-1].sges = [(s.addr, s.length, s.lkey) for s in sg_list]

@@ -63,8 +63,9 @@ class TargetQueue(abc.ABC):
         return self.request.qid
 
     @abc.abstractmethod
-    def read_host(self, addr: int, key: int, length: int, done: ReadDone) -> None:
-        """RDMA READ `length` bytes of host memory; `done(data, None)` or `done(None, error)` later."""
+    def read_host(self, addr: int, key: int, length: int, done: ReadDone, tx=None) -> None:
+        """RDMA READ `length` bytes of host memory; `done(data, None)` or `done(None, error)` later.
+        `tx`: the transport's request handed over with the capsule (capsule_received), if any."""
 
     @abc.abstractmethod
     def write_host(self, addr: int, key: int, data) -> None:
@@ -73,6 +74,20 @@ class TargetQueue(abc.ABC):
     @abc.abstractmethod
     def respond(self, cqe: bytes, invalidate_key: Optional[int] = None) -> None:
         """SEND a 16-byte completion (with remote invalidation of `invalidate_key` if given)."""
+
+    def complete(self, cqe: bytes, data=None, addr: int = 0, key: int = 0, invalidate_key: Optional[int] = None,
+                 tx=None) -> None:
+        """The end of a command in one call: RDMA WRITE `data` (if any; only borrowed for this call) to
+        (addr, key), then SEND the CQE, with remote invalidation of `invalidate_key` if given.  `tx` is the
+        transport's request of the capsule.  Raises TransportError, before sending anything, when the data
+        cannot be sent (too long): the caller then answers without it."""
+        if data is not None and len(data):
+            self.write_host(addr, key, data)
+        self.respond(cqe, invalidate_key)
+
+    def responses_in_flight(self) -> int:
+        """Commands the core completed whose data or response has not yet left (a graceful stop waits)."""
+        return 0
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -97,8 +112,9 @@ class QueueHandler(Protocol):
     def queue_opened(self, queue: TargetQueue) -> None:
         """The queue's connection is accepted; capsules may follow."""
 
-    def capsule_received(self, queue: TargetQueue, capsule: memoryview) -> None:
-        """A command capsule: the 64-byte SQE, then any in-capsule data.  Valid only during the call."""
+    def capsule_received(self, queue: TargetQueue, capsule: memoryview, tx=None) -> None:
+        """A command capsule: the 64-byte SQE, then any in-capsule data.  Valid only during the call.
+        `tx`: the transport's own request for it, handed back with read_host and complete."""
 
     def queue_closed(self, queue: TargetQueue) -> None:
         """The connection is gone (disconnect, transport error, or close())."""

@@ -188,7 +188,7 @@ class LoopbackTargetQueue(TargetQueue):
     def receive_size(self) -> int:
         return SQE_SIZE + self.in_capsule_size
 
-    def read_host(self, addr: int, key: int, length: int, done) -> None:
+    def read_host(self, addr: int, key: int, length: int, done, tx=None) -> None:
         conn = self._conn
         if conn.state == "closed":
             return  # flushed: a dead QP completes nothing useful

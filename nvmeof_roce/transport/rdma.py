@@ -43,6 +43,7 @@ from typing import Callable, Deque, Dict, List, Optional
 from ..errors import NvmeofError
 from ..nvme import cm as cmdata
 from .resources import BufferPool, PoolShare, ResourceLimits
+from .rdma_requests import RequestBook, TxRequest
 from .base import (ConnectRejected, ConnectRequest, Connector, HostBuffer, HostQueue, QueueHandler,
                    ReadDone, RemoteAccessError, TargetQueue, TransportError)
 
@@ -60,7 +61,7 @@ try:  # pyverbs is Debian's python3-pyverbs; import lazily so the rest of the pa
     from pyverbs.mr import MR
     from pyverbs.pd import PD
     from pyverbs.pyverbs_error import PyverbsRDMAError
-    from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+    from pyverbs.qp import QP, QPAttr, QPCap, QPEx, QPInitAttr, QPInitAttrEx
     from pyverbs.wr import SGE, RecvWR, SendWR
     PYVERBS_ERROR = None
 except ImportError as exc:  # pragma: no cover - depends on the machine
@@ -70,46 +71,13 @@ ADMIN_CAPSULE = 64
 RESPONSE_SIZE = 16
 CM_TIMEOUT_MS = 3000
 SEND_WR_BASE = 1 << 32  # wr_ids below this are receive slots
-RESPONSE_WR_BASE = SEND_WR_BASE  # target: + response slot
-READ_WR_BASE = 1 << 40  # target: RDMA READs count up from here
+WRITE_WR_ID = SEND_WR_BASE + (1 << 31)  # target: the unsignaled data WRITEs (SEND_WR_BASE + n: request n)
 ACK_TIMEOUT = 14  # QP local ACK timeout exponent: 4.096 us << 14 = 67 ms
 
 
-# Bookworm's pyverbs 44 never frees an SGE or SendWR: their destructor is misnamed `__dealloc` (fixed upstream
-# later), so objects made per command leak.  There the data WRITE and READ work requests are made once per queue
-# and reused, each pointing at its own SGE's buffer so that updating the SGE changes what is posted; a work request
-# may be reused as soon as post_send returns (the provider has copied it).  On a fixed pyverbs that sharing would
-# free the buffer twice, so per-command objects (which no longer leak there) are used instead.
+# Bookworm's pyverbs 44 never frees an SGE, SendWR or RecvWR: their destructor is misnamed `__dealloc` (fixed
+# upstream later), so such objects made per command leak.  The target's hot path makes none (RdmaTargetQueue).
 WR_LEAKS = PYVERBS_ERROR is None and any(name.endswith("__dealloc") for name in dir(SendWR))
-
-
-class _DataWR:
-    """One reusable RDMA READ or WRITE work request with its SGE (only where WR_LEAKS)."""
-
-    __slots__ = ("wr", "sge")
-
-    def __init__(self, opcode: int, send_flags: int):
-        self.sge = SGE(0, 0, 0)
-        self.wr = SendWR(wr_id=0, opcode=opcode, num_sge=1, sg=[self.sge], send_flags=send_flags)
-        self.wr.sg_list = self.sge  # the WR now reads the SGE's buffer (its own one-entry copy is left unused)
-
-    def set(self, wr_id: int, addr: int, length: int, lkey: int, rkey: int, remote_addr: int):
-        sge = self.sge
-        sge.addr = addr
-        sge.length = length
-        sge.lkey = lkey
-        wr = self.wr
-        wr.wr_id = wr_id
-        wr.set_wr_rdma(rkey, remote_addr)
-        return wr
-
-
-def _data_wr(opcode: int, send_flags: int, wr_id: int, addr: int, length: int, lkey: int, rkey: int,
-             remote_addr: int):
-    """A new work request per command (pyverbs without the leak)."""
-    wr = SendWR(wr_id=wr_id, opcode=opcode, num_sge=1, sg=[SGE(addr, length, lkey)], send_flags=send_flags)
-    wr.set_wr_rdma(rkey, remote_addr)
-    return wr
 
 
 def require_pyverbs() -> None:
@@ -500,7 +468,17 @@ class _AcceptRefused(Exception):
 
 
 class RdmaTargetQueue(TargetQueue):
-    """One accepted NVMe queue: an RC QP with its CQ, receive slots, response slots and data chunks."""
+    """One accepted NVMe queue: an RC QP with its CQ, receive slots and a `RequestBook` (transport/rdma_requests.py).
+
+    The hot path makes no pyverbs object per command: work requests are built in the QP with the extended API
+    (QPEx: wr_start, wr_rdma_read / wr_rdma_write + wr_set_sge on one reused SGE, wr_send / wr_send_inv +
+    wr_set_inline_data, wr_complete), so bookworm's leaking SGE and SendWR destructors are never reached per
+    command.  The response is inline (no response slot to keep); in one completion poll every receive is
+    re-posted first and the responses then go out in one wr_start..wr_complete (one doorbell), data WRITEs
+    unsignaled and chained before their SEND, SENDs signaled selectively (rdma_requests.py).
+    Completions are polled with CQ.poll: pyverbs 44's extended CQ cannot be armed on a completion channel
+    (no req_notify), and a target must sleep until work arrives.
+    """
 
     def __init__(self, listener: RdmaListener, cm_id, request: ConnectRequest):
         self.listener = listener
@@ -521,22 +499,30 @@ class RdmaTargetQueue(TargetQueue):
         self.recv_wrs = [RecvWR(wr_id=i, num_sge=1, sg=[SGE(self.recv_mem.addr + i * self.recv_size,
                                                               self.recv_size, self.recv_mem.lkey)])
                          for i in range(self.recv_count)]
-        # Response slots: a 16-byte CQE each, busy until its SEND completes.
-        self.resp_count = self.depth + 4
-        self.resp_mem = RegisteredMemory(pd, self.resp_count * RESPONSE_SIZE, local)
-        self.free_resp: List[int] = list(range(self.resp_count))
-        # One SEND per response slot, built once: pyverbs objects are costly to create per command.
-        self.resp_wrs = [SendWR(wr_id=RESPONSE_WR_BASE + i, opcode=e.IBV_WR_SEND, num_sge=1,
-                                sg=[SGE(self.resp_mem.addr + i * RESPONSE_SIZE, RESPONSE_SIZE, self.resp_mem.lkey)],
-                                send_flags=e.IBV_SEND_SIGNALED)
-                         for i in range(self.resp_count)]
+        self.to_repost: List[int] = []
+        # The response is inline: the provider copies these 16 bytes at wr_set_inline_data.
+        self.cqe_buf = ctypes.create_string_buffer(RESPONSE_SIZE)
+        self.cqe_addr = ctypes.addressof(self.cqe_buf)
+        self.sge = SGE(0, 0, 0)  # the one scatter entry every data work request is built from
 
         self.comp_channel, self.cq_fd = _create_with_fd(lambda: CompChannel(ctx), "infinibandevent")
-        self.max_send_wr = 3 * self.depth + 8
+        # Send queue: per command a READ, or a WRITE and a SEND; READs are bounded by the host's resources.
+        self.max_send_wr = 2 * self.depth + 8
         self.cq = CQ(ctx, self.recv_count + self.max_send_wr, None, self.comp_channel, 0)
         self.cq.req_notify()
-        cap = QPCap(max_send_wr=self.max_send_wr, max_recv_wr=self.recv_count, max_send_sge=1, max_recv_sge=1)
-        self.qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, sq_sig_all=0, cap=cap))
+        cap = QPCap(max_send_wr=self.max_send_wr, max_recv_wr=self.recv_count, max_send_sge=1, max_recv_sge=1,
+                    max_inline_data=RESPONSE_SIZE)
+        ops = (e.IBV_QP_EX_WITH_RDMA_WRITE | e.IBV_QP_EX_WITH_RDMA_READ | e.IBV_QP_EX_WITH_SEND
+               | e.IBV_QP_EX_WITH_SEND_WITH_INV)
+        init = QPInitAttrEx(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, sq_sig_all=0, cap=cap, pd=pd,
+                            send_ops_flags=ops,
+                            comp_mask=e.IBV_QP_INIT_ATTR_PD | e.IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)
+        try:
+            self.qp = QPEx(ctx, init)
+        except PyverbsRDMAError as exc:
+            self._release_rings()
+            raise _AcceptRefused(cmdata.STS_NO_RESOURCES,
+                                 f"the device cannot make an extended RC QP with {RESPONSE_SIZE} B inline: {exc}")
 
         attr, mask = cm_id.init_qp_attr(e.IBV_QPS_INIT)
         self.qp.modify(attr, mask)
@@ -548,6 +534,7 @@ class RdmaTargetQueue(TargetQueue):
         # max_rd_atomic arrives as the host's responder resources: how many RDMA READs we may have in flight.
         self.max_reads = min(attr.max_rd_atomic, listener.device.max_qp_init_rd_atom)
         if self.max_reads < 1:
+            self._release_rings()
             raise _AcceptRefused(cmdata.STS_INVALID_IRD, "host offers no RDMA READ resources (responder_resources 0)")
         attr.max_rd_atomic = self.max_reads
         log.debug("queue %d RTS: local ack timeout %d, retry %d, rnr retry %d", request.qid, attr.timeout,
@@ -558,26 +545,27 @@ class RdmaTargetQueue(TargetQueue):
             attr.timeout = ACK_TIMEOUT
         self.qp.modify(attr, mask)
 
-        self.next_wr_id = READ_WR_BASE
-        # Reused data work requests (WR_LEAKS): one READ (posted one at a time), WRITEs as many as one response chains.
-        self.read_wr = _DataWR(e.IBV_WR_RDMA_READ, e.IBV_SEND_SIGNALED) if WR_LEAKS else None
-        self.write_wrs: List[_DataWR] = []
-        self.send_context: Dict[int, tuple] = {}
-        self.reads_in_flight = 0
-        self.waiting_reads: Deque[tuple] = collections.deque()
-        self.pending_writes: List[list] = []  # [addr, key, chunk or unstaged bytes, length] before the next response
-        self.deferred: Deque[tuple] = collections.deque()  # responses waiting for chunks or a response slot
-
         param = ConnParam(resources=0, depth=self.max_reads, flow_control=1, retry=7, rnr_retry=7,
                           qp_num=self.qp.qp_num, data_len=cmdata.ACCEPT_SIZE)
         param.set_private_data(cmdata.CmAccept(0, self.depth).pack())
         cm_id.accept(param)
-        # Data buffers: taken from the port's pool per transfer; `held` are this queue's right now.
+        # Data buffers: taken from the port's pool per transfer (the book takes and gives them).
         self.share: PoolShare = listener.pool.accounts.share(wake=self._resume)
-        self.held: set = set()
+        self.book = RequestBook(self, self.share, self.max_send_wr, self.max_reads, prealloc=self.recv_count)
+        self._posting = False  # between wr_start and wr_complete
+        self._pending_write = None  # write_host's data until the respond() that follows it
         listener.loop.watch(self.cq_fd, self._on_cq_event)
         log.info("queue %d accepted on %s:%d: depth %d, in-capsule %d B, %d RDMA READs in flight",
                  request.qid, listener.traddr, listener.trsvcid, self.depth, self.in_capsule_size, self.max_reads)
+
+    def _release_rings(self) -> None:
+        for resource in (getattr(self, "qp", None), self.cq, self.comp_channel):
+            if resource is not None:
+                try:
+                    resource.close()
+                except Exception:
+                    pass
+        self.recv_mem.close()
 
     # -- completions --
 
@@ -594,8 +582,21 @@ class RdmaTargetQueue(TargetQueue):
 
     def poll_completions(self):
         """Handle up to CQ_BUDGET completions; if the budget ran out, return this method for the event
-        loop to call again next pass, so one busy queue cannot hold the loop (EventLoop.run_once)."""
+        loop to call again next pass, so one busy queue cannot hold the loop (EventLoop.run_once).
+        Receives are re-posted and responses posted once, at the end (RequestBook batching)."""
+        book = self.book
+        book.begin_batch()
+        try:
+            return self._poll()
+        finally:
+            self._repost()
+            if not self.closed:
+                book.end_batch()
+
+    def _poll(self):
         done = 0
+        requests = self.book.requests
+        send_completed = self.book.send_completed
         while not self.closed:
             if done >= CQ_BUDGET:
                 return self.poll_completions
@@ -606,26 +607,36 @@ class RdmaTargetQueue(TargetQueue):
             for wc in wcs[:count]:
                 if wc.status != e.IBV_WC_SUCCESS:
                     self._on_failed_completion(wc)
-                    return
-                if wc.wr_id < SEND_WR_BASE:
-                    self._on_capsule(wc.wr_id, wc.byte_len)
-                else:
-                    self._on_send_completion(wc)
+                    return None
+                wr_id = wc.wr_id
+                if wr_id < SEND_WR_BASE:
+                    self._on_capsule(wr_id, wc.byte_len)
+                elif wr_id < WRITE_WR_ID:
+                    send_completed(requests[wr_id - SEND_WR_BASE])
+        return None
+
+    def _repost(self) -> None:
+        slots, self.to_repost = self.to_repost, []
+        if self.closed:
+            return
+        qp, wrs = self.qp, self.recv_wrs
+        try:
+            for slot in slots:
+                qp.post_recv(wrs[slot])
+        except PyverbsRDMAError as exc:
+            log.warning("queue %d: re-posting a receive failed: %s: closing", self.qid, exc)
+            self.close()
 
     def _on_failed_completion(self, wc) -> None:
-        context = self.send_context.pop(wc.wr_id, None)
         if wc.status != e.IBV_WC_WR_FLUSH_ERR:
             log.warning("queue %d: work completion failed: status %d (vendor error 0x%x): closing the queue",
                         self.qid, wc.status, wc.vendor_err)
-        if context is not None and context[0] == "read":
-            self._finish_read(context, None, RemoteAccessError(
-                f"RDMA READ failed with work completion status {wc.status}"))
-        self.close()
+        self.close(RemoteAccessError(f"RDMA READ failed with work completion status {wc.status}"))
 
     def _on_capsule(self, slot: int, length: int) -> None:
         start = slot * self.recv_size
         capsule = bytes(self.recv_mem.view[start:start + length])
-        self.qp.post_recv(self.recv_wrs[slot])  # re-post before anything can respond (§3.5)
+        self.to_repost.append(slot)  # re-posted before any response of this batch goes out (§3.5)
         if length < ADMIN_CAPSULE:
             log.warning("queue %d: capsule of %d bytes (< 64): closing the queue", self.qid, length)
             self.close()
@@ -633,46 +644,91 @@ class RdmaTargetQueue(TargetQueue):
         if wire_log.isEnabledFor(logging.DEBUG):
             wire_log.debug("qp %#x qid %d: capsule %d B opc %#04x cid %d", self.qp.qp_num, self.qid, length,
                            capsule[0], int.from_bytes(capsule[2:4], "little"))
-        self.listener.handler.capsule_received(self, memoryview(capsule))
+        book = self.book
+        tx = book.received()
+        book.delivered(tx)
+        self.listener.handler.capsule_received(self, memoryview(capsule), tx)
 
-    def _on_send_completion(self, wc) -> None:
-        context = self.send_context.pop(wc.wr_id, None)
-        if context is None:
+    # -- the book's Poster: work requests built in the QP, posted by flush() with one doorbell
+
+    def _start(self):
+        qp = self.qp
+        if not self._posting:
+            qp.wr_start()
+            self._posting = True
+        return qp
+
+    def post_read(self, req: TxRequest) -> None:
+        qp = self._start()
+        pool = self.listener.pool
+        if wire_log.isEnabledFor(logging.DEBUG):
+            wire_log.debug("qp %#x qid %d: RDMA READ va %#x rkey %#x len %d", self.qp.qp_num, self.qid,
+                           req.addr, req.key, req.length)
+        qp.wr_id = SEND_WR_BASE + req.index
+        qp.wr_flags = e.IBV_SEND_SIGNALED
+        qp.wr_rdma_read(req.key, req.addr)
+        sge = self.sge
+        sge.addr = pool.memory.addr + req.chunk * pool.chunk_size
+        sge.length = req.length
+        sge.lkey = pool.memory.lkey
+        qp.wr_set_sge(sge)
+
+    def post_response(self, req: TxRequest) -> None:
+        qp = self._start()
+        if req.length:  # the data first, unsignaled: RC delivers it before the SEND that follows
+            sge = self.sge
+            if req.external is not None:
+                sge.addr, sge.lkey = req.external
+            else:
+                pool = self.listener.pool
+                sge.addr = pool.memory.addr + req.chunk * pool.chunk_size
+                sge.lkey = pool.memory.lkey
+            sge.length = req.length
+            qp.wr_id = WRITE_WR_ID
+            qp.wr_flags = 0
+            qp.wr_rdma_write(req.key, req.addr)
+            qp.wr_set_sge(sge)
+        qp.wr_id = SEND_WR_BASE + req.index
+        qp.wr_flags = (e.IBV_SEND_INLINE | e.IBV_SEND_SIGNALED) if req.signaled else e.IBV_SEND_INLINE
+        invalidate = req.invalidate is not None and self.listener.remote_invalidate
+        if invalidate:
+            qp.wr_send_inv(req.invalidate)  # §7.2: the host's key is invalidated with the response
+        else:
+            qp.wr_send()
+        ctypes.memmove(self.cqe_addr, req.cqe, RESPONSE_SIZE)
+        qp.wr_set_inline_data(self.cqe_addr, RESPONSE_SIZE)
+        if wire_log.isEnabledFor(logging.DEBUG):
+            if req.length:
+                wire_log.debug("qp %#x qid %d: RDMA WRITE va %#x rkey %#x len %d", self.qp.qp_num, self.qid,
+                               req.addr, req.key, req.length)
+            wire_log.debug("qp %#x qid %d: SEND response cid %d%s", self.qp.qp_num, self.qid,
+                           int.from_bytes(req.cqe[12:14], "little"),
+                           f" with invalidate rkey {req.invalidate:#x}" if invalidate else "")
+
+    def flush(self) -> None:
+        if not self._posting:
             return
-        if context[0] == "read":  # ("read", chunk, length, done)
-            self.reads_in_flight -= 1
-            self._finish_read(context, self.listener.pool.view(context[1], context[2]), None)
-            self._start_waiting_reads()
-        else:  # ("send", slot, chunks, WRITE WRs kept alive until posted): slot and chunks are free again
-            _, slot, chunks, _keepalive = context
-            self.free_resp.append(slot)
-            self._release_chunks(chunks)
-
-    def _finish_read(self, context, data, error) -> None:
-        chunk, done = context[1], context[3]
+        self._posting = False
         try:
-            done(data, error)
-        finally:
-            self._give([chunk])
-            self._resume()
+            self.qp.wr_complete()
+        except PyverbsRDMAError as exc:
+            log.warning("queue %d: posting work requests failed: %s: closing", self.qid, exc)
+            self.close()
+
+    def stage(self, chunk: int, data) -> None:
+        pool = self.listener.pool
+        start = chunk * pool.chunk_size
+        pool.memory.view[start:start + len(data)] = data
+
+    def chunk_view(self, chunk: int, length: int) -> memoryview:
+        return self.listener.pool.view(chunk, length)
 
     # -- data buffers from the port's shared pool
 
-    def _take(self, count: int) -> Optional[List[int]]:
-        chunks = self.share.take(count)
-        if chunks:
-            self.held.update(chunks)
-        return chunks
-
-    def _give(self, chunks) -> None:
-        chunks = [c for c in chunks if c in self.held]
-        self.held.difference_update(chunks)
-        self.share.give(chunks)
-
     def _resume(self) -> None:
-        """Buffers may be free again: send waiting responses, start waiting reads."""
-        self._post_deferred()
-        self._start_waiting_reads()
+        """The pool has buffers again: serve the requests waiting for one."""
+        if not self.closed:
+            self.book.resume()
 
     def connected(self) -> bool:
         """The target accepted this queue's NVMe Connect: guarantee it its minimum of data buffers."""
@@ -681,127 +737,58 @@ class RdmaTargetQueue(TargetQueue):
     def guarantee_capacity(self) -> Optional[int]:
         return self.listener.pool.accounts.guarantee_capacity()
 
+    def in_flight(self) -> int:
+        return self.book.in_flight()
+
+    def responses_in_flight(self) -> int:
+        return 0 if self.closed else self.book.completing()
+
     # -- the TargetQueue contract --
 
-    def _wr_id(self) -> int:
-        self.next_wr_id += 1
-        return self.next_wr_id
-
-    def read_host(self, addr: int, key: int, length: int, done: ReadDone) -> None:
+    def read_host(self, addr: int, key: int, length: int, done: ReadDone, tx=None) -> None:
         if self.closed:
             done(None, TransportError("queue is closed"))
             return
         if length > self.listener.max_transfer:
             done(None, TransportError(f"transfer of {length} bytes exceeds {self.listener.max_transfer}"))
             return
-        self.waiting_reads.append((addr, key, length, done))
-        self._start_waiting_reads()
+        if tx is None:  # a caller without the request of the capsule (tests): a request of its own
+            tx = self.book.received()
+            self.book.delivered(tx)
+        self.book.read(tx, addr, key, length, done)
 
-    def _start_waiting_reads(self) -> None:
-        while self.waiting_reads and self.reads_in_flight < self.max_reads and not self.closed:
-            taken = self._take(1)
-            if not taken:
-                return  # woken by the pool when a buffer is free
-            chunk = taken[0]
-            addr, key, length, done = self.waiting_reads.popleft()
-            wr_id = self._wr_id()
-            pool = self.listener.pool
-            if self.read_wr is not None:
-                wr = self.read_wr.set(wr_id, pool.addr(chunk), length, pool.memory.lkey, key, addr)
-            else:
-                wr = _data_wr(e.IBV_WR_RDMA_READ, e.IBV_SEND_SIGNALED, wr_id, pool.addr(chunk), length,
-                              pool.memory.lkey, key, addr)
-            self.send_context[wr_id] = ("read", chunk, length, done)
-            self.reads_in_flight += 1
-            if wire_log.isEnabledFor(logging.DEBUG):
-                wire_log.debug("qp %#x qid %d: RDMA READ va %#x rkey %#x len %d", self.qp.qp_num, self.qid,
-                               addr, key, length)
-            try:
-                self.qp.post_send(wr)
-            except PyverbsRDMAError as exc:
-                self.send_context.pop(wr_id)
-                self.reads_in_flight -= 1
-                self._finish_read(("read", chunk, length, done), None, TransportError(f"post RDMA READ: {exc}"))
+    def complete(self, cqe: bytes, data=None, addr: int = 0, key: int = 0, invalidate_key: Optional[int] = None,
+                 tx=None) -> None:
+        if self.closed:
+            if tx is not None:
+                self.book.dropped(tx)
+            return
+        if data is not None and len(data) > self.listener.max_transfer:
+            raise TransportError(f"RDMA WRITE of {len(data)} bytes exceeds the {self.listener.max_transfer}-byte "
+                                 "MDTS")
+        if len(cqe) != RESPONSE_SIZE:
+            raise TransportError(f"response of {len(cqe)} bytes (a CQE is {RESPONSE_SIZE})")
+        book = self.book
+        if tx is None:
+            tx = book.received()
+            book.delivered(tx)
+        book.complete(tx, cqe, data, addr, key, invalidate_key)
 
     def write_host(self, addr: int, key: int, data) -> None:
-        if self.closed:
-            return
-        length = len(data)
-        if length > self.listener.max_transfer:
-            raise TransportError(f"RDMA WRITE of {length} bytes exceeds the {self.listener.max_transfer}-byte MDTS")
-        # Without a free chunk the data waits (copied) and so does the response that follows it.
-        taken = None if self.deferred else self._take(1)
-        self.pending_writes.append([addr, key, self._stage(taken[0], data) if taken else bytes(data), length])
-
-    def _stage(self, chunk: int, data) -> int:
-        self.listener.pool.view(chunk, len(data))[:] = data
-        return chunk
-
-    def _release_chunks(self, chunks) -> None:
-        self._give(chunks)
-        self._resume()
+        """The data of the next respond() (one WRITE per response here; the core uses complete())."""
+        if len(data) > self.listener.max_transfer:
+            raise TransportError(f"RDMA WRITE of {len(data)} bytes exceeds the {self.listener.max_transfer}-byte "
+                                 "MDTS")
+        self._pending_write = (addr, key, bytes(data))
 
     def respond(self, cqe: bytes, invalidate_key: Optional[int] = None) -> None:
-        if self.closed:
-            return
-        writes, self.pending_writes = self.pending_writes, []
-        self.deferred.append((writes, bytes(cqe), invalidate_key))
-        self._post_deferred()
-
-    def _post_deferred(self) -> None:
-        """Post waiting responses in order, each once its WRITE data is staged in registered chunks."""
-        while self.deferred and not self.closed:
-            writes, cqe, invalidate_key = self.deferred[0]
-            if not self.free_resp:
-                return
-            unstaged = [w for w in writes if not isinstance(w[2], int)]
-            taken = self._take(len(unstaged)) if unstaged else []
-            if taken is None:
-                return  # woken by the pool when buffers are free
-            for w, chunk in zip(unstaged, taken):
-                w[2] = self._stage(chunk, w[2])
-            self.deferred.popleft()
-            self._post_response(writes, cqe, invalidate_key)
-
-    def _post_response(self, writes, cqe: bytes, invalidate_key: Optional[int]) -> None:
-        slot = self.free_resp.pop()
-        start = slot * RESPONSE_SIZE
-        self.resp_mem.view[start:start + RESPONSE_SIZE] = cqe
-        send = self.resp_wrs[slot]
-        wr_id = RESPONSE_WR_BASE + slot
-        if invalidate_key is not None and self.listener.remote_invalidate:
-            send.opcode = e.IBV_WR_SEND_WITH_INV
-            send.imm_data = invalidate_key  # the C union shares imm_data with invalidate_rkey (§7.2)
+        write, self._pending_write = self._pending_write, None
+        if write is None:
+            self.complete(cqe, invalidate_key=invalidate_key)
         else:
-            send.opcode = e.IBV_WR_SEND
-        pool = self.listener.pool
-        head, wrs = send, []
-        for i, (addr, key, chunk, length) in enumerate(reversed(writes)):  # WRITEs unsignaled, before the SEND
-            if WR_LEAKS:
-                while len(self.write_wrs) <= i:
-                    self.write_wrs.append(_DataWR(e.IBV_WR_RDMA_WRITE, 0))
-                wr = self.write_wrs[i].set(0, pool.addr(chunk), length, pool.memory.lkey, key, addr)
-            else:
-                wr = _data_wr(e.IBV_WR_RDMA_WRITE, 0, 0, pool.addr(chunk), length, pool.memory.lkey, key, addr)
-                wrs.append(wr)  # kept alive until the SEND completes
-            wr.next_wr = head
-            head = wr
-        self.send_context[wr_id] = ("send", slot, [w[2] for w in writes], wrs)
-        if wire_log.isEnabledFor(logging.DEBUG):
-            for addr, key, _chunk, length in writes:
-                wire_log.debug("qp %#x qid %d: RDMA WRITE va %#x rkey %#x len %d", self.qp.qp_num, self.qid,
-                               addr, key, length)
-            wire_log.debug("qp %#x qid %d: SEND response cid %d%s", self.qp.qp_num, self.qid,
-                           int.from_bytes(cqe[12:14], "little"),
-                           f" with invalidate rkey {invalidate_key:#x}" if send.opcode == e.IBV_WR_SEND_WITH_INV
-                           else "")
-        try:
-            self.qp.post_send(head)
-        except PyverbsRDMAError as exc:
-            log.warning("queue %d: post SEND failed: %s: closing", self.qid, exc)
-            self.close()
+            self.complete(cqe, write[2], write[0], write[1], invalidate_key)
 
-    def close(self) -> None:
+    def close(self, error: Optional[TransportError] = None) -> None:
         if self.closed:
             return
         self.closed = True
@@ -811,19 +798,6 @@ class RdmaTargetQueue(TargetQueue):
             self.cm_id.disconnect()
         except Exception:
             pass  # already disconnected by the peer
-        waiting, self.waiting_reads = self.waiting_reads, collections.deque()
-        for addr, key, length, done in waiting:
-            try:
-                done(None, TransportError("queue closed"))
-            except Exception:
-                log.exception("read callback failed")
-        for context in list(self.send_context.values()):
-            if context[0] == "read":
-                try:
-                    context[3](None, TransportError("queue closed"))
-                except Exception:
-                    log.exception("read callback failed")
-        self.send_context.clear()
         try:
             listener.handler.queue_closed(self)
         finally:
@@ -832,13 +806,10 @@ class RdmaTargetQueue(TargetQueue):
                     resource.close()
                 except Exception:
                     pass
-            # With the QP gone nothing uses our buffers any more: all of them go back to the pool.
-            self.pending_writes.clear()
-            self.deferred.clear()
-            self._give(list(self.held))
+            # With the QP gone nothing uses our buffers any more: every request ends, its chunk goes back.
+            self.book.close(error or TransportError("queue closed"))
             self.share.close()
             self.recv_mem.close()
-            self.resp_mem.close()
             listener.forget(self)
             log.info("queue %d closed", self.qid)
 
