@@ -7,7 +7,7 @@ single-threaded event loop: no call here blocks, results arrive as callbacks
 
 Data movement follows RDMA's rules: the host registers memory and advertises
 (addr, key, length) in a keyed SGL; the *target* moves the data with
-`read_host` (RDMA READ) and `write_host` (RDMA WRITE).  A bad key, an
+`read_host` (RDMA READ) and `complete` (RDMA WRITE, then the response SEND).  A bad key, an
 out-of-bounds range or a missing access right is a `RemoteAccessError`, and on
 RDMA it also kills the connection (the QP goes to the error state).
 """
@@ -68,22 +68,12 @@ class TargetQueue(abc.ABC):
         `tx`: the transport's request handed over with the capsule (capsule_received), if any."""
 
     @abc.abstractmethod
-    def write_host(self, addr: int, key: int, data) -> None:
-        """RDMA WRITE `data` to host memory; ordered before any later `respond` on this queue."""
-
-    @abc.abstractmethod
-    def respond(self, cqe: bytes, invalidate_key: Optional[int] = None) -> None:
-        """SEND a 16-byte completion (with remote invalidation of `invalidate_key` if given)."""
-
     def complete(self, cqe: bytes, data=None, addr: int = 0, key: int = 0, invalidate_key: Optional[int] = None,
                  tx=None) -> None:
         """The end of a command in one call: RDMA WRITE `data` (if any; only borrowed for this call) to
-        (addr, key), then SEND the CQE, with remote invalidation of `invalidate_key` if given.  `tx` is the
-        transport's request of the capsule.  Raises TransportError, before sending anything, when the data
-        cannot be sent (too long): the caller then answers without it."""
-        if data is not None and len(data):
-            self.write_host(addr, key, data)
-        self.respond(cqe, invalidate_key)
+        (addr, key), ordered before the SEND of the 16-byte CQE, with remote invalidation of `invalidate_key`
+        if given.  `tx` is the transport's request of the capsule (capsule_received).  Raises TransportError,
+        before sending anything, when the data cannot be sent (too long): the caller then answers without it."""
 
     def responses_in_flight(self) -> int:
         """Commands the core completed whose data or response has not yet left (a graceful stop waits)."""

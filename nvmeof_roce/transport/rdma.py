@@ -553,7 +553,6 @@ class RdmaTargetQueue(TargetQueue):
         self.share: PoolShare = listener.pool.accounts.share(wake=self._resume)
         self.book = RequestBook(self, self.share, self.max_send_wr, self.max_reads, prealloc=self.recv_count)
         self._posting = False  # between wr_start and wr_complete
-        self._pending_write = None  # write_host's data until the respond() that follows it
         listener.loop.watch(self.cq_fd, self._on_cq_event)
         log.info("queue %d accepted on %s:%d: depth %d, in-capsule %d B, %d RDMA READs in flight",
                  request.qid, listener.traddr, listener.trsvcid, self.depth, self.in_capsule_size, self.max_reads)
@@ -773,20 +772,6 @@ class RdmaTargetQueue(TargetQueue):
             tx = book.received()
             book.delivered(tx)
         book.complete(tx, cqe, data, addr, key, invalidate_key)
-
-    def write_host(self, addr: int, key: int, data) -> None:
-        """The data of the next respond() (one WRITE per response here; the core uses complete())."""
-        if len(data) > self.listener.max_transfer:
-            raise TransportError(f"RDMA WRITE of {len(data)} bytes exceeds the {self.listener.max_transfer}-byte "
-                                 "MDTS")
-        self._pending_write = (addr, key, bytes(data))
-
-    def respond(self, cqe: bytes, invalidate_key: Optional[int] = None) -> None:
-        write, self._pending_write = self._pending_write, None
-        if write is None:
-            self.complete(cqe, invalidate_key=invalidate_key)
-        else:
-            self.complete(cqe, write[2], write[0], write[1], invalidate_key)
 
     def close(self, error: Optional[TransportError] = None) -> None:
         if self.closed:
