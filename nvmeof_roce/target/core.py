@@ -579,8 +579,9 @@ class Target:
         req.state = HELD
 
     def complete(self, req: Request, status: int = 0, result: int = 0, data=None, dw1: int = 0,
-                 location: int = NO_LOCATION) -> None:
-        """Send controller-to-host data (if any, on success) and the CQE, then free the request."""
+                 location: int = NO_LOCATION, source=None) -> None:
+        """Send controller-to-host data (if any, on success) and the CQE, then free the request.  `source`:
+        (RAM backend, offset) when `data` is the namespace's own memory (TargetQueue.complete)."""
         qs = req.queue
         if qs.closed:
             req.state = FREE
@@ -606,7 +607,8 @@ class Target:
         try:
             try:
                 transport.complete(CQE_STRUCT.pack(result & 0xFFFFFFFF, dw1 & 0xFFFFFFFF, sqhd, qs.qid, req.cid,
-                                                   (status << 1) & 0xFFFF), data, addr, key, invalidate, tx)
+                                                   (status << 1) & 0xFFFF), data, addr, key, invalidate, tx,
+                                   source)
             except TransportError as exc:
                 if data is None:
                     raise

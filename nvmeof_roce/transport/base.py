@@ -69,11 +69,18 @@ class TargetQueue(abc.ABC):
 
     @abc.abstractmethod
     def complete(self, cqe: bytes, data=None, addr: int = 0, key: int = 0, invalidate_key: Optional[int] = None,
-                 tx=None) -> None:
+                 tx=None, source=None) -> None:
         """The end of a command in one call: RDMA WRITE `data` (if any; only borrowed for this call) to
         (addr, key), ordered before the SEND of the 16-byte CQE, with remote invalidation of `invalidate_key`
-        if given.  `tx` is the transport's request of the capsule (capsule_received).  Raises TransportError,
-        before sending anything, when the data cannot be sent (too long): the caller then answers without it."""
+        if given.  `tx` is the transport's request of the capsule (capsule_received).  `source` =
+        (backend, offset) says `data` is that RAM backend's memory at offset (RamBackend.pin): a transport that
+        registers it sends from there.  Raises TransportError, before sending anything, when the data cannot
+        be sent (too long): the caller then answers without it."""
+
+    def data_buffer(self, length: int, tx=None) -> Optional[memoryview]:
+        """A buffer for controller-to-host data that complete() then sends without a copy (an RDMA transport's
+        registered chunk), or None: the caller uses its own.  Only for the complete() of this `tx`."""
+        return None
 
     def responses_in_flight(self) -> int:
         """Commands the core completed whose data or response has not yet left (a graceful stop waits)."""

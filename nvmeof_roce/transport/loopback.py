@@ -250,7 +250,7 @@ class LoopbackTargetQueue(TargetQueue):
         conn.fabric._post(op)
 
     def complete(self, cqe: bytes, data=None, addr: int = 0, key: int = 0, invalidate_key: Optional[int] = None,
-                 tx=None) -> None:
+                 tx=None, source=None) -> None:
         if data is not None and len(data):
             self.write_host(addr, key, data)
         self.respond(cqe, invalidate_key)

@@ -198,6 +198,21 @@ class RegisteredMemory:
                 pass
 
 
+class _MappedRegion:
+    """A mapping owned by someone else (a RAM namespace), registered as one MR."""
+
+    def __init__(self, pd, mapping: mmap.mmap, access: int):
+        # the address only: the buffer export ends with the temporary ctypes object
+        self.addr = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+        self.mr = MR(pd, len(mapping), access, address=self.addr)
+        self.lkey = self.mr.lkey
+
+    def close(self) -> None:
+        if self.mr is not None:
+            self.mr.close()
+            self.mr = None
+
+
 class DataPool:
     """Fixed-size data chunks carved from one registration made at start; `accounts` says who may take which."""
 
@@ -336,6 +351,7 @@ class RdmaListener:
         self.pd = PD(self.context)
         self.device = self.context.query_device()
         self.pool = DataPool(self.pd, max_transfer, self.limits.data_buffers, self.limits.queue_min_buffers)
+        self.regions: Dict[int, tuple] = {}  # id(mapping) -> (mapping, (addr, lkey) or None, its MR)
         loop.watch(self.cm_fd, self._on_cm_events)
         loop.listeners.append(self)
         log.info("listening on %s:%d (%s)", traddr, self.trsvcid, self.listen_id.dev_name)
@@ -343,6 +359,30 @@ class RdmaListener:
     @property
     def device_name(self) -> str:
         return self.listen_id.dev_name
+
+    def region(self, backend) -> Optional[tuple]:
+        """(address, lkey) of a RAM namespace's memory, registered on first use (local access only: we only
+        send from it), or None where it cannot be (then its reads are staged in a chunk).  Kept until the
+        listener closes; a resized namespace's new memory is registered anew."""
+        pin = getattr(backend, "pin", None)
+        if pin is None:
+            return None
+        mapping = backend.buffer.obj if backend.buffer is not None else None
+        entry = self.regions.get(id(mapping))
+        if entry is not None and entry[0] is mapping:
+            return entry[1]
+        try:
+            mapping = pin()
+            # LOCAL_WRITE makes the registration take private pages, never the shared zero page of a
+            # mapping not yet written (a later write would then leave the device sending the old page).
+            memory = _MappedRegion(self.pd, mapping, e.IBV_ACCESS_LOCAL_WRITE)
+            found = (memory.addr, memory.lkey)
+        except Exception as exc:  # e.g. the locked-memory limit (ulimit -l)
+            log.warning("cannot register a RAM namespace of %d bytes with the device (%s): its reads are copied "
+                        "into data buffers instead", len(mapping) if mapping is not None else 0, exc)
+            memory, found = None, None
+        self.regions[id(mapping)] = (mapping, found, memory)
+        return found
 
     def _on_cm_events(self) -> None:
         while True:
@@ -445,6 +485,10 @@ class RdmaListener:
         self._drain_cm_events()
         self.listen_id.close()
         self.pool.memory.close()
+        for _mapping, _found, memory in self.regions.values():
+            if memory is not None:
+                memory.close()
+        self.regions.clear()
 
     def _drain_cm_events(self) -> None:
         while True:
@@ -506,8 +550,10 @@ class RdmaTargetQueue(TargetQueue):
         self.sge = SGE(0, 0, 0)  # the one scatter entry every data work request is built from
 
         self.comp_channel, self.cq_fd = _create_with_fd(lambda: CompChannel(ctx), "infinibandevent")
-        # Send queue: per command a READ, or a WRITE and a SEND; READs are bounded by the host's resources.
-        self.max_send_wr = 2 * self.depth + 8
+        # Send queue: per command a READ, or a WRITE and a SEND.  Twice that, so that a whole queue's responses
+        # in one poll leave it at least half free: their SENDs are then signaled selectively, not all
+        # (RequestBook.flush signals every one once under a quarter is free).
+        self.max_send_wr = 4 * self.depth + 8
         self.cq = CQ(ctx, self.recv_count + self.max_send_wr, None, self.comp_channel, 0)
         self.cq.req_notify()
         cap = QPCap(max_send_wr=self.max_send_wr, max_recv_wr=self.recv_count, max_send_sge=1, max_recv_sge=1,
@@ -756,8 +802,13 @@ class RdmaTargetQueue(TargetQueue):
             self.book.delivered(tx)
         self.book.read(tx, addr, key, length, done)
 
+    def data_buffer(self, length: int, tx=None) -> Optional[memoryview]:
+        if tx is None or length > self.listener.max_transfer or not self.book.buffer(tx):
+            return None
+        return self.listener.pool.view(tx.chunk, length)
+
     def complete(self, cqe: bytes, data=None, addr: int = 0, key: int = 0, invalidate_key: Optional[int] = None,
-                 tx=None) -> None:
+                 tx=None, source=None) -> None:
         if self.closed:
             if tx is not None:
                 self.book.dropped(tx)
@@ -771,7 +822,12 @@ class RdmaTargetQueue(TargetQueue):
         if tx is None:
             tx = book.received()
             book.delivered(tx)
-        book.complete(tx, cqe, data, addr, key, invalidate_key)
+        external = None
+        if source is not None and data is not None:
+            region = self.listener.region(source[0])
+            if region is not None:
+                external = (region[0] + source[1], region[1])
+        book.complete(tx, cqe, data, addr, key, invalidate_key, external)
 
     def close(self, error: Optional[TransportError] = None) -> None:
         if self.closed:

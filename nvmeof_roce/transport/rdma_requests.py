@@ -58,7 +58,7 @@ ReadDone = Callable[[Optional[memoryview], Optional[Exception]], None]
 class TxRequest:
     """One command's transport state: the typed work-request context (no tuples; its `index` is the wr_id)."""
 
-    __slots__ = ("index", "state", "chunk", "length", "addr", "key", "done", "data", "external",
+    __slots__ = ("index", "state", "chunk", "in_chunk", "length", "addr", "key", "done", "data", "external",
                  "cqe", "invalidate", "signaled", "wrs", "parked")
 
     def __init__(self, index: int):
@@ -69,6 +69,7 @@ class TxRequest:
 
     def _clear(self) -> None:
         self.chunk = -1  # the pool chunk it holds, or -1
+        self.in_chunk = False  # the core put its data straight into that chunk (buffer())
         self.length = 0  # bytes of the READ, or of the data WRITE before the response
         self.addr = 0  # host address and key of that transfer
         self.key = 0
@@ -188,13 +189,24 @@ class RequestBook:
             req.addr, req.key, req.length = addr, key, len(data)
             if external is not None:
                 req.external = external
-            else:
+                self._give(req)  # a buffer the core asked for and did not use
+            elif not req.in_chunk:
                 req.data = data
         req.state = State.READY_TO_COMPLETE
         self.advance(req)
         if req.state == State.READY_TO_COMPLETE and req.data is not None and not isinstance(req.data, bytes):
             req.data = bytes(req.data)  # it waits: the core reuses its buffer once this call returns
         self._maybe_flush()
+
+    def buffer(self, req: TxRequest) -> bool:
+        """The core asks for a chunk to put a command's data in (a file read), so complete() needs no copy;
+        False when none is free now (the core then uses its own buffer and complete() stages it)."""
+        if self.closed or req.state != State.EXECUTING or req.chunk >= 0 or self.pending[State.NEED_BUFFER]:
+            return False
+        if not self._take(req):
+            return False
+        req.in_chunk = True
+        return True
 
     def dropped(self, req: TxRequest) -> None:
         """The core will not answer this request (its queue is closing): free it."""

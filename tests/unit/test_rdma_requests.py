@@ -203,3 +203,35 @@ def test_complete_outside_executing_is_a_bug_not_silence():
     book.complete(req, CQE)
     with pytest.raises(ValueError):
         book.complete(req, CQE)
+
+
+def test_data_put_in_a_chunk_by_the_core_is_sent_without_a_copy():
+    book, poster, pool = make()
+    req = executing(book)
+    assert book.buffer(req) and req.chunk >= 0 and pool.free_count == 7
+    assert not book.buffer(req)  # one per request
+    book.complete(req, CQE, b"f" * 512, 1, 2)
+    assert poster.chunks == {}  # nothing staged: the data already lies in the chunk it is sent from
+    assert poster.doorbells[-1][0] == ("write", req.index, False, req.chunk)
+    book.send_completed(req)
+    assert pool.free_count == 8
+
+
+def test_data_in_registered_memory_goes_straight_from_there():
+    book, poster, pool = make(chunks=2)
+    req = executing(book)
+    book.complete(req, CQE, b"r" * 4096, 1, 2, external=(0x7000, 5))
+    assert req.state == State.COMPLETING and req.chunk == -1 and pool.free_count == 2 and poster.chunks == {}
+    book.send_completed(req)
+    assert book.in_flight() == 0
+
+
+def test_a_pinned_ram_namespace_zeroes_by_writing_not_by_dropping_pages():
+    from nvmeof_roce.target.backends import RamBackend
+    ram = RamBackend(4 * 4096)
+    ram.write(0, b"\xaa" * (4 * 4096))
+    mapping = ram.pin()
+    assert ram.pinned and len(mapping) == 4 * 4096
+    ram.write_zeroes(0, 3 * 4096)
+    assert ram.read(0, 3 * 4096) == bytes(3 * 4096) and ram.read(3 * 4096, 4096) == b"\xaa" * 4096
+    ram.close()
