@@ -231,6 +231,7 @@ class DataPool:
 
 # --- the target's event loop ---------------------------------------------------------------
 
+POLL_BATCH = 32  # completions asked of one CQ.poll
 CQ_BUDGET = 64  # completions one queue handles per loop pass before the others get their turn
 SLOW_HANDLER = 0.1  # s: a handler that holds the loop this long is logged (other hosts wait meanwhile)
 
@@ -645,7 +646,7 @@ class RdmaTargetQueue(TargetQueue):
         while not self.closed:
             if done >= CQ_BUDGET:
                 return self.poll_completions
-            count, wcs = self.cq.poll(num_entries=32)
+            count, wcs = self.cq.poll(num_entries=POLL_BATCH)
             if count == 0:
                 return None
             done += count
@@ -658,6 +659,10 @@ class RdmaTargetQueue(TargetQueue):
                     self._on_capsule(wr_id, wc.byte_len)
                 elif wr_id < WRITE_WR_ID:
                     send_completed(requests[wr_id - SEND_WR_BASE])
+            if count < POLL_BATCH:
+                # Fewer than asked for: the CQ was empty at that moment.  Anything later made the armed CQ's
+                # channel readable (it was re-armed before this poll), so the next loop pass finds it.
+                return None
         return None
 
     def _repost(self) -> None:
