@@ -364,7 +364,8 @@ class RdmaListener:
     def region(self, backend) -> Optional[tuple]:
         """(address, lkey) of a RAM namespace's memory, registered on first use (local access only: we only
         send from it), or None where it cannot be (then its reads are staged in a chunk).  Kept until the
-        listener closes; a resized namespace's new memory is registered anew."""
+        listener closes; a resized namespace's new memory is registered anew and the old registration kept
+        (WRITEs already posted may still read it), so each resize pins the old size until then."""
         pin = getattr(backend, "pin", None)
         if pin is None:
             return None
