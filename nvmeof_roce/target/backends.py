@@ -133,6 +133,7 @@ class Backend:
 
 class RamBackend(Backend):
     kind = "ram"
+    pinned = False  # registered with an RDMA device (pin): its pages must stay where they are
 
     def __init__(self, size_bytes: int, block_size: int = 512):
         if size_bytes <= 0 or size_bytes % block_size:
@@ -161,12 +162,21 @@ class RamBackend(Backend):
         self._check(offset, len(data))
         self.buffer[offset:offset + len(data)] = data
 
+    def pin(self) -> mmap.mmap:
+        """The mapping an RDMA transport registers once (local access only) to send reads straight from it
+        (TargetQueue.complete's `source`).  From then on zeroing writes zeros: a registration keeps the pages it
+        pinned, so pages dropped with madvise would leave the device sending their old contents."""
+        self.pinned = True
+        return self._map
+
     def write_zeroes(self, offset, length):
         self._check(offset, length)
+        if self.pinned:
+            self._memset(offset, length)
+            return
         # Whole pages go back to the kernel: a private anonymous mapping reads zeros afterwards
-        # (madvise MADV_DONTNEED), in microseconds per MiB instead of a memset. The region is never
-        # registered with the RDMA device (reads are copied into the transport's data buffers);
-        # a registered MR would keep the old pages pinned.
+        # (madvise MADV_DONTNEED), in microseconds per MiB instead of a memset; only while no RDMA
+        # registration holds the old pages (pin).
         first = -(-offset // PAGE_SIZE) * PAGE_SIZE
         last = (offset + length) // PAGE_SIZE * PAGE_SIZE
         if last > first:

@@ -8,7 +8,7 @@ state machine in request.py:
            ->  command handler: validates its fields and lengths, then either
                  completes at once, or fetches host data (in-capsule, or RDMA READ
                  via read_host: the request waits in READING), or holds (AER)
-           ->  execute  ->  write_host (controller-to-host data) + respond (CQE)  ->  free
+           ->  execute  ->  complete: controller-to-host data + CQE + invalidate key, one call  ->  free
 
 Every malformed input ends in an NVMe status (or a CM reject, or a clean close
 of that one queue).  An unexpected exception inside a handler is caught, counted
@@ -114,8 +114,8 @@ class PortHandler:
     def queue_opened(self, queue) -> None:
         self.target._queue_opened(self.ctx, queue)
 
-    def capsule_received(self, queue, capsule) -> None:
-        self.target.capsule_received(queue, capsule)
+    def capsule_received(self, queue, capsule, tx=None) -> None:
+        self.target.capsule_received(queue, capsule, tx)
 
     def queue_closed(self, queue) -> None:
         self.target.queue_closed(queue)
@@ -185,9 +185,11 @@ class Target:
         return MAX_TRANSFER
 
     def in_flight(self) -> int:
-        """Commands being processed (held AERs excluded): what a graceful stop waits for."""
+        """Commands being processed, their data and response until the transport saw them leave (held AERs
+        excluded): what a graceful stop waits for."""
         held = sum(len(c.aers) for c in self.controllers())
-        return max(0, sum(qs.active for qs in self._queues.values() if not qs.closed) - held)
+        active = sum(qs.active + qs.transport.responses_in_flight() for qs in self._queues.values() if not qs.closed)
+        return max(0, active - held)
 
     def queue_count(self) -> int:
         """Queues open (connected or waiting for their Connect)."""
@@ -255,7 +257,7 @@ class Target:
     def queue_opened(self, queue) -> None:
         self._queue_opened(self._any_port, queue)
 
-    def capsule_received(self, queue, capsule) -> None:
+    def capsule_received(self, queue, capsule, tx=None) -> None:
         qs = self._queues.get(queue)
         if qs is None or qs.closed:
             return
@@ -268,6 +270,7 @@ class Target:
             self._close_queue(qs, f"host exceeded the queue depth of {qs.depth} outstanding commands")
             return
         req.parse(capsule)
+        req.tx = tx
         try:
             self._start(req)
         except Exception:
@@ -508,7 +511,7 @@ class Target:
             return
         req.state = READING
         req.next_step = next_step
-        req.queue.transport.read_host(req.sgl_addr, req.sgl_key, length, req.read_done)
+        req.queue.transport.read_host(req.sgl_addr, req.sgl_key, length, req.read_done, req.tx)
 
     def _host_data_arrived(self, req: Request, data, error) -> None:
         """The RDMA READ of a request finished (called by the transport)."""
@@ -576,8 +579,9 @@ class Target:
         req.state = HELD
 
     def complete(self, req: Request, status: int = 0, result: int = 0, data=None, dw1: int = 0,
-                 location: int = NO_LOCATION) -> None:
-        """Send controller-to-host data (if any, on success) and the CQE, then free the request."""
+                 location: int = NO_LOCATION, source=None) -> None:
+        """Send controller-to-host data (if any, on success) and the CQE, then free the request.  `source`:
+        (RAM backend, offset) when `data` is the namespace's own memory (TargetQueue.complete)."""
         qs = req.queue
         if qs.closed:
             req.state = FREE
@@ -589,20 +593,30 @@ class Target:
                 ctrl.log_error(req, status, location)
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("queue %d cid %#x opc %#04x: %s", qs.qid, req.cid, req.opc, S.describe(status))
-        elif data is not None and len(data):
-            try:
-                transport.write_host(req.sgl_addr, req.sgl_key, data)
-            except TransportError as exc:  # e.g. no staging buffer: report it instead of sending data
-                log.warning("queue %d cid %#x: RDMA WRITE not possible: %s", qs.qid, req.cid, exc)
-                status, result, dw1 = S.DATA_XFER_ERROR, 0, 0
-        cqe = CQE_STRUCT.pack(result & 0xFFFFFFFF, dw1 & 0xFFFFFFFF, qs.next_sqhd(), qs.qid, req.cid,
-                              (status << 1) & 0xFFFF)
+            data = None
+        elif data is not None and not len(data):
+            data = None
+        sqhd = qs.next_sqhd()
         # A keyed descriptor with subtype 0xF asks us to invalidate the host's key with the response
         # (SEND with Invalidate), as nvmet does; it saves the host a local invalidation.
         invalidate = req.sgl_key if req.sgl_id == INVALIDATE_KEYED_ID and req.sgl_len else None
+        tx = req.tx
+        addr, key = req.sgl_addr, req.sgl_key
         qs.release(req)
+        # Data, CQE and invalidate key go to the transport in one call (TargetQueue.complete).
         try:
-            transport.respond(cqe, invalidate)
+            try:
+                transport.complete(CQE_STRUCT.pack(result & 0xFFFFFFFF, dw1 & 0xFFFFFFFF, sqhd, qs.qid, req.cid,
+                                                   (status << 1) & 0xFFFF), data, addr, key, invalidate, tx,
+                                   source)
+            except TransportError as exc:
+                if data is None:
+                    raise
+                # e.g. data longer than the transport can send: report it instead of sending data
+                log.warning("queue %d cid %#x: RDMA WRITE not possible: %s", qs.qid, req.cid, exc)
+                status = S.DATA_XFER_ERROR
+                transport.complete(CQE_STRUCT.pack(0, 0, sqhd, qs.qid, req.cid, (status << 1) & 0xFFFF),
+                                   None, addr, key, invalidate, tx)
         except TransportError as exc:
             self._close_queue(qs, f"cannot send a completion: {exc}")
         if status and qs.ctrl is None and req.opc == FABRICS_OPCODE and req.fctype == F.FCTYPE_CONNECT:

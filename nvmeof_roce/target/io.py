@@ -57,8 +57,11 @@ def _read(t: Target, req: Request) -> None:
     ns = req.ns
     if ns.direct_view is not None:
         data = ns.direct_view[offset:offset + length]  # sent straight from the RAM namespace
+        source = (ns.backend, offset)
     else:
-        data = req.buffer(length)
+        # into the transport's registered buffer when it has one (sent without a copy), else our own
+        data = req.queue.transport.data_buffer(length, req.tx) or req.buffer(length)
+        source = None
         try:
             ns.backend.read_into(offset, data)
         except BACKEND_ERRORS as exc:
@@ -68,7 +71,7 @@ def _read(t: Target, req: Request) -> None:
     ns.bytes_read += length
     ns.read_commands += 1
     ns.stats.read_latency.record_ns(perf_counter_ns() - started)
-    t.complete(req, 0, data=data)
+    t.complete(req, 0, data=data, source=source)
 
 
 def _write(t: Target, req: Request) -> None:

@@ -42,7 +42,7 @@ class Request:
 
     __slots__ = ("queue", "state", "opc", "flags", "cid", "nsid", "cdw2", "cdw3", "mptr",
                  "sgl_addr", "sgl_id", "sgl_len", "sgl_key", "cdw10", "cdw11", "cdw12", "cdw13", "cdw14", "cdw15",
-                 "inline_offset", "capsule", "ns", "next_step", "buf", "read_done", "_target", "started_ns")
+                 "inline_offset", "capsule", "ns", "next_step", "buf", "read_done", "_target", "started_ns", "tx")
 
     def __init__(self, queue: "QueueState", target):
         self.queue = queue
@@ -55,6 +55,7 @@ class Request:
         self.buf = bytearray(0)  # reused buffer for controller-to-host data
         self.read_done = self._on_read_done  # bound once, handed to read_host
         self.started_ns = 0  # perf_counter_ns() when an I/O command started (stats.py latency)
+        self.tx = None  # the transport's request for this command (TargetQueue.read_host / complete)
 
     def parse(self, capsule) -> None:
         (self.opc, self.flags, self.cid, self.nsid, self.cdw2, self.cdw3, self.mptr, self.sgl_addr, word,
@@ -127,6 +128,7 @@ class QueueState:
         req.capsule = None
         req.ns = None
         req.next_step = None
+        req.tx = None
         self.active -= 1
         self.free.append(req)
 

@@ -7,7 +7,7 @@ single-threaded event loop: no call here blocks, results arrive as callbacks
 
 Data movement follows RDMA's rules: the host registers memory and advertises
 (addr, key, length) in a keyed SGL; the *target* moves the data with
-`read_host` (RDMA READ) and `write_host` (RDMA WRITE).  A bad key, an
+`read_host` (RDMA READ) and `complete` (RDMA WRITE, then the response SEND).  A bad key, an
 out-of-bounds range or a missing access right is a `RemoteAccessError`, and on
 RDMA it also kills the connection (the QP goes to the error state).
 """
@@ -63,16 +63,28 @@ class TargetQueue(abc.ABC):
         return self.request.qid
 
     @abc.abstractmethod
-    def read_host(self, addr: int, key: int, length: int, done: ReadDone) -> None:
-        """RDMA READ `length` bytes of host memory; `done(data, None)` or `done(None, error)` later."""
+    def read_host(self, addr: int, key: int, length: int, done: ReadDone, tx=None) -> None:
+        """RDMA READ `length` bytes of host memory; `done(data, None)` or `done(None, error)` later.
+        `tx`: the transport's request handed over with the capsule (capsule_received), if any."""
 
     @abc.abstractmethod
-    def write_host(self, addr: int, key: int, data) -> None:
-        """RDMA WRITE `data` to host memory; ordered before any later `respond` on this queue."""
+    def complete(self, cqe: bytes, data=None, addr: int = 0, key: int = 0, invalidate_key: Optional[int] = None,
+                 tx=None, source=None) -> None:
+        """The end of a command in one call: RDMA WRITE `data` (if any; only borrowed for this call) to
+        (addr, key), ordered before the SEND of the 16-byte CQE, with remote invalidation of `invalidate_key`
+        if given.  `tx` is the transport's request of the capsule (capsule_received).  `source` =
+        (backend, offset) says `data` is that RAM backend's memory at offset (RamBackend.pin): a transport that
+        registers it sends from there.  Raises TransportError, before sending anything, when the data cannot
+        be sent (too long): the caller then answers without it."""
 
-    @abc.abstractmethod
-    def respond(self, cqe: bytes, invalidate_key: Optional[int] = None) -> None:
-        """SEND a 16-byte completion (with remote invalidation of `invalidate_key` if given)."""
+    def data_buffer(self, length: int, tx=None) -> Optional[memoryview]:
+        """A buffer for controller-to-host data that complete() then sends without a copy (an RDMA transport's
+        registered chunk), or None: the caller uses its own.  Only for the complete() of this `tx`."""
+        return None
+
+    def responses_in_flight(self) -> int:
+        """Commands the core completed whose data or response has not yet left (a graceful stop waits)."""
+        return 0
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -97,8 +109,9 @@ class QueueHandler(Protocol):
     def queue_opened(self, queue: TargetQueue) -> None:
         """The queue's connection is accepted; capsules may follow."""
 
-    def capsule_received(self, queue: TargetQueue, capsule: memoryview) -> None:
-        """A command capsule: the 64-byte SQE, then any in-capsule data.  Valid only during the call."""
+    def capsule_received(self, queue: TargetQueue, capsule: memoryview, tx=None) -> None:
+        """A command capsule: the 64-byte SQE, then any in-capsule data.  Valid only during the call.
+        `tx`: the transport's own request for it, handed back with read_host and complete."""
 
     def queue_closed(self, queue: TargetQueue) -> None:
         """The connection is gone (disconnect, transport error, or close())."""

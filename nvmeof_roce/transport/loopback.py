@@ -188,7 +188,7 @@ class LoopbackTargetQueue(TargetQueue):
     def receive_size(self) -> int:
         return SQE_SIZE + self.in_capsule_size
 
-    def read_host(self, addr: int, key: int, length: int, done) -> None:
+    def read_host(self, addr: int, key: int, length: int, done, tx=None) -> None:
         conn = self._conn
         if conn.state == "closed":
             return  # flushed: a dead QP completes nothing useful
@@ -248,6 +248,12 @@ class LoopbackTargetQueue(TargetQueue):
             conn.host._deliver(cqe)
 
         conn.fabric._post(op)
+
+    def complete(self, cqe: bytes, data=None, addr: int = 0, key: int = 0, invalidate_key: Optional[int] = None,
+                 tx=None, source=None) -> None:
+        if data is not None and len(data):
+            self.write_host(addr, key, data)
+        self.respond(cqe, invalidate_key)
 
     def close(self) -> None:
         self._conn.disconnect("target")

@@ -43,6 +43,7 @@ from typing import Callable, Deque, Dict, List, Optional
 from ..errors import NvmeofError
 from ..nvme import cm as cmdata
 from .resources import BufferPool, PoolShare, ResourceLimits
+from .rdma_requests import RequestBook, TxRequest
 from .base import (ConnectRejected, ConnectRequest, Connector, HostBuffer, HostQueue, QueueHandler,
                    ReadDone, RemoteAccessError, TargetQueue, TransportError)
 
@@ -60,7 +61,7 @@ try:  # pyverbs is Debian's python3-pyverbs; import lazily so the rest of the pa
     from pyverbs.mr import MR
     from pyverbs.pd import PD
     from pyverbs.pyverbs_error import PyverbsRDMAError
-    from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+    from pyverbs.qp import QP, QPAttr, QPCap, QPEx, QPInitAttr, QPInitAttrEx
     from pyverbs.wr import SGE, RecvWR, SendWR
     PYVERBS_ERROR = None
 except ImportError as exc:  # pragma: no cover - depends on the machine
@@ -70,48 +71,15 @@ ADMIN_CAPSULE = 64
 RESPONSE_SIZE = 16
 CM_TIMEOUT_MS = 3000
 SEND_WR_BASE = 1 << 32  # wr_ids below this are receive slots
-RESPONSE_WR_BASE = SEND_WR_BASE  # target: + response slot
-READ_WR_BASE = 1 << 40  # target: RDMA READs count up from here
+WRITE_WR_ID = SEND_WR_BASE + (1 << 31)  # target: the unsignaled data WRITEs (SEND_WR_BASE + n: request n)
 # QP local ACK timeout exponent, at most (4.096 us << 19 = 2.1 s): what rdma_cm computes for RoCE here and what
 # the Linux host asks for in its REQ, so the target retransmits no sooner than nvmet_rdma or the host do.
 ACK_TIMEOUT = 19
 
 
-# Bookworm's pyverbs 44 never frees an SGE or SendWR: their destructor is misnamed `__dealloc` (fixed upstream
-# later), so objects made per command leak.  There the data WRITE and READ work requests are made once per queue
-# and reused, each pointing at its own SGE's buffer so that updating the SGE changes what is posted; a work request
-# may be reused as soon as post_send returns (the provider has copied it).  On a fixed pyverbs that sharing would
-# free the buffer twice, so per-command objects (which no longer leak there) are used instead.
+# Bookworm's pyverbs 44 never frees an SGE, SendWR or RecvWR: their destructor is misnamed `__dealloc` (fixed
+# upstream later), so such objects made per command leak.  The target's hot path makes none (RdmaTargetQueue).
 WR_LEAKS = PYVERBS_ERROR is None and any(name.endswith("__dealloc") for name in dir(SendWR))
-
-
-class _DataWR:
-    """One reusable RDMA READ or WRITE work request with its SGE (only where WR_LEAKS)."""
-
-    __slots__ = ("wr", "sge")
-
-    def __init__(self, opcode: int, send_flags: int):
-        self.sge = SGE(0, 0, 0)
-        self.wr = SendWR(wr_id=0, opcode=opcode, num_sge=1, sg=[self.sge], send_flags=send_flags)
-        self.wr.sg_list = self.sge  # the WR now reads the SGE's buffer (its own one-entry copy is left unused)
-
-    def set(self, wr_id: int, addr: int, length: int, lkey: int, rkey: int, remote_addr: int):
-        sge = self.sge
-        sge.addr = addr
-        sge.length = length
-        sge.lkey = lkey
-        wr = self.wr
-        wr.wr_id = wr_id
-        wr.set_wr_rdma(rkey, remote_addr)
-        return wr
-
-
-def _data_wr(opcode: int, send_flags: int, wr_id: int, addr: int, length: int, lkey: int, rkey: int,
-             remote_addr: int):
-    """A new work request per command (pyverbs without the leak)."""
-    wr = SendWR(wr_id=wr_id, opcode=opcode, num_sge=1, sg=[SGE(addr, length, lkey)], send_flags=send_flags)
-    wr.set_wr_rdma(rkey, remote_addr)
-    return wr
 
 
 def require_pyverbs() -> None:
@@ -232,6 +200,21 @@ class RegisteredMemory:
                 pass
 
 
+class _MappedRegion:
+    """A mapping owned by someone else (a RAM namespace), registered as one MR."""
+
+    def __init__(self, pd, mapping: mmap.mmap, access: int):
+        # the address only: the buffer export ends with the temporary ctypes object
+        self.addr = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+        self.mr = MR(pd, len(mapping), access, address=self.addr)
+        self.lkey = self.mr.lkey
+
+    def close(self) -> None:
+        if self.mr is not None:
+            self.mr.close()
+            self.mr = None
+
+
 class DataPool:
     """Fixed-size data chunks carved from one registration made at start; `accounts` says who may take which."""
 
@@ -250,6 +233,7 @@ class DataPool:
 
 # --- the target's event loop ---------------------------------------------------------------
 
+POLL_BATCH = 32  # completions asked of one CQ.poll
 CQ_BUDGET = 64  # completions one queue handles per loop pass before the others get their turn
 SLOW_HANDLER = 0.1  # s: a handler that holds the loop this long is logged (other hosts wait meanwhile)
 
@@ -370,6 +354,7 @@ class RdmaListener:
         self.pd = PD(self.context)
         self.device = self.context.query_device()
         self.pool = DataPool(self.pd, max_transfer, self.limits.data_buffers, self.limits.queue_min_buffers)
+        self.regions: Dict[int, tuple] = {}  # id(mapping) -> (mapping, (addr, lkey) or None, its MR)
         loop.watch(self.cm_fd, self._on_cm_events)
         loop.listeners.append(self)
         log.info("listening on %s:%d (%s)", traddr, self.trsvcid, self.listen_id.dev_name)
@@ -377,6 +362,34 @@ class RdmaListener:
     @property
     def device_name(self) -> str:
         return self.listen_id.dev_name
+
+    def region(self, backend) -> Optional[tuple]:
+        """(address, lkey) of a RAM namespace's memory, registered on first use (local access only: we only
+        send from it), or None where it cannot be (then its reads are staged in a chunk).  Kept until the
+        listener closes; a resized namespace's new memory is registered anew and the old registration kept
+        (WRITEs already posted may still read it), so each resize pins the old size until then."""
+        pin = getattr(backend, "pin", None)
+        if pin is None:
+            return None
+        mapping = backend.buffer.obj if backend.buffer is not None else None
+        entry = self.regions.get(id(mapping))
+        if entry is not None and entry[0] is mapping:
+            return entry[1]
+        try:
+            mapping = pin()
+            began = time.monotonic()
+            # LOCAL_WRITE makes the registration take private pages, never the shared zero page of a
+            # mapping not yet written (a later write would then leave the device sending the old page).
+            memory = _MappedRegion(self.pd, mapping, e.IBV_ACCESS_LOCAL_WRITE)
+            found = (memory.addr, memory.lkey)
+            log.info("RAM namespace of %d MiB registered on %s:%d in %.0f ms: its reads are sent straight from it",
+                     len(mapping) >> 20, self.traddr, self.trsvcid, (time.monotonic() - began) * 1000)
+        except Exception as exc:  # e.g. the locked-memory limit (ulimit -l)
+            log.warning("cannot register a RAM namespace of %d bytes with the device (%s): its reads are copied "
+                        "into data buffers instead", len(mapping) if mapping is not None else 0, exc)
+            memory, found = None, None
+        self.regions[id(mapping)] = (mapping, found, memory)
+        return found
 
     def _on_cm_events(self) -> None:
         while True:
@@ -479,6 +492,10 @@ class RdmaListener:
         self._drain_cm_events()
         self.listen_id.close()
         self.pool.memory.close()
+        for _mapping, _found, memory in self.regions.values():
+            if memory is not None:
+                memory.close()
+        self.regions.clear()
 
     def _drain_cm_events(self) -> None:
         while True:
@@ -502,7 +519,17 @@ class _AcceptRefused(Exception):
 
 
 class RdmaTargetQueue(TargetQueue):
-    """One accepted NVMe queue: an RC QP with its CQ, receive slots, response slots and data chunks."""
+    """One accepted NVMe queue: an RC QP with its CQ, receive slots and a `RequestBook` (transport/rdma_requests.py).
+
+    The hot path makes no pyverbs object per command: work requests are built in the QP with the extended API
+    (QPEx: wr_start, wr_rdma_read / wr_rdma_write + wr_set_sge on one reused SGE, wr_send / wr_send_inv +
+    wr_set_inline_data, wr_complete), so bookworm's leaking SGE and SendWR destructors are never reached per
+    command.  The response is inline (no response slot to keep); in one completion poll every receive is
+    re-posted first and the responses then go out in one wr_start..wr_complete (one doorbell), data WRITEs
+    unsignaled and chained before their SEND, SENDs signaled selectively (rdma_requests.py).
+    Completions are polled with CQ.poll: pyverbs 44's extended CQ cannot be armed on a completion channel
+    (no req_notify), and a target must sleep until work arrives.
+    """
 
     def __init__(self, listener: RdmaListener, cm_id, request: ConnectRequest):
         self.listener = listener
@@ -523,22 +550,32 @@ class RdmaTargetQueue(TargetQueue):
         self.recv_wrs = [RecvWR(wr_id=i, num_sge=1, sg=[SGE(self.recv_mem.addr + i * self.recv_size,
                                                               self.recv_size, self.recv_mem.lkey)])
                          for i in range(self.recv_count)]
-        # Response slots: a 16-byte CQE each, busy until its SEND completes.
-        self.resp_count = self.depth + 4
-        self.resp_mem = RegisteredMemory(pd, self.resp_count * RESPONSE_SIZE, local)
-        self.free_resp: List[int] = list(range(self.resp_count))
-        # One SEND per response slot, built once: pyverbs objects are costly to create per command.
-        self.resp_wrs = [SendWR(wr_id=RESPONSE_WR_BASE + i, opcode=e.IBV_WR_SEND, num_sge=1,
-                                sg=[SGE(self.resp_mem.addr + i * RESPONSE_SIZE, RESPONSE_SIZE, self.resp_mem.lkey)],
-                                send_flags=e.IBV_SEND_SIGNALED)
-                         for i in range(self.resp_count)]
+        self.to_repost: List[int] = []
+        # The response is inline: the provider copies these 16 bytes at wr_set_inline_data.
+        self.cqe_buf = ctypes.create_string_buffer(RESPONSE_SIZE)
+        self.cqe_addr = ctypes.addressof(self.cqe_buf)
+        self.sge = SGE(0, 0, 0)  # the one scatter entry every data work request is built from
 
         self.comp_channel, self.cq_fd = _create_with_fd(lambda: CompChannel(ctx), "infinibandevent")
-        self.max_send_wr = 3 * self.depth + 8
+        # Send queue: per command a READ, or a WRITE and a SEND.  Twice that, so that a whole queue's responses
+        # in one poll leave it at least half free: their SENDs are then signaled selectively, not all
+        # (RequestBook.flush signals every one once under a quarter is free).
+        self.max_send_wr = 4 * self.depth + 8
         self.cq = CQ(ctx, self.recv_count + self.max_send_wr, None, self.comp_channel, 0)
         self.cq.req_notify()
-        cap = QPCap(max_send_wr=self.max_send_wr, max_recv_wr=self.recv_count, max_send_sge=1, max_recv_sge=1)
-        self.qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, sq_sig_all=0, cap=cap))
+        cap = QPCap(max_send_wr=self.max_send_wr, max_recv_wr=self.recv_count, max_send_sge=1, max_recv_sge=1,
+                    max_inline_data=RESPONSE_SIZE)
+        ops = (e.IBV_QP_EX_WITH_RDMA_WRITE | e.IBV_QP_EX_WITH_RDMA_READ | e.IBV_QP_EX_WITH_SEND
+               | e.IBV_QP_EX_WITH_SEND_WITH_INV)
+        init = QPInitAttrEx(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, sq_sig_all=0, cap=cap, pd=pd,
+                            send_ops_flags=ops,
+                            comp_mask=e.IBV_QP_INIT_ATTR_PD | e.IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)
+        try:
+            self.qp = QPEx(ctx, init)
+        except PyverbsRDMAError as exc:
+            self._release_rings()
+            raise _AcceptRefused(cmdata.STS_NO_RESOURCES,
+                                 f"the device cannot make an extended RC QP with {RESPONSE_SIZE} B inline: {exc}")
 
         attr, mask = cm_id.init_qp_attr(e.IBV_QPS_INIT)
         self.qp.modify(attr, mask)
@@ -550,6 +587,7 @@ class RdmaTargetQueue(TargetQueue):
         # max_rd_atomic arrives as the host's responder resources: how many RDMA READs we may have in flight.
         self.max_reads = min(attr.max_rd_atomic, listener.device.max_qp_init_rd_atom)
         if self.max_reads < 1:
+            self._release_rings()
             raise _AcceptRefused(cmdata.STS_INVALID_IRD, "host offers no RDMA READ resources (responder_resources 0)")
         attr.max_rd_atomic = self.max_reads
         log.debug("queue %d RTS: local ack timeout %d, retry %d, rnr retry %d", request.qid, attr.timeout,
@@ -561,26 +599,26 @@ class RdmaTargetQueue(TargetQueue):
             attr.timeout = ACK_TIMEOUT
         self.qp.modify(attr, mask)
 
-        self.next_wr_id = READ_WR_BASE
-        # Reused data work requests (WR_LEAKS): one READ (posted one at a time), WRITEs as many as one response chains.
-        self.read_wr = _DataWR(e.IBV_WR_RDMA_READ, e.IBV_SEND_SIGNALED) if WR_LEAKS else None
-        self.write_wrs: List[_DataWR] = []
-        self.send_context: Dict[int, tuple] = {}
-        self.reads_in_flight = 0
-        self.waiting_reads: Deque[tuple] = collections.deque()
-        self.pending_writes: List[list] = []  # [addr, key, chunk or unstaged bytes, length] before the next response
-        self.deferred: Deque[tuple] = collections.deque()  # responses waiting for chunks or a response slot
-
         param = ConnParam(resources=0, depth=self.max_reads, flow_control=1, retry=7, rnr_retry=7,
                           qp_num=self.qp.qp_num, data_len=cmdata.ACCEPT_SIZE)
         param.set_private_data(cmdata.CmAccept(0, self.depth).pack())
         cm_id.accept(param)
-        # Data buffers: taken from the port's pool per transfer; `held` are this queue's right now.
+        # Data buffers: taken from the port's pool per transfer (the book takes and gives them).
         self.share: PoolShare = listener.pool.accounts.share(wake=self._resume)
-        self.held: set = set()
+        self.book = RequestBook(self, self.share, self.max_send_wr, self.max_reads, prealloc=self.recv_count)
+        self._posting = False  # between wr_start and wr_complete
         listener.loop.watch(self.cq_fd, self._on_cq_event)
         log.info("queue %d accepted on %s:%d: depth %d, in-capsule %d B, %d RDMA READs in flight",
                  request.qid, listener.traddr, listener.trsvcid, self.depth, self.in_capsule_size, self.max_reads)
+
+    def _release_rings(self) -> None:
+        for resource in (getattr(self, "qp", None), self.cq, self.comp_channel):
+            if resource is not None:
+                try:
+                    resource.close()
+                except Exception:
+                    pass
+        self.recv_mem.close()
 
     # -- completions --
 
@@ -597,38 +635,65 @@ class RdmaTargetQueue(TargetQueue):
 
     def poll_completions(self):
         """Handle up to CQ_BUDGET completions; if the budget ran out, return this method for the event
-        loop to call again next pass, so one busy queue cannot hold the loop (EventLoop.run_once)."""
+        loop to call again next pass, so one busy queue cannot hold the loop (EventLoop.run_once).
+        Receives are re-posted and responses posted once, at the end (RequestBook batching)."""
+        book = self.book
+        book.begin_batch()
+        try:
+            return self._poll()
+        finally:
+            self._repost()
+            if not self.closed:
+                book.end_batch()
+
+    def _poll(self):
         done = 0
+        requests = self.book.requests
+        send_completed = self.book.send_completed
         while not self.closed:
             if done >= CQ_BUDGET:
                 return self.poll_completions
-            count, wcs = self.cq.poll(num_entries=32)
+            count, wcs = self.cq.poll(num_entries=POLL_BATCH)
             if count == 0:
                 return None
             done += count
             for wc in wcs[:count]:
                 if wc.status != e.IBV_WC_SUCCESS:
                     self._on_failed_completion(wc)
-                    return
-                if wc.wr_id < SEND_WR_BASE:
-                    self._on_capsule(wc.wr_id, wc.byte_len)
-                else:
-                    self._on_send_completion(wc)
+                    return None
+                wr_id = wc.wr_id
+                if wr_id < SEND_WR_BASE:
+                    self._on_capsule(wr_id, wc.byte_len)
+                elif wr_id < WRITE_WR_ID:
+                    send_completed(requests[wr_id - SEND_WR_BASE])
+            if count < POLL_BATCH:
+                # Fewer than asked for: the CQ was empty at that moment.  Anything later made the armed CQ's
+                # channel readable (it was re-armed before this poll), so the next loop pass finds it.
+                return None
+        return None
+
+    def _repost(self) -> None:
+        slots, self.to_repost = self.to_repost, []
+        if self.closed:
+            return
+        qp, wrs = self.qp, self.recv_wrs
+        try:
+            for slot in slots:
+                qp.post_recv(wrs[slot])
+        except PyverbsRDMAError as exc:
+            log.warning("queue %d: re-posting a receive failed: %s: closing", self.qid, exc)
+            self.close()
 
     def _on_failed_completion(self, wc) -> None:
-        context = self.send_context.pop(wc.wr_id, None)
         if wc.status != e.IBV_WC_WR_FLUSH_ERR:
             log.warning("queue %d: work completion failed: status %d (vendor error 0x%x): closing the queue",
                         self.qid, wc.status, wc.vendor_err)
-        if context is not None and context[0] == "read":
-            self._finish_read(context, None, RemoteAccessError(
-                f"RDMA READ failed with work completion status {wc.status}"))
-        self.close()
+        self.close(RemoteAccessError(f"RDMA READ failed with work completion status {wc.status}"))
 
     def _on_capsule(self, slot: int, length: int) -> None:
         start = slot * self.recv_size
         capsule = bytes(self.recv_mem.view[start:start + length])
-        self.qp.post_recv(self.recv_wrs[slot])  # re-post before anything can respond (§3.5)
+        self.to_repost.append(slot)  # re-posted before any response of this batch goes out (§3.5)
         if length < ADMIN_CAPSULE:
             log.warning("queue %d: capsule of %d bytes (< 64): closing the queue", self.qid, length)
             self.close()
@@ -636,46 +701,91 @@ class RdmaTargetQueue(TargetQueue):
         if wire_log.isEnabledFor(logging.DEBUG):
             wire_log.debug("qp %#x qid %d: capsule %d B opc %#04x cid %d", self.qp.qp_num, self.qid, length,
                            capsule[0], int.from_bytes(capsule[2:4], "little"))
-        self.listener.handler.capsule_received(self, memoryview(capsule))
+        book = self.book
+        tx = book.received()
+        book.delivered(tx)
+        self.listener.handler.capsule_received(self, memoryview(capsule), tx)
 
-    def _on_send_completion(self, wc) -> None:
-        context = self.send_context.pop(wc.wr_id, None)
-        if context is None:
+    # -- the book's Poster: work requests built in the QP, posted by flush() with one doorbell
+
+    def _start(self):
+        qp = self.qp
+        if not self._posting:
+            qp.wr_start()
+            self._posting = True
+        return qp
+
+    def post_read(self, req: TxRequest) -> None:
+        qp = self._start()
+        pool = self.listener.pool
+        if wire_log.isEnabledFor(logging.DEBUG):
+            wire_log.debug("qp %#x qid %d: RDMA READ va %#x rkey %#x len %d", self.qp.qp_num, self.qid,
+                           req.addr, req.key, req.length)
+        qp.wr_id = SEND_WR_BASE + req.index
+        qp.wr_flags = e.IBV_SEND_SIGNALED
+        qp.wr_rdma_read(req.key, req.addr)
+        sge = self.sge
+        sge.addr = pool.memory.addr + req.chunk * pool.chunk_size
+        sge.length = req.length
+        sge.lkey = pool.memory.lkey
+        qp.wr_set_sge(sge)
+
+    def post_response(self, req: TxRequest) -> None:
+        qp = self._start()
+        if req.length:  # the data first, unsignaled: RC delivers it before the SEND that follows
+            sge = self.sge
+            if req.external is not None:
+                sge.addr, sge.lkey = req.external
+            else:
+                pool = self.listener.pool
+                sge.addr = pool.memory.addr + req.chunk * pool.chunk_size
+                sge.lkey = pool.memory.lkey
+            sge.length = req.length
+            qp.wr_id = WRITE_WR_ID
+            qp.wr_flags = 0
+            qp.wr_rdma_write(req.key, req.addr)
+            qp.wr_set_sge(sge)
+        qp.wr_id = SEND_WR_BASE + req.index
+        qp.wr_flags = (e.IBV_SEND_INLINE | e.IBV_SEND_SIGNALED) if req.signaled else e.IBV_SEND_INLINE
+        invalidate = req.invalidate is not None and self.listener.remote_invalidate
+        if invalidate:
+            qp.wr_send_inv(req.invalidate)  # §7.2: the host's key is invalidated with the response
+        else:
+            qp.wr_send()
+        ctypes.memmove(self.cqe_addr, req.cqe, RESPONSE_SIZE)
+        qp.wr_set_inline_data(self.cqe_addr, RESPONSE_SIZE)
+        if wire_log.isEnabledFor(logging.DEBUG):
+            if req.length:
+                wire_log.debug("qp %#x qid %d: RDMA WRITE va %#x rkey %#x len %d", self.qp.qp_num, self.qid,
+                               req.addr, req.key, req.length)
+            wire_log.debug("qp %#x qid %d: SEND response cid %d%s", self.qp.qp_num, self.qid,
+                           int.from_bytes(req.cqe[12:14], "little"),
+                           f" with invalidate rkey {req.invalidate:#x}" if invalidate else "")
+
+    def flush(self) -> None:
+        if not self._posting:
             return
-        if context[0] == "read":  # ("read", chunk, length, done)
-            self.reads_in_flight -= 1
-            self._finish_read(context, self.listener.pool.view(context[1], context[2]), None)
-            self._start_waiting_reads()
-        else:  # ("send", slot, chunks, WRITE WRs kept alive until posted): slot and chunks are free again
-            _, slot, chunks, _keepalive = context
-            self.free_resp.append(slot)
-            self._release_chunks(chunks)
-
-    def _finish_read(self, context, data, error) -> None:
-        chunk, done = context[1], context[3]
+        self._posting = False
         try:
-            done(data, error)
-        finally:
-            self._give([chunk])
-            self._resume()
+            self.qp.wr_complete()
+        except PyverbsRDMAError as exc:
+            log.warning("queue %d: posting work requests failed: %s: closing", self.qid, exc)
+            self.close()
+
+    def stage(self, chunk: int, data) -> None:
+        pool = self.listener.pool
+        start = chunk * pool.chunk_size
+        pool.memory.view[start:start + len(data)] = data
+
+    def chunk_view(self, chunk: int, length: int) -> memoryview:
+        return self.listener.pool.view(chunk, length)
 
     # -- data buffers from the port's shared pool
 
-    def _take(self, count: int) -> Optional[List[int]]:
-        chunks = self.share.take(count)
-        if chunks:
-            self.held.update(chunks)
-        return chunks
-
-    def _give(self, chunks) -> None:
-        chunks = [c for c in chunks if c in self.held]
-        self.held.difference_update(chunks)
-        self.share.give(chunks)
-
     def _resume(self) -> None:
-        """Buffers may be free again: send waiting responses, start waiting reads."""
-        self._post_deferred()
-        self._start_waiting_reads()
+        """The pool has buffers again: serve the requests waiting for one."""
+        if not self.closed:
+            self.book.resume()
 
     def connected(self) -> bool:
         """The target accepted this queue's NVMe Connect: guarantee it its minimum of data buffers."""
@@ -684,127 +794,54 @@ class RdmaTargetQueue(TargetQueue):
     def guarantee_capacity(self) -> Optional[int]:
         return self.listener.pool.accounts.guarantee_capacity()
 
+    def in_flight(self) -> int:
+        return self.book.in_flight()
+
+    def responses_in_flight(self) -> int:
+        return 0 if self.closed else self.book.completing()
+
     # -- the TargetQueue contract --
 
-    def _wr_id(self) -> int:
-        self.next_wr_id += 1
-        return self.next_wr_id
-
-    def read_host(self, addr: int, key: int, length: int, done: ReadDone) -> None:
+    def read_host(self, addr: int, key: int, length: int, done: ReadDone, tx=None) -> None:
         if self.closed:
             done(None, TransportError("queue is closed"))
             return
         if length > self.listener.max_transfer:
             done(None, TransportError(f"transfer of {length} bytes exceeds {self.listener.max_transfer}"))
             return
-        self.waiting_reads.append((addr, key, length, done))
-        self._start_waiting_reads()
+        if tx is None:  # a caller without the request of the capsule (tests): a request of its own
+            tx = self.book.received()
+            self.book.delivered(tx)
+        self.book.read(tx, addr, key, length, done)
 
-    def _start_waiting_reads(self) -> None:
-        while self.waiting_reads and self.reads_in_flight < self.max_reads and not self.closed:
-            taken = self._take(1)
-            if not taken:
-                return  # woken by the pool when a buffer is free
-            chunk = taken[0]
-            addr, key, length, done = self.waiting_reads.popleft()
-            wr_id = self._wr_id()
-            pool = self.listener.pool
-            if self.read_wr is not None:
-                wr = self.read_wr.set(wr_id, pool.addr(chunk), length, pool.memory.lkey, key, addr)
-            else:
-                wr = _data_wr(e.IBV_WR_RDMA_READ, e.IBV_SEND_SIGNALED, wr_id, pool.addr(chunk), length,
-                              pool.memory.lkey, key, addr)
-            self.send_context[wr_id] = ("read", chunk, length, done)
-            self.reads_in_flight += 1
-            if wire_log.isEnabledFor(logging.DEBUG):
-                wire_log.debug("qp %#x qid %d: RDMA READ va %#x rkey %#x len %d", self.qp.qp_num, self.qid,
-                               addr, key, length)
-            try:
-                self.qp.post_send(wr)
-            except PyverbsRDMAError as exc:
-                self.send_context.pop(wr_id)
-                self.reads_in_flight -= 1
-                self._finish_read(("read", chunk, length, done), None, TransportError(f"post RDMA READ: {exc}"))
+    def data_buffer(self, length: int, tx=None) -> Optional[memoryview]:
+        if tx is None or length > self.listener.max_transfer or not self.book.buffer(tx):
+            return None
+        return self.listener.pool.view(tx.chunk, length)
 
-    def write_host(self, addr: int, key: int, data) -> None:
+    def complete(self, cqe: bytes, data=None, addr: int = 0, key: int = 0, invalidate_key: Optional[int] = None,
+                 tx=None, source=None) -> None:
         if self.closed:
+            if tx is not None:
+                self.book.dropped(tx)
             return
-        length = len(data)
-        if length > self.listener.max_transfer:
-            raise TransportError(f"RDMA WRITE of {length} bytes exceeds the {self.listener.max_transfer}-byte MDTS")
-        # Without a free chunk the data waits (copied) and so does the response that follows it.
-        taken = None if self.deferred else self._take(1)
-        self.pending_writes.append([addr, key, self._stage(taken[0], data) if taken else bytes(data), length])
+        if data is not None and len(data) > self.listener.max_transfer:
+            raise TransportError(f"RDMA WRITE of {len(data)} bytes exceeds the {self.listener.max_transfer}-byte "
+                                 "MDTS")
+        if len(cqe) != RESPONSE_SIZE:
+            raise TransportError(f"response of {len(cqe)} bytes (a CQE is {RESPONSE_SIZE})")
+        book = self.book
+        if tx is None:
+            tx = book.received()
+            book.delivered(tx)
+        external = None
+        if source is not None and data is not None:
+            region = self.listener.region(source[0])
+            if region is not None:
+                external = (region[0] + source[1], region[1])
+        book.complete(tx, cqe, data, addr, key, invalidate_key, external)
 
-    def _stage(self, chunk: int, data) -> int:
-        self.listener.pool.view(chunk, len(data))[:] = data
-        return chunk
-
-    def _release_chunks(self, chunks) -> None:
-        self._give(chunks)
-        self._resume()
-
-    def respond(self, cqe: bytes, invalidate_key: Optional[int] = None) -> None:
-        if self.closed:
-            return
-        writes, self.pending_writes = self.pending_writes, []
-        self.deferred.append((writes, bytes(cqe), invalidate_key))
-        self._post_deferred()
-
-    def _post_deferred(self) -> None:
-        """Post waiting responses in order, each once its WRITE data is staged in registered chunks."""
-        while self.deferred and not self.closed:
-            writes, cqe, invalidate_key = self.deferred[0]
-            if not self.free_resp:
-                return
-            unstaged = [w for w in writes if not isinstance(w[2], int)]
-            taken = self._take(len(unstaged)) if unstaged else []
-            if taken is None:
-                return  # woken by the pool when buffers are free
-            for w, chunk in zip(unstaged, taken):
-                w[2] = self._stage(chunk, w[2])
-            self.deferred.popleft()
-            self._post_response(writes, cqe, invalidate_key)
-
-    def _post_response(self, writes, cqe: bytes, invalidate_key: Optional[int]) -> None:
-        slot = self.free_resp.pop()
-        start = slot * RESPONSE_SIZE
-        self.resp_mem.view[start:start + RESPONSE_SIZE] = cqe
-        send = self.resp_wrs[slot]
-        wr_id = RESPONSE_WR_BASE + slot
-        if invalidate_key is not None and self.listener.remote_invalidate:
-            send.opcode = e.IBV_WR_SEND_WITH_INV
-            send.imm_data = invalidate_key  # the C union shares imm_data with invalidate_rkey (§7.2)
-        else:
-            send.opcode = e.IBV_WR_SEND
-        pool = self.listener.pool
-        head, wrs = send, []
-        for i, (addr, key, chunk, length) in enumerate(reversed(writes)):  # WRITEs unsignaled, before the SEND
-            if WR_LEAKS:
-                while len(self.write_wrs) <= i:
-                    self.write_wrs.append(_DataWR(e.IBV_WR_RDMA_WRITE, 0))
-                wr = self.write_wrs[i].set(0, pool.addr(chunk), length, pool.memory.lkey, key, addr)
-            else:
-                wr = _data_wr(e.IBV_WR_RDMA_WRITE, 0, 0, pool.addr(chunk), length, pool.memory.lkey, key, addr)
-                wrs.append(wr)  # kept alive until the SEND completes
-            wr.next_wr = head
-            head = wr
-        self.send_context[wr_id] = ("send", slot, [w[2] for w in writes], wrs)
-        if wire_log.isEnabledFor(logging.DEBUG):
-            for addr, key, _chunk, length in writes:
-                wire_log.debug("qp %#x qid %d: RDMA WRITE va %#x rkey %#x len %d", self.qp.qp_num, self.qid,
-                               addr, key, length)
-            wire_log.debug("qp %#x qid %d: SEND response cid %d%s", self.qp.qp_num, self.qid,
-                           int.from_bytes(cqe[12:14], "little"),
-                           f" with invalidate rkey {invalidate_key:#x}" if send.opcode == e.IBV_WR_SEND_WITH_INV
-                           else "")
-        try:
-            self.qp.post_send(head)
-        except PyverbsRDMAError as exc:
-            log.warning("queue %d: post SEND failed: %s: closing", self.qid, exc)
-            self.close()
-
-    def close(self) -> None:
+    def close(self, error: Optional[TransportError] = None) -> None:
         if self.closed:
             return
         self.closed = True
@@ -814,19 +851,6 @@ class RdmaTargetQueue(TargetQueue):
             self.cm_id.disconnect()
         except Exception:
             pass  # already disconnected by the peer
-        waiting, self.waiting_reads = self.waiting_reads, collections.deque()
-        for addr, key, length, done in waiting:
-            try:
-                done(None, TransportError("queue closed"))
-            except Exception:
-                log.exception("read callback failed")
-        for context in list(self.send_context.values()):
-            if context[0] == "read":
-                try:
-                    context[3](None, TransportError("queue closed"))
-                except Exception:
-                    log.exception("read callback failed")
-        self.send_context.clear()
         try:
             listener.handler.queue_closed(self)
         finally:
@@ -835,13 +859,10 @@ class RdmaTargetQueue(TargetQueue):
                     resource.close()
                 except Exception:
                     pass
-            # With the QP gone nothing uses our buffers any more: all of them go back to the pool.
-            self.pending_writes.clear()
-            self.deferred.clear()
-            self._give(list(self.held))
+            # With the QP gone nothing uses our buffers any more: every request ends, its chunk goes back.
+            self.book.close(error or TransportError("queue closed"))
             self.share.close()
             self.recv_mem.close()
-            self.resp_mem.close()
             listener.forget(self)
             log.info("queue %d closed", self.qid)
 

@@ -1,0 +1,73 @@
+"""The RDMA target queue's real code (transport/rdma.py with its RequestBook) on the fake device of
+benchmarks/fakeverbs.py, with the plain-Python pyverbs stand-ins: the project's initiator connects, writes and
+reads, and the test looks at what the transport did.  Runs in a child interpreter: the stand-ins replace pyverbs
+in sys.modules."""
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+CHILD = r"""
+import sys
+sys.path.insert(0, %(bench)r); sys.path.insert(0, %(repo)r)
+import fakeverbs
+fakeverbs.install(prefer_real=False)
+import transport_cost as tc
+from nvmeof_roce.config import parse_config
+from nvmeof_roce.initiator.controller import Controller
+from nvmeof_roce.target.serve import TargetServer
+from nvmeof_roce.transport.rdma_requests import SIGNAL_EVERY, State
+import pyverbs.enums as e
+
+# count the send completions the target's CQs produce
+sends = []
+push = fakeverbs.CQ.push
+def counting_push(self, wr_id, status, opcode, byte_len=0, qp_num=0):
+    if opcode == e.IBV_WC_SEND:
+        sends.append(wr_id)
+    return push(self, wr_id, status, opcode, byte_len, qp_num)
+fakeverbs.CQ.push = counting_push
+
+server = TargetServer(parse_config(tc.config_dict(), source="test"))
+ctrl = Controller.connect(tc.FakeConnector(server.loop), tc.SUBNQN, hostnqn=tc.HOSTNQN, num_io_queues=1,
+                          queue_size=32, enable_aen=False)
+listener = server.loop.listeners[0]
+queue = [q for q in listener.queues.values() if q.qid == 1][0]
+pool = listener.pool.accounts
+data = bytes(range(256)) * 16
+ctrl.write(1, 8, data)  # an RDMA READ of the host's data
+assert ctrl.read(1, 8, 8) == data  # an RDMA WRITE from the RAM namespace's own registration
+assert len(listener.regions) == 1 and list(listener.regions.values())[0][1] is not None
+backend = server.target.subsystems[tc.SUBNQN].namespaces[1].backend
+assert backend.pinned
+
+# 31 reads in one wake-up: one doorbell, the responses retired by a few signaled SENDs, no chunk taken
+host = ctrl.io_queues[0].transport
+buf = host.register(4096 * 31)
+capsules = tc.read_capsules(31, buf.addr, buf.key)
+end = host.end
+sends.clear()
+free_before = pool.free_count
+for c in capsules:
+    end.send(c)
+while len(end.responses) < 31:
+    server.loop.run_once(0)
+assert len(end.responses) == 31
+assert pool.free_count == free_before  # RAM reads take no data buffer
+assert 1 <= len(sends) <= 31 // SIGNAL_EVERY + 1, sends  # every 16th and the last SEND signaled
+server.loop.run_once(0)  # the send completions
+assert queue.book.in_flight() == 0 and all(r.state == State.FREE for r in queue.book.requests)
+assert server.target.in_flight() == 0
+# each read delivered its blocks (read_capsules: command i reads LBA 8 i): cid 1 the data written above
+assert all(bytes(buf.view[i * 4096:(i + 1) * 4096]) == backend.read(i * 8 * 512, 4096) for i in range(31))
+assert bytes(buf.view[4096:8192]) == data
+server.close()
+print("ok")
+"""
+
+
+def test_reads_and_writes_through_the_rdma_target_queue_on_the_fake_device():
+    code = CHILD % {"bench": str(REPO / "benchmarks"), "repo": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
