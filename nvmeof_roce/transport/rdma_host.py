@@ -6,15 +6,18 @@ write for the target.  The helpers shared with the target side live in rdma.py.
 """
 from __future__ import annotations
 
-import collections
+import logging
+import select
 import selectors
 import time
-from typing import Deque, List, Optional
+from typing import List, Optional
 
 from ..nvme import cm as cmdata
 from .base import ConnectRejected, Connector, HostBuffer, HostQueue, TransportError
-from .rdma import (ADMIN_CAPSULE, CM_TIMEOUT_MS, PYVERBS_ERROR, RESPONSE_SIZE, SEND_WR_BASE, RegisteredMemory,
-                   _create_with_fd, _eagain, require_pyverbs)
+from .rdma import (ADMIN_CAPSULE, CM_TIMEOUT_MS, PYVERBS_ERROR, RESPONSE_SIZE, SEND_WR_BASE, WR_LEAKS,
+                   RegisteredMemory, _create_with_fd, _eagain, require_pyverbs)
+
+log = logging.getLogger(__name__)
 
 if PYVERBS_ERROR is None:
     import pyverbs.cm_enums as ce
@@ -57,7 +60,95 @@ class RdmaConnector(Connector):
             self.pd = self.context = None
 
 
+class SendAccount:
+    """Which SENDs of a host queue are signaled, and when send-queue entries and capsule slots come back.
+
+    Pure bookkeeping (no verbs, unit-tested without a device).  A capsule that fits the QP's
+    max_inline_data is copied by the provider at post time, so it holds no buffer and its SEND is left
+    unsignaled; every `interval`-th SEND, a SEND from a capsule slot (whose buffer is free only once it
+    completes), and the SEND that fills the send queue are signaled.  RC completes work requests in order
+    (docs/protocol.md §7.3 item 8), so a signaled completion retires the unsignaled SENDs before it too:
+    its wr_id carries how many entries it retires and which slot it frees.
+    """
+
+    NO_SLOT = 0xFFFF
+
+    def __init__(self, sq_size: int, slots: int, interval: int):
+        if sq_size < 1 or not 0 < interval <= sq_size or slots >= self.NO_SLOT:
+            raise ValueError(f"send account: sq_size {sq_size}, slots {slots}, interval {interval}")
+        self.sq_size = sq_size
+        self.interval = interval
+        self.in_sq = 0  # posted and not yet known complete
+        self.unsignaled = 0  # posted unsignaled since the last signaled one
+        self.free_slots: List[int] = list(range(slots - 1, -1, -1))
+
+    def room(self) -> bool:
+        return self.in_sq < self.sq_size
+
+    def post(self, slot: int = NO_SLOT) -> int:
+        """Account one SEND (from capsule `slot`, or inline); returns the wr_id to signal it with, or -1 to
+        post it unsignaled.  Call only when `room()`."""
+        self.in_sq += 1
+        retire = self.unsignaled + 1
+        if slot == self.NO_SLOT and retire < self.interval and self.in_sq < self.sq_size:
+            self.unsignaled = retire
+            return -1
+        self.unsignaled = 0
+        return SEND_WR_BASE + (slot << 16) + retire
+
+    def completed(self, wr_id: int) -> None:
+        """A signaled SEND completed: its entry and the unsignaled ones before it are free, and its slot."""
+        n = wr_id - SEND_WR_BASE
+        self.in_sq -= n & 0xFFFF
+        slot = n >> 16
+        if slot != self.NO_SLOT:
+            self.free_slots.append(slot)
+
+
+INLINE_CAPSULE = 64  # max_inline_data asked for: a capsule without in-capsule data goes inline
+SIGNAL_INTERVAL = 16  # at most this many SENDs in a row unsignaled
+CQ_BATCH = 32  # completions asked for per CQ.poll call
+if PYVERBS_ERROR is None:
+    SUCCESS = e.IBV_WC_SUCCESS
+    SIGNALED = e.IBV_SEND_SIGNALED
+    INLINE = e.IBV_SEND_INLINE
+    INLINE_SIGNALED = e.IBV_SEND_INLINE | e.IBV_SEND_SIGNALED
+
+
+class _SendWR:
+    """One reusable SEND work request with its SGE: on bookworm's pyverbs (WR_LEAKS) it reads its own SGE's
+    buffer, so setting the SGE changes what is posted (as `rdma._DataWR` does for data); elsewhere a new
+    work request per post (they do not leak there)."""
+
+    __slots__ = ("wr", "sge", "lkey")
+
+    def __init__(self, lkey: int):
+        self.lkey = lkey
+        if WR_LEAKS:
+            self.sge = SGE(0, 0, lkey)
+            self.wr = SendWR(wr_id=0, opcode=e.IBV_WR_SEND, num_sge=1, sg=[self.sge], send_flags=0)
+            self.wr.sg_list = self.sge
+        else:
+            self.sge = self.wr = None
+
+    def set(self, wr_id: int, flags: int, addr: int, length: int):
+        if not WR_LEAKS:
+            return SendWR(wr_id=wr_id, opcode=e.IBV_WR_SEND, num_sge=1, sg=[SGE(addr, length, self.lkey)],
+                          send_flags=flags)
+        sge = self.sge
+        sge.addr = addr
+        sge.length = length
+        wr = self.wr
+        wr.wr_id = wr_id
+        wr.send_flags = flags
+        return wr
+
+
 class RdmaHostQueue(HostQueue):
+    """One NVMe queue from the host: capsules SENT inline when they fit (else from a registered capsule slot),
+    SENDs signaled selectively (`SendAccount`), 16-byte receives re-posted after each poll batch; no pyverbs
+    object is made per command on bookworm's pyverbs (docs/protocol.md §7.3 item 10)."""
+
     def __init__(self, connector: RdmaConnector, qid: int, hrqsize: int, hsqsize: int, cntlid: int):
         self.connector = connector
         self.qid = qid
@@ -86,13 +177,19 @@ class RdmaHostQueue(HostQueue):
         self.recv_wrs = [RecvWR(wr_id=i, num_sge=1, sg=[SGE(self.recv_mem.addr + i * RESPONSE_SIZE, RESPONSE_SIZE,
                                                               self.recv_mem.lkey)]) for i in range(hrqsize)]
         self.capsule_size = ADMIN_CAPSULE + (connector.max_in_capsule if qid else 0)
-        self.send_mem = RegisteredMemory(pd, depth * self.capsule_size, e.IBV_ACCESS_LOCAL_WRITE)
-        self.free_send: List[int] = list(range(depth))
+        # capsule slots, and one page past them where inline capsules are staged (copied out at post time)
+        self.send_mem = RegisteredMemory(pd, depth * self.capsule_size + INLINE_CAPSULE, e.IBV_ACCESS_LOCAL_WRITE)
+        self.stage = depth * self.capsule_size
         self.comp_channel, self.cq_fd = _create_with_fd(lambda: CompChannel(ctx), "infinibandevent")
-        self.cq = CQ(ctx, hrqsize + depth + 4, None, self.comp_channel, 0)
+        sq_size = 2 * depth + 2  # unsignaled SENDs hold their entries until a later signaled one completes
+        self.cq = CQ(ctx, hrqsize + sq_size + 4, None, self.comp_channel, 0)
         self.cq.req_notify()
-        cap = QPCap(max_send_wr=depth + 2, max_recv_wr=hrqsize, max_send_sge=1, max_recv_sge=1)
-        self.qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, sq_sig_all=1, cap=cap))
+        self.qp, self.inline_max = self._create_qp(pd, sq_size, hrqsize)
+        self.sends = SendAccount(sq_size, depth, min(SIGNAL_INTERVAL, max(1, depth // 2)))
+        self.inline_wr = _SendWR(self.send_mem.lkey)
+        self.slot_wrs = [_SendWR(self.send_mem.lkey) for _ in range(depth)]
+        self.cq_poller = select.poll()
+        self.cq_poller.register(self.cq_fd, select.POLLIN)
         resources = max(1, min(16, connector.device.max_qp_rd_atom))
         param = ConnParam(resources=resources, depth=0, flow_control=1, retry=7, rnr_retry=7,
                           qp_num=self.qp.qp_num, data_len=cmdata.REQUEST_SIZE)
@@ -114,7 +211,20 @@ class RdmaHostQueue(HostQueue):
         attr, mask = self.cm_id.init_qp_attr(e.IBV_QPS_RTS)
         self.qp.modify(attr, mask)
         self.cm_id.establish()
-        self.responses: Deque[bytes] = collections.deque()
+        self.responses: List[bytes] = []
+
+    def _create_qp(self, pd, sq_size: int, hrqsize: int):
+        """The RC QP, with room for an inline SQE if the device offers it (else every SEND uses a slot)."""
+        for inline in (INLINE_CAPSULE, 0):
+            cap = QPCap(max_send_wr=sq_size, max_recv_wr=hrqsize, max_send_sge=1, max_recv_sge=1,
+                        max_inline_data=inline)
+            try:
+                return QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, sq_sig_all=0,
+                                         cap=cap)), inline
+            except PyverbsRDMAError:
+                if not inline:
+                    raise
+                log.debug("queue %d: no inline data on this device", self.qid)
 
     def _wait_event(self, wanted: int, what: str, timeout: Optional[float] = None) -> bytes:
         timeout = self.connector.timeout if timeout is None else timeout
@@ -157,44 +267,71 @@ class RdmaHostQueue(HostQueue):
     def send(self, capsule: bytes) -> None:
         if self.closed:
             raise TransportError("queue is closed")
-        if len(capsule) > self.capsule_size:
-            raise TransportError(f"capsule of {len(capsule)} bytes exceeds {self.capsule_size}")
-        deadline = time.monotonic() + self.connector.timeout
-        while not self.free_send:  # a slot is free once its SEND completes
-            self._poll_once(max(0.0, deadline - time.monotonic()))
-            if time.monotonic() > deadline and not self.free_send:
-                raise TransportError("send queue full: no SEND completed in time")
-        slot = self.free_send.pop()
-        start = slot * self.capsule_size
-        self.send_mem.view[start:start + len(capsule)] = capsule
-        wr = SendWR(wr_id=SEND_WR_BASE + slot, opcode=e.IBV_WR_SEND, num_sge=1,
-                    sg=[SGE(self.send_mem.addr + start, len(capsule), self.send_mem.lkey)])
+        length = len(capsule)
+        if length > self.capsule_size:
+            raise TransportError(f"capsule of {length} bytes exceeds {self.capsule_size}")
+        sends = self.sends
+        inline = length <= self.inline_max
+        if not sends.room() or not (inline or sends.free_slots):
+            self._wait_send(length)
+        mem = self.send_mem
+        if inline:  # staged, copied by the provider at post time: no buffer to hold
+            start = self.stage
+            mem.map[start:start + length] = capsule
+            wr_id = sends.post()
+            if wr_id < 0:
+                wr = self.inline_wr.set(SEND_WR_BASE + (SendAccount.NO_SLOT << 16), INLINE, mem.addr + start, length)
+            else:
+                wr = self.inline_wr.set(wr_id, INLINE_SIGNALED, mem.addr + start, length)
+        else:
+            slot = sends.free_slots.pop()
+            start = slot * self.capsule_size
+            mem.map[start:start + length] = capsule
+            wr = self.slot_wrs[slot].set(sends.post(slot), SIGNALED, mem.addr + start, length)
         self.qp.post_send(wr)
 
+    def _wait_send(self, length: int) -> None:
+        """Reap send completions until a send-queue entry (and a capsule slot, for a capsule too big to
+        go inline) is free."""
+        sends = self.sends
+        deadline = time.monotonic() + self.connector.timeout
+        while not sends.room() or not (length <= self.inline_max or sends.free_slots):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TransportError("send queue full: no SEND completed in time")
+            self._wait_cq(remaining)
+
     def _drain(self) -> None:
+        """Take every completion on the CQ: SEND completions free their entries and slots, responses are
+        copied out, then their receives are re-posted together."""
+        responses = self.responses
+        received = []
+        rmap = self.recv_mem.map
+        sends = self.sends
         while True:
-            count, wcs = self.cq.poll(num_entries=32)
-            if count == 0:
-                return
-            for wc in wcs[:count]:
-                if wc.status != e.IBV_WC_SUCCESS:
+            count, wcs = self.cq.poll(CQ_BATCH)
+            for wc in wcs:
+                wr_id = wc.wr_id
+                if wc.status != SUCCESS:
                     self.closed = True
                     raise TransportError(f"queue {self.qid}: work completion failed with status {wc.status}"
                                          " (connection lost)")
-                if wc.wr_id >= SEND_WR_BASE:
-                    self.free_send.append(wc.wr_id - SEND_WR_BASE)
+                if wr_id >= SEND_WR_BASE:
+                    sends.completed(wr_id)
                 else:
-                    start = wc.wr_id * RESPONSE_SIZE
-                    self.responses.append(bytes(self.recv_mem.view[start:start + RESPONSE_SIZE]))
-                    self.qp.post_recv(self.recv_wrs[wc.wr_id])
+                    start = wr_id * RESPONSE_SIZE
+                    responses.append(rmap[start:start + RESPONSE_SIZE])
+                    received.append(wr_id)
+            if count < CQ_BATCH:
+                break
+        if received:
+            post_recv, recv_wrs = self.qp.post_recv, self.recv_wrs
+            for i in received:
+                post_recv(recv_wrs[i])
 
-    def _poll_once(self, timeout: float) -> None:
-        self._drain()
-        if self.responses or timeout <= 0:
-            return
-        import select
-        readable, _, _ = select.select([self.cq_fd], [], [], timeout)
-        if readable:
+    def _wait_cq(self, timeout: float) -> None:
+        """Sleep on the completion channel up to `timeout`, re-arm it, and drain (docs/protocol.md §7.3 item 1)."""
+        if self.cq_poller.poll(timeout * 1000):
             try:
                 self.comp_channel.get_cq_event(self.cq)
                 self.cq.ack_events(1)
@@ -207,14 +344,18 @@ class RdmaHostQueue(HostQueue):
     def poll(self, timeout: float) -> list:
         if self.closed and not self.responses:
             raise TransportError(f"queue {self.qid} is closed")
-        deadline = time.monotonic() + timeout
-        while not self.responses:
-            remaining = deadline - time.monotonic()
-            self._poll_once(max(0.0, remaining))
-            if remaining <= 0:
-                break
-        out = list(self.responses)
-        self.responses.clear()
+        self._drain()
+        if not self.responses and timeout > 0:
+            deadline = time.monotonic() + timeout
+            while True:
+                self._wait_cq(timeout)
+                if self.responses:
+                    break
+                timeout = deadline - time.monotonic()
+                if timeout <= 0:
+                    break
+        out = self.responses
+        self.responses = []
         return out
 
     def _release_verbs(self) -> None:
