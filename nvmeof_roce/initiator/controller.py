@@ -790,13 +790,14 @@ class Controller:
                   cdw12=((nlb - 1) & 0xFFFF) | (control << 16))
         return self.submit_io(sqe, callback, data_out=data, qid=qid, block=block, name="Write")
 
-    def poll_completions(self, timeout: float = 0.0) -> int:
-        """Reap completions on every I/O queue (and the admin queue); returns how many ran."""
+    def poll_completions(self, timeout: float = 0.0, admin: bool = True) -> int:
+        """Reap completions on every I/O queue (and the admin queue unless `admin` is False: a loop that
+        calls `maybe_keep_alive` now and then reaps it there); returns how many ran."""
         count = 0
         for q in self.io_queues:
             if q.outstanding:
                 count += self._process_queue(q, timeout)
-        if self.admin is not None and not self.admin.dead and self.admin.outstanding:
+        if admin and self.admin is not None and not self.admin.dead and self.admin.outstanding:
             count += self._process_queue(self.admin)
         return count
 
