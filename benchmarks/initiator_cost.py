@@ -135,6 +135,7 @@ def rdma_host_queue(depth: int):
         class SendWR:
             def __init__(self, wr_id=0, opcode=0, num_sge=0, sg=None, send_flags=0):
                 self.wr_id, self.send_flags, self.sg_list = wr_id, send_flags, (sg or [None])[0]
+                self.next_wr = None
 
         class RecvWR:
             def __init__(self, wr_id=0, num_sge=0, sg=None):
@@ -156,12 +157,11 @@ def rdma_host_queue(depth: int):
     q.recv_mem = Mem(hrqsize * rh.RESPONSE_SIZE)
     q.recv_wrs = [rh.RecvWR(wr_id=i, num_sge=1, sg=[rh.SGE(0, 16, 1)]) for i in range(hrqsize)]
     q.capsule_size = 64 + 4096
-    q.send_mem = Mem(depth * q.capsule_size + rh.INLINE_CAPSULE)
+    q.send_mem = Mem(depth * q.capsule_size + rh.CHAIN * rh.INLINE_CAPSULE)
     q.stage = depth * q.capsule_size
     q.inline_max = rh.INLINE_CAPSULE
     sq_size = 2 * depth + 2
     q.sends = rh.SendAccount(sq_size, depth, min(rh.SIGNAL_INTERVAL, max(1, depth // 2)))
-    q.inline_wr = rh._SendWR(1)
     q.slot_wrs = [rh._SendWR(1) for _ in range(depth)]
     q.connector = types.SimpleNamespace(timeout=5.0)
     data = Mem(depth * 4096)
@@ -186,8 +186,16 @@ def rdma_host_queue(depth: int):
             self.posted.append(wr.wr_id)
 
         def post_send(self, wr):
+            while wr is not None:  # a chain only with the stand-ins (pyverbs' next_wr getter cannot read one)
+                self.one(wr)
+                wr = None if real else wr.next_wr
+
+        def one(self, wr):
             flags = wr.send_flags
-            at = q.stage if flags & e.IBV_SEND_INLINE else ((wr.wr_id - rh.SEND_WR_BASE) >> 16) * q.capsule_size
+            if not flags & e.IBV_SEND_INLINE:
+                at = ((wr.wr_id - rh.SEND_WR_BASE) >> 16) * q.capsule_size
+            else:
+                at = q.inline_at if real else wr.sg_list.addr - q.send_mem.addr
             cid = CID.unpack_from(q.send_mem.map, at + 2)[0]
             if flags & e.IBV_SEND_SIGNALED:
                 cq.wcs.append(WC(wr_id=wr.wr_id, status=0))
@@ -198,6 +206,12 @@ def rdma_host_queue(depth: int):
 
     cq = FakeCQ()
     q.cq, q.qp = cq, FakeQP()
+    q.held = None
+    q.chain = rh._InlineChain(1, q.send_mem.addr + q.stage)
+    q.inline_wr = q.chain.last
+    q.inline_at = q.stage + (rh.CHAIN - 1) * rh.INLINE_CAPSULE
+    if real:  # posted one by one: this fake cannot follow a real chain
+        q.defer_sends = lambda: None
     return q, real
 
 

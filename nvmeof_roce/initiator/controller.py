@@ -553,6 +553,18 @@ class Controller:
             q.dead = str(exc) or "transport error"
             q.release_all()
             raise
+        if not cqes:
+            return 0
+        transport = q.transport
+        transport.defer_sends()  # what the callbacks submit goes out with one doorbell at the end
+        try:
+            self._complete(q, cqes)
+        finally:
+            transport.flush()
+        return len(cqes)
+
+    @staticmethod
+    def _complete(q: _Queue, cqes: list) -> None:
         unpack = CQE_STRUCT.unpack
         cids, tags, callbacks = q.cids, q.tags, q.callbacks
         for raw in cqes:
@@ -581,7 +593,6 @@ class Controller:
                     callback(Completion(q.qid, cid, wire >> 1, result, dw1, data, q.names[slot]))
             finally:
                 q.release(slot)
-        return len(cqes)
 
     def _wait(self, q: _Queue, done: Callable[[], bool], what: str, timeout: Optional[float] = None) -> None:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)

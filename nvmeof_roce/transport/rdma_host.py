@@ -106,6 +106,7 @@ class SendAccount:
 
 
 INLINE_CAPSULE = 64  # max_inline_data asked for: a capsule without in-capsule data goes inline
+CHAIN = 32  # inline SENDs held between defer_sends() and flush(), posted as one chain (one doorbell)
 SIGNAL_INTERVAL = 16  # at most this many SENDs in a row unsignaled
 CQ_BATCH = 32  # completions asked for per CQ.poll call
 if PYVERBS_ERROR is None:
@@ -113,6 +114,7 @@ if PYVERBS_ERROR is None:
     SIGNALED = e.IBV_SEND_SIGNALED
     INLINE = e.IBV_SEND_INLINE
     INLINE_SIGNALED = e.IBV_SEND_INLINE | e.IBV_SEND_SIGNALED
+UNSIGNALED = SEND_WR_BASE + (SendAccount.NO_SLOT << 16)  # an unsignaled SEND's wr_id (seen only in a flush error)
 
 
 class _SendWR:
@@ -142,6 +144,49 @@ class _SendWR:
         wr.wr_id = wr_id
         wr.send_flags = flags
         return wr
+
+
+class _InlineChain:
+    """CHAIN reusable inline SENDs linked once, wrs[i] -> wrs[i + 1]; the last n of them are a chain of n, so
+    posting wrs[CHAIN - n] posts n SENDs with one call (pyverbs cannot unlink a next_wr once set).  Each has its
+    own staging spot.  Without WR_LEAKS, new linked work requests per flush."""
+
+    def __init__(self, lkey: int, base_addr: int):
+        self.lkey = lkey
+        self.base_addr = base_addr
+        self.keep: list = []
+        self.wrs = [_SendWR(lkey) for _ in range(CHAIN)]
+        if WR_LEAKS:
+            for i in range(CHAIN - 1):
+                self.wrs[i].wr.next_wr = self.wrs[i + 1].wr
+
+    def build(self, held: list, staging, stage: int):
+        """Stage `held` [(capsule, wr_id, flags)] at spots CHAIN - n ... CHAIN - 1 of `staging` (from offset
+        `stage`) and return the head of their chain."""
+        n = len(held)
+        first = CHAIN - n
+        self.keep = []
+        for j in range(n):
+            capsule, wr_id, flags = held[j]
+            length = len(capsule)
+            at = stage + (first + j) * INLINE_CAPSULE
+            staging[at:at + length] = capsule
+            addr = self.base_addr + (first + j) * INLINE_CAPSULE
+            if WR_LEAKS:
+                self.wrs[first + j].set(wr_id, flags, addr, length)
+            else:
+                self.keep.append(SendWR(wr_id=wr_id, opcode=e.IBV_WR_SEND, num_sge=1, send_flags=flags,
+                                        sg=[SGE(addr, length, self.lkey)]))
+        if WR_LEAKS:
+            return self.wrs[first].wr
+        for j in range(n - 1):  # the next one must stay referenced until posted (docs/protocol.md §7.2)
+            self.keep[j].next_wr = self.keep[j + 1]
+        return self.keep[0]
+
+    @property
+    def last(self) -> _SendWR:
+        """The chain's last SEND (its next is none): one SEND on its own."""
+        return self.wrs[CHAIN - 1]
 
 
 class RdmaHostQueue(HostQueue):
@@ -177,16 +222,20 @@ class RdmaHostQueue(HostQueue):
         self.recv_wrs = [RecvWR(wr_id=i, num_sge=1, sg=[SGE(self.recv_mem.addr + i * RESPONSE_SIZE, RESPONSE_SIZE,
                                                               self.recv_mem.lkey)]) for i in range(hrqsize)]
         self.capsule_size = ADMIN_CAPSULE + (connector.max_in_capsule if qid else 0)
-        # capsule slots, and one page past them where inline capsules are staged (copied out at post time)
-        self.send_mem = RegisteredMemory(pd, depth * self.capsule_size + INLINE_CAPSULE, e.IBV_ACCESS_LOCAL_WRITE)
+        # capsule slots, and past them the spots where inline capsules are staged (copied out at post time)
+        self.send_mem = RegisteredMemory(pd, depth * self.capsule_size + CHAIN * INLINE_CAPSULE,
+                                         e.IBV_ACCESS_LOCAL_WRITE)
         self.stage = depth * self.capsule_size
+        self.held: Optional[list] = None  # inline SENDs held since defer_sends(), None when not deferring
         self.comp_channel, self.cq_fd = _create_with_fd(lambda: CompChannel(ctx), "infinibandevent")
         sq_size = 2 * depth + 2  # unsignaled SENDs hold their entries until a later signaled one completes
         self.cq = CQ(ctx, hrqsize + sq_size + 4, None, self.comp_channel, 0)
         self.cq.req_notify()
         self.qp, self.inline_max = self._create_qp(pd, sq_size, hrqsize)
         self.sends = SendAccount(sq_size, depth, min(SIGNAL_INTERVAL, max(1, depth // 2)))
-        self.inline_wr = _SendWR(self.send_mem.lkey)
+        self.chain = _InlineChain(self.send_mem.lkey, self.send_mem.addr + self.stage)
+        self.inline_wr = self.chain.last
+        self.inline_at = self.stage + (CHAIN - 1) * INLINE_CAPSULE
         self.slot_wrs = [_SendWR(self.send_mem.lkey) for _ in range(depth)]
         self.cq_poller = select.poll()
         self.cq_poller.register(self.cq_fd, select.POLLIN)
@@ -276,23 +325,48 @@ class RdmaHostQueue(HostQueue):
             self._wait_send(length)
         mem = self.send_mem
         if inline:  # staged, copied by the provider at post time: no buffer to hold
-            start = self.stage
-            mem.map[start:start + length] = capsule
             wr_id = sends.post()
+            flags = INLINE_SIGNALED
             if wr_id < 0:
-                wr = self.inline_wr.set(SEND_WR_BASE + (SendAccount.NO_SLOT << 16), INLINE, mem.addr + start, length)
-            else:
-                wr = self.inline_wr.set(wr_id, INLINE_SIGNALED, mem.addr + start, length)
+                wr_id, flags = UNSIGNALED, INLINE
+            held = self.held
+            if held is not None:
+                held.append((capsule, wr_id, flags))
+                if len(held) == CHAIN:
+                    self._post_held()
+                return
+            start = self.inline_at
+            mem.map[start:start + length] = capsule
+            wr = self.inline_wr.set(wr_id, flags, mem.addr + start, length)
         else:
+            if self.held:
+                self._post_held()  # SENDs go out in the order they were asked for
             slot = sends.free_slots.pop()
             start = slot * self.capsule_size
             mem.map[start:start + length] = capsule
             wr = self.slot_wrs[slot].set(sends.post(slot), SIGNALED, mem.addr + start, length)
         self.qp.post_send(wr)
 
+    def defer_sends(self) -> None:
+        if self.held is None:
+            self.held = []
+
+    def flush(self) -> None:
+        if self.held:
+            self._post_held()
+        self.held = None
+
+    def _post_held(self) -> None:
+        """Post the held inline SENDs as one chain: one post_send, one doorbell (keeps deferring)."""
+        held = self.held
+        self.held = []
+        self.qp.post_send(self.chain.build(held, self.send_mem.map, self.stage))
+
     def _wait_send(self, length: int) -> None:
         """Reap send completions until a send-queue entry (and a capsule slot, for a capsule too big to
         go inline) is free."""
+        if self.held:
+            self._post_held()  # what is held may be the signaled SEND that frees the queue
         sends = self.sends
         deadline = time.monotonic() + self.connector.timeout
         while not sends.room() or not (length <= self.inline_max or sends.free_slots):
