@@ -175,6 +175,9 @@ class _Queue:
         if not 0 < depth <= MAX_SLOTS:
             raise HostError(f"queue {qid}: {depth} command slots; the CID layout allows 1 to {MAX_SLOTS}")
         self.transport = transport
+        # a host queue that does not derive from HostQueue may lack these (they are optional there)
+        self.defer_sends = getattr(transport, "defer_sends", None)
+        self.flush = getattr(transport, "flush", None)
         self.qid = qid
         self.depth = depth
         self.slot_size = slot_size
@@ -555,12 +558,14 @@ class Controller:
             raise
         if not cqes:
             return 0
-        transport = q.transport
-        transport.defer_sends()  # what the callbacks submit goes out with one doorbell at the end
+        if q.defer_sends is None:
+            self._complete(q, cqes)
+            return len(cqes)
+        q.defer_sends()  # what the callbacks submit goes out with one doorbell at the end
         try:
             self._complete(q, cqes)
         finally:
-            transport.flush()
+            q.flush()
         return len(cqes)
 
     @staticmethod
