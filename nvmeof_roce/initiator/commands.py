@@ -28,7 +28,7 @@ SUBTYPES = {SUBTYPE_REFERRAL: "referral", SUBTYPE_NVME: "nvme subsystem", 3: "cu
 
 
 def _connector(args):
-    from ..transport.rdma import RdmaConnector
+    from ..transport.rdma_host import RdmaConnector
     return RdmaConnector(args.traddr, args.trsvcid, timeout=args.timeout)
 
 

@@ -49,6 +49,7 @@ HOSTNQN_FILE = "/etc/nvme/hostnqn"
 HOSTID_FILE = "/etc/nvme/hostid"
 
 Callback = Callable[["Completion"], None]
+IN_CAPSULE_WORD = ID_IN_CAPSULE << 56  # an in-capsule data SGL's word, less its length (docs/protocol.md §2.2)
 
 
 class HostError(NvmeofError):
@@ -161,35 +162,68 @@ class Completion:
         return f"<Completion {self.name} qid={self.qid} cid={self.cid:#x} {S.describe(self.status)}>"
 
 
-class _Pending:
-    __slots__ = ("slot", "callback", "data_len", "name", "big")
-
-    def __init__(self, slot, callback, data_len, name, big):
-        self.slot = slot
-        self.callback = callback
-        self.data_len = data_len
-        self.name = name
-        self.big = big
+MAX_SLOTS = 1 << 12  # a CID is the slot in its low 12 bits and a 4-bit generation above them
 
 
 class _Queue:
-    """The host's side of one NVMe queue: command slots, each with a slice of one registered buffer."""
+    """The host's side of one NVMe queue: a preallocated table of command slots, each with a slice of one
+    registered buffer.  A command's CID is (generation << 12) | slot, so a completion finds its slot without a
+    lookup and a stale or forged CID is recognised (its slot is free or carries another generation).  Nothing
+    is allocated per command: the per-slot fields are lists indexed by slot."""
 
     def __init__(self, transport: HostQueue, qid: int, depth: int, slot_size: int, in_capsule_max: int):
+        if not 0 < depth <= MAX_SLOTS:
+            raise HostError(f"queue {qid}: {depth} command slots; the CID layout allows 1 to {MAX_SLOTS}")
         self.transport = transport
+        # a host queue that does not derive from HostQueue may lack these (they are optional there)
+        self.defer_sends = getattr(transport, "defer_sends", None)
+        self.flush = getattr(transport, "flush", None)
         self.qid = qid
         self.depth = depth
         self.slot_size = slot_size
         self.in_capsule_max = in_capsule_max
         self.memory = transport.register(depth * slot_size)  # registered once, sliced per command
+        self.keyed_word = (self.memory.key << 24) | (ID_KEYED << 56)  # a keyed SGL's word, less its length
+        self.slot_addrs = [self.memory.addr + slot * slot_size for slot in range(depth)]
         self.free: List[int] = list(range(depth - 1, -1, -1))
         self.generation = [0] * depth
-        self.pending: Dict[int, _Pending] = {}
+        self.cids = [-1] * depth  # the CID a busy slot's command carries; -1 when free
+        self.callbacks: List[Optional[Callable]] = [None] * depth
+        self.tags: List[Optional[int]] = [None] * depth  # a tagged command's tag (None: a Completion callback)
+        self.data_lens = [0] * depth
+        self.names = [""] * depth
+        self.bigs: list = [None] * depth  # the big buffer a command's data uses instead of its slot
         self.big = None  # a larger registration for the occasional big synchronous transfer
         self.dead: Optional[str] = None
 
+    @property
+    def outstanding(self) -> int:
+        return self.depth - len(self.free)
+
+    def take(self) -> Tuple[int, int]:
+        """A free slot and the CID of the command that gets it (raises IndexError when none is free)."""
+        slot = self.free.pop()
+        gen = self.generation[slot] = (self.generation[slot] + 1) & 0xF
+        cid = self.cids[slot] = (gen << 12) | slot
+        return slot, cid
+
+    def slot_of(self, cid: int) -> int:
+        """The slot of the outstanding command `cid`, or -1 if no such command is outstanding."""
+        slot = cid & 0xFFF
+        return slot if slot < self.depth and self.cids[slot] == cid else -1
+
+    def release(self, slot: int) -> None:
+        self.cids[slot] = -1
+        self.callbacks[slot] = self.bigs[slot] = None
+        self.free.append(slot)
+
+    def release_all(self) -> None:
+        for slot in range(self.depth):
+            if self.cids[slot] != -1:
+                self.release(slot)
+
     def slot_addr(self, slot: int) -> int:
-        return self.memory.addr + slot * self.slot_size
+        return self.slot_addrs[slot]
 
     def slot_view(self, slot: int) -> memoryview:
         start = slot * self.slot_size
@@ -442,9 +476,7 @@ class Controller:
             if not block:
                 raise QueueFull(f"queue {q.qid}: all {q.depth} command slots are in use")
             self._wait(q, lambda: bool(q.free), f"a free slot on queue {q.qid}")
-        slot = q.free.pop()
-        gen = q.generation[slot] = (q.generation[slot] + 1) & 0xF
-        cid = (gen << 12) | slot
+        slot, cid = q.take()
         big = None
         length = len(data_out) if data_out is not None else data_in_len
         try:
@@ -471,13 +503,50 @@ class Controller:
                                       sqe.cdw10, sqe.cdw11, sqe.cdw12, sqe.cdw13, sqe.cdw14, sqe.cdw15)
             if payload is not None:
                 capsule += payload
-            q.pending[cid] = _Pending(slot, callback, data_in_len, name, big)
+            q.callbacks[slot] = callback
+            q.tags[slot] = None
+            q.data_lens[slot] = data_in_len
+            q.names[slot] = name
+            q.bigs[slot] = big
             q.transport.send(capsule)
         except BaseException:
-            q.pending.pop(cid, None)
-            q.free.append(slot)
+            q.release(slot)
             raise
         return cid
+
+    def submit_tagged(self, q: _Queue, write: bool, nsid: int, slba: int, nlb: int, length: int,
+                      on_done: Callable[[int, int], None], tag: int, data=None) -> None:
+        """The load generator's path: one NVM Read or Write of `length` bytes (`nlb` blocks, 1's based) on
+        I/O queue `q` with nothing built per command but its capsule.  When it completes `on_done(tag,
+        status)` runs, its slot already free again, so the callback may submit the next one.  A Write sends
+        `data` (in the capsule if it fits, else from the slot); a Read's data lands in the slot and is not
+        handed over.  Raises QueueFull when no slot is free."""
+        if q.dead:
+            raise TransportError(f"queue {q.qid} is disconnected: {q.dead}")
+        if not q.free:
+            raise QueueFull(f"queue {q.qid}: all {q.depth} command slots are in use")
+        if length > q.slot_size:
+            raise HostError(f"transfer of {length} bytes exceeds the {q.slot_size}-byte slot",
+                            "connect with a larger io_slot_size")
+        slot, cid = q.take()
+        if write and length <= q.in_capsule_max:
+            capsule = SQE_STRUCT.pack(NVM_WRITE, FLAGS_SGL, cid, nsid, 0, 0, 0, 0, length | IN_CAPSULE_WORD,
+                                      slba & 0xFFFFFFFF, slba >> 32, (nlb - 1) & 0xFFFF, 0, 0, 0) + data
+        else:
+            addr = q.slot_addrs[slot]
+            if write:
+                start = slot * q.slot_size
+                q.memory.view[start:start + length] = data
+            capsule = SQE_STRUCT.pack(NVM_WRITE if write else NVM_READ, FLAGS_SGL, cid, nsid, 0, 0, 0, addr,
+                                      length | q.keyed_word, slba & 0xFFFFFFFF, slba >> 32, (nlb - 1) & 0xFFFF,
+                                      0, 0, 0)
+        q.callbacks[slot] = on_done
+        q.tags[slot] = tag
+        try:
+            q.transport.send(capsule)
+        except BaseException:
+            q.release(slot)
+            raise
 
     def _process_queue(self, q: _Queue, timeout: float = 0.0) -> int:
         """Poll one queue and run the callbacks of what completed."""
@@ -485,27 +554,50 @@ class Controller:
             cqes = q.transport.poll(timeout)
         except TransportError as exc:
             q.dead = str(exc) or "transport error"
-            q.pending.clear()
+            q.release_all()
             raise
+        if not cqes:
+            return 0
+        if q.defer_sends is None:
+            self._complete(q, cqes)
+            return len(cqes)
+        q.defer_sends()  # what the callbacks submit goes out with one doorbell at the end
+        try:
+            self._complete(q, cqes)
+        finally:
+            q.flush()
+        return len(cqes)
+
+    @staticmethod
+    def _complete(q: _Queue, cqes: list) -> None:
+        unpack = CQE_STRUCT.unpack
+        cids, tags, callbacks = q.cids, q.tags, q.callbacks
         for raw in cqes:
-            result, dw1, _sqhd, sqid, cid, wire = CQE_STRUCT.unpack(raw)
-            pending = q.pending.pop(cid, None)
-            if pending is None:
+            result, dw1, _sqhd, sqid, cid, wire = unpack(raw)
+            slot = cid & 0xFFF
+            if slot >= q.depth or cids[slot] != cid:
                 raise HostError(f"queue {q.qid}: completion for unknown command ID {cid:#x}",
                                 "the target violated the protocol; reconnect")
             if sqid != q.qid:
                 raise HostError(f"queue {q.qid}: completion for CID {cid:#x} names SQID {sqid}",
                                 "the target violated the protocol; reconnect")
+            callback = callbacks[slot]
+            tag = tags[slot]
+            if tag is not None:  # submit_tagged: free the slot first, the callback may reuse it
+                q.release(slot)
+                callback(tag, wire >> 1)
+                continue
             data = None
-            if pending.data_len:
-                source = pending.big.view if pending.big is not None else q.slot_view(pending.slot)
-                data = source[:pending.data_len]
+            data_len = q.data_lens[slot]
+            if data_len:
+                big = q.bigs[slot]
+                source = big.view if big is not None else q.slot_view(slot)
+                data = source[:data_len]
             try:
-                if pending.callback is not None:
-                    pending.callback(Completion(q.qid, cid, wire >> 1, result, dw1, data, pending.name))
+                if callback is not None:
+                    callback(Completion(q.qid, cid, wire >> 1, result, dw1, data, q.names[slot]))
             finally:
-                q.free.append(pending.slot)
-        return len(cqes)
+                q.release(slot)
 
     def _wait(self, q: _Queue, done: Callable[[], bool], what: str, timeout: Optional[float] = None) -> None:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
@@ -714,19 +806,20 @@ class Controller:
                   cdw12=((nlb - 1) & 0xFFFF) | (control << 16))
         return self.submit_io(sqe, callback, data_out=data, qid=qid, block=block, name="Write")
 
-    def poll_completions(self, timeout: float = 0.0) -> int:
-        """Reap completions on every I/O queue (and the admin queue); returns how many ran."""
+    def poll_completions(self, timeout: float = 0.0, admin: bool = True) -> int:
+        """Reap completions on every I/O queue (and the admin queue unless `admin` is False: a loop that
+        calls `maybe_keep_alive` now and then reaps it there); returns how many ran."""
         count = 0
         for q in self.io_queues:
-            if q.pending:
+            if q.outstanding:
                 count += self._process_queue(q, timeout)
-        if self.admin is not None and not self.admin.dead and self.admin.pending:
+        if admin and self.admin is not None and not self.admin.dead and self.admin.outstanding:
             count += self._process_queue(self.admin)
         return count
 
     @property
     def outstanding(self) -> int:
-        return sum(len(q.pending) for q in self.io_queues)
+        return sum(q.outstanding for q in self.io_queues)
 
     def wait_idle(self, timeout: Optional[float] = None) -> None:
         """Poll until no I/O command is outstanding."""

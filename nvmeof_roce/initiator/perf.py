@@ -13,9 +13,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
 from ..errors import NvmeofError
-from .controller import Completion, Controller
+from .controller import Controller
 
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+ADMIN_INTERVAL = 0.1  # s between the loop's visits to the admin queue (KATO is seconds)
 
 
 @dataclass
@@ -61,57 +62,80 @@ def run_perf(ctrl: Controller, nsid: int, *, block_size: int = 4096, queue_depth
         raise NvmeofError(f"namespace {nsid} ({capacity} bytes) is smaller than one {block_size}-byte I/O")
     rng = random.Random(seed)
     payload = os.urandom(block_size)
+    queues = ctrl.io_queues
+    if not queues:
+        raise NvmeofError(f"{ctrl.subnqn}: no I/O queues to run perf on", "connect with at least one I/O queue")
+    for q in queues:
+        if block_size > q.slot_size:
+            raise NvmeofError(f"block size {block_size} exceeds the initiator's {q.slot_size}-byte command slot",
+                              f"use --block-size {q.slot_size} or less")
+        if queue_depth > q.depth:
+            raise NvmeofError(f"queue depth {queue_depth} exceeds the {q.depth} command slots of I/O queue {q.qid} "
+                              "(the controller's MQES or MAXCMD)", f"use --queue-depth {q.depth} or less")
+    if queue_depth < 1:
+        raise NvmeofError(f"queue depth {queue_depth}: keep at least one command in flight", "use --queue-depth 1")
+    total_depth = queue_depth * len(queues)
+
+    # Preallocated per-tag tables, one tag per command kept in flight: nothing is built per I/O but the
+    # capsule (docs/benchmarks.md, "Our initiator").  A completion resubmits from its own callback, as SPDK's
+    # perf does, so the queue depth stays full with one Python call per completion.
+    started = [0.0] * total_depth
+    is_write = [False] * total_depth
+    queue_of = [queues[tag % len(queues)] for tag in range(total_depth)]
     latencies: List[float] = []
-    counters = {"reads": 0, "writes": 0, "errors": 0, "ios": 0}
-    in_flight = 0
-    measuring = [False]
+    record = latencies.append
+    counts = [0, 0, 0]  # reads, writes, errors (measured I/Os only)
+    measuring, running = False, True
+    clock = time.perf_counter
+    random_ = rng.random
+    submit = ctrl.submit_tagged
+    write_fraction = (100 - read_percent) / 100.0
+    mixed = 0 < read_percent < 100
+    all_writes = read_percent == 0
 
-    def submit() -> None:
-        nonlocal in_flight
-        slba = rng.randrange(slots) * blocks_per_io
-        started = time.perf_counter()
-        is_read = rng.randrange(100) < read_percent
+    def issue(tag: int) -> None:
+        write = (random_() < write_fraction) if mixed else all_writes
+        is_write[tag] = write
+        slba = int(random_() * slots) * blocks_per_io
+        started[tag] = clock()
+        submit(queue_of[tag], write, nsid, slba, blocks_per_io, block_size, done, tag, payload if write else None)
 
-        def done(comp: Completion) -> None:
-            nonlocal in_flight
-            in_flight -= 1
-            if measuring[0]:
-                latencies.append(time.perf_counter() - started)
-                counters["ios"] += 1
-                counters["reads" if is_read else "writes"] += 1
-                if not comp.ok:
-                    counters["errors"] += 1
+    def done(tag: int, status: int) -> None:
+        if measuring:
+            record(clock() - started[tag])
+            counts[is_write[tag]] += 1
+            if status:
+                counts[2] += 1
+        if running:
+            issue(tag)
 
-        in_flight += 1
-        if is_read:
-            ctrl.submit_read(nsid, slba, blocks_per_io, done, block_size=lba_size)
-        else:
-            ctrl.submit_write(nsid, slba, payload, done, block_size=lba_size)
-
-    total_depth = queue_depth * max(1, len(ctrl.io_queues))
+    for tag in range(total_depth):
+        issue(tag)
     start = time.monotonic()
     measure_from = start + ramp
     end = measure_from + runtime
-    while True:
-        now = time.monotonic()
-        if not measuring[0] and now >= measure_from:
-            measuring[0] = True
+    poll = ctrl.poll_completions
+    keep_alive = ctrl.maybe_keep_alive
+    now = next_admin = start
+    while now < end:
+        if not measuring and now >= measure_from:
+            measuring = True
             measure_from = now
-        if now >= end:
-            break
-        while in_flight < total_depth:
-            submit()
-        ctrl.poll_completions(0.01)
-        ctrl.maybe_keep_alive()
-    measuring[0] = False
+        poll(0.01, False)
+        now = time.monotonic()
+        if now >= next_admin:  # the admin queue (keep-alive, AERs) every ADMIN_INTERVAL, not per pass
+            keep_alive()
+            next_admin = now + ADMIN_INTERVAL
+    running = measuring = False
     elapsed = time.monotonic() - measure_from
     ctrl.wait_idle()
+    ios = len(latencies)
     latencies.sort()
     lat_us = {f"p{p:g}": percentile(latencies, p) * 1e6 for p in PERCENTILES}
     lat_us["mean"] = (sum(latencies) / len(latencies) * 1e6) if latencies else 0.0
-    return PerfResult(iops=counters["ios"] / elapsed if elapsed > 0 else 0.0,
-                      bandwidth_bytes=counters["ios"] * block_size / elapsed if elapsed > 0 else 0.0,
-                      ios=counters["ios"], errors=counters["errors"], runtime_s=round(elapsed, 3),
-                      latency_us=lat_us, reads=counters["reads"], writes=counters["writes"],
+    return PerfResult(iops=ios / elapsed if elapsed > 0 else 0.0,
+                      bandwidth_bytes=ios * block_size / elapsed if elapsed > 0 else 0.0,
+                      ios=ios, errors=counts[2], runtime_s=round(elapsed, 3),
+                      latency_us=lat_us, reads=counts[0], writes=counts[1],
                       queue_depth=queue_depth, block_size=block_size, read_percent=read_percent,
                       queues=len(ctrl.io_queues))

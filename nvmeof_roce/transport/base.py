@@ -147,6 +147,13 @@ class HostQueue(abc.ABC):
     def poll(self, timeout: float) -> list:
         """Return the 16-byte CQEs received, waiting up to `timeout` seconds for at least one."""
 
+    def defer_sends(self) -> None:
+        """Until `flush()`, the transport may hold SENDs and post them together (one doorbell); the
+        initiator brackets the callbacks of one poll batch with the two."""
+
+    def flush(self) -> None:
+        """Post whatever `defer_sends()` let the transport hold, and stop holding."""
+
     @abc.abstractmethod
     def close(self) -> None:
         """Disconnect."""

@@ -219,7 +219,7 @@ def test_async_submit_blocks_when_queue_full_and_respects_depth(env):
     max_outstanding = 0
     for i in range(500):
         ctrl.submit_read(1, i % 64, 1, lambda c: seen.append(c.status))
-        max_outstanding = max(max_outstanding, max(len(q.pending) for q in ctrl.io_queues))
+        max_outstanding = max(max_outstanding, max(q.outstanding for q in ctrl.io_queues))
     ctrl.wait_idle()
     assert len(seen) == 500 and set(seen) == {0}
     assert max_outstanding == 16
