@@ -264,8 +264,10 @@ class UserspaceTarget(TargetUnderTest):
                               "give a checkout of nvmeof-roce with the userspace target, e.g. "
                               "git worktree add results/baseline <commit>")
         rdma_device_for(self.traddr)
-        self._check_address_free()
-        for svc in self.trsvcids[1:]:
+        if self.workers == 1:
+            self._check_address_free()
+            return
+        for svc in self.trsvcids:
             who = kernel_glue.listener_on(self.traddr, svc)
             if who:
                 raise NvmeofError(f"{self.traddr}:{svc} (worker {svc - self.trsvcid} of the {self.name} target) "
@@ -358,8 +360,8 @@ class UserspaceTarget(TargetUnderTest):
         try:
             if proc is not None and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(15)
+                try:  # a supervisor gives its workers 15 s to drain (target/workers.py STOP_TIMEOUT)
+                    proc.wait(15 if self.workers == 1 else 40)
                 except subprocess.TimeoutExpired:
                     log.warning("userspace target (pid %d) ignored SIGTERM; killing it", proc.pid)
                     proc.kill()
