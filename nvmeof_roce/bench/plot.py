@@ -324,12 +324,12 @@ def plot_scaling(result: dict, path: Path) -> Optional[Path]:
         cpu_ax.set_xticks(range(len(bars)))
         cpu_ax.set_xticklabels([f"{t}\n{p}" for t, p, _ in bars], fontsize=8)
         cpu_ax.axhline(100, color="#555555", lw=0.8, ls="--")
-        cpu_ax.set_ylabel("CPU % over the job (user + system; 100 = one core)")
+        cpu_ax.set_ylabel("CPU % (user + system; 100 = one core)")
         cpu_ax.grid(axis="y", alpha=0.3)
         cpu_ax.set_title(f"{name}: each target process's CPU", fontsize=10)
     fig.suptitle("scaling over worker processes (native NVMe multipath, round-robin)\n" + _subtitle(result),
                  fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.8 / (4.8 * len(jobs))))
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.6 / (4.8 * len(jobs))))
     return _save(plt, fig, path)
 
 
