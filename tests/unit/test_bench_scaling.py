@@ -299,3 +299,12 @@ def test_a_path_not_live_fails_that_job_and_the_run_goes_on(tmp_path):
     assert "expected 4424, 4425 all live (fix: check that every worker listens)" in bad["error_text"]
     assert job["userspace"]["repeats"][0]["iops"] > 0  # the next target still ran
     assert host.disconnects == ["userspace-2w", "userspace"] and res["ok"] is False
+
+
+def test_two_node_host_connects_every_worker_port():
+    from nvmeof_roce.bench.twonode import RemoteTarget
+    info = {"name": "userspace-2w", "kind": "k", "traddr": "10.99.1.1", "trsvcid": 4424, "subnqn": "nqn.x",
+            "describe": {"trsvcids": ["4424", "4425"], "workers": 2}}
+    assert RemoteTarget(info).trsvcids == [4424, 4425]
+    info["describe"] = {}
+    assert RemoteTarget(info).trsvcids == [4424]
