@@ -20,7 +20,7 @@ from .runner import machine_info
 from .targets import DEFAULT_PORTS, KernelHost, KernelNvmetTarget, TargetUnderTest, UserspaceTarget
 
 LAB_TRADDR = "10.99.0.1"
-TARGET_NAMES = ("kernel", "userspace", "baseline", "userspace-Nw")
+TARGET_NAMES = ("kernel", "userspace", "baseline")  # and userspace-Nw (WORKERS_TARGET)
 WORKERS_TARGET = re.compile(r"userspace-(\d+)w")  # our target with `serve --workers N` (docs/multipath.md)
 
 

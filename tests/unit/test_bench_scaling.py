@@ -157,6 +157,7 @@ def test_build_targets_with_a_two_worker_target(tmp_path):
 @pytest.mark.parametrize("targets, kw, message", [
     ("kernel,userspace-1w", {}, "worker count must be 2..16"),
     ("kernel,userspace-x", {}, "unknown target userspace-x"),
+    ("kernel,userspace-Nw", {}, "unknown target userspace-Nw"),
     ("userspace,userspace", {}, "names a target twice"),
     ("kernel,userspace", {"userspace_cpus": "0,1"}, "--userspace-cpus pins the workers of a userspace-Nw"),
     ("userspace-2w", {"userspace_cpus": "a,b"}, "--userspace-cpus 'a,b': not a list of CPU numbers"),
