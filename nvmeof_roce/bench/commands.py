@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import re
 import signal
 import sys
 from pathlib import Path
@@ -19,7 +20,8 @@ from .runner import machine_info
 from .targets import DEFAULT_PORTS, KernelHost, KernelNvmetTarget, TargetUnderTest, UserspaceTarget
 
 LAB_TRADDR = "10.99.0.1"
-TARGET_NAMES = ("kernel", "userspace", "baseline")
+TARGET_NAMES = ("kernel", "userspace", "baseline")  # and userspace-Nw (WORKERS_TARGET)
+WORKERS_TARGET = re.compile(r"userspace-(\d+)w")  # our target with `serve --workers N` (docs/multipath.md)
 
 
 def _size_mb(text: str) -> int:
@@ -35,16 +37,42 @@ def _size_mb(text: str) -> int:
 
 def build_targets(args, out_dir: Path) -> List[TargetUnderTest]:
     names = [n.strip() for n in args.targets.split(",") if n.strip()]
-    bad = [n for n in names if n not in TARGET_NAMES]
+    bad = [n for n in names if n not in TARGET_NAMES and not WORKERS_TARGET.fullmatch(n)]
     if bad or not names:
         raise NvmeofError(f"--targets {args.targets!r}: unknown target {', '.join(bad) or '(none)'}",
-                          "--targets kernel,userspace[,baseline] (any of them, in the order to interleave)")
+                          "--targets kernel,userspace[,baseline][,userspace-2w] (any of them, in the order to "
+                          "interleave; userspace-Nw: our target with N workers)")
+    if len(set(names)) != len(names):
+        raise NvmeofError(f"--targets {args.targets!r} names a target twice", "name each target once")
+    multi = [n for n in names if WORKERS_TARGET.fullmatch(n)]
+    for n in multi:
+        if not 2 <= int(WORKERS_TARGET.fullmatch(n).group(1)) <= 16:
+            raise NvmeofError(f"--targets {n}: the worker count must be 2..16", "e.g. --targets userspace-2w")
+    cpus = getattr(args, "userspace_cpus", None)
+    if multi and args.userspace_config:
+        raise NvmeofError(f"--userspace-config is for the single-process userspace target, not {multi[0]} (a "
+                          "multi-worker target serves the generated RAM namespace on its own ports)",
+                          "drop --userspace-config, or measure userspace-Nw in a run of its own")
+    if cpus is not None:
+        from ..target.workers import parse_cpus
+        try:
+            parse_cpus(cpus)
+        except NvmeofError:
+            raise NvmeofError(f"--userspace-cpus {cpus!r}: not a list of CPU numbers", "e.g. --userspace-cpus 2,3")
+        if not multi:
+            raise NvmeofError("--userspace-cpus pins the workers of a userspace-Nw target, and --targets has none",
+                              "add e.g. userspace-2w to --targets, or drop --userspace-cpus")
     size_mb = _size_mb(args.ns_size)
     targets: List[TargetUnderTest] = []
     for name in names:
         if name == "kernel":
             targets.append(KernelNvmetTarget(args.traddr, args.kernel_port, backend=args.kernel_backend,
                                              size_mb=size_mb))
+        elif WORKERS_TARGET.fullmatch(name):
+            # the k-th multi-worker target: ports workers_port + 16 k onwards, one per worker
+            port = getattr(args, "workers_port", DEFAULT_PORTS["workers"]) + 16 * multi.index(name)
+            targets.append(UserspaceTarget(args.traddr, port, size_mb=size_mb, work_dir=out_dir, name=name,
+                                           workers=int(WORKERS_TARGET.fullmatch(name).group(1)), cpus=cpus))
         elif name == "userspace":
             targets.append(UserspaceTarget(args.traddr, args.userspace_port, size_mb=size_mb, work_dir=out_dir,
                                            config_path=args.userspace_config))
@@ -209,7 +237,8 @@ def register(subparsers) -> None:
                     "nvmeof-roce lab run -- nvmeof-roce bench.")
     p.add_argument("--jobs", metavar="LIST", help="comma-separated jobs (default: every fio job; see --list-jobs)")
     p.add_argument("--targets", default="kernel,userspace", metavar="LIST",
-                   help="targets to measure, in interleaving order (default kernel,userspace)")
+                   help="targets to measure, in interleaving order (default kernel,userspace; userspace-2w: "
+                        "our target with --workers 2, reported as scaling over userspace, docs/multipath.md)")
     p.add_argument("--ratio", metavar="A/B",
                    help="the ratio the report leads with (default userspace/kernel; before and after: "
                         "userspace/baseline)")
@@ -228,6 +257,11 @@ def register(subparsers) -> None:
     p.add_argument("--baseline-checkout", type=Path, metavar="DIR",
                    help="with --targets ...,baseline: another checkout whose 'target serve' is measured as "
                         "'baseline' (the before of a change, e.g. a git worktree of an older commit)")
+    p.add_argument("--workers-port", type=int, default=DEFAULT_PORTS["workers"], metavar="N",
+                   help=f"first trsvcid of a userspace-Nw target (worker i listens on N + i; default "
+                        f"{DEFAULT_PORTS['workers']})")
+    p.add_argument("--userspace-cpus", metavar="LIST",
+                   help="pin a userspace-Nw target's worker i to CPU LIST[i %% len] (its serve --cpus), e.g. 2,3")
     p.add_argument("--kernel-backend", choices=("null_blk", "file"), default="null_blk",
                    help="kernel namespace: memory-backed null_blk (default) or a file on tmpfs (buffered_io)")
     p.add_argument("--ns-size", default="512M", help="namespace size of both targets (default 512M)")

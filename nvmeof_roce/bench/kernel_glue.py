@@ -361,3 +361,116 @@ def _wait_for(predicate, timeout: float, what: str, interval: float = 0.1) -> No
         if time.monotonic() > deadline:
             raise NvmeofError(f"timed out after {timeout:.0f} s waiting for {what}", "check dmesg")
         time.sleep(interval)
+
+
+# --- native multipath: one subsystem over several ports (target serve --workers N) -------------------
+
+MULTIPATH_PARAM = SYSFS / "module" / "nvme_core" / "parameters" / "multipath"
+
+
+def subsystem_dir(nqn: str, sysfs: Path = SYSFS) -> Optional[Path]:
+    """/sys/class/nvme-subsystem/nvme-subsysN of `nqn`, None when not connected."""
+    for sub in sorted((sysfs / "class" / "nvme-subsystem").glob("nvme-subsys*")):
+        try:
+            if (sub / "subsysnqn").read_text().strip() == nqn:
+                return sub
+        except OSError:
+            continue
+    return None
+
+
+def controller_trsvcid(ctrl: str, sysfs: Path = SYSFS) -> Optional[str]:
+    """The trsvcid of controller `ctrl` (nvmeN), from its sysfs `address` (traddr=..,trsvcid=..)."""
+    try:
+        addr = (sysfs / "class" / "nvme" / ctrl / "address").read_text().strip()
+    except OSError:
+        return None
+    return dict(kv.split("=", 1) for kv in addr.split(",") if "=" in kv).get("trsvcid")
+
+
+def path_devices(device: str, sysfs: Path = SYSFS) -> Dict[str, str]:
+    """{trsvcid: hidden path disk} of a multipath head /dev/nvmeXnY: its paths are nvmeXcCnY, C being the
+    controller instance (nvmeC), whose address names the port (the kernel's nvme_mpath_set_disk_name)."""
+    m = re.fullmatch(r"nvme(\d+)n(\d+)", Path(device).name)
+    out: Dict[str, str] = {}
+    if not m:
+        return out
+    for p in sorted((sysfs / "block").glob(f"nvme{m.group(1)}c*n{m.group(2)}")):
+        c = re.fullmatch(rf"nvme{m.group(1)}c(\d+)n{m.group(2)}", p.name)
+        svc = controller_trsvcid(f"nvme{c.group(1)}", sysfs) if c else None
+        if svc is not None:
+            out[svc] = p.name
+    return out
+
+
+def path_ios(device: str, sysfs: Path = SYSFS) -> Dict[str, int]:
+    """{trsvcid: I/Os completed (reads + writes)} per path of a multipath head: what each worker served."""
+    from .procstat import parse_block_stat
+    out = {}
+    for svc, disk in path_devices(device, sysfs).items():
+        try:
+            out[svc] = parse_block_stat((sysfs / "block" / disk / "stat").read_text())
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def live_paths(nqn: str, cli=None) -> Dict[str, str]:
+    """{trsvcid: state} of `nqn`'s paths, as `nvme list-subsys` shows them."""
+    cli = cli or _nvme_cli()
+    return {str(p.get("trsvcid")): str(p.get("state")) for s in cli.list_subsystems() if s["nqn"] == nqn
+            for p in s["paths"]}
+
+
+def nvme_connect_paths(traddr: str, trsvcids: List[int], nqn: str, iopolicy: str = "round-robin",
+                       timeout: float = 30.0, device_timeout: float = 20.0) -> str:
+    """Connect the kernel host to `nqn` through every port in `trsvcids` (one controller per worker of
+    `target serve --workers N`), set the subsystem's iopolicy, check with `nvme list-subsys` that every path
+    is live, and return the one namespace head the I/O goes to. Any shortfall disconnects and raises."""
+    if MULTIPATH_PARAM.exists() and MULTIPATH_PARAM.read_text().strip() != "Y":
+        raise NvmeofError("native NVMe multipath is off (nvme_core multipath=N): the host would make one "
+                          "block device per worker instead of spreading I/O over them",
+                          "boot the host with nvme_core.multipath=Y")
+    nvme_connect(traddr, trsvcids[0], nqn, timeout, device_timeout)  # (clears a stale connection first)
+    cli = _nvme_cli()
+    try:
+        for svc in trsvcids[1:]:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    cli.connect(traddr, nqn, trsvcid=svc, transport="rdma")
+                    break
+                except NvmeofError as exc:
+                    if time.monotonic() > deadline:
+                        raise NvmeofError(f"nvme connect to {nqn} at {traddr}:{svc} (path {svc}) failed: "
+                                          f"{exc.message}", exc.fix or "is every worker listening?") from None
+                    time.sleep(0.5)
+        want = sorted(str(s) for s in trsvcids)
+        paths: Dict[str, str] = {}
+
+        def all_live() -> bool:
+            paths.clear()
+            paths.update(live_paths(nqn, cli))
+            return sorted(paths) == want and all(s == "live" for s in paths.values())
+
+        try:
+            _wait_for(all_live, device_timeout, f"{len(want)} live paths", interval=0.3)
+        except NvmeofError:
+            raise NvmeofError(f"{nqn}: nvme list-subsys shows paths {paths or 'none'}, expected "
+                              f"{', '.join(want)} all live", "check that every worker listens (the target's log) "
+                              "and dmesg") from None
+        sub = subsystem_dir(nqn)
+        if sub is None or not (sub / "iopolicy").exists():
+            raise NvmeofError(f"{nqn}: no nvme-subsystem iopolicy in sysfs", "boot with nvme_core.multipath=Y")
+        _write(sub / "iopolicy", iopolicy)
+        if (sub / "iopolicy").read_text().strip() != iopolicy:
+            raise NvmeofError(f"{sub}/iopolicy did not take {iopolicy!r}", "an older kernel? see docs/multipath.md")
+        heads = [d for d in namespace_devices(nqn) if os.path.exists(d)]
+        if len(heads) != 1 or len(path_devices(heads[0])) != len(want):
+            raise NvmeofError(f"{nqn}: expected one namespace head with {len(want)} paths, found "
+                              f"{heads} with paths {path_devices(heads[0]) if heads else {}}",
+                              "native multipath must join the workers' controllers (same NQN and NGUID)")
+        return heads[0]
+    except BaseException:
+        nvme_disconnect(nqn)
+        raise

@@ -6,6 +6,8 @@
 - perftest.png:  perftest latencies (typical, avg, p99, p99.9) per test, when perftest ran
 - cpu.png:       CPU µs per I/O per job: the userspace target's process, and the whole guest per target
 - soak.png:      the soak job: the target's RSS against commands completed, with the fitted line
+- scaling.png:   jobs run on a multi-worker target (userspace-Nw): IOPS of kernel, userspace and userspace-Nw
+                 with the scaling figures above, and each target process's CPU % (100 = one core)
 
 Bars are the medians across repeats; the whiskers span the lowest to the highest repeat.
 """
@@ -288,6 +290,49 @@ def plot_soak(result: dict, path: Path) -> Optional[Path]:
     return _save(plt, fig, path)
 
 
+def plot_scaling(result: dict, path: Path) -> Optional[Path]:
+    jobs = [(n, j) for n, j in result.get("jobs", {}).items() if j.get("scaling")]
+    if not jobs:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(jobs), 2, figsize=(12.0, 4.8 * len(jobs)), squeeze=False)
+    for k, (name, job) in enumerate(jobs):
+        ax, cpu_ax = axes[k]
+        shown = [t for t in _targets(result) if t in job["results"]]
+        meds = [(job["results"][t].get("median") or {}).get("iops") or 0.0 for t in shown]
+        spreads = [_spread([r.get("iops") for r in job["results"][t]["repeats"]],
+                           (job["results"][t].get("median") or {}).get("iops")) for t in shown]
+        ax.bar(range(len(shown)), meds, 0.6, color=[COLOURS[_targets(result).index(t) % len(COLOURS)] for t in shown],
+               yerr=[[a for a, _ in spreads], [b for _, b in spreads]] if any(a or b for a, b in spreads) else None,
+               capsize=3)
+        ax.set_xticks(range(len(shown)))
+        ax.set_xticklabels(shown)
+        ax.set_ylabel("IOPS (median)")
+        ax.grid(axis="y", alpha=0.3)
+        top = max(meds + [1.0])
+        ax.set_ylim(0, top * 1.3)
+        for sc in job["scaling"]:
+            x = shown.index(sc["target"])
+            ax.annotate(f"{fmt_ratio(sc['iops_over_single'])} over 1 worker\n"
+                        f"{fmt_ratio(sc['iops_over_kernel'])} over kernel", (x, top * 1.05), ha="center",
+                        fontsize=9)
+        ax.set_title(f"{name}: IOPS", fontsize=10)
+        bars = [(t, p, v.get("cpu_percent")) for t in shown
+                for p, v in ((job["results"][t].get("median") or {}).get("processes") or {}).items()]
+        cpu_ax.bar(range(len(bars)), [v or 0.0 for _, _, v in bars], 0.6,
+                   color=[COLOURS[_targets(result).index(t) % len(COLOURS)] for t, _, _ in bars])
+        cpu_ax.set_xticks(range(len(bars)))
+        cpu_ax.set_xticklabels([f"{t}\n{p}" for t, p, _ in bars], fontsize=8)
+        cpu_ax.axhline(100, color="#555555", lw=0.8, ls="--")
+        cpu_ax.set_ylabel("CPU % (user + system; 100 = one core)")
+        cpu_ax.grid(axis="y", alpha=0.3)
+        cpu_ax.set_title(f"{name}: each target process's CPU", fontsize=10)
+    fig.suptitle("scaling over worker processes (native NVMe multipath, round-robin)\n" + _subtitle(result),
+                 fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.6 / (4.8 * len(jobs))))
+    return _save(plt, fig, path)
+
+
 def _save(plt, fig, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -302,5 +347,6 @@ def plot_all(result: dict, out_dir: Path) -> List[Path]:
     out_dir = Path(out_dir)
     made = [plot_latency(result, out_dir / "latency.png"), plot_iops(result, out_dir / "iops.png"),
             plot_bandwidth(result, out_dir / "bandwidth.png"), plot_perftest(result, out_dir / "perftest.png"),
-            plot_cpu(result, out_dir / "cpu.png"), plot_soak(result, out_dir / "soak.png")]
+            plot_cpu(result, out_dir / "cpu.png"), plot_soak(result, out_dir / "soak.png"),
+            plot_scaling(result, out_dir / "scaling.png")]
     return [p for p in made if p is not None]

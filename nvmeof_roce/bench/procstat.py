@@ -149,12 +149,21 @@ class Sample:
     rss_bytes: Optional[int] = None
     system: Optional[SystemCpu] = None
     ios: Optional[int] = None
+    procs: Optional[Dict[str, ProcessCpu]] = None  # each process of a target (a supervisor and its workers)
 
 
-def take_sample(pid: Optional[int], io_counter: Optional[Callable[[], Optional[int]]] = None) -> Sample:
-    return Sample(t=time.monotonic(), pid_cpu=process_cpu(pid) if pid else None,
-                  rss_bytes=process_rss(pid) if pid else None, system=system_cpu(),
-                  ios=io_counter() if io_counter else None)
+def take_sample(pid: Optional[int], io_counter: Optional[Callable[[], Optional[int]]] = None,
+                processes: Optional[Dict[str, int]] = None) -> Sample:
+    """One reading. With `processes` ({name: pid}), each is read and the target's CPU (`pid_cpu`) is their
+    sum: a target served by several processes costs what all of them spent."""
+    procs = None
+    pid_cpu = process_cpu(pid) if pid else None
+    if processes:
+        procs = {name: c for name, p in processes.items() if (c := process_cpu(p)) is not None}
+        pid_cpu = ProcessCpu(sum(c.utime_ticks for c in procs.values()),
+                             sum(c.stime_ticks for c in procs.values())) if procs else None
+    return Sample(t=time.monotonic(), pid_cpu=pid_cpu, rss_bytes=process_rss(pid) if pid else None,
+                  system=system_cpu(), ios=io_counter() if io_counter else None, procs=procs)
 
 
 # --- what two samples say ---------------------------------------------------------------------------------
@@ -182,6 +191,15 @@ def cpu_cost(before: Sample, after: Sample, ios: Optional[int], ios_source: str 
         total = (after.system.total_ticks - before.system.total_ticks) / clk_tck
         out.update(guest_busy_s=round(busy, 3), guest_us_per_io=_round(per_io(busy)),
                    guest_busy_percent=_round(100.0 * busy / total) if total > 0 else None)
+    if before.procs and after.procs:  # per process: is each worker busy (100 % is its one core)?
+        out["processes"] = {}
+        for name in before.procs:
+            if name not in after.procs:
+                continue  # it died (and was restarted under another pid) in the window
+            b, a = before.procs[name], after.procs[name]
+            user, system = (a.utime_ticks - b.utime_ticks) / clk_tck, (a.stime_ticks - b.stime_ticks) / clk_tck
+            out["processes"][name] = {"user_s": round(user, 3), "system_s": round(system, 3),
+                                      "cpu_percent": _round(100.0 * (user + system) / wall) if wall > 0 else None}
     return out
 
 
@@ -233,8 +251,9 @@ class Sampler:
     """Samples in the background every `interval` seconds (for the soak's RSS curve), plus on demand."""
 
     def __init__(self, pid: Optional[int], io_counter: Optional[Callable[[], Optional[int]]] = None,
-                 interval: float = 2.0):
+                 interval: float = 2.0, processes: Optional[Dict[str, int]] = None):
         self.pid = pid
+        self.processes = processes
         self.io_counter = io_counter
         self.interval = interval
         self.samples: List[Sample] = []
@@ -242,7 +261,7 @@ class Sampler:
         self._thread: Optional[threading.Thread] = None
 
     def sample(self) -> Sample:
-        s = take_sample(self.pid, self.io_counter)
+        s = take_sample(self.pid, self.io_counter, self.processes)
         self.samples.append(s)
         return s
 

@@ -16,6 +16,13 @@ Each repeat also carries `cpu` (procstat.cpu_cost: the userspace target process'
 growth per million commands); `median` then has `cpu` {"target_us_per_io", "guest_us_per_io",
 "target_user_s", "target_system_s"} and `rss_growth_bytes_per_million`.
 
+A job measured on a multi-worker target (`userspace-Nw`: `target serve --workers N`, docs/multipath.md) has
+`scaling`: [{"target", "workers", "single", "kernel", "iops_over_single", "iops_over_kernel",
+"single_over_kernel"}], IOPS medians divided (the scaling figure of N workers over one, and both against the
+kernel target); each repeat on it carries `paths` {trsvcid: I/Os the host sent down that path}, and every
+userspace repeat's `cpu` carries `processes` {name: {"user_s", "system_s", "cpu_percent"}} (`target`, or
+`supervisor` and `worker0`..), whose medians are in `median.processes`.
+
 Medians are taken per metric across repeats (the median IOPS and the median p99 may come from different
 repeats). A ratio is numerator/denominator of those medians: above 1 means more IOPS or bandwidth, or a
 higher (worse) latency, for the numerator.
@@ -23,6 +30,7 @@ higher (worse) latency, for the numerator.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
@@ -34,6 +42,8 @@ SCHEMA = "nvmeof-roce-bench/1"
 LAT_KEYS = ("p50", "p90", "p99", "p99.9")
 CPU_KEYS = ("target_us_per_io", "guest_us_per_io", "target_user_s", "target_system_s")
 DEFAULT_RATIO = ("userspace", "kernel")
+WORKERS_TARGET = re.compile(r"userspace-(\d+)w")  # bench --targets userspace-Nw: serve --workers N
+SINGLE, KERNEL = "userspace", "kernel"  # what a multi-worker target is compared with
 
 
 # --- building -------------------------------------------------------------------------------------
@@ -95,6 +105,15 @@ def finalize(result: dict) -> dict:
             }
             if any(r.get("cpu") for r in reps):
                 slot["median"]["cpu"] = {k: _median((r.get("cpu") or {}).get(k) for r in reps) for k in CPU_KEYS}
+            names = [n for r in reps for n in ((r.get("cpu") or {}).get("processes") or {})]
+            if names:
+                slot["median"]["processes"] = {
+                    n: {k: _median((((r.get("cpu") or {}).get("processes") or {}).get(n) or {}).get(k) for r in reps)
+                        for k in ("user_s", "system_s", "cpu_percent")} for n in dict.fromkeys(names)}
+            if any(r.get("paths") for r in reps):
+                svcs = [svc for r in reps for svc in (r.get("paths") or {})]
+                slot["median"]["paths"] = {svc: _median((r.get("paths") or {}).get(svc) for r in reps)
+                                           for svc in dict.fromkeys(svcs)}
             if any(r.get("soak") for r in reps):
                 slot["median"]["rss_growth_bytes_per_million"] = _median(
                     ((r.get("soak") or {}).get("rss") or {}).get("growth_bytes_per_million") for r in reps)
@@ -110,10 +129,28 @@ def finalize(result: dict) -> dict:
             job["ratio"] = ratio
         else:
             job["ratio"] = None
+        job["scaling"] = scaling(job) or None
     for p in result["perftest"].values():
         any_errors = any_errors or bool(p.get("error"))
     result["ok"] = not any_errors
     return result
+
+
+def scaling(job: dict) -> List[dict]:
+    """Each multi-worker target of a job against the single-process one and the kernel target (IOPS medians)."""
+    def iops(name):
+        return ((job["results"].get(name) or {}).get("median") or {}).get("iops")
+
+    out = []
+    for name in job["results"]:
+        m = WORKERS_TARGET.fullmatch(name)
+        if not m:
+            continue
+        out.append({"target": name, "workers": int(m.group(1)), "single": SINGLE, "kernel": KERNEL,
+                    "iops_over_single": _ratio(iops(name), iops(SINGLE)),
+                    "iops_over_kernel": _ratio(iops(name), iops(KERNEL)),
+                    "single_over_kernel": _ratio(iops(SINGLE), iops(KERNEL))})
+    return out
 
 
 # --- files ----------------------------------------------------------------------------------------
@@ -279,6 +316,29 @@ def _cost_rows(result: dict) -> List[List[str]]:
     return rows
 
 
+SCALING_HEADERS = ["job", "target", "IOPS", "over userspace (1 worker)", "over kernel", "userspace/kernel",
+                   "I/Os per path", "CPU % per process"]
+
+
+def _scaling_rows(result: dict) -> List[List[str]]:
+    rows = []
+    for name, job in result.get("jobs", {}).items():
+        for sc in job.get("scaling") or []:
+            med = (job["results"][sc["target"]].get("median") or {})
+            paths = med.get("paths") or {}
+            procs = med.get("processes") or {}
+            rows.append([name, sc["target"], fmt_iops(med.get("iops")), fmt_ratio(sc["iops_over_single"]),
+                         fmt_ratio(sc["iops_over_kernel"]), fmt_ratio(sc["single_over_kernel"]),
+                         " ".join(f"{svc}:{fmt_iops(v)}" for svc, v in paths.items()) or "-",
+                         " ".join(f"{n} {v['cpu_percent']:.0f}" for n, v in procs.items()
+                                  if v.get("cpu_percent") is not None) or "-"])
+    return rows
+
+
+def scaling_table(result: dict) -> str:
+    return table(SCALING_HEADERS, _scaling_rows(result))
+
+
 COST_HEADERS = ["job", "target", "target user s", "target sys s", "target CPU µs/IO", "guest CPU µs/IO",
                 "RSS growth /M cmds", "RSS at end"]
 
@@ -320,6 +380,10 @@ def render(result: dict) -> str:
         what = "fio (completion latency" if kinds == {"fio"} else \
             "jobs (fio: completion latency; uinit-*: our initiator's per-command latency"
         lines += ["", f"{what}; ratio above 1 = more IOPS/bandwidth or more latency):", fio_table(result)]
+    if _scaling_rows(result):
+        lines += ["", "scaling over workers (target serve --workers N through native multipath, iopolicy round-robin; "
+                      "IOPS medians divided; I/Os per path: the host's per-path counts; CPU %: each process's "
+                      "user + system over the job, 100 = one core):", scaling_table(result)]
     if _has_cost(result):
         lines += ["", "cost and memory (target: the userspace target's process, from /proc/PID/stat and status; "
                       "guest: the whole machine's busy CPU, fio and the kernel host included; the kernel target "
@@ -360,6 +424,14 @@ def render_markdown(result: dict, plots_dir: str = "") -> str:
             lines.append(f"| | **{num}/{den}** | **{fmt_ratio(ratio.get('iops'))}** | {fmt_ratio(ratio.get('bw_bytes'))} | "
                          f"{fmt_ratio(ratio.get('p50'))} | {fmt_ratio(ratio.get('p99'))} | "
                          f"{fmt_ratio(ratio.get('p99.9'))} | |")
+    if _scaling_rows(result):
+        lines += ["", "Scaling over workers (`target serve --workers N` reached through native NVMe multipath, iopolicy "
+                      "round-robin; IOPS medians divided; I/Os per path: the kernel host's per-path counts, median; "
+                      "CPU %: each target process's user + system time over the job, 100 = one core busy):", "",
+                  "| " + " | ".join(SCALING_HEADERS) + " |", "|" + "---|" * len(SCALING_HEADERS)]
+        for row in _scaling_rows(result):
+            row = [f"`{row[0]}`", row[1], row[2], f"**{row[3]}**", f"**{row[4]}**"] + row[5:]
+            lines.append("| " + " | ".join(row) + " |")
     if _has_cost(result):
         lines += ["", "What each job cost (medians): the userspace target process's CPU (user + system, from "
                       "/proc/PID/stat) per I/O, and the whole guest's busy CPU per I/O (fio and the kernel host "
@@ -386,6 +458,8 @@ def render_markdown(result: dict, plots_dir: str = "") -> str:
                   f"![IOPS per job]({plots_dir}/iops.png)"]
         if _has_cost(result):
             lines.append(f"![CPU per I/O]({plots_dir}/cpu.png)")
+        if _scaling_rows(result):
+            lines.append(f"![scaling over workers]({plots_dir}/scaling.png)")
         if any(j.get("kind") == "soak" for j in result.get("jobs", {}).values()):
             lines.append(f"![soak: target RSS against commands]({plots_dir}/soak.png)")
     return "\n".join(lines) + "\n"

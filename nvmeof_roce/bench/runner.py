@@ -386,14 +386,24 @@ class BenchRunner:
         device = None
         sampler = None
         try:
-            device = self.host.connect(target)
+            try:
+                device = self.host.connect(target)
+            except NvmeofError as exc:
+                if len(target.trsvcids) == 1:
+                    raise
+                # a path not live: this job fails (named), the run goes on with the next
+                return report.repeat_record(repeat, iops=None, bw_bytes=None, lat_us={}, errors=1,
+                                            error_text=f"{exc.message} (fix: {exc.fix})" if exc.fix
+                                            else exc.message, raw=rel)
             if soak:
                 prefill = self._soak_prefill(device, target)
                 if prefill is not None:
                     return report.repeat_record(repeat, iops=None, bw_bytes=None, lat_us={}, errors=1,
                                                 error_text=prefill, raw=rel, device=device)
             sampler = procstat.Sampler(target.pid, lambda: procstat.block_device_ios(device),
-                                       interval=cfg.soak_interval)
+                                       interval=cfg.soak_interval, processes=target.processes())
+            multipath = len(target.trsvcids) > 1
+            paths_before = self.host.path_ios(device) if multipath else {}
             if soak:
                 sampler.start()  # RSS every soak_interval seconds
             else:
@@ -410,9 +420,21 @@ class BenchRunner:
                                             error_text=exc.message, raw=rel, device=device)
             finally:
                 sampler.stop()
+            if multipath:  # what each worker's path carried: both must, or the figure is not scaling
+                after = self.host.path_ios(device)
+                extra_paths = {svc: after[svc] - paths_before.get(svc, 0) for svc in sorted(after)}
         finally:
             self.host.disconnect(target)
         extra = {}
+        errors, error_text = res.errors, res.error_text
+        if multipath:
+            extra["paths"] = extra_paths
+            idle = [svc for svc in target.trsvcids if not extra_paths.get(str(svc))]
+            if idle:  # the host sent nothing down a path: the figure would not be the workers' scaling
+                errors += 1
+                error_text = "; ".join(filter(None, [error_text, f"path(s) {', '.join(map(str, idle))} carried "
+                                                     f"no I/O (per-path counts {extra_paths}): is iopolicy "
+                                                     f"round-robin?"]))
         samples = sampler.samples
         fio_ios = sum(s.total_ios for s in res.directions.values() if s.total_ios) if res.directions else 0
         ios, source = _window_ios(samples, fio_ios, 0.0 if soak else cfg.ramp)
@@ -421,7 +443,7 @@ class BenchRunner:
             extra["soak"] = self._soak_record(samples, fio_ios, target)
         return report.repeat_record(
             repeat, iops=res.iops, bw_bytes=res.bw_bytes, lat_us=res.clat_us, lat_mean_us=res.lat_mean_us,
-            errors=res.errors, error_text=res.error_text, raw=rel, device=device, headline=res.report,
+            errors=errors, error_text=error_text, raw=rel, device=device, headline=res.report,
             directions={d: {"iops": s.iops, "bw_bytes": s.bw_bytes, "lat_us": s.clat_us}
                         for d, s in res.directions.items() if s.total_ios}, **extra)
 

@@ -9,7 +9,10 @@ half-done setup). The two real ones:
 - `UserspaceTarget`: our target, `nvmeof-roce target serve CONFIG.json` as a child process, with a RAM
   namespace, default port 4421; as `baseline` (default port 4422) the same from another checkout
   (`--baseline-checkout DIR`, e.g. a git worktree of the commit before a change), so a before and an after
-  run in one boot, interleaved.
+  run in one boot, interleaved;
+- `UserspaceTarget(workers=N)`: the same with `target serve --workers N` (the `userspace-Nw` targets, default
+  port 4424): N worker processes, worker i listening on trsvcid + i, one subsystem; the host connects every
+  port and native NVMe multipath (iopolicy round-robin) spreads the I/O over the workers (docs/multipath.md).
 
 Both use their own NQN and port, so they can be up at the same time on one address.
 
@@ -27,7 +30,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 from ..errors import NvmeofError
 from . import kernel_glue
@@ -36,7 +39,7 @@ from .perftest import rdma_device_for
 log = logging.getLogger(__name__)
 
 NQN_PREFIX = "nqn.2014-08.org.nvmeof-roce:bench-"
-DEFAULT_PORTS = {"kernel": 4420, "userspace": 4421, "baseline": 4422}
+DEFAULT_PORTS = {"kernel": 4420, "userspace": 4421, "baseline": 4422, "workers": 4424}
 
 
 class TargetUnderTest(abc.ABC):
@@ -79,6 +82,15 @@ class TargetUnderTest(abc.ABC):
         has no process of its own (the kernel target runs in softirq and kworkers)."""
         return None
 
+    @property
+    def trsvcids(self) -> List[int]:
+        """Every port the host connects for this target (one per worker of a multi-worker target)."""
+        return [self.trsvcid]
+
+    def processes(self) -> Dict[str, int]:
+        """{name: pid} of every process serving this target, each sampled for its CPU time (procstat)."""
+        return {"target": self.pid} if self.pid else {}
+
     def _check_address_free(self) -> None:
         who = kernel_glue.listener_on(self.traddr, self.trsvcid)
         if who:
@@ -105,6 +117,10 @@ class Host(abc.ABC):
 
     def connected(self, target: TargetUnderTest) -> bool:
         return False
+
+    def path_ios(self, device: str) -> Dict[str, int]:
+        """{trsvcid: I/Os completed} per path of a multipath device (empty when it has one path)."""
+        return {}
 
 
 # --- the kernel target --------------------------------------------------------------------------------
@@ -193,7 +209,8 @@ class UserspaceTarget(TargetUnderTest):
 
     def __init__(self, traddr: str, trsvcid: int = DEFAULT_PORTS["userspace"], subnqn: Optional[str] = None,
                  size_mb: int = 512, work_dir: Optional[Path] = None, config_path: Optional[Path] = None,
-                 ready_timeout: float = 60.0, name: Optional[str] = None, checkout: Optional[Path] = None):
+                 ready_timeout: float = 60.0, name: Optional[str] = None, checkout: Optional[Path] = None,
+                 workers: int = 1, cpus: Optional[str] = None):
         self.config_path = Path(config_path) if config_path else None
         if self.config_path:
             traddr, trsvcid, subnqn = self._address_from_config(self.config_path)
@@ -203,7 +220,14 @@ class UserspaceTarget(TargetUnderTest):
         self.size_mb = int(size_mb)
         self.work_dir = Path(work_dir) if work_dir else Path.cwd()
         self.ready_timeout = ready_timeout
-        self.kind = "nvmeof-roce userspace target (target serve)"
+        if not 1 <= int(workers) <= 64:
+            raise NvmeofError(f"{self.name}: {workers} workers is not 1..64", "e.g. --targets userspace-2w")
+        self.workers = int(workers)
+        if self.workers > 1:  # N + 1 interpreters start (over 9p under emulation in the lab)
+            self.ready_timeout = max(ready_timeout, 150.0)
+        self.cpus = cpus
+        self.kind = "nvmeof-roce userspace target (target serve" + (
+            f" --workers {self.workers})" if self.workers > 1 else ")")
         self._proc: Optional[subprocess.Popen] = None
         self._log = None
         self.log_path: Optional[Path] = None
@@ -224,7 +248,15 @@ class UserspaceTarget(TargetUnderTest):
         d["backend"] = (f"config {self.config_path}" if self.config_path else f"ram, {self.size_mb} MiB")
         if self.checkout:
             d["checkout"] = str(self.checkout)
+        if self.workers > 1:
+            d["workers"] = self.workers
+            d["trsvcids"] = [str(p) for p in self.trsvcids]
+            d["cpus"] = self.cpus
         return d
+
+    @property
+    def trsvcids(self) -> List[int]:
+        return [self.trsvcid + i for i in range(self.workers)]
 
     def check(self) -> None:
         if self.checkout is not None and not (self.checkout / "nvmeof_roce" / "target" / "serve.py").is_file():
@@ -232,7 +264,15 @@ class UserspaceTarget(TargetUnderTest):
                               "give a checkout of nvmeof-roce with the userspace target, e.g. "
                               "git worktree add results/baseline <commit>")
         rdma_device_for(self.traddr)
-        self._check_address_free()
+        if self.workers == 1:
+            self._check_address_free()
+            return
+        for svc in self.trsvcids:
+            who = kernel_glue.listener_on(self.traddr, svc)
+            if who:
+                raise NvmeofError(f"{self.traddr}:{svc} (worker {svc - self.trsvcid} of the {self.name} target) "
+                                  f"is already in use by {who}", "stop it, or move the workers' ports "
+                                  "(--workers-port)")
 
     def setup(self) -> None:
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -244,6 +284,10 @@ class UserspaceTarget(TargetUnderTest):
         self.log_path = self.work_dir / f"{self.name}-target.log"
         self._log = open(self.log_path, "w")
         cmd = _cli() + ["target", "serve", str(config)]
+        if self.workers > 1:  # its own run directory: two targets' ANA state and pid files must not meet
+            cmd += ["--workers", str(self.workers), "--run-dir", str(self.work_dir / f"{self.name}-run")]
+            if self.cpus:
+                cmd += ["--cpus", self.cpus]
         ready = None
         if self.checkout is None:  # another checkout's target may not know --ready-file: wait on `rdma` for it
             ready = self.work_dir / f"{self.name}-target.ready"
@@ -263,6 +307,23 @@ class UserspaceTarget(TargetUnderTest):
     @property
     def pid(self) -> Optional[int]:
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    def processes(self) -> Dict[str, int]:
+        """One process, or the supervisor and its workers (`worker0`, `worker1`, ...: each a core's worth)."""
+        pid = self.pid
+        if pid is None:
+            return {}
+        if self.workers == 1:
+            return {"target": pid}
+        out = {"supervisor": pid}
+        for child in _children(pid):
+            try:
+                argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"--worker-index" in argv:
+                out[f"worker{int(argv[argv.index(b'--worker-index') + 1])}"] = child
+        return out
 
     def _wait_listening(self, ready: Optional[Path]) -> None:
         """Until the ready file appears (the target writes it once it listens), or else until `rdma` shows
@@ -299,8 +360,8 @@ class UserspaceTarget(TargetUnderTest):
         try:
             if proc is not None and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(15)
+                try:  # a supervisor gives its workers 15 s to drain (target/workers.py STOP_TIMEOUT)
+                    proc.wait(15 if self.workers == 1 else 40)
                 except subprocess.TimeoutExpired:
                     log.warning("userspace target (pid %d) ignored SIGTERM; killing it", proc.pid)
                     proc.kill()
@@ -309,6 +370,17 @@ class UserspaceTarget(TargetUnderTest):
             if self._log is not None:
                 self._log.close()
                 self._log = None
+
+
+def _children(pid: int) -> List[int]:
+    """The child processes of `pid` (/proc/PID/task/*/children, proc(5))."""
+    out: List[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return sorted(set(out))
 
 
 # --- the kernel host ----------------------------------------------------------------------------------
@@ -326,6 +398,8 @@ class KernelHost(Host):
             raise NvmeofError("/dev/nvme-fabrics is missing", "modprobe nvme-fabrics nvme-rdma")
 
     def connect(self, target: TargetUnderTest) -> str:
+        if len(target.trsvcids) > 1:  # every worker's port, one namespace head, round-robin over the paths
+            return kernel_glue.nvme_connect_paths(target.traddr, target.trsvcids, target.subnqn)
         return kernel_glue.nvme_connect(target.traddr, target.trsvcid, target.subnqn)
 
     def disconnect(self, target: TargetUnderTest) -> None:
@@ -333,3 +407,6 @@ class KernelHost(Host):
 
     def connected(self, target: TargetUnderTest) -> bool:
         return bool(kernel_glue.controllers(target.subnqn))
+
+    def path_ios(self, device: str) -> Dict[str, int]:
+        return kernel_glue.path_ios(device)

@@ -50,6 +50,11 @@ class RemoteTarget(TargetUnderTest):
     def describe(self) -> dict:
         return dict(self.info["describe"], node=TARGET_NODE)
 
+    @property
+    def trsvcids(self):
+        """A userspace-Nw target's ports (each worker's): the host connects them all."""
+        return [int(p) for p in self.info["describe"].get("trsvcids") or [self.trsvcid]]
+
 
 class CapturingHost(KernelHost):
     """The kernel host, with a tcpdump capture from each connect to its disconnect (`bench --capture`)."""
