@@ -137,7 +137,8 @@ class RequestBook:
 
     def completing(self) -> int:
         """Requests the core is done with whose response has not yet left (a graceful stop waits for them)."""
-        return len(self.pending[State.READY_TO_COMPLETE]) + sum(1 for r in self.posted if r.cqe)
+        return (len(self.pending[State.READY_TO_COMPLETE]) + len(self.queued)
+                + sum(1 for r in self.posted if r.cqe))
 
     def count(self, state: State) -> int:
         return sum(1 for r in self.requests if r.state == state)
@@ -267,8 +268,7 @@ class RequestBook:
         self.send_slots -= needed
         req.wrs = needed
         req.state = State.COMPLETING
-        self.posted.append(req)
-        self.queued.append(req)
+        self.queued.append(req)  # into `posted` when flush() writes it: `posted` is the send queue's order
         return True
 
     def resume(self) -> None:
@@ -309,12 +309,15 @@ class RequestBook:
             if i == last or low or self.unsignaled >= SIGNAL_EVERY:
                 req.signaled = True
                 self.unsignaled = 0
+            self.posted.append(req)
             self.poster.post_response(req)
         self.poster.flush()
 
     # -- completions
     def send_completed(self, req: TxRequest) -> None:
         """A signaled send completion for `req`: it and every earlier work request have completed."""
+        if not req.wrs:
+            return  # not on the send queue (cannot happen): never retire the others on its account
         posted = self.posted
         while posted:
             done = posted.popleft()

@@ -235,3 +235,20 @@ def test_a_pinned_ram_namespace_zeroes_by_writing_not_by_dropping_pages():
     ram.write_zeroes(0, 3 * 4096)
     assert ram.read(0, 3 * 4096) == bytes(3 * 4096) and ram.read(3 * 4096, 4096) == b"\xaa" * 4096
     ram.close()
+
+
+def test_a_read_posted_before_the_batch_flush_does_not_retire_the_responses_queued_before_it():
+    """READs are written to the send queue at once, responses at the flush: `posted` follows the send queue's
+    order, so the READ's completion does not retire a response that went on the queue after it."""
+    book, poster, _ = make()
+    done_req, reader = executing(book), executing(book)
+    book.begin_batch()
+    book.complete(done_req, CQE)  # waits for the flush
+    book.read(reader, 0, 1, 512, lambda d, e: None)  # written to the send queue now
+    book.end_batch()
+    assert [(kind, i) for kind, i, *_ in poster.doorbells[-1]] == [("read", reader.index), ("send", done_req.index)]
+    assert list(book.posted) == [reader, done_req]
+    book.send_completed(reader)
+    assert done_req.state == State.COMPLETING and reader.state == State.EXECUTING
+    book.send_completed(done_req)
+    assert done_req.state == State.FREE
