@@ -309,7 +309,10 @@ def host_flap():
             out, err = fio.communicate(timeout=max(1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             fio.kill()
-            out, err = fio.communicate()
+            try:
+                out, err = fio.communicate(timeout=10)
+            except subprocess.TimeoutExpired:  # stuck in the kernel on the lost device: leave it, do not wait
+                out, err = "", ""
             err = "fio still waiting for I/O 4 minutes after the link came back; killed\n" + err
         job = json.loads(out[out.index("{"):])["jobs"][0] if "{" in out else {}
         RESULT[f"fio_{name}"] = {"error": job.get("error"), "returncode": fio.returncode, "stderr": err[-1500:],
