@@ -549,7 +549,8 @@ class Target:
         """EXECUTING in slices: one step of `steps` per loop pass, then complete."""
         ns = req.ns
         ns.jobs += 1
-        self.work.sliced(_unless_removed(ns, iter(steps)), lambda exc: self._background_done(req, ns, exc, what), what)
+        self.work.sliced(_unless_removed(ns, iter(steps)),
+                         lambda exc: self._background_done(req, ns, exc, what), what)
 
     def _background_done(self, req: Request, ns, exc: Optional[BaseException], what: str) -> None:
         ns.job_done()
