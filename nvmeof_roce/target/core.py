@@ -226,9 +226,8 @@ class Target:
         """Remove a namespace (flushing and closing its backend); controllers get an event."""
         sub = self.subsystems[subnqn]
         ns = sub.remove_namespace(nsid)
-        ns.removed = True
         try:
-            ns.close()
+            ns.retire()  # closed now, or after its background jobs (a Flush on the worker thread, a sliced zeroing)
         finally:
             self._namespace_changed(sub, nsid)
 
@@ -532,18 +531,33 @@ class Target:
         except Exception:
             self._internal_error(req)
 
+    # A namespace may be removed while its command waits for the worker thread or for its next slice: the
+    # command then stops before touching the backend again and answers Invalid Namespace (as a Write whose
+    # data arrives after the removal, io._write_data), and the backend is closed only once the job completed
+    # (Namespace.retire), never under a running call.
     def run_blocking(self, req: Request, fn: Callable[[], None], what: str) -> None:
         """EXECUTING off the loop: fn() on the worker thread, then complete (Write Fault if it raised)."""
-        self.work.call(fn, lambda exc: self._background_done(req, exc, what))
+        ns = req.ns
+
+        def run():
+            if not ns.removed:  # removed while queued behind other calls: skip it
+                fn()
+        ns.jobs += 1
+        self.work.call(run, lambda exc: self._background_done(req, ns, exc, what))
 
     def run_sliced(self, req: Request, steps, what: str) -> None:
         """EXECUTING in slices: one step of `steps` per loop pass, then complete."""
-        self.work.sliced(steps, lambda exc: self._background_done(req, exc, what), what)
+        ns = req.ns
+        ns.jobs += 1
+        self.work.sliced(_unless_removed(ns, iter(steps)),
+                         lambda exc: self._background_done(req, ns, exc, what), what)
 
-    def _background_done(self, req: Request, exc: Optional[BaseException], what: str) -> None:
+    def _background_done(self, req: Request, ns, exc: Optional[BaseException], what: str) -> None:
+        ns.job_done()
+        if ns.removed:
+            return self.complete(req, S.INVALID_NS | S.DNR)
         if isinstance(exc, (OSError, BackendError)):
-            ns = req.ns
-            log.error("namespace %s: %s failed: %s", ns.nsid if ns is not None else "?", what, exc)
+            log.error("namespace %s: %s failed: %s", ns.nsid, what, exc)
             return self.complete(req, S.WRITE_FAULT)
         if exc is not None:  # a bug, not the device: counted and answered like one on the loop
             return self._internal_error(req, exc)
@@ -557,6 +571,8 @@ class Target:
         def flush_all():
             errors = []
             for ns in namespaces:
+                if ns.removed:  # removed meanwhile: Namespace.retire flushes it before closing
+                    continue
                 try:
                     ns.backend.flush()
                 except (OSError, BackendError) as exc:
@@ -565,11 +581,15 @@ class Target:
                 raise BackendError("; ".join(errors), "check the device (dmesg)")
 
         def done(exc):
+            for ns in namespaces:
+                ns.job_done()
             if exc is not None:
                 log.error("controller %d: flush at shutdown failed: %s", ctrl.cntlid, exc)
             ctrl.shutdown_complete(self.clock())
 
         if any(ns.backend.blocking for ns in namespaces):
+            for ns in namespaces:
+                ns.jobs += 1  # their files stay open until the flush is done (Namespace.retire)
             self.work.call(flush_all, done)
         else:
             done(_call(flush_all))
@@ -645,6 +665,17 @@ class Target:
             if req.queue.closed:
                 continue
             self.complete(req, 0, result=ctrl.pending_events.popleft())
+
+
+def _unless_removed(ns, steps):
+    """The slices of `steps` until the namespace is removed; checked before each one, since a slice runs
+    inside next()."""
+    while not ns.removed:
+        try:
+            n = next(steps)
+        except StopIteration:
+            return
+        yield n
 
 
 def _call(fn: Callable[[], None]) -> Optional[BaseException]:

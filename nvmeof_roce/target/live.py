@@ -242,6 +242,13 @@ def _close_quietly(ns: Namespace) -> None:
         log.error("closing namespace %d: %s", ns.nsid, exc)
 
 
+def _retire_quietly(ns: Namespace) -> None:
+    try:
+        ns.retire()
+    except Exception as exc:
+        log.error("closing namespace %d: %s", ns.nsid, exc)
+
+
 def _open_ns(config: TargetConfig, nqn: str, n: NamespaceConfig) -> Namespace:
     try:
         return Namespace(n, open_backend(n))
@@ -328,8 +335,7 @@ def apply(target, new: TargetConfig, listeners: Optional[Listeners] = None,
         elif a in ("remove-namespace", "replace-namespace"):
             sub = target.subsystems[ch.nqn]
             ns = sub.remove_namespace(ch.nsid)
-            ns.removed = True
-            _close_quietly(ns)
+            _retire_quietly(ns)  # closed now or after its background jobs
             ns_changed.setdefault(ch.nqn, set()).add(ch.nsid)
         elif a == "resize-namespace":
             pass  # below, all together
@@ -366,7 +372,8 @@ def apply(target, new: TargetConfig, listeners: Optional[Listeners] = None,
     for ctrl, reason in ended:
         target._delete_controller(ctrl, reason)
     for sub in removed_subsystems:
-        sub.close()  # flushes its namespaces, after its controllers ended
+        for ns in sub.namespaces.values():  # flushed and closed after their controllers ended and their jobs
+            _retire_quietly(ns)
 
     for nqn, nsids in ns_changed.items():
         sub = target.subsystems.get(nqn)

@@ -40,6 +40,10 @@ class Namespace:
         self.eui64 = _hex_bytes(config.eui64, 8)
         self.ana_grpid = config.ana_grpid
         self.removed = False
+        # Blocking calls and sliced jobs on the backend not yet completed (target/work.py): a removed namespace
+        # closes its backend only after the last one, never under a call running on the worker thread.
+        self.jobs = 0
+        self._close_when_idle = False
         # RAM namespaces expose their memory: reads are sent straight from it, without a copy.
         self.direct_view = backend.buffer
         # SMART counters (bytes and commands)
@@ -54,6 +58,26 @@ class Namespace:
             self.backend.flush()
         finally:
             self.backend.close()
+
+    def retire(self) -> None:
+        """Removed from its subsystem: no new commands reach it; close the backend now, or when its last
+        background job completes (job_done).  As nvmet_ns_disable waits for the I/O in flight before
+        closing the device."""
+        self.removed = True
+        if self.jobs:
+            self._close_when_idle = True
+        else:
+            self.close()
+
+    def job_done(self) -> None:
+        """A background job on the backend completed (on the loop); the deferred close of a retired namespace."""
+        self.jobs -= 1
+        if self.jobs == 0 and self._close_when_idle:
+            self._close_when_idle = False
+            try:
+                self.close()
+            except Exception as exc:
+                log.error("closing removed namespace %d: %s", self.nsid, exc)
 
     def __repr__(self) -> str:
         return f"<Namespace {self.nsid} {self.backend!r}>"

@@ -75,13 +75,25 @@ class Work:
         self.attached = True
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop the thread (after the calls already submitted) and close the eventfd."""
+        """Stop the thread (after the calls already submitted), complete what is left, close the eventfd.
+
+        Every job gets its completion, even at shutdown: a removed namespace closes its backend only after
+        its last job completed (Namespace.retire)."""
         if self._thread is not None:
             self._jobs.put(None)
             self._thread.join(timeout)
             if self._thread.is_alive():
                 log.warning("a blocking backend call is still running after %.0f s", timeout)
             self._thread = None
+        with self._lock:
+            finished, self._finished = self._finished, deque()
+        for done, exc in finished:
+            self.blocking_running -= 1
+            _complete(done, exc)
+        while self._sliced:  # no loop pass will come: the rest inline
+            job = self._sliced.popleft()
+            while self._step(job):
+                pass
         if self.fd >= 0:
             self._loop.unwatch(self.fd)
             os.close(self.fd)

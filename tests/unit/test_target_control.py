@@ -319,6 +319,26 @@ def test_reload_applies_only_the_difference(env, control, tmp_path):
     ctrl.close()
 
 
+def test_reload_removing_a_namespace_under_a_sliced_write_zeroes_answers_invalid_namespace(env, control, tmp_path):
+    """A reload drops namespace 1 while its Write Zeroes waits for its first slice (target/work.py): the
+    command answers Invalid Namespace, not an Internal Error from the closed memory."""
+    from loopback_env import RawQueue
+    from nvmeof_roce.nvme import nvm
+    ctrl = env.connect(SUB_RAM)
+    data = env.target.config.to_dict()
+    del data["subsystems"][0]["namespaces"][0]
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(data))
+    q = RawQueue(ctrl.io_queues[0].transport)
+    q.send(nvm.write_zeroes_command(0, 1, 0, 7).pack())
+    env.fabric.pump(max_ops=1)  # the job is queued; the loop has not served the eventfd yet
+    assert env.target.work.pending == 1
+    assert control.call("nvmeof_reload_config", {"path": str(path)})["applied"]
+    assert q.poll_one().status == S.INVALID_NS | S.DNR
+    assert env.target.internal_errors == 0
+    ctrl.close()
+
+
 def test_reload_refuses_an_invalid_edit_and_changes_nothing(env, control, tmp_path):
     before = snapshot(env.target)
     data = env.target.config.to_dict()

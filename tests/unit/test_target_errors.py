@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from loopback_env import (HOST_A, HOST_B, SUB_ONLY_A, SUB_RAM, Env, RawQueue, raw_connect, raw_enable,
+from loopback_env import (HOST_A, HOST_B, SUB_FILE, SUB_ONLY_A, SUB_RAM, Env, RawQueue, raw_connect, raw_enable,
                           standard_config)
 from nvmeof_roce.nvme import admin as A
 from nvmeof_roce.nvme import cm
@@ -549,6 +549,71 @@ def test_namespace_removed_while_write_data_in_flight(env, ctrl):
     env.target.remove_namespace(SUB_RAM, 1)
     cqe = q.poll_one()
     assert cqe.status == S.INVALID_NS | S.DNR
+
+
+def test_namespace_removed_while_a_sliced_write_zeroes_is_queued(env, ctrl):
+    """Write Zeroes on RAM runs in slices on later loop passes (target/work.py); a namespace removed before its
+    first slice must answer Invalid Namespace, not touch the closed memory (an Internal Error)."""
+    q = io(ctrl)
+    q.send(nvm.write_zeroes_command(0, 1, 0, 7).pack())
+    env.fabric.pump(max_ops=1)  # the capsule is in and its job queued; the watched eventfd not yet served
+    assert env.target.work.pending == 1
+    env.target.remove_namespace(SUB_RAM, 1)
+    cqe = q.poll_one()
+    assert cqe.status == S.INVALID_NS | S.DNR
+    assert env.target.work.pending == 0
+
+
+def test_namespace_removed_while_its_flush_waits_for_the_worker_thread(tmp_path):
+    """A file namespace removed while its Flush waits behind another call on the worker thread: the Flush
+    answers Invalid Namespace and the file is closed only after the worker is done with it (never an fd
+    closed, or reused by another file, under a running call)."""
+    import threading
+    env = Env(standard_config(tmp_path))
+    try:
+        c = env.connect(SUB_FILE, num_io_queues=1)
+        q = io(c)
+        ns = env.target.subsystem(SUB_FILE).namespaces[1]
+        hold, holding = threading.Event(), threading.Event()
+        env.target.work.call(lambda: (holding.set(), hold.wait(10)), lambda exc: None)
+        assert holding.wait(10)
+        q.send(nvm.FlushCommand(nsid=1).pack())
+        env.fabric.pump(max_ops=1)  # the Flush is queued behind the held call
+        env.target.remove_namespace(SUB_FILE, 1)
+        assert ns.backend._fd >= 0  # not closed under the queued call
+        hold.set()
+        for _ in range(100):  # until both calls came back through the eventfd
+            if not env.target.work.pending:
+                break
+            env.fabric.run_watched(0.1)
+        cqe = q.poll_one()
+        assert cqe.status == S.INVALID_NS | S.DNR
+        assert ns.backend._fd < 0  # closed once the last call on it completed
+        assert env.target.internal_errors == 0
+        c.close()
+    finally:
+        env.close()
+
+
+def test_namespace_removed_during_its_flush_is_closed_at_target_shutdown(tmp_path):
+    """The Flush's completion never comes back through the loop (the target shuts down first): the removed
+    namespace's file is still closed, once the worker thread finished with it."""
+    import threading
+    env = Env(standard_config(tmp_path))
+    c = env.connect(SUB_FILE, num_io_queues=1)
+    q = io(c)
+    ns = env.target.subsystem(SUB_FILE).namespaces[1]
+    hold, holding = threading.Event(), threading.Event()
+    env.target.work.call(lambda: (holding.set(), hold.wait(10)), lambda exc: None)
+    assert holding.wait(10)
+    q.send(nvm.FlushCommand(nsid=1).pack())
+    env.fabric.pump(max_ops=1)
+    env.target.remove_namespace(SUB_FILE, 1)
+    assert ns.backend._fd >= 0
+    hold.set()
+    env.close()
+    assert ns.backend._fd < 0
+    assert env.target.internal_errors == 0
 
 
 def test_unexpected_exception_becomes_internal_error(env, ctrl, monkeypatch):
