@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import math
 import re
 import shutil
 import subprocess
@@ -175,7 +176,8 @@ def parse_perftest_output(text: str) -> List[PerftestRow]:
             elif key == "cpu_util_pct":
                 continue
             else:
-                setattr(row, key, float(value))
+                # perftest prints "inf" when its clock measured nothing (seen on rxe under emulation): no figure
+                setattr(row, key, float(value) if math.isfinite(value) else None)
         if row.bw_unit == "Gb/sec":  # bw_*_mb_s are MiB/s whatever perftest printed
             row.bw_unit = "MiB/sec"
         rows.append(row)

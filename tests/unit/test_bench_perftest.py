@@ -139,3 +139,13 @@ def test_missing_perftest_is_a_clear_error(monkeypatch, tmp_path):
     with pytest.raises(ToolMissing) as exc:
         run_perftest("ib_send_lat", "10.99.0.1", device="rxe0")
     assert "perftest" in str(exc.value)
+
+
+def test_a_latency_perftest_printed_as_inf_is_no_figure():
+    """perftest 6.06 on rxe under emulation printed inf for every latency (captured in the lab): no figure, not
+    an infinite one (json would write the invalid token Infinity into bench.json)."""
+    text = fixture("perftest-ib_send_lat-inf.client.txt")
+    assert " inf " in text
+    (row,) = parse_perftest_output(text)
+    assert (row.bytes, row.iterations) == (2, 1000)
+    assert [row.t_min_us, row.t_max_us, row.t_typical_us, row.t_avg_us, row.p99_us, row.p99_9_us] == [None] * 6
