@@ -267,16 +267,18 @@ def fio_table(result: dict) -> str:
 def perftest_table(result: dict) -> str:
     headers = ["test", "size", "typical", "avg", "p99", "p99.9", "BW MiB/s", "Mpps"]
     rows = []
+    errors = []  # printed under the table: a long message in a cell would stretch its column for every row
     for test, p in result.get("perftest", {}).items():
         if p.get("error"):
-            rows.append([test, "", "error: " + str(p["error"]).splitlines()[0], "", "", "", "", ""])
+            rows.append([test, "", "error", "", "", "", "", ""])
+            errors.append(f"{test}: " + str(p["error"]).splitlines()[0])
             continue
         bw = p.get("bw_avg_mb_s")
         rate = p.get("msg_rate_mpps")
         rows.append([test, fmt_size(p.get("bytes")), fmt_lat(p.get("t_typical_us")), fmt_lat(p.get("t_avg_us")),
                      fmt_lat(p.get("p99_us")), fmt_lat(p.get("p99_9_us")),
                      "-" if bw is None else f"{bw:.1f}", "-" if rate is None else f"{rate:.4f}"])
-    return table(headers, rows)
+    return "\n".join([table(headers, rows)] + errors)
 
 
 def _has_cost(result: dict) -> bool:

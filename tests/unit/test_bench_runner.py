@@ -255,7 +255,11 @@ def test_perftest_results_and_failures_are_recorded(work):
     assert result["perftest"]["ib_write_lat"]["t_typical_us"] > 0
     assert result["perftest"]["ib_read_lat"]["error"].startswith("ib_read_lat client failed")
     assert result["ok"] is False
-    assert "error: ib_read_lat client failed" in report.render(result)
+    text = report.perftest_table(result)
+    table_lines, error_lines = text.splitlines()[:4], text.splitlines()[4:]
+    assert error_lines == ["ib_read_lat: ib_read_lat client failed to run"]  # under the table, whole
+    assert max(len(line) for line in table_lines) < 80  # the message does not widen the table's columns
+    assert "ib_read_lat: ib_read_lat client failed to run" in report.render(result)
 
 
 def test_initiator_perf_jobs_go_through_the_hook(work):
