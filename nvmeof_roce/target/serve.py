@@ -1,6 +1,7 @@
 """`nvmeof-roce target serve`: the userspace target on the RDMA transport, in the foreground."""
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -194,6 +195,9 @@ def limits_from_args(args) -> ResourceLimits:
 
 def _cmd_serve(args) -> int:
     from .workers import workers_requested, supervise
+    # A crash inside pyverbs or a provider (SIGSEGV, SIGABRT) leaves the Python stack on stderr (the journal
+    # under systemd) instead of only an exit status.
+    faulthandler.enable()
     if workers_requested(args) is not None:
         return supervise(args)
     # Connects, disconnects and rejects are logged at INFO: show them unless the user asked for less.
