@@ -281,11 +281,18 @@ class MR:
         NIC.local.pop(self.lkey, None)
 
 
+class UseAfterClose(AssertionError):
+    """A call on a closed verbs object: pyverbs 44 sets the object's pointer to NULL at close and passes it to
+    the provider anyway, so the real process dies with SIGSEGV here."""
+
+
 class CompChannel:
     def __init__(self, ctx, **kw):
         self.fd = NIC.fifo("infinibandevent")
 
     def get_cq_event(self, cq=None):
+        if self.fd < 0:
+            raise UseAfterClose("get_cq_event on a closed completion channel")
         t0 = _perf()
         try:
             if not _drain(self.fd):
@@ -305,6 +312,7 @@ class CQ:
         self.channel = channel
         self.pending: deque = deque()
         self.armed = False
+        self.closed = False
 
     def req_notify(self, solicited_only=False):
         self.armed = True
@@ -319,6 +327,8 @@ class CQ:
             _notify(self.channel.fd)
 
     def poll(self, num_entries=1):
+        if self.closed:
+            raise UseAfterClose("poll on a closed CQ")
         t0 = _perf()
         taken = []
         while self.pending and len(taken) < num_entries:
@@ -330,7 +340,7 @@ class CQ:
         return len(wcs), wcs
 
     def close(self):
-        pass
+        self.closed = True
 
 
 class CqInitAttrEx:

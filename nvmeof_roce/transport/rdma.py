@@ -259,7 +259,7 @@ class EventLoop:
 
     def run_once(self, timeout: float) -> int:
         """One loop pass: wait up to `timeout` (not at all while a handler has work left) and run the
-        handlers of every ready fd, then the continuations handlers left last pass; how many ran.
+        handlers of every ready fd still watched, then the continuations handlers left last pass; how many ran.
 
         A handler may return a callable: it stopped at its budget with work left (a busy queue's
         completions), and that callable runs in the next pass, after the other queues had their turn.
@@ -267,8 +267,17 @@ class EventLoop:
         again, self._again = self._again, []
         ready = self.selector.select(0 if again else timeout)
         start = time.monotonic()
+        watched = self.selector.get_map()
+        # A handler may close what another ready fd belongs to (a CM DISCONNECTED closes its queue's completion
+        # channel): that fd's handler must not run on the closed object (pyverbs dereferences NULL there).  Its
+        # number may even be watched again by now for a new queue, whose key is then a different object.
         callbacks = [key.data for key, _ in ready] + again
-        for callback in callbacks:
+        keys = [key for key, _ in ready] + [None] * len(again)
+        ran = 0
+        for key, callback in zip(keys, callbacks):
+            if key is not None and watched.get(key.fd) is not key:
+                continue
+            ran += 1
             began = time.monotonic()
             try:
                 more = callback()
@@ -281,7 +290,7 @@ class EventLoop:
                 log.warning("one event handler held the loop %.0f ms: %s", took * 1000,
                             getattr(callback, "__qualname__", callback))
         self._account(start)
-        return len(callbacks)
+        return ran
 
     def _account(self, start: float) -> None:
         took = time.monotonic() - start
@@ -621,6 +630,8 @@ class RdmaTargetQueue(TargetQueue):
     # -- completions --
 
     def _on_cq_event(self):
+        if self.closed:  # its channel and CQ are gone: pyverbs would dereference NULL
+            return None
         try:
             self.comp_channel.get_cq_event(self.cq)
         except PyverbsRDMAError as exc:

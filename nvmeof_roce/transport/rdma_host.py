@@ -198,6 +198,7 @@ class RdmaHostQueue(HostQueue):
         self.connector = connector
         self.qid = qid
         self.closed = False
+        self._released = False  # close() destroyed the QP, CQ and channel: no pyverbs call on them after
         self.buffers: List[RegisteredMemory] = []
         self.channel, self.cm_fd = _create_with_fd(CMEventChannel, "rdma_cm")
         self.cm_id = CMID(creator=self.channel, port_space=ce.RDMA_PS_TCP)
@@ -378,6 +379,8 @@ class RdmaHostQueue(HostQueue):
     def _drain(self) -> None:
         """Take every completion on the CQ: SEND completions free their entries and slots, responses are
         copied out, then their receives are re-posted together."""
+        if self._released:  # the CQ is closed: pyverbs would dereference NULL
+            return
         responses = self.responses
         received = []
         rmap = self.recv_mem.map
@@ -405,6 +408,8 @@ class RdmaHostQueue(HostQueue):
 
     def _wait_cq(self, timeout: float) -> None:
         """Sleep on the completion channel up to `timeout`, re-arm it, and drain (docs/protocol.md §7.3 item 1)."""
+        if self._released:
+            raise TransportError(f"queue {self.qid} is closed")
         if self.cq_poller.poll(timeout * 1000):
             try:
                 self.comp_channel.get_cq_event(self.cq)
@@ -450,7 +455,7 @@ class RdmaHostQueue(HostQueue):
             self.channel.close()
 
     def close(self) -> None:
-        if getattr(self, "_released", False):
+        if self._released:
             return
         self._released = True
         self.closed = True

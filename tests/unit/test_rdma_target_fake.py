@@ -71,3 +71,58 @@ def test_reads_and_writes_through_the_rdma_target_queue_on_the_fake_device():
     code = CHILD % {"bench": str(REPO / "benchmarks"), "repo": str(REPO)}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+CLOSED_IN_THE_SAME_PASS = r"""
+import logging, os, sys
+sys.path.insert(0, %(bench)r); sys.path.insert(0, %(repo)r)
+import fakeverbs
+fakeverbs.install(prefer_real=False)
+import transport_cost as tc
+from nvmeof_roce.config import parse_config
+from nvmeof_roce.initiator.controller import Controller
+from nvmeof_roce.target.serve import TargetServer
+
+failures = []
+class Catch(logging.Handler):
+    def emit(self, record):
+        if record.exc_info:
+            failures.append(repr(record.exc_info[1]))
+logging.getLogger("nvmeof_roce").addHandler(Catch())
+
+server = TargetServer(parse_config(tc.config_dict(), source="test"))
+ctrl = Controller.connect(tc.FakeConnector(server.loop), tc.SUBNQN, hostnqn=tc.HOSTNQN, num_io_queues=1,
+                          queue_size=32, enable_aen=False)
+listener = server.loop.listeners[0]
+queue = [q for q in listener.queues.values() if q.qid == 1][0]
+host = ctrl.io_queues[0].transport
+buf = host.register(4096)
+
+# What a CM DISCONNECTED does (RdmaListener._on_cm_events closes the queue), ready in the same pass as the
+# queue's completion channel, and served first (epoll reports fds in the order they became ready).
+closer_r, closer_w = os.pipe()
+def disconnected():
+    os.read(closer_r, 1)
+    queue.peer_gone = True
+    queue.close()
+server.loop.watch(closer_r, disconnected)
+os.write(closer_w, b"d")
+host.end.send(tc.read_capsules(1, buf.addr, buf.key)[0])
+server.loop.run_once(1.0)
+assert queue.closed
+queue._on_cq_event()  # a late call on the closed queue touches no verbs object either
+server.loop.run_once(0)
+assert not failures, failures
+server.loop.unwatch(closer_r)
+server.close()
+print("ok")
+"""
+
+
+def test_a_queue_closed_while_its_completion_fd_is_ready_in_the_same_pass_is_not_served():
+    """The 6.12 lab tier's target died once with SIGSEGV after a disconnect: its completion handler ran on a
+    queue that a CM event had closed in the same loop pass (pyverbs 44 then polls a NULL channel).  The fake
+    device raises where pyverbs would crash."""
+    code = CLOSED_IN_THE_SAME_PASS % {"bench": str(REPO / "benchmarks"), "repo": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:] + proc.stdout[-2000:]

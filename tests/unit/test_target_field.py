@@ -417,3 +417,41 @@ def test_event_loop_gives_a_busy_handler_its_turn_after_the_others():
     for fd in (busy_r, busy_w, other_r, other_w):
         os.close(fd)
     loop.selector.close()
+
+
+def test_event_loop_skips_a_ready_fd_that_an_earlier_handler_of_the_pass_unwatched():
+    """A CM DISCONNECTED closes its queue, completion channel included, while the queue's completion fd is
+    ready in the same pass: its handler must not run then (pyverbs 44 dereferences the closed channel's NULL
+    pointer: the target died with SIGSEGV).  Whichever of the two runs first unwatches the other; and an fd
+    number watched again in the pass, for a new object, is not served for the old readiness either."""
+    import os
+    from nvmeof_roce.transport.rdma import EventLoop
+
+    class Handler:
+        def tick(self, now):
+            pass
+
+    loop = EventLoop(Handler())
+    a_r, a_w = os.pipe()
+    b_r, b_w = os.pipe()
+    ran = []
+    reused = []
+
+    def closer(mine, other):
+        def handler():
+            os.read(mine, 1)
+            ran.append(mine)
+            loop.unwatch(other)
+            loop.watch(other, lambda: reused.append(other))  # the same fd number, a new handler
+        return handler
+
+    loop.watch(a_r, closer(a_r, b_r))
+    loop.watch(b_r, closer(b_r, a_r))
+    os.write(a_w, b"x")
+    os.write(b_w, b"x")
+    assert loop.run_once(1.0) == 1
+    assert len(ran) == 1 and reused == []
+    assert loop.run_once(0) == 1 and reused == [ran[0] ^ a_r ^ b_r]  # next pass: the new handler, still readable
+    for fd in (a_r, a_w, b_r, b_w):
+        os.close(fd)
+    loop.selector.close()
