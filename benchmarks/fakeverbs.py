@@ -19,10 +19,12 @@ Time spent inside the fake device is accounted in `DEVICE` and subtracted by the
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import errno
 import itertools
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -172,6 +174,7 @@ def recv_chain(wr) -> List[Tuple[int, List[Tuple[int, int, int]]]]:
 class Nic:
     def __init__(self):
         self.dir = tempfile.mkdtemp(prefix="fakeverbs-")
+        atexit.register(shutil.rmtree, self.dir, True)
         self.names = itertools.count(1)
         self.keys = itertools.count(0x1000)
         self.qpns = itertools.count(0x11)
@@ -184,7 +187,9 @@ class Nic:
         """A readable-when-notified fd whose /proc/self/fd link names `kind` (as the transport looks for)."""
         path = os.path.join(self.dir, f"{kind}-{next(self.names)}")
         os.mkfifo(path)
-        return os.open(path, os.O_RDWR | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+        os.unlink(path)  # the fd's link keeps the name ("... (deleted)"), and nothing is left behind in /tmp
+        return fd
 
 
 NIC = Nic()
