@@ -153,7 +153,7 @@ def rdma_host_queue(depth: int):
 
     q = rh.RdmaHostQueue.__new__(rh.RdmaHostQueue)
     hrqsize = depth
-    q.qid, q.closed, q.buffers, q.responses = 1, False, [], []
+    q.qid, q.closed, q._released, q.buffers, q.responses = 1, False, False, [], []
     q.recv_mem = Mem(hrqsize * rh.RESPONSE_SIZE)
     q.recv_wrs = [rh.RecvWR(wr_id=i, num_sge=1, sg=[rh.SGE(0, 16, 1)]) for i in range(hrqsize)]
     q.capsule_size = 64 + 4096

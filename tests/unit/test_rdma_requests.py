@@ -252,3 +252,46 @@ def test_a_read_posted_before_the_batch_flush_does_not_retire_the_responses_queu
     assert done_req.state == State.COMPLETING and reader.state == State.EXECUTING
     book.send_completed(done_req)
     assert done_req.state == State.FREE
+
+
+def test_a_send_completion_is_awaited_only_when_something_waits_for_it():
+    """The transport arms its send CQ only when this says so (RdmaTargetQueue.flush); otherwise the completions
+    only retire responses and are taken late, without a wake-up of their own."""
+    book, poster, pool = make(chunks=2, send_slots=3, read_credits=1)
+    a = executing(book)
+    book.complete(a, CQE, b"a" * 16, 1, 2)  # a response on the send queue: nothing waits for it
+    assert a.state == State.COMPLETING and not book.awaits_send_completion()
+    b = executing(book)
+    book.complete(b, CQE, b"b" * 16, 1, 2)  # two send-queue entries needed, one left: b waits for a's retirement
+    assert b.state == State.READY_TO_COMPLETE and book.awaits_send_completion()
+    book.send_completed(a)
+    assert b.state == State.COMPLETING and not book.awaits_send_completion()
+    book.send_completed(b)
+    r = executing(book)
+    book.read(r, 0x2000, 9, 512, lambda data, err: None)  # an RDMA READ: the core waits for its data
+    assert r.state == State.TRANSFERRING_HOST_TO_CONTROLLER and book.awaits_send_completion()
+    book.send_completed(r)
+    assert not book.awaits_send_completion()
+    # a posted response holding a chunk (its data staged), while another queue of the port waits for one
+    book.complete(r, CQE, b"r" * 16, 1, 2)
+    assert r.chunk >= 0 and book.holds_chunks() and not book.awaits_send_completion()
+    other = pool.share()
+    other.commit()
+    assert other.take(1) is not None  # its guaranteed one
+    assert other.take(1) is None and pool.waiting  # and no more: the port's other chunk is r's
+    assert book.awaits_send_completion()
+    book.send_completed(r)
+    assert not book.holds_chunks()
+
+
+def test_the_pool_tells_when_a_queue_starts_waiting_once_per_wait():
+    pool = BufferPool(1, 0)
+    calls = []
+    pool.on_wait = lambda: calls.append(1)
+    a, b = pool.share(), pool.share()
+    a.commit()
+    b.commit()
+    held = a.take(1)
+    assert b.take(1) is None and b.take(1) is None and calls == [1]
+    a.give(held)  # b is woken (its wake is None here) and leaves the list
+    assert b.take(1) is not None and not pool.waiting

@@ -455,3 +455,22 @@ def test_event_loop_skips_a_ready_fd_that_an_earlier_handler_of_the_pass_unwatch
     for fd in (a_r, a_w, b_r, b_w):
         os.close(fd)
     loop.selector.close()
+
+
+def test_pyverbs_loggers_are_cached_and_are_the_same_loggers():
+    """pyverbs 44 calls logging.getLogger for every object it makes (a WC per completion): the transport gives
+    pyverbs.base a cached getLogger.  The loggers must be the very ones logging hands out, and the rest of the
+    logging module must still be there."""
+    import logging
+    import types
+    from nvmeof_roce.transport.rdma import cache_pyverbs_loggers
+
+    base = types.ModuleType("pyverbs_base_like")
+    base.logging = logging
+    assert cache_pyverbs_loggers(base)
+    first = base.logging.getLogger("CQ")
+    assert first is logging.getLogger("CQ") and base.logging.getLogger("CQ") is first
+    assert base.logging.getLogger.cache_info().hits == 1
+    assert base.logging.DEBUG == logging.DEBUG and base.logging.Logger is logging.Logger
+    other = types.ModuleType("no_logging_here")
+    assert not cache_pyverbs_loggers(other) and not hasattr(other, "logging")
