@@ -5,21 +5,13 @@ import uuid
 
 import pytest
 
-from loopback_env import HOST_A, SUB_RAM, Env, standard_config
+from loopback_env import HOST_A, SUB_RAM
 from nvmeof_roce.initiator import controller as initiator
 from nvmeof_roce.initiator.controller import CommandTimeout, Controller, HostError, QueueFull
 from nvmeof_roce.nvme import status as S
 from nvmeof_roce.nvme.command import SQE
 from nvmeof_roce.nvme.status import NvmeStatusError
 from nvmeof_roce.transport.loopback import LoopbackFabric, LoopbackHostQueue
-
-
-@pytest.fixture
-def env():
-    e = Env(standard_config())
-    yield e
-    assert e.target.internal_errors == 0
-    e.close()
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from loopback_env import SUB_4K, SUB_RAM, Env, standard_config
+from loopback_env import SUB_4K, SUB_RAM
 from nvmeof_roce.errors import NvmeofError
 from nvmeof_roce.initiator.controller import HostError, QueueFull
 from nvmeof_roce.initiator.perf import run_perf
@@ -13,14 +13,6 @@ from nvmeof_roce.nvme import status as S
 from nvmeof_roce.nvme.command import CQE_STRUCT
 from nvmeof_roce.transport.rdma import SEND_WR_BASE
 from nvmeof_roce.transport.rdma_host import SendAccount
-
-
-@pytest.fixture
-def env():
-    e = Env(standard_config())
-    yield e
-    assert e.target.internal_errors == 0
-    e.close()
 
 
 # ---------------------------------------------------------------------------- the command slot table

@@ -39,13 +39,6 @@ class LoopListeners(live.Listeners):
 
 
 @pytest.fixture
-def env():
-    e = Env(standard_config())
-    yield e
-    e.close()
-
-
-@pytest.fixture
 def control(env):
     return Control(env.target, LoopListeners(env))
 

@@ -17,14 +17,6 @@ from nvmeof_roce.transport.base import ConnectRejected, TransportError
 
 
 @pytest.fixture
-def env():
-    e = Env(standard_config())
-    yield e
-    assert e.target.internal_errors == 0
-    e.close()
-
-
-@pytest.fixture
 def ctrl(env):
     c = env.connect(SUB_RAM, num_io_queues=2)
     yield c

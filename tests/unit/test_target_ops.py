@@ -12,7 +12,7 @@ from nvmeof_roce.target.metrics import parse_listen
 from nvmeof_roce.target.ops import Operations
 from nvmeof_roce.target.sdnotify import notify
 
-from loopback_env import SUB_RAM, Env, ram_ns, standard_config
+from loopback_env import SUB_RAM, ram_ns
 
 
 class LoopbackServer:
@@ -25,13 +25,6 @@ class LoopbackServer:
 
     def addresses(self):
         return ["loopback"]
-
-
-@pytest.fixture
-def env():
-    e = Env(standard_config())
-    yield e
-    e.close()
 
 
 @pytest.fixture
