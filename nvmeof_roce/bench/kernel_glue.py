@@ -306,24 +306,33 @@ def namespace_devices(nqn: str, sysfs: Path = SYSFS) -> List[str]:
     return [f"/dev/{d}" for d in sorted(set(devices))]
 
 
+def _connect_retrying(cli, traddr: str, trsvcid: int, nqn: str, timeout: float, accept_existing: bool,
+                      fix: str) -> None:
+    """`nvme connect` until it succeeds or `timeout` passes (the target may still be starting to listen).
+    With accept_existing, a failed connect that nonetheless left a controller of `nqn` counts as connected
+    (the first path; a later path's failure is never hidden by the controllers of the earlier ones)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            cli.connect(traddr, nqn, trsvcid=trsvcid, transport="rdma")
+            return
+        except NvmeofError as exc:
+            if accept_existing and controllers(nqn):
+                return
+            if time.monotonic() > deadline:
+                raise NvmeofError(f"nvme connect to {nqn} at {traddr}:{trsvcid} failed: {exc.message}",
+                                  exc.fix or fix) from None
+            time.sleep(0.5)
+
+
 def nvme_connect(traddr: str, trsvcid: int, nqn: str, timeout: float = 30.0, device_timeout: float = 20.0) -> str:
     """Connect the kernel host to nqn at traddr:trsvcid over RDMA and return the namespace's block device."""
     nvme_binary()
     cli = _nvme_cli()
     if controllers(nqn):
         nvme_disconnect(nqn)  # a stale connection of ours (same NQN) from an interrupted run
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            cli.connect(traddr, nqn, trsvcid=trsvcid, transport="rdma")
-            break
-        except NvmeofError as exc:
-            if controllers(nqn):
-                break
-            if time.monotonic() > deadline:
-                raise NvmeofError(f"nvme connect to {nqn} at {traddr}:{trsvcid} failed: {exc.message}",
-                                  exc.fix or "is the target listening? (rdma resource show cm_id; dmesg)") from None
-            time.sleep(0.5)  # the target may still be starting to listen
+    _connect_retrying(cli, traddr, trsvcid, nqn, timeout, accept_existing=True,
+                      fix="is the target listening? (rdma resource show cm_id; dmesg)")
     devices: List[str] = []
 
     def found() -> bool:
@@ -435,16 +444,7 @@ def nvme_connect_paths(traddr: str, trsvcids: List[int], nqn: str, iopolicy: str
     cli = _nvme_cli()
     try:
         for svc in trsvcids[1:]:
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    cli.connect(traddr, nqn, trsvcid=svc, transport="rdma")
-                    break
-                except NvmeofError as exc:
-                    if time.monotonic() > deadline:
-                        raise NvmeofError(f"nvme connect to {nqn} at {traddr}:{svc} (path {svc}) failed: "
-                                          f"{exc.message}", exc.fix or "is every worker listening?") from None
-                    time.sleep(0.5)
+            _connect_retrying(cli, traddr, svc, nqn, timeout, accept_existing=False, fix="is every worker listening?")
         want = sorted(str(s) for s in trsvcids)
         paths: Dict[str, str] = {}
 
