@@ -102,7 +102,6 @@ class TargetServer:
         deadline = time.monotonic() + DRAIN_SECONDS
         while self.target.in_flight() and time.monotonic() < deadline:
             self.loop.run_once(0.05)
-            self.loop.reap()
 
     def close(self) -> None:
         if self.ana_control is not None:

@@ -291,11 +291,6 @@ class EventLoop:
         except (KeyError, ValueError):
             pass
 
-    def defer(self, callback: Callable[[], None]) -> None:
-        """Run `callback` in the next pass, which then does not wait."""
-        if callback not in self._again:
-            self._again.append(callback)
-
     def run_once(self, timeout: float) -> int:
         """One loop pass: wait up to `timeout` (not at all while a handler has work left) and run the
         handlers of every ready fd still watched, then the continuations handlers left last pass; how many ran.
@@ -353,16 +348,9 @@ class EventLoop:
                     if not self.run_once(0) or time.monotonic() - now > self.tick_interval:
                         break  # nothing more was ready, or still busy: the timers run anyway
                 start = time.monotonic()
-                self.reap()
                 self.handler.tick(served_until)
                 self._account(start)
                 next_tick = start + self.tick_interval
-
-    def reap(self) -> None:
-        """Take the send completions nothing waited for (RdmaTargetQueue.reap): at each tick, and while a
-        stop drains."""
-        for listener in self.listeners:
-            listener.reap()
 
     def close(self) -> None:
         for listener in list(self.listeners):
@@ -407,7 +395,6 @@ class RdmaListener:
         self.pd = PD(self.context)
         self.device = self.context.query_device()
         self.pool = DataPool(self.pd, max_transfer, self.limits.data_buffers, self.limits.queue_min_buffers)
-        self.pool.accounts.on_wait = lambda: loop.defer(self._pool_starved)
         self.regions: Dict[int, tuple] = {}  # id(mapping) -> (mapping, (addr, lkey) or None, its MR)
         loop.watch(self.cm_fd, self._on_cm_events)
         loop.listeners.append(self)
@@ -528,17 +515,6 @@ class RdmaListener:
             self.children.pop(queue.id_ptr, None)
         self._destroy_id(queue.cm_id)
 
-    def reap(self) -> None:
-        """Take the send completions no queue was woken for: responses retired, their entries and chunks back."""
-        for queue in list(self.queues.values()):
-            queue.reap()
-
-    def _pool_starved(self) -> None:
-        """A queue waits for a data chunk: every queue whose posted responses hold one wants its send
-        completions now, not at its next receive or tick."""
-        for queue in list(self.queues.values()):
-            queue.arm_sends()
-
     def status(self) -> str:
         """One line of figures for `target serve`'s status log."""
         connected = sum(1 for q in self.queues.values() if q.share.guaranteed)
@@ -594,12 +570,6 @@ class RdmaTargetQueue(TargetQueue):
     unsignaled and chained before their SEND, SENDs signaled selectively (rdma_requests.py).
     Completions are polled with CQ.poll: pyverbs 44's extended CQ cannot be armed on a completion channel
     (no req_notify), and a target must sleep until work arrives.
-
-    Receives and sends have a CQ each.  The receive CQ is always armed: a capsule wakes the loop.  The send CQ
-    is armed only while something waits for a send completion (an RDMA READ's data, a request parked for
-    send-queue entries, read credits or a chunk: RequestBook.awaits_send_completion); otherwise its completions,
-    which only retire responses, are taken at the queue's next receive wake-up or the loop's tick (reap).  At
-    QD1 that is one wake-up per command instead of two (the capsule's, and its response's SEND).
     """
 
     def __init__(self, listener: RdmaListener, cm_id, request: ConnectRequest):
@@ -628,21 +598,17 @@ class RdmaTargetQueue(TargetQueue):
         self.sge = SGE(0, 0, 0)  # the one scatter entry every data work request is built from
 
         self.comp_channel, self.cq_fd = _create_with_fd(lambda: CompChannel(ctx), "infinibandevent")
-        self.send_channel, self.send_cq_fd = _create_with_fd(lambda: CompChannel(ctx), "infinibandevent")
         # Send queue: per command a READ, or a WRITE and a SEND.  Twice that, so that a whole queue's responses
         # in one poll leave it at least half free: their SENDs are then signaled selectively, not all
         # (RequestBook.flush signals every one once under a quarter is free).
         self.max_send_wr = 4 * self.depth + 8
-        self.cq = CQ(ctx, self.recv_count, None, self.comp_channel, 0)  # receives: always armed
+        self.cq = CQ(ctx, self.recv_count + self.max_send_wr, None, self.comp_channel, 0)
         self.cq.req_notify()
-        self.send_cq = CQ(ctx, self.max_send_wr, None, self.send_channel, 0)  # armed only when awaited
-        self.send_armed = False
-        self._reaping = False
         cap = QPCap(max_send_wr=self.max_send_wr, max_recv_wr=self.recv_count, max_send_sge=1, max_recv_sge=1,
                     max_inline_data=RESPONSE_SIZE)
         ops = (e.IBV_QP_EX_WITH_RDMA_WRITE | e.IBV_QP_EX_WITH_RDMA_READ | e.IBV_QP_EX_WITH_SEND
                | e.IBV_QP_EX_WITH_SEND_WITH_INV)
-        init = QPInitAttrEx(qp_type=e.IBV_QPT_RC, scq=self.send_cq, rcq=self.cq, sq_sig_all=0, cap=cap, pd=pd,
+        init = QPInitAttrEx(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, sq_sig_all=0, cap=cap, pd=pd,
                             send_ops_flags=ops,
                             comp_mask=e.IBV_QP_INIT_ATTR_PD | e.IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)
         try:
@@ -683,12 +649,11 @@ class RdmaTargetQueue(TargetQueue):
         self.book = RequestBook(self, self.share, self.max_send_wr, self.max_reads, prealloc=self.recv_count)
         self._posting = False  # between wr_start and wr_complete
         listener.loop.watch(self.cq_fd, self._on_cq_event)
-        listener.loop.watch(self.send_cq_fd, self._on_send_cq_event)
         log.info("queue %d accepted on %s:%d: depth %d, in-capsule %d B, %d RDMA READs in flight",
                  request.qid, listener.traddr, listener.trsvcid, self.depth, self.in_capsule_size, self.max_reads)
 
     def _release_rings(self) -> None:
-        for resource in (getattr(self, "qp", None), self.cq, self.send_cq, self.comp_channel, self.send_channel):
+        for resource in (getattr(self, "qp", None), self.cq, self.comp_channel):
             if resource is not None:
                 try:
                     resource.close()
@@ -712,79 +677,22 @@ class RdmaTargetQueue(TargetQueue):
         return self.poll_completions()
 
     def poll_completions(self):
-        """Handle up to CQ_BUDGET receive completions; if the budget ran out, return this method for the event
+        """Handle up to CQ_BUDGET completions; if the budget ran out, return this method for the event
         loop to call again next pass, so one busy queue cannot hold the loop (EventLoop.run_once).
-        The send completions there are go first (the requests they free serve the new capsules); receives
-        are re-posted and responses posted once, at the end (RequestBook batching)."""
+        Receives are re-posted and responses posted once, at the end (RequestBook batching)."""
         book = self.book
         book.begin_batch()
         try:
-            self._reap_sends()
             return self._poll()
         finally:
             self._repost()
             if not self.closed:
                 book.end_batch()
 
-    def _on_send_cq_event(self):
-        """A send completion that something waited for (the send CQ is armed only then)."""
-        if self.closed:
-            return None
-        try:
-            self.send_channel.get_cq_event(self.send_cq)
-        except PyverbsRDMAError as exc:
-            if _eagain(exc):
-                return None
-            raise
-        self.send_cq.ack_events(1)
-        self.send_armed = False  # flush() arms it again while something still waits
-        self.reap()
-        return None
-
-    def reap(self) -> None:
-        """Take the send completions there are, in one batch: responses retired, READs finished."""
-        if self.closed or not self.book.posted:
-            return
-        book = self.book
-        book.begin_batch()
-        try:
-            self._reap_sends()
-        finally:
-            if not self.closed:
-                book.end_batch()
-
-    def arm_sends(self) -> None:
-        """Wake on the next send completion if this queue's posted work holds what others wait for."""
-        if not self.closed and not self.send_armed and self.book.holds_chunks():
-            self._arm_sends()
-
-    def _arm_sends(self) -> None:
-        self.send_armed = True
-        self.send_cq.req_notify()
-        # A completion already in the CQ makes no event: take those now.
-        self._reaping = True
-        try:
-            self._reap_sends()
-        finally:
-            self._reaping = False
-
-    def _reap_sends(self) -> None:
-        requests = self.book.requests
-        send_completed = self.book.send_completed
-        while not self.closed:
-            count, wcs = self.send_cq.poll(num_entries=POLL_BATCH)
-            for wc in wcs[:count]:
-                if wc.status != e.IBV_WC_SUCCESS:
-                    self._on_failed_completion(wc)
-                    return
-                wr_id = wc.wr_id
-                if SEND_WR_BASE <= wr_id < WRITE_WR_ID:
-                    send_completed(requests[wr_id - SEND_WR_BASE])
-            if count < POLL_BATCH:
-                return
-
     def _poll(self):
         done = 0
+        requests = self.book.requests
+        send_completed = self.book.send_completed
         while not self.closed:
             if done >= CQ_BUDGET:
                 return self.poll_completions
@@ -796,7 +704,11 @@ class RdmaTargetQueue(TargetQueue):
                 if wc.status != e.IBV_WC_SUCCESS:
                     self._on_failed_completion(wc)
                     return None
-                self._on_capsule(wc.wr_id, wc.byte_len)
+                wr_id = wc.wr_id
+                if wr_id < SEND_WR_BASE:
+                    self._on_capsule(wr_id, wc.byte_len)
+                elif wr_id < WRITE_WR_ID:
+                    send_completed(requests[wr_id - SEND_WR_BASE])
             if count < POLL_BATCH:
                 # Fewer than asked for: the CQ was empty at that moment.  Anything later made the armed CQ's
                 # channel readable (it was re-armed before this poll), so the next loop pass finds it.
@@ -894,16 +806,14 @@ class RdmaTargetQueue(TargetQueue):
                            f" with invalidate rkey {req.invalidate:#x}" if invalidate else "")
 
     def flush(self) -> None:
-        if self._posting:
-            self._posting = False
-            try:
-                self.qp.wr_complete()
-            except PyverbsRDMAError as exc:
-                log.warning("queue %d: posting work requests failed: %s: closing", self.qid, exc)
-                self.close()
-                return
-        if not self.send_armed and not self._reaping and not self.closed and self.book.awaits_send_completion():
-            self._arm_sends()
+        if not self._posting:
+            return
+        self._posting = False
+        try:
+            self.qp.wr_complete()
+        except PyverbsRDMAError as exc:
+            log.warning("queue %d: posting work requests failed: %s: closing", self.qid, exc)
+            self.close()
 
     def stage(self, chunk: int, data) -> None:
         pool = self.listener.pool
@@ -980,7 +890,6 @@ class RdmaTargetQueue(TargetQueue):
         self.closed = True
         listener = self.listener
         listener.loop.unwatch(self.cq_fd)
-        listener.loop.unwatch(self.send_cq_fd)
         try:
             self.cm_id.disconnect()
         except Exception:
@@ -988,7 +897,7 @@ class RdmaTargetQueue(TargetQueue):
         try:
             listener.handler.queue_closed(self)
         finally:
-            for resource in (self.qp, self.cq, self.send_cq, self.comp_channel, self.send_channel):
+            for resource in (self.qp, self.cq, self.comp_channel):
                 try:
                     resource.close()
                 except Exception:

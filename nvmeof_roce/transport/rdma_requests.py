@@ -140,24 +140,6 @@ class RequestBook:
         return (len(self.pending[State.READY_TO_COMPLETE]) + len(self.queued)
                 + sum(1 for r in self.posted if r.cqe))
 
-    def awaits_send_completion(self) -> bool:
-        """Does anything wait for a send completion: an RDMA READ's data, a request parked for send-queue
-        entries, read credits or a chunk, or another queue for a chunk our posted responses hold?  If not,
-        the send completions only retire responses and may be taken late (RdmaTargetQueue.reap)."""
-        if self.read_credits < self.read_credits_total:
-            return True
-        for pending in self.pending.values():
-            if pending:
-                return True
-        return bool(self.share.pool.waiting) and self.holds_chunks()
-
-    def holds_chunks(self) -> bool:
-        """Do requests on the send queue hold data chunks (file reads sent from one)?"""
-        for req in self.posted:
-            if req.chunk >= 0:
-                return True
-        return False
-
     def count(self, state: State) -> int:
         return sum(1 for r in self.requests if r.state == state)
 

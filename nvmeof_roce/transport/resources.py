@@ -120,8 +120,6 @@ class BufferPool:
         self.reserved_unused = 0  # guaranteed but not in use: the shared part may not hand these out
         self.shares = 0  # open queues (connected or not)
         self.waiting: "OrderedDict[PoolShare, None]" = OrderedDict()
-        # Called when a queue starts waiting: the transport then wants the completions that free chunks.
-        self.on_wait: Optional[Callable[[], None]] = None
 
     # -- figures
     @property
@@ -169,10 +167,7 @@ class BufferPool:
             return None
         own = min(count, self._unused(share))  # from the queue's guarantee first
         if count - own > self.shared_free:
-            first = share not in self.waiting
             self.waiting[share] = None
-            if first and self.on_wait is not None:
-                self.on_wait()  # must not call back into a share's take/give: it only schedules
             return None
         taken, self.free = self.free[-count:], self.free[:-count]
         share.in_use += count
