@@ -279,6 +279,8 @@ class EventLoop:
         self.selector = selectors.DefaultSelector()
         self.listeners: List["RdmaListener"] = []
         self._again: List[Callable] = []  # continuations of handlers that stopped at their budget
+        self._in_pass = False
+        self._unwatched: set = set()  # fds unwatched during the current pass (run_once)
         self.longest_pass = 0.0  # seconds: the longest loop pass since start
         self.longest_pass_recent = 0.0  # ... since the caller last reset it (status lines)
 
@@ -289,7 +291,9 @@ class EventLoop:
         try:
             self.selector.unregister(fd)
         except (KeyError, ValueError):
-            pass
+            return
+        if self._in_pass:
+            self._unwatched.add(fd)
 
     def run_once(self, timeout: float) -> int:
         """One loop pass: wait up to `timeout` (not at all while a handler has work left) and run the
@@ -301,15 +305,15 @@ class EventLoop:
         again, self._again = self._again, []
         ready = self.selector.select(0 if again else timeout)
         start = time.monotonic()
-        watched = self.selector.get_map()
         # A handler may close what another ready fd belongs to (a CM DISCONNECTED closes its queue's completion
         # channel): that fd's handler must not run on the closed object (pyverbs dereferences NULL there).  Its
-        # number may even be watched again by now for a new queue, whose key is then a different object.
-        callbacks = [key.data for key, _ in ready] + again
-        keys = [key for key, _ in ready] + [None] * len(again)
+        # number may even be watched again by now for a new queue, which this readiness is not about.
+        unwatched = self._unwatched
+        self._in_pass = True
+        callbacks = [(key.fd, key.data) for key, _ in ready] + [(-1, more) for more in again]
         ran = 0
-        for key, callback in zip(keys, callbacks):
-            if key is not None and watched.get(key.fd) is not key:
+        for fd, callback in callbacks:
+            if unwatched and fd in unwatched:
                 continue
             ran += 1
             began = time.monotonic()
@@ -323,6 +327,8 @@ class EventLoop:
             if took >= SLOW_HANDLER:
                 log.warning("one event handler held the loop %.0f ms: %s", took * 1000,
                             getattr(callback, "__qualname__", callback))
+        self._in_pass = False
+        unwatched.clear()
         self._account(start)
         return ran
 
