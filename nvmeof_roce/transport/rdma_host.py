@@ -353,7 +353,7 @@ class RdmaHostQueue(HostQueue):
             self.held = []
 
     def flush(self) -> None:
-        if self.held:
+        if self.held and not self._released:  # (a closed queue's QP is gone: its held SENDs go nowhere)
             self._post_held()
         self.held = None
 
