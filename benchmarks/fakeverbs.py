@@ -439,6 +439,7 @@ class QP:
         self.recvs: deque = deque()
         self.peer = None  # the host end (HostEnd) once the CM accepted
         self.error = False
+        self.closed = False
         self.qp_state = 0
         self._batch: List[WorkRequest] = []
         self._wr_id = 0
@@ -458,12 +459,18 @@ class QP:
     def to_rts(self, *a, **kw):
         pass
 
+    def _alive(self, call: str) -> None:
+        if self.closed:
+            raise UseAfterClose(f"{call} on a destroyed QP")
+
     def post_recv(self, wr, bad_wr=None):
+        self._alive("post_recv")
         t0 = _perf()
         self.recvs.extend(recv_chain(wr))
         DEVICE.add(t0)
 
     def post_send(self, wr, bad_wr=None):
+        self._alive("post_send")
         t0 = _perf()
         try:
             for w in send_chain(wr):
@@ -495,6 +502,7 @@ class QP:
         DEVICE.add(t0)
 
     def wr_start(self):
+        self._alive("wr_start")
         t0 = _perf()
         self._batch = []
         DEVICE.add(t0)
@@ -535,6 +543,7 @@ class QP:
         DEVICE.add(t0)
 
     def wr_complete(self):
+        self._alive("wr_complete")
         t0 = _perf()
         try:
             batch, self._batch = self._batch, []
@@ -547,6 +556,7 @@ class QP:
         self._batch = []
 
     def close(self):
+        self.closed = True
         NIC.qps.pop(self.qp_num, None)
 
     # the wire

@@ -758,6 +758,8 @@ class RdmaTargetQueue(TargetQueue):
     # -- the book's Poster: work requests built in the QP, posted by flush() with one doorbell
 
     def _start(self):
+        if self.closed:  # the book stops posting on a closed queue; never reach the destroyed QP (SIGSEGV)
+            raise TransportError(f"queue {self.qid} is closed")
         qp = self.qp
         if not self._posting:
             qp.wr_start()
@@ -812,7 +814,8 @@ class RdmaTargetQueue(TargetQueue):
                            f" with invalidate rkey {req.invalidate:#x}" if invalidate else "")
 
     def flush(self) -> None:
-        if not self._posting:
+        if not self._posting or self.closed:  # (a queue closed mid-batch: its QP, half-built batch and all, is gone)
+            self._posting = False
             return
         self._posting = False
         try:
