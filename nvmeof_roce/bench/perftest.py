@@ -256,6 +256,9 @@ def perftest_args(test: str, device: str, *, size: Optional[int] = None, iterati
     return args + list(extra)
 
 
+SERVER_START = 3.0  # s a perftest server is given to listen before a failed client attempt counts against it
+
+
 def _stop(proc: Optional[subprocess.Popen], grace: float = 3.0) -> str:
     """Terminate a child we started (by its pid), and return what it printed."""
     if proc is None:
@@ -284,8 +287,10 @@ def run_perftest(test: str, address: str, *, device: Optional[str] = None, size:
     (two-node bench), and `device` is this machine's RDMA device.
 
     Without rdma_cm and with no gid_index, the RoCE v2 GID index of `address` is looked up in sysfs.
-    The client is retried while the server is not yet listening (it prints nothing until it exits). The server
-    is always stopped before returning. `raw_output` keeps both sides' text.
+    The client is retried while the server is not yet listening (it prints nothing until it exits), each time
+    against a new server: a perftest server takes one connection and stops listening, so a client attempt that
+    reached it and then failed (rdma_cm "Unexpected CM event" on rxe) leaves it deaf to every later one. The
+    server is always stopped before returning. `raw_output` keeps both sides' text.
     """
     test_kind(test)
     binary = perftest_binary(test)
@@ -308,13 +313,19 @@ def run_perftest(test: str, address: str, *, device: Optional[str] = None, size:
     try:
         if not remote_server:
             server = subprocess.Popen(server_cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        started = time.monotonic()
         deadline = time.monotonic() + connect_timeout
         time.sleep(0.3)
         while True:
             if server is not None and server.poll() is not None:
                 server_out = _stop(server)
-                raise NvmeofError(f"{test} server exited (code {server.returncode}) before a client connected: "
-                                  f"{_tail(server_out)}", f"check '{test} -d {device}' by hand")
+                if not attempts:
+                    raise NvmeofError(f"{test} server exited (code {server.returncode}) before a client connected: "
+                                      f"{_tail(server_out)}", f"check '{test} -d {device}' by hand")
+                # it ended with a client's failed connection: a new one for the next attempt
+                server = subprocess.Popen(server_cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                started = time.monotonic()
+                time.sleep(0.3)
             try:
                 client = subprocess.run(client_cmd, capture_output=True, text=True, timeout=timeout)
             except subprocess.TimeoutExpired as exc:
@@ -324,6 +335,10 @@ def run_perftest(test: str, address: str, *, device: Optional[str] = None, size:
             if client.returncode == 0 and "#bytes" in client.stdout:
                 break
             attempts.append(_tail(client_out))
+            if server is not None and server.poll() is None and time.monotonic() - started > SERVER_START:
+                server_out = _stop(server)  # it may have taken that failed connection: a fresh one listens again
+                server = subprocess.Popen(server_cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                started = time.monotonic()
             if time.monotonic() > deadline:
                 raise NvmeofError(f"{test} client failed to run against {address} ({len(attempts)} attempts): "
                                   f"{attempts[-1]}",

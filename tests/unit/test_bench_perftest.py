@@ -149,3 +149,43 @@ def test_a_latency_perftest_printed_as_inf_is_no_figure():
     (row,) = parse_perftest_output(text)
     assert (row.bytes, row.iterations) == (2, 1000)
     assert [row.t_min_us, row.t_max_us, row.t_typical_us, row.t_avg_us, row.p99_us, row.p99_9_us] == [None] * 6
+
+
+FAKE_PERFTEST = """#!{python}
+# A perftest stand-in: as server (no address) it counts its starts and waits; as client it fails with rxe's
+# "Unexpected CM event" against the first server, which it leaves deaf (as a real server that took a failed
+# connection), and prints a bandwidth table against any later one.
+import os, sys, time
+state, done = {state!r}, {state!r} + ".done"
+if not sys.argv[-1][0].isdigit():
+    n = len(os.listdir(state)) + 1
+    open(os.path.join(state, str(n)), "w").close()
+    for _ in range(1200):  # until a client ran against this server, as a real one ends after its test
+        if os.path.exists(done):
+            break
+        time.sleep(0.05)
+    sys.exit(0)
+if len(os.listdir(state)) < 2:
+    print("Unexpected CM event bl blka 8", file=sys.stderr)
+    sys.exit(1)
+print(" #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]")
+print(" 65536      1000             40.00              39.00                0.000600")
+open(done, "w").close()
+"""
+
+
+def test_a_client_attempt_that_failed_gets_a_new_server(monkeypatch, tmp_path):
+    """A perftest server takes one connection and stops listening: after a failed client attempt (rxe's
+    "Unexpected CM event") the next attempt must go to a new server, not to the deaf one until the deadline."""
+    import os
+    import sys
+    state = tmp_path / "servers"
+    state.mkdir()
+    binary = tmp_path / "ib_write_bw"
+    binary.write_text(FAKE_PERFTEST.format(python=sys.executable, state=str(state)))
+    binary.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setattr(pt, "SERVER_START", 0.2)
+    result = run_perftest("ib_write_bw", "10.99.0.1", device="rxe0", connect_timeout=20)
+    assert len(list(state.iterdir())) == 2  # the first server was replaced once
+    assert result.rows[0].bw_avg_mb_s == 39.0
