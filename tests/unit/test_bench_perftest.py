@@ -189,3 +189,22 @@ def test_a_client_attempt_that_failed_gets_a_new_server(monkeypatch, tmp_path):
     result = run_perftest("ib_write_bw", "10.99.0.1", device="rxe0", connect_timeout=20)
     assert len(list(state.iterdir())) == 2  # the first server was replaced once
     assert result.rows[0].bw_avg_mb_s == 39.0
+
+
+def test_a_client_that_hangs_once_is_tried_again_with_a_new_server(monkeypatch, tmp_path):
+    """rxe sometimes never answers a client's connect (seen in the lab: ib_write_lat hung 120 s): that attempt
+    is killed at the timeout and the test tried once more against a new server; a second hang is an error."""
+    import os
+    import sys
+    state = tmp_path / "servers"
+    state.mkdir()
+    script = FAKE_PERFTEST.replace('print("Unexpected CM event bl blka 8", file=sys.stderr)\n    sys.exit(1)',
+                                   'time.sleep(30)')
+    assert "time.sleep(30)" in script
+    binary = tmp_path / "ib_write_lat"
+    binary.write_text(script.format(python=sys.executable, state=str(state)))
+    binary.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setattr(pt, "SERVER_START", 0.2)
+    result = run_perftest("ib_write_lat", "10.99.0.1", device="rxe0", timeout=2, connect_timeout=10)
+    assert len(list(state.iterdir())) == 2 and result.rows
