@@ -911,9 +911,15 @@ class RdmaTargetQueue(TargetQueue):
                     resource.close()
                 except Exception:
                     pass
-            # With the QP gone nothing uses our buffers any more: every request ends, its chunk goes back.
-            self.book.close(error or TransportError("queue closed"))
-            self.share.close()
-            self.recv_mem.close()
-            listener.forget(self)
+            # With the QP gone nothing uses our buffers any more: every request ends, its chunk goes back.  Each
+            # step on its own: one that fails must not keep the others' buffers, nor the CM id and the listener's
+            # slot (forget).
+            for what, step in (("its requests", lambda: self.book.close(error or TransportError("queue closed"))),
+                               ("its data-buffer share", self.share.close),
+                               ("its receive buffers", self.recv_mem.close),
+                               ("its CM id", lambda: listener.forget(self))):
+                try:
+                    step()
+                except Exception:
+                    log.exception("queue %d: releasing %s failed", self.qid, what)
             log.info("queue %d closed", self.qid)

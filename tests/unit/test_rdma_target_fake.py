@@ -126,3 +126,45 @@ def test_a_queue_closed_while_its_completion_fd_is_ready_in_the_same_pass_is_not
     code = CLOSED_IN_THE_SAME_PASS % {"bench": str(REPO / "benchmarks"), "repo": str(REPO)}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:] + proc.stdout[-2000:]
+
+
+A_TEARDOWN_STEP_FAILS = r"""
+import logging, sys
+sys.path.insert(0, %(bench)r); sys.path.insert(0, %(repo)r)
+import fakeverbs
+fakeverbs.install(prefer_real=False)
+import transport_cost as tc
+from nvmeof_roce.config import parse_config
+from nvmeof_roce.initiator.controller import Controller
+from nvmeof_roce.target.serve import TargetServer
+
+logged = []
+class Catch(logging.Handler):
+    def emit(self, record):
+        logged.append(record.getMessage())
+logging.getLogger("nvmeof_roce").addHandler(Catch())
+
+server = TargetServer(parse_config(tc.config_dict(), source="test"))
+ctrl = Controller.connect(tc.FakeConnector(server.loop), tc.SUBNQN, hostnqn=tc.HOSTNQN, num_io_queues=1,
+                          queue_size=32, enable_aen=False)
+listener = server.loop.listeners[0]
+queue = [q for q in listener.queues.values() if q.qid == 1][0]
+destroyed = listener.cm_ids_destroyed
+def broken():
+    raise OSError("deregistering the receive buffers failed")
+queue.recv_mem.close = broken
+queue.close()
+assert queue not in listener.queues.values() and listener.cm_ids_destroyed == destroyed + 1
+assert queue.share.closed
+assert any("releasing its receive buffers failed" in m for m in logged), logged
+server.close()
+print("ok")
+"""
+
+
+def test_a_failing_teardown_step_does_not_keep_the_queue_or_its_cm_id():
+    """Closing a queue releases its requests, its buffer share, its receive buffers and its CM id; one step that
+    fails is logged and the others still happen (the listener must not keep a dead queue and its CM id)."""
+    code = A_TEARDOWN_STEP_FAILS % {"bench": str(REPO / "benchmarks"), "repo": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:] + proc.stdout[-2000:]
