@@ -246,6 +246,11 @@ def test_no_pyverbs_object_per_command_and_every_request_ends_free(target):
     from nvmeof_roce.transport.rdma_requests import State
     conn = RdmaConnector(LAB_IP, PORT)
     queue = conn.connect(qid=1, hrqsize=32, hsqsize=31)
+    # The target (a thread of this process) accepts inside the queue's constructor and files the queue right
+    # after: the host's connect can return in between.
+    deadline = time.monotonic() + 5
+    while not target.listener.queues and time.monotonic() < deadline:
+        time.sleep(0.01)
     tq = list(target.listener.queues.values())[-1]  # the queue accepted last
     assert isinstance(tq.qp, QPEx) and isinstance(tq.sge, SGE)
     sge = tq.sge
