@@ -8,7 +8,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
-CHILD = r"""
+# Every child starts so: the stand-ins in place, then the project's imports (SETUP); CONNECT serves a target on the
+# fake device and connects the project's initiator with one I/O queue, whose target side is `queue`.
+SETUP = r"""
 import sys
 sys.path.insert(0, %(bench)r); sys.path.insert(0, %(repo)r)
 import fakeverbs
@@ -17,7 +19,24 @@ import transport_cost as tc
 from nvmeof_roce.config import parse_config
 from nvmeof_roce.initiator.controller import Controller
 from nvmeof_roce.target.serve import TargetServer
-from nvmeof_roce.transport.rdma_requests import SIGNAL_EVERY, State
+"""
+CONNECT = r"""
+server = TargetServer(parse_config(tc.config_dict(), source="test"))
+ctrl = Controller.connect(tc.FakeConnector(server.loop), tc.SUBNQN, hostnqn=tc.HOSTNQN, num_io_queues=1,
+                          queue_size=32, enable_aen=False)
+listener = server.loop.listeners[0]
+queue = [q for q in listener.queues.values() if q.qid == 1][0]
+"""
+
+
+def run_child(body: str) -> None:
+    """Run SETUP + body in a child interpreter; it must end by printing ok."""
+    code = (SETUP + body) % {"bench": str(REPO / "benchmarks"), "repo": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:] + proc.stdout[-2000:]
+
+
+CHILD = r"""from nvmeof_roce.transport.rdma_requests import SIGNAL_EVERY, State
 import pyverbs.enums as e
 
 # count the send completions the target's CQs produce
@@ -28,13 +47,7 @@ def counting_push(self, wr_id, status, opcode, byte_len=0, qp_num=0):
         sends.append(wr_id)
     return push(self, wr_id, status, opcode, byte_len, qp_num)
 fakeverbs.CQ.push = counting_push
-
-server = TargetServer(parse_config(tc.config_dict(), source="test"))
-ctrl = Controller.connect(tc.FakeConnector(server.loop), tc.SUBNQN, hostnqn=tc.HOSTNQN, num_io_queues=1,
-                          queue_size=32, enable_aen=False)
-listener = server.loop.listeners[0]
-queue = [q for q in listener.queues.values() if q.qid == 1][0]
-pool = listener.pool.accounts
+""" + CONNECT + r"""pool = listener.pool.accounts
 data = bytes(range(256)) * 16
 ctrl.write(1, 8, data)  # an RDMA READ of the host's data
 assert ctrl.read(1, 8, 8) == data  # an RDMA WRITE from the RAM namespace's own registration
@@ -68,20 +81,11 @@ print("ok")
 
 
 def test_reads_and_writes_through_the_rdma_target_queue_on_the_fake_device():
-    code = CHILD % {"bench": str(REPO / "benchmarks"), "repo": str(REPO)}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+    run_child(CHILD)
 
 
 CLOSED_IN_THE_SAME_PASS = r"""
-import logging, os, sys
-sys.path.insert(0, %(bench)r); sys.path.insert(0, %(repo)r)
-import fakeverbs
-fakeverbs.install(prefer_real=False)
-import transport_cost as tc
-from nvmeof_roce.config import parse_config
-from nvmeof_roce.initiator.controller import Controller
-from nvmeof_roce.target.serve import TargetServer
+import logging, os
 
 failures = []
 class Catch(logging.Handler):
@@ -90,12 +94,7 @@ class Catch(logging.Handler):
             failures.append(repr(record.exc_info[1]))
 logging.getLogger("nvmeof_roce").addHandler(Catch())
 
-server = TargetServer(parse_config(tc.config_dict(), source="test"))
-ctrl = Controller.connect(tc.FakeConnector(server.loop), tc.SUBNQN, hostnqn=tc.HOSTNQN, num_io_queues=1,
-                          queue_size=32, enable_aen=False)
-listener = server.loop.listeners[0]
-queue = [q for q in listener.queues.values() if q.qid == 1][0]
-host = ctrl.io_queues[0].transport
+""" + CONNECT + r"""host = ctrl.io_queues[0].transport
 buf = host.register(4096)
 
 # What a CM DISCONNECTED does (RdmaListener._on_cm_events closes the queue), ready in the same pass as the
@@ -123,20 +122,11 @@ def test_a_queue_closed_while_its_completion_fd_is_ready_in_the_same_pass_is_not
     """The 6.12 lab tier's target died once with SIGSEGV after a disconnect: its completion handler ran on a
     queue that a CM event had closed in the same loop pass (pyverbs 44 then polls a NULL channel).  The fake
     device raises where pyverbs would crash."""
-    code = CLOSED_IN_THE_SAME_PASS % {"bench": str(REPO / "benchmarks"), "repo": str(REPO)}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:] + proc.stdout[-2000:]
+    run_child(CLOSED_IN_THE_SAME_PASS)
 
 
 A_TEARDOWN_STEP_FAILS = r"""
-import logging, sys
-sys.path.insert(0, %(bench)r); sys.path.insert(0, %(repo)r)
-import fakeverbs
-fakeverbs.install(prefer_real=False)
-import transport_cost as tc
-from nvmeof_roce.config import parse_config
-from nvmeof_roce.initiator.controller import Controller
-from nvmeof_roce.target.serve import TargetServer
+import logging
 
 logged = []
 class Catch(logging.Handler):
@@ -144,12 +134,7 @@ class Catch(logging.Handler):
         logged.append(record.getMessage())
 logging.getLogger("nvmeof_roce").addHandler(Catch())
 
-server = TargetServer(parse_config(tc.config_dict(), source="test"))
-ctrl = Controller.connect(tc.FakeConnector(server.loop), tc.SUBNQN, hostnqn=tc.HOSTNQN, num_io_queues=1,
-                          queue_size=32, enable_aen=False)
-listener = server.loop.listeners[0]
-queue = [q for q in listener.queues.values() if q.qid == 1][0]
-destroyed = listener.cm_ids_destroyed
+""" + CONNECT + r"""destroyed = listener.cm_ids_destroyed
 def broken():
     raise OSError("deregistering the receive buffers failed")
 queue.recv_mem.close = broken
@@ -165,6 +150,4 @@ print("ok")
 def test_a_failing_teardown_step_does_not_keep_the_queue_or_its_cm_id():
     """Closing a queue releases its requests, its buffer share, its receive buffers and its CM id; one step that
     fails is logged and the others still happen (the listener must not keep a dead queue and its CM id)."""
-    code = A_TEARDOWN_STEP_FAILS % {"bench": str(REPO / "benchmarks"), "repo": str(REPO)}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:] + proc.stdout[-2000:]
+    run_child(A_TEARDOWN_STEP_FAILS)
