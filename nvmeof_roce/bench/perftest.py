@@ -307,12 +307,15 @@ def run_perftest(test: str, address: str, *, device: Optional[str] = None, size:
     client_cmd = [binary] + args + [address]
     log.info("perftest server: %s; client: %s", " ".join(server_cmd), " ".join(client_cmd))
 
+    def start_server():
+        return subprocess.Popen(server_cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
     server = None
     server_out = client_out = ""
     attempts: List[str] = []
     try:
         if not remote_server:
-            server = subprocess.Popen(server_cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            server = start_server()
         started = time.monotonic()
         deadline = time.monotonic() + connect_timeout
         time.sleep(0.3)
@@ -322,9 +325,7 @@ def run_perftest(test: str, address: str, *, device: Optional[str] = None, size:
                 if not attempts:
                     raise NvmeofError(f"{test} server exited (code {server.returncode}) before a client connected: "
                                       f"{_tail(server_out)}", f"check '{test} -d {device}' by hand")
-                # it ended with a client's failed connection: a new one for the next attempt
-                server = subprocess.Popen(server_cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                started = time.monotonic()
+                server, started = start_server(), time.monotonic()  # it ended with a client's failed connection
                 time.sleep(0.3)
             try:
                 client = subprocess.run(client_cmd, capture_output=True, text=True, timeout=timeout)
@@ -336,9 +337,7 @@ def run_perftest(test: str, address: str, *, device: Optional[str] = None, size:
                 attempts.append(f"hung for {timeout:.0f} s")
                 if server is not None:
                     server_out = _stop(server)
-                    server = subprocess.Popen(server_cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                              text=True)
-                    started = time.monotonic()
+                    server, started = start_server(), time.monotonic()
                 deadline = max(deadline, time.monotonic() + SERVER_START + 1.0)
                 time.sleep(0.3)
                 continue
@@ -348,8 +347,7 @@ def run_perftest(test: str, address: str, *, device: Optional[str] = None, size:
             attempts.append(_tail(client_out))
             if server is not None and server.poll() is None and time.monotonic() - started > SERVER_START:
                 server_out = _stop(server)  # it may have taken that failed connection: a fresh one listens again
-                server = subprocess.Popen(server_cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                started = time.monotonic()
+                server, started = start_server(), time.monotonic()
             if time.monotonic() > deadline:
                 raise NvmeofError(f"{test} client failed to run against {address} ({len(attempts)} attempts): "
                                   f"{attempts[-1]}",
