@@ -37,7 +37,7 @@ class Context:
         self.machine = machine
         self.options = options or DoctorOptions()
         if discover is None:
-            from .checks.nvme import discover_with_userspace_initiator as discover
+            from .discovery_probe import discover_with_userspace_initiator as discover
         self.discover = discover
         self._netdevs: Dict[str, Netdev] = {}
         self.roce_priority: Dict[str, int] = {}  # port name -> priority RoCE traffic uses, when known

@@ -302,7 +302,7 @@ def test_real_lab_rxe0_capture_replays(tmp_path):
 
 
 def test_captured_tree_never_probes_the_live_network(tmp_path):
-    from nvmeof_roce.doctor.checks.nvme import discover_with_userspace_initiator
+    from nvmeof_roce.doctor.discovery_probe import discover_with_userspace_initiator
 
     results = diagnose(build_tree(tmp_path), traddr=TRADDR, discover=discover_with_userspace_initiator)
     target = results["nvme.target 192.168.100.2:4420"]

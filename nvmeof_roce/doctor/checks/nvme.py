@@ -10,6 +10,7 @@ from typing import List, Optional, Tuple
 from ...errors import ToolMissing
 from ...nvme.fabrics import NQN_MAX_LENGTH as NQN_MAX_BYTES
 from ..context import Context
+from ..discovery_probe import discover_with_userspace_initiator
 from ..machine import ToolNotRun, missing_tool_reason
 from ..result import CheckResult, fail, ok, skipped, warn
 from ..tools import ToolFailed, iptables_save, nft_ruleset
@@ -334,21 +335,6 @@ def check_firewall(ctx: Context) -> CheckResult:
 
 
 # --- target reachability -------------------------------------------------------------
-
-
-def discover_with_userspace_initiator(traddr: str, trsvcid: int, timeout: float, hostnqn: Optional[str]) -> list:
-    """Connect to the target's discovery controller with our userspace initiator and fetch the
-    discovery log.  Raises ImportError when pyverbs is not available."""
-    from nvmeof_roce.initiator.discovery import discover
-    from nvmeof_roce.transport import rdma, rdma_host
-
-    if rdma.PYVERBS_ERROR is not None:  # the transport imports without pyverbs and fails on first use
-        raise ImportError(f"pyverbs is not available: {rdma.PYVERBS_ERROR}")
-    connector = rdma_host.RdmaConnector(traddr, trsvcid=trsvcid, timeout=timeout)
-    try:
-        return list(discover(connector, hostnqn=hostnqn, timeout=timeout))
-    finally:
-        connector.close()
 
 
 def _describe_entry(entry) -> str:
