@@ -223,7 +223,7 @@ def print_simulation(result: dict) -> None:
         first = result["incast"][0]
         print(f"Incast {first['senders']}:1, fair share {first['fair_share_gbps']:g} Gb/s; rates are the means over "
               "the last quarter of the run")
-        print(table(["run", "throughput per sender (Gb/s)", "sending rate per sender (Gb/s)", "worst off fair",
+        print(table(["run", "throughput per sender (Gb/s)", "sending rate per sender (Gb/s)", "worst off fair share",
                      "PAUSE frames", "in last quarter", "CNPs", "headroom used / planned (B)"], rows))
     if "ring" in result:
         print()

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional
 
 from ..errors import NvmeofError
@@ -366,7 +366,7 @@ class RingResult:
                 "left_in_switches": self.left_in_switches, "watchdog_events": self.watchdog_events}
 
 
-def _take(fifo: deque, flow_filter, budget: float, stop_at_other: bool = True) -> float:
+def _take(fifo: deque, flow_filter, budget: float) -> float:
     """Take up to `budget` bytes from the head of `fifo` while the head segment passes `flow_filter`."""
     taken = 0.0
     while fifo and budget > 0:
