@@ -76,7 +76,7 @@ def ip_route_get(machine: Machine, address: str) -> Route:
 @dataclass
 class DcbPfc:
     """`dcb -j pfc show dev X`: the priorities with PFC on, and the delay field (mlx5 reads it as the
-    cable length in metres and sizes the NIC's headroom from it)."""
+    cable length in metres and sizes the headroom of the buffers it owns from it)."""
 
     priorities: List[int]
     delay: Optional[int]

@@ -76,8 +76,8 @@ def host_commands(plan: dict, netdev: str = "$NETDEV", rdma_dev: str = "$RDMA_DE
         Command("ip", mtu_command(netdev, host["mtu"]), f"MTU {host['mtu']} on the RoCE netdev (the switch port too)"),
         Command("dcb", pfc_command(netdev, prio), f"PFC on priority {prio} only"),
         Command("dcb", pfc_delay_command(netdev, host["pfc_delay"]),
-                f"cable length {host['pfc_delay']} m: mlx5 takes the PFC delay field as metres of cable and "
-                "sizes the NIC's headroom from it (calculate_xoff)"),
+                f"cable length {host['pfc_delay']} m: mlx5 takes the PFC delay field as metres of cable and, on "
+                "buffers the driver owns, sizes the NIC's headroom from it (calculate_xoff)"),
     ]
     for d, p in sorted(host["dscp_to_priority"].items(), key=lambda kv: int(kv[0])):
         what = "RoCE data" if int(d) == dscp else "CNPs"

@@ -227,9 +227,10 @@ def mlx5_headroom(link: LinkInputs) -> Headroom:
                           f"{minimum} bytes for a lossless buffer (update_xoff_threshold)",
                           f"give --nic-buffer {minimum} or more, or leave it out")
     if link.nic_buffer is None:
-        notes.append(f"thresholds shown for the smallest buffer the driver accepts ({minimum} B); with the firmware's "
-                     "buffer sizes (auto mode) the driver recomputes them from the same xoff whenever the cable "
-                     "length or MTU changes")
+        notes.append(f"thresholds shown for the smallest buffer the driver accepts ({minimum} B)")
+    notes.append("the driver applies this xoff only to buffers it owns (after `dcb buffer set`, or buffers the "
+                 "firmware reports as software-owned); in the default firmware-owned mode the firmware sizes the "
+                 "buffers and the driver only records the cable length")
     speed_g = speed // 1000
     terms = [
         Term("fixed delays", fixed, f"301 x {speed_g} Gb/s",

@@ -300,7 +300,7 @@ def _ecn_knob(ctx: Context, netdev: str, knob: str) -> Optional[str]:
 def check_plan(ctx: Context, port: Port) -> List[CheckResult]:
     """Compares a host's live lossless-fabric settings with a plan saved by `fabric plan --save`
     (only with `doctor --plan FILE`): link speed, MTU, the PFC priorities and PFC delay (mlx5's
-    cable length, from which the driver sizes the NIC's headroom), DSCP trust and the DSCP ->
+    cable length, from which the driver sizes the headroom of buffers it owns), DSCP trust and the DSCP ->
     priority map, rdma_cm's ToS, ECN on the lossless priority, and the DCQCN knobs the plan sets.
     Each difference is named with the command that fixes it (the same commands `fabric plan`
     prints).  Settings no tool or file shows here are listed as not verified."""
