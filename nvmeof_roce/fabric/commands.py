@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import List
 
+from ..errors import NvmeofError
 from ..output import add_json_option, emit, progress, table
 from .apply import host_commands, switch_settings
 from .plan import (ASICS, DEFAULT_ASIC, DEFAULT_DSCP, DEFAULT_PRIORITY, PAPER_DCQCN, SONIC_LOSSLESS_MTU, LinkInputs,
@@ -175,7 +176,11 @@ def run_simulate(args: argparse.Namespace) -> int:
     # XOFF decided -> sender stops: the cable both ways at about 5 ns/m, plus 1 us for the frames in
     # progress and the peer's reaction; at least one step
     pause_delay = max(1, math.ceil(2 * link.cable_m * 0.005 + 1))
-    xon = args.xoff - 2 * max(link.mtu, link.peer_mtu)
+    frame = max(link.mtu, link.peer_mtu)
+    if args.xoff <= 3 * frame:
+        raise NvmeofError(f"--xoff {args.xoff}: the pause point must leave room for xon two MTUs below it",
+                          f"give --xoff above {3 * frame} (3 x MTU {frame})")
+    xon = args.xoff - 2 * frame
     incast = IncastConfig(senders=args.senders, speed_gbps=link.speed_mbps / 1000,
                           duration_us=int(args.duration * 1000), xoff=args.xoff, xon=xon,
                           headroom=plan["headroom"]["sonic"]["headroom"], pause_delay_us=pause_delay,

@@ -103,6 +103,17 @@ def test_incast_config_errors(cfg, message):
         run_incast(cfg)
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--xoff", "20000"], "--xoff 20000: the pause point must leave room for xon"),
+    (["--senders", "0"], "--senders 0: out of range"),
+    (["--duration", "1", "--stagger", "1000"], "the last sender would start after half the run"),
+    (["--speed", "slow"], "--speed 'slow': not a link speed"),
+])
+def test_cli_bad_input(capsys, args, message):
+    assert main(["fabric", "simulate", "--scenario", "incast", *args]) == 1
+    assert message in capsys.readouterr().err
+
+
 def test_cli_json(capsys):
     assert main(["fabric", "simulate", "--json", "--duration", "20", "--stagger", "200", "--cable", "100m"]) == 0
     out = json.loads(capsys.readouterr().out)
