@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "nvmeof_roce.shell.commands",
     "nvmeof_roce.bench.commands",
     "nvmeof_roce.doctor.commands",
+    "nvmeof_roce.fabric.commands",
     "nvmeof_roce.systemd",
 ]
 

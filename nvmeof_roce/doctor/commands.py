@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..fabric.plan import load_plan
 from ..output import emit, progress
 from .context import DEFAULT_CONNECT_TIMEOUT, DEFAULT_INTERVAL, DEFAULT_TRSVCID, Context, DoctorOptions
 from .machine import CapturingMachine, Machine
@@ -33,13 +34,17 @@ def register(subparsers) -> None:
                         help="read sysfs/proc/etc under PATH (a captured tree; its recorded-tools/ replaces the tools)")
     parser.add_argument("--capture", metavar="DIR",
                         help="also copy everything read (files, tool outputs) into DIR, replayable with --root DIR")
+    parser.add_argument("--plan", metavar="FILE",
+                        help="also compare PFC, ECN, DCQCN, MTU and DSCP settings with a plan saved by "
+                        "`nvmeof-roce fabric plan --save FILE` (check fabric.plan)")
     parser.add_argument("--json", action="store_true", help="print a JSON list of {check, status, evidence, fix, details}")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    plan = load_plan(args.plan) if args.plan else None
     options = DoctorOptions(device=args.device, traddr=args.traddr, trsvcid=args.trsvcid,
-                            interval=max(0.0, args.interval), connect_timeout=args.timeout)
+                            interval=max(0.0, args.interval), connect_timeout=args.timeout, plan=plan)
     if args.capture:
         machine = CapturingMachine(args.capture, root=args.root)
     else:

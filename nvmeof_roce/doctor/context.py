@@ -22,6 +22,7 @@ class DoctorOptions:
     trsvcid: int = DEFAULT_TRSVCID
     interval: float = DEFAULT_INTERVAL  # seconds between the two counter samples (0: one sample)
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    plan: Optional[dict] = None  # a fabric plan (`fabric plan --save`) to compare the host with
 
 
 # discover(traddr, trsvcid, timeout, hostnqn) -> list of discovery log entries.

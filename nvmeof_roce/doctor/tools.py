@@ -73,17 +73,34 @@ def ip_route_get(machine: Machine, address: str) -> Route:
 # --- dcb (iproute2) ------------------------------------------------------------------
 
 
-def parse_dcb_pfc(text: str) -> List[int]:
-    """`dcb -j pfc show dev X` → the priorities with PFC on.
+@dataclass
+class DcbPfc:
+    """`dcb -j pfc show dev X`: the priorities with PFC on, and the delay field (mlx5 reads it as the
+    cable length in metres and sizes the headroom of the buffers it owns from it)."""
 
-    The JSON is {"pfc_cap":8,"macsec_bypass":false,"delay":0,"prio_pfc":[false,...]}.
-    """
+    priorities: List[int]
+    delay: Optional[int]
+
+
+def parse_dcb_pfc_show(text: str) -> DcbPfc:
+    """The JSON is {"pfc_cap":8,"macsec_bypass":false,"delay":0,"prio_pfc":[false,...]}."""
     data = json.loads(text)
-    return [prio for prio, enabled in enumerate(data.get("prio_pfc", [])) if enabled]
+    delay = data.get("delay")
+    return DcbPfc([prio for prio, enabled in enumerate(data.get("prio_pfc", [])) if enabled],
+                  delay if isinstance(delay, int) else None)
+
+
+def parse_dcb_pfc(text: str) -> List[int]:
+    """`dcb -j pfc show dev X` → the priorities with PFC on."""
+    return parse_dcb_pfc_show(text).priorities
+
+
+def dcb_pfc(machine: Machine, netdev: str) -> DcbPfc:
+    return parse_dcb_pfc_show(_checked(machine.run(["dcb", "-j", "pfc", "show", "dev", netdev])).stdout)
 
 
 def dcb_pfc_priorities(machine: Machine, netdev: str) -> List[int]:
-    return parse_dcb_pfc(_checked(machine.run(["dcb", "-j", "pfc", "show", "dev", netdev])).stdout)
+    return dcb_pfc(machine, netdev).priorities
 
 
 def parse_dcb_app_dscp(text: str) -> Dict[int, int]:

@@ -22,6 +22,7 @@ CHECKS = [
     ("host", "address.path_mtu", addressing.check_path_mtu),
     ("port", "fabric.pfc", fabric.check_pfc),
     ("port", "fabric.ecn", fabric.check_ecn),
+    ("port", "fabric.plan", fabric.check_plan),  # only with --plan FILE
     ("host", "fabric.counters", fabric.check_error_counters),
     ("host", "nvme.host_identity", nvme.check_host_identity),
     ("host", "stack.nvme_auth", stack.check_nvme_auth),

@@ -10,7 +10,7 @@ from ..context import Context
 from ..machine import ToolNotRun, missing_tool_reason
 from ..result import CheckResult, ok, skipped, warn
 from ..sysfs import NET_CLASS, Port, read_counters
-from ..tools import ToolFailed, dcb_app_dscp, dcb_pfc_priorities, ethtool_stats, lldptool_pfc_priorities, mlnx_qos
+from ..tools import ToolFailed, dcb_app_dscp, dcb_pfc, ethtool_stats, lldptool_pfc_priorities, mlnx_qos
 from .addressing import RDMA_CM_CONFIGFS
 
 PRIORITIES = range(8)
@@ -47,11 +47,14 @@ class PfcReading:
     evidence: List[str] = field(default_factory=list)
     unsupported: List[str] = field(default_factory=list)  # "Operation not supported": no DCB in the driver
     unavailable: List[str] = field(default_factory=list)  # tool missing, not recorded, or other failures
+    delay: Optional[int] = None  # dcb's PFC delay field: mlx5's cable length in metres (None: not read)
 
 
 def _pfc_from_dcb(ctx: Context, netdev: str) -> PfcReading:
-    prios = dcb_pfc_priorities(ctx.machine, netdev)
-    reading = PfcReading(prios, evidence=[f"dcb -j pfc show dev {netdev}: PFC on priorities {prios or 'none'}"])
+    pfc = dcb_pfc(ctx.machine, netdev)
+    prios = pfc.priorities
+    reading = PfcReading(prios, delay=pfc.delay, evidence=[
+        f"dcb -j pfc show dev {netdev}: PFC on priorities {prios or 'none'}, delay {pfc.delay}"])
     try:
         mapping = dcb_app_dscp(ctx.machine, netdev)
     except (ToolMissing, ToolNotRun, ToolFailed, ValueError):
@@ -284,3 +287,115 @@ def _counter_result(port: Port, before: Dict[str, int], after: Dict[str, int], i
 
 def _short(name: str) -> str:
     return name.split("/", 1)[1]
+
+
+# --- a host against a saved plan (`doctor --plan FILE`) -------------------------------------
+
+
+def _ecn_knob(ctx: Context, netdev: str, knob: str) -> Optional[str]:
+    point = "roce_np" if knob in ("min_time_between_cnps", "cnp_dscp", "cnp_802p_prio") else "roce_rp"
+    return ctx.machine.read(f"{NET_CLASS}/{netdev}/ecn/{point}/{knob}")
+
+
+def check_plan(ctx: Context, port: Port) -> List[CheckResult]:
+    """Compares a host's live lossless-fabric settings with a plan saved by `fabric plan --save`
+    (only with `doctor --plan FILE`): link speed, MTU, the PFC priorities and PFC delay (mlx5's
+    cable length, from which the driver sizes the headroom of buffers it owns), DSCP trust and the DSCP ->
+    priority map, rdma_cm's ToS, ECN on the lossless priority, and the DCQCN knobs the plan sets.
+    Each difference is named with the command that fixes it (the same commands `fabric plan`
+    prints).  Settings no tool or file shows here are listed as not verified."""
+    plan = ctx.options.plan
+    if plan is None:
+        return []
+    skip = _pfc_not_applicable(ctx, port, "fabric.plan")
+    if skip:
+        return [skip]
+    from ...fabric import apply
+
+    host = plan["host"]
+    netdev_name = port.netdev
+    netdev = ctx.netdev(netdev_name)
+    differences: List[Dict[str, object]] = []
+    unverified: List[str] = []
+    evidence: List[str] = []
+
+    def differ(setting: str, wanted, live, fix: str) -> None:
+        differences.append({"setting": setting, "plan": wanted, "live": live, "fix": fix})
+
+    inputs = plan.get("inputs", {})
+    if netdev.speed is None:
+        unverified.append("link speed (no speed in sysfs)")
+    else:
+        evidence.append(f"{NET_CLASS}/{netdev_name}/speed: {netdev.speed}")
+        if netdev.speed != host["speed_mbps"]:
+            differ("link speed (Mb/s)", host["speed_mbps"], netdev.speed,
+                   f"the plan was made for {host['speed_mbps'] // 1000} Gb/s: re-plan for this link: nvmeof-roce fabric "
+                   f"plan --speed {netdev.speed // 1000}G --cable {inputs.get('cable_m', '?')}m --mtu {host['mtu']} "
+                   "--save FILE")
+    evidence.append(f"{NET_CLASS}/{netdev_name}/mtu: {netdev.mtu}")
+    if netdev.mtu != host["mtu"]:
+        differ("MTU", host["mtu"], netdev.mtu, apply.mtu_command(netdev_name, host["mtu"]))
+
+    reading = _read_pfc(ctx, netdev_name)
+    evidence += reading.evidence
+    priority = host["priority"]
+    if reading.priorities is None:
+        unverified.append("PFC priorities, DSCP map, PFC delay (" + "; ".join(reading.unavailable + reading.unsupported)
+                          + ")")
+    else:
+        if sorted(reading.priorities) != sorted(host["pfc_priorities"]):
+            differ("PFC priorities", host["pfc_priorities"], reading.priorities,
+                   apply.pfc_command(netdev_name, priority))
+        if reading.delay is None:
+            unverified.append("PFC delay / cable length (only dcb shows it)")
+        elif reading.delay != host["pfc_delay"]:
+            differ("PFC delay (mlx5: cable length, m)", host["pfc_delay"], reading.delay,
+                   apply.pfc_delay_command(netdev_name, host["pfc_delay"]))
+        if reading.trust is not None and reading.trust != host.get("trust", "dscp"):
+            differ("trust", host.get("trust", "dscp"), reading.trust,
+                   f"mlnx_qos -i {netdev_name} --trust dscp (or: {apply.dscp_command(netdev_name, host['dscp'], priority)})")
+        mapping = reading.dscp_to_prio or {}
+        for dscp_text, wanted in sorted(host["dscp_to_priority"].items(), key=lambda kv: int(kv[0])):
+            dscp = int(dscp_text)
+            live = mapping.get(dscp)
+            if live != wanted:
+                differ(f"DSCP {dscp} -> priority", wanted, live if live is not None else "not mapped",
+                       apply.dscp_command(netdev_name, dscp, wanted))
+
+    live_dscp, tos_line = _roce_dscp(ctx, port)
+    evidence.append(tos_line)
+    if live_dscp != host["dscp"]:
+        differ("rdma_cm default ToS (DSCP)", host["dscp"], live_dscp,
+               apply.tos_command(port.device.name, port.number, host["tos"]))
+
+    base = f"{NET_CLASS}/{netdev_name}/ecn"
+    if ctx.machine.is_dir(base):
+        for p in host["ecn_priorities"]:
+            for point in ("roce_np", "roce_rp"):
+                value = ctx.machine.read(f"{base}/{point}/enable/{p}")
+                evidence.append(f"{base}/{point}/enable/{p}: {value}")
+                if value != "1":
+                    differ(f"ECN {point} on priority {p}", 1, value, apply.ecn_command(netdev_name, point, p))
+    else:
+        unverified.append(f"ECN enable ({base} absent: upstream mlx5 keeps DCQCN on by default)")
+    for knob, wanted in host["dcqcn"].items():
+        value = _ecn_knob(ctx, netdev_name, knob)
+        if value is None:
+            unverified.append(f"DCQCN {knob} (no MLNX_OFED sysfs file; upstream: debugfs cc_params/"
+                              f"{apply.DEBUGFS_NAMES.get(knob, knob)})")
+            continue
+        evidence.append(f"{base}: {knob} = {value}")
+        if not value.isdigit() or int(value) != wanted:
+            differ(f"DCQCN {knob}", wanted, value, apply.dcqcn_sysfs_command(netdev_name, knob, wanted))
+
+    if unverified:
+        evidence.append("not verified here: " + "; ".join(unverified))
+    details = {"netdev": netdev_name, "differences": differences, "unverified": unverified,
+               "plan_inputs": inputs}
+    if differences:
+        summary = f"{len(differences)} setting(s) differ from the plan: " + ", ".join(
+            f"{d['setting']} {d['live']} (plan {d['plan']})" for d in differences)
+        fix = "\n".join(str(d["fix"]) for d in differences)
+        return [warn("fabric.plan", port.name, summary, evidence, fix, **details)]
+    checked = "settings match the plan" + (f" ({len(unverified)} not verifiable here)" if unverified else "")
+    return [ok("fabric.plan", port.name, checked, evidence, **details)]
