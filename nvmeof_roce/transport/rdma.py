@@ -191,6 +191,16 @@ class _CmEventIds:
             return 0
         return cm_id
 
+    def initiator_depth(self, event) -> Optional[int]:
+        """The RDMA READs the peer lets us have in flight, from a CONNECT_REQUEST's `param.conn.initiator_depth`
+        (rdma_cm_event: id, listen_id, event, status, then rdma_conn_param {private_data, private_data_len,
+        responder_resources, initiator_depth, ...} at offset 24): rdma_cm's RTS attributes carry it on InfiniBand
+        and RoCE, not on iWARP.  None when the layout was not verified (call `of` first)."""
+        if self.offset is None or self.disabled:
+            return None
+        ev = self._ptr(id(event) + self.offset)
+        return ctypes.c_uint8.from_address(ev + 34).value if ev else None
+
     def of(self, event) -> Optional[int]:
         if self.disabled:
             return None
@@ -437,6 +447,7 @@ class RdmaListener:
         self.pd = PD(self.context)
         self.device = self.context.query_device()
         self.iwarp = is_iwarp(self.listen_id.dev_name)
+        self.pending_initiator_depth: Optional[int] = None  # of the CONNECT_REQUEST being handled
         self.pool = DataPool(self.pd, max_transfer, self.limits.data_buffers, self.limits.queue_min_buffers,
                              access=data_buffer_access(self.iwarp))
         self.regions: Dict[int, tuple] = {}  # id(mapping) -> (mapping, (addr, lkey) or None, its MR)
@@ -488,6 +499,7 @@ class RdmaListener:
             id_ptr = self.event_ids.of(event)  # read before the ack frees the event
             if kind == ce.RDMA_CM_EVENT_CONNECT_REQUEST:
                 private = bytes(event.private_data or b"")
+                self.pending_initiator_depth = self.event_ids.initiator_depth(event)
                 child = CMID(creator=event, listen_id=self.listen_id)  # before the ack (docs/protocol.md §7.3 item 3)
                 self.cm_ids_created += 1
                 event.ack_cm_event()
@@ -747,7 +759,9 @@ class RdmaTargetQueue(TargetQueue):
         self.qp.modify(attr, mask)
         attr, mask = cm_id.init_qp_attr(e.IBV_QPS_RTS)
         # max_rd_atomic arrives as the host's responder resources: how many RDMA READs we may have in flight.
-        self.max_reads = min(attr.max_rd_atomic, listener.device.max_qp_init_rd_atom)
+        # iWARP's CM leaves it 0 there: the connect request's initiator depth says it (as nvmet-rdma takes it).
+        offered = attr.max_rd_atomic or (listener.pending_initiator_depth if listener.iwarp else 0) or 0
+        self.max_reads = min(offered, listener.device.max_qp_init_rd_atom)
         if self.max_reads < 1:
             self._release_rings()
             raise _AcceptRefused(cmdata.STS_INVALID_IRD, "host offers no RDMA READ resources (responder_resources 0)")
@@ -767,7 +781,10 @@ class RdmaTargetQueue(TargetQueue):
         cm_id.accept(param)
         # Data buffers: taken from the port's pool per transfer (the book takes and gives them).
         self.share: PoolShare = listener.pool.accounts.share(wake=self._resume)
-        self.book = RequestBook(self, self.share, self.max_send_wr, self.max_reads, prealloc=self.recv_count)
+        # siw completes a SEND posted after an RDMA READ as soon as it is on the wire, before the READ's data
+        # is back: there a send completion cannot vouch for earlier READs (docs/protocol.md §7.8).
+        self.book = RequestBook(self, self.share, self.max_send_wr, self.max_reads, prealloc=self.recv_count,
+                                reads_complete_in_order=not listener.iwarp)
         self._posting = False  # between wr_start and wr_complete
         listener.loop.watch(self.cq_fd, self._on_cq_event)
         log.info("queue %d accepted on %s:%d: depth %d, in-capsule %d B, %d RDMA READs in flight",
@@ -822,6 +839,8 @@ class RdmaTargetQueue(TargetQueue):
                 return None
             done += count
             for wc in wcs[:count]:
+                if self.closed:  # an earlier completion of this batch closed the queue: its rings are gone
+                    return None
                 if wc.status != e.IBV_WC_SUCCESS:
                     self._on_failed_completion(wc)
                     return None

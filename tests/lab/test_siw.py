@@ -97,10 +97,15 @@ def test_kernel_host_over_siw_against_our_target(siw_link, tmp_path):
     target = ServedTarget(cfg, str(tmp_path / "target.json")).start()
     try:
         assert "siw0" in target.output()
-        nvme("connect", "-t", "rdma", "-a", SIW_IP, "-s", "4431", "-n", NQN_OURS)
-        (device,) = namespaces_of(NQN_OURS)
-        fio_verify(device)
-        nvme("disconnect", "-n", NQN_OURS)
+        try:
+            nvme("connect", "-t", "rdma", "-a", SIW_IP, "-s", "4431", "-n", NQN_OURS)
+            (device,) = namespaces_of(NQN_OURS)
+            fio_verify(device)
+            nvme("disconnect", "-n", NQN_OURS)
+        except AssertionError as exc:
+            dmesg = subprocess.run(["dmesg"], capture_output=True, text=True).stdout.splitlines()[-25:]
+            raise AssertionError(f"{str(exc)[:600]}\n--- target log:\n{target.output()[-4000:]}\n--- dmesg:\n"
+                                 + "\n".join(dmesg)) from None
     finally:
         disconnect_all_quietly()
         code = target.stop()

@@ -188,3 +188,28 @@ print("ok")
 
 def test_a_device_without_the_extended_qp_api_is_served_through_plain_post_send():
     run_child(LEGACY)
+
+
+CLOSED_MID_BATCH = r"""import logging
+failures = []
+class Catch(logging.Handler):
+    def emit(self, record):
+        if record.levelno >= logging.ERROR:
+            failures.append(record.getMessage())
+logging.getLogger("nvmeof_roce").addHandler(Catch())
+""" + CONNECT + r"""host = ctrl.io_queues[0].transport
+end = host.end
+end.send(b"\x00" * 10)  # a capsule shorter than 64 bytes: the target closes the queue at once
+buf = host.register(4096)
+end.send(tc.read_capsules(1, buf.addr, buf.key)[0])  # a second receive completion in the same poll
+for _ in range(5):
+    server.loop.run_once(0)
+assert queue.closed
+assert not failures, failures  # the second completion was not served from the released receive ring
+server.close()
+print("ok")
+"""
+
+
+def test_a_completion_that_closes_the_queue_ends_the_poll_batch():
+    run_child(CLOSED_MID_BATCH)
