@@ -8,8 +8,8 @@ PYTEST    := $(VENV)/bin/python -m pytest
 LAB_TIMEOUT ?= 3000
 
 # Host packages: QEMU (software emulation), debootstrap, e2fsprogs, cpio and zstd (6.12 kernel) build the lab image;
-# fio runs the benchmark job files in the unit tests.
-APT_PACKAGES := qemu-system-x86 debootstrap e2fsprogs cpio xz-utils zstd fio
+# fio runs the benchmark job files in the unit tests; gcc and make build the lab's siw.ko (lab/siw.py).
+APT_PACKAGES := qemu-system-x86 debootstrap e2fsprogs cpio xz-utils zstd fio gcc make
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: demo test test-unit test-lab test-long test-quick test-two-node deps venv lab clean-lab help bench-transport

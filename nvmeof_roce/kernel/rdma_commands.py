@@ -1,4 +1,4 @@
-"""`nvmeof-roce rdma ...`: RDMA devices, GIDs, Soft-RoCE links and the RoCE mode."""
+"""`nvmeof-roce rdma ...`: RDMA devices, GIDs, Soft-RoCE and Soft-iWARP links and the RoCE mode."""
 from ..errors import NvmeofError
 from ..output import add_json_option as _add_json, emit, table
 from . import softroce
@@ -12,7 +12,7 @@ def cmd_rdma_status(args):
             print("no RDMA devices (for Soft-RoCE: nvmeof-roce rdma add-rxe NETDEV)")
             return
         for d in r["devices"]:
-            kind = "Soft-RoCE" if d["soft_roce"] else d.get("node_type")
+            kind = ("Soft-iWARP" if d["iwarp"] else "Soft-RoCE") if d["soft_roce"] else d.get("node_type")
             print(f"{d['name']}  {kind}  node_guid {d['node_guid']}")
             for p in d["ports"]:
                 print(f"  port {p['port']}: {p['state']} ({p['phys_state']}), {p['link_layer']}, netdev {p['netdev']}, "
@@ -25,15 +25,15 @@ def cmd_rdma_status(args):
     return 0
 
 
-def cmd_rdma_add_rxe(args):
-    r = softroce.add_rxe(args.netdev, args.name)
+def cmd_rdma_add_link(args):
+    r = softroce.add_link(args.kind, args.netdev, args.name)
     emit(r, args.json, lambda r: print(f"added {r['name']} on {r['netdev']}"
                                       + ("" if r["active"] else f" (not ACTIVE yet: is {r['netdev']} up?)")))
     return 0 if r["active"] else 1
 
 
-def cmd_rdma_del_rxe(args):
-    r = softroce.del_rxe(args.name)
+def cmd_rdma_del_link(args):
+    r = softroce.del_link(args.name)
     emit(r, args.json, lambda r: print(f"deleted {r['name']}"))
     return 0
 
@@ -62,15 +62,16 @@ def register(subparsers) -> None:
     x = rs.add_parser("status", help="devices, ports, state, MTU, GID table (RoCE version, netdev)")
     _add_json(x)
     x.set_defaults(func=cmd_rdma_status)
-    x = rs.add_parser("add-rxe", help="add a Soft-RoCE device on NETDEV (rdma link add)")
-    x.add_argument("netdev", metavar="NETDEV")
-    x.add_argument("--name", default="rxe0", help="RDMA device name (default rxe0)")
-    _add_json(x)
-    x.set_defaults(func=cmd_rdma_add_rxe)
-    x = rs.add_parser("del-rxe", help="delete a Soft-RoCE device (rdma link delete)")
-    x.add_argument("name", metavar="NAME")
-    _add_json(x)
-    x.set_defaults(func=cmd_rdma_del_rxe)
+    for kind, (_, label) in softroce.SOFTWARE_LINKS.items():
+        x = rs.add_parser(f"add-{kind}", help=f"add a {label} device on NETDEV (rdma link add)")
+        x.add_argument("netdev", metavar="NETDEV")
+        x.add_argument("--name", default=f"{kind}0", help=f"RDMA device name (default {kind}0)")
+        _add_json(x)
+        x.set_defaults(func=cmd_rdma_add_link, kind=kind)
+        x = rs.add_parser(f"del-{kind}", help=f"delete a {label} device (rdma link delete)")
+        x.add_argument("name", metavar="NAME")
+        _add_json(x)
+        x.set_defaults(func=cmd_rdma_del_link)
     x = rs.add_parser("roce-mode", help="rdma_cm's default RoCE mode: all ports, one port, or set v1/v2")
     x.add_argument("device", metavar="DEV", nargs="?")
     x.add_argument("port", metavar="PORT", nargs="?", type=int)

@@ -1,10 +1,10 @@
-"""RDMA devices, Soft-RoCE links and the RoCE mode of rdma_cm.
+"""RDMA devices, Soft-RoCE and Soft-iWARP links and the RoCE mode of rdma_cm.
 
 - `devices()`: every device under /sys/class/infiniband with its ports: state, physical state, link
   layer, rate, MTU, netdev and the GID table with each entry's RoCE version and netdev (what
   `show_gids` prints: gids/N, gid_attrs/types/N, gid_attrs/ndevs/N).
-- `add_rxe()` / `del_rxe()`: Soft-RoCE links through the `rdma` tool (`rdma link add NAME type rxe netdev
-  ETH`), the one wrapper for it (`Rdma`), which reads `rdma -j` JSON.
+- `add_link()` (`add_rxe()`, `add_siw()`) / `del_link()`: Soft-RoCE and Soft-iWARP links through the `rdma` tool
+  (`rdma link add NAME type rxe|siw netdev ETH`), the one wrapper for it (`Rdma`), which reads `rdma -j` JSON.
 - `get_roce_mode()` / `set_roce_mode()`: rdma_cm's default RoCE mode for connections it makes, in
   its configfs: mkdir /sys/kernel/config/rdma_cm/DEV creates ports/N/default_roce_mode.
 
@@ -177,7 +177,7 @@ def devices(sysfs: str = SYSFS, devinfo: Optional[Dict[str, Dict[int, dict]]] = 
         node_type = _read(os.path.join(d, "node_type"))
         entry = {"name": dev, "node_type": _state(node_type), "node_guid": _read(os.path.join(d, "node_guid")),
                  "fw_ver": _read(os.path.join(d, "fw_ver")), "parent": _read(os.path.join(d, "parent")),
-                 "soft_roce": _is_software(d), "ports": []}
+                 "soft_roce": _is_software(d), "iwarp": _state(node_type) == "RNIC", "ports": []}
         pdir = os.path.join(d, "ports")
         for p in sorted(os.listdir(pdir) if os.path.isdir(pdir) else [], key=lambda x: int(x) if x.isdigit() else 0):
             entry["ports"].append(_port(dev, os.path.join(pdir, p), int(p), sysfs, (devinfo or {}).get(dev, {})))
@@ -264,31 +264,48 @@ def wait_active(name: str, sysfs: str = SYSFS, timeout: float = 10.0) -> bool:
     return False
 
 
-def add_rxe(netdev: str, name: str = "rxe0", sysfs: str = SYSFS, rdma: Optional[Rdma] = None,
-            load_modules: bool = True, sys_module: str = modules.SYS_MODULE, timeout: float = 10.0) -> dict:
+# The software RDMA drivers `rdma link add` can put on a netdev: module and what users call it.
+SOFTWARE_LINKS = {"rxe": ("rdma_rxe", "Soft-RoCE"), "siw": ("siw", "Soft-iWARP")}
+
+
+def add_link(kind: str, netdev: str, name: str, sysfs: str = SYSFS, rdma: Optional[Rdma] = None,
+             load_modules: bool = True, sys_module: str = modules.SYS_MODULE, timeout: float = 10.0) -> dict:
+    """A software RDMA device on `netdev`: Soft-RoCE (rxe, RoCE v2) or Soft-iWARP (siw, iWARP over TCP)."""
+    module, label = SOFTWARE_LINKS[kind]
     if not os.path.isdir(os.path.join(sysfs, "class", "net", netdev)):
         raise RdmaError(f"netdev {netdev} does not exist", "give an existing Ethernet netdev (ip -br link); "
-                        "for a test: ip link add rxenet0 type dummy; ip addr add 10.99.0.1/24 dev rxenet0; "
-                        "ip link set rxenet0 up")
+                        f"for a test: ip link add {kind}net0 type dummy; ip addr add 10.99.0.1/24 dev {kind}net0; "
+                        f"ip link set {kind}net0 up")
     if netdev == "lo":
-        raise RdmaError("Soft-RoCE over lo is not supported by rdma_rxe", "use a dummy or Ethernet netdev")
+        raise RdmaError(f"{label} over lo is not supported by {module}", "use a dummy or Ethernet netdev")
     if os.path.isdir(os.path.join(sysfs, "class", "infiniband", name)):
-        raise RdmaError(f"an RDMA device named {name} already exists", "pick another --name, or del-rxe it first")
+        raise RdmaError(f"an RDMA device named {name} already exists", f"pick another --name, or del-{kind} it first")
     if load_modules:
-        modules.ensure("rdma_rxe", "Soft-RoCE", sys_module)
-    (rdma or Rdma()).link_add(name, netdev, "rxe")
+        modules.ensure(module, label, sys_module)
+    (rdma or Rdma()).link_add(name, netdev, kind)
     active = wait_active(name, sysfs, timeout)
     dev = next((d for d in devices(sysfs) if d["name"] == name), None)
     if not active:
         log.warning("%s is not ACTIVE after %.0f s (is %s up? ip link set %s up)", name, timeout, netdev, netdev)
-    return {"name": name, "netdev": netdev, "active": active, "device": dev}
+    return {"name": name, "kind": kind, "netdev": netdev, "active": active, "device": dev}
 
 
-def del_rxe(name: str, sysfs: str = SYSFS, rdma: Optional[Rdma] = None) -> dict:
+def add_rxe(netdev: str, name: str = "rxe0", **kw) -> dict:
+    return add_link("rxe", netdev, name, **kw)
+
+
+def add_siw(netdev: str, name: str = "siw0", **kw) -> dict:
+    return add_link("siw", netdev, name, **kw)
+
+
+def del_link(name: str, sysfs: str = SYSFS, rdma: Optional[Rdma] = None) -> dict:
     if not os.path.isdir(os.path.join(sysfs, "class", "infiniband", name)):
         raise RdmaError(f"no RDMA device {name}", "nvmeof-roce rdma status lists the devices")
     (rdma or Rdma()).link_delete(name)
     return {"name": name, "deleted": True}
+
+
+del_rxe = del_link  # the older name
 
 
 # --------------------------------------------------------------------------- RoCE mode (rdma_cm configfs)

@@ -25,9 +25,9 @@ from typing import Dict, List, Optional
 
 from ..errors import NvmeofError, ToolMissing
 from ..output import progress
-from . import aptconfig
+from . import aptconfig, siw
 
-BUILD_FORMAT = 2  # bump when the build steps change in a way the inputs don't show
+BUILD_FORMAT = 3  # bump when the build steps change in a way the inputs don't show
 
 GUEST_PACKAGES = [
     "kmod", "iproute2", "rdma-core", "ibverbs-utils", "ibverbs-providers", "rdmacm-utils", "perftest",
@@ -299,6 +299,9 @@ def _build_locked(inputs: Dict[str, object], image: LabImage, root: Path) -> Lab
     mod_dst = rootfs / "lib/modules" / release
     shutil.rmtree(mod_dst, ignore_errors=True)
     shutil.copytree(mod_src, mod_dst, symlinks=True)
+    # Soft-iWARP is not in Debian's kernels: built out of tree for this release (lab/siw.py), loaded by modprobe siw.
+    (mod_dst / "extra").mkdir(exist_ok=True)
+    shutil.copy2(siw.build_module(kernel_pkg, root, debs, work), mod_dst / "extra" / "siw.ko")
     _run(["chroot", str(rootfs), "depmod", "-a", release], "depmod")
 
     progress("lab build [4/6]: project Python dependencies (pinned, same as the venv)")

@@ -48,6 +48,8 @@ class TargetServer:
         self.target.attach_loop(self.loop)  # fdatasync and long commands stay off the loop
         self.next_status = time.monotonic() + STATUS_INTERVAL
         self.listeners = []
+        self.stopping = False
+        self.ana_control = None  # ana_control.AnaControl: run-time ANA changes, applied between events
         try:
             for port in rdma_ports:
                 self.listeners.append(RdmaListener(
@@ -57,8 +59,6 @@ class TargetServer:
         except BaseException:
             self.close()
             raise
-        self.stopping = False
-        self.ana_control = None  # ana_control.AnaControl: run-time ANA changes, applied between events
 
     def addresses(self) -> List[str]:
         return [f"{lst.traddr}:{lst.trsvcid} ({lst.device_name})" for lst in self.listeners]

@@ -36,6 +36,7 @@ import functools
 import logging
 import mmap
 import os
+import resource
 import selectors
 import time
 from typing import Callable, Dict, List, Optional
@@ -60,7 +61,7 @@ try:  # pyverbs is Debian's python3-pyverbs; import lazily so the rest of the pa
     from pyverbs.mr import MR
     from pyverbs.pd import PD
     from pyverbs.pyverbs_error import PyverbsRDMAError
-    from pyverbs.qp import QPCap, QPEx, QPInitAttrEx
+    from pyverbs.qp import QP, QPCap, QPEx, QPInitAttr, QPInitAttrEx
     from pyverbs.wr import SGE, RecvWR, SendWR
     PYVERBS_ERROR = None
 except ImportError as exc:  # pragma: no cover - depends on the machine
@@ -190,6 +191,16 @@ class _CmEventIds:
             return 0
         return cm_id
 
+    def initiator_depth(self, event) -> Optional[int]:
+        """The RDMA READs the peer lets us have in flight, from a CONNECT_REQUEST's `param.conn.initiator_depth`
+        (rdma_cm_event: id, listen_id, event, status, then rdma_conn_param {private_data, private_data_len,
+        responder_resources, initiator_depth, ...} at offset 24): rdma_cm's RTS attributes carry it on InfiniBand
+        and RoCE, not on iWARP.  None when the layout was not verified (call `of` first)."""
+        if self.offset is None or self.disabled:
+            return None
+        ev = self._ptr(id(event) + self.offset)
+        return ctypes.c_uint8.from_address(ev + 34).value if ev else None
+
     def of(self, event) -> Optional[int]:
         if self.disabled:
             return None
@@ -209,6 +220,41 @@ class _CmEventIds:
 
 # --- registered memory ---------------------------------------------------------------------
 
+def register(pd, size: int, access: int, addr: int):
+    """One MR over [addr, addr + size).  The device pins the pages against the locked-memory limit: siw counts
+    them even for root (rxe and hardware drivers let CAP_IPC_LOCK through), so a low `ulimit -l` shows here."""
+    try:
+        return MR(pd, size, access, address=addr)
+    except PyverbsRDMAError as exc:
+        if getattr(exc, "error_code", None) not in (errno.ENOMEM, errno.EPERM, errno.EAGAIN):
+            raise
+        soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+        limit = "unlimited" if soft == resource.RLIM_INFINITY else f"{soft >> 10} KiB"
+        raise NvmeofError(f"cannot register {size >> 10} KiB of memory with the RDMA device ({exc}); the "
+                          f"locked-memory limit (ulimit -l) is {limit}",
+                          "raise it: ulimit -l unlimited in the shell that starts the target, LimitMEMLOCK=infinity "
+                          "in a systemd unit, '* - memlock unlimited' in /etc/security/limits.d/; or use fewer "
+                          "--data-buffers") from exc
+
+
+def is_iwarp(device_name: str, sysfs: str = "/sys") -> bool:
+    """An iWARP RNIC (siw, Chelsio, Intel's irdma in iWARP mode): sysfs node_type "4: RNIC"."""
+    try:
+        with open(os.path.join(sysfs, "class/infiniband", device_name, "node_type")) as f:
+            return f.read().split(":")[0].strip() == "4"
+    except OSError:
+        return False
+
+
+def data_buffer_access(iwarp: bool) -> int:
+    """Access rights of the target's data buffers, which are the sinks of its RDMA READs (a host's write data).
+    On RoCE and InfiniBand a READ response lands in the sink by its lkey: local write is enough.  iWARP carries
+    the response as tagged data addressed by the sink's rkey, so the sink must allow remote write (the kernel's
+    rdma_rw does the same for iWARP); only then, for least exposure (docs/protocol.md §7.8)."""
+    access = e.IBV_ACCESS_LOCAL_WRITE
+    return access | e.IBV_ACCESS_REMOTE_WRITE if iwarp else access
+
+
 class RegisteredMemory:
     """Page-aligned memory we own (a memoryview), registered as one MR."""
 
@@ -217,7 +263,7 @@ class RegisteredMemory:
         self.map = mmap.mmap(-1, self.size)
         self.view = memoryview(self.map)
         self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
-        self.mr = MR(pd, self.size, access, address=self.addr)
+        self.mr = register(pd, self.size, access, self.addr)
         self.lkey = self.mr.lkey
         self.rkey = self.mr.rkey
 
@@ -238,7 +284,7 @@ class _MappedRegion:
     def __init__(self, pd, mapping: mmap.mmap, access: int):
         # the address only: the buffer export ends with the temporary ctypes object
         self.addr = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
-        self.mr = MR(pd, len(mapping), access, address=self.addr)
+        self.mr = register(pd, len(mapping), access, self.addr)
         self.lkey = self.mr.lkey
 
     def close(self) -> None:
@@ -250,9 +296,9 @@ class _MappedRegion:
 class DataPool:
     """Fixed-size data chunks carved from one registration made at start; `accounts` says who may take which."""
 
-    def __init__(self, pd, chunk_size: int, chunks: int, min_per_queue: int):
+    def __init__(self, pd, chunk_size: int, chunks: int, min_per_queue: int, access: Optional[int] = None):
         self.chunk_size = chunk_size
-        self.memory = RegisteredMemory(pd, chunk_size * chunks, e.IBV_ACCESS_LOCAL_WRITE)
+        self.memory = RegisteredMemory(pd, chunk_size * chunks, e.IBV_ACCESS_LOCAL_WRITE if access is None else access)
         self.accounts = BufferPool(chunks, min_per_queue)
 
     def view(self, chunk: int, length: int) -> memoryview:
@@ -400,7 +446,10 @@ class RdmaListener:
         self.context = Context(name=self.listen_id.dev_name)
         self.pd = PD(self.context)
         self.device = self.context.query_device()
-        self.pool = DataPool(self.pd, max_transfer, self.limits.data_buffers, self.limits.queue_min_buffers)
+        self.iwarp = is_iwarp(self.listen_id.dev_name)
+        self.pending_initiator_depth: Optional[int] = None  # of the CONNECT_REQUEST being handled
+        self.pool = DataPool(self.pd, max_transfer, self.limits.data_buffers, self.limits.queue_min_buffers,
+                             access=data_buffer_access(self.iwarp))
         self.regions: Dict[int, tuple] = {}  # id(mapping) -> (mapping, (addr, lkey) or None, its MR)
         loop.watch(self.cm_fd, self._on_cm_events)
         loop.listeners.append(self)
@@ -450,6 +499,7 @@ class RdmaListener:
             id_ptr = self.event_ids.of(event)  # read before the ack frees the event
             if kind == ce.RDMA_CM_EVENT_CONNECT_REQUEST:
                 private = bytes(event.private_data or b"")
+                self.pending_initiator_depth = self.event_ids.initiator_depth(event)
                 child = CMID(creator=event, listen_id=self.listen_id)  # before the ack (docs/protocol.md §7.3 item 3)
                 self.cm_ids_created += 1
                 event.ack_cm_event()
@@ -559,6 +609,72 @@ class RdmaListener:
                 event.ack_cm_event()
 
 
+class LegacyPoster:
+    """The QPEx calls this transport makes (wr_start, wr_rdma_read/write, wr_send, wr_set_sge,
+    wr_set_inline_data, wr_complete), for a QP of a device without the extended API (siw: EOPNOTSUPP).
+
+    Work requests come from a ring of SendWR objects made once per queue, each pointing at its own SGE
+    (`SendWR.sg_list = sge`), so a command allocates nothing.  Each is posted on its own with ibv_post_send
+    once it is complete (when the next one starts, or at wr_complete): pyverbs cannot end a chain (no NULL
+    `next_wr`), and a reused WR would otherwise still point at the one after it.  The provider copies inline
+    data at the post, which happens before the caller overwrites its response buffer for the next SEND.
+    No Send with Invalidate: pyverbs 44's SendWR has no invalidate_rkey, so the host invalidates its own key
+    (as it does for any target that does not)."""
+
+    can_invalidate = False
+
+    def __init__(self, qp, size: int):
+        self.qp = qp
+        self.sges = [SGE(0, 0, 0) for _ in range(size)]
+        self.wrs = []
+        for sge in self.sges:
+            wr = SendWR(num_sge=1, sg=[sge])
+            wr.sg_list = sge  # the WR now reads this SGE at the post (the copy made by __init__ is unused)
+            self.wrs.append(wr)
+        self.next = 0
+        self.pending = None
+        self.sge = None
+        self.wr_id = 0
+        self.wr_flags = 0
+
+    def wr_start(self) -> None:
+        self.pending = None
+
+    def _take(self, opcode: int):
+        self._post_pending()
+        wr, self.sge = self.wrs[self.next], self.sges[self.next]
+        self.next = (self.next + 1) % len(self.wrs)
+        wr.opcode, wr.wr_id, wr.send_flags = opcode, self.wr_id, self.wr_flags
+        self.pending = wr
+        return wr
+
+    def _post_pending(self) -> None:
+        if self.pending is not None:
+            wr, self.pending = self.pending, None
+            self.qp.post_send(wr)
+
+    def wr_rdma_read(self, rkey: int, addr: int) -> None:
+        self._take(e.IBV_WR_RDMA_READ).set_wr_rdma(rkey, addr)
+
+    def wr_rdma_write(self, rkey: int, addr: int) -> None:
+        self._take(e.IBV_WR_RDMA_WRITE).set_wr_rdma(rkey, addr)
+
+    def wr_send(self) -> None:
+        self._take(e.IBV_WR_SEND)
+
+    def wr_send_inv(self, invalidate_rkey: int) -> None:
+        raise TransportError("Send with Invalidate needs the extended QP API")
+
+    def wr_set_sge(self, sge) -> None:
+        self.sge.addr, self.sge.length, self.sge.lkey = sge.addr, sge.length, sge.lkey
+
+    def wr_set_inline_data(self, addr: int, length: int) -> None:
+        self.sge.addr, self.sge.length, self.sge.lkey = addr, length, 0
+
+    def wr_complete(self) -> None:
+        self._post_pending()
+
+
 class _AcceptRefused(Exception):
     def __init__(self, sts: int, message: str):
         super().__init__(message)
@@ -619,10 +735,21 @@ class RdmaTargetQueue(TargetQueue):
                             comp_mask=e.IBV_QP_INIT_ATTR_PD | e.IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)
         try:
             self.qp = QPEx(ctx, init)
+            self.poster = self.qp
         except PyverbsRDMAError as exc:
-            self._release_rings()
-            raise _AcceptRefused(cmdata.STS_NO_RESOURCES,
-                                 f"the device cannot make an extended RC QP with {RESPONSE_SIZE} B inline: {exc}")
+            if getattr(exc, "error_code", None) != errno.EOPNOTSUPP:
+                self._release_rings()
+                raise _AcceptRefused(cmdata.STS_NO_RESOURCES,
+                                     f"the device cannot make an extended RC QP with {RESPONSE_SIZE} B inline: {exc}")
+            # No extended QP API (siw): a plain RC QP with the same capabilities, posted through LegacyPoster.
+            try:
+                self.qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap, sq_sig_all=0))
+            except PyverbsRDMAError as exc2:
+                self._release_rings()
+                raise _AcceptRefused(cmdata.STS_NO_RESOURCES,
+                                     f"the device cannot make an RC QP with {RESPONSE_SIZE} B inline: {exc2}")
+            self.poster = LegacyPoster(self.qp, self.max_send_wr)
+        self.remote_invalidate = listener.remote_invalidate and getattr(self.poster, "can_invalidate", True)
 
         attr, mask = cm_id.init_qp_attr(e.IBV_QPS_INIT)
         self.qp.modify(attr, mask)
@@ -632,7 +759,9 @@ class RdmaTargetQueue(TargetQueue):
         self.qp.modify(attr, mask)
         attr, mask = cm_id.init_qp_attr(e.IBV_QPS_RTS)
         # max_rd_atomic arrives as the host's responder resources: how many RDMA READs we may have in flight.
-        self.max_reads = min(attr.max_rd_atomic, listener.device.max_qp_init_rd_atom)
+        # iWARP's CM leaves it 0 there: the connect request's initiator depth says it (as nvmet-rdma takes it).
+        offered = attr.max_rd_atomic or (listener.pending_initiator_depth if listener.iwarp else 0) or 0
+        self.max_reads = min(offered, listener.device.max_qp_init_rd_atom)
         if self.max_reads < 1:
             self._release_rings()
             raise _AcceptRefused(cmdata.STS_INVALID_IRD, "host offers no RDMA READ resources (responder_resources 0)")
@@ -652,7 +781,10 @@ class RdmaTargetQueue(TargetQueue):
         cm_id.accept(param)
         # Data buffers: taken from the port's pool per transfer (the book takes and gives them).
         self.share: PoolShare = listener.pool.accounts.share(wake=self._resume)
-        self.book = RequestBook(self, self.share, self.max_send_wr, self.max_reads, prealloc=self.recv_count)
+        # siw completes a SEND posted after an RDMA READ as soon as it is on the wire, before the READ's data
+        # is back: there a send completion cannot vouch for earlier READs (docs/protocol.md §7.8).
+        self.book = RequestBook(self, self.share, self.max_send_wr, self.max_reads, prealloc=self.recv_count,
+                                reads_complete_in_order=not listener.iwarp)
         self._posting = False  # between wr_start and wr_complete
         listener.loop.watch(self.cq_fd, self._on_cq_event)
         log.info("queue %d accepted on %s:%d: depth %d, in-capsule %d B, %d RDMA READs in flight",
@@ -707,6 +839,8 @@ class RdmaTargetQueue(TargetQueue):
                 return None
             done += count
             for wc in wcs[:count]:
+                if self.closed:  # an earlier completion of this batch closed the queue: its rings are gone
+                    return None
                 if wc.status != e.IBV_WC_SUCCESS:
                     self._on_failed_completion(wc)
                     return None
@@ -760,7 +894,7 @@ class RdmaTargetQueue(TargetQueue):
     def _start(self):
         if self.closed:  # the book stops posting on a closed queue; never reach the destroyed QP (SIGSEGV)
             raise TransportError(f"queue {self.qid} is closed")
-        qp = self.qp
+        qp = self.poster
         if not self._posting:
             qp.wr_start()
             self._posting = True
@@ -798,7 +932,7 @@ class RdmaTargetQueue(TargetQueue):
             qp.wr_set_sge(sge)
         qp.wr_id = SEND_WR_BASE + req.index
         qp.wr_flags = (e.IBV_SEND_INLINE | e.IBV_SEND_SIGNALED) if req.signaled else e.IBV_SEND_INLINE
-        invalidate = req.invalidate is not None and self.listener.remote_invalidate
+        invalidate = req.invalidate is not None and self.remote_invalidate
         if invalidate:
             qp.wr_send_inv(req.invalidate)  # §7.2: the host's key is invalidated with the response
         else:
@@ -819,7 +953,7 @@ class RdmaTargetQueue(TargetQueue):
             return
         self._posting = False
         try:
-            self.qp.wr_complete()
+            self.poster.wr_complete()
         except PyverbsRDMAError as exc:
             log.warning("queue %d: posting work requests failed: %s: closing", self.qid, exc)
             self.close()

@@ -113,8 +113,11 @@ class QueueClosed(Exception):
 class RequestBook:
     """The requests of one queue and what they wait for."""
 
-    def __init__(self, poster: Poster, share: PoolShare, send_slots: int, read_credits: int, prealloc: int = 0):
+    def __init__(self, poster: Poster, share: PoolShare, send_slots: int, read_credits: int, prealloc: int = 0,
+                 reads_complete_in_order: bool = True):
         self.poster = poster
+        # False (iWARP's siw): a send completion may come before the completion of a READ posted earlier
+        self.reads_complete_in_order = reads_complete_in_order
         self.share = share
         self.send_slots = send_slots  # free send-queue entries
         self.send_slots_total = send_slots
@@ -319,8 +322,13 @@ class RequestBook:
         if not req.wrs:
             return  # not on the send queue (cannot happen): never retire the others on its account
         posted = self.posted
+        waiting_reads = []  # READs still in flight when their completion may come later (not in order)
         while posted:
             done = posted.popleft()
+            if (done is not req and not self.reads_complete_in_order
+                    and done.state == State.TRANSFERRING_HOST_TO_CONTROLLER):
+                waiting_reads.append(done)
+                continue
             self.send_slots += done.wrs
             done.wrs = 0
             if done.state == State.TRANSFERRING_HOST_TO_CONTROLLER:
@@ -333,6 +341,7 @@ class RequestBook:
                 self._free(done)
             if done is req:
                 break
+        posted.extendleft(reversed(waiting_reads))
         self.resume()
 
     def _read_finished(self, req: TxRequest, data, error) -> None:

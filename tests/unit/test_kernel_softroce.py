@@ -191,3 +191,25 @@ def test_roce_mode_no_rdma_cm(tmp_path):
         rdma.get_roce_mode("rxe0", 1, configfs=str(tmp_path / "cfg"), load_modules=False)
     with pytest.raises(RdmaError, match="configfs is not mounted"):
         rdma.get_roce_mode("rxe0", 1, configfs=str(tmp_path / "none"), load_modules=False)
+
+
+def test_add_siw_runs_rdma_link_add_type_siw_and_status_calls_it_iwarp(tmp_path):
+    sysfs = tmp_path / "sys"
+    (sysfs / "class" / "net" / "siwnet0").mkdir(parents=True)
+    run = runner_for({("rdma", "link add siw0 type siw netdev siwnet0"): ToolResult(["rdma"], 0, "", "")})
+
+    class R(Rdma):
+        def link_add(self, name, netdev, kind="rxe"):
+            super().link_add(name, netdev, kind)
+            d = make_rxe(sysfs, name, netdev)
+            w(d / "node_type", "4: RNIC")  # what siw shows: an iWARP RNIC, not an InfiniBand/RoCE CA
+    r = rdma.add_siw("siwnet0", sysfs=str(sysfs), rdma=R(run), load_modules=False, timeout=1)
+    assert r["kind"] == "siw" and r["active"] and r["device"]["iwarp"]
+    assert ("rdma", ["link", "add", "siw0", "type", "siw", "netdev", "siwnet0"]) in run.calls
+    rxe = make_rxe(sysfs, "rxe0", "rxenet0")
+    by_name = {d["name"]: d for d in rdma.devices(str(sysfs))}
+    assert by_name["siw0"]["iwarp"] and not by_name["rxe0"]["iwarp"]
+    assert rxe.exists()
+    (sysfs / "class" / "net" / "lo").mkdir()
+    with pytest.raises(RdmaError, match="Soft-iWARP over lo"):
+        rdma.add_siw("lo", sysfs=str(sysfs), load_modules=False)

@@ -252,3 +252,39 @@ def test_a_read_posted_before_the_batch_flush_does_not_retire_the_responses_queu
     assert done_req.state == State.COMPLETING and reader.state == State.EXECUTING
     book.send_completed(done_req)
     assert done_req.state == State.FREE
+
+
+def _read_then_a_response(book, poster):
+    """Request A reads host data (a signaled READ); request B's response SEND is posted after it."""
+    a, b = executing(book), executing(book)
+    got = []
+    book.read(a, 0x2000, 9, 512, lambda data, err: got.append((bytes(data) if data is not None else None, err)))
+    poster.chunks[a.chunk] = b"w" * 512
+    book.complete(b, CQE)
+    return a, b, got
+
+
+def test_iwarp_a_send_completion_before_an_earlier_reads_leaves_the_read_in_flight():
+    """siw completes a SEND once it is on the wire, before an RDMA READ posted earlier has its data: with
+    reads_complete_in_order=False the SEND's completion retires only itself, and the READ finishes on its own
+    completion with its data."""
+    pool = BufferPool(8, 1)
+    share = pool.share()
+    share.commit()
+    poster = Recorder()
+    book = RequestBook(poster, share, 64, 4, prealloc=4, reads_complete_in_order=False)
+    a, b, got = _read_then_a_response(book, poster)
+    book.send_completed(b)  # out of order: B's SEND first
+    assert b.state == State.FREE and got == [] and a.state == State.TRANSFERRING_HOST_TO_CONTROLLER
+    assert book.read_credits == 3
+    book.send_completed(a)
+    assert got == [(b"w" * 512, None)] and a.state == State.EXECUTING and book.read_credits == 4
+
+
+def test_in_order_completions_a_send_completion_vouches_for_an_earlier_read():
+    """RoCE and InfiniBand complete a send queue in order: a SEND completion after a READ means the READ is
+    done too, and a READ without its own completion is a transport failure, not a wait."""
+    book, poster, pool = make()
+    a, b, got = _read_then_a_response(book, poster)
+    book.send_completed(b)
+    assert b.state == State.FREE and len(got) == 1 and got[0][0] is None and "without its completion" in str(got[0][1])

@@ -151,3 +151,65 @@ def test_a_failing_teardown_step_does_not_keep_the_queue_or_its_cm_id():
     """Closing a queue releases its requests, its buffer share, its receive buffers and its CM id; one step that
     fails is logged and the others still happen (the listener must not keep a dead queue and its CM id)."""
     run_child(A_TEARDOWN_STEP_FAILS)
+
+
+LEGACY = r"""import errno
+import nvmeof_roce.transport.rdma as R
+
+# a device without the extended QP API, as siw: ibv_create_qp_ex with send_ops_flags fails with EOPNOTSUPP
+def no_extended_qp(*args, **kwargs):
+    raise R.PyverbsRDMAError("Failed to create QP. Errno: 95, Operation not supported", errno.EOPNOTSUPP)
+R.QPEx = no_extended_qp
+posted = []
+post_send = fakeverbs.QP.post_send
+def recording_post_send(self, wr, bad_wr=None):
+    posted.extend(fakeverbs.send_chain(wr))
+    return post_send(self, wr, bad_wr)
+fakeverbs.QP.post_send = recording_post_send
+""" + CONNECT + r"""import pyverbs.enums as e
+assert isinstance(queue.poster, R.LegacyPoster) and not queue.remote_invalidate
+data = bytes(range(256)) * 64
+ctrl.write(1, 0, data)                    # RDMA READ of the host's data through a ring WR
+assert ctrl.read(1, 0, 32) == data        # RDMA WRITE, then the inline SEND
+for i in range(40):                       # more commands than the ring has WRs: every one reused
+    block = bytes([i]) * 4096
+    ctrl.write(1, 8 * i, block)
+    assert ctrl.read(1, 8 * i, 8) == block
+opcodes = {w.opcode for w in posted}
+assert opcodes == {e.IBV_WR_RDMA_READ, e.IBV_WR_RDMA_WRITE, e.IBV_WR_SEND}, opcodes
+assert all(w.opcode != e.IBV_WR_SEND_WITH_INV for w in posted)
+assert len({id(wr) for wr in queue.poster.wrs}) == queue.max_send_wr  # made once, at accept
+server.loop.run_once(0)  # the last send completions
+assert server.target.in_flight() == 0
+server.close()
+print("ok")
+"""
+
+
+def test_a_device_without_the_extended_qp_api_is_served_through_plain_post_send():
+    run_child(LEGACY)
+
+
+CLOSED_MID_BATCH = r"""import logging
+failures = []
+class Catch(logging.Handler):
+    def emit(self, record):
+        if record.levelno >= logging.ERROR:
+            failures.append(record.getMessage())
+logging.getLogger("nvmeof_roce").addHandler(Catch())
+""" + CONNECT + r"""host = ctrl.io_queues[0].transport
+end = host.end
+end.send(b"\x00" * 10)  # a capsule shorter than 64 bytes: the target closes the queue at once
+buf = host.register(4096)
+end.send(tc.read_capsules(1, buf.addr, buf.key)[0])  # a second receive completion in the same poll
+for _ in range(5):
+    server.loop.run_once(0)
+assert queue.closed
+assert not failures, failures  # the second completion was not served from the released receive ring
+server.close()
+print("ok")
+"""
+
+
+def test_a_completion_that_closes_the_queue_ends_the_poll_batch():
+    run_child(CLOSED_MID_BATCH)
