@@ -102,6 +102,16 @@ def host_settings(config: TargetConfig) -> Dict[str, HostAuth]:
     return out
 
 
+def settings_for(target, sub, hostnqn: str) -> Optional[HostAuth]:
+    """The DH-HMAC-CHAP settings host `hostnqn` must use on `sub` now, or None (nvmet_setup_auth): only a
+    host listed in allowed_hosts authenticates, never on the discovery subsystem or with allow_any_host.
+    Read at each admin Connect and each re-authentication of an admin queue, so a key added, rotated or
+    removed by a reload or an RPC applies from the next one; controllers keep the key they started with."""
+    if sub.is_discovery or sub.allow_any_host or hostnqn not in sub.allowed_hosts:
+        return None
+    return target.host_auth.get(hostnqn)
+
+
 _seqnum_lock = threading.Lock()
 _seqnum = 0
 
@@ -141,6 +151,7 @@ class QueueAuth:
         self.step = NEGOTIATE
         self.authenticated = False
         self.attempted = False  # the host sent at least one Negotiate
+        self.settings_removed = False  # the host's key was removed from the config since the Connect
         self.tid = 0
         self.reason = 0
         self.failure = ""  # why the last attempt failed, for the log
@@ -217,6 +228,9 @@ class QueueAuth:
             msg = A.Negotiate.unpack(data)
         except A.AuthError as exc:
             return self._fail(exc.reason, exc.message)
+        if self.settings_removed:
+            return self._fail(A.FAILURE_FAILED, "the host's DH-HMAC-CHAP key was removed from the config "
+                                                "(hosts[].dhchap.key); it must connect again")
         offered = [h for h in msg.hash_ids if h in A.HASHES]
         if self.settings.hash_id in msg.hash_ids:
             self.hash_id = self.settings.hash_id
@@ -346,8 +360,34 @@ def auth_send(t, req) -> None:
 
 
 def _send_with_data(t, req, data) -> None:
-    req.queue.auth.send(bytes(data), t.clock())
+    qs = req.queue
+    data = bytes(data)
+    if qs.qid == 0 and _is_negotiate(data):
+        _refresh_settings(t, qs)
+    qs.auth.send(data, t.clock())
     t.complete(req, 0)
+
+
+def _is_negotiate(data: bytes) -> bool:
+    try:
+        auth_type, auth_id, _ = A.message_kind(data)
+    except A.AuthError:
+        return False
+    return auth_type == A.TYPE_COMMON and auth_id == A.ID_NEGOTIATE
+
+
+def _refresh_settings(t, qs) -> None:
+    """A (re-)authentication on the admin queue takes the host's key as the config has it now (nvmet calls
+    nvmet_setup_auth again); the controller's I/O queues connected later use the same."""
+    ctrl = qs.ctrl
+    current = settings_for(t, ctrl.subsystem, ctrl.hostnqn)
+    if current is None:
+        qs.auth.settings_removed = True
+        return
+    qs.auth.settings_removed = False
+    if current is not ctrl.auth:
+        ctrl.auth = current
+        qs.auth.settings = current
 
 
 def auth_receive(t, req) -> None:

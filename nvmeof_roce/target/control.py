@@ -399,6 +399,42 @@ class Control:
         self._edit(edit, lambda where: "host" if "hosts" in where else where)
         return True
 
+    def rpc_nvmf_subsystem_set_keys(self, params) -> bool:
+        """Set (rotate) or clear a host's DH-HMAC-CHAP keys, SPDK's method with the secrets themselves
+        (DHHC-1:NN:...:, `nvmeof-roce gen-dhchap-key`) instead of keyring names.  The key belongs to the host
+        (hosts[].dhchap, as nvmet's hosts/NQN/dhchap_key), so it applies on every subsystem the host may use.
+        New connections and re-authentications use it; connected controllers keep theirs until they
+        reconnect.  Without dhchap_key the keys are cleared."""
+        p = _Params("nvmf_subsystem_set_keys", params, ("nqn", "host", "dhchap_key", "dhchap_ctrlr_key"))
+        nqn, host = p.str("nqn"), p.str("host")
+        key = p.str("dhchap_key", required=False)
+        ctrl_key = p.str("dhchap_ctrlr_key", required=False)
+        if ctrl_key and not key:
+            raise RpcError("dhchap_ctrlr_key without dhchap_key", "dhchap_ctrlr_key",
+                           "give the host key (dhchap_key) too: bidirectional authentication needs both")
+        sub = self._sub(nqn)
+        if host not in sub.allowed_hosts:
+            raise RpcError(f"host {host} is not on the allow-list of {nqn}", "host",
+                           f"nvmf_subsystem_add_host with nqn {nqn} and host {host} first")
+
+        def edit(d):
+            entry = next(h for h in d["hosts"] if h["nqn"] == host)
+            group = dict(entry.get("dhchap") or {})
+            group.pop("key", None)
+            group.pop("ctrl_key", None)
+            if key:
+                group["key"] = key
+            if ctrl_key:
+                group["ctrl_key"] = ctrl_key
+            if key:
+                entry["dhchap"] = group
+            else:
+                entry.pop("dhchap", None)
+
+        self._edit(edit, lambda where: {"dhchap.key": "dhchap_key", "dhchap.ctrl_key": "dhchap_ctrlr_key"}.get(
+            where.split("]", 1)[1].lstrip(".") if where.startswith("hosts[") else where, where))
+        return True
+
     def rpc_nvmf_subsystem_remove_host(self, params) -> bool:
         p = _Params("nvmf_subsystem_remove_host", params, ("nqn", "host"))
         nqn, host = p.str("nqn"), p.str("host")

@@ -759,7 +759,7 @@ def _connect_with_data(t: Target, req: Request, data) -> None:
         ctrl.max_io_qid = min(ctrl.max_io_qid, t.limits.max_queues_per_ctrl)
         sub.controllers[cntlid] = ctrl
         ctrl.admin_queue = qs
-        ctrl.auth = _host_auth(t, sub, d.hostnqn)
+        ctrl.auth = auth.settings_for(t, sub, d.hostnqn)
         _install_queue(qs, ctrl, sqsize, cattr)
         log.info("controller %d created for %s, host %s (KATO %d ms)%s", cntlid, sub.nqn, d.hostnqn, ctrl.kato_ms,
                  " with DH-HMAC-CHAP" if ctrl.auth else "")
@@ -795,14 +795,6 @@ def _connect_with_data(t: Target, req: Request, data) -> None:
     _install_queue(qs, ctrl, sqsize, cattr)
     log.debug("controller %d: I/O queue %d connected (SQSIZE %d)", ctrl.cntlid, qid, sqsize)
     t.complete(req, 0, result=_connect_result(ctrl))
-
-
-def _host_auth(t: Target, sub, hostnqn: str):
-    """The host's DH-HMAC-CHAP settings if it must authenticate to `sub` (nvmet_setup_auth: only a host
-    listed in allowed_hosts, never on the discovery subsystem or with allow_any_host)."""
-    if sub.is_discovery or sub.allow_any_host or hostnqn not in sub.allowed_hosts:
-        return None
-    return t.host_auth.get(hostnqn)
 
 
 def _connect_result(ctrl: Controller) -> int:

@@ -382,3 +382,91 @@ def test_an_abandoned_transaction_expires(raw, caplog):
     send(q, chap.negotiate())
     send(q, chap.reply(receive(q)))
     assert chap.success1(receive(q)) is None
+
+
+# ------------------------------------------------------------------ keys changed while the target runs
+
+def _reload(env, control, tmp_path, dhchap):
+    """Reload the running target with HOST_A's dhchap group replaced (None: no key)."""
+    data = env.target.config.to_dict()
+    if dhchap is None:
+        data["hosts"][0].pop("dhchap", None)
+    else:
+        data["hosts"][0]["dhchap"] = dict({"hash": "hmac(sha256)", "dhgroup": "null"}, **dhchap)
+    path = tmp_path / "reloaded.json"
+    path.write_text(__import__("json").dumps(data))
+    return control.call("nvmeof_reload_config", {"path": str(path)})
+
+
+@pytest.fixture
+def keyed(make_env):
+    from nvmeof_roce.target.control import Control
+    env = make_env()
+    return env, Control(env.target)
+
+
+def test_a_key_rotated_by_reload_refuses_the_old_key_and_keeps_connected_hosts(keyed, tmp_path):
+    env, control = keyed
+    before = env.connect(SUB, dhchap_secret=KEY)
+    result = _reload(env, control, tmp_path, {"key": OTHER_KEY})
+    assert [c["action"] for c in result["changes"]] == ["host-key"]
+    assert KEY not in str(result) and OTHER_KEY not in str(result)  # no key material in the answer
+    with pytest.raises(HostAuthError):
+        env.connect(SUB, dhchap_secret=KEY)
+    after = env.connect(SUB, dhchap_secret=OTHER_KEY)
+    assert after.authenticated_queues == [0, 1]
+    _io_round_trip(before)  # connected with the old key: unaffected until it reconnects (as nvmet)
+    _io_round_trip(after)
+    before.close()
+    after.close()
+
+
+def test_a_key_added_by_reload_is_required_and_one_removed_is_not(keyed, tmp_path):
+    env, control = keyed
+    _reload(env, control, tmp_path, None)
+    plain = env.connect(SUB)  # no key configured: no authentication
+    assert plain.authenticated_queues == []
+    _reload(env, control, tmp_path, {"key": OTHER_KEY})
+    with pytest.raises(HostError, match="requires DH-HMAC-CHAP"):
+        env.connect(SUB)
+    ctrl = env.connect(SUB, dhchap_secret=OTHER_KEY)
+    assert ctrl.authenticated_queues == [0, 1]
+    _io_round_trip(plain)
+    _reload(env, control, tmp_path, None)
+    again = env.connect(SUB)
+    assert again.authenticated_queues == []
+    for c in (plain, ctrl, again):
+        c.close()
+
+
+def test_reauthentication_of_a_connected_admin_queue_uses_the_new_key(keyed, tmp_path):
+    """nvmet calls nvmet_setup_auth again on a Negotiate on the admin queue: re-authentication takes the
+    key as it is now."""
+    env, control = keyed
+    ctrl = env.connect(SUB, dhchap_secret=KEY)
+    _reload(env, control, tmp_path, {"key": OTHER_KEY})
+    ctrl.dhchap_secret = A.parse_secret(OTHER_KEY)
+    ctrl._authenticate(ctrl.admin)
+    assert ctrl.authenticated_queues[-1] == 0
+    _io_round_trip(ctrl)
+    ctrl.close()
+
+
+def test_a_key_rotated_by_rpc(keyed):
+    env, control = keyed
+    before = env.connect(SUB, dhchap_secret=KEY)
+    assert control.call("nvmf_subsystem_set_keys", {"nqn": SUB, "host": HOST_A, "dhchap_key": OTHER_KEY,
+                                                    "dhchap_ctrlr_key": CTRL_KEY}) is True
+    assert env.target.config.host_entries[0].attrs["dhchap"]["key"] == OTHER_KEY
+    with pytest.raises(HostAuthError):
+        env.connect(SUB, dhchap_secret=KEY)
+    after = env.connect(SUB, dhchap_secret=OTHER_KEY, dhchap_ctrl_secret=CTRL_KEY)
+    assert after.authenticated_queues == [0, 1]
+    _io_round_trip(before)
+    err = pytest.raises(Exception, control.call, "nvmf_subsystem_set_keys",
+                        {"nqn": SUB, "host": HOST_A, "dhchap_key": "DHHC-1:01:bad:"}).value
+    assert err.field == "dhchap_key" and "base64" in err.message
+    control.call("nvmf_subsystem_set_keys", {"nqn": SUB, "host": HOST_A})  # cleared
+    assert env.connect(SUB).authenticated_queues == []
+    before.close()
+    after.close()
