@@ -162,6 +162,10 @@ class Target:
                         sub.open_namespace(ns_cfg, file_lock)
                     except BackendError as exc:
                         raise exc.config_error(config.source, where, ns_cfg) from None
+                    except OSError as exc:  # what the backend does not name itself: ENOTDIR, ELOOP, EIO...
+                        raise ConfigError(config.source, f"{where}.device.path",
+                                          f"{ns_cfg.path}: cannot open: {exc.strerror or exc}",
+                                          "give the path of a file or block device") from None
                     except ValueError as exc:
                         raise ConfigError(config.source, f"{where}.nsid", str(exc),
                                           f"use an NSID in 1..{MAX_NSID}") from None

@@ -265,11 +265,14 @@ def _retire_quietly(ns: Namespace) -> None:
 
 
 def _open_ns(config: TargetConfig, nqn: str, n: NamespaceConfig) -> Namespace:
+    where = _ns_where(config, nqn, n.nsid) + (".device.path" if n.backend == "file" else "")
     try:
         return Namespace(n, open_backend(n))
     except BackendError as exc:
-        where = _ns_where(config, nqn, n.nsid) + (".device.path" if n.backend == "file" else "")
         raise ConfigError(config.source, where, exc.message, exc.fix) from None
+    except OSError as exc:  # what the backend does not name itself: ENOTDIR, ELOOP, ENAMETOOLONG, EIO...
+        raise ConfigError(config.source, where, f"{n.path}: cannot open: {exc.strerror or exc}",
+                          "give the path of a file or block device") from None
 
 
 def apply(target, new: TargetConfig, listeners: Optional[Listeners] = None,
