@@ -152,6 +152,7 @@ class QueueAuth:
         self.authenticated = False
         self.attempted = False  # the host sent at least one Negotiate
         self.settings_removed = False  # the host's key was removed from the config since the Connect
+        self.ended = False  # the transaction failed: the controller is being ended (nvmet_ctrl_fatal_error)
         self.tid = 0
         self.reason = 0
         self.failure = ""  # why the last attempt failed, for the log
@@ -191,6 +192,8 @@ class QueueAuth:
         """A message from the host (Authentication Send)."""
         if now is not None:
             self.last_step_at = now
+        if self.ended:
+            return  # the controller is going away: no more work (and no DH) for this host
         try:
             auth_type, auth_id, tid = A.message_kind(data)
         except A.AuthError as exc:
@@ -284,6 +287,7 @@ class QueueAuth:
             return self._fail(A.FAILURE_INCORRECT_MESSAGE, f"AUTH_Failure2 in the {self.step} step")
         self.step = NEGOTIATE
         self.authenticated = False
+        self.ended = True
         self.failure = (f"the host rejected the controller's response ({msg.describe()}): wrong controller key "
                         "(the host's --dhchap-ctrl-secret differs from hosts[].dhchap.ctrl_key)")
         log.warning("%s: DH-HMAC-CHAP failed: %s", self._who(), self.failure)
@@ -300,7 +304,10 @@ class QueueAuth:
         if self.step != FAILURE1:
             self._fail(A.FAILURE_INCORRECT_MESSAGE, f"Authentication Receive in the {self.step} step")
         msg = A.Failure(self.tid, self.reason).pack()
-        self.step = NEGOTIATE  # the transaction is over; the host may start another
+        # The transaction failed: nvmet ends the controller after sending AUTH_Failure1
+        # (nvmet_execute_auth_receive -> nvmet_ctrl_fatal_error), so a host cannot retry on it.
+        self.step = FAILURE1
+        self.ended = True
         return msg
 
     def _challenge(self) -> bytes:
@@ -366,6 +373,12 @@ def _send_with_data(t, req, data) -> None:
         _refresh_settings(t, qs)
     qs.auth.send(data, t.clock())
     t.complete(req, 0)
+    _end_if_failed(t, qs)
+
+
+def _end_if_failed(t, qs) -> None:
+    if qs.auth is not None and qs.auth.ended and qs.ctrl is not None:
+        t.end_controller(qs.ctrl, f"DH-HMAC-CHAP failed on queue {qs.qid}: {qs.auth.failure}")
 
 
 def _is_negotiate(data: bytes) -> bool:
@@ -410,3 +423,4 @@ def auth_receive(t, req) -> None:
         auth._fail(A.FAILURE_INCORRECT_PAYLOAD, f"allocation length {al} is too small for a {len(msg)}-byte message")
         msg = auth.receive()
     t.complete(req, 0, data=msg)
+    _end_if_failed(t, qs)

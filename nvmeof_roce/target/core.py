@@ -137,6 +137,8 @@ class Target:
         # Queues without a successful Connect, by deadline (each dict is in deadline order): closed in tick().
         self._awaiting_connect: "OrderedDict[QueueState, float]" = OrderedDict()
         self._connect_refused: "OrderedDict[QueueState, float]" = OrderedDict()
+        # Controllers ended by a fatal error (a failed authentication), by deadline: deleted in tick().
+        self._ending: "OrderedDict[Controller, tuple]" = OrderedDict()
         self.default_in_capsule_size = in_capsule_size
         self.default_queue_size = max(MIN_QUEUE_SIZE, min(MAX_QUEUE_SIZE, queue_size))
         self.subsystems: Dict[str, Subsystem] = {}
@@ -303,6 +305,12 @@ class Target:
 
     def tick(self, now: float) -> None:
         self._close_unconnected(now)
+        while self._ending:
+            ctrl, (deadline, reason) = next(iter(self._ending.items()))
+            if deadline > now:
+                break
+            del self._ending[ctrl]
+            self._delete_controller(ctrl, reason)
         for hook in self.tick_hooks:
             hook(now)
         for ctrl in self.controllers():
@@ -405,6 +413,16 @@ class Target:
             qs.transport.close()
         except Exception:
             log.exception("queue %d: transport close failed", qs.qid)
+
+    def end_controller(self, ctrl: Controller, reason: str) -> None:
+        """A fatal error (nvmet_ctrl_fatal_error): CSTS.CFS at once, the controller and its queues deleted
+        shortly after, once the response that reported the error has left."""
+        if ctrl.dead or ctrl in self._ending:
+            return
+        ctrl.csts |= F.CSTS_CFS
+        log.warning("controller %d (%s, host %s): ending it: %s", ctrl.cntlid, ctrl.subsystem.nqn, ctrl.hostnqn,
+                    reason)
+        self._ending[ctrl] = (self.clock() + REFUSED_LINGER, reason)
 
     def _delete_controller(self, ctrl: Controller, reason: str) -> None:
         """Free the CNTLID and disconnect every queue of the controller."""

@@ -319,8 +319,9 @@ def test_success2_and_failure2_checked(raw):
     success2 = chap.success1(receive(q))
     assert send(q, success2[:-1]).status == 0  # a Success2 one byte short
     assert failure_reason(q) == A.FAILURE_INCORRECT_PAYLOAD
-    # a fresh transaction, then a Success2 with the wrong transaction ID
-    send(q, chap.negotiate())
+    # a new controller (the failure ended this one), then a Success2 with the wrong transaction ID
+    q, chap = _negotiated(raw, {"ctrl_key": CTRL_KEY})
+    chap.ctrl_secret = A.parse_secret(CTRL_KEY)
     send(q, chap.reply(receive(q)))
     chap.success1(receive(q))
     assert send(q, A.Success2(99).pack()).status == 0
@@ -378,7 +379,8 @@ def test_an_abandoned_transaction_expires(raw, caplog):
         env.target.tick(env.clock())
     assert "transaction 3 expired in the success1 step" in caplog.text
     assert failure_reason(q) == A.FAILURE_INCORRECT_MESSAGE  # the Success1 is gone with it
-    chap = HostAuthenticator(A.parse_secret(KEY), None, HOST_A, SUB, 0, tid=4)  # a new one works
+    q, _ = raw_connect(env.connector(), SUB, HOST_A)  # that ended the controller; a new one works
+    chap = HostAuthenticator(A.parse_secret(KEY), None, HOST_A, SUB, 0, tid=4)
     send(q, chap.negotiate())
     send(q, chap.reply(receive(q)))
     assert chap.success1(receive(q)) is None
@@ -470,3 +472,47 @@ def test_a_key_rotated_by_rpc(keyed):
     assert env.connect(SUB).authenticated_queues == []
     before.close()
     after.close()
+
+
+@pytest.mark.parametrize("qid", [0, 1])
+def test_a_failed_authentication_ends_the_controller(make_env, qid):
+    """As nvmet (nvmet_execute_auth_receive -> nvmet_ctrl_fatal_error): after AUTH_Failure1 the controller
+    reports CSTS.CFS and goes away with all its queues; the host cannot retry on it."""
+    env = make_env({"dhgroup": "ffdhe2048"})
+    q, cqe = raw_connect(env.connector(), SUB, HOST_A)
+    failing = q
+    if qid:
+        chap = HostAuthenticator(A.parse_secret(KEY), None, HOST_A, SUB, 0)
+        send(q, chap.negotiate())
+        send(q, chap.reply(receive(q)))
+        chap.success1(receive(q))
+        failing, cqe = raw_connect(env.connector(), SUB, HOST_A, qid=1, cntlid=cqe.result & 0xFFFF)
+    chap = HostAuthenticator(A.parse_secret(OTHER_KEY), None, HOST_A, SUB, qid)
+    send(failing, chap.negotiate())
+    send(failing, chap.reply(receive(failing)))
+    assert failure_reason(failing) == A.FAILURE_FAILED
+    assert q.command(F.PropertyGet(offset=F.PROP_CSTS)).result & F.CSTS_CFS
+    # a retry on the same queue gets no new challenge (no DH computed for it)
+    chap = HostAuthenticator(A.parse_secret(KEY), None, HOST_A, SUB, qid, tid=7)
+    assert send(failing, chap.negotiate()).status == 0
+    assert A.message_kind(receive(failing))[1] == A.ID_FAILURE1
+    env.clock.advance(1)
+    env.target.tick(env.clock())
+    env.fabric.pump()
+    assert env.target.subsystems[SUB].controllers == {}
+    assert env.target.queue_count() == 0
+    assert env.connect(SUB, dhchap_secret=KEY).authenticated_queues == [0, 1]  # a new controller is fine
+
+
+def test_a_host_rejecting_the_controller_ends_it(raw):
+    """AUTH_Failure2 from the host ends the controller too (nvmet_execute_auth_send)."""
+    env, q = raw({"ctrl_key": CTRL_KEY})
+    chap = HostAuthenticator(A.parse_secret(KEY), A.parse_secret(A.generate_secret(3, 64)), HOST_A, SUB, 0)
+    send(q, chap.negotiate())
+    send(q, chap.reply(receive(q)))
+    with pytest.raises(HostAuthError) as err:
+        chap.success1(receive(q))
+    assert send(q, err.value.failure2).status == 0
+    env.clock.advance(1)
+    env.target.tick(env.clock())
+    assert env.target.subsystems[SUB].controllers == {}
