@@ -41,7 +41,8 @@ from . import auth
 from .controller import Controller
 from .ana import AnaTable
 from . import admin, discovery, io
-from .limits import DEFAULT_IN_CAPSULE_SIZE, DEFAULT_QUEUE_SIZE, MAX_NSID, MAX_QUEUE_SIZE, MAX_QUEUES, \
+from .limits import DEFAULT_IN_CAPSULE_SIZE, DEFAULT_QUEUE_SIZE, MAX_CONTROLLERS_PER_HOST, \
+    MAX_DISCOVERY_CONTROLLERS, MAX_DISCOVERY_CONTROLLERS_PER_HOST, MAX_NSID, MAX_QUEUE_SIZE, MAX_QUEUES, \
     MAX_TRANSFER, MIN_QUEUE_SIZE
 from .request import EXECUTING, FREE, HELD, LOC_CDW10, LOC_CDW11, LOC_DPTR, LOC_FLAGS, LOC_NSID, LOC_OPCODE, \
     NO_LOCATION, READING, QueueState, Request
@@ -339,9 +340,11 @@ class Target:
         if request.qid == 0:
             if request.hsqsize + 1 > cm.ADMIN_QUEUE_DEPTH:
                 return cm.STS_INVALID_HSQSIZE
-            if len(self.controllers()) >= self.limits.max_controllers:
-                log.warning("refusing an admin queue: %d controllers exist (--max-controllers)",
-                            self.limits.max_controllers)
+            io_ctrls = sum(len(s.controllers) for s in self.subsystems.values())
+            if io_ctrls >= self.limits.max_controllers and \
+                    len(self.discovery.controllers) >= MAX_DISCOVERY_CONTROLLERS:
+                log.warning("refusing an admin queue: %d controllers and %d discovery controllers exist "
+                            "(--max-controllers)", io_ctrls, len(self.discovery.controllers))
                 return cm.STS_NO_RESOURCES
         else:
             max_qid = max([s.max_qid for s in self.subsystems.values()] or [0])
@@ -384,6 +387,24 @@ class Target:
             return False
         self._awaiting_connect.pop(qs, None)
         return True
+
+    def controller_cap(self, sub, hostnqn: str) -> str:
+        """Why host `hostnqn` may not have another controller of `sub`'s kind, or "": its own cap first, then
+        the target's (target/limits.py), so one host cannot take what the others need."""
+        if sub.is_discovery:
+            mine = sum(1 for c in self.discovery.controllers.values() if c.hostnqn == hostnqn and not c.dead)
+            if mine >= MAX_DISCOVERY_CONTROLLERS_PER_HOST:
+                return f"the host has {mine} discovery controllers, its limit"
+            if len(self.discovery.controllers) >= MAX_DISCOVERY_CONTROLLERS:
+                return f"{len(self.discovery.controllers)} discovery controllers exist, the target's limit"
+            return ""
+        all_io = [c for s in self.subsystems.values() for c in s.controllers.values() if not c.dead]
+        mine = sum(1 for c in all_io if c.hostnqn == hostnqn)
+        if mine >= MAX_CONTROLLERS_PER_HOST:
+            return f"the host has {mine} controllers, its limit"
+        if len(all_io) >= self.limits.max_controllers:
+            return f"{len(all_io)} controllers exist (--max-controllers)"
+        return ""
 
     def host_io_queues(self, hostnqn: str, exclude=None) -> int:
         """I/O queues host `hostnqn` holds over all its controllers (but `exclude`)."""
@@ -764,9 +785,9 @@ def _connect_with_data(t: Target, req: Request, data) -> None:
             return invalid(F.iattr_sqe(F.CONNECT_SQE_OFF_KATO))
         if sqsize > cm.ADMIN_QUEUE_DEPTH - 1:
             return invalid(F.iattr_sqe(F.CONNECT_SQE_OFF_SQSIZE))
-        if len(t.controllers()) >= t.limits.max_controllers:
-            log.warning("Connect from %s to %s: %d controllers exist (--max-controllers)", d.hostnqn, sub.nqn,
-                        t.limits.max_controllers)
+        refusal = t.controller_cap(sub, d.hostnqn)
+        if refusal:
+            log.warning("Connect from %s to %s: %s", d.hostnqn, sub.nqn, refusal)
             return t.complete(req, S.CONNECT_CTRL_BUSY)
         cntlid = sub.alloc_cntlid()
         if cntlid is None:

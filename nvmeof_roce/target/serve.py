@@ -232,7 +232,8 @@ def register_serve(commands) -> None:
     p.add_argument("--max-queues-per-host", type=int, default=d.max_queues_per_host, metavar="N",
                    help=f"most I/O queues of one host NQN over all its controllers (default {d.max_queues_per_host})")
     p.add_argument("--max-controllers", type=int, default=d.max_controllers, metavar="N",
-                   help=f"most controllers, discovery included (default {d.max_controllers})")
+                   help=f"most I/O controllers over all hosts, after each host's own cap (default {d.max_controllers}; "
+                        "discovery controllers have their own caps)")
     p.add_argument("--connect-timeout", type=float, default=d.connect_timeout, metavar="SECONDS",
                    help=f"close a connection without a successful NVMe Connect after this long "
                         f"(default {d.connect_timeout:g})")
