@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, List, Optional
 from ..config import ConfigError, DISCOVERY_NQN, load_userspace_config, parse_config, parse_size, raise_all, \
     validate_for_userspace
 from ..errors import NvmeofError
+from ..securefile import write_file
 from . import auth
 from . import live
 from .stats import Sampler, controller_status, namespace_status, target_status
@@ -546,12 +547,8 @@ class Control:
             if not os.path.isabs(path):
                 raise RpcError(f"path must be absolute, got {path!r}", "path",
                                "the target's working directory is not yours: give the full path")
-            tmp = f"{path}.tmp.{os.getpid()}"
             try:
-                with open(tmp, "w") as f:
-                    json.dump(data, f, indent=2)
-                    f.write("\n")
-                os.replace(tmp, path)
+                write_file(path, json.dumps(data, indent=2) + "\n")  # 0600: it may hold DH-HMAC-CHAP keys
             except OSError as exc:
                 raise RpcError(f"cannot write {path}: {exc.strerror}", "path", "pick a writable directory") from None
         return data

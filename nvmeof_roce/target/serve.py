@@ -9,6 +9,7 @@ import time
 from typing import List, Optional
 
 from ..errors import NvmeofError
+from ..securefile import write_file
 from ..config import TargetConfig, load_userspace_config
 from ..transport.resources import ResourceLimits
 from .ops import Operations, bind_control_socket
@@ -168,8 +169,7 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
               + (f", metrics {ops.metrics_url}" if ops.metrics_url else "")
               + f"; {server.limits.describe()}", flush=True)
         if ready_file:
-            with open(ready_file, "w") as f:
-                f.write("ready\n")
+            write_file(ready_file, "ready\n")
         ops.ready()
         server.serve()
     finally:
