@@ -22,6 +22,7 @@ handler bound to one port, for a transport listening on that port's address.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections import OrderedDict
 from typing import Callable, Dict, List, Optional
@@ -710,6 +711,14 @@ class Target:
             self.complete(req, 0, result=ctrl.pending_events.popleft())
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def escape_controls(text: str) -> str:
+    """`text` with each control character as \\xNN (C0, DEL, C1)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def _unless_removed(ns, steps):
     """The slices of `steps` until the namespace is removed; checked before each one, since a slice runs
     inside next()."""
@@ -749,6 +758,10 @@ def _connect_with_data(t: Target, req: Request, data) -> None:
     if recfmt != 0:
         return t.complete(req, S.CONNECT_FORMAT | S.DNR, location=LOC_CDW10)
     d = F.ConnectData.unpack(data)
+    # The NQNs are the host's words: every log line and status shows them, so a control character (a newline
+    # forging a log line, a terminal escape) is escaped here, once.  A configured NQN has none (config.py),
+    # so matching the allow-list is unchanged.
+    d.hostnqn, d.subnqn = escape_controls(d.hostnqn), escape_controls(d.subnqn)
 
     def invalid(iattr: int):
         t.complete(req, S.CONNECT_INVALID_PARAM | S.DNR, result=iattr)
