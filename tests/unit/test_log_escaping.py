@@ -18,7 +18,6 @@ def test_control_characters_of_a_host_nqn_are_escaped_in_every_log_line(env, cap
         env.fabric.pump()
     text = [r.getMessage() for r in caplog.records]
     assert any("nqn.2014-08.org.evil:host\\x0a2026" in m for m in text)
-    assert any("no\\x0dsuch" in m for m in text)
     for m in text:
         assert "\n" not in m and "\r" not in m and "\x1b" not in m, m
     ctrl = next(iter(env.target.subsystems[SUB_RAM].controllers.values()), None)
