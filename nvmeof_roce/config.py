@@ -724,9 +724,15 @@ def _parse_subsystem(ctx: _Ctx, s: Any, where: str, hosts: set, errors: Optional
     if len(model) > 40 or not all(0x20 <= ord(c) < 0x7F for c in model):
         raise ctx.err(f"{where}.attr.model", f"must be 1..40 printable ASCII characters, got {model!r}",
                       "shorten it")
-    if "version" in attrs and not re.match(r"^\d+\.\d+(\.\d+)?$", attrs["version"]):
-        raise ctx.err(f"{where}.attr.version", f"must look like 1.3 or 2.0.0, got {attrs['version']!r}",
-                      "use MAJOR.MINOR[.TERTIARY]")
+    if "version" in attrs:
+        if not re.match(r"^\d+\.\d+(\.\d+)?$", attrs["version"]):
+            raise ctx.err(f"{where}.attr.version", f"must look like 1.3 or 2.0.0, got {attrs['version']!r}",
+                          "use MAJOR.MINOR[.TERTIARY]")
+        # the VS register and Identify Controller VER: MJR 16 bits, MNR 8, TER 8 (NVMe Base 2.0 §3.1.4.2)
+        parts = [int(p) for p in attrs["version"].split(".")] + [0]
+        if not (1 <= parts[0] <= 0xFFFF and parts[1] <= 0xFF and parts[2] <= 0xFF):
+            raise ctx.err(f"{where}.attr.version", f"{attrs['version']!r} does not fit the VS register (major "
+                          "1..65535, minor and tertiary 0..255)", "use an NVMe version such as 1.3 or 2.0")
     cmin = cmax = None
     if "cntlid_min" in attrs:
         cmin = ctx.int_at(attrs["cntlid_min"], f"{where}.attr.cntlid_min", 1, CNTLID_MAX, hexrange=True)
