@@ -255,6 +255,13 @@ class Target:
             self._close_queue(qs, "target shutting down", logging.INFO)
         self.work.close()  # lets a running fdatasync finish before the files close
         for sub in self.subsystems.values():
+            for nsid, ns in list(sub.namespaces.items()):
+                if ns.jobs:
+                    # A blocking call outlived Work.close's wait: its file stays open (the process exit closes
+                    # it), never closed -- and its number reused -- under the running call.
+                    log.warning("%s namespace %d: a blocking call is still running; its file is left open",
+                                sub.nqn, nsid)
+                    del sub.namespaces[nsid]
             sub.close()
 
     # ------------------------------------------------------------------ QueueHandler
