@@ -622,7 +622,8 @@ def parse_config_collect(data: dict, source: str = "<config>"):
     cfg.hosts = [h.nqn for h in cfg.host_entries]
     # a host that failed to parse must not make every subsystem naming it fail too
     named_hosts = set(cfg.hosts) | {h.get("nqn") if isinstance(h, dict) else h
-                                    for h in (data.get("hosts") or []) if isinstance(h, (dict, str))} \
+                                    for h in (data.get("hosts") or [])
+                                    if isinstance(h, str) or isinstance(h, dict) and isinstance(h.get("nqn"), str)} \
         if isinstance(data.get("hosts") or [], list) else set()
 
     # subsystems
