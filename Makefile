@@ -18,7 +18,7 @@ help:
 	@echo "make demo   - set up everything, build the lab if needed, run the main job"
 	@echo "make test   - set up everything, run unit tests and the lab tests"
 	@echo "make test-long - the long lab scenarios (16-vCPU guest), not part of make test or CI"
-	@echo "make test-reload-fuzz - 10,000 broken configs reloaded into a running loopback target (a few minutes)"
+	@echo "make test-reload-fuzz - 10,000 broken configs reloaded into a running loopback target (about a minute)"
 	@echo "make bench-transport - Python µs per 4 KiB read through the RDMA transport (lab, fake device)"
 
 deps:

@@ -249,7 +249,7 @@ def _category(message: str) -> str:
                   "not a regular file or block device", "must be an absolute path", "cannot create",
                   "must be an object", "must be a list", "must be a string", "must be an integer",
                   "must be 0 or 1", "unknown key", "not an NQN", "non-empty string", "is not a UUID",
-                  "not defined", "is required", "is not a size", "must be one of"):
+                  "not defined", "is required", "is not a size", "must be one of", "must be a port number"):
         if words in message:
             return words
     return message[:60]

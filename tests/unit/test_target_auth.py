@@ -516,3 +516,15 @@ def test_a_host_rejecting_the_controller_ends_it(raw):
     env.clock.advance(1)
     env.target.tick(env.clock())
     assert env.target.subsystems[SUB].controllers == {}
+
+
+def test_reauthentication_after_the_key_was_removed_fails_and_ends_the_controller(keyed, tmp_path):
+    env, control = keyed
+    ctrl = env.connect(SUB, dhchap_secret=KEY)
+    _reload(env, control, tmp_path, None)
+    _io_round_trip(ctrl)  # still connected with the key it authenticated with
+    with pytest.raises(HostAuthError):
+        ctrl._authenticate(ctrl.admin)
+    env.clock.advance(1)
+    env.target.tick(env.clock())
+    assert env.target.subsystems[SUB].controllers == {}
