@@ -64,6 +64,8 @@ def _private_directory(run_dir: str) -> None:
         raise NvmeofError(f"{run_dir}: the run directory is not a directory of this user that only it may write "
                           f"to (owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})",
                           "remove it, or give another --run-dir")
+    if st.st_mode & 0o077:
+        os.chmod(run_dir, 0o700)  # what is in it (the workers' configs with their keys) is for this user only
 
 
 MAX_STATE_BYTES = 1 << 20  # 65535 ports x 128 groups would not fit; a real file is a few hundred bytes

@@ -78,6 +78,20 @@ def test_ana_state_and_pid_files_are_private_and_durable(tmp_path, fsyncs):
         env.close()
 
 
+def test_a_run_directory_others_may_read_becomes_private(tmp_path):
+    """serve --workers writes the workers' configs (with the DH-HMAC-CHAP keys) into the run directory."""
+    env = _ana_env()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    os.chmod(run_dir, 0o755)
+    publish(str(run_dir), env.target.ana, workers=1)
+    try:
+        assert stat.S_IMODE(os.stat(run_dir).st_mode) == 0o700
+    finally:
+        ana_control.unpublish(str(run_dir))
+        env.close()
+
+
 def test_a_run_directory_others_may_write_is_refused(tmp_path):
     env = _ana_env()
     run_dir = tmp_path / "run"
