@@ -323,6 +323,7 @@ def _refused_then_accepted(served, old, new):
         nvme("disconnect", "-n", ROT_A, check=False)
 
 
+@pytest.mark.long  # over a minute under emulation: `make test-auth-rotation` (6.12), not `make test`
 def test_rotate_a_host_key_by_reload_and_by_rpc_while_another_host_runs_fio_verify(tmp_path):
     """Host B runs fio verify on its controller through both rotations of host A's key (SIGHUP reload, then
     the nvmf_subsystem_set_keys RPC): A's old key is refused on reconnect, the new one accepted, A's
