@@ -12,12 +12,14 @@ LAB_TIMEOUT ?= 3000
 APT_PACKAGES := qemu-system-x86 debootstrap e2fsprogs cpio xz-utils zstd fio gcc make
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test test-unit test-lab test-long test-quick test-two-node deps venv lab clean-lab help bench-transport
+.PHONY: demo test test-unit test-lab test-long test-quick test-two-node test-reload-fuzz test-auth-rotation deps venv lab clean-lab help bench-transport
 
 help:
 	@echo "make demo   - set up everything, build the lab if needed, run the main job"
 	@echo "make test   - set up everything, run unit tests and the lab tests"
 	@echo "make test-long - the long lab scenarios (16-vCPU guest), not part of make test or CI"
+	@echo "make test-auth-rotation - rotate a host key by reload and by RPC under fio verify (6.12 lab guest)"
+	@echo "make test-reload-fuzz - 10,000 broken configs reloaded into a running loopback target (about a minute)"
 	@echo "make bench-transport - Python µs per 4 KiB read through the RDMA transport (lab, fake device)"
 
 deps:
@@ -58,6 +60,18 @@ LONG_MEMORY ?= 4G
 test-long: lab
 	$(NVMEOF) lab run --cpus $(LONG_CPUS) --memory $(LONG_MEMORY) --timeout $(LAB_TIMEOUT) -- \
 	  python3 -m pytest -p no:cacheprovider -m long tests/lab
+
+# A host's DH-HMAC-CHAP key rotated by SIGHUP and by RPC while a second kernel host runs fio verify (6.12 guest;
+# tests/lab/test_auth.py, marked long: over a minute under emulation, so not in `make test`).
+test-auth-rotation: lab
+	$(NVMEOF) lab run --kernel 6.12 --timeout $(LAB_TIMEOUT) -- python3 -m pytest -p no:cacheprovider -q -m long \
+	  tests/lab/test_auth.py -k rotate
+
+# 10,000 broken configs reloaded into a running loopback target while a host does verified I/O
+# (tests/unit/reload_fuzz.py); the unit tier runs 300 of them.  Prints the refusals by kind.
+RELOAD_FUZZ_COUNT ?= 10000
+test-reload-fuzz: venv
+	RELOAD_FUZZ_COUNT=$(RELOAD_FUZZ_COUNT) $(PYTEST) -p no:cacheprovider -s -m fuzz tests/unit/test_reload_fuzz.py
 
 # Two guests on a virtual wire (docs/two-node.md): perftest, the kernel host against both targets, a decoded
 # capture, a lossy link, an MTU mismatch.  Boots two guests per scenario (about 8 min in all on 2 cores), so it

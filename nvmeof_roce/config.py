@@ -29,6 +29,7 @@ import ipaddress
 import json
 import os
 import re
+import stat
 import uuid as uuidlib
 import hashlib
 from dataclasses import dataclass, field
@@ -492,26 +493,89 @@ def load_config_collect(path):
     return parse_config_collect(data, str(path))
 
 
+# Bounds of a config document: a config nvmetcli writes is 6 levels deep; a large one (64 subsystems of 1024
+# namespaces) is ~15 MB.  Beyond them a document is refused before it is parsed further (docs/security.md).
+MAX_CONFIG_BYTES = 32 << 20
+MAX_CONFIG_DEPTH = 32
+
+
 def _read_json(path):
+    """The JSON document of a config file, or ConfigError naming what is wrong with the file itself."""
     source = str(path)
+    fix_path = ("check the path; example configs are in targets/ "
+                "(nvmeof-roce nvmet save FILE writes the kernel's current config)")
     try:
-        with open(path, "r", encoding="utf-8") as f:
-            text = f.read()
+        # O_NONBLOCK: a FIFO or a device node in the config's place must not block a running target's reload
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise ConfigError(source, "", "no such file",
-                          "check the path; example configs are in targets/ "
-                          "(nvmeof-roce nvmet save FILE writes the kernel's current config)") from None
+        raise ConfigError(source, "", "no such file", fix_path) from None
     except PermissionError:
         raise ConfigError(source, "", "permission denied reading the file",
                           "run as a user who can read it (or as root)") from None
-    except IsADirectoryError:
-        raise ConfigError(source, "", "is a directory, not a config file", "give the path of a .json file") from None
+    except ValueError:  # a NUL byte in the path
+        raise ConfigError(source, "", "the path contains a NUL byte", "give the path of a .json file") from None
+    except OSError as exc:  # ENOTDIR, ELOOP, ENAMETOOLONG, EIO...
+        raise ConfigError(source, "", f"cannot open the file: {exc.strerror}", fix_path) from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise ConfigError(source, "", "is a directory, not a config file", "give the path of a .json file")
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(source, "", "is not a regular file (a FIFO, socket or device)",
+                              "give the path of a .json file")
+        if st.st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(source, "", f"is {st.st_size} bytes, more than the {MAX_CONFIG_BYTES} bytes a config "
+                              "may have", "check that this is the config file (a config is a few KB)")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(source, "", f"cannot read the file: {exc.strerror}", fix_path) from None
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(source, "", f"is more than the {MAX_CONFIG_BYTES} bytes a config may have",
+                          "check that this is the config file (a config is a few KB)")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(source, f"line {line} byte {exc.start}", "is not valid UTF-8 text",
+                          "save the file as UTF-8 (JSON is UTF-8)") from None
+    return parse_json_text(text, source)
+
+
+def parse_json_text(text: str, source: str):
+    """A JSON document from text, with its nesting bounded: ConfigError naming the line for anything else."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(source, f"line {exc.lineno} column {exc.colno}", f"invalid JSON: {exc.msg}",
                           "fix the JSON syntax (python3 -m json.tool FILE shows the error)") from None
+    except RecursionError:
+        raise ConfigError(source, "", f"invalid JSON: nested more than {MAX_CONFIG_DEPTH} levels deep",
+                          "a config is a few levels deep: check the file's brackets") from None
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts
+        raise ConfigError(source, "", f"invalid JSON: {exc}", "fix the value") from None
+    check_depth(data, source)
     return data
+
+
+def check_depth(data: Any, source: str, limit: int = MAX_CONFIG_DEPTH) -> None:
+    """ConfigError if `data` nests lists and objects more than `limit` levels deep (checked without
+    recursion, so that no later step recurses too deep on it)."""
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        if depth > limit:
+            raise ConfigError(source, "", f"nested more than {limit} levels deep",
+                              "a config is a few levels deep: check the file's brackets")
+        stack.extend((child, depth + 1) for child in children)
 
 
 def parse_config(data: dict, source: str = "<config>") -> TargetConfig:
@@ -558,7 +622,8 @@ def parse_config_collect(data: dict, source: str = "<config>"):
     cfg.hosts = [h.nqn for h in cfg.host_entries]
     # a host that failed to parse must not make every subsystem naming it fail too
     named_hosts = set(cfg.hosts) | {h.get("nqn") if isinstance(h, dict) else h
-                                    for h in (data.get("hosts") or []) if isinstance(h, (dict, str))} \
+                                    for h in (data.get("hosts") or [])
+                                    if isinstance(h, str) or isinstance(h, dict) and isinstance(h.get("nqn"), str)} \
         if isinstance(data.get("hosts") or [], list) else set()
 
     # subsystems
@@ -660,9 +725,15 @@ def _parse_subsystem(ctx: _Ctx, s: Any, where: str, hosts: set, errors: Optional
     if len(model) > 40 or not all(0x20 <= ord(c) < 0x7F for c in model):
         raise ctx.err(f"{where}.attr.model", f"must be 1..40 printable ASCII characters, got {model!r}",
                       "shorten it")
-    if "version" in attrs and not re.match(r"^\d+\.\d+(\.\d+)?$", attrs["version"]):
-        raise ctx.err(f"{where}.attr.version", f"must look like 1.3 or 2.0.0, got {attrs['version']!r}",
-                      "use MAJOR.MINOR[.TERTIARY]")
+    if "version" in attrs:
+        if not re.match(r"^\d+\.\d+(\.\d+)?$", attrs["version"]):
+            raise ctx.err(f"{where}.attr.version", f"must look like 1.3 or 2.0.0, got {attrs['version']!r}",
+                          "use MAJOR.MINOR[.TERTIARY]")
+        # the VS register and Identify Controller VER: MJR 16 bits, MNR 8, TER 8 (NVMe Base 2.0 §3.1.4.2)
+        parts = [int(p) for p in attrs["version"].split(".")] + [0]
+        if not (1 <= parts[0] <= 0xFFFF and parts[1] <= 0xFF and parts[2] <= 0xFF):
+            raise ctx.err(f"{where}.attr.version", f"{attrs['version']!r} does not fit the VS register (major "
+                          "1..65535, minor and tertiary 0..255)", "use an NVMe version such as 1.3 or 2.0")
     cmin = cmax = None
     if "cntlid_min" in attrs:
         cmin = ctx.int_at(attrs["cntlid_min"], f"{where}.attr.cntlid_min", 1, CNTLID_MAX, hexrange=True)
@@ -759,6 +830,9 @@ def _parse_namespace(ctx: _Ctx, n: Any, where: str, subsys_nqn: str) -> Namespac
             raise ctx.err(f"{where}.device.path", "is required (a file or block device)",
                           'set device.path, or add "nvmeof_roce": {"backend": "ram", "size": "64M"} '
                           "for a userspace RAM namespace")
+        if "\0" in path:
+            raise ctx.err(f"{where}.device.path", f"contains a NUL byte: {path!r}",
+                          "no file name holds a NUL byte: write the path without it")
         if not path.startswith("/"):
             raise ctx.err(f"{where}.device.path", f"must be an absolute path, got {path!r}",
                           "the kernel resolves paths from /, write the full path")

@@ -290,13 +290,22 @@ FFDHE_PRIMES = {
 DH_GENERATOR = 2
 
 
+try:  # OpenSSL's modular exponentiation: an ffdhe8192 exchange in ~15 ms instead of ~90 ms of pure Python
+    from cryptography.hazmat.primitives.asymmetric import dh as _openssl_dh
+except ImportError:  # pragma: no cover - the pure-Python arithmetic below gives the same bytes
+    _openssl_dh = None
+
+DH_BACKEND = "openssl" if _openssl_dh is not None else "python"
+
+
 @dataclass
 class DhKey:
-    """One side's ephemeral DH key in an ffdhe group: x and g^x mod p."""
+    """One side's ephemeral DH key in an ffdhe group: x and g^x mod p (`_key`: the same key in OpenSSL)."""
 
     group: int
     private: int
     public: int
+    _key: object = field(default=None, repr=False, compare=False)
 
     @property
     def size(self) -> int:
@@ -316,16 +325,28 @@ class DhKey:
         y = int.from_bytes(peer, "big")
         if not 1 < y < p - 1:  # 0, 1 and p-1 would force a known session key
             raise AuthError(FAILURE_DHGROUP_UNUSABLE, "DH value outside 2 .. p-2")
+        if self._key is not None:
+            try:
+                numbers = _openssl_dh.DHPublicNumbers(y, _openssl_dh.DHParameterNumbers(p, DH_GENERATOR))
+                return self._key.exchange(numbers.public_key()).rjust(self.size, b"\0")
+            except ValueError as exc:  # OpenSSL's own public value checks
+                raise AuthError(FAILURE_DHGROUP_UNUSABLE, f"DH value refused: {exc}") from None
         return pow(y, self.private, p).to_bytes(self.size, "big")
 
 
 def dh_generate(group: int, private: Optional[int] = None) -> DhKey:
+    """A new ephemeral key in ffdhe `group` (or the one with exponent `private`, for tests)."""
     if group not in DHGROUP_BITS:
         raise ValueError(f"DH group {group} is not an ffdhe group")
     bits = DHGROUP_BITS[group]
+    p = FFDHE_PRIMES[bits]
+    if private is None and _openssl_dh is not None:
+        # OpenSSL knows the RFC 7919 groups and picks a short exponent for them, as we do below
+        key = _openssl_dh.DHParameterNumbers(p, DH_GENERATOR).parameters().generate_private_key()
+        return DhKey(group, key.private_numbers().x, key.public_key().public_numbers().y, key)
     if private is None:
         private = secrets.randbits(_EXPONENT_BITS[bits]) | (1 << (_EXPONENT_BITS[bits] - 1))
-    return DhKey(group, private, pow(DH_GENERATOR, private, FFDHE_PRIMES[bits]))
+    return DhKey(group, private, pow(DH_GENERATOR, private, p))
 
 
 # ---------------------------------------------------------------------------- responses

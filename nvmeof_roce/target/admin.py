@@ -15,7 +15,7 @@ from ..nvme import identify as I
 from ..nvme import log as L
 from ..nvme import status as S
 from ..config import ANA_GRPID_MAX
-from ..nvme.command import (ADMIN_ASYNC_EVENT, ADMIN_GET_FEATURES, ADMIN_GET_LOG_PAGE, ADMIN_IDENTIFY,
+from ..nvme.command import (ADMIN_ABORT, ADMIN_ASYNC_EVENT, ADMIN_GET_FEATURES, ADMIN_GET_LOG_PAGE, ADMIN_IDENTIFY,
                             ADMIN_KEEP_ALIVE, ADMIN_SET_FEATURES, NSID_ALL, NVM_DSM, NVM_FLUSH, NVM_READ,
                             NVM_WRITE, NVM_WRITE_ZEROES)
 from ..nvme.log import (EFFECT_CSUPP, EFFECT_LBCC, ERROR_ENTRY_SIZE, ChangedNsList, CommandEffectsLog,
@@ -38,7 +38,7 @@ FIRMWARE_REVISION = __version__[:8]
 CMIC = I.CMIC_MULTI_PORT | I.CMIC_MULTI_CTRL | I.CMIC_ANA
 
 EFFECTS = CommandEffectsLog(
-    admin={op: EFFECT_CSUPP for op in (ADMIN_GET_LOG_PAGE, ADMIN_IDENTIFY, ADMIN_SET_FEATURES,
+    admin={op: EFFECT_CSUPP for op in (ADMIN_ABORT, ADMIN_GET_LOG_PAGE, ADMIN_IDENTIFY, ADMIN_SET_FEATURES,
                                        ADMIN_GET_FEATURES, ADMIN_ASYNC_EVENT, ADMIN_KEEP_ALIVE)},
     io={NVM_FLUSH: EFFECT_CSUPP, NVM_READ: EFFECT_CSUPP, NVM_WRITE: EFFECT_CSUPP | EFFECT_LBCC,
         NVM_WRITE_ZEROES: EFFECT_CSUPP | EFFECT_LBCC, NVM_DSM: EFFECT_CSUPP | EFFECT_LBCC},
@@ -306,7 +306,17 @@ def keep_alive(t: Target, req: Request) -> None:
     t.complete(req, 0)
 
 
+def abort(t: Target, req: Request) -> None:
+    """Abort: answered as nvmet_execute_abort does, success with DW0 bit 0 set, "command not aborted".  A
+    command here is either answered soon or is an AER (which the host frees itself at reset); the Linux host
+    sends Abort after an I/O timeout and then resets the controller whatever the answer."""
+    if req.sgl_len:
+        return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
+    t.complete(req, 0, result=1)
+
+
 COMMANDS = {
+    ADMIN_ABORT: abort,
     ADMIN_IDENTIFY: _identify,
     ADMIN_GET_LOG_PAGE: _get_log_page,
     ADMIN_SET_FEATURES: _set_features,

@@ -18,11 +18,13 @@ import json
 import logging
 import os
 import signal
+import stat
 import time
 from typing import Dict
 
 from ..config import ANA_STATES
 from ..errors import NvmeofError
+from ..securefile import write_file
 from .ana import AnaTable, apply_states
 
 log = logging.getLogger(__name__)
@@ -39,13 +41,6 @@ def default_run_dir() -> str:
     return os.path.join(os.environ.get("XDG_RUNTIME_DIR") or "/tmp", f"nvmeof-roce-{os.getuid()}")
 
 
-def _write_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 @contextlib.contextmanager
 def _locked(run_dir: str):
     with open(os.path.join(run_dir, LOCK_FILE), "a") as f:
@@ -56,19 +51,61 @@ def _locked(run_dir: str):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def read_state(run_dir: str) -> dict:
-    path = os.path.join(run_dir, STATE_FILE)
+def _private_directory(run_dir: str) -> None:
+    """Create the run directory 0700, or accept an existing one only if it is ours and no one else may write
+    to it: without root it is under /tmp, where another local user could have made it first."""
     try:
-        with open(path) as f:
-            return json.load(f)
+        os.makedirs(run_dir, mode=0o700, exist_ok=True)
+        st = os.lstat(run_dir)
+    except OSError as exc:
+        raise NvmeofError(f"{run_dir}: cannot create the run directory: {exc.strerror}",
+                          "give a --run-dir this user can create") from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise NvmeofError(f"{run_dir}: the run directory is not a directory of this user that only it may write "
+                          f"to (owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})",
+                          "remove it, or give another --run-dir")
+    if st.st_mode & 0o077:
+        os.chmod(run_dir, 0o700)  # what is in it (the workers' configs with their keys) is for this user only
+
+
+MAX_STATE_BYTES = 1 << 20  # 65535 ports x 128 groups would not fit; a real file is a few hundred bytes
+
+
+def read_state(run_dir: str) -> dict:
+    """The state file, checked: NvmeofError naming the problem for a file that is missing, not JSON, or not
+    the shape `publish` writes (the run directory may be under /tmp, and a file can be cut short)."""
+    path = os.path.join(run_dir, STATE_FILE)
+    bad = "remove it and restart the target (it writes a new one), or set the states again with target ana-state"
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_STATE_BYTES + 1)
     except FileNotFoundError:
         raise NvmeofError(f"{path}: no ANA state file: no target serving with run directory {run_dir}",
                           "start 'nvmeof-roce target serve CONFIG' (with the same --run-dir), or pass the "
                           "--run-dir the target uses") from None
+    except OSError as exc:
+        raise NvmeofError(f"{path}: cannot read the ANA state file: {exc.strerror}", bad) from None
+    if len(raw) > MAX_STATE_BYTES:
+        raise NvmeofError(f"{path}: the ANA state file is larger than {MAX_STATE_BYTES} bytes", bad)
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise NvmeofError(f"{path}: the ANA state file is not valid JSON: {exc}", bad) from None
+    try:
+        _states_of(data)
+        int(data.get("generation", 0))
+        int(data.get("workers", 1))
+    except (AttributeError, TypeError, ValueError):
+        raise NvmeofError(f"{path}: the ANA state file is not what the target writes ({{\"generation\": G, "
+                          f"\"workers\": N, \"ports\": {{PORTID: {{GRPID: STATE}}}}}})", bad) from None
+    return data
 
 
 def _states_of(data: dict) -> Dict[int, Dict[int, str]]:
-    return {int(p): {int(g): s for g, s in groups.items()} for p, groups in data.get("ports", {}).items()}
+    ports = data.get("ports", {})
+    if not isinstance(ports, dict) or not all(isinstance(g, dict) for g in ports.values()):
+        raise TypeError("ports must map port IDs to {group ID: state}")
+    return {int(p): {int(g): str(s) for g, s in groups.items()} for p, groups in ports.items()}
 
 
 def _pid_alive(pid: int) -> bool:
@@ -83,7 +120,7 @@ def _pid_alive(pid: int) -> bool:
 
 def publish(run_dir: str, table: AnaTable, workers: int) -> None:
     """The serving process (or supervisor) at start: pid file and the configured states, generation 0."""
-    os.makedirs(run_dir, exist_ok=True)
+    _private_directory(run_dir)
     pid_path = os.path.join(run_dir, PID_FILE)
     try:
         with open(pid_path) as f:
@@ -98,9 +135,9 @@ def publish(run_dir: str, table: AnaTable, workers: int) -> None:
             if name.startswith("ana-applied."):
                 os.unlink(os.path.join(run_dir, name))
         ports = {str(p): {str(g): s for g, s in groups.items()} for p, groups in table.states().items()}
-        _write_atomic(os.path.join(run_dir, STATE_FILE),
+        write_file(os.path.join(run_dir, STATE_FILE),
                       json.dumps({"generation": 0, "workers": workers, "ports": ports}, indent=1) + "\n")
-        _write_atomic(pid_path, f"{os.getpid()}\n")
+        write_file(pid_path, f"{os.getpid()}\n")
 
 
 def unpublish(run_dir: str) -> None:
@@ -134,7 +171,11 @@ class AnaControl:
             return
         for problem in apply_states(self.target, _states_of(data)):
             log.error("ANA: %s", problem)
-        _write_atomic(os.path.join(self.run_dir, f"ana-applied.{self.worker}"), f"{data.get('generation', 0)}\n")
+        try:
+            write_file(os.path.join(self.run_dir, f"ana-applied.{self.worker}"),
+                       f"{int(data.get('generation', 0))}\n")
+        except OSError as exc:  # the states are applied; only `target ana-state` waits for this file
+            log.error("ANA: cannot write %s/ana-applied.%d: %s", self.run_dir, self.worker, exc.strerror)
 
     def close(self) -> None:
         signal.signal(signal.SIGUSR2, self._previous)
@@ -157,7 +198,7 @@ def change_state(run_dir: str, portid: int, grpid: int, state: str,
                               f"use one of its groups: {', '.join(sorted(ports[str(portid)], key=int))}")
         ports[str(portid)][str(grpid)] = state
         data["generation"] = generation = int(data.get("generation", 0)) + 1
-        _write_atomic(os.path.join(run_dir, STATE_FILE), json.dumps(data, indent=1) + "\n")
+        write_file(os.path.join(run_dir, STATE_FILE), json.dumps(data, indent=1) + "\n")
     pid = _target_pid(run_dir)
     try:
         os.kill(pid, signal.SIGUSR2)

@@ -102,6 +102,16 @@ def host_settings(config: TargetConfig) -> Dict[str, HostAuth]:
     return out
 
 
+def settings_for(target, sub, hostnqn: str) -> Optional[HostAuth]:
+    """The DH-HMAC-CHAP settings host `hostnqn` must use on `sub` now, or None (nvmet_setup_auth): only a
+    host listed in allowed_hosts authenticates, never on the discovery subsystem or with allow_any_host.
+    Read at each admin Connect and each re-authentication of an admin queue, so a key added, rotated or
+    removed by a reload or an RPC applies from the next one; controllers keep the key they started with."""
+    if sub.is_discovery or sub.allow_any_host or hostnqn not in sub.allowed_hosts:
+        return None
+    return target.host_auth.get(hostnqn)
+
+
 _seqnum_lock = threading.Lock()
 _seqnum = 0
 
@@ -141,6 +151,8 @@ class QueueAuth:
         self.step = NEGOTIATE
         self.authenticated = False
         self.attempted = False  # the host sent at least one Negotiate
+        self.settings_removed = False  # the host's key was removed from the config since the Connect
+        self.ended = False  # the transaction failed: the controller is being ended (nvmet_ctrl_fatal_error)
         self.tid = 0
         self.reason = 0
         self.failure = ""  # why the last attempt failed, for the log
@@ -180,6 +192,8 @@ class QueueAuth:
         """A message from the host (Authentication Send)."""
         if now is not None:
             self.last_step_at = now
+        if self.ended:
+            return  # the controller is going away: no more work (and no DH) for this host
         try:
             auth_type, auth_id, tid = A.message_kind(data)
         except A.AuthError as exc:
@@ -217,6 +231,9 @@ class QueueAuth:
             msg = A.Negotiate.unpack(data)
         except A.AuthError as exc:
             return self._fail(exc.reason, exc.message)
+        if self.settings_removed:
+            return self._fail(A.FAILURE_FAILED, "the host's DH-HMAC-CHAP key was removed from the config "
+                                                "(hosts[].dhchap.key); it must connect again")
         offered = [h for h in msg.hash_ids if h in A.HASHES]
         if self.settings.hash_id in msg.hash_ids:
             self.hash_id = self.settings.hash_id
@@ -270,6 +287,7 @@ class QueueAuth:
             return self._fail(A.FAILURE_INCORRECT_MESSAGE, f"AUTH_Failure2 in the {self.step} step")
         self.step = NEGOTIATE
         self.authenticated = False
+        self.ended = True
         self.failure = (f"the host rejected the controller's response ({msg.describe()}): wrong controller key "
                         "(the host's --dhchap-ctrl-secret differs from hosts[].dhchap.ctrl_key)")
         log.warning("%s: DH-HMAC-CHAP failed: %s", self._who(), self.failure)
@@ -286,7 +304,10 @@ class QueueAuth:
         if self.step != FAILURE1:
             self._fail(A.FAILURE_INCORRECT_MESSAGE, f"Authentication Receive in the {self.step} step")
         msg = A.Failure(self.tid, self.reason).pack()
-        self.step = NEGOTIATE  # the transaction is over; the host may start another
+        # The transaction failed: nvmet ends the controller after sending AUTH_Failure1
+        # (nvmet_execute_auth_receive -> nvmet_ctrl_fatal_error), so a host cannot retry on it.
+        self.step = FAILURE1
+        self.ended = True
         return msg
 
     def _challenge(self) -> bytes:
@@ -346,8 +367,40 @@ def auth_send(t, req) -> None:
 
 
 def _send_with_data(t, req, data) -> None:
-    req.queue.auth.send(bytes(data), t.clock())
+    qs = req.queue
+    data = bytes(data)
+    if qs.qid == 0 and _is_negotiate(data):
+        _refresh_settings(t, qs)
+    qs.auth.send(data, t.clock())
     t.complete(req, 0)
+    _end_if_failed(t, qs)
+
+
+def _end_if_failed(t, qs) -> None:
+    if qs.auth is not None and qs.auth.ended and qs.ctrl is not None:
+        t.end_controller(qs.ctrl, f"DH-HMAC-CHAP failed on queue {qs.qid}: {qs.auth.failure}")
+
+
+def _is_negotiate(data: bytes) -> bool:
+    try:
+        auth_type, auth_id, _ = A.message_kind(data)
+    except A.AuthError:
+        return False
+    return auth_type == A.TYPE_COMMON and auth_id == A.ID_NEGOTIATE
+
+
+def _refresh_settings(t, qs) -> None:
+    """A (re-)authentication on the admin queue takes the host's key as the config has it now (nvmet calls
+    nvmet_setup_auth again); the controller's I/O queues connected later use the same."""
+    ctrl = qs.ctrl
+    current = settings_for(t, ctrl.subsystem, ctrl.hostnqn)
+    if current is None:
+        qs.auth.settings_removed = True
+        return
+    qs.auth.settings_removed = False
+    if current is not ctrl.auth:
+        ctrl.auth = current
+        qs.auth.settings = current
 
 
 def auth_receive(t, req) -> None:
@@ -370,3 +423,4 @@ def auth_receive(t, req) -> None:
         auth._fail(A.FAILURE_INCORRECT_PAYLOAD, f"allocation length {al} is too small for a {len(msg)}-byte message")
         msg = auth.receive()
     t.complete(req, 0, data=msg)
+    _end_if_failed(t, qs)

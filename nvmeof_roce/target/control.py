@@ -15,6 +15,7 @@ import errno
 import json
 import logging
 import os
+import re
 import socket
 import stat
 from typing import Any, Callable, Dict, List, Optional
@@ -22,6 +23,7 @@ from typing import Any, Callable, Dict, List, Optional
 from ..config import ConfigError, DISCOVERY_NQN, load_userspace_config, parse_config, parse_size, raise_all, \
     validate_for_userspace
 from ..errors import NvmeofError
+from ..securefile import write_file
 from . import auth
 from . import live
 from .stats import Sampler, controller_status, namespace_status, target_status
@@ -29,7 +31,9 @@ from .stats import Sampler, controller_status, namespace_status, target_status
 log = logging.getLogger(__name__)
 
 DEFAULT_SOCKET_DIR = "/run/nvmeof-roce"
-MAX_REQUEST_BYTES = 1 << 20
+MAX_REQUEST_BYTES = 1 << 20  # one request (docs/security.md)
+MAX_REQUEST_DEPTH = 32  # nesting of one request: a config edit is a few levels deep
+MAX_PENDING_REPLY_BYTES = 16 << 20  # replies waiting for a client that does not read: then it is dropped
 
 # JSON-RPC 2.0 error codes (SPDK uses the same ones for bad parameters)
 PARSE_ERROR = -32700
@@ -399,6 +403,42 @@ class Control:
         self._edit(edit, lambda where: "host" if "hosts" in where else where)
         return True
 
+    def rpc_nvmf_subsystem_set_keys(self, params) -> bool:
+        """Set (rotate) or clear a host's DH-HMAC-CHAP keys, SPDK's method with the secrets themselves
+        (DHHC-1:NN:...:, `nvmeof-roce gen-dhchap-key`) instead of keyring names.  The key belongs to the host
+        (hosts[].dhchap, as nvmet's hosts/NQN/dhchap_key), so it applies on every subsystem the host may use.
+        New connections and re-authentications use it; connected controllers keep theirs until they
+        reconnect.  Without dhchap_key the keys are cleared."""
+        p = _Params("nvmf_subsystem_set_keys", params, ("nqn", "host", "dhchap_key", "dhchap_ctrlr_key"))
+        nqn, host = p.str("nqn"), p.str("host")
+        key = p.str("dhchap_key", required=False)
+        ctrl_key = p.str("dhchap_ctrlr_key", required=False)
+        if ctrl_key and not key:
+            raise RpcError("dhchap_ctrlr_key without dhchap_key", "dhchap_ctrlr_key",
+                           "give the host key (dhchap_key) too: bidirectional authentication needs both")
+        sub = self._sub(nqn)
+        if host not in sub.allowed_hosts:
+            raise RpcError(f"host {host} is not on the allow-list of {nqn}", "host",
+                           f"nvmf_subsystem_add_host with nqn {nqn} and host {host} first")
+
+        def edit(d):
+            entry = next(h for h in d["hosts"] if h["nqn"] == host)
+            group = dict(entry.get("dhchap") or {})
+            group.pop("key", None)
+            group.pop("ctrl_key", None)
+            if key:
+                group["key"] = key
+            if ctrl_key:
+                group["ctrl_key"] = ctrl_key
+            if key:
+                entry["dhchap"] = group
+            else:
+                entry.pop("dhchap", None)
+
+        self._edit(edit, lambda where: {"dhchap.key": "dhchap_key", "dhchap.ctrl_key": "dhchap_ctrlr_key"}.get(
+            where.split("]", 1)[1].lstrip(".") if where.startswith("hosts[") else where, where))
+        return True
+
     def rpc_nvmf_subsystem_remove_host(self, params) -> bool:
         p = _Params("nvmf_subsystem_remove_host", params, ("nqn", "host"))
         nqn, host = p.str("nqn"), p.str("host")
@@ -510,12 +550,8 @@ class Control:
             if not os.path.isabs(path):
                 raise RpcError(f"path must be absolute, got {path!r}", "path",
                                "the target's working directory is not yours: give the full path")
-            tmp = f"{path}.tmp.{os.getpid()}"
             try:
-                with open(tmp, "w") as f:
-                    json.dump(data, f, indent=2)
-                    f.write("\n")
-                os.replace(tmp, path)
+                write_file(path, json.dumps(data, indent=2) + "\n")  # 0600: it may hold DH-HMAC-CHAP keys
             except OSError as exc:
                 raise RpcError(f"cannot write {path}: {exc.strerror}", "path", "pick a writable directory") from None
         return data
@@ -612,12 +648,91 @@ def _namespace_info(cfg, ns) -> dict:
 
 # ----------------------------------------------------------------------------------------- the socket
 
+class _Framer:
+    """Cuts a byte stream into complete JSON values (objects or batches), as they arrive in any pieces: a
+    value split inside a token or a UTF-8 sequence waits for its rest.  The bytes are scanned once, counting
+    brackets outside strings, so depth and size are known before anything is parsed."""
+
+    _OUTSIDE = re.compile(rb'[{}\[\]"]')
+    _INSIDE = re.compile(rb'["\\]')
+
+    def __init__(self):
+        self.buf = bytearray()
+        self.pos = 0  # scanned up to here
+        self.depth = 0
+        self.in_string = False
+
+    def feed(self, data: bytes) -> List[tuple]:
+        """("value", bytes) for each complete value, ("error", why, fatal) for a stream that cannot go on
+        as it is: a value that is not an object or array (the buffer is dropped), or one nested deeper than
+        MAX_REQUEST_DEPTH or larger than MAX_REQUEST_BYTES (fatal: the connection cannot be resynchronised)."""
+        self.buf += data
+        out: List[tuple] = []
+        while True:
+            if self.pos == 0 and self.depth == 0:
+                stripped = len(self.buf) - len(self.buf.lstrip())
+                del self.buf[:stripped]
+                if not self.buf:
+                    return out
+                if self.buf[0] not in b"{[":
+                    self.buf.clear()
+                    out.append(("error", "a request is a JSON object (or a batch: an array of them)", False))
+                    return out
+            end = self._scan()
+            if end is None:
+                if len(self.buf) > MAX_REQUEST_BYTES:
+                    out.append(("error", f"request larger than {MAX_REQUEST_BYTES} bytes", True))
+                elif self.depth > MAX_REQUEST_DEPTH:
+                    out.append(("error", f"request nested more than {MAX_REQUEST_DEPTH} levels deep", True))
+                return out
+            out.append(("value", bytes(self.buf[:end])))
+            del self.buf[:end]
+            self.pos = 0
+
+    def _scan(self) -> Optional[int]:
+        """The end of the first complete value, or None (more bytes needed, or a limit passed)."""
+        buf = self.buf
+        while self.pos < len(buf):
+            if self.depth > MAX_REQUEST_DEPTH or self.pos > MAX_REQUEST_BYTES:
+                return None
+            if self.in_string:
+                m = self._INSIDE.search(buf, self.pos)
+                if m is None:
+                    self.pos = len(buf)
+                    return None
+                if buf[m.start()] == 0x5C:  # a backslash escapes the next byte
+                    if m.start() + 1 >= len(buf):
+                        self.pos = m.start()
+                        return None
+                    self.pos = m.start() + 2
+                    continue
+                self.in_string = False
+                self.pos = m.end()
+                continue
+            m = self._OUTSIDE.search(buf, self.pos)
+            if m is None:
+                self.pos = len(buf)
+                return None
+            c = buf[m.start()]
+            self.pos = m.end()
+            if c == 0x22:  # "
+                self.in_string = True
+            elif c in b"{[":
+                self.depth += 1
+            else:
+                self.depth -= 1
+                if self.depth <= 0:
+                    self.depth = 0
+                    return self.pos
+        return None
+
+
 class _Conn:
-    __slots__ = ("sock", "inbuf", "outbuf")
+    __slots__ = ("sock", "framer", "outbuf")
 
     def __init__(self, sock):
         self.sock = sock
-        self.inbuf = b""
+        self.framer = _Framer()
         self.outbuf = b""
 
 
@@ -660,42 +775,40 @@ class RpcServer:
         if not data:
             self._close(conn)
             return
-        conn.inbuf += data
-        if len(conn.inbuf) > MAX_REQUEST_BYTES:
-            self._send(conn, {"jsonrpc": "2.0", "id": None, "error": RpcError(
-                f"request larger than {MAX_REQUEST_BYTES} bytes", "", "send smaller requests",
-                INVALID_REQUEST).to_dict()})
-            conn.inbuf = b""
-            return
-        decoder = json.JSONDecoder()
-        while True:
-            try:
-                text = conn.inbuf.decode("utf-8").lstrip()
-            except UnicodeDecodeError:
-                return self._bad(conn, "request is not UTF-8")
-            if not text:
-                conn.inbuf = b""
+        for item in conn.framer.feed(data):
+            if item[0] == "error":
+                _, why, fatal = item
+                self._bad(conn, why, INVALID_REQUEST if fatal else PARSE_ERROR)
+                if fatal:
+                    log.warning("control socket: dropping a client: %s", why)
+                    self._close(conn)
                 return
             try:
-                request, end = decoder.raw_decode(text)
-            except json.JSONDecodeError as exc:
-                if exc.pos >= len(text) or exc.msg.startswith("Unterminated"):
-                    return  # incomplete: wait for the rest
-                return self._bad(conn, f"invalid JSON: {exc.msg}")
-            conn.inbuf = text[end:].encode("utf-8")
+                request = json.loads(item[1].decode("utf-8"))
+            except UnicodeDecodeError:
+                self._bad(conn, "request is not UTF-8")
+                continue
+            except ValueError as exc:
+                self._bad(conn, f"invalid JSON: {exc}")
+                continue
             response = self.control.handle(request)
             if response is not None:
                 self._send(conn, response)
+            if conn.sock.fileno() < 0:
+                return  # dropped while sending
 
-    def _bad(self, conn: _Conn, why: str) -> None:
+    def _bad(self, conn: _Conn, why: str, code: int = PARSE_ERROR) -> None:
         self._send(conn, {"jsonrpc": "2.0", "id": None,
-                          "error": RpcError(why, "", "send one JSON-RPC 2.0 object per request",
-                                            PARSE_ERROR).to_dict()})
-        conn.inbuf = b""
+                          "error": RpcError(why, "", "send one JSON-RPC 2.0 object per request", code).to_dict()})
 
     def _send(self, conn: _Conn, response: dict) -> None:
         conn.outbuf += json.dumps(response).encode("utf-8") + b"\n"
         self._write(conn)
+        if len(conn.outbuf) > MAX_PENDING_REPLY_BYTES:
+            # a client that sends requests and does not read the answers would grow this without bound
+            log.warning("control socket: dropping a client that does not read its replies (%d bytes waiting)",
+                        len(conn.outbuf))
+            self._close(conn)
 
     def _write(self, conn: _Conn) -> None:
         while conn.outbuf:

@@ -22,6 +22,7 @@ handler bound to one port, for a transport listening on that port's address.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections import OrderedDict
 from typing import Callable, Dict, List, Optional
@@ -41,7 +42,8 @@ from . import auth
 from .controller import Controller
 from .ana import AnaTable
 from . import admin, discovery, io
-from .limits import DEFAULT_IN_CAPSULE_SIZE, DEFAULT_QUEUE_SIZE, MAX_NSID, MAX_QUEUE_SIZE, MAX_QUEUES, \
+from .limits import DEFAULT_IN_CAPSULE_SIZE, DEFAULT_QUEUE_SIZE, MAX_CONTROLLERS_PER_HOST, \
+    MAX_DISCOVERY_CONTROLLERS, MAX_DISCOVERY_CONTROLLERS_PER_HOST, MAX_NSID, MAX_QUEUE_SIZE, MAX_QUEUES, \
     MAX_TRANSFER, MIN_QUEUE_SIZE
 from .request import EXECUTING, FREE, HELD, LOC_CDW10, LOC_CDW11, LOC_DPTR, LOC_FLAGS, LOC_NSID, LOC_OPCODE, \
     NO_LOCATION, READING, QueueState, Request
@@ -137,6 +139,8 @@ class Target:
         # Queues without a successful Connect, by deadline (each dict is in deadline order): closed in tick().
         self._awaiting_connect: "OrderedDict[QueueState, float]" = OrderedDict()
         self._connect_refused: "OrderedDict[QueueState, float]" = OrderedDict()
+        # Controllers ended by a fatal error (a failed authentication), by deadline: deleted in tick().
+        self._ending: "OrderedDict[Controller, tuple]" = OrderedDict()
         self.default_in_capsule_size = in_capsule_size
         self.default_queue_size = max(MIN_QUEUE_SIZE, min(MAX_QUEUE_SIZE, queue_size))
         self.subsystems: Dict[str, Subsystem] = {}
@@ -162,6 +166,10 @@ class Target:
                         sub.open_namespace(ns_cfg, file_lock)
                     except BackendError as exc:
                         raise exc.config_error(config.source, where, ns_cfg) from None
+                    except OSError as exc:  # what the backend does not name itself: ENOTDIR, ELOOP, EIO...
+                        raise ConfigError(config.source, f"{where}.device.path",
+                                          f"{ns_cfg.path}: cannot open: {exc.strerror or exc}",
+                                          "give the path of a file or block device") from None
                     except ValueError as exc:
                         raise ConfigError(config.source, f"{where}.nsid", str(exc),
                                           f"use an NSID in 1..{MAX_NSID}") from None
@@ -247,6 +255,13 @@ class Target:
             self._close_queue(qs, "target shutting down", logging.INFO)
         self.work.close()  # lets a running fdatasync finish before the files close
         for sub in self.subsystems.values():
+            for nsid, ns in list(sub.namespaces.items()):
+                if ns.jobs:
+                    # A blocking call outlived Work.close's wait: its file stays open (the process exit closes
+                    # it), never closed -- and its number reused -- under the running call.
+                    log.warning("%s namespace %d: a blocking call is still running; its file is left open",
+                                sub.nqn, nsid)
+                    del sub.namespaces[nsid]
             sub.close()
 
     # ------------------------------------------------------------------ QueueHandler
@@ -299,6 +314,12 @@ class Target:
 
     def tick(self, now: float) -> None:
         self._close_unconnected(now)
+        while self._ending:
+            ctrl, (deadline, reason) = next(iter(self._ending.items()))
+            if deadline > now:
+                break
+            del self._ending[ctrl]
+            self._delete_controller(ctrl, reason)
         for hook in self.tick_hooks:
             hook(now)
         for ctrl in self.controllers():
@@ -327,9 +348,11 @@ class Target:
         if request.qid == 0:
             if request.hsqsize + 1 > cm.ADMIN_QUEUE_DEPTH:
                 return cm.STS_INVALID_HSQSIZE
-            if len(self.controllers()) >= self.limits.max_controllers:
-                log.warning("refusing an admin queue: %d controllers exist (--max-controllers)",
-                            self.limits.max_controllers)
+            io_ctrls = sum(len(s.controllers) for s in self.subsystems.values())
+            if io_ctrls >= self.limits.max_controllers and \
+                    len(self.discovery.controllers) >= MAX_DISCOVERY_CONTROLLERS:
+                log.warning("refusing an admin queue: %d controllers and %d discovery controllers exist "
+                            "(--max-controllers)", io_ctrls, len(self.discovery.controllers))
                 return cm.STS_NO_RESOURCES
         else:
             max_qid = max([s.max_qid for s in self.subsystems.values()] or [0])
@@ -373,6 +396,24 @@ class Target:
         self._awaiting_connect.pop(qs, None)
         return True
 
+    def controller_cap(self, sub, hostnqn: str) -> str:
+        """Why host `hostnqn` may not have another controller of `sub`'s kind, or "": its own cap first, then
+        the target's (target/limits.py), so one host cannot take what the others need."""
+        if sub.is_discovery:
+            mine = sum(1 for c in self.discovery.controllers.values() if c.hostnqn == hostnqn and not c.dead)
+            if mine >= MAX_DISCOVERY_CONTROLLERS_PER_HOST:
+                return f"the host has {mine} discovery controllers, its limit"
+            if len(self.discovery.controllers) >= MAX_DISCOVERY_CONTROLLERS:
+                return f"{len(self.discovery.controllers)} discovery controllers exist, the target's limit"
+            return ""
+        all_io = [c for s in self.subsystems.values() for c in s.controllers.values() if not c.dead]
+        mine = sum(1 for c in all_io if c.hostnqn == hostnqn)
+        if mine >= MAX_CONTROLLERS_PER_HOST:
+            return f"the host has {mine} controllers, its limit"
+        if len(all_io) >= self.limits.max_controllers:
+            return f"{len(all_io)} controllers exist (--max-controllers)"
+        return ""
+
     def host_io_queues(self, hostnqn: str, exclude=None) -> int:
         """I/O queues host `hostnqn` holds over all its controllers (but `exclude`)."""
         return sum(len(c.io_queues) for c in self.controllers()
@@ -401,6 +442,16 @@ class Target:
             qs.transport.close()
         except Exception:
             log.exception("queue %d: transport close failed", qs.qid)
+
+    def end_controller(self, ctrl: Controller, reason: str) -> None:
+        """A fatal error (nvmet_ctrl_fatal_error): CSTS.CFS at once, the controller and its queues deleted
+        shortly after, once the response that reported the error has left."""
+        if ctrl.dead or ctrl in self._ending:
+            return
+        ctrl.csts |= F.CSTS_CFS
+        log.warning("controller %d (%s, host %s): ending it: %s", ctrl.cntlid, ctrl.subsystem.nqn, ctrl.hostnqn,
+                    reason)
+        self._ending[ctrl] = (self.clock() + REFUSED_LINGER, reason)
 
     def _delete_controller(self, ctrl: Controller, reason: str) -> None:
         """Free the CNTLID and disconnect every queue of the controller."""
@@ -667,6 +718,14 @@ class Target:
             self.complete(req, 0, result=ctrl.pending_events.popleft())
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def escape_controls(text: str) -> str:
+    """`text` with each control character as \\xNN (C0, DEL, C1)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def _unless_removed(ns, steps):
     """The slices of `steps` until the namespace is removed; checked before each one, since a slice runs
     inside next()."""
@@ -706,6 +765,10 @@ def _connect_with_data(t: Target, req: Request, data) -> None:
     if recfmt != 0:
         return t.complete(req, S.CONNECT_FORMAT | S.DNR, location=LOC_CDW10)
     d = F.ConnectData.unpack(data)
+    # The NQNs are the host's words: every log line and status shows them, so a control character (a newline
+    # forging a log line, a terminal escape) is escaped here, once.  A configured NQN has none (config.py),
+    # so matching the allow-list is unchanged.
+    d.hostnqn, d.subnqn = escape_controls(d.hostnqn), escape_controls(d.subnqn)
 
     def invalid(iattr: int):
         t.complete(req, S.CONNECT_INVALID_PARAM | S.DNR, result=iattr)
@@ -742,9 +805,9 @@ def _connect_with_data(t: Target, req: Request, data) -> None:
             return invalid(F.iattr_sqe(F.CONNECT_SQE_OFF_KATO))
         if sqsize > cm.ADMIN_QUEUE_DEPTH - 1:
             return invalid(F.iattr_sqe(F.CONNECT_SQE_OFF_SQSIZE))
-        if len(t.controllers()) >= t.limits.max_controllers:
-            log.warning("Connect from %s to %s: %d controllers exist (--max-controllers)", d.hostnqn, sub.nqn,
-                        t.limits.max_controllers)
+        refusal = t.controller_cap(sub, d.hostnqn)
+        if refusal:
+            log.warning("Connect from %s to %s: %s", d.hostnqn, sub.nqn, refusal)
             return t.complete(req, S.CONNECT_CTRL_BUSY)
         cntlid = sub.alloc_cntlid()
         if cntlid is None:
@@ -759,7 +822,7 @@ def _connect_with_data(t: Target, req: Request, data) -> None:
         ctrl.max_io_qid = min(ctrl.max_io_qid, t.limits.max_queues_per_ctrl)
         sub.controllers[cntlid] = ctrl
         ctrl.admin_queue = qs
-        ctrl.auth = _host_auth(t, sub, d.hostnqn)
+        ctrl.auth = auth.settings_for(t, sub, d.hostnqn)
         _install_queue(qs, ctrl, sqsize, cattr)
         log.info("controller %d created for %s, host %s (KATO %d ms)%s", cntlid, sub.nqn, d.hostnqn, ctrl.kato_ms,
                  " with DH-HMAC-CHAP" if ctrl.auth else "")
@@ -795,14 +858,6 @@ def _connect_with_data(t: Target, req: Request, data) -> None:
     _install_queue(qs, ctrl, sqsize, cattr)
     log.debug("controller %d: I/O queue %d connected (SQSIZE %d)", ctrl.cntlid, qid, sqsize)
     t.complete(req, 0, result=_connect_result(ctrl))
-
-
-def _host_auth(t: Target, sub, hostnqn: str):
-    """The host's DH-HMAC-CHAP settings if it must authenticate to `sub` (nvmet_setup_auth: only a host
-    listed in allowed_hosts, never on the discovery subsystem or with allow_any_host)."""
-    if sub.is_discovery or sub.allow_any_host or hostnqn not in sub.allowed_hosts:
-        return None
-    return t.host_auth.get(hostnqn)
 
 
 def _connect_result(ctrl: Controller) -> int:

@@ -21,3 +21,11 @@ MAX_QUEUES = 4096  # queues per target before CM connects are refused with "no r
 # Per controller (Identify Controller AERL and ELPE are these minus one, 0's based).
 MAX_AER = 4
 ERROR_LOG_ENTRIES = 64
+
+# Controllers (docs/security.md "Limits"): per host NQN first, so that one host cannot take every controller,
+# then over the whole target.  I/O controllers' global cap is `--max-controllers` (ResourceLimits); discovery
+# controllers have their own, so discovery keeps working when the I/O controllers are all taken and the other
+# way round.  A host needs one I/O controller per subsystem and path, one discovery controller per port.
+MAX_CONTROLLERS_PER_HOST = 64  # I/O controllers one host NQN may hold
+MAX_DISCOVERY_CONTROLLERS_PER_HOST = 8  # discovery controllers one host NQN may hold
+MAX_DISCOVERY_CONTROLLERS = 64  # discovery controllers over all hosts

@@ -25,6 +25,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from ..config import ConfigError, NamespaceConfig, PortConfig, SubsystemConfig, TargetConfig
 from ..nvme import admin as A
+from . import auth
 from .backends import BackendError, open_backend
 from .core import PortContext, PortHandler
 from .discovery import discovery_entries
@@ -206,6 +207,20 @@ def plan(old: TargetConfig, new: TargetConfig) -> List[Change]:
                 changes.append(Change("link", nqn=nqn, portid=pid, text=f"port {pid}: export {nqn}"))
         if [r.to_dict() for r in o.referrals] != [r.to_dict() for r in p.referrals]:
             changes.append(Change("referrals", portid=pid, text=f"port {pid}: referrals changed"))
+    old_keys = {h.nqn: h.attrs.get("dhchap") or {} for h in old.host_entries}
+    for h in new.host_entries:
+        before, after = old_keys.get(h.nqn, {}), h.attrs.get("dhchap") or {}
+        if before == after:
+            continue
+        what = ("added" if after.get("key") and not before.get("key") else
+                "removed" if before.get("key") and not after.get("key") else "changed")
+        changes.append(Change("host-key", host=h.nqn, text=f"host {h.nqn}: DH-HMAC-CHAP settings {what}; new "
+                              "connections and re-authentications use them, connected controllers keep theirs "
+                              "until they reconnect"))
+    for nqn, before in old_keys.items():
+        if before.get("key") and nqn not in {h.nqn for h in new.host_entries}:
+            changes.append(Change("host-key", host=nqn, text=f"host {nqn}: DH-HMAC-CHAP key removed with the "
+                                  "host entry"))
     if old.hosts != new.hosts and not changes:
         changes.append(Change("hosts", text="top-level host list changed (no effect on access by itself)"))
     return changes
@@ -250,11 +265,14 @@ def _retire_quietly(ns: Namespace) -> None:
 
 
 def _open_ns(config: TargetConfig, nqn: str, n: NamespaceConfig) -> Namespace:
+    where = _ns_where(config, nqn, n.nsid) + (".device.path" if n.backend == "file" else "")
     try:
         return Namespace(n, open_backend(n))
     except BackendError as exc:
-        where = _ns_where(config, nqn, n.nsid) + (".device.path" if n.backend == "file" else "")
         raise ConfigError(config.source, where, exc.message, exc.fix) from None
+    except OSError as exc:  # what the backend does not name itself: ENOTDIR, ELOOP, ENAMETOOLONG, EIO...
+        raise ConfigError(config.source, where, f"{n.path}: cannot open: {exc.strerror or exc}",
+                          "give the path of a file or block device") from None
 
 
 def apply(target, new: TargetConfig, listeners: Optional[Listeners] = None,
@@ -263,8 +281,10 @@ def apply(target, new: TargetConfig, listeners: Optional[Listeners] = None,
     old = target.config
     if changes is None:
         changes = plan(old, new)
+    host_auth = auth.host_settings(new)  # ConfigError naming the key before anything changes
     if not changes:
         target.config = new
+        target.host_auth = host_auth
         _rebind_configs(target, new)
         return changes
     new_subs = {s.nqn: s for s in new.subsystems}
@@ -358,6 +378,7 @@ def apply(target, new: TargetConfig, listeners: Optional[Listeners] = None,
         ns_changed.setdefault(_owner(target, ns), set()).add(ns.nsid)
 
     target.config = new
+    target.host_auth = host_auth  # read at each admin Connect and re-authentication (auth.settings_for)
     _rebind_configs(target, new)
 
     # access: hosts that may no longer reach a subsystem through the port they came in on

@@ -9,6 +9,7 @@ import time
 from typing import List, Optional
 
 from ..errors import NvmeofError
+from ..securefile import write_file
 from ..config import TargetConfig, load_userspace_config
 from ..transport.resources import ResourceLimits
 from .ops import Operations, bind_control_socket
@@ -168,8 +169,7 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
               + (f", metrics {ops.metrics_url}" if ops.metrics_url else "")
               + f"; {server.limits.describe()}", flush=True)
         if ready_file:
-            with open(ready_file, "w") as f:
-                f.write("ready\n")
+            write_file(ready_file, "ready\n")
         ops.ready()
         server.serve()
     finally:
@@ -232,7 +232,8 @@ def register_serve(commands) -> None:
     p.add_argument("--max-queues-per-host", type=int, default=d.max_queues_per_host, metavar="N",
                    help=f"most I/O queues of one host NQN over all its controllers (default {d.max_queues_per_host})")
     p.add_argument("--max-controllers", type=int, default=d.max_controllers, metavar="N",
-                   help=f"most controllers, discovery included (default {d.max_controllers})")
+                   help=f"most I/O controllers over all hosts, after each host's own cap (default {d.max_controllers}; "
+                        "discovery controllers have their own caps)")
     p.add_argument("--connect-timeout", type=float, default=d.connect_timeout, metavar="SECONDS",
                    help=f"close a connection without a successful NVMe Connect after this long "
                         f"(default {d.connect_timeout:g})")

@@ -40,7 +40,7 @@ class ResourceLimits:
     queue_min_buffers: int = 1  # guaranteed to each connected queue
     max_queues_per_ctrl: int = 128  # I/O queues one controller may have (the Number of Queues grant)
     max_queues_per_host: int = 256  # I/O queues one host NQN may have over all its controllers
-    max_controllers: int = 256  # controllers (I/O and discovery) over all subsystems
+    max_controllers: int = 256  # I/O controllers over all subsystems (per-host and discovery caps: target/limits.py)
     connect_timeout: float = 5.0  # seconds a connection may stay without a successful NVMe Connect
 
     def __post_init__(self):

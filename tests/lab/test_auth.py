@@ -11,6 +11,7 @@ Skipped on a kernel without CONFIG_NVME_AUTH (Debian's 6.1): `nvmeof-roce lab ru
 """
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -272,3 +273,106 @@ def test_our_initiator_authenticates_to_kernel_nvmet(setup, keys, served):
         from nvmeof_roce.kernel import apply as applymod
         from nvmeof_roce.kernel.nvmet import Root
         applymod.remove(Root(), parse_config(setup["config"], setup["path"]))  # exactly what this test made
+
+
+# ------------------------------------------------------------------ key rotation while hosts are connected
+
+ROT_PORT = 4421
+ROT_A = "nqn.2024-01.io.nvmeof-roce:rotate-a"
+ROT_B = "nqn.2024-01.io.nvmeof-roce:rotate-b"
+
+
+def _rotation_config(key_a: str, key_b: str) -> dict:
+    host_a, host_b = host_of("rotate-a")[0], host_of("rotate-b")[0]
+    ram = {"nsid": 1, "nvmeof_roce": {"backend": "ram", "size": "32M"}}
+    return {
+        "hosts": [{"nqn": host_a, "dhchap": {"key": key_a, "hash": "hmac(sha256)", "dhgroup": "ffdhe2048"}},
+                  {"nqn": host_b, "dhchap": {"key": key_b, "hash": "hmac(sha256)", "dhgroup": "null"}}],
+        "ports": [{"portid": 1, "addr": {"trtype": "rdma", "adrfam": "ipv4", "traddr": LAB_IP,
+                                         "trsvcid": str(ROT_PORT)}, "subsystems": [ROT_A, ROT_B]}],
+        "subsystems": [{"nqn": ROT_A, "attr": {"allow_any_host": "0"}, "allowed_hosts": [host_a],
+                        "namespaces": [ram]},
+                       {"nqn": ROT_B, "attr": {"allow_any_host": "0"}, "allowed_hosts": [host_b],
+                        "namespaces": [ram]}],
+    }
+
+
+def _connect_rot(name, sub, key, check=True):
+    hostnqn, hostid = host_of(name)
+    return nvme("connect", "-t", "rdma", "-a", LAB_IP, "-s", str(ROT_PORT), "-n", sub, "-q", hostnqn, "-I",
+                hostid, "-i", "1", "--dhchap-secret", key, check=check)
+
+
+def _wait_for(served, text, start, timeout=20):
+    deadline = time.monotonic() + timeout
+    while text not in served.output()[start:] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert text in served.output()[start:], served.output()[start:][-3000:]
+
+
+def _refused_then_accepted(served, old, new):
+    """The old key no longer connects host A; the new one does, with verified I/O."""
+    proc = _connect_rot("rotate-a", ROT_A, old, check=False)
+    assert proc.returncode != 0, "the old key must be refused"
+    assert not namespaces_of_quiet(ROT_A)
+    _connect_rot("rotate-a", ROT_A, new)
+    try:
+        (dev,) = namespaces_of(ROT_A, expect=1)
+        fio_verify(dev)
+    finally:
+        nvme("disconnect", "-n", ROT_A, check=False)
+
+
+@pytest.mark.long  # over a minute under emulation: `make test-auth-rotation` (6.12), not `make test`
+def test_rotate_a_host_key_by_reload_and_by_rpc_while_another_host_runs_fio_verify(tmp_path):
+    """Host B runs fio verify on its controller through both rotations of host A's key (SIGHUP reload, then
+    the nvmf_subsystem_set_keys RPC): A's old key is refused on reconnect, the new one accepted, A's
+    controller connected before the rotation keeps working until it disconnects (as nvmet), and B sees no
+    error and is never reconnected."""
+    k1, k2, k3, kb = gen_key(1), gen_key(1), gen_key(1), gen_key(1)
+    path = str(tmp_path / "rotate.json")
+    sock = str(tmp_path / "rotate.sock")
+    served = ServedTarget(_rotation_config(k1, kb), path, args=["--rpc-socket", sock]).start()
+    fio_b = None
+    try:
+        _connect_rot("rotate-b", ROT_B, kb)
+        (dev_b,) = namespaces_of(ROT_B, expect=1)
+        # fio verify jobs back to back on B until the rotations are done (the loop stops at its first error)
+        stop = str(tmp_path / "stop")
+        fio = (f"fio --name=hostb --filename={dev_b} --ioengine=libaio --direct=1 --rw=randwrite --bs=4k "
+               "--iodepth=4 --size=2M --verify=crc32c --verify_fatal=1 --verify_state_save=0 --output-format=terse")
+        fio_b = subprocess.Popen(["sh", "-c", f"n=0; while [ ! -e {stop} ]; do {fio} >/dev/null || exit 1; "
+                                  "n=$((n+1)); done; echo $n"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)
+        _connect_rot("rotate-a", ROT_A, k1)
+        (dev_a,) = namespaces_of(ROT_A, expect=1)
+
+        # 1. by reload: the file gets k2, SIGHUP
+        start = len(served.output())
+        with open(path, "w") as f:
+            json.dump(_rotation_config(k2, kb), f)
+        served.proc.send_signal(signal.SIGHUP)
+        _wait_for(served, "DH-HMAC-CHAP settings changed", start)
+        fio_verify(dev_a)  # connected with k1 before the rotation: unaffected until it reconnects
+        nvme("disconnect", "-n", ROT_A)
+        _refused_then_accepted(served, k1, k2)
+
+        # 2. by RPC
+        out = cli("rpc", "nvmf_subsystem_set_keys", json.dumps({"nqn": ROT_A, "host": host_of("rotate-a")[0],
+                                                                 "dhchap_key": k3}), "--socket", sock)
+        assert out.returncode == 0, out.stdout + out.stderr
+        _refused_then_accepted(served, k2, k3)
+
+        assert fio_b.poll() is None, fio_b.communicate()  # still running: no error on B so far
+        open(stop, "w").close()
+        stdout, stderr = fio_b.communicate(timeout=120)
+        assert fio_b.returncode == 0 and int(stdout) >= 2, stderr + stdout  # verified jobs, none failed
+        host_b = host_of("rotate-b")[0]
+        assert f"host {host_b}) deleted" not in served.output()  # B was never reconnected
+        save_capture("auth-rotation.txt", served.output()[-6000:])
+    finally:
+        if fio_b is not None and fio_b.poll() is None:
+            fio_b.kill()
+        nvme("disconnect", "-n", ROT_A, check=False)
+        nvme("disconnect", "-n", ROT_B, check=False)
+        assert served.stop() == 0, served.output()[-3000:]

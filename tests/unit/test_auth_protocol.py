@@ -297,3 +297,18 @@ def test_names_as_configfs_spells_them():
     assert A.dhgroup_id_by_name("ffdhe4096") == A.DHGROUP_4096
     assert A.dhgroup_id_by_name("null") == A.DHGROUP_NULL
     assert A.dhgroup_id_by_name("ffdhe1024") is None
+
+
+@pytest.mark.parametrize("group", [A.DHGROUP_2048, A.DHGROUP_8192])
+def test_openssl_and_python_dh_give_the_same_bytes(group):
+    """dh_generate uses OpenSSL (the `cryptography` package) where it is installed; its keys agree with the
+    pure-Python arithmetic used where it is not (the lab guest), in both directions."""
+    pytest.importorskip("cryptography")
+    fast = A.dh_generate(group)
+    assert fast._key is not None and A.DH_BACKEND == "openssl"
+    slow = A.dh_generate(group, private=A.dh_generate(group).private)
+    assert slow._key is None
+    p = A.FFDHE_PRIMES[A.DHGROUP_BITS[group]]
+    assert fast.public == pow(2, fast.private, p)
+    assert fast.shared_secret(slow.public_bytes()) == slow.shared_secret(fast.public_bytes())
+    assert fast.shared_secret(slow.public_bytes()) == pow(slow.public, fast.private, p).to_bytes(fast.size, "big")

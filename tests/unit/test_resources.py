@@ -4,7 +4,9 @@ import pytest
 
 from nvmeof_roce.errors import NvmeofError
 from nvmeof_roce.config import parse_config
+from nvmeof_roce.nvme import fabrics as F
 from nvmeof_roce.nvme import status as S
+from nvmeof_roce.nvme.status import NvmeStatusError
 from nvmeof_roce.target.core import Target
 from nvmeof_roce.transport.base import ConnectRejected
 from nvmeof_roce.transport.loopback import FakeClock, LoopbackFabric
@@ -178,12 +180,39 @@ def test_number_of_queues_grant_counts_the_hosts_other_controllers():
         c.close()
 
 
-def test_max_controllers_refuses_the_next_admin_queue():
+def test_max_controllers_refuses_the_next_io_controller_but_not_discovery():
     env = PooledEnv(ResourceLimits(max_controllers=2))
     ctrls = [env.connect(num_io_queues=1), env.connect(hostnqn=HOST_B, num_io_queues=1)]
-    with pytest.raises(ConnectRejected) as err:
+    with pytest.raises(NvmeStatusError) as err:
         env.connect(num_io_queues=1)
-    assert err.value.status == 6  # CM reject: no resources
+    assert err.value.status == S.CONNECT_CTRL_BUSY  # no DNR: the host tries again later
+    disc = env.connect(subnqn=F.DISCOVERY_NQN)  # discovery controllers have their own cap
+    disc.close()
     ctrls.pop().close()
     env.fabric.pump()
     env.connect(num_io_queues=1).close()
+
+
+def test_one_host_cannot_take_every_controller(monkeypatch):
+    """Per-host caps come before the target's (target/limits.py): a host at its cap is refused, another host
+    still connects, for I/O and discovery controllers alike; with every kind full the CM refuses."""
+    from nvmeof_roce.target import core
+    monkeypatch.setattr(core, "MAX_CONTROLLERS_PER_HOST", 2)
+    monkeypatch.setattr(core, "MAX_DISCOVERY_CONTROLLERS_PER_HOST", 1)
+    monkeypatch.setattr(core, "MAX_DISCOVERY_CONTROLLERS", 2)
+    env = PooledEnv(ResourceLimits(max_controllers=4))
+    mine = [env.connect(num_io_queues=1), env.connect(num_io_queues=1)]
+    with pytest.raises(NvmeStatusError) as err:
+        env.connect(num_io_queues=1)
+    assert err.value.status == S.CONNECT_CTRL_BUSY
+    other = env.connect(hostnqn=HOST_B, num_io_queues=1)
+    mine.append(env.connect(subnqn=F.DISCOVERY_NQN))
+    with pytest.raises(NvmeStatusError):
+        env.connect(subnqn=F.DISCOVERY_NQN)
+    theirs = env.connect(hostnqn=HOST_B, subnqn=F.DISCOVERY_NQN)
+    more = env.connect(hostnqn=HOST_B, num_io_queues=1)  # 4 I/O controllers: the target's cap
+    with pytest.raises(ConnectRejected) as rej:  # every kind is full: refused before any Connect
+        env.connect(hostnqn=HOST_B, num_io_queues=1)
+    assert rej.value.status == 6
+    for c in mine + [other, theirs, more]:
+        c.close()

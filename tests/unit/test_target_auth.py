@@ -319,8 +319,9 @@ def test_success2_and_failure2_checked(raw):
     success2 = chap.success1(receive(q))
     assert send(q, success2[:-1]).status == 0  # a Success2 one byte short
     assert failure_reason(q) == A.FAILURE_INCORRECT_PAYLOAD
-    # a fresh transaction, then a Success2 with the wrong transaction ID
-    send(q, chap.negotiate())
+    # a new controller (the failure ended this one), then a Success2 with the wrong transaction ID
+    q, chap = _negotiated(raw, {"ctrl_key": CTRL_KEY})
+    chap.ctrl_secret = A.parse_secret(CTRL_KEY)
     send(q, chap.reply(receive(q)))
     chap.success1(receive(q))
     assert send(q, A.Success2(99).pack()).status == 0
@@ -378,7 +379,152 @@ def test_an_abandoned_transaction_expires(raw, caplog):
         env.target.tick(env.clock())
     assert "transaction 3 expired in the success1 step" in caplog.text
     assert failure_reason(q) == A.FAILURE_INCORRECT_MESSAGE  # the Success1 is gone with it
-    chap = HostAuthenticator(A.parse_secret(KEY), None, HOST_A, SUB, 0, tid=4)  # a new one works
+    q, _ = raw_connect(env.connector(), SUB, HOST_A)  # that ended the controller; a new one works
+    chap = HostAuthenticator(A.parse_secret(KEY), None, HOST_A, SUB, 0, tid=4)
     send(q, chap.negotiate())
     send(q, chap.reply(receive(q)))
     assert chap.success1(receive(q)) is None
+
+
+# ------------------------------------------------------------------ keys changed while the target runs
+
+def _reload(env, control, tmp_path, dhchap):
+    """Reload the running target with HOST_A's dhchap group replaced (None: no key)."""
+    data = env.target.config.to_dict()
+    if dhchap is None:
+        data["hosts"][0].pop("dhchap", None)
+    else:
+        data["hosts"][0]["dhchap"] = dict({"hash": "hmac(sha256)", "dhgroup": "null"}, **dhchap)
+    path = tmp_path / "reloaded.json"
+    path.write_text(__import__("json").dumps(data))
+    return control.call("nvmeof_reload_config", {"path": str(path)})
+
+
+@pytest.fixture
+def keyed(make_env):
+    from nvmeof_roce.target.control import Control
+    env = make_env()
+    return env, Control(env.target)
+
+
+def test_a_key_rotated_by_reload_refuses_the_old_key_and_keeps_connected_hosts(keyed, tmp_path):
+    env, control = keyed
+    before = env.connect(SUB, dhchap_secret=KEY)
+    result = _reload(env, control, tmp_path, {"key": OTHER_KEY})
+    assert [c["action"] for c in result["changes"]] == ["host-key"]
+    assert KEY not in str(result) and OTHER_KEY not in str(result)  # no key material in the answer
+    with pytest.raises(HostAuthError):
+        env.connect(SUB, dhchap_secret=KEY)
+    after = env.connect(SUB, dhchap_secret=OTHER_KEY)
+    assert after.authenticated_queues == [0, 1]
+    _io_round_trip(before)  # connected with the old key: unaffected until it reconnects (as nvmet)
+    _io_round_trip(after)
+    before.close()
+    after.close()
+
+
+def test_a_key_added_by_reload_is_required_and_one_removed_is_not(keyed, tmp_path):
+    env, control = keyed
+    _reload(env, control, tmp_path, None)
+    plain = env.connect(SUB)  # no key configured: no authentication
+    assert plain.authenticated_queues == []
+    _reload(env, control, tmp_path, {"key": OTHER_KEY})
+    with pytest.raises(HostError, match="requires DH-HMAC-CHAP"):
+        env.connect(SUB)
+    ctrl = env.connect(SUB, dhchap_secret=OTHER_KEY)
+    assert ctrl.authenticated_queues == [0, 1]
+    _io_round_trip(plain)
+    _reload(env, control, tmp_path, None)
+    again = env.connect(SUB)
+    assert again.authenticated_queues == []
+    for c in (plain, ctrl, again):
+        c.close()
+
+
+def test_reauthentication_of_a_connected_admin_queue_uses_the_new_key(keyed, tmp_path):
+    """nvmet calls nvmet_setup_auth again on a Negotiate on the admin queue: re-authentication takes the
+    key as it is now."""
+    env, control = keyed
+    ctrl = env.connect(SUB, dhchap_secret=KEY)
+    _reload(env, control, tmp_path, {"key": OTHER_KEY})
+    ctrl.dhchap_secret = A.parse_secret(OTHER_KEY)
+    ctrl._authenticate(ctrl.admin)
+    assert ctrl.authenticated_queues[-1] == 0
+    _io_round_trip(ctrl)
+    ctrl.close()
+
+
+def test_a_key_rotated_by_rpc(keyed):
+    env, control = keyed
+    before = env.connect(SUB, dhchap_secret=KEY)
+    assert control.call("nvmf_subsystem_set_keys", {"nqn": SUB, "host": HOST_A, "dhchap_key": OTHER_KEY,
+                                                    "dhchap_ctrlr_key": CTRL_KEY}) is True
+    assert env.target.config.host_entries[0].attrs["dhchap"]["key"] == OTHER_KEY
+    with pytest.raises(HostAuthError):
+        env.connect(SUB, dhchap_secret=KEY)
+    after = env.connect(SUB, dhchap_secret=OTHER_KEY, dhchap_ctrl_secret=CTRL_KEY)
+    assert after.authenticated_queues == [0, 1]
+    _io_round_trip(before)
+    err = pytest.raises(Exception, control.call, "nvmf_subsystem_set_keys",
+                        {"nqn": SUB, "host": HOST_A, "dhchap_key": "DHHC-1:01:bad:"}).value
+    assert err.field == "dhchap_key" and "base64" in err.message
+    control.call("nvmf_subsystem_set_keys", {"nqn": SUB, "host": HOST_A})  # cleared
+    assert env.connect(SUB).authenticated_queues == []
+    before.close()
+    after.close()
+
+
+@pytest.mark.parametrize("qid", [0, 1])
+def test_a_failed_authentication_ends_the_controller(make_env, qid):
+    """As nvmet (nvmet_execute_auth_receive -> nvmet_ctrl_fatal_error): after AUTH_Failure1 the controller
+    reports CSTS.CFS and goes away with all its queues; the host cannot retry on it."""
+    env = make_env({"dhgroup": "ffdhe2048"})
+    q, cqe = raw_connect(env.connector(), SUB, HOST_A)
+    failing = q
+    if qid:
+        chap = HostAuthenticator(A.parse_secret(KEY), None, HOST_A, SUB, 0)
+        send(q, chap.negotiate())
+        send(q, chap.reply(receive(q)))
+        chap.success1(receive(q))
+        failing, cqe = raw_connect(env.connector(), SUB, HOST_A, qid=1, cntlid=cqe.result & 0xFFFF)
+    chap = HostAuthenticator(A.parse_secret(OTHER_KEY), None, HOST_A, SUB, qid)
+    send(failing, chap.negotiate())
+    send(failing, chap.reply(receive(failing)))
+    assert failure_reason(failing) == A.FAILURE_FAILED
+    assert q.command(F.PropertyGet(offset=F.PROP_CSTS)).result & F.CSTS_CFS
+    # a retry on the same queue gets no new challenge (no DH computed for it)
+    chap = HostAuthenticator(A.parse_secret(KEY), None, HOST_A, SUB, qid, tid=7)
+    assert send(failing, chap.negotiate()).status == 0
+    assert A.message_kind(receive(failing))[1] == A.ID_FAILURE1
+    env.clock.advance(1)
+    env.target.tick(env.clock())
+    env.fabric.pump()
+    assert env.target.subsystems[SUB].controllers == {}
+    assert env.target.queue_count() == 0
+    assert env.connect(SUB, dhchap_secret=KEY).authenticated_queues == [0, 1]  # a new controller is fine
+
+
+def test_a_host_rejecting_the_controller_ends_it(raw):
+    """AUTH_Failure2 from the host ends the controller too (nvmet_execute_auth_send)."""
+    env, q = raw({"ctrl_key": CTRL_KEY})
+    chap = HostAuthenticator(A.parse_secret(KEY), A.parse_secret(A.generate_secret(3, 64)), HOST_A, SUB, 0)
+    send(q, chap.negotiate())
+    send(q, chap.reply(receive(q)))
+    with pytest.raises(HostAuthError) as err:
+        chap.success1(receive(q))
+    assert send(q, err.value.failure2).status == 0
+    env.clock.advance(1)
+    env.target.tick(env.clock())
+    assert env.target.subsystems[SUB].controllers == {}
+
+
+def test_reauthentication_after_the_key_was_removed_fails_and_ends_the_controller(keyed, tmp_path):
+    env, control = keyed
+    ctrl = env.connect(SUB, dhchap_secret=KEY)
+    _reload(env, control, tmp_path, None)
+    _io_round_trip(ctrl)  # still connected with the key it authenticated with
+    with pytest.raises(HostAuthError):
+        ctrl._authenticate(ctrl.admin)
+    env.clock.advance(1)
+    env.target.tick(env.clock())
+    assert env.target.subsystems[SUB].controllers == {}

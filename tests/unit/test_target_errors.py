@@ -315,7 +315,7 @@ def test_unknown_opcodes(ctrl):
     assert q.command(SQE(opc=0x7E, nsid=1)).status == S.INVALID_OPCODE | S.DNR
     assert q.command(SQE(opc=0x7F, nsid=F.FCTYPE_PROPERTY_GET)).status == S.INVALID_OPCODE | S.DNR
     a = admin(ctrl)
-    for opc in (0x00, 0x01, 0x04, 0x05, 0x08, 0x0D, 0x10, 0x80, 0xC0):
+    for opc in (0x00, 0x01, 0x04, 0x05, 0x0D, 0x10, 0x80, 0xC0):
         assert a.command(SQE(opc=opc)).status == S.INVALID_OPCODE | S.DNR, hex(opc)
     for fctype in (0x02, 0x05, 0x06, 0x08, 0x7F):
         assert a.command(SQE(opc=0x7F, nsid=fctype)).status == S.INVALID_OPCODE | S.DNR
