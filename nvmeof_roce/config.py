@@ -1053,10 +1053,7 @@ def validate_for_userspace(cfg: TargetConfig, memory: Optional[int] = None) -> L
                 ident = backing_identity(n.path)
                 if ident in paths:
                     errors.append(ConfigError(cfg.source, f"{nw}.device.path",
-                                              f"{n.path} is already the backing of {paths[ident]}"
-                                              + ("" if ident[0] == "path" else " (the same "
-                                                 + ("device" if ident[0] == "blockdev" else "file: a link or another "
-                                                    "name of it") + ")"),
+                                              f"{n.path} is already the backing of {paths[ident]}",
                                               "give each namespace its own file or device (two namespaces on one "
                                               "file would corrupt each other)"))
                 else:
