@@ -1,5 +1,6 @@
-"""A block namespace on a real device: null_blk with 100 µs completions served by our target, the kernel host
-writing and verifying it with fio at queue depth 32, `target status` showing many commands with the device."""
+"""A block namespace on a real device: null_blk (4 KiB logical blocks, 100 µs completions) served by our target,
+the kernel host writing and verifying it with fio at queue depth 32, `target status` showing many commands with
+the device and the device's block size."""
 import json
 import subprocess
 import sys
@@ -17,7 +18,7 @@ PORT = 4431
 
 
 def test_null_blk_namespace_keeps_many_commands_in_flight_and_verifies(tmp_path):
-    dev = NullBlk(name="lab-devices", size_mb=64, completion_ns=100_000)
+    dev = NullBlk(name="lab-devices", size_mb=64, completion_ns=100_000, block_size=4096)
     path = dev.create()
     sock = str(tmp_path / "ctl.sock")
     target = ServedTarget(config([{"nqn": NQN, "attr": {"allow_any_host": "1"},
@@ -37,6 +38,7 @@ def test_null_blk_namespace_keeps_many_commands_in_flight_and_verifies(tmp_path)
                                   sock], capture_output=True, text=True, timeout=30)
             if out.returncode == 0:
                 ns = json.loads(out.stdout)["subsystems"][0]["namespaces"][0]
+                assert ns["block_size"] == 4096  # the device's logical block size (BLKSSZGET), not the default 512
                 engine = ns["io"]
                 most = max(most, engine["in_flight"])
             time.sleep(0.2)
