@@ -68,9 +68,9 @@ def build_targets(args, out_dir: Path) -> List[TargetUnderTest]:
     if device.kind != "ram" and kernel_backend:
         raise NvmeofError(f"--kernel-backend and --device {device.label} both say what the kernel target's "
                           "namespace is", "drop --kernel-backend: --device makes the same device for both targets")
-    if device.kind != "ram" and (multi or "baseline" in names):
-        raise NvmeofError(f"--device {device.label} is for the kernel and userspace targets",
-                          "measure baseline or userspace-Nw on the default RAM device")
+    if device.kind != "ram" and multi:
+        raise NvmeofError(f"--device {device.label} is for the kernel, userspace and baseline targets",
+                          "measure userspace-Nw on the default RAM device")
     targets: List[TargetUnderTest] = []
     for name in names:
         if name == "kernel":
@@ -90,7 +90,7 @@ def build_targets(args, out_dir: Path) -> List[TargetUnderTest]:
                                   "is the 'before')", "git worktree add results/baseline <commit>, then "
                                   "--baseline-checkout results/baseline")
             targets.append(UserspaceTarget(args.traddr, args.baseline_port, size_mb=size_mb, work_dir=out_dir,
-                                           name="baseline", checkout=args.baseline_checkout))
+                                           name="baseline", checkout=args.baseline_checkout, device=device))
     if args.baseline_checkout and "baseline" not in names:
         raise NvmeofError("--baseline-checkout is given but 'baseline' is not in --targets",
                           "--targets kernel,userspace,baseline")

@@ -1,4 +1,4 @@
-"""A block namespace on a real device: null_blk (4 KiB logical blocks, 100 µs completions) served by our target,
+"""A block namespace on a real device: null_blk (4 KiB logical blocks, 2 ms completions, so commands pile up at the device) served by our target,
 the kernel host writing and verifying it with fio at queue depth 32, `target status` showing many commands with
 the device and the device's block size."""
 import json
@@ -18,7 +18,7 @@ PORT = 4431
 
 
 def test_null_blk_namespace_keeps_many_commands_in_flight_and_verifies(tmp_path):
-    dev = NullBlk(name="lab-devices", size_mb=64, completion_ns=100_000, block_size=4096)
+    dev = NullBlk(name="lab-devices", size_mb=64, completion_ns=2_000_000, block_size=4096)
     path = dev.create()
     sock = str(tmp_path / "ctl.sock")
     target = ServedTarget(config([{"nqn": NQN, "attr": {"allow_any_host": "1"},

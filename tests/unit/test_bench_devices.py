@@ -48,7 +48,7 @@ def test_both_targets_get_a_device_of_the_same_settings(tmp_path):
 def test_device_conflicts_are_refused(tmp_path):
     with pytest.raises(NvmeofError, match="--kernel-backend and --device"):
         build_targets(_args(tmp_path, kernel_backend="file"), tmp_path)
-    with pytest.raises(NvmeofError, match="--device null_blk:2ms is for the kernel and userspace"):
+    with pytest.raises(NvmeofError, match="--device null_blk:2ms is for the kernel, userspace and baseline"):
         build_targets(_args(tmp_path, targets="userspace,userspace-2w", workers_port=4424), tmp_path)
 
 
