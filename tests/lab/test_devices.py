@@ -1,6 +1,6 @@
-"""A block namespace on a real device: null_blk (4 KiB logical blocks, 2 ms completions, so commands pile up at the device) served by our target,
-the kernel host writing and verifying it with fio at queue depth 32, `target status` showing many commands with
-the device and the device's block size."""
+"""A block namespace on a real device: null_blk (4 KiB logical blocks, 2 ms completions, so commands pile up
+at the device) served by our target, the kernel host writing and verifying it with fio at queue depth 32,
+`target status` showing many commands with the device and the device's block size."""
 import json
 import subprocess
 import sys
