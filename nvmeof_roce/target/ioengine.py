@@ -33,7 +33,6 @@ import logging
 import mmap
 import os
 import queue
-import sys
 import threading
 from collections import deque
 from typing import Callable, Deque, Dict, List, NamedTuple, Optional, Tuple
@@ -41,10 +40,6 @@ from typing import Callable, Deque, Dict, List, NamedTuple, Optional, Tuple
 log = logging.getLogger(__name__)
 
 __all__ = ["IoEngine", "ThreadEngine", "EngineChoice", "choose_engine", "DEFAULT_QUEUE_DEPTH", "MAX_QUEUE_DEPTH"]
-
-# A device thread whose call returned waits for the GIL to post its completion; the event loop, busy in Python,
-# gives it up only every switch interval (5 ms by default: longer than a fast device's whole command).
-SWITCH_INTERVAL = 0.0005
 
 DEFAULT_QUEUE_DEPTH = 128  # commands on the device per namespace: what an NVMe SSD needs for its rated IOPS
 MAX_QUEUE_DEPTH = 1024
@@ -152,8 +147,6 @@ class ThreadEngine(IoEngine):
         self.reason = reason
         self.channel = channel  # target/work.py's Work: `attached`, post(callback) from any thread
         channel.engines.add(self)  # Work.close closes the engines before it runs their last completions
-        if sys.getswitchinterval() > SWITCH_INTERVAL:
-            sys.setswitchinterval(SWITCH_INTERVAL)
         self.in_flight = 0  # reads/writes given to the threads, not yet completed on the loop
         self.lane_in_flight = 0  # flushes and long commands not yet completed on the loop
         self.waiting: Deque[_Op] = deque()  # reads/writes that found the namespace full, in arrival order
