@@ -26,6 +26,10 @@ transport's chunk goes back to its pool once the data handler returns.  (Reading
 chunk needs the transport to keep the chunk until the device is done with it: the native engine's job.)
 
 Without a loop (a Target used directly) every call runs inline and completes before it returns.
+
+Cost: over loopback on a 2-core machine a 4 KiB read at QD32 takes ~27 us of CPU on a file namespace against
+~19 us on a RAM one (two thread hand-overs and the GIL).  The interpreter's GIL switch interval (5 ms) is kept:
+0.5 ms, to hand completions back sooner, doubled the CPU per command (47-54 us).
 """
 from __future__ import annotations
 
