@@ -28,6 +28,7 @@ import copy
 import ipaddress
 import json
 import os
+import stat
 import re
 import stat
 import uuid as uuidlib
@@ -349,7 +350,8 @@ class NamespaceConfig:
     nguid: Optional[str] = None
     eui64: Optional[str] = None
     ana_grpid: int = 1
-    buffered_io: Optional[bool] = None  # kernel nvmet: buffered_io (needed for files on tmpfs)
+    buffered_io: Optional[bool] = None  # nvmet's buffered_io; userspace: unset = O_DIRECT for block devices only
+    queue_depth: Optional[int] = None   # userspace file/block: commands on the device at once (target/ioengine.py)
     userspace: dict = field(default_factory=dict)   # the namespace's "nvmeof_roce" key
     raw: dict = field(default_factory=dict)
 
@@ -473,7 +475,8 @@ _SUBSYS_KEYS = {"nqn", "attr", "allowed_hosts", "namespaces", "passthru", USERSP
 _NS_KEYS = {"nsid", "enable", "device", "ana_grpid", "ana", "resv", "buffered_io", "p2pmem",
             "revalidate_size", USERSPACE_KEY}
 _DEVICE_KEYS = {"path", "uuid", "nguid", "eui64"}
-_NS_US_KEYS = {"backend", "size", "block_size"}
+_NS_US_KEYS = {"backend", "size", "block_size", "queue_depth"}
+NS_QUEUE_DEPTHS = (1, 1024)  # nvmeof_roce.queue_depth of a file/block namespace; default 128 (target/ioengine.py)
 _HOST_KEYS = {"nqn", "dhchap"}  # auth15: dhchap is honoured by both targets (userspace: target/auth.py)
 
 
@@ -812,6 +815,14 @@ def _parse_namespace(ctx: _Ctx, n: Any, where: str, subsys_nqn: str) -> Namespac
                           f"the 64-bit block count (NSZE) can hold",
                           f"give at most {MAX_BLOCKS * block_size >> 50}P")
 
+    queue_depth = None
+    if "queue_depth" in us:
+        qw = f"{where}.{USERSPACE_KEY}.queue_depth"
+        if backend != "file":
+            raise ctx.err(qw, f"is for file and block namespaces, not {backend!r} ones (served inline)",
+                          "remove queue_depth")
+        queue_depth = ctx.int_at(us["queue_depth"], qw, *NS_QUEUE_DEPTHS)
+
     path = dev.get("path")
     if path is not None:
         path = ctx.str_at(path, f"{where}.device.path")
@@ -864,7 +875,8 @@ def _parse_namespace(ctx: _Ctx, n: Any, where: str, subsys_nqn: str) -> Namespac
         buffered = ctx.flag_at(n["buffered_io"], f"{where}.buffered_io")
     return NamespaceConfig(nsid=nsid, enabled=enabled, backend=backend, path=path if backend == "file" else None,
                            size_bytes=size, block_size=block_size, uuid=uuid, nguid=nguid, eui64=eui64,
-                           ana_grpid=ana_grpid, buffered_io=buffered, userspace=us, raw=copy.deepcopy(n))
+                           ana_grpid=ana_grpid, buffered_io=buffered, queue_depth=queue_depth, userspace=us,
+                           raw=copy.deepcopy(n))
 
 
 def _check_addr(ctx: _Ctx, where: str, trtype: str, adrfam: str, traddr: str, trsvcid: Any, ip_required=True):
@@ -1010,6 +1022,22 @@ def _physical_memory() -> Optional[int]:
         return None
 
 
+def backing_identity(path: str) -> tuple:
+    """What makes two device.paths the same backing: the device number of a block device, the (device, inode)
+    of a file (so a hard link, a symlink or a bind-mounted path is caught), the resolved path of a file that
+    does not exist yet (the target creates it)."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        try:
+            return ("path", os.path.realpath(path))
+        except (OSError, ValueError):
+            return ("path", path)
+    if stat.S_ISBLK(st.st_mode):
+        return ("blockdev", st.st_rdev)
+    return ("inode", st.st_dev, st.st_ino)
+
+
 def validate_for_userspace(cfg: TargetConfig, memory: Optional[int] = None) -> List[ConfigError]:
     """Everything in `cfg` the userspace target (`target check` / `target serve`) does not implement, or
     cannot hold: one ConfigError per key, naming its path and the fix.  The kernel path (`nvmet apply`)
@@ -1065,7 +1093,7 @@ def validate_for_userspace(cfg: TargetConfig, memory: Optional[int] = None) -> L
             refuse(f"{where}.{USERSPACE_KEY}.{k}", f"port setting {k!r}",
                    "remove it (no port settings exist; target settings go in the top-level \"nvmeof_roce\")")
 
-    paths: Dict[str, str] = {}
+    paths: Dict[tuple, str] = {}
     ram_total = 0
     memory = _physical_memory() if memory is None else memory
     for i, s in enumerate(cfg.subsystems):
@@ -1096,14 +1124,14 @@ def validate_for_userspace(cfg: TargetConfig, memory: Optional[int] = None) -> L
             if not n.enabled:
                 continue
             if n.backend == "file" and n.path:
-                real = os.path.realpath(n.path)
-                if real in paths:
+                ident = backing_identity(n.path)
+                if ident in paths:
                     errors.append(ConfigError(cfg.source, f"{nw}.device.path",
-                                              f"{n.path} is already the backing of {paths[real]}",
+                                              f"{n.path} is already the backing of {paths[ident]}",
                                               "give each namespace its own file or device (two namespaces on one "
                                               "file would corrupt each other)"))
                 else:
-                    paths[real] = nw
+                    paths[ident] = nw
             if n.backend == "ram" and n.size_bytes:
                 ram_total += n.size_bytes
                 if memory and ram_total > memory:

@@ -13,11 +13,11 @@ from ..errors import NvmeofError
 from ..output import emit, progress, table
 from . import report
 from .perftest import DEFAULT_TESTS
-from .runner import BenchConfig, BenchRunner, available_jobs, select_jobs
+from .runner import BenchConfig, BenchRunner, available_jobs, qd_sweep_jobs, select_jobs
 from . import twonode
 from .perftest import rdma_device_for
 from .runner import machine_info
-from .targets import DEFAULT_PORTS, KernelHost, KernelNvmetTarget, TargetUnderTest, UserspaceTarget
+from .targets import DEFAULT_PORTS, DeviceModel, KernelHost, KernelNvmetTarget, TargetUnderTest, UserspaceTarget
 
 LAB_TRADDR = "10.99.0.1"
 TARGET_NAMES = ("kernel", "userspace", "baseline")  # and userspace-Nw (WORKERS_TARGET)
@@ -63,11 +63,19 @@ def build_targets(args, out_dir: Path) -> List[TargetUnderTest]:
             raise NvmeofError("--userspace-cpus pins the workers of a userspace-Nw target, and --targets has none",
                               "add e.g. userspace-2w to --targets, or drop --userspace-cpus")
     size_mb = _size_mb(args.ns_size)
+    device = DeviceModel.parse(getattr(args, "device", None) or "ram")
+    kernel_backend = getattr(args, "kernel_backend", None)
+    if device.kind != "ram" and kernel_backend:
+        raise NvmeofError(f"--kernel-backend and --device {device.label} both say what the kernel target's "
+                          "namespace is", "drop --kernel-backend: --device makes the same device for both targets")
+    if device.kind != "ram" and multi:
+        raise NvmeofError(f"--device {device.label} is for the kernel, userspace and baseline targets",
+                          "measure userspace-Nw on the default RAM device")
     targets: List[TargetUnderTest] = []
     for name in names:
         if name == "kernel":
-            targets.append(KernelNvmetTarget(args.traddr, args.kernel_port, backend=args.kernel_backend,
-                                             size_mb=size_mb))
+            targets.append(KernelNvmetTarget(args.traddr, args.kernel_port, backend=kernel_backend or "null_blk",
+                                             size_mb=size_mb, device=device))
         elif WORKERS_TARGET.fullmatch(name):
             # the k-th multi-worker target: ports workers_port + 16 k onwards, one per worker
             port = getattr(args, "workers_port", DEFAULT_PORTS["workers"]) + 16 * multi.index(name)
@@ -75,14 +83,14 @@ def build_targets(args, out_dir: Path) -> List[TargetUnderTest]:
                                            workers=int(WORKERS_TARGET.fullmatch(name).group(1)), cpus=cpus))
         elif name == "userspace":
             targets.append(UserspaceTarget(args.traddr, args.userspace_port, size_mb=size_mb, work_dir=out_dir,
-                                           config_path=args.userspace_config))
+                                           config_path=args.userspace_config, device=device))
         else:
             if not args.baseline_checkout:
                 raise NvmeofError("--targets baseline needs --baseline-checkout DIR (the checkout whose target "
                                   "is the 'before')", "git worktree add results/baseline <commit>, then "
                                   "--baseline-checkout results/baseline")
             targets.append(UserspaceTarget(args.traddr, args.baseline_port, size_mb=size_mb, work_dir=out_dir,
-                                           name="baseline", checkout=args.baseline_checkout))
+                                           name="baseline", checkout=args.baseline_checkout, device=device))
     if args.baseline_checkout and "baseline" not in names:
         raise NvmeofError("--baseline-checkout is given but 'baseline' is not in --targets",
                           "--targets kernel,userspace,baseline")
@@ -157,7 +165,10 @@ def cmd_bench(args) -> int:
     if len(ratio) != 2 or not all(ratio) or ratio[0] == ratio[1]:
         raise NvmeofError(f"--ratio {args.ratio!r} is not two targets as A/B", "e.g. --ratio userspace/baseline")
     out_dir = Path(args.out) if args.out else _default_out()
-    jobs = select_jobs(args.jobs, args.jobs_dir)
+    if getattr(args, "qd_sweep", False):  # the sweep, after any --jobs named
+        jobs = (select_jobs(args.jobs, args.jobs_dir) if args.jobs else []) + qd_sweep_jobs(args.jobs_dir)
+    else:
+        jobs = select_jobs(args.jobs, args.jobs_dir)
     if args.two_node and not args.node:
         return _two_node_on_machine(args, out_dir)
     perftest_tests = tuple(t.strip() for t in args.perftest_tests.split(",") if t.strip())
@@ -262,8 +273,17 @@ def register(subparsers) -> None:
                         f"{DEFAULT_PORTS['workers']})")
     p.add_argument("--userspace-cpus", metavar="LIST",
                    help="pin a userspace-Nw target's worker i to CPU LIST[i %% len] (its serve --cpus), e.g. 2,3")
-    p.add_argument("--kernel-backend", choices=("null_blk", "file"), default="null_blk",
-                   help="kernel namespace: memory-backed null_blk (default) or a file on tmpfs (buffered_io)")
+    p.add_argument("--kernel-backend", choices=("null_blk", "file"),
+                   help="with the default --device ram: the kernel namespace on a memory-backed null_blk "
+                        "(default) or a file on tmpfs (buffered_io)")
+    p.add_argument("--device", default="ram", metavar="MODEL",
+                   help="what both targets' namespace sits on, one device each with the same settings: ram "
+                        "(default: the targets alone), null_blk:LATENCY (a null_blk whose commands complete "
+                        "after LATENCY, e.g. 20us for an NVMe SSD, 100us, 2ms for a disk), file (a file on this "
+                        "machine's disk, O_DIRECT); docs/devices.md")
+    p.add_argument("--qd-sweep", action="store_true",
+                   help="4 KiB random read at queue depths 1, 4, 16, 32 and 128 (after any --jobs), plotted "
+                        "as IOPS against queue depth (qd_sweep.png)")
     p.add_argument("--ns-size", default="512M", help="namespace size of both targets (default 512M)")
     p.add_argument("--userspace-config", type=Path, metavar="FILE",
                    help="config for the userspace target instead of the generated RAM one (address from ports[0])")

@@ -110,13 +110,19 @@ def listener_on(traddr: str, trsvcid: int) -> Optional[str]:
 
 @dataclass
 class NullBlk:
-    """A memory-backed null_blk device of our own (configfs /sys/kernel/config/nullb/<name>)."""
+    """A memory-backed null_blk device of our own (configfs /sys/kernel/config/nullb/<name>).
+
+    `completion_ns` > 0 models a slower device: every command completes that long after it was submitted
+    (null_blk's irqmode=2, a timer per command, completion_nsec), with `queue_depth` commands on it at once
+    (hw_queue_depth): 20 µs is a fast NVMe SSD, 100 µs a SATA SSD, 2 ms a disk or a network volume."""
 
     name: str
     size_mb: int
     block_size: int = 512
     configfs: Path = CONFIGFS
     path: Optional[str] = None
+    completion_ns: int = 0
+    queue_depth: int = 256
 
     @property
     def directory(self) -> Path:
@@ -134,8 +140,11 @@ class NullBlk:
         if self.directory.exists():
             self.remove()  # left over by an interrupted run of ours
         self.directory.mkdir()
+        timing = (("irqmode", "2"), ("completion_nsec", str(self.completion_ns))) if self.completion_ns else \
+            (("irqmode", "0"),)
         for attr, value in (("size", str(self.size_mb)), ("blocksize", str(self.block_size)),
-                            ("memory_backed", "1"), ("irqmode", "0"), ("power", "1")):
+                            ("memory_backed", "1"), ("hw_queue_depth", str(self.queue_depth))) + timing + \
+                (("power", "1"),):
             _write(self.directory / attr, value)
         index = (self.directory / "index").read_text().strip()
         # since Linux 6.0 a configfs device's disk takes the directory's name; before, nullb<index>
@@ -177,6 +186,38 @@ class TmpfsFile:
         p = self.directory / f"{self.name}.img"
         with open(p, "wb") as f:
             f.truncate(self.size_mb << 20)
+        self.path = str(p)
+        return self.path
+
+    def remove(self) -> None:
+        if self.path and os.path.exists(self.path):
+            os.unlink(self.path)
+
+
+@dataclass
+class DiskFile:
+    """A file on the machine's own disk (not tmpfs), written through once so every read reaches the disk:
+    both targets serve it with O_DIRECT (nvmet's default buffered_io=0; ours with "buffered_io": 0)."""
+
+    name: str
+    size_mb: int
+    directory: Path = Path("/var/tmp")
+    path: Optional[str] = None
+
+    def create(self) -> str:
+        p = self.directory / f"nvmeof-roce-{self.name}.img"
+        block = bytes(range(256)) * 4096  # 1 MiB, not zeros: a filesystem cannot skip it
+        try:
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                for _ in range(self.size_mb):
+                    os.write(fd, block)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise NvmeofError(f"cannot write the bench's {self.size_mb} MiB file {p}: {exc.strerror}",
+                              "free space there, or a smaller --ns-size") from None
         self.path = str(p)
         return self.path
 

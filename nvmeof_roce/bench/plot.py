@@ -6,6 +6,8 @@
 - perftest.png:  perftest latencies (typical, avg, p99, p99.9) per test, when perftest ran
 - cpu.png:       CPU µs per I/O per job: the userspace target's process, and the whole guest per target
 - soak.png:      the soak job: the target's RSS against commands completed, with the fitted line
+- qd_sweep.png:  `bench --qd-sweep`: 4 KiB random read IOPS against queue depth, one line per target, with
+                 the device model (`--device`) in the title; `plot_qd_sweeps` puts several runs side by side
 - scaling.png:   jobs run on a multi-worker target (userspace-Nw): IOPS of kernel, userspace and userspace-Nw
                  with the scaling figures above, and each target process's CPU % (100 = one core)
 
@@ -14,6 +16,7 @@ Bars are the medians across repeats; the whiskers span the lowest to the highest
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -333,6 +336,72 @@ def plot_scaling(result: dict, path: Path) -> Optional[Path]:
     return _save(plt, fig, path)
 
 
+_SWEEP_JOB = re.compile(r"^sweep-randread-4k-qd(\d+)$")
+
+
+def sweep_points(result: dict) -> Dict[str, List[Tuple[int, float]]]:
+    """{target: [(queue depth, median IOPS), ...]} of a run's QD sweep jobs, by depth."""
+    points: Dict[str, List[Tuple[int, float]]] = {}
+    for name, job in result.get("jobs", {}).items():
+        m = _SWEEP_JOB.match(name)
+        if not m:
+            continue
+        for t, slot in job["results"].items():
+            iops = (slot.get("median") or {}).get("iops")
+            if iops is not None:
+                points.setdefault(t, []).append((int(m.group(1)), iops))
+    return {t: sorted(p) for t, p in points.items()}
+
+
+def _sweep_axes(ax, result: dict, targets: List[str]) -> bool:
+    points = sweep_points(result)
+    if not points:
+        return False
+    for i, t in enumerate([t for t in targets if t in points]):
+        qds, iops = zip(*points[t])
+        ax.plot(qds, iops, marker="o", label=t, color=COLOURS[i % len(COLOURS)])
+        for q, v in zip(qds, iops):
+            ax.annotate(f"{v:,.0f}", (q, v), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
+    ax.set_xscale("log", base=2)
+    qds = sorted({q for p in points.values() for q, _ in p})
+    ax.set_xticks(qds)
+    ax.set_xticklabels([str(q) for q in qds])
+    ax.set_xlabel("queue depth (fio iodepth, 1 job)")
+    ax.set_ylabel("IOPS, 4 KiB random read")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(title="target")
+    return True
+
+
+def plot_qd_sweep(result: dict, path: Path) -> Optional[Path]:
+    plt = _pyplot()
+    if not sweep_points(result):
+        return None
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    _sweep_axes(ax, result, _targets(result))
+    device = result.get("params", {}).get("device", "ram")
+    ax.set_title(f"IOPS against queue depth, device {device}\n" + _subtitle(result), fontsize=10)
+    fig.tight_layout()
+    return _save(plt, fig, path)
+
+
+def plot_qd_sweeps(results: List[dict], path: Path) -> Optional[Path]:
+    """Several runs' QD sweeps (one device model each) side by side in one PNG."""
+    plt = _pyplot()
+    runs = [r for r in results if sweep_points(r)]
+    if not runs:
+        return None
+    fig, axes = plt.subplots(1, len(runs), figsize=(5.2 * len(runs), 5.0), squeeze=False)
+    for ax, r in zip(axes[0], runs):
+        _sweep_axes(ax, r, _targets(r))
+        ax.set_title(f"device {r.get('params', {}).get('device', 'ram')}", fontsize=10)
+    fig.suptitle("4 KiB random read IOPS against queue depth, kernel target vs userspace target\n"
+                 + _subtitle(runs[0]), fontsize=10)
+    fig.tight_layout()
+    return _save(plt, fig, path)
+
+
 def _save(plt, fig, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -348,5 +417,5 @@ def plot_all(result: dict, out_dir: Path) -> List[Path]:
     made = [plot_latency(result, out_dir / "latency.png"), plot_iops(result, out_dir / "iops.png"),
             plot_bandwidth(result, out_dir / "bandwidth.png"), plot_perftest(result, out_dir / "perftest.png"),
             plot_cpu(result, out_dir / "cpu.png"), plot_soak(result, out_dir / "soak.png"),
-            plot_scaling(result, out_dir / "scaling.png")]
+            plot_scaling(result, out_dir / "scaling.png"), plot_qd_sweep(result, out_dir / "qd_sweep.png")]
     return [p for p in made if p is not None]

@@ -70,6 +70,8 @@ INITIATOR_PERF_JOBS = {
 }
 
 
+QD_SWEEP_DIR = "qd-sweep"  # fio-jobs/qd-sweep/sweep-randread-4k-qdN.fio: `bench --qd-sweep`, plotted IOPS vs QD
+QD_SWEEP_DEPTHS = (1, 4, 16, 32, 128)
 SOAK_JOB = "soak"
 SOAK_FILE = Path("soak") / "soak-randread-4k-qd32.fio"
 SOAK_BLOCK = 4096
@@ -83,6 +85,11 @@ def available_jobs(jobs_dir: Optional[Path] = None) -> Dict[str, JobSpec]:
     if soak_file.is_file():  # not in the default selection: it runs for a count, not a time
         soak = FioJobFile.load(soak_file)
         jobs[SOAK_JOB] = JobSpec(name=SOAK_JOB, kind="soak", description=soak.description, fio_job=soak)
+    sweep_dir = (Path(jobs_dir) if jobs_dir else default_jobs_dir()) / QD_SWEEP_DIR
+    if sweep_dir.is_dir():  # not in the default selection: --qd-sweep names them
+        for name, f in list_job_files(sweep_dir).items():
+            jobs[name] = JobSpec(name=name, kind="fio", description=f.description, fio_job=f,
+                                 params={"sweep": True})
     for name, params in INITIATOR_PERF_JOBS.items():
         jobs[name] = JobSpec(name=name, kind="initiator-perf", params=dict(params),
                              description=f"userspace initiator perf: {params['rw']} {params['bs']} B, "
@@ -94,7 +101,7 @@ def select_jobs(names: Optional[str], jobs_dir: Optional[Path] = None) -> List[J
     """`names`: comma-separated job names, or None/'all' for every fio job."""
     jobs = available_jobs(jobs_dir)
     if not names or names.strip() == "all":
-        chosen = [j for j in jobs.values() if j.kind == "fio"]
+        chosen = [j for j in jobs.values() if j.kind == "fio" and not j.params.get("sweep")]
         if not chosen:
             raise NvmeofError("no fio job files found", "put *.fio files in fio-jobs/ or pass --jobs-dir")
         return chosen
@@ -109,6 +116,17 @@ def select_jobs(names: Optional[str], jobs_dir: Optional[Path] = None) -> List[J
     if not out:
         raise NvmeofError("--jobs selects no job", "choose from: " + ", ".join(jobs))
     return out
+
+
+def qd_sweep_jobs(jobs_dir: Optional[Path] = None) -> List[JobSpec]:
+    """`bench --qd-sweep`: 4 KiB random read at each queue depth of QD_SWEEP_DEPTHS, in that order."""
+    jobs = available_jobs(jobs_dir)
+    names = [f"sweep-randread-4k-qd{qd}" for qd in QD_SWEEP_DEPTHS]
+    missing = [n for n in names if n not in jobs]
+    if missing:
+        raise NvmeofError(f"the QD sweep's job files are missing: {', '.join(missing)}",
+                          f"run from a checkout of nvmeof-roce (fio-jobs/{QD_SWEEP_DIR}/), or pass --jobs-dir")
+    return [jobs[n] for n in names]
 
 
 # --- config and machine -----------------------------------------------------------------------------
@@ -311,6 +329,8 @@ class BenchRunner:
             date=_dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
             machine=self.machine if self.machine is not None else machine_info(cfg.traddr),
             params={"jobs": [j.name for j in self.jobs], "targets": [t.name for t in self.targets],
+                    "device": next((getattr(t, "device").label for t in self.targets
+                                    if getattr(t, "device", None) is not None), "ram"),
                     "repeats": cfg.repeats, "runtime_s": cfg.runtime, "ramp_s": cfg.ramp, "size": cfg.size,
                     "traddr": cfg.traddr, "host": self.host.name if self.host else None,
                     "soak_ios": cfg.soak_ios if any(j.kind == "soak" for j in self.jobs) else None,
@@ -514,5 +534,5 @@ def _summary(rec: dict) -> str:
     return text
 
 
-__all__ = ["BenchConfig", "BenchRunner", "JobSpec", "available_jobs", "select_jobs", "machine_info",
+__all__ = ["BenchConfig", "BenchRunner", "JobSpec", "available_jobs", "select_jobs", "qd_sweep_jobs", "machine_info",
            "initiator_perf_command", "INITIATOR_PERF_JOBS"]

@@ -25,10 +25,12 @@ import abc
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -40,6 +42,64 @@ log = logging.getLogger(__name__)
 
 NQN_PREFIX = "nqn.2014-08.org.nvmeof-roce:bench-"
 DEFAULT_PORTS = {"kernel": 4420, "userspace": 4421, "baseline": 4422, "workers": 4424}
+
+
+# --- device models: what the namespace of each target sits on --------------------------------------------
+
+_LATENCY = re.compile(r"^(\d+(?:\.\d+)?)(ns|us|µs|ms)$")
+_UNIT_NS = {"ns": 1, "us": 1000, "µs": 1000, "ms": 1000_000}
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """`bench --device`: the storage under both targets' namespace, one device of the same settings each.
+
+    - `ram` (the default): the kernel target on a memory-backed null_blk, ours on a RAM namespace: the targets
+      alone, nothing waits for a device;
+    - `null_blk:LATENCY` (e.g. 20us, 100us, 2ms): a memory-backed null_blk per target whose commands complete
+      LATENCY after submission, many at once (an SSD, a disk); ours serves it as a block namespace;
+    - `file`: a file per target on the machine's own disk, both served with O_DIRECT."""
+
+    kind: str = "ram"
+    completion_ns: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> "DeviceModel":
+        text = (text or "ram").strip()
+        if text in ("ram", "file"):
+            return cls(text)
+        kind, _, latency = text.partition(":")
+        m = _LATENCY.match(latency.strip())
+        if kind == "null_blk" and m:
+            ns = int(float(m.group(1)) * _UNIT_NS[m.group(2)])
+            if 0 < ns <= 10_000_000_000:
+                return cls("null_blk", ns)
+        raise NvmeofError(f"--device {text!r} is not a device model",
+                          "ram, file, or null_blk:LATENCY with LATENCY like 20us, 100us or 2ms")
+
+    @property
+    def label(self) -> str:
+        if self.kind != "null_blk":
+            return self.kind
+        ns = self.completion_ns
+        return f"null_blk:{ns // 1000_000}ms" if ns % 1000_000 == 0 else f"null_blk:{ns / 1000:g}us"
+
+    def describe(self, size_mb: int) -> str:
+        if self.kind == "null_blk":
+            return (f"null_blk, memory-backed, {size_mb} MiB, completions after {self.completion_ns / 1000:g} µs "
+                    f"(irqmode=2), hw_queue_depth 256")
+        return f"file on the disk (/var/tmp), O_DIRECT, {size_mb} MiB"
+
+    def make(self, name: str, size_mb: int):
+        """The device object (create() -> path, remove()) of one target."""
+        if self.kind == "null_blk":
+            return kernel_glue.NullBlk(name=name, size_mb=size_mb, completion_ns=self.completion_ns)
+        if self.kind == "file":
+            return kernel_glue.DiskFile(name=name, size_mb=size_mb)
+        raise ValueError(f"no device for model {self.kind}")
+
+
+RAM = DeviceModel()
 
 
 class TargetUnderTest(abc.ABC):
@@ -129,11 +189,13 @@ class KernelNvmetTarget(TargetUnderTest):
     name = "kernel"
 
     def __init__(self, traddr: str, trsvcid: int = DEFAULT_PORTS["kernel"], subnqn: Optional[str] = None,
-                 backend: str = "null_blk", size_mb: int = 512, name: Optional[str] = None):
+                 backend: str = "null_blk", size_mb: int = 512, name: Optional[str] = None,
+                 device: DeviceModel = RAM):
         super().__init__(traddr, trsvcid, subnqn, name)
         if backend not in ("null_blk", "file"):
             raise NvmeofError(f"kernel backend {backend!r} is not null_blk or file", "--kernel-backend null_blk|file")
         self.backend = backend
+        self.device = device
         self.size_mb = int(size_mb)
         self.kind = "kernel nvmet-rdma (configfs)"
         self._device = None
@@ -141,6 +203,10 @@ class KernelNvmetTarget(TargetUnderTest):
 
     def describe(self) -> dict:
         d = super().describe()
+        if self.device.kind != "ram":
+            d["backend"] = self.device.describe(self.size_mb)
+            d["device"] = self.device.label
+            return d
         d["backend"] = (f"null_blk, memory-backed, {self.size_mb} MiB" if self.backend == "null_blk"
                         else f"file on tmpfs, buffered_io, {self.size_mb} MiB")
         return d
@@ -158,13 +224,16 @@ class KernelNvmetTarget(TargetUnderTest):
 
     def setup(self) -> None:
         name = self.subnqn.rsplit(":", 1)[-1]
-        if self.backend == "null_blk":
+        if self.device.kind != "ram":
+            self._device = self.device.make(name, self.size_mb)
+        elif self.backend == "null_blk":
             self._device = kernel_glue.NullBlk(name=name, size_mb=self.size_mb)
         else:
             self._device = kernel_glue.TmpfsFile(name=name, size_mb=self.size_mb)
         path = self._device.create()
         self._export = kernel_glue.NvmetExport(nqn=self.subnqn, device_path=path, traddr=self.traddr,
-                                               trsvcid=self.trsvcid, buffered_io=self.backend == "file")
+                                               trsvcid=self.trsvcid,
+                                               buffered_io=self.device.kind == "ram" and self.backend == "file")
         self._export.create()
 
     def teardown(self) -> None:
@@ -187,17 +256,22 @@ class KernelNvmetTarget(TargetUnderTest):
 
 # --- our userspace target -----------------------------------------------------------------------------
 
-def userspace_config(traddr: str, trsvcid: int, subnqn: str, size_mb: int, block_size: int = 512) -> dict:
-    """The project's config schema (targets/ram.json's shape): one RAM namespace on one RDMA port."""
+def userspace_config(traddr: str, trsvcid: int, subnqn: str, size_mb: int, block_size: int = 512,
+                     device_path: Optional[str] = None, direct: bool = False) -> dict:
+    """The project's config schema (targets/ram.json's shape): one RAM namespace on one RDMA port, or with
+    `device_path` a file or block device namespace (`direct`: a file with O_DIRECT, "buffered_io": 0)."""
+    ns = {"nsid": 1, "enable": 1, "nvmeof_roce": {"backend": "ram", "size": f"{size_mb}M", "block_size": block_size}}
+    if device_path:
+        ns = {"nsid": 1, "enable": 1, "device": {"path": device_path}, "nvmeof_roce": {"backend": "file"}}
+        if direct:
+            ns["buffered_io"] = 0
     return {"hosts": [],
             "ports": [{"portid": 1, "addr": {"trtype": "rdma", "adrfam": "ipv4", "traddr": traddr,
                                              "trsvcid": str(trsvcid), "treq": "not specified"},
                        "subsystems": [subnqn], "referrals": []}],
             "subsystems": [{"nqn": subnqn, "attr": {"allow_any_host": "1", "model": "nvmeof-roce"},
                             "allowed_hosts": [],
-                            "namespaces": [{"nsid": 1, "enable": 1,
-                                            "nvmeof_roce": {"backend": "ram", "size": f"{size_mb}M",
-                                                            "block_size": block_size}}]}]}
+                            "namespaces": [ns]}]}
 
 
 def _cli() -> list:
@@ -210,7 +284,7 @@ class UserspaceTarget(TargetUnderTest):
     def __init__(self, traddr: str, trsvcid: int = DEFAULT_PORTS["userspace"], subnqn: Optional[str] = None,
                  size_mb: int = 512, work_dir: Optional[Path] = None, config_path: Optional[Path] = None,
                  ready_timeout: float = 60.0, name: Optional[str] = None, checkout: Optional[Path] = None,
-                 workers: int = 1, cpus: Optional[str] = None):
+                 workers: int = 1, cpus: Optional[str] = None, device: DeviceModel = RAM):
         self.config_path = Path(config_path) if config_path else None
         if self.config_path:
             traddr, trsvcid, subnqn = self._address_from_config(self.config_path)
@@ -226,6 +300,12 @@ class UserspaceTarget(TargetUnderTest):
         if self.workers > 1:  # N + 1 interpreters start (over 9p under emulation in the lab)
             self.ready_timeout = max(ready_timeout, 150.0)
         self.cpus = cpus
+        self.device = device
+        if device.kind != "ram" and (self.config_path or self.workers > 1):
+            raise NvmeofError(f"--device {device.label} makes the {self.name} target's namespace: it cannot be "
+                              "combined with --userspace-config or a multi-worker target",
+                              "drop one of them")
+        self._device = None
         self.kind = "nvmeof-roce userspace target (target serve" + (
             f" --workers {self.workers})" if self.workers > 1 else ")")
         self._proc: Optional[subprocess.Popen] = None
@@ -245,7 +325,10 @@ class UserspaceTarget(TargetUnderTest):
 
     def describe(self) -> dict:
         d = super().describe()
-        d["backend"] = (f"config {self.config_path}" if self.config_path else f"ram, {self.size_mb} MiB")
+        d["backend"] = (f"config {self.config_path}" if self.config_path else
+                        self.device.describe(self.size_mb) if self.device.kind != "ram" else f"ram, {self.size_mb} MiB")
+        if self.device.kind != "ram":
+            d["device"] = self.device.label
         if self.checkout:
             d["checkout"] = str(self.checkout)
         if self.workers > 1:
@@ -278,8 +361,13 @@ class UserspaceTarget(TargetUnderTest):
         self.work_dir.mkdir(parents=True, exist_ok=True)
         config = self.config_path
         if config is None:
+            path = None
+            if self.device.kind != "ram":  # a device of its own, the same settings as the kernel target's
+                self._device = self.device.make(self.subnqn.rsplit(":", 1)[-1], self.size_mb)
+                path = self._device.create()
             config = self.work_dir / f"{self.name}-target.json"
-            config.write_text(json.dumps(userspace_config(self.traddr, self.trsvcid, self.subnqn, self.size_mb),
+            config.write_text(json.dumps(userspace_config(self.traddr, self.trsvcid, self.subnqn, self.size_mb,
+                                                          device_path=path, direct=self.device.kind == "file"),
                                          indent=2) + "\n")
         self.log_path = self.work_dir / f"{self.name}-target.log"
         self._log = open(self.log_path, "w")
@@ -370,6 +458,9 @@ class UserspaceTarget(TargetUnderTest):
             if self._log is not None:
                 self._log.close()
                 self._log = None
+            device, self._device = self._device, None
+            if device is not None:
+                device.remove()
 
 
 def _children(pid: int) -> List[int]:

@@ -6,10 +6,16 @@ an out-of-range access with `BackendError` instead of touching memory it does no
 
 - RAM: one anonymous mmap (page aligned, so the target can register it as one memory region);
   `.buffer` is a writable memoryview of all of it, for zero-copy reads.
-- file: a regular file or a block device, opened with O_DIRECT where the filesystem allows it
-  (tmpfs does not: then buffered). Reads go straight into the caller's memoryview with
-  os.preadv; an access O_DIRECT refuses (unaligned buffer or offset) falls back to a second,
-  buffered descriptor. flush = fdatasync.
+- file: a regular file or a block device.  O_DIRECT for a block device (as nvmet, whose block
+  namespaces bypass the page cache), buffered for a file, unless the namespace's `buffered_io`
+  says otherwise (0: O_DIRECT, refused with a clear error where the filesystem has none, e.g.
+  tmpfs; 1: buffered).  A block device's logical block size is the namespace's unless the config
+  sets one.  Reads go into the caller's memoryview with os.preadv (the I/O engine passes page-
+  aligned buffers, target/ioengine.py); an access O_DIRECT refuses (unaligned buffer or offset)
+  falls back to a second, buffered descriptor.  A read or write that ends short is an error
+  (never zeros with success); flush = fdatasync; Write Zeroes and deallocate are BLKZEROOUT and
+  BLKDISCARD on a block device, fallocate(ZERO_RANGE / PUNCH_HOLE) on a file.  These calls wait
+  for the device: the target never makes them on its event loop (`blocking`).
 - null: reads zeros, writes are discarded.
 """
 import ctypes
@@ -44,7 +50,12 @@ PAGE_SIZE = mmap.PAGESIZE
 
 
 class BackendError(NvmeofError):
-    """A namespace backend failed; the message names the path (or backend) and the fix."""
+    """A namespace backend failed; the message names the path (or backend) and the fix.  `errno`: the
+    device's error number when there is one (the NVMe status follows from it, target/io.py)."""
+
+    def __init__(self, message: str, fix: str = "", errno: Optional[int] = None):
+        super().__init__(message, fix)
+        self.errno = errno
 
     def config_error(self, source: str, where: str, ns: NamespaceConfig) -> ConfigError:
         """A backend that cannot open is a bad config: blame the file's device.path, else the namespace."""
@@ -83,7 +94,8 @@ class Backend:
         self.read_into(offset, memoryview(out))
         return bytes(out)
 
-    def write(self, offset: int, data) -> None:
+    def write(self, offset: int, data, dsync: bool = False) -> None:
+        """Write `data`; with `dsync` durable before it returns (a FUA write)."""
         raise NotImplementedError
 
     def flush(self) -> None:
@@ -157,7 +169,7 @@ class RamBackend(Backend):
         self._check(offset, length)
         return bytes(self.buffer[offset:offset + length])
 
-    def write(self, offset, data):
+    def write(self, offset, data, dsync=False):
         data = memoryview(data).cast("B")
         self._check(offset, len(data))
         self.buffer[offset:offset + len(data)] = data
@@ -236,7 +248,7 @@ class NullBackend(Backend):
         self._check(offset, len(buf))
         buf[:] = bytes(len(buf))
 
-    def write(self, offset, data):
+    def write(self, offset, data, dsync=False):
         self._check(offset, len(memoryview(data).cast("B")))
 
     def write_zeroes(self, offset, length):
@@ -278,13 +290,18 @@ def _fallocate(fd: int, mode: int, offset: int, length: int) -> bool:
 
 class FileBackend(Backend):
     kind = "file"
-    blocking = True  # fdatasync, fallocate and BLKZEROOUT wait for the device
+    blocking = True  # every call may wait for the device: the I/O engine runs them (target/ioengine.py)
 
     def __init__(self, path: str, block_size: int = 512, create_size: Optional[int] = None,
-                 direct: bool = True, lock: Optional[str] = None):
+                 direct: Optional[bool] = None, lock: Optional[str] = None, inherit: Optional["FileBackend"] = None,
+                 device_block_size: bool = False):
+        """`device_block_size`: a block device's namespace takes the device's logical block size, not
+        `block_size` (which a file's always uses).  `direct` None: O_DIRECT for a
+        block device (buffered if the device refuses it), buffered for a file; True: O_DIRECT or an error;
+        False: buffered.  `lock`: flock "exclusive" or "shared" for as long as it is open; `inherit`: the
+        backend this one replaces (a live change of the same namespace) hands over its lock on the same file."""
         self.path = path
-        self.block_size = block_size
-        self._fd = self._dfd = -1
+        self._fd = self._dfd = self._lock_fd = -1
         self.direct = False
         try:
             st = os.stat(path)
@@ -304,18 +321,24 @@ class FileBackend(Backend):
         self._fd = self._open(os.O_RDWR)
         try:
             if lock:
-                self._lock(lock)
+                self._take_lock(lock, inherit)
             if self.is_block:
                 size = struct.unpack("Q", fcntl.ioctl(self._fd, BLKGETSIZE64, b"\0" * 8))[0]
-                lbs = struct.unpack("i", fcntl.ioctl(self._fd, BLKSSZGET, b"\0" * 4))[0]
-                if block_size < lbs:
-                    raise BackendError(f"{path}: logical block size is {lbs}, larger than the namespace's {block_size}",
-                                       f"set nvmeof_roce.block_size to {lbs} (or 4096)")
+                self.device_block_size = struct.unpack("i", fcntl.ioctl(self._fd, BLKSSZGET, b"\0" * 4))[0]
+                if device_block_size:
+                    block_size = self.device_block_size
+                if block_size < self.device_block_size:
+                    raise BackendError(f"{path}: logical block size is {self.device_block_size}, larger than the "
+                                       f"namespace's {block_size}",
+                                       f"set nvmeof_roce.block_size to {self.device_block_size} (or leave it out: "
+                                       "the device's is used)")
             else:
+                self.device_block_size = None
                 size = st.st_size
                 if create_size is not None and size != create_size:
                     log.warning("%s exists with %d bytes; nvmeof_roce.size %d is only used to create it",
                                 path, size, create_size)
+            self.block_size = block_size
             if size == 0:
                 raise BackendError(f"{path}: is empty (0 bytes)",
                                    f"give it a size (truncate -s 1G {path}) or remove it and set nvmeof_roce.size")
@@ -323,19 +346,38 @@ class FileBackend(Backend):
                 raise BackendError(f"{path}: size {size} is not a multiple of the block size {block_size}",
                                    f"resize it to a multiple of {block_size} (truncate -s {size - size % block_size or block_size} {path})")
             self.num_blocks = size // block_size
-            if direct:
+            if direct is None and self.is_block or direct:
                 try:
                     self._dfd = self._open(os.O_RDWR | os.O_DIRECT)
                     self.direct = True
                 except BackendError:
                     raise
-                except OSError:
-                    self._dfd = -1   # tmpfs and some others refuse O_DIRECT: buffered only
+                except OSError as exc:
+                    if direct:
+                        raise BackendError(f"{path}: O_DIRECT was asked for (buffered_io 0) and the filesystem "
+                                           f"refuses it: {exc.strerror}",
+                                           "set \"buffered_io\": 1 on this namespace (tmpfs has no O_DIRECT), or "
+                                           "move the file to a filesystem that has it") from None
+                    log.warning("%s: O_DIRECT refused (%s): served through the page cache", path, exc.strerror)
         except BaseException:
             self.close()
             raise
         log.debug("%s: %d blocks of %d, %s", path, self.num_blocks, block_size,
                   "O_DIRECT" if self.direct else "buffered")
+
+    def identity(self) -> tuple:
+        """What makes two backends the same storage (config.backing_identity, from the open descriptor)."""
+        st = os.fstat(self._fd)
+        return ("blockdev", st.st_rdev) if stat.S_ISBLK(st.st_mode) else ("inode", st.st_dev, st.st_ino)
+
+    def _take_lock(self, mode: str, inherit: Optional["FileBackend"]) -> None:
+        if inherit is not None and getattr(inherit, "_lock_fd", -1) >= 0 and inherit.identity() == self.identity():
+            # The namespace replaced by a live change holds the lock on this very file until it closes (after its
+            # last command): share its lock (the same open file description), so there is no moment without one.
+            self._lock_fd = os.dup(inherit._lock_fd)
+            return
+        self._lock(mode)
+        self._lock_fd = os.dup(self._fd)
 
     def _lock(self, mode: str):
         """A flock for as long as the target serves the file: a second target (or a second namespace) on the
@@ -345,7 +387,7 @@ class FileBackend(Backend):
             fcntl.flock(self._fd, (fcntl.LOCK_SH if mode == "shared" else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
             raise BackendError(f"{self.path}: is in use: another process holds its lock (another nvmeof-roce "
-                               "target serving it?)",
+                               "target serving it?), or another namespace of this target serves the same file",
                                "stop the other target, or give this namespace its own file") from None
 
     def _create(self, path, size):
@@ -375,7 +417,7 @@ class FileBackend(Backend):
 
     def _io_error(self, what, offset, length, exc):
         return BackendError(f"{self.path}: {what} of {length} bytes at {offset} failed: {exc.strerror or exc}",
-                            "check the device (dmesg) and free space")
+                            "check the device (dmesg) and free space", exc.errno)
 
     def read_into(self, offset, buf):
         buf = memoryview(buf).cast("B")
@@ -391,32 +433,44 @@ class FileBackend(Backend):
                     fd = self._fd           # unaligned for O_DIRECT: use the buffered descriptor
                     continue
                 raise self._io_error("read", offset, length, exc) from None
-            if n == 0:   # past EOF of a shrunk file: zeros
-                buf[done:] = bytes(length - done)
-                break
+            if n == 0:  # the end of the file came first: it shrank under the namespace (nvmet: an error too)
+                raise BackendError(f"{self.path}: read of {length} bytes at {offset} got {done}: the file ends at "
+                                   f"{offset + done}, inside the namespace ({self.size_bytes} bytes)",
+                                   "restore the file's size (truncate -s), or resize the namespace to the file "
+                                   "(nvmeof-roce target resize-ns)")
             done += n
 
-    def write(self, offset, data):
+    def write(self, offset, data, dsync=False):
         data = memoryview(data).cast("B")
         length = len(data)
         self._check(offset, length)
         done = 0
         fd = self._dfd if self.direct else self._fd
+        flags = os.RWF_DSYNC if dsync else 0
         while done < length:
             try:
-                n = os.pwritev(fd, [data[done:]], offset + done)
+                n = os.pwritev(fd, [data[done:]], offset + done, flags)
             except OSError as exc:
                 if exc.errno == errno.EINVAL and fd == self._dfd:
                     fd = self._fd
                     continue
+                if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL) and flags:
+                    flags = 0  # no RWF_DSYNC here: write, then fdatasync below
+                    continue
                 raise self._io_error("write", offset, length, exc) from None
+            if n == 0:
+                raise BackendError(f"{self.path}: write of {length} bytes at {offset} wrote {done}",
+                                   "check the device (dmesg) and free space", errno.EIO)
             done += n
+        if dsync and not flags:
+            self.flush()
 
     def flush(self):
         try:
             os.fdatasync(self._fd)
         except OSError as exc:
-            raise BackendError(f"{self.path}: flush failed: {exc.strerror}", "check the device (dmesg)") from None
+            raise BackendError(f"{self.path}: flush failed: {exc.strerror}", "check the device (dmesg)",
+                               exc.errno) from None
 
     def prepare_resize(self, size_bytes):
         _check_new_size("file", size_bytes, self.block_size)
@@ -488,7 +542,7 @@ class FileBackend(Backend):
             raise self._io_error("discard", offset, length, exc) from None
 
     def close(self):
-        for name in ("_dfd", "_fd"):
+        for name in ("_dfd", "_fd", "_lock_fd"):
             fd = getattr(self, name, -1)
             if fd >= 0:
                 try:
@@ -498,9 +552,9 @@ class FileBackend(Backend):
                 setattr(self, name, -1)
 
 
-def open_backend(ns: NamespaceConfig, lock: Optional[str] = None) -> Backend:
+def open_backend(ns: NamespaceConfig, lock: Optional[str] = None, inherit: Optional[Backend] = None) -> Backend:
     """Open the backend a namespace config describes (`lock` "exclusive" or "shared": flock a file for as
-    long as it is open)."""
+    long as it is open; `inherit`: the backend of the namespace this one replaces, which hands over its lock)."""
     if ns.backend == "ram":
         return RamBackend(ns.size_bytes, ns.block_size)
     if ns.backend == "null":
@@ -509,5 +563,8 @@ def open_backend(ns: NamespaceConfig, lock: Optional[str] = None) -> Backend:
         if not ns.path:
             raise BackendError(f"namespace {ns.nsid}: file backend without device.path",
                                "set device.path to a file or block device")
-        return FileBackend(ns.path, ns.block_size, create_size=ns.size_bytes, lock=lock)
+        direct = None if ns.buffered_io is None else not ns.buffered_io
+        return FileBackend(ns.path, ns.block_size, create_size=ns.size_bytes, direct=direct, lock=lock,
+                           inherit=inherit if isinstance(inherit, FileBackend) else None,
+                           device_block_size="block_size" not in ns.userspace)  # unless the config sets one
     raise BackendError(f"namespace {ns.nsid}: unknown backend {ns.backend!r}", "use ram, file or null")

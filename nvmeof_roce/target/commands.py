@@ -76,8 +76,9 @@ def _open_namespace(config: TargetConfig, where: str, ns) -> dict:
     try:
         info["size_bytes"] = backend.size_bytes
         info["blocks"] = backend.num_blocks
-        if ns.backend == "file" and not backend.direct:
-            info["note"] = "buffered I/O (no O_DIRECT here)"
+        info["block_size"] = backend.block_size  # a block device's own unless the config sets one
+        if ns.backend == "file":
+            info["note"] = "O_DIRECT" if backend.direct else "page cache (buffered)"
     finally:
         backend.close()
     return info

@@ -153,7 +153,7 @@ class Target:
         self._port_handlers: Dict[int, PortHandler] = {}
         self.ana = AnaTable(config)  # ANA groups and their state on each port (target/ana.py)
         self.discovery_siblings: Dict[int, List[int]] = {}  # portid -> the portids of one path group (workers.py)
-        self.work = Work()  # blocking backend calls and sliced jobs, off the loop (work.py)
+        self.work = Work()  # device completions and sliced jobs, back on the loop (work.py)
         self.host_auth = auth.host_settings(config)  # DH-HMAC-CHAP keys by host NQN
         self.tick_hooks: List[Callable[[float], None]] = []  # e.g. the control socket's (target/control.py)
         try:
@@ -240,8 +240,9 @@ class Target:
             self._namespace_changed(sub, nsid)
 
     def attach_loop(self, loop) -> None:
-        """Give the target its event loop (with `watch(fd, callback)` and `unwatch(fd)`): from then on blocking backend calls run on a
-        worker thread and long commands in slices, their completions coming back through the loop."""
+        """Give the target its event loop (with `watch(fd, callback)` and `unwatch(fd)`): from then on file and block
+        namespaces' commands run on their I/O engines and long RAM commands in slices, their completions coming
+        back through the loop."""
         self.work.attach(loop)
 
     def close(self) -> None:
@@ -253,7 +254,7 @@ class Target:
             self._delete_controller(ctrl, "target shutting down")
         for qs in list(self._queues.values()):
             self._close_queue(qs, "target shutting down", logging.INFO)
-        self.work.close()  # lets a running fdatasync finish before the files close
+        self.work.close()  # the I/O engines' running calls finish and complete before the files close
         for sub in self.subsystems.values():
             for nsid, ns in list(sub.namespaces.items()):
                 if ns.jobs:
@@ -582,20 +583,9 @@ class Target:
         except Exception:
             self._internal_error(req)
 
-    # A namespace may be removed while its command waits for the worker thread or for its next slice: the
-    # command then stops before touching the backend again and answers Invalid Namespace (as a Write whose
-    # data arrives after the removal, io._write_data), and the backend is closed only once the job completed
-    # (Namespace.retire), never under a running call.
-    def run_blocking(self, req: Request, fn: Callable[[], None], what: str) -> None:
-        """EXECUTING off the loop: fn() on the worker thread, then complete (Write Fault if it raised)."""
-        ns = req.ns
-
-        def run():
-            if not ns.removed:  # removed while queued behind other calls: skip it
-                fn()
-        ns.jobs += 1
-        self.work.call(run, lambda exc: self._background_done(req, ns, exc, what))
-
+    # A namespace may be removed while its command waits for its I/O engine or for its next slice: the command
+    # then answers Invalid Namespace (as a Write whose data arrives after the removal, io._write_data), and the
+    # backend is closed only once the job completed (Namespace.retire), never under a running call.
     def run_sliced(self, req: Request, steps, what: str) -> None:
         """EXECUTING in slices: one step of `steps` per loop pass, then complete."""
         ns = req.ns
@@ -609,41 +599,22 @@ class Target:
             return self.complete(req, S.INVALID_NS | S.DNR)
         if isinstance(exc, (OSError, BackendError)):
             log.error("namespace %s: %s failed: %s", ns.nsid, what, exc)
-            return self.complete(req, S.WRITE_FAULT)
+            status, location = io.device_status(exc, req.opc)
+            return self.complete(req, status, location=location)
         if exc is not None:  # a bug, not the device: counted and answered like one on the loop
             return self._internal_error(req, exc)
         self.complete(req, 0)
 
     def shutdown_flush(self, ctrl: Controller) -> None:
         """CC.SHN: make the namespaces durable (CSTS.SHST 'occurring'), then report 'complete'.
-        fdatasync runs on the worker thread, so other hosts are served meanwhile."""
-        namespaces = list(ctrl.subsystem.namespaces.values())
-
-        def flush_all():
-            errors = []
-            for ns in namespaces:
-                if ns.removed:  # removed meanwhile: Namespace.retire flushes it before closing
-                    continue
-                try:
-                    ns.backend.flush()
-                except (OSError, BackendError) as exc:
-                    errors.append(f"namespace {ns.nsid}: {exc}")
+        File and block namespaces flush on their own lanes (target/ioengine.py), so other hosts are served
+        meanwhile."""
+        def done(errors):
             if errors:
-                raise BackendError("; ".join(errors), "check the device (dmesg)")
-
-        def done(exc):
-            for ns in namespaces:
-                ns.job_done()
-            if exc is not None:
-                log.error("controller %d: flush at shutdown failed: %s", ctrl.cntlid, exc)
+                log.error("controller %d: flush at shutdown failed: %s", ctrl.cntlid, "; ".join(errors))
             ctrl.shutdown_complete(self.clock())
 
-        if any(ns.backend.blocking for ns in namespaces):
-            for ns in namespaces:
-                ns.jobs += 1  # their files stay open until the flush is done (Namespace.retire)
-            self.work.call(flush_all, done)
-        else:
-            done(_call(flush_all))
+        io.flush_namespaces(self, list(ctrl.subsystem.namespaces.values()), done)
 
     def hold(self, req: Request) -> None:
         """HELD: no completion until an event arrives (the AER)."""
@@ -735,14 +706,6 @@ def _unless_removed(ns, steps):
         except StopIteration:
             return
         yield n
-
-
-def _call(fn: Callable[[], None]) -> Optional[BaseException]:
-    try:
-        fn()
-    except Exception as exc:
-        return exc
-    return None
 
 
 # ---------------------------------------------------------------------- fabrics commands (§4)

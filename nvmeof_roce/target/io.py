@@ -3,6 +3,11 @@
 The NSID was resolved before these run (req.ns).  Every check happens before
 any data moves: transfer length against the SGL (SGL Data Length Invalid),
 MDTS (Invalid Field), LBA range (LBA Out of Range), all with DNR.
+
+RAM and null namespaces are served inline (long zeroing in slices, target/work.py).
+A file or block namespace's commands go to its I/O engine (target/ioengine.py) and
+complete when the device is done, back on the event loop; a device error becomes
+the status nvmet gives it (`device_status`, after nvmet's errno_to_nvme_status).
 """
 from __future__ import annotations
 
@@ -13,9 +18,11 @@ from typing import TYPE_CHECKING
 from ..nvme import status as S
 from ..nvme.command import NVM_DSM, NVM_FLUSH, NVM_READ, NVM_WRITE, NVM_WRITE_ZEROES
 from ..nvme.nvm import CONTROL_FUA, DSM_AD, DSM_RANGE_SIZE, DSM_RANGE_STRUCT
+import errno
+
 from .backends import BackendError
 from .limits import MAX_TRANSFER
-from .request import LOC_CDW10, LOC_CDW12, LOC_DPTR, Request
+from .request import LOC_CDW10, LOC_CDW12, LOC_DPTR, LOC_NSID, LOC_OPCODE, Request
 from .work import SLICE_BYTES
 
 if TYPE_CHECKING:
@@ -25,9 +32,42 @@ log = logging.getLogger(__name__)
 
 _CONTROL_FUA = CONTROL_FUA << 16  # CDW12 bits 31:16 are the control field
 
-# What a failing backend raises: a media error for the host.  Anything else is a bug in the target; it
-# propagates to Target._internal_error, which answers Internal Error and counts it in Target.internal_errors.
+# What a failing backend raises: the device's error, answered with nvmet's status for it (device_status).
+# Anything else is a bug in the target; it goes to Target._internal_error, which answers Internal Error and
+# counts it in Target.internal_errors.
 BACKEND_ERRORS = (OSError, BackendError)
+
+ONCS_NOT_SUPPORTED = 0x183  # NVM command set specific status (Linux NVME_SC_ONCS_NOT_SUPPORTED)
+
+
+def device_status(exc: BaseException, opc: int):
+    """(status, error location) for a device error, as nvmet's errno_to_nvme_status (io-cmd-file.c and, for
+    block devices, blk_to_nvme_status): ENOSPC Capacity Exceeded, EREMOTEIO LBA Out of Range, EOPNOTSUPP not
+    supported, ENODATA (a medium error) Access Denied, anything else (EIO, a short read or write) Internal
+    Error with DNR."""
+    code = getattr(exc, "errno", None)
+    if code == errno.ENOSPC:
+        return S.CAP_EXCEEDED | S.DNR, LOC_CDW12
+    if code == errno.EREMOTEIO:
+        return S.LBA_RANGE | S.DNR, LOC_CDW10
+    if code == errno.EOPNOTSUPP:
+        if opc in (NVM_DSM, NVM_WRITE_ZEROES):
+            return ONCS_NOT_SUPPORTED | S.DNR, LOC_OPCODE
+        return S.INVALID_OPCODE | S.DNR, LOC_OPCODE
+    if code == errno.ENODATA:
+        return S.ACCESS_DENIED, LOC_NSID
+    return S.INTERNAL | S.DNR, LOC_OPCODE
+
+
+def _device_failed(t: Target, req: Request, ns, exc: BaseException, what: str) -> None:
+    """Complete `req` after its device call raised `exc`: nvmet's status for a device error, Internal Error
+    (counted) for a bug."""
+    if not isinstance(exc, BACKEND_ERRORS):
+        return t._internal_error(req, exc)
+    log.error("namespace %d: %s failed: %s", ns.nsid, what, exc)
+    ns.stats.errors += 1
+    status, location = device_status(exc, req.opc)
+    t.complete(req, status, location=location)
 
 
 def _rw_checks(t: Target, req: Request):
@@ -55,6 +95,10 @@ def _read(t: Target, req: Request) -> None:
         return
     offset, length = checked
     ns = req.ns
+    if ns.backend.blocking:
+        ns.jobs += 1
+        ns.engine(t.work).read(offset, length, lambda data, exc: _read_done(t, req, ns, started, data, exc))
+        return
     if ns.direct_view is not None:
         data = ns.direct_view[offset:offset + length]  # sent straight from the RAM namespace
         source = (ns.backend, offset)
@@ -65,13 +109,26 @@ def _read(t: Target, req: Request) -> None:
         try:
             ns.backend.read_into(offset, data)
         except BACKEND_ERRORS as exc:
-            log.error("namespace %d: read of %d bytes at %d failed: %s", ns.nsid, length, offset, exc)
-            ns.stats.errors += 1
-            return t.complete(req, S.READ_ERROR)
-    ns.bytes_read += length
+            return _device_failed(t, req, ns, exc, f"read of {length} bytes at {offset}")
+    _read_complete(t, req, ns, started, data, source)
+
+
+def _read_complete(t: Target, req: Request, ns, started: int, data, source=None) -> None:
+    ns.bytes_read += len(data)
     ns.read_commands += 1
     ns.stats.read_latency.record_ns(perf_counter_ns() - started)
     t.complete(req, 0, data=data, source=source)
+
+
+def _read_done(t: Target, req: Request, ns, started: int, data, exc) -> None:
+    """The engine's read completed (on the loop); `data` is valid during this call only."""
+    ns.job_done()
+    try:
+        if exc is not None:
+            return _device_failed(t, req, ns, exc, "read")
+        _read_complete(t, req, ns, started, data)
+    except Exception:
+        t._internal_error(req)
 
 
 def _write(t: Target, req: Request) -> None:
@@ -86,37 +143,90 @@ def _write_data(t: Target, req: Request, data) -> None:
     if ns.removed:  # removed while its data was in flight
         return t.complete(req, S.INVALID_NS | S.DNR)
     offset = (req.cdw10 | (req.cdw11 << 32)) << ns.lbads
+    fua = bool(req.cdw12 & _CONTROL_FUA)
+    if ns.backend.blocking:
+        ns.jobs += 1
+        length = len(data)
+        ns.engine(t.work).write(offset, data, fua, lambda exc: _write_done(t, req, ns, length, exc))
+        return
     try:
         ns.backend.write(offset, data)
     except BACKEND_ERRORS as exc:
-        log.error("namespace %d: write of %d bytes at %d failed: %s", ns.nsid, len(data), offset, exc)
-        ns.stats.errors += 1
-        return t.complete(req, S.WRITE_FAULT)
-    ns.bytes_written += len(data)
+        return _device_failed(t, req, ns, exc, f"write of {len(data)} bytes at {offset}")
+    _write_complete(t, req, ns, len(data))
+
+
+def _write_complete(t: Target, req: Request, ns, length: int) -> None:
+    ns.bytes_written += length
     ns.write_commands += 1
     ns.stats.write_latency.record_ns(perf_counter_ns() - req.started_ns)
-    if req.cdw12 & _CONTROL_FUA:
-        return _flush_then_complete(t, req, "FUA write")
     t.complete(req, 0)
+
+
+def _write_done(t: Target, req: Request, ns, length: int, exc) -> None:
+    ns.job_done()
+    try:
+        if ns.removed:
+            return t.complete(req, S.INVALID_NS | S.DNR)
+        if exc is not None:
+            return _device_failed(t, req, ns, exc, f"write of {length} bytes")
+        _write_complete(t, req, ns, length)
+    except Exception:
+        t._internal_error(req)
 
 
 def _flush(t: Target, req: Request) -> None:
     if req.sgl_len:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
-    _flush_then_complete(t, req, "flush")
-
-
-def _flush_then_complete(t: Target, req: Request, what: str) -> None:
-    """Make the namespace durable (fdatasync for files: on the worker thread), then complete."""
     ns = req.ns
     if not ns.backend.blocking:
         try:
             ns.backend.flush()
         except BACKEND_ERRORS as exc:
-            log.error("namespace %d: %s failed: %s", ns.nsid, what, exc)
-            return t.complete(req, S.WRITE_FAULT)
+            return _device_failed(t, req, ns, exc, "flush")
         return t.complete(req, 0)
-    t.run_blocking(req, ns.backend.flush, what)
+    ns.jobs += 1  # on the namespace's lane: every write completed before it is made durable
+    ns.engine(t.work).flush(lambda exc: _lane_done(t, req, ns, exc, "flush"))
+
+
+def _lane_done(t: Target, req: Request, ns, exc, what: str) -> None:
+    """A flush or long command of the engine's lane completed (on the loop)."""
+    ns.job_done()
+    try:
+        if ns.removed:
+            return t.complete(req, S.INVALID_NS | S.DNR)
+        if exc is not None:
+            return _device_failed(t, req, ns, exc, what)
+        t.complete(req, 0)
+    except Exception:
+        t._internal_error(req)
+
+
+def flush_namespaces(t: Target, namespaces, done) -> None:
+    """Make every namespace durable (CC.SHN): file and block ones on their lanes, all at once; done(errors),
+    a list of messages, on the loop after the last."""
+    errors = []
+    left = [1 + sum(1 for ns in namespaces if ns.backend.blocking and not ns.removed)]
+
+    def one_done(ns, exc) -> None:
+        if exc is not None:
+            errors.append(f"namespace {ns.nsid}: {exc}")
+        left[0] -= 1
+        if not left[0]:
+            done(errors)
+
+    for ns in namespaces:
+        if ns.removed:  # removed meanwhile: Namespace.retire flushes it before closing
+            continue
+        if ns.backend.blocking:
+            ns.jobs += 1
+            ns.engine(t.work).flush(lambda exc, ns=ns: (ns.job_done(), one_done(ns, exc)))
+            continue
+        try:
+            ns.backend.flush()
+        except BACKEND_ERRORS as exc:
+            errors.append(f"namespace {ns.nsid}: {exc}")
+    one_done(None, None)  # the inline ones are done
 
 
 def _write_zeroes(t: Target, req: Request) -> None:
@@ -131,16 +241,14 @@ def _write_zeroes(t: Target, req: Request) -> None:
 
 
 def _zero_ranges(t: Target, req: Request, ranges, deallocate: bool, what: str) -> None:
-    """Zero or deallocate byte ranges without holding the loop: a file on the worker thread,
-    RAM in slices of SLICE_BYTES across loop passes (target/work.py)."""
-    backend = req.ns.backend
+    """Zero or deallocate byte ranges without holding the loop: a file or block device on the namespace's
+    lane (fallocate, BLKZEROOUT, BLKDISCARD), RAM in slices of SLICE_BYTES across loop passes (target/work.py)."""
+    ns = req.ns
+    backend = ns.backend
     if backend.blocking:
-        op = backend.discard if deallocate else backend.write_zeroes
-
-        def run():
-            for offset, length in ranges:
-                op(offset, length)
-        return t.run_blocking(req, run, what)
+        ns.jobs += 1
+        ns.engine(t.work).zero(ranges, deallocate, lambda exc: _lane_done(t, req, ns, exc, what))
+        return
 
     def steps():
         for offset, length in ranges:

@@ -264,10 +264,12 @@ def _retire_quietly(ns: Namespace) -> None:
         log.error("closing namespace %d: %s", ns.nsid, exc)
 
 
-def _open_ns(config: TargetConfig, nqn: str, n: NamespaceConfig) -> Namespace:
+def _open_ns(config: TargetConfig, nqn: str, n: NamespaceConfig, lock: str, replaces=None) -> Namespace:
+    """Open a namespace added live, flocked like one from the config (`replaces`: the namespace it replaces,
+    which hands over its lock when the file is the same)."""
     where = _ns_where(config, nqn, n.nsid) + (".device.path" if n.backend == "file" else "")
     try:
-        return Namespace(n, open_backend(n))
+        return Namespace(n, open_backend(n, lock=lock, inherit=replaces.backend if replaces is not None else None))
     except BackendError as exc:
         raise ConfigError(config.source, where, exc.message, exc.fix) from None
     except OSError as exc:  # what the backend does not name itself: ENOTDIR, ELOOP, ENAMETOOLONG, EIO...
@@ -302,11 +304,13 @@ def apply(target, new: TargetConfig, listeners: Optional[Listeners] = None,
                 ready.new_subsystems[ch.nqn] = sub
                 for n in cfg.namespaces:
                     if n.enabled:
-                        ns = _open_ns(new, ch.nqn, n)
+                        ns = _open_ns(new, ch.nqn, n, target.file_lock)
                         sub.namespaces[ns.nsid] = ns
             elif ch.action in ("add-namespace", "replace-namespace"):
                 n = new_subs[ch.nqn].namespace(ch.nsid)
-                ready.new_namespaces.append((target.subsystems[ch.nqn], _open_ns(new, ch.nqn, n)))
+                old_ns = target.subsystems[ch.nqn].namespaces.get(ch.nsid) if ch.action == "replace-namespace" else None
+                ready.new_namespaces.append((target.subsystems[ch.nqn], _open_ns(new, ch.nqn, n, target.file_lock,
+                                                                                 old_ns)))
             elif ch.action == "resize-namespace":
                 ns = target.subsystems[ch.nqn].namespaces[ch.nsid]
                 size = new_subs[ch.nqn].namespace(ch.nsid).size_bytes

@@ -154,18 +154,25 @@ def _print_status(s: dict) -> None:
     for sub in s["subsystems"]:
         hosts = "any host" if sub["allow_any_host"] else (", ".join(sub["allowed_hosts"]) or "no host")
         if not sub["namespaces"]:
-            rows.append([sub["nqn"], "-", "", "", "", "", "", "", hosts])
+            rows.append([sub["nqn"], "-", "", "", "", "", "", "", "", hosts])
         for ns in sub["namespaces"]:
             lat = ns["read_latency_us"], ns["write_latency_us"]
+            eng = ns.get("io")
             rows.append([sub["nqn"], ns["nsid"], f"{ns['backend']}{' ' + ns['path'] if ns['path'] else ''}",
-                         _fmt_bytes(ns["size_bytes"]), f"{ns.get('iops', 0):g}",
+                         _fmt_bytes(ns["size_bytes"]),
+                         f"{eng['engine']} {eng['in_flight']}/{eng['queue_depth']}" if eng else "inline",
+                         f"{ns.get('iops', 0):g}",
                          f"{_fmt_bytes(ns.get('read_bytes_per_s', 0))}/s r, "
                          f"{_fmt_bytes(ns.get('write_bytes_per_s', 0))}/s w",
                          f"{lat[0]['p50'] or '-'}/{lat[0]['p99'] or '-'}",
                          f"{lat[1]['p50'] or '-'}/{lat[1]['p99'] or '-'}", hosts])
     print()
-    print(table(["SUBSYSTEM", "NSID", "BACKEND", "SIZE", "IOPS", "THROUGHPUT", "READ p50/p99 us",
+    print(table(["SUBSYSTEM", "NSID", "BACKEND", "SIZE", "ENGINE IN-FLIGHT/DEPTH", "IOPS", "THROUGHPUT", "READ p50/p99 us",
                  "WRITE p50/p99 us", "HOSTS"], rows))
+    reasons = sorted({ns["io"]["engine_reason"] for sub in s["subsystems"] for ns in sub["namespaces"]
+                      if ns.get("io")})
+    for reason in reasons:
+        print(f"I/O engine: {reason}")
     rows = []
     for sub in s["subsystems"]:
         for c in sub["controllers"]:

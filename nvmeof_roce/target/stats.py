@@ -133,6 +133,8 @@ def namespace_status(nqn: str, ns, sampler: Optional[Sampler]) -> dict:
         "bytes_read": ns.bytes_read, "bytes_written": ns.bytes_written, "errors": stats.errors,
         "read_latency_us": stats.read_latency.percentiles(),
         "write_latency_us": stats.write_latency.percentiles(),
+        # file and block namespaces: the I/O engine (target/ioengine.py), why, and its commands in flight
+        "io": ns.engine_status() if hasattr(ns, "engine_status") else None,
     }
     d.update(sampler.rates(nqn, ns) if sampler is not None else {})
     return d

@@ -8,6 +8,7 @@ from typing import Dict, List, Optional
 
 from ..nvme.fabrics import DISCOVERY_NQN, MAX_CNTLID, MIN_CNTLID, make_version
 from .backends import Backend, open_backend
+from .ioengine import DEFAULT_QUEUE_DEPTH, IoEngine, ThreadEngine, choose_engine
 from .limits import MAX_NSID
 from .stats import NamespaceStats
 from ..config import NamespaceConfig, SubsystemConfig
@@ -46,6 +47,11 @@ class Namespace:
         self._close_when_idle = False
         # RAM namespaces expose their memory: reads are sent straight from it, without a copy.
         self.direct_view = backend.buffer
+        # File and block namespaces: their commands go to an I/O engine (target/ioengine.py), made at the first
+        # command (it needs the target's completion channel); which one, and why, is known from the start.
+        self.queue_depth = config.queue_depth or DEFAULT_QUEUE_DEPTH
+        self.engine_choice = choose_engine(backend) if backend.blocking else None
+        self.io: Optional[IoEngine] = None
         # SMART counters (bytes and commands)
         self.bytes_read = 0
         self.bytes_written = 0
@@ -53,8 +59,27 @@ class Namespace:
         self.write_commands = 0
         self.stats = NamespaceStats()  # latency histograms and errors, for status and metrics
 
+    def engine(self, channel) -> IoEngine:
+        """The namespace's I/O engine, made on first use with the target's completion channel (Work)."""
+        if self.io is None:
+            choice = self.engine_choice
+            self.io = ThreadEngine(self.backend, self.queue_depth, channel, choice.reason)
+        return self.io
+
+    def engine_status(self) -> Optional[dict]:
+        """What `target status` shows: the engine, why, and the commands with the device now."""
+        if self.engine_choice is None:
+            return None
+        if self.io is not None:
+            return self.io.status()
+        return {"engine": self.engine_choice.name, "engine_reason": self.engine_choice.reason,
+                "queue_depth": self.queue_depth, "in_flight": 0, "waiting": 0, "long_in_flight": 0,
+                "most_in_flight": 0, "threads": 0}
+
     def close(self) -> None:
         try:
+            if self.io is not None:
+                self.io.close()  # the calls running finish before the file closes
             self.backend.flush()
         finally:
             self.backend.close()

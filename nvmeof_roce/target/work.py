@@ -1,11 +1,11 @@
-"""Work that must not stall the target's event loop: blocking calls and long commands.
+"""Work that must not stall the target's event loop: device completions and long in-memory commands.
 
 The target core is single threaded: while one handler runs, no other queue is
-served and no keep-alive is seen.  Two kinds of work would hold the loop too long:
+served and no keep-alive is seen.  Two kinds of work come back to the loop here:
 
-- *blocking backend calls* (`fdatasync` for Flush, FUA and CC.SHN; zeroing or
-  punching a file): they run on one worker thread, and their completion comes
-  back to the loop;
+- *completions from other threads*: the I/O engines (target/ioengine.py) run a
+  file or block namespace's reads, writes, flushes and long commands on their
+  own threads and `post` each completion, which then runs on the loop;
 - *long in-memory work* (deallocating or zeroing a large RAM range): it is cut
   into slices of at most `SLICE_BYTES`, one slice per job per loop pass, so
   other queues' capsules and completions are served between slices.
@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import threading
+import weakref
 from collections import deque
-from typing import Callable, Deque, Iterator, Optional, Tuple
+from typing import Callable, Deque, Iterator, Optional
 
 log = logging.getLogger(__name__)
 
@@ -47,22 +47,21 @@ class SlicedJob:
 
 
 class Work:
-    """The worker thread, the sliced jobs, and the eventfd that brings both back to the loop."""
+    """The completions posted by other threads, the sliced jobs, and the eventfd that brings both back to the
+    loop."""
 
     def __init__(self):
         self.fd = -1
         self.attached = False
         self._loop = None
-        self._jobs: "queue.SimpleQueue" = queue.SimpleQueue()
-        self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
-        self._finished: Deque[Tuple[Done, Optional[BaseException]]] = deque()
+        self._posted: Deque[Callable[[], None]] = deque()
         self._sliced: Deque[SlicedJob] = deque()
-        self.blocking_running = 0  # submitted to the thread and not yet completed on the loop
+        self.engines: "weakref.WeakSet" = weakref.WeakSet()  # the I/O engines posting here (closed first)
         # figures for status lines and tests
         self.slices_run = 0
         self.largest_slice = 0
-        self.blocking_calls = 0
+        self.posted = 0
 
     # -- wiring
     def attach(self, loop) -> None:
@@ -74,22 +73,15 @@ class Work:
         self._loop = loop
         self.attached = True
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Stop the thread (after the calls already submitted), complete what is left, close the eventfd.
+    def close(self) -> None:
+        """Run the completions already posted and the slices left (no loop pass will come), close the eventfd.
 
-        Every job gets its completion, even at shutdown: a removed namespace closes its backend only after
-        its last job completed (Namespace.retire)."""
-        if self._thread is not None:
-            self._jobs.put(None)
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                log.warning("a blocking backend call is still running after %.0f s", timeout)
-            self._thread = None
-        with self._lock:
-            finished, self._finished = self._finished, deque()
-        for done, exc in finished:
-            self.blocking_running -= 1
-            _complete(done, exc)
+        The engines are closed first (Target.close): their threads have finished, and every completion they
+        posted runs here, so a removed namespace still closes its backend after its last command
+        (Namespace.retire)."""
+        for engine in list(self.engines):
+            engine.close()
+        self._run_posted()
         while self._sliced:  # no loop pass will come: the rest inline
             job = self._sliced.popleft()
             while self._step(job):
@@ -102,32 +94,27 @@ class Work:
 
     @property
     def pending(self) -> int:
-        """Jobs not yet completed (sliced ones plus blocking calls)."""
-        return len(self._sliced) + self.blocking_running
+        """Sliced jobs not yet completed plus completions posted and not yet run."""
+        return len(self._sliced) + len(self._posted)
 
-    # -- blocking calls
-    def call(self, fn: Callable[[], None], done: Done) -> None:
-        """Run fn() off the loop; done(None) or done(exception) later, on the loop."""
-        self.blocking_calls += 1
-        if not self.attached:
-            done(_run(fn))
-            return
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._worker, name="nvmeof-roce-backend", daemon=True)
-            self._thread.start()
-        self.blocking_running += 1
-        self._jobs.put((fn, done))
-
-    def _worker(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            fn, done = job
-            exc = _run(fn)
-            with self._lock:
-                self._finished.append((done, exc))
+    # -- completions from other threads
+    def post(self, callback: Callable[[], None]) -> None:
+        """Run callback() on the loop (thread-safe: called from an engine's threads)."""
+        with self._lock:
+            wake = not self._posted
+            self._posted.append(callback)
+            self.posted += 1
+        if wake:  # the loop drains all of them at once: one wake-up per batch
             self._signal()
+
+    def _run_posted(self) -> None:
+        with self._lock:
+            posted, self._posted = self._posted, deque()
+        for callback in posted:
+            try:
+                callback()
+            except Exception:
+                log.exception("a posted completion failed")
 
     # -- sliced jobs
     def sliced(self, steps: Iterator[int], done: Done, what: str) -> SlicedJob:
@@ -166,30 +153,18 @@ class Work:
                 pass
 
     def run_ready(self) -> None:
-        """Called by the loop when the eventfd is readable: finished calls, then one slice per job."""
+        """Called by the loop when the eventfd is readable: posted completions, then one slice per job."""
         try:
             os.eventfd_read(self.fd)
         except (BlockingIOError, OSError):
             pass
-        with self._lock:
-            finished, self._finished = self._finished, deque()
-        for done, exc in finished:
-            self.blocking_running -= 1
-            _complete(done, exc)
+        self._run_posted()
         for _ in range(len(self._sliced)):
             job = self._sliced.popleft()
             if self._step(job):
                 self._sliced.append(job)
         if self._sliced:
             self._signal()  # more slices: the next loop pass comes back here after serving the queues
-
-
-def _run(fn: Callable[[], None]) -> Optional[BaseException]:
-    try:
-        fn()
-    except Exception as exc:
-        return exc
-    return None
 
 
 def _complete(done: Done, exc: Optional[BaseException]) -> None:

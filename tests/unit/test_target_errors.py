@@ -556,26 +556,38 @@ def test_namespace_removed_while_a_sliced_write_zeroes_is_queued(env, ctrl):
     assert env.target.work.pending == 0
 
 
-def test_namespace_removed_while_its_flush_waits_for_the_worker_thread(tmp_path):
-    """A file namespace removed while its Flush waits behind another call on the worker thread: the Flush
-    answers Invalid Namespace and the file is closed only after the worker is done with it (never an fd
-    closed, or reused by another file, under a running call)."""
+def _hold_flush(ns):
+    """Make the namespace's fdatasync wait (on its engine's lane thread) until the returned `hold` is set."""
     import threading
+    hold, holding = threading.Event(), threading.Event()
+    real = ns.backend.flush
+
+    def held_flush():
+        holding.set()
+        hold.wait(10)
+        real()
+    ns.backend.flush = held_flush
+    return hold, holding
+
+
+def test_namespace_removed_while_its_flush_runs_on_its_lane(tmp_path):
+    """A file namespace removed while its Flush runs on the engine's lane: the Flush answers Invalid Namespace
+    and the file is closed only after the lane is done with it (never an fd closed, or reused by another
+    file, under a running call)."""
     env = Env(standard_config(tmp_path))
     try:
         c = env.connect(SUB_FILE, num_io_queues=1)
         q = io(c)
         ns = env.target.subsystem(SUB_FILE).namespaces[1]
-        hold, holding = threading.Event(), threading.Event()
-        env.target.work.call(lambda: (holding.set(), hold.wait(10)), lambda exc: None)
-        assert holding.wait(10)
+        hold, holding = _hold_flush(ns)
         q.send(nvm.FlushCommand(nsid=1).pack())
-        env.fabric.pump(max_ops=1)  # the Flush is queued behind the held call
+        env.fabric.pump(max_ops=1)  # the Flush is on the lane
+        assert holding.wait(10)
         env.target.remove_namespace(SUB_FILE, 1)
-        assert ns.backend._fd >= 0  # not closed under the queued call
+        assert ns.backend._fd >= 0  # not closed under the running call
         hold.set()
-        for _ in range(100):  # until both calls came back through the eventfd
-            if not env.target.work.pending:
+        for _ in range(100):  # until the call came back through the eventfd
+            if not ns.jobs:
                 break
             env.fabric.run_watched(0.1)
         cqe = q.poll_one()
@@ -589,17 +601,15 @@ def test_namespace_removed_while_its_flush_waits_for_the_worker_thread(tmp_path)
 
 def test_namespace_removed_during_its_flush_is_closed_at_target_shutdown(tmp_path):
     """The Flush's completion never comes back through the loop (the target shuts down first): the removed
-    namespace's file is still closed, once the worker thread finished with it."""
-    import threading
+    namespace's file is still closed, once the lane finished with it."""
     env = Env(standard_config(tmp_path))
     c = env.connect(SUB_FILE, num_io_queues=1)
     q = io(c)
     ns = env.target.subsystem(SUB_FILE).namespaces[1]
-    hold, holding = threading.Event(), threading.Event()
-    env.target.work.call(lambda: (holding.set(), hold.wait(10)), lambda exc: None)
-    assert holding.wait(10)
+    hold, holding = _hold_flush(ns)
     q.send(nvm.FlushCommand(nsid=1).pack())
     env.fabric.pump(max_ops=1)
+    assert holding.wait(10)
     env.target.remove_namespace(SUB_FILE, 1)
     assert ns.backend._fd >= 0
     hold.set()
@@ -620,7 +630,8 @@ def test_unexpected_exception_becomes_internal_error(env, ctrl, monkeypatch):
 
     monkeypatch.setattr(ns.backend, "read_into", failing)
     q = io(ctrl)
-    assert q.command(read_cmd(q)).status == S.READ_ERROR  # a backend failure is a media error
+    # a device error gets nvmet's status for it (errno_to_nvme_status: EIO is Internal Error, DNR), uncounted
+    assert q.command(read_cmd(q)).status == S.INTERNAL | S.DNR
     assert env.target.internal_errors == 0
     monkeypatch.setattr(ns.backend, "read_into", broken)
     assert q.command(read_cmd(q)).status == S.INTERNAL | S.DNR  # a bug in the backend is the target's fault

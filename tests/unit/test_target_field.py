@@ -158,7 +158,7 @@ def test_flush_runs_off_the_loop(fenv):
     # the fdatasync is blocked on the worker thread; the loop serves everyone else meanwhile
     assert other.read(1, 0, 1) == bytes(512)
     ctrl.write(1, 8, b"\x01" * 512)
-    assert q.transport.waiting == 0 and fenv.target.work.pending == 1
+    assert q.transport.waiting == 0 and ns.io.lane_in_flight == 1  # the flush, on the namespace's lane
     gate.open.set()
     cqe = None
     for _ in range(500):
@@ -170,24 +170,36 @@ def test_flush_runs_off_the_loop(fenv):
     assert gate.thread is not threading.main_thread()
 
 
-def test_failed_flush_is_a_write_fault(fenv):
+def test_failed_flush_gets_nvmets_status(fenv):
+    """nvmet_file_flush answers errno_to_nvme_status(EIO): Internal Error with DNR."""
     ctrl = fenv.connect(SUB_FILE)
     ns = fenv.target.subsystem(SUB_FILE).namespaces[1]
     gate = ns.backend.flush = Gate(fail=OSError(5, "Input/output error"))
     gate.open.set()
     with pytest.raises(Exception) as ei:
         ctrl.flush(1)
-    assert getattr(ei.value, "status", None) == S.WRITE_FAULT
+    assert getattr(ei.value, "status", None) == S.INTERNAL | S.DNR
+    assert fenv.target.internal_errors == 0  # the device's error, not the target's
 
 
-def test_fua_write_waits_for_the_flush_off_the_loop(fenv):
+def test_fua_write_is_durable_on_its_own_off_the_loop(fenv):
+    """A FUA write is written with RWF_DSYNC (durable when it returns) on an engine thread, not followed by a
+    flush of the whole file."""
     ctrl = fenv.connect(SUB_FILE)
     ns = fenv.target.subsystem(SUB_FILE).namespaces[1]
+    real = ns.backend.write
+    calls = []
+
+    def write(offset, data, dsync=False):
+        calls.append((offset, dsync, threading.current_thread() is threading.main_thread()))
+        return real(offset, data, dsync=dsync)
+    ns.backend.write = write
     gate = ns.backend.flush = Gate()
     gate.open.set()
     ctrl.write(1, 0, b"\x07" * 512, fua=True)
-    assert gate.calls == 1 and gate.thread is not threading.main_thread()
-    assert ctrl.read(1, 0, 1) == b"\x07" * 512
+    ctrl.write(1, 1, b"\x08" * 512)
+    assert calls == [(0, True, False), (512, False, False)] and gate.calls == 0
+    assert ctrl.read(1, 0, 2) == b"\x07" * 512 + b"\x08" * 512
 
 
 def test_shutdown_flush_off_the_loop_reports_shst_occurring(fenv):

@@ -1,0 +1,326 @@
+"""File and block namespaces on their I/O engine (target/ioengine.py), over the loopback fabric.
+
+The device is made slow deterministically: the backend's calls wait on events the test sets, so what is
+asserted is which commands are with the device, which wait and which completed while another is held, never
+a timing.
+"""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from loopback_env import HOST_A, HOST_B, Env, file_ns, port, ADDR1
+from nvmeof_roce.nvme import nvm
+from nvmeof_roce.nvme import status as S
+from nvmeof_roce.target.backends import BackendError
+from nvmeof_roce.target.io import device_status
+from nvmeof_roce.nvme.command import NVM_READ, NVM_WRITE, NVM_DSM
+
+SUB = "nqn.2024-01.io.test:files"
+
+
+def files_config(tmp_path, depth=None, count=2, size="2M"):
+    namespaces = []
+    for nsid in range(1, count + 1):
+        ns = file_ns(nsid, tmp_path / f"ns{nsid}.img", size)
+        if depth is not None:
+            ns["nvmeof_roce"]["queue_depth"] = depth
+        namespaces.append(ns)
+    return {"hosts": [{"nqn": HOST_A}, {"nqn": HOST_B}], "ports": [port(1, ADDR1, [SUB])],
+            "subsystems": [{"nqn": SUB, "namespaces": namespaces}]}
+
+
+class HeldDevice:
+    """Patches a backend call so each one waits until released; counts the calls running at once."""
+
+    def __init__(self, backend, name):
+        self.real = getattr(backend, name)
+        self.release = threading.Event()
+        self.lock = threading.Lock()
+        self.running = 0
+        self.most = 0
+        self.started = []  # the first argument (an offset) of each call, in the order they reached the device
+        self.arrived = threading.Condition(self.lock)
+        setattr(backend, name, self._call)
+
+    def _call(self, *args, **kwargs):
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+            self.started.append(args[0] if args else None)
+            self.arrived.notify_all()
+        self.release.wait(20)
+        try:
+            return self.real(*args, **kwargs)
+        finally:
+            with self.lock:
+                self.running -= 1
+
+    def wait_running(self, n, timeout=20.0):
+        with self.lock:
+            assert self.arrived.wait_for(lambda: self.running >= n, timeout), f"{self.running} of {n} calls arrived"
+
+
+def pump_until(env, cond, rounds=400):
+    for _ in range(rounds):
+        if cond():
+            return
+        env.fabric.pump()
+        env.fabric.run_watched(0.05)
+    assert cond()
+
+
+@pytest.fixture
+def files(tmp_path):
+    e = Env(files_config(tmp_path, depth=4))
+    yield e
+    assert e.target.internal_errors == 0
+    e.close()
+
+
+def test_many_reads_with_the_device_at_once_bounded_by_queue_depth(files):
+    """Eight reads on a namespace of queue depth 4: four are with the device at once, four wait in order
+    (holding their request slots), then all complete with the right data."""
+    ctrl = files.connect(SUB, num_io_queues=1, queue_size=32)
+    ns = files.target.subsystem(SUB).namespaces[1]
+    ctrl.write(1, 0, bytes(range(256)) * 32)  # 16 blocks of a known pattern
+    held = HeldDevice(ns.backend, "read_into")
+    done = {}
+    for i in range(8):
+        ctrl.submit_read(1, i * 2, 2, lambda c, i=i: done.setdefault(i, (c.status, bytes(c.data))))
+    files.fabric.pump()
+    held.wait_running(4)
+    engine = ns.io
+    assert engine.name == "threads" and engine.depth == 4
+    assert engine.in_flight == 4 and len(engine.waiting) == 4  # the namespace is full: the rest wait
+    assert not done  # nothing completed while the device holds them
+    assert files.target.status()  # the target still serves its loop meanwhile
+    held.release.set()
+    pump_until(files, lambda: len(done) == 8 or ctrl.poll_completions(0.05) is None)
+    ctrl.wait_idle()
+    assert held.most == 4
+    assert held.started[4:] == sorted(held.started[4:])  # the waiting ones reached the device in arrival order
+    expected = bytes(range(256)) * 32
+    for i in range(8):
+        assert done[i] == (0, expected[i * 1024:(i + 1) * 1024])
+    assert engine.in_flight == 0 and not engine.waiting and engine.most_in_flight == 4
+    ctrl.close()
+
+
+def test_status_shows_engine_and_in_flight(files):
+    from nvmeof_roce.target.stats import target_status
+    ctrl = files.connect(SUB, num_io_queues=1)
+    ns = files.target.subsystem(SUB).namespaces[1]
+    before = target_status(files.target)["subsystems"][0]["namespaces"][0]["io"]
+    assert before["engine"] == "threads" and "io_uring" in before["engine_reason"] and before["in_flight"] == 0
+    held = HeldDevice(ns.backend, "read_into")
+    got = []
+    for i in range(3):
+        ctrl.submit_read(1, i, 1, lambda c: got.append(c.status))
+    files.fabric.pump()
+    held.wait_running(3)
+    io = target_status(files.target)["subsystems"][0]["namespaces"][0]["io"]
+    assert io["in_flight"] == 3 and io["queue_depth"] == 4
+    held.release.set()
+    ctrl.wait_idle()
+    assert got == [0, 0, 0]
+    ctrl.close()
+
+
+def test_one_hosts_flush_does_not_hold_another_hosts_reads(files):
+    """Host A's Flush is held in fdatasync on the namespace's lane; host B's reads of the same namespace, and a
+    Flush of another namespace, complete meanwhile; A's Flush completes once its fdatasync returns."""
+    a = files.connect(SUB, hostnqn=HOST_A, num_io_queues=1)
+    b = files.connect(SUB, hostnqn=HOST_B, num_io_queues=1)
+    ns1 = files.target.subsystem(SUB).namespaces[1]
+    b.write(1, 8, b"\x5a" * 4096)
+    held = HeldDevice(ns1.backend, "flush")
+    a_flush = []
+    a.submit_io(nvm.FlushCommand(nsid=1).to_sqe(), lambda c: a_flush.append(c.status))
+    files.fabric.pump()
+    held.wait_running(1)
+    for _ in range(5):  # B reads while A's flush is with the device
+        assert b.read(1, 8, 8) == b"\x5a" * 4096
+    b.flush(2)  # another namespace's flush has its own lane
+    assert a_flush == [] and held.running == 1  # A's flush still outstanding all along
+    held.release.set()
+    a.wait_idle()
+    assert a_flush == [0]
+    a.close()
+    b.close()
+
+
+def test_waiting_flushes_share_one_fdatasync(files):
+    ctrl = files.connect(SUB, num_io_queues=1)
+    ns = files.target.subsystem(SUB).namespaces[1]
+    held = HeldDevice(ns.backend, "flush")
+    statuses = []
+    ctrl.submit_io(nvm.FlushCommand(nsid=1).to_sqe(), lambda c: statuses.append(c.status))
+    files.fabric.pump()
+    held.wait_running(1)  # the first flush is running
+    for _ in range(3):  # these arrive after it started: it may not cover writes completed before them
+        ctrl.submit_io(nvm.FlushCommand(nsid=1).to_sqe(), lambda c: statuses.append(c.status))
+    files.fabric.pump()
+    held.release.set()
+    ctrl.wait_idle()
+    assert statuses == [0, 0, 0, 0]
+    assert len(held.started) == 2  # the first, then one for the three that waited behind it
+
+
+def test_read_past_the_end_of_a_truncated_file_is_an_error(files, tmp_path):
+    """The file shrank under the namespace: nvmet answers a read of the missing part with an error (a short
+    read is Internal Error); never zeros with success."""
+    ctrl = files.connect(SUB, num_io_queues=1)
+    ctrl.write(1, 3000, b"\xab" * 512)
+    os.truncate(tmp_path / "ns1.img", 1 << 20)  # 2 MiB namespace, 1 MiB file
+    assert ctrl.read(1, 100, 1) == bytes(512)  # still inside the file
+    q = ctrl.io_queues[0]
+    got = []
+    ctrl.submit_read(1, 3000, 1, lambda c: got.append(c.status), qid=q.qid)
+    ctrl.wait_idle()
+    assert got == [S.INTERNAL | S.DNR]
+    ns = files.target.subsystem(SUB).namespaces[1]
+    assert ns.stats.errors == 1
+    ctrl.close()
+
+
+def test_device_errors_get_nvmets_statuses(files):
+    ctrl = files.connect(SUB, num_io_queues=1)
+    ns = files.target.subsystem(SUB).namespaces[1]
+
+    def full(*_a, **_k):
+        raise BackendError("no space", "free some", 28)
+    ns.backend.write = full
+    got = []
+    ctrl.submit_write(1, 0, b"x" * 512, lambda c: got.append(c.status))
+    ctrl.wait_idle()
+    assert got == [S.CAP_EXCEEDED | S.DNR]  # ENOSPC: Capacity Exceeded, as nvmet
+    err = ctrl.error_log(1)[0]
+    assert err.status == (S.CAP_EXCEEDED | S.DNR) and err.param_location == 48  # CDW12, the length
+    ctrl.close()
+
+
+@pytest.mark.parametrize("code,opc,status", [
+    (28, NVM_WRITE, S.CAP_EXCEEDED | S.DNR), (121, NVM_READ, S.LBA_RANGE | S.DNR),
+    (95, NVM_DSM, 0x183 | S.DNR), (95, NVM_READ, S.INVALID_OPCODE | S.DNR), (61, NVM_READ, S.ACCESS_DENIED),
+    (5, NVM_READ, S.INTERNAL | S.DNR), (None, NVM_READ, S.INTERNAL | S.DNR)])
+def test_device_status_table(code, opc, status):
+    assert device_status(OSError(code, "x") if code else BackendError("short", ""), opc)[0] == status
+
+
+def test_write_data_is_copied_before_the_transport_reuses_it(files):
+    """The transport lends a write's data only for the handler's call: what reaches the device is what the
+    host sent, even when the write waits for a slot first."""
+    ctrl = files.connect(SUB, num_io_queues=1, queue_size=32)
+    ns = files.target.subsystem(SUB).namespaces[1]
+    held = HeldDevice(ns.backend, "write")
+    for i in range(8):  # depth 4: four wait with their data
+        ctrl.submit_write(1, i * 8, bytes([i + 1]) * 4096, lambda c: None)
+    files.fabric.pump()
+    held.wait_running(4)
+    held.release.set()
+    ctrl.wait_idle()
+    for i in range(8):
+        assert ctrl.read(1, i * 8, 8) == bytes([i + 1]) * 4096
+    ctrl.close()
+
+
+def test_queue_depth_key_is_validated(tmp_path):
+    from nvmeof_roce.config import ConfigError, parse_config
+    with pytest.raises(ConfigError, match="queue_depth"):
+        parse_config(files_config(tmp_path, depth=0), "t")
+    bad = files_config(tmp_path)
+    bad["subsystems"][0]["namespaces"] = [{"nsid": 1, "nvmeof_roce": {"backend": "ram", "size": "1M",
+                                                                      "queue_depth": 8}}]
+    with pytest.raises(ConfigError, match="file and block namespaces"):
+        parse_config(bad, "t")
+
+
+CHILD = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {tests!r})
+    from loopback_env import Env, HOST_A, file_ns, port, ADDR1
+    SUB = "nqn.2024-01.io.test:crash"
+    env = Env({{"hosts": [{{"nqn": HOST_A}}], "ports": [port(1, ADDR1, [SUB])],
+               "subsystems": [{{"nqn": SUB, "namespaces": [file_ns(1, {path!r}, "4M")]}}]}})
+    ctrl = env.connect(SUB, num_io_queues=2)
+    ctrl.write(1, 64, bytes(range(256)) * 16 * 8)   # 32 KiB, acknowledged
+    ctrl.flush(1)                                   # acknowledged: durable
+    print("ACKED", flush=True)
+    import time
+    time.sleep(60)
+""")
+
+
+def test_acked_write_and_flush_survive_a_killed_target(tmp_path):
+    """A target process killed (SIGKILL) right after it acknowledged a write and a Flush: reopened, the data is
+    there."""
+    path = str(tmp_path / "crash.img")
+    child = subprocess.Popen([sys.executable, "-c", CHILD.format(tests=os.path.dirname(__file__), path=path)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = child.stdout.readline()
+        assert line.strip() == "ACKED", child.stderr.read()
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+    env = Env({"hosts": [{"nqn": HOST_A}], "ports": [port(1, ADDR1, ["nqn.2024-01.io.test:crash"])],
+               "subsystems": [{"nqn": "nqn.2024-01.io.test:crash", "namespaces": [file_ns(1, path, "4M")]}]})
+    try:
+        ctrl = env.connect("nqn.2024-01.io.test:crash", num_io_queues=1)
+        assert ctrl.read(1, 64, 64) == bytes(range(256)) * 16 * 8
+        ctrl.close()
+    finally:
+        env.close()
+
+
+# -- one file, one namespace: the duplicate check compares the storage, the lock covers live changes too
+
+def test_a_hard_link_to_an_exported_file_is_a_duplicate(tmp_path):
+    from nvmeof_roce.config import ConfigError, load_userspace_config
+    import json
+    img = tmp_path / "a.img"
+    img.write_bytes(bytes(1 << 20))
+    os.link(img, tmp_path / "hard.img")
+    data = files_config(tmp_path)
+    data["subsystems"][0]["namespaces"] = [file_ns(1, img, None), file_ns(2, tmp_path / "hard.img", None)]
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError) as ei:
+        load_userspace_config(str(path))
+    err = getattr(ei.value, "errors", [ei.value])[0]
+    assert err.where == "subsystems[0].namespaces[1].device.path"
+    assert "is already the backing of subsystems[0].namespaces[0]" in err.problem
+
+
+def test_a_namespace_added_live_is_locked_and_a_replaced_one_keeps_its_lock(tmp_path):
+    from nvmeof_roce.config import parse_config
+    from nvmeof_roce.target import live
+    from nvmeof_roce.target.backends import FileBackend
+    img = tmp_path / "live.img"
+    img.write_bytes(bytes(1 << 20))
+    env = Env(files_config(tmp_path, count=1))
+    try:
+        data = files_config(tmp_path, count=1)
+        data["subsystems"][0]["namespaces"].append(file_ns(2, img, None))
+        live.apply(env.target, parse_config(data, "add"))
+        assert 2 in env.target.subsystem(SUB).namespaces
+        with pytest.raises(BackendError, match="in use"):  # a second target cannot take the file
+            FileBackend(str(img), lock="exclusive").close()
+        # a live change that replaces the namespace (new UUID) on the same file: the lock is handed over
+        data["subsystems"][0]["namespaces"][1]["device"]["uuid"] = "12345678-1234-4234-8234-123456789abc"
+        old = env.target.subsystem(SUB).namespaces[2]
+        live.apply(env.target, parse_config(data, "replace"))
+        new = env.target.subsystem(SUB).namespaces[2]
+        assert new is not old and old.backend._fd < 0  # the old one closed
+        with pytest.raises(BackendError, match="in use"):
+            FileBackend(str(img), lock="exclusive").close()
+        del data["subsystems"][0]["namespaces"][1]
+        live.apply(env.target, parse_config(data, "remove"))
+        FileBackend(str(img), lock="exclusive").close()  # free again once removed
+    finally:
+        env.close()
