@@ -118,8 +118,8 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
           rpc_socket: Optional[str] = "", metrics: Optional[str] = None) -> int:
     from .ana_control import AnaControl, default_run_dir, publish, unpublish
     config = load_userspace_config(path)  # the same loader and checks as `target check`
-    if worker is not None:
-        rpc_socket = None  # the workers of `serve --workers` take no live changes yet (docs/operations.md)
+    if worker is not None and not rpc_socket:
+        rpc_socket = None  # a worker answers only on the socket its supervisor gives it (RUN_DIR/worker-I.sock)
     socket_path, bound = bind_control_socket(path, rpc_socket)
     try:
         server = TargetServer(config, limits=limits, remote_invalidate=remote_invalidate,
