@@ -1,6 +1,6 @@
 """The kernel NVMe host through nvme-cli: discover, connect, connect-all, disconnect, list.
 
-One wrapper for the tool (`NvmeCli`), over `tool.run` (the `sh` package). JSON output is parsed
+One wrapper for the tool (`NvmeCli`), over `tool.run` (subprocess). JSON output is parsed
 by pure functions (`parse_discover`, `parse_list`, `parse_list_subsys`, ...) that accept the shapes
 nvme-cli 1.x and 2.x print (Debian bookworm has 2.3 with libnvme 1.3; tests use outputs captured
 from it in the lab, tests/unit/fixtures/nvme-cli-2.3/).

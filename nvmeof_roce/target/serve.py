@@ -84,7 +84,7 @@ class TargetServer:
                    if recent else " since start"))
 
     def log_status(self, *_args) -> None:
-        log.warning("%s", self.status_line(recent=False))
+        log.info("%s", self.status_line(recent=False))
 
     def _should_stop(self) -> bool:
         now = time.monotonic()
@@ -161,7 +161,7 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
     previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, server.log_status)
     try:
         for sub in config.subsystems:
-            log.warning("subsystem %s: %d namespace(s)%s", sub.nqn, len(sub.namespaces),
+            log.info("subsystem %s: %d namespace(s)%s", sub.nqn, len(sub.namespaces),
                         "" if sub.allow_any_host else f", hosts {', '.join(sub.allowed_hosts) or 'none'}")
         print(f"nvmeof-roce target: serving {config.source} on {', '.join(server.addresses())}"
               + (f", control socket {ops.socket_path}" if ops.socket_path else "")
@@ -174,7 +174,7 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
         server.serve()
     finally:
         ops.close()
-        log.warning("%s", server.status_line(recent=False))
+        log.info("%s", server.status_line(recent=False))
         server.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
