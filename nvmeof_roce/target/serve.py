@@ -48,6 +48,8 @@ class TargetServer:
         self.target.attach_loop(self.loop)  # fdatasync and long commands stay off the loop
         self.next_status = time.monotonic() + STATUS_INTERVAL
         self.listeners = []
+        self.stopping = False
+        self.ana_control = None  # ana_control.AnaControl: run-time ANA changes, applied between events
         try:
             for port in rdma_ports:
                 self.listeners.append(RdmaListener(
@@ -55,10 +57,8 @@ class TargetServer:
                     max_transfer=self.target.max_transfer, limits=self.limits,
                     remote_invalidate=remote_invalidate))
         except BaseException:
-            self.close()
+            self.close()  # a listener that failed (e.g. memory registration) leaves none behind
             raise
-        self.stopping = False
-        self.ana_control = None  # ana_control.AnaControl: run-time ANA changes, applied between events
 
     def addresses(self) -> List[str]:
         return [f"{lst.traddr}:{lst.trsvcid} ({lst.device_name})" for lst in self.listeners]

@@ -52,20 +52,20 @@ def notifications(sock, timeout):
     return out
 
 
-def wait_message(sock, key, timeout=150.0):
+def wait_message(sock, key, proc, timeout=150.0):
     """The first datagram holding `key` (e.g. READY=1), and every datagram before it."""
     seen = []
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        sock.settimeout(max(0.1, deadline - time.monotonic()))
+    while time.monotonic() < deadline and proc.poll() is None:
+        sock.settimeout(0.5)
         try:
             msg = sock.recv(4096).decode()
         except socket.timeout:
-            break
+            continue
         seen.append(msg)
         if key in msg.split("\n"):
             return seen
-    raise AssertionError(f"no {key} from the service within {timeout} s; got {seen}")
+    raise AssertionError(f"no {key} from the service (exit status {proc.poll()}) within {timeout} s; got {seen}")
 
 
 def worker_nsids(run_dir, i):
@@ -75,8 +75,8 @@ def worker_nsids(run_dir, i):
 
 
 def test_unit_with_two_workers_ready_reload_and_metrics(tmp_path):
-    if not shutil.which("setpriv"):
-        pytest.skip("setpriv (util-linux) is missing")
+    if not (shutil.which("setpriv") and shutil.which("prlimit")):
+        pytest.skip("setpriv and prlimit (util-linux) are missing")
     conf_dir = str(tmp_path / "etc")
     os.makedirs(conf_dir)
     cfg = config([{"nqn": NQN, "attr": {"allow_any_host": "1"}, "namespaces": [ram_namespace(1, "16M")]}], port=4430)
@@ -94,14 +94,15 @@ def test_unit_with_two_workers_ready_reload_and_metrics(tmp_path):
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(notify_path)
     env = dict(os.environ, NOTIFY_SOCKET=notify_path)
-    # CapabilityBoundingSet= and NoNewPrivileges=yes: root without any capability
-    argv = ["setpriv", "--bounding-set", "-all", "--inh-caps", "-all", "--no-new-privs", "--"] + start + [
-        "--metrics", METRICS]  # as a drop-in would add it
+    # LimitMEMLOCK=infinity, then CapabilityBoundingSet= and NoNewPrivileges=yes: root without any capability
+    # (registered memory is pinned: without the limit raised, memory registration fails with ENOMEM)
+    argv = ["prlimit", "--memlock=unlimited", "--", "setpriv", "--bounding-set", "-all", "--inh-caps", "-all",
+            "--no-new-privs", "--"] + start + ["--metrics", METRICS]  # --metrics as a drop-in would add it
     log_path = str(tmp_path / "service.log")
     log = open(log_path, "w")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
-        seen = wait_message(sock, "READY=1")
+        seen = wait_message(sock, "READY=1", proc)
         # READY=1 came from the supervisor alone, once: both workers listen by then
         assert sum("READY=1" in m.split("\n") for m in seen) == 1, seen
         assert f"MAINPID={proc.pid}" in seen[-1]
@@ -151,7 +152,7 @@ def test_unit_with_two_workers_ready_reload_and_metrics(tmp_path):
             json.dump(cfg, f)
         notifications(sock, 0.2)
         proc.send_signal(signal.SIGHUP)
-        seen = wait_message(sock, "READY=1", timeout=120)
+        seen = wait_message(sock, "READY=1", proc, timeout=120)
         assert any("RELOADING=1" in m.split("\n") for m in seen), seen
         assert worker_nsids(run_dir, 0) == worker_nsids(run_dir, 1) == [1, 2, 3]
         assert proc.poll() is None  # SIGHUP no longer kills the supervisor
