@@ -1,7 +1,7 @@
 """The host NQN and host ID, derived exactly as libnvme does (nvme_host_get_ids), so that our initiator, our
 nvme-cli wrapper and nvme-cli itself present one identity for a host.
 
-The order (libnvme src/nvme/tree.c nvme_host_get_ids, fabrics.c nvmf_hostid_generate; docs/protocol.md §9):
+The order (libnvme src/nvme/tree.c nvme_host_get_ids, fabrics.c nvmf_hostid_generate; docs/protocol.md §10):
 
 1. the values given (command line);
 2. the first host of the JSON config (/etc/nvme/config.json, `-J`): its "hostnqn" and "hostid";

@@ -69,9 +69,11 @@ def wait_message(sock, key, proc, timeout=150.0):
 
 
 def worker_nsids(run_dir, i):
-    out = subprocess.run([sys.executable, "-m", "nvmeof_roce", "rpc", "nvmf_get_subsystems", "--socket",
-                          f"{run_dir}/worker-{i}.sock"], capture_output=True, text=True, timeout=60, check=True)
-    return [n["nsid"] for n in json.loads(out.stdout)[0]["namespaces"]]
+    out = subprocess.run([sys.executable, "-m", "nvmeof_roce", "rpc", "nvmf_get_subsystems", "--param", f"nqn={NQN}",
+                          "--socket", f"{run_dir}/worker-{i}.sock"], capture_output=True, text=True, timeout=60,
+                         check=True)
+    (sub,) = json.loads(out.stdout)
+    return [n["nsid"] for n in sub["namespaces"]]
 
 
 def test_unit_with_two_workers_ready_reload_and_metrics(tmp_path):

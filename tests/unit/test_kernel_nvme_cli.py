@@ -340,8 +340,8 @@ def test_host_iface_is_refused_for_rdma_as_libnvme_does(etc):
 
 
 def test_an_nvme_cli_without_fast_io_fail_tmo_is_named(etc):
-    # what Debian 12's nvme-cli 2.3 (getopt) prints for the option it does not have
-    fake = FakeNvme([("connect", ToolResult(["nvme"], 1, "", "nvme: unrecognized option '--fast_io_fail_tmo'\n"))])
+    # what Debian 12's nvme-cli 2.3 printed in the lab for the option it does not have (exit 1)
+    fake = FakeNvme([("connect", ToolResult(["nvme"], 1, "", fx("connect-fast-io-fail.stderr")))])
     cli = NvmeCli(runner=fake, load_modules=False, etc_dir=etc, kernel_log=lambda: "")
     with pytest.raises(NvmeCliError, match="this nvme-cli has no --fast_io_fail_tmo") as exc:
         cli.connect("10.99.0.1", CAP1, 4420, fast_io_fail_tmo=5)
@@ -396,3 +396,17 @@ def test_discover_options_through_the_cli(etc, monkeypatch, capsys):
         main_cli.main(["host", "connect", "-a", "10.99.0.1", "-n", CAP1, "-F", "x"])
     code = main_cli.main(["host", "connect", "-a", "10.99.0.1", "-n", CAP1, "-F", "-2"])
     assert code == 1 and "must be -1 (off) or >= 0" in capsys.readouterr().err
+
+
+def test_raw_discovery_log_saved_by_nvme_cli():
+    """`nvme discover --raw` of nvmet on 6.1 in the lab (the nvmetcli corpus' port; the guest's host NQN is not
+    on nvmetcli-auth's allow-list, so the log lists the open subsystem and the discovery subsystem)."""
+    from nvmeof_roce.kernel.nvme_cli import parse_raw_discovery
+    r = parse_raw_discovery((FIX / "discover.raw").read_bytes())
+    assert sorted((x["subnqn"], x["subtype"], x["trtype"], x["adrfam"], x["traddr"], x["trsvcid"], x["portid"])
+                  for x in r["records"]) == [
+        ("nqn.2014-08.org.nvmexpress.discovery", "current discovery subsystem", "rdma", "ipv4", "10.99.0.1", "4420", 1),
+        ("nqn.2024-01.io.nvmeof-roce:nvmetcli-open", "nvme subsystem", "rdma", "ipv4", "10.99.0.1", "4420", 1)]
+    assert r["genctr"] >= 1
+    with pytest.raises(NvmeCliError, match="shorter than its header"):
+        parse_raw_discovery(b"\0" * 100)
