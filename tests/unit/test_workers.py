@@ -330,3 +330,28 @@ def test_supervisor_control_socket_round_trip(two_workers, tmp_path):
     sock.close()
     assert "nvmf_subsystem_add_ns" in out["methods"] and "nvmeof_get_metrics" in out["methods"]
     assert out["error"].code == -32601
+
+
+def test_workers_get_their_socket_and_never_see_notify_socket(tmp_path, monkeypatch):
+    """systemd hears the supervisor only: a worker's READY=1 would tell it the target is up before every
+    worker listens."""
+    monkeypatch.setattr(workers, "SHM_DIR", str(tmp_path))
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "notify"))
+    path = tmp_path / "mp.json"
+    path.write_text(json.dumps(mp_config()))
+    started = []
+
+    class Recorder:
+        def __init__(self, cmd, preexec_fn=None, env=None):
+            started.append((cmd, env))
+            self.pid = 4242
+
+    monkeypatch.setattr(workers.subprocess, "Popen", Recorder)
+    sup = workers.Supervisor(str(path), 2, cpus=None, run_dir=str(tmp_path / "run"), ready_file=None,
+                             worker_args=[], rpc_socket=str(tmp_path / "sup.sock"))
+    sup._spawn(0)
+    sup._spawn(1)
+    for i, (cmd, env) in enumerate(started):
+        assert "NOTIFY_SOCKET" not in env
+        assert cmd[cmd.index("--rpc-socket") + 1] == str(tmp_path / "run" / f"worker-{i}.sock")
+        assert cmd[cmd.index("--worker-index") + 1] == str(i)
