@@ -226,8 +226,9 @@ class SupervisorControl:
 
     def __init__(self, workers: int, call_worker: Callable[[int, str, Any], Any],
                  reload: Callable[[str, bool], dict], metrics_text: Callable[[], str],
-                 saved: Callable[[int], None] = lambda i: None):
+                 saved: Callable[[int], None] = lambda i: None, identity: Callable[[], dict] = dict):
         self.workers = workers
+        self._identity = identity  # {"config": CONFIG, "socket": the supervisor's socket} for the status
         self.call_worker = call_worker
         self._reload = reload
         self._metrics_text = metrics_text
@@ -324,6 +325,7 @@ class SupervisorControl:
                             "loop": max((a["transport"]["loop"] for a in answers),
                                         key=lambda loop: loop.get("longest_pass_s") or 0)}
         out["workers"] = [{"worker": i, "config": a["config"], "socket": a["socket"]} for i, a in enumerate(answers)]
+        out.update(self._identity())
         return out
 
 
@@ -421,7 +423,8 @@ class Supervisor:
         self.stopping = False
         self.reload_pending = False
         self.shm_files: List[str] = []
-        self.control = SupervisorControl(n, self.call_worker, self.reload, self.metrics_text, self._keep_running)
+        self.control = SupervisorControl(n, self.call_worker, self.reload, self.metrics_text, self._keep_running,
+                                         lambda: {"config": self.config_path, "socket": self.rpc_socket or ""})
         self.registry = None
         self.http = None
 

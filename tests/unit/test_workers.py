@@ -258,6 +258,7 @@ def test_supervisor_control_answers_from_every_worker(two_workers):
     assert sub["namespaces"][0]["write_commands"] == 2 and sub["namespaces"][0]["bytes_written"] == 1536
     assert sorted(h["hostnqn"] for h in status["hosts"]) == [HOST_A, HOST_B]
     assert [x["socket"] for x in status["workers"]] == w.sup.sockets
+    assert (status["config"], status["socket"]) == (str(w.config_path), w.sup.rpc_socket)  # the supervisor's
     stats = w.call("nvmf_get_stats")
     assert len(stats["poll_groups"]) == 2 and stats["namespaces"][0]["write_commands"] == 2
     text = w.call("nvmeof_get_metrics")
