@@ -22,7 +22,8 @@ class FakeNvmetFS(ConfigFS):
     def __init__(self, base, rdma_addrs=("10.99.0.1",), sys_module=None, tmpfs_dirs=(), dhchap=False,
                  discovery_nqn=False, devices=(), kernel_612=False):
         # kernel_612: what Debian's 6.12 adds (seen in nvmetcli's save there): attr_firmware, attr_ieee_oui,
-        # addr_tsas, a passthru/ directory in every subsystem; with dhchap and discovery_nqn it is that kernel
+        # addr_tsas, param_max_queue_size, a passthru/ directory in every subsystem; with dhchap and
+        # discovery_nqn it is that kernel
         self.kernel_612 = kernel_612
         self.dhchap = dhchap
         self.devices = set(devices)   # paths that count as existing block devices (e.g. /dev/nullb0)
@@ -118,6 +119,8 @@ class FakeNvmetFS(ConfigFS):
             self._addr_files(p)
             self._file(f"{p}/param_inline_data_size", "-1")
             self._file(f"{p}/param_pi_enable", "0")
+            if self.kernel_612:
+                self._file(f"{p}/param_max_queue_size", "-1")
             os.mkdir(f"{p}/subsystems")
             os.mkdir(f"{p}/referrals")
             os.makedirs(f"{p}/ana_groups/1")
