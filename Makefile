@@ -12,11 +12,18 @@ LAB_TIMEOUT ?= 3000
 APT_PACKAGES := qemu-system-x86 debootstrap e2fsprogs cpio xz-utils zstd fio gcc make
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test test-unit test-lab test-long test-quick test-two-node test-reload-fuzz test-auth-rotation deps venv lab clean-lab help bench-transport
+.PHONY: dist demo test test-unit test-lab test-long test-quick test-two-node test-reload-fuzz test-auth-rotation deps venv lab clean-lab help bench-transport
+
+# A wheel of this checkout in dist/ (pip install dist/nvmeof_roce-*.whl gives the `nvmeof-roce` command).
+dist: venv
+	rm -rf dist build
+	$(VENV)/bin/python -m pip wheel -q --no-deps -w dist .
+	@ls dist/*.whl
 
 help:
 	@echo "make demo   - set up everything, build the lab if needed, run the main job"
 	@echo "make test   - set up everything, run unit tests and the lab tests"
+	@echo "make dist   - build a wheel into dist/"
 	@echo "make test-long - the long lab scenarios (16-vCPU guest), not part of make test or CI"
 	@echo "make test-auth-rotation - rotate a host key by reload and by RPC under fio verify (6.12 lab guest)"
 	@echo "make test-reload-fuzz - 10,000 broken configs reloaded into a running loopback target (about a minute)"
@@ -30,10 +37,10 @@ deps:
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml constraints.txt
 	@echo "[nvmeof-roce] creating $(VENV)"
 	$(PYTHON) -m venv --system-site-packages $(VENV)
-	$(VENV)/bin/pip install -q -e '.[dev,plot]'
+	$(VENV)/bin/pip install -q -c constraints.txt -e '.[dev,plot]'
 	@touch $@
 
 venv: $(VENV)/.installed

@@ -2,6 +2,7 @@
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from . import __version__
@@ -38,16 +39,58 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def stderr_is_journal(environ=os.environ, stream=None) -> bool:
+    """True when stderr is systemd-journald's stream ($JOURNAL_STREAM names its device and inode)."""
+    dev, _, ino = environ.get("JOURNAL_STREAM", "").partition(":")
+    try:
+        st = os.fstat((stream or sys.stderr).fileno())
+        return (st.st_dev, st.st_ino) == (int(dev), int(ino))
+    except (ValueError, OSError, AttributeError):
+        return False
+
+
+class JournalFormatter(logging.Formatter):
+    """For journald: no timestamp (the journal adds its own), the level as sd-daemon's <N> prefix so
+    `journalctl -p` filters on it."""
+
+    PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
+
+    def __init__(self):
+        super().__init__("%(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        prefix = f"<{self.PRIORITY.get(record.levelno, 6)}>"
+        return "\n".join(prefix + line for line in super().format(record).split("\n"))
+
+
+def setup_logging(verbose: int) -> None:
+    handler = logging.StreamHandler()
+    if stderr_is_journal():
+        handler.setFormatter(JournalFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
+    root = logging.getLogger()
+    if root.handlers:  # a caller (a test) that set up logging keeps its own, as logging.basicConfig does
+        return
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING - 10 * min(verbose, 2))
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    level = logging.WARNING - 10 * min(args.verbose, 2)
-    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    setup_logging(args.verbose)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
         code = args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the reader went away (`... --json | head`): as a program killed by SIGPIPE, without a traceback;
+        # stdout points at /dev/null so the interpreter's final flush cannot fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except NvmeofError as exc:
         print(f"nvmeof-roce: error: {exc}", file=sys.stderr)
         return 1

@@ -242,10 +242,35 @@ class _Ctx:
         return str(value)
 
     def unknown(self, d: dict, known, where: str) -> None:
-        for k in d:
-            if k not in known:
-                raise self.err(f"{where}.{k}" if where else k, "unknown key",
-                               f"remove it; known keys here: {', '.join(sorted(known))}")
+        """Every key of `d` not in `known`, each its own problem."""
+        raise_all([self.err(f"{where}.{k}" if where else k, "unknown key",
+                            f"remove it; known keys here: {', '.join(sorted(known))}") for k in d if k not in known])
+
+
+class _Problems:
+    """The problems of one object (a host, subsystem or port), all of them: `soft(fn, ...)` runs one check and
+    records its problem instead of stopping; `done()` raises them together, if any."""
+
+    def __init__(self):
+        self.errors: List[ConfigError] = []
+
+    def add(self, exc: ConfigError) -> None:
+        self.errors.extend(getattr(exc, "errors", None) or [exc])
+
+    def soft(self, fn, *args, default=None):
+        try:
+            return fn(*args)
+        except ConfigError as exc:
+            self.add(exc)
+            return default
+
+    def fatal(self, exc: ConfigError):
+        """A problem after which the object cannot be checked further: raise it with those found so far."""
+        self.add(exc)
+        raise_all(self.errors)
+
+    def done(self) -> None:
+        raise_all(self.errors)
 
 
 # --------------------------------------------------------------------------- the model
@@ -590,8 +615,8 @@ def parse_config(data: dict, source: str = "<config>") -> TargetConfig:
 
 
 def parse_config_collect(data: dict, source: str = "<config>"):
-    """(config, errors): parse everything that parses, collect the first problem of each host,
-    subsystem, namespace and port (a later problem in the same object may hide behind the first)."""
+    """(config, errors): parse everything that parses and collect every problem of each host, subsystem and
+    port (a problem that makes the rest of an object unreadable, such as a missing NQN, ends that object)."""
     ctx = _Ctx(source)
     errors: List[ConfigError] = []
     try:
@@ -604,10 +629,11 @@ def parse_config_collect(data: dict, source: str = "<config>"):
         try:
             return fn(*args)
         except ConfigError as exc:
-            errors.append(exc)
+            errors.extend(getattr(exc, "errors", None) or [exc])  # every problem of that object
             return None
 
     attempt(ctx.unknown, data, _TOP_KEYS, "")
+    attempt(_check_discovery, ctx, data.get("discovery"))
     cfg.userspace = attempt(ctx.dict_at, data.get(USERSPACE_KEY), USERSPACE_KEY) or {}
     attempt(ctx.unknown, cfg.userspace, set(SETTINGS) | WORKER_KEYS, USERSPACE_KEY)
     for name, (_default, lo, hi, _meaning) in SETTINGS.items():
@@ -676,88 +702,122 @@ def _parse_host(ctx: "_Ctx", h: Any, where: str, seen: dict) -> HostConfig:
     if isinstance(h, str):
         h = {"nqn": h}
     h = ctx.dict_at(h, where, optional=False)
-    ctx.unknown(h, _HOST_KEYS, where)
+    problems = _Problems()
+    problems.soft(ctx.unknown, h, _HOST_KEYS, where)
     if "nqn" not in h:
-        raise ctx.err(where, "missing 'nqn'", 'add "nqn": HOSTNQN (nvme gen-hostnqn makes one)')
-    nqn = validate_nqn(h["nqn"], ctx.source, f"{where}.nqn")
+        problems.fatal(ctx.err(where, "missing 'nqn'", 'add "nqn": HOSTNQN (nvme gen-hostnqn makes one)'))
+    nqn = problems.soft(validate_nqn, h["nqn"], ctx.source, f"{where}.nqn")
+    if nqn is None:
+        problems.done()
     if nqn in seen:
-        raise ctx.err(f"{where}.nqn", f"duplicate host {nqn!r} (also {seen[nqn]})", "list each host once")
+        problems.fatal(ctx.err(f"{where}.nqn", f"duplicate host {nqn!r} (also {seen[nqn]})", "list each host once"))
     seen[nqn] = where
-    attrs = {k: ctx.dict_at(v, f"{where}.{k}") for k, v in h.items() if k != "nqn"}
+    attrs = {k: problems.soft(ctx.dict_at, v, f"{where}.{k}", default={}) for k, v in h.items() if k != "nqn"}
+    problems.done()
     return HostConfig(nqn=nqn, attrs=attrs)
+
+
+def _check_discovery(ctx: "_Ctx", d: Any) -> None:
+    """The top-level "discovery" group nvmetcli saves from kernels 6.7+ (the discovery subsystem's NQN)."""
+    d = ctx.dict_at(d, "discovery")
+    ctx.unknown(d, {"nqn"}, "discovery")
+    if "nqn" in d:
+        validate_nqn(d["nqn"], ctx.source, "discovery.nqn")
 
 
 def _parse_subsystem(ctx: _Ctx, s: Any, where: str, hosts: set, errors: Optional[list] = None) -> SubsystemConfig:
     s = ctx.dict_at(s, where, optional=False)
-    ctx.unknown(s, _SUBSYS_KEYS, where)
+    problems = _Problems()
+    problems.soft(ctx.unknown, s, _SUBSYS_KEYS, where)
     if "nqn" not in s:
-        raise ctx.err(where, "missing 'nqn'", 'add "nqn": "nqn.2014-08.org.example:name"')
-    nqn = validate_nqn(s["nqn"], ctx.source, f"{where}.nqn")
+        problems.fatal(ctx.err(where, "missing 'nqn'", 'add "nqn": "nqn.2014-08.org.example:name"'))
+    nqn = problems.soft(validate_nqn, s["nqn"], ctx.source, f"{where}.nqn")
+    if nqn is None:
+        problems.done()
     if nqn == DISCOVERY_NQN:
-        raise ctx.err(f"{where}.nqn", "is the discovery NQN; the target provides that subsystem itself",
-                      "use another NQN for a storage subsystem")
-    attr = ctx.dict_at(s.get("attr"), f"{where}.attr")
-    attrs = {k: ctx.str_at(v, f"{where}.attr.{k}") for k, v in attr.items()}
+        problems.fatal(ctx.err(f"{where}.nqn", "is the discovery NQN; the target provides that subsystem itself",
+                               "use another NQN for a storage subsystem"))
+    attr = problems.soft(ctx.dict_at, s.get("attr"), f"{where}.attr", default={})
+    attrs = {}
+    for k, v in attr.items():
+        value = problems.soft(ctx.str_at, v, f"{where}.attr.{k}")
+        if value is not None:
+            attrs[k] = value
 
     allowed = []
-    for j, h in enumerate(ctx.list_at(s.get("allowed_hosts"), f"{where}.allowed_hosts")):
+    for j, h in enumerate(problems.soft(ctx.list_at, s.get("allowed_hosts"), f"{where}.allowed_hosts", default=[])):
         hw = f"{where}.allowed_hosts[{j}]"
-        validate_nqn(h, ctx.source, hw)
+        if problems.soft(validate_nqn, h, ctx.source, hw) is None:
+            continue
         if h not in hosts:
-            raise ctx.err(hw, f"host {h!r} is not in the top-level 'hosts' list",
-                          f'add {{"nqn": "{h}"}} to "hosts"')
-        if h in allowed:
-            raise ctx.err(hw, f"host {h!r} is listed twice", "list each allowed host once")
-        allowed.append(h)
+            problems.add(ctx.err(hw, f"host {h!r} is not in the top-level 'hosts' list",
+                                 f'add {{"nqn": "{h}"}} to "hosts"'))
+        elif h in allowed:
+            problems.add(ctx.err(hw, f"host {h!r} is listed twice", "list each allowed host once"))
+        else:
+            allowed.append(h)
 
     if "allow_any_host" in attr:
-        allow_any = ctx.flag_at(attr["allow_any_host"], f"{where}.attr.allow_any_host")
+        allow_any = problems.soft(ctx.flag_at, attr["allow_any_host"], f"{where}.attr.allow_any_host",
+                                  default=not allowed)
         if allow_any and allowed:
-            raise ctx.err(f"{where}.attr.allow_any_host",
-                          "is 1 while allowed_hosts lists hosts (the kernel refuses this too)",
-                          'set "allow_any_host": "0" to use the allow-list, or empty allowed_hosts')
+            problems.add(ctx.err(f"{where}.attr.allow_any_host",
+                                 "is 1 while allowed_hosts lists hosts (the kernel refuses this too)",
+                                 'set "allow_any_host": "0" to use the allow-list, or empty allowed_hosts'))
     else:
         # No explicit choice: a subsystem without an allow-list is open, one with a list is closed.
         allow_any = not allowed
 
     serial = attrs.get("serial") or subsystem_serial(nqn)
     if len(serial) > 20 or not all(0x20 <= ord(c) < 0x7F for c in serial):
-        raise ctx.err(f"{where}.attr.serial", f"must be 1..20 printable ASCII characters, got {serial!r}",
-                      "shorten it, or leave it out to get a stable serial derived from the NQN")
+        problems.add(ctx.err(f"{where}.attr.serial", f"must be 1..20 printable ASCII characters, got {serial!r}",
+                             "shorten it, or leave it out to get a stable serial derived from the NQN"))
     model = attrs.get("model") or DEFAULT_MODEL
     if len(model) > 40 or not all(0x20 <= ord(c) < 0x7F for c in model):
-        raise ctx.err(f"{where}.attr.model", f"must be 1..40 printable ASCII characters, got {model!r}",
-                      "shorten it")
+        problems.add(ctx.err(f"{where}.attr.model", f"must be 1..40 printable ASCII characters, got {model!r}",
+                             "shorten it"))
     if "version" in attrs:
         if not re.match(r"^\d+\.\d+(\.\d+)?$", attrs["version"]):
-            raise ctx.err(f"{where}.attr.version", f"must look like 1.3 or 2.0.0, got {attrs['version']!r}",
-                          "use MAJOR.MINOR[.TERTIARY]")
-        # the VS register and Identify Controller VER: MJR 16 bits, MNR 8, TER 8 (NVMe Base 2.0 §3.1.4.2)
-        parts = [int(p) for p in attrs["version"].split(".")] + [0]
-        if not (1 <= parts[0] <= 0xFFFF and parts[1] <= 0xFF and parts[2] <= 0xFF):
-            raise ctx.err(f"{where}.attr.version", f"{attrs['version']!r} does not fit the VS register (major "
-                          "1..65535, minor and tertiary 0..255)", "use an NVMe version such as 1.3 or 2.0")
+            problems.add(ctx.err(f"{where}.attr.version", f"must look like 1.3 or 2.0.0, got {attrs['version']!r}",
+                                 "use MAJOR.MINOR[.TERTIARY]"))
+        else:
+            # the VS register and Identify Controller VER: MJR 16 bits, MNR 8, TER 8 (NVMe Base 2.0 §3.1.4.2)
+            parts = [int(p) for p in attrs["version"].split(".")] + [0]
+            if not (1 <= parts[0] <= 0xFFFF and parts[1] <= 0xFF and parts[2] <= 0xFF):
+                problems.add(ctx.err(f"{where}.attr.version", f"{attrs['version']!r} does not fit the VS register "
+                                     "(major 1..65535, minor and tertiary 0..255)",
+                                     "use an NVMe version such as 1.3 or 2.0"))
+    # nvmet's attr_firmware: the Firmware Revision of Identify Controller, 1..8 printable characters
+    if "firmware" in attrs and not (1 <= len(attrs["firmware"]) <= 8
+                                    and all(0x20 <= ord(c) < 0x7F for c in attrs["firmware"])):
+        problems.add(ctx.err(f"{where}.attr.firmware",
+                             f"must be 1..8 printable ASCII characters, got {attrs['firmware']!r}",
+                             'give a firmware revision such as "1.0"'))
+    # nvmet's attr_ieee_oui: the IEEE OUI of Identify Controller, 24 bits (decimal or 0x hex, as kstrtou32)
+    if "ieee_oui" in attrs:
+        problems.soft(ctx.int_at, attrs["ieee_oui"], f"{where}.attr.ieee_oui", 0, 0xFFFFFF, True)
     cmin = cmax = None
     if "cntlid_min" in attrs:
-        cmin = ctx.int_at(attrs["cntlid_min"], f"{where}.attr.cntlid_min", 1, CNTLID_MAX, hexrange=True)
+        cmin = problems.soft(ctx.int_at, attrs["cntlid_min"], f"{where}.attr.cntlid_min", 1, CNTLID_MAX, True)
     if "cntlid_max" in attrs:
-        cmax = ctx.int_at(attrs["cntlid_max"], f"{where}.attr.cntlid_max", 1, CNTLID_MAX, hexrange=True)
+        cmax = problems.soft(ctx.int_at, attrs["cntlid_max"], f"{where}.attr.cntlid_max", 1, CNTLID_MAX, True)
     if (cmin or 1) > (cmax or CNTLID_MAX):
-        raise ctx.err(f"{where}.attr.cntlid_min", f"{cmin} is above cntlid_max {cmax or CNTLID_MAX}",
-                      "make cntlid_min <= cntlid_max")
+        problems.add(ctx.err(f"{where}.attr.cntlid_min", f"{cmin} is above cntlid_max {cmax or CNTLID_MAX}",
+                             "make cntlid_min <= cntlid_max"))
     for flagname in ("pi_enable",):
         if flagname in attrs:
-            ctx.flag_at(attrs[flagname], f"{where}.attr.{flagname}")
+            problems.soft(ctx.flag_at, attrs[flagname], f"{where}.attr.{flagname}")
     if "qid_max" in attrs:
-        ctx.int_at(attrs["qid_max"], f"{where}.attr.qid_max", 1, 65535)
+        problems.soft(ctx.int_at, attrs["qid_max"], f"{where}.attr.qid_max", 1, 65535)
     attrs.pop("allow_any_host", None)
     attrs.pop("serial", None)
     attrs.pop("model", None)
+    userspace = problems.soft(ctx.dict_at, s.get(USERSPACE_KEY), f"{where}.{USERSPACE_KEY}", default={})
+    if errors is None:
+        problems.done()
 
     sub = SubsystemConfig(nqn=nqn, allow_any_host=allow_any, allowed_hosts=allowed, serial=serial,
-                          model=model, attrs=attrs,
-                          userspace=ctx.dict_at(s.get(USERSPACE_KEY), f"{where}.{USERSPACE_KEY}"),
-                          raw=copy.deepcopy(s))
+                          model=model, attrs=attrs, userspace=userspace, raw=copy.deepcopy(s))
     seen = {}
     for j, n in enumerate(ctx.list_at(s.get("namespaces"), f"{where}.namespaces")):
         try:
@@ -769,10 +829,11 @@ def _parse_subsystem(ctx: _Ctx, s: Any, where: str, hosts: set, errors: Optional
         except ConfigError as exc:
             if errors is None:
                 raise
-            errors.append(exc)  # the other namespaces are still checked
+            errors.extend(getattr(exc, "errors", None) or [exc])  # the other namespaces are still checked
             continue
         seen[ns.nsid] = j
         sub.namespaces.append(ns)
+    problems.done()  # the subsystem's own problems, after its namespaces were checked too
     return sub
 
 
@@ -914,94 +975,119 @@ def _check_addr(ctx: _Ctx, where: str, trtype: str, adrfam: str, traddr: str, tr
 
 def _parse_port(ctx: _Ctx, p: Any, where: str, subsystems: Optional[set]) -> PortConfig:
     p = ctx.dict_at(p, where, optional=False)
-    ctx.unknown(p, _PORT_KEYS, where)
+    problems = _Problems()
+    soft = problems.soft
+    soft(ctx.unknown, p, _PORT_KEYS, where)
     if "portid" not in p:
-        raise ctx.err(where, "missing 'portid'", 'add "portid": 1')
-    portid = ctx.int_at(p["portid"], f"{where}.portid", 0, PORTID_MAX)
-    addr = ctx.dict_at(p.get("addr"), f"{where}.addr")
-    ctx.unknown(addr, _ADDR_KEYS, f"{where}.addr")
-    trtype = ctx.str_at(addr.get("trtype", "rdma"), f"{where}.addr.trtype")
-    adrfam = ctx.str_at(addr.get("adrfam", "ipv4" if trtype in ("rdma", "tcp") else ""), f"{where}.addr.adrfam")
-    traddr = ctx.str_at(addr.get("traddr", ""), f"{where}.addr.traddr")
-    treq = ctx.str_at(addr.get("treq", "not specified"), f"{where}.addr.treq")
+        problems.fatal(ctx.err(where, "missing 'portid'", 'add "portid": 1'))
+    portid = soft(ctx.int_at, p["portid"], f"{where}.portid", 0, PORTID_MAX, default=0)
+    addr = soft(ctx.dict_at, p.get("addr"), f"{where}.addr", default={})
+    soft(ctx.unknown, addr, _ADDR_KEYS, f"{where}.addr")
+    trtype = soft(ctx.str_at, addr.get("trtype", "rdma"), f"{where}.addr.trtype", default="rdma")
+    adrfam = soft(ctx.str_at, addr.get("adrfam", "ipv4" if trtype in ("rdma", "tcp") else ""), f"{where}.addr.adrfam",
+                  default="ipv4")
+    traddr = soft(ctx.str_at, addr.get("traddr", ""), f"{where}.addr.traddr", default="")
+    treq = soft(ctx.str_at, addr.get("treq", "not specified"), f"{where}.addr.treq", default="not specified")
     if treq not in TREQS:
-        raise ctx.err(f"{where}.addr.treq", f"must be one of {', '.join(TREQS)}, got {treq!r}",
-                      'use "not specified"')
-    if trtype in ("rdma", "tcp") and not traddr:
-        raise ctx.err(f"{where}.addr.traddr", f"is required for an {trtype} port",
-                      "give the IP address of the RDMA netdev, e.g. 10.99.0.1")
+        problems.add(ctx.err(f"{where}.addr.treq", f"must be one of {', '.join(TREQS)}, got {treq!r}",
+                             'use "not specified"'))
+    if "tsas" in addr:
+        soft(ctx.str_at, addr["tsas"], f"{where}.addr.tsas")
     svc_raw = addr.get("trsvcid", DEFAULT_TRSVCID if trtype in ("rdma", "tcp") else "")
-    trsvcid = _check_addr(ctx, f"{where}.addr", trtype, adrfam, traddr, svc_raw)
-    params = {k: ctx.str_at(v, f"{where}.param.{k}")
-              for k, v in ctx.dict_at(p.get("param"), f"{where}.param").items()}
+    if trtype in ("rdma", "tcp") and not traddr:
+        problems.add(ctx.err(f"{where}.addr.traddr", f"is required for an {trtype} port",
+                             "give the IP address of the RDMA netdev, e.g. 10.99.0.1"))
+        trsvcid = 0
+    else:
+        trsvcid = soft(_check_addr, ctx, f"{where}.addr", trtype, adrfam, traddr, svc_raw, default=0)
+    params = {}
+    for k, v in soft(ctx.dict_at, p.get("param"), f"{where}.param", default={}).items():
+        value = soft(ctx.str_at, v, f"{where}.param.{k}")
+        if value is not None:
+            params[k] = value
     # Parsed once here (decimal or 0x hex, as configfs' kstrtoint accepts); both targets use these values.
     inline = queue_size = None
     if "inline_data_size" in params:
-        inline = ctx.int_at(params["inline_data_size"], f"{where}.param.inline_data_size", -1, MAX_INLINE_DATA_SIZE)
+        inline = soft(ctx.int_at, params["inline_data_size"], f"{where}.param.inline_data_size", -1,
+                      MAX_INLINE_DATA_SIZE)
     if "max_queue_size" in params:
-        queue_size = ctx.int_at(params["max_queue_size"], f"{where}.param.max_queue_size", -1, 1 << 16)
+        queue_size = soft(ctx.int_at, params["max_queue_size"], f"{where}.param.max_queue_size", -1, 1 << 16)
 
     subs = []
-    for j, nqn in enumerate(ctx.list_at(p.get("subsystems"), f"{where}.subsystems")):
+    for j, nqn in enumerate(soft(ctx.list_at, p.get("subsystems"), f"{where}.subsystems", default=[])):
         sw = f"{where}.subsystems[{j}]"
         if subsystems is None or (isinstance(nqn, str) and nqn in subsystems):
             pass  # defined (its own errors, if any, are reported where it is defined)
+        elif soft(validate_nqn, nqn, ctx.source, sw) is None:
+            continue
         else:
-            validate_nqn(nqn, ctx.source, sw)
-            raise ctx.err(sw, f"subsystem {nqn!r} is not defined in 'subsystems'",
-                          "add that subsystem, or remove it from the port")
+            problems.add(ctx.err(sw, f"subsystem {nqn!r} is not defined in 'subsystems'",
+                                 "add that subsystem, or remove it from the port"))
+            continue
         if nqn in subs:
-            raise ctx.err(sw, f"subsystem {nqn!r} is listed twice", "list it once")
+            problems.add(ctx.err(sw, f"subsystem {nqn!r} is listed twice", "list it once"))
+            continue
         subs.append(nqn)
 
     referrals = []
     names = set()
-    for j, r in enumerate(ctx.list_at(p.get("referrals"), f"{where}.referrals")):
-        rw = f"{where}.referrals[{j}]"
-        r = ctx.dict_at(r, rw, optional=False)
-        ctx.unknown(r, {"name", "addr", "enable", "portid"}, rw)
-        if not r.get("name"):
-            raise ctx.err(rw, "missing 'name'", 'add "name": "ref1"')
-        name = ctx.str_at(r["name"], f"{rw}.name")
-        if name in names:
-            raise ctx.err(f"{rw}.name", f"duplicate referral {name!r}", "give each referral its own name")
-        names.add(name)
-        ra = ctx.dict_at(r.get("addr"), f"{rw}.addr")
-        ctx.unknown(ra, _ADDR_KEYS, f"{rw}.addr")
-        rt = ctx.str_at(ra.get("trtype", "rdma"), f"{rw}.addr.trtype")
-        rf = ctx.str_at(ra.get("adrfam", "ipv4"), f"{rw}.addr.adrfam")
-        rtraddr = ctx.str_at(ra.get("traddr", ""), f"{rw}.addr.traddr")
-        rsvc = ra.get("trsvcid", DEFAULT_TRSVCID)
-        _check_addr(ctx, f"{rw}.addr", rt, rf, rtraddr, rsvc)
-        rportid = None
-        if "portid" in ra:
-            rportid = ctx.int_at(ra["portid"], f"{rw}.addr.portid", 0, PORTID_MAX)
-        referrals.append(ReferralConfig(
-            name=name, trtype=rt, adrfam=rf, traddr=rtraddr, trsvcid=str(rsvc),
-            treq=ctx.str_at(ra.get("treq", "not specified"), f"{rw}.addr.treq"), portid=rportid,
-            enabled=ctx.flag_at(r.get("enable", 1), f"{rw}.enable"), raw=copy.deepcopy(r)))
+    for j, r in enumerate(soft(ctx.list_at, p.get("referrals"), f"{where}.referrals", default=[])):
+        ref = soft(_parse_referral, ctx, r, f"{where}.referrals[{j}]", names)
+        if ref is not None:
+            referrals.append(ref)
 
     anas = []
-    for j, a in enumerate(ctx.list_at(p.get("ana_groups"), f"{where}.ana_groups")):
-        aw = f"{where}.ana_groups[{j}]"
-        a = ctx.dict_at(a, aw, optional=False)
-        ctx.unknown(a, {"grpid", "ana"}, aw)
-        if "grpid" not in a:
-            raise ctx.err(aw, "missing 'grpid'", 'add "grpid": 1')
-        grpid = ctx.int_at(a["grpid"], f"{aw}.grpid", 1, ANA_GRPID_MAX)
-        if any(g.grpid == grpid for g in anas):
-            raise ctx.err(f"{aw}.grpid", f"duplicate ANA group {grpid}", "list each group once")
-        state = ctx.dict_at(a.get("ana"), f"{aw}.ana").get("state", "optimized")
-        if state not in ANA_STATES:
-            raise ctx.err(f"{aw}.ana.state", f"must be one of {', '.join(ANA_STATES)}, got {state!r}",
-                          'use "optimized"')
-        anas.append(AnaGroupConfig(grpid=grpid, state=state, raw=copy.deepcopy(a)))
+    for j, a in enumerate(soft(ctx.list_at, p.get("ana_groups"), f"{where}.ana_groups", default=[])):
+        group = soft(_parse_ana_group, ctx, a, f"{where}.ana_groups[{j}]", anas)
+        if group is not None:
+            anas.append(group)
 
+    userspace = soft(ctx.dict_at, p.get(USERSPACE_KEY), f"{where}.{USERSPACE_KEY}", default={})
+    problems.done()
     return PortConfig(portid=portid, trtype=trtype, adrfam=adrfam, traddr=traddr, trsvcid=trsvcid, treq=treq,
                       subsystems=subs, referrals=referrals, params=params, ana_groups=anas,
-                      inline_data_size=inline, max_queue_size=queue_size,
-                      userspace=ctx.dict_at(p.get(USERSPACE_KEY), f"{where}.{USERSPACE_KEY}"),
+                      inline_data_size=inline, max_queue_size=queue_size, userspace=userspace,
                       raw=copy.deepcopy(p))
+
+
+def _parse_referral(ctx: _Ctx, r: Any, rw: str, names: set) -> ReferralConfig:
+    r = ctx.dict_at(r, rw, optional=False)
+    ctx.unknown(r, {"name", "addr", "enable", "portid"}, rw)
+    if not r.get("name"):
+        raise ctx.err(rw, "missing 'name'", 'add "name": "ref1"')
+    name = ctx.str_at(r["name"], f"{rw}.name")
+    if name in names:
+        raise ctx.err(f"{rw}.name", f"duplicate referral {name!r}", "give each referral its own name")
+    names.add(name)
+    ra = ctx.dict_at(r.get("addr"), f"{rw}.addr")
+    ctx.unknown(ra, _ADDR_KEYS, f"{rw}.addr")
+    rt = ctx.str_at(ra.get("trtype", "rdma"), f"{rw}.addr.trtype")
+    rf = ctx.str_at(ra.get("adrfam", "ipv4"), f"{rw}.addr.adrfam")
+    rtraddr = ctx.str_at(ra.get("traddr", ""), f"{rw}.addr.traddr")
+    rsvc = ra.get("trsvcid", DEFAULT_TRSVCID)
+    _check_addr(ctx, f"{rw}.addr", rt, rf, rtraddr, rsvc)
+    rportid = None
+    if "portid" in ra:
+        rportid = ctx.int_at(ra["portid"], f"{rw}.addr.portid", 0, PORTID_MAX)
+    return ReferralConfig(
+        name=name, trtype=rt, adrfam=rf, traddr=rtraddr, trsvcid=str(rsvc),
+        treq=ctx.str_at(ra.get("treq", "not specified"), f"{rw}.addr.treq"), portid=rportid,
+        enabled=ctx.flag_at(r.get("enable", 1), f"{rw}.enable"), raw=copy.deepcopy(r))
+
+
+def _parse_ana_group(ctx: _Ctx, a: Any, aw: str, anas: list) -> AnaGroupConfig:
+    a = ctx.dict_at(a, aw, optional=False)
+    ctx.unknown(a, {"grpid", "ana"}, aw)
+    if "grpid" not in a:
+        raise ctx.err(aw, "missing 'grpid'", 'add "grpid": 1')
+    grpid = ctx.int_at(a["grpid"], f"{aw}.grpid", 1, ANA_GRPID_MAX)
+    if any(g.grpid == grpid for g in anas):
+        raise ctx.err(f"{aw}.grpid", f"duplicate ANA group {grpid}", "list each group once")
+    state = ctx.dict_at(a.get("ana"), f"{aw}.ana").get("state", "optimized")
+    if state not in ANA_STATES:
+        raise ctx.err(f"{aw}.ana.state", f"must be one of {', '.join(ANA_STATES)}, got {state!r}",
+                      'use "optimized"')
+    return AnaGroupConfig(grpid=grpid, state=state, raw=copy.deepcopy(a))
 
 
 # --------------------------------------------------------------------------- the userspace target's subset
@@ -1010,9 +1096,21 @@ USERSPACE_FIX = "remove it, or serve this config with the kernel target: `nvmeof
 USERSPACE_MAX_NSID = 1024           # the userspace target's Identify Controller NN
 USERSPACE_QUEUE_SIZES = (16, 1024)  # param_max_queue_size the userspace target serves
 _US_SUBSYS_ATTRS = {"allow_any_host", "serial", "model", "version", "cntlid_min", "cntlid_max", "qid_max",
-                    "pi_enable"}
+                    "pi_enable", "firmware", "ieee_oui"}
 _US_PORT_PARAMS = {"inline_data_size", "max_queue_size", "pi_enable"}
-_US_TSAS = ("", "none", "not required")
+# addr.tsas values the userspace target serves: none given, or RDMA's own "connected" (the reliable-connected
+# QP type nvmet shows for every RDMA port, and what nvmetcli saves from it).  Not "datagram", nor TLS.
+_US_TSAS = ("", "none", "not required", "not specified", "connected")
+
+
+def passthru_configured(entries: Any) -> bool:
+    """A passthru entry with a device or enabled.  An empty, disabled one is what nvmetcli saves from a kernel
+    with CONFIG_NVME_TARGET_PASSTHRU for every subsystem: no passthru at all."""
+    for e in entries if isinstance(entries, list) else [entries] if entries else []:
+        path = (e.get("device") or {}).get("path") if isinstance(e, dict) else None
+        if not isinstance(e, dict) or path not in (None, "", "(null)") or str(e.get("enable", "0")) not in ("0", ""):
+            return True
+    return False
 
 
 def _physical_memory() -> Optional[int]:
@@ -1052,8 +1150,12 @@ def validate_for_userspace(cfg: TargetConfig, memory: Optional[int] = None) -> L
         f = _flag(v)
         return bool(v) if f is None else f
 
-    if raw.get("discovery"):
-        refuse("discovery", "discovery subsystem settings")
+    discovery_nqn = (raw.get("discovery") or {}).get("nqn") if isinstance(raw.get("discovery"), dict) else None
+    if discovery_nqn not in (None, "", DISCOVERY_NQN):
+        errors.append(ConfigError(cfg.source, "discovery.nqn",
+                                  f"{discovery_nqn!r}: the userspace target's discovery controller answers to the "
+                                  f"well-known {DISCOVERY_NQN} only",
+                                  f'use "{DISCOVERY_NQN}" (or leave "discovery" out), or {USERSPACE_FIX}'))
     # hosts[].dhchap (DH-HMAC-CHAP) is served: target/auth.py checks the keys (`target check` too)
 
     # ports from the raw config: a port with a problem the loader reported is still checked here
@@ -1070,7 +1172,11 @@ def validate_for_userspace(cfg: TargetConfig, memory: Optional[int] = None) -> L
                                       f'use "rdma", or {USERSPACE_FIX}'))
         if addr.get("treq") == "required":
             refuse(f"{where}.addr.treq", "treq \"required\" (secure channel)")
-        if str(addr.get("tsas", "") or "").strip().lower() not in _US_TSAS:
+        tsas = str(addr.get("tsas", "") or "").strip().lower()
+        if tsas == "datagram":
+            refuse(f"{where}.addr.tsas", "tsas \"datagram\" (the unreliable datagram QP type; NVMe/RDMA queues are "
+                                         "reliable connected)", 'use "connected", or leave tsas out')
+        elif tsas not in _US_TSAS:
             refuse(f"{where}.addr.tsas", f"tsas {addr['tsas']!r} (transport security)")
         params = p.get("param") if isinstance(p.get("param"), dict) else {}
         for k, v in params.items():
@@ -1105,8 +1211,8 @@ def validate_for_userspace(cfg: TargetConfig, memory: Optional[int] = None) -> L
                        "kernel target: `nvmeof-roce nvmet apply`")
             elif k == "pi_enable" and truthy(v):
                 refuse(f"{where}.attr.pi_enable", "protection information")
-        if "passthru" in s.raw:
-            refuse(f"{where}.passthru", "passthru")
+        if passthru_configured(s.raw.get("passthru")):
+            refuse(f"{where}.passthru", "passthru (a subsystem that forwards to a local NVMe controller)")
         for k in s.userspace:
             refuse(f"{where}.{USERSPACE_KEY}.{k}", f"subsystem setting {k!r}", "remove it")
         for j, n in enumerate(s.namespaces):

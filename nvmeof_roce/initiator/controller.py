@@ -23,6 +23,7 @@ import uuid as uuidlib
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import NvmeofError
+from ..host_identity import host_identity
 from ..nvme import admin as A
 from ..nvme import auth as auth_proto
 from ..nvme import fabrics as F
@@ -45,8 +46,6 @@ DEFAULT_TIMEOUT = 30.0  # seconds to wait for one command
 SHUTDOWN_TIMEOUT = 5.0
 ADMIN_SLOT_SIZE = 4096
 DEFAULT_IO_SLOT_SIZE = 128 * 1024
-HOSTNQN_FILE = "/etc/nvme/hostnqn"
-HOSTID_FILE = "/etc/nvme/hostid"
 
 Callback = Callable[["Completion"], None]
 IN_CAPSULE_WORD = ID_IN_CAPSULE << 56  # an in-capsule data SGL's word, less its length (docs/protocol.md §2.2)
@@ -67,39 +66,16 @@ class QueueFull(HostError):
 # ---------------------------------------------------------------------- host identity
 
 _default_identity: Optional[Tuple[str, bytes]] = None
-
-
-def _read_first_line(path: str) -> str:
-    try:
-        with open(path, "r", encoding="ascii", errors="replace") as f:
-            return f.readline().strip()
-    except OSError:
-        return ""
+IDENTITY_PATHS = None  # host_identity.Paths; tests point it at a tree of their own
 
 
 def default_host_identity() -> Tuple[str, bytes]:
-    """(host NQN, 16-byte host ID): /etc/nvme/hostnqn and /etc/nvme/hostid if present, else a
-    generated nqn.2014-08.org.nvmexpress:uuid:<uuid4> (the same for the whole process)."""
+    """(host NQN, 16-byte host ID) as nvme-cli derives them (host_identity.py: /etc/nvme/config.json's first
+    host, /etc/nvme/hostnqn and hostid, the machine's DMI UUID ...), the same for the whole process."""
     global _default_identity
     if _default_identity is None:
-        nqn = _read_first_line(HOSTNQN_FILE)
-        hostid_text = _read_first_line(HOSTID_FILE)
-        hostid = None
-        try:
-            hostid = uuidlib.UUID(hostid_text).bytes if hostid_text else None
-        except ValueError:
-            hostid = None
-        if not nqn:
-            generated = uuidlib.uuid4()
-            nqn = f"nqn.2014-08.org.nvmexpress:uuid:{generated}"
-            hostid = hostid or generated.bytes
-        if hostid is None:
-            tail = nqn.rsplit(":", 1)[-1]
-            try:
-                hostid = uuidlib.UUID(tail).bytes
-            except ValueError:
-                hostid = uuidlib.uuid5(uuidlib.NAMESPACE_DNS, nqn).bytes
-        _default_identity = (nqn, hostid)
+        ident = host_identity(paths=IDENTITY_PATHS)
+        _default_identity = (ident.hostnqn, uuidlib.UUID(ident.hostid).bytes)
     return _default_identity
 
 

@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from ..config import TargetConfig
+from ..config import DISCOVERY_NQN, TargetConfig, passthru_configured
 from . import modules
 from .nvmet import NvmetError, Root, TRANSPORT_MODULES, ANA_DEFAULT_GROUP
 
@@ -111,16 +111,6 @@ class _Planner:
                            was=was, field=f"{fieldbase}.{g}.{n}" if fieldbase else f"{g}.{n}")
 
 
-def _passthru_configured(entries) -> bool:
-    """A passthru entry with a device or enabled (an empty, disabled one is what a kernel with
-    CONFIG_NVME_TARGET_PASSTHRU shows for every subsystem: nothing to apply)."""
-    for e in entries if isinstance(entries, list) else [entries] if entries else []:
-        path = (e.get("device") or {}).get("path") if isinstance(e, dict) else None
-        if not isinstance(e, dict) or path not in (None, "", "(null)") or str(e.get("enable", "0")) not in ("0", ""):
-            return True
-    return False
-
-
 def _by(items, key):
     return {str(i[key]): i for i in items or []}
 
@@ -141,9 +131,14 @@ def plan(current: dict, desired: dict, prune: bool = True) -> List[Step]:
     want_sub_names = {s["nqn"] for _, s in want_subs}
     want_port_ids = {str(p["portid"]) for _, p in want_ports}
 
-    # discovery NQN (root attribute group)
-    if desired.get("discovery"):
-        P.groups("", "nvmet root", {"discovery": desired["discovery"]}, {"discovery": current.get("discovery") or {}},
+    # discovery NQN (root attribute group, kernels 6.7+).  nvmetcli saves the well-known NQN from those
+    # kernels; on a kernel without discovery_nqn that is what the kernel answers to anyway: nothing to do.
+    want_discovery = dict(desired.get("discovery") or {})
+    have_discovery = current.get("discovery") or {}
+    if want_discovery.get("nqn") == DISCOVERY_NQN and "nqn" not in have_discovery:
+        want_discovery.pop("nqn")
+    if want_discovery:
+        P.groups("", "nvmet root", {"discovery": want_discovery}, {"discovery": have_discovery},
                  ["discovery"], "")
         for s in P.steps:
             s.rel = s.rel.lstrip("/")
@@ -394,7 +389,7 @@ def kernel_dict(cfg: TargetConfig) -> dict:
             "for the kernel, remove the \"nvmeof_roce\" keys and give each namespace a device.path (a file, "
             "a loop device or null_blk /dev/nullb0); or serve this file with nvmeof-roce target serve")
     for i, s in enumerate(cfg.subsystems):
-        if _passthru_configured(s.raw.get("passthru")):
+        if passthru_configured(s.raw.get("passthru")):
             raise NvmetError(f"{cfg.source}: subsystems[{i}].passthru: passthru subsystems are not supported by "
                              "nvmeof-roce nvmet apply", "use nvmetcli for passthru subsystems")
     return cfg.to_dict()

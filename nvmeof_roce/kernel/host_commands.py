@@ -21,8 +21,8 @@ def _add_json(p):
                    help="as nvme-cli: json or normal (default normal)")
 
 
-def _cli() -> nvme_cli.NvmeCli:
-    return nvme_cli.NvmeCli()
+def _cli(args=None) -> nvme_cli.NvmeCli:
+    return nvme_cli.NvmeCli(config_json=getattr(args, "config", None))
 
 
 def _addr_opts(p, nqn=False, nqn_required=True, traddr_required=True):
@@ -33,8 +33,14 @@ def _addr_opts(p, nqn=False, nqn_required=True, traddr_required=True):
                                                             " (default: every line of /etc/nvme/discovery.conf)"))
     p.add_argument("-s", "--trsvcid", default="4420", help="target service id (port), default 4420")
     p.add_argument("-w", "--host-traddr", help="local address to connect from")
-    p.add_argument("-q", "--hostnqn", help="host NQN (default /etc/nvme/hostnqn, else generated from the machine id)")
-    p.add_argument("-I", "--hostid", help="host ID (default /etc/nvme/hostid, else generated)")
+    p.add_argument("-f", "--host-iface", help="local network interface to connect from (tcp only, as nvme-cli)")
+    p.add_argument("-q", "--hostnqn", help="host NQN (default: as nvme-cli: the -J file's first host, "
+                                           "/etc/nvme/hostnqn, else from the machine's DMI UUID)")
+    p.add_argument("-I", "--hostid", help="host ID (default: as nvme-cli: the -J file's first host, /etc/nvme/hostid, "
+                                          "the host NQN's UUID, else the machine's DMI UUID)")
+    p.add_argument("-J", "--config", metavar="FILE",
+                   help="libnvme's JSON config (default /etc/nvme/config.json; 'none' to not read it): its first "
+                        "host gives the host NQN and ID, and nvme-cli reads it too")
     if nqn:
         p.add_argument("-n", "--nqn", required=nqn_required, help="subsystem NQN")
 
@@ -44,6 +50,9 @@ def _tuning_opts(p):
     p.add_argument("-Q", "--queue-size", type=int, help="I/O queue depth")
     p.add_argument("-k", "--keep-alive-tmo", type=int, help="keep-alive timeout, seconds")
     p.add_argument("-l", "--ctrl-loss-tmo", type=int, help="controller loss timeout, seconds (-1: forever)")
+    p.add_argument("-F", "--fast_io_fail_tmo", "--fast-io-fail-tmo", dest="fast_io_fail_tmo", type=int,
+                   metavar="SECONDS", help="fail I/O this long after the connection is lost, before ctrl-loss-tmo "
+                                           "(default off, -1; needs nvme-cli 2.4 or later)")
     p.add_argument("-c", "--reconnect-delay", type=int, help="seconds between reconnect attempts")
     p.add_argument("-T", "--tos", type=int,
                    help="IP type of service of the RDMA connections (DSCP << 2): pick the DSCP that maps to the "
@@ -96,9 +105,12 @@ def _tuning(args):
                           "e.g. -T 104 for DSCP 26; `nvmeof-roce doctor` shows which priority has PFC")
     if args.ctrl_loss_tmo is not None and args.ctrl_loss_tmo < -1:
         raise NvmeofError(f"--ctrl-loss-tmo {args.ctrl_loss_tmo}: must be -1 (forever) or >= 0", "give -1 or more")
+    if args.fast_io_fail_tmo is not None and args.fast_io_fail_tmo < -1:
+        raise NvmeofError(f"--fast_io_fail_tmo {args.fast_io_fail_tmo}: must be -1 (off) or >= 0 seconds",
+                          "give -1 or more")
     return {k: getattr(args, k) for k in ("nr_io_queues", "queue_size", "keep_alive_tmo", "ctrl_loss_tmo",
                                           "reconnect_delay", "tos", "nr_poll_queues", "nr_write_queues",
-                                          "duplicate_connect", "disable_sqflow")}
+                                          "duplicate_connect", "disable_sqflow", "fast_io_fail_tmo")}
 
 
 def _check_svc(args):
@@ -128,20 +140,24 @@ def _print_discovery(r):
 
 
 def cmd_host_discover(args):
-    cli = _cli()
+    cli = _cli(args)
     if not args.traddr:  # as nvme-cli: every discovery controller of /etc/nvme/discovery.conf
+        if args.device or args.raw:
+            raise NvmeofError("--device and --raw need one discovery controller", "give -a ADDR (and -s PORT)")
         results = []
         for e in _conf_entries(cli):
             r = cli.discover(e["traddr"], e.get("trsvcid", "4420"), e.get("transport", "rdma"),
                              e.get("hostnqn", args.hostnqn), e.get("hostid", args.hostid), e.get("host_traddr"),
-                             persistent=args.persistent or e.get("persistent", False))
+                             persistent=args.persistent or e.get("persistent", False),
+                             host_iface=e.get("host_iface", args.host_iface), quiet=args.quiet)
             r.update(traddr=e["traddr"], trsvcid=str(e.get("trsvcid", "4420")))
             results.append(r)
         emit(results, args.json, lambda rs: [_print_discovery(r) for r in rs])
         return 0
     _check_svc(args)
     r = cli.discover(args.traddr, args.trsvcid, args.transport, args.hostnqn, args.hostid, args.host_traddr,
-                     persistent=args.persistent)
+                     persistent=args.persistent, host_iface=args.host_iface, device=args.device, raw=args.raw,
+                     quiet=args.quiet)
     r.update(traddr=args.traddr, trsvcid=str(args.trsvcid))
     emit(r, args.json, _print_discovery)
     return 0
@@ -149,8 +165,8 @@ def cmd_host_discover(args):
 
 def cmd_host_connect(args):
     _check_svc(args)
-    r = _cli().connect(args.traddr, args.nqn, args.trsvcid, args.transport, args.hostnqn, args.hostid,
-                       args.host_traddr, **_tuning(args), **_auth(args))
+    r = _cli(args).connect(args.traddr, args.nqn, args.trsvcid, args.transport, args.hostnqn, args.hostid,
+                           args.host_traddr, host_iface=args.host_iface, **_tuning(args), **_auth(args))
     emit(r, args.json, lambda r: print(f"connected {r['nqn']} at {r['traddr']}:{r['trsvcid']} as {r['controller']}"))
     return 0
 
@@ -159,7 +175,7 @@ def cmd_host_connect_all(args):
     if args.duplicate_connect:
         raise NvmeofError("connect-all cannot duplicate connections (nvme connect-all has no -D)",
                           "use host connect -D for the one subsystem you want twice")
-    cli = _cli()
+    cli = _cli(args)
     tuning = _tuning(args)
     tuning["persistent"] = args.persistent
     auth = _auth(args)
@@ -170,14 +186,14 @@ def cmd_host_connect_all(args):
             t.update({k: v for k, v in e.items() if k in t and v is not None})
             one = cli.connect_all(e["traddr"], e.get("trsvcid", "4420"), e.get("transport", "rdma"),
                                   e.get("hostnqn", args.hostnqn), e.get("hostid", args.hostid), e.get("host_traddr"),
-                                  **t, **auth)
+                                  e.get("host_iface", args.host_iface), **t, **auth)
             for key in ("connected", "not_connected", "discovered"):
                 r[key] += one[key]
             r["hostnqn"] = one["hostnqn"]
     else:
         _check_svc(args)
         r = cli.connect_all(args.traddr, args.trsvcid, args.transport, args.hostnqn, args.hostid, args.host_traddr,
-                            **tuning, **auth)
+                            args.host_iface, **tuning, **auth)
 
     def human(r):
         for c in r["connected"]:
@@ -269,6 +285,10 @@ def register(subparsers) -> None:
     _addr_opts(x, traddr_required=False)
     x.add_argument("-p", "--persistent", action="store_true",
                    help="keep the discovery controller connected (Discovery Log Change events)")
+    x.add_argument("-d", "--device", metavar="DEV",
+                   help="read the log through this existing discovery controller (nvmeN, /dev/nvmeN; none: not one)")
+    x.add_argument("-r", "--raw", metavar="FILE", help="save the raw discovery log page to FILE (as nvme-cli)")
+    x.add_argument("--quiet", action="store_true", help="as nvme-cli: no 'already connected' errors")
     _add_json(x)
     x.set_defaults(func=cmd_host_discover)
     x = hs.add_parser("connect", help="connect to a subsystem")

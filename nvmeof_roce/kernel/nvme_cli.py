@@ -1,6 +1,6 @@
 """The kernel NVMe host through nvme-cli: discover, connect, connect-all, disconnect, list.
 
-One wrapper for the tool (`NvmeCli`), over `tool.run` (the `sh` package). JSON output is parsed
+One wrapper for the tool (`NvmeCli`), over `tool.run` (subprocess). JSON output is parsed
 by pure functions (`parse_discover`, `parse_list`, `parse_list_subsys`, ...) that accept the shapes
 nvme-cli 1.x and 2.x print (Debian bookworm has 2.3 with libnvme 1.3; tests use outputs captured
 from it in the lab, tests/unit/fixtures/nvme-cli-2.3/).
@@ -13,11 +13,11 @@ import json
 import logging
 import os
 import re
-import uuid
-from dataclasses import dataclass, asdict
 from typing import Callable, Dict, List, Optional
 
 from ..errors import NvmeofError
+from ..host_identity import CONFIG_JSON, HostIdentity, Paths
+from ..host_identity import host_identity as derive_identity
 from . import modules, tool
 
 log = logging.getLogger(__name__)
@@ -25,9 +25,6 @@ log = logging.getLogger(__name__)
 ETC_NVME = "/etc/nvme"
 DEV_FABRICS = "/dev/nvme-fabrics"
 HOST_MODULES = {"rdma": "nvme_rdma", "tcp": "nvme_tcp", "fc": "nvme_fc", "loop": "nvme_loop"}
-UUID_NQN_PREFIX = "nqn.2014-08.org.nvmexpress:uuid:"
-# a fixed namespace so a host NQN generated from the machine id is the same every time
-_HOSTID_NAMESPACE = uuid.UUID("6f1b6f0e-3c1d-5b7a-9c55-6e766d656f66")
 
 
 class NvmeCliError(NvmeofError):
@@ -36,66 +33,11 @@ class NvmeCliError(NvmeofError):
 
 # --------------------------------------------------------------------------- host identity
 
-@dataclass
-class HostIdentity:
-    hostnqn: str
-    hostid: str
-    source: str          # where they came from: "option", "/etc/nvme", "generated from /etc/machine-id", ...
-
-    def to_dict(self):
-        return asdict(self)
-
-
-def _read_first_line(path: str) -> Optional[str]:
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            v = f.readline().strip()
-        return v or None
-    except OSError:
-        return None
-
-
 def host_identity(hostnqn: Optional[str] = None, hostid: Optional[str] = None, etc_dir: str = ETC_NVME,
-                  machine_id: str = "/etc/machine-id",
-                  product_uuid: str = "/sys/class/dmi/id/product_uuid") -> HostIdentity:
-    """The host NQN and host ID: given > /etc/nvme/{hostnqn,hostid} > generated (stable per machine)."""
-    sources = []
-    if hostnqn:
-        sources.append("option")
-    else:
-        hostnqn = _read_first_line(os.path.join(etc_dir, "hostnqn"))
-        if hostnqn:
-            sources.append(os.path.join(etc_dir, "hostnqn"))
-    if hostid:
-        sources.append("option")
-    else:
-        hostid = _read_first_line(os.path.join(etc_dir, "hostid"))
-        if hostid:
-            sources.append(os.path.join(etc_dir, "hostid"))
-    if not hostid and hostnqn and hostnqn.startswith(UUID_NQN_PREFIX):
-        hostid = hostnqn[len(UUID_NQN_PREFIX):]
-        sources.append("hostid from the host NQN's UUID")
-    if not hostid:
-        seed, seed_src = None, None
-        for p in (product_uuid, machine_id):
-            v = _read_first_line(p)
-            if v and v.strip("0-") and v.lower() != "03000200-0400-0500-0006-000700080009":
-                seed, seed_src = v.lower(), p
-                break
-        if seed is None:
-            raise NvmeCliError("no host NQN/ID: /etc/nvme/hostnqn is missing and this machine has no id to derive one "
-                               "from", "write one: nvme gen-hostnqn > /etc/nvme/hostnqn (or pass --hostnqn/--hostid)")
-        hostid = str(uuid.uuid5(_HOSTID_NAMESPACE, seed))
-        sources.append(f"generated from {seed_src}")
-    if not hostnqn:
-        hostnqn = UUID_NQN_PREFIX + hostid
-        sources.append("host NQN from the host ID")
-    try:
-        uuid.UUID(hostid)
-    except ValueError:
-        raise NvmeCliError(f"host ID {hostid!r} is not a UUID", "use a UUID (nvme gen-hostnqn's form), "
-                           "e.g. from /etc/nvme/hostid") from None
-    return HostIdentity(hostnqn=hostnqn, hostid=hostid, source=", ".join(dict.fromkeys(sources)))
+                  config_json: Optional[str] = CONFIG_JSON, paths: Optional[Paths] = None) -> HostIdentity:
+    """The host NQN and host ID as nvme-cli (libnvme) derives them: host_identity.py."""
+    return derive_identity(hostnqn, hostid, config_json=config_json,
+                           paths=paths or Paths(etc_dir=etc_dir))
 
 
 # --------------------------------------------------------------------------- parsers
@@ -148,10 +90,12 @@ _CONF_OPTIONS = {  # discovery.conf options (nvme-cli's long and short names) ->
     "-l": "ctrl_loss_tmo", "--reconnect-delay": "reconnect_delay", "-c": "reconnect_delay",
     "--nr-io-queues": "nr_io_queues", "-i": "nr_io_queues", "--queue-size": "queue_size", "-Q": "queue_size",
     "--tos": "tos", "-T": "tos", "--host-iface": "host_iface", "-f": "host_iface",
+    "--fast_io_fail_tmo": "fast_io_fail_tmo", "-F": "fast_io_fail_tmo",
 }
 _CONF_FLAGS = {"--persistent": "persistent", "-p": "persistent", "--disable-sqflow": "disable_sqflow",
                "--duplicate-connect": "duplicate_connect", "-D": "duplicate_connect"}
-_CONF_INTS = {"keep_alive_tmo", "ctrl_loss_tmo", "reconnect_delay", "nr_io_queues", "queue_size", "tos"}
+_CONF_INTS = {"keep_alive_tmo", "ctrl_loss_tmo", "reconnect_delay", "nr_io_queues", "queue_size", "tos",
+              "fast_io_fail_tmo"}
 
 
 def parse_discovery_conf(text: str, source: str = "discovery.conf") -> List[dict]:
@@ -235,6 +179,36 @@ def parse_discover(text: str) -> dict:
     except ValueError:
         genctr = 0
     return {"genctr": genctr, "records": records}
+
+
+# nvme-cli's (libnvme's) names for the numeric fields of a discovery log entry
+_TRTYPE_NAMES = {1: "rdma", 2: "fc", 3: "tcp", 254: "loop"}
+_ADRFAM_NAMES = {1: "ipv4", 2: "ipv6", 3: "infiniband", 4: "fibre-channel", 254: "intra-host"}
+_SUBTYPE_NAMES = {1: "discovery subsystem referral", 2: "nvme subsystem", 3: "current discovery subsystem"}
+_TREQ_NAMES = {0: "not specified", 1: "required", 2: "not required"}
+
+
+def parse_raw_discovery(data: bytes) -> dict:
+    """A discovery log page as `nvme discover --raw FILE` saves it (the 1024-byte header, then 1024-byte
+    entries) -> the shape parse_discover returns, with nvme-cli's names for the numeric fields."""
+    from ..nvme.log import DISC_ENTRY_SIZE, DISC_HEADER_SIZE, DiscoveryLogEntry, DiscoveryLogHeader
+    if len(data) < DISC_HEADER_SIZE:
+        raise NvmeCliError(f"the raw discovery log is {len(data)} bytes, shorter than its header",
+                           "run nvme discover --raw again")
+    header = DiscoveryLogHeader.unpack(data)
+    records = []
+    for i in range(header.numrec):
+        offset = DISC_HEADER_SIZE + i * DISC_ENTRY_SIZE
+        if offset + DISC_ENTRY_SIZE > len(data):
+            break  # nvme-cli saved fewer entries than NUMREC says (the log changed while read)
+        e = DiscoveryLogEntry.unpack(data, offset)
+        records.append({"trtype": _TRTYPE_NAMES.get(e.trtype, str(e.trtype)),
+                        "adrfam": _ADRFAM_NAMES.get(e.adrfam, str(e.adrfam)),
+                        "subtype": _SUBTYPE_NAMES.get(e.subtype, str(e.subtype)),
+                        "treq": _TREQ_NAMES.get(e.treq & 0x3, str(e.treq)), "portid": e.portid,
+                        "trsvcid": e.trsvcid, "subnqn": e.subnqn, "traddr": e.traddr, "cntlid": e.cntlid,
+                        "asqsz": e.asqsz, "rdma_pkey": e.rdma_pkey})
+    return {"genctr": header.genctr, "records": records}
 
 
 def parse_connect(text: str) -> Optional[str]:
@@ -460,12 +434,15 @@ class NvmeCli:
     """nvme-cli, run through `runner(tool, args, package=..., timeout=...)` (tool.run; tests pass a fake)."""
 
     def __init__(self, runner: Optional[Runner] = None, sys_module: str = modules.SYS_MODULE,
-                 load_modules: bool = True, etc_dir: str = ETC_NVME, kernel_log: Optional[Callable[[], str]] = None):
+                 load_modules: bool = True, etc_dir: str = ETC_NVME, kernel_log: Optional[Callable[[], str]] = None,
+                 config_json: Optional[str] = None):
         self.runner = runner or tool.run
         self.sys_module = sys_module
         self.load_modules = load_modules
         self.etc_dir = etc_dir
         self.kernel_log = kernel_log or _dmesg_tail
+        # -J/--config as given (libnvme's JSON config; "none": not read); without it, ETC/config.json
+        self.config_json = config_json
 
     def _nvme(self, args, timeout=120) -> tool.ToolResult:
         self._klog_before = self._klog()
@@ -478,19 +455,31 @@ class NvmeCli:
             return []
 
     def identity(self, hostnqn=None, hostid=None) -> HostIdentity:
-        return host_identity(hostnqn, hostid, self.etc_dir)
+        return host_identity(hostnqn, hostid, self.etc_dir,
+                             config_json=self.config_json or os.path.join(self.etc_dir, "config.json"))
+
+    def _config_args(self) -> List[str]:
+        """-J as given to us: nvme-cli reads the same file (for its per-controller settings too)."""
+        return ["--config", self.config_json] if self.config_json else []
 
     def _ensure_transport(self, transport: str):
         mod = HOST_MODULES.get(transport)
         if mod and self.load_modules:
             modules.ensure(mod, f"the NVMe host over {transport}", self.sys_module)
 
-    def _addr_args(self, transport, traddr, trsvcid, host_traddr=None, ident: Optional[HostIdentity] = None):
+    def _addr_args(self, transport, traddr, trsvcid, host_traddr=None, ident: Optional[HostIdentity] = None,
+                   host_iface=None):
         args = ["--transport", transport, "--traddr", traddr]
         if trsvcid not in (None, ""):
             args += ["--trsvcid", str(trsvcid)]
         if host_traddr:
             args += ["--host-traddr", host_traddr]
+        if host_iface:
+            if transport != "tcp":  # libnvme: "host_iface not permitted for rdma or fc"
+                raise NvmeCliError(f"--host-iface {host_iface}: the host interface applies to the tcp transport "
+                                   f"only (nvme-cli: host_iface not permitted for {transport})",
+                                   "for RDMA pick the local RDMA address with -w/--host-traddr")
+            args += ["--host-iface", host_iface]
         if ident:
             args += ["--hostnqn", ident.hostnqn, "--hostid", ident.hostid]
         return args
@@ -499,10 +488,11 @@ class NvmeCli:
     def _tuning_args(nr_io_queues=None, queue_size=None, keep_alive_tmo=None, ctrl_loss_tmo=None,
                      reconnect_delay=None, tos=None, nr_poll_queues=None, nr_write_queues=None,
                      duplicate_connect=False, disable_sqflow=False, persistent=False,
-                     dhchap_secret=None, dhchap_ctrl_secret=None):
+                     dhchap_secret=None, dhchap_ctrl_secret=None, fast_io_fail_tmo=None):
         args = []
         for flag, v in (("--nr-io-queues", nr_io_queues), ("--queue-size", queue_size),
                         ("--keep-alive-tmo", keep_alive_tmo), ("--ctrl-loss-tmo", ctrl_loss_tmo),
+                        ("--fast_io_fail_tmo", fast_io_fail_tmo),
                         ("--reconnect-delay", reconnect_delay), ("--tos", tos),
                         ("--nr-poll-queues", nr_poll_queues), ("--nr-write-queues", nr_write_queues),
                         ("--dhchap-secret", dhchap_secret), ("--dhchap-ctrl-secret", dhchap_ctrl_secret)):
@@ -515,6 +505,11 @@ class NvmeCli:
         return args
 
     def _fail(self, what, res, **kw):
+        text = res.stderr + res.stdout
+        if "fast_io_fail_tmo" in text and ("unrecognized" in text or "invalid option" in text):
+            return NvmeCliError(f"{what}: this nvme-cli has no --fast_io_fail_tmo (it came with nvme-cli 2.4; "
+                                "Debian 12 has 2.3)", "upgrade nvme-cli, or connect without -F "
+                                "(the kernel then fails I/O only when ctrl-loss-tmo expires)")
         before, after = getattr(self, "_klog_before", []), self._klog()
         new = after
         if before:
@@ -535,24 +530,53 @@ class NvmeCli:
         return parse_discovery_conf(text, path)
 
     def discover(self, traddr: str, trsvcid=4420, transport="rdma", hostnqn=None, hostid=None,
-                 host_traddr=None, persistent: bool = False) -> dict:
+                 host_traddr=None, persistent: bool = False, host_iface=None, device: Optional[str] = None,
+                 raw: Optional[str] = None, quiet: bool = False) -> dict:
+        """nvme discover.  `device`: an existing (persistent) discovery controller, nvmeN or /dev/nvmeN, that
+        nvme-cli reads the log through instead of connecting anew ("none": not one); `raw`: nvme-cli saves the
+        log page to that file (and prints nothing: the records are read back from it); `quiet`: nvme-cli's
+        --quiet (no "already connected" errors)."""
         ident = self.identity(hostnqn, hostid)
         self._ensure_transport(transport)
-        res = self._nvme(["discover", *self._addr_args(transport, traddr, trsvcid, host_traddr, ident),
-                          *(["--persistent"] if persistent else []), "--output-format=json"])
+        args = ["discover", *self._addr_args(transport, traddr, trsvcid, host_traddr, ident, host_iface),
+                *self._config_args()]
+        if device:
+            if device != "none" and not re.fullmatch(r"(/dev/)?nvme\d+", device):
+                raise NvmeCliError(f"--device {device!r}: not a controller device",
+                                   "give nvmeN or /dev/nvmeN (a persistent discovery controller: host discover -p), "
+                                   "or none")
+            args += ["--device", device]
+        if persistent:
+            args.append("--persistent")
+        if quiet:
+            args.append("--quiet")
+        if raw:
+            args += ["--raw", raw]
+        else:
+            args.append("--output-format=json")
+        res = self._nvme(args)
         if not res.ok:
             raise self._fail(f"nvme discover {traddr}:{trsvcid}", res, traddr=traddr, trsvcid=trsvcid,
                              hostnqn=ident.hostnqn, transport=transport)
-        out = parse_discover(res.stdout)
+        if raw:
+            try:
+                with open(raw, "rb") as f:
+                    out = parse_raw_discovery(f.read())
+            except OSError as exc:
+                raise NvmeCliError(f"nvme discover --raw {raw}: nvme-cli wrote no log there ({exc.strerror})",
+                                   "check the path is writable") from None
+            out["raw"] = raw
+        else:
+            out = parse_discover(res.stdout)
         out["hostnqn"] = ident.hostnqn
         return out
 
     def connect(self, traddr: str, nqn: str, trsvcid=4420, transport="rdma", hostnqn=None, hostid=None,
-                host_traddr=None, **tuning) -> dict:
+                host_traddr=None, host_iface=None, **tuning) -> dict:
         ident = self.identity(hostnqn, hostid)
         self._ensure_transport(transport)
-        res = self._nvme(["connect", *self._addr_args(transport, traddr, trsvcid, host_traddr, ident),
-                          "--nqn", nqn, *self._tuning_args(**tuning), "--output-format=json"])
+        res = self._nvme(["connect", *self._addr_args(transport, traddr, trsvcid, host_traddr, ident, host_iface),
+                          "--nqn", nqn, *self._config_args(), *self._tuning_args(**tuning), "--output-format=json"])
         if not res.ok:
             raise self._fail(f"nvme connect {nqn} at {traddr}:{trsvcid}", res, traddr=traddr, trsvcid=trsvcid,
                              nqn=nqn, hostnqn=ident.hostnqn, transport=transport)
@@ -565,17 +589,18 @@ class NvmeCli:
                 "hostnqn": ident.hostnqn, "hostid": ident.hostid}
 
     def connect_all(self, traddr: str, trsvcid=4420, transport="rdma", hostnqn=None, hostid=None,
-                    host_traddr=None, **tuning) -> dict:
+                    host_traddr=None, host_iface=None, **tuning) -> dict:
         """nvme connect-all; reports what got connected and which discovered subsystems did not."""
         ident = self.identity(hostnqn, hostid)
         self._ensure_transport(transport)
-        disc = self.discover(traddr, trsvcid, transport, ident.hostnqn, ident.hostid, host_traddr)
+        disc = self.discover(traddr, trsvcid, transport, ident.hostnqn, ident.hostid, host_traddr,
+                             host_iface=host_iface)
         tuning = dict(tuning)
         if tuning.pop("duplicate_connect", False):  # nvme connect-all has no --duplicate-connect
             raise NvmeCliError("connect-all cannot duplicate connections", "use host connect -D for one subsystem")
         before = {(s["nqn"], p["name"]) for s in self.list_subsystems() for p in s["paths"]}
-        res = self._nvme(["connect-all", *self._addr_args(transport, traddr, trsvcid, host_traddr, ident),
-                          *self._tuning_args(**tuning)])
+        res = self._nvme(["connect-all", *self._addr_args(transport, traddr, trsvcid, host_traddr, ident, host_iface),
+                          *self._config_args(), *self._tuning_args(**tuning)])
         if not res.ok and "already connected" not in (res.stderr + res.stdout).lower():
             raise self._fail(f"nvme connect-all {traddr}:{trsvcid}", res, traddr=traddr, trsvcid=trsvcid,
                              hostnqn=ident.hostnqn, transport=transport)

@@ -1,4 +1,4 @@
-"""Running external programs (nvme, rdma, modprobe, ibv_devinfo, ...) through the `sh` package.
+"""Running external programs (nvme, rdma, modprobe, ibv_devinfo, ...) with subprocess.
 
 Each tool has its own small wrapper module (nvme_cli.py, rdma.py, modules.py) built on `run()`:
 a missing program becomes `ToolMissing` (naming the Debian package), a failed call a `ToolResult`
@@ -7,10 +7,10 @@ the caller turns into a message that names the cause.
 import logging
 import os
 import shutil
+import signal
+import subprocess
 from dataclasses import dataclass
 from typing import Optional, Sequence
-
-import sh
 
 from ..errors import NvmeofError, ToolMissing
 
@@ -47,19 +47,21 @@ def run(tool: str, args: Sequence, package: str, timeout: Optional[float] = 60,
         run_env.update(env)
     log.debug("run: %s %s", tool, " ".join(args))
     try:
-        cmd = sh.Command(path)
-        proc = cmd(*args, _return_cmd=True, _ok_code=list(range(256)), _env=run_env, _timeout=timeout,
-                   _decode_errors="replace", _in=None)
-    except sh.CommandNotFound:
+        proc = subprocess.run([path] + args, stdin=subprocess.DEVNULL, capture_output=True, env=run_env,
+                              timeout=timeout)
+    except FileNotFoundError:
         raise ToolMissing(tool, package) from None
-    except sh.TimeoutException:
+    except subprocess.TimeoutExpired:
         raise NvmeofError(f"{tool} {' '.join(args)}: timed out after {timeout} s",
                           "check the target is reachable; see dmesg for the kernel's view") from None
-    except sh.SignalException as exc:
-        raise NvmeofError(f"{tool} {' '.join(args)}: killed by a signal ({exc.__class__.__name__})",
-                          "see dmesg") from None
-    out = proc.stdout.decode("utf-8", "replace") if isinstance(proc.stdout, bytes) else str(proc.stdout)
-    err = proc.stderr.decode("utf-8", "replace") if isinstance(proc.stderr, bytes) else str(proc.stderr)
-    res = ToolResult([tool] + args, proc.exit_code, out, err)
+    if proc.returncode < 0:
+        try:
+            name = signal.Signals(-proc.returncode).name
+        except ValueError:
+            name = str(-proc.returncode)
+        raise NvmeofError(f"{tool} {' '.join(args)}: killed by a signal ({name})", "see dmesg")
+    out = proc.stdout.decode("utf-8", "replace")
+    err = proc.stderr.decode("utf-8", "replace")
+    res = ToolResult([tool] + args, proc.returncode, out, err)
     log.debug("exit %d, stdout %r, stderr %r", res.exit_code, out[:200], err[:200])
     return res

@@ -85,17 +85,29 @@ class LabImage:
         return self.manifest_path.exists() and all(p.exists() for p in (self.kernel, self.initrd, self.disk))
 
 
+CONSTRAINTS = Path(__file__).resolve().parents[2] / "constraints.txt"  # the checkout's exact versions
+
+
 def python_requirements() -> List[str]:
-    """The project's pinned runtime + dev dependencies (the same the host venv has)."""
+    """The project's runtime + dev dependencies, each at the exact version of constraints.txt (the same the
+    host venv has)."""
     try:
         reqs = metadata.requires("nvmeof-roce") or []
     except metadata.PackageNotFoundError:
         raise NvmeofError("the nvmeof-roce package is not installed", "run 'make venv' (pip install -e '.[dev]')")
+    pins = {}
+    if CONSTRAINTS.exists():
+        for line in CONSTRAINTS.read_text().splitlines():
+            name, sep, version = line.split("#", 1)[0].strip().partition("==")
+            if sep:
+                pins[re.sub(r"[-_.]+", "-", name.strip()).lower()] = version.strip()
     keep = []
     for req in reqs:
         spec, _, marker = req.partition(";")
         if not marker or re.search(r"extra\s*==\s*['\"]dev['\"]", marker):
-            keep.append(spec.strip().replace(" ", ""))
+            name = re.match(r"[A-Za-z0-9_.-]+", spec.strip()).group(0)
+            version = pins.get(re.sub(r"[-_.]+", "-", name).lower())
+            keep.append(f"{name}=={version}" if version else spec.strip().replace(" ", ""))
     return sorted(keep)
 
 

@@ -52,13 +52,27 @@ def sgls_for(in_capsule_size: int) -> int:
     return sgls
 
 
+def firmware_revision(sub) -> str:
+    """FR of Identify Controller: the subsystem's attr firmware (nvmet's attr_firmware), else our version."""
+    config = getattr(sub, "config", None)
+    return (config.attrs.get("firmware") if config is not None else None) or FIRMWARE_REVISION
+
+
+def ieee_oui(sub) -> bytes:
+    """IEEE of Identify Controller: attr ieee_oui (nvmet's attr_ieee_oui), least significant byte first as
+    nvmet_execute_identify_ctrl puts it (put_unaligned_le24); zero when not given."""
+    config = getattr(sub, "config", None)
+    value = (config.attrs.get("ieee_oui") if config is not None else None) or "0"
+    return int(str(value), 0).to_bytes(3, "little")
+
+
 def identify_controller(ctrl) -> bytes:
     """Identify Controller as the Linux host wants it (§5.2, §8.1 item 8)."""
     sub = ctrl.subsystem
     port = ctrl.port
     mqes = port.mqes
     return I.IdentifyController(
-        sn=sub.serial, mn=sub.model, fr=FIRMWARE_REVISION, rab=6, cmic=CMIC, mdts=MDTS, cntlid=ctrl.cntlid,
+        sn=sub.serial, mn=sub.model, fr=firmware_revision(sub), ieee=ieee_oui(sub), rab=6, cmic=CMIC, mdts=MDTS, cntlid=ctrl.cntlid,
         ver=sub.version, oaes=ctrl.supported_aen(), ctratt=CTRATT_HOSTID_128 | CTRATT_TBKAS,
         cntrltype=I.CNTRLTYPE_IO, acl=3, aerl=MAX_AER - 1, frmw=0x03, lpa=0x07, elpe=ERROR_LOG_ENTRIES - 1,
         kas=KAS, anatt=ANATT_SECONDS, anacap=ANACAP, anagrpmax=ANA_GRPID_MAX, nanagrpid=ANA_GRPID_MAX,

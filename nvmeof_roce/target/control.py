@@ -31,6 +31,7 @@ from .stats import Sampler, controller_status, namespace_status, target_status
 log = logging.getLogger(__name__)
 
 DEFAULT_SOCKET_DIR = "/run/nvmeof-roce"
+UNIT_SOCKET_NAME = "control.sock"  # nvmeof-roce-target@NAME: /run/nvmeof-roce/NAME/control.sock
 MAX_REQUEST_BYTES = 1 << 20  # one request (docs/security.md)
 MAX_REQUEST_DEPTH = 32  # nesting of one request: a config edit is a few levels deep
 MAX_PENDING_REPLY_BYTES = 16 << 20  # replies waiting for a client that does not read: then it is dropped
@@ -945,14 +946,17 @@ def call(path: str, method: str, params: Optional[dict] = None, timeout: float =
 
 
 def find_socket(explicit: Optional[str] = None) -> str:
-    """The control socket to use: `explicit`, else the only one under /run/nvmeof-roce."""
+    """The control socket to use: `explicit`, else the only one under /run/nvmeof-roce (NAME.sock of a target
+    started by hand, NAME/control.sock of the unit nvmeof-roce-target@NAME)."""
     if explicit:
         return explicit
     try:
-        found = sorted(os.path.join(DEFAULT_SOCKET_DIR, n) for n in os.listdir(DEFAULT_SOCKET_DIR)
-                       if n.endswith(".sock"))
+        names = os.listdir(DEFAULT_SOCKET_DIR)
     except OSError:
-        found = []
+        names = []
+    found = sorted(os.path.join(DEFAULT_SOCKET_DIR, n) for n in names if n.endswith(".sock"))
+    found += sorted(p for p in (os.path.join(DEFAULT_SOCKET_DIR, n, UNIT_SOCKET_NAME) for n in names)
+                    if os.path.exists(p))
     if len(found) == 1:
         return found[0]
     if not found:

@@ -1,16 +1,26 @@
 """The opt-in Prometheus endpoint of `target serve --metrics ADDR:PORT` (prometheus_client).
 
-The HTTP server runs in prometheus_client's own thread; it never touches the target's objects.  The event
-loop takes a snapshot of the figures once a second (`Metrics.tick`, a Target tick hook) and the collector
-reads only the latest snapshot, so a scrape neither blocks nor races the loop.
+The HTTP server runs in its own thread; it never touches the target's objects.  The event loop takes a
+snapshot of the figures once a second (`Metrics.tick`, a Target tick hook) and the collector reads only the
+latest snapshot, so a scrape neither blocks nor races the loop.  The registry also carries the process's own
+`process_*` figures and `nvmeof_roce_build_info`.  Under `serve --workers` each worker hands its exposition
+to the supervisor over its control socket (`nvmeof_get_metrics`), which serves them all with a `worker`
+label (`WorkerMetrics`).
+
+The HTTP server is the standard library's, serving `prometheus_client.generate_latest`: prometheus_client's
+own `start_http_server` returns nothing before 0.20 (Debian 12 has 0.16), so it could not be stopped.
 """
 from __future__ import annotations
 
+import http.server
 import logging
 import math
+import platform
+import threading
 import time
-from typing import Optional, Tuple
+from typing import Callable, Iterable, List, Optional, Tuple
 
+from .. import __version__
 from ..errors import NvmeofError
 from .stats import transport_status
 
@@ -42,7 +52,7 @@ class Metrics:
         self.snapshot: Optional[dict] = None
         self._last = -math.inf
         self.http = None
-        self.thread = None
+        self.registry = None
 
     def tick(self, _now: float = 0.0) -> None:
         now = self.clock()
@@ -133,33 +143,161 @@ class Metrics:
         yield pool_used
         yield wc_err
 
+    def attach(self):
+        """Start taking snapshots on the target's loop; the registry to expose (this, process_*, build info)."""
+        if self.registry is None:
+            self.registry = make_registry(self)
+            self.snapshot = self.take_snapshot()
+            self.target.tick_hooks.append(self.tick)
+        return self.registry
+
+    def text(self) -> str:
+        """The current figures in Prometheus' text format (what a worker hands its supervisor)."""
+        return exposition(self.attach())
+
     def start(self, listen: str) -> str:
         """Serve /metrics on `listen` (ADDR:PORT); returns the URL."""
-        try:
-            import prometheus_client
-        except ImportError:
-            raise NvmeofError("--metrics needs the prometheus_client library, which is not installed",
-                              "install it (pip install prometheus_client; it is a dependency of nvmeof-roce)") \
-                from None
-        addr, port = parse_listen(listen)
-        registry = prometheus_client.CollectorRegistry(auto_describe=False)
-        registry.register(self)
-        self.snapshot = self.take_snapshot()
-        self.target.tick_hooks.append(self.tick)
-        try:
-            self.http, self.thread = prometheus_client.start_http_server(port, addr, registry)
-        except OSError as exc:
-            raise NvmeofError(f"--metrics {listen}: cannot listen: {exc.strerror}",
-                              "pick a free port, or an address of this machine") from None
-        url = f"http://{addr}:{port}/metrics"
-        log.warning("metrics on %s", url)
-        return url
+        self.http = MetricsHttpServer(listen, self.attach())
+        return self.http.url
 
     def close(self) -> None:
         if self.http is not None:
-            self.http.shutdown()
-            self.http.server_close()
+            self.http.close()
             self.http = None
+        try:
+            self.target.tick_hooks.remove(self.tick)
+        except ValueError:
+            pass
+
+
+def _prometheus():
+    try:
+        import prometheus_client
+    except ImportError:
+        raise NvmeofError("metrics need the prometheus_client library, which is not installed",
+                          "install it (pip install prometheus_client; it is a dependency of nvmeof-roce)") from None
+    return prometheus_client
+
+
+class BuildInfo:
+    """nvmeof_roce_build_info{version, python} 1: which build answers (the usual *_build_info gauge)."""
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+        fam = GaugeMetricFamily("nvmeof_roce_build_info", "The nvmeof-roce version and Python running it",
+                                labels=["version", "python"])
+        fam.add_metric([__version__, platform.python_version()], 1)
+        yield fam
+
+
+def make_registry(*collectors):
+    """A registry with `collectors`, this process's process_*/python_info figures and the build info."""
+    prometheus_client = _prometheus()
+    registry = prometheus_client.CollectorRegistry(auto_describe=False)
+    prometheus_client.ProcessCollector(registry=registry)
+    prometheus_client.PlatformCollector(registry=registry)
+    registry.register(BuildInfo())
+    for collector in collectors:
+        registry.register(collector)
+    return registry
+
+
+def exposition(registry) -> str:
+    """The registry in Prometheus' text format."""
+    return _prometheus().generate_latest(registry).decode("utf-8")
+
+
+class MetricsHttpServer:
+    """GET /metrics on ADDR:PORT from a thread of its own, stoppable (close)."""
+
+    def __init__(self, listen: str, registry):
+        prometheus_client = _prometheus()
+        addr, port = parse_listen(listen)
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                if self.path.split("?", 1)[0] not in ("/", "/metrics"):
+                    self.send_error(404, "only /metrics is served here")
+                    return
+                try:
+                    body = prometheus_client.generate_latest(registry)
+                except Exception as exc:  # a collector failed: say so to the scraper, keep serving
+                    log.exception("metrics collection failed")
+                    self.send_error(500, f"collection failed: {exc}")
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", prometheus_client.CONTENT_TYPE_LATEST)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_args):  # scrapes are not worth a log line each
+                pass
+
+        server_class = http.server.ThreadingHTTPServer
+        if ":" in addr:
+            server_class = type("ThreadingHTTPServer6", (http.server.ThreadingHTTPServer,),
+                                {"address_family": __import__("socket").AF_INET6})
+        try:
+            self.http = server_class((addr, port), Handler)
+        except OSError as exc:
+            raise NvmeofError(f"--metrics {listen}: cannot listen: {exc.strerror}",
+                              "pick a free port, or an address of this machine") from None
+        self.http.daemon_threads = True
+        self.thread = threading.Thread(target=self.http.serve_forever, name="metrics-http", daemon=True)
+        self.thread.start()
+        self.url = f"http://{addr if ':' not in addr else '[' + addr + ']'}:{port}/metrics"
+        log.info("metrics on %s", self.url)
+
+    def close(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
+        self.thread.join(5)
+
+
+def supervisor_registry(workers: int, fetch: Callable[[int], str]):
+    """The registry `serve --workers --metrics` serves: every worker's figures and the supervisor's own
+    process_* and build info, one family per name, each sample labelled with its worker (or "supervisor")."""
+    prometheus_client = _prometheus()
+    registry = prometheus_client.CollectorRegistry(auto_describe=False)
+    own = [prometheus_client.ProcessCollector(registry=None), BuildInfo()]
+    registry.register(WorkerMetrics(workers, fetch, own))
+    return registry
+
+
+class WorkerMetrics:
+    """The supervisor's collector: every worker's families (`fetch(i)` returns its Prometheus text) merged by
+    name, each sample labelled worker="i"; a worker that does not answer is left out of that scrape (logged)."""
+
+    def __init__(self, workers: int, fetch: Callable[[int], str], own: List = ()):
+        self.workers = workers
+        self.fetch = fetch
+        self.own = list(own)
+
+    def collect(self) -> Iterable:
+        from prometheus_client.core import Metric
+        from prometheus_client.parser import text_string_to_metric_families
+        merged = {}
+
+        def add(fam, worker: str) -> None:
+            out = merged.get(fam.name)
+            if out is None:
+                out = merged[fam.name] = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+            for sample in fam.samples:
+                out.add_sample(sample.name, dict(sample.labels, worker=worker), sample.value, sample.timestamp)
+
+        for collector in self.own:
+            for fam in collector.collect():
+                add(fam, "supervisor")
+        for i in range(self.workers):
+            try:
+                text = self.fetch(i)
+            except Exception as exc:  # noqa: BLE001 - one silent worker must not hide the others
+                log.warning("metrics of worker %d: %s", i, exc)
+                continue
+            for fam in text_string_to_metric_families(text):
+                add(fam, str(i))
+        yield from merged.values()
 
 
 def _le(bound: float) -> str:

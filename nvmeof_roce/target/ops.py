@@ -24,6 +24,20 @@ from .sdnotify import notify
 log = logging.getLogger(__name__)
 
 
+class ServiceControl(Control):
+    """The RPC methods of a serving process: Control's, plus its metrics as Prometheus text (the supervisor
+    of `serve --workers` serves every worker's through one endpoint)."""
+
+    def __init__(self, *args, metrics: Callable[[], "Metrics"], **kwargs):
+        self._metrics = metrics
+        super().__init__(*args, **kwargs)
+
+    def rpc_nvmeof_get_metrics(self, params) -> str:
+        if params:
+            raise RpcError("nvmeof_get_metrics takes no parameters", "params", "call it without parameters")
+        return self._metrics().text()
+
+
 class RdmaListeners(live.Listeners):
     """Opens an RDMA listener for a port added while the target runs (nvmf_subsystem_add_listener, reload)."""
 
@@ -72,7 +86,8 @@ class Operations:
         self.server = server
         self.target = server.target
         self.config_path = config_path
-        self.control = Control(self.target, RdmaListeners(server), config_path=config_path, server=server)
+        self.control = ServiceControl(self.target, RdmaListeners(server), config_path=config_path, server=server,
+                                      metrics=self._metrics)
         self.rpc = None
         self.metrics = None
         self.metrics_url = ""
@@ -88,6 +103,12 @@ class Operations:
             self.close()
             raise
         self._previous_hup = signal.signal(signal.SIGHUP, self._on_sighup)
+
+    def _metrics(self) -> Metrics:
+        """The metrics, started on first use when --metrics did not start them (a worker's supervisor asks)."""
+        if self.metrics is None:
+            self.metrics = Metrics(self.target, self.server)
+        return self.metrics
 
     @property
     def socket_path(self) -> str:
@@ -106,7 +127,7 @@ class Operations:
 
     def reload(self) -> dict:
         """Re-read the config file and apply the difference; an invalid file changes nothing."""
-        log.warning("SIGHUP: reloading %s", self.config_path)
+        log.info("SIGHUP: reloading %s", self.config_path)
         notify("RELOADING=1", "STATUS=reloading")
         try:
             result = self.control.reload(self.config_path)
@@ -115,7 +136,7 @@ class Operations:
             notify("READY=1", f"STATUS=reload refused: {exc.field}: {exc.message}")
             return {"applied": False, "error": exc.to_dict()}
         if not result["changes"]:
-            log.warning("reload: no differences")
+            log.info("reload: no differences")
         notify("READY=1", f"STATUS={self.status_line()}")
         return result
 

@@ -58,7 +58,7 @@ class TargetServer:
                     max_transfer=self.target.max_transfer, limits=self.limits,
                     remote_invalidate=remote_invalidate))
         except BaseException:
-            self.close()
+            self.close()  # a listener that failed (e.g. memory registration) leaves none behind
             raise
 
     def addresses(self) -> List[str]:
@@ -85,7 +85,7 @@ class TargetServer:
                    if recent else " since start"))
 
     def log_status(self, *_args) -> None:
-        log.warning("%s", self.status_line(recent=False))
+        log.info("%s", self.status_line(recent=False))
 
     def _should_stop(self) -> bool:
         now = time.monotonic()
@@ -119,8 +119,8 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
           rpc_socket: Optional[str] = "", metrics: Optional[str] = None) -> int:
     from .ana_control import AnaControl, default_run_dir, publish, unpublish
     config = load_userspace_config(path)  # the same loader and checks as `target check`
-    if worker is not None:
-        rpc_socket = None  # the workers of `serve --workers` take no live changes yet (docs/operations.md)
+    if worker is not None and not rpc_socket:
+        rpc_socket = None  # a worker answers only on the socket its supervisor gives it (RUN_DIR/worker-I.sock)
     socket_path, bound = bind_control_socket(path, rpc_socket)
     try:
         server = TargetServer(config, limits=limits, remote_invalidate=remote_invalidate,
@@ -162,7 +162,7 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
     previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, server.log_status)
     try:
         for sub in config.subsystems:
-            log.warning("subsystem %s: %d namespace(s)%s", sub.nqn, len(sub.namespaces),
+            log.info("subsystem %s: %d namespace(s)%s", sub.nqn, len(sub.namespaces),
                         "" if sub.allow_any_host else f", hosts {', '.join(sub.allowed_hosts) or 'none'}")
         print(f"nvmeof-roce target: serving {config.source} on {', '.join(server.addresses())}"
               + (f", control socket {ops.socket_path}" if ops.socket_path else "")
@@ -174,7 +174,7 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
         server.serve()
     finally:
         ops.close()
-        log.warning("%s", server.status_line(recent=False))
+        log.info("%s", server.status_line(recent=False))
         server.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -14,7 +14,14 @@ supervisor runs N workers that each serve the same subsystems on their own port:
   crash finds the data there); file and block namespaces are opened by each worker.  Flush is fdatasync of
   the shared file, so it covers writes any worker made; FUA likewise;
 - ANA states are per port (target/ana.py); `target ana-state` changes them in every worker (ana_control.py);
-- a worker that dies is restarted; SIGTERM/SIGINT stop all workers, which drain their commands.
+- a worker that dies is restarted; SIGTERM/SIGINT stop all workers, which drain their commands;
+- the supervisor owns the control socket: a call is answered from every worker (lists joined, counts added),
+  a change is made on every worker in turn, and `nvmeof_reload_config` (SIGHUP, `target reload`, the unit's
+  ExecReload) re-derives the workers' configs from CONFIG, checks them on every worker (dry run) and then
+  applies them on every worker, answering only when all have; `--metrics` serves every worker's figures
+  with a `worker` label (each worker hands its own over its socket, RUN_DIR/worker-I.sock);
+- under systemd (Type=notify) the supervisor alone notifies: READY=1 once every worker listens, RELOADING=1
+  and READY=1 around a reload, STOPPING=1; the workers do not see $NOTIFY_SOCKET.
 
 Config: a top-level ``"nvmeof_roce": {"workers": 2, "cpus": [0, 1]}``, or ``--workers`` / ``--cpus``.
 """
@@ -26,11 +33,13 @@ import hashlib
 import json
 import logging
 import os
+import selectors
 import signal
+import socket
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..config import USERSPACE_KEY, ConfigError, TargetConfig, load_userspace_config, parse_config
 from ..errors import NvmeofError
@@ -38,6 +47,9 @@ from ..nvme.fabrics import MAX_CNTLID, MIN_CNTLID
 from .ana import AnaTable
 from .ana_control import default_run_dir, publish, unpublish
 from .backends import open_backend
+from .control import INTERNAL_ERROR, INVALID_REQUEST, PARSE_ERROR, MAX_REQUEST_BYTES, RpcError, \
+    bind_unix_socket, call as rpc_call
+from .sdnotify import notify
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +59,7 @@ RESTART_DELAY = 0.5       # seconds before a dead worker is started again
 RESTART_DELAY_MAX = 10.0  # a worker that keeps dying at start is retried at most this often
 STOP_TIMEOUT = 15.0       # after SIGTERM, how long workers get to drain before SIGKILL
 READY_TIMEOUT = 120.0
+WORKER_RPC_TIMEOUT = 60.0  # one forwarded call to one worker
 
 
 def add_worker_arguments(p: argparse.ArgumentParser) -> None:
@@ -172,9 +185,10 @@ def worker_configs(config: TargetConfig, n: int, run_dir: str) -> Tuple[List[dic
     return configs, listen, groups
 
 
-def _create_shm(config: TargetConfig, run_dir: str) -> List[str]:
+def _create_shm(config: TargetConfig, run_dir: str, keep_existing: bool = False) -> List[str]:
     """Create the shared RAM files (returned, to remove at stop) and any file namespace the config asks to
-    create: here, once, rather than by N workers racing to create it."""
+    create: here, once, rather than by N workers racing to create it.  At a reload (`keep_existing`) the RAM
+    files already there are the running namespaces' data: only the missing ones are made."""
     created = []
     for s in config.subsystems:
         for ns in s.namespaces:
@@ -182,6 +196,8 @@ def _create_shm(config: TargetConfig, run_dir: str) -> List[str]:
                 open_backend(ns).close()
             if ns.backend == "ram" and ns.enabled:
                 path = shm_path(run_dir, s.nqn, ns.nsid)
+                if keep_existing and os.path.exists(path):
+                    continue
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
                 try:
                     os.ftruncate(fd, ns.size_bytes)
@@ -191,11 +207,196 @@ def _create_shm(config: TargetConfig, run_dir: str) -> List[str]:
     return created
 
 
+# How the supervisor answers a control call: methods whose answers are joined from every worker; methods it
+# refuses because a worker-wide meaning would differ from the single-process one; the rest go to every worker.
+GATHERED = ("rpc_get_methods", "nvmf_get_subsystems", "nvmf_subsystem_get_controllers", "nvmf_subsystem_get_qpairs",
+            "nvmf_get_stats", "nvmeof_get_status")
+NAMESPACE_SUMS = ("read_commands", "write_commands", "bytes_read", "bytes_written", "errors", "iops",
+                  "read_bytes_per_s", "write_bytes_per_s")
+REFUSED = {
+    "nvmf_subsystem_add_listener": "each worker listens on its own port (trsvcid + worker index)",
+    "nvmf_subsystem_remove_listener": "each worker listens on its own port (trsvcid + worker index)",
+    "save_config": "the workers' configs are derived from CONFIG (ports and CNTLID ranges split per worker)",
+}
+
+
+class SupervisorControl:
+    """The control socket of `serve --workers`: the same JSON-RPC methods as one process, answered by all
+    workers (`call_worker(i, method, params)` reaches worker i's socket)."""
+
+    def __init__(self, workers: int, call_worker: Callable[[int, str, Any], Any],
+                 reload: Callable[[str, bool], dict], metrics_text: Callable[[], str],
+                 saved: Callable[[int], None] = lambda i: None, identity: Callable[[], dict] = dict):
+        self.workers = workers
+        self._identity = identity  # {"config": CONFIG, "socket": the supervisor's socket} for the status
+        self.call_worker = call_worker
+        self._reload = reload
+        self._metrics_text = metrics_text
+        self._saved = saved  # after a change: the supervisor keeps worker i's running config for its restart
+
+    def handle(self, request: Any) -> Optional[dict]:
+        if not isinstance(request, dict) or request.get("jsonrpc") != "2.0" or not isinstance(
+                request.get("method"), str):
+            return {"jsonrpc": "2.0", "id": request.get("id") if isinstance(request, dict) else None,
+                    "error": RpcError("not a JSON-RPC 2.0 request", "jsonrpc",
+                                      'send {"jsonrpc": "2.0", "method": ..., "params": {...}, "id": 1}',
+                                      INVALID_REQUEST).to_dict()}
+        try:
+            response = {"result": self.call(request["method"], request.get("params"))}
+        except RpcError as exc:
+            log.warning("rpc %s: %s", request["method"], exc.message)
+            response = {"error": exc.to_dict()}
+        except NvmeofError as exc:
+            response = {"error": RpcError(exc.message, "", exc.fix, INTERNAL_ERROR).to_dict()}
+        except Exception as exc:  # noqa: BLE001 - the supervisor answers and keeps supervising
+            log.exception("rpc %s failed", request["method"])
+            response = {"error": RpcError(f"internal error: {exc}", "", "see the target's log",
+                                          INTERNAL_ERROR).to_dict()}
+        return None if "id" not in request else dict(jsonrpc="2.0", id=request.get("id"), **response)
+
+    def call(self, method: str, params: Any = None) -> Any:
+        if method == "nvmeof_reload_config":
+            p = params or {}
+            if not isinstance(p, dict) or set(p) - {"path", "dry_run"}:
+                raise RpcError("nvmeof_reload_config takes path and dry_run", "params", '{"dry_run": true}')
+            return self._reload(p.get("path") or "", bool(p.get("dry_run", False)))
+        if method == "nvmeof_get_metrics":
+            return self._metrics_text()
+        if method in REFUSED:
+            raise RpcError(f"{method} is not available under serve --workers: {REFUSED[method]}", "method",
+                           "edit CONFIG and run 'nvmeof-roce target reload' (every worker applies it)")
+        if method == "nvmf_subsystem_add_ns" and isinstance(params, dict) and \
+                (params.get("namespace") or {}).get("backend") == "ram":
+            raise RpcError("a RAM namespace added live would be a separate RAM disk in each worker, not one "
+                           "namespace", "namespace.backend",
+                           "add it to CONFIG and run 'nvmeof-roce target reload' (the workers then share one RAM "
+                           "file), or add a file namespace")
+        if method in GATHERED:
+            return self._gather(method, [self.call_worker(i, method, params) for i in range(self.workers)])
+        return self._everywhere(method, params)
+
+    def _everywhere(self, method: str, params: Any) -> Any:
+        """A change: worker 0 first (a refusal there changes nothing), then the others in turn."""
+        results = []
+        for i in range(self.workers):
+            try:
+                results.append(self.call_worker(i, method, params))
+            except (RpcError, NvmeofError) as exc:
+                if i == 0:
+                    raise
+                fix = getattr(exc, "fix", "")
+                raise RpcError(f"applied by worker(s) 0..{i - 1}, refused by worker {i}: {exc.message}",
+                               getattr(exc, "field", ""), f"{fix}; then 'nvmeof-roce target reload' makes the "
+                               "workers agree again with CONFIG".lstrip("; ")) from None
+            self._saved(i)
+        return results[0]
+
+    def _gather(self, method: str, answers: List[Any]) -> Any:
+        first = answers[0]
+        if method in ("rpc_get_methods", "nvmf_get_subsystems"):
+            return first  # every worker serves the same subsystems and knows every port
+        if method in ("nvmf_subsystem_get_controllers", "nvmf_subsystem_get_qpairs"):
+            return [dict(item, worker=i) for i, answer in enumerate(answers) for item in answer]
+        if method == "nvmf_get_stats":
+            out = dict(first)
+            out["poll_groups"] = [dict(g, name=f"worker{i}_{g['name']}") for i, a in enumerate(answers)
+                                  for g in a["poll_groups"]]
+            out["namespaces"] = _sum_namespaces([a["namespaces"] for a in answers])
+            out["internal_errors"] = sum(a["internal_errors"] for a in answers)
+            return out
+        # nvmeof_get_status
+        out = copy.deepcopy(first)
+        for key in ("internal_errors", "in_flight"):
+            out[key] = sum(a[key] for a in answers)
+        out["discovery_controllers"] = [dict(c, worker=i) for i, a in enumerate(answers)
+                                        for c in a["discovery_controllers"]]
+        for j, sub in enumerate(out["subsystems"]):
+            sub["controllers"] = [dict(c, worker=i) for i, a in enumerate(answers)
+                                  for c in a["subsystems"][j]["controllers"]]
+            sub["namespaces"] = _sum_namespaces([a["subsystems"][j]["namespaces"] for a in answers])
+        hosts: Dict[str, dict] = {}
+        for i, a in enumerate(answers):
+            for h in a["hosts"]:
+                entry = hosts.setdefault(h["hostnqn"], {"hostnqn": h["hostnqn"], "controllers": []})
+                entry["controllers"] += [dict(c, worker=i) for c in h["controllers"]]
+        out["hosts"] = list(hosts.values())
+        out["transport"] = {"listeners": [dict(lst, worker=i) for i, a in enumerate(answers)
+                                          for lst in a["transport"]["listeners"]],
+                            "loop": max((a["transport"]["loop"] for a in answers),
+                                        key=lambda loop: loop.get("longest_pass_s") or 0)}
+        out["workers"] = [{"worker": i, "config": a["config"], "socket": a["socket"]} for i, a in enumerate(answers)]
+        out.update(self._identity())
+        return out
+
+
+def _sum_namespaces(per_worker: List[List[dict]]) -> List[dict]:
+    """One namespace list from every worker's: counts and rates added (latency percentiles are worker 0's;
+    each worker's own are in its status on RUN_DIR/worker-I.sock)."""
+    out = copy.deepcopy(per_worker[0])
+    for other in per_worker[1:]:
+        by_nsid = {ns["nsid"]: ns for ns in other}
+        for ns in out:
+            theirs = by_nsid.get(ns["nsid"], {})
+            for key in NAMESPACE_SUMS:
+                if isinstance(ns.get(key), (int, float)) and isinstance(theirs.get(key), (int, float)):
+                    ns[key] += theirs[key]
+    return out
+
+
+class ControlSocket:
+    """The supervisor's Unix socket: one request at a time, answered before the next is read."""
+
+    def __init__(self, sock: socket.socket, handle: Callable[[Any], Optional[dict]]):
+        self.sock = sock
+        self.handle = handle
+        self.sock.setblocking(False)
+
+    def serve_one(self) -> None:
+        try:
+            conn, _ = self.sock.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        with conn:
+            conn.settimeout(5.0)
+            buf = b""
+            decoder = json.JSONDecoder()
+            try:
+                while True:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    buf += chunk
+                    if len(buf) > MAX_REQUEST_BYTES:
+                        raise ValueError(f"request larger than {MAX_REQUEST_BYTES} bytes")
+                    try:
+                        request, _ = decoder.raw_decode(buf.decode("utf-8").lstrip())
+                        break
+                    except json.JSONDecodeError as exc:
+                        if exc.msg.startswith("Unterminated") or exc.pos >= len(buf.decode("utf-8").lstrip()):
+                            continue
+                        raise ValueError(f"invalid JSON: {exc.msg}")
+                response = self.handle(request)
+            except (ValueError, UnicodeDecodeError) as exc:
+                response = {"jsonrpc": "2.0", "id": None, "error": RpcError(
+                    str(exc), "", "send one JSON-RPC 2.0 object per request", PARSE_ERROR).to_dict()}
+            except OSError:
+                return
+            if response is not None:
+                try:
+                    conn.sendall(json.dumps(response).encode("utf-8") + b"\n")
+                except OSError:
+                    pass
+
+
 class Supervisor:
-    """Starts, watches and restarts the workers; stops them all on SIGTERM/SIGINT."""
+    """Starts, watches and restarts the workers; stops them all on SIGTERM/SIGINT; serves the control socket,
+    reloads on SIGHUP, serves every worker's metrics and tells systemd where it stands."""
 
     def __init__(self, config_path: str, n: int, *, cpus: Optional[List[int]], run_dir: str,
-                 ready_file: Optional[str], worker_args: List[str], verbose: int = 0):
+                 ready_file: Optional[str], worker_args: List[str], verbose: int = 0,
+                 rpc_socket: Optional[str] = None, rpc_socket_explicit: bool = True,
+                 metrics: Optional[str] = None):
+        self.config_path = config_path
         self.config = load_userspace_config(config_path)
         _, config_cpus = _config_workers(self.config)
         self.n = n
@@ -204,18 +405,15 @@ class Supervisor:
         self.ready_file = ready_file
         self.worker_args = worker_args
         self.verbose = verbose
+        self.rpc_socket = rpc_socket
+        self.rpc_socket_explicit = rpc_socket_explicit
+        self.metrics_listen = metrics
         os.makedirs(run_dir, exist_ok=True)
-        try:
-            configs, self.listen, self.groups = worker_configs(self.config, n, run_dir)
-        except ValueError as exc:
-            raise NvmeofError(f"{self.config.source}: {exc}", "widen cntlid_min..cntlid_max or use fewer workers")
-        self.paths = []
-        for i, c in enumerate(configs):
-            parse_config(c, f"{config_path} (worker {i})")  # a clash (e.g. trsvcid+i taken) fails here, named
-            path = os.path.join(run_dir, f"worker-{i}.json")
-            with open(path, "w") as f:
-                json.dump(c, f, indent=1)
-            self.paths.append(path)
+        configs = self._derive(self.config)
+        self.paths = [os.path.join(run_dir, f"worker-{i}.json") for i in range(n)]
+        for path, c in zip(self.paths, configs):
+            _write_json(path, c)
+        self.sockets = [os.path.join(run_dir, f"worker-{i}.sock") for i in range(n)]
         self.table = AnaTable(parse_config(configs[0], config_path))
         self.procs: List[Optional[subprocess.Popen]] = [None] * n
         self.started_at = [0.0] * n
@@ -223,12 +421,116 @@ class Supervisor:
         self.restart_at: Dict[int, float] = {}
         self.restarts = [0] * n
         self.stopping = False
+        self.reload_pending = False
         self.shm_files: List[str] = []
+        self.control = SupervisorControl(n, self.call_worker, self.reload, self.metrics_text, self._keep_running,
+                                         lambda: {"config": self.config_path, "socket": self.rpc_socket or ""})
+        self.registry = None
+        self.http = None
+
+    def _derive(self, config: TargetConfig) -> List[dict]:
+        """Each worker's config from `config`, each checked as the worker will load it."""
+        try:
+            configs, self.listen, self.groups = worker_configs(config, self.n, self.run_dir)
+        except ValueError as exc:
+            raise NvmeofError(f"{config.source}: {exc}", "widen cntlid_min..cntlid_max or use fewer workers")
+        for i, c in enumerate(configs):
+            parse_config(c, f"{config.source} (worker {i})")  # a clash (e.g. trsvcid+i taken) fails here, named
+        return configs
+
+    # -- the workers' control sockets
+    def call_worker(self, i: int, method: str, params: Any = None) -> Any:
+        return rpc_call(self.sockets[i], method, params, timeout=WORKER_RPC_TIMEOUT)
+
+    def _keep_running(self, i: int) -> None:
+        """After a live change: worker i's running config becomes what it starts from if it dies."""
+        try:
+            _write_json(self.paths[i], self.call_worker(i, "save_config"))
+        except (RpcError, NvmeofError, OSError) as exc:
+            log.warning("worker %d: could not keep its running config for a restart: %s", i, exc)
+
+    def metrics_text(self) -> str:
+        from .metrics import exposition
+        return exposition(self._registry())
+
+    def _registry(self):
+        if self.registry is None:
+            from .metrics import supervisor_registry
+            self.registry = supervisor_registry(self.n, lambda i: self.call_worker(i, "nvmeof_get_metrics"))
+        return self.registry
+
+    def reload(self, path: str = "", dry_run: bool = False) -> dict:
+        """Re-read CONFIG (or `path`), derive the workers' configs, have every worker check its own (dry run),
+        then every worker apply it; nothing changes anywhere if any worker refuses."""
+        path = path or self.config_path
+        try:
+            new = load_userspace_config(path)
+            workers, _ = _config_workers(new)
+        except ConfigError as exc:
+            raise RpcError(exc.problem, exc.where or "path", exc.fix) from None
+        if workers is not None and workers != self.n:
+            raise RpcError(f"nvmeof_roce.workers changed from {self.n} to {workers}: a reload keeps the workers",
+                           f"{USERSPACE_KEY}.workers", "restart the target (systemctl restart) to change it")
+        saved = (self.listen, self.groups)
+        try:
+            configs = self._derive(new)
+        except (NvmeofError, ConfigError) as exc:
+            self.listen, self.groups = saved
+            raise RpcError(getattr(exc, "problem", None) or exc.message, getattr(exc, "where", "") or "path",
+                           exc.fix) from None
+        if (self.listen, self.groups) != saved:
+            self.listen, self.groups = saved
+            raise RpcError("the reload changes the ports the workers listen on", "ports",
+                           "restart the target to add or remove an RDMA port under serve --workers")
+        pending = [f"{p}.reload" for p in self.paths]
+        answers = []
+        try:
+            for i, c in enumerate(configs):
+                _write_json(pending[i], c)
+            self.shm_files += _create_shm(new, self.run_dir, keep_existing=True)
+            for i in range(self.n):  # every worker checks first: a refusal leaves them all unchanged
+                self.call_worker(i, "nvmeof_reload_config", {"path": pending[i], "dry_run": True})
+            if not dry_run:
+                for i in range(self.n):
+                    os.replace(pending[i], self.paths[i])
+                    answers.append(self.call_worker(i, "nvmeof_reload_config", {"path": self.paths[i]}))
+        finally:
+            for p in pending:
+                if os.path.exists(p):
+                    os.unlink(p)
+        if not dry_run:
+            self.config, self.config_path = new, path
+        changes = answers[0]["changes"] if answers else []
+        return {"config": path, "dry_run": dry_run, "applied": not dry_run, "changes": changes,
+                "workers": [{"worker": i, "changes": len(a["changes"])} for i, a in enumerate(answers)]}
+
+    def _on_hup(self, *_args) -> None:
+        self.reload_pending = True
+
+    def _reload_on_signal(self) -> None:
+        log.info("SIGHUP: reloading %s on %d workers", self.config_path, self.n)
+        notify("RELOADING=1", "STATUS=reloading", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
+        try:
+            result = self.reload()
+        except RpcError as exc:
+            log.error("reload refused, the workers are unchanged: %s: %s (fix: %s)", exc.field, exc.message,
+                      exc.fix)
+            notify("READY=1", f"STATUS=reload refused: {exc.field}: {exc.message}")
+            return
+        except NvmeofError as exc:
+            log.error("reload failed: %s (fix: %s)", exc.message, exc.fix)
+            notify("READY=1", f"STATUS=reload failed: {exc.message}")
+            return
+        log.info("reload: %d change(s) applied on every worker", len(result["changes"]))
+        notify("READY=1", f"STATUS={self.status_line()}")
+
+    def status_line(self) -> str:
+        return f"{self.n} workers serving {self.config.source}"
 
     def _spawn(self, i: int) -> None:
         cmd = [sys.executable, "-m", "nvmeof_roce"] + ["-v"] * self.verbose + [
             "target", "serve", self.paths[i], "--worker-index", str(i), "--run-dir", self.run_dir,
-            "--ready-file", self._ready(i)] + self.worker_args
+            "--ready-file", self._ready(i), "--rpc-socket", self.sockets[i]] + self.worker_args
         for portid in self.listen[i]:
             cmd += ["--listen-port", str(portid)]
         for group in self.groups:
@@ -238,11 +540,13 @@ class Supervisor:
         with_ready = self._ready(i)
         if os.path.exists(with_ready):
             os.unlink(with_ready)
-        self.procs[i] = subprocess.Popen(cmd, preexec_fn=preexec)
+        env = dict(os.environ)
+        env.pop("NOTIFY_SOCKET", None)  # systemd hears the supervisor only (NotifyAccess=main)
+        self.procs[i] = subprocess.Popen(cmd, preexec_fn=preexec, env=env)
         self.started_at[i] = time.monotonic()
-        log.warning("worker %d: pid %d, ports %s%s", i, self.procs[i].pid,
-                    ", ".join(self._describe_port(p) for p in self.listen[i]),
-                    f", CPU {cpu}" if cpu is not None else "")
+        log.info("worker %d: pid %d, ports %s%s", i, self.procs[i].pid,
+                 ", ".join(self._describe_port(p) for p in self.listen[i]),
+                 f", CPU {cpu}" if cpu is not None else "")
 
     def _describe_port(self, portid: int) -> str:
         with open(self.paths[0]) as f:
@@ -262,22 +566,52 @@ class Supervisor:
                 proc.send_signal(signal.SIGUSR2)
 
     def run(self) -> int:
-        publish(self.run_dir, self.table, workers=self.n)
+        # The control socket first: a second supervisor for the same socket stops before starting workers.
+        control = self._bind_control()
+        try:
+            publish(self.run_dir, self.table, workers=self.n)
+        except BaseException:
+            if control is not None:
+                _close_socket(control.sock, self.rpc_socket)
+            raise
         previous = {sig: signal.signal(sig, self._on_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
         previous[signal.SIGUSR2] = signal.signal(signal.SIGUSR2, self._on_usr2)
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._on_hup)
+        selector = selectors.DefaultSelector()
         try:
             self.shm_files = _create_shm(self.config, self.run_dir)
             for i in range(self.n):
                 self._spawn(i)
             self._wait_ready()
-            print(f"nvmeof-roce target: {self.n} workers serving {self.config.source}", flush=True)
+            if self.metrics_listen:
+                from .metrics import MetricsHttpServer
+                self.http = MetricsHttpServer(self.metrics_listen, self._registry())
+            print(f"nvmeof-roce target: {self.n} workers serving {self.config.source}"
+                  + (f", control socket {self.rpc_socket}" if control else "")
+                  + (f", metrics {self.http.url}" if self.http else ""), flush=True)
             if self.ready_file:
                 with open(self.ready_file, "w") as f:
                     f.write("ready\n")
+            notify("READY=1", f"STATUS={self.status_line()}", f"MAINPID={os.getpid()}")
+            if control is not None:
+                selector.register(control.sock, selectors.EVENT_READ)
             while not self.stopping:
+                if self.reload_pending:
+                    self.reload_pending = False
+                    self._reload_on_signal()
                 self._watch()
-                time.sleep(0.1)
+                if control is not None:
+                    if selector.select(0.1):
+                        control.serve_one()
+                else:
+                    time.sleep(0.1)
+            notify("STOPPING=1", "STATUS=stopping: the workers finish their in-flight commands")
         finally:
+            selector.close()
+            if self.http is not None:
+                self.http.close()
+            if control is not None:
+                _close_socket(control.sock, self.rpc_socket)
             self._stop_all()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -289,6 +623,23 @@ class Supervisor:
             unpublish(self.run_dir)
         print("nvmeof-roce target: stopped", flush=True)
         return 0
+
+    def _bind_control(self) -> Optional[ControlSocket]:
+        """As one process does: an explicit --rpc-socket must bind; the default one is left out with a warning
+        when its directory cannot be used (not root), and another live target on it stops this one."""
+        if not self.rpc_socket:
+            return None
+        from .control import SocketInUse
+        try:
+            return ControlSocket(bind_unix_socket(self.rpc_socket), self.control.handle)
+        except SocketInUse:
+            raise
+        except NvmeofError as exc:
+            if self.rpc_socket_explicit:
+                raise
+            log.warning("serving without a control socket: %s (fix: %s)", exc.message, exc.fix)
+            self.rpc_socket = None
+            return None
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT
@@ -317,6 +668,7 @@ class Supervisor:
                 continue
             log.error("worker %d (pid %d) exited with %s; restarting in %.1f s", i, proc.pid,
                       f"signal {-code}" if code < 0 else code, self.delay[i])
+            notify(f"STATUS=worker {i} exited with {code}; restarting")
             self.restart_at[i] = now + self.delay[i]
             self.delay[i] = min(RESTART_DELAY_MAX, self.delay[i] * 2)
 
@@ -334,8 +686,24 @@ class Supervisor:
                 proc.wait()
 
 
+def _write_json(path: str, data: dict) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)
+
+
+def _close_socket(sock: socket.socket, path: str) -> None:
+    sock.close()
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 def supervise(args) -> int:
     from ..transport.rdma import require_pyverbs
+    from .control import default_socket_path
     require_pyverbs()  # one clear error here rather than one per worker
     n = workers_requested(args)
     cpus = parse_cpus(args.cpus) if args.cpus else None
@@ -346,6 +714,8 @@ def supervise(args) -> int:
     if args.no_remote_invalidate:
         worker_args.append("--no-remote-invalidate")
     logging.getLogger("nvmeof_roce").setLevel(logging.DEBUG if args.verbose > 1 else logging.INFO)
+    rpc_socket = None if args.no_rpc_socket else (args.rpc_socket or default_socket_path(args.config))
     sup = Supervisor(args.config, n, cpus=cpus, run_dir=args.run_dir or default_run_dir(),
-                     ready_file=args.ready_file, worker_args=worker_args, verbose=args.verbose)
+                     ready_file=args.ready_file, worker_args=worker_args, verbose=args.verbose,
+                     rpc_socket=rpc_socket, rpc_socket_explicit=bool(args.rpc_socket), metrics=args.metrics)
     return sup.run()

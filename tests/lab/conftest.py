@@ -26,3 +26,20 @@ def nvme_host_modules():
     if IN_LAB:
         import subprocess
         subprocess.run(["modprobe", "-a", "nvme_rdma", "nvme_fabrics"], check=True)
+
+
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(autouse=True)
+def no_fio_state_left_in_the_checkout(request):
+    """fio saves a verify job's state as local-<job>-<n>-verify.state in its working directory (the checkout,
+    in the guest) unless told --verify_state_save=0: a test that leaves one fails, naming it."""
+    import glob
+    before = set(glob.glob(os.path.join(CHECKOUT, "*-verify.state")))
+    yield
+    left = sorted(set(glob.glob(os.path.join(CHECKOUT, "*-verify.state"))) - before)
+    for path in left:
+        os.unlink(path)
+    assert not left, (f"{request.node.nodeid} left fio verify state in the checkout: "
+                      f"{', '.join(map(os.path.basename, left))}; give that fio run --verify_state_save=0")

@@ -20,7 +20,11 @@ def _err(code, path):
 
 class FakeNvmetFS(ConfigFS):
     def __init__(self, base, rdma_addrs=("10.99.0.1",), sys_module=None, tmpfs_dirs=(), dhchap=False,
-                 discovery_nqn=False, devices=()):
+                 discovery_nqn=False, devices=(), kernel_612=False):
+        # kernel_612: what Debian's 6.12 adds (seen in nvmetcli's save there): attr_firmware, attr_ieee_oui,
+        # addr_tsas, param_max_queue_size, a passthru/ directory in every subsystem; with dhchap and
+        # discovery_nqn it is that kernel
+        self.kernel_612 = kernel_612
         self.dhchap = dhchap
         self.devices = set(devices)   # paths that count as existing block devices (e.g. /dev/nullb0)
         self.base = str(base)
@@ -83,6 +87,13 @@ class FakeNvmetFS(ConfigFS):
                 self._file(f"{p}/attr_{k}", v)
             os.mkdir(f"{p}/namespaces")
             os.mkdir(f"{p}/allowed_hosts")
+            if self.kernel_612:
+                self._file(f"{p}/attr_firmware", "6.12.0")  # nvmet's default: the kernel release, cut to 8
+                self._file(f"{p}/attr_ieee_oui", "0x000000")
+                os.mkdir(f"{p}/passthru")
+                for k, v in {"device_path": "(null)", "enable": "0", "clear_ids": "1", "admin_timeout": "0",
+                             "io_timeout": "0"}.items():
+                    self._file(f"{p}/passthru/{k}", v)
         elif parts[0] == "subsystems" and len(parts) == 4 and parts[2] == "namespaces":
             try:
                 nsid = int(parts[3])
@@ -108,6 +119,8 @@ class FakeNvmetFS(ConfigFS):
             self._addr_files(p)
             self._file(f"{p}/param_inline_data_size", "-1")
             self._file(f"{p}/param_pi_enable", "0")
+            if self.kernel_612:
+                self._file(f"{p}/param_max_queue_size", "-1")
             os.mkdir(f"{p}/subsystems")
             os.mkdir(f"{p}/referrals")
             os.makedirs(f"{p}/ana_groups/1")
@@ -134,6 +147,8 @@ class FakeNvmetFS(ConfigFS):
     def _addr_files(self, p):
         for k, v in {"adrfam": "", "traddr": "", "treq": "not specified", "trsvcid": "", "trtype": ""}.items():
             self._file(f"{p}/addr_{k}", v)
+        if self.kernel_612:
+            self._file(f"{p}/addr_tsas", "not specified")
 
     def rmdir(self, p):
         self.ops.append(("rmdir", self.rel(p), None))
@@ -219,6 +234,21 @@ class FakeNvmetFS(ConfigFS):
             if self.port_enabled(d):
                 raise _err(errno.EACCES, p)
             self._check_addr(leaf, v, p)
+            if leaf == "addr_tsas" and self._get(f"{d}/addr_trtype") != "tcp":
+                raise _err(errno.EINVAL, p)  # nvmet_addr_tsas_store: TCP ports only
+            if leaf == "addr_trtype" and self.kernel_612:
+                self._set(f"{d}/addr_tsas", "connected" if v == "rdma" else "none" if v == "tcp" else "not specified")
+        elif parts[0] == "subsystems" and len(parts) == 3 and leaf == "attr_firmware":
+            if not 1 <= len(v) <= 8:
+                raise _err(errno.EINVAL, p)
+        elif parts[0] == "subsystems" and len(parts) == 3 and leaf == "attr_ieee_oui":
+            try:
+                n = int(v, 0)
+            except ValueError:
+                raise _err(errno.EINVAL, p)
+            if n >= 1 << 24:
+                raise _err(errno.EINVAL, p)
+            v = f"0x{n:06x}"
         elif parts[0] == "ports" and len(parts) == 5 and parts[2] == "referrals":
             if leaf != "enable" and self._get(f"{d}/enable") == "1":
                 raise _err(errno.EACCES, p)

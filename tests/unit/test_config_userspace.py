@@ -48,8 +48,10 @@ UNSUPPORTED = [
      "subsystems[0].namespaces[0].resv.enable", "reservations (resv_enable)"),
     (lambda d: d["subsystems"][0].update(attr={"alow_any_host": "1"}), "subsystems[0].attr.alow_any_host",
      "subsystem attribute 'alow_any_host'"),
-    (lambda d: d["subsystems"][0].update(attr={"ieee_oui": "0x001122"}), "subsystems[0].attr.ieee_oui",
-     "subsystem attribute 'ieee_oui'"),
+    (lambda d: d["subsystems"][0].update(attr={"ana_grpid": "2"}), "subsystems[0].attr.ana_grpid",
+     "subsystem attribute 'ana_grpid'"),
+    (lambda d: d["subsystems"][0].update(passthru=[{"device": {"path": "/dev/nvme0"}, "enable": 1}]),
+     "subsystems[0].passthru", "passthru (a subsystem that forwards to a local NVMe controller)"),
     (lambda d: d["subsystems"][0].update(attr={"pi_enable": "1"}), "subsystems[0].attr.pi_enable",
      "protection information"),
     (lambda d: d["ports"][0].update(param={"pi_enable": "1"}), "ports[0].param.pi_enable", "protection information"),
@@ -259,3 +261,58 @@ def test_check_refuses_a_malformed_dhchap_key(tmp_path, capsys):
     assert cli.main(["target", "check", write(tmp_path, data), "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] is False and out["field"] == "hosts[0].dhchap.key"
+
+
+def test_nvmetcli_keys_of_current_kernels_are_taken(tmp_path):
+    """What nvmetcli saves from kernels 6.x: RDMA's tsas "connected", attr firmware and ieee_oui, an empty
+    disabled passthru block, the top-level discovery NQN: served (the Identify figures in test_target_host)."""
+    data = base()
+    data["discovery"] = {"nqn": "nqn.2014-08.org.nvmexpress.discovery"}
+    data["ports"][0]["addr"]["tsas"] = "connected"
+    data["subsystems"][0]["attr"] = {"firmware": "6.12.9", "ieee_oui": "0x00a0b8"}
+    data["subsystems"][0]["passthru"] = [{"admin_timeout": 0, "clear_ids": 1, "device": {"path": ""}, "enable": 0,
+                                          "io_timeout": 0}]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(data))
+    cfg = load_userspace_config(str(path))
+    assert cfg.subsystems[0].attrs["firmware"] == "6.12.9" and cfg.subsystems[0].attrs["ieee_oui"] == "0x00a0b8"
+
+
+def test_nvmetcli_keys_the_userspace_target_cannot_serve_say_why(tmp_path):
+    data = base()
+    data["discovery"] = {"nqn": "nqn.2024-01.io.example:my-discovery"}
+    data["ports"][0]["addr"]["tsas"] = "datagram"
+    errors = userspace_errors(tmp_path, data)
+    assert [e.where for e in errors] == ["discovery.nqn", "ports[0].addr.tsas"]
+    assert "answers to the well-known nqn.2014-08.org.nvmexpress.discovery only" in errors[0].problem
+    assert "reliable connected" in errors[1].problem and 'use "connected"' in errors[1].fix
+
+
+@pytest.mark.parametrize("attr,value,problem", [
+    ("firmware", "", "must be 1..8 printable ASCII characters"),
+    ("firmware", "123456789", "must be 1..8 printable ASCII characters"),
+    ("ieee_oui", "0x1000000", "must be 0..0xFFFFFF"),
+    ("ieee_oui", "oui", "must be an integer 0..0xFFFFFF"),
+])
+def test_firmware_and_ieee_oui_are_checked_as_nvmet_does(attr, value, problem):
+    data = base()
+    data["subsystems"][0]["attr"] = {attr: value}
+    with pytest.raises(ConfigError) as exc:
+        parse_config(data, "k.json")
+    assert exc.value.where == f"subsystems[0].attr.{attr}" and problem in exc.value.problem
+
+
+def test_check_reports_every_problem_of_one_object(tmp_path):
+    data = base()
+    data["subsystems"][0]["attr"] = {"serial": "x" * 30, "model": "m" * 50, "cntlid_min": "0", "bogus": "1"}
+    data["subsystems"][0]["colour"] = "blue"
+    data["ports"][0]["addr"].update(treq="sometimes", trsvcid="99999")
+    data["ports"][0]["flavour"] = 1
+    data["hosts"][0]["extra"] = {}
+    with pytest.raises(ConfigErrors) as exc:
+        parse_config(data, "k.json")
+    wheres = [e.where for e in exc.value.errors]
+    for where in ("subsystems[0].colour", "subsystems[0].attr.serial", "subsystems[0].attr.model",
+                  "subsystems[0].attr.cntlid_min", "ports[0].flavour", "ports[0].addr.treq", "ports[0].addr.trsvcid",
+                  "hosts[0].extra"):
+        assert where in wheres, (where, wheres)

@@ -68,30 +68,35 @@ def test_wire_discipline(env, recorded):
     assert (admin[-1].fctype, admin[-1].cdw11) == (4, 0x1C)
 
 
+def _identity_paths(tmp_path, **kw):
+    from nvmeof_roce.host_identity import Paths
+    return Paths(etc_dir=str(tmp_path), product_uuid=str(tmp_path / "none"), dmi_entries=str(tmp_path / "none"),
+                 device_tree_uuid=str(tmp_path / "none"), environ={}, **kw)
+
+
 def test_default_host_identity_files(tmp_path, monkeypatch):
-    nqn_file, id_file = tmp_path / "hostnqn", tmp_path / "hostid"
-    nqn_file.write_text("nqn.2014-08.org.nvmexpress:uuid:12345678-1234-1234-1234-123456789abc\n")
-    id_file.write_text("abcdefab-cdef-abcd-efab-cdefabcdefab\n")
-    monkeypatch.setattr(initiator, "HOSTNQN_FILE", str(nqn_file))
-    monkeypatch.setattr(initiator, "HOSTID_FILE", str(id_file))
+    (tmp_path / "hostnqn").write_text("nqn.2014-08.org.nvmexpress:uuid:12345678-1234-1234-1234-123456789abc\n")
+    (tmp_path / "hostid").write_text("abcdefab-cdef-abcd-efab-cdefabcdefab\n")
+    monkeypatch.setattr(initiator, "IDENTITY_PATHS", _identity_paths(tmp_path))
     monkeypatch.setattr(initiator, "_default_identity", None)
     nqn, hostid = initiator.default_host_identity()
     assert nqn == "nqn.2014-08.org.nvmexpress:uuid:12345678-1234-1234-1234-123456789abc"
     assert hostid == uuid.UUID("abcdefab-cdef-abcd-efab-cdefabcdefab").bytes
     # no hostid file: the UUID of the NQN
-    monkeypatch.setattr(initiator, "HOSTID_FILE", str(tmp_path / "none"))
+    (tmp_path / "hostid").unlink()
     monkeypatch.setattr(initiator, "_default_identity", None)
     assert initiator.default_host_identity()[1] == uuid.UUID("12345678-1234-1234-1234-123456789abc").bytes
 
 
-def test_default_host_identity_generated(tmp_path, monkeypatch):
-    monkeypatch.setattr(initiator, "HOSTNQN_FILE", str(tmp_path / "none"))
-    monkeypatch.setattr(initiator, "HOSTID_FILE", str(tmp_path / "none"))
+def test_default_host_identity_from_the_machine_as_nvme_cli(tmp_path, monkeypatch):
+    """No /etc/nvme files: the DMI product UUID, as libnvme (not a UUID of our own making)."""
+    (tmp_path / "product_uuid").write_text("4c4c4544-0042-3510-8052-b4c04f4e4d32\n")
+    monkeypatch.setattr(initiator, "IDENTITY_PATHS", _identity_paths(tmp_path / "etc"))
+    initiator.IDENTITY_PATHS.product_uuid = str(tmp_path / "product_uuid")
     monkeypatch.setattr(initiator, "_default_identity", None)
     nqn, hostid = initiator.default_host_identity()
-    prefix = "nqn.2014-08.org.nvmexpress:uuid:"
-    assert nqn.startswith(prefix) and uuid.UUID(nqn[len(prefix):]).version == 4
-    assert hostid == uuid.UUID(nqn[len(prefix):]).bytes
+    assert nqn == "nqn.2014-08.org.nvmexpress:uuid:4c4c4544-0042-3510-8052-b4c04f4e4d32"
+    assert hostid == uuid.UUID("4c4c4544-0042-3510-8052-b4c04f4e4d32").bytes
     assert initiator.default_host_identity() == (nqn, hostid)  # stable within the process
 
 

@@ -107,8 +107,9 @@ def fake_cli(monkeypatch, responses, tmp_path):
     def runner(tool, args, package, timeout=None):
         calls.append(args)
         return responses[args[0]]
-    monkeypatch.setattr(host_commands, "_cli", lambda: nvme_cli.NvmeCli(runner=runner, load_modules=False,
-                                                             etc_dir=str(tmp_path), kernel_log=lambda: ""))
+    monkeypatch.setattr(host_commands, "_cli", lambda args=None: nvme_cli.NvmeCli(
+        runner=runner, load_modules=False, etc_dir=str(tmp_path), kernel_log=lambda: "",
+        config_json=getattr(args, "config", None)))
     return calls
 
 

@@ -10,6 +10,7 @@ from nvmeof_roce.kernel.nvme_cli import (
     NvmeCli, NvmeCliError, explain_failure, host_identity, parse_connect, parse_discover, parse_list,
     parse_list_subsys, parse_disconnect,
 )
+from nvmeof_roce.errors import NvmeofError
 from nvmeof_roce.kernel.tool import ToolResult
 
 FIX = Path(__file__).parent / "fixtures" / "nvme-cli-2.3"
@@ -186,14 +187,16 @@ def test_identity_from_etc(tmp_path):
     assert j.hostnqn == "nqn.2024-01.io.example:h" and j.hostid.startswith("77adfae5")
 
 
-def test_identity_generated_is_stable(tmp_path):
-    mid = tmp_path / "machine-id"
-    mid.write_text("0123456789abcdef0123456789abcdef\n")
-    a = host_identity(etc_dir=str(tmp_path / "none"), machine_id=str(mid), product_uuid=str(tmp_path / "nope"))
-    b = host_identity(etc_dir=str(tmp_path / "none"), machine_id=str(mid), product_uuid=str(tmp_path / "nope"))
-    assert a == b and a.hostnqn == "nqn.2014-08.org.nvmexpress:uuid:" + a.hostid
-    assert "generated from" in a.source
-    with pytest.raises(NvmeCliError, match="host ID 'nope' is not a UUID"):
+def test_identity_without_etc_is_the_machines_dmi_uuid_as_libnvme(tmp_path):
+    from nvmeof_roce.host_identity import Paths
+    (tmp_path / "product_uuid").write_text("4c4c4544-0042-3510-8052-b4c04f4e4d32\n")
+    p = Paths(etc_dir=str(tmp_path / "none"), product_uuid=str(tmp_path / "product_uuid"),
+              dmi_entries=str(tmp_path / "none"), device_tree_uuid=str(tmp_path / "none"), environ={})
+    a = host_identity(etc_dir=str(tmp_path / "none"), paths=p)
+    assert a.hostid == "4c4c4544-0042-3510-8052-b4c04f4e4d32"  # what nvme-cli uses, not a UUID of our own
+    assert a.hostnqn == "nqn.2014-08.org.nvmexpress:uuid:" + a.hostid
+    assert "product_uuid" in a.source
+    with pytest.raises(NvmeofError, match="host ID 'nope' .*is not a UUID"):
         host_identity(hostid="nope", etc_dir=str(tmp_path))
 
 
@@ -308,3 +311,102 @@ def test_authentication_failures_are_named(klog, words):
     e = explain_failure("nvme connect", fail(FAB_EIO), "10.99.0.1", "4420", CAP1, kernel_log=klog)
     assert words in e.message, e.message
     assert e.fix
+
+
+# ---------------------------------------------------------------- nvme-cli's options: -F, -f, -J, -d, -r, --quiet
+
+HOSTNQN_A001 = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-00000000a001"
+
+
+def test_connect_passes_fast_io_fail_tmo_host_iface_and_config(etc, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps([{"hostnqn": "nqn.2024-01.io.example:json-host",
+                                   "hostid": "0b5e0000-0000-4000-8000-0000000000a1"}]))
+    fake = FakeNvme([("connect", ok(fx("connect.json")))])
+    cli = NvmeCli(runner=fake, load_modules=False, etc_dir=etc, kernel_log=lambda: "", config_json=str(config))
+    r = cli.connect("10.99.0.1", CAP1, 4420, transport="tcp", host_iface="eth1", fast_io_fail_tmo=5)
+    assert r["hostnqn"] == "nqn.2024-01.io.example:json-host"  # the -J file's first host comes before /etc/nvme
+    assert fake.calls == [["connect", "--transport", "tcp", "--traddr", "10.99.0.1", "--trsvcid", "4420",
+                           "--host-iface", "eth1", "--hostnqn", "nqn.2024-01.io.example:json-host",
+                           "--hostid", "0b5e0000-0000-4000-8000-0000000000a1", "--nqn", CAP1,
+                           "--config", str(config), "--fast_io_fail_tmo", "5", "--output-format=json"]]
+
+
+def test_host_iface_is_refused_for_rdma_as_libnvme_does(etc):
+    cli = NvmeCli(runner=FakeNvme([]), load_modules=False, etc_dir=etc, kernel_log=lambda: "")
+    with pytest.raises(NvmeCliError, match="tcp transport only .*not permitted for rdma") as exc:
+        cli.connect("10.99.0.1", CAP1, 4420, host_iface="eth1")
+    assert "--host-traddr" in exc.value.fix
+
+
+def test_an_nvme_cli_without_fast_io_fail_tmo_is_named(etc):
+    # what Debian 12's nvme-cli 2.3 printed in the lab for the option it does not have (exit 1)
+    fake = FakeNvme([("connect", ToolResult(["nvme"], 1, "", fx("connect-fast-io-fail.stderr")))])
+    cli = NvmeCli(runner=fake, load_modules=False, etc_dir=etc, kernel_log=lambda: "")
+    with pytest.raises(NvmeCliError, match="this nvme-cli has no --fast_io_fail_tmo") as exc:
+        cli.connect("10.99.0.1", CAP1, 4420, fast_io_fail_tmo=5)
+    assert "upgrade nvme-cli" in exc.value.fix
+
+
+def _raw_log(entries, genctr=7):
+    from nvmeof_roce.nvme.log import DiscoveryLogEntry, DiscoveryLogHeader
+    head = DiscoveryLogHeader(genctr=genctr, numrec=len(entries)).pack().ljust(1024, b"\0")
+    return head + b"".join(DiscoveryLogEntry(**e).pack() for e in entries)
+
+
+def test_discover_device_raw_and_quiet(etc, tmp_path):
+    raw = tmp_path / "disc.raw"
+
+    def nvme(tool, args, package, timeout=None):
+        fake.calls.append(args)
+        raw.write_bytes(_raw_log([{"portid": 1, "trsvcid": "4420", "subnqn": CAP1, "traddr": "10.99.0.1"},
+                                  {"portid": 1, "trsvcid": "4420", "subtype": 3, "traddr": "10.99.0.1",
+                                   "subnqn": "nqn.2014-08.org.nvmexpress.discovery"}]))
+        return ok("")  # with --raw nvme-cli prints nothing
+
+    fake = FakeNvme([])
+    cli = NvmeCli(runner=nvme, load_modules=False, etc_dir=etc, kernel_log=lambda: "")
+    r = cli.discover("10.99.0.1", 4420, device="/dev/nvme3", raw=str(raw), quiet=True)
+    assert fake.calls == [["discover", "--transport", "rdma", "--traddr", "10.99.0.1", "--trsvcid", "4420",
+                           "--hostnqn", HOSTNQN_A001, "--hostid", "00000000-0000-4000-8000-00000000a001",
+                           "--device", "/dev/nvme3", "--quiet", "--raw", str(raw)]]
+    assert r["genctr"] == 7 and r["raw"] == str(raw)
+    assert [(x["subtype"], x["subnqn"], x["trtype"], x["adrfam"], x["trsvcid"], x["portid"]) for x in r["records"]] == [
+        ("nvme subsystem", CAP1, "rdma", "ipv4", "4420", 1),
+        ("current discovery subsystem", "nqn.2014-08.org.nvmexpress.discovery", "rdma", "ipv4", "4420", 1)]
+    with pytest.raises(NvmeCliError, match="not a controller device"):
+        cli.discover("10.99.0.1", 4420, device="sda")
+
+
+def test_discover_options_through_the_cli(etc, monkeypatch, capsys):
+    from nvmeof_roce import cli as main_cli
+    seen = {}
+
+    class Recorder(NvmeCli):
+        def discover(self, *a, **kw):
+            seen.update(kw, config=self.config_json)
+            return {"genctr": 1, "records": [], "hostnqn": HOSTNQN_A001}
+
+    monkeypatch.setattr(nvme_cli, "NvmeCli", Recorder)
+    code = main_cli.main(["host", "discover", "-a", "10.99.0.1", "-d", "nvme2", "-r", "/tmp/x.raw", "--quiet",
+                          "-J", "none", "--json"])
+    assert code == 0 and json.loads(capsys.readouterr().out)["genctr"] == 1
+    assert (seen["device"], seen["raw"], seen["quiet"], seen["config"]) == ("nvme2", "/tmp/x.raw", True, "none")
+    with pytest.raises(SystemExit):
+        main_cli.main(["host", "connect", "-a", "10.99.0.1", "-n", CAP1, "-F", "x"])
+    code = main_cli.main(["host", "connect", "-a", "10.99.0.1", "-n", CAP1, "-F", "-2"])
+    assert code == 1 and "must be -1 (off) or >= 0" in capsys.readouterr().err
+
+
+def test_raw_discovery_log_saved_by_nvme_cli():
+    """`nvme discover --raw` of nvmet on 6.1 in the lab (the nvmetcli corpus' port; the guest's host NQN is not
+    on nvmetcli-auth's allow-list, so the log lists the open subsystem and the discovery subsystem)."""
+    from nvmeof_roce.kernel.nvme_cli import parse_raw_discovery
+    r = parse_raw_discovery((FIX / "discover.raw").read_bytes())
+    assert sorted((x["subnqn"], x["subtype"], x["trtype"], x["adrfam"], x["traddr"], x["trsvcid"], x["portid"])
+                  for x in r["records"]) == [
+        ("nqn.2014-08.org.nvmexpress.discovery", "current discovery subsystem", "rdma", "ipv4", "10.99.0.1", "4420", 1),
+        ("nqn.2024-01.io.nvmeof-roce:nvmetcli-open", "nvme subsystem", "rdma", "ipv4", "10.99.0.1", "4420", 1)]
+    assert r["genctr"] >= 1
+    with pytest.raises(NvmeCliError, match="shorter than its header"):
+        parse_raw_discovery(b"\0" * 100)

@@ -1,6 +1,7 @@
 """The shipped systemd units: installed with this nvmeof-roce's path, accepted by systemd-analyze verify."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,13 +14,46 @@ from nvmeof_roce.systemd import UNITS, render
 
 def test_units_say_what_the_issue_asks():
     target = render("nvmeof-roce-target@.service", "/opt/x/nvmeof-roce")
-    for line in ("Type=notify", "LimitMEMLOCK=infinity", "Restart=on-failure", "ExecReload=/bin/kill -HUP $MAINPID",
-                 "ExecStart=/opt/x/nvmeof-roce target serve /etc/nvmeof-roce/%i.json "
-                 "--rpc-socket /run/nvmeof-roce/%i.sock"):
-        assert line in target.splitlines()
+    lines = target.splitlines()
+    for line in ("Type=notify", "NotifyAccess=main", "LimitMEMLOCK=infinity", "Restart=on-failure",
+                 "Conflicts=nvmet.service", "RuntimeDirectory=nvmeof-roce/%i",
+                 "ExecReload=/opt/x/nvmeof-roce target reload --socket /run/nvmeof-roce/%i/control.sock",
+                 "ExecStart=/opt/x/nvmeof-roce target serve /etc/nvmeof-roce/%i.json --run-dir /run/nvmeof-roce/%i "
+                 "--rpc-socket /run/nvmeof-roce/%i/control.sock",
+                 "DeviceAllow=/dev/infiniband/rdma_cm rw", "DeviceAllow=char-infiniband_verbs rw"):
+        assert line in lines, line
+    # instances share nothing in /run: no preserved common directory, no shared pid file or socket
+    assert "RuntimeDirectoryPreserve=yes" not in lines
     nvmet = render("nvmeof-roce-nvmet.service", "/opt/x/nvmeof-roce")
     assert "ExecStart=/opt/x/nvmeof-roce nvmet restore /etc/nvmet/config.json" in nvmet.splitlines()
     assert "/usr/bin/nvmeof-roce" not in nvmet + target
+
+
+def test_the_target_unit_is_rated_ok_by_systemd_analyze_security(tmp_path):
+    if not shutil.which("systemd-analyze"):
+        pytest.skip("systemd-analyze is not installed here")
+    unit = tmp_path / "nvmeof-roce-target@demo.service"
+    unit.write_text(render("nvmeof-roce-target@.service", "/usr/bin/nvmeof-roce"))
+    proc = subprocess.run(["systemd-analyze", "security", "--offline=true", "--no-pager", str(unit)],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    if "--offline" in proc.stderr and "unrecognized" in proc.stderr:
+        pytest.skip("this systemd-analyze has no --offline (systemd < 252)")
+    found = re.search(r"Overall exposure level for \S+: (\d+\.\d+) (\w+)", proc.stdout)
+    assert found, proc.stdout + proc.stderr
+    # systemd's scale: < 2 SAFE, < 5 OK, < 7 MEDIUM, < 9 EXPOSED, else UNSAFE
+    assert float(found.group(1)) < 5.0 and found.group(2) in ("SAFE", "OK", "PERFECT"), found.group(0)
+
+
+def test_find_socket_knows_the_units_instance_directories(tmp_path, monkeypatch):
+    from nvmeof_roce.errors import NvmeofError
+    from nvmeof_roce.target import control
+    monkeypatch.setattr(control, "DEFAULT_SOCKET_DIR", str(tmp_path))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "control.sock").write_text("")
+    assert control.find_socket() == str(tmp_path / "a" / "control.sock")
+    (tmp_path / "b.sock").write_text("")
+    with pytest.raises(NvmeofError, match="several targets"):
+        control.find_socket()
 
 
 def test_install_units_and_systemd_analyze_verify(tmp_path, capsys):

@@ -160,3 +160,29 @@ def test_control_socket_binding_rules(tmp_path, monkeypatch):
     finally:
         sock.close()
     assert opsmod.bind_control_socket(str(tmp_path / "t.json"), None) == (None, None)
+
+
+def test_metrics_endpoint_with_debian12_prometheus_client_and_process_figures(env, monkeypatch):
+    """Debian 12's prometheus_client (0.16) start_http_server returns None: the endpoint must not depend on
+    its return value; the registry keeps process_* and the build info; close() frees the port."""
+    prometheus_client = pytest.importorskip("prometheus_client")
+    monkeypatch.setattr(prometheus_client, "start_http_server", lambda *a, **k: None)
+    from nvmeof_roce.target.metrics import Metrics
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    metrics = Metrics(env.target)
+    url = metrics.start(f"127.0.0.1:{port}")
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            text = r.read().decode()
+        assert "process_cpu_seconds_total " in text and "process_resident_memory_bytes " in text
+        assert 'nvmeof_roce_build_info{python="' in text and 'version="' in text
+        assert "nvmeof_roce_namespace_size_bytes{" in text
+    finally:
+        metrics.close()
+    again = socket.socket()
+    again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT, fails only while one listens
+    again.bind(("127.0.0.1", port))  # the server is gone
+    again.close()

@@ -1,11 +1,12 @@
 """`serve --workers`: the per-worker configs (ports, CNTLID ranges, shared RAM), discovery of every path,
 and run-time ANA changes through the run directory, over the loopback fabric."""
+import json
 import os
 import threading
 
 import pytest
 
-from loopback_env import ADDR1, HOST_A, Env, port, ram_ns
+from loopback_env import ADDR1, HOST_A, HOST_B, Env, port, ram_ns
 from nvmeof_roce.config import parse_config
 from nvmeof_roce.errors import NvmeofError
 from nvmeof_roce.initiator.discovery import discover
@@ -14,6 +15,7 @@ from nvmeof_roce.nvme import status as S
 from nvmeof_roce.nvme.status import NvmeStatusError
 from nvmeof_roce.target import ana_control, workers
 from nvmeof_roce.target.ana_control import AnaControl, change_state, current_states, publish
+from nvmeof_roce.target.control import RpcError, bind_unix_socket, call
 from nvmeof_roce.target.workers import split_cntlid_range, worker_configs
 
 SUB = "nqn.2024-01.io.test:mp"
@@ -148,3 +150,209 @@ def test_the_supervisor_creates_a_file_namespace_once(tmp_path, monkeypatch):
     shm = workers._create_shm(cfg, str(tmp_path / "run"))
     assert image.stat().st_size == 1 << 20
     assert len(shm) == 1 and os.path.getsize(shm[0]) == 2 << 20
+
+
+# ----------------------------------------------------------------------- the supervisor's control socket
+
+class _LoopbackServer:
+    """What ops.Operations needs of serve.py's TargetServer, on a loopback fabric."""
+
+    def __init__(self, env):
+        self.target = env.target
+        self.loop = env.fabric
+        self.listeners = []
+
+    def addresses(self):
+        return ["loopback"]
+
+
+class _Workers:
+    """A Supervisor (not started: no processes) whose n workers are loopback targets, each with its own
+    control socket as `serve --worker-index I --rpc-socket RUN_DIR/worker-I.sock` has."""
+
+    def __init__(self, tmp_path, monkeypatch, config: dict, n: int = 2):
+        from nvmeof_roce.target.ops import Operations
+        monkeypatch.setattr(workers, "SHM_DIR", str(tmp_path))
+        self.config_path = tmp_path / "mp.json"
+        self.config_path.write_text(json.dumps(config))
+        self.sup = workers.Supervisor(str(self.config_path), n, cpus=None, run_dir=str(tmp_path / "run"),
+                                      ready_file=None, worker_args=[], rpc_socket=str(tmp_path / "sup.sock"))
+        self.sup.shm_files = workers._create_shm(self.sup.config, self.sup.run_dir)
+        self.envs, self.ops = [], []
+        for i in range(n):
+            env = Env(json.loads(open(self.sup.paths[i]).read()), file_lock="shared")
+            self.envs.append(env)
+            self.ops.append(Operations(_LoopbackServer(env), self.sup.paths[i], rpc_socket=self.sup.sockets[i]))
+
+    def run(self, fn):
+        """fn() (blocking calls to the workers' sockets) in a thread while this thread serves every worker."""
+        out = {}
+
+        def go():
+            try:
+                out["result"] = fn()
+            except BaseException as exc:  # noqa: B902 - handed back to the test
+                out["error"] = exc
+
+        t = threading.Thread(target=go)
+        t.start()
+        while t.is_alive():
+            for env in self.envs:
+                env.fabric.run_watched(0.01)
+                env.fabric.pump()
+        t.join()
+        if "error" in out:
+            raise out["error"]
+        return out["result"]
+
+    def call(self, method, params=None):
+        return self.run(lambda: self.sup.control.call(method, params))
+
+    def close(self):
+        for ops in self.ops:
+            ops.close()
+        for env in self.envs:
+            env.close()
+
+
+@pytest.fixture
+def two_workers(tmp_path, monkeypatch):
+    w = _Workers(tmp_path, monkeypatch, mp_config())
+    yield w
+    w.close()
+
+
+def test_supervisor_control_changes_every_worker_and_keeps_it_for_a_restart(two_workers):
+    w = two_workers
+    assert w.call("nvmf_subsystem_add_ns", {"nqn": SUB, "namespace": {"nsid": 7, "backend": "null",
+                                                                       "size": "1M"}}) == 7
+    for env in w.envs:
+        assert sorted(env.target.subsystems[SUB].namespaces) == [1, 7]
+    for path in w.sup.paths:  # a worker restarted now starts with the namespace
+        assert 7 in [ns["nsid"] for ns in json.loads(open(path).read())["subsystems"][0]["namespaces"]]
+    with pytest.raises(RpcError) as exc:  # a refusal on worker 0 changes nothing anywhere
+        w.call("nvmf_subsystem_remove_ns", {"nqn": SUB, "nsid": 99})
+    assert exc.value.field == "nsid"
+    for method, params, field in (
+            ("nvmf_subsystem_add_ns", {"nqn": SUB, "namespace": {"backend": "ram", "size": "1M"}}, "namespace.backend"),
+            ("nvmf_subsystem_add_listener", {"nqn": SUB, "listen_address": {}}, "method"),
+            ("save_config", None, "method")):
+        with pytest.raises(RpcError) as exc:
+            w.call(method, params)
+        assert exc.value.field == field and exc.value.fix, method
+    for env in w.envs:
+        assert sorted(env.target.subsystems[SUB].namespaces) == [1, 7]
+
+
+def test_supervisor_control_answers_from_every_worker(two_workers):
+    w = two_workers
+    a = w.envs[0].connect(SUB, "10.99.0.1:4420")
+    b = w.envs[1].connect(SUB, "10.99.0.1:4421", hostnqn=HOST_B)
+    a.write(1, 0, b"a" * 512)
+    b.write(1, 1, b"b" * 1024)
+    ctrls = w.call("nvmf_subsystem_get_controllers", {"nqn": SUB})
+    assert sorted((c["worker"], c["hostnqn"]) for c in ctrls) == [(0, HOST_A), (1, HOST_B)]
+    status = w.call("nvmeof_get_status")
+    sub = status["subsystems"][0]
+    assert sorted(c["worker"] for c in sub["controllers"]) == [0, 1]
+    assert sub["namespaces"][0]["write_commands"] == 2 and sub["namespaces"][0]["bytes_written"] == 1536
+    assert sorted(h["hostnqn"] for h in status["hosts"]) == [HOST_A, HOST_B]
+    assert [x["socket"] for x in status["workers"]] == w.sup.sockets
+    assert (status["config"], status["socket"]) == (str(w.config_path), w.sup.rpc_socket)  # the supervisor's
+    stats = w.call("nvmf_get_stats")
+    assert len(stats["poll_groups"]) == 2 and stats["namespaces"][0]["write_commands"] == 2
+    text = w.call("nvmeof_get_metrics")
+    for worker in ("0", "1"):
+        assert f'nvmeof_roce_namespace_writes_total{{nsid="1",subnqn="{SUB}",worker="{worker}"}} 1.0' in text
+        assert f'process_cpu_seconds_total{{worker="{worker}"}}' in text
+    assert 'process_cpu_seconds_total{worker="supervisor"}' in text
+    assert text.count("# TYPE process_cpu_seconds_total counter") == 1  # one family, every process in it
+    assert 'nvmeof_roce_build_info{python=' in text
+    a.close()
+    b.close()
+
+
+def test_supervisor_reload_applies_on_every_worker_or_none(two_workers):
+    w = two_workers
+    data = mp_config()
+    data["subsystems"][0]["namespaces"].append(ram_ns(2, "2M"))
+    w.config_path.write_text(json.dumps(data))
+    result = w.run(lambda: w.sup.reload())
+    assert result["applied"] and [c["action"] for c in result["changes"]] == ["add-namespace"]
+    assert [x["changes"] for x in result["workers"]] == [1, 1]
+    for env in w.envs:
+        assert sorted(env.target.subsystems[SUB].namespaces) == [1, 2]
+    # the new RAM namespace is one file both workers share
+    a = w.envs[0].connect(SUB, "10.99.0.1:4420")
+    b = w.envs[1].connect(SUB, "10.99.0.1:4421")
+    a.write(2, 3, b"r" * 512)
+    assert b.read(2, 3, 1) == b"r" * 512
+    a.close()
+    b.close()
+    # an edit a worker refuses: no worker changes (the dry run on every worker comes first)
+    data["subsystems"][0]["attr"]["serial"] = "0123456789"  # a live serial change is refused
+    data["subsystems"][0]["namespaces"].append(ram_ns(3, "1M"))
+    w.config_path.write_text(json.dumps(data))
+    with pytest.raises(RpcError) as exc:
+        w.run(lambda: w.sup.reload())
+    assert exc.value.field.endswith("attr.serial")
+    for env in w.envs:
+        assert sorted(env.target.subsystems[SUB].namespaces) == [1, 2]
+    # a file that does not load: refused with the field
+    w.config_path.write_text(json.dumps({"subsystems": [{"nqn": SUB, "namespaces": [{"nsid": 1}]}]}))
+    with pytest.raises(RpcError) as exc:
+        w.run(lambda: w.sup.control.call("nvmeof_reload_config", {"dry_run": False}))
+    assert exc.value.field
+
+
+def test_supervisor_control_socket_round_trip(two_workers, tmp_path):
+    w = two_workers
+    sock = bind_unix_socket(str(tmp_path / "s.sock"))
+    server = workers.ControlSocket(sock, w.sup.control.handle)
+    out = {}
+
+    def client():
+        out["methods"] = call(str(tmp_path / "s.sock"), "rpc_get_methods")
+        try:
+            call(str(tmp_path / "s.sock"), "no_such_method")
+        except RpcError as exc:
+            out["error"] = exc
+
+    t = threading.Thread(target=client)
+    t.start()
+    while t.is_alive():
+        import select
+        if select.select([sock], [], [], 0.01)[0]:
+            threading.Thread(target=server.serve_one).start()
+        for env in w.envs:
+            env.fabric.run_watched(0.01)
+            env.fabric.pump()
+    t.join()
+    sock.close()
+    assert "nvmf_subsystem_add_ns" in out["methods"] and "nvmeof_get_metrics" in out["methods"]
+    assert out["error"].code == -32601
+
+
+def test_workers_get_their_socket_and_never_see_notify_socket(tmp_path, monkeypatch):
+    """systemd hears the supervisor only: a worker's READY=1 would tell it the target is up before every
+    worker listens."""
+    monkeypatch.setattr(workers, "SHM_DIR", str(tmp_path))
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "notify"))
+    path = tmp_path / "mp.json"
+    path.write_text(json.dumps(mp_config()))
+    started = []
+
+    class Recorder:
+        def __init__(self, cmd, preexec_fn=None, env=None):
+            started.append((cmd, env))
+            self.pid = 4242
+
+    monkeypatch.setattr(workers.subprocess, "Popen", Recorder)
+    sup = workers.Supervisor(str(path), 2, cpus=None, run_dir=str(tmp_path / "run"), ready_file=None,
+                             worker_args=[], rpc_socket=str(tmp_path / "sup.sock"))
+    sup._spawn(0)
+    sup._spawn(1)
+    for i, (cmd, env) in enumerate(started):
+        assert "NOTIFY_SOCKET" not in env
+        assert cmd[cmd.index("--rpc-socket") + 1] == str(tmp_path / "run" / f"worker-{i}.sock")
+        assert cmd[cmd.index("--worker-index") + 1] == str(i)
