@@ -59,7 +59,9 @@ for mode in $MODES; do
         rxe_on_lab_netdev || { say "no rxe link on rxenet0"; exit 1; }
         export NVMEOF_BLKTESTS_STATE=/run/nvmeof-roce/blktests.state
         mkdir -p /run/nvmeof-roce
-        "$CONTROL" start --dir /mnt/scratch/ours --size "$IMG_SIZE" || { say "the target did not start"; exit 1; }
+        # nvme/029 writes 1025 blocks in one passthrough command: nvmet-rdma's MDTS (1 MiB), 128 such buffers
+        "$CONTROL" start --dir /mnt/scratch/ours --size "$IMG_SIZE" -- --mdts 8 --data-buffers 128 ||
+            { say "the target did not start"; exit 1; }
         printf 'NVME_TARGET_CONTROL=%s\nNVME_IMG_SIZE=%s\n' "$CONTROL" "$IMG_SIZE" > /mnt/scratch/blktests/config
         run_check ours
         "$CONTROL" stop

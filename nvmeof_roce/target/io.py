@@ -14,7 +14,6 @@ from ..nvme import status as S
 from ..nvme.command import NVM_DSM, NVM_FLUSH, NVM_READ, NVM_WRITE, NVM_WRITE_ZEROES
 from ..nvme.nvm import CONTROL_FUA, DSM_AD, DSM_RANGE_SIZE, DSM_RANGE_STRUCT
 from .backends import BackendError
-from .limits import MAX_TRANSFER
 from .request import LOC_CDW10, LOC_CDW12, LOC_DPTR, Request
 from .work import SLICE_BYTES
 
@@ -38,7 +37,7 @@ def _rw_checks(t: Target, req: Request):
     if req.sgl_len != length:
         t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
         return None
-    if length > MAX_TRANSFER:
+    if length > t.max_transfer:
         t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW12)
         return None
     slba = req.cdw10 | (req.cdw11 << 32)

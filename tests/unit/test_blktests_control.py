@@ -183,3 +183,24 @@ def test_the_shell_script_answers_config_from_the_state_file(tmp_path):
         assert out.stdout == want + "\n"
     # the Python side reads the same file the same way
     assert B.read_state(str(state))["trsvid"] == "4420"
+
+
+@pytest.mark.parametrize("mdts, commands", [(None, 5), (8, 1)])
+def test_mdts_sets_the_largest_command_nvme_029_writes(tmp_path, mdts, commands):
+    # nvme/029: `nvme write --block-count=1024` (1025 blocks of 512: 524800 bytes) is one passthrough command,
+    # which the kernel host cannot split: it fails above MDTS.  `serve --mdts 8` advertises nvmet-rdma's 1 MiB.
+    from nvmeof_roce.transport.resources import ResourceLimits
+    limits = ResourceLimits() if mdts is None else ResourceLimits(mdts=mdts)
+    e = Env({"hosts": [], "ports": [port(1, ADDR1, ["blktests-subsystem-1"])], "subsystems": [
+        {"nqn": "blktests-subsystem-1", "namespaces": [
+            {"nsid": 1, "nvmeof_roce": {"backend": "ram", "size": "2M"}}]}]}, limits=limits)
+    ctrl = e.connect("blktests-subsystem-1", hostnqn=HOST, io_slot_size=1 << 20)
+    assert ctrl.identify_controller().mdts == (mdts or 5)
+    data = os.urandom(1025 * 512)
+    ctrl.write(1, 511, data)
+    assert ctrl.read(1, 511, 1025) == data
+    assert e.target.subsystems["blktests-subsystem-1"].namespaces[1].write_commands == commands
+    ctrl.close()
+    e.close()
+    with pytest.raises(B.NvmeofError):
+        ResourceLimits(mdts=9)
