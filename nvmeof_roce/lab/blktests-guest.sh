@@ -19,7 +19,9 @@ say() { echo "[blktests-guest] $*"; }
 # bash's process substitution in ./check opens /dev/fd/N, which the lab's devtmpfs lacks
 [ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd
 # xfsprogs (mkfs.xfs: nvme/012, 047) and bsdextrautils (column: ./check's summary)
-dpkg -i "$IN"/debs/*.deb >/dev/null || { say "dpkg -i of the extra packages failed"; exit 1; }
+# the libraries first: gawk pre-depends on libmpfr6
+tools=$(ls "$IN"/debs/*.deb | grep -v '/lib')
+{ dpkg -i "$IN"/debs/lib*.deb && dpkg -i $tools; } >/dev/null || { say "dpkg -i of the extra packages failed"; exit 1; }
 # uuidgen (nvme/058): the kernel's random UUID, rather than uuid-runtime and its daemon
 command -v uuidgen >/dev/null || printf '#!/bin/sh\ncat /proc/sys/kernel/random/uuid\n' > /usr/local/bin/uuidgen
 chmod +x /usr/local/bin/uuidgen 2>/dev/null
