@@ -68,6 +68,7 @@ for mode in $MODES; do
         run_check ours
         "$CONTROL" stop
         cp /mnt/scratch/ours/target.log "$SHARE/ours-target.log"
+        cp /mnt/scratch/ours/control.log "$SHARE/ours-control.log"
         ;;
     *)
         say "unknown mode $mode"; exit 1 ;;

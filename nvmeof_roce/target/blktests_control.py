@@ -231,8 +231,20 @@ def main(argv: Optional[List[str]] = None) -> int:
                 cleanup(rpc, state, args.subsysnqn)
     except (NvmeofError, KeyError) as exc:
         print(f"nvme_target_control: {exc}", file=sys.stderr)
+        _log(args.state, argv, f"FAILED: {exc}")
         return 1
+    _log(args.state, argv, "ok")
     return 0
+
+
+def _log(state_path: str, argv: List[str], outcome: str) -> None:
+    """blktests sends the script's output to /dev/null: each call and its outcome also go to DIR/control.log."""
+    try:
+        directory = read_state(state_path)["dir"]
+        with open(os.path.join(directory, "control.log"), "a") as f:
+            f.write(f"{time.strftime('%H:%M:%S')} {' '.join(argv)}: {outcome}\n")
+    except (NvmeofError, KeyError, OSError):
+        pass  # no state (stop removed it, start failed): nothing to log to
 
 
 if __name__ == "__main__":
