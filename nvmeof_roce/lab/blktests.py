@@ -48,9 +48,12 @@ NOT_APPLICABLE: Dict[str, str] = {
                 "\"${cfs_path}/attr_qid_max\"`, else SKIP \"missing attr_qid_max feature\"; ours takes it through "
                 "RPC (nvmeof_subsystem_set_qid_max), tested in tests/unit/test_blktests_control.py",
     "nvme/042": "sets each new key in nvmet's configfs: `_set_nvmet_hostkey` writes "
-                "`${NVMET_CFS}/hosts/${nvmet_hostnqn}/dhchap_key`",
-    "nvme/043": "sets the hash and DH group in nvmet's configfs: `_set_nvmet_hash`, `_set_nvmet_dhgroup`",
-    "nvme/044": "sets the DH group in nvmet's configfs: `_set_nvmet_dhgroup \"${def_hostnqn}\" \"ffdhe2048\"`",
+                "`${NVMET_CFS}/hosts/${nvmet_hostnqn}/dhchap_key`; the key types and lengths against ours: "
+                "tests/lab/test_auth.py",
+    "nvme/043": "sets the hash and DH group in nvmet's configfs: `_set_nvmet_hash`, `_set_nvmet_dhgroup`; each hash "
+                "and group against ours: tests/lab/test_auth.py",
+    "nvme/044": "sets the DH group in nvmet's configfs: `_set_nvmet_dhgroup \"${def_hostnqn}\" \"ffdhe2048\"`; "
+                "bidirectional and wrong controller keys against ours: tests/lab/test_auth.py",
     "nvme/045": "rotates keys in nvmet's configfs: `_set_nvmet_hostkey`, `_set_nvmet_ctrlkey`, `_set_nvmet_dhgroup`",
 }
 
