@@ -64,7 +64,9 @@ for mode in $MODES; do
         # nvme/029 writes 1025 blocks in one passthrough command: nvmet-rdma's MDTS (1 MiB), 128 such buffers
         "$CONTROL" start --dir /mnt/scratch/ours --size "$IMG_SIZE" -- --mdts 8 --data-buffers 128 ||
             { say "the target did not start"; exit 1; }
-        printf 'NVME_TARGET_CONTROL=%s\nNVME_IMG_SIZE=%s\n' "$CONTROL" "$IMG_SIZE" > /mnt/scratch/blktests/config
+        # USE_RXE=1: blktests' _nvme_requires asks for siw over RDMA otherwise, even with an external target
+        printf 'NVME_TARGET_CONTROL=%s\nUSE_RXE=1\nNVME_IMG_SIZE=%s\n' "$CONTROL" "$IMG_SIZE" \
+            > /mnt/scratch/blktests/config
         # nvme/031 makes a port in nvmet's configfs itself even through the hook (`_create_nvmet_port`): with the
         # module loaded that mkdir works; the port is never enabled (no subsystem is linked to it), so nothing
         # of nvmet listens: every connect reaches our target
