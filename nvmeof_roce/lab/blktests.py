@@ -186,10 +186,10 @@ def why(test: str, kernel: Optional[Result], ours: Optional[Result]) -> str:
                 "are files), so blktests runs the bd=file variant only")
     if base in NOT_APPLICABLE:
         return "not applicable to an external target: " + NOT_APPLICABLE[base]
-    if o == "not run" and ours and ours.reasons:
-        return "skipped by blktests against an external target: " + "; ".join(ours.reasons)
     if k == "not run" and kernel and kernel.reasons:
         return "skipped on nvmet: " + "; ".join(kernel.reasons)
+    if o == "not run" and ours and ours.reasons:  # a skip on ours is a defect too until it is listed above
+        return "DEFECT of ours until shown otherwise (skipped: " + "; ".join(ours.reasons) + ")"
     return "DEFECT of ours until shown otherwise"
 
 
