@@ -186,8 +186,11 @@ def why(test: str, kernel: Optional[Result], ours: Optional[Result]) -> str:
                 "are files), so blktests runs the bd=file variant only")
     if base in NOT_APPLICABLE:
         return "not applicable to an external target: " + NOT_APPLICABLE[base]
-    if k == "not run" and kernel and kernel.reasons:
-        return "skipped on nvmet: " + "; ".join(kernel.reasons)
+    k_reasons = f" ({'; '.join(kernel.reasons)})" if kernel and kernel.reasons else ""
+    if o == "passed":
+        return f"passes on ours; nvmet: {k}{k_reasons}"
+    if k != "passed":
+        return f"nvmet: {k}{k_reasons}; ours: {o}"
     if o == "not run" and ours and ours.reasons:  # a skip on ours is a defect too until it is listed above
         return "DEFECT of ours until shown otherwise (skipped: " + "; ".join(ours.reasons) + ")"
     return "DEFECT of ours until shown otherwise"
