@@ -43,7 +43,7 @@ from .nvme.fabrics import DISCOVERY_NQN, MAX_CNTLID as CNTLID_MAX, NQN_MAX_LENGT
 __all__ = [
     "ConfigError", "TargetConfig", "PortConfig", "SubsystemConfig", "NamespaceConfig",
     "HostConfig", "ReferralConfig", "AnaGroupConfig", "load_config", "parse_config",
-    "parse_size", "validate_nqn", "userspace_only_keys", "DISCOVERY_NQN", "NSID_MAX",
+    "parse_size", "validate_nqn", "subsystem_nqn_problem", "userspace_only_keys", "DISCOVERY_NQN", "NSID_MAX",
     "ConfigErrors", "validate_for_userspace", "load_userspace_config", "TargetSettings", "SETTINGS",
 ]
 
@@ -145,6 +145,29 @@ def nqn_problem(nqn: Any) -> Optional[str]:
         if not _UUID_RE.match(rest[5:]):
             return f"{nqn!r}: the uuid form needs a UUID after 'uuid:'"
     return None
+
+
+def subsystem_nqn_problem(nqn: Any) -> Optional[str]:
+    """Why `nqn` cannot name a subsystem, or None.  nvmet's configfs takes any directory name but the discovery
+    NQN as a subsystem (blktests names its subsystems `blktests-subsystem-N`), so a name that does not start
+    with "nqn." is taken as nvmet takes it; one that does is checked as an NQN, where a malformed one is a typo."""
+    if isinstance(nqn, str) and nqn and not nqn.startswith("nqn."):
+        if len(nqn.encode("utf-8")) > NQN_MAX_BYTES:
+            return f"is {len(nqn.encode('utf-8'))} bytes, longer than the {NQN_MAX_BYTES}-byte NQN limit"
+        if any(c.isspace() or ord(c) < 0x20 or c in "/," for c in nqn):
+            # '/' cannot name a configfs directory; ',' and whitespace would split the host's connect options
+            return f"{nqn!r} contains whitespace, a control character, '/' or ','"
+        return None
+    return nqn_problem(nqn)
+
+
+def validate_subsystem_nqn(nqn: Any, source: str = "", where: str = "nqn") -> str:
+    """A subsystem's name as nvmet takes it (subsystem_nqn_problem), else a ConfigError naming the field."""
+    problem = subsystem_nqn_problem(nqn)
+    if problem:
+        raise ConfigError(source, where, problem, "use an NQN like nqn.2014-08.org.example:storage1, or a plain "
+                          "name without whitespace, '/' or ',' (as nvmet's configfs takes)")
+    return nqn
 
 
 def validate_nqn(nqn: Any, source: str = "", where: str = "nqn") -> str:
@@ -731,7 +754,7 @@ def _parse_subsystem(ctx: _Ctx, s: Any, where: str, hosts: set, errors: Optional
     problems.soft(ctx.unknown, s, _SUBSYS_KEYS, where)
     if "nqn" not in s:
         problems.fatal(ctx.err(where, "missing 'nqn'", 'add "nqn": "nqn.2014-08.org.example:name"'))
-    nqn = problems.soft(validate_nqn, s["nqn"], ctx.source, f"{where}.nqn")
+    nqn = problems.soft(validate_subsystem_nqn, s["nqn"], ctx.source, f"{where}.nqn")
     if nqn is None:
         problems.done()
     if nqn == DISCOVERY_NQN:
@@ -1018,7 +1041,7 @@ def _parse_port(ctx: _Ctx, p: Any, where: str, subsystems: Optional[set]) -> Por
         sw = f"{where}.subsystems[{j}]"
         if subsystems is None or (isinstance(nqn, str) and nqn in subsystems):
             pass  # defined (its own errors, if any, are reported where it is defined)
-        elif soft(validate_nqn, nqn, ctx.source, sw) is None:
+        elif soft(validate_subsystem_nqn, nqn, ctx.source, sw) is None:
             continue
         else:
             problems.add(ctx.err(sw, f"subsystem {nqn!r} is not defined in 'subsystems'",

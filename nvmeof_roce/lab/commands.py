@@ -135,6 +135,17 @@ def cmd_wait(args) -> int:
     return 0
 
 
+def cmd_blktests(args) -> int:
+    from . import blktests
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    for m in modes:
+        if m not in blktests.MODES:
+            raise NvmeofError(f"--modes: unknown mode {m!r}", "use kernel, ours or kernel,ours")
+    out = Path(args.out) if args.out else project_root() / "results" / \
+        f"blktests-{args.kernel}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return blktests.run(args.kernel, modes, args.tests, args.source, out.resolve(), args.timeout, args.memory)
+
+
 def cmd_build(args) -> int:
     lab_image.build(force=args.force, kernel=args.kernel)
     return 0
@@ -275,6 +286,22 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     _add_kernel_option(p, default=None)
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("blktests", help="blktests' nvme group against kernel nvmet and the userspace target, "
+                       "side by side (one boot; docs/conformance.md)",
+                       description="Boot the lab once and run blktests' nvme group (a pinned upstream revision, "
+                       "kept in the lab's cache) against kernel nvmet over rxe and against the userspace target "
+                       "through its NVME_TARGET_CONTROL script; write OUT/table.md and OUT/table.json. Exit 1 if "
+                       "a test passes on nvmet and not on ours without a documented reason.")
+    _add_kernel_option(p)
+    p.add_argument("--source", metavar="DIR", help="a git directory or checkout of linux-blktests/blktests, to "
+                   "seed the cache once (not needed when it is cached)")
+    p.add_argument("--modes", default="kernel,ours", help="kernel, ours or both (default kernel,ours)")
+    p.add_argument("--out", metavar="DIR", help="results directory (default results/blktests-KERNEL-TIMESTAMP)")
+    p.add_argument("--timeout", type=float, default=3600, help="hard limit in seconds for the boot (default 3600)")
+    p.add_argument("--memory", type=memory_size, default=4096, metavar="SIZE", help="guest memory (default 4G)")
+    p.add_argument("tests", nargs="*", default=["nvme"], help="blktests' tests or groups (default: nvme)")
+    p.set_defaults(func=cmd_blktests)
 
     p = sub.add_parser("clean", help="remove cached lab images (--all: also the downloaded packages)")
     p.add_argument("--all", action="store_true")

@@ -21,7 +21,7 @@ from ..nvme.command import (ADMIN_ABORT, ADMIN_ASYNC_EVENT, ADMIN_GET_FEATURES, 
 from ..nvme.log import (EFFECT_CSUPP, EFFECT_LBCC, ERROR_ENTRY_SIZE, ChangedNsList, CommandEffectsLog,
                         SmartLog)
 from .ana import ANACAP, ANATT_SECONDS, UNREACHABLE
-from .limits import ERROR_LOG_ENTRIES, MAX_AER, MAX_NSID, MAX_TRANSFER, MDTS
+from .limits import ERROR_LOG_ENTRIES, MAX_AER, MAX_NSID
 from .request import LOC_CDW10, LOC_CDW11, LOC_CDW12, LOC_DPTR, LOC_NSID, Request
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ def identify_controller(ctrl) -> bytes:
     port = ctrl.port
     mqes = port.mqes
     return I.IdentifyController(
-        sn=sub.serial, mn=sub.model, fr=firmware_revision(sub), ieee=ieee_oui(sub), rab=6, cmic=CMIC, mdts=MDTS, cntlid=ctrl.cntlid,
+        sn=sub.serial, mn=sub.model, fr=firmware_revision(sub), ieee=ieee_oui(sub), rab=6, cmic=CMIC, mdts=port.target.limits.mdts, cntlid=ctrl.cntlid,
         ver=sub.version, oaes=ctrl.supported_aen(), ctratt=CTRATT_HOSTID_128 | CTRATT_TBKAS,
         cntrltype=I.CNTRLTYPE_IO, acl=3, aerl=MAX_AER - 1, frmw=0x03, lpa=0x07, elpe=ERROR_LOG_ENTRIES - 1,
         kas=KAS, anatt=ANATT_SECONDS, anacap=ANACAP, anagrpmax=ANA_GRPID_MAX, nanagrpid=ANA_GRPID_MAX,
@@ -143,7 +143,7 @@ def log_page_request(t: Target, req: Request):
     if req.sgl_len != length:
         t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
         return None
-    if length > MAX_TRANSFER:
+    if length > t.max_transfer:
         t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
         return None
     offset = req.cdw12 | (req.cdw13 << 32)

@@ -586,6 +586,47 @@ class Control:
         _Params("nvmeof_get_status", params, ())
         return target_status(self.target, self.sampler, self.server, self.socket_path)
 
+    def rpc_nvmeof_set_host_keys(self, params) -> bool:
+        """A host's DH-HMAC-CHAP settings (hosts[].dhchap; nvmet's hosts/NQN/dhchap_*): the secrets themselves
+        (DHHC-1:NN:...:), not SPDK keyring names. No dhchap_key clears them: the host connects unauthenticated."""
+        p = _Params("nvmeof_set_host_keys", params, ("host", "dhchap_key", "dhchap_ctrlr_key", "dhchap_hash",
+                                                      "dhchap_dhgroup"))
+        host = p.str("host")
+        group = {}
+        for name, key in (("dhchap_key", "key"), ("dhchap_ctrlr_key", "ctrl_key"), ("dhchap_hash", "hash"),
+                          ("dhchap_dhgroup", "dhgroup")):
+            if p.p.get(name):  # "" is "not set", as blktests passes an empty key
+                group[key] = p.str(name)
+
+        def edit(d):
+            entry = next((h for h in d["hosts"] if h["nqn"] == host), None)
+            if entry is None:
+                if not group:
+                    return
+                entry = {"nqn": host}
+                d["hosts"].append(entry)
+            if group:
+                entry["dhchap"] = group
+            else:
+                entry.pop("dhchap", None)
+
+        self._edit(edit, lambda where: {"key": "dhchap_key", "ctrl_key": "dhchap_ctrlr_key", "hash": "dhchap_hash",
+                                        "dhgroup": "dhchap_dhgroup"}.get(where.rsplit(".", 1)[-1], "host"))
+        return True
+
+    def rpc_nvmeof_subsystem_set_qid_max(self, params) -> bool:
+        """The most I/O queues a controller of the subsystem may have (nvmet's attr_qid_max).  As nvmet does,
+        the subsystem's controllers are ended, so their hosts reconnect and are granted the new count."""
+        p = _Params("nvmeof_subsystem_set_qid_max", params, ("nqn", "qid_max"))
+        nqn, qid_max = p.str("nqn"), p.int("qid_max")
+        self._sub(nqn)
+
+        def edit(d):
+            d["subsystems"][self._subsystem_index(d, nqn)].setdefault("attr", {})["qid_max"] = str(qid_max)
+
+        self._edit(edit, lambda where: "qid_max" if where.endswith("qid_max") else where)
+        return True
+
 
 def _sub_field(where: str, names: dict) -> str:
     tail = where.split("]", 1)[1].lstrip(".") if where.startswith("subsystems[") else where

@@ -44,7 +44,7 @@ from .ana import AnaTable
 from . import admin, discovery, io
 from .limits import DEFAULT_IN_CAPSULE_SIZE, DEFAULT_QUEUE_SIZE, MAX_CONTROLLERS_PER_HOST, \
     MAX_DISCOVERY_CONTROLLERS, MAX_DISCOVERY_CONTROLLERS_PER_HOST, MAX_NSID, MAX_QUEUE_SIZE, MAX_QUEUES, \
-    MAX_TRANSFER, MIN_QUEUE_SIZE
+    MIN_QUEUE_SIZE
 from .request import EXECUTING, FREE, HELD, LOC_CDW10, LOC_CDW11, LOC_DPTR, LOC_FLAGS, LOC_NSID, LOC_OPCODE, \
     NO_LOCATION, READING, QueueState, Request
 from .subsystem import DiscoverySubsystem, Namespace, Subsystem
@@ -190,7 +190,7 @@ class Target:
     @property
     def max_transfer(self) -> int:
         """Largest data transfer of one command (MDTS), for transports sizing their data buffers."""
-        return MAX_TRANSFER
+        return self.limits.max_transfer
 
     def in_flight(self) -> int:
         """Commands being processed, their data and response until the transport saw them leave (held AERs

@@ -21,7 +21,6 @@ from ..nvme.nvm import CONTROL_FUA, DSM_AD, DSM_RANGE_SIZE, DSM_RANGE_STRUCT
 import errno
 
 from .backends import BackendError
-from .limits import MAX_TRANSFER
 from .request import LOC_CDW10, LOC_CDW12, LOC_DPTR, LOC_NSID, LOC_OPCODE, Request
 from .work import SLICE_BYTES
 
@@ -78,7 +77,7 @@ def _rw_checks(t: Target, req: Request):
     if req.sgl_len != length:
         t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
         return None
-    if length > MAX_TRANSFER:
+    if length > t.max_transfer:
         t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW12)
         return None
     slba = req.cdw10 | (req.cdw11 << 32)

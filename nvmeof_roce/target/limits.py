@@ -4,9 +4,11 @@ Spec fields are named where a limit shows up on the wire; docs/protocol.md §1.6
 what the Linux host does with them.
 """
 
-# Data transfer (docs/protocol.md §3.4): MDTS in units of the 4 KiB minimum page size.
-MDTS = 5  # 2^5 x 4 KiB = 128 KiB per command (SPDK's default max I/O size; the kernel host splits larger I/O)
-MAX_TRANSFER = 4096 << MDTS
+from ..transport.resources import DEFAULT_MDTS
+
+# Data transfer (docs/protocol.md §3.4): MDTS in units of the 4 KiB minimum page size, `serve --mdts`
+# (ResourceLimits.mdts; the kernel host splits larger block I/O, passthrough commands cannot be split).
+MDTS = DEFAULT_MDTS  # a running target's: Target.limits.mdts, Target.max_transfer
 
 # Namespaces: Identify Controller NN, the highest NSID a subsystem may use.
 MAX_NSID = 1024

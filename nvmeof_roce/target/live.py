@@ -30,12 +30,12 @@ from .backends import BackendError, open_backend
 from .core import PortContext, PortHandler
 from .discovery import discovery_entries
 from .limits import MAX_NSID
-from .subsystem import Namespace, Subsystem
+from .subsystem import Namespace, Subsystem, max_qid_of
 
 log = logging.getLogger(__name__)
 
 # Subsystem attributes a running controller has already reported (Identify): changing them needs a restart.
-_FIXED_SUBSYSTEM_ATTRS = ("serial", "model", "version", "cntlid_min", "cntlid_max", "qid_max", "pi_enable")
+_FIXED_SUBSYSTEM_ATTRS = ("serial", "model", "version", "cntlid_min", "cntlid_max", "pi_enable")
 
 
 @dataclass
@@ -149,6 +149,9 @@ def plan(old: TargetConfig, new: TargetConfig) -> List[Change]:
                                   f"changes from {before!r} to {after!r}, which connected hosts have already read",
                                   "keep the running value, or delete and re-create the subsystem "
                                   "(or restart the target)")
+        if o.attrs.get("qid_max") != s.attrs.get("qid_max"):
+            changes.append(Change("qid-max", nqn=nqn, text=f"{nqn}: at most {s.attrs.get('qid_max', 'the default')} "
+                                  "I/O queues per controller; its controllers are ended to reconnect with it"))
         old_ns, new_ns = _ns_index(o), _ns_index(s)
         for nsid, n in old_ns.items():
             m = new_ns.get(nsid)
@@ -356,6 +359,10 @@ def apply(target, new: TargetConfig, listeners: Optional[Listeners] = None,
             removed_subsystems.append(sub)
         elif a == "add-subsystem":
             target.subsystems[ch.nqn] = ready.new_subsystems.pop(ch.nqn)
+        elif a == "qid-max":  # nvmet's attr_qid_max: the controllers are ended, the hosts reconnect with it
+            sub = target.subsystems[ch.nqn]
+            sub.max_qid = max_qid_of(new_subs[ch.nqn])
+            ended.extend((c, "qid_max changed") for c in list(sub.controllers.values()))
         elif a in ("remove-namespace", "replace-namespace"):
             sub = target.subsystems[ch.nqn]
             ns = sub.remove_namespace(ch.nsid)

@@ -186,7 +186,7 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
 
 # The resource options of `serve` (ResourceLimits' fields), forwarded as they are to each worker of `serve --workers`
 LIMIT_OPTIONS = ("data_buffers", "queue_min_buffers", "max_queues_per_ctrl", "max_queues_per_host",
-                 "max_controllers", "connect_timeout")
+                 "max_controllers", "connect_timeout", "mdts")
 
 
 def limits_from_args(args) -> ResourceLimits:
@@ -237,6 +237,9 @@ def register_serve(commands) -> None:
     p.add_argument("--connect-timeout", type=float, default=d.connect_timeout, metavar="SECONDS",
                    help=f"close a connection without a successful NVMe Connect after this long "
                         f"(default {d.connect_timeout:g})")
+    p.add_argument("--mdts", type=int, default=d.mdts, metavar="N",
+                   help=f"largest command: 4 KiB x 2^N, advertised as MDTS and the size of each data buffer "
+                        f"(default {d.mdts}: 128 KiB; nvmet-rdma's is 8: 1 MiB, for nvme-cli passthrough of more)")
     p.add_argument("--no-remote-invalidate", action="store_true",
                    help="answer with plain SEND even when the host's key asks for remote invalidation")
     p.add_argument("--rpc-socket", metavar="PATH",

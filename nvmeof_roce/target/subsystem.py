@@ -16,6 +16,11 @@ from ..config import NamespaceConfig, SubsystemConfig
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_QID = 128  # I/O queues per controller (nvmet's default)
+
+
+def max_qid_of(config: SubsystemConfig) -> int:
+    """The subsystem's qid_max attribute (nvmet's attr_qid_max): most I/O queues per controller."""
+    return int(str(config.attrs.get("qid_max", DEFAULT_MAX_QID)), 0)
 DEFAULT_VERSION = make_version(1, 3, 0)  # VS 1.3: the host command sequence of docs/protocol.md §4.3, §5.1
 
 
@@ -123,7 +128,7 @@ class Subsystem:
         self.version = self._version(config.attrs.get("version"))
         self.cntlid_min = int(str(config.attrs.get("cntlid_min", MIN_CNTLID)), 0)
         self.cntlid_max = int(str(config.attrs.get("cntlid_max", MAX_CNTLID)), 0)
-        self.max_qid = int(str(config.attrs.get("qid_max", DEFAULT_MAX_QID)), 0)
+        self.max_qid = max_qid_of(config)
         self.namespaces: Dict[int, Namespace] = {}
         self.controllers: Dict[int, object] = {}
         self._active_nsids: Optional[List[int]] = None

@@ -25,6 +25,10 @@ from typing import Callable, List, Optional
 from ..errors import NvmeofError
 
 PRE_CONNECT_BUFFERS = 1  # a queue without a successful Connect: the Connect data's RDMA READ only
+# MDTS in units of the 4 KiB minimum page size (docs/protocol.md §3.4): 2^5 x 4 KiB = 128 KiB per command, SPDK's
+# default; nvmet-rdma's is 8 (1 MiB). Each data buffer is one command's largest transfer.
+DEFAULT_MDTS = 5
+MAX_MDTS = 8
 
 
 @dataclass(frozen=True)
@@ -42,13 +46,15 @@ class ResourceLimits:
     max_queues_per_host: int = 256  # I/O queues one host NQN may have over all its controllers
     max_controllers: int = 256  # I/O controllers over all subsystems (per-host and discovery caps: target/limits.py)
     connect_timeout: float = 5.0  # seconds a connection may stay without a successful NVMe Connect
+    mdts: int = DEFAULT_MDTS  # largest command: 4 KiB << mdts, the size of each data buffer
 
     def __post_init__(self):
         checks = [("--data-buffers", self.data_buffers, 8, 1 << 20),
                   ("--queue-min-buffers", self.queue_min_buffers, 1, 64),
                   ("--max-queues-per-ctrl", self.max_queues_per_ctrl, 1, 65535),
                   ("--max-queues-per-host", self.max_queues_per_host, 1, 1 << 20),
-                  ("--max-controllers", self.max_controllers, 1, 65519)]
+                  ("--max-controllers", self.max_controllers, 1, 65519),
+                  ("--mdts", self.mdts, 1, MAX_MDTS)]
         for name, value, low, high in checks:
             if not low <= value <= high:
                 raise NvmeofError(f"{name} {value}: out of range", f"use {low}-{high}")
@@ -59,8 +65,14 @@ class ResourceLimits:
                               f"{self.data_buffers}: not even two queues could be guaranteed their minimum",
                               "lower --queue-min-buffers or raise --data-buffers")
 
+    @property
+    def max_transfer(self) -> int:
+        """Bytes of the largest command (MDTS), the size of each data buffer."""
+        return 4096 << self.mdts
+
     def describe(self) -> str:
-        return (f"{self.data_buffers} data buffers per port ({self.queue_min_buffers} guaranteed per queue), "
+        return (f"{self.data_buffers} data buffers per port, {self.max_transfer >> 10} KiB each "
+                f"({self.queue_min_buffers} guaranteed per queue), "
                 f"at most {self.max_queues_per_ctrl} I/O queues per controller and {self.max_queues_per_host} "
                 f"per host, {self.max_controllers} controllers, NVMe Connect within {self.connect_timeout:g} s")
 

@@ -1,0 +1,49 @@
+"""lab/blktests.py: reading ./check's console and comparing the two targets."""
+from nvmeof_roce.lab import blktests as B
+
+KERNEL_LOG = """\
+./check: gawk is not available. Install GNU awk.
+nvme/002 (tr=rdma) (create many subsystems and test discovery) [not run]
+    nvme_trtype=rdma is not supported in this test
+nvme/010 (tr=rdma bd=device) (run data verification fio job)
+nvme/010 (tr=rdma bd=device) (run data verification fio job) [passed]
+    runtime    ...  189.982s
+nvme/010 (tr=rdma bd=file) (run data verification fio job)   [passed]
+    runtime    ...  180.1s
+nvme/029 (tr=rdma) (test userspace IO via nvme-cli read/write interface) [passed]
+    runtime  2.1s  ...  2.3s
+nvme/030 (tr=rdma) (ensure the discovery generation counter is updated appropriately) [passed]
+nvme/031 (tr=rdma) (test deletion of NVMeOF controllers immediately after setup) [passed]
+"""
+OURS_LOG = """\
+nvme/002 (tr=rdma) (create many subsystems and test discovery) [not run]
+    nvme_trtype=rdma is not supported in this test
+nvme/010 (tr=rdma bd=file) (run data verification fio job)   [passed]
+nvme/029 (tr=rdma) (test userspace IO via nvme-cli read/write interface) [failed]
+    runtime  2.1s  ...  2.3s
+    --- tests/nvme/029.out
+nvme/030 (tr=rdma) (ensure the discovery generation counter is updated appropriately) [not run]
+    Linux kernel soft target not available
+nvme/031 (tr=rdma) (test deletion of NVMeOF controllers immediately after setup) [passed]
+"""
+
+
+def test_parse_keeps_conditions_but_the_transport_and_the_skip_reasons():
+    kernel = B.parse_check_log(KERNEL_LOG)
+    assert list(kernel) == ["nvme/002", "nvme/010 (bd=device)", "nvme/010 (bd=file)", "nvme/029", "nvme/030",
+                            "nvme/031"]
+    assert kernel["nvme/002"].status == "not run"
+    assert kernel["nvme/002"].reasons == ["nvme_trtype=rdma is not supported in this test"]
+    assert kernel["nvme/010 (bd=device)"].status == "passed" and kernel["nvme/010 (bd=device)"].reasons == []
+
+
+def test_compare_explains_each_difference_and_flags_the_unexplained():
+    rows = {r["test"]: r for r in B.compare(B.parse_check_log(KERNEL_LOG), B.parse_check_log(OURS_LOG))}
+    assert rows["nvme/002"]["why"] == "" and rows["nvme/031"]["why"] == ""
+    assert rows["nvme/029"]["why"].startswith("DEFECT")
+    assert rows["nvme/030"]["why"].startswith("not applicable") and "_require_kernel_nvme_target" in \
+        rows["nvme/030"]["why"]
+    assert rows["nvme/010 (bd=device)"]["ours"] == "-" and "bd=file variant only" in rows["nvme/010 (bd=device)"]["why"]
+    assert rows["nvme/010 (bd=file)"]["why"] == ""
+    md = B.table_markdown(list(rows.values()), "6.1.0-99-amd64", {"kernel": 700, "ours": 650})
+    assert "nvmet passed 5, ours 2, both 2" in md and "| nvme/029 | passed | failed | DEFECT" in md
