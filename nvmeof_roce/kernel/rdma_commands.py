@@ -12,7 +12,7 @@ def cmd_rdma_status(args):
             print("no RDMA devices (for Soft-RoCE: nvmeof-roce rdma add-rxe NETDEV)")
             return
         for d in r["devices"]:
-            kind = ("Soft-iWARP" if d["iwarp"] else "Soft-RoCE") if d["soft_roce"] else d.get("node_type")
+            kind = ("Soft-iWARP" if d.get("iwarp") else "Soft-RoCE") if d["soft_roce"] else d.get("node_type")
             print(f"{d['name']}  {kind}  node_guid {d['node_guid']}")
             for p in d["ports"]:
                 print(f"  port {p['port']}: {p['state']} ({p['phys_state']}), {p['link_layer']}, netdev {p['netdev']}, "
