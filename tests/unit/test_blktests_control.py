@@ -94,8 +94,6 @@ def test_setup_passes_the_keys_and_cleanup_clears_them(env, control, state):
         B.setup(rpc, state, B.BLKTESTS_SUBSYSNQN, B.BLKTESTS_SUBSYS_UUID, HOST, ctrlkey=hostkey)
 
 
-@pytest.mark.xfail(strict=True, reason="a host key added to a running target is not yet enforced on connect "
-                   "(blktests nvme/041 on ours; the fix is in target/auth.py and live.py): remove this mark with it")
 def test_a_key_from_setup_is_required_on_connect(env, control, state):
     # nvme/041: setup --hostkey; a connect without the key fails, one with it succeeds.
     rpc = rpc_of(control)
