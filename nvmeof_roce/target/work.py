@@ -73,14 +73,15 @@ class Work:
         self._loop = loop
         self.attached = True
 
-    def close(self) -> None:
+    def close(self, timeout: float = 10.0) -> None:
         """Run the completions already posted and the slices left (no loop pass will come), close the eventfd.
 
-        The engines are closed first (Target.close): their threads have finished, and every completion they
-        posted runs here, so a removed namespace still closes its backend after its last command
-        (Namespace.retire)."""
+        The engines are closed first (Target.close): their threads have finished, or `timeout` seconds passed
+        each, and every completion they posted runs here, so a removed namespace still closes its backend after
+        its last command (Namespace.retire); a call still running keeps its namespace's job count up, and
+        Target.close leaves that file open under it."""
         for engine in list(self.engines):
-            engine.close()
+            engine.close(timeout)
         self._run_posted()
         while self._sliced:  # no loop pass will come: the rest inline
             job = self._sliced.popleft()
