@@ -36,7 +36,7 @@ from typing import Dict, List, Optional
 
 from ..errors import NvmeofError
 from . import kernel_glue
-from .perftest import rdma_device_for
+from .perftest import iwarp_device_for, rdma_device_for
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +170,13 @@ class TargetUnderTest(abc.ABC):
         """{name: pid} of every process serving this target, each sampled for its CPU time (procstat)."""
         return {"target": self.pid} if self.pid else {}
 
+    def _check_device(self) -> None:
+        """An RDMA device of the target's fabric holds its address (none needed for NVMe/TCP)."""
+        if self.fabric.name == "iwarp":
+            iwarp_device_for(self.traddr)
+        elif self.fabric.trtype == "rdma":
+            rdma_device_for(self.traddr)
+
     def _check_address_free(self) -> None:
         who = kernel_glue.listener_on(self.traddr, self.trsvcid)
         if who:
@@ -232,8 +239,7 @@ class KernelNvmetTarget(TargetUnderTest):
 
     def check(self) -> None:
         kernel_glue.require_root("the kernel target")
-        if self.fabric.trtype == "rdma":
-            rdma_device_for(self.traddr)
+        self._check_device()
         if not kernel_glue.CONFIGFS.is_dir() or not os.path.ismount(kernel_glue.CONFIGFS):
             raise NvmeofError("configfs is not mounted on /sys/kernel/config",
                               "mount -t configfs none /sys/kernel/config")
@@ -371,7 +377,7 @@ class UserspaceTarget(TargetUnderTest):
             raise NvmeofError(f"--{self.name}-checkout {self.checkout}: no nvmeof_roce/target/serve.py there",
                               "give a checkout of nvmeof-roce with the userspace target, e.g. "
                               "git worktree add results/baseline <commit>")
-        rdma_device_for(self.traddr)
+        self._check_device()
         if self.workers == 1:
             self._check_address_free()
             return

@@ -500,3 +500,20 @@ def test_fabric_targets_roce_iwarp_tcp_side_by_side(tmp_path, monkeypatch):
     args.targets = "kernel@infiniband"
     with pytest.raises(NvmeofError, match="unknown target or fabric"):
         build_targets(args, tmp_path / "out")
+
+
+def test_iwarp_device_is_found_by_its_netdevs_address(tmp_path, monkeypatch):
+    """iWARP GIDs hold the MAC, not the IP: the device is found through its netdev's addresses."""
+    import subprocess as sp
+    from nvmeof_roce.bench import perftest
+    for name, node_type, parent in (("rxe0", "1: CA", "rxenet0"), ("siw0", "4: RNIC", "siwnet0")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "node_type").write_text(node_type + "\n")
+        (tmp_path / name / "parent").write_text(parent + "\n")
+    addrs = {"siwnet0": '[{"addr_info": [{"local": "10.98.0.1", "prefixlen": 24}]}]'}
+    monkeypatch.setattr(perftest.subprocess, "run",
+                        lambda argv, **kw: sp.CompletedProcess(argv, 0, addrs.get(argv[-1], "[]"), ""))
+    assert perftest.iwarp_device_for("10.98.0.1", sysfs=tmp_path) == "siw0"
+    with pytest.raises(NvmeofError, match="no iWARP device has the address 10.99.0.1") as ei:
+        perftest.iwarp_device_for("10.99.0.1", sysfs=tmp_path)  # rxe0 holds it, but rxe0 is RoCE
+    assert "add-siw" in ei.value.fix
