@@ -230,6 +230,15 @@ def rdma_device_for(address: str, sysfs: Path = SYSFS_IB) -> str:
     return found[0]
 
 
+def _rdma_links() -> List[dict]:
+    """`rdma link show`: each RDMA port with its netdev (software devices have no PCI device to read it from)."""
+    from ..kernel.softroce import Rdma
+    try:
+        return Rdma().links()
+    except NvmeofError:
+        return []
+
+
 def iwarp_device_for(address: str, sysfs: Path = SYSFS_IB) -> str:
     """The iWARP device (node type 4, RNIC: siw, Chelsio, irdma in iWARP mode) whose netdev holds `address`.
     iWARP GIDs carry the MAC, not the IP, so the address is looked up on the device's netdevs."""
@@ -239,9 +248,8 @@ def iwarp_device_for(address: str, sysfs: Path = SYSFS_IB) -> str:
                 continue
         except OSError:
             continue
-        netdevs = [(dev / "parent").read_text().strip()] if (dev / "parent").exists() else []
-        if (dev / "device" / "net").is_dir():
-            netdevs += [n.name for n in (dev / "device" / "net").iterdir()]
+        netdevs = [n.name for n in (dev / "device" / "net").iterdir()] if (dev / "device" / "net").is_dir() else []
+        netdevs += [link.get("netdev") for link in _rdma_links() if link.get("ifname") == dev.name]  # siw: no device
         for netdev in netdevs:
             out = subprocess.run(["ip", "-j", "-4", "addr", "show", "dev", netdev], capture_output=True,
                                  text=True).stdout

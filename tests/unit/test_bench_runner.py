@@ -506,10 +506,11 @@ def test_iwarp_device_is_found_by_its_netdevs_address(tmp_path, monkeypatch):
     """iWARP GIDs hold the MAC, not the IP: the device is found through its netdev's addresses."""
     import subprocess as sp
     from nvmeof_roce.bench import perftest
-    for name, node_type, parent in (("rxe0", "1: CA", "rxenet0"), ("siw0", "4: RNIC", "siwnet0")):
+    for name, node_type in (("rxe0", "1: CA"), ("siw0", "4: RNIC")):
         (tmp_path / name).mkdir()
         (tmp_path / name / "node_type").write_text(node_type + "\n")
-        (tmp_path / name / "parent").write_text(parent + "\n")
+    monkeypatch.setattr(perftest, "_rdma_links", lambda: [{"ifname": "rxe0", "port": 1, "netdev": "rxenet0"},
+                                                          {"ifname": "siw0", "port": 1, "netdev": "siwnet0"}])
     addrs = {"siwnet0": '[{"addr_info": [{"local": "10.98.0.1", "prefixlen": 24}]}]'}
     monkeypatch.setattr(perftest.subprocess, "run",
                         lambda argv, **kw: sp.CompletedProcess(argv, 0, addrs.get(argv[-1], "[]"), ""))
