@@ -7,7 +7,7 @@ import re
 import signal
 import sys
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 from ..errors import NvmeofError
 from ..output import emit, progress, table
@@ -17,9 +17,11 @@ from .runner import BenchConfig, BenchRunner, available_jobs, qd_sweep_jobs, sel
 from . import twonode
 from .perftest import rdma_device_for
 from .runner import machine_info
-from .targets import DEFAULT_PORTS, DeviceModel, KernelHost, KernelNvmetTarget, TargetUnderTest, UserspaceTarget
+from .targets import DEFAULT_PORTS, FABRICS, DeviceModel, KernelHost, KernelNvmetTarget, TargetUnderTest, \
+    UserspaceTarget
 
 LAB_TRADDR = "10.99.0.1"
+LAB_IWARP_TRADDR = "10.98.0.1"  # the lab's siw0, when a test or script adds it (docs/lab.md)
 TARGET_NAMES = ("kernel", "userspace", "baseline")  # and userspace-Nw (WORKERS_TARGET)
 WORKERS_TARGET = re.compile(r"userspace-(\d+)w")  # our target with `serve --workers N` (docs/multipath.md)
 
@@ -35,13 +37,31 @@ def _size_mb(text: str) -> int:
     return n >> 20
 
 
+def _fabric_target(args, name: str, size_mb: int, device: DeviceModel, kernel_backend: Optional[str],
+                   out_dir: Path) -> TargetUnderTest:
+    """kernel@FABRIC or userspace@FABRIC: the target over iWARP (at --iwarp-traddr) or NVMe/TCP (at --traddr),
+    on the target's usual port plus the fabric's offset."""
+    base, _, fabric_name = name.partition("@")
+    fabric = FABRICS.get(fabric_name)
+    if base not in ("kernel", "userspace") or fabric is None:
+        raise NvmeofError(f"--targets {name}: unknown target or fabric",
+                          f"NAME@FABRIC with NAME kernel or userspace and FABRIC one of {', '.join(FABRICS)}")
+    traddr = getattr(args, "iwarp_traddr", LAB_IWARP_TRADDR) if fabric.name == "iwarp" else args.traddr
+    if base == "kernel":
+        return KernelNvmetTarget(traddr, args.kernel_port + fabric.port_offset, backend=kernel_backend or "null_blk",
+                                 size_mb=size_mb, device=device, name=name, fabric=fabric)
+    return UserspaceTarget(traddr, args.userspace_port + fabric.port_offset, size_mb=size_mb, work_dir=out_dir,
+                           device=device, name=name, fabric=fabric)
+
+
 def build_targets(args, out_dir: Path) -> List[TargetUnderTest]:
     names = [n.strip() for n in args.targets.split(",") if n.strip()]
-    bad = [n for n in names if n not in TARGET_NAMES and not WORKERS_TARGET.fullmatch(n)]
+    bad = [n for n in names if n not in TARGET_NAMES and not WORKERS_TARGET.fullmatch(n) and "@" not in n]
     if bad or not names:
         raise NvmeofError(f"--targets {args.targets!r}: unknown target {', '.join(bad) or '(none)'}",
-                          "--targets kernel,userspace[,baseline][,userspace-2w] (any of them, in the order to "
-                          "interleave; userspace-Nw: our target with N workers)")
+                          "--targets kernel,userspace[,baseline][,userspace-2w][,kernel@iwarp,userspace@iwarp,"
+                          "kernel@tcp] (any of them, in the order to interleave; userspace-Nw: our target with N "
+                          "workers; NAME@FABRIC: over iWARP or NVMe/TCP instead of RoCE v2)")
     if len(set(names)) != len(names):
         raise NvmeofError(f"--targets {args.targets!r} names a target twice", "name each target once")
     multi = [n for n in names if WORKERS_TARGET.fullmatch(n)]
@@ -73,7 +93,9 @@ def build_targets(args, out_dir: Path) -> List[TargetUnderTest]:
                           "measure userspace-Nw on the default RAM device")
     targets: List[TargetUnderTest] = []
     for name in names:
-        if name == "kernel":
+        if "@" in name:
+            targets.append(_fabric_target(args, name, size_mb, device, kernel_backend, out_dir))
+        elif name == "kernel":
             targets.append(KernelNvmetTarget(args.traddr, args.kernel_port, backend=kernel_backend or "null_blk",
                                              size_mb=size_mb, device=device))
         elif WORKERS_TARGET.fullmatch(name):
@@ -259,6 +281,9 @@ def register(subparsers) -> None:
     p.add_argument("--size", default="256M", help="region of the namespace fio exercises (fio size, default 256M)")
     p.add_argument("--traddr", default=LAB_TRADDR, metavar="IP",
                    help=f"RDMA address both targets listen on (default {LAB_TRADDR}, the lab's rxe0)")
+    p.add_argument("--iwarp-traddr", default=LAB_IWARP_TRADDR, metavar="IP",
+                   help=f"address of the iWARP device for the NAME@iwarp targets (default {LAB_IWARP_TRADDR}, the "
+                        "lab's siw0 once added: docs/lab.md)")
     p.add_argument("--kernel-port", type=int, default=DEFAULT_PORTS["kernel"], metavar="N",
                    help=f"kernel target's trsvcid (default {DEFAULT_PORTS['kernel']})")
     p.add_argument("--userspace-port", type=int, default=DEFAULT_PORTS["userspace"], metavar="N",

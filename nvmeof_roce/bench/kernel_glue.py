@@ -229,13 +229,13 @@ class DiskFile:
 # --- the nvmet export -----------------------------------------------------------------------------
 
 def kernel_config(nqn: str, device_path: str, traddr: str, trsvcid: int, portid: int = 1,
-                  buffered_io: bool = False) -> dict:
+                  buffered_io: bool = False, trtype: str = "rdma") -> dict:
     """The export in the project's config schema (nvmetcli's shape), for `nvmet apply` once it lands."""
     ns = {"nsid": 1, "enable": 1, "device": {"path": device_path}}
     if buffered_io:
         ns["buffered_io"] = 1
     return {"hosts": [],
-            "ports": [{"portid": portid, "addr": {"trtype": "rdma", "adrfam": "ipv4", "traddr": traddr,
+            "ports": [{"portid": portid, "addr": {"trtype": trtype, "adrfam": "ipv4", "traddr": traddr,
                                                   "trsvcid": str(trsvcid), "treq": "not specified"},
                        "subsystems": [nqn], "referrals": []}],
             "subsystems": [{"nqn": nqn, "attr": {"allow_any_host": "1"}, "allowed_hosts": [],
@@ -244,13 +244,14 @@ def kernel_config(nqn: str, device_path: str, traddr: str, trsvcid: int, portid:
 
 @dataclass
 class NvmetExport:
-    """One subsystem with one namespace on one RDMA port of the kernel's nvmet."""
+    """One subsystem with one namespace on one port (RDMA, or TCP) of the kernel's nvmet."""
 
     nqn: str
     device_path: str
     traddr: str
     trsvcid: int
     buffered_io: bool = False
+    trtype: str = "rdma"
     configfs: Path = CONFIGFS
     portid: Optional[int] = None
 
@@ -268,7 +269,8 @@ class NvmetExport:
     def config(self):
         from ..config import parse_config
         return parse_config(kernel_config(self.nqn, self.device_path, self.traddr, self.trsvcid,
-                                          self.portid or 1, self.buffered_io), source="bench kernel target")
+                                          self.portid or 1, self.buffered_io, self.trtype),
+                            source="bench kernel target")
 
     def create(self) -> None:
         from ..kernel.apply import apply
@@ -279,7 +281,7 @@ class NvmetExport:
         try:
             apply(root, self.config(), prune=False)  # adds ours, leaves everything else alone
         except NvmeofError as exc:
-            raise NvmeofError(f"setting up nvmet-rdma on {self.traddr}:{self.trsvcid}: {exc.message}",
+            raise NvmeofError(f"setting up nvmet-{self.trtype} on {self.traddr}:{self.trsvcid}: {exc.message}",
                               exc.fix or "see dmesg") from None
 
     def remove(self) -> None:
@@ -348,14 +350,14 @@ def namespace_devices(nqn: str, sysfs: Path = SYSFS) -> List[str]:
 
 
 def _connect_retrying(cli, traddr: str, trsvcid: int, nqn: str, timeout: float, accept_existing: bool,
-                      fix: str) -> None:
+                      fix: str, trtype: str = "rdma") -> None:
     """`nvme connect` until it succeeds or `timeout` passes (the target may still be starting to listen).
     With accept_existing, a failed connect that nonetheless left a controller of `nqn` counts as connected
     (the first path; a later path's failure is never hidden by the controllers of the earlier ones)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            cli.connect(traddr, nqn, trsvcid=trsvcid, transport="rdma")
+            cli.connect(traddr, nqn, trsvcid=trsvcid, transport=trtype)
             return
         except NvmeofError as exc:
             if accept_existing and controllers(nqn):
@@ -366,14 +368,16 @@ def _connect_retrying(cli, traddr: str, trsvcid: int, nqn: str, timeout: float, 
             time.sleep(0.5)
 
 
-def nvme_connect(traddr: str, trsvcid: int, nqn: str, timeout: float = 30.0, device_timeout: float = 20.0) -> str:
-    """Connect the kernel host to nqn at traddr:trsvcid over RDMA and return the namespace's block device."""
+def nvme_connect(traddr: str, trsvcid: int, nqn: str, timeout: float = 30.0, device_timeout: float = 20.0,
+                 trtype: str = "rdma") -> str:
+    """Connect the kernel host to nqn at traddr:trsvcid (over RDMA, or TCP) and return the namespace's block
+    device."""
     nvme_binary()
     cli = _nvme_cli()
     if controllers(nqn):
         nvme_disconnect(nqn)  # a stale connection of ours (same NQN) from an interrupted run
     _connect_retrying(cli, traddr, trsvcid, nqn, timeout, accept_existing=True,
-                      fix="is the target listening? (rdma resource show cm_id; dmesg)")
+                      fix="is the target listening? (rdma resource show cm_id; ss -ltn; dmesg)", trtype=trtype)
     devices: List[str] = []
 
     def found() -> bool:

@@ -23,6 +23,7 @@ unit, `bw_avg_bytes` is the rate in bytes/s.
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
 import math
 import re
@@ -229,6 +230,40 @@ def rdma_device_for(address: str, sysfs: Path = SYSFS_IB) -> str:
     return found[0]
 
 
+def _rdma_links() -> List[dict]:
+    """`rdma link show`: each RDMA port with its netdev (software devices have no PCI device to read it from)."""
+    from ..kernel.softroce import Rdma
+    try:
+        return Rdma().links()
+    except NvmeofError:
+        return []
+
+
+def iwarp_device_for(address: str, sysfs: Path = SYSFS_IB) -> str:
+    """The iWARP device (node type 4, RNIC: siw, Chelsio, irdma in iWARP mode) whose netdev holds `address`.
+    iWARP GIDs carry the MAC, not the IP, so the address is looked up on the device's netdevs."""
+    for dev in sorted(sysfs.iterdir()) if sysfs.is_dir() else []:
+        try:
+            if (dev / "node_type").read_text().split(":")[0].strip() != "4":
+                continue
+        except OSError:
+            continue
+        netdevs = [n.name for n in (dev / "device" / "net").iterdir()] if (dev / "device" / "net").is_dir() else []
+        netdevs += [link.get("netdev") for link in _rdma_links() if link.get("ifname") == dev.name]  # siw: no device
+        for netdev in netdevs:
+            out = subprocess.run(["ip", "-j", "-4", "addr", "show", "dev", netdev], capture_output=True,
+                                 text=True).stdout
+            try:
+                infos = json.loads(out or "[]")
+            except ValueError:
+                continue
+            if any(a.get("local") == address for i in infos for a in i.get("addr_info", [])):
+                return dev.name
+    raise NvmeofError(f"no iWARP device has the address {address}",
+                      "add one (in the lab: ip link add siwnet0 type dummy; ip addr add 10.98.0.1/24 dev siwnet0; "
+                      "ip link set siwnet0 up; nvmeof-roce rdma add-siw siwnet0), or pass --iwarp-traddr")
+
+
 # --- running ----------------------------------------------------------------------------------------
 
 def perftest_binary(test: str) -> str:
@@ -388,5 +423,5 @@ def perftest_version(test: str = "ib_send_lat") -> str:
 
 
 __all__ = ["PerftestRow", "PerftestResult", "parse_perftest_output", "run_perftest", "perftest_args",
-           "find_gid", "rdma_device_for", "perftest_binary", "perftest_version", "LATENCY_TESTS",
+           "find_gid", "rdma_device_for", "iwarp_device_for", "perftest_binary", "perftest_version", "LATENCY_TESTS",
            "BANDWIDTH_TESTS", "DEFAULT_TESTS", "test_kind"]

@@ -36,11 +36,28 @@ from typing import Dict, List, Optional
 
 from ..errors import NvmeofError
 from . import kernel_glue
-from .perftest import rdma_device_for
+from .perftest import iwarp_device_for, rdma_device_for
 
 log = logging.getLogger(__name__)
 
 NQN_PREFIX = "nqn.2014-08.org.nvmeof-roce:bench-"
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """`bench --targets NAME@FABRIC`: the fabric a target is measured over.  RoCE v2 is the default (the lab's
+    rxe); iWARP needs an iWARP device holding --iwarp-traddr (the lab's siw: docs/lab.md); NVMe/TCP needs no RDMA
+    device at all and is served by the kernel target only."""
+
+    name: str
+    trtype: str
+    label: str
+    port_offset: int  # added to the target's default port, so one target on every fabric can be up at once
+
+
+FABRICS = {"roce": Fabric("roce", "rdma", "RoCE v2", 0), "iwarp": Fabric("iwarp", "rdma", "iWARP", 10),
+           "tcp": Fabric("tcp", "tcp", "NVMe/TCP", 20)}
+ROCE = FABRICS["roce"]
 DEFAULT_PORTS = {"kernel": 4420, "userspace": 4421, "baseline": 4422, "workers": 4424}
 
 
@@ -108,17 +125,19 @@ class TargetUnderTest(abc.ABC):
     name = "target"
     kind = ""
 
-    def __init__(self, traddr: str, trsvcid: int, subnqn: Optional[str] = None, name: Optional[str] = None):
+    def __init__(self, traddr: str, trsvcid: int, subnqn: Optional[str] = None, name: Optional[str] = None,
+                 fabric: Fabric = ROCE):
         if name:
             self.name = name
         self.traddr = traddr
         self.trsvcid = int(trsvcid)
-        self.subnqn = subnqn or NQN_PREFIX + self.name
+        self.fabric = fabric
+        self.subnqn = subnqn or NQN_PREFIX + self.name.replace("@", "-")
 
     @property
     def address(self) -> Dict[str, str]:
-        return {"trtype": "rdma", "adrfam": "ipv4", "traddr": self.traddr, "trsvcid": str(self.trsvcid),
-                "subnqn": self.subnqn}
+        return {"trtype": self.fabric.trtype, "adrfam": "ipv4", "traddr": self.traddr,
+                "trsvcid": str(self.trsvcid), "subnqn": self.subnqn}
 
     def check(self) -> None:
         """Raise NvmeofError (with the fix) when this target cannot run here."""
@@ -132,7 +151,7 @@ class TargetUnderTest(abc.ABC):
         ...
 
     def describe(self) -> dict:
-        d = {"kind": self.kind}
+        d = {"kind": self.kind, "fabric": self.fabric.label}
         d.update(self.address)
         return d
 
@@ -150,6 +169,13 @@ class TargetUnderTest(abc.ABC):
     def processes(self) -> Dict[str, int]:
         """{name: pid} of every process serving this target, each sampled for its CPU time (procstat)."""
         return {"target": self.pid} if self.pid else {}
+
+    def _check_device(self) -> None:
+        """An RDMA device of the target's fabric holds its address (none needed for NVMe/TCP)."""
+        if self.fabric.name == "iwarp":
+            iwarp_device_for(self.traddr)
+        elif self.fabric.trtype == "rdma":
+            rdma_device_for(self.traddr)
 
     def _check_address_free(self) -> None:
         who = kernel_glue.listener_on(self.traddr, self.trsvcid)
@@ -190,14 +216,14 @@ class KernelNvmetTarget(TargetUnderTest):
 
     def __init__(self, traddr: str, trsvcid: int = DEFAULT_PORTS["kernel"], subnqn: Optional[str] = None,
                  backend: str = "null_blk", size_mb: int = 512, name: Optional[str] = None,
-                 device: DeviceModel = RAM):
-        super().__init__(traddr, trsvcid, subnqn, name)
+                 device: DeviceModel = RAM, fabric: Fabric = ROCE):
+        super().__init__(traddr, trsvcid, subnqn, name, fabric)
         if backend not in ("null_blk", "file"):
             raise NvmeofError(f"kernel backend {backend!r} is not null_blk or file", "--kernel-backend null_blk|file")
         self.backend = backend
         self.device = device
         self.size_mb = int(size_mb)
-        self.kind = "kernel nvmet-rdma (configfs)"
+        self.kind = f"kernel nvmet-{fabric.trtype} (configfs)"
         self._device = None
         self._export: Optional[kernel_glue.NvmetExport] = None
 
@@ -213,11 +239,11 @@ class KernelNvmetTarget(TargetUnderTest):
 
     def check(self) -> None:
         kernel_glue.require_root("the kernel target")
-        rdma_device_for(self.traddr)
+        self._check_device()
         if not kernel_glue.CONFIGFS.is_dir() or not os.path.ismount(kernel_glue.CONFIGFS):
             raise NvmeofError("configfs is not mounted on /sys/kernel/config",
                               "mount -t configfs none /sys/kernel/config")
-        kernel_glue.modprobe("nvmet", "nvmet-rdma")
+        kernel_glue.modprobe("nvmet", f"nvmet-{self.fabric.trtype}")
         if not (kernel_glue.CONFIGFS / "nvmet").is_dir():
             raise NvmeofError("nvmet is loaded but /sys/kernel/config/nvmet is missing", "check dmesg")
         self._check_address_free()
@@ -233,13 +259,14 @@ class KernelNvmetTarget(TargetUnderTest):
         path = self._device.create()
         self._export = kernel_glue.NvmetExport(nqn=self.subnqn, device_path=path, traddr=self.traddr,
                                                trsvcid=self.trsvcid,
-                                               buffered_io=self.device.kind == "ram" and self.backend == "file")
+                                               buffered_io=self.device.kind == "ram" and self.backend == "file",
+                                               trtype=self.fabric.trtype)
         self._export.create()
 
     def teardown(self) -> None:
         errors = []
         export = self._export or kernel_glue.NvmetExport(nqn=self.subnqn, device_path="", traddr=self.traddr,
-                                                         trsvcid=self.trsvcid)
+                                                         trsvcid=self.trsvcid, trtype=self.fabric.trtype)
         for step in (export.remove, self._device.remove if self._device else None):
             if step is None:
                 continue
@@ -284,11 +311,15 @@ class UserspaceTarget(TargetUnderTest):
     def __init__(self, traddr: str, trsvcid: int = DEFAULT_PORTS["userspace"], subnqn: Optional[str] = None,
                  size_mb: int = 512, work_dir: Optional[Path] = None, config_path: Optional[Path] = None,
                  ready_timeout: float = 60.0, name: Optional[str] = None, checkout: Optional[Path] = None,
-                 workers: int = 1, cpus: Optional[str] = None, device: DeviceModel = RAM):
+                 workers: int = 1, cpus: Optional[str] = None, device: DeviceModel = RAM,
+                 fabric: Fabric = ROCE):
+        if fabric.trtype != "rdma":
+            raise NvmeofError(f"the userspace target serves RDMA only, not {fabric.label}",
+                              "measure NVMe/TCP with the kernel target: --targets kernel@tcp")
         self.config_path = Path(config_path) if config_path else None
         if self.config_path:
             traddr, trsvcid, subnqn = self._address_from_config(self.config_path)
-        super().__init__(traddr, trsvcid, subnqn, name)
+        super().__init__(traddr, trsvcid, subnqn, name, fabric)
         # another checkout's target (the baseline): its package first on the child's path
         self.checkout = Path(checkout).resolve() if checkout else None
         self.size_mb = int(size_mb)
@@ -346,7 +377,7 @@ class UserspaceTarget(TargetUnderTest):
             raise NvmeofError(f"--{self.name}-checkout {self.checkout}: no nvmeof_roce/target/serve.py there",
                               "give a checkout of nvmeof-roce with the userspace target, e.g. "
                               "git worktree add results/baseline <commit>")
-        rdma_device_for(self.traddr)
+        self._check_device()
         if self.workers == 1:
             self._check_address_free()
             return
@@ -491,7 +522,9 @@ class KernelHost(Host):
     def connect(self, target: TargetUnderTest) -> str:
         if len(target.trsvcids) > 1:  # every worker's port, one namespace head, round-robin over the paths
             return kernel_glue.nvme_connect_paths(target.traddr, target.trsvcids, target.subnqn)
-        return kernel_glue.nvme_connect(target.traddr, target.trsvcid, target.subnqn)
+        if target.fabric.trtype != "rdma":
+            kernel_glue.modprobe(f"nvme-{target.fabric.trtype}")
+        return kernel_glue.nvme_connect(target.traddr, target.trsvcid, target.subnqn, trtype=target.fabric.trtype)
 
     def disconnect(self, target: TargetUnderTest) -> None:
         kernel_glue.nvme_disconnect(target.subnqn)

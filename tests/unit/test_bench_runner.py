@@ -466,3 +466,55 @@ def test_baseline_target_runs_another_checkout(tmp_path, capsys):
     assert base.describe()["checkout"] == str(tmp_path.resolve())
     with pytest.raises(NvmeofError, match="--baseline-checkout .*: no nvmeof_roce/target/serve.py there"):
         base.check()
+
+
+def test_fabric_targets_roce_iwarp_tcp_side_by_side(tmp_path, monkeypatch):
+    """--targets kernel,kernel@iwarp,userspace@iwarp,kernel@tcp: each on its own port and NQN, the iWARP ones at
+    --iwarp-traddr, the TCP one exported by nvmet-tcp and connected with `nvme connect -t tcp`; our target
+    refuses TCP with the fix."""
+    import argparse
+    from nvmeof_roce.bench import kernel_glue
+    from nvmeof_roce.bench.commands import build_targets
+    from nvmeof_roce.bench.targets import KernelHost
+    args = argparse.Namespace(targets="kernel,kernel@iwarp,userspace@iwarp,kernel@tcp", traddr="10.99.0.1",
+                              iwarp_traddr="10.98.0.1", kernel_port=4420, userspace_port=4421, baseline_port=4422,
+                              kernel_backend=None, ns_size="64M", userspace_config=None, baseline_checkout=None)
+    roce, k_iwarp, u_iwarp, k_tcp = build_targets(args, tmp_path / "out")
+    assert [(t.name, t.traddr, t.trsvcid, t.address["trtype"]) for t in (roce, k_iwarp, u_iwarp, k_tcp)] == [
+        ("kernel", "10.99.0.1", 4420, "rdma"), ("kernel@iwarp", "10.98.0.1", 4430, "rdma"),
+        ("userspace@iwarp", "10.98.0.1", 4431, "rdma"), ("kernel@tcp", "10.99.0.1", 4440, "tcp")]
+    assert len({t.subnqn for t in (roce, k_iwarp, u_iwarp, k_tcp)}) == 4 and "@" not in k_tcp.subnqn
+    assert k_tcp.describe()["fabric"] == "NVMe/TCP" and k_iwarp.describe()["fabric"] == "iWARP"
+    config = kernel_glue.kernel_config(k_tcp.subnqn, "/dev/nullb0", k_tcp.traddr, k_tcp.trsvcid, trtype="tcp")
+    assert config["ports"][0]["addr"]["trtype"] == "tcp"
+    calls = []
+    monkeypatch.setattr(kernel_glue, "modprobe", lambda *mods: calls.append(("modprobe", mods)))
+    monkeypatch.setattr(kernel_glue, "nvme_connect",
+                        lambda traddr, trsvcid, nqn, trtype="rdma": calls.append((traddr, trsvcid, trtype)) or "/dev/x")
+    assert KernelHost().connect(k_tcp) == "/dev/x"
+    assert calls == [("modprobe", ("nvme-tcp",)), ("10.99.0.1", 4440, "tcp")]
+    args.targets = "userspace@tcp"
+    with pytest.raises(NvmeofError, match="serves RDMA only") as ei:
+        build_targets(args, tmp_path / "out")
+    assert "kernel@tcp" in ei.value.fix
+    args.targets = "kernel@infiniband"
+    with pytest.raises(NvmeofError, match="unknown target or fabric"):
+        build_targets(args, tmp_path / "out")
+
+
+def test_iwarp_device_is_found_by_its_netdevs_address(tmp_path, monkeypatch):
+    """iWARP GIDs hold the MAC, not the IP: the device is found through its netdev's addresses."""
+    import subprocess as sp
+    from nvmeof_roce.bench import perftest
+    for name, node_type in (("rxe0", "1: CA"), ("siw0", "4: RNIC")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "node_type").write_text(node_type + "\n")
+    monkeypatch.setattr(perftest, "_rdma_links", lambda: [{"ifname": "rxe0", "port": 1, "netdev": "rxenet0"},
+                                                          {"ifname": "siw0", "port": 1, "netdev": "siwnet0"}])
+    addrs = {"siwnet0": '[{"addr_info": [{"local": "10.98.0.1", "prefixlen": 24}]}]'}
+    monkeypatch.setattr(perftest.subprocess, "run",
+                        lambda argv, **kw: sp.CompletedProcess(argv, 0, addrs.get(argv[-1], "[]"), ""))
+    assert perftest.iwarp_device_for("10.98.0.1", sysfs=tmp_path) == "siw0"
+    with pytest.raises(NvmeofError, match="no iWARP device has the address 10.99.0.1") as ei:
+        perftest.iwarp_device_for("10.99.0.1", sysfs=tmp_path)  # rxe0 holds it, but rxe0 is RoCE
+    assert "add-siw" in ei.value.fix
