@@ -166,7 +166,8 @@ def parse_check_log(text: str) -> Dict[str, Result]:
             cond = " ".join(c for c in (m.group("cond") or "").split() if not c.startswith("tr="))
             key = m.group("test") + (f" ({cond})" if cond else "")
             last = results[key] = Result(key, m.group("status"))
-        elif last is not None and line.startswith("    ") and last.status == "not run":
+        elif last is not None and line.startswith("    ") and last.status == "not run" and \
+                not line.strip().startswith("runtime"):
             last.reasons.append(line.strip())
         elif line.strip() and not line.startswith(" "):
             last = None

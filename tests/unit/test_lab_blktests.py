@@ -4,6 +4,7 @@ from nvmeof_roce.lab import blktests as B
 KERNEL_LOG = """\
 ./check: gawk is not available. Install GNU awk.
 nvme/002 (tr=rdma) (create many subsystems and test discovery) [not run]
+    runtime    ...  12.960s
     nvme_trtype=rdma is not supported in this test
 nvme/010 (tr=rdma bd=device) (run data verification fio job)
 nvme/010 (tr=rdma bd=device) (run data verification fio job) [passed]
