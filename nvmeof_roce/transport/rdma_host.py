@@ -15,7 +15,7 @@ from typing import List, Optional
 from ..nvme import cm as cmdata
 from .base import ConnectRejected, Connector, HostBuffer, HostQueue, TransportError
 from .rdma import (ADMIN_CAPSULE, CM_TIMEOUT_MS, PYVERBS_ERROR, RESPONSE_SIZE, SEND_WR_BASE, WR_LEAKS,
-                   RegisteredMemory, _create_with_fd, _eagain, require_pyverbs)
+                   RegisteredMemory, _create_with_fd, _eagain, is_iwarp, require_pyverbs)
 
 log = logging.getLogger(__name__)
 
@@ -244,24 +244,36 @@ class RdmaHostQueue(HostQueue):
         param = ConnParam(resources=resources, depth=0, flow_control=1, retry=7, rnr_retry=7,
                           qp_num=self.qp.qp_num, data_len=cmdata.REQUEST_SIZE)
         param.set_private_data(cmdata.CmConnectRequest(0, qid, hrqsize, hsqsize, cntlid).pack())
+        # iWARP (docs/protocol.md §7.8): the kernel's iWARP CM takes the QP to RTS itself during the MPA exchange and
+        # reports ESTABLISHED, with the accept's private data; so the QP goes to INIT with its receives posted first,
+        # and there is no CONNECT_RESPONSE to answer with RTR, RTS and establish().
+        iwarp = is_iwarp(self.cm_id.dev_name)
         try:
+            if iwarp:
+                self._to_init_with_receives()
             self.cm_id.connect(param)
-            event_private = self._wait_event(ce.RDMA_CM_EVENT_CONNECT_RESPONSE, f"connecting queue {qid} to {where}")
+            event_private = self._wait_event(ce.RDMA_CM_EVENT_ESTABLISHED if iwarp
+                                             else ce.RDMA_CM_EVENT_CONNECT_RESPONSE,
+                                             f"connecting queue {qid} to {where}")
         except (TransportError, PyverbsRDMAError):
             self._release_verbs()
             self._close_cm()
             raise
         self.crqsize = cmdata.CmAccept.unpack(event_private).crqsize if len(event_private) >= 4 else depth
+        if not iwarp:
+            self._to_init_with_receives()
+            attr, mask = self.cm_id.init_qp_attr(e.IBV_QPS_RTR)
+            self.qp.modify(attr, mask)
+            attr, mask = self.cm_id.init_qp_attr(e.IBV_QPS_RTS)
+            self.qp.modify(attr, mask)
+            self.cm_id.establish()
+        self.responses: List[bytes] = []
+
+    def _to_init_with_receives(self) -> None:
         attr, mask = self.cm_id.init_qp_attr(e.IBV_QPS_INIT)
         self.qp.modify(attr, mask)
         for wr in self.recv_wrs:
             self.qp.post_recv(wr)
-        attr, mask = self.cm_id.init_qp_attr(e.IBV_QPS_RTR)
-        self.qp.modify(attr, mask)
-        attr, mask = self.cm_id.init_qp_attr(e.IBV_QPS_RTS)
-        self.qp.modify(attr, mask)
-        self.cm_id.establish()
-        self.responses: List[bytes] = []
 
     def _create_qp(self, pd, sq_size: int, hrqsize: int):
         """The RC QP, with room for an inline SQE if the device offers it (else every SEND uses a slot)."""

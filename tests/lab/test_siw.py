@@ -1,5 +1,6 @@
-"""iWARP: Soft-iWARP (siw, built out of tree for the lab's kernel) on its own netdev, the kernel host over it
-against kernel nvmet and against our userspace target: connect, fio crc32c verify, disconnect."""
+"""iWARP: Soft-iWARP (siw, built out of tree for the lab's kernel) on its own netdev; the kernel host over it
+against kernel nvmet and against our userspace target (connect, fio crc32c verify, disconnect), and our
+initiator against both (connect-test: write, read back, compare, on every I/O queue)."""
 import json
 import os
 import resource
@@ -30,6 +31,9 @@ def cli(*args):
 
 @pytest.fixture(scope="module")
 def siw_link():
+    # siw counts pinned pages against RLIMIT_MEMLOCK even for root (rxe lets CAP_IPC_LOCK through): the target
+    # and our initiator, started from here, inherit the raised limit
+    resource.setrlimit(resource.RLIMIT_MEMLOCK, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
     sh("ip", "link", "add", SIW_NETDEV, "type", "dummy")
     sh("ip", "addr", "add", f"{SIW_IP}/24", "dev", SIW_NETDEV)
     sh("ip", "link", "set", SIW_NETDEV, "up")
@@ -51,6 +55,14 @@ def fio_verify(device):
     assert job["error"] == 0
     assert job["read"]["io_bytes"] > 0 and job["write"]["io_bytes"] > 0
     return job
+
+
+def initiator_connect_test(port, nqn):
+    proc = subprocess.run(["nvmeof-roce", "initiator", "connect-test", "-a", SIW_IP, "-s", str(port), "-n", nqn,
+                           "--queues", "2", "--json"], capture_output=True, text=True, timeout=300)
+    result = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
+    assert proc.returncode == 0 and result.get("ok"), f"{proc.stderr}\n{proc.stdout}"
+    assert any(step["step"].startswith("namespace") and step["ok"] for step in result["steps"]), result
 
 
 def test_siw_device_is_an_iwarp_rnic_with_its_limits(siw_link):
@@ -81,14 +93,13 @@ def test_kernel_host_over_siw_against_kernel_nvmet(siw_link, tmp_path):
         (device,) = namespaces_of(NQN_KERNEL)
         fio_verify(device)
         nvme("disconnect", "-n", NQN_KERNEL)
+        initiator_connect_test(4430, NQN_KERNEL)
     finally:
         disconnect_all_quietly()
         cli("nvmet", "clear")
 
 
 def test_kernel_host_over_siw_against_our_target(siw_link, tmp_path):
-    # siw counts pinned pages against RLIMIT_MEMLOCK even for root (rxe lets CAP_IPC_LOCK through)
-    resource.setrlimit(resource.RLIMIT_MEMLOCK, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
     cfg = {"hosts": [], "ports": [{"portid": 1, "addr": {"trtype": "rdma", "adrfam": "ipv4", "traddr": SIW_IP,
                                                           "trsvcid": "4431", "treq": "not specified"},
                                    "subsystems": [NQN_OURS], "referrals": []}],
@@ -102,6 +113,7 @@ def test_kernel_host_over_siw_against_our_target(siw_link, tmp_path):
             (device,) = namespaces_of(NQN_OURS)
             fio_verify(device)
             nvme("disconnect", "-n", NQN_OURS)
+            initiator_connect_test(4431, NQN_OURS)
         except AssertionError as exc:
             dmesg = subprocess.run(["dmesg"], capture_output=True, text=True).stdout.splitlines()[-25:]
             raise AssertionError(f"{str(exc)[:600]}\n--- target log:\n{target.output()[-4000:]}\n--- dmesg:\n"
