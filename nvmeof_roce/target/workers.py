@@ -44,6 +44,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from ..config import USERSPACE_KEY, ConfigError, TargetConfig, load_userspace_config, parse_config
 from ..errors import NvmeofError
 from ..nvme.fabrics import MAX_CNTLID, MIN_CNTLID
+from ..securefile import write_file
 from .ana import AnaTable
 from .ana_control import default_run_dir, publish, unpublish
 from .backends import open_backend
@@ -590,8 +591,7 @@ class Supervisor:
                   + (f", control socket {self.rpc_socket}" if control else "")
                   + (f", metrics {self.http.url}" if self.http else ""), flush=True)
             if self.ready_file:
-                with open(self.ready_file, "w") as f:
-                    f.write("ready\n")
+                write_file(self.ready_file, "ready\n")
             notify("READY=1", f"STATUS={self.status_line()}", f"MAINPID={os.getpid()}")
             if control is not None:
                 selector.register(control.sock, selectors.EVENT_READ)
@@ -687,10 +687,8 @@ class Supervisor:
 
 
 def _write_json(path: str, data: dict) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)
+    """A worker's config holds the hosts' DH-HMAC-CHAP keys: written as every secret file is (securefile)."""
+    write_file(path, json.dumps(data, indent=1))
 
 
 def _close_socket(sock: socket.socket, path: str) -> None:
