@@ -33,7 +33,6 @@ GUEST_PACKAGES = [
     "kmod", "iproute2", "rdma-core", "ibverbs-utils", "ibverbs-providers", "rdmacm-utils", "perftest",
     "nvme-cli", "fio", "python3", "python3-pyverbs", "util-linux", "procps", "busybox-static",
     "e2fsprogs", "bash", "less", "strace", "ethtool", "nftables", "iptables", "tcpdump",
-    "python3-cryptography",  # OpenSSL's ffdhe for DH-HMAC-CHAP (target/auth.py); pure Python without it
 ]
 
 # Kernel module trees the guest never needs (keeps the image ~500 MB).
