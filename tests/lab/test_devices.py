@@ -30,7 +30,7 @@ def test_null_blk_namespace_keeps_many_commands_in_flight_and_verifies(tmp_path)
         (disk,) = namespaces_of(NQN)
         fio = subprocess.Popen(["fio", "--name=verify", f"--filename={disk}", "--ioengine=libaio", "--direct=1",
                                 "--rw=randwrite", "--bs=4k", "--iodepth=32", "--size=16M", "--verify=crc32c",
-                                "--do_verify=1", "--verify_fatal=1", "--output-format=json"],
+                                "--do_verify=1", "--verify_fatal=1", "--verify_state_save=0", "--output-format=json"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         most, engine = 0, None
         while fio.poll() is None:
