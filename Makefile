@@ -12,7 +12,7 @@ LAB_TIMEOUT ?= 3000
 APT_PACKAGES := qemu-system-x86 debootstrap e2fsprogs cpio xz-utils zstd fio gcc make
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: dist demo test test-unit test-lab test-long test-quick test-two-node test-reload-fuzz test-auth-rotation test-blktests deps venv lab clean-lab help bench-transport
+.PHONY: dist demo test test-extended test-unit test-lab test-long test-quick test-two-node test-reload-fuzz test-auth-rotation test-blktests deps venv lab clean-lab help bench-transport
 
 # A wheel of this checkout in dist/ (pip install dist/nvmeof_roce-*.whl gives the `nvmeof-roce` command).
 dist: venv
@@ -24,6 +24,7 @@ help:
 	@echo "make demo   - set up everything, build the lab if needed, run the main job"
 	@echo "make test   - set up everything, run unit tests and the lab tests"
 	@echo "make dist   - build a wheel into dist/"
+	@echo "make test-extended - iWARP (siw) and the systemd unit with workers in the lab (about 6 min)"
 	@echo "make test-long - the long lab scenarios (16-vCPU guest), not part of make test or CI"
 	@echo "make test-auth-rotation - rotate a host key by reload and by RPC under fio verify (6.12 lab guest)"
 	@echo "make test-reload-fuzz - 10,000 broken configs reloaded into a running loopback target (about a minute)"
@@ -58,8 +59,8 @@ test-quick: venv
 	$(PYTEST) -m "not lab and not fuzz" tests/unit
 
 test-lab: lab
-	$(NVMEOF) lab run --timeout $(LAB_TIMEOUT) -- python3 -m pytest -p no:cacheprovider -m "lab and not long" tests/lab
-	$(NVMEOF) lab run --kernel 6.12 --timeout $(LAB_TIMEOUT) -- python3 -m pytest -p no:cacheprovider -m "lab and not long" \
+	$(NVMEOF) lab run --timeout $(LAB_TIMEOUT) -- python3 -m pytest -p no:cacheprovider -m "lab and not long and not extended" tests/lab
+	$(NVMEOF) lab run --kernel 6.12 --timeout $(LAB_TIMEOUT) -- python3 -m pytest -p no:cacheprovider -m "lab and not long and not extended" \
 	  $$($(VENV)/bin/python -c 'import sys; sys.path.insert(0, "tests"); import tiers; print(*tiers.LAB_612_TESTS)')
 
 # Scenarios that need a bigger guest (16 vCPUs under TCG on this machine's cores): slow, so not in `make test`.
@@ -68,6 +69,12 @@ LONG_MEMORY ?= 4G
 test-long: lab
 	$(NVMEOF) lab run --cpus $(LONG_CPUS) --memory $(LONG_MEMORY) --timeout $(LAB_TIMEOUT) -- \
 	  python3 -m pytest -p no:cacheprovider -m long tests/lab
+
+# Lab scenarios of several minutes each on the normal guest, kept out of `make test` to hold it under 30 minutes:
+# iWARP (tests/lab/test_siw.py: the kernel host and our initiator over siw against both targets) and the systemd
+# unit's commands with --workers 2 (tests/lab/test_systemd_workers.py).  About 6 minutes in one boot.
+test-extended: lab
+	$(NVMEOF) lab run --timeout $(LAB_TIMEOUT) -- python3 -m pytest -p no:cacheprovider -m "lab and extended" tests/lab
 
 # A host's DH-HMAC-CHAP key rotated by SIGHUP and by RPC while a second kernel host runs fio verify (6.12 guest;
 # tests/lab/test_auth.py, marked long: over a minute under emulation, so not in `make test`).

@@ -38,7 +38,7 @@ def count(summary, word):
 
 def lab_tier(venv_python, lab_timeout, kernel, tests):
     return [venv_python, "-m", "nvmeof_roce", "lab", "run", "--kernel", kernel, "--timeout", lab_timeout, "--",
-            "python3", "-m", "pytest", "-p", "no:cacheprovider", "-m", "lab and not long", *tests]
+            "python3", "-m", "pytest", "-p", "no:cacheprovider", "-m", "lab and not long and not extended", *tests]
 
 
 def main():

@@ -10,7 +10,7 @@ import pytest
 
 from targetproc import ServedTarget, disconnect_all_quietly, namespaces_of, nvme, ram_namespace
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.extended]  # make test-extended (minutes under TCG)
 
 SIW_NETDEV = "siwnet0"
 SIW_IP = "10.98.0.1"

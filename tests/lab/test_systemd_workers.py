@@ -21,7 +21,7 @@ import pytest
 from nvmeof_roce.systemd import render
 from targetproc import LAB_IP, config, disconnect_all_quietly, nvme, ram_namespace
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.extended]  # make test-extended (minutes under TCG)
 
 NQN = "nqn.2024-01.io.nvmeof-roce:unit-workers"
 INSTANCE = "labw2"
