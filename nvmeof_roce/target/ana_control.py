@@ -108,7 +108,10 @@ def _states_of(data: dict) -> Dict[int, Dict[int, str]]:
     return {int(p): {int(g): str(s) for g, s in groups.items()} for p, groups in ports.items()}
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """A process `pid` exists (one of another user's counts); 0 and below name none (kill would signal a group)."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -127,7 +130,7 @@ def publish(run_dir: str, table: AnaTable, workers: int) -> None:
             other = int(f.read().strip() or 0)
     except (FileNotFoundError, ValueError):
         other = 0
-    if other and other != os.getpid() and _pid_alive(other):
+    if other and other != os.getpid() and pid_alive(other):
         raise NvmeofError(f"{run_dir}: another target (pid {other}) uses this run directory",
                           "stop it, or give this target its own --run-dir")
     with _locked(run_dir):

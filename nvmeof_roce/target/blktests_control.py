@@ -33,6 +33,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import NvmeofError
+from .ana_control import pid_alive
 from .control import RpcError, call
 
 # blktests' own defaults (common/nvme: def_hostid, def_hostnqn, def_subsysnqn, def_subsys_uuid), so a run against
@@ -123,7 +124,7 @@ def _socket_rpc(socket_path: str) -> Rpc:
 def start(state_path: str, traddr: str, trsvcid: str, directory: str, size: str, serve_args: List[str]) -> None:
     if os.path.exists(state_path):
         old = read_state(state_path)
-        if _alive(int(old.get("pid", "0"))):
+        if pid_alive(int(old.get("pid", "0"))):
             raise NvmeofError(f"a target for blktests is already running (pid {old['pid']}, {state_path})",
                               "stop it first: nvme_target_control.sh stop")
     os.makedirs(directory, exist_ok=True)
@@ -158,25 +159,13 @@ def start(state_path: str, traddr: str, trsvcid: str, directory: str, size: str,
         "pid": str(proc.pid), "socket": socket_path, "dir": directory, "size": size, "log": log_path})
 
 
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def stop(state_path: str, timeout: float = 60.0) -> None:
     state = read_state(state_path)
     pid = int(state.get("pid", "0"))
-    if _alive(pid):
+    if pid_alive(pid):
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while _alive(pid):
+        while pid_alive(pid):
             try:
                 if os.waitpid(pid, os.WNOHANG)[0] == pid:
                     break
