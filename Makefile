@@ -8,8 +8,10 @@ PYTEST    := $(VENV)/bin/python -m pytest
 LAB_TIMEOUT ?= 3000
 
 # Host packages: QEMU (software emulation), debootstrap, e2fsprogs, cpio and zstd (6.12 kernel) build the lab image;
-# fio runs the benchmark job files in the unit tests; gcc and make build the lab's siw.ko (lab/siw.py).
-APT_PACKAGES := qemu-system-x86 debootstrap e2fsprogs cpio xz-utils zstd fio gcc make
+# fio runs the benchmark job files in the unit tests; gcc and make build the lab's siw.ko (lab/siw.py); the -dev
+# packages build the native data path (csrc/, setup.py, docs/native.md).
+APT_PACKAGES := qemu-system-x86 debootstrap e2fsprogs cpio xz-utils zstd fio gcc make \
+	python3-dev libibverbs-dev librdmacm-dev liburing-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: dist demo test test-extended test-unit test-lab test-long test-quick test-two-node test-reload-fuzz test-auth-rotation test-blktests deps venv lab clean-lab help bench-transport
@@ -39,13 +41,20 @@ deps:
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-$(VENV)/.installed: pyproject.toml constraints.txt
+$(VENV)/.installed: pyproject.toml constraints.txt | deps
 	@echo "[nvmeof-roce] creating $(VENV)"
 	$(PYTHON) -m venv --system-site-packages $(VENV)
 	$(VENV)/bin/pip install -q -c constraints.txt -e '.[dev,plot]'
 	@touch $@
 
-venv: $(VENV)/.installed
+# The native extension, rebuilt in place when its sources change (the lab guest imports it from the checkout).
+NATIVE_SOURCES := $(wildcard csrc/*.c csrc/*.h) setup.py
+NATIVE_STAMP := build/.native-built
+$(NATIVE_STAMP): $(VENV)/.installed $(NATIVE_SOURCES)
+	$(VENV)/bin/python setup.py -q build_ext --inplace
+	@mkdir -p build && touch $@
+
+venv: $(VENV)/.installed $(NATIVE_STAMP)
 
 # Both kernel generations: 6.1 (Debian 12's own) for the lab tier, 6.12 for interoperability and authentication.
 lab: deps venv

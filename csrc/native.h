@@ -1,0 +1,12 @@
+/* nvmeof_roce._native: the per-command data path in C (docs/native.md).
+ * Each source file registers its types and functions on the module through one function below. */
+#ifndef NVMEOF_ROCE_NATIVE_H
+#define NVMEOF_ROCE_NATIVE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+int native_queue_register(PyObject *module);
+int native_uring_register(PyObject *module);
+
+#endif

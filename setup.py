@@ -1,0 +1,22 @@
+"""The native data path: one C extension, `nvmeof_roce._native`, built from csrc/ (docs/native.md).
+
+Everything else about the package is in pyproject.toml; only the extension needs setup.py.  It links
+libibverbs and librdmacm dynamically (the lab guest and every RDMA host has them) and liburing statically
+(so a host without liburing2 still loads it).  The build needs Debian's libibverbs-dev, librdmacm-dev and
+liburing-dev (`make deps`); without them the extension is skipped and the target runs its Python data path.
+"""
+from glob import glob
+
+from setuptools import Extension, setup
+
+native = Extension(
+    "nvmeof_roce._native",
+    sources=sorted(glob("csrc/*.c")),
+    depends=sorted(glob("csrc/*.h")),
+    libraries=["ibverbs", "rdmacm"],
+    extra_link_args=["-Wl,-Bstatic", "-luring", "-Wl,-Bdynamic"],
+    extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-std=gnu11"],
+    optional=True,
+)
+
+setup(ext_modules=[native])
