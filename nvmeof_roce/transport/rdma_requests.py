@@ -7,8 +7,9 @@ counted here: data chunks (the port's `BufferPool`, transport/resources.py), RDM
 READ credits (the host's responder resources, i.e. our initiator depth / ORD) and
 send-queue entries.
 
-Every command is a `TxRequest` whose `state` is one of `State`, in the manner of
-SPDK's `spdk_nvmf_rdma_request_state` (lib/nvmf/rdma.c):
+Every command is a `TxRequest` whose `state` is one of transport/lifecycle.py's `RequestState` (the
+lifecycle the core's requests share), in the manner of SPDK's `spdk_nvmf_rdma_request_state` (lib/nvmf/rdma.c);
+every change is checked by `lifecycle.move`:
 
     NEW -> EXECUTING (the core has it) -> READY_TO_COMPLETE -> COMPLETING -> FREE
     an RDMA READ of host data on the way:
@@ -26,11 +27,11 @@ so no response is ever left without a later completion that retires it.
 """
 from __future__ import annotations
 
-import enum
 import logging
 from collections import deque
 from typing import Callable, Deque, Dict, List, Optional, Protocol
 
+from .lifecycle import RequestState, move
 from .resources import PoolShare
 
 log = logging.getLogger(__name__)
@@ -38,15 +39,7 @@ log = logging.getLogger(__name__)
 SIGNAL_EVERY = 16  # at most this many responses retired by one send completion
 
 
-class State(enum.IntEnum):
-    FREE = 0
-    NEW = 1  # its capsule arrived; being handed to the core
-    EXECUTING = 2  # the core has it: parsing, executing, or holding it (an AER)
-    NEED_BUFFER = 3  # an RDMA READ waits for a data chunk
-    NEED_READ_CREDIT = 4  # ... then for one of the host's responder resources (ORD) and a send-queue entry
-    TRANSFERRING_HOST_TO_CONTROLLER = 5  # the RDMA READ is posted
-    READY_TO_COMPLETE = 6  # the core completed it: its data chunk (if any) and send-queue entries are awaited
-    COMPLETING = 7  # data WRITE (if any) and response SEND posted; FREE once a send completion retires them
+State = RequestState  # the one lifecycle of transport/lifecycle.py; every change goes through move()
 
 
 # States that block, in the order `resume` serves them: a finishing response frees what a READ waits for.
@@ -155,24 +148,22 @@ class RequestBook:
         else:
             req = TxRequest(len(self.requests))
             self.requests.append(req)
-        req.state = State.NEW
+        move(req, State.NEW)
         self.busy += 1
         return req
 
     def delivered(self, req: TxRequest) -> None:
         """NEW -> EXECUTING: the core has the capsule."""
         if req.state == State.NEW:
-            req.state = State.EXECUTING
+            move(req, State.EXECUTING)
 
     def read(self, req: TxRequest, addr: int, key: int, length: int, done: ReadDone) -> None:
         """EXECUTING -> NEED_BUFFER: the core wants host data."""
         if self.closed:
             done(None, QueueClosed("queue is closed"))
             return
-        if req.state != State.EXECUTING:
-            raise ValueError(f"{req!r}: an RDMA READ is asked for outside EXECUTING")
+        move(req, State.NEED_BUFFER)  # only from EXECUTING
         req.addr, req.key, req.length, req.done = addr, key, length, done
-        req.state = State.NEED_BUFFER
         self.advance(req)
         self._maybe_flush()
 
@@ -184,8 +175,7 @@ class RequestBook:
         if self.closed:
             self._free(req)
             return
-        if req.state != State.EXECUTING:
-            raise ValueError(f"{req!r}: completed outside EXECUTING")
+        move(req, State.READY_TO_COMPLETE)  # only from EXECUTING
         req.cqe = cqe
         req.invalidate = invalidate
         req.length = 0
@@ -196,7 +186,6 @@ class RequestBook:
                 self._give(req)  # a buffer the core asked for and did not use
             elif not req.in_chunk:
                 req.data = data
-        req.state = State.READY_TO_COMPLETE
         self.advance(req)
         if req.state == State.READY_TO_COMPLETE and req.data is not None and not isinstance(req.data, bytes):
             req.data = bytes(req.data)  # it waits: the core reuses its buffer once this call returns
@@ -245,7 +234,7 @@ class RequestBook:
         if state == State.NEED_BUFFER:
             if not self._take(req):
                 return False
-            req.state = State.NEED_READ_CREDIT
+            move(req, State.NEED_READ_CREDIT)
             return True
         if state == State.NEED_READ_CREDIT:
             if self.read_credits <= 0 or self.send_slots <= 0:
@@ -254,7 +243,7 @@ class RequestBook:
             self.send_slots -= 1
             req.wrs = 1
             req.signaled = True
-            req.state = State.TRANSFERRING_HOST_TO_CONTROLLER
+            move(req, State.TRANSFERRING_HOST_TO_CONTROLLER)
             self.posted.append(req)
             self.poster.post_read(req)
             return True
@@ -270,7 +259,7 @@ class RequestBook:
             req.data = None
         self.send_slots -= needed
         req.wrs = needed
-        req.state = State.COMPLETING
+        move(req, State.COMPLETING)
         self.queued.append(req)  # into `posted` when flush() writes it: `posted` is the send queue's order
         return True
 
@@ -346,7 +335,7 @@ class RequestBook:
 
     def _read_finished(self, req: TxRequest, data, error) -> None:
         """TRANSFERRING_HOST_TO_CONTROLLER -> EXECUTING: hand the data to the core, then give the chunk back."""
-        req.state = State.EXECUTING
+        move(req, State.EXECUTING)
         done, req.done = req.done, None
         try:
             if done is not None:
@@ -372,7 +361,7 @@ class RequestBook:
             return
         self._give(req)
         req._clear()
-        req.state = State.FREE
+        move(req, State.FREE)
         req.parked = False
         self.busy -= 1
         self.free.append(req)
@@ -393,7 +382,7 @@ class RequestBook:
             req.parked = False
             done, req.done = req.done, None
             if done is not None:  # NEED_BUFFER, NEED_READ_CREDIT, TRANSFERRING_HOST_TO_CONTROLLER
-                req.state = State.EXECUTING
+                move(req, State.EXECUTING)
                 try:
                     done(None, error)
                 except Exception:  # a callback's bug must not keep the other requests' chunks
