@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from .errors import NvmeofError
+from .transport.registry import FABRICS, fabric, served_labels, serves
 from .nvme.command import NSID_MAX
 from .nvme.fabrics import DISCOVERY_NQN, MAX_CNTLID as CNTLID_MAX, NQN_MAX_LENGTH as NQN_MAX_BYTES
 
@@ -57,7 +58,7 @@ MAX_BLOCKS = (1 << 64) - 1    # NSZE is a 64-bit block count
 BACKENDS = ("ram", "file", "null")
 USERSPACE_KEY = "nvmeof_roce"
 
-TRTYPES = ("rdma", "tcp", "loop", "fc", "pcie")
+TRTYPES = tuple(FABRICS)  # rdma, tcp, loop, fc, pcie (transport/registry.py)
 ADRFAMS = ("ipv4", "ipv6", "ib", "fc", "loop", "pci", "")
 TREQS = ("not specified", "required", "not required")
 ANA_STATES = ("optimized", "non-optimized", "inaccessible", "persistent-loss", "change")
@@ -709,7 +710,7 @@ def parse_config_collect(data: dict, source: str = "<config>"):
                                   "give each port its own portid"))
             continue
         seen[port.portid] = i
-        if port.trtype in ("rdma", "tcp"):
+        if _ip_service(port.trtype):
             ep = (port.trtype, port.traddr, port.trsvcid)
             if ep in endpoints:
                 errors.append(ctx.err(f"ports[{i}].addr", f"{port.trtype} {port.traddr}:{port.trsvcid} is already "
@@ -963,6 +964,12 @@ def _parse_namespace(ctx: _Ctx, n: Any, where: str, subsys_nqn: str) -> Namespac
                            raw=copy.deepcopy(n))
 
 
+def _ip_service(trtype: str) -> bool:
+    """A port of this trtype is addressed by IP (or IB GID) address and service number (rdma, tcp)."""
+    f = fabric(trtype)
+    return f is not None and f.ip_service
+
+
 def _check_addr(ctx: _Ctx, where: str, trtype: str, adrfam: str, traddr: str, trsvcid: Any, ip_required=True):
     """trtype/adrfam/traddr/trsvcid consistency; returns trsvcid as int (0 if not applicable)."""
     if trtype not in TRTYPES:
@@ -971,8 +978,8 @@ def _check_addr(ctx: _Ctx, where: str, trtype: str, adrfam: str, traddr: str, tr
     if adrfam not in ADRFAMS:
         raise ctx.err(f"{where}.adrfam", f"must be one of {', '.join(a for a in ADRFAMS if a)}, got {adrfam!r}",
                       'RoCE over IPv4 uses "ipv4"')
-    if trtype in ("rdma", "tcp"):
-        if adrfam not in ("ipv4", "ipv6", "ib") or (trtype == "tcp" and adrfam == "ib"):
+    if _ip_service(trtype):
+        if adrfam not in fabric(trtype).adrfams:
             raise ctx.err(f"{where}.adrfam", f"{adrfam!r} does not go with trtype {trtype!r}",
                           'use "ipv4" (or "ipv6")')
         if adrfam in ("ipv4", "ipv6"):
@@ -1007,8 +1014,8 @@ def _parse_port(ctx: _Ctx, p: Any, where: str, subsystems: Optional[set]) -> Por
     addr = soft(ctx.dict_at, p.get("addr"), f"{where}.addr", default={})
     soft(ctx.unknown, addr, _ADDR_KEYS, f"{where}.addr")
     trtype = soft(ctx.str_at, addr.get("trtype", "rdma"), f"{where}.addr.trtype", default="rdma")
-    adrfam = soft(ctx.str_at, addr.get("adrfam", "ipv4" if trtype in ("rdma", "tcp") else ""), f"{where}.addr.adrfam",
-                  default="ipv4")
+    adrfam = soft(ctx.str_at, addr.get("adrfam", fabric(trtype).adrfams[0] if _ip_service(trtype) else ""),
+                  f"{where}.addr.adrfam", default="ipv4")
     traddr = soft(ctx.str_at, addr.get("traddr", ""), f"{where}.addr.traddr", default="")
     treq = soft(ctx.str_at, addr.get("treq", "not specified"), f"{where}.addr.treq", default="not specified")
     if treq not in TREQS:
@@ -1016,8 +1023,8 @@ def _parse_port(ctx: _Ctx, p: Any, where: str, subsystems: Optional[set]) -> Por
                              'use "not specified"'))
     if "tsas" in addr:
         soft(ctx.str_at, addr["tsas"], f"{where}.addr.tsas")
-    svc_raw = addr.get("trsvcid", DEFAULT_TRSVCID if trtype in ("rdma", "tcp") else "")
-    if trtype in ("rdma", "tcp") and not traddr:
+    svc_raw = addr.get("trsvcid", DEFAULT_TRSVCID if _ip_service(trtype) else "")
+    if _ip_service(trtype) and not traddr:
         problems.add(ctx.err(f"{where}.addr.traddr", f"is required for an {trtype} port",
                              "give the IP address of the RDMA netdev, e.g. 10.99.0.1"))
         trsvcid = 0
@@ -1189,9 +1196,9 @@ def validate_for_userspace(cfg: TargetConfig, memory: Optional[int] = None) -> L
         where = f"ports[{i}]"
         addr = p.get("addr") if isinstance(p.get("addr"), dict) else {}
         trtype = addr.get("trtype", "rdma")
-        if trtype != "rdma":
+        if not serves(trtype):
             errors.append(ConfigError(cfg.source, f"{where}.addr.trtype",
-                                      f"{trtype!r}: the userspace target serves RDMA (RoCE) only",
+                                      f"{trtype!r}: the userspace target serves {served_labels()} only",
                                       f'use "rdma", or {USERSPACE_FIX}'))
         if addr.get("treq") == "required":
             refuse(f"{where}.addr.treq", "treq \"required\" (secure channel)")

@@ -22,7 +22,7 @@ them imports this module, so the registry can import them without a circle.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
 
 from ..errors import NvmeofError
@@ -50,15 +50,18 @@ class Fabric:
     trtype: str
     adrfams: Tuple[str, ...]  # address families it takes; the first is the default
     ip_service: bool  # traddr is an IP address (or IB GID) and trsvcid a TCP-style port number
-    kernel_module: str  # the nvmet transport module serving it
+    kernel_module: str  # the nvmet transport module serving it ("" for none)
+    host_module: str = ""  # the Linux host's transport module
     rdma_device: bool = False  # it needs an RDMA device behind traddr (a bind failing with EADDRNOTAVAIL means none)
 
 
+# In the order a config error lists them.
 FABRICS: Dict[str, Fabric] = {f.trtype: f for f in (
-    Fabric("rdma", ("ipv4", "ipv6", "ib"), True, "nvmet-rdma", rdma_device=True),
-    Fabric("tcp", ("ipv4", "ipv6"), True, "nvmet-tcp"),
-    Fabric("loop", ("",), False, "nvme-loop"),
-    Fabric("fc", ("fc",), False, "nvmet-fc"),
+    Fabric("rdma", ("ipv4", "ipv6", "ib"), True, "nvmet_rdma", "nvme-rdma", rdma_device=True),
+    Fabric("tcp", ("ipv4", "ipv6"), True, "nvmet_tcp", "nvme-tcp"),
+    Fabric("loop", ("",), False, "nvme_loop", "nvme-loop"),
+    Fabric("fc", ("fc",), False, "nvmet_fc", "nvme-fc"),
+    Fabric("pcie", ("",), False, ""),
 )}
 
 
@@ -127,7 +130,7 @@ class TransportOps:
     event_loop: Callable[[object], object]  # (QueueHandler for tick) -> the loop listeners and Work watch fds on
     listen: Callable[..., object]  # (loop, PortConfig, QueueHandler, ListenOptions) -> a listener with close()
     served_by_target: bool = True  # config ports of this trtype are served by `target serve`
-    notes: Dict[str, str] = field(default_factory=dict)
+    label: str = ""  # how messages name it ("RDMA (RoCE)"); the trtype if empty
 
 
 def _rdma_loop(handler):
@@ -158,7 +161,8 @@ def _loopback_listen(loop, port, handler, options: ListenOptions):
 RDMA = TransportOps(
     trtype="rdma", description="NVMe/RDMA on pyverbs (RoCE, iWARP, InfiniBand): one RC QP per NVMe queue",
     in_capsule_data=True, keyed_sgls=True, remote_invalidate=True, map_sgl=map_keyed_or_in_capsule,
-    check_request=check_cm_request, reject_status=_cm_reject, event_loop=_rdma_loop, listen=_rdma_listen)
+    check_request=check_cm_request, reject_status=_cm_reject, event_loop=_rdma_loop, listen=_rdma_listen,
+    label="RDMA (RoCE)")
 
 LOOPBACK = TransportOps(
     trtype="loopback", description="in-process fabric with RDMA's rules (unit tests, demos)",
@@ -203,3 +207,8 @@ def serves(trtype: str) -> bool:
 
 def served_trtypes() -> Tuple[str, ...]:
     return tuple(sorted(t for t, ops in _REGISTRY.items() if ops.served_by_target))
+
+
+def served_labels() -> str:
+    """What `target serve` serves, for messages: "RDMA (RoCE)"."""
+    return " and ".join(_REGISTRY[t].label or t for t in served_trtypes())
