@@ -25,12 +25,12 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from ..config import ConfigError, NamespaceConfig, PortConfig, SubsystemConfig, TargetConfig
 from ..nvme import admin as A
-from . import auth
-from .backends import BackendError, open_backend
-from .core import PortContext, PortHandler
-from .discovery import discovery_entries
-from .limits import MAX_NSID
-from .subsystem import Namespace, Subsystem, max_qid_of
+from ..target import auth
+from ..target.backends import BackendError, open_backend
+from ..target.core import PortContext, PortHandler
+from ..target.discovery import discovery_entries
+from ..target.limits import MAX_NSID
+from ..target.subsystem import Namespace, Subsystem, max_qid_of
 
 log = logging.getLogger(__name__)
 
