@@ -181,7 +181,7 @@ def _check_cqes(cqes, expected: int, count=None, sent=None) -> None:
 def bench_rdma(reads: int, batch: int, rounds: int, depth: int) -> dict:
     from nvmeof_roce.config import parse_config
     from nvmeof_roce.initiator.controller import Controller
-    from nvmeof_roce.target.serve import TargetServer
+    from nvmeof_roce.service.serve import TargetServer
 
     server = TargetServer(parse_config(config_dict(), source="transport_cost"))
     try:

@@ -474,7 +474,18 @@ SETTINGS = {
 }
 
 
-# `serve --workers` settings in the same object; target/workers.py checks their values
+def parse_cpus(text: str) -> List[int]:
+    """A CPU list as the command line gives it (`--cpus 0,1`), the form of the config's nvmeof_roce.cpus."""
+    try:
+        cpus = [int(c) for c in text.split(",") if c.strip()]
+    except ValueError:
+        cpus = []
+    if not cpus or any(c < 0 for c in cpus):
+        raise NvmeofError(f"--cpus {text!r}: not a list of CPU numbers", "e.g. --cpus 0,1")
+    return cpus
+
+
+# `serve --workers` settings in the same object; service/workers.py checks their values
 WORKER_KEYS = {"workers", "cpus"}
 
 

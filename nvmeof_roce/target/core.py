@@ -157,7 +157,7 @@ class Target:
         self.discovery_siblings: Dict[int, List[int]] = {}  # portid -> the portids of one path group (workers.py)
         self.work = Work()  # device completions and sliced jobs, back on the loop (work.py)
         self.host_auth = auth.host_settings(config)  # DH-HMAC-CHAP keys by host NQN
-        self.tick_hooks: List[Callable[[float], None]] = []  # e.g. the control socket's (target/control.py)
+        self.tick_hooks: List[Callable[[float], None]] = []  # e.g. the control socket's (service/control.py)
         try:
             for i, sub_cfg in enumerate(config.subsystems):
                 sub = Subsystem(sub_cfg)

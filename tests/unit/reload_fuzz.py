@@ -26,7 +26,7 @@ from collections import Counter
 from typing import Any, List, Tuple
 
 from nvmeof_roce import config as config_module
-from nvmeof_roce.target.ops import Operations
+from nvmeof_roce.service.ops import Operations
 
 from loopback_env import SUB_RAM, Env, standard_config
 

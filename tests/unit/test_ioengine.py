@@ -112,7 +112,7 @@ def test_many_reads_with_the_device_at_once_bounded_by_queue_depth(files):
 
 
 def test_status_shows_engine_and_in_flight(files):
-    from nvmeof_roce.target.stats import target_status
+    from nvmeof_roce.service.stats import target_status
     ctrl = files.connect(SUB, num_io_queues=1)
     ns = files.target.subsystem(SUB).namespaces[1]
     before = target_status(files.target)["subsystems"][0]["namespaces"][0]["io"]
@@ -299,7 +299,7 @@ def test_a_hard_link_to_an_exported_file_is_a_duplicate(tmp_path):
 
 def test_a_namespace_added_live_is_locked_and_a_replaced_one_keeps_its_lock(tmp_path):
     from nvmeof_roce.config import parse_config
-    from nvmeof_roce.target import live
+    from nvmeof_roce.service import live
     from nvmeof_roce.target.backends import FileBackend
     img = tmp_path / "live.img"
     img.write_bytes(bytes(1 << 20))

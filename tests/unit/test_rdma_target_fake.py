@@ -18,7 +18,7 @@ fakeverbs.install(prefer_real=False)
 import transport_cost as tc
 from nvmeof_roce.config import parse_config
 from nvmeof_roce.initiator.controller import Controller
-from nvmeof_roce.target.serve import TargetServer
+from nvmeof_roce.service.serve import TargetServer
 """
 CONNECT = r"""
 server = TargetServer(parse_config(tc.config_dict(), source="test"))

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from nvmeof_roce.target.control import Control, RpcError
-from nvmeof_roce.target.ops import Operations
+from nvmeof_roce.service.control import Control, RpcError
+from nvmeof_roce.service.ops import Operations
 
 from loopback_env import SUB_RAM, ram_ns
 from test_target_ops import LoopbackServer

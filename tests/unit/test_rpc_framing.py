@@ -4,8 +4,8 @@ import socket
 
 import pytest
 
-from nvmeof_roce.target import control as C
-from nvmeof_roce.target.control import Control, RpcServer
+from nvmeof_roce.service import control as C
+from nvmeof_roce.service.control import Control, RpcServer
 
 from test_target_control import _serve_while
 

@@ -8,9 +8,9 @@ import urllib.request
 import pytest
 
 from nvmeof_roce.errors import NvmeofError
-from nvmeof_roce.target.metrics import parse_listen
-from nvmeof_roce.target.ops import Operations
-from nvmeof_roce.target.sdnotify import notify
+from nvmeof_roce.service.metrics import parse_listen
+from nvmeof_roce.service.ops import Operations
+from nvmeof_roce.service.sdnotify import notify
 
 from loopback_env import SUB_RAM, ram_ns
 
@@ -143,7 +143,7 @@ def test_metrics_address_parsing():
 
 
 def test_control_socket_binding_rules(tmp_path, monkeypatch):
-    from nvmeof_roce.target import control, ops as opsmod
+    from nvmeof_roce.service import control, ops as opsmod
     blocked = tmp_path / "file-not-dir"
     blocked.write_text("")
     monkeypatch.setattr(control, "DEFAULT_SOCKET_DIR", str(blocked / "run"))
@@ -167,7 +167,7 @@ def test_metrics_endpoint_with_debian12_prometheus_client_and_process_figures(en
     its return value; the registry keeps process_* and the build info; close() frees the port."""
     prometheus_client = pytest.importorskip("prometheus_client")
     monkeypatch.setattr(prometheus_client, "start_http_server", lambda *a, **k: None)
-    from nvmeof_roce.target.metrics import Metrics
+    from nvmeof_roce.service.metrics import Metrics
     probe = socket.socket()
     probe.bind(("127.0.0.1", 0))
     port = probe.getsockname()[1]

@@ -13,10 +13,10 @@ from nvmeof_roce.initiator.discovery import discover
 from nvmeof_roce.nvme import admin as A
 from nvmeof_roce.nvme import status as S
 from nvmeof_roce.nvme.status import NvmeStatusError
-from nvmeof_roce.target import ana_control, workers
-from nvmeof_roce.target.ana_control import AnaControl, change_state, current_states, publish
-from nvmeof_roce.target.control import RpcError, bind_unix_socket, call
-from nvmeof_roce.target.workers import split_cntlid_range, worker_configs
+from nvmeof_roce.service import ana_control, workers
+from nvmeof_roce.service.ana_control import AnaControl, change_state, current_states, publish
+from nvmeof_roce.service.control import RpcError, bind_unix_socket, call
+from nvmeof_roce.service.workers import split_cntlid_range, worker_configs
 
 SUB = "nqn.2024-01.io.test:mp"
 
@@ -171,7 +171,7 @@ class _Workers:
     control socket as `serve --worker-index I --rpc-socket RUN_DIR/worker-I.sock` has."""
 
     def __init__(self, tmp_path, monkeypatch, config: dict, n: int = 2):
-        from nvmeof_roce.target.ops import Operations
+        from nvmeof_roce.service.ops import Operations
         monkeypatch.setattr(workers, "SHM_DIR", str(tmp_path))
         self.config_path = tmp_path / "mp.json"
         self.config_path.write_text(json.dumps(config))

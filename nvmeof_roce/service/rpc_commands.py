@@ -1,4 +1,4 @@
-"""Clients of a running target's control socket (target/control.py).
+"""Clients of a running target's control socket (service/control.py).
 
     nvmeof-roce rpc METHOD [--param KEY=VALUE ...] [JSON]       any method, SPDK's names
     nvmeof-roce target add-ns NQN (--path FILE | --ram SIZE | --null SIZE) [--nsid N] [--block-size B]

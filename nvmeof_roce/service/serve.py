@@ -27,7 +27,7 @@ class TargetServer:
                  remote_invalidate: bool = True, listen_portids: Optional[List[int]] = None,
                  file_lock: str = "exclusive"):
         from ..transport.rdma import EventLoop, RdmaListener, require_pyverbs
-        from .core import Target
+        from ..target.core import Target
 
         require_pyverbs()
         rdma_ports = [p for p in config.ports if p.trtype == "rdma"]
@@ -43,7 +43,7 @@ class TargetServer:
                             port.portid, port.trtype)
         self.config = config
         self.limits = limits or ResourceLimits()
-        self.remote_invalidate = remote_invalidate  # for ports added live (target/ops.py)
+        self.remote_invalidate = remote_invalidate  # for ports added live (service/ops.py)
         self.target = Target(config, file_lock=file_lock, limits=self.limits)
         self.loop = EventLoop(self.target)
         self.target.attach_loop(self.loop)  # fdatasync and long commands stay off the loop

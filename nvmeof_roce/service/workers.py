@@ -41,13 +41,13 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..config import USERSPACE_KEY, ConfigError, TargetConfig, load_userspace_config, parse_config
+from ..config import USERSPACE_KEY, ConfigError, TargetConfig, load_userspace_config, parse_config, parse_cpus
 from ..errors import NvmeofError
 from ..nvme.fabrics import MAX_CNTLID, MIN_CNTLID
 from ..securefile import write_file
-from .ana import AnaTable
+from ..target.ana import AnaTable
 from .ana_control import default_run_dir, publish, unpublish
-from .backends import open_backend
+from ..target.backends import open_backend
 from .control import INTERNAL_ERROR, INVALID_REQUEST, PARSE_ERROR, MAX_REQUEST_BYTES, RpcError, \
     bind_unix_socket, call as rpc_call
 from .sdnotify import notify
@@ -91,16 +91,6 @@ def _config_workers(config: TargetConfig) -> Tuple[Optional[int], Optional[List[
         raise ConfigError(config.source, f"{USERSPACE_KEY}.cpus", f"must be a list of CPU numbers, got {cpus!r}",
                           'e.g. "cpus": [0, 1]')
     return workers, cpus
-
-
-def parse_cpus(text: str) -> List[int]:
-    try:
-        cpus = [int(c) for c in text.split(",") if c.strip()]
-    except ValueError:
-        cpus = []
-    if not cpus or any(c < 0 for c in cpus):
-        raise NvmeofError(f"--cpus {text!r}: not a list of CPU numbers", "e.g. --cpus 0,1")
-    return cpus
 
 
 def workers_requested(args) -> Optional[int]:

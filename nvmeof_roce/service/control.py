@@ -24,7 +24,7 @@ from ..config import ConfigError, DISCOVERY_NQN, load_userspace_config, parse_co
     validate_for_userspace
 from ..errors import NvmeofError
 from ..securefile import write_file
-from . import auth
+from ..target import auth
 from . import live
 from .stats import Sampler, controller_status, namespace_status, target_status
 

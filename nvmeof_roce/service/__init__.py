@@ -1,0 +1,1 @@
+"""The daemon around the protocol engine: `target serve` and its workers, the control socket, live changes, metrics, the target CLI."""
