@@ -24,6 +24,7 @@ from ..config import ConfigError, DISCOVERY_NQN, load_userspace_config, parse_co
     validate_for_userspace
 from ..errors import NvmeofError
 from ..securefile import write_file
+from ..transport import registry
 from ..target import auth
 from . import live
 from .stats import Sampler, controller_status, namespace_status, target_status
@@ -655,7 +656,7 @@ def _listen_params(la: dict) -> dict:
             raise RpcError(f"listen_address: unknown key {k!r}", f"listen_address.{k}",
                            "give trtype, adrfam, traddr, trsvcid")
     trtype = str(la.get("trtype", "rdma")).lower()
-    if trtype != "rdma":
+    if not registry.serves(trtype):
         raise RpcError(f"listen_address.trtype must be RDMA, got {la.get('trtype')!r}", "listen_address.trtype",
                        'the userspace target serves RDMA only: "trtype": "RDMA"')
     if not la.get("traddr"):

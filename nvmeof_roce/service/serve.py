@@ -11,6 +11,7 @@ from typing import List, Optional
 from ..errors import NvmeofError
 from ..securefile import write_file
 from ..config import TargetConfig, load_userspace_config
+from ..transport import registry
 from ..transport.resources import ResourceLimits
 from .ops import Operations, bind_control_socket
 
@@ -26,37 +27,38 @@ class TargetServer:
     def __init__(self, config: TargetConfig, *, limits: Optional[ResourceLimits] = None,
                  remote_invalidate: bool = True, listen_portids: Optional[List[int]] = None,
                  file_lock: str = "exclusive"):
-        from ..transport.rdma import EventLoop, RdmaListener, require_pyverbs
         from ..target.core import Target
 
-        require_pyverbs()
-        rdma_ports = [p for p in config.ports if p.trtype == "rdma"]
+        served = [p for p in config.ports if registry.serves(p.trtype)]  # transport/registry.py
         if listen_portids is not None:  # a worker of `serve --workers` listens on its own ports only
-            rdma_ports = [p for p in rdma_ports if p.portid in listen_portids]
-        if not rdma_ports:
+            served = [p for p in served if p.portid in listen_portids]
+        for trtype in sorted({p.trtype for p in served}):
+            registry.get(trtype).require()
+        if not served:
             raise NvmeofError(f"{config.source}: no port with trtype 'rdma'",
                               "add a port like {\"portid\": 1, \"addr\": {\"trtype\": \"rdma\", \"adrfam\": \"ipv4\", "
                               "\"traddr\": \"10.99.0.1\", \"trsvcid\": \"4420\"}, \"subsystems\": [...]}")
         for port in config.ports:
-            if port.trtype != "rdma":
-                log.warning("port %d: trtype %r is not served by the userspace target (RDMA only); skipped",
-                            port.portid, port.trtype)
+            if not registry.serves(port.trtype):
+                log.warning("port %d: trtype %r is not served by the userspace target (%s only); skipped",
+                            port.portid, port.trtype, registry.served_labels())
         self.config = config
         self.limits = limits or ResourceLimits()
         self.remote_invalidate = remote_invalidate  # for ports added live (service/ops.py)
         self.target = Target(config, file_lock=file_lock, limits=self.limits)
-        self.loop = EventLoop(self.target)
+        self.loop = registry.get(served[0].trtype).event_loop(self.target)
         self.target.attach_loop(self.loop)  # fdatasync and long commands stay off the loop
         self.next_status = time.monotonic() + STATUS_INTERVAL
         self.listeners = []
         self.stopping = False
         self.ana_control = None  # ana_control.AnaControl: run-time ANA changes, applied between events
+        # what every listener is given, those of ports added live too (service/ops.py)
+        self.listen_options = registry.ListenOptions(max_transfer=self.target.max_transfer, limits=self.limits,
+                                                     remote_invalidate=remote_invalidate)
         try:
-            for port in rdma_ports:
-                self.listeners.append(RdmaListener(
-                    self.loop, port.traddr, port.trsvcid, handler=self.target.port(port.portid), port_id=port.portid,
-                    max_transfer=self.target.max_transfer, limits=self.limits,
-                    remote_invalidate=remote_invalidate))
+            for port in served:
+                self.listeners.append(registry.get(port.trtype).listen(
+                    self.loop, port, self.target.port(port.portid), self.listen_options))
         except BaseException:
             self.close()  # a listener that failed (e.g. memory registration) leaves none behind
             raise

@@ -43,6 +43,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..config import USERSPACE_KEY, ConfigError, TargetConfig, load_userspace_config, parse_config, parse_cpus
 from ..errors import NvmeofError
+from ..transport import registry
 from ..nvme.fabrics import MAX_CNTLID, MIN_CNTLID
 from ..securefile import write_file
 from ..target.ana import AnaTable
@@ -130,7 +131,7 @@ def worker_configs(config: TargetConfig, n: int, run_dir: str) -> Tuple[List[dic
     made from one configured port).  Every worker gets the same config but for its subsystems' CNTLID ranges."""
     base = config.to_dict()
     base.pop(USERSPACE_KEY, None)
-    rdma = [p for p in base["ports"] if p.get("addr", {}).get("trtype", "rdma") == "rdma"]
+    rdma = [p for p in base["ports"] if registry.serves(p.get("addr", {}).get("trtype", "rdma"))]
     if not rdma:
         raise NvmeofError(f"{config.source}: no port with trtype 'rdma' to give the workers",
                           "add an rdma port; each worker listens on its trsvcid + worker index")

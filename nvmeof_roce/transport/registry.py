@@ -129,6 +129,7 @@ class TransportOps:
     reject_status: Callable[[Refusal], int]  # a refusal as the transport says it on the wire
     event_loop: Callable[[object], object]  # (QueueHandler for tick) -> the loop listeners and Work watch fds on
     listen: Callable[..., object]  # (loop, PortConfig, QueueHandler, ListenOptions) -> a listener with close()
+    require: Callable[[], None] = lambda: None  # raises NvmeofError naming the fix if it cannot run here
     served_by_target: bool = True  # config ports of this trtype are served by `target serve`
     label: str = ""  # how messages name it ("RDMA (RoCE)"); the trtype if empty
 
@@ -139,11 +140,15 @@ def _rdma_loop(handler):
 
 
 def _rdma_listen(loop, port, handler, options: ListenOptions):
-    from .rdma import RdmaListener, require_pyverbs
-    require_pyverbs()
+    from .rdma import RdmaListener
     return RdmaListener(loop, port.traddr, port.trsvcid, handler=handler, port_id=port.portid,
                         max_transfer=options.max_transfer, limits=options.limits,
                         remote_invalidate=options.remote_invalidate)
+
+
+def _rdma_require():
+    from .rdma import require_pyverbs
+    require_pyverbs()
 
 
 def _loopback_loop(handler):
@@ -162,7 +167,7 @@ RDMA = TransportOps(
     trtype="rdma", description="NVMe/RDMA on pyverbs (RoCE, iWARP, InfiniBand): one RC QP per NVMe queue",
     in_capsule_data=True, keyed_sgls=True, remote_invalidate=True, map_sgl=map_keyed_or_in_capsule,
     check_request=check_cm_request, reject_status=_cm_reject, event_loop=_rdma_loop, listen=_rdma_listen,
-    label="RDMA (RoCE)")
+    require=_rdma_require, label="RDMA (RoCE)")
 
 LOOPBACK = TransportOps(
     trtype="loopback", description="in-process fabric with RDMA's rules (unit tests, demos)",
