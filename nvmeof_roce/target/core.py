@@ -38,14 +38,15 @@ from ..transport.resources import ResourceLimits
 from .backends import BackendError
 from ..config import ConfigError, NamespaceConfig, PortConfig, TargetConfig
 from . import auth
-from .controller import Controller
+from .controller import Controller, CtrlState
 from .ana import AnaTable
 from . import admin, discovery, fabrics, io
 from .limits import DEFAULT_IN_CAPSULE_SIZE, DEFAULT_QUEUE_SIZE, MAX_CONTROLLERS_PER_HOST, \
     MAX_DISCOVERY_CONTROLLERS, MAX_DISCOVERY_CONTROLLERS_PER_HOST, MAX_NSID, MAX_QUEUE_SIZE, MAX_QUEUES, \
     MIN_QUEUE_SIZE
 from .request import COMPLETED, DEFERRED, FETCHING, HELD_OUTCOME, LOC_DPTR, LOC_FLAGS, \
-    LOC_NSID, LOC_OPCODE, NO_LOCATION, Outcome, QueueState, Request
+    LOC_NSID, LOC_OPCODE, NO_LOCATION, Outcome, Request
+from .queue import QueueLifecycle, QueueState
 from .subsystem import DiscoverySubsystem, Namespace, Subsystem
 from .work import Work
 
@@ -299,7 +300,8 @@ class Target:
         qs = self._queues.pop(queue, None)
         if qs is None:
             return
-        qs.closed = True
+        if not qs.closed:
+            qs.enter(QueueLifecycle.CLOSED)
         self._stop_awaiting_connect(qs)
         self._connect_refused.pop(qs, None)
         ctrl = qs.ctrl
@@ -414,6 +416,7 @@ class Target:
     def _connect_failed(self, qs: QueueState) -> None:
         """The Connect on a queue without a controller failed: close it shortly (after the status is sent)."""
         if self._stop_awaiting_connect(qs):
+            qs.enter(QueueLifecycle.REFUSED)
             self._connect_refused[qs] = self.clock() + REFUSED_LINGER
 
     def _commit_queue(self, qs: QueueState) -> bool:
@@ -423,6 +426,8 @@ class Target:
                         "(raise --data-buffers, or lower --max-queues-per-ctrl)", qs.qid)
             return False
         self._stop_awaiting_connect(qs)
+        self._connect_refused.pop(qs, None)  # a Connect retried before the refused one's linger ended
+        qs.enter(QueueLifecycle.LIVE)
         return True
 
     def controller_cap(self, sub, hostnqn: str) -> str:
@@ -466,7 +471,7 @@ class Target:
         if qs.closed:
             return
         log.log(level, "queue %d: closing: %s", qs.qid, reason)
-        qs.closed = True
+        qs.enter(QueueLifecycle.CLOSED)
         try:
             qs.transport.close()
         except Exception:
@@ -478,6 +483,7 @@ class Target:
         if ctrl.dead or ctrl in self._ending:
             return
         ctrl.csts |= F.CSTS_CFS
+        ctrl.change_state(CtrlState.DELETING)
         log.warning("controller %d (%s, host %s): ending it: %s", ctrl.cntlid, ctrl.subsystem.nqn, ctrl.hostnqn,
                     reason)
         self._ending[ctrl] = (self.clock() + REFUSED_LINGER, reason)
@@ -486,7 +492,8 @@ class Target:
         """Free the CNTLID and disconnect every queue of the controller."""
         if ctrl.dead:
             return
-        ctrl.dead = True
+        ctrl.change_state(CtrlState.DELETING)  # unless a fatal error put it there already (end_controller)
+        ctrl.change_state(CtrlState.DEAD)
         if ctrl.subsystem.controllers.get(ctrl.cntlid) is ctrl:
             del ctrl.subsystem.controllers[ctrl.cntlid]
         ctrl.aers.clear()

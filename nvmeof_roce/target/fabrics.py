@@ -17,7 +17,8 @@ from ..nvme import fabrics as F
 from ..nvme import status as S
 from . import auth
 from .controller import Controller
-from .request import LOC_CDW10, LOC_CDW11, LOC_DPTR, LOC_OPCODE, Outcome, QueueState, Request
+from .queue import QueueState
+from .request import LOC_CDW10, LOC_CDW11, LOC_DPTR, LOC_OPCODE, Outcome, Request
 
 if TYPE_CHECKING:
     from .core import Target

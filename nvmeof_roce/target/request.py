@@ -1,4 +1,4 @@
-"""Per-queue state and the request objects of the target's state machine.
+"""The request objects of the target's state machine (the queue they belong to: queue.py).
 
 A request's `state` is one of transport/lifecycle.py's `RequestState`, the lifecycle the transports share,
 and changes only through `lifecycle.move` (an illegal transition raises):
@@ -19,11 +19,10 @@ hot path does not allocate a request per command.
 from __future__ import annotations
 
 import enum
-from typing import Callable, List, Optional
+from typing import Callable, Optional
 
 from ..nvme.command import SQE_STRUCT
 from ..nvme.sgl import TYPE_KEYED_DATA_BLOCK
-from ..transport import registry
 from ..transport.lifecycle import FREE, NEW, RequestState, move
 
 # SQE byte offsets reported as the error location (like nvmet's error_loc)
@@ -60,7 +59,8 @@ class Request:
 
     __slots__ = ("queue", "state", "opc", "flags", "cid", "nsid", "cdw2", "cdw3", "mptr",
                  "sgl_addr", "sgl_id", "sgl_len", "sgl_key", "cdw10", "cdw11", "cdw12", "cdw13", "cdw14", "cdw15",
-                 "inline_offset", "invalidate_key", "capsule", "ns", "next_step", "buf", "read_done", "_target", "started_ns", "tx")
+                 "inline_offset", "invalidate_key", "capsule", "ns", "next_step", "buf", "read_done", "_target",
+                 "started_ns", "tx")
 
     def __init__(self, queue: "QueueState", target):
         self.queue = queue
@@ -109,54 +109,3 @@ class Request:
     def __repr__(self) -> str:
         return (f"<Request qid={self.queue.qid} cid={self.cid:#x} opc={self.opc:#04x} "
                 f"{RequestState(self.state).name}>")
-
-
-class QueueState:
-    """The target's view of one queue: its transport end, its controller once connected, its requests."""
-
-    __slots__ = ("transport", "qid", "port", "target", "ctrl", "sqsize", "sqhd", "sqflow_disabled", "depth",
-                 "free", "active", "closed", "in_capsule_size", "auth", "ops", "map_sgl")
-
-    def __init__(self, transport, port, target):
-        self.transport = transport
-        request = transport.request
-        self.qid = request.qid
-        self.port = port
-        self.target = target
-        self.ctrl = None
-        self.sqsize = request.hsqsize  # replaced by Connect's SQSIZE
-        self.sqhd = 0
-        self.sqflow_disabled = False
-        # The host may have HSQSIZE + 1 commands outstanding (held AERs included).
-        self.depth = request.hsqsize + 1
-        self.free: List[Request] = [Request(self, target) for _ in range(min(self.depth, 64))]
-        self.active = 0
-        self.closed = False
-        self.in_capsule_size = transport.in_capsule_size if self.qid else 0
-        self.auth = None  # target/auth.py's QueueAuth when the host must authenticate this queue
-        self.ops = registry.get(transport.trtype)  # what its transport does (transport/registry.py)
-        self.map_sgl = self.ops.map_sgl
-
-    def alloc(self) -> Optional[Request]:
-        if self.active >= self.depth:
-            return None
-        self.active += 1
-        if self.free:
-            return self.free.pop()
-        return Request(self, self.target)  # deeper than the preallocated pool: grow it
-
-    def release(self, req: Request) -> None:
-        move(req, FREE)
-        req.capsule = None
-        req.ns = None
-        req.next_step = None
-        req.tx = None
-        self.active -= 1
-        self.free.append(req)
-
-    def next_sqhd(self) -> int:
-        """SQ head after consuming one entry (0xFFFF when the host disabled SQ flow control)."""
-        if self.sqflow_disabled:
-            return 0xFFFF
-        self.sqhd = (self.sqhd + 1) % (self.sqsize + 1)
-        return self.sqhd
