@@ -2,18 +2,24 @@
 
 `Target` implements transport/base.py's `QueueHandler`.  A transport calls it
 from its event loop; every capsule becomes a `Request` that runs through the
-state machine in request.py:
+lifecycle of transport/lifecycle.py (each change checked by `move`):
 
-    parse  ->  checks (flags, connected?, enabled?, NSID, opcode)  ->  SGL mapping
-           ->  command handler: validates its fields and lengths, then either
-                 completes at once, or fetches host data (in-capsule, or RDMA READ
-                 via read_host: the request waits in READING), or holds (AER)
-           ->  execute  ->  complete: controller-to-host data + CQE + invalidate key, one call  ->  free
+    parse (FREE -> NEW)  ->  checks (flags, connected?, enabled?, NSID, opcode)
+           ->  SGL mapping by the queue's transport entry (transport/registry.py)  ->  EXECUTING
+           ->  command handler: validates its fields and lengths, then returns one Outcome (request.py):
+                 COMPLETED at once; FETCHING host data (in-capsule at once, or read_host: the request waits in
+                 TRANSFERRING_HOST_TO_CONTROLLER, then its next step runs); HELD (the AER); DEFERRED (its device
+                 call or slices run, and their completion answers it)
+           ->  complete: controller-to-host data + CQE + invalidate key, one call  ->  FREE
 
-Every malformed input ends in an NVMe status (or a CM reject, or a clean close
-of that one queue).  An unexpected exception inside a handler is caught, counted
-in `internal_errors`, logged, and answered with Internal Error, so it never
-escapes into the transport.
+A handler that returns no Outcome is a missing branch: answered Internal Error
+and counted, never left holding its request.  Every malformed input ends in an
+NVMe status (or a refused queue, or a clean close of that one queue).  An
+unexpected exception inside a handler is caught, counted in `internal_errors`,
+logged, and answered with Internal Error, so it never escapes into the transport.
+
+Queues (target/queue.py) and controllers (target/controller.py) have their own
+lifecycles; the fabrics commands are target/fabrics.py's.
 
 Ports: the Target itself handles queues arriving on *any* configured port (a
 subsystem is reachable if some port exports it).  `target.port(portid)` gives a
