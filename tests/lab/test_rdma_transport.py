@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+from nvmeof_roce.transport.base import Refusal
+
 pytestmark = pytest.mark.lab
 
 LAB_IP = "10.99.0.1"
@@ -22,7 +24,7 @@ class EchoHandler:
         self.closed = []
 
     def check_connect(self, request):
-        return 3 if request.qid == 7 else 0  # STS 3: invalid QID
+        return Refusal.INVALID_QID if request.qid == 7 else None  # on the wire: CM reject STS 3
 
     def queue_opened(self, queue):
         self.opened.append(queue.qid)
