@@ -45,7 +45,7 @@ from ..errors import NvmeofError
 from ..nvme import cm as cmdata
 from .resources import BufferPool, PoolShare, ResourceLimits
 from .rdma_requests import RequestBook, TxRequest
-from .eventloop import EventLoop  # noqa: F401  (where callers found it before it had its own module)
+from .eventloop import EventLoop
 from .base import ConnectRequest, QueueHandler, ReadDone, RemoteAccessError, TargetQueue, TransportError
 
 log = logging.getLogger(__name__)

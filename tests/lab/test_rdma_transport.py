@@ -61,7 +61,8 @@ class EchoHandler:
 
 @pytest.fixture
 def target():
-    from nvmeof_roce.transport.rdma import EventLoop, RdmaListener
+    from nvmeof_roce.transport.eventloop import EventLoop
+    from nvmeof_roce.transport.rdma import RdmaListener
     handler = EchoHandler()
     loop = EventLoop(handler)
     from nvmeof_roce.transport.resources import ResourceLimits
