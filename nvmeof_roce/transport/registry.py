@@ -66,8 +66,9 @@ FABRICS: Dict[str, Fabric] = {f.trtype: f for f in (
 
 
 def fabric(trtype: str) -> Optional[Fabric]:
-    """The addressing facts of `trtype`, or None if NVMe-oF has no such transport type."""
-    return FABRICS.get(trtype)
+    """The addressing facts of `trtype`, or None if NVMe-oF has no such transport type (or it is no string:
+    a config's words are checked by the caller)."""
+    return FABRICS.get(trtype) if isinstance(trtype, str) else None
 
 
 def _cm_reject(refusal: Refusal) -> int:
@@ -206,7 +207,7 @@ def registered() -> Dict[str, TransportOps]:
 
 def serves(trtype: str) -> bool:
     """A config port of this trtype is served by `target serve` (the others are kernel nvmet's only)."""
-    ops = _REGISTRY.get(trtype)
+    ops = _REGISTRY.get(trtype) if isinstance(trtype, str) else None
     return ops is not None and ops.served_by_target
 
 
