@@ -39,7 +39,8 @@ from ..nvme.command import CQE_STRUCT, FABRICS_OPCODE, FLAGS_FUSE_MASK, FLAGS_PS
     PSDT_SGL_MPTR_SGL, SQE_SIZE
 from ..transport import registry
 from ..transport.base import Refusal, TransportError
-from ..transport.lifecycle import EXECUTING, FREE, HELD, TRANSFERRING_HOST_TO_CONTROLLER, move
+from ..transport.lifecycle import EXECUTING, FREE, HELD, NEXT, TRANSFERRING_HOST_TO_CONTROLLER, IllegalTransition, \
+    move
 from ..transport.resources import ResourceLimits
 from .backends import BackendError
 from ..config import ConfigError, NamespaceConfig, PortConfig, TargetConfig
@@ -570,7 +571,9 @@ class Target:
         status = qs.map_sgl(req)  # the transport's: in-capsule or keyed (transport/registry.py)
         if status:
             return self.complete(req, status, location=LOC_DPTR)
-        move(req, EXECUTING)
+        if EXECUTING not in NEXT[req.state]:  # lifecycle.move, inlined: once per command
+            raise IllegalTransition(req, EXECUTING)
+        req.state = EXECUTING
         if handler(self, req) is None:
             self._missing_outcome(req, handler)
 

@@ -16,7 +16,7 @@ import enum
 from typing import List, Optional
 
 from ..transport import registry
-from ..transport.lifecycle import FREE, move
+from ..transport.lifecycle import FREE, NEXT, IllegalTransition
 from .request import Request
 
 
@@ -83,7 +83,9 @@ class QueueState:
         return Request(self, self.target)  # deeper than the preallocated pool: grow it
 
     def release(self, req: Request) -> None:
-        move(req, FREE)
+        if FREE not in NEXT[req.state]:  # lifecycle.move, inlined: once per command (a double completion raises)
+            raise IllegalTransition(req, FREE)
+        req.state = FREE
         req.capsule = None
         req.ns = None
         req.next_step = None

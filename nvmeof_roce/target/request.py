@@ -1,7 +1,7 @@
 """The request objects of the target's state machine (the queue they belong to: queue.py).
 
 A request's `state` is one of transport/lifecycle.py's `RequestState`, the lifecycle the transports share,
-and changes only through `lifecycle.move` (an illegal transition raises):
+and changes only through `lifecycle.move` or its inlined lookup (an illegal transition raises):
 
     FREE ─parse─> NEW ─checks, SGL mapped─> EXECUTING ─handler─> one Outcome:
         COMPLETED   response handed to the transport ──> FREE
@@ -23,7 +23,7 @@ from typing import Callable, Optional
 
 from ..nvme.command import SQE_STRUCT
 from ..nvme.sgl import TYPE_KEYED_DATA_BLOCK
-from ..transport.lifecycle import FREE, NEW, RequestState, move
+from ..transport.lifecycle import FREE, NEW, NEXT, IllegalTransition, RequestState
 
 # SQE byte offsets reported as the error location (like nvmet's error_loc)
 NO_LOCATION = 0xFFFF
@@ -91,7 +91,9 @@ class Request:
         self.invalidate_key = None
         self.ns = None
         self.next_step = None
-        move(self, NEW)
+        if NEW not in NEXT[self.state]:  # lifecycle.move, inlined: once per command
+            raise IllegalTransition(self, NEW)
+        self.state = NEW
 
     @property
     def fctype(self) -> int:
