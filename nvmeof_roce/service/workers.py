@@ -48,8 +48,9 @@ from ..securefile import write_file
 from ..target.ana import AnaTable
 from .ana_control import default_run_dir, publish, unpublish
 from ..target.backends import open_backend
-from .control import INTERNAL_ERROR, INVALID_REQUEST, PARSE_ERROR, MAX_REQUEST_BYTES, RpcError, \
-    bind_unix_socket, call as rpc_call
+from .control_client import call as rpc_call
+from .control_protocol import MAX_REQUEST_BYTES, PARSE_ERROR, RpcError, handle_request
+from .control_server import bind_unix_socket
 from .sdnotify import notify
 
 log = logging.getLogger(__name__)
@@ -226,24 +227,7 @@ class SupervisorControl:
         self._saved = saved  # after a change: the supervisor keeps worker i's running config for its restart
 
     def handle(self, request: Any) -> Optional[dict]:
-        if not isinstance(request, dict) or request.get("jsonrpc") != "2.0" or not isinstance(
-                request.get("method"), str):
-            return {"jsonrpc": "2.0", "id": request.get("id") if isinstance(request, dict) else None,
-                    "error": RpcError("not a JSON-RPC 2.0 request", "jsonrpc",
-                                      'send {"jsonrpc": "2.0", "method": ..., "params": {...}, "id": 1}',
-                                      INVALID_REQUEST).to_dict()}
-        try:
-            response = {"result": self.call(request["method"], request.get("params"))}
-        except RpcError as exc:
-            log.warning("rpc %s: %s", request["method"], exc.message)
-            response = {"error": exc.to_dict()}
-        except NvmeofError as exc:
-            response = {"error": RpcError(exc.message, "", exc.fix, INTERNAL_ERROR).to_dict()}
-        except Exception as exc:  # noqa: BLE001 - the supervisor answers and keeps supervising
-            log.exception("rpc %s failed", request["method"])
-            response = {"error": RpcError(f"internal error: {exc}", "", "see the target's log",
-                                          INTERNAL_ERROR).to_dict()}
-        return None if "id" not in request else dict(jsonrpc="2.0", id=request.get("id"), **response)
+        return handle_request(self.call, request)
 
     def call(self, method: str, params: Any = None) -> Any:
         if method == "nvmeof_reload_config":
@@ -619,7 +603,7 @@ class Supervisor:
         when its directory cannot be used (not root), and another live target on it stops this one."""
         if not self.rpc_socket:
             return None
-        from .control import SocketInUse
+        from .control_server import SocketInUse
         try:
             return ControlSocket(bind_unix_socket(self.rpc_socket), self.control.handle)
         except SocketInUse:
@@ -691,7 +675,7 @@ def _close_socket(sock: socket.socket, path: str) -> None:
 
 def supervise(args) -> int:
     from ..transport.rdma import require_pyverbs
-    from .control import default_socket_path
+    from .control_protocol import default_socket_path
     require_pyverbs()  # one clear error here rather than one per worker
     n = workers_requested(args)
     cpus = parse_cpus(args.cpus) if args.cpus else None

@@ -143,10 +143,10 @@ def test_metrics_address_parsing():
 
 
 def test_control_socket_binding_rules(tmp_path, monkeypatch):
-    from nvmeof_roce.service import control, ops as opsmod
+    from nvmeof_roce.service import control_protocol, control_server, ops as opsmod
     blocked = tmp_path / "file-not-dir"
     blocked.write_text("")
-    monkeypatch.setattr(control, "DEFAULT_SOCKET_DIR", str(blocked / "run"))
+    monkeypatch.setattr(control_protocol, "DEFAULT_SOCKET_DIR", str(blocked / "run"))
     # the default place unusable: served without a socket (a warning), not refused
     assert opsmod.bind_control_socket(str(tmp_path / "t.json"), "") == (None, None)
     # an explicit path that cannot be bound: an error naming the fix
@@ -155,7 +155,7 @@ def test_control_socket_binding_rules(tmp_path, monkeypatch):
     assert "--rpc-socket" in exc.value.fix
     path, sock = opsmod.bind_control_socket(str(tmp_path / "t.json"), str(tmp_path / "ok.sock"))
     try:
-        with pytest.raises(control.SocketInUse):  # a live owner: refused even for the default place
+        with pytest.raises(control_server.SocketInUse):  # a live owner: refused even for the default place
             opsmod.bind_control_socket(str(tmp_path / "t.json"), path)
     finally:
         sock.close()
