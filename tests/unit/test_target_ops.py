@@ -9,22 +9,9 @@ import pytest
 
 from nvmeof_roce.errors import NvmeofError
 from nvmeof_roce.service.metrics import parse_listen
-from nvmeof_roce.service.ops import Operations
 from nvmeof_roce.service.sdnotify import notify
 
 from loopback_env import SUB_RAM, ram_ns
-
-
-class LoopbackServer:
-    """What Operations needs of serve.py's TargetServer, on the loopback fabric."""
-
-    def __init__(self, env):
-        self.target = env.target
-        self.loop = env.fabric
-        self.listeners = []
-
-    def addresses(self):
-        return ["loopback"]
 
 
 @pytest.fixture
@@ -73,7 +60,7 @@ def test_sighup_reloads_the_file_and_notifies(env, tmp_path, notify_socket):
     path = tmp_path / "target.json"
     path.write_text(json.dumps(env.target.config.to_dict()))
     before = signal.getsignal(signal.SIGHUP)
-    ops = Operations(LoopbackServer(env), str(path), rpc_socket=str(tmp_path / "t.sock"))
+    ops = env.operations(str(path), rpc_socket=str(tmp_path / "t.sock"))
     try:
         ops.ready()
         assert messages(notify_socket) == ["READY=1\nSTATUS=serving 5 subsystem(s), 0 controller(s) on loopback"]
@@ -106,7 +93,7 @@ def test_metrics_endpoint_counts_io(env, tmp_path):
     probe.bind(("127.0.0.1", 0))
     port = probe.getsockname()[1]
     probe.close()
-    ops = Operations(LoopbackServer(env), str(tmp_path / "x.json"), rpc_socket=None, metrics=f":{port}")
+    ops = env.operations(str(tmp_path / "x.json"), metrics=f":{port}")
     try:
         assert ops.metrics_url == f"http://127.0.0.1:{port}/metrics"
         ctrl = env.connect(SUB_RAM)
