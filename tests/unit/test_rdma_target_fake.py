@@ -31,7 +31,8 @@ queue = [q for q in listener.queues.values() if q.qid == 1][0]
 
 def run_child(body: str) -> None:
     """Run SETUP + body in a child interpreter; it must end by printing ok."""
-    code = (SETUP + body) % {"bench": str(REPO / "benchmarks"), "doubles": str(REPO / "tests" / "unit"), "repo": str(REPO)}
+    code = (SETUP + body) % {"bench": str(REPO / "benchmarks"), "doubles": str(REPO / "tests" / "unit"),
+                             "repo": str(REPO)}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:] + proc.stdout[-2000:]
 

@@ -54,7 +54,8 @@ def test_serve_options_are_the_declared_ones_with_their_defaults_and_help():
 
 
 def test_the_resource_limits_in_force_take_the_declared_defaults_and_ranges():
-    assert resources.ResourceLimits() == resources.ResourceLimits(**{n: t.default for n, t in T.RESOURCE_LIMITS.items()})
+    declared = {n: t.default for n, t in T.RESOURCE_LIMITS.items()}
+    assert resources.ResourceLimits() == resources.ResourceLimits(**declared)
     assert (resources.DEFAULT_MDTS, resources.MAX_MDTS) == (T.RESOURCE_LIMITS["mdts"].default,
                                                             T.RESOURCE_LIMITS["mdts"].high)
     for name, t in T.RESOURCE_LIMITS.items():
