@@ -31,6 +31,8 @@ int nr_uring_eventfd(struct nr_uring *ring);
 /* Queue one command; nothing reaches the kernel before nr_uring_submit. */
 int nr_uring_read(struct nr_uring *ring, int fd, void *buf, size_t len, uint64_t off, uint64_t cookie);
 int nr_uring_write(struct nr_uring *ring, int fd, const void *buf, size_t len, uint64_t off, uint64_t cookie);
+/* A write durable when it completes (RWF_DSYNC: FUA on a block device opened with O_DIRECT). */
+int nr_uring_write_fua(struct nr_uring *ring, int fd, const void *buf, size_t len, uint64_t off, uint64_t cookie);
 /* fdatasync semantics: every write completed before it is durable. */
 int nr_uring_fsync(struct nr_uring *ring, int fd, uint64_t cookie);
 
@@ -39,6 +41,12 @@ int nr_uring_submit(struct nr_uring *ring);
 
 /* Up to `max` completions into `out` without blocking; the number reaped (0 when none). */
 int nr_uring_reap(struct nr_uring *ring, struct nr_uring_done *out, int max);
+
+/* Commands queued or submitted and not yet reaped. */
+unsigned nr_uring_in_flight(struct nr_uring *ring);
+
+/* Block until a completion is ready to reap or `timeout_ms` passed (-1: no limit); 0, -ETIME, or -errno. */
+int nr_uring_wait(struct nr_uring *ring, int timeout_ms);
 
 /* Waits for commands still in flight (their buffers may be freed after it returns), then frees the ring. */
 void nr_uring_destroy(struct nr_uring *ring);
