@@ -401,6 +401,7 @@ class NamespaceConfig:
     ana_grpid: int = 1
     buffered_io: Optional[bool] = None  # nvmet's buffered_io; userspace: unset = O_DIRECT for block devices only
     queue_depth: Optional[int] = None   # userspace file/block: commands on the device at once (target/ioengine.py)
+    io_engine: Optional[str] = None     # userspace file/block: force an I/O engine (NS_IO_ENGINES); unset: chosen
     userspace: dict = field(default_factory=dict)   # the namespace's "nvmeof_roce" key
     raw: dict = field(default_factory=dict)
 
@@ -527,8 +528,10 @@ _SUBSYS_KEYS = {"nqn", "attr", "allowed_hosts", "namespaces", "passthru", USERSP
 _NS_KEYS = {"nsid", "enable", "device", "ana_grpid", "ana", "resv", "buffered_io", "p2pmem",
             "revalidate_size", USERSPACE_KEY}
 _DEVICE_KEYS = {"path", "uuid", "nguid", "eui64"}
-_NS_US_KEYS = {"backend", "size", "block_size", "queue_depth"}
+_NS_US_KEYS = {"backend", "size", "block_size", "queue_depth", "io_engine"}
 NS_QUEUE_DEPTHS = (1, 1024)  # nvmeof_roce.queue_depth of a file/block namespace; default 128 (target/ioengine.py)
+# nvmeof_roce.io_engine of a file/block namespace: force one; unset, io_uring where it works, else the threads
+NS_IO_ENGINES = ("io_uring", "threads")
 _HOST_KEYS = {"nqn", "dhchap"}  # auth15: dhchap is honoured by both targets (userspace: target/auth.py)
 
 
@@ -910,6 +913,16 @@ def _parse_namespace(ctx: _Ctx, n: Any, where: str, subsys_nqn: str) -> Namespac
             raise ctx.err(qw, f"is for file and block namespaces, not {backend!r} ones (served inline)",
                           "remove queue_depth")
         queue_depth = ctx.int_at(us["queue_depth"], qw, *NS_QUEUE_DEPTHS)
+    io_engine = None
+    if "io_engine" in us:
+        ew = f"{where}.{USERSPACE_KEY}.io_engine"
+        if backend != "file":
+            raise ctx.err(ew, f"is for file and block namespaces, not {backend!r} ones (served inline)",
+                          "remove io_engine")
+        io_engine = us["io_engine"]
+        if io_engine not in NS_IO_ENGINES:
+            raise ctx.err(ew, f"must be one of {', '.join(NS_IO_ENGINES)}, got {io_engine!r}",
+                          "use \"io_uring\" or \"threads\", or leave it out: io_uring where it works, else threads")
 
     path = dev.get("path")
     if path is not None:
@@ -963,7 +976,8 @@ def _parse_namespace(ctx: _Ctx, n: Any, where: str, subsys_nqn: str) -> Namespac
         buffered = ctx.flag_at(n["buffered_io"], f"{where}.buffered_io")
     return NamespaceConfig(nsid=nsid, enabled=enabled, backend=backend, path=path if backend == "file" else None,
                            size_bytes=size, block_size=block_size, uuid=uuid, nguid=nguid, eui64=eui64,
-                           ana_grpid=ana_grpid, buffered_io=buffered, queue_depth=queue_depth, userspace=us,
+                           ana_grpid=ana_grpid, buffered_io=buffered, queue_depth=queue_depth, io_engine=io_engine,
+                           userspace=us,
                            raw=copy.deepcopy(n))
 
 

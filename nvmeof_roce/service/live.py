@@ -532,7 +532,7 @@ def _open_ns(config: TargetConfig, nqn: str, n: NamespaceConfig, lock: str, repl
     try:
         return Namespace(n, open_backend(n, lock=lock, inherit=replaces.backend if replaces is not None else None))
     except BackendError as exc:
-        raise ConfigError(config.source, where, exc.message, exc.fix) from None
+        raise exc.config_error(config.source, _ns_where(config, nqn, n.nsid), n) from None
     except OSError as exc:  # what the backend does not name itself: ENOTDIR, ELOOP, ENAMETOOLONG, EIO...
         raise ConfigError(config.source, where, f"{n.path}: cannot open: {exc.strerror or exc}",
                           "give the path of a file or block device") from None
