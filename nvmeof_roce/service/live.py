@@ -158,9 +158,7 @@ class RemoveNamespace(Change):
         super().__init__(nqn=nqn, nsid=nsid, text=f"{nqn}: {verb} namespace {nsid}")
 
     def commit(self, run):
-        ns = run.target.subsystems[self.nqn].remove_namespace(self.nsid)
-        _retire_quietly(ns)  # closed now or after its background jobs
-        run.namespace_changed(self.nqn, self.nsid)
+        run.remove_namespace(self.nqn, self.nsid)
 
 
 class AddNamespace(Change):
@@ -202,9 +200,7 @@ class ReplaceNamespace(AddNamespace):
         return run.target.subsystems[self.nqn].namespaces.get(self.nsid)
 
     def commit(self, run):
-        ns = run.target.subsystems[self.nqn].remove_namespace(self.nsid)
-        _retire_quietly(ns)
-        run.namespace_changed(self.nqn, self.nsid)
+        run.remove_namespace(self.nqn, self.nsid)
 
 
 class ResizeNamespace(Change):
@@ -510,6 +506,10 @@ class _Apply:
     def namespace_changed(self, nqn: str, nsid: int) -> None:
         self.ns_changed.setdefault(nqn, set()).add(nsid)
 
+    def remove_namespace(self, nqn: str, nsid: int) -> None:
+        _retire_quietly(self.target.subsystems[nqn].remove_namespace(nsid))  # closed now or after its jobs
+        self.namespace_changed(nqn, nsid)
+
 
 def _close_quietly(ns: Namespace) -> None:
     try:
@@ -532,7 +532,7 @@ def _open_ns(config: TargetConfig, nqn: str, n: NamespaceConfig, lock: str, repl
     try:
         return Namespace(n, open_backend(n, lock=lock, inherit=replaces.backend if replaces is not None else None))
     except BackendError as exc:
-        raise ConfigError(config.source, where, exc.message, exc.fix) from None
+        raise exc.config_error(config.source, _ns_where(config, nqn, n.nsid), n) from None
     except OSError as exc:  # what the backend does not name itself: ENOTDIR, ELOOP, ENAMETOOLONG, EIO...
         raise ConfigError(config.source, where, f"{n.path}: cannot open: {exc.strerror or exc}",
                           "give the path of a file or block device") from None
