@@ -4,7 +4,7 @@ Read from here by the config loader (config.py: the top-level "nvmeof_roce" sett
 subsystem's `qid_max`, which the RPC method nvmeof_subsystem_set_qid_max edits through the same loader), by
 `target serve`'s options (service/serve.py, service/workers.py) and checked against docs/target.md's tables
 by tests/unit/test_tunables.py. `ResourceLimits` (transport/resources.py) holds the values of the resource
-options in force; the same test checks its defaults and ranges against these.
+options in force, with its defaults and range checks taken from here.
 """
 from __future__ import annotations
 

@@ -23,12 +23,13 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional
 
 from ..errors import NvmeofError
+from ..tunables import RESOURCE_LIMITS as _LIMITS
 
 PRE_CONNECT_BUFFERS = 1  # a queue without a successful Connect: the Connect data's RDMA READ only
 # MDTS in units of the 4 KiB minimum page size (docs/protocol.md §3.4): 2^5 x 4 KiB = 128 KiB per command, SPDK's
 # default; nvmet-rdma's is 8 (1 MiB). Each data buffer is one command's largest transfer.
-DEFAULT_MDTS = 5
-MAX_MDTS = 8
+DEFAULT_MDTS = _LIMITS["mdts"].default
+MAX_MDTS = _LIMITS["mdts"].high
 
 
 @dataclass(frozen=True)
@@ -40,26 +41,18 @@ class ResourceLimits:
     guarantee, and the Linux host then spreads its CPUs over the queues it got.
     """
 
-    data_buffers: int = 1024  # per port, each MDTS (128 KiB) bytes: 128 MiB registered per port
-    queue_min_buffers: int = 1  # guaranteed to each connected queue
-    max_queues_per_ctrl: int = 128  # I/O queues one controller may have (the Number of Queues grant)
-    max_queues_per_host: int = 256  # I/O queues one host NQN may have over all its controllers
-    max_controllers: int = 256  # I/O controllers over all subsystems (per-host and discovery caps: target/limits.py)
-    connect_timeout: float = 5.0  # seconds a connection may stay without a successful NVMe Connect
-    mdts: int = DEFAULT_MDTS  # largest command: 4 KiB << mdts, the size of each data buffer
+    # Defaults and ranges are the tunables' (nvmeof_roce/tunables.py RESOURCE_LIMITS), declared once there.
+    data_buffers: int = _LIMITS["data_buffers"].default  # per port, each MDTS bytes: 128 MiB registered per port
+    queue_min_buffers: int = _LIMITS["queue_min_buffers"].default  # guaranteed to each connected queue
+    max_queues_per_ctrl: int = _LIMITS["max_queues_per_ctrl"].default  # the Number of Queues grant's cap
+    max_queues_per_host: int = _LIMITS["max_queues_per_host"].default  # over all of one host NQN's controllers
+    max_controllers: int = _LIMITS["max_controllers"].default  # I/O controllers (other caps: target/limits.py)
+    connect_timeout: float = _LIMITS["connect_timeout"].default  # seconds without a successful NVMe Connect
+    mdts: int = _LIMITS["mdts"].default  # largest command: 4 KiB << mdts, the size of each data buffer
 
     def __post_init__(self):
-        checks = [("--data-buffers", self.data_buffers, 8, 1 << 20),
-                  ("--queue-min-buffers", self.queue_min_buffers, 1, 64),
-                  ("--max-queues-per-ctrl", self.max_queues_per_ctrl, 1, 65535),
-                  ("--max-queues-per-host", self.max_queues_per_host, 1, 1 << 20),
-                  ("--max-controllers", self.max_controllers, 1, 65519),
-                  ("--mdts", self.mdts, 1, MAX_MDTS)]
-        for name, value, low, high in checks:
-            if not low <= value <= high:
-                raise NvmeofError(f"{name} {value}: out of range", f"use {low}-{high}")
-        if not 0.5 <= self.connect_timeout <= 600:
-            raise NvmeofError(f"--connect-timeout {self.connect_timeout}: out of range", "use 0.5-600 seconds")
+        for tunable in _LIMITS.values():
+            tunable.check_option(getattr(self, tunable.name))
         if self.queue_min_buffers * 2 > self.data_buffers:
             raise NvmeofError(f"--queue-min-buffers {self.queue_min_buffers} with --data-buffers "
                               f"{self.data_buffers}: not even two queues could be guaranteed their minimum",
