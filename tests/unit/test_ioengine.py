@@ -491,6 +491,15 @@ def test_forced_io_uring_where_it_cannot_run_is_refused_naming_the_key(tmp_path,
     err = getattr(ei.value, "errors", [ei.value])[0]
     assert err.where.endswith("namespaces[0].nvmeof_roce.io_engine")
     assert "Operation not permitted" in err.problem
+    import json
+    from nvmeof_roce.target.commands import check_config
+    path = tmp_path / "forced.json"
+    path.write_text(json.dumps(files_config(tmp_path, count=1, engine="io_uring")))
+    (tmp_path / "ns1.img").write_bytes(bytes(2 << 20))
+    with pytest.raises(ConfigError) as ei:  # `target check` refuses it too
+        check_config(str(path))
+    err = getattr(ei.value, "errors", [ei.value])[0]
+    assert err.where.endswith("nvmeof_roce.io_engine")
     env = Env(files_config(tmp_path, count=1))  # unset: the thread engine, and status says why
     try:
         ctrl = env.connect(SUB, num_io_queues=1)
