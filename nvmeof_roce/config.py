@@ -37,14 +37,16 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from .errors import NvmeofError
+from .transport.registry import FABRICS, fabric, served_labels, serves
 from .nvme.command import NSID_MAX
 from .nvme.fabrics import DISCOVERY_NQN, MAX_CNTLID as CNTLID_MAX, NQN_MAX_LENGTH as NQN_MAX_BYTES
+from .tunables import QID_MAX, TARGET_SETTINGS
 
 __all__ = [
     "ConfigError", "TargetConfig", "PortConfig", "SubsystemConfig", "NamespaceConfig",
     "HostConfig", "ReferralConfig", "AnaGroupConfig", "load_config", "parse_config",
     "parse_size", "validate_nqn", "subsystem_nqn_problem", "userspace_only_keys", "DISCOVERY_NQN", "NSID_MAX",
-    "ConfigErrors", "validate_for_userspace", "load_userspace_config", "TargetSettings", "SETTINGS",
+    "ConfigErrors", "validate_for_userspace", "load_userspace_config", "TargetSettings",
 ]
 
 ANA_GRPID_MAX = 128          # NVMET_MAX_ANAGRPS
@@ -57,7 +59,7 @@ MAX_BLOCKS = (1 << 64) - 1    # NSZE is a 64-bit block count
 BACKENDS = ("ram", "file", "null")
 USERSPACE_KEY = "nvmeof_roce"
 
-TRTYPES = ("rdma", "tcp", "loop", "fc", "pcie")
+TRTYPES = tuple(FABRICS)  # rdma, tcp, loop, fc, pcie (transport/registry.py)
 ADRFAMS = ("ipv4", "ipv6", "ib", "fc", "loop", "pci", "")
 TREQS = ("not specified", "required", "not required")
 ANA_STATES = ("optimized", "non-optimized", "inaccessible", "persistent-loss", "change")
@@ -466,22 +468,25 @@ class SubsystemConfig:
         return d
 
 
-# Settings of the userspace target (the top-level "nvmeof_roce" object): name -> (default, lo, hi, meaning)
-SETTINGS = {
-    "max_kato": (300, 1, 3600, "seconds: the longest keep-alive timeout a host may ask for; also the idle limit "
-                               "of an I/O controller connected with KATO 0"),
-    "discovery_idle_limit": (120, 1, 3600, "seconds a discovery controller with KATO 0 may stay idle (nvmet: 120)"),
-}
+def parse_cpus(text: str) -> List[int]:
+    """A CPU list as the command line gives it (`--cpus 0,1`), the form of the config's nvmeof_roce.cpus."""
+    try:
+        cpus = [int(c) for c in text.split(",") if c.strip()]
+    except ValueError:
+        cpus = []
+    if not cpus or any(c < 0 for c in cpus):
+        raise NvmeofError(f"--cpus {text!r}: not a list of CPU numbers", "e.g. --cpus 0,1")
+    return cpus
 
 
-# `serve --workers` settings in the same object; target/workers.py checks their values
+# `serve --workers` settings in the same object; service/workers.py checks their values
 WORKER_KEYS = {"workers", "cpus"}
 
 
 @dataclass
 class TargetSettings:
-    max_kato: int = SETTINGS["max_kato"][0]
-    discovery_idle_limit: int = SETTINGS["discovery_idle_limit"][0]
+    max_kato: int = TARGET_SETTINGS["max_kato"].default
+    discovery_idle_limit: int = TARGET_SETTINGS["discovery_idle_limit"].default
 
 
 @dataclass
@@ -661,10 +666,10 @@ def parse_config_collect(data: dict, source: str = "<config>"):
     attempt(ctx.unknown, data, _TOP_KEYS, "")
     attempt(_check_discovery, ctx, data.get("discovery"))
     cfg.userspace = attempt(ctx.dict_at, data.get(USERSPACE_KEY), USERSPACE_KEY) or {}
-    attempt(ctx.unknown, cfg.userspace, set(SETTINGS) | WORKER_KEYS, USERSPACE_KEY)
-    for name, (_default, lo, hi, _meaning) in SETTINGS.items():
+    attempt(ctx.unknown, cfg.userspace, set(TARGET_SETTINGS) | WORKER_KEYS, USERSPACE_KEY)
+    for name, setting in TARGET_SETTINGS.items():
         if name in cfg.userspace:
-            value = attempt(ctx.int_at, cfg.userspace[name], f"{USERSPACE_KEY}.{name}", lo, hi)
+            value = attempt(ctx.int_at, cfg.userspace[name], f"{USERSPACE_KEY}.{name}", setting.low, setting.high)
             if value is not None:
                 setattr(cfg.settings, name, value)
 
@@ -712,7 +717,7 @@ def parse_config_collect(data: dict, source: str = "<config>"):
                                   "give each port its own portid"))
             continue
         seen[port.portid] = i
-        if port.trtype in ("rdma", "tcp"):
+        if _ip_service(port.trtype):
             ep = (port.trtype, port.traddr, port.trsvcid)
             if ep in endpoints:
                 errors.append(ctx.err(f"ports[{i}].addr", f"{port.trtype} {port.traddr}:{port.trsvcid} is already "
@@ -834,7 +839,7 @@ def _parse_subsystem(ctx: _Ctx, s: Any, where: str, hosts: set, errors: Optional
         if flagname in attrs:
             problems.soft(ctx.flag_at, attrs[flagname], f"{where}.attr.{flagname}")
     if "qid_max" in attrs:
-        problems.soft(ctx.int_at, attrs["qid_max"], f"{where}.attr.qid_max", 1, 65535)
+        problems.soft(ctx.int_at, attrs["qid_max"], f"{where}.attr.qid_max", QID_MAX.low, QID_MAX.high)
     attrs.pop("allow_any_host", None)
     attrs.pop("serial", None)
     attrs.pop("model", None)
@@ -977,6 +982,12 @@ def _parse_namespace(ctx: _Ctx, n: Any, where: str, subsys_nqn: str) -> Namespac
                            raw=copy.deepcopy(n))
 
 
+def _ip_service(trtype: str) -> bool:
+    """A port of this trtype is addressed by IP (or IB GID) address and service number (rdma, tcp)."""
+    f = fabric(trtype)
+    return f is not None and f.ip_service
+
+
 def _check_addr(ctx: _Ctx, where: str, trtype: str, adrfam: str, traddr: str, trsvcid: Any, ip_required=True):
     """trtype/adrfam/traddr/trsvcid consistency; returns trsvcid as int (0 if not applicable)."""
     if trtype not in TRTYPES:
@@ -985,8 +996,8 @@ def _check_addr(ctx: _Ctx, where: str, trtype: str, adrfam: str, traddr: str, tr
     if adrfam not in ADRFAMS:
         raise ctx.err(f"{where}.adrfam", f"must be one of {', '.join(a for a in ADRFAMS if a)}, got {adrfam!r}",
                       'RoCE over IPv4 uses "ipv4"')
-    if trtype in ("rdma", "tcp"):
-        if adrfam not in ("ipv4", "ipv6", "ib") or (trtype == "tcp" and adrfam == "ib"):
+    if _ip_service(trtype):
+        if adrfam not in fabric(trtype).adrfams:
             raise ctx.err(f"{where}.adrfam", f"{adrfam!r} does not go with trtype {trtype!r}",
                           'use "ipv4" (or "ipv6")')
         if adrfam in ("ipv4", "ipv6"):
@@ -1021,8 +1032,8 @@ def _parse_port(ctx: _Ctx, p: Any, where: str, subsystems: Optional[set]) -> Por
     addr = soft(ctx.dict_at, p.get("addr"), f"{where}.addr", default={})
     soft(ctx.unknown, addr, _ADDR_KEYS, f"{where}.addr")
     trtype = soft(ctx.str_at, addr.get("trtype", "rdma"), f"{where}.addr.trtype", default="rdma")
-    adrfam = soft(ctx.str_at, addr.get("adrfam", "ipv4" if trtype in ("rdma", "tcp") else ""), f"{where}.addr.adrfam",
-                  default="ipv4")
+    adrfam = soft(ctx.str_at, addr.get("adrfam", fabric(trtype).adrfams[0] if _ip_service(trtype) else ""),
+                  f"{where}.addr.adrfam", default="ipv4")
     traddr = soft(ctx.str_at, addr.get("traddr", ""), f"{where}.addr.traddr", default="")
     treq = soft(ctx.str_at, addr.get("treq", "not specified"), f"{where}.addr.treq", default="not specified")
     if treq not in TREQS:
@@ -1030,8 +1041,8 @@ def _parse_port(ctx: _Ctx, p: Any, where: str, subsystems: Optional[set]) -> Por
                              'use "not specified"'))
     if "tsas" in addr:
         soft(ctx.str_at, addr["tsas"], f"{where}.addr.tsas")
-    svc_raw = addr.get("trsvcid", DEFAULT_TRSVCID if trtype in ("rdma", "tcp") else "")
-    if trtype in ("rdma", "tcp") and not traddr:
+    svc_raw = addr.get("trsvcid", DEFAULT_TRSVCID if _ip_service(trtype) else "")
+    if _ip_service(trtype) and not traddr:
         problems.add(ctx.err(f"{where}.addr.traddr", f"is required for an {trtype} port",
                              "give the IP address of the RDMA netdev, e.g. 10.99.0.1"))
         trsvcid = 0
@@ -1203,9 +1214,9 @@ def validate_for_userspace(cfg: TargetConfig, memory: Optional[int] = None) -> L
         where = f"ports[{i}]"
         addr = p.get("addr") if isinstance(p.get("addr"), dict) else {}
         trtype = addr.get("trtype", "rdma")
-        if trtype != "rdma":
+        if not serves(trtype):
             errors.append(ConfigError(cfg.source, f"{where}.addr.trtype",
-                                      f"{trtype!r}: the userspace target serves RDMA (RoCE) only",
+                                      f"{trtype!r}: the userspace target serves {served_labels()} only",
                                       f'use "rdma", or {USERSPACE_FIX}'))
         if addr.get("treq") == "required":
             refuse(f"{where}.addr.treq", "treq \"required\" (secure channel)")

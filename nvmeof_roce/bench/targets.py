@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from ..errors import NvmeofError
+from ..transport import registry
 from . import kernel_glue
 from .perftest import iwarp_device_for, rdma_device_for
 
@@ -174,7 +175,7 @@ class TargetUnderTest(abc.ABC):
         """An RDMA device of the target's fabric holds its address (none needed for NVMe/TCP)."""
         if self.fabric.name == "iwarp":
             iwarp_device_for(self.traddr)
-        elif self.fabric.trtype == "rdma":
+        elif registry.fabric(self.fabric.trtype).rdma_device:
             rdma_device_for(self.traddr)
 
     def _check_address_free(self) -> None:
@@ -313,8 +314,9 @@ class UserspaceTarget(TargetUnderTest):
                  ready_timeout: float = 60.0, name: Optional[str] = None, checkout: Optional[Path] = None,
                  workers: int = 1, cpus: Optional[str] = None, device: DeviceModel = RAM,
                  fabric: Fabric = ROCE):
-        if fabric.trtype != "rdma":
-            raise NvmeofError(f"the userspace target serves RDMA only, not {fabric.label}",
+        if not registry.serves(fabric.trtype):
+            served = " and ".join(t.upper() for t in registry.served_trtypes())
+            raise NvmeofError(f"the userspace target serves {served} only, not {fabric.label}",
                               "measure NVMe/TCP with the kernel target: --targets kernel@tcp")
         self.config_path = Path(config_path) if config_path else None
         if self.config_path:
@@ -373,8 +375,11 @@ class UserspaceTarget(TargetUnderTest):
         return [self.trsvcid + i for i in range(self.workers)]
 
     def check(self) -> None:
-        if self.checkout is not None and not (self.checkout / "nvmeof_roce" / "target" / "serve.py").is_file():
-            raise NvmeofError(f"--{self.name}-checkout {self.checkout}: no nvmeof_roce/target/serve.py there",
+        # `target serve` is service/serve.py, or target/serve.py in a checkout from before the service package
+        if self.checkout is not None and not any((self.checkout / "nvmeof_roce" / d / "serve.py").is_file()
+                                                 for d in ("service", "target")):
+            raise NvmeofError(f"--{self.name}-checkout {self.checkout}: no nvmeof_roce/service/serve.py "
+                              "(nor target/serve.py) there",
                               "give a checkout of nvmeof-roce with the userspace target, e.g. "
                               "git worktree add results/baseline <commit>")
         self._check_device()
@@ -479,7 +484,7 @@ class UserspaceTarget(TargetUnderTest):
         try:
             if proc is not None and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-                try:  # a supervisor gives its workers 15 s to drain (target/workers.py STOP_TIMEOUT)
+                try:  # a supervisor gives its workers 15 s to drain (service/workers.py STOP_TIMEOUT)
                     proc.wait(15 if self.workers == 1 else 40)
                 except subprocess.TimeoutExpired:
                     log.warning("userspace target (pid %d) ignored SIGTERM; killing it", proc.pid)
@@ -522,8 +527,9 @@ class KernelHost(Host):
     def connect(self, target: TargetUnderTest) -> str:
         if len(target.trsvcids) > 1:  # every worker's port, one namespace head, round-robin over the paths
             return kernel_glue.nvme_connect_paths(target.traddr, target.trsvcids, target.subnqn)
-        if target.fabric.trtype != "rdma":
-            kernel_glue.modprobe(f"nvme-{target.fabric.trtype}")
+        host_fabric = registry.fabric(target.fabric.trtype)
+        if not host_fabric.rdma_device:  # nvme-rdma is loaded with the RDMA setup
+            kernel_glue.modprobe(host_fabric.host_module)
         return kernel_glue.nvme_connect(target.traddr, target.trsvcid, target.subnqn, trtype=target.fabric.trtype)
 
     def disconnect(self, target: TargetUnderTest) -> None:

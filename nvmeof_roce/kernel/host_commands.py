@@ -5,6 +5,7 @@ import argparse
 
 from ..errors import NvmeofError
 from ..output import emit, table
+from ..transport import registry
 from . import nvme_cli
 
 
@@ -114,7 +115,8 @@ def _tuning(args):
 
 
 def _check_svc(args):
-    if args.transport in ("rdma", "tcp"):
+    fabric = registry.fabric(args.transport)
+    if fabric is not None and fabric.ip_service:  # rdma, tcp
         try:
             v = int(args.trsvcid)
             assert 1 <= v <= 65535

@@ -24,6 +24,7 @@ from typing import List, Optional
 
 from ..errors import NvmeofError
 from ..nvme.command import NSID_MAX
+from ..transport.registry import FABRICS, fabric
 from . import modules
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ DEFAULT_SAVE_FILE = "/etc/nvmet/config.json"
 ANA_DEFAULT_GROUP = 1
 
 # transport -> the module that provides it in the kernel target
-TRANSPORT_MODULES = {"rdma": "nvmet_rdma", "tcp": "nvmet_tcp", "loop": "nvme_loop", "fc": "nvmet_fc"}
+TRANSPORT_MODULES = {f.trtype: f.kernel_module for f in FABRICS.values() if f.kernel_module}
 
 
 class NvmetError(NvmeofError):
@@ -238,7 +239,8 @@ def _link_failure(root: "Root", portid: str, nqn: str, exc: OSError, field: str)
     if exc.errno == errno.EADDRINUSE:
         return NvmetError(f"{what}: {traddr}:{trsvcid} is already in use (EADDRINUSE){where}",
                           "another nvmet port (or the userspace target) listens there: use another trsvcid")
-    if exc.errno in (errno.EADDRNOTAVAIL, errno.ENODEV, errno.EINVAL, errno.ENETUNREACH) and trtype == "rdma":
+    if exc.errno in (errno.EADDRNOTAVAIL, errno.ENODEV, errno.EINVAL, errno.ENETUNREACH) and \
+            fabric(trtype) is not None and fabric(trtype).rdma_device:
         return NvmetError(f"{what}: the kernel could not listen on {traddr}:{trsvcid} with RDMA "
                           f"({_errname(exc)}){where}: no RDMA device has that address, or addr_* is incomplete",
                           "give traddr an address of an RDMA-capable netdev (nvmeof-roce rdma status); for "

@@ -31,6 +31,15 @@ STS_NAMES = {
     STS_INVALID_CNTLID: "invalid controller ID",
 }
 
+# The CM reject STS for each reason the target refuses a queue (transport/base.py Refusal, by its value).
+REJECT_STATUS = {
+    "invalid_recfmt": STS_INVALID_RECFMT,
+    "invalid_qid": STS_INVALID_QID,
+    "invalid_hsqsize": STS_INVALID_HSQSIZE,
+    "invalid_hrqsize": STS_INVALID_HRQSIZE,
+    "no_resources": STS_NO_RESOURCES,
+}
+
 REQUEST_SIZE = 32
 REQUEST_PARSED = 10  # RECFMT, QID, HRQSIZE, HSQSIZE, CNTLID
 ACCEPT_SIZE = 32

@@ -7,7 +7,7 @@ the SGL exactly as nvmet does (§3.1).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from .. import __version__
 from ..nvme import admin as A
@@ -16,13 +16,13 @@ from ..nvme import log as L
 from ..nvme import status as S
 from ..config import ANA_GRPID_MAX
 from ..nvme.command import (ADMIN_ABORT, ADMIN_ASYNC_EVENT, ADMIN_GET_FEATURES, ADMIN_GET_LOG_PAGE, ADMIN_IDENTIFY,
-                            ADMIN_KEEP_ALIVE, ADMIN_SET_FEATURES, NSID_ALL, NVM_DSM, NVM_FLUSH, NVM_READ,
-                            NVM_WRITE, NVM_WRITE_ZEROES)
-from ..nvme.log import (EFFECT_CSUPP, EFFECT_LBCC, ERROR_ENTRY_SIZE, ChangedNsList, CommandEffectsLog,
-                        SmartLog)
+                            ADMIN_KEEP_ALIVE, ADMIN_SET_FEATURES, NSID_ALL)
+from ..nvme.log import ERROR_ENTRY_SIZE, ChangedNsList, SmartLog
+from . import io
 from .ana import ANACAP, ANATT_SECONDS, UNREACHABLE
+from .handlers import CommandTable, effects_log
 from .limits import ERROR_LOG_ENTRIES, MAX_AER, MAX_NSID
-from .request import LOC_CDW10, LOC_CDW11, LOC_CDW12, LOC_DPTR, LOC_NSID, Request
+from .request import COMPLETED, LOC_CDW10, LOC_CDW11, LOC_CDW12, LOC_DPTR, LOC_NSID, Outcome, Request
 
 if TYPE_CHECKING:
     from .core import Target
@@ -37,17 +37,16 @@ FIRMWARE_REVISION = __version__[:8]
 # Several ports, several controllers, and ANA reporting (which the Linux host needs to use multipath with ANA)
 CMIC = I.CMIC_MULTI_PORT | I.CMIC_MULTI_CTRL | I.CMIC_ANA
 
-EFFECTS = CommandEffectsLog(
-    admin={op: EFFECT_CSUPP for op in (ADMIN_ABORT, ADMIN_GET_LOG_PAGE, ADMIN_IDENTIFY, ADMIN_SET_FEATURES,
-                                       ADMIN_GET_FEATURES, ADMIN_ASYNC_EVENT, ADMIN_KEEP_ALIVE)},
-    io={NVM_FLUSH: EFFECT_CSUPP, NVM_READ: EFFECT_CSUPP, NVM_WRITE: EFFECT_CSUPP | EFFECT_LBCC,
-        NVM_WRITE_ZEROES: EFFECT_CSUPP | EFFECT_LBCC, NVM_DSM: EFFECT_CSUPP | EFFECT_LBCC},
-).pack()
+COMMANDS = CommandTable("admin")  # each handler below declares its opcode and effects
 
 
-def sgls_for(in_capsule_size: int) -> int:
-    sgls = I.SGLS_SUPPORTED | I.SGLS_KEYED
-    if in_capsule_size:
+def sgls_for(ops, in_capsule_size: int) -> int:
+    """Identify's SGLS: what the queue's transport takes (its registry entry's flags; None: keyed and
+    in-capsule, as RDMA)."""
+    sgls = I.SGLS_SUPPORTED
+    if ops is None or ops.keyed_sgls:
+        sgls |= I.SGLS_KEYED
+    if in_capsule_size and (ops is None or ops.in_capsule_data):
         sgls |= I.SGLS_OFFSET
     return sgls
 
@@ -77,7 +76,8 @@ def identify_controller(ctrl) -> bytes:
         cntrltype=I.CNTRLTYPE_IO, acl=3, aerl=MAX_AER - 1, frmw=0x03, lpa=0x07, elpe=ERROR_LOG_ENTRIES - 1,
         kas=KAS, anatt=ANATT_SECONDS, anacap=ANACAP, anagrpmax=ANA_GRPID_MAX, nanagrpid=ANA_GRPID_MAX,
         mnan=MAX_NSID, sqes=0x66, cqes=0x44, maxcmd=mqes + 1, nn=MAX_NSID, oncs=ONCS, vwc=1,
-        sgls=sgls_for(port.in_capsule_size), subnqn=sub.nqn, ioccsz=(64 + port.in_capsule_size) // 16,
+        sgls=sgls_for(ctrl.admin_queue.ops if ctrl.admin_queue else None, port.in_capsule_size), subnqn=sub.nqn,
+        ioccsz=(64 + port.in_capsule_size) // 16,
         iorcsz=1, icdoff=0, msdbd=1, psd0_max_power=0x09C4, psd0_entry_lat=0x10, psd0_exit_lat=0x4,
     ).pack()
 
@@ -103,7 +103,8 @@ def ns_descriptors(ns) -> bytes:
     return I.NsDescriptorList(descs).pack()
 
 
-def _identify(t: Target, req: Request) -> None:
+@COMMANDS.handles(ADMIN_IDENTIFY)
+def _identify(t: Target, req: Request) -> Outcome:
     if req.sgl_len != I.IDENTIFY_SIZE:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
     ctrl = req.queue.ctrl
@@ -131,7 +132,7 @@ def _identify(t: Target, req: Request) -> None:
         data = bytes(I.IDENTIFY_SIZE)  # NVM command set specific: nothing to report
     else:
         return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
-    t.complete(req, 0, data=data)
+    return t.complete(req, 0, data=data)
 
 
 # ---------------------------------------------------------------------- Get Log Page
@@ -179,10 +180,11 @@ def _smart_log(sub, nsid: int):
                     power_cycles=1).pack()
 
 
-def _get_log_page(t: Target, req: Request) -> None:
+@COMMANDS.handles(ADMIN_GET_LOG_PAGE)
+def _get_log_page(t: Target, req: Request) -> Outcome:
     window_args = log_page_request(t, req)
     if window_args is None:
-        return
+        return COMPLETED
     length, offset = window_args
     ctrl = req.queue.ctrl
     lid = req.cdw10 & 0xFF
@@ -207,54 +209,51 @@ def _get_log_page(t: Target, req: Request) -> None:
         ctrl.ana_log_read(retain)
     else:
         return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
-    t.complete(req, 0, data=window(page, offset, length))
+    return t.complete(req, 0, data=window(page, offset, length))
 
 
 # ---------------------------------------------------------------------- features
 
-def set_feature_common(t: Target, req: Request, fid: int) -> bool:
-    """Features both controller kinds support (KATO, Async Event Configuration); False if not one."""
+def set_feature_common(t: Target, req: Request, fid: int) -> Optional[Outcome]:
+    """Features both controller kinds support (KATO, Async Event Configuration): the outcome, or None if
+    `fid` is not one of them."""
     ctrl = req.queue.ctrl
     value = req.cdw11
     if fid == A.FEAT_KATO:
         if value > ctrl.max_kato * 1000:
             log.warning("controller %d: Set Features KATO %d ms is above the target's max_kato of %d s",
                         ctrl.cntlid, value, ctrl.max_kato)
-            t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW11)
-            return True
+            return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW11)
         if ctrl.is_discovery and value == 0:
             value = ctrl.discovery_idle * 1000  # KATO 0 would keep a discovery controller forever
         ctrl.kato_ms = value
         ctrl.keep_alive(t.clock())
-        t.complete(req, 0, result=ctrl.kato_seconds)
-    elif fid == A.FEAT_ASYNC_EVENT:
+        return t.complete(req, 0, result=ctrl.kato_seconds)
+    if fid == A.FEAT_ASYNC_EVENT:
         if value & ~ctrl.supported_aen():
-            t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW11)
-        else:
-            ctrl.aen_enabled = value
-            t.complete(req, 0, result=value)
-    else:
-        return False
-    return True
+            return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW11)
+        ctrl.aen_enabled = value
+        return t.complete(req, 0, result=value)
+    return None
 
 
-def get_feature_common(t: Target, req: Request, fid: int) -> bool:
+def get_feature_common(t: Target, req: Request, fid: int) -> Optional[Outcome]:
     ctrl = req.queue.ctrl
     if fid == A.FEAT_KATO:
-        t.complete(req, 0, result=ctrl.kato_seconds * 1000)
-    elif fid == A.FEAT_ASYNC_EVENT:
-        t.complete(req, 0, result=ctrl.aen_enabled)
-    else:
-        return False
-    return True
+        return t.complete(req, 0, result=ctrl.kato_seconds * 1000)
+    if fid == A.FEAT_ASYNC_EVENT:
+        return t.complete(req, 0, result=ctrl.aen_enabled)
+    return None
 
 
-def _set_features(t: Target, req: Request) -> None:
+@COMMANDS.handles(ADMIN_SET_FEATURES)
+def _set_features(t: Target, req: Request) -> Outcome:
     if req.sgl_len:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
     fid = req.cdw10 & 0xFF
-    if set_feature_common(t, req, fid):
-        return
+    outcome = set_feature_common(t, req, fid)
+    if outcome is not None:
+        return outcome
     ctrl = req.queue.ctrl
     if fid == A.FEAT_NUM_QUEUES:
         nsqr = req.cdw11 & 0xFFFF
@@ -267,14 +266,15 @@ def _set_features(t: Target, req: Request) -> None:
         return t.complete(req, 0, result=granted | (granted << 16))
     if fid == A.FEAT_HOST_ID:
         return t.complete(req, S.CMD_SEQ_ERROR | S.DNR, location=LOC_CDW10)
-    t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
+    return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
 
 
 # Mandatory features with nothing to configure here: Get returns 0 (as nvmet does)
 _ZERO_FEATURES = {A.FEAT_ARBITRATION, A.FEAT_POWER_MGMT, 0x04, 0x05, 0x08, 0x09, 0x0A}
 
 
-def _get_features(t: Target, req: Request) -> None:
+@COMMANDS.handles(ADMIN_GET_FEATURES)
+def _get_features(t: Target, req: Request) -> Outcome:
     fid = req.cdw10 & 0xFF
     ctrl = req.queue.ctrl
     if fid == A.FEAT_HOST_ID:
@@ -285,8 +285,9 @@ def _get_features(t: Target, req: Request) -> None:
         return t.complete(req, 0, data=ctrl.hostid)
     if req.sgl_len:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
-    if get_feature_common(t, req, fid):
-        return
+    outcome = get_feature_common(t, req, fid)
+    if outcome is not None:
+        return outcome
     if fid == A.FEAT_NUM_QUEUES:
         n = ctrl.max_io_qid - 1
         return t.complete(req, 0, result=n | (n << 16))
@@ -294,47 +295,45 @@ def _get_features(t: Target, req: Request) -> None:
         return t.complete(req, 0, result=1)
     if fid in _ZERO_FEATURES:
         return t.complete(req, 0, result=0)
-    t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
+    return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
 
 
 # ---------------------------------------------------------------------- AER, Keep Alive
 
-def async_event(t: Target, req: Request) -> None:
+@COMMANDS.handles(ADMIN_ASYNC_EVENT)
+def async_event(t: Target, req: Request) -> Outcome:
     if req.sgl_len:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
     ctrl = req.queue.ctrl
     if len(ctrl.aers) >= MAX_AER:
         return t.complete(req, S.ASYNC_LIMIT | S.DNR)
-    t.hold(req)
+    outcome = t.hold(req)
     ctrl.aers.append(req)
     t.deliver_events(ctrl)
+    return outcome
 
 
-def keep_alive(t: Target, req: Request) -> None:
+@COMMANDS.handles(ADMIN_KEEP_ALIVE)
+def keep_alive(t: Target, req: Request) -> Outcome:
     if req.sgl_len:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
     ctrl = req.queue.ctrl
     if not ctrl.kato_ms:
         return t.complete(req, S.KA_TIMEOUT_INVALID | S.DNR)
     ctrl.keep_alive(t.clock())
-    t.complete(req, 0)
+    return t.complete(req, 0)
 
 
-def abort(t: Target, req: Request) -> None:
+@COMMANDS.handles(ADMIN_ABORT)
+def abort(t: Target, req: Request) -> Outcome:
     """Abort: answered as nvmet_execute_abort does, success with DW0 bit 0 set, "command not aborted".  A
     command here is either answered soon or is an AER (which the host frees itself at reset); the Linux host
     sends Abort after an I/O timeout and then resets the controller whatever the answer."""
     if req.sgl_len:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
-    t.complete(req, 0, result=1)
+    return t.complete(req, 0, result=1)
 
 
-COMMANDS = {
-    ADMIN_ABORT: abort,
-    ADMIN_IDENTIFY: _identify,
-    ADMIN_GET_LOG_PAGE: _get_log_page,
-    ADMIN_SET_FEATURES: _set_features,
-    ADMIN_GET_FEATURES: _get_features,
-    ADMIN_ASYNC_EVENT: async_event,
-    ADMIN_KEEP_ALIVE: keep_alive,
-}
+
+# The Commands Supported and Effects log (LID 0x05), generated from the handlers' declarations above and io.py's.
+EFFECTS = effects_log(COMMANDS, io.COMMANDS)

@@ -34,13 +34,11 @@ from typing import Dict, Optional
 from ..config import ConfigError, TargetConfig
 from ..nvme import auth as A
 from ..nvme import status as S
+from .request import COMPLETED, LOC_CDW10, LOC_CDW11, LOC_DPTR, Outcome
 
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE = 8192  # the largest message is a Reply with an ffdhe8192 value: 16 + 2 * 64 + 1024 bytes
-LOC_CDW10 = 40
-LOC_CDW11 = 44
-LOC_DPTR = 24
 
 DEFAULT_HASH = "hmac(sha256)"  # configfs defaults of a host's dhchap_hash / dhchap_dhgroup
 DEFAULT_DHGROUP = "null"
@@ -352,7 +350,7 @@ def _check_command(t, req, length: int) -> bool:
     return True
 
 
-def auth_send(t, req) -> None:
+def auth_send(t, req) -> Outcome:
     """Authentication Send (fabrics 0x05): a message from the host."""
     qs = req.queue
     if qs.auth is None:
@@ -362,18 +360,19 @@ def auth_send(t, req) -> None:
                  qs.qid, qs.ctrl.hostnqn, qs.ctrl.subsystem.nqn)
         return t.complete(req, S.INVALID_OPCODE | S.DNR, location=0)
     if not _check_command(t, req, req.cdw11):
-        return
-    t.fetch(req, req.cdw11, _send_with_data)
+        return COMPLETED
+    return t.fetch(req, req.cdw11, _send_with_data)
 
 
-def _send_with_data(t, req, data) -> None:
+def _send_with_data(t, req, data) -> Outcome:
     qs = req.queue
     data = bytes(data)
     if qs.qid == 0 and _is_negotiate(data):
         _refresh_settings(t, qs)
     qs.auth.send(data, t.clock())
-    t.complete(req, 0)
+    outcome = t.complete(req, 0)
     _end_if_failed(t, qs)
+    return outcome
 
 
 def _end_if_failed(t, qs) -> None:
@@ -403,7 +402,7 @@ def _refresh_settings(t, qs) -> None:
         qs.auth.settings = current
 
 
-def auth_receive(t, req) -> None:
+def auth_receive(t, req) -> Outcome:
     """Authentication Receive (fabrics 0x06): the controller's next message."""
     qs = req.queue
     if qs.auth is None:
@@ -414,7 +413,7 @@ def auth_receive(t, req) -> None:
         return t.complete(req, S.INVALID_OPCODE | S.DNR, location=0)
     al = req.cdw11
     if not _check_command(t, req, al):
-        return
+        return COMPLETED
     msg = qs.auth.receive(t.clock())
     if len(msg) > al:
         if al < 8:  # not even room for an AUTH_Failure1
@@ -422,5 +421,6 @@ def auth_receive(t, req) -> None:
         auth = qs.auth
         auth._fail(A.FAILURE_INCORRECT_PAYLOAD, f"allocation length {al} is too small for a {len(msg)}-byte message")
         msg = auth.receive()
-    t.complete(req, 0, data=msg)
+    outcome = t.complete(req, 0, data=msg)
     _end_if_failed(t, qs)
+    return outcome

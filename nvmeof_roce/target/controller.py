@@ -1,6 +1,24 @@
-"""A target controller: registers, keep-alive, asynchronous events, error log (docs/protocol.md §4.3, §5.5, §5.6)."""
+"""A target controller: its lifecycle, registers, keep-alive, asynchronous events, error log (docs/protocol.md
+§4.3, §5.5, §5.6).
+
+The lifecycle uses the Linux host driver's controller states (`enum nvme_ctrl_state`, drivers/nvme/host) and its
+transition table (`nvme_change_ctrl_state`), driven by what the host writes to CC as nvmet_update_cc handles it:
+
+    Connect                          -> NEW       (CC.EN = 0, CSTS.RDY = 0)
+    CC.EN 0 -> 1, CC valid           -> LIVE      (CSTS.RDY = 1; CC invalid: CSTS.CFS = 1, the state stays)
+    CC.EN 1 -> 0 (a reset)           -> RESETTING -> CONNECTING  (CSTS.RDY = 0, CC = 0; waits for CC.EN again)
+    CC.SHN 00 -> 01/10 (a shutdown)  -> RESETTING (CSTS.RDY = 0, CSTS.SHST = 01 "occurring" while the
+                                                   namespaces flush)
+    flush done                       -> CONNECTING (CSTS.SHST = 10 "complete"; the host disconnects next)
+    keep-alive expiry, admin queue gone, a fatal error, shutdown linger over
+                                     -> DELETING  -> DEAD (CNTLID freed, queues closed)
+
+`change_state` returns False for a transition the table does not have, as the kernel's does.  One addition to the
+host's table: NEW -> DELETING, since a target controller may end before its host ever enables it.
+"""
 from __future__ import annotations
 
+import enum
 import logging
 import math
 from collections import deque
@@ -19,6 +37,36 @@ IO_AEN_SUPPORTED = A.AEN_CFG_NS_ATTR | A.AEN_CFG_ANA_CHANGE
 DISCOVERY_IDLE_LIMIT = 120  # s: nvmet keeps a discovery controller with KATO 0 alive this long (NVMET_DISC_KATO_MS)
 DEFAULT_MAX_KATO = 300  # s: the longest keep-alive timeout a host may ask for (config: nvmeof_roce.max_kato)
 DISCOVERY_AEN_SUPPORTED = A.AEN_CFG_DISC_CHANGE
+
+
+class CtrlState(enum.Enum):
+    NEW = "new"
+    LIVE = "live"
+    RESETTING = "resetting"
+    CONNECTING = "connecting"
+    DELETING = "deleting"
+    DEAD = "dead"
+
+
+# For each state, the states a controller may enter it from (nvme_change_ctrl_state; NEW -> DELETING added).
+ALLOWED_FROM = {
+    CtrlState.LIVE: {CtrlState.NEW, CtrlState.RESETTING, CtrlState.CONNECTING},
+    CtrlState.RESETTING: {CtrlState.NEW, CtrlState.LIVE},
+    CtrlState.CONNECTING: {CtrlState.NEW, CtrlState.RESETTING},
+    CtrlState.DELETING: {CtrlState.NEW, CtrlState.LIVE, CtrlState.RESETTING, CtrlState.CONNECTING},
+    CtrlState.DEAD: {CtrlState.DELETING},
+    CtrlState.NEW: set(),
+}
+
+
+def cc_en(cc: int) -> bool:
+    """CC.EN: the host enables the controller."""
+    return bool(cc & F.CC_EN)
+
+
+def cc_shn(cc: int) -> int:
+    """CC.SHN: 00 no notification, 01 normal, 10 abrupt shutdown."""
+    return cc & F.CC_SHN_MASK
 
 
 class Controller:
@@ -51,8 +99,22 @@ class Controller:
         self.changed_nsids: List[int] = []
         self.error_log: Deque[ErrorLogEntry] = deque(maxlen=ERROR_LOG_ENTRIES)
         self.error_count = 0
-        self.dead = False
+        self.state = CtrlState.NEW
         self.auth = None  # target/auth.py's HostAuth when the host must authenticate each queue
+
+    # -- lifecycle
+    def change_state(self, new: CtrlState) -> bool:
+        """Enter `new` if the lifecycle allows it from the current state (True), else stay (False)."""
+        if self.state not in ALLOWED_FROM[new]:
+            return False
+        log.debug("controller %d: %s -> %s", self.cntlid, self.state.value, new.value)
+        self.state = new
+        return True
+
+    @property
+    def dead(self) -> bool:
+        """Deleted: its CNTLID is free and its queues are closing."""
+        return self.state is CtrlState.DEAD
 
     # -- keep alive
     @property
@@ -81,21 +143,25 @@ class Controller:
     # -- registers
     @property
     def ready(self) -> bool:
-        return bool(self.cc & F.CC_EN) and bool(self.csts & F.CSTS_RDY)
+        """CC.EN = 1 and CSTS.RDY = 1: commands other than fabrics ones are accepted."""
+        return cc_en(self.cc) and bool(self.csts & F.CSTS_RDY)
 
     def set_cc(self, new: int, now: float) -> None:
-        """The EN and SHN handshakes, as nvmet_update_cc does them."""
+        """Property Set of CC: the CC.EN and CC.SHN handshakes, as nvmet_update_cc does them (module docstring)."""
         old = self.cc
         self.cc = new
-        if new & F.CC_EN and not old & F.CC_EN:
+        if cc_en(new) and not cc_en(old):  # enable: check CC, then CSTS.RDY (or CSTS.CFS)
             self._start(now)
-        if not new & F.CC_EN and old & F.CC_EN:
+        if not cc_en(new) and cc_en(old):  # reset
             self._clear()
-        if new & F.CC_SHN_MASK and not old & F.CC_SHN_MASK:
+            if self.change_state(CtrlState.RESETTING):
+                self.change_state(CtrlState.CONNECTING)
+        if cc_shn(new) and not cc_shn(old):  # shutdown notification
             # The core flushes the namespaces (off the loop for files), then calls shutdown_complete.
             self._clear()
             self.csts = (self.csts & ~F.CSTS_SHST_MASK) | F.CSTS_SHST_OCCUR
-        if not new & F.CC_SHN_MASK and old & F.CC_SHN_MASK:
+            self.change_state(CtrlState.RESETTING)
+        if not cc_shn(new) and cc_shn(old):
             self.csts &= ~F.CSTS_SHST_MASK
             self.shutdown_at = None
 
@@ -105,9 +171,11 @@ class Controller:
         return self.csts & F.CSTS_SHST_MASK == F.CSTS_SHST_OCCUR
 
     def shutdown_complete(self, now: float) -> None:
+        """The flush CC.SHN asked for is done: CSTS.SHST = complete."""
         if self.shutting_down:
             self.csts = (self.csts & ~F.CSTS_SHST_MASK) | F.CSTS_SHST_COMPLETE
             self.shutdown_at = now
+            self.change_state(CtrlState.CONNECTING)
 
     def _start(self, now: float) -> None:
         cc = self.cc
@@ -122,6 +190,7 @@ class Controller:
             return
         self.csts = F.CSTS_RDY
         self.last_traffic = now  # the keep-alive timer restarts at enable
+        self.change_state(CtrlState.LIVE)
 
     def _clear(self) -> None:
         self.csts &= ~F.CSTS_RDY

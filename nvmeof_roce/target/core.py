@@ -2,18 +2,24 @@
 
 `Target` implements transport/base.py's `QueueHandler`.  A transport calls it
 from its event loop; every capsule becomes a `Request` that runs through the
-state machine in request.py:
+lifecycle of transport/lifecycle.py (each change checked by `move`):
 
-    parse  ->  checks (flags, connected?, enabled?, NSID, opcode)  ->  SGL mapping
-           ->  command handler: validates its fields and lengths, then either
-                 completes at once, or fetches host data (in-capsule, or RDMA READ
-                 via read_host: the request waits in READING), or holds (AER)
-           ->  execute  ->  complete: controller-to-host data + CQE + invalidate key, one call  ->  free
+    parse (FREE -> NEW)  ->  checks (flags, connected?, enabled?, NSID, opcode)
+           ->  SGL mapping by the queue's transport entry (transport/registry.py)  ->  EXECUTING
+           ->  command handler: validates its fields and lengths, then returns one Outcome (request.py):
+                 COMPLETED at once; FETCHING host data (in-capsule at once, or read_host: the request waits in
+                 TRANSFERRING_HOST_TO_CONTROLLER, then its next step runs); HELD (the AER); DEFERRED (its device
+                 call or slices run, and their completion answers it)
+           ->  complete: controller-to-host data + CQE + invalidate key, one call  ->  FREE
 
-Every malformed input ends in an NVMe status (or a CM reject, or a clean close
-of that one queue).  An unexpected exception inside a handler is caught, counted
-in `internal_errors`, logged, and answered with Internal Error, so it never
-escapes into the transport.
+A handler that returns no Outcome is a missing branch: answered Internal Error
+and counted, never left holding its request.  Every malformed input ends in an
+NVMe status (or a refused queue, or a clean close of that one queue).  An
+unexpected exception inside a handler is caught, counted in `internal_errors`,
+logged, and answered with Internal Error, so it never escapes into the transport.
+
+Queues (target/queue.py) and controllers (target/controller.py) have their own
+lifecycles; the fabrics commands are target/fabrics.py's.
 
 Ports: the Target itself handles queues arriving on *any* configured port (a
 subsystem is reachable if some port exports it).  `target.port(portid)` gives a
@@ -22,41 +28,42 @@ handler bound to one port, for a transport listening on that port's address.
 from __future__ import annotations
 
 import logging
-import re
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Callable, Dict, List, Optional
 
 from ..nvme import cm
 from ..nvme import fabrics as F
 from ..nvme import status as S
 from ..nvme.command import CQE_STRUCT, FABRICS_OPCODE, FLAGS_FUSE_MASK, FLAGS_PSDT_MASK, PSDT_SGL_MPTR_CONTIG, \
-    PSDT_SGL_MPTR_SGL, SQE_SIZE, is_write_direction
-from ..nvme.sgl import SUBTYPE_ADDRESS, SUBTYPE_INVALIDATE_KEY, SUBTYPE_OFFSET, TYPE_DATA_BLOCK, \
-    TYPE_KEYED_DATA_BLOCK
-from ..transport.base import TransportError
+    PSDT_SGL_MPTR_SGL, SQE_SIZE
+from ..transport import registry
+from ..transport.base import Refusal, TransportError
+from ..transport.lifecycle import EXECUTING, FREE, HELD, NEXT, TRANSFERRING_HOST_TO_CONTROLLER, IllegalTransition, \
+    move
 from ..transport.resources import ResourceLimits
 from .backends import BackendError
-from ..config import NQN_MAX_BYTES, ConfigError, NamespaceConfig, PortConfig, TargetConfig
+from ..config import ConfigError, NamespaceConfig, PortConfig, TargetConfig
 from . import auth
-from .controller import Controller
+from .controller import Controller, CtrlState
 from .ana import AnaTable
-from . import admin, discovery, io
+from . import admin, discovery, fabrics, io
 from .limits import DEFAULT_IN_CAPSULE_SIZE, DEFAULT_QUEUE_SIZE, MAX_CONTROLLERS_PER_HOST, \
     MAX_DISCOVERY_CONTROLLERS, MAX_DISCOVERY_CONTROLLERS_PER_HOST, MAX_NSID, MAX_QUEUE_SIZE, MAX_QUEUES, \
     MIN_QUEUE_SIZE
-from .request import EXECUTING, FREE, HELD, LOC_CDW10, LOC_CDW11, LOC_DPTR, LOC_FLAGS, LOC_NSID, LOC_OPCODE, \
-    NO_LOCATION, READING, QueueState, Request
+from .request import COMPLETED, DEFERRED, FETCHING, HELD_OUTCOME, LOC_DPTR, LOC_FLAGS, \
+    LOC_NSID, LOC_OPCODE, NO_LOCATION, Outcome, Request
+from .queue import QueueLifecycle, QueueState
 from .subsystem import DiscoverySubsystem, Namespace, Subsystem
 from .work import Work
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[["Target", Request], None]
+Handler = Callable[["Target", Request], Outcome]
 
 
-INVALIDATE_KEYED_ID = (TYPE_KEYED_DATA_BLOCK << 4) | SUBTYPE_INVALIDATE_KEY  # 0x4F
-NQN_FIELD_SIZE = 256  # SUBNQN and HOSTNQN fields of the Connect data
+class MissingOutcome(RuntimeError):
+    """A command handler, or a next step of one, returned no Outcome (target/request.py): a missing branch."""
 SHUTDOWN_LINGER = 2.0  # seconds a shut-down controller keeps its admin queue for the last CSTS reads
 REFUSED_LINGER = 0.5  # seconds a queue whose Connect failed stays open so the host receives the status
 
@@ -110,7 +117,7 @@ class PortHandler:
     def in_capsule_size(self) -> int:
         return self.ctx.in_capsule_size
 
-    def check_connect(self, request) -> int:
+    def check_connect(self, request) -> Optional[Refusal]:
         return self.target._check_connect(self.ctx, request)
 
     def queue_opened(self, queue) -> None:
@@ -139,6 +146,9 @@ class Target:
         # Queues without a successful Connect, by deadline (each dict is in deadline order): closed in tick().
         self._awaiting_connect: "OrderedDict[QueueState, float]" = OrderedDict()
         self._connect_refused: "OrderedDict[QueueState, float]" = OrderedDict()
+        # Queues awaiting Connect per peer address: a connect flood from one address is refused, not everyone.
+        self._unconnected_by_address: Counter = Counter()
+        self._flood_logged: set = set()
         # Controllers ended by a fatal error (a failed authentication), by deadline: deleted in tick().
         self._ending: "OrderedDict[Controller, tuple]" = OrderedDict()
         self.default_in_capsule_size = in_capsule_size
@@ -155,7 +165,7 @@ class Target:
         self.discovery_siblings: Dict[int, List[int]] = {}  # portid -> the portids of one path group (workers.py)
         self.work = Work()  # device completions and sliced jobs, back on the loop (work.py)
         self.host_auth = auth.host_settings(config)  # DH-HMAC-CHAP keys by host NQN
-        self.tick_hooks: List[Callable[[float], None]] = []  # e.g. the control socket's (target/control.py)
+        self.tick_hooks: List[Callable[[float], None]] = []  # e.g. the control socket's (service/control.py)
         try:
             for i, sub_cfg in enumerate(config.subsystems):
                 sub = Subsystem(sub_cfg)
@@ -177,9 +187,9 @@ class Target:
             for sub in self.subsystems.values():
                 sub.close()
             raise
-        self._admin_cmds: Dict[int, Handler] = admin.COMMANDS
-        self._discovery_cmds: Dict[int, Handler] = discovery.COMMANDS
-        self._io_cmds: Dict[int, Handler] = io.COMMANDS
+        self._admin_cmds: Dict[int, Handler] = admin.COMMANDS.handlers
+        self._discovery_cmds: Dict[int, Handler] = discovery.COMMANDS.handlers
+        self._io_cmds: Dict[int, Handler] = io.COMMANDS.handlers
 
     # ------------------------------------------------------------------ public API
     @property
@@ -266,7 +276,7 @@ class Target:
             sub.close()
 
     # ------------------------------------------------------------------ QueueHandler
-    def check_connect(self, request) -> int:
+    def check_connect(self, request) -> Optional[Refusal]:
         return self._check_connect(self._any_port, request)
 
     def queue_opened(self, queue) -> None:
@@ -297,8 +307,9 @@ class Target:
         qs = self._queues.pop(queue, None)
         if qs is None:
             return
-        qs.closed = True
-        self._awaiting_connect.pop(qs, None)
+        if not qs.closed:
+            qs.enter(QueueLifecycle.CLOSED)
+        self._stop_awaiting_connect(qs)
         self._connect_refused.pop(qs, None)
         ctrl = qs.ctrl
         if qs.auth is not None and not qs.auth.authenticated:
@@ -340,34 +351,46 @@ class Target:
                 self._delete_controller(ctrl, "keep-alive timeout")
 
     # ------------------------------------------------------------------ connection management
-    def _check_connect(self, ctx: PortContext, request) -> int:
-        """The CM-level checks nvmet makes (nvmet_rdma_parse_cm_connect_req; docs/protocol.md §1.3), plus queue sizes against MQES."""
+    def _check_connect(self, ctx: PortContext, request) -> Optional[Refusal]:
+        """May a queue open: the transport's own checks of its connection request (its registry entry), then the
+        target's (nvmet_rdma_parse_cm_connect_req; docs/protocol.md §1.3): resources, QID, queue sizes against
+        MQES.  None, or the Refusal the transport words on its wire."""
         if self.closed or len(self._queues) >= MAX_QUEUES:
-            return cm.STS_NO_RESOURCES
-        if request.recfmt != 0:
-            return cm.STS_INVALID_RECFMT
+            return Refusal.NO_RESOURCES
+        refusal = registry.get(request.trtype).check_request(request)
+        if refusal is not None:
+            return refusal
+        address = request.peer_address
+        if address and self._unconnected_by_address[address] >= self.limits.max_queues_per_host + 1:
+            # A host opens at most an admin queue and max_queues_per_host I/O queues before it sends their
+            # Connects (nvme-rdma connects every queue's CM first); more from one address is a flood.
+            if address not in self._flood_logged:
+                self._flood_logged.add(address)
+                log.warning("refusing connections from %s: %d of its queues are awaiting their NVMe Connect "
+                            "(a host needs at most --max-queues-per-host + 1)", address,
+                            self._unconnected_by_address[address])
+            return Refusal.NO_RESOURCES
         if request.qid == 0:
             if request.hsqsize + 1 > cm.ADMIN_QUEUE_DEPTH:
-                return cm.STS_INVALID_HSQSIZE
+                return Refusal.INVALID_HSQSIZE
             io_ctrls = sum(len(s.controllers) for s in self.subsystems.values())
             if io_ctrls >= self.limits.max_controllers and \
                     len(self.discovery.controllers) >= MAX_DISCOVERY_CONTROLLERS:
                 log.warning("refusing an admin queue: %d controllers and %d discovery controllers exist "
                             "(--max-controllers)", io_ctrls, len(self.discovery.controllers))
-                return cm.STS_NO_RESOURCES
+                return Refusal.NO_RESOURCES
         else:
             max_qid = max([s.max_qid for s in self.subsystems.values()] or [0])
             if request.qid > max_qid:
-                return cm.STS_INVALID_QID
+                return Refusal.INVALID_QID
             if request.hsqsize > ctx.mqes:
-                return cm.STS_INVALID_HSQSIZE
-        if request.hrqsize == 0:
-            return cm.STS_INVALID_HRQSIZE
-        return 0
+                return Refusal.INVALID_HSQSIZE
+        return None
 
     def _queue_opened(self, ctx: PortContext, queue) -> None:
         qs = self._queues[queue] = QueueState(queue, ctx, self)
         self._awaiting_connect[qs] = self.clock() + self.limits.connect_timeout
+        self._unconnected_by_address[queue.request.peer_address] += 1
         log.debug("queue %d opened from %s", queue.request.qid, queue.request.peer or "?")
 
     # -- resources (transport/resources.py): queues without a Connect, grants, counts
@@ -380,12 +403,27 @@ class Target:
                 qs, deadline = next(iter(pending.items()))
                 if deadline > now:
                     break
-                del pending[qs]
+                if pending is self._awaiting_connect:
+                    self._stop_awaiting_connect(qs)
+                else:
+                    del pending[qs]
                 self._close_queue(qs, why, logging.INFO)
+
+    def _stop_awaiting_connect(self, qs: QueueState) -> bool:
+        """The queue no longer awaits its Connect (accepted, refused or closed); False if it was not awaiting it."""
+        if self._awaiting_connect.pop(qs, None) is None:
+            return False
+        address = qs.transport.request.peer_address
+        self._unconnected_by_address[address] -= 1
+        if self._unconnected_by_address[address] <= 0:
+            del self._unconnected_by_address[address]
+            self._flood_logged.discard(address)
+        return True
 
     def _connect_failed(self, qs: QueueState) -> None:
         """The Connect on a queue without a controller failed: close it shortly (after the status is sent)."""
-        if self._awaiting_connect.pop(qs, None) is not None:
+        if self._stop_awaiting_connect(qs):
+            qs.enter(QueueLifecycle.REFUSED)
             self._connect_refused[qs] = self.clock() + REFUSED_LINGER
 
     def _commit_queue(self, qs: QueueState) -> bool:
@@ -394,7 +432,9 @@ class Target:
             log.warning("queue %d: the data buffer pool cannot guarantee another queue its minimum "
                         "(raise --data-buffers, or lower --max-queues-per-ctrl)", qs.qid)
             return False
-        self._awaiting_connect.pop(qs, None)
+        self._stop_awaiting_connect(qs)
+        self._connect_refused.pop(qs, None)  # a Connect retried before the refused one's linger ended
+        qs.enter(QueueLifecycle.LIVE)
         return True
 
     def controller_cap(self, sub, hostnqn: str) -> str:
@@ -438,7 +478,7 @@ class Target:
         if qs.closed:
             return
         log.log(level, "queue %d: closing: %s", qs.qid, reason)
-        qs.closed = True
+        qs.enter(QueueLifecycle.CLOSED)
         try:
             qs.transport.close()
         except Exception:
@@ -450,6 +490,7 @@ class Target:
         if ctrl.dead or ctrl in self._ending:
             return
         ctrl.csts |= F.CSTS_CFS
+        ctrl.change_state(CtrlState.DELETING)
         log.warning("controller %d (%s, host %s): ending it: %s", ctrl.cntlid, ctrl.subsystem.nqn, ctrl.hostnqn,
                     reason)
         self._ending[ctrl] = (self.clock() + REFUSED_LINGER, reason)
@@ -458,7 +499,8 @@ class Target:
         """Free the CNTLID and disconnect every queue of the controller."""
         if ctrl.dead:
             return
-        ctrl.dead = True
+        ctrl.change_state(CtrlState.DELETING)  # unless a fatal error put it there already (end_controller)
+        ctrl.change_state(CtrlState.DEAD)
         if ctrl.subsystem.controllers.get(ctrl.cntlid) is ctrl:
             del ctrl.subsystem.controllers[ctrl.cntlid]
         ctrl.aers.clear()
@@ -499,13 +541,13 @@ class Target:
         if ctrl is None:
             if opc != FABRICS_OPCODE or req.fctype != F.FCTYPE_CONNECT:
                 return self.complete(req, S.INVALID_OPCODE | S.DNR, location=LOC_OPCODE)
-            handler = _fabrics_connect
+            handler = fabrics.connect
         elif qs.auth is not None and not qs.auth.authenticated and (
-                opc != FABRICS_OPCODE or req.fctype not in _BEFORE_AUTHENTICATION):
+                opc != FABRICS_OPCODE or req.fctype not in fabrics.BEFORE_AUTHENTICATION):
             # nvmet_check_auth_status: nothing but authentication until the queue is authenticated
             return self.complete(req, S.AUTH_REQUIRED | S.DNR, location=LOC_OPCODE)
         elif opc == FABRICS_OPCODE:
-            handler = _FABRICS_ADMIN.get(req.fctype) if qs.qid == 0 else _FABRICS_IO.get(req.fctype)
+            handler = (fabrics.ADMIN if qs.qid == 0 else fabrics.IO).get(req.fctype)
             if handler is None:
                 return self.complete(req, S.INVALID_OPCODE | S.DNR, location=LOC_OPCODE)
         else:
@@ -526,72 +568,62 @@ class Target:
             if handler is None:
                 return self.complete(req, S.INVALID_OPCODE | S.DNR, location=LOC_OPCODE)
 
-        status = self._map_sgl(req)
+        status = qs.map_sgl(req)  # the transport's: in-capsule or keyed (transport/registry.py)
         if status:
             return self.complete(req, status, location=LOC_DPTR)
+        if EXECUTING not in NEXT[req.state]:  # lifecycle.move, inlined: once per command
+            raise IllegalTransition(req, EXECUTING)
         req.state = EXECUTING
-        handler(self, req)
+        if handler(self, req) is None:
+            self._missing_outcome(req, handler)
 
-    def _map_sgl(self, req: Request) -> int:
-        """Check the data descriptor (nvmet_rdma_map_sgl): keyed 0x40/0x4F, or in-capsule 0x01."""
-        sgl_type = req.sgl_id >> 4
-        subtype = req.sgl_id & 0xF
-        if sgl_type == TYPE_KEYED_DATA_BLOCK:
-            if subtype != SUBTYPE_ADDRESS and subtype != SUBTYPE_INVALIDATE_KEY:
-                return S.INVALID_FIELD | S.DNR
-            return 0
-        if sgl_type == TYPE_DATA_BLOCK:
-            if subtype != SUBTYPE_OFFSET:
-                return S.INVALID_FIELD | S.DNR
-            if not is_write_direction(req.opc, req.fctype):
-                return S.INVALID_FIELD | S.DNR
-            end = req.sgl_addr + req.sgl_len
-            if end > req.queue.in_capsule_size:
-                return S.SGL_INVALID_OFFSET | S.DNR
-            if SQE_SIZE + end > len(req.capsule):
-                return S.SGL_INVALID_DATA | S.DNR  # the descriptor promises more than the capsule carried
-            req.inline_offset = req.sgl_addr
-            return 0
-        return S.SGL_INVALID_TYPE | S.DNR
+    def _missing_outcome(self, req: Request, step) -> None:
+        """A handler or next step returned no Outcome: a missing branch, answered Internal Error and counted
+        unless it did answer, so it never keeps the request's slot."""
+        self._internal_error(req, MissingOutcome(f"{getattr(step, '__qualname__', step)} returned no outcome"))
 
-    def fetch(self, req: Request, length: int, next_step: Callable) -> None:
-        """READING: get `length` bytes of host data, then call next_step(target, req, data)."""
+    def fetch(self, req: Request, length: int, next_step: Callable) -> Outcome:
+        """Get `length` bytes of host data, then call next_step(target, req, data), which returns an Outcome:
+        in-capsule data at once (its outcome is returned), else TRANSFERRING_HOST_TO_CONTROLLER until the
+        transport has read it (FETCHING)."""
         if req.inline_offset >= 0:
             start = SQE_SIZE + req.inline_offset
-            next_step(self, req, req.capsule[start:start + length])
-            return
-        req.state = READING
+            return next_step(self, req, req.capsule[start:start + length])
+        move(req, TRANSFERRING_HOST_TO_CONTROLLER)
         req.next_step = next_step
         req.queue.transport.read_host(req.sgl_addr, req.sgl_key, length, req.read_done, req.tx)
+        return FETCHING
 
     def _host_data_arrived(self, req: Request, data, error) -> None:
         """The RDMA READ of a request finished (called by the transport)."""
         qs = req.queue
-        if req.state != READING:
+        if req.state != TRANSFERRING_HOST_TO_CONTROLLER:
             return
         if qs.closed:
-            req.state = FREE
+            move(req, FREE)
             return
         if error is not None:
             self.complete(req, S.DATA_XFER_ERROR, location=LOC_DPTR)
             self._close_queue(qs, f"RDMA READ failed: {error}")  # as nvmet: a failed transfer ends the queue
             return
-        req.state = EXECUTING
+        move(req, EXECUTING)
         step, req.next_step = req.next_step, None
         try:
-            step(self, req, data)
+            if step(self, req, data) is None:
+                self._missing_outcome(req, step)
         except Exception:
             self._internal_error(req)
 
     # A namespace may be removed while its command waits for its I/O engine or for its next slice: the command
     # then answers Invalid Namespace (as a Write whose data arrives after the removal, io._write_data), and the
     # backend is closed only once the job completed (Namespace.retire), never under a running call.
-    def run_sliced(self, req: Request, steps, what: str) -> None:
+    def run_sliced(self, req: Request, steps, what: str) -> Outcome:
         """EXECUTING in slices: one step of `steps` per loop pass, then complete."""
         ns = req.ns
         ns.jobs += 1
         self.work.sliced(_unless_removed(ns, iter(steps)),
                          lambda exc: self._background_done(req, ns, exc, what), what)
+        return DEFERRED
 
     def _background_done(self, req: Request, ns, exc: Optional[BaseException], what: str) -> None:
         ns.job_done()
@@ -616,18 +648,19 @@ class Target:
 
         io.flush_namespaces(self, list(ctrl.subsystem.namespaces.values()), done)
 
-    def hold(self, req: Request) -> None:
+    def hold(self, req: Request) -> Outcome:
         """HELD: no completion until an event arrives (the AER)."""
-        req.state = HELD
+        move(req, HELD)
+        return HELD_OUTCOME
 
     def complete(self, req: Request, status: int = 0, result: int = 0, data=None, dw1: int = 0,
-                 location: int = NO_LOCATION, source=None) -> None:
+                 location: int = NO_LOCATION, source=None) -> Outcome:
         """Send controller-to-host data (if any, on success) and the CQE, then free the request.  `source`:
         (RAM backend, offset) when `data` is the namespace's own memory (TargetQueue.complete)."""
         qs = req.queue
         if qs.closed:
-            req.state = FREE
-            return
+            move(req, FREE)
+            return COMPLETED
         transport = qs.transport
         if status:
             ctrl = qs.ctrl
@@ -639,9 +672,7 @@ class Target:
         elif data is not None and not len(data):
             data = None
         sqhd = qs.next_sqhd()
-        # A keyed descriptor with subtype 0xF asks us to invalidate the host's key with the response
-        # (SEND with Invalidate), as nvmet does; it saves the host a local invalidation.
-        invalidate = req.sgl_key if req.sgl_id == INVALIDATE_KEYED_ID and req.sgl_len else None
+        invalidate = req.invalidate_key  # the transport's map_sgl set it when the host asked (keyed 0x4F)
         tx = req.tx
         addr, key = req.sgl_addr, req.sgl_key
         qs.release(req)
@@ -663,8 +694,9 @@ class Target:
             self._close_queue(qs, f"cannot send a completion: {exc}")
         if status and qs.ctrl is None and req.opc == FABRICS_OPCODE and req.fctype == F.FCTYPE_CONNECT:
             self._connect_failed(qs)
+        return COMPLETED
 
-    def _internal_error(self, req: Request, exc: Optional[BaseException] = None) -> None:
+    def _internal_error(self, req: Request, exc: Optional[BaseException] = None) -> Outcome:
         """A bug, not the host or the device: counted, logged with its traceback (`exc`, or the exception being
         handled), and answered Internal Error | DNR."""
         self.internal_errors += 1
@@ -679,6 +711,7 @@ class Target:
                 self.complete(req, S.INTERNAL | S.DNR)
             except Exception:
                 log.exception("could not complete the failed request")
+        return COMPLETED
 
     def deliver_events(self, ctrl: Controller) -> None:
         """Complete held AERs with pending events."""
@@ -687,14 +720,6 @@ class Target:
             if req.queue.closed:
                 continue
             self.complete(req, 0, result=ctrl.pending_events.popleft())
-
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def escape_controls(text: str) -> str:
-    """`text` with each control character as \\xNN (C0, DEL, C1)."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def _unless_removed(ns, steps):
@@ -706,195 +731,3 @@ def _unless_removed(ns, steps):
         except StopIteration:
             return
         yield n
-
-
-# ---------------------------------------------------------------------- fabrics commands (§4)
-
-def _fabrics_connect(t: Target, req: Request) -> None:
-    if req.sgl_len != F.CONNECT_DATA_SIZE:
-        return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
-    t.fetch(req, F.CONNECT_DATA_SIZE, _connect_with_data)
-
-
-def _connect_with_data(t: Target, req: Request, data) -> None:
-    qs = req.queue
-    if qs.ctrl is not None:  # a second Connect raced the first on this queue
-        return t.complete(req, S.CONNECT_CTRL_BUSY | S.DNR, location=LOC_OPCODE)
-    recfmt = req.cdw10 & 0xFFFF
-    qid = req.cdw10 >> 16
-    sqsize = req.cdw11 & 0xFFFF
-    cattr = (req.cdw11 >> 16) & 0xFF
-    kato = req.cdw12
-    if recfmt != 0:
-        return t.complete(req, S.CONNECT_FORMAT | S.DNR, location=LOC_CDW10)
-    d = F.ConnectData.unpack(data)
-    # The NQNs are the host's words: every log line and status shows them, so a control character (a newline
-    # forging a log line, a terminal escape) is escaped here, once.  A configured NQN has none (config.py),
-    # so matching the allow-list is unchanged.
-    d.hostnqn, d.subnqn = escape_controls(d.hostnqn), escape_controls(d.subnqn)
-
-    def invalid(iattr: int):
-        t.complete(req, S.CONNECT_INVALID_PARAM | S.DNR, result=iattr)
-
-    if qid != qs.qid:
-        log.warning("Connect for QID %d on the queue opened as QID %d", qid, qs.qid)
-        return invalid(F.iattr_sqe(F.CONNECT_SQE_OFF_QID))
-    raw = bytes(data)
-    for offset, name in ((F.CONNECT_DATA_OFF_SUBNQN, "SUBNQN"), (F.CONNECT_DATA_OFF_HOSTNQN, "HOSTNQN")):
-        # An NQN is at most 223 bytes and NUL-terminated within its 256-byte field (NVMe base spec, NQN).
-        end = raw.find(b"\0", offset, offset + NQN_FIELD_SIZE)
-        if end < 0 or end - offset > NQN_MAX_BYTES:
-            log.warning("Connect with a %s that is %s", name,
-                        "not NUL-terminated" if end < 0 else f"{end - offset} bytes (more than {NQN_MAX_BYTES})")
-            return invalid(F.iattr_data(offset))
-    sub = t.find_subsystem(qs.port, d.subnqn)
-    if sub is None:
-        log.warning("Connect from %s to unknown or unexported subsystem %r", d.hostnqn, d.subnqn)
-        return invalid(F.iattr_data(F.CONNECT_DATA_OFF_SUBNQN))
-    if not sub.host_allowed(d.hostnqn):
-        log.warning("Connect to %s from host %r, which is not allowed", sub.nqn, d.hostnqn)
-        return t.complete(req, S.CONNECT_INVALID_HOST | S.DNR,
-                          result=F.iattr_data(F.CONNECT_DATA_OFF_HOSTNQN))
-    if sqsize == 0:
-        return invalid(F.iattr_sqe(F.CONNECT_SQE_OFF_SQSIZE))
-
-    if qid == 0:
-        if d.cntlid != F.DYNAMIC_CNTLID:
-            return invalid(F.iattr_data(F.CONNECT_DATA_OFF_CNTLID))
-        max_kato = t.config.settings.max_kato
-        if kato > max_kato * 1000:
-            log.warning("Connect to %s from %s with KATO %d ms, above the target's max_kato of %d s",
-                        sub.nqn, d.hostnqn, kato, max_kato)
-            return invalid(F.iattr_sqe(F.CONNECT_SQE_OFF_KATO))
-        if sqsize > cm.ADMIN_QUEUE_DEPTH - 1:
-            return invalid(F.iattr_sqe(F.CONNECT_SQE_OFF_SQSIZE))
-        refusal = t.controller_cap(sub, d.hostnqn)
-        if refusal:
-            log.warning("Connect from %s to %s: %s", d.hostnqn, sub.nqn, refusal)
-            return t.complete(req, S.CONNECT_CTRL_BUSY)
-        cntlid = sub.alloc_cntlid()
-        if cntlid is None:
-            log.warning("%s: no free controller ID", sub.nqn)
-            return t.complete(req, S.CONNECT_CTRL_BUSY | S.DNR)
-        if not t._commit_queue(qs):
-            return t.complete(req, S.CONNECT_CTRL_BUSY)
-        cap = F.make_cap(qs.port.mqes)
-        settings = t.config.settings
-        ctrl = Controller(sub, cntlid, d.hostnqn, d.hostid, kato, qs.port, cap, t.clock(),
-                          max_kato=settings.max_kato, discovery_idle=settings.discovery_idle_limit)
-        ctrl.max_io_qid = min(ctrl.max_io_qid, t.limits.max_queues_per_ctrl)
-        sub.controllers[cntlid] = ctrl
-        ctrl.admin_queue = qs
-        ctrl.auth = auth.settings_for(t, sub, d.hostnqn)
-        _install_queue(qs, ctrl, sqsize, cattr)
-        log.info("controller %d created for %s, host %s (KATO %d ms)%s", cntlid, sub.nqn, d.hostnqn, ctrl.kato_ms,
-                 " with DH-HMAC-CHAP" if ctrl.auth else "")
-        return t.complete(req, 0, result=_connect_result(ctrl))
-
-    ctrl = sub.controllers.get(d.cntlid)
-    if ctrl is None or ctrl.dead:
-        log.warning("I/O Connect for controller %d of %s from %s: no such controller",
-                    d.cntlid, sub.nqn, d.hostnqn)
-        return invalid(F.iattr_data(F.CONNECT_DATA_OFF_CNTLID))
-    # The I/O queue belongs to the host that made the controller: same host NQN and host ID.
-    if ctrl.hostnqn != d.hostnqn:
-        log.warning("I/O Connect for controller %d of %s from %s: the controller belongs to host %s",
-                    d.cntlid, sub.nqn, d.hostnqn, ctrl.hostnqn)
-        return invalid(F.iattr_data(F.CONNECT_DATA_OFF_HOSTNQN))
-    if ctrl.hostid != d.hostid:
-        log.warning("I/O Connect for controller %d of %s from %s: host ID %s is not the controller's %s",
-                    d.cntlid, sub.nqn, d.hostnqn, bytes(d.hostid).hex(), bytes(ctrl.hostid).hex())
-        return invalid(F.iattr_data(F.CONNECT_DATA_OFF_HOSTID))
-    if qid > ctrl.max_io_qid:
-        return invalid(F.iattr_sqe(F.CONNECT_SQE_OFF_QID))
-    if sqsize > F.cap_mqes(ctrl.cap):
-        return invalid(F.iattr_sqe(F.CONNECT_SQE_OFF_SQSIZE))
-    if qid in ctrl.io_queues:
-        return t.complete(req, S.CMD_SEQ_ERROR | S.DNR, location=LOC_CDW10)
-    if t.host_io_queues(ctrl.hostnqn) >= t.limits.max_queues_per_host:
-        log.warning("I/O Connect from %s: the host has %d I/O queues (--max-queues-per-host)", ctrl.hostnqn,
-                    t.limits.max_queues_per_host)
-        return invalid(F.iattr_sqe(F.CONNECT_SQE_OFF_QID))
-    if not t._commit_queue(qs):
-        return t.complete(req, S.CONNECT_CTRL_BUSY)
-    ctrl.io_queues[qid] = qs
-    _install_queue(qs, ctrl, sqsize, cattr)
-    log.debug("controller %d: I/O queue %d connected (SQSIZE %d)", ctrl.cntlid, qid, sqsize)
-    t.complete(req, 0, result=_connect_result(ctrl))
-
-
-def _connect_result(ctrl: Controller) -> int:
-    """Connect response DW0: CNTLID, and AUTHREQ.ATR when the host must authenticate (nvmet_connect_result)."""
-    return ctrl.cntlid | (auth.A.CONNECT_AUTHREQ_ATR if ctrl.auth else 0)
-
-
-def _install_queue(qs: QueueState, ctrl: Controller, sqsize: int, cattr: int) -> None:
-    qs.ctrl = ctrl
-    qs.sqsize = sqsize
-    qs.sqhd = 0
-    qs.sqflow_disabled = bool(cattr & F.CATTR_DISABLE_SQFLOW)
-    if ctrl.auth is not None:
-        qs.auth = auth.QueueAuth(ctrl.auth, qs.qid, ctrl.cntlid, ctrl.hostnqn, ctrl.subsystem.nqn,
-                                 qs.target.clock())
-
-
-def _property_get(t: Target, req: Request) -> None:
-    if req.sgl_len:
-        return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
-    ctrl = req.queue.ctrl
-    offset = req.cdw11
-    if req.cdw10 & 1:  # 8-byte property: only CAP
-        if offset != F.PROP_CAP:
-            return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW11)
-        value = ctrl.cap
-    elif offset == F.PROP_VS:
-        value = ctrl.subsystem.version
-    elif offset == F.PROP_CC:
-        value = ctrl.cc
-    elif offset == F.PROP_CSTS:
-        value = ctrl.csts
-    else:
-        return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW11)
-    t.complete(req, 0, result=value & 0xFFFFFFFF, dw1=value >> 32)
-
-
-def _property_set(t: Target, req: Request) -> None:
-    if req.sgl_len:
-        return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
-    if req.cdw10 & 1 or req.cdw11 != F.PROP_CC:  # only CC is writable, as a 4-byte property
-        return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10 if req.cdw10 & 1 else LOC_CDW11)
-    ctrl = req.queue.ctrl
-    was_shutting_down = ctrl.shutting_down
-    ctrl.set_cc(req.cdw12, t.clock())
-    t.complete(req, 0)
-    if ctrl.shutting_down and not was_shutting_down:
-        # The host disconnects its I/O queues before it shuts the controller down (docs/protocol.md §1.8).
-        for qs in list(ctrl.io_queues.values()):
-            t._close_queue(qs, f"controller {ctrl.cntlid} shut down", logging.INFO)
-        t.shutdown_flush(ctrl)
-
-
-def _disconnect(t: Target, req: Request) -> None:
-    """Disconnect (I/O queues only): complete, then close the queue."""
-    if req.sgl_len:
-        return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
-    if req.cdw10 & 0xFFFF:
-        return t.complete(req, S.CONNECT_FORMAT | S.DNR, location=LOC_CDW10)
-    qs = req.queue
-    t.complete(req, 0)
-    t._close_queue(qs, "host sent Disconnect", logging.INFO)
-
-
-def _already_connected(t: Target, req: Request) -> None:
-    t.complete(req, S.CONNECT_CTRL_BUSY | S.DNR, location=LOC_OPCODE)
-
-
-_FABRICS_ADMIN = {F.FCTYPE_PROPERTY_GET: _property_get, F.FCTYPE_PROPERTY_SET: _property_set,
-                  F.FCTYPE_CONNECT: _already_connected,
-                  F.FCTYPE_AUTH_SEND: auth.auth_send, F.FCTYPE_AUTH_RECV: auth.auth_receive}
-_FABRICS_IO = {F.FCTYPE_DISCONNECT: _disconnect, F.FCTYPE_CONNECT: _already_connected,
-               F.FCTYPE_AUTH_SEND: auth.auth_send, F.FCTYPE_AUTH_RECV: auth.auth_receive}
-# What a queue that must authenticate accepts before it has (Property Set is not among them: an
-# unauthenticated host cannot enable the controller).
-_BEFORE_AUTHENTICATION = {F.FCTYPE_AUTH_SEND, F.FCTYPE_AUTH_RECV, F.FCTYPE_PROPERTY_GET, F.FCTYPE_CONNECT,
-                          F.FCTYPE_DISCONNECT}

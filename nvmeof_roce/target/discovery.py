@@ -21,12 +21,16 @@ from ..nvme.fabrics import DISCOVERY_NQN
 from .admin import KAS, async_event, get_feature_common, keep_alive, log_page_request, set_feature_common, \
     sgls_for, window
 from .limits import MAX_AER
-from .request import LOC_CDW10, LOC_DPTR, Request
+from .handlers import CommandTable
+from .request import COMPLETED, LOC_CDW10, LOC_DPTR, Outcome, Request
 
 if TYPE_CHECKING:
     from .core import Target
 
 WILDCARD_ADDRESSES = ("", "0.0.0.0", "::", "[::]")
+COMMANDS = CommandTable("discovery")  # each handler below declares its opcode
+COMMANDS.handles(ADMIN_ASYNC_EVENT)(async_event)  # as an I/O controller's
+COMMANDS.handles(ADMIN_KEEP_ALIVE)(keep_alive)
 _TREQ = {"not specified": L.TREQ_NOT_SPECIFIED, "required": L.TREQ_REQUIRED, "not required": L.TREQ_NOT_REQUIRED}
 
 
@@ -35,8 +39,8 @@ def identify_discovery_controller(ctrl) -> bytes:
     return I.IdentifyController(
         sn=sub.serial, mn=sub.model, fr=__version__[:8], rab=6, mdts=0, cntlid=ctrl.cntlid, ver=sub.version,
         cntrltype=I.CNTRLTYPE_DISCOVERY, aerl=MAX_AER - 1, lpa=0x04, elpe=0, kas=KAS, sqes=0x66, cqes=0x44,
-        maxcmd=32, sgls=sgls_for(ctrl.port.in_capsule_size), subnqn=DISCOVERY_NQN, ioccsz=4, iorcsz=1,
-        icdoff=0, msdbd=1, dctype=1,
+        maxcmd=32, sgls=sgls_for(ctrl.admin_queue.ops if ctrl.admin_queue else None, ctrl.port.in_capsule_size),
+        subnqn=DISCOVERY_NQN, ioccsz=4, iorcsz=1, icdoff=0, msdbd=1, dctype=1,
     ).pack()
 
 
@@ -74,46 +78,45 @@ def discovery_log(t: Target, ctrl) -> bytes:
     return header.pack() + b"".join(e.pack() for e in entries)
 
 
-def _identify(t: Target, req: Request) -> None:
+@COMMANDS.handles(ADMIN_IDENTIFY)
+def _identify(t: Target, req: Request) -> Outcome:
     if req.sgl_len != I.IDENTIFY_SIZE:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
     if req.cdw10 & 0xFF != A.CNS_CONTROLLER:
         return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
-    t.complete(req, 0, data=identify_discovery_controller(req.queue.ctrl))
+    return t.complete(req, 0, data=identify_discovery_controller(req.queue.ctrl))
 
 
-def _get_log_page(t: Target, req: Request) -> None:
+@COMMANDS.handles(ADMIN_GET_LOG_PAGE)
+def _get_log_page(t: Target, req: Request) -> Outcome:
     window_args = log_page_request(t, req)
     if window_args is None:
-        return
+        return COMPLETED
     length, offset = window_args
     if req.cdw10 & 0xFF != A.LID_DISCOVERY:
         return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
     ctrl = req.queue.ctrl
     if not req.cdw10 & (1 << 15):  # RAE clear: a discovery-change event may be reported again
         ctrl.aen_masked &= ~A.AEN_CFG_DISC_CHANGE
-    t.complete(req, 0, data=window(discovery_log(t, ctrl), offset, length))
+    return t.complete(req, 0, data=window(discovery_log(t, ctrl), offset, length))
 
 
-def _set_features(t: Target, req: Request) -> None:
+@COMMANDS.handles(ADMIN_SET_FEATURES)
+def _set_features(t: Target, req: Request) -> Outcome:
     if req.sgl_len:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
-    if not set_feature_common(t, req, req.cdw10 & 0xFF):
-        t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
+    outcome = set_feature_common(t, req, req.cdw10 & 0xFF)
+    if outcome is None:
+        return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
+    return outcome
 
 
-def _get_features(t: Target, req: Request) -> None:
+@COMMANDS.handles(ADMIN_GET_FEATURES)
+def _get_features(t: Target, req: Request) -> Outcome:
     if req.sgl_len:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
-    if not get_feature_common(t, req, req.cdw10 & 0xFF):
-        t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
+    outcome = get_feature_common(t, req, req.cdw10 & 0xFF)
+    if outcome is None:
+        return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
+    return outcome
 
-
-COMMANDS = {
-    ADMIN_IDENTIFY: _identify,
-    ADMIN_GET_LOG_PAGE: _get_log_page,
-    ADMIN_SET_FEATURES: _set_features,
-    ADMIN_GET_FEATURES: _get_features,
-    ADMIN_ASYNC_EVENT: async_event,
-    ADMIN_KEEP_ALIVE: keep_alive,
-}

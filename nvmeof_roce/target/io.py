@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING
 
 from ..nvme import status as S
 from ..nvme.command import NVM_DSM, NVM_FLUSH, NVM_READ, NVM_WRITE, NVM_WRITE_ZEROES
+from ..nvme.log import EFFECT_CSUPP, EFFECT_LBCC
 from ..nvme.nvm import CONTROL_FUA, DSM_AD, DSM_RANGE_SIZE, DSM_RANGE_STRUCT
 import errno
 
 from .backends import BackendError
-from .request import LOC_CDW10, LOC_CDW12, LOC_DPTR, LOC_NSID, LOC_OPCODE, Request
+from .handlers import CommandTable
+from .request import COMPLETED, DEFERRED, LOC_CDW10, LOC_CDW12, LOC_DPTR, LOC_NSID, LOC_OPCODE, Outcome, Request
 from .work import SLICE_BYTES
 
 if TYPE_CHECKING:
@@ -37,6 +39,8 @@ _CONTROL_FUA = CONTROL_FUA << 16  # CDW12 bits 31:16 are the control field
 BACKEND_ERRORS = (OSError, BackendError)
 
 ONCS_NOT_SUPPORTED = 0x183  # NVM command set specific status (Linux NVME_SC_ONCS_NOT_SUPPORTED)
+
+COMMANDS = CommandTable("I/O")  # each handler below declares its opcode and effects
 
 
 def device_status(exc: BaseException, opc: int):
@@ -58,7 +62,7 @@ def device_status(exc: BaseException, opc: int):
     return S.INTERNAL | S.DNR, LOC_OPCODE
 
 
-def _device_failed(t: Target, req: Request, ns, exc: BaseException, what: str) -> None:
+def _device_failed(t: Target, req: Request, ns, exc: BaseException, what: str) -> Outcome:
     """Complete `req` after its device call raised `exc`: nvmet's status for a device error, Internal Error
     (counted) for a bug."""
     if not isinstance(exc, BACKEND_ERRORS):
@@ -66,7 +70,7 @@ def _device_failed(t: Target, req: Request, ns, exc: BaseException, what: str) -
     log.error("namespace %d: %s failed: %s", ns.nsid, what, exc)
     ns.stats.errors += 1
     status, location = device_status(exc, req.opc)
-    t.complete(req, status, location=location)
+    return t.complete(req, status, location=location)
 
 
 def _rw_checks(t: Target, req: Request):
@@ -87,17 +91,18 @@ def _rw_checks(t: Target, req: Request):
     return slba << ns.lbads, length
 
 
-def _read(t: Target, req: Request) -> None:
+@COMMANDS.handles(NVM_READ)
+def _read(t: Target, req: Request) -> Outcome:
     started = perf_counter_ns()
     checked = _rw_checks(t, req)
     if checked is None:
-        return
+        return COMPLETED
     offset, length = checked
     ns = req.ns
     if ns.backend.blocking:
         ns.jobs += 1
         ns.engine(t.work).read(offset, length, lambda data, exc: _read_done(t, req, ns, started, data, exc))
-        return
+        return DEFERRED
     if ns.direct_view is not None:
         data = ns.direct_view[offset:offset + length]  # sent straight from the RAM namespace
         source = (ns.backend, offset)
@@ -109,14 +114,14 @@ def _read(t: Target, req: Request) -> None:
             ns.backend.read_into(offset, data)
         except BACKEND_ERRORS as exc:
             return _device_failed(t, req, ns, exc, f"read of {length} bytes at {offset}")
-    _read_complete(t, req, ns, started, data, source)
+    return _read_complete(t, req, ns, started, data, source)
 
 
-def _read_complete(t: Target, req: Request, ns, started: int, data, source=None) -> None:
+def _read_complete(t: Target, req: Request, ns, started: int, data, source=None) -> Outcome:
     ns.bytes_read += len(data)
     ns.read_commands += 1
     ns.stats.read_latency.record_ns(perf_counter_ns() - started)
-    t.complete(req, 0, data=data, source=source)
+    return t.complete(req, 0, data=data, source=source)
 
 
 def _read_done(t: Target, req: Request, ns, started: int, data, exc) -> None:
@@ -130,14 +135,16 @@ def _read_done(t: Target, req: Request, ns, started: int, data, exc) -> None:
         t._internal_error(req)
 
 
-def _write(t: Target, req: Request) -> None:
+@COMMANDS.handles(NVM_WRITE, EFFECT_CSUPP | EFFECT_LBCC)
+def _write(t: Target, req: Request) -> Outcome:
     req.started_ns = perf_counter_ns()
     checked = _rw_checks(t, req)
-    if checked is not None:
-        t.fetch(req, checked[1], _write_data)
+    if checked is None:
+        return COMPLETED
+    return t.fetch(req, checked[1], _write_data)
 
 
-def _write_data(t: Target, req: Request, data) -> None:
+def _write_data(t: Target, req: Request, data) -> Outcome:
     ns = req.ns
     if ns.removed:  # removed while its data was in flight
         return t.complete(req, S.INVALID_NS | S.DNR)
@@ -147,19 +154,19 @@ def _write_data(t: Target, req: Request, data) -> None:
         ns.jobs += 1
         length = len(data)
         ns.engine(t.work).write(offset, data, fua, lambda exc: _write_done(t, req, ns, length, exc))
-        return
+        return DEFERRED
     try:
         ns.backend.write(offset, data)
     except BACKEND_ERRORS as exc:
         return _device_failed(t, req, ns, exc, f"write of {len(data)} bytes at {offset}")
-    _write_complete(t, req, ns, len(data))
+    return _write_complete(t, req, ns, len(data))
 
 
-def _write_complete(t: Target, req: Request, ns, length: int) -> None:
+def _write_complete(t: Target, req: Request, ns, length: int) -> Outcome:
     ns.bytes_written += length
     ns.write_commands += 1
     ns.stats.write_latency.record_ns(perf_counter_ns() - req.started_ns)
-    t.complete(req, 0)
+    return t.complete(req, 0)
 
 
 def _write_done(t: Target, req: Request, ns, length: int, exc) -> None:
@@ -174,7 +181,8 @@ def _write_done(t: Target, req: Request, ns, length: int, exc) -> None:
         t._internal_error(req)
 
 
-def _flush(t: Target, req: Request) -> None:
+@COMMANDS.handles(NVM_FLUSH)
+def _flush(t: Target, req: Request) -> Outcome:
     if req.sgl_len:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
     ns = req.ns
@@ -186,6 +194,7 @@ def _flush(t: Target, req: Request) -> None:
         return t.complete(req, 0)
     ns.jobs += 1  # on the namespace's lane: every write completed before it is made durable
     ns.engine(t.work).flush(lambda exc: _lane_done(t, req, ns, exc, "flush"))
+    return DEFERRED
 
 
 def _lane_done(t: Target, req: Request, ns, exc, what: str) -> None:
@@ -228,7 +237,8 @@ def flush_namespaces(t: Target, namespaces, done) -> None:
     one_done(None, None)  # the inline ones are done
 
 
-def _write_zeroes(t: Target, req: Request) -> None:
+@COMMANDS.handles(NVM_WRITE_ZEROES, EFFECT_CSUPP | EFFECT_LBCC)
+def _write_zeroes(t: Target, req: Request) -> Outcome:
     if req.sgl_len:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
     ns = req.ns
@@ -236,10 +246,10 @@ def _write_zeroes(t: Target, req: Request) -> None:
     slba = req.cdw10 | (req.cdw11 << 32)
     if slba + nlb > ns.num_blocks:
         return t.complete(req, S.LBA_RANGE | S.DNR, location=LOC_CDW10)
-    _zero_ranges(t, req, [(slba << ns.lbads, nlb << ns.lbads)], False, "write zeroes")
+    return _zero_ranges(t, req, [(slba << ns.lbads, nlb << ns.lbads)], False, "write zeroes")
 
 
-def _zero_ranges(t: Target, req: Request, ranges, deallocate: bool, what: str) -> None:
+def _zero_ranges(t: Target, req: Request, ranges, deallocate: bool, what: str) -> Outcome:
     """Zero or deallocate byte ranges without holding the loop: a file or block device on the namespace's
     lane (fallocate, BLKZEROOUT, BLKDISCARD), RAM in slices of SLICE_BYTES across loop passes (target/work.py)."""
     ns = req.ns
@@ -247,12 +257,12 @@ def _zero_ranges(t: Target, req: Request, ranges, deallocate: bool, what: str) -
     if backend.blocking:
         ns.jobs += 1
         ns.engine(t.work).zero(ranges, deallocate, lambda exc: _lane_done(t, req, ns, exc, what))
-        return
+        return DEFERRED
 
     def steps():
         for offset, length in ranges:
             yield from backend.zero_steps(offset, length, deallocate, SLICE_BYTES)
-    t.run_sliced(req, steps(), what)
+    return t.run_sliced(req, steps(), what)
 
 
 def merge_ranges(ranges):
@@ -267,17 +277,18 @@ def merge_ranges(ranges):
     return merged
 
 
-def _dsm(t: Target, req: Request) -> None:
+@COMMANDS.handles(NVM_DSM, EFFECT_CSUPP | EFFECT_LBCC)
+def _dsm(t: Target, req: Request) -> Outcome:
     ranges_len = ((req.cdw10 & 0xFF) + 1) * DSM_RANGE_SIZE
     # The Linux host always sends a 4096-byte buffer: only "at least NR+1 ranges" is required.
     if req.sgl_len < ranges_len:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
     if not req.cdw11 & DSM_AD:
         return t.complete(req, 0)  # IDR/IDW hints only: nothing to do
-    t.fetch(req, ranges_len, _dsm_ranges)
+    return t.fetch(req, ranges_len, _dsm_ranges)
 
 
-def _dsm_ranges(t: Target, req: Request, data) -> None:
+def _dsm_ranges(t: Target, req: Request, data) -> Outcome:
     ns = req.ns
     if ns.removed:
         return t.complete(req, S.INVALID_NS | S.DNR)
@@ -290,13 +301,5 @@ def _dsm_ranges(t: Target, req: Request, data) -> None:
             ranges.append((slba << ns.lbads, nlb << ns.lbads))
     # At most 256 ranges of up to 2^32 blocks each: merged, the work is bounded by the namespace
     # size, and it is worked off in slices, never in one call.
-    _zero_ranges(t, req, merge_ranges(ranges), True, "deallocate")
+    return _zero_ranges(t, req, merge_ranges(ranges), True, "deallocate")
 
-
-COMMANDS = {
-    NVM_FLUSH: _flush,
-    NVM_WRITE: _write,
-    NVM_READ: _read,
-    NVM_WRITE_ZEROES: _write_zeroes,
-    NVM_DSM: _dsm,
-}

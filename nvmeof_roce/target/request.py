@@ -1,21 +1,29 @@
-"""Per-queue state and the request objects of the target's state machine.
+"""The request objects of the target's state machine (the queue they belong to: queue.py).
 
-A request moves through these states (like SPDK lib/nvmf/rdma.c, but with
-no threads and no blocking):
+A request's `state` is one of transport/lifecycle.py's `RequestState`, the lifecycle the transports share,
+and changes only through `lifecycle.move` or its inlined lookup (an illegal transition raises):
 
-    NEW ──parse/validate──> READING (RDMA READ of host data, or in-capsule data)
-        ──> EXECUTING ──> (RDMA WRITE of data) + SEND completion ──> FREE
-    and for the AER:  NEW ──> HELD ──(event)──> completion ──> FREE
+    FREE ─parse─> NEW ─checks, SGL mapped─> EXECUTING ─handler─> one Outcome:
+        COMPLETED   response handed to the transport ──> FREE
+        FETCHING    EXECUTING ──> TRANSFERRING_HOST_TO_CONTROLLER (RDMA READ) ──> EXECUTING ──> next step
+                    (in-capsule data: the next step runs at once)
+        HELD        EXECUTING ──> HELD (the AER) ──(event)──> FREE
+        DEFERRED    EXECUTING while the device call or the slices run; the completion comes back on the loop
+
+A handler that returns no Outcome is a bug the core answers Internal Error and counts (core.py), rather than
+leaving the request's slot taken for ever.
 
 Requests are preallocated per queue (HSQSIZE + 1 of them) and reused, so the
 hot path does not allocate a request per command.
 """
 from __future__ import annotations
 
-from typing import Callable, List, Optional
+import enum
+from typing import Callable, Optional
 
 from ..nvme.command import SQE_STRUCT
 from ..nvme.sgl import TYPE_KEYED_DATA_BLOCK
+from ..transport.lifecycle import FREE, NEW, NEXT, IllegalTransition, RequestState
 
 # SQE byte offsets reported as the error location (like nvmet's error_loc)
 NO_LOCATION = 0xFFFF
@@ -27,12 +35,21 @@ LOC_CDW10 = 40
 LOC_CDW11 = 44
 LOC_CDW12 = 48
 
-FREE = 0
-NEW = 1
-READING = 2
-EXECUTING = 3
-HELD = 4
-STATE_NAMES = {FREE: "free", NEW: "new", READING: "reading", EXECUTING: "executing", HELD: "held"}
+
+
+class Outcome(enum.Enum):
+    """What a command handler (and each next step of one) returns: how the command goes on."""
+
+    COMPLETED = "completed"  # its response was handed to the transport (or its queue is gone)
+    FETCHING = "fetching"  # it waits for host data; its next step runs when the data arrives
+    HELD = "held"  # no response until an event (the AER)
+    DEFERRED = "deferred"  # its device call or slices run off the handler; their completion answers it
+
+
+COMPLETED = Outcome.COMPLETED
+FETCHING = Outcome.FETCHING
+HELD_OUTCOME = Outcome.HELD
+DEFERRED = Outcome.DEFERRED
 
 _unpack_sqe = SQE_STRUCT.unpack_from
 
@@ -42,7 +59,8 @@ class Request:
 
     __slots__ = ("queue", "state", "opc", "flags", "cid", "nsid", "cdw2", "cdw3", "mptr",
                  "sgl_addr", "sgl_id", "sgl_len", "sgl_key", "cdw10", "cdw11", "cdw12", "cdw13", "cdw14", "cdw15",
-                 "inline_offset", "capsule", "ns", "next_step", "buf", "read_done", "_target", "started_ns", "tx")
+                 "inline_offset", "invalidate_key", "capsule", "ns", "next_step", "buf", "read_done", "_target",
+                 "started_ns", "tx")
 
     def __init__(self, queue: "QueueState", target):
         self.queue = queue
@@ -52,6 +70,7 @@ class Request:
         self.next_step: Optional[Callable] = None
         self.capsule = None
         self.inline_offset = -1  # >= 0: the data is in the capsule at 64 + this offset
+        self.invalidate_key = None  # the host's key the response invalidates (set by the transport's map_sgl)
         self.buf = bytearray(0)  # reused buffer for controller-to-host data
         self.read_done = self._on_read_done  # bound once, handed to read_host
         self.started_ns = 0  # perf_counter_ns() when an I/O command started (stats.py latency)
@@ -69,8 +88,11 @@ class Request:
             self.sgl_key = 0
         self.capsule = capsule
         self.inline_offset = -1
+        self.invalidate_key = None
         self.ns = None
         self.next_step = None
+        if NEW not in NEXT[self.state]:  # lifecycle.move, inlined: once per command
+            raise IllegalTransition(self, NEW)
         self.state = NEW
 
     @property
@@ -88,53 +110,4 @@ class Request:
 
     def __repr__(self) -> str:
         return (f"<Request qid={self.queue.qid} cid={self.cid:#x} opc={self.opc:#04x} "
-                f"{STATE_NAMES.get(self.state, self.state)}>")
-
-
-class QueueState:
-    """The target's view of one queue: its transport end, its controller once connected, its requests."""
-
-    __slots__ = ("transport", "qid", "port", "target", "ctrl", "sqsize", "sqhd", "sqflow_disabled", "depth",
-                 "free", "active", "closed", "in_capsule_size", "auth")
-
-    def __init__(self, transport, port, target):
-        self.transport = transport
-        request = transport.request
-        self.qid = request.qid
-        self.port = port
-        self.target = target
-        self.ctrl = None
-        self.sqsize = request.hsqsize  # replaced by Connect's SQSIZE
-        self.sqhd = 0
-        self.sqflow_disabled = False
-        # The host may have HSQSIZE + 1 commands outstanding (held AERs included).
-        self.depth = request.hsqsize + 1
-        self.free: List[Request] = [Request(self, target) for _ in range(min(self.depth, 64))]
-        self.active = 0
-        self.closed = False
-        self.in_capsule_size = transport.in_capsule_size if self.qid else 0
-        self.auth = None  # target/auth.py's QueueAuth when the host must authenticate this queue
-
-    def alloc(self) -> Optional[Request]:
-        if self.active >= self.depth:
-            return None
-        self.active += 1
-        if self.free:
-            return self.free.pop()
-        return Request(self, self.target)  # deeper than the preallocated pool: grow it
-
-    def release(self, req: Request) -> None:
-        req.state = FREE
-        req.capsule = None
-        req.ns = None
-        req.next_step = None
-        req.tx = None
-        self.active -= 1
-        self.free.append(req)
-
-    def next_sqhd(self) -> int:
-        """SQ head after consuming one entry (0xFFFF when the host disabled SQ flow control)."""
-        if self.sqflow_disabled:
-            return 0xFFFF
-        self.sqhd = (self.sqhd + 1) % (self.sqsize + 1)
-        return self.sqhd
+                f"{RequestState(self.state).name}>")

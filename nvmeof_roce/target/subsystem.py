@@ -10,7 +10,7 @@ from ..nvme.fabrics import DISCOVERY_NQN, MAX_CNTLID, MIN_CNTLID, make_version
 from .backends import Backend, open_backend
 from .ioengine import DEFAULT_QUEUE_DEPTH, IoEngine, choose_engine, make_engine
 from .limits import MAX_NSID
-from .stats import NamespaceStats
+from .latency import NamespaceStats
 from ..config import NamespaceConfig, SubsystemConfig
 
 log = logging.getLogger(__name__)

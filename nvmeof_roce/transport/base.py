@@ -1,4 +1,4 @@
-"""The queue contract shared by the loopback and RDMA transports.
+"""The queue contract every transport implements (loopback, RDMA; transport/registry.py lists them).
 
 One NVMe queue (admin or I/O) is one reliable connection.  The target sees a
 `TargetQueue`; the host (initiator) sees a `HostQueue`.  Both are driven by a
@@ -14,6 +14,7 @@ RDMA it also kills the connection (the QP goes to the error state).
 from __future__ import annotations
 
 import abc
+import enum
 from dataclasses import dataclass
 from typing import Callable, Optional, Protocol
 
@@ -34,6 +35,17 @@ class ConnectRejected(TransportError):
         self.status = status
 
 
+class Refusal(enum.Enum):
+    """Why the target refuses to open a queue, in no transport's words: each transport says it on its wire
+    (transport/registry.py `TransportOps.reject_status`; RDMA: the CM reject STS of nvme/cm.py)."""
+
+    INVALID_RECFMT = "invalid_recfmt"
+    INVALID_QID = "invalid_qid"
+    INVALID_HSQSIZE = "invalid_hsqsize"
+    INVALID_HRQSIZE = "invalid_hrqsize"
+    NO_RESOURCES = "no_resources"
+
+
 @dataclass(frozen=True)
 class ConnectRequest:
     """What the host asked for when it opened a queue (the RDMA CM private data)."""
@@ -43,8 +55,14 @@ class ConnectRequest:
     hrqsize: int  # host receive queue size, 1's based
     hsqsize: int  # host send queue size, 0's based
     cntlid: int  # controller ID for I/O queues on recent kernels, else 0
-    peer: str = ""  # "address:port" the queue came in on, for logs
+    peer: str = ""  # the host's "address:port" ("[address]:port" for IPv6), for logs and per-address limits
     port_id: int = 0  # the config port (portid) whose listener accepted it
+    trtype: str = "rdma"  # the transport it came on (its transport/registry.py entry)
+
+    @property
+    def peer_address(self) -> str:
+        """The host's address without the port ("" when the transport does not know it)."""
+        return self.peer.rsplit(":", 1)[0] if ":" in self.peer else self.peer
 
 
 # Completion callback for RDMA READ: data is valid only during the call.
@@ -54,6 +72,7 @@ ReadDone = Callable[[Optional[memoryview], Optional[TransportError]], None]
 class TargetQueue(abc.ABC):
     """The target's end of one NVMe queue."""
 
+    trtype = "rdma"  # its transport's registry entry (transport/registry.py): the core asks it how to map SGLs
     request: ConnectRequest
     in_capsule_size: int  # bytes of in-capsule data accepted after the 64-byte SQE (0 on admin queues)
     local_address = ""  # the address the host connected to, where the transport knows it (discovery log entries)
@@ -103,8 +122,8 @@ class TargetQueue(abc.ABC):
 class QueueHandler(Protocol):
     """Implemented by the target: the transport calls these from its event loop."""
 
-    def check_connect(self, request: ConnectRequest) -> int:
-        """0 to accept a new queue, else the CM reject status (nvme/cm.py)."""
+    def check_connect(self, request: ConnectRequest) -> Optional[Refusal]:
+        """None to accept a new queue, else why not (the transport words it: registry `reject_status`)."""
 
     def queue_opened(self, queue: TargetQueue) -> None:
         """The queue's connection is accepted; capsules may follow."""

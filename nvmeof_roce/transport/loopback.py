@@ -33,7 +33,7 @@ import time
 from collections import deque
 from typing import Callable, Dict, List, Optional
 
-from ..nvme.cm import CmConnectRequest, PrivateDataError
+from ..nvme.cm import REJECT_STATUS, CmConnectRequest, PrivateDataError
 from .resources import BufferPool
 from .base import (ConnectRejected, ConnectRequest, Connector, HostBuffer, HostQueue, QueueHandler,
                    RemoteAccessError, TargetQueue, TransportError)
@@ -169,6 +169,8 @@ class _Connection:
 
 
 class LoopbackTargetQueue(TargetQueue):
+    trtype = "loopback"
+
     def __init__(self, conn: _Connection):
         self._conn = conn
         self.request = conn.request
@@ -381,7 +383,7 @@ class LoopbackConnector(Connector):
         self.peer = f"192.0.2.{LoopbackConnector._next_port % 250 + 1}:{LoopbackConnector._next_port}"
 
     def connect(self, qid: int, hrqsize: int, hsqsize: int, cntlid: int = 0) -> LoopbackHostQueue:
-        return self._establish(ConnectRequest(0, qid, hrqsize, hsqsize, cntlid, self.peer))
+        return self._establish(ConnectRequest(0, qid, hrqsize, hsqsize, cntlid, self.peer, trtype="loopback"))
 
     def connect_raw(self, private_data: bytes) -> LoopbackHostQueue:
         """Loopback extra: connect with arbitrary CM private data (parsed as the RDMA transport does)."""
@@ -389,15 +391,16 @@ class LoopbackConnector(Connector):
             req = CmConnectRequest.unpack(private_data)
         except PrivateDataError as exc:
             raise ConnectRejected(exc.sts, f"connection rejected: {exc}") from None
-        return self._establish(ConnectRequest(req.recfmt, req.qid, req.hrqsize, req.hsqsize, req.cntlid, self.peer))
+        return self._establish(ConnectRequest(req.recfmt, req.qid, req.hrqsize, req.hsqsize, req.cntlid, self.peer,
+                                              trtype="loopback"))
 
     def _establish(self, request: ConnectRequest) -> LoopbackHostQueue:
         listener = self.fabric._listeners.get(self.address)
         if listener is None:
             raise TransportError(f"{self.address}: no listener (connection refused)")
-        sts = listener.handler.check_connect(request)
-        if sts:
-            raise ConnectRejected(sts)
+        refusal = listener.handler.check_connect(request)
+        if refusal is not None:  # worded as the RDMA CM would (the rules loopback keeps)
+            raise ConnectRejected(REJECT_STATUS[refusal.value])
         conn = _Connection(self.fabric, listener, self.pd, request)
         listener.connections.add(conn)
         listener.handler.queue_opened(conn.target)

@@ -37,7 +37,7 @@ import logging
 import mmap
 import os
 import resource
-import selectors
+import socket
 import time
 from typing import Callable, Dict, List, Optional
 
@@ -45,6 +45,7 @@ from ..errors import NvmeofError
 from ..nvme import cm as cmdata
 from .resources import BufferPool, PoolShare, ResourceLimits
 from .rdma_requests import RequestBook, TxRequest
+from .eventloop import EventLoop
 from .base import ConnectRequest, QueueHandler, ReadDone, RemoteAccessError, TargetQueue, TransportError
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,8 @@ WRITE_WR_ID = SEND_WR_BASE + (1 << 31)  # target: the unsignaled data WRITEs (SE
 # QP local ACK timeout exponent, at most (4.096 us << 19 = 2.1 s): what rdma_cm computes for RoCE here and what
 # the Linux host asks for in its REQ, so the target retransmits no sooner than nvmet_rdma or the host do.
 ACK_TIMEOUT = 19
+POLL_BATCH = 32  # completions asked of one CQ.poll
+CQ_BUDGET = 64  # completions one queue handles per loop pass before the others get their turn
 
 
 class _CachedLoggers:
@@ -218,6 +221,23 @@ class _CmEventIds:
         return None
 
 
+def cm_id_peer(cm_id: Optional[int]) -> str:
+    """The host's "address:port" of a connection, from its `struct rdma_cm_id` (rdma_cma.h, public ABI):
+    `verbs, channel, context, qp` then `route`, whose `addr` starts with two `sockaddr_storage` unions, source
+    then destination, so the peer's sockaddr is at offset 32 + 128 = 160.  "" when the id or family is unknown
+    (the per-address limits then do not apply to it, rather than lumping every host under one address)."""
+    if not cm_id or cm_id < _MIN_POINTER:
+        return ""
+    sa = cm_id + 160
+    family = ctypes.c_uint16.from_address(sa).value
+    port = int.from_bytes(ctypes.string_at(sa + 2, 2), "big")
+    if family == socket.AF_INET:
+        return f"{socket.inet_ntop(socket.AF_INET, ctypes.string_at(sa + 4, 4))}:{port}"
+    if family == socket.AF_INET6:
+        return f"[{socket.inet_ntop(socket.AF_INET6, ctypes.string_at(sa + 8, 16))}]:{port}"
+    return ""
+
+
 # --- registered memory ---------------------------------------------------------------------
 
 def register(pd, size: int, access: int, addr: int):
@@ -307,107 +327,6 @@ class DataPool:
 
     def addr(self, chunk: int) -> int:
         return self.memory.addr + chunk * self.chunk_size
-
-
-# --- the target's event loop ---------------------------------------------------------------
-
-POLL_BATCH = 32  # completions asked of one CQ.poll
-CQ_BUDGET = 64  # completions one queue handles per loop pass before the others get their turn
-SLOW_HANDLER = 0.1  # s: a handler that holds the loop this long is logged (other hosts wait meanwhile)
-
-
-class EventLoop:
-    """One selector for every CM channel and completion channel; timers run through handler.tick()."""
-
-    def __init__(self, handler: QueueHandler, tick_interval: float = 0.1):
-        self.handler = handler
-        self.tick_interval = tick_interval
-        self.selector = selectors.DefaultSelector()
-        self.listeners: List["RdmaListener"] = []
-        self._again: List[Callable] = []  # continuations of handlers that stopped at their budget
-        self._in_pass = False
-        self._unwatched: set = set()  # fds unwatched during the current pass (run_once)
-        self.longest_pass = 0.0  # seconds: the longest loop pass since start
-        self.longest_pass_recent = 0.0  # ... since the caller last reset it (status lines)
-
-    def watch(self, fd: int, callback: Callable[[], None]) -> None:
-        self.selector.register(fd, selectors.EVENT_READ, callback)
-
-    def unwatch(self, fd: int) -> None:
-        try:
-            self.selector.unregister(fd)
-        except (KeyError, ValueError):
-            return
-        if self._in_pass:
-            self._unwatched.add(fd)
-
-    def run_once(self, timeout: float) -> int:
-        """One loop pass: wait up to `timeout` (not at all while a handler has work left) and run the
-        handlers of every ready fd still watched, then the continuations handlers left last pass; how many ran.
-
-        A handler may return a callable: it stopped at its budget with work left (a busy queue's
-        completions), and that callable runs in the next pass, after the other queues had their turn.
-        The time the handlers took is the pass: the longest is kept (longest_pass, longest_pass_recent)."""
-        again, self._again = self._again, []
-        ready = self.selector.select(0 if again else timeout)
-        start = time.monotonic()
-        # A handler may close what another ready fd belongs to (a CM DISCONNECTED closes its queue's completion
-        # channel): that fd's handler must not run on the closed object (pyverbs dereferences NULL there).  Its
-        # number may even be watched again by now for a new queue, which this readiness is not about.
-        unwatched = self._unwatched
-        self._in_pass = True
-        callbacks = [(key.fd, key.data) for key, _ in ready] + [(-1, more) for more in again]
-        ran = 0
-        for fd, callback in callbacks:
-            if unwatched and fd in unwatched:
-                continue
-            ran += 1
-            began = time.monotonic()
-            try:
-                more = callback()
-                if callable(more) and more not in self._again:
-                    self._again.append(more)
-            except Exception:  # one broken queue must not stop the target
-                log.exception("event handler failed")
-            took = time.monotonic() - began
-            if took >= SLOW_HANDLER:
-                log.warning("one event handler held the loop %.0f ms: %s", took * 1000,
-                            getattr(callback, "__qualname__", callback))
-        self._in_pass = False
-        unwatched.clear()
-        self._account(start)
-        return ran
-
-    def _account(self, start: float) -> None:
-        took = time.monotonic() - start
-        if took > self.longest_pass_recent:
-            self.longest_pass_recent = took
-            if took > self.longest_pass:
-                self.longest_pass = took
-
-    def run(self, should_stop: Callable[[], bool]) -> None:
-        next_tick = time.monotonic()
-        while not should_stop():
-            now = time.monotonic()
-            self.run_once(max(0.0, min(next_tick - now, self.tick_interval)))
-            now = time.monotonic()
-            if now >= next_tick:
-                # Serve what arrived while the last pass ran (capsules, completions, keep-alives) before
-                # the timers look at it, and let the timers judge as of the last moment at which everything
-                # that had arrived was served: a slow pass is never charged to the hosts as silence.
-                while True:
-                    served_until = time.monotonic()
-                    if not self.run_once(0) or time.monotonic() - now > self.tick_interval:
-                        break  # nothing more was ready, or still busy: the timers run anyway
-                start = time.monotonic()
-                self.handler.tick(served_until)
-                self._account(start)
-                next_tick = start + self.tick_interval
-
-    def close(self) -> None:
-        for listener in list(self.listeners):
-            listener.close()
-        self.selector.close()
 
 
 class RdmaListener:
@@ -542,10 +461,11 @@ class RdmaListener:
             self._reject(child, exc.sts, str(exc))
             return
         request = ConnectRequest(parsed.recfmt, parsed.qid, parsed.hrqsize, parsed.hsqsize, parsed.cntlid,
-                                 peer=f"{self.traddr}:{self.trsvcid}", port_id=self.port_id)
-        sts = self.handler.check_connect(request)
-        if sts:
-            self._reject(child, sts, f"QID {parsed.qid} HSQSIZE {parsed.hsqsize} HRQSIZE {parsed.hrqsize}")
+                                 peer=cm_id_peer(id_ptr), port_id=self.port_id)
+        refusal = self.handler.check_connect(request)
+        if refusal is not None:
+            self._reject(child, cmdata.REJECT_STATUS[refusal.value],
+                         f"QID {parsed.qid} HSQSIZE {parsed.hsqsize} HRQSIZE {parsed.hrqsize}")
             return
         # Nothing but the receive and response rings is committed here: data buffers are guaranteed to a
         # queue only once its NVMe Connect succeeds (connected()), and the target closes a queue that does

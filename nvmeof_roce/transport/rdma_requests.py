@@ -7,8 +7,9 @@ counted here: data chunks (the port's `BufferPool`, transport/resources.py), RDM
 READ credits (the host's responder resources, i.e. our initiator depth / ORD) and
 send-queue entries.
 
-Every command is a `TxRequest` whose `state` is one of `State`, in the manner of
-SPDK's `spdk_nvmf_rdma_request_state` (lib/nvmf/rdma.c):
+Every command is a `TxRequest` whose `state` is one of transport/lifecycle.py's `RequestState` (the
+lifecycle the core's requests share), in the manner of SPDK's `spdk_nvmf_rdma_request_state` (lib/nvmf/rdma.c);
+every change is checked by `lifecycle.move`:
 
     NEW -> EXECUTING (the core has it) -> READY_TO_COMPLETE -> COMPLETING -> FREE
     an RDMA READ of host data on the way:
@@ -26,11 +27,12 @@ so no response is ever left without a later completion that retires it.
 """
 from __future__ import annotations
 
-import enum
 import logging
 from collections import deque
 from typing import Callable, Deque, Dict, List, Optional, Protocol
 
+from .lifecycle import COMPLETING, EXECUTING, FREE, NEED_BUFFER, NEED_READ_CREDIT, NEW, READY_TO_COMPLETE, \
+    TRANSFERRING_HOST_TO_CONTROLLER, RequestState, move
 from .resources import PoolShare
 
 log = logging.getLogger(__name__)
@@ -38,19 +40,11 @@ log = logging.getLogger(__name__)
 SIGNAL_EVERY = 16  # at most this many responses retired by one send completion
 
 
-class State(enum.IntEnum):
-    FREE = 0
-    NEW = 1  # its capsule arrived; being handed to the core
-    EXECUTING = 2  # the core has it: parsing, executing, or holding it (an AER)
-    NEED_BUFFER = 3  # an RDMA READ waits for a data chunk
-    NEED_READ_CREDIT = 4  # ... then for one of the host's responder resources (ORD) and a send-queue entry
-    TRANSFERRING_HOST_TO_CONTROLLER = 5  # the RDMA READ is posted
-    READY_TO_COMPLETE = 6  # the core completed it: its data chunk (if any) and send-queue entries are awaited
-    COMPLETING = 7  # data WRITE (if any) and response SEND posted; FREE once a send completion retires them
+State = RequestState  # the one lifecycle of transport/lifecycle.py; every change goes through move()
 
 
 # States that block, in the order `resume` serves them: a finishing response frees what a READ waits for.
-BLOCKING = (State.READY_TO_COMPLETE, State.NEED_BUFFER, State.NEED_READ_CREDIT)
+BLOCKING = (READY_TO_COMPLETE, NEED_BUFFER, NEED_READ_CREDIT)
 
 ReadDone = Callable[[Optional[memoryview], Optional[Exception]], None]
 
@@ -63,7 +57,7 @@ class TxRequest:
 
     def __init__(self, index: int):
         self.index = index
-        self.state = State.FREE
+        self.state = FREE
         self.parked = False  # in its state's pending queue
         self._clear()
 
@@ -82,7 +76,7 @@ class TxRequest:
         self.wrs = 0  # work requests of it on the send queue
 
     def __repr__(self) -> str:
-        return f"<TxRequest {self.index} {self.state.name}>"
+        return f"<TxRequest {self.index} {RequestState(self.state).name}>"
 
 
 class Poster(Protocol):
@@ -140,7 +134,7 @@ class RequestBook:
 
     def completing(self) -> int:
         """Requests the core is done with whose response has not yet left (a graceful stop waits for them)."""
-        return (len(self.pending[State.READY_TO_COMPLETE]) + len(self.queued)
+        return (len(self.pending[READY_TO_COMPLETE]) + len(self.queued)
                 + sum(1 for r in self.posted if r.cqe))
 
     def count(self, state: State) -> int:
@@ -155,24 +149,22 @@ class RequestBook:
         else:
             req = TxRequest(len(self.requests))
             self.requests.append(req)
-        req.state = State.NEW
+        move(req, NEW)
         self.busy += 1
         return req
 
     def delivered(self, req: TxRequest) -> None:
         """NEW -> EXECUTING: the core has the capsule."""
-        if req.state == State.NEW:
-            req.state = State.EXECUTING
+        if req.state == NEW:
+            move(req, EXECUTING)
 
     def read(self, req: TxRequest, addr: int, key: int, length: int, done: ReadDone) -> None:
         """EXECUTING -> NEED_BUFFER: the core wants host data."""
         if self.closed:
             done(None, QueueClosed("queue is closed"))
             return
-        if req.state != State.EXECUTING:
-            raise ValueError(f"{req!r}: an RDMA READ is asked for outside EXECUTING")
+        move(req, NEED_BUFFER)  # only from EXECUTING
         req.addr, req.key, req.length, req.done = addr, key, length, done
-        req.state = State.NEED_BUFFER
         self.advance(req)
         self._maybe_flush()
 
@@ -184,8 +176,7 @@ class RequestBook:
         if self.closed:
             self._free(req)
             return
-        if req.state != State.EXECUTING:
-            raise ValueError(f"{req!r}: completed outside EXECUTING")
+        move(req, READY_TO_COMPLETE)  # only from EXECUTING
         req.cqe = cqe
         req.invalidate = invalidate
         req.length = 0
@@ -196,16 +187,15 @@ class RequestBook:
                 self._give(req)  # a buffer the core asked for and did not use
             elif not req.in_chunk:
                 req.data = data
-        req.state = State.READY_TO_COMPLETE
         self.advance(req)
-        if req.state == State.READY_TO_COMPLETE and req.data is not None and not isinstance(req.data, bytes):
+        if req.state == READY_TO_COMPLETE and req.data is not None and not isinstance(req.data, bytes):
             req.data = bytes(req.data)  # it waits: the core reuses its buffer once this call returns
         self._maybe_flush()
 
     def buffer(self, req: TxRequest) -> bool:
         """The core asks for a chunk to put a command's data in (a file read), so complete() needs no copy;
         False when none is free now (the core then uses its own buffer and complete() stages it)."""
-        if self.closed or req.state != State.EXECUTING or req.chunk >= 0 or self.pending[State.NEED_BUFFER]:
+        if self.closed or req.state != EXECUTING or req.chunk >= 0 or self.pending[NEED_BUFFER]:
             return False
         if not self._take(req):
             return False
@@ -214,7 +204,7 @@ class RequestBook:
 
     def dropped(self, req: TxRequest) -> None:
         """The core will not answer this request (its queue is closing): free it."""
-        if req.state in (State.NEW, State.EXECUTING):
+        if req.state in (NEW, EXECUTING):
             self._free(req)
 
     # -- the one function that moves a request on
@@ -242,19 +232,19 @@ class RequestBook:
 
     def _step(self, req: TxRequest, state: State) -> bool:
         """One transition out of a blocking state; False if what it needs is not there."""
-        if state == State.NEED_BUFFER:
+        if state == NEED_BUFFER:
             if not self._take(req):
                 return False
-            req.state = State.NEED_READ_CREDIT
+            move(req, NEED_READ_CREDIT)
             return True
-        if state == State.NEED_READ_CREDIT:
+        if state == NEED_READ_CREDIT:
             if self.read_credits <= 0 or self.send_slots <= 0:
                 return False
             self.read_credits -= 1
             self.send_slots -= 1
             req.wrs = 1
             req.signaled = True
-            req.state = State.TRANSFERRING_HOST_TO_CONTROLLER
+            move(req, TRANSFERRING_HOST_TO_CONTROLLER)
             self.posted.append(req)
             self.poster.post_read(req)
             return True
@@ -270,7 +260,7 @@ class RequestBook:
             req.data = None
         self.send_slots -= needed
         req.wrs = needed
-        req.state = State.COMPLETING
+        move(req, COMPLETING)
         self.queued.append(req)  # into `posted` when flush() writes it: `posted` is the send queue's order
         return True
 
@@ -326,18 +316,18 @@ class RequestBook:
         while posted:
             done = posted.popleft()
             if (done is not req and not self.reads_complete_in_order
-                    and done.state == State.TRANSFERRING_HOST_TO_CONTROLLER):
+                    and done.state == TRANSFERRING_HOST_TO_CONTROLLER):
                 waiting_reads.append(done)
                 continue
             self.send_slots += done.wrs
             done.wrs = 0
-            if done.state == State.TRANSFERRING_HOST_TO_CONTROLLER:
+            if done.state == TRANSFERRING_HOST_TO_CONTROLLER:
                 self.read_credits += 1
                 if done is req:
                     self._read_finished(done, self.poster.chunk_view(done.chunk, done.length), None)
                 else:  # cannot happen (a READ is signaled, so its completion came first); never hang on it
                     self._read_finished(done, None, QueueClosed("RDMA READ retired without its completion"))
-            elif done.state == State.COMPLETING:
+            elif done.state == COMPLETING:
                 self._free(done)
             if done is req:
                 break
@@ -346,7 +336,7 @@ class RequestBook:
 
     def _read_finished(self, req: TxRequest, data, error) -> None:
         """TRANSFERRING_HOST_TO_CONTROLLER -> EXECUTING: hand the data to the core, then give the chunk back."""
-        req.state = State.EXECUTING
+        move(req, EXECUTING)
         done, req.done = req.done, None
         try:
             if done is not None:
@@ -368,11 +358,11 @@ class RequestBook:
             self.share.give([chunk])
 
     def _free(self, req: TxRequest) -> None:
-        if req.state == State.FREE:
+        if req.state == FREE:
             return
         self._give(req)
         req._clear()
-        req.state = State.FREE
+        move(req, FREE)
         req.parked = False
         self.busy -= 1
         self.free.append(req)
@@ -393,7 +383,7 @@ class RequestBook:
             req.parked = False
             done, req.done = req.done, None
             if done is not None:  # NEED_BUFFER, NEED_READ_CREDIT, TRANSFERRING_HOST_TO_CONTROLLER
-                req.state = State.EXECUTING
+                move(req, EXECUTING)
                 try:
                     done(None, error)
                 except Exception:  # a callback's bug must not keep the other requests' chunks

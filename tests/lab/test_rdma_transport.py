@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+from nvmeof_roce.transport.base import Refusal
+
 pytestmark = pytest.mark.lab
 
 LAB_IP = "10.99.0.1"
@@ -22,7 +24,7 @@ class EchoHandler:
         self.closed = []
 
     def check_connect(self, request):
-        return 3 if request.qid == 7 else 0  # STS 3: invalid QID
+        return Refusal.INVALID_QID if request.qid == 7 else None  # on the wire: CM reject STS 3
 
     def queue_opened(self, queue):
         self.opened.append(queue.qid)
@@ -59,7 +61,8 @@ class EchoHandler:
 
 @pytest.fixture
 def target():
-    from nvmeof_roce.transport.rdma import EventLoop, RdmaListener
+    from nvmeof_roce.transport.eventloop import EventLoop
+    from nvmeof_roce.transport.rdma import RdmaListener
     handler = EchoHandler()
     loop = EventLoop(handler)
     from nvmeof_roce.transport.resources import ResourceLimits

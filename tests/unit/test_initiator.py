@@ -146,7 +146,7 @@ def test_unanswered_command_times_out():
         in_capsule_size = 0
 
         def check_connect(self, request):
-            return 0
+            return None
 
         def queue_opened(self, queue):
             pass

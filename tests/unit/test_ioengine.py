@@ -97,7 +97,7 @@ def test_many_reads_with_the_device_at_once_bounded_by_queue_depth(files):
 
 
 def test_status_shows_engine_and_in_flight(files):
-    from nvmeof_roce.target.stats import target_status
+    from nvmeof_roce.service.stats import target_status
     ctrl = files.connect(SUB, num_io_queues=1)
     ns = files.target.subsystem(SUB).namespaces[1]
     before = target_status(files.target)["subsystems"][0]["namespaces"][0]["io"]
@@ -286,7 +286,7 @@ def test_a_hard_link_to_an_exported_file_is_a_duplicate(tmp_path):
 
 def test_a_namespace_added_live_is_locked_and_a_replaced_one_keeps_its_lock(tmp_path):
     from nvmeof_roce.config import parse_config
-    from nvmeof_roce.target import live
+    from nvmeof_roce.service import live
     from nvmeof_roce.target.backends import FileBackend
     img = tmp_path / "live.img"
     img.write_bytes(bytes(1 << 20))
@@ -492,7 +492,7 @@ def test_forced_io_uring_where_it_cannot_run_is_refused_naming_the_key(tmp_path,
     assert err.where.endswith("namespaces[0].nvmeof_roce.io_engine")
     assert "Operation not permitted" in err.problem
     import json
-    from nvmeof_roce.target.commands import check_config
+    from nvmeof_roce.service.commands import check_config
     path = tmp_path / "forced.json"
     path.write_text(json.dumps(files_config(tmp_path, count=1, engine="io_uring")))
     (tmp_path / "ns1.img").write_bytes(bytes(2 << 20))

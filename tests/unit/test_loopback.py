@@ -2,7 +2,7 @@
 import pytest
 
 from nvmeof_roce.nvme import cm
-from nvmeof_roce.transport.base import ConnectRejected, RemoteAccessError, TransportError
+from nvmeof_roce.transport.base import ConnectRejected, Refusal, RemoteAccessError, TransportError
 from nvmeof_roce.transport.loopback import FakeClock, LoopbackFabric, SendQueueFull
 
 ADDR = "10.0.0.1:4420"
@@ -13,8 +13,8 @@ class Recorder:
 
     in_capsule_size = 128
 
-    def __init__(self, reject: int = 0):
-        self.reject = reject
+    def __init__(self, reject=None):
+        self.reject = reject  # a transport.base.Refusal, or None to accept
         self.queues = []
         self.capsules = []
         self.closed = []
@@ -61,7 +61,7 @@ def test_connect_request_and_sizes(setup):
 
 def test_reject_and_no_listener():
     fabric = LoopbackFabric()
-    fabric.listen(ADDR, Recorder(reject=cm.STS_NO_RESOURCES))
+    fabric.listen(ADDR, Recorder(reject=Refusal.NO_RESOURCES))
     with pytest.raises(ConnectRejected) as exc:
         fabric.connector(ADDR).connect(0, 32, 31)
     assert exc.value.status == cm.STS_NO_RESOURCES

@@ -2,6 +2,7 @@
 stands for the QP, a real BufferPool for the port's data chunks."""
 import pytest
 
+from nvmeof_roce.transport.lifecycle import IllegalTransition
 from nvmeof_roce.transport.rdma_requests import SIGNAL_EVERY, RequestBook, State
 from nvmeof_roce.transport.resources import BufferPool
 
@@ -201,7 +202,7 @@ def test_complete_outside_executing_is_a_bug_not_silence():
     book, _, _ = make()
     req = executing(book)
     book.complete(req, CQE)
-    with pytest.raises(ValueError):
+    with pytest.raises(IllegalTransition, match="COMPLETING -> READY_TO_COMPLETE"):
         book.complete(req, CQE)
 
 

@@ -361,7 +361,7 @@ def test_event_loop_serves_ready_fds_before_the_timers():
     before what arrived meanwhile was served: a keep-alive waiting in a queue would be counted as silence."""
     import os
     import time
-    from nvmeof_roce.transport.rdma import EventLoop
+    from nvmeof_roce.transport.eventloop import EventLoop
 
     events = []
 
@@ -398,7 +398,7 @@ def test_event_loop_gives_a_busy_handler_its_turn_after_the_others():
     """A handler that stops at its budget returns a continuation: it runs in the next pass, and the
     handlers that became ready meanwhile run before it gets another turn."""
     import os
-    from nvmeof_roce.transport.rdma import EventLoop
+    from nvmeof_roce.transport.eventloop import EventLoop
 
     class Handler:
         def tick(self, now):
@@ -441,7 +441,7 @@ def test_event_loop_skips_a_ready_fd_that_an_earlier_handler_of_the_pass_unwatch
     pointer: the target died with SIGSEGV).  Whichever of the two runs first unwatches the other; and an fd
     number watched again in the pass, for a new object, is not served for the old readiness either."""
     import os
-    from nvmeof_roce.transport.rdma import EventLoop
+    from nvmeof_roce.transport.eventloop import EventLoop
 
     class Handler:
         def tick(self, now):

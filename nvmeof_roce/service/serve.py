@@ -11,7 +11,9 @@ from typing import List, Optional
 from ..errors import NvmeofError
 from ..securefile import write_file
 from ..config import TargetConfig, load_userspace_config
+from ..transport import registry
 from ..transport.resources import ResourceLimits
+from ..tunables import RESOURCE_LIMITS
 from .ops import Operations, bind_control_socket
 
 log = logging.getLogger(__name__)
@@ -26,37 +28,38 @@ class TargetServer:
     def __init__(self, config: TargetConfig, *, limits: Optional[ResourceLimits] = None,
                  remote_invalidate: bool = True, listen_portids: Optional[List[int]] = None,
                  file_lock: str = "exclusive"):
-        from ..transport.rdma import EventLoop, RdmaListener, require_pyverbs
-        from .core import Target
+        from ..target.core import Target
 
-        require_pyverbs()
-        rdma_ports = [p for p in config.ports if p.trtype == "rdma"]
+        served = [p for p in config.ports if registry.serves(p.trtype)]  # transport/registry.py
         if listen_portids is not None:  # a worker of `serve --workers` listens on its own ports only
-            rdma_ports = [p for p in rdma_ports if p.portid in listen_portids]
-        if not rdma_ports:
+            served = [p for p in served if p.portid in listen_portids]
+        for trtype in sorted({p.trtype for p in served}):
+            registry.get(trtype).require()
+        if not served:
             raise NvmeofError(f"{config.source}: no port with trtype 'rdma'",
                               "add a port like {\"portid\": 1, \"addr\": {\"trtype\": \"rdma\", \"adrfam\": \"ipv4\", "
                               "\"traddr\": \"10.99.0.1\", \"trsvcid\": \"4420\"}, \"subsystems\": [...]}")
         for port in config.ports:
-            if port.trtype != "rdma":
-                log.warning("port %d: trtype %r is not served by the userspace target (RDMA only); skipped",
-                            port.portid, port.trtype)
+            if not registry.serves(port.trtype):
+                log.warning("port %d: trtype %r is not served by the userspace target (%s only); skipped",
+                            port.portid, port.trtype, registry.served_labels())
         self.config = config
         self.limits = limits or ResourceLimits()
-        self.remote_invalidate = remote_invalidate  # for ports added live (target/ops.py)
+        self.remote_invalidate = remote_invalidate  # for ports added live (service/ops.py)
         self.target = Target(config, file_lock=file_lock, limits=self.limits)
-        self.loop = EventLoop(self.target)
+        self.loop = registry.get(served[0].trtype).event_loop(self.target)
         self.target.attach_loop(self.loop)  # fdatasync and long commands stay off the loop
         self.next_status = time.monotonic() + STATUS_INTERVAL
         self.listeners = []
         self.stopping = False
         self.ana_control = None  # ana_control.AnaControl: run-time ANA changes, applied between events
+        # what every listener is given, those of ports added live too (service/ops.py)
+        self.listen_options = registry.ListenOptions(max_transfer=self.target.max_transfer, limits=self.limits,
+                                                     remote_invalidate=remote_invalidate)
         try:
-            for port in rdma_ports:
-                self.listeners.append(RdmaListener(
-                    self.loop, port.traddr, port.trsvcid, handler=self.target.port(port.portid), port_id=port.portid,
-                    max_transfer=self.target.max_transfer, limits=self.limits,
-                    remote_invalidate=remote_invalidate))
+            for port in served:
+                self.listeners.append(registry.get(port.trtype).listen(
+                    self.loop, port, self.target.port(port.portid), self.listen_options))
         except BaseException:
             self.close()  # a listener that failed (e.g. memory registration) leaves none behind
             raise
@@ -184,13 +187,8 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
     return 0
 
 
-# The resource options of `serve` (ResourceLimits' fields), forwarded as they are to each worker of `serve --workers`
-LIMIT_OPTIONS = ("data_buffers", "queue_min_buffers", "max_queues_per_ctrl", "max_queues_per_host",
-                 "max_controllers", "connect_timeout", "mdts")
-
-
 def limits_from_args(args) -> ResourceLimits:
-    return ResourceLimits(**{name: getattr(args, name) for name in LIMIT_OPTIONS})
+    return ResourceLimits(**{name: getattr(args, name) for name in RESOURCE_LIMITS})
 
 
 def _cmd_serve(args) -> int:
@@ -219,27 +217,9 @@ def register_serve(commands) -> None:
                                         "line.")
     p.add_argument("config", metavar="CONFIG.json")
     p.add_argument("--ready-file", metavar="PATH", help="write PATH once listening (for scripts and tests)")
-    d = ResourceLimits()
-    p.add_argument("--data-buffers", type=int, default=d.data_buffers, metavar="N",
-                   help=f"data buffers registered at start per port, each MDTS (128 KiB) bytes, shared by the "
-                        f"port's queues (default {d.data_buffers})")
-    p.add_argument("--queue-min-buffers", type=int, default=d.queue_min_buffers, metavar="N",
-                   help=f"data buffers guaranteed to each queue once its NVMe Connect succeeds "
-                        f"(default {d.queue_min_buffers})")
-    p.add_argument("--max-queues-per-ctrl", type=int, default=d.max_queues_per_ctrl, metavar="N",
-                   help=f"most I/O queues Set Features Number of Queues grants one controller "
-                        f"(default {d.max_queues_per_ctrl}; also capped by the subsystem's qid_max and the pool)")
-    p.add_argument("--max-queues-per-host", type=int, default=d.max_queues_per_host, metavar="N",
-                   help=f"most I/O queues of one host NQN over all its controllers (default {d.max_queues_per_host})")
-    p.add_argument("--max-controllers", type=int, default=d.max_controllers, metavar="N",
-                   help=f"most I/O controllers over all hosts, after each host's own cap (default {d.max_controllers}; "
-                        "discovery controllers have their own caps)")
-    p.add_argument("--connect-timeout", type=float, default=d.connect_timeout, metavar="SECONDS",
-                   help=f"close a connection without a successful NVMe Connect after this long "
-                        f"(default {d.connect_timeout:g})")
-    p.add_argument("--mdts", type=int, default=d.mdts, metavar="N",
-                   help=f"largest command: 4 KiB x 2^N, advertised as MDTS and the size of each data buffer "
-                        f"(default {d.mdts}: 128 KiB; nvmet-rdma's is 8: 1 MiB, for nvme-cli passthrough of more)")
+    for t in RESOURCE_LIMITS.values():
+        p.add_argument(t.option, type=t.type, default=t.default, metavar=t.metavar,
+                       help=f"{t.help} (default {t.default:g})")
     p.add_argument("--no-remote-invalidate", action="store_true",
                    help="answer with plain SEND even when the host's key asks for remote invalidation")
     p.add_argument("--rpc-socket", metavar="PATH",

@@ -1,4 +1,4 @@
-"""The control socket of a running userspace target: JSON-RPC 2.0 over a Unix socket.
+"""The control socket's methods: what a running userspace target answers over JSON-RPC 2.0.
 
 Method and parameter names are SPDK's (`scripts/rpc.py nvmf_*`) where SPDK has the operation, so an SPDK user
 recognises them; the few of our own are named `nvmf_subsystem_resize_ns`, `nvmeof_reload_config` and
@@ -6,73 +6,25 @@ recognises them; the few of our own are named `nvmf_subsystem_resize_ns`, `nvmeo
 config loader (the same rules as a file), and applying the difference with live.py: a refused change answers
 a JSON-RPC error whose `data` names the field and the fix, and leaves the target as it was.
 
-The server runs on the target's event loop (`loop.watch(fd, callback)`), never blocking it: requests are read
-as they arrive, a reply that does not fit in the socket buffer is finished on later ticks.
+The server is control_server.py, the client control_client.py, the protocol's pieces control_protocol.py.
 """
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
-import re
-import socket
-import stat
 from typing import Any, Callable, Dict, List, Optional
 
 from ..config import ConfigError, DISCOVERY_NQN, load_userspace_config, parse_config, parse_size, raise_all, \
     validate_for_userspace
-from ..errors import NvmeofError
 from ..securefile import write_file
-from . import auth
+from ..transport import registry
+from ..target import auth
 from . import live
+from .control_protocol import METHOD_NOT_FOUND, RpcError, handle_request
 from .stats import Sampler, controller_status, namespace_status, target_status
 
 log = logging.getLogger(__name__)
-
-DEFAULT_SOCKET_DIR = "/run/nvmeof-roce"
-UNIT_SOCKET_NAME = "control.sock"  # nvmeof-roce-target@NAME: /run/nvmeof-roce/NAME/control.sock
-MAX_REQUEST_BYTES = 1 << 20  # one request (docs/security.md)
-MAX_REQUEST_DEPTH = 32  # nesting of one request: a config edit is a few levels deep
-MAX_PENDING_REPLY_BYTES = 16 << 20  # replies waiting for a client that does not read: then it is dropped
-
-# JSON-RPC 2.0 error codes (SPDK uses the same ones for bad parameters)
-PARSE_ERROR = -32700
-INVALID_REQUEST = -32600
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
-INTERNAL_ERROR = -32603
-
-
-def default_socket_path(config_path: str) -> str:
-    """/run/nvmeof-roce/NAME.sock for CONFIG NAME.json (the systemd unit's instance name)."""
-    name = os.path.basename(str(config_path))
-    if name.endswith(".json"):
-        name = name[:-5]
-    return os.path.join(DEFAULT_SOCKET_DIR, f"{name or 'target'}.sock")
-
-
-class RpcError(Exception):
-    """A JSON-RPC error: `field` is the parameter (or config field) at fault, `fix` what to do."""
-
-    def __init__(self, message: str, field: str = "", fix: str = "", code: int = INVALID_PARAMS):
-        super().__init__(message)
-        self.message = message
-        self.field = field
-        self.fix = fix
-        self.code = code
-
-    def to_dict(self) -> dict:
-        data = {}
-        if self.field:
-            data["field"] = self.field
-        if self.fix:
-            data["fix"] = self.fix
-        d = {"code": self.code, "message": self.message}
-        if data:
-            d["data"] = data
-        return d
-
 
 # ------------------------------------------------------------------------------------- parameters
 
@@ -177,25 +129,7 @@ class Control:
 
     def handle(self, request: Any) -> Optional[dict]:
         """One JSON-RPC request object -> its response object (None for a notification)."""
-        if not isinstance(request, dict) or request.get("jsonrpc") != "2.0" or not isinstance(
-                request.get("method"), str):
-            return {"jsonrpc": "2.0", "id": request.get("id") if isinstance(request, dict) else None,
-                    "error": RpcError("not a JSON-RPC 2.0 request", "jsonrpc",
-                                      'send {"jsonrpc": "2.0", "method": ..., "params": {...}, "id": 1}',
-                                      INVALID_REQUEST).to_dict()}
-        rid = request.get("id")
-        try:
-            result = self.call(request["method"], request.get("params"))
-            response = {"jsonrpc": "2.0", "id": rid, "result": result}
-        except RpcError as exc:
-            log.warning("rpc %s: %s", request["method"], exc.message)
-            response = {"jsonrpc": "2.0", "id": rid, "error": exc.to_dict()}
-        except Exception as exc:
-            log.exception("rpc %s failed", request["method"])
-            response = {"jsonrpc": "2.0", "id": rid,
-                        "error": RpcError(f"internal error: {exc}", "", "see the target's log",
-                                          INTERNAL_ERROR).to_dict()}
-        return None if "id" not in request else response
+        return handle_request(self.call, request)
 
     # -- editing the running config
     def _edit(self, edit: Callable[[dict], None], rpc_fields: Optional[Callable[[str], str]] = None) -> List[dict]:
@@ -656,7 +590,7 @@ def _listen_params(la: dict) -> dict:
             raise RpcError(f"listen_address: unknown key {k!r}", f"listen_address.{k}",
                            "give trtype, adrfam, traddr, trsvcid")
     trtype = str(la.get("trtype", "rdma")).lower()
-    if trtype != "rdma":
+    if not registry.serves(trtype):
         raise RpcError(f"listen_address.trtype must be RDMA, got {la.get('trtype')!r}", "listen_address.trtype",
                        'the userspace target serves RDMA only: "trtype": "RDMA"')
     if not la.get("traddr"):
@@ -687,321 +621,3 @@ def _namespace_info(cfg, ns) -> dict:
     if ns is not None:
         d.update(block_size=ns.block_size, blocks=ns.num_blocks, size_bytes=ns.num_blocks * ns.block_size)
     return d
-
-
-# ----------------------------------------------------------------------------------------- the socket
-
-class _Framer:
-    """Cuts a byte stream into complete JSON values (objects or batches), as they arrive in any pieces: a
-    value split inside a token or a UTF-8 sequence waits for its rest.  The bytes are scanned once, counting
-    brackets outside strings, so depth and size are known before anything is parsed."""
-
-    _OUTSIDE = re.compile(rb'[{}\[\]"]')
-    _INSIDE = re.compile(rb'["\\]')
-
-    def __init__(self):
-        self.buf = bytearray()
-        self.pos = 0  # scanned up to here
-        self.depth = 0
-        self.in_string = False
-
-    def feed(self, data: bytes) -> List[tuple]:
-        """("value", bytes) for each complete value, ("error", why, fatal) for a stream that cannot go on
-        as it is: a value that is not an object or array (the buffer is dropped), or one nested deeper than
-        MAX_REQUEST_DEPTH or larger than MAX_REQUEST_BYTES (fatal: the connection cannot be resynchronised)."""
-        self.buf += data
-        out: List[tuple] = []
-        while True:
-            if self.pos == 0 and self.depth == 0:
-                stripped = len(self.buf) - len(self.buf.lstrip())
-                del self.buf[:stripped]
-                if not self.buf:
-                    return out
-                if self.buf[0] not in b"{[":
-                    self.buf.clear()
-                    out.append(("error", "a request is a JSON object (or a batch: an array of them)", False))
-                    return out
-            end = self._scan()
-            if end is None:
-                if len(self.buf) > MAX_REQUEST_BYTES:
-                    out.append(("error", f"request larger than {MAX_REQUEST_BYTES} bytes", True))
-                elif self.depth > MAX_REQUEST_DEPTH:
-                    out.append(("error", f"request nested more than {MAX_REQUEST_DEPTH} levels deep", True))
-                return out
-            out.append(("value", bytes(self.buf[:end])))
-            del self.buf[:end]
-            self.pos = 0
-
-    def _scan(self) -> Optional[int]:
-        """The end of the first complete value, or None (more bytes needed, or a limit passed)."""
-        buf = self.buf
-        while self.pos < len(buf):
-            if self.depth > MAX_REQUEST_DEPTH or self.pos > MAX_REQUEST_BYTES:
-                return None
-            if self.in_string:
-                m = self._INSIDE.search(buf, self.pos)
-                if m is None:
-                    self.pos = len(buf)
-                    return None
-                if buf[m.start()] == 0x5C:  # a backslash escapes the next byte
-                    if m.start() + 1 >= len(buf):
-                        self.pos = m.start()
-                        return None
-                    self.pos = m.start() + 2
-                    continue
-                self.in_string = False
-                self.pos = m.end()
-                continue
-            m = self._OUTSIDE.search(buf, self.pos)
-            if m is None:
-                self.pos = len(buf)
-                return None
-            c = buf[m.start()]
-            self.pos = m.end()
-            if c == 0x22:  # "
-                self.in_string = True
-            elif c in b"{[":
-                self.depth += 1
-            else:
-                self.depth -= 1
-                if self.depth <= 0:
-                    self.depth = 0
-                    return self.pos
-        return None
-
-
-class _Conn:
-    __slots__ = ("sock", "framer", "outbuf")
-
-    def __init__(self, sock):
-        self.sock = sock
-        self.framer = _Framer()
-        self.outbuf = b""
-
-
-class RpcServer:
-    """Serves a `Control` on a Unix socket from an event loop with watch(fd, cb) / unwatch(fd)."""
-
-    def __init__(self, control: Control, path: str, loop, sock: Optional[socket.socket] = None):
-        self.control = control
-        self.path = path
-        self.loop = loop
-        self.conns: Dict[int, _Conn] = {}
-        self.sock = sock if sock is not None else bind_unix_socket(path)  # serve.py binds it before the listeners
-        self.sock.setblocking(False)
-        loop.watch(self.sock.fileno(), self._accept)
-        control.target.tick_hooks.append(self._flush_pending)
-        control.socket_path = path
-        log.info("control socket %s", path)
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                sock, _ = self.sock.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                log.warning("control socket accept: %s", exc)
-                return
-            sock.setblocking(False)
-            conn = _Conn(sock)
-            self.conns[sock.fileno()] = conn
-            self.loop.watch(sock.fileno(), lambda c=conn: self._readable(c))
-
-    def _readable(self, conn: _Conn) -> None:
-        try:
-            data = conn.sock.recv(65536)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._close(conn)
-            return
-        for item in conn.framer.feed(data):
-            if item[0] == "error":
-                _, why, fatal = item
-                self._bad(conn, why, INVALID_REQUEST if fatal else PARSE_ERROR)
-                if fatal:
-                    log.warning("control socket: dropping a client: %s", why)
-                    self._close(conn)
-                return
-            try:
-                request = json.loads(item[1].decode("utf-8"))
-            except UnicodeDecodeError:
-                self._bad(conn, "request is not UTF-8")
-                continue
-            except ValueError as exc:
-                self._bad(conn, f"invalid JSON: {exc}")
-                continue
-            response = self.control.handle(request)
-            if response is not None:
-                self._send(conn, response)
-            if conn.sock.fileno() < 0:
-                return  # dropped while sending
-
-    def _bad(self, conn: _Conn, why: str, code: int = PARSE_ERROR) -> None:
-        self._send(conn, {"jsonrpc": "2.0", "id": None,
-                          "error": RpcError(why, "", "send one JSON-RPC 2.0 object per request", code).to_dict()})
-
-    def _send(self, conn: _Conn, response: dict) -> None:
-        conn.outbuf += json.dumps(response).encode("utf-8") + b"\n"
-        self._write(conn)
-        if len(conn.outbuf) > MAX_PENDING_REPLY_BYTES:
-            # a client that sends requests and does not read the answers would grow this without bound
-            log.warning("control socket: dropping a client that does not read its replies (%d bytes waiting)",
-                        len(conn.outbuf))
-            self._close(conn)
-
-    def _write(self, conn: _Conn) -> None:
-        while conn.outbuf:
-            try:
-                n = conn.sock.send(conn.outbuf)
-            except (BlockingIOError, InterruptedError):
-                return  # the rest goes on a later tick
-            except OSError:
-                self._close(conn)
-                return
-            conn.outbuf = conn.outbuf[n:]
-
-    def _flush_pending(self, _now: float) -> None:
-        for conn in list(self.conns.values()):
-            if conn.outbuf:
-                self._write(conn)
-
-    def _close(self, conn: _Conn) -> None:
-        fd = conn.sock.fileno()
-        if fd >= 0:
-            self.loop.unwatch(fd)
-            self.conns.pop(fd, None)
-        conn.sock.close()
-
-    def close(self) -> None:
-        for conn in list(self.conns.values()):
-            self._close(conn)
-        self.loop.unwatch(self.sock.fileno())
-        self.sock.close()
-        try:
-            if stat.S_ISSOCK(os.lstat(self.path).st_mode):
-                os.unlink(self.path)
-        except OSError:
-            pass
-        try:
-            self.control.target.tick_hooks.remove(self._flush_pending)
-        except ValueError:
-            pass
-
-
-class SocketInUse(NvmeofError):
-    """Another live target answers on the control socket."""
-
-
-def bind_unix_socket(path: str) -> socket.socket:
-    """Bind and listen on `path` (mode 0600); refuse if a live server holds it, remove a stale one."""
-    directory = os.path.dirname(path) or "."
-    try:
-        os.makedirs(directory, mode=0o755, exist_ok=True)
-    except OSError as exc:
-        raise NvmeofError(f"cannot create {directory} for the control socket: {exc.strerror}",
-                          "run as root, or give --rpc-socket PATH in a directory you can write") from None
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        st = None
-    if st is not None:
-        if not stat.S_ISSOCK(st.st_mode):
-            raise NvmeofError(f"{path} exists and is not a socket", "remove it or give another --rpc-socket PATH")
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(path)
-        except OSError as exc:
-            if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT):
-                raise NvmeofError(f"{path}: cannot tell whether another target uses it: {exc.strerror}",
-                                  "give another --rpc-socket PATH") from None
-            log.warning("removing the stale control socket %s", path)
-            os.unlink(path)
-        else:
-            raise SocketInUse(f"another target is running with the control socket {path}",
-                              "stop that target, or give this one another --rpc-socket PATH")
-        finally:
-            probe.close()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)  # the socket is created 0600: root (the owner) only
-    try:
-        sock.bind(path)
-    except OSError as exc:
-        sock.close()
-        raise NvmeofError(f"cannot bind the control socket {path}: {exc.strerror}",
-                          "give another --rpc-socket PATH") from None
-    finally:
-        os.umask(old)
-    os.chmod(path, 0o600)
-    sock.listen(16)
-    return sock
-
-
-# ----------------------------------------------------------------------------------------- the client
-
-def call(path: str, method: str, params: Optional[dict] = None, timeout: float = 60.0) -> Any:
-    """Call `method` on the target at `path`; the result, or RpcError as the server answered it."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
-    try:
-        sock.connect(path)
-    except FileNotFoundError:
-        sock.close()
-        raise NvmeofError(f"no control socket at {path}",
-                          "start the target (nvmeof-roce target serve CONFIG) or give --socket PATH") from None
-    except PermissionError:
-        sock.close()
-        raise NvmeofError(f"{path}: permission denied", "the control socket is root-only: run as root") from None
-    except ConnectionRefusedError:
-        sock.close()
-        raise NvmeofError(f"{path}: no target is listening (a stale socket)",
-                          "start the target, or remove the stale socket") from None
-    try:
-        request = {"jsonrpc": "2.0", "method": method, "id": 1}
-        if params is not None:
-            request["params"] = params
-        sock.sendall(json.dumps(request).encode("utf-8"))
-        buf = b""
-        while not buf.endswith(b"\n"):
-            chunk = sock.recv(1 << 16)
-            if not chunk:
-                break
-            buf += chunk
-    except socket.timeout:
-        raise NvmeofError(f"{path}: no answer to {method} within {timeout} s",
-                          "check the target's log; it may be stalled") from None
-    finally:
-        sock.close()
-    if not buf:
-        raise NvmeofError(f"{path}: the target closed the connection without answering {method}",
-                          "check the target's log")
-    response = json.loads(buf.decode("utf-8"))
-    if "error" in response:
-        err = response["error"]
-        data = err.get("data") or {}
-        raise RpcError(err.get("message", "error"), data.get("field", ""), data.get("fix", ""),
-                       err.get("code", INTERNAL_ERROR))
-    return response.get("result")
-
-
-def find_socket(explicit: Optional[str] = None) -> str:
-    """The control socket to use: `explicit`, else the only one under /run/nvmeof-roce (NAME.sock of a target
-    started by hand, NAME/control.sock of the unit nvmeof-roce-target@NAME)."""
-    if explicit:
-        return explicit
-    try:
-        names = os.listdir(DEFAULT_SOCKET_DIR)
-    except OSError:
-        names = []
-    found = sorted(os.path.join(DEFAULT_SOCKET_DIR, n) for n in names if n.endswith(".sock"))
-    found += sorted(p for p in (os.path.join(DEFAULT_SOCKET_DIR, n, UNIT_SOCKET_NAME) for n in names)
-                    if os.path.exists(p))
-    if len(found) == 1:
-        return found[0]
-    if not found:
-        raise NvmeofError(f"no running target found (no socket in {DEFAULT_SOCKET_DIR})",
-                          "start one with nvmeof-roce target serve CONFIG, or give --socket PATH")
-    raise NvmeofError(f"several targets are running: {', '.join(found)}", "choose one with --socket PATH")

@@ -17,9 +17,9 @@ import sys
 
 from ..errors import NvmeofError
 from ..output import emit, table
-from . import auth
-from .backends import BackendError, open_backend
-from .ioengine import choose_engine
+from ..target import auth
+from ..target.backends import BackendError, open_backend
+from ..target.ioengine import choose_engine
 from ..config import ConfigError, ConfigErrors, TargetConfig, load_userspace_config, raise_all
 from .serve import register_serve
 

@@ -17,7 +17,10 @@ from typing import Callable, Optional
 from . import live
 from ..config import ConfigError
 from ..errors import NvmeofError
-from .control import Control, RpcError, RpcServer, SocketInUse, bind_unix_socket, default_socket_path
+from ..transport import registry
+from .control import Control
+from .control_protocol import RpcError, default_socket_path
+from .control_server import RpcServer, SocketInUse, bind_unix_socket
 from .metrics import Metrics
 from .sdnotify import notify
 
@@ -45,13 +48,11 @@ class RdmaListeners(live.Listeners):
         self.server = server
 
     def open(self, target, port):
-        from ..transport.rdma import RdmaListener
-        if port.trtype != "rdma":
+        if not registry.serves(port.trtype):
             raise ConfigError("", f"port {port.portid}", f"trtype {port.trtype!r} is not served by the "
                               "userspace target", 'use "trtype": "rdma"')
-        listener = RdmaListener(self.server.loop, port.traddr, port.trsvcid, handler=target.port(port.portid),
-                                port_id=port.portid, max_transfer=target.max_transfer,
-                                limits=self.server.limits, remote_invalidate=self.server.remote_invalidate)
+        listener = registry.get(port.trtype).listen(self.server.loop, port, target.port(port.portid),
+                                                    self.server.listen_options)
         self.server.listeners.append(listener)
 
     def close(self, portid):

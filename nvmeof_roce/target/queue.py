@@ -1,0 +1,101 @@
+"""The target's view of one queue, and its lifecycle:
+
+    CONNECTING  the transport accepted the connection; the NVMe Connect is awaited (closed after the connect
+                timeout, ResourceLimits.connect_timeout)
+    LIVE        its Connect succeeded: it belongs to a controller (commands are then gated by the controller's
+                CSTS.RDY, target/controller.py, and by DH-HMAC-CHAP until authenticated, target/auth.py QueueAuth)
+    REFUSED     its Connect failed: it stays open a moment so the host receives the status, then closes (a
+                Connect retried meanwhile may still succeed: LIVE)
+    CLOSED      closed by the target (Disconnect, controller deleted, a fatal error) or by the transport
+
+Every change goes through `QueueState.enter`, which raises on an edge the lifecycle does not have.
+"""
+from __future__ import annotations
+
+import enum
+from typing import List, Optional
+
+from ..transport import registry
+from ..transport.lifecycle import FREE, NEXT, IllegalTransition
+from .request import Request
+
+
+class QueueLifecycle(enum.Enum):
+    CONNECTING = "connecting"
+    LIVE = "live"
+    REFUSED = "refused"
+    CLOSED = "closed"
+
+
+# For each state, the states a queue may enter it from.
+ALLOWED_FROM = {
+    QueueLifecycle.CONNECTING: set(),
+    QueueLifecycle.LIVE: {QueueLifecycle.CONNECTING, QueueLifecycle.REFUSED},
+    QueueLifecycle.REFUSED: {QueueLifecycle.CONNECTING},
+    QueueLifecycle.CLOSED: {QueueLifecycle.CONNECTING, QueueLifecycle.LIVE, QueueLifecycle.REFUSED},
+}
+
+
+class IllegalQueueTransition(RuntimeError):
+    """A queue was moved along no edge of its lifecycle."""
+
+
+class QueueState:
+    """The target's view of one queue: its transport end, its controller once connected, its requests."""
+
+    __slots__ = ("transport", "qid", "port", "target", "ctrl", "sqsize", "sqhd", "sqflow_disabled", "depth",
+                 "free", "active", "state", "closed", "in_capsule_size", "auth", "ops", "map_sgl")
+
+    def __init__(self, transport, port, target):
+        self.transport = transport
+        request = transport.request
+        self.qid = request.qid
+        self.port = port
+        self.target = target
+        self.ctrl = None
+        self.sqsize = request.hsqsize  # replaced by Connect's SQSIZE
+        self.sqhd = 0
+        self.sqflow_disabled = False
+        # The host may have HSQSIZE + 1 commands outstanding (held AERs included).
+        self.depth = request.hsqsize + 1
+        self.free: List[Request] = [Request(self, target) for _ in range(min(self.depth, 64))]
+        self.active = 0
+        self.state = QueueLifecycle.CONNECTING
+        self.closed = False  # state is CLOSED (kept as a flag: the hot path reads it)
+        self.in_capsule_size = transport.in_capsule_size if self.qid else 0
+        self.auth = None  # target/auth.py's QueueAuth when the host must authenticate this queue
+        self.ops = registry.get(transport.trtype)  # what its transport does (transport/registry.py)
+        self.map_sgl = self.ops.map_sgl
+
+    def enter(self, new: "QueueLifecycle") -> None:
+        """Move to `new`; IllegalQueueTransition if the lifecycle has no such edge (a bug in the core)."""
+        if self.state not in ALLOWED_FROM[new]:
+            raise IllegalQueueTransition(f"queue {self.qid}: {self.state.value} -> {new.value}")
+        self.state = new
+        self.closed = new is QueueLifecycle.CLOSED
+
+    def alloc(self) -> Optional[Request]:
+        if self.active >= self.depth:
+            return None
+        self.active += 1
+        if self.free:
+            return self.free.pop()
+        return Request(self, self.target)  # deeper than the preallocated pool: grow it
+
+    def release(self, req: Request) -> None:
+        if FREE not in NEXT[req.state]:  # lifecycle.move, inlined: once per command (a double completion raises)
+            raise IllegalTransition(req, FREE)
+        req.state = FREE
+        req.capsule = None
+        req.ns = None
+        req.next_step = None
+        req.tx = None
+        self.active -= 1
+        self.free.append(req)
+
+    def next_sqhd(self) -> int:
+        """SQ head after consuming one entry (0xFFFF when the host disabled SQ flow control)."""
+        if self.sqflow_disabled:
+            return 0xFFFF
+        self.sqhd = (self.sqhd + 1) % (self.sqsize + 1)
+        return self.sqhd
