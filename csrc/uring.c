@@ -185,17 +185,34 @@ int nr_uring_wait(struct nr_uring *r, int timeout_ms)
     return ret ? 0 : -ETIME;
 }
 
+#define CANCEL_COOKIE UINT64_MAX
+
 void nr_uring_destroy(struct nr_uring *r)
 {
-    struct nr_uring_done done[64];
+    struct io_uring_cqe *cqe;
+    struct io_uring_sqe *sqe;
+    unsigned head, n;
 
     if (!r)
         return;
-    /* the kernel may still write into the callers' buffers until each command completes */
+    /* The kernel may still write into the callers' buffers until each command completes: cancel what can be
+     * cancelled (a read waiting on a pipe or a socket; 5.19's CANCEL_ANY, ignored before), wait for the rest. */
     if (io_uring_sq_ready(&r->ring))
         nr_uring_submit(r);
+    if (r->in_flight && (sqe = io_uring_get_sqe(&r->ring)) != NULL) {
+        io_uring_prep_cancel64(sqe, 0, IORING_ASYNC_CANCEL_ANY);
+        io_uring_sqe_set_data64(sqe, CANCEL_COOKIE);
+        nr_uring_submit(r);
+    }
     while (r->in_flight) {
-        if (nr_uring_reap(r, done, 64) == 0 && nr_uring_wait(r, -1) < 0 && errno != EINTR)
+        n = 0;
+        io_uring_for_each_cqe(&r->ring, head, cqe) {
+            n++;
+            if (io_uring_cqe_get_data64(cqe) != CANCEL_COOKIE)
+                r->in_flight--;
+        }
+        io_uring_cq_advance(&r->ring, n);
+        if (n == 0 && nr_uring_wait(r, -1) < 0 && errno != EINTR)
             break;
     }
     io_uring_queue_exit(&r->ring);

@@ -48,7 +48,8 @@ unsigned nr_uring_in_flight(struct nr_uring *ring);
 /* Block until a completion is ready to reap or `timeout_ms` passed (-1: no limit); 0, -ETIME, or -errno. */
 int nr_uring_wait(struct nr_uring *ring, int timeout_ms);
 
-/* Waits for commands still in flight (their buffers may be freed after it returns), then frees the ring. */
+/* Cancels the commands in flight that can be (reads waiting on a pipe or socket), waits for the rest (their
+ * buffers may be freed after it returns), then frees the ring. */
 void nr_uring_destroy(struct nr_uring *ring);
 
 #endif

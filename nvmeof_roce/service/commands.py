@@ -19,6 +19,7 @@ from ..errors import NvmeofError
 from ..output import emit, table
 from ..target import auth
 from ..target.backends import BackendError, open_backend
+from ..target.ioengine import choose_engine
 from ..config import ConfigError, ConfigErrors, TargetConfig, load_userspace_config, raise_all
 from .serve import register_serve
 
@@ -78,7 +79,10 @@ def _open_namespace(config: TargetConfig, where: str, ns) -> dict:
         info["blocks"] = backend.num_blocks
         info["block_size"] = backend.block_size  # a block device's own unless the config sets one
         if ns.backend == "file":
-            info["note"] = "O_DIRECT" if backend.direct else "page cache (buffered)"
+            engine = choose_engine(backend, ns.io_engine)  # io_uring forced where it cannot run: refused
+            info["note"] = ("O_DIRECT" if backend.direct else "page cache (buffered)") + f", {engine.name}"
+    except BackendError as exc:
+        raise exc.config_error(config.source, where, ns) from None
     finally:
         backend.close()
     return info

@@ -97,6 +97,7 @@ _NS_PARAMS = {  # RPC namespace key -> (where it goes in the config's namespace 
     "nsid": ("nsid",), "path": ("device", "path"), "uuid": ("device", "uuid"), "nguid": ("device", "nguid"),
     "eui64": ("device", "eui64"), "anagrpid": ("ana_grpid",), "backend": ("nvmeof_roce", "backend"),
     "size": ("nvmeof_roce", "size"), "block_size": ("nvmeof_roce", "block_size"),
+    "queue_depth": ("nvmeof_roce", "queue_depth"), "io_engine": ("nvmeof_roce", "io_engine"),
 }
 _CONFIG_TO_RPC = {".".join(v): k for k, v in _NS_PARAMS.items()}
 

@@ -2,6 +2,7 @@
 
     nvmeof-roce rpc METHOD [--param KEY=VALUE ...] [JSON]       any method, SPDK's names
     nvmeof-roce target add-ns NQN (--path FILE | --ram SIZE | --null SIZE) [--nsid N] [--block-size B]
+                              [--queue-depth N] [--io-engine io_uring|threads]
     nvmeof-roce target rm-ns NQN NSID
     nvmeof-roce target resize-ns NQN NSID SIZE
     nvmeof-roce target add-host NQN HOSTNQN
@@ -17,6 +18,7 @@ import json
 import sys
 from typing import Any, Dict, Optional
 
+from ..config import NS_IO_ENGINES
 from ..errors import NvmeofError
 from ..output import emit, table
 from .control_client import call, find_socket
@@ -91,6 +93,10 @@ def _cmd_add_ns(args) -> int:
         ns["size"] = args.ram or args.null
     if args.block_size:
         ns["block_size"] = args.block_size
+    if args.queue_depth:
+        ns["queue_depth"] = args.queue_depth
+    if args.io_engine:
+        ns["io_engine"] = args.io_engine
     for key in ("uuid", "nguid", "eui64"):
         if getattr(args, key):
             ns[key] = getattr(args, key)
@@ -238,6 +244,11 @@ def register_target_verbs(commands) -> None:
     p.add_argument("--size", metavar="SIZE", help="with --path: create the file with this size if missing")
     p.add_argument("--nsid", type=int, help="the NSID (default: the lowest free one)")
     p.add_argument("--block-size", type=int, choices=(512, 4096))
+    p.add_argument("--queue-depth", type=int, metavar="N",
+                   help="with --path: commands on the device at once (nvmeof_roce.queue_depth, default 128)")
+    p.add_argument("--io-engine", choices=NS_IO_ENGINES,
+                   help="with --path: force the I/O engine (nvmeof_roce.io_engine; default io_uring where it "
+                        "works, else threads)")
     p.add_argument("--uuid")
     p.add_argument("--nguid")
     p.add_argument("--eui64")

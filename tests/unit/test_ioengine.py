@@ -311,3 +311,214 @@ def test_a_namespace_added_live_is_locked_and_a_replaced_one_keeps_its_lock(tmp_
         FileBackend(str(img), lock="exclusive").close()  # free again once removed
     finally:
         env.close()
+
+
+# -- io_uring: the ring itself, its eventfd, real kernel errors, the choice of engine
+
+needs_uring = pytest.mark.skipif(bool(uring_unavailable()), reason=f"io_uring: {uring_unavailable()}")
+
+
+@pytest.fixture
+def uring(tmp_path):
+    e = Env(files_config(tmp_path, depth=4, engine="io_uring"))
+    yield e
+    e.close()
+
+
+@needs_uring
+def test_uring_completions_wake_the_loop_through_the_rings_eventfd(uring):
+    """No thread hands a completion over: the read sits on the ring, the kernel completes it and the ring's
+    eventfd (watched by the loop) becomes readable; the command completes when the loop serves that fd."""
+    import select
+    ctrl = uring.connect(SUB, num_io_queues=1)
+    ctrl.write(1, 0, b"\x33" * 512)
+    ns = uring.target.subsystem(SUB).namespaces[1]
+    engine = ns.io
+    assert engine.name == "io_uring" and engine.threads == 0
+    efd = engine.ring.fileno()
+    assert efd in uring.fabric._watched  # the loop watches the ring's eventfd
+    got = []
+    ctrl.submit_read(1, 0, 1, lambda c: got.append((c.status, bytes(c.data))))
+    uring.fabric.pump(watched=False)  # the capsule reaches the target; no watched fd is served
+    assert engine.in_flight == 1 and got == []
+    assert select.select([efd], [], [], 10)[0] == [efd]  # the kernel's completion made it readable
+    assert engine.in_flight == 1 and got == []  # ... and nothing ran until the loop served it
+    ctrl.wait_idle()
+    assert got == [(0, b"\x33" * 512)] and engine.in_flight == 0 and engine.threads == 0
+    ctrl.close()
+
+
+@needs_uring
+def test_uring_read_across_the_end_of_a_truncated_file_is_an_error(uring, tmp_path):
+    """The file ends inside the read: the kernel reads the part that is there (a short read), the engine asks
+    for the rest, gets 0 (the end of the file) and answers an error, never zeros and success."""
+    ctrl = uring.connect(SUB, num_io_queues=1)
+    os.truncate(tmp_path / "ns1.img", 4096 + 1024)  # the namespace is 2 MiB
+    got = []
+    ctrl.submit_read(1, 8, 8, lambda c: got.append(c.status))  # 4096..8191: 1024 bytes of it are in the file
+    ctrl.wait_idle()
+    assert got == [S.INTERNAL | S.DNR]
+    assert uring.target.subsystem(SUB).namespaces[1].stats.errors == 1
+    assert uring.target.internal_errors == 0
+    ctrl.close()
+
+
+@needs_uring
+def test_uring_kernel_errors_get_nvmets_statuses_and_the_target_keeps_serving(uring, tmp_path):
+    """Real errors from the kernel: writes on a descriptor open read-only fail with EBADF (Internal Error,
+    DNR, as nvmet answers an errno it does not map); a failed fdatasync (EIO, the ring's completion of a
+    device that lost the data) is Internal Error too; reads go on meanwhile."""
+    ctrl = uring.connect(SUB, num_io_queues=1)
+    ns = uring.target.subsystem(SUB).namespaces[1]
+    ctrl.write(1, 0, b"\x44" * 512)
+    readonly = os.open(tmp_path / "ns1.img", os.O_RDONLY)
+    saved = ns.backend._fd, ns.backend._dfd
+    try:
+        ns.backend._fd = ns.backend._dfd = readonly
+        got = []
+        ctrl.submit_write(1, 0, b"x" * 512, lambda c: got.append(c.status))
+        ctrl.wait_idle()
+        assert got == [S.INTERNAL | S.DNR]
+        assert ctrl.read(1, 0, 1) == b"\x44" * 512  # nothing written; reads are served
+    finally:
+        ns.backend._fd, ns.backend._dfd = saved
+        os.close(readonly)
+    HeldRing(ns.io, "flush", fail=errno.EIO).release.set()
+    got = []
+    ctrl.submit_io(nvm.FlushCommand(nsid=1).to_sqe(), lambda c: got.append(c.status))
+    ctrl.wait_idle()
+    assert got == [S.INTERNAL | S.DNR]
+    assert ns.stats.errors == 2 and uring.target.internal_errors == 0
+    ctrl.close()
+
+
+@needs_uring
+def test_uring_fua_write_is_one_dsync_write_on_the_ring(uring):
+    """A FUA write goes to the ring with RWF_DSYNC (durable when it completes), not followed by an fdatasync
+    of the whole file; a plain write without it."""
+    ctrl = uring.connect(SUB, num_io_queues=1)
+    ns = uring.target.subsystem(SUB).namespaces[1]
+    ring = ns.engine(uring.target.work).ring
+    calls = []
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(ring, name)
+
+        def write(self, fd, buf, offset, cookie, fua=False):
+            calls.append(("write", offset, fua))
+            ring.write(fd, buf, offset, cookie, fua)
+
+        def fsync(self, fd, cookie):
+            calls.append(("fsync",))
+            ring.fsync(fd, cookie)
+    ns.io.ring = Recording()
+    ctrl.write(1, 0, b"\x07" * 512, fua=True)
+    ctrl.write(1, 1, b"\x08" * 512)
+    assert calls == [("write", 0, True), ("write", 512, False)]
+    assert ctrl.read(1, 0, 2) == b"\x07" * 512 + b"\x08" * 512
+    ctrl.close()
+
+
+@needs_uring
+def test_uring_ring_never_holds_more_than_the_queue_depth(uring):
+    """32 reads on a namespace of queue depth 4: the ring (depth 4 + the flush) is never asked for more, the
+    rest wait in order; all complete with their data."""
+    ctrl = uring.connect(SUB, num_io_queues=1, queue_size=64)
+    ns = uring.target.subsystem(SUB).namespaces[1]
+    pattern = bytes(range(256)) * 128  # 32 KiB
+    ctrl.write(1, 0, pattern)
+    engine = ns.io
+    assert engine.ring.depth == 5
+    held = HeldRing(engine, "read_into")
+    done = {}
+    for i in range(32):
+        ctrl.submit_read(1, i * 2, 2, lambda c, i=i: done.setdefault(i, (c.status, bytes(c.data))))
+    uring.fabric.pump()
+    assert held.running == 4 and engine.ring.in_flight == 4 and len(engine.waiting) == 28
+    held.release.set()
+    ctrl.wait_idle()
+    assert held.most == 4 and held.started == [i * 1024 for i in range(32)]
+    assert all(done[i] == (0, pattern[i * 1024:(i + 1) * 1024]) for i in range(32))
+    ctrl.close()
+
+
+def test_native_ring_refuses_a_command_past_its_depth_and_holds_its_buffers():
+    """_native.Uring: EBUSY once `depth` commands are in flight; a buffer on the ring cannot be closed or
+    resized under the kernel (the ring holds a buffer export until the completion is reaped); a read needs a
+    writable buffer; close() cancels a read that would wait for ever (on an empty pipe)."""
+    if uring_unavailable():
+        pytest.skip(uring_unavailable())
+    import mmap
+    from nvmeof_roce import native
+    r, w = os.pipe2(os.O_CLOEXEC)
+    ring = native.module.Uring(2)
+    try:
+        bufs = [mmap.mmap(-1, 4096) for _ in range(3)]
+        with pytest.raises(BufferError):
+            ring.read(r, b"read-only", 0, "d")
+        ring.read(r, bufs[0], 0, "a")
+        ring.read(r, bufs[1], 0, "b")
+        with pytest.raises(OSError) as ei:
+            ring.read(r, bufs[2], 0, "c")
+        assert ei.value.errno == errno.EBUSY
+        assert ring.submit() == 2 and ring.in_flight == 2
+        with pytest.raises(BufferError):
+            bufs[0].close()  # exported to the ring
+        os.write(w, b"x" * 8192)
+        got = []
+        while len(got) < 2:
+            assert ring.wait(10)
+            got += ring.reap()
+        assert sorted(c for c, _ in got) == ["a", "b"] and ring.in_flight == 0
+        bufs[0].close()  # released once reaped
+        ring.read(r, bufs[1], 0, "never")  # nothing more comes down the pipe
+        assert ring.submit() == 1
+    finally:
+        ring.close()
+        os.close(r)
+        os.close(w)
+    assert ring.closed
+
+
+def test_forced_io_uring_where_it_cannot_run_is_refused_naming_the_key(tmp_path, monkeypatch):
+    from nvmeof_roce.config import ConfigError
+    from nvmeof_roce.target import ioengine
+    monkeypatch.setattr(ioengine, "_uring_checked", True)
+    monkeypatch.setattr(ioengine, "_uring_missing", "io_uring_setup failed: Operation not permitted")
+    with pytest.raises(ConfigError) as ei:
+        Env(files_config(tmp_path, count=1, engine="io_uring"))
+    err = getattr(ei.value, "errors", [ei.value])[0]
+    assert err.where.endswith("namespaces[0].nvmeof_roce.io_engine")
+    assert "Operation not permitted" in err.problem
+    import json
+    from nvmeof_roce.service.commands import check_config
+    path = tmp_path / "forced.json"
+    path.write_text(json.dumps(files_config(tmp_path, count=1, engine="io_uring")))
+    (tmp_path / "ns1.img").write_bytes(bytes(2 << 20))
+    with pytest.raises(ConfigError) as ei:  # `target check` refuses it too
+        check_config(str(path))
+    err = getattr(ei.value, "errors", [ei.value])[0]
+    assert err.where.endswith("nvmeof_roce.io_engine")
+    env = Env(files_config(tmp_path, count=1))  # unset: the thread engine, and status says why
+    try:
+        ctrl = env.connect(SUB, num_io_queues=1)
+        ctrl.write(1, 0, b"\x01" * 512)
+        io = env.target.subsystem(SUB).namespaces[1].engine_status()
+        assert io["engine"] == "threads" and "Operation not permitted" in io["engine_reason"]
+        ctrl.close()
+    finally:
+        env.close()
+
+
+def test_io_engine_key_is_validated(tmp_path):
+    from nvmeof_roce.config import ConfigError, parse_config
+    with pytest.raises(ConfigError, match="io_engine.*must be one of io_uring, threads"):
+        parse_config(files_config(tmp_path, engine="aio"), "t")
+    bad = files_config(tmp_path)
+    bad["subsystems"][0]["namespaces"] = [{"nsid": 1, "nvmeof_roce": {"backend": "ram", "size": "1M",
+                                                                      "io_engine": "threads"}}]
+    with pytest.raises(ConfigError, match="file and block namespaces"):
+        parse_config(bad, "t")
+    assert parse_config(files_config(tmp_path, engine="threads"), "t").subsystems[0].namespaces[0].io_engine \
+        == "threads"

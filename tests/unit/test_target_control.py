@@ -100,6 +100,21 @@ def test_add_ns_errors_name_the_field_and_leave_the_target_unchanged(env, contro
     assert sorted(env.target.subsystems[SUB_RAM].namespaces) == [1, 2]
 
 
+def test_add_ns_takes_the_engine_and_queue_depth_of_a_file_namespace(env, control, tmp_path):
+    """`target add-ns --io-engine threads --queue-depth 8` (RPC io_engine, queue_depth): the namespace runs on
+    the engine asked for, with that depth; a bad value names the field."""
+    img = tmp_path / "added.img"
+    img.write_bytes(bytes(1 << 20))
+    nsid = control.call("nvmf_subsystem_add_ns", {"nqn": SUB_RAM, "namespace": {
+        "path": str(img), "io_engine": "threads", "queue_depth": 8}})
+    ns = env.target.subsystems[SUB_RAM].namespaces[nsid]
+    io = ns.engine_status()
+    assert (io["engine"], io["queue_depth"]) == ("threads", 8) and "io_engine" in io["engine_reason"]
+    err = rpc_error(control, "nvmf_subsystem_add_ns", {"nqn": SUB_RAM, "namespace": {
+        "path": str(tmp_path / "other.img"), "size": "1M", "io_engine": "aio"}})
+    assert err.field == "namespace.io_engine" and "io_uring" in err.fix
+
+
 def test_remove_ns(env, control):
     ctrl = env.connect(SUB_RAM)
     assert control.call("nvmf_subsystem_remove_ns", {"nqn": SUB_RAM, "nsid": 2}) is True
