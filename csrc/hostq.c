@@ -603,8 +603,11 @@ static PyObject *hostq_perf(HostQueue *q, PyObject *args, PyObject *kwds)
         return PyErr_Format(PyExc_TimeoutError, "perf: %u commands still in flight 10 s after the run ended",
                             c.in_flight_left);
     uint64_t n = c.ios;
+    PyObject *hist = PyBytes_FromStringAndSize((const char *)q->hist, HIST_BUCKETS * sizeof *q->hist);
+    if (!hist)
+        return NULL;
     return Py_BuildValue(
-        "{sKsKsKsKsKsKsisKsKsKsKsKsKsdsdsdsdsdsd}", "ios", (unsigned long long)n, "reads",
+        "{sKsKsKsKsKsKsisKsKsKsKsKsKsdsdsdsdsdsdsNsI}", "ios", (unsigned long long)n, "reads",
         (unsigned long long)c.reads, "writes", (unsigned long long)c.writes, "errors", (unsigned long long)c.errors,
         "unexpected", (unsigned long long)c.unexpected, "elapsed_ns", (unsigned long long)c.elapsed_ns,
         "first_error", c.first_error, "doorbells", (unsigned long long)c.doorbells, "sends",
@@ -613,7 +616,7 @@ static PyObject *hostq_perf(HostQueue *q, PyObject *args, PyObject *kwds)
         (unsigned long long)c.backlogged, "p50", hist_percentile(q->hist, n, 50.0) / 1e3, "p90",
         hist_percentile(q->hist, n, 90.0) / 1e3, "p99", hist_percentile(q->hist, n, 99.0) / 1e3, "p99.9",
         hist_percentile(q->hist, n, 99.9) / 1e3, "mean", n ? (double)c.lat_sum / (double)n / 1e3 : 0.0, "max",
-        (double)c.lat_max / 1e3);
+        (double)c.lat_max / 1e3, "hist", hist, "sub_buckets", (unsigned)SUB_BUCKETS);
 }
 
 static PyObject *hostq_stats(HostQueue *q, PyObject *unused)
