@@ -465,7 +465,7 @@ static void run_perf(HostQueue *q, const struct perf_params *p, struct perf_coun
             measure_from = now;
             end = now + p->runtime_ns;
         }
-        if (running && measuring && (now >= end || (p->max_ios && c->ios >= p->max_ios))) {
+        if (running && measuring && now >= end) {
             running = 0;
             c->elapsed_ns = now - measure_from;
             drain_deadline = now + DRAIN_NS;
@@ -521,6 +521,12 @@ static void run_perf(HostQueue *q, const struct perf_params *p, struct perf_coun
                     c->errors++;
                     if (!c->first_error)
                         c->first_error = status;
+                }
+                if (p->max_ios && c->ios >= p->max_ios) { /* exactly max_ios measured: the rest drain */
+                    running = 0;
+                    c->elapsed_ns = now - measure_from;
+                    drain_deadline = now + DRAIN_NS;
+                    nbacklog = 0;
                 }
             }
             if (running && !q->failed)
