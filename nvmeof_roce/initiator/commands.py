@@ -266,7 +266,8 @@ def cmd_perf(args) -> int:
 
     def human(r):
         lat = r["latency_us"]
-        print(f"IOPS {r['iops']:.0f}  bandwidth {r['bandwidth_bytes'] / 1e6:.2f} MB/s  errors {r['errors']}")
+        print(f"IOPS {r['iops']:.0f}  bandwidth {r['bandwidth_bytes'] / 1e6:.2f} MB/s  errors {r['errors']}  "
+              f"({r['data_path']} data path)")
         print(f"latency us: mean {lat['mean']:.0f}  p50 {lat['p50']:.0f}  p90 {lat['p90']:.0f}  "
               f"p99 {lat['p99']:.0f}  p99.9 {lat['p99.9']:.0f}")
     emit(data, args.json, human)
