@@ -15,6 +15,7 @@
 #include "native.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -29,6 +30,7 @@
 #define POLL_BATCH 64
 #define SUB_BUCKETS 32 /* histogram: 32 buckets per power of two (about 3 % wide) */
 #define HIST_BUCKETS (60 * SUB_BUCKETS)
+#define EMPTY_POLLS_BEFORE_YIELD 64
 #define DRAIN_NS 10000000000ULL /* a perf run waits this long for its last commands */
 
 typedef struct {
@@ -426,7 +428,7 @@ static void run_perf(HostQueue *q, const struct perf_params *p, struct perf_coun
 {
     struct ibv_wc wc[POLL_BATCH];
     uint64_t rng = p->seed ? p->seed : 0x9E3779B97F4A7C15ULL;
-    uint32_t in_flight = 0, nbacklog = 0;
+    uint32_t in_flight = 0, nbacklog = 0, empty_polls = 0;
     uint64_t start = now_ns(), measure_from = start + p->ramp_ns, end = measure_from + p->runtime_ns;
     int measuring = p->ramp_ns == 0, running = 1;
     uint64_t drain_deadline = 0;
@@ -455,6 +457,8 @@ static void run_perf(HostQueue *q, const struct perf_params *p, struct perf_coun
     while (in_flight || nbacklog) {
         int n = ibv_poll_cq(q->cq, POLL_BATCH, wc);
         c->polls++;
+        if (n == 0 && ++empty_polls % EMPTY_POLLS_BEFORE_YIELD == 0)
+            sched_yield(); /* a software device (rxe) does its work in the kernel, maybe on this CPU */
         now = now_ns();
         if (n < 0) {
             c->post_error = 1;
