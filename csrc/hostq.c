@@ -15,7 +15,8 @@
 #include "native.h"
 
 #include <errno.h>
-#include <sched.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -30,13 +31,15 @@
 #define POLL_BATCH 64
 #define SUB_BUCKETS 32 /* histogram: 32 buckets per power of two (about 3 % wide) */
 #define HIST_BUCKETS (60 * SUB_BUCKETS)
-#define EMPTY_POLLS_BEFORE_YIELD 64
+#define EMPTY_POLLS_BEFORE_SLEEP 64 /* hybrid polling: then sleep on the completion channel */
+#define SLEEP_MS 100
 #define DRAIN_NS 10000000000ULL /* a perf run waits this long for its last commands */
 
 typedef struct {
     PyObject_HEAD
     struct ibv_qp *qp;
     struct ibv_cq *cq;
+    struct ibv_comp_channel *channel; /* the CQ's, or NULL: perf only polls */
     uint8_t *recv;     /* recv_count responses of 16 bytes */
     uint8_t *send;     /* slots capsule slots of slot_size bytes */
     uint32_t recv_lkey, send_lkey, recv_count, slots, slot_size, inline_max, sq_size, signal_interval;
@@ -163,10 +166,10 @@ static void hostq_dealloc(HostQueue *q)
  *           sq_size, signal_interval): the QP's receives are posted here (the QP must be in INIT or later). */
 static int hostq_init(HostQueue *q, PyObject *args, PyObject *kwds)
 {
-    unsigned long long qp, cq, recv_addr, send_addr;
+    unsigned long long qp, cq, recv_addr, send_addr, channel = 0;
     unsigned int recv_lkey, recv_count, send_lkey, slots, slot_size, inline_max, sq_size, interval;
-    if (!PyArg_ParseTuple(args, "KKKIIKIIIIII", &qp, &cq, &recv_addr, &recv_lkey, &recv_count, &send_addr,
-                          &send_lkey, &slots, &slot_size, &inline_max, &sq_size, &interval))
+    if (!PyArg_ParseTuple(args, "KKKIIKIIIIII|K", &qp, &cq, &recv_addr, &recv_lkey, &recv_count,
+                          &send_addr, &send_lkey, &slots, &slot_size, &inline_max, &sq_size, &interval, &channel))
         return -1;
     if (q->qp) {
         PyErr_SetString(PyExc_RuntimeError, "HostQueue is already initialised");
@@ -202,6 +205,7 @@ static int hostq_init(HostQueue *q, PyObject *args, PyObject *kwds)
     }
     q->qp = (struct ibv_qp *)(uintptr_t)qp;
     q->cq = (struct ibv_cq *)(uintptr_t)cq;
+    q->channel = (struct ibv_comp_channel *)(uintptr_t)channel;
     q->recv = (uint8_t *)(uintptr_t)recv_addr;
     q->send = (uint8_t *)(uintptr_t)send_addr;
     q->recv_lkey = recv_lkey;
@@ -362,13 +366,14 @@ static PyObject *hostq_poll(HostQueue *q, PyObject *args)
 
 struct perf_params {
     uint32_t nsid, nlb, block_size, depth, read_percent;
+    int busy_poll;
     uint64_t span_slots, max_ios, data_addr, ramp_ns, runtime_ns, seed;
     uint32_t data_rkey;
 };
 
 struct perf_counts {
     uint64_t ios, reads, writes, errors, unexpected, lat_sum, lat_max, elapsed_ns;
-    uint64_t doorbells, sends, signaled, recv_doorbells, polls, backlogged;
+    uint64_t doorbells, sends, signaled, recv_doorbells, polls, backlogged, sleeps;
     int first_error, lost, drain_timeout, post_error;
     uint32_t in_flight_left;
 };
@@ -424,6 +429,20 @@ static void build_io(HostQueue *q, const struct perf_params *p, uint64_t *rng, u
     c->sends++;
 }
 
+/* Arm the CQ, and sleep on its channel unless a completion came in meanwhile (the next poll takes it). */
+static void sleep_on_channel(HostQueue *q)
+{
+    if (ibv_req_notify_cq(q->cq, 0))
+        return;
+    struct pollfd pfd = {.fd = q->channel->fd, .events = POLLIN};
+    if (poll(&pfd, 1, SLEEP_MS) > 0) {
+        struct ibv_cq *cq;
+        void *context;
+        if (!ibv_get_cq_event(q->channel, &cq, &context))
+            ibv_ack_cq_events(cq, 1);
+    }
+}
+
 static void run_perf(HostQueue *q, const struct perf_params *p, struct perf_counts *c)
 {
     struct ibv_wc wc[POLL_BATCH];
@@ -457,8 +476,14 @@ static void run_perf(HostQueue *q, const struct perf_params *p, struct perf_coun
     while (in_flight || nbacklog) {
         int n = ibv_poll_cq(q->cq, POLL_BATCH, wc);
         c->polls++;
-        if (n == 0 && ++empty_polls % EMPTY_POLLS_BEFORE_YIELD == 0)
-            sched_yield(); /* a software device (rxe) does its work in the kernel, maybe on this CPU */
+        if (n == 0 && q->channel && !p->busy_poll && ++empty_polls >= EMPTY_POLLS_BEFORE_SLEEP) {
+            empty_polls = 0;
+            sleep_on_channel(q); /* leave the CPU to the kernel (rxe, a target on this machine) */
+            c->sleeps++;
+            continue;
+        }
+        if (n)
+            empty_polls = 0;
         now = now_ns();
         if (n < 0) {
             c->post_error = 1;
@@ -571,13 +596,13 @@ static void run_perf(HostQueue *q, const struct perf_params *p, struct perf_coun
 static PyObject *hostq_perf(HostQueue *q, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"nsid", "nlb", "block_size", "span_slots", "queue_depth", "read_percent", "data_addr",
-                             "data_rkey", "runtime", "ramp", "max_ios", "seed", NULL};
+                             "data_rkey", "runtime", "ramp", "max_ios", "seed", "busy_poll", NULL};
     struct perf_params p = {0};
     double runtime = 1.0, ramp = 0.0;
     unsigned long long span_slots, data_addr, max_ios = 0, seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "IIIKIIKI|ddKK", kwlist, &p.nsid, &p.nlb, &p.block_size,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "IIIKIIKI|ddKKp", kwlist, &p.nsid, &p.nlb, &p.block_size,
                                      &span_slots, &p.depth, &p.read_percent, &data_addr, &p.data_rkey, &runtime,
-                                     &ramp, &max_ios, &seed))
+                                     &ramp, &max_ios, &seed, &p.busy_poll))
         return NULL;
     if (!p.nlb || p.nlb > 65536 || !p.block_size || p.block_size >= (1u << 24) || !span_slots || !p.depth ||
         p.depth > q->slots || p.depth > q->recv_count || p.read_percent > 100 || !data_addr || runtime < 0 ||
@@ -617,13 +642,13 @@ static PyObject *hostq_perf(HostQueue *q, PyObject *args, PyObject *kwds)
     if (!hist)
         return NULL;
     return Py_BuildValue(
-        "{sKsKsKsKsKsKsisKsKsKsKsKsKsdsdsdsdsdsdsNsI}", "ios", (unsigned long long)n, "reads",
+        "{sKsKsKsKsKsKsisKsKsKsKsKsKsKsdsdsdsdsdsdsNsI}", "ios", (unsigned long long)n, "reads",
         (unsigned long long)c.reads, "writes", (unsigned long long)c.writes, "errors", (unsigned long long)c.errors,
         "unexpected", (unsigned long long)c.unexpected, "elapsed_ns", (unsigned long long)c.elapsed_ns,
         "first_error", c.first_error, "doorbells", (unsigned long long)c.doorbells, "sends",
         (unsigned long long)c.sends, "signaled", (unsigned long long)c.signaled, "recv_doorbells",
         (unsigned long long)c.recv_doorbells, "polls", (unsigned long long)c.polls, "backlogged",
-        (unsigned long long)c.backlogged, "p50", hist_percentile(q->hist, n, 50.0) / 1e3, "p90",
+        (unsigned long long)c.backlogged, "sleeps", (unsigned long long)c.sleeps, "p50", hist_percentile(q->hist, n, 50.0) / 1e3, "p90",
         hist_percentile(q->hist, n, 90.0) / 1e3, "p99", hist_percentile(q->hist, n, 99.0) / 1e3, "p99.9",
         hist_percentile(q->hist, n, 99.9) / 1e3, "mean", n ? (double)c.lat_sum / (double)n / 1e3 : 0.0, "max",
         (double)c.lat_max / 1e3, "hist", hist, "sub_buckets", (unsigned)SUB_BUCKETS);
@@ -639,7 +664,7 @@ static PyMethodDef hostq_methods[] = {
     {"poll", (PyCFunction)hostq_poll, METH_VARARGS, "poll(timeout) -> [16-byte CQEs], waiting up to timeout s."},
     {"perf", (PyCFunction)(void (*)(void))hostq_perf, METH_VARARGS | METH_KEYWORDS,
      "perf(nsid, nlb, block_size, span_slots, queue_depth, read_percent, data_addr, data_rkey, runtime=1.0, "
-     "ramp=0.0, max_ios=0, seed=0) -> counts and latency percentiles (µs); the GIL is released while it runs."},
+     "ramp=0.0, max_ios=0, seed=0, busy_poll=False) -> counts and latency percentiles (µs); the GIL is released while it runs."},
     {"stats", (PyCFunction)hostq_stats, METH_NOARGS, "stats() -> {in_sq, sq_size, failed}."},
     {NULL, NULL, 0, NULL},
 };
@@ -686,9 +711,18 @@ static PyObject *create_host_qp(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_RuntimeError, "the CM id has no device yet (resolve its address first)");
         return NULL;
     }
-    struct ibv_cq *cq = ibv_create_cq(id->verbs, (int)cq_size, NULL, NULL, 0);
-    if (!cq)
+    struct ibv_comp_channel *channel = ibv_create_comp_channel(id->verbs);
+    if (!channel)
         return PyErr_SetFromErrno(PyExc_OSError);
+    int flags = fcntl(channel->fd, F_GETFL);
+    struct ibv_cq *cq = flags < 0 || fcntl(channel->fd, F_SETFL, flags | O_NONBLOCK) ? NULL
+                        : ibv_create_cq(id->verbs, (int)cq_size, NULL, channel, 0);
+    if (!cq) {
+        int err = errno;
+        ibv_destroy_comp_channel(channel);
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
     struct ibv_qp_init_attr attr;
     for (int attempt = 0; attempt < 2; attempt++) { /* without inline data if the device has none */
         memset(&attr, 0, sizeof attr);
@@ -704,20 +738,21 @@ static PyObject *create_host_qp(PyObject *self, PyObject *args)
         if (attempt || !inline_size) {
             int err = errno;
             ibv_destroy_cq(cq);
+            ibv_destroy_comp_channel(channel);
             errno = err;
             return PyErr_SetFromErrno(PyExc_OSError);
         }
     }
-    return Py_BuildValue("{sKsKsKsIsI}", "qp", (unsigned long long)(uintptr_t)id->qp, "cq",
-                         (unsigned long long)(uintptr_t)cq, "pd", (unsigned long long)(uintptr_t)id->pd, "qp_num",
+    return Py_BuildValue("{sKsKsKsKsIsI}", "qp", (unsigned long long)(uintptr_t)id->qp, "cq",
+                         (unsigned long long)(uintptr_t)cq, "channel", (unsigned long long)(uintptr_t)channel, "pd", (unsigned long long)(uintptr_t)id->pd, "qp_num",
                          id->qp->qp_num, "max_inline", attr.cap.max_inline_data);
 }
 
-/* destroy_host_qp(cm_id, cq): the QP (librdmacm's), then our CQ */
+/* destroy_host_qp(cm_id, cq, channel): the QP (librdmacm's), then our CQ and its channel */
 static PyObject *destroy_host_qp(PyObject *self, PyObject *args)
 {
-    unsigned long long id_value, cq;
-    if (!PyArg_ParseTuple(args, "KK", &id_value, &cq))
+    unsigned long long id_value, cq, channel = 0;
+    if (!PyArg_ParseTuple(args, "KK|K", &id_value, &cq, &channel))
         return NULL;
     struct rdma_cm_id *id = cm_id_arg(id_value);
     if (!id)
@@ -731,6 +766,8 @@ static PyObject *destroy_host_qp(PyObject *self, PyObject *args)
             return PyErr_SetFromErrno(PyExc_OSError);
         }
     }
+    if (channel && ibv_destroy_comp_channel((struct ibv_comp_channel *)(uintptr_t)channel))
+        return PyErr_SetFromErrno(PyExc_OSError);
     Py_RETURN_NONE;
 }
 
@@ -762,8 +799,9 @@ static PyObject *host_dereg_mr(PyObject *self, PyObject *args)
 
 static PyMethodDef hostq_functions[] = {
     {"create_host_qp", create_host_qp, METH_VARARGS,
-     "create_host_qp(cm_id, cq_size, max_send_wr, max_recv_wr, max_inline) -> {qp, cq, pd, qp_num, max_inline}"},
-    {"destroy_host_qp", destroy_host_qp, METH_VARARGS, "destroy_host_qp(cm_id, cq): the QP, then the CQ."},
+     "create_host_qp(cm_id, cq_size, max_send_wr, max_recv_wr, max_inline) -> {qp, cq, channel, pd, qp_num, "
+     "max_inline}"},
+    {"destroy_host_qp", destroy_host_qp, METH_VARARGS, "destroy_host_qp(cm_id, cq, channel): the QP, then the CQ and its channel."},
     {"host_reg_mr", host_reg_mr, METH_VARARGS, "host_reg_mr(pd, addr, length, access) -> (mr, lkey, rkey)."},
     {"host_dereg_mr", host_dereg_mr, METH_VARARGS, "host_dereg_mr(mr)."},
     {NULL, NULL, 0, NULL},

@@ -257,9 +257,12 @@ def cmd_perf(args) -> int:
     with _controller(args, args.nqn, num_io_queues=args.queues, queue_size=args.queue_depth + 1) as ctrl:
         progress(f"perf: {args.block_size} B, QD {args.queue_depth} x {len(ctrl.io_queues)} queue(s), "
                  f"{args.read_percent}% reads, {args.runtime} s, {args.data_path} data path")
+        extra = {"busy_poll": True} if args.busy_poll else {}
+        if args.busy_poll and args.data_path != "native":
+            raise NvmeofError("--busy-poll is for the native data path", "drop it, or use --data-path native")
         try:
             result = run(ctrl, args.nsid, block_size=args.block_size, queue_depth=args.queue_depth,
-                         read_percent=args.read_percent, runtime=args.runtime, ramp=args.ramp)
+                         read_percent=args.read_percent, runtime=args.runtime, ramp=args.ramp, **extra)
         except TransportError as exc:
             raise _explain(exc, args) from None
     data = result.to_dict()
@@ -355,4 +358,7 @@ def register(subparsers) -> None:
                                                           "thread each)")
     p.add_argument("--data-path", choices=("native", "python"), default=None,
                    help="the I/O queues' loop in C (native, the default when the extension is built) or in Python")
+    p.add_argument("--busy-poll", action="store_true",
+                   help="native data path: poll the CQ without ever sleeping (default: sleep on the completion "
+                        "channel after 64 empty polls, leaving the CPU to a software RDMA device)")
     p.set_defaults(func=cmd_perf)

@@ -182,9 +182,10 @@ def hist_percentile(hist, sub_buckets: int, n: int, pct: float) -> float:
 def run_perf_native(ctrl: Controller, nsid: int, *, block_size: int = 4096, queue_depth: int = 32,
                     read_percent: int = 100, runtime: float = 10.0, ramp: float = 0.0,
                     span_bytes: Optional[int] = None, seed: Optional[int] = None,
-                    max_ios: int = 0) -> PerfResult:
+                    max_ios: int = 0, busy_poll: bool = False) -> PerfResult:
     """As `run_perf`, each I/O queue's loop in C (`_native.HostQueue.perf`) on a thread of its own with the GIL
-    released; this thread keeps the admin queue (keep-alive) meanwhile.  `max_ios` (per queue) ends a run early."""
+    released; this thread keeps the admin queue (keep-alive) meanwhile.  `max_ios` (per queue) ends a run early.
+    The loop polls its CQ and, after 64 empty polls, sleeps on its completion channel; `busy_poll` never sleeps."""
     _, blocks_per_io, slots = _check(ctrl, nsid, block_size, queue_depth, read_percent, span_bytes)
     if not native_ready(ctrl):
         raise NvmeofError("the I/O queues are not on the native data path", "connect with --data-path native")
@@ -197,7 +198,7 @@ def run_perf_native(ctrl: Controller, nsid: int, *, block_size: int = 4096, queu
         buffer = q.transport.register(queue_depth * block_size)  # one data buffer per run, sliced per tag
         kw = dict(nsid=nsid, nlb=blocks_per_io, block_size=block_size, span_slots=slots, queue_depth=queue_depth,
                   read_percent=read_percent, data_addr=buffer.addr, data_rkey=buffer.key, runtime=runtime,
-                  ramp=ramp, max_ios=max_ios, seed=rng.getrandbits(63) | 1)
+                  ramp=ramp, max_ios=max_ios, seed=rng.getrandbits(63) | 1, busy_poll=busy_poll)
 
         def job(i=i, q=q, kw=kw):
             try:

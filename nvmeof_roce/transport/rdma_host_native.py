@@ -89,7 +89,7 @@ class NativeHostQueue(RdmaHostQueue):
             send_addr, send_lkey = self._memory(depth * self.capsule_size, IBV_ACCESS_LOCAL_WRITE)
             self.native = module.HostQueue(self.objects["qp"], self.objects["cq"], recv_addr, recv_lkey, hrqsize,
                                            send_addr, send_lkey, depth, self.capsule_size, self.inline_max, sq_size,
-                                           min(SIGNAL_INTERVAL, max(1, depth // 2)))
+                                           min(SIGNAL_INTERVAL, max(1, depth // 2)), self.objects["channel"])
             resources = max(1, min(16, connector.device.max_qp_rd_atom))
             param = ConnParam(resources=resources, depth=0, flow_control=1, retry=7, rnr_retry=7,
                               qp_num=self.objects["qp_num"], data_len=cmdata.REQUEST_SIZE)
@@ -159,7 +159,7 @@ class NativeHostQueue(RdmaHostQueue):
         self.native = None
         if self.objects is not None:
             try:
-                self.module.destroy_host_qp(self.id_ptr, self.objects["cq"])
+                self.module.destroy_host_qp(self.id_ptr, self.objects["cq"], self.objects["channel"])
             except OSError:
                 pass
             self.objects = None
