@@ -648,7 +648,8 @@ static PyObject *hostq_perf(HostQueue *q, PyObject *args, PyObject *kwds)
         "first_error", c.first_error, "doorbells", (unsigned long long)c.doorbells, "sends",
         (unsigned long long)c.sends, "signaled", (unsigned long long)c.signaled, "recv_doorbells",
         (unsigned long long)c.recv_doorbells, "polls", (unsigned long long)c.polls, "backlogged",
-        (unsigned long long)c.backlogged, "sleeps", (unsigned long long)c.sleeps, "p50", hist_percentile(q->hist, n, 50.0) / 1e3, "p90",
+        (unsigned long long)c.backlogged, "sleeps", (unsigned long long)c.sleeps, "p50",
+        hist_percentile(q->hist, n, 50.0) / 1e3, "p90",
         hist_percentile(q->hist, n, 90.0) / 1e3, "p99", hist_percentile(q->hist, n, 99.0) / 1e3, "p99.9",
         hist_percentile(q->hist, n, 99.9) / 1e3, "mean", n ? (double)c.lat_sum / (double)n / 1e3 : 0.0, "max",
         (double)c.lat_max / 1e3, "hist", hist, "sub_buckets", (unsigned)SUB_BUCKETS);
@@ -664,7 +665,8 @@ static PyMethodDef hostq_methods[] = {
     {"poll", (PyCFunction)hostq_poll, METH_VARARGS, "poll(timeout) -> [16-byte CQEs], waiting up to timeout s."},
     {"perf", (PyCFunction)(void (*)(void))hostq_perf, METH_VARARGS | METH_KEYWORDS,
      "perf(nsid, nlb, block_size, span_slots, queue_depth, read_percent, data_addr, data_rkey, runtime=1.0, "
-     "ramp=0.0, max_ios=0, seed=0, busy_poll=False) -> counts and latency percentiles (µs); the GIL is released while it runs."},
+     "ramp=0.0, max_ios=0, seed=0, busy_poll=False) -> counts and latency percentiles (µs); the GIL is released "
+     "while it runs."},
     {"stats", (PyCFunction)hostq_stats, METH_NOARGS, "stats() -> {in_sq, sq_size, failed}."},
     {NULL, NULL, 0, NULL},
 };
@@ -744,7 +746,8 @@ static PyObject *create_host_qp(PyObject *self, PyObject *args)
         }
     }
     return Py_BuildValue("{sKsKsKsKsIsI}", "qp", (unsigned long long)(uintptr_t)id->qp, "cq",
-                         (unsigned long long)(uintptr_t)cq, "channel", (unsigned long long)(uintptr_t)channel, "pd", (unsigned long long)(uintptr_t)id->pd, "qp_num",
+                         (unsigned long long)(uintptr_t)cq, "channel", (unsigned long long)(uintptr_t)channel, "pd",
+                         (unsigned long long)(uintptr_t)id->pd, "qp_num",
                          id->qp->qp_num, "max_inline", attr.cap.max_inline_data);
 }
 
@@ -801,7 +804,8 @@ static PyMethodDef hostq_functions[] = {
     {"create_host_qp", create_host_qp, METH_VARARGS,
      "create_host_qp(cm_id, cq_size, max_send_wr, max_recv_wr, max_inline) -> {qp, cq, channel, pd, qp_num, "
      "max_inline}"},
-    {"destroy_host_qp", destroy_host_qp, METH_VARARGS, "destroy_host_qp(cm_id, cq, channel): the QP, then the CQ and its channel."},
+    {"destroy_host_qp", destroy_host_qp, METH_VARARGS,
+     "destroy_host_qp(cm_id, cq, channel): the QP, then the CQ and its channel."},
     {"host_reg_mr", host_reg_mr, METH_VARARGS, "host_reg_mr(pd, addr, length, access) -> (mr, lkey, rkey)."},
     {"host_dereg_mr", host_dereg_mr, METH_VARARGS, "host_dereg_mr(mr)."},
     {NULL, NULL, 0, NULL},
