@@ -13,7 +13,8 @@ PyMODINIT_FUNC PyInit__native(void)
     PyObject *module = PyModule_Create(&native_module);
     if (!module)
         return NULL;
-    if (native_queue_register(module) < 0 || native_uring_register(module) < 0) {
+    if (native_queue_register(module) < 0 || native_uring_register(module) < 0 ||
+        native_hostq_register(module) < 0) {
         Py_DECREF(module);
         return NULL;
     }

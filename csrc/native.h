@@ -8,5 +8,6 @@
 
 int native_queue_register(PyObject *module);
 int native_uring_register(PyObject *module);
+int native_hostq_register(PyObject *module);
 
 #endif

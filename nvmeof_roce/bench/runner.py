@@ -62,11 +62,15 @@ class JobSpec:
         return self.fio_job.report if self.fio_job else "auto"
 
 
-# Our initiator's load generator: not in the default selection, name them in --jobs.
+# Our initiator's load generator: not in the default selection, name them in --jobs.  uinit-* run its default
+# data path (native when the extension is built), uinit-py-* its Python one, for the comparison in one run.
 INITIATOR_PERF_JOBS = {
     "uinit-randread-4k-qd1": {"rw": "randread", "bs": 4096, "qd": 1},
     "uinit-randread-4k-qd32": {"rw": "randread", "bs": 4096, "qd": 32},
     "uinit-randwrite-4k-qd32": {"rw": "randwrite", "bs": 4096, "qd": 32},
+    "uinit-py-randread-4k-qd1": {"rw": "randread", "bs": 4096, "qd": 1, "data_path": "python"},
+    "uinit-py-randread-4k-qd32": {"rw": "randread", "bs": 4096, "qd": 32, "data_path": "python"},
+    "uinit-py-randwrite-4k-qd32": {"rw": "randwrite", "bs": 4096, "qd": 32, "data_path": "python"},
 }
 
 
@@ -93,7 +97,8 @@ def available_jobs(jobs_dir: Optional[Path] = None) -> Dict[str, JobSpec]:
     for name, params in INITIATOR_PERF_JOBS.items():
         jobs[name] = JobSpec(name=name, kind="initiator-perf", params=dict(params),
                              description=f"userspace initiator perf: {params['rw']} {params['bs']} B, "
-                                         f"queue depth {params['qd']}")
+                                         f"queue depth {params['qd']}"
+                                         + (f", {params['data_path']} data path" if "data_path" in params else ""))
     return jobs
 
 
@@ -223,7 +228,8 @@ def initiator_perf_command(target: TargetUnderTest, params: Dict[str, object], r
     return _cli() + ["initiator", "perf", "--traddr", target.traddr, "--trsvcid", str(target.trsvcid),
                      "--nqn", target.subnqn, "--nsid", "1", "--block-size", str(params["bs"]),
                      "--queue-depth", str(params["qd"]), "--read-percent", str(READ_PERCENT[str(params["rw"])]),
-                     "--runtime", _num(runtime), "--ramp", _num(ramp), "--json"]
+                     "--runtime", _num(runtime), "--ramp", _num(ramp)] + \
+        (["--data-path", str(params["data_path"])] if params.get("data_path") else []) + ["--json"]
 
 
 def run_initiator_perf(job: JobSpec, target: TargetUnderTest, config: BenchConfig, raw: Path) -> dict:

@@ -28,8 +28,21 @@ SUBTYPES = {SUBTYPE_REFERRAL: "referral", SUBTYPE_NVME: "nvme subsystem", 3: "cu
 
 
 def _connector(args):
+    if getattr(args, "data_path", None) == "native":
+        from ..transport.rdma_host_native import NativeRdmaConnector
+        return NativeRdmaConnector(args.traddr, args.trsvcid, timeout=args.timeout)
     from ..transport.rdma_host import RdmaConnector
     return RdmaConnector(args.traddr, args.trsvcid, timeout=args.timeout)
+
+
+def _perf_data_path(args) -> str:
+    """--data-path: native when the extension is built (the default), python otherwise or when asked."""
+    from .. import native
+    if args.data_path is None:
+        return "native" if native.available() else "python"
+    if args.data_path == "native" and not native.available():
+        raise NvmeofError(f"--data-path native: {native.missing_reason}", "or use --data-path python")
+    return args.data_path
 
 
 def _explain(exc: Exception, args) -> NvmeofError:
@@ -238,17 +251,26 @@ def cmd_connect_test(args) -> int:
 
 
 def cmd_perf(args) -> int:
-    from .perf import run_perf
+    from .perf import run_perf, run_perf_native
+    args.data_path = _perf_data_path(args)
+    run = run_perf_native if args.data_path == "native" else run_perf
     with _controller(args, args.nqn, num_io_queues=args.queues, queue_size=args.queue_depth + 1) as ctrl:
         progress(f"perf: {args.block_size} B, QD {args.queue_depth} x {len(ctrl.io_queues)} queue(s), "
-                 f"{args.read_percent}% reads, {args.runtime} s")
-        result = run_perf(ctrl, args.nsid, block_size=args.block_size, queue_depth=args.queue_depth,
-                          read_percent=args.read_percent, runtime=args.runtime, ramp=args.ramp)
+                 f"{args.read_percent}% reads, {args.runtime} s, {args.data_path} data path")
+        extra = {"busy_poll": True} if args.busy_poll else {}
+        if args.busy_poll and args.data_path != "native":
+            raise NvmeofError("--busy-poll is for the native data path", "drop it, or use --data-path native")
+        try:
+            result = run(ctrl, args.nsid, block_size=args.block_size, queue_depth=args.queue_depth,
+                         read_percent=args.read_percent, runtime=args.runtime, ramp=args.ramp, **extra)
+        except TransportError as exc:
+            raise _explain(exc, args) from None
     data = result.to_dict()
 
     def human(r):
         lat = r["latency_us"]
-        print(f"IOPS {r['iops']:.0f}  bandwidth {r['bandwidth_bytes'] / 1e6:.2f} MB/s  errors {r['errors']}")
+        print(f"IOPS {r['iops']:.0f}  bandwidth {r['bandwidth_bytes'] / 1e6:.2f} MB/s  errors {r['errors']}  "
+              f"({r['data_path']} data path)")
         print(f"latency us: mean {lat['mean']:.0f}  p50 {lat['p50']:.0f}  p90 {lat['p90']:.0f}  "
               f"p99 {lat['p99']:.0f}  p99.9 {lat['p99.9']:.0f}")
     emit(data, args.json, human)
@@ -332,5 +354,11 @@ def register(subparsers) -> None:
     p.add_argument("-M", "--read-percent", type=int, default=100, help="percent reads (default 100)")
     p.add_argument("-t", "--runtime", type=float, default=10.0, help="seconds (default 10)")
     p.add_argument("--ramp", type=float, default=1.0, help="seconds before measuring (default 1)")
-    p.add_argument("--queues", type=int, default=1, help="I/O queues (default 1)")
+    p.add_argument("--queues", type=int, default=1, help="I/O queues (default 1; on the native data path one "
+                                                          "thread each)")
+    p.add_argument("--data-path", choices=("native", "python"), default=None,
+                   help="the I/O queues' loop in C (native, the default when the extension is built) or in Python")
+    p.add_argument("--busy-poll", action="store_true",
+                   help="native data path: poll the CQ without ever sleeping (default: sleep on the completion "
+                        "channel after 64 empty polls, leaving the CPU to a software RDMA device)")
     p.set_defaults(func=cmd_perf)

@@ -200,22 +200,7 @@ class RdmaHostQueue(HostQueue):
         self.closed = False
         self._released = False  # close() destroyed the QP, CQ and channel: no pyverbs call on them after
         self.buffers: List[RegisteredMemory] = []
-        self.channel, self.cm_fd = _create_with_fd(CMEventChannel, "rdma_cm")
-        self.cm_id = CMID(creator=self.channel, port_space=ce.RDMA_PS_TCP)
-        where = f"{connector.traddr}:{connector.trsvcid}"
-        try:
-            info = AddrInfo(src=connector.src, dst=connector.traddr, dst_service=str(connector.trsvcid),
-                            port_space=ce.RDMA_PS_TCP)
-            self.cm_id.resolve_addr(info, CM_TIMEOUT_MS)
-            self._wait_event(ce.RDMA_CM_EVENT_ADDR_RESOLVED, f"resolving {where}")
-            self.cm_id.resolve_route(CM_TIMEOUT_MS)
-            self._wait_event(ce.RDMA_CM_EVENT_ROUTE_RESOLVED, f"resolving the route to {where}")
-        except PyverbsRDMAError as exc:
-            self._close_cm()
-            raise TransportError(f"cannot reach {where} over RDMA: {exc}")
-        except TransportError:
-            self._close_cm()
-            raise
+        where = self._resolve()
         ctx, pd = connector._device(self.cm_id.dev_name)
         depth = hsqsize + 1
         self.recv_count = hrqsize
@@ -268,6 +253,27 @@ class RdmaHostQueue(HostQueue):
             self.qp.modify(attr, mask)
             self.cm_id.establish()
         self.responses: List[bytes] = []
+
+    def _resolve(self) -> str:
+        """A CM id on an event channel of its own, its address and route resolved; returns "addr:port"."""
+        connector = self.connector
+        self.channel, self.cm_fd = _create_with_fd(CMEventChannel, "rdma_cm")
+        self.cm_id = CMID(creator=self.channel, port_space=ce.RDMA_PS_TCP)
+        where = f"{connector.traddr}:{connector.trsvcid}"
+        try:
+            info = AddrInfo(src=connector.src, dst=connector.traddr, dst_service=str(connector.trsvcid),
+                            port_space=ce.RDMA_PS_TCP)
+            self.cm_id.resolve_addr(info, CM_TIMEOUT_MS)
+            self._wait_event(ce.RDMA_CM_EVENT_ADDR_RESOLVED, f"resolving {where}")
+            self.cm_id.resolve_route(CM_TIMEOUT_MS)
+            self._wait_event(ce.RDMA_CM_EVENT_ROUTE_RESOLVED, f"resolving the route to {where}")
+        except PyverbsRDMAError as exc:
+            self._close_cm()
+            raise TransportError(f"cannot reach {where} over RDMA: {exc}")
+        except TransportError:
+            self._close_cm()
+            raise
+        return where
 
     def _to_init_with_receives(self) -> None:
         attr, mask = self.cm_id.init_qp_attr(e.IBV_QPS_INIT)

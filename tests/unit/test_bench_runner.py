@@ -287,7 +287,9 @@ def test_initiator_perf_command_and_output(work):
     opt = {cmd[i]: cmd[i + 1] for i in range(5, len(cmd) - 1, 2)}
     assert opt["--nqn"] == t.subnqn and opt["--trsvcid"] == "4420" and opt["--queue-depth"] == "32"
     assert opt["--read-percent"] == "0" and opt["--runtime"] == "5" and opt["--ramp"] == "1.5"
-    assert cmd[-1] == "--json"
+    assert cmd[-1] == "--json" and "--data-path" not in cmd  # the initiator's default data path
+    cmd = runner_mod.initiator_perf_command(t, runner_mod.INITIATOR_PERF_JOBS["uinit-py-randread-4k-qd32"], 5)
+    assert cmd[-3:] == ["--data-path", "python", "--json"]
     got = runner_mod.parse_initiator_perf(
         '{"iops": 812.5, "bandwidth_bytes": 3328000.0, "ios": 4062, "errors": 0, "runtime_s": 5.0,'
         ' "latency_us": {"p50": 35000.0, "p90": 52000.0, "p99": 80000.0, "p99.9": 91000.0, "mean": 39000.0}}')
