@@ -82,12 +82,12 @@ def bind_control_socket(config_path: str, rpc_socket: Optional[str]):
 
 class Operations:
     def __init__(self, server, config_path: str, rpc_socket: Optional[str] = "", metrics: Optional[str] = None,
-                 bound_socket=None):
+                 bound_socket=None, persist: bool = False):
         self.server = server
         self.target = server.target
         self.config_path = config_path
         self.control = ServiceControl(self.target, RdmaListeners(server), config_path=config_path, server=server,
-                                      metrics=self._metrics)
+                                      metrics=self._metrics, persist=persist)
         self.rpc = None
         self.metrics = None
         self.metrics_url = ""

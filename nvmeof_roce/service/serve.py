@@ -116,7 +116,7 @@ class TargetServer:
 def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[ResourceLimits] = None,
           remote_invalidate: bool = True, run_dir: Optional[str] = None, worker: Optional[int] = None,
           listen_portids: Optional[List[int]] = None, path_groups: Optional[List[str]] = None,
-          rpc_socket: Optional[str] = "", metrics: Optional[str] = None) -> int:
+          rpc_socket: Optional[str] = "", metrics: Optional[str] = None, persist: Optional[bool] = None) -> int:
     from .ana_control import AnaControl, default_run_dir, publish, unpublish
     config = load_userspace_config(path)  # the same loader and checks as `target check`
     if worker is not None and not rpc_socket:
@@ -151,7 +151,7 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
         server.ana_control = AnaControl(run_dir, server.target, worker or 0)
     try:
         ops = Operations(server, path, rpc_socket=socket_path if bound is not None else None, metrics=metrics,
-                         bound_socket=bound)
+                         bound_socket=bound, persist=persist_changes(config, persist, worker))
     except BaseException:
         server.close()
         raise
@@ -184,6 +184,15 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
     return 0
 
 
+def persist_changes(config: TargetConfig, option: Optional[bool], worker: Optional[int] = None) -> bool:
+    """Whether live changes are written to the config file: --persist / --no-persist, else the config's
+    nvmeof_roce.persist.  A worker of `serve --workers` never writes: its config is derived, its supervisor
+    writes CONFIG once per change."""
+    if worker is not None:
+        return False
+    return bool(config.settings.persist) if option is None else option
+
+
 # The resource options of `serve` (ResourceLimits' fields), forwarded as they are to each worker of `serve --workers`
 LIMIT_OPTIONS = ("data_buffers", "queue_min_buffers", "max_queues_per_ctrl", "max_queues_per_host",
                  "max_controllers", "connect_timeout", "mdts")
@@ -205,7 +214,8 @@ def _cmd_serve(args) -> int:
     return serve(args.config, ready_file=args.ready_file, limits=limits_from_args(args),
                  remote_invalidate=not args.no_remote_invalidate, run_dir=args.run_dir, worker=args.worker_index,
                  listen_portids=args.listen_port, path_groups=args.path_group,
-                 rpc_socket=None if args.no_rpc_socket else (args.rpc_socket or ""), metrics=args.metrics)
+                 rpc_socket=None if args.no_rpc_socket else (args.rpc_socket or ""), metrics=args.metrics,
+                 persist=args.persist)
 
 
 def register_serve(commands) -> None:
@@ -245,6 +255,13 @@ def register_serve(commands) -> None:
     p.add_argument("--rpc-socket", metavar="PATH",
                    help="the JSON-RPC control socket (default /run/nvmeof-roce/NAME.sock for NAME.json; mode 0600)")
     p.add_argument("--no-rpc-socket", action="store_true", help="serve without a control socket")
+    keep = p.add_mutually_exclusive_group()
+    keep.add_argument("--persist", dest="persist", action="store_true", default=None,
+                      help="write every accepted live change (RPC or target add-ns/add-host/...) to CONFIG, "
+                           "atomically, so a restart keeps it (default: the config's nvmeof_roce.persist; the "
+                           "systemd unit passes --persist)")
+    keep.add_argument("--no-persist", dest="persist", action="store_false",
+                      help="keep live changes in memory only, whatever the config says")
     p.add_argument("--metrics", metavar="ADDR:PORT",
                    help="serve Prometheus metrics on ADDR:PORT (ADDR defaults to 127.0.0.1: ':9712')")
     from .workers import add_worker_arguments
