@@ -5,10 +5,11 @@ A namespace's `nvmeof_roce.qos` (config.py QOS_LIMITS) gives up to four limits p
 (rw_ios_per_sec), MiB read and written (rw_mbytes_per_sec), MiB read (r_mbytes_per_sec), MiB written
 (w_mbytes_per_sec); 0 or absent is unlimited.  Each limit is a bucket of tokens:
 
-- it holds at most one timeslice of its rate (TIMESLICE, as SPDK's QoS counts per timeslice) and starts full;
-- the clock refills it at its rate; a command may start when every bucket that applies to it has a positive
-  balance, and then takes its cost (1 command, its bytes) from each, possibly going below zero: a command
-  larger than a timeslice's bytes still starts, and the debt delays the next ones (SPDK does the same);
+- it holds at most one timeslice of its rate (TIMESLICE, as SPDK's QoS counts per timeslice; at least one
+  token) and starts full;
+- the clock refills it at its rate; a command may start when every bucket that applies to it holds a token
+  (a command, a byte), and then takes its cost (1 command, its bytes) from each, possibly going below zero: a
+  command larger than a timeslice's bytes still starts, and the debt delays the next ones (as in SPDK);
 - while one command of the namespace waits, later ones wait behind it (FIFO: no overtaking, no starvation).
 
 Read and Write are counted (a command and their bytes), Write Zeroes as a command (it moves no data);
@@ -32,18 +33,20 @@ log = logging.getLogger(__name__)
 
 TIMESLICE = 0.01  # seconds: a bucket holds this much of its rate (the largest burst after an idle time)
 MIB = 1 << 20
+ROUNDING = 1e-6  # tokens short of a whole one by float rounding of the clock count as whole
 # what a command counts as: r(ead) or w(rite), and whether its blocks count as bytes moved
 _COUNTED = {NVM_READ: ("r", True), NVM_WRITE: ("w", True), NVM_WRITE_ZEROES: ("w", False)}
 
 
 class Bucket:
-    """Tokens refilled at `rate` per second up to `capacity`; starts full."""
+    """Tokens (commands or bytes) refilled at `rate` per second up to `capacity`; starts full.  A command may
+    start while at least one token is there (one command, one byte), and takes its whole cost."""
 
     __slots__ = ("rate", "capacity", "tokens", "last")
 
     def __init__(self, rate: float, now: float):
         self.rate = float(rate)
-        self.capacity = self.rate * TIMESLICE
+        self.capacity = max(1.0, self.rate * TIMESLICE)
         self.tokens = self.capacity
         self.last = now
 
@@ -53,8 +56,8 @@ class Bucket:
             self.last = now
 
     def wait(self) -> float:
-        """Seconds until the balance is positive (0 if it is)."""
-        return 0.0 if self.tokens > 0 else (-self.tokens) / self.rate + 1e-9
+        """Seconds until a command may start (0: now)."""
+        return 0.0 if self.tokens + ROUNDING >= 1 else (1 - self.tokens) / self.rate
 
 
 class Limiter:
@@ -99,7 +102,7 @@ class Limiter:
         applies = self._applies(kind)
         for bucket, _ in applies:
             bucket.refill(now)
-            if bucket.tokens <= 0:
+            if bucket.tokens + ROUNDING < 1:
                 return False
         nbytes = _bytes(req) if moves_data else 0
         for bucket, per_command in applies:
@@ -119,7 +122,7 @@ class Limiter:
         started = 0
         while self.held:
             req, start = self.held[0]
-            if not self._try(req, now):
+            if not _gone(req) and not self._try(req, now):
                 break
             self.held.popleft()
             started += 1
@@ -139,6 +142,12 @@ class Limiter:
 
     def status(self) -> dict:
         return {"limits": dict(self.limits), "held": len(self.held), "held_total": self.held_total}
+
+
+def _gone(req) -> bool:
+    """Its queue closed or its namespace was removed: `start` drops or answers it at no cost."""
+    queue, ns = getattr(req, "queue", None), req.ns
+    return (queue is not None and queue.closed) or (ns is not None and getattr(ns, "removed", False))
 
 
 def _bytes(req) -> int:
