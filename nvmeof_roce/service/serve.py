@@ -156,6 +156,8 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
         server.close()
         raise
     server.on_stop, server.should_stop_hook = ops.stopping, ops.should_stop_hook
+    if server.ana_control is not None:
+        ops.control.ana_changed = server.ana_control.record
     previous = {sig: signal.signal(sig, server.request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     # SIGUSR1 logs a status line (queues, controllers, CM ids kept, free data buffers).  The handler runs
     # between two Python statements of the loop, which only reads counts here.
