@@ -39,12 +39,13 @@ from typing import Any, Dict, List, Optional
 from .errors import NvmeofError
 from .nvme.command import NSID_MAX
 from .nvme.fabrics import DISCOVERY_NQN, MAX_CNTLID as CNTLID_MAX, NQN_MAX_LENGTH as NQN_MAX_BYTES
+from .tunables import QID_MAX, TARGET_SETTINGS
 
 __all__ = [
     "ConfigError", "TargetConfig", "PortConfig", "SubsystemConfig", "NamespaceConfig",
     "HostConfig", "ReferralConfig", "AnaGroupConfig", "load_config", "parse_config",
     "parse_size", "validate_nqn", "subsystem_nqn_problem", "userspace_only_keys", "DISCOVERY_NQN", "NSID_MAX",
-    "ConfigErrors", "validate_for_userspace", "load_userspace_config", "TargetSettings", "SETTINGS",
+    "ConfigErrors", "validate_for_userspace", "load_userspace_config", "TargetSettings",
 ]
 
 ANA_GRPID_MAX = 128          # NVMET_MAX_ANAGRPS
@@ -469,17 +470,6 @@ class SubsystemConfig:
         return d
 
 
-# Settings of the userspace target (the top-level "nvmeof_roce" object): name -> (default, lo, hi, meaning)
-SETTINGS = {
-    "max_kato": (300, 1, 3600, "seconds: the longest keep-alive timeout a host may ask for; also the idle limit "
-                               "of an I/O controller connected with KATO 0"),
-    "discovery_idle_limit": (120, 1, 3600, "seconds a discovery controller with KATO 0 may stay idle (nvmet: 120)"),
-    "persist": (0, 0, 1, "1: write every accepted live change (RPC or CLI) to the config file, atomically; "
-                         "`serve --persist` / `--no-persist` override it, the systemd unit passes --persist"),
-}
-FLAG_SETTINGS = {name for name, (_d, lo, hi, _m) in SETTINGS.items() if (lo, hi) == (0, 1)}  # also true/false
-
-
 def parse_cpus(text: str) -> List[int]:
     """A CPU list as the command line gives it (`--cpus 0,1`), the form of the config's nvmeof_roce.cpus."""
     try:
@@ -497,9 +487,9 @@ WORKER_KEYS = {"workers", "cpus"}
 
 @dataclass
 class TargetSettings:
-    max_kato: int = SETTINGS["max_kato"][0]
-    discovery_idle_limit: int = SETTINGS["discovery_idle_limit"][0]
-    persist: int = SETTINGS["persist"][0]
+    max_kato: int = TARGET_SETTINGS["max_kato"].default
+    discovery_idle_limit: int = TARGET_SETTINGS["discovery_idle_limit"].default
+    persist: int = TARGET_SETTINGS["persist"].default
 
 
 @dataclass
@@ -681,14 +671,10 @@ def parse_config_collect(data: dict, source: str = "<config>"):
     attempt(ctx.unknown, data, _TOP_KEYS, "")
     attempt(_check_discovery, ctx, data.get("discovery"))
     cfg.userspace = attempt(ctx.dict_at, data.get(USERSPACE_KEY), USERSPACE_KEY) or {}
-    attempt(ctx.unknown, cfg.userspace, set(SETTINGS) | WORKER_KEYS, USERSPACE_KEY)
-    for name, (_default, lo, hi, _meaning) in SETTINGS.items():
+    attempt(ctx.unknown, cfg.userspace, set(TARGET_SETTINGS) | WORKER_KEYS, USERSPACE_KEY)
+    for name, setting in TARGET_SETTINGS.items():
         if name in cfg.userspace:
-            if name in FLAG_SETTINGS:
-                value = attempt(ctx.flag_at, cfg.userspace[name], f"{USERSPACE_KEY}.{name}")
-                value = None if value is None else int(value)
-            else:
-                value = attempt(ctx.int_at, cfg.userspace[name], f"{USERSPACE_KEY}.{name}", lo, hi)
+            value = attempt(ctx.int_at, cfg.userspace[name], f"{USERSPACE_KEY}.{name}", setting.low, setting.high)
             if value is not None:
                 setattr(cfg.settings, name, value)
 
@@ -858,7 +844,7 @@ def _parse_subsystem(ctx: _Ctx, s: Any, where: str, hosts: set, errors: Optional
         if flagname in attrs:
             problems.soft(ctx.flag_at, attrs[flagname], f"{where}.attr.{flagname}")
     if "qid_max" in attrs:
-        problems.soft(ctx.int_at, attrs["qid_max"], f"{where}.attr.qid_max", 1, 65535)
+        problems.soft(ctx.int_at, attrs["qid_max"], f"{where}.attr.qid_max", QID_MAX.low, QID_MAX.high)
     attrs.pop("allow_any_host", None)
     attrs.pop("serial", None)
     attrs.pop("model", None)

@@ -374,8 +374,8 @@ class UserspaceTarget(TargetUnderTest):
 
     def check(self) -> None:
         # `target serve` is service/serve.py, or target/serve.py in a checkout from before the service package
-        serve_py = [self.checkout / "nvmeof_roce" / d / "serve.py" for d in ("service", "target")] if self.checkout else []
-        if self.checkout is not None and not any(p.is_file() for p in serve_py):
+        if self.checkout is not None and not any((self.checkout / "nvmeof_roce" / d / "serve.py").is_file()
+                                                 for d in ("service", "target")):
             raise NvmeofError(f"--{self.name}-checkout {self.checkout}: no nvmeof_roce/service/serve.py "
                               "(nor target/serve.py) there",
                               "give a checkout of nvmeof-roce with the userspace target, e.g. "

@@ -159,9 +159,7 @@ class RemoveNamespace(Change):
         super().__init__(nqn=nqn, nsid=nsid, text=f"{nqn}: {verb} namespace {nsid}")
 
     def commit(self, run):
-        ns = run.target.subsystems[self.nqn].remove_namespace(self.nsid)
-        _retire_quietly(ns)  # closed now or after its background jobs
-        run.namespace_changed(self.nqn, self.nsid)
+        run.remove_namespace(self.nqn, self.nsid)
 
 
 class AddNamespace(Change):
@@ -203,9 +201,7 @@ class ReplaceNamespace(AddNamespace):
         return run.target.subsystems[self.nqn].namespaces.get(self.nsid)
 
     def commit(self, run):
-        ns = run.target.subsystems[self.nqn].remove_namespace(self.nsid)
-        _retire_quietly(ns)
-        run.namespace_changed(self.nqn, self.nsid)
+        run.remove_namespace(self.nqn, self.nsid)
 
 
 class ResizeNamespace(Change):
@@ -566,6 +562,10 @@ class _Apply:
 
     def namespace_changed(self, nqn: str, nsid: int) -> None:
         self.ns_changed.setdefault(nqn, set()).add(nsid)
+
+    def remove_namespace(self, nqn: str, nsid: int) -> None:
+        _retire_quietly(self.target.subsystems[nqn].remove_namespace(nsid))  # closed now or after its jobs
+        self.namespace_changed(nqn, nsid)
 
 
 def _close_quietly(ns: Namespace) -> None:

@@ -17,7 +17,9 @@ from typing import Callable, Optional
 from . import live
 from ..config import ConfigError
 from ..errors import NvmeofError
-from .control import Control, RpcError, RpcServer, SocketInUse, bind_unix_socket, default_socket_path
+from .control import Control
+from .control_protocol import RpcError, default_socket_path
+from .control_server import RpcServer, SocketInUse, bind_unix_socket
 from .metrics import Metrics
 from .sdnotify import notify
 
@@ -78,6 +80,15 @@ def bind_control_socket(config_path: str, rpc_socket: Optional[str]):
             raise
         log.warning("serving without a control socket: %s (fix: %s)", exc.message, exc.fix)
         return None, None
+
+
+def persist_changes(config, option: Optional[bool], worker: Optional[int] = None) -> bool:
+    """Whether live changes are written to the config file: --persist / --no-persist, else the config's
+    nvmeof_roce.persist.  A worker of `serve --workers` never writes: its config is derived, its supervisor
+    writes CONFIG once per change."""
+    if worker is not None:
+        return False
+    return bool(config.settings.persist) if option is None else option
 
 
 class Operations:

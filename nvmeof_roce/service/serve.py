@@ -12,7 +12,8 @@ from ..errors import NvmeofError
 from ..securefile import write_file
 from ..config import TargetConfig, load_userspace_config
 from ..transport.resources import ResourceLimits
-from .ops import Operations, bind_control_socket
+from ..tunables import RESOURCE_LIMITS
+from .ops import Operations, bind_control_socket, persist_changes
 
 log = logging.getLogger(__name__)
 
@@ -186,22 +187,8 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
     return 0
 
 
-def persist_changes(config: TargetConfig, option: Optional[bool], worker: Optional[int] = None) -> bool:
-    """Whether live changes are written to the config file: --persist / --no-persist, else the config's
-    nvmeof_roce.persist.  A worker of `serve --workers` never writes: its config is derived, its supervisor
-    writes CONFIG once per change."""
-    if worker is not None:
-        return False
-    return bool(config.settings.persist) if option is None else option
-
-
-# The resource options of `serve` (ResourceLimits' fields), forwarded as they are to each worker of `serve --workers`
-LIMIT_OPTIONS = ("data_buffers", "queue_min_buffers", "max_queues_per_ctrl", "max_queues_per_host",
-                 "max_controllers", "connect_timeout", "mdts")
-
-
 def limits_from_args(args) -> ResourceLimits:
-    return ResourceLimits(**{name: getattr(args, name) for name in LIMIT_OPTIONS})
+    return ResourceLimits(**{name: getattr(args, name) for name in RESOURCE_LIMITS})
 
 
 def _cmd_serve(args) -> int:
@@ -231,27 +218,9 @@ def register_serve(commands) -> None:
                                         "line.")
     p.add_argument("config", metavar="CONFIG.json")
     p.add_argument("--ready-file", metavar="PATH", help="write PATH once listening (for scripts and tests)")
-    d = ResourceLimits()
-    p.add_argument("--data-buffers", type=int, default=d.data_buffers, metavar="N",
-                   help=f"data buffers registered at start per port, each MDTS (128 KiB) bytes, shared by the "
-                        f"port's queues (default {d.data_buffers})")
-    p.add_argument("--queue-min-buffers", type=int, default=d.queue_min_buffers, metavar="N",
-                   help=f"data buffers guaranteed to each queue once its NVMe Connect succeeds "
-                        f"(default {d.queue_min_buffers})")
-    p.add_argument("--max-queues-per-ctrl", type=int, default=d.max_queues_per_ctrl, metavar="N",
-                   help=f"most I/O queues Set Features Number of Queues grants one controller "
-                        f"(default {d.max_queues_per_ctrl}; also capped by the subsystem's qid_max and the pool)")
-    p.add_argument("--max-queues-per-host", type=int, default=d.max_queues_per_host, metavar="N",
-                   help=f"most I/O queues of one host NQN over all its controllers (default {d.max_queues_per_host})")
-    p.add_argument("--max-controllers", type=int, default=d.max_controllers, metavar="N",
-                   help=f"most I/O controllers over all hosts, after each host's own cap (default {d.max_controllers}; "
-                        "discovery controllers have their own caps)")
-    p.add_argument("--connect-timeout", type=float, default=d.connect_timeout, metavar="SECONDS",
-                   help=f"close a connection without a successful NVMe Connect after this long "
-                        f"(default {d.connect_timeout:g})")
-    p.add_argument("--mdts", type=int, default=d.mdts, metavar="N",
-                   help=f"largest command: 4 KiB x 2^N, advertised as MDTS and the size of each data buffer "
-                        f"(default {d.mdts}: 128 KiB; nvmet-rdma's is 8: 1 MiB, for nvme-cli passthrough of more)")
+    for t in RESOURCE_LIMITS.values():
+        p.add_argument(t.option, type=t.type, default=t.default, metavar=t.metavar,
+                       help=f"{t.help} (default {t.default:g})")
     p.add_argument("--no-remote-invalidate", action="store_true",
                    help="answer with plain SEND even when the host's key asks for remote invalidation")
     p.add_argument("--rpc-socket", metavar="PATH",

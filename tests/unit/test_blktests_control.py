@@ -13,7 +13,8 @@ from nvmeof_roce.nvme import admin as A
 from nvmeof_roce.nvme import fabrics as F
 from nvmeof_roce.nvme.auth import generate_secret
 from nvmeof_roce.service import blktests_control as B
-from nvmeof_roce.service.control import Control, RpcError
+from nvmeof_roce.service.control import Control
+from nvmeof_roce.service.control_protocol import RpcError
 
 from loopback_env import ADDR1, Env, port
 from test_target_control import LoopListeners

@@ -8,7 +8,7 @@ import pytest
 
 from nvmeof_roce.config import load_userspace_config, parse_config
 from nvmeof_roce.service.control import Control, RpcError
-from nvmeof_roce.service.serve import persist_changes
+from nvmeof_roce.service.ops import persist_changes
 from nvmeof_roce.service.commands import check_config
 
 from loopback_env import ADDR1, HOST_A, HOST_B, Env, file_ns, port, ram_ns
@@ -145,14 +145,14 @@ def test_a_change_that_cannot_be_saved_says_so(served, tmp_path):
 
 
 def test_persist_option_and_config_key():
-    on = parse_config({"nvmeof_roce": {"persist": True}})
+    on = parse_config({"nvmeof_roce": {"persist": 1}})
     off = parse_config({})
     assert persist_changes(on, None) and not persist_changes(off, None)
     assert persist_changes(off, True) and not persist_changes(on, False)
     assert not persist_changes(on, True, worker=0)  # a worker never writes; its supervisor does
     assert parse_config({"nvmeof_roce": {"persist": 0}}).settings.persist == 0
     with pytest.raises(Exception) as exc:
-        parse_config({"nvmeof_roce": {"persist": "sometimes"}})
+        parse_config({"nvmeof_roce": {"persist": 2}})
     assert exc.value.where == "nvmeof_roce.persist"
 
 
@@ -160,7 +160,7 @@ def test_the_supervisor_writes_the_admins_config_once_per_change(tmp_path, monke
     from test_workers import _Workers, mp_config
     from nvmeof_roce.service import workers
     cfg = mp_config(cntlid_min="5", cntlid_max="200")
-    cfg["nvmeof_roce"] = {"workers": 2, "persist": True}
+    cfg["nvmeof_roce"] = {"workers": 2, "persist": 1}
     w = _Workers(tmp_path, monkeypatch, cfg)
     try:
         assert w.sup.persist
@@ -178,7 +178,7 @@ def test_the_supervisor_writes_the_admins_config_once_per_change(tmp_path, monke
         ns1 = sub["namespaces"][0]
         assert ns1["nvmeof_roce"]["backend"] == "ram" and "path" not in ns1["device"]  # RAM, not its /dev/shm file
         assert [n["nsid"] for n in sub["namespaces"]] == [1, 4]
-        assert saved["nvmeof_roce"] == {"workers": 2, "persist": True}
+        assert saved["nvmeof_roce"] == {"workers": 2, "persist": 1}
         assert check_config(str(w.config_path))["ok"]
     finally:
         w.close()
