@@ -60,12 +60,13 @@ def test_a_qos_cap_holds_fio_randread_within_ten_percent(tmp_path):
         nvme("connect", "-t", "rdma", "-a", LAB_IP, "-s", "4420", "-n", NQN)
         (dev,) = namespaces_of(NQN)
         free = fio_iops(dev, 5)
-        cli(sock, "set-qos", NQN, "1", "--rw-ios-per-sec", str(QOS_CAP))
-        capped = fio_iops(dev, 15)
-        print(f"QoS: uncapped {free:.0f} IOPS, capped at {QOS_CAP}: {capped:.0f} IOPS "
-              f"({(capped - QOS_CAP) / QOS_CAP:+.1%})")
-        assert free > QOS_CAP * 1.3, f"the target does only {free:.0f} IOPS here: a cap of {QOS_CAP} shows nothing"
-        assert abs(capped - QOS_CAP) <= 0.1 * QOS_CAP, (free, capped)
+        # 500 IOPS, or 40 % of what this guest does uncapped when that is less (TCG on a loaded machine)
+        cap = min(QOS_CAP, int(free * 0.4) // 10 * 10)
+        assert cap >= 20, f"the target does only {free:.0f} IOPS here: too few to measure a cap"
+        cli(sock, "set-qos", NQN, "1", "--rw-ios-per-sec", str(cap))
+        capped = fio_iops(dev, 20)
+        print(f"QoS: uncapped {free:.0f} IOPS, capped at {cap}: {capped:.1f} IOPS ({(capped - cap) / cap:+.1%})")
+        assert abs(capped - cap) <= 0.1 * cap, (free, cap, capped)
         status = json.loads(cli(sock, "status", "--json").stdout)
         assert status["internal_errors"] == 0
     finally:
