@@ -6,7 +6,8 @@ A namespace's `nvmeof_roce.qos` (config.py QOS_LIMITS) gives up to four limits p
 (w_mbytes_per_sec); 0 or absent is unlimited.  Each limit is a bucket of tokens:
 
 - it holds at most one timeslice of its rate (TIMESLICE, as SPDK's QoS counts per timeslice; at least one
-  token) and starts full;
+  token) and starts full; while commands wait, a late wake-up is made up for (up to CATCH_UP), so the loop's
+  lateness does not lower the rate;
 - the clock refills it at its rate; a command may start when every bucket that applies to it holds a token
   (a command, a byte), and then takes its cost (1 command, its bytes) from each, possibly going below zero: a
   command larger than a timeslice's bytes still starts, and the debt delays the next ones (as in SPDK);
@@ -32,6 +33,9 @@ from ..nvme.command import NVM_READ, NVM_WRITE, NVM_WRITE_ZEROES
 log = logging.getLogger(__name__)
 
 TIMESLICE = 0.01  # seconds: a bucket holds this much of its rate (the largest burst after an idle time)
+# While commands wait, a late wake-up (a busy loop, a slow machine) is made up for, up to this much time: the
+# waiting commands were due, so the rate holds; once none waits the bucket is back to one timeslice at most.
+CATCH_UP = 0.1
 MIB = 1 << 20
 ROUNDING = 1e-6  # tokens short of a whole one by float rounding of the clock count as whole
 # what a command counts as: r(ead) or w(rite), and whether its blocks count as bytes moved
@@ -50,9 +54,10 @@ class Bucket:
         self.tokens = self.capacity
         self.last = now
 
-    def refill(self, now: float) -> None:
+    def refill(self, now: float, catch_up: bool = False) -> None:
         if now > self.last:
-            self.tokens = min(self.capacity, self.tokens + (now - self.last) * self.rate)
+            cap = max(self.capacity, self.rate * CATCH_UP) if catch_up else self.capacity
+            self.tokens = min(max(cap, self.tokens), self.tokens + (now - self.last) * self.rate)
             self.last = now
 
     def wait(self) -> float:
@@ -94,14 +99,14 @@ class Limiter:
                 out.append((bucket, name == "rw_ios_per_sec"))
         return out
 
-    def _try(self, req, now: float) -> bool:
+    def _try(self, req, now: float, catch_up: bool = False) -> bool:
         counted = _COUNTED.get(req.opc)
         if counted is None:
             return True
         kind, moves_data = counted
         applies = self._applies(kind)
         for bucket, _ in applies:
-            bucket.refill(now)
+            bucket.refill(now, catch_up)
             if bucket.tokens + ROUNDING < 1:
                 return False
         nbytes = _bytes(req) if moves_data else 0
@@ -122,11 +127,14 @@ class Limiter:
         started = 0
         while self.held:
             req, start = self.held[0]
-            if not _gone(req) and not self._try(req, now):
+            if not _gone(req) and not self._try(req, now, catch_up=True):
                 break
             self.held.popleft()
             started += 1
             start(req)
+        if not self.held:
+            for bucket in self.buckets.values():
+                bucket.tokens = min(bucket.tokens, bucket.capacity)
         return started
 
     def next_due(self, now: float) -> Optional[float]:

@@ -43,12 +43,23 @@ def test_iops_bucket_gives_exact_counts_per_timeslice():
     assert lim.release(t0 + 0.005) == 5
     assert lim.release(t0 + 0.010) == 5
     assert lim.release(t0 + 0.0105) == 0  # half a token is not a command
-    # an idle second refills one timeslice at most: the 5 left start, the bucket keeps the rest
+    # a wake-up 1 s late: the 5 waiting start; with none waiting, the bucket holds one timeslice at most
     assert lim.release(t0 + 1.0) == 5 and not lim.held
     assert len(started) == 15
-    admitted, _ = _admit_many(lim, t0 + 1.0, 10)
-    assert admitted == 5  # 10 - 5 left in the bucket
-    assert lim.held_total == 20
+    admitted, _ = _admit_many(lim, t0 + 1.0, 12)
+    assert admitted == 10
+    assert lim.held_total == 17
+
+
+def test_late_wake_ups_while_commands_wait_do_not_lower_the_rate():
+    lim = Q.Limiter({"rw_ios_per_sec": 100}, 0.0)  # one token per 10 ms: a bucket of one
+    for _ in range(200):
+        lim.admit(_Req(), 0.0, lambda r: None)
+    now = 0.0
+    while lim.held:
+        now += 0.027  # the loop wakes 17 ms late every time
+        lim.release(now)
+    assert now == pytest.approx(1.99, abs=0.03)  # 199 waiting commands at 100/s, not at 1 per 27 ms
 
 
 def test_a_long_run_holds_the_rate():
