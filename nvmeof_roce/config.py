@@ -403,6 +403,10 @@ class NamespaceConfig:
     buffered_io: Optional[bool] = None  # nvmet's buffered_io; userspace: unset = O_DIRECT for block devices only
     queue_depth: Optional[int] = None   # userspace file/block: commands on the device at once (target/ioengine.py)
     io_engine: Optional[str] = None     # userspace file/block: force an I/O engine (NS_IO_ENGINES); unset: chosen
+    # nvmeof_roce.visible_hosts: the hosts that see the namespace (SPDK's no_auto_visible + nvmf_ns_add_host);
+    # None: every host allowed on the subsystem sees it
+    visible_hosts: Optional[List[str]] = None
+    qos: Dict[str, int] = field(default_factory=dict)  # nvmeof_roce.qos: QOS_LIMITS -> limit (target/qos.py)
     userspace: dict = field(default_factory=dict)   # the namespace's "nvmeof_roce" key
     raw: dict = field(default_factory=dict)
 
@@ -487,6 +491,7 @@ WORKER_KEYS = {"workers", "cpus"}
 class TargetSettings:
     max_kato: int = TARGET_SETTINGS["max_kato"].default
     discovery_idle_limit: int = TARGET_SETTINGS["discovery_idle_limit"].default
+    persist: int = TARGET_SETTINGS["persist"].default
 
 
 @dataclass
@@ -529,7 +534,11 @@ _SUBSYS_KEYS = {"nqn", "attr", "allowed_hosts", "namespaces", "passthru", USERSP
 _NS_KEYS = {"nsid", "enable", "device", "ana_grpid", "ana", "resv", "buffered_io", "p2pmem",
             "revalidate_size", USERSPACE_KEY}
 _DEVICE_KEYS = {"path", "uuid", "nguid", "eui64"}
-_NS_US_KEYS = {"backend", "size", "block_size", "queue_depth", "io_engine"}
+_NS_US_KEYS = {"backend", "size", "block_size", "queue_depth", "io_engine", "visible_hosts", "qos"}
+# nvmeof_roce.qos of a namespace, SPDK's bdev_set_qos_limit names: limit per second, 0 (or absent) = unlimited
+QOS_LIMITS = {"rw_ios_per_sec": "commands", "rw_mbytes_per_sec": "MiB read and written",
+              "r_mbytes_per_sec": "MiB read", "w_mbytes_per_sec": "MiB written"}
+QOS_MAX = 10_000_000
 NS_QUEUE_DEPTHS = (1, 1024)  # nvmeof_roce.queue_depth of a file/block namespace; default 128 (target/ioengine.py)
 # nvmeof_roce.io_engine of a file/block namespace: force one; unset, io_uring where it works, else the threads
 NS_IO_ENGINES = ("io_uring", "threads")
@@ -970,6 +979,24 @@ def _parse_namespace(ctx: _Ctx, n: Any, where: str, subsys_nqn: str) -> Namespac
         if not re.fullmatch(r"[0-9a-fA-F]{16}", hexd):
             raise ctx.err(f"{where}.device.eui64", f"must be 16 hex digits, got {eui64!r}",
                           "use an 8-byte value such as 0123456789abcdef")
+    visible_hosts = None
+    if "visible_hosts" in us:
+        vw = f"{where}.{USERSPACE_KEY}.visible_hosts"
+        visible_hosts = []
+        for k, h in enumerate(ctx.list_at(us["visible_hosts"], vw)):
+            host = validate_nqn(h, ctx.source, f"{vw}[{k}]")
+            if host in visible_hosts:
+                raise ctx.err(f"{vw}[{k}]", f"host {host} is listed twice", "list each host once")
+            visible_hosts.append(host)
+    qos = {}
+    if "qos" in us:
+        qw = f"{where}.{USERSPACE_KEY}.qos"
+        limits = ctx.dict_at(us["qos"], qw, optional=False)
+        ctx.unknown(limits, QOS_LIMITS, qw)
+        for name, value in limits.items():
+            limit = ctx.int_at(value, f"{qw}.{name}", 0, QOS_MAX)
+            if limit:
+                qos[name] = limit
     grp = n.get("ana_grpid", (n.get("ana") or {}).get("grpid", 1) if isinstance(n.get("ana"), dict) else 1)
     ana_grpid = ctx.int_at(grp, f"{where}.ana_grpid", 1, ANA_GRPID_MAX)
     buffered = None
@@ -978,7 +1005,7 @@ def _parse_namespace(ctx: _Ctx, n: Any, where: str, subsys_nqn: str) -> Namespac
     return NamespaceConfig(nsid=nsid, enabled=enabled, backend=backend, path=path if backend == "file" else None,
                            size_bytes=size, block_size=block_size, uuid=uuid, nguid=nguid, eui64=eui64,
                            ana_grpid=ana_grpid, buffered_io=buffered, queue_depth=queue_depth, io_engine=io_engine,
-                           userspace=us,
+                           userspace=us, visible_hosts=visible_hosts, qos=qos,
                            raw=copy.deepcopy(n))
 
 

@@ -74,6 +74,8 @@ TARGET_SETTINGS: Dict[str, Tunable] = _declare(
             "idle limit of an I/O controller connected with KATO 0"),
     Tunable("discovery_idle_limit", int, 120, 1, 3600,
             "seconds a discovery controller with KATO 0 may stay idle (nvmet: 120)"),
+    Tunable("persist", int, 0, 0, 1, "1: write every accepted live change to the config file, atomically; "
+            "`serve --persist` / `--no-persist` override it, the systemd unit passes --persist"),
 )
 
 # `serve --workers N` or the config's nvmeof_roce.workers (docs/multipath.md); no default: one process.

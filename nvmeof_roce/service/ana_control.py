@@ -180,6 +180,19 @@ class AnaControl:
         except OSError as exc:  # the states are applied; only `target ana-state` waits for this file
             log.error("ANA: cannot write %s/ana-applied.%d: %s", self.run_dir, self.worker, exc.strerror)
 
+    def record(self) -> None:
+        """States changed through the control socket (nvmf_subsystem_listener_set_ana_state, a reload): written
+        to the state file (same generation: nothing to apply), so a later `target ana-state` starts from them
+        rather than setting the old ones back."""
+        try:
+            with _locked(self.run_dir):
+                data = read_state(self.run_dir)
+                data["ports"] = {str(p): {str(g): s for g, s in groups.items()}
+                                 for p, groups in self.target.ana.states().items()}
+                write_file(os.path.join(self.run_dir, STATE_FILE), json.dumps(data, indent=1) + "\n")
+        except (NvmeofError, OSError) as exc:
+            log.error("ANA: cannot record the new states in the state file: %s", exc)
+
     def close(self) -> None:
         signal.signal(signal.SIGUSR2, self._previous)
 

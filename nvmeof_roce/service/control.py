@@ -15,8 +15,8 @@ import logging
 import os
 from typing import Any, Callable, Dict, List, Optional
 
-from ..config import ConfigError, DISCOVERY_NQN, load_userspace_config, parse_config, parse_size, raise_all, \
-    validate_for_userspace
+from ..config import ANA_STATES, QOS_LIMITS, ConfigError, DISCOVERY_NQN, USERSPACE_KEY, load_userspace_config, \
+    parse_config, parse_size, raise_all, validate_for_userspace
 from ..securefile import write_file
 from ..transport import registry
 from ..target import auth
@@ -106,8 +106,11 @@ class Control:
     """The RPC methods over one running Target (no sockets here: `call()` takes and returns dicts)."""
 
     def __init__(self, target, listeners: Optional[live.Listeners] = None, config_path: str = "",
-                 server=None, socket_path: str = ""):
+                 server=None, socket_path: str = "", persist: bool = False):
         self.target = target
+        # --persist (or nvmeof_roce.persist): every accepted change is written to config_path (docs/target.md)
+        self.persist = persist
+        self.ana_changed: Optional[Callable[[], None]] = None  # serve.py: AnaControl.record (the state file)
         self.listeners = listeners
         self.config_path = config_path or target.config.source
         self.server = server
@@ -149,7 +152,30 @@ class Control:
         except ConfigError as exc:
             field = rpc_fields(exc.where) if rpc_fields else exc.where
             raise RpcError(exc.problem if field else str(exc), field or exc.where, exc.fix) from None
+        if not dry_run:
+            self._after(changes)
+            self.save_running()
         return [c.to_dict() for c in changes]
+
+    def _after(self, changes) -> None:
+        if self.ana_changed is not None and any(c.action == live.AnaState.action for c in changes):
+            self.ana_changed()
+
+    def save_running(self) -> None:
+        """With persist on: write the running config over the config file (atomic, 0600, fsynced: it may hold
+        DH-HMAC-CHAP keys), in the format `target check` and `serve` read.  Called only after a change was
+        applied; a refused change never gets here."""
+        if not self.persist:
+            return
+        path = self.config_path
+        try:
+            write_file(path, json.dumps(self.target.config.to_dict(), indent=2) + "\n")
+        except OSError as exc:
+            log.error("persist: the change is applied but could not be saved to %s: %s", path, exc.strerror)
+            raise RpcError(f"the change is applied but could not be saved to {path}: {exc.strerror}", "persist",
+                           "free space or fix the permissions of that directory, then call save_config with "
+                           f'"path": "{path}" so a restart keeps the change') from None
+        log.info("persist: saved the running config to %s", path)
 
     def _subsystem_index(self, data: dict, nqn: str) -> int:
         for i, s in enumerate(data["subsystems"]):
@@ -242,6 +268,11 @@ class Control:
         p = _Params("nvmf_subsystem_add_ns", params, ("nqn", "namespace"))
         nqn = p.str("nqn")
         spec = p.dict("namespace")
+        no_auto_visible = spec.get("no_auto_visible", False)
+        if not isinstance(no_auto_visible, bool):
+            raise RpcError(f"namespace.no_auto_visible must be true or false, got {no_auto_visible!r}",
+                           "namespace.no_auto_visible", "give true (no host sees it until nvmf_ns_add_host) or false")
+        spec = {k: v for k, v in spec.items() if k != "no_auto_visible"}
         for k in spec:
             if k == "bdev_name":
                 raise RpcError("namespace.bdev_name: this target has no bdevs", "namespace.bdev_name",
@@ -265,6 +296,8 @@ class Control:
             target[where[-1]] = v
         if "path" in spec and "backend" not in spec:
             ns.setdefault("nvmeof_roce", {})["backend"] = "file"
+        if no_auto_visible:
+            ns.setdefault("nvmeof_roce", {})["visible_hosts"] = []
 
         def edit(d):
             s = d["subsystems"][self._subsystem_index(d, nqn)]
@@ -442,6 +475,116 @@ class Control:
         self._edit(edit)
         return True
 
+    def _ns_entry(self, d: dict, nqn: str, nsid: int) -> dict:
+        s = d["subsystems"][self._subsystem_index(d, nqn)]
+        for n in s["namespaces"]:
+            if int(str(n["nsid"]), 0) == nsid:
+                return n
+        raise RpcError(f"{nqn} has no namespace {nsid}", "nsid", "nvmf_get_subsystems lists the namespaces")
+
+    def _ns_visibility(self, method: str, params, add: bool) -> bool:
+        p = _Params(method, params, ("nqn", "nsid", "host"))
+        nqn, nsid, host = p.str("nqn"), p.int("nsid"), p.str("host")
+        self._sub(nqn)
+
+        def edit(d):
+            us = self._ns_entry(d, nqn, nsid).setdefault(USERSPACE_KEY, {})
+            hosts = us.get("visible_hosts")
+            if hosts is None:
+                raise RpcError(f"namespace {nsid} of {nqn} is visible to every host (it was added without "
+                               "no_auto_visible)", "nsid",
+                               "remove it and add it again with no_auto_visible true (target add-ns "
+                               "--no-auto-visible), or set nvmeof_roce.visible_hosts in CONFIG and reload")
+            if add and host in hosts:
+                raise RpcError(f"host {host} already sees namespace {nsid} of {nqn}", "host", "nothing to do")
+            if not add and host not in hosts:
+                raise RpcError(f"host {host} does not see namespace {nsid} of {nqn}", "host",
+                               "nvmf_get_subsystems lists each namespace's visible_hosts")
+            us["visible_hosts"] = hosts + [host] if add else [h for h in hosts if h != host]
+
+        self._edit(edit, lambda where: "host" if ".visible_hosts[" in where else _ns_field(where))
+        return True
+
+    def rpc_nvmf_ns_add_host(self, params) -> bool:
+        """SPDK's method: namespace NSID of subsystem NQN (added with no_auto_visible) becomes visible to HOST;
+        its connected controllers get a Namespace Attribute Changed notice."""
+        return self._ns_visibility("nvmf_ns_add_host", params, add=True)
+
+    def rpc_nvmf_ns_remove_host(self, params) -> bool:
+        """SPDK's method: HOST no longer sees the namespace (its NSID reads as inactive, I/O to it fails
+        Invalid Namespace or Format)."""
+        return self._ns_visibility("nvmf_ns_remove_host", params, add=False)
+
+    def rpc_bdev_set_qos_limit(self, params) -> bool:
+        """SPDK's method for a namespace (SPDK names a bdev: here `nqn` and `nsid`): limits per second, 0 removes
+        one, a limit not given keeps its value.  Commands over a limit wait (target/qos.py)."""
+        p = _Params("bdev_set_qos_limit", params, ("nqn", "nsid", "name") + tuple(QOS_LIMITS))
+        if p.has("name"):
+            raise RpcError("name: this target has no bdevs; a namespace is named by its subsystem and NSID", "name",
+                           'give "nqn" and "nsid" instead of "name"')
+        nqn, nsid = p.str("nqn"), p.int("nsid")
+        self._sub(nqn)
+        given = {k: p.int(k) for k in QOS_LIMITS if p.has(k)}
+        if not given:
+            raise RpcError("bdev_set_qos_limit: no limit given", "rw_ios_per_sec",
+                           f"give one or more of {', '.join(QOS_LIMITS)} (0 removes that limit)")
+        for k, v in given.items():
+            if v < 0:
+                raise RpcError(f"{k} must be 0 (no limit) or more, got {v}", k, "give a limit per second, or 0")
+
+        def edit(d):
+            us = self._ns_entry(d, nqn, nsid).setdefault(USERSPACE_KEY, {})
+            qos = dict(us.get("qos") or {})
+            qos.update(given)
+            qos = {k: v for k, v in qos.items() if v}
+            if qos:
+                us["qos"] = qos
+            else:
+                us.pop("qos", None)
+
+        self._edit(edit, lambda where: where.rsplit(".", 1)[-1] if ".qos." in where else _ns_field(where))
+        return True
+
+    def rpc_nvmf_subsystem_listener_set_ana_state(self, params) -> bool:
+        """SPDK's method: the ANA state of the listener's groups (`anagrpid`, or every group the subsystem's
+        namespaces use).  ANA state here is per port and group (target/ana.py), so it applies to every subsystem
+        of that group on that port.  Same effect as `target ana-state`, through the config: with persist on,
+        it is saved; a reload of a file with other states applies the file's."""
+        p = _Params("nvmf_subsystem_listener_set_ana_state", params,
+                    ("nqn", "listen_address", "ana_state", "anagrpid"))
+        nqn = p.str("nqn")
+        la = _listen_params(p.dict("listen_address"))
+        raw_state = p.str("ana_state")
+        state = raw_state.lower().replace("_", "-")  # SPDK: non_optimized; nvmet: non-optimized
+        if state not in ANA_STATES:
+            raise RpcError(f"ana_state {raw_state!r} is not an ANA state", "ana_state",
+                           f"use one of: {', '.join(s.replace('-', '_') for s in ANA_STATES)}")
+        sub = self._sub(nqn)
+        grpid = p.int("anagrpid", required=False)
+        if grpid is not None:
+            if grpid not in self.target.ana.groups:
+                raise RpcError(f"ANA group {grpid} does not exist", "anagrpid",
+                               f"use one of {', '.join(map(str, self.target.ana.groups))}")
+            groups = [grpid]
+        else:
+            groups = sorted({ns.ana_grpid for ns in sub.namespaces.values()} or {1})
+
+        def edit(d):
+            port = _find_port(d, la)
+            if port is None or nqn not in port["subsystems"]:
+                raise RpcError(f"{nqn} does not listen on {la['traddr']}:{la['trsvcid']}", "listen_address",
+                               "nvmf_get_subsystems lists each subsystem's listen_addresses")
+            entries = port.setdefault("ana_groups", [])
+            for g in groups:
+                entry = next((a for a in entries if int(str(a.get("grpid")), 0) == g), None)
+                if entry is None:
+                    entry = {"grpid": g}
+                    entries.append(entry)
+                entry.setdefault("ana", {})["state"] = state
+
+        self._edit(edit, lambda where: "ana_state" if "ana_groups" in where else where)
+        return True
+
     def rpc_nvmf_subsystem_get_controllers(self, params) -> List[dict]:
         p = _Params("nvmf_subsystem_get_controllers", params, ("nqn",))
         nqn = p.str("nqn")
@@ -514,6 +657,7 @@ class Control:
             raise RpcError(exc.problem, exc.where, exc.fix) from None
         if not dry_run:
             self.config_path = path
+            self._after(changes)
         return {"config": path, "dry_run": dry_run, "applied": not dry_run,
                 "changes": [c.to_dict() for c in changes]}
 
@@ -618,6 +762,13 @@ def _namespace_info(cfg, ns) -> dict:
         d["nguid"] = cfg.nguid
     if cfg.eui64:
         d["eui64"] = cfg.eui64
+    if cfg.visible_hosts is not None:
+        d["no_auto_visible"] = True
+        d["visible_hosts"] = list(cfg.visible_hosts)
+    if cfg.qos:
+        d["qos"] = dict(cfg.qos)
     if ns is not None:
         d.update(block_size=ns.block_size, blocks=ns.num_blocks, size_bytes=ns.num_blocks * ns.block_size)
+        if ns.qos is not None:
+            d["qos_held"] = len(ns.qos.held)
     return d

@@ -29,6 +29,7 @@ from typing import Callable, ClassVar, Dict, List, Optional, Tuple
 from ..config import ConfigError, NamespaceConfig, PortConfig, SubsystemConfig, TargetConfig
 from ..nvme import admin as A
 from ..target import auth
+from ..target.ana import DEFAULT_GRPID, set_ana_state
 from ..target.backends import BackendError, open_backend
 from ..target.core import PortContext, PortHandler
 from ..target.discovery import discovery_entries
@@ -229,6 +230,28 @@ class ResizeNamespace(Change):
         run.namespace_changed(self.nqn, self.nsid)
 
 
+class NamespaceVisibility(Change):
+    """nvmeof_roce.visible_hosts (SPDK's nvmf_ns_add_host / nvmf_ns_remove_host): the subsystem's controllers
+    get a Namespace Attribute Changed notice, the hosts that gained or lost the namespace re-read their lists."""
+    action = "namespace-visibility"
+
+    def __init__(self, nqn: str, n: NamespaceConfig):
+        who = "every host" if n.visible_hosts is None else (", ".join(n.visible_hosts) or "no host")
+        super().__init__(nqn=nqn, nsid=n.nsid, text=f"{nqn}: namespace {n.nsid} visible to {who}")
+
+    def commit(self, run):
+        run.namespace_changed(self.nqn, self.nsid)
+
+
+class NamespaceQos(Change):
+    """nvmeof_roce.qos (SPDK's bdev_set_qos_limit): the new limits apply from the next command (target/qos.py)."""
+    action = "namespace-qos"
+
+    def __init__(self, nqn: str, n: NamespaceConfig):
+        limits = ", ".join(f"{k} {v}" for k, v in sorted(n.qos.items())) or "no limit"
+        super().__init__(nqn=nqn, nsid=n.nsid, text=f"{nqn}: namespace {n.nsid} QoS: {limits}")
+
+
 class AllowAnyHost(Change):
     action = "allow-any-host"
     changes_discovery = True
@@ -328,6 +351,19 @@ class Referrals(Change):
         super().__init__(portid=portid, text=f"port {portid}: referrals changed")
 
 
+class AnaState(Change):
+    """A port's ANA group changes state (nvmf_subsystem_listener_set_ana_state, or a reload of a file that says
+    so): the port's controllers get the ANA change notice (target/ana.py set_ana_state)."""
+    action = "ana-state"
+
+    def __init__(self, portid: int, grpid: int, state: str):
+        super().__init__(portid=portid, text=f"port {portid}: ANA group {grpid} is now {state}")
+        self.grpid, self.state = grpid, state
+
+    def commit(self, run):
+        set_ana_state(run.target, self.portid, self.grpid, self.state)
+
+
 class HostKey(Change):
     """DH-HMAC-CHAP settings of a host: read at each admin Connect and re-authentication (auth.settings_for)."""
     action = "host-key"
@@ -384,8 +420,14 @@ def _ns_size(n: NamespaceConfig) -> Optional[int]:
 
 
 def _port_fixed(p: PortConfig) -> tuple:
-    return (p.trtype, p.adrfam, p.traddr, p.trsvcid, p.treq, sorted(p.params.items()),
-            sorted((a.grpid, a.state) for a in p.ana_groups))
+    return p.trtype, p.adrfam, p.traddr, p.trsvcid, p.treq, sorted(p.params.items())
+
+
+def _ana_states(p: PortConfig) -> Dict[int, str]:
+    """A port's ANA state of every group it names (group 1 is optimized unless listed; target/ana.py)."""
+    states = {DEFAULT_GRPID: "optimized"}
+    states.update((a.grpid, a.state) for a in p.ana_groups)
+    return states
 
 
 def plan(old: TargetConfig, new: TargetConfig) -> List[Change]:
@@ -445,8 +487,13 @@ def _plan_namespaces(nqn: str, o: SubsystemConfig, s: SubsystemConfig) -> List[C
                 changes.append(RemoveNamespace(nqn, nsid, verb="disable"))
             else:
                 changes.append(AddNamespace(nqn, nsid, verb="enable"))
-        elif m.enabled and _ns_size(n) != _ns_size(m) and _ns_size(m) is not None:
-            changes.append(ResizeNamespace(nqn, m))
+        else:
+            if m.enabled and _ns_size(n) != _ns_size(m) and _ns_size(m) is not None:
+                changes.append(ResizeNamespace(nqn, m))
+            if m.enabled and n.visible_hosts != m.visible_hosts:
+                changes.append(NamespaceVisibility(nqn, m))
+            if m.enabled and n.qos != m.qos:
+                changes.append(NamespaceQos(nqn, m))
     changes += [AddNamespace(nqn, nsid) for nsid, m in new_ns.items() if nsid not in old_ns and m.enabled]
     return changes
 
@@ -455,6 +502,7 @@ def _plan_ports(old: TargetConfig, new: TargetConfig) -> List[Change]:
     changes: List[Change] = []
     old_ports = {p.portid: p for p in old.ports}
     new_ports = {p.portid: p for p in new.ports}
+    groups = {DEFAULT_GRPID} | {a.grpid for p in old.ports for a in p.ana_groups}  # the running AnaTable's
     changes += [RemovePort(p) for pid, p in old_ports.items() if pid not in new_ports]
     for pid, p in new_ports.items():
         if pid not in old_ports:
@@ -465,6 +513,15 @@ def _plan_ports(old: TargetConfig, new: TargetConfig) -> List[Change]:
             raise ConfigError(new.source, _port_where(new, pid),
                               "changes its address or parameters, which a running listener cannot take",
                               "add a new port with the new address (and remove the old one), or restart the target")
+        before, after = _ana_states(o), _ana_states(p)
+        for grpid in sorted(set(before) | set(after)):
+            if grpid not in groups:
+                raise ConfigError(new.source, f"{_port_where(new, pid)}.ana_groups",
+                                  f"ANA group {grpid} does not exist in the running target (groups: "
+                                  f"{', '.join(map(str, sorted(groups)))})",
+                                  "use an existing group, or restart the target to add one")
+            if before.get(grpid, "inaccessible") != after.get(grpid, "inaccessible"):
+                changes.append(AnaState(pid, grpid, after.get(grpid, "inaccessible")))
         changes += [Unlink(nqn, pid) for nqn in o.subsystems if nqn not in p.subsystems]
         changes += [Link(nqn, pid) for nqn in p.subsystems if nqn not in o.subsystems]
         if [r.to_dict() for r in o.referrals] != [r.to_dict() for r in p.referrals]:
@@ -636,6 +693,7 @@ def _rebind_configs(target, new: TargetConfig) -> None:
             n = cfg.namespace(ns.nsid)
             if n is not None:
                 ns.config = n
+            target.qos.configure(ns)  # its QoS limits as the config now says (target/qos.py)
     for portid, handler in target._port_handlers.items():
         port = new.port(portid)
         if port is not None:

@@ -81,14 +81,23 @@ def bind_control_socket(config_path: str, rpc_socket: Optional[str]):
         return None, None
 
 
+def persist_changes(config, option: Optional[bool], worker: Optional[int] = None) -> bool:
+    """Whether live changes are written to the config file: --persist / --no-persist, else the config's
+    nvmeof_roce.persist.  A worker of `serve --workers` never writes: its config is derived, its supervisor
+    writes CONFIG once per change."""
+    if worker is not None:
+        return False
+    return bool(config.settings.persist) if option is None else option
+
+
 class Operations:
     def __init__(self, server, config_path: str, rpc_socket: Optional[str] = "", metrics: Optional[str] = None,
-                 bound_socket=None):
+                 bound_socket=None, persist: bool = False):
         self.server = server
         self.target = server.target
         self.config_path = config_path
         self.control = ServiceControl(self.target, RdmaListeners(server), config_path=config_path, server=server,
-                                      metrics=self._metrics)
+                                      metrics=self._metrics, persist=persist)
         self.rpc = None
         self.metrics = None
         self.metrics_url = ""

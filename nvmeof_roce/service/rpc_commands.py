@@ -7,6 +7,15 @@
     nvmeof-roce target resize-ns NQN NSID SIZE
     nvmeof-roce target add-host NQN HOSTNQN
     nvmeof-roce target rm-host NQN HOSTNQN
+    nvmeof-roce target create-subsystem NQN [--serial S] [--model M] [--allow-any-host] [--min-cntlid N] ...
+    nvmeof-roce target delete-subsystem NQN
+    nvmeof-roce target add-listener NQN TRADDR [--trsvcid 4420] [--adrfam ipv4]
+    nvmeof-roce target rm-listener NQN TRADDR [--trsvcid 4420] [--adrfam ipv4]
+    nvmeof-roce target listener-ana-state NQN TRADDR STATE [--trsvcid 4420] [--group GRPID]
+    nvmeof-roce target ns-add-host NQN NSID HOSTNQN        (a namespace added with --no-auto-visible)
+    nvmeof-roce target ns-rm-host NQN NSID HOSTNQN
+    nvmeof-roce target set-qos NQN NSID [--rw-ios-per-sec N] [--rw-mbytes-per-sec N] [--r-mbytes-per-sec N]
+                                        [--w-mbytes-per-sec N]          (0 removes a limit)
     nvmeof-roce target status [--json]
     nvmeof-roce target reload [--dry-run] [CONFIG]
 
@@ -100,6 +109,8 @@ def _cmd_add_ns(args) -> int:
     for key in ("uuid", "nguid", "eui64"):
         if getattr(args, key):
             ns[key] = getattr(args, key)
+    if args.no_auto_visible:
+        ns["no_auto_visible"] = True
     nsid = _call(args, "nvmf_subsystem_add_ns", {"nqn": args.nqn, "namespace": ns})
     return _done(args, {"nqn": args.nqn, "nsid": nsid}, f"{args.nqn}: namespace {nsid} added")
 
@@ -123,6 +134,71 @@ def _cmd_add_host(args) -> int:
 def _cmd_rm_host(args) -> int:
     result = _call(args, "nvmf_subsystem_remove_host", {"nqn": args.nqn, "host": args.host})
     return _done(args, result, f"{args.nqn}: host {args.host} removed; its controllers were ended")
+
+
+def _cmd_create_subsystem(args) -> int:
+    params: Dict[str, Any] = {"nqn": args.nqn, "allow_any_host": args.allow_any_host}
+    for key, value in (("serial_number", args.serial), ("model_number", args.model),
+                       ("min_cntlid", args.min_cntlid), ("max_cntlid", args.max_cntlid)):
+        if value is not None:
+            params[key] = value
+    result = _call(args, "nvmf_create_subsystem", params)
+    return _done(args, result, f"{args.nqn}: created ({'any host' if args.allow_any_host else 'no host allowed yet'}"
+                               "; add-listener exports it)")
+
+
+def _cmd_delete_subsystem(args) -> int:
+    result = _call(args, "nvmf_delete_subsystem", {"nqn": args.nqn})
+    return _done(args, result, f"{args.nqn}: deleted; its controllers were ended")
+
+
+def _listen_address(args) -> dict:
+    return {"trtype": "RDMA", "adrfam": args.adrfam, "traddr": args.traddr, "trsvcid": str(args.trsvcid)}
+
+
+def _cmd_add_listener(args) -> int:
+    result = _call(args, "nvmf_subsystem_add_listener", {"nqn": args.nqn, "listen_address": _listen_address(args)})
+    return _done(args, result, f"{args.nqn}: listening on {args.traddr}:{args.trsvcid}")
+
+
+def _cmd_rm_listener(args) -> int:
+    result = _call(args, "nvmf_subsystem_remove_listener",
+                   {"nqn": args.nqn, "listen_address": _listen_address(args)})
+    return _done(args, result, f"{args.nqn}: no longer listening on {args.traddr}:{args.trsvcid}; controllers "
+                               "through it were ended")
+
+
+def _cmd_listener_ana_state(args) -> int:
+    params = {"nqn": args.nqn, "listen_address": _listen_address(args), "ana_state": args.state}
+    if args.group is not None:
+        params["anagrpid"] = args.group
+    result = _call(args, "nvmf_subsystem_listener_set_ana_state", params)
+    groups = f"group {args.group}" if args.group is not None else "its namespaces' groups"
+    return _done(args, result, f"{args.nqn} on {args.traddr}:{args.trsvcid}: {groups} {args.state}")
+
+
+def _cmd_ns_host(args) -> int:
+    add = args.target_command == "ns-add-host"
+    result = _call(args, "nvmf_ns_add_host" if add else "nvmf_ns_remove_host",
+                   {"nqn": args.nqn, "nsid": args.nsid, "host": args.host})
+    return _done(args, result, f"{args.nqn}: namespace {args.nsid} is {'now' if add else 'no longer'} visible to "
+                               f"{args.host}")
+
+
+def _cmd_set_qos(args) -> int:
+    from ..config import QOS_LIMITS
+    params: Dict[str, Any] = {"nqn": args.nqn, "nsid": args.nsid}
+    for key in QOS_LIMITS:
+        value = getattr(args, key)
+        if value is not None:
+            params[key] = value
+    if len(params) == 2:
+        raise NvmeofError("set-qos: no limit given",
+                          "give --rw-ios-per-sec, --rw-mbytes-per-sec, --r-mbytes-per-sec or --w-mbytes-per-sec "
+                          "(0 removes that limit)")
+    result = _call(args, "bdev_set_qos_limit", params)
+    limits = ", ".join(f"{k} {v if v else 'unlimited'}" for k, v in params.items() if k in QOS_LIMITS)
+    return _done(args, result, f"{args.nqn}: namespace {args.nsid}: {limits}")
 
 
 def _cmd_reload(args) -> int:
@@ -252,6 +328,9 @@ def register_target_verbs(commands) -> None:
     p.add_argument("--uuid")
     p.add_argument("--nguid")
     p.add_argument("--eui64")
+    p.add_argument("--no-auto-visible", action="store_true",
+                   help="no host sees the namespace until ns-add-host makes it visible to one (SPDK's "
+                        "no_auto_visible)")
     _common(p)
     p.set_defaults(func=_cmd_add_ns)
 
@@ -278,6 +357,71 @@ def register_target_verbs(commands) -> None:
         p.add_argument("host", metavar="HOSTNQN")
         _common(p)
         p.set_defaults(func=fn)
+
+    p = commands.add_parser("create-subsystem", help="create a subsystem in a running target",
+                            description="Create subsystem NQN (no namespace, no listener yet: add-ns and "
+                                        "add-listener follow). SPDK's nvmf_create_subsystem.")
+    p.add_argument("nqn")
+    p.add_argument("--serial", help="serial number (default: derived from the NQN)")
+    p.add_argument("--model", help="model number")
+    p.add_argument("--allow-any-host", action="store_true", help="any host may connect (default: add-host each)")
+    p.add_argument("--min-cntlid", type=int, metavar="N")
+    p.add_argument("--max-cntlid", type=int, metavar="N")
+    _common(p)
+    p.set_defaults(func=_cmd_create_subsystem)
+
+    p = commands.add_parser("delete-subsystem", help="delete a subsystem of a running target (its controllers end)")
+    p.add_argument("nqn")
+    _common(p)
+    p.set_defaults(func=_cmd_delete_subsystem)
+
+    for verb, fn, what in (("add-listener", _cmd_add_listener, "export a subsystem on an RDMA address (a new "
+                                                                "address opens a port)"),
+                           ("rm-listener", _cmd_rm_listener, "stop exporting a subsystem on an address")):
+        p = commands.add_parser(verb, help=f"{what} (running target)")
+        p.add_argument("nqn")
+        p.add_argument("traddr", metavar="TRADDR", help="the IP address of an RDMA netdev")
+        p.add_argument("--trsvcid", default="4420", help="the service (port) number (default 4420)")
+        p.add_argument("--adrfam", default="ipv4", choices=("ipv4", "ipv6"))
+        _common(p)
+        p.set_defaults(func=fn)
+
+    p = commands.add_parser("listener-ana-state", help="set the ANA state of a listener's groups (running target)",
+                            description="SPDK's nvmf_subsystem_listener_set_ana_state: the ANA state of group "
+                                        "--group (default: every group NQN's namespaces use) on the port at "
+                                        "TRADDR:TRSVCID. Hosts connected through that port get an ANA change "
+                                        "notice. `target ana-state` does the same by port ID.")
+    p.add_argument("nqn")
+    p.add_argument("traddr", metavar="TRADDR")
+    p.add_argument("state", metavar="STATE", help="optimized, non_optimized, inaccessible, persistent_loss or change")
+    p.add_argument("--trsvcid", default="4420")
+    p.add_argument("--adrfam", default="ipv4", choices=("ipv4", "ipv6"))
+    p.add_argument("--group", type=int, metavar="GRPID", help="one ANA group (SPDK's anagrpid)")
+    _common(p)
+    p.set_defaults(func=_cmd_listener_ana_state)
+
+    for verb, method, what in (("ns-add-host", "nvmf_ns_add_host", "make a namespace visible to a host"),
+                               ("ns-rm-host", "nvmf_ns_remove_host", "hide a namespace from a host")):
+        p = commands.add_parser(verb, help=f"{what} (running target; the namespace was added with "
+                                           "--no-auto-visible)",
+                                description=f"SPDK's {method}: the host's connected controllers get a Namespace "
+                                            "Attribute Changed notice and see the namespace appear or go.")
+        p.add_argument("nqn")
+        p.add_argument("nsid", type=int)
+        p.add_argument("host", metavar="HOSTNQN")
+        _common(p)
+        p.set_defaults(func=_cmd_ns_host)
+
+    p = commands.add_parser("set-qos", help="limit a namespace's IOPS and MiB/s (running target)",
+                            description="SPDK's bdev_set_qos_limit for namespace NSID of NQN: limits per second; "
+                                        "0 removes a limit, a limit not given keeps its value. Commands over a "
+                                        "limit wait in the target (they are not failed).")
+    p.add_argument("nqn")
+    p.add_argument("nsid", type=int)
+    for key in ("rw_ios_per_sec", "rw_mbytes_per_sec", "r_mbytes_per_sec", "w_mbytes_per_sec"):
+        p.add_argument("--" + key.replace("_", "-"), dest=key, type=int, metavar="N")
+    _common(p)
+    p.set_defaults(func=_cmd_set_qos)
 
     p = commands.add_parser("status", help="subsystems, hosts, queues and I/O figures of a running target")
     _common(p)

@@ -14,7 +14,7 @@ from ..config import TargetConfig, load_userspace_config
 from ..transport import registry
 from ..transport.resources import ResourceLimits
 from ..tunables import RESOURCE_LIMITS
-from .ops import Operations, bind_control_socket
+from .ops import Operations, bind_control_socket, persist_changes
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class TargetServer:
 def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[ResourceLimits] = None,
           remote_invalidate: bool = True, run_dir: Optional[str] = None, worker: Optional[int] = None,
           listen_portids: Optional[List[int]] = None, path_groups: Optional[List[str]] = None,
-          rpc_socket: Optional[str] = "", metrics: Optional[str] = None) -> int:
+          rpc_socket: Optional[str] = "", metrics: Optional[str] = None, persist: Optional[bool] = None) -> int:
     from .ana_control import AnaControl, default_run_dir, publish, unpublish
     config = load_userspace_config(path)  # the same loader and checks as `target check`
     if worker is not None and not rpc_socket:
@@ -154,11 +154,13 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
         server.ana_control = AnaControl(run_dir, server.target, worker or 0)
     try:
         ops = Operations(server, path, rpc_socket=socket_path if bound is not None else None, metrics=metrics,
-                         bound_socket=bound)
+                         bound_socket=bound, persist=persist_changes(config, persist, worker))
     except BaseException:
         server.close()
         raise
     server.on_stop, server.should_stop_hook = ops.stopping, ops.should_stop_hook
+    if server.ana_control is not None:
+        ops.control.ana_changed = server.ana_control.record
     previous = {sig: signal.signal(sig, server.request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     # SIGUSR1 logs a status line (queues, controllers, CM ids kept, free data buffers).  The handler runs
     # between two Python statements of the loop, which only reads counts here.
@@ -203,7 +205,8 @@ def _cmd_serve(args) -> int:
     return serve(args.config, ready_file=args.ready_file, limits=limits_from_args(args),
                  remote_invalidate=not args.no_remote_invalidate, run_dir=args.run_dir, worker=args.worker_index,
                  listen_portids=args.listen_port, path_groups=args.path_group,
-                 rpc_socket=None if args.no_rpc_socket else (args.rpc_socket or ""), metrics=args.metrics)
+                 rpc_socket=None if args.no_rpc_socket else (args.rpc_socket or ""), metrics=args.metrics,
+                 persist=args.persist)
 
 
 def register_serve(commands) -> None:
@@ -225,6 +228,13 @@ def register_serve(commands) -> None:
     p.add_argument("--rpc-socket", metavar="PATH",
                    help="the JSON-RPC control socket (default /run/nvmeof-roce/NAME.sock for NAME.json; mode 0600)")
     p.add_argument("--no-rpc-socket", action="store_true", help="serve without a control socket")
+    keep = p.add_mutually_exclusive_group()
+    keep.add_argument("--persist", dest="persist", action="store_true", default=None,
+                      help="write every accepted live change (RPC or target add-ns/add-host/...) to CONFIG, "
+                           "atomically, so a restart keeps it (default: the config's nvmeof_roce.persist; the "
+                           "systemd unit passes --persist)")
+    keep.add_argument("--no-persist", dest="persist", action="store_false",
+                      help="keep live changes in memory only, whatever the config says")
     p.add_argument("--metrics", metavar="ADDR:PORT",
                    help="serve Prometheus metrics on ADDR:PORT (ADDR defaults to 127.0.0.1: ':9712')")
     from .workers import add_worker_arguments

@@ -177,6 +177,43 @@ def worker_configs(config: TargetConfig, n: int, run_dir: str) -> Tuple[List[dic
     return configs, listen, groups
 
 
+def config_from_worker(running: dict, config: TargetConfig, run_dir: str) -> dict:
+    """The admin's config again from worker 0's running one (worker_configs in reverse): the configured ports
+    only (worker 0 keeps their portids and addresses), each configured subsystem's own CNTLID range, RAM
+    namespaces as RAM (not their shared file), the top-level nvmeof_roce object (workers, cpus, persist)."""
+    out = copy.deepcopy(running)
+    user = config.to_dict()
+    portids = {p["portid"] for p in user["ports"]}
+    out["ports"] = [p for p in out["ports"] if p["portid"] in portids]
+    user_subs = {s["nqn"]: s for s in user["subsystems"]}
+    for s in out["subsystems"]:
+        u = user_subs.get(s["nqn"])
+        if u is None:
+            continue  # created live: as the workers have it
+        attr = s.setdefault("attr", {})
+        for key in ("cntlid_min", "cntlid_max"):
+            if key in u.get("attr", {}):
+                attr[key] = u["attr"][key]
+            else:
+                attr.pop(key, None)
+        user_ns = {int(str(n["nsid"]), 0): n for n in u.get("namespaces", [])}
+        for n in s.get("namespaces", []):
+            un = user_ns.get(int(str(n["nsid"]), 0))
+            if un is None or (un.get(USERSPACE_KEY) or {}).get("backend") != "ram":
+                continue
+            if (n.get("device") or {}).get("path") != shm_path(run_dir, s["nqn"], int(str(n["nsid"]), 0)):
+                continue
+            us = dict(un[USERSPACE_KEY])
+            us.update((k, v) for k, v in (n.get(USERSPACE_KEY) or {}).items() if k != "backend")
+            n[USERSPACE_KEY] = us
+            n["device"].pop("path", None)
+    if user.get(USERSPACE_KEY):
+        out[USERSPACE_KEY] = copy.deepcopy(user[USERSPACE_KEY])
+    else:
+        out.pop(USERSPACE_KEY, None)
+    return out
+
+
 def _create_shm(config: TargetConfig, run_dir: str, keep_existing: bool = False) -> List[str]:
     """Create the shared RAM files (returned, to remove at stop) and any file namespace the config asks to
     create: here, once, rather than by N workers racing to create it.  At a reload (`keep_existing`) the RAM
@@ -209,6 +246,8 @@ REFUSED = {
     "nvmf_subsystem_add_listener": "each worker listens on its own port (trsvcid + worker index)",
     "nvmf_subsystem_remove_listener": "each worker listens on its own port (trsvcid + worker index)",
     "save_config": "the workers' configs are derived from CONFIG (ports and CNTLID ranges split per worker)",
+    "nvmf_subsystem_listener_set_ana_state": "each worker listens on its own port, and 'target ana-state' sets "
+                                             "a state on every worker's port at once",
 }
 
 
@@ -218,13 +257,15 @@ class SupervisorControl:
 
     def __init__(self, workers: int, call_worker: Callable[[int, str, Any], Any],
                  reload: Callable[[str, bool], dict], metrics_text: Callable[[], str],
-                 saved: Callable[[int], None] = lambda i: None, identity: Callable[[], dict] = dict):
+                 saved: Callable[[int], None] = lambda i: None, identity: Callable[[], dict] = dict,
+                 changed: Callable[[], None] = lambda: None):
         self.workers = workers
         self._identity = identity  # {"config": CONFIG, "socket": the supervisor's socket} for the status
         self.call_worker = call_worker
         self._reload = reload
         self._metrics_text = metrics_text
         self._saved = saved  # after a change: the supervisor keeps worker i's running config for its restart
+        self._changed = changed  # after a change every worker made: CONFIG is written once (--persist)
 
     def handle(self, request: Any) -> Optional[dict]:
         return handle_request(self.call, request)
@@ -264,6 +305,7 @@ class SupervisorControl:
                                getattr(exc, "field", ""), f"{fix}; then 'nvmeof-roce target reload' makes the "
                                "workers agree again with CONFIG".lstrip("; ")) from None
             self._saved(i)
+        self._changed()
         return results[0]
 
     def _gather(self, method: str, answers: List[Any]) -> Any:
@@ -370,9 +412,11 @@ class Supervisor:
     def __init__(self, config_path: str, n: int, *, cpus: Optional[List[int]], run_dir: str,
                  ready_file: Optional[str], worker_args: List[str], verbose: int = 0,
                  rpc_socket: Optional[str] = None, rpc_socket_explicit: bool = True,
-                 metrics: Optional[str] = None):
+                 metrics: Optional[str] = None, persist: Optional[bool] = None):
+        from .ops import persist_changes
         self.config_path = config_path
         self.config = load_userspace_config(config_path)
+        self.persist = persist_changes(self.config, persist)
         _, config_cpus = _config_workers(self.config)
         self.n = n
         self.cpus = cpus if cpus is not None else config_cpus
@@ -399,7 +443,8 @@ class Supervisor:
         self.reload_pending = False
         self.shm_files: List[str] = []
         self.control = SupervisorControl(n, self.call_worker, self.reload, self.metrics_text, self._keep_running,
-                                         lambda: {"config": self.config_path, "socket": self.rpc_socket or ""})
+                                         lambda: {"config": self.config_path, "socket": self.rpc_socket or ""},
+                                         self._save_change)
         self.registry = None
         self.http = None
 
@@ -423,6 +468,25 @@ class Supervisor:
             _write_json(self.paths[i], self.call_worker(i, "save_config"))
         except (RpcError, NvmeofError, OSError) as exc:
             log.warning("worker %d: could not keep its running config for a restart: %s", i, exc)
+
+    def _save_change(self) -> None:
+        """With persist on: CONFIG as it is now, written once after every worker made a live change (worker 0's
+        running config turned back into the admin's: its ports, CNTLID ranges and RAM namespaces)."""
+        if not self.persist:
+            return
+        try:
+            data = config_from_worker(self.call_worker(0, "save_config"), self.config, self.run_dir)
+            new = parse_config(data, self.config_path)
+            write_file(self.config_path, json.dumps(data, indent=2) + "\n")
+        except (RpcError, NvmeofError, ConfigError, OSError) as exc:
+            why = getattr(exc, "strerror", None) or getattr(exc, "message", None) or str(exc)
+            log.error("persist: the change is applied on every worker but could not be saved to %s: %s",
+                      self.config_path, why)
+            raise RpcError(f"the change is applied on every worker but could not be saved to {self.config_path}: "
+                           f"{why}", "persist", "fix the cause, then edit CONFIG to match (a restart would lose "
+                           "the change)") from None
+        self.config = new
+        log.info("persist: saved the running config to %s", self.config_path)
 
     def metrics_text(self) -> str:
         from .metrics import exposition
@@ -688,5 +752,6 @@ def supervise(args) -> int:
     rpc_socket = None if args.no_rpc_socket else (args.rpc_socket or default_socket_path(args.config))
     sup = Supervisor(args.config, n, cpus=cpus, run_dir=args.run_dir or default_run_dir(),
                      ready_file=args.ready_file, worker_args=worker_args, verbose=args.verbose,
-                     rpc_socket=rpc_socket, rpc_socket_explicit=bool(args.rpc_socket), metrics=args.metrics)
+                     rpc_socket=rpc_socket, rpc_socket_explicit=bool(args.rpc_socket), metrics=args.metrics,
+                     persist=args.persist)
     return sup.run()

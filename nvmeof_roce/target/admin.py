@@ -114,17 +114,17 @@ def _identify(t: Target, req: Request) -> Outcome:
     if cns == A.CNS_NAMESPACE:
         if nsid == 0 or nsid == NSID_ALL:
             return t.complete(req, S.INVALID_NS | S.DNR, location=LOC_NSID)
-        ns = sub.namespaces.get(nsid)
+        ns = sub.namespace_for(nsid, ctrl.hostnqn)
         data = (identify_namespace(ns, t.ana.state(ctrl.port.portid, ns.ana_grpid)) if ns
-                else bytes(I.IDENTIFY_SIZE))  # inactive: all zero (NCAP 0)
+                else bytes(I.IDENTIFY_SIZE))  # inactive (or not visible to this host): all zero (NCAP 0)
     elif cns == A.CNS_CONTROLLER:
         data = identify_controller(ctrl)
     elif cns == A.CNS_ACTIVE_NS_LIST:
         if nsid >= NSID_ALL - 1:
             return t.complete(req, S.INVALID_NS | S.DNR, location=LOC_NSID)
-        data = I.ActiveNamespaceList([n for n in sub.active_nsids() if n > nsid]).pack()
+        data = I.ActiveNamespaceList([n.nsid for n in sub.visible_namespaces(ctrl.hostnqn) if n.nsid > nsid]).pack()
     elif cns == A.CNS_NS_DESC_LIST:
-        ns = sub.namespaces.get(nsid)
+        ns = sub.namespace_for(nsid, ctrl.hostnqn)
         if ns is None:
             return t.complete(req, S.INVALID_NS | S.DNR, location=LOC_NSID)
         data = ns_descriptors(ns)
@@ -162,11 +162,11 @@ def window(page: bytes, offset: int, length: int) -> bytes:
     return part
 
 
-def _smart_log(sub, nsid: int):
+def _smart_log(sub, nsid: int, hostnqn: str):
     if nsid in (0, NSID_ALL):
-        namespaces = list(sub.namespaces.values())
+        namespaces = sub.visible_namespaces(hostnqn)
     else:
-        ns = sub.namespaces.get(nsid)
+        ns = sub.namespace_for(nsid, hostnqn)
         if ns is None:
             return None
         namespaces = [ns]
@@ -192,7 +192,7 @@ def _get_log_page(t: Target, req: Request) -> Outcome:
     if lid == A.LID_ERROR:
         page = b"".join(e.pack() for e in ctrl.error_log).ljust(ERROR_LOG_ENTRIES * ERROR_ENTRY_SIZE, b"\0")
     elif lid == A.LID_SMART:
-        page = _smart_log(ctrl.subsystem, req.nsid)
+        page = _smart_log(ctrl.subsystem, req.nsid, ctrl.hostnqn)
         if page is None:
             return t.complete(req, S.INVALID_NS | S.DNR, location=LOC_NSID)
     elif lid == A.LID_FW_SLOT:
@@ -205,7 +205,8 @@ def _get_log_page(t: Target, req: Request) -> Outcome:
         lsp = (req.cdw10 >> 8) & 0x7F
         if lsp & ~L.ANA_LSP_RGO:
             return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
-        page = t.ana.log_page(ctrl.port.portid, ctrl.subsystem.namespaces.values(), bool(lsp & L.ANA_LSP_RGO))
+        page = t.ana.log_page(ctrl.port.portid, ctrl.subsystem.visible_namespaces(ctrl.hostnqn),
+                              bool(lsp & L.ANA_LSP_RGO))
         ctrl.ana_log_read(retain)
     else:
         return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)

@@ -56,6 +56,7 @@ from .request import COMPLETED, DEFERRED, FETCHING, HELD_OUTCOME, LOC_DPTR, LOC_
 from .queue import QueueLifecycle, QueueState
 from .subsystem import DiscoverySubsystem, Namespace, Subsystem
 from .work import Work
+from .qos import QosScheduler
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +167,8 @@ class Target:
         self.work = Work()  # device completions and sliced jobs, back on the loop (work.py)
         self.host_auth = auth.host_settings(config)  # DH-HMAC-CHAP keys by host NQN
         self.tick_hooks: List[Callable[[float], None]] = []  # e.g. the control socket's (service/control.py)
+        self.qos = QosScheduler(clock)  # per-namespace limits: held commands start from the tick or its waker
+        self.tick_hooks.append(self.qos.release)
         try:
             for i, sub_cfg in enumerate(config.subsystems):
                 sub = Subsystem(sub_cfg)
@@ -183,6 +186,8 @@ class Target:
                     except ValueError as exc:
                         raise ConfigError(config.source, f"{where}.nsid", str(exc),
                                           f"use an NSID in 1..{MAX_NSID}") from None
+                for ns in sub.namespaces.values():
+                    self.qos.configure(ns)
         except BaseException:
             for sub in self.subsystems.values():
                 sub.close()
@@ -237,6 +242,7 @@ class Target:
         sub = self.subsystems[subnqn]
         ns = sub.open_namespace(ns_config, self.file_lock)
         if ns is not None:
+            self.qos.configure(ns)
             self._namespace_changed(sub, ns.nsid)
         return ns
 
@@ -254,6 +260,7 @@ class Target:
         namespaces' commands run on their I/O engines and long RAM commands in slices, their completions coming
         back through the loop."""
         self.work.attach(loop)
+        self.qos.attach(self.work)
 
     def close(self) -> None:
         """Disconnect every controller, then flush and close all backends."""
@@ -264,6 +271,7 @@ class Target:
             self._delete_controller(ctrl, "target shutting down")
         for qs in list(self._queues.values()):
             self._close_queue(qs, "target shutting down", logging.INFO)
+        self.qos.close()
         self.work.close()  # the I/O engines' running calls finish and complete before the files close
         for sub in self.subsystems.values():
             for nsid, ns in list(sub.namespaces.items()):
@@ -538,6 +546,7 @@ class Target:
             return self.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_FLAGS)
 
         opc = req.opc
+        ns = None
         if ctrl is None:
             if opc != FABRICS_OPCODE or req.fctype != F.FCTYPE_CONNECT:
                 return self.complete(req, S.INVALID_OPCODE | S.DNR, location=LOC_OPCODE)
@@ -557,7 +566,7 @@ class Target:
                 table = self._discovery_cmds if ctrl.is_discovery else self._admin_cmds
             else:
                 ns = ctrl.subsystem.namespaces.get(req.nsid)
-                if ns is None:
+                if ns is None or not ns.visible_to(ctrl.hostnqn):  # invisible to this host: as if inactive
                     return self.complete(req, S.INVALID_NS | S.DNR, location=LOC_NSID)
                 req.ns = ns
                 ana_status = self.ana.io_status(ctrl.port.portid, ns.ana_grpid)
@@ -574,8 +583,26 @@ class Target:
         if EXECUTING not in NEXT[req.state]:  # lifecycle.move, inlined: once per command
             raise IllegalTransition(req, EXECUTING)
         req.state = EXECUTING
+        if ns is not None and ns.qos is not None and \
+                not self.qos.admit(ns, req, lambda r: self._resume_held(r, handler)):
+            return  # over its namespace's QoS limit: held (EXECUTING), started when the tokens come back (target/qos.py)
         if handler(self, req) is None:
             self._missing_outcome(req, handler)
+
+    def _resume_held(self, req: Request, handler: Handler) -> None:
+        """A command QoS held gets its turn: its queue may have closed, its namespace been removed since."""
+        if req.queue.closed or req.state != EXECUTING:
+            if req.state != FREE:
+                move(req, FREE)
+            return
+        if req.ns is None or req.ns.removed:
+            self.complete(req, S.INVALID_NS | S.DNR, location=LOC_NSID)
+            return
+        try:
+            if handler(self, req) is None:
+                self._missing_outcome(req, handler)
+        except Exception:
+            self._internal_error(req)
 
     def _missing_outcome(self, req: Request, step) -> None:
         """A handler or next step returned no Outcome: a missing branch, answered Internal Error and counted

@@ -67,6 +67,13 @@ class Namespace:
         self.read_commands = 0
         self.write_commands = 0
         self.stats = NamespaceStats()  # latency histograms and errors, for status and metrics
+        self.qos = None  # qos.Limiter when the config limits the namespace (QosScheduler.configure)
+
+    def visible_to(self, hostnqn: str) -> bool:
+        """Whether host `hostnqn` sees the namespace (config nvmeof_roce.visible_hosts; SPDK's no_auto_visible
+        and nvmf_ns_add_host): to any other host its NSID is inactive."""
+        hosts = self.config.visible_hosts
+        return hosts is None or hostnqn in hosts
 
     def engine(self, channel) -> IoEngine:
         """The namespace's I/O engine, made on first use with the target's completion channel (Work)."""
@@ -180,6 +187,15 @@ class Subsystem:
         if self._active_nsids is None:
             self._active_nsids = sorted(self.namespaces)
         return self._active_nsids
+
+    def namespace_for(self, nsid: int, hostnqn: str) -> Optional[Namespace]:
+        """The namespace `nsid` as host `hostnqn` sees it: None when it does not exist or is not visible to it."""
+        ns = self.namespaces.get(nsid)
+        return ns if ns is not None and ns.visible_to(hostnqn) else None
+
+    def visible_namespaces(self, hostnqn: str) -> List[Namespace]:
+        """The namespaces host `hostnqn` sees, by NSID (Identify active NS list, ANA log, SMART)."""
+        return [ns for ns in (self.namespaces[n] for n in self.active_nsids()) if ns.visible_to(hostnqn)]
 
     def close(self) -> None:
         for ns in list(self.namespaces.values()):

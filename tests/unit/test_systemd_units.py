@@ -19,7 +19,7 @@ def test_units_say_what_the_issue_asks():
                  "Conflicts=nvmet.service", "RuntimeDirectory=nvmeof-roce/%i",
                  "ExecReload=/opt/x/nvmeof-roce target reload --socket /run/nvmeof-roce/%i/control.sock",
                  "ExecStart=/opt/x/nvmeof-roce target serve /etc/nvmeof-roce/%i.json --run-dir /run/nvmeof-roce/%i "
-                 "--rpc-socket /run/nvmeof-roce/%i/control.sock",
+                 "--rpc-socket /run/nvmeof-roce/%i/control.sock --persist",
                  "DeviceAllow=/dev/infiniband/rdma_cm rw", "DeviceAllow=char-infiniband_verbs rw"):
         assert line in lines, line
     # instances share nothing in /run: no preserved common directory, no shared pid file or socket

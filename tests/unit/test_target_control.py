@@ -595,3 +595,50 @@ def test_query_methods_errors(control):
     assert "no such file" in err.message and err.fix
     assert rpc_error(control, "nvmf_subsystem_resize_ns", {"nqn": SUB_RAM, "nsid": 1}).field == "size"
     assert rpc_error(control, "nvmf_subsystem_allow_any_host", {"nqn": SUB_RAM}).field == "allow_any_host"
+
+
+def test_cli_verbs_for_subsystems_listeners_visibility_qos_and_ana(env, tmp_path, capsys):
+    from nvmeof_roce.cli import main
+    path = str(tmp_path / "cli.sock")
+    server = RpcServer(Control(env.target, LoopListeners(env)), path, env.fabric)
+
+    def run(*argv):
+        code = _serve_while(env, lambda: main(list(argv) + ["--socket", path]))
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    try:
+        code, out, _ = run("target", "create-subsystem", NEW_SUB, "--allow-any-host", "--serial", "S1", "--json")
+        assert code == 0 and json.loads(out) == {"ok": True}
+        assert env.target.subsystems[NEW_SUB].serial == "S1" and env.target.subsystems[NEW_SUB].allow_any_host
+        code, out, _ = run("target", "add-listener", NEW_SUB, "10.99.0.1", "--trsvcid", "4420")
+        assert code == 0 and "listening on 10.99.0.1:4420" in out
+        assert NEW_SUB in env.target.config.port(1).subsystems
+        code, out, _ = run("target", "add-ns", NEW_SUB, "--ram", "1M", "--no-auto-visible", "--json")
+        assert code == 0 and json.loads(out)["nsid"] == 1
+        ctrl = env.connect(NEW_SUB, hostnqn=HOST_B)
+        assert ctrl.active_namespaces() == []
+        code, out, _ = run("target", "ns-add-host", NEW_SUB, "1", HOST_B)
+        assert code == 0 and "now visible" in out
+        assert ctrl.active_namespaces() == [1]
+        code, out, _ = run("target", "set-qos", NEW_SUB, "1", "--rw-ios-per-sec", "500", "--json")
+        assert code == 0 and env.target.subsystems[NEW_SUB].namespaces[1].qos.limits == {"rw_ios_per_sec": 500}
+        code, out, err = run("target", "set-qos", NEW_SUB, "1")
+        assert code == 1 and "no limit given" in err and "fix:" in err
+        code, out, _ = run("target", "listener-ana-state", NEW_SUB, "10.99.0.1", "inaccessible")
+        assert code == 0 and env.target.ana.state(1, 1) == "inaccessible"
+        code, out, _ = run("target", "listener-ana-state", NEW_SUB, "10.99.0.1", "optimized", "--group", "1")
+        assert code == 0 and env.target.ana.state(1, 1) == "optimized"
+        code, out, _ = run("target", "ns-rm-host", NEW_SUB, "1", HOST_B)
+        assert code == 0 and ctrl.active_namespaces() == []
+        code, out, err = run("target", "ns-rm-host", NEW_SUB, "1", HOST_B)
+        assert code == 1 and "(host)" in err
+        ctrl.close()
+        code, out, _ = run("target", "rm-listener", NEW_SUB, "10.99.0.1")
+        assert code == 0 and NEW_SUB not in env.target.config.port(1).subsystems
+        code, out, _ = run("target", "delete-subsystem", NEW_SUB)
+        assert code == 0 and NEW_SUB not in env.target.subsystems
+        code, out, err = run("target", "delete-subsystem", NEW_SUB)
+        assert code == 1 and "(nqn)" in err
+    finally:
+        server.close()
