@@ -12,7 +12,8 @@
  * one post, one doorbell per poll batch (receives re-posted first, then every send), ibv_poll_cq N at a time,
  * no allocation and no lock per command (slots and work requests are preallocated arrays).
  *
- * Every function of the per-command path is named nq_*: benchmarks/native_cost.py counts their instructions.
+ * Every function of the per-command path is named nq_*; nq_poll is the entry: benchmarks/native_cost.py counts
+ * the instructions under it.
  */
 #include "native.h"
 
@@ -242,7 +243,8 @@ static inline void nq_stamp_sqhd(NativeQueue *q, uint8_t *cqe)
 
 /* Queue the SEND of a CQE (preceded by its data WRITE when len): the caller counted the entries. */
 static inline void nq_batch_response(NativeQueue *q, uint64_t wr_id, const uint8_t *cqe, uint64_t laddr,
-                                     uint32_t lkey, uint32_t len, uint64_t raddr, uint32_t rkey, int invalidate)
+                                     uint32_t lkey, uint32_t len, uint64_t raddr, uint32_t rkey, int invalidate,
+                                     uint32_t invalidate_rkey)
 {
     if (len) {
         struct ibv_send_wr *w = nq_batch_wr(q, NQ_WRITE_WR_ID, IBV_WR_RDMA_WRITE, 0, laddr, len, lkey);
@@ -255,7 +257,7 @@ static inline void nq_batch_response(NativeQueue *q, uint64_t wr_id, const uint8
     struct ibv_send_wr *s = nq_batch_wr(q, wr_id, invalidate ? IBV_WR_SEND_WITH_INV : IBV_WR_SEND, IBV_SEND_INLINE,
                                         (uintptr_t)q->batch_cqe[i], NQ_CQE_SIZE, 0);
     if (invalidate)
-        s->invalidate_rkey = rkey;
+        s->invalidate_rkey = invalidate_rkey;
     q->batch_resp[q->nbatch_resp++] = i;
 }
 
@@ -279,9 +281,9 @@ static inline void nq_queue_response(NativeQueue *q, uint32_t idx)
     r->state = NQ_COMPLETING;
     if (wrs == 2)
         nq_batch_response(q, idx, cqe, (uintptr_t)r->local, r->lkey, r->len, r->raddr, r->rkey,
-                          r->invalidate && q->remote_invalidate);
+                          r->invalidate && q->remote_invalidate, r->rkey);
     else
-        nq_batch_response(q, idx, cqe, 0, 0, 0, r->raddr, r->rkey, r->invalidate && q->remote_invalidate);
+        nq_batch_response(q, idx, cqe, 0, 0, 0, r->raddr, r->rkey, r->invalidate && q->remote_invalidate, r->rkey);
 }
 
 /* One step out of a waiting state; 0 when what it needs is not there. */
@@ -559,7 +561,7 @@ static void nq_completion(NativeQueue *q, struct ibv_wc *wc)
 }
 
 /* One poll: up to `budget` completions, NQ_POLL_BATCH per ibv_poll_cq, then one flush. */
-static int nq_poll(NativeQueue *q, int budget)
+__attribute__((noinline)) static int nq_poll(NativeQueue *q, int budget)
 {
     int done = 0;
     q->in_poll = 1;
@@ -814,14 +816,16 @@ static PyObject *NativeQueue_post_read(NativeQueue *q, PyObject *args)
 }
 
 /* post_response(tag, cqe, signaled, data_addr, lkey, length, remote_addr, rkey, invalidate): the Python side's
- * response: its data WRITE (when length) chained before the inline SEND of the 16-byte CQE. */
+ * response: its data WRITE (when length) chained before the inline SEND of the 16-byte CQE; invalidate is the
+ * host's key to invalidate with it, or -1. */
 static PyObject *NativeQueue_post_response(NativeQueue *q, PyObject *args)
 {
     unsigned int tag, lkey, length, rkey;
     unsigned long long laddr, raddr;
-    int signaled, invalidate;
+    int signaled;
+    long long invalidate;
     Py_buffer cqe;
-    if (!PyArg_ParseTuple(args, "Iy*pKIIKIp", &tag, &cqe, &signaled, &laddr, &lkey, &length, &raddr, &rkey,
+    if (!PyArg_ParseTuple(args, "Iy*pKIIKIL", &tag, &cqe, &signaled, &laddr, &lkey, &length, &raddr, &rkey,
                           &invalidate))
         return NULL;
     if (cqe.len != NQ_CQE_SIZE) {
@@ -840,7 +844,7 @@ static PyObject *NativeQueue_post_response(NativeQueue *q, PyObject *args)
     }
     nq_sq_push(q, NQ_TAG_PY | tag, wrs, 1);
     nq_batch_response(q, NQ_TAG_PY | tag, cqe.buf, laddr, lkey, length, raddr, rkey,
-                      invalidate && q->remote_invalidate);
+                      invalidate >= 0 && q->remote_invalidate, (uint32_t)invalidate);
     PyBuffer_Release(&cqe);
     if (signaled)
         q->batch[q->nbatch - 1].send_flags |= IBV_SEND_SIGNALED;

@@ -165,7 +165,7 @@ class NativeTargetQueue(TargetQueue):
             else:
                 laddr, lkey = self.chunks.addr(req.chunk), self.chunks.region.lkey
         self.native.post_response(req.index, req.cqe, req.signaled, laddr, lkey, req.length, req.addr, req.key,
-                                  req.invalidate is not None)
+                                  -1 if req.invalidate is None else req.invalidate)
 
     def flush(self) -> None:
         if not self.closed:

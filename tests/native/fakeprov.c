@@ -8,7 +8,8 @@
  * flushing the rest), records each response SEND for the test, and turns each capsule the test injects into a
  * receive completion.  Built by the tests into a small .so (tests/native/fakeverbs.py), never into the product.
  *
- * Every function is named fake_*: benchmarks/native_cost.py excludes them from the target's instructions.
+ * The provider's entry points are fake_post_send, fake_post_recv, fake_poll_cq and fake_req_notify_cq:
+ * benchmarks/native_cost.py excludes them from the target's instructions; what the tests call is fakehost_*.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -155,6 +156,13 @@ static enum ibv_wc_status fake_execute(struct fake_dev *d, struct ibv_send_wr *w
             return IBV_WC_LOC_LEN_ERR;
         if (!(wr->send_flags & IBV_SEND_INLINE) && !fake_find(d->local, d->nlocal, sge->lkey, sge->addr, 16))
             return IBV_WC_LOC_PROT_ERR;
+        if (wr->opcode == IBV_WR_SEND_WITH_INV) { /* the host's receive fails on a key it cannot invalidate */
+            int known = 0;
+            for (int i = 0; i < d->nremote; i++)
+                known |= d->remote[i].key == wr->invalidate_rkey && d->remote[i].valid;
+            if (!known)
+                return IBV_WC_REM_INV_REQ_ERR;
+        }
         if (d->nresponses == FAKE_RESPONSES)
             return IBV_WC_REM_INV_REQ_ERR; /* the host's receive ring is full (the test forgot to drain it) */
         struct fake_response *r = &d->responses[d->nresponses++];
@@ -200,7 +208,7 @@ static int fake_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_
 
 /* ------------------------------------------------------------------ what the tests call (ctypes) */
 
-void *fake_new(int shared_cq)
+void *fakehost_new(int shared_cq)
 {
     struct fake_dev *d = calloc(1, sizeof *d);
     if (!d)
@@ -227,7 +235,7 @@ void *fake_new(int shared_cq)
     return d;
 }
 
-void fake_free(void *dev)
+void fakehost_free(void *dev)
 {
     struct fake_dev *d = dev;
     if (d)
@@ -235,9 +243,9 @@ void fake_free(void *dev)
     free(d);
 }
 
-void *fake_qp(void *dev) { return &DEV(dev)->qp; }
-void *fake_send_cq(void *dev) { return &DEV(dev)->send_cq; }
-void *fake_recv_cq(void *dev) { return DEV(dev)->qp.recv_cq; }
+void *fakehost_qp(void *dev) { return &DEV(dev)->qp; }
+void *fakehost_send_cq(void *dev) { return &DEV(dev)->send_cq; }
+void *fakehost_recv_cq(void *dev) { return DEV(dev)->qp.recv_cq; }
 
 static uint32_t fake_reg(struct fake_dev *d, struct fake_mr *table, int *n, uint64_t addr, uint64_t len)
 {
@@ -251,19 +259,19 @@ static uint32_t fake_reg(struct fake_dev *d, struct fake_mr *table, int *n, uint
     return m->key;
 }
 
-uint32_t fake_reg_local(void *dev, uint64_t addr, uint64_t len)
+uint32_t fakehost_reg_local(void *dev, uint64_t addr, uint64_t len)
 {
     return fake_reg(DEV(dev), DEV(dev)->local, &DEV(dev)->nlocal, addr, len);
 }
 
-uint32_t fake_reg_remote(void *dev, uint64_t addr, uint64_t len)
+uint32_t fakehost_reg_remote(void *dev, uint64_t addr, uint64_t len)
 {
     return fake_reg(DEV(dev), DEV(dev)->remote, &DEV(dev)->nremote, addr, len);
 }
 
 /* The host SENDs a capsule: into the oldest posted receive, as a receive completion.  -1: no receive posted
  * (an RNR on a real link); -2: longer than the receive buffer. */
-int fake_deliver(void *dev, const void *capsule, uint32_t len)
+int fakehost_deliver(void *dev, const void *capsule, uint32_t len)
 {
     struct fake_dev *d = dev;
     if (!d->recv_count) {
@@ -285,7 +293,7 @@ int fake_deliver(void *dev, const void *capsule, uint32_t len)
 }
 
 /* The responses received since the last call, 24 bytes each: CQE, invalidated rkey, flags. */
-uint32_t fake_responses(void *dev, void *out, uint32_t max)
+uint32_t fakehost_responses(void *dev, void *out, uint32_t max)
 {
     struct fake_dev *d = dev;
     uint32_t n = d->nresponses < max ? d->nresponses : max;
@@ -297,7 +305,7 @@ uint32_t fake_responses(void *dev, void *out, uint32_t max)
 
 /* Counters: post_send calls, post_recv calls, poll calls, arm calls, work requests, RNRs, READs, WRITEs,
  * receives posted now, QP in error, CQ overflows. */
-void fake_counters(void *dev, uint64_t *out)
+void fakehost_counters(void *dev, uint64_t *out)
 {
     struct fake_dev *d = dev;
     out[0] = d->post_send_calls;

@@ -40,11 +40,11 @@ def fake_library() -> ctypes.CDLL:
         os.replace(tmp, out)
     lib = ctypes.CDLL(str(out))
     vp, u32, u64 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64
-    for name, res, args in (("fake_new", vp, [ctypes.c_int]), ("fake_free", None, [vp]), ("fake_qp", vp, [vp]),
-                            ("fake_send_cq", vp, [vp]), ("fake_recv_cq", vp, [vp]),
-                            ("fake_reg_local", u32, [vp, u64, u64]), ("fake_reg_remote", u32, [vp, u64, u64]),
-                            ("fake_deliver", ctypes.c_int, [vp, ctypes.c_char_p, u32]),
-                            ("fake_responses", u32, [vp, vp, u32]), ("fake_counters", None, [vp, vp])):
+    for name, res, args in (("fakehost_new", vp, [ctypes.c_int]), ("fakehost_free", None, [vp]), ("fakehost_qp", vp, [vp]),
+                            ("fakehost_send_cq", vp, [vp]), ("fakehost_recv_cq", vp, [vp]),
+                            ("fakehost_reg_local", u32, [vp, u64, u64]), ("fakehost_reg_remote", u32, [vp, u64, u64]),
+                            ("fakehost_deliver", ctypes.c_int, [vp, ctypes.c_char_p, u32]),
+                            ("fakehost_responses", u32, [vp, vp, u32]), ("fakehost_counters", None, [vp, vp])):
         fn = getattr(lib, name)
         fn.restype = res
         fn.argtypes = args
@@ -70,11 +70,11 @@ class FakeDevice:
 
     def __init__(self, shared_cq: bool = True):
         self.lib = lib()
-        self.dev = self.lib.fake_new(1 if shared_cq else 0)
+        self.dev = self.lib.fakehost_new(1 if shared_cq else 0)
         self.buffers = []  # keep every registered buffer alive
 
     def verbs(self, max_reads: int = 16) -> NativeVerbs:
-        return NativeVerbs(self.lib.fake_qp(self.dev), self.lib.fake_send_cq(self.dev), self.lib.fake_recv_cq(self.dev),
+        return NativeVerbs(self.lib.fakehost_qp(self.dev), self.lib.fakehost_send_cq(self.dev), self.lib.fakehost_recv_cq(self.dev),
                            max_reads)
 
     def _buffer(self, size: int):
@@ -84,26 +84,26 @@ class FakeDevice:
 
     def local(self, size: int) -> Region:
         buf, addr = self._buffer(size)
-        return Region(addr, self.lib.fake_reg_local(self.dev, addr, size), size, memoryview(buf).cast("B"))
+        return Region(addr, self.lib.fakehost_reg_local(self.dev, addr, size), size, memoryview(buf).cast("B"))
 
     def register_local(self, view) -> Tuple[int, int]:
         """(addr, lkey) of memory someone else owns (a RAM namespace's mapping)."""
         addr = ctypes.addressof(ctypes.c_char.from_buffer(view))
-        return addr, self.lib.fake_reg_local(self.dev, addr, len(view))
+        return addr, self.lib.fakehost_reg_local(self.dev, addr, len(view))
 
     def remote(self, size: int) -> Region:
         buf, addr = self._buffer(size)
-        return Region(addr, self.lib.fake_reg_remote(self.dev, addr, size), size, memoryview(buf).cast("B"))
+        return Region(addr, self.lib.fakehost_reg_remote(self.dev, addr, size), size, memoryview(buf).cast("B"))
 
     def deliver(self, capsule: bytes) -> int:
-        return self.lib.fake_deliver(self.dev, capsule, len(capsule))
+        return self.lib.fakehost_deliver(self.dev, capsule, len(capsule))
 
     def responses(self) -> List[Tuple[bytes, Optional[int]]]:
         """(CQE, invalidated rkey or None) of every response SENT since the last call."""
         out = (ctypes.c_char * (24 * 4096))()
         got = []
         while True:
-            n = self.lib.fake_responses(self.dev, out, 4096)
+            n = self.lib.fakehost_responses(self.dev, out, 4096)
             raw = bytes(out[:24 * n])
             for i in range(n):
                 rec = raw[24 * i:24 * i + 24]
@@ -113,12 +113,12 @@ class FakeDevice:
 
     def counters(self) -> dict:
         out = (ctypes.c_uint64 * 11)()
-        self.lib.fake_counters(self.dev, out)
+        self.lib.fakehost_counters(self.dev, out)
         return dict(zip(COUNTERS, out))
 
     def close(self) -> None:
         if self.dev:
-            self.lib.fake_free(self.dev)
+            self.lib.fakehost_free(self.dev)
             self.dev = None
 
 

@@ -218,8 +218,8 @@ def test_native_and_python_paths_answer_and_move_bytes_identically(commands, see
                                            cid=i, cdw12_hi=0x4000 if t["fua"] else 0, extra=extra))
             got_python = python.exchange(capsules[0])
             got_native = native.exchange(capsules[1])
-            assert got_native == got_python, (i, t)
-            assert python.alive == native.alive, (i, t)
+            assert got_native == got_python, (i, t, got_python, got_native)
+            assert python.alive == native.alive, (i, t, python.alive)
             if not python.alive:
                 break
             assert python.host_bytes() == native.host_bytes(), (i, t)
