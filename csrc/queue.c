@@ -1049,8 +1049,12 @@ static PyTypeObject NativeQueueType = {
     .tp_getset = NativeQueue_getset,
 };
 
+int native_cm_register(PyObject *module); /* csrc/cm.c: the verbs objects of a native queue */
+
 int native_queue_register(PyObject *module)
 {
+    if (native_cm_register(module) < 0)
+        return -1;
     if (PyType_Ready(&NativeQueueType) < 0)
         return -1;
     Py_INCREF(&NativeQueueType);
