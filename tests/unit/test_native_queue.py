@@ -230,3 +230,17 @@ def test_native_and_python_paths_answer_and_move_bytes_identically(commands, see
             assert python.namespace_bytes(SUB_RAM, nsid) == native.namespace_bytes(SUB_RAM, nsid), nsid
     finally:
         close_all(python, native)
+
+
+def test_serve_names_the_data_path_and_refuses_one_it_cannot_run(monkeypatch):
+    from nvmeof_roce import native
+    from nvmeof_roce.errors import NvmeofError
+    from nvmeof_roce.target.serve import check_data_path
+    assert check_data_path("native") == "native" and check_data_path("python") == "python"
+    with pytest.raises(NvmeofError, match="unknown data path 'fast'"):
+        check_data_path("fast")
+    monkeypatch.setattr(native, "module", None)
+    monkeypatch.setattr(native, "missing_reason", "the native data path is not built (no module); install "
+                                                  "libibverbs-dev librdmacm-dev liburing-dev and reinstall")
+    with pytest.raises(NvmeofError, match="libibverbs-dev"):
+        check_data_path("native")
