@@ -43,6 +43,7 @@
 #define PSDT_SGL_CONTIG 0x40
 #define PSDT_SGL_SGL 0x80
 #define SGL_KEYED 0x40
+#define SGL_IN_CAPSULE 0x01 /* data block, offset subtype: in-capsule data */
 #define SGL_KEYED_INVALIDATE 0x4F
 #define SC_INVALID_NS 0x00B
 #define SC_DNR 0x4000
@@ -434,12 +435,18 @@ static void nq_capsule(NativeQueue *q, uint32_t slot, uint32_t len)
         ((flags & FLAGS_PSDT_MASK) != PSDT_SGL_CONTIG && (flags & FLAGS_PSDT_MASK) != PSDT_SGL_SGL))
         goto python;
     uint8_t sgl_id = sqe[39];
-    if (sgl_id != SGL_KEYED && sgl_id != SGL_KEYED_INVALIDATE)
+    int in_capsule = sgl_id == SGL_IN_CAPSULE;
+    if (sgl_id != SGL_KEYED && sgl_id != SGL_KEYED_INVALIDATE && !(in_capsule && opc == OPC_WRITE))
         goto python;
     struct nq_ns *ns = nq_lookup(view, rd32(sqe + 4));
     if (!ns)
         goto python;
-    uint32_t sgl_len = sqe[32] | (sqe[33] << 8) | (sqe[34] << 16);
+    uint32_t sgl_len = in_capsule ? rd32(sqe + 32) : (uint32_t)(sqe[32] | (sqe[33] << 8) | (sqe[34] << 16));
+    if (in_capsule) { /* the data came with the capsule: within this queue's in-capsule size and what arrived */
+        uint64_t at = rd64(sqe + 24), end = at + sgl_len;
+        if (at > q->recv_size || end > q->recv_size - NQ_SQE_SIZE || NQ_SQE_SIZE + end > len)
+            goto python;
+    }
     char *local = NULL;
     uint32_t lkey = 0;
     uint64_t offset = 0;
@@ -468,6 +475,13 @@ static void nq_capsule(NativeQueue *q, uint32_t slot, uint32_t len)
             lkey = q->sink_lkey;
         }
     }
+    if (in_capsule) { /* a Write with its data in the capsule: copied now, answered without a transfer */
+        if (ns->kind == NQ_RAM)
+            memcpy(local, sqe + NQ_SQE_SIZE + rd64(sqe + 24), sgl_len);
+        ns->writes++;
+        ns->bytes_written += sgl_len;
+        sgl_len = 0; /* its response carries no data */
+    }
     uint32_t idx = q->free_stack[--q->nfree];
     struct nq_req *r = &q->reqs[idx];
     r->opc = opc;
@@ -482,13 +496,13 @@ static void nq_capsule(NativeQueue *q, uint32_t slot, uint32_t len)
     r->nsid = ns->nsid;
     r->ns_uid = ns->uid;
     q->native_commands++;
-    if (opc == OPC_WRITE) {
+    if (opc == OPC_WRITE && !in_capsule) {
         r->state = NQ_NEED_READ;
     } else {
         if (opc == OPC_READ) {
             ns->reads++;
             ns->bytes_read += sgl_len;
-        } else {
+        } else if (opc == OPC_FLUSH) {
             ns->flushes++;
         }
         r->state = NQ_NEED_RESPONSE;

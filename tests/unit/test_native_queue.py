@@ -52,6 +52,20 @@ def test_reads_and_writes_are_served_without_python(native_ep):
     assert ns.read_commands == reads_before + 1 and ns.bytes_written >= 4096
 
 
+def test_a_write_with_in_capsule_data_is_served_without_python(native_ep):
+    ep = native_ep
+    python_before = ep.queue.stats()["python_commands"]
+    data = pattern(1024, seed=11)
+    (cqe,) = ep.exchange(io_capsule(ep, WRITE, 1, 100, 1, 1024, sgl_id=0x01, offset=0, extra=data))
+    assert status_of(cqe) == 0
+    assert ep.namespace_bytes(SUB_RAM, 1)[100 * 512:100 * 512 + 1024] == data
+    assert ep.queue.stats()["python_commands"] == python_before
+    # past what arrived: the core's answer (SGL Data Block Invalid)
+    (cqe,) = ep.exchange(io_capsule(ep, WRITE, 1, 100, 1, 1024, sgl_id=0x01, offset=0, extra=data[:512]))
+    assert status_of(cqe) == 0x400F
+    assert ep.queue.stats()["python_commands"] == python_before + 1
+
+
 def test_a_read_posts_write_and_send_in_one_doorbell_with_inline_response(native_ep):
     ep = native_ep
     dev = ep.device.counters()
