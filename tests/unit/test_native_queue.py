@@ -258,3 +258,11 @@ def test_serve_names_the_data_path_and_refuses_one_it_cannot_run(monkeypatch):
                                                   "libibverbs-dev librdmacm-dev liburing-dev and reinstall")
     with pytest.raises(NvmeofError, match="libibverbs-dev"):
         check_data_path("native")
+
+
+def test_target_status_says_which_data_path_runs(native_ep):
+    from types import SimpleNamespace
+    from nvmeof_roce.target.stats import target_status
+    target = native_ep.env.target
+    assert target_status(target)["data_path"] == "python"  # no server: the loopback target's own path
+    assert target_status(target, server=SimpleNamespace(data_path="native", listeners=[]))["data_path"] == "native"
