@@ -6,7 +6,7 @@ target core alone. A benchmark, not a test: it prints figures and asserts nothin
     make bench-transport                           (in the lab: lab run -- python3 benchmarks/transport_cost.py)
 
 rdma: the real `nvmeof-roce target serve` stack (TargetServer: Target, EventLoop, RdmaListener and its
-    queues) on a fake RDMA device (benchmarks/fakeverbs.py). The host end is the project's own initiator for
+    queues) on a fake RDMA device (tests/unit/fakeverbs.py). The host end is the project's own initiator for
     the setup (connect, enable, identify, an I/O queue, a 4 KiB write read back and compared); then each
     read capsule is delivered into the target queue's next receive buffer and the target's event loop runs
     once per batch: receive completion -> core -> RDMA WRITE of the data -> response SEND; then it runs until
@@ -42,6 +42,7 @@ from typing import Optional
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(REPO / "tests" / "unit"))  # the fake RDMA device, a test double
 
 import fakeverbs  # noqa: E402  (must be installed before the transport is imported)
 
@@ -181,7 +182,7 @@ def _check_cqes(cqes, expected: int, count=None, sent=None) -> None:
 def bench_rdma(reads: int, batch: int, rounds: int, depth: int) -> dict:
     from nvmeof_roce.config import parse_config
     from nvmeof_roce.initiator.controller import Controller
-    from nvmeof_roce.target.serve import TargetServer
+    from nvmeof_roce.service.serve import TargetServer
 
     server = TargetServer(parse_config(config_dict(), source="transport_cost"))
     try:

@@ -12,7 +12,7 @@ from .errors import NvmeofError
 # parser.set_defaults(func=handler) and returns an exit code (or None for 0).
 COMMAND_MODULES = [
     "nvmeof_roce.lab.commands",
-    "nvmeof_roce.target.commands",
+    "nvmeof_roce.service.commands",
     "nvmeof_roce.initiator.commands",
     "nvmeof_roce.kernel.nvmet_commands",
     "nvmeof_roce.kernel.host_commands",

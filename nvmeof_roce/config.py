@@ -39,12 +39,13 @@ from typing import Any, Dict, List, Optional
 from .errors import NvmeofError
 from .nvme.command import NSID_MAX
 from .nvme.fabrics import DISCOVERY_NQN, MAX_CNTLID as CNTLID_MAX, NQN_MAX_LENGTH as NQN_MAX_BYTES
+from .tunables import QID_MAX, TARGET_SETTINGS
 
 __all__ = [
     "ConfigError", "TargetConfig", "PortConfig", "SubsystemConfig", "NamespaceConfig",
     "HostConfig", "ReferralConfig", "AnaGroupConfig", "load_config", "parse_config",
     "parse_size", "validate_nqn", "subsystem_nqn_problem", "userspace_only_keys", "DISCOVERY_NQN", "NSID_MAX",
-    "ConfigErrors", "validate_for_userspace", "load_userspace_config", "TargetSettings", "SETTINGS",
+    "ConfigErrors", "validate_for_userspace", "load_userspace_config", "TargetSettings",
 ]
 
 ANA_GRPID_MAX = 128          # NVMET_MAX_ANAGRPS
@@ -400,6 +401,7 @@ class NamespaceConfig:
     ana_grpid: int = 1
     buffered_io: Optional[bool] = None  # nvmet's buffered_io; userspace: unset = O_DIRECT for block devices only
     queue_depth: Optional[int] = None   # userspace file/block: commands on the device at once (target/ioengine.py)
+    io_engine: Optional[str] = None     # userspace file/block: force an I/O engine (NS_IO_ENGINES); unset: chosen
     userspace: dict = field(default_factory=dict)   # the namespace's "nvmeof_roce" key
     raw: dict = field(default_factory=dict)
 
@@ -465,22 +467,25 @@ class SubsystemConfig:
         return d
 
 
-# Settings of the userspace target (the top-level "nvmeof_roce" object): name -> (default, lo, hi, meaning)
-SETTINGS = {
-    "max_kato": (300, 1, 3600, "seconds: the longest keep-alive timeout a host may ask for; also the idle limit "
-                               "of an I/O controller connected with KATO 0"),
-    "discovery_idle_limit": (120, 1, 3600, "seconds a discovery controller with KATO 0 may stay idle (nvmet: 120)"),
-}
+def parse_cpus(text: str) -> List[int]:
+    """A CPU list as the command line gives it (`--cpus 0,1`), the form of the config's nvmeof_roce.cpus."""
+    try:
+        cpus = [int(c) for c in text.split(",") if c.strip()]
+    except ValueError:
+        cpus = []
+    if not cpus or any(c < 0 for c in cpus):
+        raise NvmeofError(f"--cpus {text!r}: not a list of CPU numbers", "e.g. --cpus 0,1")
+    return cpus
 
 
-# `serve --workers` settings in the same object; target/workers.py checks their values
+# `serve --workers` settings in the same object; service/workers.py checks their values
 WORKER_KEYS = {"workers", "cpus"}
 
 
 @dataclass
 class TargetSettings:
-    max_kato: int = SETTINGS["max_kato"][0]
-    discovery_idle_limit: int = SETTINGS["discovery_idle_limit"][0]
+    max_kato: int = TARGET_SETTINGS["max_kato"].default
+    discovery_idle_limit: int = TARGET_SETTINGS["discovery_idle_limit"].default
 
 
 @dataclass
@@ -523,8 +528,10 @@ _SUBSYS_KEYS = {"nqn", "attr", "allowed_hosts", "namespaces", "passthru", USERSP
 _NS_KEYS = {"nsid", "enable", "device", "ana_grpid", "ana", "resv", "buffered_io", "p2pmem",
             "revalidate_size", USERSPACE_KEY}
 _DEVICE_KEYS = {"path", "uuid", "nguid", "eui64"}
-_NS_US_KEYS = {"backend", "size", "block_size", "queue_depth"}
+_NS_US_KEYS = {"backend", "size", "block_size", "queue_depth", "io_engine"}
 NS_QUEUE_DEPTHS = (1, 1024)  # nvmeof_roce.queue_depth of a file/block namespace; default 128 (target/ioengine.py)
+# nvmeof_roce.io_engine of a file/block namespace: force one; unset, io_uring where it works, else the threads
+NS_IO_ENGINES = ("io_uring", "threads")
 _HOST_KEYS = {"nqn", "dhchap"}  # auth15: dhchap is honoured by both targets (userspace: target/auth.py)
 
 
@@ -658,10 +665,10 @@ def parse_config_collect(data: dict, source: str = "<config>"):
     attempt(ctx.unknown, data, _TOP_KEYS, "")
     attempt(_check_discovery, ctx, data.get("discovery"))
     cfg.userspace = attempt(ctx.dict_at, data.get(USERSPACE_KEY), USERSPACE_KEY) or {}
-    attempt(ctx.unknown, cfg.userspace, set(SETTINGS) | WORKER_KEYS, USERSPACE_KEY)
-    for name, (_default, lo, hi, _meaning) in SETTINGS.items():
+    attempt(ctx.unknown, cfg.userspace, set(TARGET_SETTINGS) | WORKER_KEYS, USERSPACE_KEY)
+    for name, setting in TARGET_SETTINGS.items():
         if name in cfg.userspace:
-            value = attempt(ctx.int_at, cfg.userspace[name], f"{USERSPACE_KEY}.{name}", lo, hi)
+            value = attempt(ctx.int_at, cfg.userspace[name], f"{USERSPACE_KEY}.{name}", setting.low, setting.high)
             if value is not None:
                 setattr(cfg.settings, name, value)
 
@@ -831,7 +838,7 @@ def _parse_subsystem(ctx: _Ctx, s: Any, where: str, hosts: set, errors: Optional
         if flagname in attrs:
             problems.soft(ctx.flag_at, attrs[flagname], f"{where}.attr.{flagname}")
     if "qid_max" in attrs:
-        problems.soft(ctx.int_at, attrs["qid_max"], f"{where}.attr.qid_max", 1, 65535)
+        problems.soft(ctx.int_at, attrs["qid_max"], f"{where}.attr.qid_max", QID_MAX.low, QID_MAX.high)
     attrs.pop("allow_any_host", None)
     attrs.pop("serial", None)
     attrs.pop("model", None)
@@ -906,6 +913,16 @@ def _parse_namespace(ctx: _Ctx, n: Any, where: str, subsys_nqn: str) -> Namespac
             raise ctx.err(qw, f"is for file and block namespaces, not {backend!r} ones (served inline)",
                           "remove queue_depth")
         queue_depth = ctx.int_at(us["queue_depth"], qw, *NS_QUEUE_DEPTHS)
+    io_engine = None
+    if "io_engine" in us:
+        ew = f"{where}.{USERSPACE_KEY}.io_engine"
+        if backend != "file":
+            raise ctx.err(ew, f"is for file and block namespaces, not {backend!r} ones (served inline)",
+                          "remove io_engine")
+        io_engine = us["io_engine"]
+        if io_engine not in NS_IO_ENGINES:
+            raise ctx.err(ew, f"must be one of {', '.join(NS_IO_ENGINES)}, got {io_engine!r}",
+                          "use \"io_uring\" or \"threads\", or leave it out: io_uring where it works, else threads")
 
     path = dev.get("path")
     if path is not None:
@@ -959,7 +976,8 @@ def _parse_namespace(ctx: _Ctx, n: Any, where: str, subsys_nqn: str) -> Namespac
         buffered = ctx.flag_at(n["buffered_io"], f"{where}.buffered_io")
     return NamespaceConfig(nsid=nsid, enabled=enabled, backend=backend, path=path if backend == "file" else None,
                            size_bytes=size, block_size=block_size, uuid=uuid, nguid=nguid, eui64=eui64,
-                           ana_grpid=ana_grpid, buffered_io=buffered, queue_depth=queue_depth, userspace=us,
+                           ana_grpid=ana_grpid, buffered_io=buffered, queue_depth=queue_depth, io_engine=io_engine,
+                           userspace=us,
                            raw=copy.deepcopy(n))
 
 

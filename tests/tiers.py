@@ -38,13 +38,13 @@ def count(summary, word):
 
 def lab_tier(venv_python, lab_timeout, kernel, tests):
     return [venv_python, "-m", "nvmeof_roce", "lab", "run", "--kernel", kernel, "--timeout", lab_timeout, "--",
-            "python3", "-m", "pytest", "-p", "no:cacheprovider", "-m", "lab and not long and not extended", *tests]
+            "python3", "-m", "pytest", "-p", "no:cacheprovider", "--durations=12", "-m", "lab and not long and not extended", *tests]
 
 
 def main():
     venv_python, lab_timeout = sys.argv[1], sys.argv[2]
     tiers = [
-        ("unit tier (host)", [venv_python, "-m", "pytest", "-m", "not lab", "tests/unit"]),
+        ("unit tier (host)", [venv_python, "-m", "pytest", "--durations=12", "-m", "not lab", "tests/unit"]),
         ("lab tier (guest, kernel 6.1)", lab_tier(venv_python, lab_timeout, "6.1", ["tests/lab"])),
         ("lab tier (guest, kernel 6.12)", lab_tier(venv_python, lab_timeout, "6.12", LAB_612_TESTS)),
     ]

@@ -74,7 +74,7 @@ def build_targets(args, out_dir: Path) -> List[TargetUnderTest]:
                           "multi-worker target serves the generated RAM namespace on its own ports)",
                           "drop --userspace-config, or measure userspace-Nw in a run of its own")
     if cpus is not None:
-        from ..target.workers import parse_cpus
+        from ..config import parse_cpus
         try:
             parse_cpus(cpus)
         except NvmeofError:

@@ -373,8 +373,11 @@ class UserspaceTarget(TargetUnderTest):
         return [self.trsvcid + i for i in range(self.workers)]
 
     def check(self) -> None:
-        if self.checkout is not None and not (self.checkout / "nvmeof_roce" / "target" / "serve.py").is_file():
-            raise NvmeofError(f"--{self.name}-checkout {self.checkout}: no nvmeof_roce/target/serve.py there",
+        # `target serve` is service/serve.py, or target/serve.py in a checkout from before the service package
+        if self.checkout is not None and not any((self.checkout / "nvmeof_roce" / d / "serve.py").is_file()
+                                                 for d in ("service", "target")):
+            raise NvmeofError(f"--{self.name}-checkout {self.checkout}: no nvmeof_roce/service/serve.py "
+                              "(nor target/serve.py) there",
                               "give a checkout of nvmeof-roce with the userspace target, e.g. "
                               "git worktree add results/baseline <commit>")
         self._check_device()
@@ -479,7 +482,7 @@ class UserspaceTarget(TargetUnderTest):
         try:
             if proc is not None and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-                try:  # a supervisor gives its workers 15 s to drain (target/workers.py STOP_TIMEOUT)
+                try:  # a supervisor gives its workers 15 s to drain (service/workers.py STOP_TIMEOUT)
                     proc.wait(15 if self.workers == 1 else 40)
                 except subprocess.TimeoutExpired:
                     log.warning("userspace target (pid %d) ignored SIGTERM; killing it", proc.pid)

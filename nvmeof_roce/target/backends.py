@@ -53,13 +53,15 @@ class BackendError(NvmeofError):
     """A namespace backend failed; the message names the path (or backend) and the fix.  `errno`: the
     device's error number when there is one (the NVMe status follows from it, target/io.py)."""
 
-    def __init__(self, message: str, fix: str = "", errno: Optional[int] = None):
+    def __init__(self, message: str, fix: str = "", errno: Optional[int] = None, field: Optional[str] = None):
         super().__init__(message, fix)
         self.errno = errno
+        self.field = field  # the namespace's config key at fault, when it is not device.path
 
     def config_error(self, source: str, where: str, ns: NamespaceConfig) -> ConfigError:
-        """A backend that cannot open is a bad config: blame the file's device.path, else the namespace."""
-        field = f"{where}.device.path" if ns.backend == "file" else where
+        """A backend that cannot open is a bad config: blame its field, else the file's device.path, else the
+        namespace."""
+        field = f"{where}.{self.field}" if self.field else f"{where}.device.path" if ns.backend == "file" else where
         return ConfigError(source, field, self.message, self.fix)
 
 
@@ -419,6 +421,34 @@ class FileBackend(Backend):
         return BackendError(f"{self.path}: {what} of {length} bytes at {offset} failed: {exc.strerror or exc}",
                             "check the device (dmesg) and free space", exc.errno)
 
+    # -- what an I/O engine that makes the calls itself (io_uring) needs: the descriptors and the errors
+    @property
+    def io_fd(self) -> int:
+        """The descriptor reads and writes go to: the O_DIRECT one when there is one."""
+        return self._dfd if self.direct else self._fd
+
+    @property
+    def buffered_fd(self) -> int:
+        """The page-cache descriptor: flushes, and accesses O_DIRECT refuses as unaligned (EINVAL)."""
+        return self._fd
+
+    def io_error(self, what: str, offset: int, length: int, exc: OSError) -> BackendError:
+        return self._io_error(what, offset, length, exc)
+
+    def short_read_error(self, offset: int, length: int, done: int) -> BackendError:
+        """A read that met the end of the file: it shrank under the namespace (nvmet: an error too)."""
+        return BackendError(f"{self.path}: read of {length} bytes at {offset} got {done}: the file ends at "
+                            f"{offset + done}, inside the namespace ({self.size_bytes} bytes)",
+                            "restore the file's size (truncate -s), or resize the namespace to the file "
+                            "(nvmeof-roce target resize-ns)")
+
+    def short_write_error(self, offset: int, length: int, done: int) -> BackendError:
+        return BackendError(f"{self.path}: write of {length} bytes at {offset} wrote {done}",
+                            "check the device (dmesg) and free space", errno.EIO)
+
+    def flush_error(self, exc: OSError) -> BackendError:
+        return BackendError(f"{self.path}: flush failed: {exc.strerror}", "check the device (dmesg)", exc.errno)
+
     def read_into(self, offset, buf):
         buf = memoryview(buf).cast("B")
         length = len(buf)
@@ -434,10 +464,7 @@ class FileBackend(Backend):
                     continue
                 raise self._io_error("read", offset, length, exc) from None
             if n == 0:  # the end of the file came first: it shrank under the namespace (nvmet: an error too)
-                raise BackendError(f"{self.path}: read of {length} bytes at {offset} got {done}: the file ends at "
-                                   f"{offset + done}, inside the namespace ({self.size_bytes} bytes)",
-                                   "restore the file's size (truncate -s), or resize the namespace to the file "
-                                   "(nvmeof-roce target resize-ns)")
+                raise self.short_read_error(offset, length, done)
             done += n
 
     def write(self, offset, data, dsync=False):
@@ -459,8 +486,7 @@ class FileBackend(Backend):
                     continue
                 raise self._io_error("write", offset, length, exc) from None
             if n == 0:
-                raise BackendError(f"{self.path}: write of {length} bytes at {offset} wrote {done}",
-                                   "check the device (dmesg) and free space", errno.EIO)
+                raise self.short_write_error(offset, length, done)
             done += n
         if dsync and not flags:
             self.flush()
@@ -469,8 +495,7 @@ class FileBackend(Backend):
         try:
             os.fdatasync(self._fd)
         except OSError as exc:
-            raise BackendError(f"{self.path}: flush failed: {exc.strerror}", "check the device (dmesg)",
-                               exc.errno) from None
+            raise self.flush_error(exc) from None
 
     def prepare_resize(self, size_bytes):
         _check_new_size("file", size_bytes, self.block_size)

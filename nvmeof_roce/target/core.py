@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Callable, Dict, List, Optional
 
 from ..nvme import cm
@@ -140,6 +140,9 @@ class Target:
         # Queues without a successful Connect, by deadline (each dict is in deadline order): closed in tick().
         self._awaiting_connect: "OrderedDict[QueueState, float]" = OrderedDict()
         self._connect_refused: "OrderedDict[QueueState, float]" = OrderedDict()
+        # Queues awaiting Connect per peer address: a connect flood from one address is refused, not everyone.
+        self._unconnected_by_address: Counter = Counter()
+        self._flood_logged: set = set()
         # Controllers ended by a fatal error (a failed authentication), by deadline: deleted in tick().
         self._ending: "OrderedDict[Controller, tuple]" = OrderedDict()
         self.default_in_capsule_size = in_capsule_size
@@ -157,7 +160,7 @@ class Target:
         self.work = Work()  # device completions and sliced jobs, back on the loop (work.py)
         self.host_auth = auth.host_settings(config)  # DH-HMAC-CHAP keys by host NQN
         self.native_data_path = False  # a queue of the native data path was opened (target/native_view.py)
-        self.tick_hooks: List[Callable[[float], None]] = []  # e.g. the control socket's (target/control.py)
+        self.tick_hooks: List[Callable[[float], None]] = []  # e.g. the control socket's (service/control.py)
         try:
             for i, sub_cfg in enumerate(config.subsystems):
                 sub = Subsystem(sub_cfg)
@@ -302,7 +305,7 @@ class Target:
         if qs is None:
             return
         qs.closed = True
-        self._awaiting_connect.pop(qs, None)
+        self._stop_awaiting_connect(qs)
         self._connect_refused.pop(qs, None)
         ctrl = qs.ctrl
         if qs.auth is not None and not qs.auth.authenticated:
@@ -352,6 +355,16 @@ class Target:
             return cm.STS_NO_RESOURCES
         if request.recfmt != 0:
             return cm.STS_INVALID_RECFMT
+        address = request.peer_address
+        if address and self._unconnected_by_address[address] >= self.limits.max_queues_per_host + 1:
+            # A host opens at most an admin queue and max_queues_per_host I/O queues before it sends their
+            # Connects (nvme-rdma connects every queue's CM first); more from one address is a flood.
+            if address not in self._flood_logged:
+                self._flood_logged.add(address)
+                log.warning("refusing connections from %s: %d of its queues are awaiting their NVMe Connect "
+                            "(a host needs at most --max-queues-per-host + 1)", address,
+                            self._unconnected_by_address[address])
+            return cm.STS_NO_RESOURCES
         if request.qid == 0:
             if request.hsqsize + 1 > cm.ADMIN_QUEUE_DEPTH:
                 return cm.STS_INVALID_HSQSIZE
@@ -374,6 +387,7 @@ class Target:
     def _queue_opened(self, ctx: PortContext, queue) -> None:
         qs = self._queues[queue] = QueueState(queue, ctx, self)
         self._awaiting_connect[qs] = self.clock() + self.limits.connect_timeout
+        self._unconnected_by_address[queue.request.peer_address] += 1
         if hasattr(queue, "set_view"):
             self.native_data_path = True
         log.debug("queue %d opened from %s", queue.request.qid, queue.request.peer or "?")
@@ -388,12 +402,26 @@ class Target:
                 qs, deadline = next(iter(pending.items()))
                 if deadline > now:
                     break
-                del pending[qs]
+                if pending is self._awaiting_connect:
+                    self._stop_awaiting_connect(qs)
+                else:
+                    del pending[qs]
                 self._close_queue(qs, why, logging.INFO)
+
+    def _stop_awaiting_connect(self, qs: QueueState) -> bool:
+        """The queue no longer awaits its Connect (accepted, refused or closed); False if it was not awaiting it."""
+        if self._awaiting_connect.pop(qs, None) is None:
+            return False
+        address = qs.transport.request.peer_address
+        self._unconnected_by_address[address] -= 1
+        if self._unconnected_by_address[address] <= 0:
+            del self._unconnected_by_address[address]
+            self._flood_logged.discard(address)
+        return True
 
     def _connect_failed(self, qs: QueueState) -> None:
         """The Connect on a queue without a controller failed: close it shortly (after the status is sent)."""
-        if self._awaiting_connect.pop(qs, None) is not None:
+        if self._stop_awaiting_connect(qs):
             self._connect_refused[qs] = self.clock() + REFUSED_LINGER
 
     def _commit_queue(self, qs: QueueState) -> bool:
@@ -402,7 +430,7 @@ class Target:
             log.warning("queue %d: the data buffer pool cannot guarantee another queue its minimum "
                         "(raise --data-buffers, or lower --max-queues-per-ctrl)", qs.qid)
             return False
-        self._awaiting_connect.pop(qs, None)
+        self._stop_awaiting_connect(qs)
         return True
 
     def controller_cap(self, sub, hostnqn: str) -> str:

@@ -8,9 +8,9 @@ from typing import Dict, List, Optional
 
 from ..nvme.fabrics import DISCOVERY_NQN, MAX_CNTLID, MIN_CNTLID, make_version
 from .backends import Backend, open_backend
-from .ioengine import DEFAULT_QUEUE_DEPTH, IoEngine, ThreadEngine, choose_engine
+from .ioengine import DEFAULT_QUEUE_DEPTH, IoEngine, choose_engine, make_engine
 from .limits import MAX_NSID
-from .stats import NamespaceStats
+from .latency import NamespaceStats
 from ..config import NamespaceConfig, SubsystemConfig
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,11 @@ class Namespace:
         # File and block namespaces: their commands go to an I/O engine (target/ioengine.py), made at the first
         # command (it needs the target's completion channel); which one, and why, is known from the start.
         self.queue_depth = config.queue_depth or DEFAULT_QUEUE_DEPTH
-        self.engine_choice = choose_engine(backend) if backend.blocking else None
+        try:
+            self.engine_choice = choose_engine(backend, config.io_engine) if backend.blocking else None
+        except BaseException:
+            backend.close()  # io_uring forced where it cannot run: the namespace does not open
+            raise
         self.io: Optional[IoEngine] = None
         # SMART counters (bytes and commands)
         self.bytes_read = 0
@@ -67,8 +71,7 @@ class Namespace:
     def engine(self, channel) -> IoEngine:
         """The namespace's I/O engine, made on first use with the target's completion channel (Work)."""
         if self.io is None:
-            choice = self.engine_choice
-            self.io = ThreadEngine(self.backend, self.queue_depth, channel, choice.reason)
+            self.io = make_engine(self.engine_choice, self.backend, self.queue_depth, channel)
         return self.io
 
     def engine_status(self) -> Optional[dict]:

@@ -73,6 +73,14 @@ class Work:
         self._loop = loop
         self.attached = True
 
+    def watch(self, fd: int, callback: Callable[[], None]) -> None:
+        """Have the loop call callback() when `fd` is readable (an engine's own completion fd: io_uring's)."""
+        self._loop.watch(fd, callback)
+
+    def unwatch(self, fd: int) -> None:
+        if self._loop is not None:
+            self._loop.unwatch(fd)
+
     def close(self, timeout: float = 10.0) -> None:
         """Run the completions already posted and the slices left (no loop pass will come), close the eventfd.
 

@@ -43,8 +43,13 @@ class ConnectRequest:
     hrqsize: int  # host receive queue size, 1's based
     hsqsize: int  # host send queue size, 0's based
     cntlid: int  # controller ID for I/O queues on recent kernels, else 0
-    peer: str = ""  # "address:port" the queue came in on, for logs
+    peer: str = ""  # the host's "address:port" ("[address]:port" for IPv6), for logs and per-address limits
     port_id: int = 0  # the config port (portid) whose listener accepted it
+
+    @property
+    def peer_address(self) -> str:
+        """The host's address without the port ("" when the transport does not know it)."""
+        return self.peer.rsplit(":", 1)[0] if ":" in self.peer else self.peer
 
 
 # Completion callback for RDMA READ: data is valid only during the call.

@@ -38,6 +38,7 @@ import mmap
 import os
 import resource
 import selectors
+import socket
 import time
 from typing import Callable, Dict, List, Optional
 
@@ -216,6 +217,23 @@ class _CmEventIds:
         log.warning("cannot read which connection a CM event belongs to (pyverbs layout not recognised): "
                     "a vanished host is found by keep-alive and failed work requests only")
         return None
+
+
+def cm_id_peer(cm_id: Optional[int]) -> str:
+    """The host's "address:port" of a connection, from its `struct rdma_cm_id` (rdma_cma.h, public ABI):
+    `verbs, channel, context, qp` then `route`, whose `addr` starts with two `sockaddr_storage` unions, source
+    then destination, so the peer's sockaddr is at offset 32 + 128 = 160.  "" when the id or family is unknown
+    (the per-address limits then do not apply to it, rather than lumping every host under one address)."""
+    if not cm_id or cm_id < _MIN_POINTER:
+        return ""
+    sa = cm_id + 160
+    family = ctypes.c_uint16.from_address(sa).value
+    port = int.from_bytes(ctypes.string_at(sa + 2, 2), "big")
+    if family == socket.AF_INET:
+        return f"{socket.inet_ntop(socket.AF_INET, ctypes.string_at(sa + 4, 4))}:{port}"
+    if family == socket.AF_INET6:
+        return f"[{socket.inet_ntop(socket.AF_INET6, ctypes.string_at(sa + 8, 16))}]:{port}"
+    return ""
 
 
 # --- registered memory ---------------------------------------------------------------------
@@ -545,7 +563,7 @@ class RdmaListener:
             self._reject(child, exc.sts, str(exc))
             return
         request = ConnectRequest(parsed.recfmt, parsed.qid, parsed.hrqsize, parsed.hsqsize, parsed.cntlid,
-                                 peer=f"{self.traddr}:{self.trsvcid}", port_id=self.port_id)
+                                 peer=cm_id_peer(id_ptr), port_id=self.port_id)
         sts = self.handler.check_connect(request)
         if sts:
             self._reject(child, sts, f"QID {parsed.qid} HSQSIZE {parsed.hsqsize} HRQSIZE {parsed.hrqsize}")

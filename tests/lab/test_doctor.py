@@ -99,7 +99,7 @@ def test_doctor_traddr_with_no_target_listening_fails_readably():
 @needs_initiator
 def test_doctor_reaches_a_served_userspace_target(tmp_path):
     targetproc = pytest.importorskip("targetproc")
-    if importlib.util.find_spec("nvmeof_roce.target.serve") is None:
+    if importlib.util.find_spec("nvmeof_roce.service.serve") is None:
         pytest.skip("nvmeof_roce target serve is not there yet")
     nqn = "nqn.2024-01.io.nvmeof-roce:doctor"
     subsystem = {"nqn": nqn, "attr": {"allow_any_host": "1"}, "namespaces": [targetproc.ram_namespace(1, "16M")]}

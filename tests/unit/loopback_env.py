@@ -102,6 +102,24 @@ class Env:
         self.target.close()
         self.fabric.pump()
 
+    def operations(self, config_path: str, rpc_socket: Optional[str] = None, **kwargs):
+        """The operations `target serve` runs around this target (service/ops.py: SIGHUP reload, the control
+        socket, metrics, sd_notify), on the loopback fabric instead of RDMA listeners."""
+        from nvmeof_roce.service.ops import Operations
+        return Operations(LoopbackServer(self), config_path, rpc_socket=rpc_socket, **kwargs)
+
+
+class LoopbackServer:
+    """What the service's Operations needs of serve.py's TargetServer, on the loopback fabric."""
+
+    def __init__(self, env: Env):
+        self.target = env.target
+        self.loop = env.fabric
+        self.listeners = []
+
+    def addresses(self):
+        return ["loopback"]
+
 
 class RawQueue:
     """Hand-built capsules on one host queue; `exchange()` returns the parsed CQE."""

@@ -26,24 +26,11 @@ from collections import Counter
 from typing import Any, List, Tuple
 
 from nvmeof_roce import config as config_module
-from nvmeof_roce.target.ops import Operations
 
 from loopback_env import SUB_RAM, Env, standard_config
 
 KINDS = ("random-bytes", "truncated", "hostile-path", "config-file", "huge", "nested", "wrong-type")
 NS_BLOCKS = 2048  # blocks of namespace 1 of SUB_RAM (1 MiB of 512)
-
-
-class _Server:
-    """What Operations needs of serve.py's TargetServer, on the loopback fabric."""
-
-    def __init__(self, env):
-        self.target = env.target
-        self.loop = env.fabric
-        self.listeners = []
-
-    def addresses(self):
-        return ["loopback"]
 
 
 def _paths(node: Any, prefix: tuple = ()) -> List[tuple]:
@@ -86,7 +73,7 @@ class ReloadFuzzer:
         self.path = os.path.join(workdir, "target.json")
         self.good = self.env.target.config.to_dict()
         self._write_text(json.dumps(self.good))
-        self.ops = Operations(_Server(self.env), self.path, rpc_socket=None)
+        self.ops = self.env.operations(self.path)
         self.ctrl = self.env.connect(SUB_RAM)
         self.written = {}  # block -> the byte written there
         self.refusals: Counter = Counter()

@@ -464,7 +464,7 @@ def test_baseline_target_runs_another_checkout(tmp_path, capsys):
     assert (base.name, base.trsvcid, base.subnqn) == ("baseline", 4422, "nqn.2014-08.org.nvmeof-roce:bench-baseline")
     assert user.checkout is None and base.checkout == tmp_path.resolve()
     assert base.describe()["checkout"] == str(tmp_path.resolve())
-    with pytest.raises(NvmeofError, match="--baseline-checkout .*: no nvmeof_roce/target/serve.py there"):
+    with pytest.raises(NvmeofError, match="--baseline-checkout .*: no nvmeof_roce/service/serve.py"):
         base.check()
 
 

@@ -91,6 +91,6 @@ qp.post_send(send)
 n, wcs = cq.poll(8)
 assert wcs[0].status == e.IBV_WC_WR_FLUSH_ERR
 print("ok")
-""" % str(REPO / "benchmarks")
+""" % str(REPO / "tests" / "unit")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

@@ -1,68 +1,45 @@
-"""File and block namespaces on their I/O engine (target/ioengine.py), over the loopback fabric.
+"""File and block namespaces on their I/O engines (target/ioengine.py), over the loopback fabric: every case
+runs on the io_uring engine and on the thread engine.
 
-The device is made slow deterministically: the backend's calls wait on events the test sets, so what is
-asserted is which commands are with the device, which wait and which completed while another is held, never
-a timing.
+The device is made slow deterministically, so what is asserted is which commands are with the device, which
+wait and which completed while another is held, never a timing: on the thread engine the backend's calls wait
+on an event the test sets (HeldDevice); on the io_uring engine each held command sits in the kernel, on the
+ring, as a read of a pipe the test writes to when it releases them (HeldRing), and the real call is made then.
 """
+import errno
 import os
 import signal
 import subprocess
 import sys
 import textwrap
-import threading
-
 import pytest
 
+from held import HeldRing, hold
 from loopback_env import HOST_A, HOST_B, Env, file_ns, port, ADDR1
 from nvmeof_roce.nvme import nvm
 from nvmeof_roce.nvme import status as S
 from nvmeof_roce.target.backends import BackendError
 from nvmeof_roce.target.io import device_status
 from nvmeof_roce.nvme.command import NVM_READ, NVM_WRITE, NVM_DSM
+from nvmeof_roce.target.ioengine import uring_unavailable
 
 SUB = "nqn.2024-01.io.test:files"
 
 
-def files_config(tmp_path, depth=None, count=2, size="2M"):
+ENGINES = ["io_uring", "threads"]
+
+
+def files_config(tmp_path, depth=None, count=2, size="2M", engine=None):
     namespaces = []
     for nsid in range(1, count + 1):
         ns = file_ns(nsid, tmp_path / f"ns{nsid}.img", size)
         if depth is not None:
             ns["nvmeof_roce"]["queue_depth"] = depth
+        if engine is not None:
+            ns["nvmeof_roce"]["io_engine"] = engine
         namespaces.append(ns)
     return {"hosts": [{"nqn": HOST_A}, {"nqn": HOST_B}], "ports": [port(1, ADDR1, [SUB])],
             "subsystems": [{"nqn": SUB, "namespaces": namespaces}]}
-
-
-class HeldDevice:
-    """Patches a backend call so each one waits until released; counts the calls running at once."""
-
-    def __init__(self, backend, name):
-        self.real = getattr(backend, name)
-        self.release = threading.Event()
-        self.lock = threading.Lock()
-        self.running = 0
-        self.most = 0
-        self.started = []  # the first argument (an offset) of each call, in the order they reached the device
-        self.arrived = threading.Condition(self.lock)
-        setattr(backend, name, self._call)
-
-    def _call(self, *args, **kwargs):
-        with self.lock:
-            self.running += 1
-            self.most = max(self.most, self.running)
-            self.started.append(args[0] if args else None)
-            self.arrived.notify_all()
-        self.release.wait(20)
-        try:
-            return self.real(*args, **kwargs)
-        finally:
-            with self.lock:
-                self.running -= 1
-
-    def wait_running(self, n, timeout=20.0):
-        with self.lock:
-            assert self.arrived.wait_for(lambda: self.running >= n, timeout), f"{self.running} of {n} calls arrived"
 
 
 def pump_until(env, cond, rounds=400):
@@ -74,9 +51,17 @@ def pump_until(env, cond, rounds=400):
     assert cond()
 
 
+@pytest.fixture(params=ENGINES)
+def engine_name(request):
+    if request.param == "io_uring" and uring_unavailable():
+        pytest.skip(f"io_uring: {uring_unavailable()}")
+    return request.param
+
+
 @pytest.fixture
-def files(tmp_path):
-    e = Env(files_config(tmp_path, depth=4))
+def files(tmp_path, engine_name):
+    e = Env(files_config(tmp_path, depth=4, engine=engine_name))
+    e.engine_name = engine_name
     yield e
     assert e.target.internal_errors == 0
     e.close()
@@ -88,14 +73,14 @@ def test_many_reads_with_the_device_at_once_bounded_by_queue_depth(files):
     ctrl = files.connect(SUB, num_io_queues=1, queue_size=32)
     ns = files.target.subsystem(SUB).namespaces[1]
     ctrl.write(1, 0, bytes(range(256)) * 32)  # 16 blocks of a known pattern
-    held = HeldDevice(ns.backend, "read_into")
+    held = hold(files.target, SUB, 1, "read_into")
     done = {}
     for i in range(8):
         ctrl.submit_read(1, i * 2, 2, lambda c, i=i: done.setdefault(i, (c.status, bytes(c.data))))
     files.fabric.pump()
     held.wait_running(4)
     engine = ns.io
-    assert engine.name == "threads" and engine.depth == 4
+    assert engine.name == files.engine_name and engine.depth == 4
     assert engine.in_flight == 4 and len(engine.waiting) == 4  # the namespace is full: the rest wait
     assert not done  # nothing completed while the device holds them
     assert files.target.status()  # the target still serves its loop meanwhile
@@ -112,12 +97,13 @@ def test_many_reads_with_the_device_at_once_bounded_by_queue_depth(files):
 
 
 def test_status_shows_engine_and_in_flight(files):
-    from nvmeof_roce.target.stats import target_status
+    from nvmeof_roce.service.stats import target_status
     ctrl = files.connect(SUB, num_io_queues=1)
     ns = files.target.subsystem(SUB).namespaces[1]
     before = target_status(files.target)["subsystems"][0]["namespaces"][0]["io"]
-    assert before["engine"] == "threads" and "io_uring" in before["engine_reason"] and before["in_flight"] == 0
-    held = HeldDevice(ns.backend, "read_into")
+    assert before["engine"] == files.engine_name and "io_uring" in before["engine_reason"]
+    assert before["in_flight"] == 0
+    held = hold(files.target, SUB, 1, "read_into")
     got = []
     for i in range(3):
         ctrl.submit_read(1, i, 1, lambda c: got.append(c.status))
@@ -138,7 +124,7 @@ def test_one_hosts_flush_does_not_hold_another_hosts_reads(files):
     b = files.connect(SUB, hostnqn=HOST_B, num_io_queues=1)
     ns1 = files.target.subsystem(SUB).namespaces[1]
     b.write(1, 8, b"\x5a" * 4096)
-    held = HeldDevice(ns1.backend, "flush")
+    held = hold(files.target, SUB, 1, "flush")
     a_flush = []
     a.submit_io(nvm.FlushCommand(nsid=1).to_sqe(), lambda c: a_flush.append(c.status))
     files.fabric.pump()
@@ -156,8 +142,7 @@ def test_one_hosts_flush_does_not_hold_another_hosts_reads(files):
 
 def test_waiting_flushes_share_one_fdatasync(files):
     ctrl = files.connect(SUB, num_io_queues=1)
-    ns = files.target.subsystem(SUB).namespaces[1]
-    held = HeldDevice(ns.backend, "flush")
+    held = hold(files.target, SUB, 1, "flush")
     statuses = []
     ctrl.submit_io(nvm.FlushCommand(nsid=1).to_sqe(), lambda c: statuses.append(c.status))
     files.fabric.pump()
@@ -192,9 +177,12 @@ def test_device_errors_get_nvmets_statuses(files):
     ctrl = files.connect(SUB, num_io_queues=1)
     ns = files.target.subsystem(SUB).namespaces[1]
 
-    def full(*_a, **_k):
-        raise BackendError("no space", "free some", 28)
-    ns.backend.write = full
+    if files.engine_name == "io_uring":  # the ring's write completes with -ENOSPC, as a full device's would
+        HeldRing(ns.engine(files.target.work), "write", fail=errno.ENOSPC).release.set()
+    else:
+        def full(*_a, **_k):
+            raise BackendError("no space", "free some", 28)
+        ns.backend.write = full
     got = []
     ctrl.submit_write(1, 0, b"x" * 512, lambda c: got.append(c.status))
     ctrl.wait_idle()
@@ -216,8 +204,7 @@ def test_write_data_is_copied_before_the_transport_reuses_it(files):
     """The transport lends a write's data only for the handler's call: what reaches the device is what the
     host sent, even when the write waits for a slot first."""
     ctrl = files.connect(SUB, num_io_queues=1, queue_size=32)
-    ns = files.target.subsystem(SUB).namespaces[1]
-    held = HeldDevice(ns.backend, "write")
+    held = hold(files.target, SUB, 1, "write")
     for i in range(8):  # depth 4: four wait with their data
         ctrl.submit_write(1, i * 8, bytes([i + 1]) * 4096, lambda c: None)
     files.fabric.pump()
@@ -299,7 +286,7 @@ def test_a_hard_link_to_an_exported_file_is_a_duplicate(tmp_path):
 
 def test_a_namespace_added_live_is_locked_and_a_replaced_one_keeps_its_lock(tmp_path):
     from nvmeof_roce.config import parse_config
-    from nvmeof_roce.target import live
+    from nvmeof_roce.service import live
     from nvmeof_roce.target.backends import FileBackend
     img = tmp_path / "live.img"
     img.write_bytes(bytes(1 << 20))

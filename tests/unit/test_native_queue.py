@@ -249,7 +249,7 @@ def test_native_and_python_paths_answer_and_move_bytes_identically(commands, see
 def test_serve_names_the_data_path_and_refuses_one_it_cannot_run(monkeypatch):
     from nvmeof_roce import native
     from nvmeof_roce.errors import NvmeofError
-    from nvmeof_roce.target.serve import check_data_path
+    from nvmeof_roce.service.serve import check_data_path
     assert check_data_path("native") == "native" and check_data_path("python") == "python"
     with pytest.raises(NvmeofError, match="unknown data path 'fast'"):
         check_data_path("fast")
@@ -262,7 +262,7 @@ def test_serve_names_the_data_path_and_refuses_one_it_cannot_run(monkeypatch):
 
 def test_target_status_says_which_data_path_runs(native_ep):
     from types import SimpleNamespace
-    from nvmeof_roce.target.stats import target_status
+    from nvmeof_roce.service.stats import target_status
     target = native_ep.env.target
     assert target_status(target)["data_path"] == "python"  # no server: the loopback target's own path
     assert target_status(target, server=SimpleNamespace(data_path="native", listeners=[]))["data_path"] == "native"

@@ -6,11 +6,10 @@ import time
 
 import pytest
 
-from nvmeof_roce.target.control import Control, RpcError
-from nvmeof_roce.target.ops import Operations
+from nvmeof_roce.service.control import Control
+from nvmeof_roce.service.control_protocol import RpcError
 
 from loopback_env import SUB_RAM, ram_ns
-from test_target_ops import LoopbackServer
 
 
 def _good(env) -> dict:
@@ -70,7 +69,7 @@ KINDS = ["not-utf8", "deep-brackets", "deep-object", "huge-integer", "enotdir", 
 def ops(env, tmp_path):
     path = tmp_path / "target.json"
     _write_json(path, _good(env))
-    o = Operations(LoopbackServer(env), str(path), rpc_socket=None)
+    o = env.operations(str(path))
     yield o, path
     o.close()
 

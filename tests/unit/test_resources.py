@@ -216,3 +216,25 @@ def test_one_host_cannot_take_every_controller(monkeypatch):
     assert rej.value.status == 6
     for c in mine + [other, theirs, more]:
         c.close()
+
+
+def test_a_connect_flood_from_one_address_is_refused_and_other_hosts_still_connect(caplog):
+    """Connections that never send their NVMe Connect: one address may hold at most what one host needs
+    (an admin queue and --max-queues-per-host I/O queues), so a flood is refused at the CM and other
+    hosts are not; the address is let in again once its queues time out."""
+    from nvmeof_roce.nvme import cm
+    env = PooledEnv(ResourceLimits(max_queues_per_host=8, connect_timeout=5.0))
+    flooder = env.fabric.connector(ADDR1)
+    idle = [flooder.connect(1, 32, 31, 0) for _ in range(9)]
+    env.fabric.pump()
+    with pytest.raises(ConnectRejected) as rej:
+        flooder.connect(1, 32, 31, 0)
+    assert rej.value.status == cm.STS_NO_RESOURCES
+    assert f"refusing connections from {flooder.peer.rsplit(':', 1)[0]}" in caplog.text
+    ctrl = env.connect(num_io_queues=2)  # another address: a whole host connects
+    assert len(ctrl.io_queues) == 2 and ctrl.identify_controller() is not None
+    env.advance(5.1)
+    assert all(q.closed for q in idle)
+    again = flooder.connect(1, 32, 31, 0)
+    env.fabric.pump()
+    assert not again.closed

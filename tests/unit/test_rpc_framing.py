@@ -4,8 +4,9 @@ import socket
 
 import pytest
 
-from nvmeof_roce.target import control as C
-from nvmeof_roce.target.control import Control, RpcServer
+from nvmeof_roce.service import control_protocol as C, control_server
+from nvmeof_roce.service.control import Control
+from nvmeof_roce.service.control_server import RpcServer
 
 from test_target_control import _serve_while
 
@@ -69,7 +70,7 @@ def test_not_utf8_and_not_json_are_answered_and_the_connection_goes_on(env, serv
 
 
 def test_a_client_that_does_not_read_is_dropped(env, server, monkeypatch):
-    monkeypatch.setattr(C, "MAX_PENDING_REPLY_BYTES", 1 << 16, raising=False)
+    monkeypatch.setattr(control_server, "MAX_PENDING_REPLY_BYTES", 1 << 16)
     rpc = next(h.__self__ for h in env.target.tick_hooks if isinstance(getattr(h, "__self__", None), RpcServer))
     s = socket.socket(socket.AF_UNIX)
     s.connect(server)

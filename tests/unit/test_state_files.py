@@ -7,9 +7,9 @@ import stat
 import pytest
 
 from nvmeof_roce import securefile
-from nvmeof_roce.target import ana_control
-from nvmeof_roce.target.ana_control import AnaControl, publish
-from nvmeof_roce.target.control import Control
+from nvmeof_roce.service import ana_control
+from nvmeof_roce.service.ana_control import AnaControl, publish
+from nvmeof_roce.service.control import Control
 
 from loopback_env import ADDR1, Env, port, ram_ns
 

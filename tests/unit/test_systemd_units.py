@@ -46,8 +46,8 @@ def test_the_target_unit_is_rated_ok_by_systemd_analyze_security(tmp_path):
 
 def test_find_socket_knows_the_units_instance_directories(tmp_path, monkeypatch):
     from nvmeof_roce.errors import NvmeofError
-    from nvmeof_roce.target import control
-    monkeypatch.setattr(control, "DEFAULT_SOCKET_DIR", str(tmp_path))
+    from nvmeof_roce.service import control_client as control, control_protocol
+    monkeypatch.setattr(control_protocol, "DEFAULT_SOCKET_DIR", str(tmp_path))
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "control.sock").write_text("")
     assert control.find_socket() == str(tmp_path / "a" / "control.sock")

@@ -402,7 +402,7 @@ def _reload(env, control, tmp_path, dhchap):
 
 @pytest.fixture
 def keyed(make_env):
-    from nvmeof_roce.target.control import Control
+    from nvmeof_roce.service.control import Control
     env = make_env()
     return env, Control(env.target)
 

@@ -12,8 +12,11 @@ from nvmeof_roce.initiator.discovery import read_discovery_log
 from nvmeof_roce.nvme import admin as A
 from nvmeof_roce.nvme import fabrics as F
 from nvmeof_roce.nvme import status as S
-from nvmeof_roce.target import live
-from nvmeof_roce.target.control import INVALID_PARAMS, METHOD_NOT_FOUND, Control, RpcError, RpcServer, call
+from nvmeof_roce.service import live
+from nvmeof_roce.service.control import Control
+from nvmeof_roce.service.control_client import call
+from nvmeof_roce.service.control_protocol import INVALID_PARAMS, METHOD_NOT_FOUND, RpcError
+from nvmeof_roce.service.control_server import RpcServer
 from nvmeof_roce.errors import NvmeofError
 
 from loopback_env import ADDR2, HOST_A, HOST_B, SUB_ONLY_A, SUB_RAM, Env, port, ram_ns, standard_config

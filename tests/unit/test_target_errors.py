@@ -6,6 +6,8 @@ import pytest
 
 from loopback_env import (HOST_A, HOST_B, SUB_FILE, SUB_ONLY_A, SUB_RAM, Env, RawQueue, raw_connect, raw_enable,
                           standard_config)
+from held import hold
+from nvmeof_roce.target.ioengine import uring_unavailable
 from nvmeof_roce.nvme import admin as A
 from nvmeof_roce.nvme import cm
 from nvmeof_roce.nvme import fabrics as F
@@ -556,36 +558,38 @@ def test_namespace_removed_while_a_sliced_write_zeroes_is_queued(env, ctrl):
     assert env.target.work.pending == 0
 
 
-def _hold_flush(ns):
-    """Make the namespace's fdatasync wait (on its engine's lane thread) until the returned `hold` is set."""
-    import threading
-    hold, holding = threading.Event(), threading.Event()
-    real = ns.backend.flush
-
-    def held_flush():
-        holding.set()
-        hold.wait(10)
-        real()
-    ns.backend.flush = held_flush
-    return hold, holding
+def _file_env(tmp_path, engine):
+    if engine == "io_uring" and uring_unavailable():
+        pytest.skip(uring_unavailable())
+    cfg = standard_config(tmp_path)
+    next(s for s in cfg["subsystems"] if s["nqn"] == SUB_FILE)["namespaces"][0]["nvmeof_roce"]["io_engine"] = engine
+    return Env(cfg)
 
 
-def test_namespace_removed_while_its_flush_runs_on_its_lane(tmp_path):
-    """A file namespace removed while its Flush runs on the engine's lane: the Flush answers Invalid Namespace
-    and the file is closed only after the lane is done with it (never an fd closed, or reused by another
-    file, under a running call)."""
-    env = Env(standard_config(tmp_path))
+def _hold_flush(env):
+    """Make the file namespace's fdatasync wait (on its engine's lane thread, or in the kernel on its ring)
+    until released; (release, wait_held)."""
+    held = hold(env.target, SUB_FILE, 1, "flush")
+    return held.release.set, lambda: held.wait_running(1) or True
+
+
+@pytest.mark.parametrize("engine", ["threads", "io_uring"])
+def test_namespace_removed_while_its_flush_runs_on_its_lane(tmp_path, engine):
+    """A file namespace removed while its Flush runs on the engine's lane (or ring): the Flush answers Invalid
+    Namespace and the file is closed only after the device is done with it (never an fd closed, or reused by
+    another file, under a running call)."""
+    env = _file_env(tmp_path, engine)
     try:
         c = env.connect(SUB_FILE, num_io_queues=1)
         q = io(c)
         ns = env.target.subsystem(SUB_FILE).namespaces[1]
-        hold, holding = _hold_flush(ns)
+        release, held = _hold_flush(env)
         q.send(nvm.FlushCommand(nsid=1).pack())
         env.fabric.pump(max_ops=1)  # the Flush is on the lane
-        assert holding.wait(10)
+        assert held()
         env.target.remove_namespace(SUB_FILE, 1)
         assert ns.backend._fd >= 0  # not closed under the running call
-        hold.set()
+        release()
         for _ in range(100):  # until the call came back through the eventfd
             if not ns.jobs:
                 break
@@ -599,20 +603,21 @@ def test_namespace_removed_while_its_flush_runs_on_its_lane(tmp_path):
         env.close()
 
 
-def test_namespace_removed_during_its_flush_is_closed_at_target_shutdown(tmp_path):
+@pytest.mark.parametrize("engine", ["threads", "io_uring"])
+def test_namespace_removed_during_its_flush_is_closed_at_target_shutdown(tmp_path, engine):
     """The Flush's completion never comes back through the loop (the target shuts down first): the removed
-    namespace's file is still closed, once the lane finished with it."""
-    env = Env(standard_config(tmp_path))
+    namespace's file is still closed, once the device finished with it."""
+    env = _file_env(tmp_path, engine)
     c = env.connect(SUB_FILE, num_io_queues=1)
     q = io(c)
     ns = env.target.subsystem(SUB_FILE).namespaces[1]
-    hold, holding = _hold_flush(ns)
+    release, held = _hold_flush(env)
     q.send(nvm.FlushCommand(nsid=1).pack())
     env.fabric.pump(max_ops=1)
-    assert holding.wait(10)
+    assert held()
     env.target.remove_namespace(SUB_FILE, 1)
     assert ns.backend._fd >= 0
-    hold.set()
+    release()
     env.close()
     assert ns.backend._fd < 0
     assert env.target.internal_errors == 0

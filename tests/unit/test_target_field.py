@@ -29,7 +29,11 @@ def config(tmp_path=None, **settings):
     ]
     exported = [SUB_BIG, SUB_OTHER]
     if tmp_path is not None:
-        subsystems.append({"nqn": SUB_FILE, "namespaces": [file_ns(1, tmp_path / "f.img", "4M")]})
+        # the thread engine: these tests gate the backend's own calls, which it makes on its threads (the
+        # io_uring engine's flushes and FUA writes: test_ioengine.py)
+        ns = file_ns(1, tmp_path / "f.img", "4M")
+        ns["nvmeof_roce"]["io_engine"] = "threads"
+        subsystems.append({"nqn": SUB_FILE, "namespaces": [ns]})
         exported.append(SUB_FILE)
     cfg = {"hosts": [{"nqn": HOST_A}, {"nqn": HOST_B}], "ports": [port(1, ADDR1, exported)],
            "subsystems": subsystems}

@@ -8,23 +8,10 @@ import urllib.request
 import pytest
 
 from nvmeof_roce.errors import NvmeofError
-from nvmeof_roce.target.metrics import parse_listen
-from nvmeof_roce.target.ops import Operations
-from nvmeof_roce.target.sdnotify import notify
+from nvmeof_roce.service.metrics import parse_listen
+from nvmeof_roce.service.sdnotify import notify
 
 from loopback_env import SUB_RAM, ram_ns
-
-
-class LoopbackServer:
-    """What Operations needs of serve.py's TargetServer, on the loopback fabric."""
-
-    def __init__(self, env):
-        self.target = env.target
-        self.loop = env.fabric
-        self.listeners = []
-
-    def addresses(self):
-        return ["loopback"]
 
 
 @pytest.fixture
@@ -73,7 +60,7 @@ def test_sighup_reloads_the_file_and_notifies(env, tmp_path, notify_socket):
     path = tmp_path / "target.json"
     path.write_text(json.dumps(env.target.config.to_dict()))
     before = signal.getsignal(signal.SIGHUP)
-    ops = Operations(LoopbackServer(env), str(path), rpc_socket=str(tmp_path / "t.sock"))
+    ops = env.operations(str(path), rpc_socket=str(tmp_path / "t.sock"))
     try:
         ops.ready()
         assert messages(notify_socket) == ["READY=1\nSTATUS=serving 5 subsystem(s), 0 controller(s) on loopback"]
@@ -106,7 +93,7 @@ def test_metrics_endpoint_counts_io(env, tmp_path):
     probe.bind(("127.0.0.1", 0))
     port = probe.getsockname()[1]
     probe.close()
-    ops = Operations(LoopbackServer(env), str(tmp_path / "x.json"), rpc_socket=None, metrics=f":{port}")
+    ops = env.operations(str(tmp_path / "x.json"), metrics=f":{port}")
     try:
         assert ops.metrics_url == f"http://127.0.0.1:{port}/metrics"
         ctrl = env.connect(SUB_RAM)
@@ -143,10 +130,10 @@ def test_metrics_address_parsing():
 
 
 def test_control_socket_binding_rules(tmp_path, monkeypatch):
-    from nvmeof_roce.target import control, ops as opsmod
+    from nvmeof_roce.service import control_protocol, control_server, ops as opsmod
     blocked = tmp_path / "file-not-dir"
     blocked.write_text("")
-    monkeypatch.setattr(control, "DEFAULT_SOCKET_DIR", str(blocked / "run"))
+    monkeypatch.setattr(control_protocol, "DEFAULT_SOCKET_DIR", str(blocked / "run"))
     # the default place unusable: served without a socket (a warning), not refused
     assert opsmod.bind_control_socket(str(tmp_path / "t.json"), "") == (None, None)
     # an explicit path that cannot be bound: an error naming the fix
@@ -155,7 +142,7 @@ def test_control_socket_binding_rules(tmp_path, monkeypatch):
     assert "--rpc-socket" in exc.value.fix
     path, sock = opsmod.bind_control_socket(str(tmp_path / "t.json"), str(tmp_path / "ok.sock"))
     try:
-        with pytest.raises(control.SocketInUse):  # a live owner: refused even for the default place
+        with pytest.raises(control_server.SocketInUse):  # a live owner: refused even for the default place
             opsmod.bind_control_socket(str(tmp_path / "t.json"), path)
     finally:
         sock.close()
@@ -167,7 +154,7 @@ def test_metrics_endpoint_with_debian12_prometheus_client_and_process_figures(en
     its return value; the registry keeps process_* and the build info; close() frees the port."""
     prometheus_client = pytest.importorskip("prometheus_client")
     monkeypatch.setattr(prometheus_client, "start_http_server", lambda *a, **k: None)
-    from nvmeof_roce.target.metrics import Metrics
+    from nvmeof_roce.service.metrics import Metrics
     probe = socket.socket()
     probe.bind(("127.0.0.1", 0))
     port = probe.getsockname()[1]

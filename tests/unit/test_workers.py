@@ -13,10 +13,12 @@ from nvmeof_roce.initiator.discovery import discover
 from nvmeof_roce.nvme import admin as A
 from nvmeof_roce.nvme import status as S
 from nvmeof_roce.nvme.status import NvmeStatusError
-from nvmeof_roce.target import ana_control, workers
-from nvmeof_roce.target.ana_control import AnaControl, change_state, current_states, publish
-from nvmeof_roce.target.control import RpcError, bind_unix_socket, call
-from nvmeof_roce.target.workers import split_cntlid_range, worker_configs
+from nvmeof_roce.service import ana_control, workers
+from nvmeof_roce.service.ana_control import AnaControl, change_state, current_states, publish
+from nvmeof_roce.service.control_client import call
+from nvmeof_roce.service.control_protocol import RpcError
+from nvmeof_roce.service.control_server import bind_unix_socket
+from nvmeof_roce.service.workers import split_cntlid_range, worker_configs
 
 SUB = "nqn.2024-01.io.test:mp"
 
@@ -154,24 +156,11 @@ def test_the_supervisor_creates_a_file_namespace_once(tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------------- the supervisor's control socket
 
-class _LoopbackServer:
-    """What ops.Operations needs of serve.py's TargetServer, on a loopback fabric."""
-
-    def __init__(self, env):
-        self.target = env.target
-        self.loop = env.fabric
-        self.listeners = []
-
-    def addresses(self):
-        return ["loopback"]
-
-
 class _Workers:
     """A Supervisor (not started: no processes) whose n workers are loopback targets, each with its own
     control socket as `serve --worker-index I --rpc-socket RUN_DIR/worker-I.sock` has."""
 
     def __init__(self, tmp_path, monkeypatch, config: dict, n: int = 2):
-        from nvmeof_roce.target.ops import Operations
         monkeypatch.setattr(workers, "SHM_DIR", str(tmp_path))
         self.config_path = tmp_path / "mp.json"
         self.config_path.write_text(json.dumps(config))
@@ -182,7 +171,7 @@ class _Workers:
         for i in range(n):
             env = Env(json.loads(open(self.sup.paths[i]).read()), file_lock="shared")
             self.envs.append(env)
-            self.ops.append(Operations(_LoopbackServer(env), self.sup.paths[i], rpc_socket=self.sup.sockets[i]))
+            self.ops.append(env.operations(self.sup.paths[i], rpc_socket=self.sup.sockets[i]))
 
     def run(self, fn):
         """fn() (blocking calls to the workers' sockets) in a thread while this thread serves every worker."""

@@ -1,4 +1,4 @@
-"""Clients of a running target's control socket (target/control.py).
+"""Clients of a running target's control socket (service/control.py): `nvmeof-roce rpc` and the target verbs.
 
     nvmeof-roce rpc METHOD [--param KEY=VALUE ...] [JSON]       any method, SPDK's names
     nvmeof-roce target add-ns NQN (--path FILE | --ram SIZE | --null SIZE) [--nsid N] [--block-size B]
@@ -19,7 +19,8 @@ from typing import Any, Dict, Optional
 
 from ..errors import NvmeofError
 from ..output import emit, table
-from .control import RpcError, call, find_socket
+from .control_client import call, find_socket
+from .control_protocol import RpcError
 
 
 def _call(args, method: str, params: Optional[dict] = None) -> Any:

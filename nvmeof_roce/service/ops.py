@@ -17,7 +17,9 @@ from typing import Callable, Optional
 from . import live
 from ..config import ConfigError
 from ..errors import NvmeofError
-from .control import Control, RpcError, RpcServer, SocketInUse, bind_unix_socket, default_socket_path
+from .control import Control
+from .control_protocol import RpcError, default_socket_path
+from .control_server import RpcServer, SocketInUse, bind_unix_socket
 from .metrics import Metrics
 from .sdnotify import notify
 

@@ -34,7 +34,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import NvmeofError
 from .ana_control import pid_alive
-from .control import RpcError, call
+from .control_client import call
+from .control_protocol import RpcError
 
 # blktests' own defaults (common/nvme: def_hostid, def_hostnqn, def_subsysnqn, def_subsys_uuid), so a run against
 # this target connects with the same identities as one against nvmet.

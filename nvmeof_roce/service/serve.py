@@ -12,6 +12,7 @@ from ..errors import NvmeofError
 from ..securefile import write_file
 from ..config import TargetConfig, load_userspace_config
 from ..transport.resources import ResourceLimits
+from ..tunables import RESOURCE_LIMITS
 from .ops import Operations, bind_control_socket
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ class TargetServer:
                  remote_invalidate: bool = True, listen_portids: Optional[List[int]] = None,
                  file_lock: str = "exclusive", data_path: str = "python"):
         from ..transport.rdma import EventLoop, RdmaListener, require_pyverbs
-        from .core import Target
+        from ..target.core import Target
 
         require_pyverbs()
         rdma_ports = [p for p in config.ports if p.trtype == "rdma"]
@@ -43,7 +44,7 @@ class TargetServer:
                             port.portid, port.trtype)
         self.config = config
         self.limits = limits or ResourceLimits()
-        self.remote_invalidate = remote_invalidate  # for ports added live (target/ops.py)
+        self.remote_invalidate = remote_invalidate  # for ports added live (service/ops.py)
         self.data_path = check_data_path(data_path)  # I/O queues' data path: "python" or "native" (docs/native.md)
         self.target = Target(config, file_lock=file_lock, limits=self.limits)
         self.loop = EventLoop(self.target)
@@ -80,7 +81,8 @@ class TargetServer:
         in flight and the longest loop pass."""
         t = self.target
         longest = self.loop.longest_pass_recent if recent else self.loop.longest_pass
-        return ("status: " + f"data path {self.data_path}; " + "; ".join([t.status()] + [lst.status() for lst in self.listeners])
+        return ("status: " + f"data path {self.data_path}; "
+                + "; ".join([t.status()] + [lst.status() for lst in self.listeners])
                 + f"; {t.in_flight()} command(s) in flight, longest loop pass {longest * 1000:.1f} ms"
                 + (f" (last {STATUS_INTERVAL:.0f} s; {self.loop.longest_pass * 1000:.1f} ms since start)"
                    if recent else " since start"))
@@ -185,11 +187,6 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
     return 0
 
 
-# The resource options of `serve` (ResourceLimits' fields), forwarded as they are to each worker of `serve --workers`
-LIMIT_OPTIONS = ("data_buffers", "queue_min_buffers", "max_queues_per_ctrl", "max_queues_per_host",
-                 "max_controllers", "connect_timeout", "mdts")
-
-
 DATA_PATHS = ("python", "native")
 
 
@@ -205,7 +202,7 @@ def check_data_path(data_path: str) -> str:
 
 
 def limits_from_args(args) -> ResourceLimits:
-    return ResourceLimits(**{name: getattr(args, name) for name in LIMIT_OPTIONS})
+    return ResourceLimits(**{name: getattr(args, name) for name in RESOURCE_LIMITS})
 
 
 def _cmd_serve(args) -> int:
@@ -238,27 +235,9 @@ def register_serve(commands) -> None:
                                         "line.")
     p.add_argument("config", metavar="CONFIG.json")
     p.add_argument("--ready-file", metavar="PATH", help="write PATH once listening (for scripts and tests)")
-    d = ResourceLimits()
-    p.add_argument("--data-buffers", type=int, default=d.data_buffers, metavar="N",
-                   help=f"data buffers registered at start per port, each MDTS (128 KiB) bytes, shared by the "
-                        f"port's queues (default {d.data_buffers})")
-    p.add_argument("--queue-min-buffers", type=int, default=d.queue_min_buffers, metavar="N",
-                   help=f"data buffers guaranteed to each queue once its NVMe Connect succeeds "
-                        f"(default {d.queue_min_buffers})")
-    p.add_argument("--max-queues-per-ctrl", type=int, default=d.max_queues_per_ctrl, metavar="N",
-                   help=f"most I/O queues Set Features Number of Queues grants one controller "
-                        f"(default {d.max_queues_per_ctrl}; also capped by the subsystem's qid_max and the pool)")
-    p.add_argument("--max-queues-per-host", type=int, default=d.max_queues_per_host, metavar="N",
-                   help=f"most I/O queues of one host NQN over all its controllers (default {d.max_queues_per_host})")
-    p.add_argument("--max-controllers", type=int, default=d.max_controllers, metavar="N",
-                   help=f"most I/O controllers over all hosts, after each host's own cap (default {d.max_controllers}; "
-                        "discovery controllers have their own caps)")
-    p.add_argument("--connect-timeout", type=float, default=d.connect_timeout, metavar="SECONDS",
-                   help=f"close a connection without a successful NVMe Connect after this long "
-                        f"(default {d.connect_timeout:g})")
-    p.add_argument("--mdts", type=int, default=d.mdts, metavar="N",
-                   help=f"largest command: 4 KiB x 2^N, advertised as MDTS and the size of each data buffer "
-                        f"(default {d.mdts}: 128 KiB; nvmet-rdma's is 8: 1 MiB, for nvme-cli passthrough of more)")
+    for t in RESOURCE_LIMITS.values():
+        p.add_argument(t.option, type=t.type, default=t.default, metavar=t.metavar,
+                       help=f"{t.help} (default {t.default:g})")
     p.add_argument("--data-path", choices=DATA_PATHS, default="python",
                    help="who does the I/O queues' per-command work: the Python target core (python, the default) "
                         "or the C data path of nvmeof_roce._native (native: Read/Write/Flush of RAM and null "

@@ -41,20 +41,22 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..config import USERSPACE_KEY, ConfigError, TargetConfig, load_userspace_config, parse_config
+from ..config import USERSPACE_KEY, ConfigError, TargetConfig, load_userspace_config, parse_config, parse_cpus
 from ..errors import NvmeofError
 from ..nvme.fabrics import MAX_CNTLID, MIN_CNTLID
 from ..securefile import write_file
-from .ana import AnaTable
+from ..tunables import RESOURCE_LIMITS, WORKERS
+from ..target.ana import AnaTable
 from .ana_control import default_run_dir, publish, unpublish
-from .backends import open_backend
-from .control import INTERNAL_ERROR, INVALID_REQUEST, PARSE_ERROR, MAX_REQUEST_BYTES, RpcError, \
-    bind_unix_socket, call as rpc_call
+from ..target.backends import open_backend
+from .control_client import call as rpc_call
+from .control_protocol import MAX_REQUEST_BYTES, PARSE_ERROR, RpcError, handle_request
+from .control_server import bind_unix_socket
 from .sdnotify import notify
 
 log = logging.getLogger(__name__)
 
-MAX_WORKERS = 64
+MAX_WORKERS = WORKERS.high
 SHM_DIR = "/dev/shm"
 RESTART_DELAY = 0.5       # seconds before a dead worker is started again
 RESTART_DELAY_MAX = 10.0  # a worker that keeps dying at start is retried at most this often
@@ -64,9 +66,7 @@ WORKER_RPC_TIMEOUT = 60.0  # one forwarded call to one worker
 
 
 def add_worker_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workers", type=int, metavar="N",
-                   help="serve with N worker processes, one RDMA listener each on trsvcid+i (default: the "
-                        "config's nvmeof_roce.workers, else one process)")
+    p.add_argument("--workers", type=WORKERS.type, metavar=WORKERS.metavar, help=WORKERS.help)
     p.add_argument("--cpus", metavar="LIST", help="pin worker i to CPU LIST[i %% len] (e.g. 0,1); "
                                                   "default: the config's nvmeof_roce.cpus, else unpinned")
     p.add_argument("--run-dir", metavar="DIR",
@@ -82,8 +82,8 @@ def _config_workers(config: TargetConfig) -> Tuple[Optional[int], Optional[List[
     us = config.userspace or {}
     workers = us.get("workers")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
-                                or not 1 <= workers <= MAX_WORKERS):
-        raise ConfigError(config.source, f"{USERSPACE_KEY}.workers", f"must be an integer 1..{MAX_WORKERS}, "
+                                or not WORKERS.in_range(workers)):
+        raise ConfigError(config.source, f"{USERSPACE_KEY}.workers", f"must be an integer {WORKERS.range_text}, "
                           f"got {workers!r}", "give the number of worker processes, e.g. 2")
     cpus = us.get("cpus")
     if cpus is not None and (not isinstance(cpus, list) or not cpus
@@ -93,23 +93,13 @@ def _config_workers(config: TargetConfig) -> Tuple[Optional[int], Optional[List[
     return workers, cpus
 
 
-def parse_cpus(text: str) -> List[int]:
-    try:
-        cpus = [int(c) for c in text.split(",") if c.strip()]
-    except ValueError:
-        cpus = []
-    if not cpus or any(c < 0 for c in cpus):
-        raise NvmeofError(f"--cpus {text!r}: not a list of CPU numbers", "e.g. --cpus 0,1")
-    return cpus
-
-
 def workers_requested(args) -> Optional[int]:
     """The worker count when serve should supervise workers, else None (one process, or a worker itself)."""
     if args.worker_index is not None:
         return None
     if args.workers is not None:
-        if not 1 <= args.workers <= MAX_WORKERS:
-            raise NvmeofError(f"--workers {args.workers}: must be 1..{MAX_WORKERS}", "e.g. --workers 2")
+        if not WORKERS.in_range(args.workers):
+            raise NvmeofError(f"--workers {args.workers}: must be {WORKERS.range_text}", "e.g. --workers 2")
         return args.workers
     workers, _ = _config_workers(load_userspace_config(args.config))
     return workers
@@ -236,24 +226,7 @@ class SupervisorControl:
         self._saved = saved  # after a change: the supervisor keeps worker i's running config for its restart
 
     def handle(self, request: Any) -> Optional[dict]:
-        if not isinstance(request, dict) or request.get("jsonrpc") != "2.0" or not isinstance(
-                request.get("method"), str):
-            return {"jsonrpc": "2.0", "id": request.get("id") if isinstance(request, dict) else None,
-                    "error": RpcError("not a JSON-RPC 2.0 request", "jsonrpc",
-                                      'send {"jsonrpc": "2.0", "method": ..., "params": {...}, "id": 1}',
-                                      INVALID_REQUEST).to_dict()}
-        try:
-            response = {"result": self.call(request["method"], request.get("params"))}
-        except RpcError as exc:
-            log.warning("rpc %s: %s", request["method"], exc.message)
-            response = {"error": exc.to_dict()}
-        except NvmeofError as exc:
-            response = {"error": RpcError(exc.message, "", exc.fix, INTERNAL_ERROR).to_dict()}
-        except Exception as exc:  # noqa: BLE001 - the supervisor answers and keeps supervising
-            log.exception("rpc %s failed", request["method"])
-            response = {"error": RpcError(f"internal error: {exc}", "", "see the target's log",
-                                          INTERNAL_ERROR).to_dict()}
-        return None if "id" not in request else dict(jsonrpc="2.0", id=request.get("id"), **response)
+        return handle_request(self.call, request)
 
     def call(self, method: str, params: Any = None) -> Any:
         if method == "nvmeof_reload_config":
@@ -629,7 +602,7 @@ class Supervisor:
         when its directory cannot be used (not root), and another live target on it stops this one."""
         if not self.rpc_socket:
             return None
-        from .control import SocketInUse
+        from .control_server import SocketInUse
         try:
             return ControlSocket(bind_unix_socket(self.rpc_socket), self.control.handle)
         except SocketInUse:
@@ -701,14 +674,13 @@ def _close_socket(sock: socket.socket, path: str) -> None:
 
 def supervise(args) -> int:
     from ..transport.rdma import require_pyverbs
-    from .control import default_socket_path
+    from .control_protocol import default_socket_path
     require_pyverbs()  # one clear error here rather than one per worker
     n = workers_requested(args)
     cpus = parse_cpus(args.cpus) if args.cpus else None
-    from .serve import LIMIT_OPTIONS
     worker_args = []
-    for name in LIMIT_OPTIONS:  # each worker gets the same resource limits
-        worker_args += ["--" + name.replace("_", "-"), str(getattr(args, name))]
+    for t in RESOURCE_LIMITS.values():  # each worker gets the same resource limits
+        worker_args += [t.option, str(getattr(args, t.name))]
     if args.no_remote_invalidate:
         worker_args.append("--no-remote-invalidate")
     logging.getLogger("nvmeof_roce").setLevel(logging.DEBUG if args.verbose > 1 else logging.INFO)

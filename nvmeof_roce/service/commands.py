@@ -17,8 +17,8 @@ import sys
 
 from ..errors import NvmeofError
 from ..output import emit, table
-from . import auth
-from .backends import BackendError, open_backend
+from ..target import auth
+from ..target.backends import BackendError, open_backend
 from ..config import ConfigError, ConfigErrors, TargetConfig, load_userspace_config, raise_all
 from .serve import register_serve
 

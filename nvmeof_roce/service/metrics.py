@@ -26,7 +26,7 @@ from .stats import transport_status
 
 log = logging.getLogger(__name__)
 
-PROMETHEUS_BUCKET_STEP = 4  # every 4th latency bucket of stats.py: the powers of two, 1 us .. 67 s
+PROMETHEUS_BUCKET_STEP = 4  # every 4th latency bucket of target/latency.py: the powers of two, 1 us .. 67 s
 
 
 def parse_listen(text: str) -> Tuple[str, int]:

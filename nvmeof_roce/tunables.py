@@ -1,0 +1,86 @@
+"""Every tunable of the userspace target, declared once: name, type, default, range, help.
+
+Read from here by the config loader (config.py: the top-level "nvmeof_roce" settings, `workers`, a
+subsystem's `qid_max`, which the RPC method nvmeof_subsystem_set_qid_max edits through the same loader), by
+`target serve`'s options (service/serve.py, service/workers.py) and checked against docs/target.md's tables
+by tests/unit/test_tunables.py. `ResourceLimits` (transport/resources.py) holds the values of the resource
+options in force; the same test checks its defaults and ranges against these.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple, Union
+
+from .errors import NvmeofError
+
+Number = Union[int, float]
+
+
+@dataclass(frozen=True)
+class Tunable:
+    """One setting: `name` is its config key or its option without `--` and with `_` for `-`."""
+    name: str
+    type: type  # int or float
+    default: Optional[Number]  # None: no value unless one is given (see `help`)
+    low: Number
+    high: Number
+    help: str  # one line, the --help text and the meaning in the docs' table
+    metavar: str = "N"
+
+    @property
+    def option(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def range_text(self) -> str:
+        return f"{self.low:g}..{self.high:g}"
+
+    def in_range(self, value: Number) -> bool:
+        return self.low <= value <= self.high
+
+    def check_option(self, value: Number) -> Number:
+        """`value` given as the command-line option: returned, or NvmeofError naming the option and the range."""
+        if not self.in_range(value):
+            raise NvmeofError(f"{self.option} {value:g}: out of range", f"use {self.low:g}-{self.high:g}")
+        return value
+
+
+def _declare(*tunables: Tunable) -> Dict[str, Tunable]:
+    return {t.name: t for t in tunables}
+
+
+# `target serve` options: what the target commits to its ports and queues (ResourceLimits' fields;
+# docs/target.md "Resources"). Forwarded as they are to each worker of `serve --workers`.
+RESOURCE_LIMITS: Dict[str, Tunable] = _declare(
+    Tunable("data_buffers", int, 1024, 8, 1 << 20,
+            "data buffers registered at start per port, each MDTS (128 KiB) bytes, shared by the port's queues"),
+    Tunable("queue_min_buffers", int, 1, 1, 64, "data buffers guaranteed to each queue once its NVMe Connect succeeds"),
+    Tunable("max_queues_per_ctrl", int, 128, 1, 65535,
+            "most I/O queues Set Features Number of Queues grants one controller (also capped by the subsystem's "
+            "qid_max and the pool)"),
+    Tunable("max_queues_per_host", int, 256, 1, 1 << 20, "most I/O queues of one host NQN over all its controllers"),
+    Tunable("max_controllers", int, 256, 1, 65519,
+            "most I/O controllers over all hosts, after each host's own cap (discovery controllers have their own "
+            "caps)"),
+    Tunable("connect_timeout", float, 5.0, 0.5, 600, "close a connection without a successful NVMe Connect after "
+            "this long", metavar="SECONDS"),
+    Tunable("mdts", int, 5, 1, 8, "largest command: 4 KiB x 2^N, advertised as MDTS and the size of each data buffer "
+            "(5: 128 KiB; nvmet-rdma's is 8: 1 MiB, for nvme-cli passthrough of more)"),
+)
+
+# Settings in the config's top-level "nvmeof_roce" object (docs/target.md "Target settings").
+TARGET_SETTINGS: Dict[str, Tunable] = _declare(
+    Tunable("max_kato", int, 300, 1, 3600, "seconds: the longest keep-alive timeout a host may ask for; also the "
+            "idle limit of an I/O controller connected with KATO 0"),
+    Tunable("discovery_idle_limit", int, 120, 1, 3600,
+            "seconds a discovery controller with KATO 0 may stay idle (nvmet: 120)"),
+)
+
+# `serve --workers N` or the config's nvmeof_roce.workers (docs/multipath.md); no default: one process.
+WORKERS = Tunable("workers", int, None, 1, 64, "serve with N worker processes, one RDMA listener each on "
+                  "trsvcid+i (default: the config's nvmeof_roce.workers, else one process)")
+
+# A subsystem's attr.qid_max (nvmet's attr_qid_max; RPC nvmeof_subsystem_set_qid_max); no default: the target's.
+QID_MAX = Tunable("qid_max", int, None, 1, 65535, "the most I/O queues a controller of the subsystem may have")
+
+ALL: Tuple[Tunable, ...] = (*RESOURCE_LIMITS.values(), *TARGET_SETTINGS.values(), WORKERS, QID_MAX)
