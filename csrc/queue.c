@@ -768,11 +768,19 @@ static PyObject *nq_reraise(NativeQueue *q)
     return NULL;
 }
 
-static PyObject *NativeQueue_poll(NativeQueue *q, PyObject *args)
+/* METH_FASTCALL: no argument tuple is allocated per poll */
+static PyObject *NativeQueue_poll(NativeQueue *q, PyObject *const *args, Py_ssize_t nargs)
 {
     int budget = 256;
-    if (!PyArg_ParseTuple(args, "|i", &budget))
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "poll(budget=256) takes at most one argument");
         return NULL;
+    }
+    if (nargs == 1) {
+        budget = (int)PyLong_AsLong(args[0]);
+        if (budget == -1 && PyErr_Occurred())
+            return NULL;
+    }
     if (q->in_poll) {
         PyErr_SetString(PyExc_RuntimeError, "poll() called from inside a poll");
         return NULL;
@@ -1028,7 +1036,7 @@ static PyObject *NativeQueue_closed(NativeQueue *q, void *closure)
 }
 
 static PyMethodDef NativeQueue_methods[] = {
-    {"poll", (PyCFunction)NativeQueue_poll, METH_VARARGS,
+    {"poll", (PyCFunction)(void (*)(void))NativeQueue_poll, METH_FASTCALL,
      "poll(budget=256) -> completions handled; receives re-posted and sends posted once at the end."},
     {"arm", (PyCFunction)NativeQueue_arm, METH_NOARGS, "Request a completion event on the CQs."},
     {"post_read", (PyCFunction)NativeQueue_post_read, METH_VARARGS,
