@@ -25,7 +25,7 @@ def served(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("target")
     cfg = config([{"nqn": NQN, "attr": {"allow_any_host": "1"},
                    "namespaces": [ram_namespace(1, "64M", 512), ram_namespace(2, "16M", 4096)]}])
-    target = ServedTarget(cfg, str(tmp / "target.json"), args=["--data-path", "native"]).start()
+    target = ServedTarget(cfg, str(tmp / "target.json"), args=["--data-path", "native"]).start(timeout=240)
     yield target
     disconnect_all_quietly()
     assert target.stop() == 0, target.output()
