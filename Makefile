@@ -153,4 +153,4 @@ test-native: venv
 	  $(PYTEST) -q -p no:cacheprovider tests/unit/test_native_queue.py
 	PYTHONMALLOC=malloc valgrind --tool=memcheck --error-exitcode=99 --errors-for-leak-kinds=definite \
 	  --leak-check=full --show-leak-kinds=definite --suppressions=tests/native/python.supp \
-	  $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit/test_native_queue.py -k "not differential"
+	  $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit/test_native_queue.py -k "not identically"
