@@ -14,7 +14,7 @@ APT_PACKAGES := qemu-system-x86 debootstrap e2fsprogs cpio xz-utils zstd fio gcc
 	python3-dev libibverbs-dev librdmacm-dev liburing-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: dist demo test test-extended test-unit test-lab test-long test-quick test-two-node test-reload-fuzz test-auth-rotation test-blktests deps venv lab clean-lab help bench-transport
+.PHONY: dist demo test test-extended test-unit test-lab test-long test-quick test-two-node test-reload-fuzz test-auth-rotation test-blktests deps venv lab clean-lab help bench-transport bench-native test-native
 
 # A wheel of this checkout in dist/ (pip install dist/nvmeof_roce-*.whl gives the `nvmeof-roce` command).
 dist: venv
@@ -32,6 +32,8 @@ help:
 	@echo "make test-reload-fuzz - 10,000 broken configs reloaded into a running loopback target (about a minute)"
 	@echo "make test-blktests - blktests' nvme group, kernel nvmet vs the userspace target (6.1 and 6.12; >1 h each)"
 	@echo "make bench-transport - Python µs per 4 KiB read through the RDMA transport (lab, fake device)"
+	@echo "make bench-native - instructions and allocations per 4 KiB I/O, native vs Python data path (callgrind)"
+	@echo "make test-native - the native data path's tests under ASan/UBSan and under valgrind memcheck"
 
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -130,3 +132,25 @@ clean-lab: venv
 # `python3 benchmarks/transport_cost.py --stand-ins` runs anywhere, without pyverbs' own costs.
 bench-transport: lab
 	$(NVMEOF) lab run --timeout 900 -- python3 benchmarks/transport_cost.py
+
+# The native data path's cost through the fake verbs provider (docs/native.md): callgrind, no lab needed.
+bench-native: venv
+	$(VENV)/bin/python benchmarks/native_cost.py
+
+# The native data path's tests under AddressSanitizer + UBSan (a separate build of the extension, loaded through
+# NVMEOF_ROCE_NATIVE_SO; Python itself is not instrumented, so libasan is preloaded and leak checking is off),
+# then under valgrind memcheck (the normal build; Python's allocator set to malloc so memcheck sees every block).
+NATIVE_SAN_DIR := build/sanitize
+NATIVE_SAN_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+test-native: venv
+	rm -rf $(NATIVE_SAN_DIR) && mkdir -p $(NATIVE_SAN_DIR)
+	gcc -shared -fPIC -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(NATIVE_SAN_FLAGS) \
+	  $$($(VENV)/bin/python -c "import sysconfig; print('-I' + sysconfig.get_paths()['include'])") \
+	  -o $(NATIVE_SAN_DIR)/_native.so csrc/*.c -libverbs -lrdmacm -Wl,-Bstatic -luring -Wl,-Bdynamic
+	NVMEOF_ROCE_NATIVE_SO=$(NATIVE_SAN_DIR)/_native.so NVMEOF_FAKEPROV_CFLAGS="$(NATIVE_SAN_FLAGS)" \
+	  LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  $(PYTEST) -q -p no:cacheprovider tests/unit/test_native_queue.py
+	PYTHONMALLOC=malloc valgrind --tool=memcheck --error-exitcode=99 --errors-for-leak-kinds=definite \
+	  --leak-check=full --show-leak-kinds=definite --suppressions=tests/native/python.supp \
+	  $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit/test_native_queue.py -k "not identically"

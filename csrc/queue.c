@@ -1,7 +1,1089 @@
-/* Per-queue RDMA data path: receive ring, request slots, RDMA READ/WRITE and response SEND. */
+/* The native queue: one NVMe/RDMA I/O queue's per-command work in C (docs/native.md).
+ *
+ * It owns the receive ring, the request slots and the posting on one RC QP whose QP and CQs librdmacm made
+ * (handed over as pointers; the CM stays in Python).  For each receive it parses the SQE and, when the command is a
+ * Read, Write or Flush of a RAM or null namespace of its read-only view and every check passes, does the whole
+ * command: RDMA WRITE from the namespace's registered memory chained to the inline response SEND, or RDMA READ
+ * straight into it and then the response.  Everything else - admin, fabrics, other namespaces, and every command
+ * a check fails for (so the error status and the error log entry are the Python core's own) - is handed to
+ * Python with the capsule, and Python answers through post_read / post_response here: one owner posts on the QP.
+ *
+ * SPDK's tricks (lib/nvmf/rdma.c): inline responses, selective signaling, data WRITE chained before its SEND in
+ * one post, one doorbell per poll batch (receives re-posted first, then every send), ibv_poll_cq N at a time,
+ * no allocation and no lock per command (slots and work requests are preallocated arrays).
+ *
+ * Every function of the per-command path is named nq_*; nq_poll is the entry: benchmarks/native_cost.py counts
+ * the instructions under it.
+ */
 #include "native.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <infiniband/verbs.h>
+
+#define NQ_POLL_BATCH 32      /* completions per ibv_poll_cq */
+#define NQ_SIGNAL_EVERY 16    /* at most this many responses retired by one send completion */
+#define NQ_CQE_SIZE 16
+#define NQ_SQE_SIZE 64
+
+/* wr_id: a receive slot; a native request slot; a work request of the Python side (its book's index). */
+#define NQ_TAG_RECV (1ULL << 62)
+#define NQ_TAG_PY (1ULL << 63)
+#define NQ_TAG_MASK ((1ULL << 32) - 1)
+#define NQ_WRITE_WR_ID (NQ_TAG_RECV | NQ_TAG_PY) /* an unsignaled data WRITE: never completes alone */
+
+/* NVMe (docs/protocol.md §2, §6) */
+#define OPC_FLUSH 0x00
+#define OPC_WRITE 0x01
+#define OPC_READ 0x02
+#define FLAGS_FUSE_MASK 0x03
+#define FLAGS_PSDT_MASK 0xC0
+#define PSDT_SGL_CONTIG 0x40
+#define PSDT_SGL_SGL 0x80
+#define SGL_KEYED 0x40
+#define SGL_IN_CAPSULE 0x01 /* data block, offset subtype: in-capsule data */
+#define SGL_KEYED_INVALIDATE 0x4F
+#define SC_INVALID_NS 0x00B
+#define SC_DNR 0x4000
+
+enum nq_kind { NQ_RAM = 1, NQ_NULL = 2 };
+
+enum nq_state {
+    NQ_FREE = 0,
+    NQ_NEED_READ,     /* a Write waits for a send-queue entry and an RDMA READ credit */
+    NQ_READING,       /* its RDMA READ is posted */
+    NQ_NEED_RESPONSE, /* waits for the send-queue entries of its (WRITE and) SEND */
+    NQ_COMPLETING,    /* posted; FREE once a send completion retires it */
+};
+
+struct nq_ns {
+    uint32_t nsid;
+    uint8_t kind;
+    uint8_t lbads;
+    uint64_t num_blocks;
+    char *base; /* RAM: the registered memory; NULL: unused */
+    uint32_t lkey;
+    uint64_t uid; /* Python's identity of the namespace: a Write whose data arrives after it left answers
+                     Invalid Namespace, as the Python path */
+    uint64_t reads, writes, flushes, bytes_read, bytes_written;
+};
+
+/* The read-only view Python installs with set_view; replaced whole, never edited in place. */
+struct nq_view {
+    int ready;
+    uint32_t max_transfer;
+    int count;
+    struct nq_ns *ns;     /* sorted by nsid */
+    PyObject *keep;       /* the namespaces' memory owners, alive while the view is */
+};
+
+struct nq_req {
+    uint8_t state;
+    uint8_t opc;
+    uint8_t invalidate;
+    uint8_t signaled;
+    uint16_t cid;
+    uint16_t status;
+    uint32_t len;
+    uint32_t rkey;
+    uint64_t raddr;
+    char *local;     /* data source (Read) or destination (Write) */
+    uint32_t lkey;
+    uint64_t ns_uid;
+    uint32_t nsid;
+    uint32_t pending_next;
+};
+
+struct nq_sq_entry { /* the send queue, in post order: one entry per posting (1 or 2 work requests) */
+    uint64_t wr_id;
+    uint32_t wrs;
+    uint32_t python; /* its entries were counted against the Python side's budget */
+};
+
+typedef struct {
+    PyObject_HEAD
+    struct ibv_qp *qp;
+    struct ibv_cq *send_cq, *recv_cq;
+    uint16_t qid;
+    int closed;
+    int in_poll;
+    int failed;              /* a work completion failed: nothing more is posted */
+    int remote_invalidate;
+
+    /* receives */
+    char *recv_base;
+    uint32_t recv_lkey, recv_count, recv_size;
+    struct ibv_recv_wr *recv_wrs;
+    struct ibv_sge *recv_sges;
+    uint32_t *repost;
+    uint32_t nrepost;
+
+    /* request slots and what they wait for */
+    struct nq_req *reqs;
+    uint32_t nreqs;
+    uint32_t *free_stack;
+    uint32_t nfree;
+    uint32_t pend_head, pend_tail; /* FIFO through nq_req.pending_next; UINT32_MAX = none */
+
+    /* the send queue: native budget, READ credits, the log of what is on it */
+    uint32_t sq_size;
+    uint32_t native_slots, native_slots_total;
+    uint32_t reads_free;
+    struct nq_sq_entry *sq_log;
+    uint32_t sq_head, sq_count;
+    uint32_t unsignaled;
+
+    /* this batch's send work requests, posted by one ibv_post_send */
+    struct ibv_send_wr *batch;
+    struct ibv_sge *batch_sges;
+    uint8_t (*batch_cqe)[NQ_CQE_SIZE];
+    uint32_t nbatch;
+    uint32_t batch_first_response; /* the responses queued in this batch, for selective signaling */
+    uint32_t *batch_resp;
+    uint32_t nbatch_resp;
+
+    /* SQ head pointer of the CQEs (set with the view once the queue is connected) */
+    int sqhd_on;
+    int sqflow_disabled;
+    uint16_t sqhd, sq_entries;
+
+    char *zero_base; uint32_t zero_lkey; uint32_t zero_len;   /* null namespaces' reads */
+    char *sink_base; uint32_t sink_lkey; uint32_t sink_len;   /* null namespaces' writes */
+
+    struct nq_view *view;
+
+    PyObject *on_capsule, *on_send_done, *on_failure;
+    PyObject *error_type, *error_value, *error_tb; /* a callback raised during a poll: re-raised after it */
+
+    struct ibv_wc wc[NQ_POLL_BATCH];
+
+    /* figures */
+    uint64_t native_commands, python_commands, doorbells, recv_doorbells, polls;
+} NativeQueue;
+
+/* ------------------------------------------------------------------ the view */
+
+static void nq_view_free(struct nq_view *view)
+{
+    if (!view)
+        return;
+    Py_XDECREF(view->keep);
+    PyMem_Free(view->ns);
+    PyMem_Free(view);
+}
+
+static struct nq_ns *nq_lookup(struct nq_view *view, uint32_t nsid)
+{
+    int lo = 0, hi = view->count - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) >> 1;
+        uint32_t got = view->ns[mid].nsid;
+        if (got == nsid)
+            return &view->ns[mid];
+        if (got < nsid)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ posting */
+
+static inline void nq_pend(NativeQueue *q, uint32_t idx)
+{
+    q->reqs[idx].pending_next = UINT32_MAX;
+    if (q->pend_tail == UINT32_MAX)
+        q->pend_head = idx;
+    else
+        q->reqs[q->pend_tail].pending_next = idx;
+    q->pend_tail = idx;
+}
+
+static inline void nq_sq_push(NativeQueue *q, uint64_t wr_id, uint32_t wrs, uint32_t python)
+{
+    struct nq_sq_entry *e = &q->sq_log[(q->sq_head + q->sq_count) % q->sq_size];
+    e->wr_id = wr_id;
+    e->wrs = wrs;
+    e->python = python;
+    q->sq_count++;
+}
+
+static inline struct ibv_send_wr *nq_batch_wr(NativeQueue *q, uint64_t wr_id, enum ibv_wr_opcode op, int flags,
+                                              uint64_t laddr, uint32_t len, uint32_t lkey)
+{
+    uint32_t i = q->nbatch++;
+    struct ibv_send_wr *wr = &q->batch[i];
+    struct ibv_sge *sge = &q->batch_sges[i];
+    sge->addr = laddr;
+    sge->length = len;
+    sge->lkey = lkey;
+    wr->wr_id = wr_id;
+    wr->next = NULL;
+    wr->sg_list = sge;
+    wr->num_sge = 1;
+    wr->opcode = op;
+    wr->send_flags = flags;
+    return wr;
+}
+
+static inline void nq_stamp_sqhd(NativeQueue *q, uint8_t *cqe)
+{
+    if (!q->sqhd_on)
+        return;
+    uint16_t head = 0xFFFF;
+    if (!q->sqflow_disabled) {
+        q->sqhd = (uint16_t)((q->sqhd + 1) % q->sq_entries);
+        head = q->sqhd;
+    }
+    cqe[8] = head & 0xFF;
+    cqe[9] = head >> 8;
+}
+
+/* Queue the SEND of a CQE (preceded by its data WRITE when len): the caller counted the entries. */
+static inline void nq_batch_response(NativeQueue *q, uint64_t wr_id, const uint8_t *cqe, uint64_t laddr,
+                                     uint32_t lkey, uint32_t len, uint64_t raddr, uint32_t rkey, int invalidate,
+                                     uint32_t invalidate_rkey)
+{
+    if (len) {
+        struct ibv_send_wr *w = nq_batch_wr(q, NQ_WRITE_WR_ID, IBV_WR_RDMA_WRITE, 0, laddr, len, lkey);
+        w->wr.rdma.remote_addr = raddr;
+        w->wr.rdma.rkey = rkey;
+    }
+    uint32_t i = q->nbatch;
+    memcpy(q->batch_cqe[i], cqe, NQ_CQE_SIZE);
+    nq_stamp_sqhd(q, q->batch_cqe[i]);
+    struct ibv_send_wr *s = nq_batch_wr(q, wr_id, invalidate ? IBV_WR_SEND_WITH_INV : IBV_WR_SEND, IBV_SEND_INLINE,
+                                        (uintptr_t)q->batch_cqe[i], NQ_CQE_SIZE, 0);
+    if (invalidate)
+        s->invalidate_rkey = invalidate_rkey;
+    q->batch_resp[q->nbatch_resp++] = i;
+}
+
+/* A native request's response: its CQE built here (success, or the status it carries). */
+static inline void nq_queue_response(NativeQueue *q, uint32_t idx)
+{
+    struct nq_req *r = &q->reqs[idx];
+    uint8_t cqe[NQ_CQE_SIZE];
+    memset(cqe, 0, 8);
+    cqe[8] = cqe[9] = 0;
+    cqe[10] = q->qid & 0xFF;
+    cqe[11] = q->qid >> 8;
+    cqe[12] = r->cid & 0xFF;
+    cqe[13] = r->cid >> 8;
+    uint16_t wire = (uint16_t)(r->status << 1);
+    cqe[14] = wire & 0xFF;
+    cqe[15] = wire >> 8;
+    uint32_t wrs = r->len && r->opc == OPC_READ && !r->status ? 2 : 1;
+    q->native_slots -= wrs;
+    nq_sq_push(q, idx, wrs, 0);
+    r->state = NQ_COMPLETING;
+    if (wrs == 2)
+        nq_batch_response(q, idx, cqe, (uintptr_t)r->local, r->lkey, r->len, r->raddr, r->rkey,
+                          r->invalidate && q->remote_invalidate, r->rkey);
+    else
+        nq_batch_response(q, idx, cqe, 0, 0, 0, r->raddr, r->rkey, r->invalidate && q->remote_invalidate, r->rkey);
+}
+
+/* One step out of a waiting state; 0 when what it needs is not there. */
+static inline int nq_step(NativeQueue *q, uint32_t idx)
+{
+    struct nq_req *r = &q->reqs[idx];
+    if (r->state == NQ_NEED_READ) {
+        if (!q->native_slots || !q->reads_free)
+            return 0;
+        q->native_slots--;
+        q->reads_free--;
+        nq_sq_push(q, idx, 1, 0);
+        r->state = NQ_READING;
+        struct ibv_send_wr *w = nq_batch_wr(q, idx, IBV_WR_RDMA_READ, IBV_SEND_SIGNALED, (uintptr_t)r->local,
+                                            r->len, r->lkey);
+        w->wr.rdma.remote_addr = r->raddr;
+        w->wr.rdma.rkey = r->rkey;
+        return 1;
+    }
+    uint32_t wrs = r->len && r->opc == OPC_READ && !r->status ? 2 : 1;
+    if (q->native_slots < wrs)
+        return 0;
+    nq_queue_response(q, idx);
+    return 1;
+}
+
+/* Move a request on, oldest waiting first. */
+static inline void nq_advance(NativeQueue *q, uint32_t idx)
+{
+    if (q->pend_head != UINT32_MAX || !nq_step(q, idx))
+        nq_pend(q, idx);
+}
+
+static void nq_resume(NativeQueue *q)
+{
+    while (q->pend_head != UINT32_MAX) {
+        uint32_t idx = q->pend_head;
+        if (!nq_step(q, idx))
+            return;
+        q->pend_head = q->reqs[idx].pending_next;
+        if (q->pend_head == UINT32_MAX)
+            q->pend_tail = UINT32_MAX;
+    }
+}
+
+static void nq_fail(NativeQueue *q, int status, uint64_t wr_id);
+
+/* Post this batch: the receives first (before any response of them, protocol.md §3.5), then every send work
+ * request in one ibv_post_send; every SIGNAL_EVERY-th response and the last signaled (all once the native
+ * send-queue entries run low). */
+static void nq_flush(NativeQueue *q)
+{
+    if (q->closed || q->failed) {
+        q->nrepost = q->nbatch = q->nbatch_resp = 0;
+        return;
+    }
+    if (q->nrepost) {
+        for (uint32_t i = 0; i < q->nrepost; i++)
+            q->recv_wrs[q->repost[i]].next = i + 1 < q->nrepost ? &q->recv_wrs[q->repost[i + 1]] : NULL;
+        struct ibv_recv_wr *bad_recv;
+        int rc = ibv_post_recv(q->qp, &q->recv_wrs[q->repost[0]], &bad_recv);
+        q->recv_doorbells++;
+        q->nrepost = 0;
+        if (rc) {
+            nq_fail(q, -rc, 0);
+            q->nbatch = q->nbatch_resp = 0;
+            return;
+        }
+    }
+    if (!q->nbatch)
+        return;
+    int low = q->native_slots < q->native_slots_total / 4;
+    for (uint32_t k = 0; k < q->nbatch_resp; k++) {
+        struct ibv_send_wr *s = &q->batch[q->batch_resp[k]];
+        if (s->wr_id & NQ_TAG_PY)
+            continue; /* the Python side chose its own signaling */
+        q->unsignaled++;
+        if (k == q->nbatch_resp - 1 || low || q->unsignaled >= NQ_SIGNAL_EVERY) {
+            s->send_flags |= IBV_SEND_SIGNALED;
+            q->unsignaled = 0;
+        }
+    }
+    for (uint32_t i = 0; i + 1 < q->nbatch; i++)
+        q->batch[i].next = &q->batch[i + 1];
+    struct ibv_send_wr *bad;
+    int rc = ibv_post_send(q->qp, q->batch, &bad);
+    q->doorbells++;
+    q->nbatch = q->nbatch_resp = 0;
+    if (rc)
+        nq_fail(q, -rc, 0);
+}
+
+/* ------------------------------------------------------------------ Python hand-over */
+
+static void nq_keep_error(NativeQueue *q)
+{
+    if (q->error_type) { /* the first one is what the caller sees */
+        PyErr_Clear();
+        return;
+    }
+    PyErr_Fetch(&q->error_type, &q->error_value, &q->error_tb);
+}
+
+static void nq_call(NativeQueue *q, PyObject *callable, PyObject *args)
+{
+    if (!args) {
+        nq_keep_error(q);
+        return;
+    }
+    PyObject *res = PyObject_CallObject(callable, args);
+    Py_DECREF(args);
+    if (!res)
+        nq_keep_error(q);
+    else
+        Py_DECREF(res);
+}
+
+static void nq_fail(NativeQueue *q, int status, uint64_t wr_id)
+{
+    if (q->failed)
+        return;
+    q->failed = status ? status : -1;
+    if (q->on_failure != Py_None)
+        nq_call(q, q->on_failure, Py_BuildValue("(iK)", status, (unsigned long long)wr_id));
+}
+
+static void nq_to_python(NativeQueue *q, const char *capsule, uint32_t len)
+{
+    q->python_commands++;
+    nq_call(q, q->on_capsule, Py_BuildValue("(y#)", capsule, (Py_ssize_t)len));
+}
+
+/* ------------------------------------------------------------------ per command */
+
+static inline uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline uint64_t rd64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+
+/* A capsule arrived in receive slot `slot`: the whole command here, or handed to Python. */
+static void nq_capsule(NativeQueue *q, uint32_t slot, uint32_t len)
+{
+    const uint8_t *sqe = (const uint8_t *)q->recv_base + (size_t)slot * q->recv_size;
+    q->repost[q->nrepost++] = slot;
+    struct nq_view *view = q->view;
+    if (len < NQ_SQE_SIZE || !view || !view->ready || !q->nfree)
+        goto python;
+    uint8_t opc = sqe[0], flags = sqe[1];
+    if (opc > OPC_READ || (flags & FLAGS_FUSE_MASK) ||
+        ((flags & FLAGS_PSDT_MASK) != PSDT_SGL_CONTIG && (flags & FLAGS_PSDT_MASK) != PSDT_SGL_SGL))
+        goto python;
+    uint8_t sgl_id = sqe[39];
+    int in_capsule = sgl_id == SGL_IN_CAPSULE;
+    if (sgl_id != SGL_KEYED && sgl_id != SGL_KEYED_INVALIDATE && !(in_capsule && opc == OPC_WRITE))
+        goto python;
+    struct nq_ns *ns = nq_lookup(view, rd32(sqe + 4));
+    if (!ns)
+        goto python;
+    uint32_t sgl_len = in_capsule ? rd32(sqe + 32) : (uint32_t)(sqe[32] | (sqe[33] << 8) | (sqe[34] << 16));
+    if (in_capsule) { /* the data came with the capsule: within this queue's in-capsule size and what arrived */
+        uint64_t at = rd64(sqe + 24), end = at + sgl_len;
+        if (at > q->recv_size || end > q->recv_size - NQ_SQE_SIZE || NQ_SQE_SIZE + end > len)
+            goto python;
+    }
+    char *local = NULL;
+    uint32_t lkey = 0;
+    uint64_t offset = 0;
+    if (opc == OPC_FLUSH) {
+        if (sgl_len)
+            goto python;
+    } else {
+        uint32_t nlb = (rd32(sqe + 48) & 0xFFFF) + 1;
+        uint64_t slba = rd64(sqe + 40);
+        if (sgl_len != ((uint64_t)nlb << ns->lbads) || sgl_len > view->max_transfer ||
+            slba >= ns->num_blocks || nlb > ns->num_blocks - slba)
+            goto python;
+        offset = slba << ns->lbads;
+        if (ns->kind == NQ_RAM) {
+            local = ns->base + offset;
+            lkey = ns->lkey;
+        } else if (opc == OPC_READ) {
+            if (sgl_len > q->zero_len)
+                goto python;
+            local = q->zero_base;
+            lkey = q->zero_lkey;
+        } else {
+            if (sgl_len > q->sink_len)
+                goto python;
+            local = q->sink_base;
+            lkey = q->sink_lkey;
+        }
+    }
+    if (in_capsule) { /* a Write with its data in the capsule: copied now, answered without a transfer */
+        if (ns->kind == NQ_RAM)
+            memcpy(local, sqe + NQ_SQE_SIZE + rd64(sqe + 24), sgl_len);
+        ns->writes++;
+        ns->bytes_written += sgl_len;
+        sgl_len = 0; /* its response carries no data */
+    }
+    uint32_t idx = q->free_stack[--q->nfree];
+    struct nq_req *r = &q->reqs[idx];
+    r->opc = opc;
+    r->cid = sqe[2] | (sqe[3] << 8);
+    r->status = 0;
+    r->len = sgl_len;
+    r->raddr = rd64(sqe + 24);
+    r->rkey = rd32(sqe + 35);
+    r->invalidate = sgl_id == SGL_KEYED_INVALIDATE && sgl_len;
+    r->local = local;
+    r->lkey = lkey;
+    r->nsid = ns->nsid;
+    r->ns_uid = ns->uid;
+    q->native_commands++;
+    if (opc == OPC_WRITE && !in_capsule) {
+        r->state = NQ_NEED_READ;
+    } else {
+        if (opc == OPC_READ) {
+            ns->reads++;
+            ns->bytes_read += sgl_len;
+        } else if (opc == OPC_FLUSH) {
+            ns->flushes++;
+        }
+        r->state = NQ_NEED_RESPONSE;
+    }
+    nq_advance(q, idx);
+    return;
+python:
+    nq_to_python(q, (const char *)sqe, len);
+}
+
+static inline void nq_release(NativeQueue *q, uint32_t idx)
+{
+    q->reqs[idx].state = NQ_FREE;
+    q->free_stack[q->nfree++] = idx;
+}
+
+/* A Write's data is in: count it (or answer Invalid Namespace when its namespace left meanwhile), respond. */
+static inline void nq_read_done(NativeQueue *q, uint32_t idx)
+{
+    struct nq_req *r = &q->reqs[idx];
+    q->reads_free++;
+    struct nq_ns *ns = q->view ? nq_lookup(q->view, r->nsid) : NULL;
+    if (!ns || ns->uid != r->ns_uid) {
+        r->status = SC_INVALID_NS | SC_DNR;
+    } else {
+        ns->writes++;
+        ns->bytes_written += r->len;
+    }
+    r->state = NQ_NEED_RESPONSE;
+    nq_advance(q, idx);
+}
+
+/* A signaled send completion: it and everything posted before it are done (RC completes in order). */
+static void nq_send_done(NativeQueue *q, uint64_t wr_id)
+{
+    while (q->sq_count) {
+        struct nq_sq_entry e = q->sq_log[q->sq_head];
+        q->sq_head = (q->sq_head + 1) % q->sq_size;
+        q->sq_count--;
+        if (!e.python) {
+            uint32_t idx = (uint32_t)(e.wr_id & NQ_TAG_MASK);
+            q->native_slots += e.wrs;
+            struct nq_req *r = &q->reqs[idx];
+            if (r->state == NQ_READING) {
+                if (e.wr_id == wr_id)
+                    nq_read_done(q, idx);
+                else
+                    q->reads_free++; /* cannot happen on RC (a READ is signaled): never hang on it */
+            } else if (r->state == NQ_COMPLETING) {
+                nq_release(q, idx);
+            }
+        } else if (e.wr_id == wr_id && q->on_send_done != Py_None) {
+            nq_call(q, q->on_send_done, Py_BuildValue("(K)", (unsigned long long)(wr_id & NQ_TAG_MASK)));
+        }
+        if (e.wr_id == wr_id)
+            break;
+    }
+}
+
+static void nq_completion(NativeQueue *q, struct ibv_wc *wc)
+{
+    if (wc->status != IBV_WC_SUCCESS) {
+        nq_fail(q, wc->status, wc->wr_id);
+        return;
+    }
+    if ((wc->wr_id & (NQ_TAG_RECV | NQ_TAG_PY)) == NQ_TAG_RECV)
+        nq_capsule(q, (uint32_t)(wc->wr_id & NQ_TAG_MASK), wc->byte_len);
+    else
+        nq_send_done(q, wc->wr_id);
+}
+
+/* One poll: up to `budget` completions, NQ_POLL_BATCH per ibv_poll_cq, then one flush. */
+__attribute__((noinline)) static int nq_poll(NativeQueue *q, int budget)
+{
+    int done = 0;
+    q->in_poll = 1;
+    q->polls++;
+    while (done < budget && !q->closed && !q->failed) {
+        int n = ibv_poll_cq(q->recv_cq, NQ_POLL_BATCH, q->wc);
+        if (n < 0) {
+            nq_fail(q, n, 0);
+            break;
+        }
+        for (int i = 0; i < n && !q->closed && !q->failed; i++)
+            nq_completion(q, &q->wc[i]);
+        int m = 0;
+        if (q->send_cq != q->recv_cq && !q->closed && !q->failed) {
+            m = ibv_poll_cq(q->send_cq, NQ_POLL_BATCH, q->wc);
+            if (m < 0) {
+                nq_fail(q, m, 0);
+                break;
+            }
+            for (int i = 0; i < m && !q->closed && !q->failed; i++)
+                nq_completion(q, &q->wc[i]);
+        }
+        done += n + m;
+        if (n < NQ_POLL_BATCH && m < NQ_POLL_BATCH)
+            break;
+    }
+    if (!q->closed && !q->failed)
+        nq_resume(q);
+    nq_flush(q);
+    q->in_poll = 0;
+    return done;
+}
+
+/* ------------------------------------------------------------------ the Python type */
+
+static int nq_ptr(PyObject *obj, void **out)
+{
+    unsigned long long v = PyLong_AsUnsignedLongLong(obj);
+    if (PyErr_Occurred())
+        return 0;
+    *out = (void *)(uintptr_t)v;
+    return 1;
+}
+
+static int nq_region(PyObject *obj, char **base, uint32_t *lkey, uint32_t *len)
+{
+    if (obj == Py_None) {
+        *base = NULL;
+        *lkey = *len = 0;
+        return 1;
+    }
+    unsigned long long addr;
+    unsigned int key, length;
+    if (!PyArg_ParseTuple(obj, "KII", &addr, &key, &length))
+        return 0;
+    *base = (char *)(uintptr_t)addr;
+    *lkey = key;
+    *len = length;
+    return 1;
+}
+
+static void NativeQueue_dealloc(NativeQueue *q)
+{
+    nq_view_free(q->view);
+    PyMem_Free(q->recv_wrs);
+    PyMem_Free(q->recv_sges);
+    PyMem_Free(q->repost);
+    PyMem_Free(q->reqs);
+    PyMem_Free(q->free_stack);
+    PyMem_Free(q->sq_log);
+    PyMem_Free(q->batch);
+    PyMem_Free(q->batch_sges);
+    PyMem_Free(q->batch_cqe);
+    PyMem_Free(q->batch_resp);
+    Py_XDECREF(q->on_capsule);
+    Py_XDECREF(q->on_send_done);
+    Py_XDECREF(q->on_failure);
+    Py_XDECREF(q->error_type);
+    Py_XDECREF(q->error_value);
+    Py_XDECREF(q->error_tb);
+    Py_TYPE(q)->tp_free((PyObject *)q);
+}
+
+static int NativeQueue_init(NativeQueue *q, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"qp", "send_cq", "recv_cq", "qid", "recv", "recv_count", "recv_size", "requests",
+                             "send_queue", "python_send", "reads", "on_capsule", "on_send_done", "on_failure",
+                             "zero", "sink", "remote_invalidate", NULL};
+    PyObject *qp, *scq, *rcq, *recv = NULL, *on_capsule = NULL, *on_send_done = Py_None, *on_failure = Py_None;
+    PyObject *zero = Py_None, *sink = Py_None;
+    unsigned int qid = 0, recv_count = 0, recv_size = 0, nreqs = 0, sq_size = 0, python_send = 0, reads = 0;
+    int remote_invalidate = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|$IOIIIIIIOOOOOp", kwlist, &qp, &scq, &rcq, &qid, &recv,
+                                     &recv_count, &recv_size, &nreqs, &sq_size, &python_send, &reads, &on_capsule,
+                                     &on_send_done, &on_failure, &zero, &sink, &remote_invalidate))
+        return -1;
+    if (!recv || !on_capsule) {
+        PyErr_SetString(PyExc_TypeError, "recv and on_capsule are required");
+        return -1;
+    }
+    if (q->reqs) {
+        PyErr_SetString(PyExc_RuntimeError, "a native queue is initialised once");
+        return -1;
+    }
+    void *p;
+    if (!nq_ptr(qp, &p)) return -1;
+    q->qp = p;
+    if (!nq_ptr(scq, &p)) return -1;
+    q->send_cq = p;
+    if (!nq_ptr(rcq, &p)) return -1;
+    q->recv_cq = p;
+    if (!q->qp || !q->send_cq || !q->recv_cq) {
+        PyErr_SetString(PyExc_ValueError, "qp, send_cq and recv_cq must be the addresses of verbs objects");
+        return -1;
+    }
+    uint32_t recv_len;
+    if (!nq_region(recv, &q->recv_base, &q->recv_lkey, &recv_len) ||
+        !nq_region(zero, &q->zero_base, &q->zero_lkey, &q->zero_len) ||
+        !nq_region(sink, &q->sink_base, &q->sink_lkey, &q->sink_len))
+        return -1;
+    if (!recv_count || recv_size < NQ_SQE_SIZE || (uint64_t)recv_count * recv_size > recv_len || !nreqs ||
+        python_send >= sq_size || !reads || nreqs >= (1u << 31)) {
+        PyErr_Format(PyExc_ValueError, "native queue: recv_count %u x recv_size %u must fit the %u-byte receive "
+                     "region (recv_size >= 64), requests > 0, python_send < send_queue, reads > 0",
+                     recv_count, recv_size, recv_len);
+        return -1;
+    }
+    if (!PyCallable_Check(on_capsule)) {
+        PyErr_SetString(PyExc_TypeError, "on_capsule must be callable");
+        return -1;
+    }
+    q->qid = (uint16_t)qid;
+    q->recv_count = recv_count;
+    q->recv_size = recv_size;
+    q->nreqs = nreqs;
+    q->sq_size = sq_size;
+    q->native_slots = q->native_slots_total = sq_size - python_send;
+    q->reads_free = reads;
+    q->remote_invalidate = remote_invalidate;
+    q->pend_head = q->pend_tail = UINT32_MAX;
+    q->recv_wrs = PyMem_Calloc(recv_count, sizeof *q->recv_wrs);
+    q->recv_sges = PyMem_Calloc(recv_count, sizeof *q->recv_sges);
+    q->repost = PyMem_Calloc(recv_count, sizeof *q->repost);
+    q->reqs = PyMem_Calloc(nreqs, sizeof *q->reqs);
+    q->free_stack = PyMem_Calloc(nreqs, sizeof *q->free_stack);
+    q->sq_log = PyMem_Calloc(sq_size, sizeof *q->sq_log);
+    q->batch = PyMem_Calloc(sq_size, sizeof *q->batch);
+    q->batch_sges = PyMem_Calloc(sq_size, sizeof *q->batch_sges);
+    q->batch_cqe = PyMem_Calloc(sq_size, sizeof *q->batch_cqe);
+    q->batch_resp = PyMem_Calloc(sq_size, sizeof *q->batch_resp);
+    if (!q->recv_wrs || !q->recv_sges || !q->repost || !q->reqs || !q->free_stack || !q->sq_log || !q->batch ||
+        !q->batch_sges || !q->batch_cqe || !q->batch_resp) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (uint32_t i = 0; i < recv_count; i++) {
+        q->recv_sges[i].addr = (uintptr_t)(q->recv_base + (size_t)i * recv_size);
+        q->recv_sges[i].length = recv_size;
+        q->recv_sges[i].lkey = q->recv_lkey;
+        q->recv_wrs[i].wr_id = NQ_TAG_RECV | i;
+        q->recv_wrs[i].sg_list = &q->recv_sges[i];
+        q->recv_wrs[i].num_sge = 1;
+        q->repost[i] = i;
+    }
+    for (uint32_t i = 0; i < nreqs; i++)
+        q->free_stack[i] = nreqs - 1 - i;
+    q->nfree = nreqs;
+    Py_INCREF(on_capsule);
+    q->on_capsule = on_capsule;
+    Py_INCREF(on_send_done);
+    q->on_send_done = on_send_done;
+    Py_INCREF(on_failure);
+    q->on_failure = on_failure;
+    /* every receive posted (one doorbell) before the connection is accepted */
+    q->nrepost = recv_count;
+    nq_flush(q);
+    if (q->failed) {
+        PyErr_Format(PyExc_OSError, "posting the receives failed (%d)", q->failed);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *nq_reraise(NativeQueue *q)
+{
+    if (!q->error_type)
+        return NULL;
+    PyErr_Restore(q->error_type, q->error_value, q->error_tb);
+    q->error_type = q->error_value = q->error_tb = NULL;
+    return NULL;
+}
+
+/* METH_FASTCALL: no argument tuple is allocated per poll */
+static PyObject *NativeQueue_poll(NativeQueue *q, PyObject *const *args, Py_ssize_t nargs)
+{
+    int budget = 256;
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "poll(budget=256) takes at most one argument");
+        return NULL;
+    }
+    if (nargs == 1) {
+        budget = (int)PyLong_AsLong(args[0]);
+        if (budget == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    if (q->in_poll) {
+        PyErr_SetString(PyExc_RuntimeError, "poll() called from inside a poll");
+        return NULL;
+    }
+    int done = q->closed ? 0 : nq_poll(q, budget);
+    if (q->error_type)
+        return nq_reraise(q);
+    return PyLong_FromLong(done);
+}
+
+static PyObject *NativeQueue_arm(NativeQueue *q, PyObject *noargs)
+{
+    if (q->closed)
+        Py_RETURN_NONE;
+    int rc = ibv_req_notify_cq(q->recv_cq, 0);
+    if (!rc && q->send_cq != q->recv_cq)
+        rc = ibv_req_notify_cq(q->send_cq, 0);
+    if (rc) {
+        errno = rc;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *nq_check_posting(NativeQueue *q)
+{
+    if (q->closed || q->failed) {
+        PyErr_SetString(PyExc_ConnectionError, "the native queue is closed");
+        return NULL;
+    }
+    return Py_None;
+}
+
+/* post_read(tag, local_addr, lkey, length, remote_addr, rkey): the Python side's RDMA READ, signaled. */
+static PyObject *NativeQueue_post_read(NativeQueue *q, PyObject *args)
+{
+    unsigned int tag, lkey, length, rkey;
+    unsigned long long laddr, raddr;
+    if (!PyArg_ParseTuple(args, "IKIIKI", &tag, &laddr, &lkey, &length, &raddr, &rkey))
+        return NULL;
+    if (!nq_check_posting(q))
+        return NULL;
+    if (q->sq_count >= q->sq_size || q->nbatch >= q->sq_size) {
+        PyErr_SetString(PyExc_OverflowError, "the send queue is full: the Python side overran its share");
+        return NULL;
+    }
+    nq_sq_push(q, NQ_TAG_PY | tag, 1, 1);
+    struct ibv_send_wr *w = nq_batch_wr(q, NQ_TAG_PY | tag, IBV_WR_RDMA_READ, IBV_SEND_SIGNALED, laddr, length,
+                                        lkey);
+    w->wr.rdma.remote_addr = raddr;
+    w->wr.rdma.rkey = rkey;
+    if (!q->in_poll)
+        nq_flush(q);
+    Py_RETURN_NONE;
+}
+
+/* post_response(tag, cqe, signaled, data_addr, lkey, length, remote_addr, rkey, invalidate): the Python side's
+ * response: its data WRITE (when length) chained before the inline SEND of the 16-byte CQE; invalidate is the
+ * host's key to invalidate with it, or -1. */
+static PyObject *NativeQueue_post_response(NativeQueue *q, PyObject *args)
+{
+    unsigned int tag, lkey, length, rkey;
+    unsigned long long laddr, raddr;
+    int signaled;
+    long long invalidate;
+    Py_buffer cqe;
+    if (!PyArg_ParseTuple(args, "Iy*pKIIKIL", &tag, &cqe, &signaled, &laddr, &lkey, &length, &raddr, &rkey,
+                          &invalidate))
+        return NULL;
+    if (cqe.len != NQ_CQE_SIZE) {
+        PyBuffer_Release(&cqe);
+        return PyErr_Format(PyExc_ValueError, "a response is %d bytes, not %zd", NQ_CQE_SIZE, cqe.len);
+    }
+    if (!nq_check_posting(q)) {
+        PyBuffer_Release(&cqe);
+        return NULL;
+    }
+    uint32_t wrs = length ? 2 : 1;
+    if (q->sq_count >= q->sq_size || q->nbatch + wrs > q->sq_size) {
+        PyBuffer_Release(&cqe);
+        PyErr_SetString(PyExc_OverflowError, "the send queue is full: the Python side overran its share");
+        return NULL;
+    }
+    nq_sq_push(q, NQ_TAG_PY | tag, wrs, 1);
+    nq_batch_response(q, NQ_TAG_PY | tag, cqe.buf, laddr, lkey, length, raddr, rkey,
+                      invalidate >= 0 && q->remote_invalidate, (uint32_t)invalidate);
+    PyBuffer_Release(&cqe);
+    if (signaled)
+        q->batch[q->nbatch - 1].send_flags |= IBV_SEND_SIGNALED;
+    if (!q->in_poll)
+        nq_flush(q);
+    Py_RETURN_NONE;
+}
+
+static PyObject *NativeQueue_flush(NativeQueue *q, PyObject *noargs)
+{
+    if (!q->in_poll)
+        nq_flush(q);
+    Py_RETURN_NONE;
+}
+
+/* set_view(ready, max_transfer, namespaces, sq_entries=0, sq_head=0, sqflow_disabled=False): the one call that
+ * changes what the queue serves natively.  namespaces: (nsid, kind "ram"|"null", lbads, num_blocks, addr, lkey,
+ * uid, owner) each; owner is kept alive while the view is.  Returns the outgoing view's figures:
+ * {nsid: (reads, writes, flushes, bytes_read, bytes_written)}. */
+static PyObject *nq_drain_stats(struct nq_view *view)
+{
+    PyObject *out = PyDict_New();
+    if (!out || !view)
+        return out;
+    for (int i = 0; i < view->count; i++) {
+        struct nq_ns *ns = &view->ns[i];
+        PyObject *key = PyLong_FromUnsignedLong(ns->nsid);
+        PyObject *val = Py_BuildValue("(KKKKK)", ns->reads, ns->writes, ns->flushes, ns->bytes_read,
+                                      ns->bytes_written);
+        if (!key || !val || PyDict_SetItem(out, key, val) < 0) {
+            Py_XDECREF(key);
+            Py_XDECREF(val);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(key);
+        Py_DECREF(val);
+        ns->reads = ns->writes = ns->flushes = ns->bytes_read = ns->bytes_written = 0;
+    }
+    return out;
+}
+
+static int nq_ns_cmp(const void *a, const void *b)
+{
+    uint32_t x = ((const struct nq_ns *)a)->nsid, y = ((const struct nq_ns *)b)->nsid;
+    return x < y ? -1 : x > y;
+}
+
+static PyObject *NativeQueue_set_view(NativeQueue *q, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"ready", "max_transfer", "namespaces", "sq_entries", "sq_head", "sqflow_disabled",
+                             NULL};
+    int ready, sqflow_disabled = 0;
+    unsigned int max_transfer, sq_entries = 0, sq_head = 0;
+    PyObject *list;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "pIO|IIp", kwlist, &ready, &max_transfer, &list, &sq_entries,
+                                     &sq_head, &sqflow_disabled))
+        return NULL;
+    PyObject *seq = PySequence_Fast(list, "namespaces must be a sequence of tuples");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    struct nq_view *view = PyMem_Calloc(1, sizeof *view);
+    if (!view || !(view->ns = PyMem_Calloc(n ? n : 1, sizeof *view->ns)) || !(view->keep = PyTuple_New(n))) {
+        Py_DECREF(seq);
+        nq_view_free(view);
+        return PyErr_NoMemory();
+    }
+    view->ready = ready;
+    view->max_transfer = max_transfer;
+    view->count = (int)n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        struct nq_ns *ns = &view->ns[i];
+        const char *kind;
+        unsigned int nsid, lbads, lkey;
+        unsigned long long num_blocks, addr, uid;
+        PyObject *owner;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "IsIKKIKO;namespace (nsid, kind, lbads, "
+                              "num_blocks, addr, lkey, uid, owner)", &nsid, &kind, &lbads, &num_blocks, &addr,
+                              &lkey, &uid, &owner))
+            goto bad;
+        if (!strcmp(kind, "ram"))
+            ns->kind = NQ_RAM;
+        else if (!strcmp(kind, "null"))
+            ns->kind = NQ_NULL;
+        else {
+            PyErr_Format(PyExc_ValueError, "namespace %u: kind %s is served by Python, not the native view", nsid,
+                         kind);
+            goto bad;
+        }
+        if (lbads < 9 || lbads > 16 || !nsid || (ns->kind == NQ_RAM && !addr)) {
+            PyErr_Format(PyExc_ValueError, "namespace %u: lbads %u (9..16) and a RAM namespace's address", nsid,
+                         lbads);
+            goto bad;
+        }
+        ns->nsid = nsid;
+        ns->lbads = (uint8_t)lbads;
+        ns->num_blocks = num_blocks;
+        ns->base = (char *)(uintptr_t)addr;
+        ns->lkey = lkey;
+        ns->uid = uid;
+        Py_INCREF(owner);
+        PyTuple_SET_ITEM(view->keep, i, owner);
+    }
+    Py_DECREF(seq);
+    qsort(view->ns, n, sizeof *view->ns, nq_ns_cmp);
+    for (Py_ssize_t i = 1; i < n; i++)
+        if (view->ns[i].nsid == view->ns[i - 1].nsid) {
+            PyErr_Format(PyExc_ValueError, "namespace %u appears twice in the view", view->ns[i].nsid);
+            nq_view_free(view);
+            return NULL;
+        }
+    if (ready && !sqflow_disabled && !sq_entries) {
+        PyErr_SetString(PyExc_ValueError, "a ready view needs sq_entries (the SQ size, for SQHD)");
+        nq_view_free(view);
+        return NULL;
+    }
+    PyObject *stats = nq_drain_stats(q->view);
+    if (!stats) {
+        nq_view_free(view);
+        return NULL;
+    }
+    /* The RAM memory of namespaces in flight stays registered with Python (RdmaListener keeps registrations
+     * until it closes); the outgoing view's owners are released here. */
+    nq_view_free(q->view);
+    q->view = view;
+    if (ready && !q->sqhd_on) { /* from here on the C queue numbers every CQE, the Python side's too */
+        q->sqhd_on = 1;
+        q->sqflow_disabled = sqflow_disabled;
+        q->sq_entries = (uint16_t)(sq_entries ? sq_entries : 1);
+        q->sqhd = (uint16_t)sq_head;
+    }
+    return stats;
+bad:
+    Py_DECREF(seq);
+    nq_view_free(view);
+    return NULL;
+}
+
+static PyObject *NativeQueue_take_stats(NativeQueue *q, PyObject *noargs)
+{
+    return nq_drain_stats(q->view);
+}
+
+static PyObject *NativeQueue_stats(NativeQueue *q, PyObject *noargs)
+{
+    uint32_t busy = q->nreqs - q->nfree;
+    return Py_BuildValue("{sKsKsKsKsKsIsIsIsIsi}", "native_commands", q->native_commands, "python_commands",
+                         q->python_commands, "doorbells", q->doorbells, "recv_doorbells", q->recv_doorbells,
+                         "polls", q->polls, "native_in_flight", busy, "native_send_free", q->native_slots,
+                         "reads_free", q->reads_free, "send_queue_used", q->sq_count, "failed", q->failed);
+}
+
+static PyObject *NativeQueue_close(NativeQueue *q, PyObject *noargs)
+{
+    /* Call after the QP is destroyed (or in error): nothing is posted from here on; the view is released. */
+    q->closed = 1;
+    nq_view_free(q->view);
+    q->view = NULL;
+    q->nbatch = q->nbatch_resp = q->nrepost = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *NativeQueue_closed(NativeQueue *q, void *closure)
+{
+    return PyBool_FromLong(q->closed || q->failed);
+}
+
+static PyMethodDef NativeQueue_methods[] = {
+    {"poll", (PyCFunction)(void (*)(void))NativeQueue_poll, METH_FASTCALL,
+     "poll(budget=256) -> completions handled; receives re-posted and sends posted once at the end."},
+    {"arm", (PyCFunction)NativeQueue_arm, METH_NOARGS, "Request a completion event on the CQs."},
+    {"post_read", (PyCFunction)NativeQueue_post_read, METH_VARARGS,
+     "post_read(tag, local_addr, lkey, length, remote_addr, rkey): an RDMA READ for the Python side."},
+    {"post_response", (PyCFunction)NativeQueue_post_response, METH_VARARGS,
+     "post_response(tag, cqe, signaled, data_addr, lkey, length, remote_addr, rkey, invalidate)."},
+    {"flush", (PyCFunction)NativeQueue_flush, METH_NOARGS, "Post what is queued (a no-op inside a poll)."},
+    {"set_view", (PyCFunction)(void (*)(void))NativeQueue_set_view, METH_VARARGS | METH_KEYWORDS,
+     "set_view(ready, max_transfer, namespaces, sq_entries=0, sq_head=0, sqflow_disabled=False) -> old figures."},
+    {"take_stats", (PyCFunction)NativeQueue_take_stats, METH_NOARGS,
+     "{nsid: (reads, writes, flushes, bytes_read, bytes_written)} since the last call; zeroed."},
+    {"stats", (PyCFunction)NativeQueue_stats, METH_NOARGS, "The queue's counters."},
+    {"close", (PyCFunction)NativeQueue_close, METH_NOARGS, "Stop posting (after the QP is gone)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef NativeQueue_getset[] = {
+    {"closed", (getter)NativeQueue_closed, NULL, "closed, or a work completion failed", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject NativeQueueType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "nvmeof_roce._native.Queue",
+    .tp_basicsize = sizeof(NativeQueue),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One NVMe/RDMA I/O queue's data path in C (docs/native.md).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)NativeQueue_init,
+    .tp_dealloc = (destructor)NativeQueue_dealloc,
+    .tp_methods = NativeQueue_methods,
+    .tp_getset = NativeQueue_getset,
+};
+
+int native_cm_register(PyObject *module); /* csrc/cm.c: the verbs objects of a native queue */
 
 int native_queue_register(PyObject *module)
 {
-    return 0;
+    if (native_cm_register(module) < 0)
+        return -1;
+    if (PyType_Ready(&NativeQueueType) < 0)
+        return -1;
+    Py_INCREF(&NativeQueueType);
+    if (PyModule_AddObject(module, "Queue", (PyObject *)&NativeQueueType) < 0) {
+        Py_DECREF(&NativeQueueType);
+        return -1;
+    }
+    return PyModule_AddIntConstant(module, "SIGNAL_EVERY", NQ_SIGNAL_EVERY) < 0 ||
+           PyModule_AddIntConstant(module, "POLL_BATCH", NQ_POLL_BATCH) < 0 ? -1 : 0;
 }

@@ -1,10 +1,29 @@
-"""The native data path (`nvmeof_roce._native`, built from csrc/ by the package's build), or why it is absent."""
+"""The native data path (`nvmeof_roce._native`, built from csrc/ by the package's build), or why it is absent.
+
+NVMEOF_ROCE_NATIVE_SO=/path/to/_native.so loads another build of the module instead (the sanitizer build of
+`make test-native`, a debug build for gdb: docs/native.md)."""
 from __future__ import annotations
 
+import os
 from typing import Optional
 
+
+def _load():
+    override = os.environ.get("NVMEOF_ROCE_NATIVE_SO")
+    if override:
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("nvmeof_roce._native", override)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"NVMEOF_ROCE_NATIVE_SO={override} is not a loadable extension module")
+        loaded = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(loaded)
+        return loaded
+    from . import _native
+    return _native
+
+
 try:
-    from . import _native as module
+    module = _load()
     missing_reason: Optional[str] = None
 except ImportError as exc:  # not built: the Python data path is the one that runs
     module = None

@@ -232,7 +232,8 @@ def _fmt_bytes(n) -> str:
 
 def _print_status(s: dict) -> None:
     print(f"target {s['config']}  (socket {s['socket']}, discovery generation {s['genctr']}, "
-          f"{s['in_flight']} command(s) in flight, {s['internal_errors']} internal error(s))")
+          f"{s['in_flight']} command(s) in flight, {s['internal_errors']} internal error(s), "
+          f"data path {s.get('data_path', 'python')})")
     rows = []
     for sub in s["subsystems"]:
         hosts = "any host" if sub["allow_any_host"] else (", ".join(sub["allowed_hosts"]) or "no host")

@@ -27,7 +27,7 @@ class TargetServer:
 
     def __init__(self, config: TargetConfig, *, limits: Optional[ResourceLimits] = None,
                  remote_invalidate: bool = True, listen_portids: Optional[List[int]] = None,
-                 file_lock: str = "exclusive"):
+                 file_lock: str = "exclusive", data_path: str = "python"):
         from ..target.core import Target
 
         served = [p for p in config.ports if registry.serves(p.trtype)]  # transport/registry.py
@@ -46,6 +46,7 @@ class TargetServer:
         self.config = config
         self.limits = limits or ResourceLimits()
         self.remote_invalidate = remote_invalidate  # for ports added live (service/ops.py)
+        self.data_path = check_data_path(data_path)  # I/O queues' data path: "python" or "native" (docs/native.md)
         self.target = Target(config, file_lock=file_lock, limits=self.limits)
         self.loop = registry.get(served[0].trtype).event_loop(self.target)
         self.target.attach_loop(self.loop)  # fdatasync and long commands stay off the loop
@@ -55,7 +56,7 @@ class TargetServer:
         self.ana_control = None  # ana_control.AnaControl: run-time ANA changes, applied between events
         # what every listener is given, those of ports added live too (service/ops.py)
         self.listen_options = registry.ListenOptions(max_transfer=self.target.max_transfer, limits=self.limits,
-                                                     remote_invalidate=remote_invalidate)
+                                                     remote_invalidate=remote_invalidate, data_path=self.data_path)
         try:
             for port in served:
                 self.listeners.append(registry.get(port.trtype).listen(
@@ -82,7 +83,8 @@ class TargetServer:
         in flight and the longest loop pass."""
         t = self.target
         longest = self.loop.longest_pass_recent if recent else self.loop.longest_pass
-        return ("status: " + "; ".join([t.status()] + [lst.status() for lst in self.listeners])
+        return ("status: " + f"data path {self.data_path}; "
+                + "; ".join([t.status()] + [lst.status() for lst in self.listeners])
                 + f"; {t.in_flight()} command(s) in flight, longest loop pass {longest * 1000:.1f} ms"
                 + (f" (last {STATUS_INTERVAL:.0f} s; {self.loop.longest_pass * 1000:.1f} ms since start)"
                    if recent else " since start"))
@@ -119,7 +121,8 @@ class TargetServer:
 def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[ResourceLimits] = None,
           remote_invalidate: bool = True, run_dir: Optional[str] = None, worker: Optional[int] = None,
           listen_portids: Optional[List[int]] = None, path_groups: Optional[List[str]] = None,
-          rpc_socket: Optional[str] = "", metrics: Optional[str] = None, persist: Optional[bool] = None) -> int:
+          rpc_socket: Optional[str] = "", metrics: Optional[str] = None, persist: Optional[bool] = None,
+          data_path: str = "python") -> int:
     from .ana_control import AnaControl, default_run_dir, publish, unpublish
     config = load_userspace_config(path)  # the same loader and checks as `target check`
     if worker is not None and not rpc_socket:
@@ -128,7 +131,7 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
     try:
         server = TargetServer(config, limits=limits, remote_invalidate=remote_invalidate,
                               listen_portids=listen_portids,
-                              file_lock="exclusive" if worker is None else "shared")
+                              file_lock="exclusive" if worker is None else "shared", data_path=data_path)
     except BaseException:
         if bound is not None:
             bound.close()
@@ -189,6 +192,20 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
     return 0
 
 
+DATA_PATHS = ("python", "native")
+
+
+def check_data_path(data_path: str) -> str:
+    """The data path asked for, or a clear error when it cannot run here."""
+    from .. import native
+    if data_path not in DATA_PATHS:
+        raise NvmeofError(f"unknown data path {data_path!r}", f"use one of: {', '.join(DATA_PATHS)}")
+    if data_path == "native" and not native.available():
+        raise NvmeofError(native.missing_reason or "the native data path is not built",
+                          "build it (make venv), or serve with --data-path python")
+    return data_path
+
+
 def limits_from_args(args) -> ResourceLimits:
     return ResourceLimits(**{name: getattr(args, name) for name in RESOURCE_LIMITS})
 
@@ -199,6 +216,9 @@ def _cmd_serve(args) -> int:
     # under systemd) instead of only an exit status.
     faulthandler.enable()
     if workers_requested(args) is not None:
+        if args.data_path != "python":
+            raise NvmeofError("--data-path native is not available with --workers yet",
+                              "leave --workers out, or serve with --data-path python")
         return supervise(args)
     # Connects, disconnects and rejects are logged at INFO: show them unless the user asked for less.
     logging.getLogger("nvmeof_roce").setLevel(logging.DEBUG if args.verbose > 1 else logging.INFO)
@@ -206,7 +226,7 @@ def _cmd_serve(args) -> int:
                  remote_invalidate=not args.no_remote_invalidate, run_dir=args.run_dir, worker=args.worker_index,
                  listen_portids=args.listen_port, path_groups=args.path_group,
                  rpc_socket=None if args.no_rpc_socket else (args.rpc_socket or ""), metrics=args.metrics,
-                 persist=args.persist)
+                 persist=args.persist, data_path=args.data_path)
 
 
 def register_serve(commands) -> None:
@@ -223,6 +243,10 @@ def register_serve(commands) -> None:
     for t in RESOURCE_LIMITS.values():
         p.add_argument(t.option, type=t.type, default=t.default, metavar=t.metavar,
                        help=f"{t.help} (default {t.default:g})")
+    p.add_argument("--data-path", choices=DATA_PATHS, default="python",
+                   help="who does the I/O queues' per-command work: the Python target core (python, the default) "
+                        "or the C data path of nvmeof_roce._native (native: Read/Write/Flush of RAM and null "
+                        "namespaces in C, everything else still in Python; docs/native.md)")
     p.add_argument("--no-remote-invalidate", action="store_true",
                    help="answer with plain SEND even when the host's key asks for remote invalidation")
     p.add_argument("--rpc-socket", metavar="PATH",

@@ -143,4 +143,5 @@ def target_status(target, sampler: Optional[Sampler] = None, server=None, socket
         "subsystems": subsystems, "hosts": list(hosts.values()),
         "discovery_controllers": [controller_status(c) for c in target.discovery.controllers.values()],
         "transport": transport_status(server),
+        "data_path": getattr(server, "data_path", "python"),  # the I/O queues' (docs/native.md)
     }

@@ -29,6 +29,7 @@ from ..nvme import admin as A
 from ..nvme import identify as I
 from ..nvme import log as L
 from ..nvme import status as S
+from . import native_view
 
 if TYPE_CHECKING:
     from .core import Target
@@ -140,6 +141,8 @@ def set_ana_state(target: "Target", portid: int, grpid: int, state: str) -> bool
             continue
         ctrl.add_event(A.AEN_CFG_ANA_CHANGE, ANA_AER_RESULT)
         target.deliver_events(ctrl)
+    if target.native_data_path:
+        native_view.refresh_all(target)  # before any native queue polls again
     return True
 
 

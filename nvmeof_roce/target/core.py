@@ -45,6 +45,7 @@ from ..transport.resources import ResourceLimits
 from .backends import BackendError
 from ..config import ConfigError, NamespaceConfig, PortConfig, TargetConfig
 from . import auth
+from . import native_view
 from .controller import Controller, CtrlState
 from .ana import AnaTable
 from . import admin, discovery, fabrics, io
@@ -166,6 +167,7 @@ class Target:
         self.discovery_siblings: Dict[int, List[int]] = {}  # portid -> the portids of one path group (workers.py)
         self.work = Work()  # device completions and sliced jobs, back on the loop (work.py)
         self.host_auth = auth.host_settings(config)  # DH-HMAC-CHAP keys by host NQN
+        self.native_data_path = False  # a queue of the native data path was opened (target/native_view.py)
         self.tick_hooks: List[Callable[[float], None]] = []  # e.g. the control socket's (service/control.py)
         self.qos = QosScheduler(clock)  # per-namespace limits: held commands start from the tick or its waker
         self.tick_hooks.append(self.qos.release)
@@ -310,6 +312,8 @@ class Target:
             self._internal_error(req)
         finally:
             req.capsule = None  # valid only during this call
+            if self.native_data_path and qs.ctrl is not None:
+                native_view.refresh(self, qs.ctrl)  # what the command changed, before the next poll
 
     def queue_closed(self, queue) -> None:
         qs = self._queues.pop(queue, None)
@@ -333,6 +337,8 @@ class Target:
             log.info("controller %d: I/O queue %d disconnected", ctrl.cntlid, qs.qid)
 
     def tick(self, now: float) -> None:
+        if self.native_data_path:
+            native_view.collect(self)  # native commands count as keep-alive traffic before expiry is checked
         self._close_unconnected(now)
         while self._ending:
             ctrl, (deadline, reason) = next(iter(self._ending.items()))
@@ -399,6 +405,8 @@ class Target:
         qs = self._queues[queue] = QueueState(queue, ctx, self)
         self._awaiting_connect[qs] = self.clock() + self.limits.connect_timeout
         self._unconnected_by_address[queue.request.peer_address] += 1
+        if hasattr(queue, "set_view"):
+            self.native_data_path = True
         log.debug("queue %d opened from %s", queue.request.qid, queue.request.peer or "?")
 
     # -- resources (transport/resources.py): queues without a Connect, grants, counts
@@ -528,6 +536,8 @@ class Target:
 
     def _namespace_changed(self, sub: Subsystem, nsid: int) -> None:
         for ctrl in list(sub.controllers.values()):
+            if self.native_data_path:
+                native_view.refresh(self, ctrl)
             ctrl.ns_changed(nsid)
             self.deliver_events(ctrl)
 
@@ -640,6 +650,9 @@ class Target:
                 self._missing_outcome(req, step)
         except Exception:
             self._internal_error(req)
+        finally:
+            if self.native_data_path and qs.ctrl is not None:
+                native_view.refresh(self, qs.ctrl)  # e.g. an I/O queue's Connect, whose data came by RDMA READ
 
     # A namespace may be removed while its command waits for its I/O engine or for its next slice: the command
     # then answers Invalid Namespace (as a Write whose data arrives after the removal, io._write_data), and the

@@ -334,8 +334,11 @@ class RdmaListener:
 
     def __init__(self, loop: EventLoop, traddr: str, trsvcid: int = 4420, *, handler: Optional[QueueHandler] = None,
                  port_id: int = 0, in_capsule_size: Optional[int] = None, max_transfer: int = 128 * 1024,
-                 limits: Optional[ResourceLimits] = None, remote_invalidate: bool = True):
+                 limits: Optional[ResourceLimits] = None, remote_invalidate: bool = True,
+                 data_path: str = "python"):
         require_pyverbs()
+        self.data_path = data_path  # "native": I/O queues run the C data path (transport/rdma_native.py)
+        self.native_memory = None  # rdma_native.NativePortMemory, made with the first native queue
         self.loop = loop
         self.handler = handler or loop.handler
         self.traddr, self.trsvcid, self.port_id = traddr, int(trsvcid), port_id
@@ -471,7 +474,10 @@ class RdmaListener:
         # queue only once its NVMe Connect succeeds (connected()), and the target closes a queue that does
         # not get there within its connect timeout.
         try:
-            queue = RdmaTargetQueue(self, child, request)
+            if self.data_path == "native" and parsed.qid and id_ptr and not self.iwarp:
+                queue = self._native_queue(child, id_ptr, request)
+            else:
+                queue = RdmaTargetQueue(self, child, request)
         except _AcceptRefused as exc:
             self._reject(child, exc.sts, str(exc))
             return
@@ -484,6 +490,18 @@ class RdmaListener:
         if id_ptr:
             self.children[id_ptr] = queue
         self.handler.queue_opened(queue)
+
+    def _native_queue(self, child, id_ptr: int, request: ConnectRequest):
+        from .. import native
+        from .rdma_native import NativePortMemory, RdmaNativeQueue
+
+        def memory_of(pd: int) -> NativePortMemory:
+            if self.native_memory is None:
+                self.native_memory = NativePortMemory(native.module, self, pd)
+            elif self.native_memory.pd != pd:
+                raise _AcceptRefused(cmdata.STS_NO_RESOURCES, "the CM id's protection domain changed")
+            return self.native_memory
+        return RdmaNativeQueue(native.module, self, child, id_ptr, request, memory_of)
 
     def forget(self, queue: "RdmaTargetQueue") -> None:
         self.queues.pop(queue.cq_fd, None)
@@ -507,6 +525,9 @@ class RdmaListener:
             self.loop.listeners.remove(self)
         # Drain and ack what is left so destroying the ids cannot wait on an unacked event.
         self._drain_cm_events()
+        if self.native_memory is not None:  # before the listen id, whose device keeps librdmacm's PD
+            self.native_memory.close()
+            self.native_memory = None
         self.listen_id.close()
         self.pool.memory.close()
         for _mapping, _found, memory in self.regions.values():

@@ -41,6 +41,7 @@ class ListenOptions:
     max_transfer: int = 128 * 1024
     limits: object = None  # transport/resources.py ResourceLimits, or None for the defaults
     remote_invalidate: bool = True
+    data_path: str = "python"  # RDMA I/O queues: "native" runs them in C (transport/rdma_native.py, docs/native.md)
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,7 @@ def _rdma_listen(loop, port, handler, options: ListenOptions):
     from .rdma import RdmaListener
     return RdmaListener(loop, port.traddr, port.trsvcid, handler=handler, port_id=port.portid,
                         max_transfer=options.max_transfer, limits=options.limits,
-                        remote_invalidate=options.remote_invalidate)
+                        remote_invalidate=options.remote_invalidate, data_path=options.data_path)
 
 
 def _rdma_require():

@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Instructions and heap allocations per 4 KiB I/O of the native data path, beside the Python data path, through
+the fake verbs provider (tests/native/fakeprov.c).  A benchmark, not a test: it prints figures, asserts nothing.
+
+    python3 benchmarks/native_cost.py [--ios N] [--json]        (make bench-native)
+
+Each case drives one I/O queue of a real Target (admin queue over loopback, the I/O queue through the C queue on
+the fake provider): QD capsules are delivered into the queue's receives, then the queue is polled until idle.
+native: the C queue serves the reads and writes itself.  python: the same queue with an empty native view, so
+every capsule goes to the Python core, which answers through the same C queue: the Python data path's cost in
+the same harness (its RequestBook and the core; the pyverbs transport's own cost is benchmarks/transport_cost.py).
+
+instructions: callgrind, collecting only under the queue's poll (`--toggle-collect=nq_poll`) and not inside the
+fake provider's entry points (post_send, post_recv, poll_cq, req_notify_cq, toggled off again): the target's
+code, Python's included for the python case.  Two runs of N and 2N I/Os; the difference divided by N, so setup
+cancels.  allocations: malloc/calloc/realloc calls during the polls (an LD_PRELOAD counter, Python's allocator
+set to malloc so that its objects count), per I/O.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+UNIT = REPO / "tests" / "unit"
+PROVIDER_ENTRIES = ("fake_post_send", "fake_post_recv", "fake_poll_cq", "fake_req_notify_cq")
+CASES = [(path, op, qd) for path in ("native", "python") for op in ("read", "write") for qd in (1, 32)]
+
+
+def drive(path: str, op: str, qd: int, ios: int, count_mallocs: bool) -> dict:
+    """Run `ios` 4 KiB I/Os at queue depth `qd`; the malloc calls made under poll() when asked."""
+    sys.path[:0] = [str(REPO), str(UNIT)]
+    from loopback_env import SUB_RAM, ram_ns, port  # noqa: E402
+    from native_diff import NativeEndpoint, io_capsule  # noqa: E402
+    config = {"hosts": [], "ports": [port(1, "10.99.0.1:4420", [SUB_RAM])],
+              "subsystems": [{"nqn": SUB_RAM, "namespaces": [ram_ns(1, "16M", 512)]}]}
+    ep = NativeEndpoint(config, SUB_RAM, depth=32)
+    if path == "python":
+        ep.env.target.native_data_path = False
+        ep.queue.set_view(False, [])
+    opc = 0x02 if op == "read" else 0x01
+    capsules = [io_capsule(ep, opc, 1, (i % 4096) * 8, 7, 4096, offset=(i % 128) * 4096, cid=i & 0xFFFF)
+                for i in range(qd)]
+    counter = None
+    overhead = 0
+    if count_mallocs:
+        counter = ctypes.c_ulonglong.in_dll(ctypes.CDLL(None), "malloc_count_calls")
+        # reading the counter makes a Python int (a malloc of its own): measured, then subtracted per round
+        first = counter.value
+        overhead = counter.value - first
+    queue, device = ep.queue, ep.device
+    mallocs = 0
+    done = 0
+    before = queue.stats()
+    while done < ios:
+        for capsule in capsules:
+            device.deliver(capsule)
+        start = counter.value if counter is not None else 0
+        while queue.poll():
+            pass
+        if counter is not None:
+            mallocs += counter.value - start - overhead
+        answered = device.responses()
+        assert len(answered) == qd and all(c[14:16] == b"\0\0" for c, _ in answered), answered[:2]
+        done += qd
+    after = queue.stats()
+    native_commands = after["native_commands"] - before["native_commands"]
+    return {"ios": done, "mallocs": mallocs, "native_commands": native_commands,
+            "python_commands": after["python_commands"] - before["python_commands"]}
+
+
+def build(source: Path, out: Path) -> Path:
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-o", str(out), str(source)], check=True)
+    return out
+
+
+def callgrind_total(path: str, op: str, qd: int, ios: int, workdir: Path) -> int:
+    out = workdir / f"cg.{path}.{op}.{qd}.{ios}"
+    cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=nq_poll",
+           *[f"--toggle-collect={f}" for f in PROVIDER_ENTRIES], f"--callgrind-out-file={out}",
+           sys.executable, __file__, "--drive", path, op, str(qd), str(ios)]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    text = out.read_text()
+    match = re.search(r"^summary:\s+(\d+)", text, re.M) or re.search(r"^totals:\s+(\d+)", text, re.M)
+    return int(match.group(1))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ios", type=int, default=256, help="I/Os of the shorter callgrind run (the other has twice)")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--drive", nargs=4, metavar=("PATH", "OP", "QD", "IOS"), help=argparse.SUPPRESS)
+    ap.add_argument("--count-mallocs", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.drive:
+        path, op, qd, ios = args.drive
+        print(json.dumps(drive(path, op, int(qd), int(ios), args.count_mallocs)))
+        return 0
+    if not shutil.which("valgrind"):
+        print("valgrind is not installed: apt-get install valgrind", file=sys.stderr)
+        return 2
+    sys.path[:0] = [str(REPO)]
+    from nvmeof_roce import native
+    if not native.available():
+        print(native.missing_reason, file=sys.stderr)
+        return 2
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        counter = build(REPO / "tests" / "native" / "malloc_count.c", workdir / "malloc_count.so")
+        for path, op, qd in CASES:
+            n = max(args.ios // qd * qd, qd)
+            short = callgrind_total(path, op, qd, n, workdir)
+            long = callgrind_total(path, op, qd, 2 * n, workdir)
+            env = dict(os.environ, LD_PRELOAD=str(counter), PYTHONMALLOC="malloc")
+            run = subprocess.run([sys.executable, __file__, "--drive", path, op, str(qd), str(n), "--count-mallocs"],
+                                 env=env, check=True, capture_output=True, text=True)
+            counted = json.loads(run.stdout.strip().splitlines()[-1])
+            results.append({"path": path, "op": op, "qd": qd, "instructions_per_io": round((long - short) / n),
+                            "mallocs_per_io": round(counted["mallocs"] / counted["ios"], 2),
+                            "served_natively": counted["native_commands"] == counted["ios"]})
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return 0
+    print(f"{'path':8} {'op':6} {'QD':>3} {'instructions/IO':>16} {'mallocs/IO':>11}")
+    for r in results:
+        print(f"{r['path']:8} {r['op']:6} {r['qd']:>3} {r['instructions_per_io']:>16,} {r['mallocs_per_io']:>11}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

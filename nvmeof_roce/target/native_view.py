@@ -1,0 +1,90 @@
+"""The native data path's read-only view of a queue: what its C queue may serve without Python (docs/native.md).
+
+A queue whose transport has `set_view` (transport/native_queue.py) serves Read, Write and Flush of the namespaces
+listed here itself; everything else comes to the core.  The view lists a namespace only when every check of
+`Target._start` that does not depend on the command passes for it: the controller is ready, the queue is an
+authenticated I/O queue, the namespace is attached, not removed, its ANA group is optimized or non-optimized on
+the controller's port, and it is RAM (registered with the device) or null.  The core calls `refresh` after
+anything that can change one of those (a capsule it handled, a namespace change, an ANA change) and before the
+event loop polls again, so a live change never races a command.  The native counters are folded into the
+namespaces' own figures (`Namespace.bytes_read`, ...) when the view is replaced and at each tick.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .controller import Controller
+    from .core import Target
+    from .request import QueueState
+
+
+def native_queues(ctrl: "Controller"):
+    """The controller's I/O queues whose transport runs the native data path."""
+    return [qs for qs in ctrl.io_queues.values() if hasattr(qs.transport, "set_view")]
+
+
+def view_of(target: "Target", qs: "QueueState") -> tuple:
+    """(ready, namespaces) for one queue."""
+    ctrl = qs.ctrl
+    if (qs.closed or ctrl is None or ctrl.dead or ctrl.is_discovery or not ctrl.ready or qs.qid == 0
+            or (qs.auth is not None and not qs.auth.authenticated)):
+        return False, []
+    portid = getattr(ctrl.port, "portid", None)
+    namespaces = []
+    for ns in ctrl.subsystem.namespaces.values():
+        if ns.removed or target.ana.io_status(portid, ns.ana_grpid):
+            continue
+        kind = ns.backend.kind
+        addr = lkey = 0
+        if kind == "ram":
+            region = qs.transport.region_of(ns.backend)
+            if region is None:
+                continue  # not registered with the device: the core serves it (staged through chunks)
+            addr, lkey = region
+        elif kind != "null":
+            continue
+        namespaces.append((ns.nsid, kind, ns.lbads, ns.num_blocks, addr, lkey, id(ns), ns))
+    return True, namespaces
+
+
+def _fold(ctrl: "Controller", figures: dict) -> None:
+    for nsid, (reads, writes, _flushes, bytes_read, bytes_written) in figures.items():
+        ns = ctrl.subsystem.namespaces.get(nsid)
+        if ns is not None:
+            ns.read_commands += reads
+            ns.write_commands += writes
+            ns.bytes_read += bytes_read
+            ns.bytes_written += bytes_written
+
+
+def refresh_queue(target: "Target", qs: "QueueState") -> None:
+    ready, namespaces = view_of(target, qs)
+    figures = qs.transport.set_view(ready, namespaces, sq_entries=qs.sqsize + 1, sq_head=qs.sqhd,
+                                    sqflow_disabled=qs.sqflow_disabled)
+    if qs.ctrl is not None:
+        _fold(qs.ctrl, figures)
+
+
+def refresh(target: "Target", ctrl: "Controller") -> None:
+    for qs in native_queues(ctrl):
+        refresh_queue(target, qs)
+
+
+def refresh_all(target: "Target") -> None:
+    for ctrl in target.controllers():
+        refresh(target, ctrl)
+
+
+def collect(target: "Target") -> None:
+    """Fold the native counters into the namespaces' figures; a native command counts as keep-alive traffic."""
+    now = target.clock()
+    for ctrl in target.controllers():
+        for qs in native_queues(ctrl):
+            transport = qs.transport
+            before = getattr(transport, "_native_seen", 0)
+            seen = transport.stats()["native_commands"]
+            if seen != before:
+                transport._native_seen = seen
+                ctrl.last_traffic = now  # CTRATT.TBKAS, as Target._start does for every command
+            _fold(ctrl, transport.take_stats())

@@ -1,0 +1,238 @@
+"""A target queue whose per-command work runs in C (`nvmeof_roce._native.Queue`, docs/native.md).
+
+The C queue owns the receive ring and posts every work request on the QP.  Reads, Writes and Flushes of the RAM
+and null namespaces in its view never reach Python; every other capsule comes here (`_on_capsule`) and goes to
+the target core as on the Python path, with a `TxRequest` of this queue's `RequestBook`
+(transport/rdma_requests.py).  The book's Poster is this class: its READs and responses are posted through the C
+queue (`post_read`, `post_response`), so one owner posts on the QP; its send completions come back through
+`_on_send_done`.  The send queue is split: the book counts `python_send` entries of it, the C queue the rest.
+
+Nothing here touches a device: the verbs objects (QP, CQs) and the registered memory are handed over as
+addresses and keys (`NativeVerbs`), by the RDMA transport on a real device or by the tests' fake provider
+(tests/native/fakeprov.c).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from .base import ConnectRequest, QueueHandler, RemoteAccessError, TargetQueue, TransportError
+from .rdma_requests import RequestBook, TxRequest
+from .resources import PoolShare
+
+log = logging.getLogger(__name__)
+
+SQE_SIZE = 64
+CQE_SIZE = 16
+
+
+@dataclass
+class Region:
+    """Registered memory: its address, local key, length and a writable view of it (None: not ours to touch)."""
+
+    addr: int
+    lkey: int
+    length: int
+    view: Optional[memoryview] = None
+
+    def spec(self):
+        return (self.addr, self.lkey, self.length)
+
+
+@dataclass
+class NativeVerbs:
+    """What the C queue posts and polls on: addresses of the verbs objects (from the CM id, or a fake provider)."""
+
+    qp: int
+    send_cq: int
+    recv_cq: int
+    max_reads: int  # the host's responder resources granted to this QP (RDMA READs in flight)
+    remote_invalidate: bool = True
+
+
+@dataclass
+class ChunkPool:
+    """The data chunks the Python side's requests stage their transfers in (the port's pool)."""
+
+    region: Region
+    chunk_size: int
+
+    def view(self, chunk: int, length: int) -> memoryview:
+        start = chunk * self.chunk_size
+        return self.region.view[start:start + length]
+
+    def addr(self, chunk: int) -> int:
+        return self.region.addr + chunk * self.chunk_size
+
+
+class NativeTargetQueue(TargetQueue):
+    """One NVMe queue served by the C data path, with the Python core behind it for everything else."""
+
+    def __init__(self, module, handler: QueueHandler, request: ConnectRequest, verbs: NativeVerbs, *,
+                 in_capsule_size: int, recv: Region, chunks: ChunkPool, share: PoolShare, max_transfer: int,
+                 zero: Optional[Region] = None, sink: Optional[Region] = None,
+                 region_of: Callable[[object], Optional[tuple]] = lambda backend: None,
+                 on_close: Callable[["NativeTargetQueue"], None] = lambda queue: None):
+        self.handler = handler
+        self.request = request
+        self.in_capsule_size = in_capsule_size
+        self.depth = request.hsqsize + 1
+        self.recv_size = SQE_SIZE + in_capsule_size
+        self.recv_count = self.depth + 1
+        if recv.length < self.recv_count * self.recv_size:
+            raise ValueError(f"receive region of {recv.length} bytes; {self.recv_count} x {self.recv_size} needed")
+        self.chunks = chunks
+        self.share = share
+        self.max_transfer = max_transfer
+        self.region_of = region_of  # (addr, lkey) of a RAM backend's registered memory, or None
+        self.zero, self.sink = zero, sink
+        self._on_close = on_close
+        self.closed = False
+        # Send queue as the RDMA transport sizes it (transport/rdma.py): per command a READ, or a WRITE and a SEND,
+        # twice over; the Python side's book gets a quarter of it (its commands are the rare ones).
+        self.send_queue = 4 * self.depth + 8
+        python_send = max(8, self.send_queue // 4)
+        self.book = RequestBook(self, share, python_send, verbs.max_reads, prealloc=self.recv_count)
+        self.native = module.Queue(
+            verbs.qp, verbs.send_cq, verbs.recv_cq, qid=request.qid, recv=recv.spec(), recv_count=self.recv_count,
+            recv_size=self.recv_size, requests=self.recv_count, send_queue=self.send_queue, python_send=python_send,
+            reads=verbs.max_reads, on_capsule=self._on_capsule, on_send_done=self._on_send_done,
+            on_failure=self._on_failure, zero=zero.spec() if zero else None, sink=sink.spec() if sink else None,
+            remote_invalidate=verbs.remote_invalidate)
+        self.view_ready = False
+
+    # -- the C queue's callbacks (during poll())
+
+    def _on_capsule(self, capsule: bytes) -> None:
+        if self.closed:
+            return
+        if len(capsule) < SQE_SIZE:
+            log.warning("queue %d: capsule of %d bytes (< 64): closing the queue", self.qid, len(capsule))
+            self.close()
+            return
+        book = self.book
+        tx = book.received()
+        book.delivered(tx)
+        book.begin_batch()  # its posts join the C queue's batch; flushed when the poll ends
+        try:
+            self.handler.capsule_received(self, memoryview(capsule), tx)
+        finally:
+            book.end_batch()
+
+    def _on_send_done(self, index: int) -> None:
+        if not self.closed and index < len(self.book.requests):
+            self.book.send_completed(self.book.requests[index])
+
+    def _on_failure(self, status: int, wr_id: int) -> None:
+        log.warning("queue %d: work completion failed: status %d: closing the queue", self.qid, status)
+        self.close(RemoteAccessError(f"work completion failed with status {status}"))
+
+    # -- driving it
+
+    def poll(self, budget: int = 256) -> int:
+        """Handle up to `budget` completions (one doorbell for what they post); 0 when there was none."""
+        if self.closed:
+            return 0
+        return self.native.poll(budget)
+
+    def set_view(self, ready: bool, namespaces, sq_entries: int = 0, sq_head: int = 0,
+                 sqflow_disabled: bool = False) -> dict:
+        """The one call that changes what the C queue serves itself (target/native_view.py builds it)."""
+        if self.closed:
+            return {}
+        self.view_ready = ready
+        return self.native.set_view(ready, self.max_transfer, namespaces, sq_entries=sq_entries, sq_head=sq_head,
+                                    sqflow_disabled=sqflow_disabled)
+
+    def take_stats(self) -> dict:
+        return {} if self.closed else self.native.take_stats()
+
+    def stats(self) -> dict:
+        return self.native.stats()
+
+    # -- the book's Poster: everything goes through the C queue
+
+    def post_read(self, req: TxRequest) -> None:
+        self.native.post_read(req.index, self.chunks.addr(req.chunk), self.chunks.region.lkey, req.length,
+                              req.addr, req.key)
+
+    def post_response(self, req: TxRequest) -> None:
+        laddr = lkey = 0
+        if req.length:
+            if req.external is not None:
+                laddr, lkey = req.external
+            else:
+                laddr, lkey = self.chunks.addr(req.chunk), self.chunks.region.lkey
+        self.native.post_response(req.index, req.cqe, req.signaled, laddr, lkey, req.length, req.addr, req.key,
+                                  -1 if req.invalidate is None else req.invalidate)
+
+    def flush(self) -> None:
+        if not self.closed:
+            self.native.flush()
+
+    def stage(self, chunk: int, data) -> None:
+        self.chunks.view(chunk, len(data))[:] = data
+
+    def chunk_view(self, chunk: int, length: int) -> memoryview:
+        return self.chunks.view(chunk, length)
+
+    # -- the TargetQueue contract (the Python core's side)
+
+    def read_host(self, addr: int, key: int, length: int, done, tx=None) -> None:
+        if self.closed:
+            done(None, TransportError("queue is closed"))
+            return
+        if length > self.max_transfer:
+            done(None, TransportError(f"transfer of {length} bytes exceeds {self.max_transfer}"))
+            return
+        if tx is None:
+            tx = self.book.received()
+            self.book.delivered(tx)
+        self.book.read(tx, addr, key, length, done)
+
+    def data_buffer(self, length: int, tx=None) -> Optional[memoryview]:
+        if tx is None or length > self.max_transfer or not self.book.buffer(tx):
+            return None
+        return self.chunks.view(tx.chunk, length)
+
+    def complete(self, cqe: bytes, data=None, addr: int = 0, key: int = 0, invalidate_key: Optional[int] = None,
+                 tx=None, source=None) -> None:
+        if self.closed:
+            if tx is not None:
+                self.book.dropped(tx)
+            return
+        if data is not None and len(data) > self.max_transfer:
+            raise TransportError(f"RDMA WRITE of {len(data)} bytes exceeds the {self.max_transfer}-byte MDTS")
+        if len(cqe) != CQE_SIZE:
+            raise TransportError(f"response of {len(cqe)} bytes (a CQE is {CQE_SIZE})")
+        book = self.book
+        if tx is None:
+            tx = book.received()
+            book.delivered(tx)
+        external = None
+        if source is not None and data is not None:
+            region = self.region_of(source[0])
+            if region is not None:
+                external = (region[0] + source[1], region[1])
+        book.complete(tx, cqe, data, addr, key, invalidate_key, external)
+
+    def responses_in_flight(self) -> int:
+        if self.closed:
+            return 0
+        return self.book.completing() + self.native.stats()["native_in_flight"]
+
+    def connected(self) -> bool:
+        return self.share.commit()
+
+    def close(self, error: Optional[TransportError] = None) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.handler.queue_closed(self)
+        finally:
+            self._on_close(self)  # the owner destroys the QP first: nothing may still write our buffers
+            self.native.close()
+            self.book.close(error or TransportError("queue closed"))
+            self.share.close()

@@ -1,0 +1,202 @@
+"""Native I/O queues on a real RDMA device: the QP made by librdmacm on the CM id, the data path in C (docs/native.md).
+
+`RdmaListener` (transport/rdma.py) keeps the CM: it checks the connect request and, on a listener whose data path
+is native, opens each I/O queue here instead of as an `RdmaTargetQueue` (admin queues stay on the Python path).
+`_native.create_cm_qp` makes the QP with a send and a receive CQ on their own completion channels, on the PD
+librdmacm keeps for the device (`id->pd`); the memory the C queue uses is registered on that PD
+(`NativePortMemory`: the port's data pool a second time, zero and sink buffers, RAM namespaces); pyverbs'
+`rdma_accept` moves the QP to RTR and RTS.  The CQ channels' fds are watched by the event loop (interrupt mode).
+"""
+from __future__ import annotations
+
+import logging
+import mmap
+from typing import Dict, Optional
+
+from ..nvme import cm as cmdata
+from .native_queue import ChunkPool, NativeTargetQueue, NativeVerbs, Region
+
+log = logging.getLogger(__name__)
+
+IBV_ACCESS_LOCAL_WRITE = 1
+RESPONSE_SIZE = 16
+ACK_TIMEOUT = 19  # as transport/rdma.py: rdma_cm's value, bounded
+
+
+class NativePortMemory:
+    """What every native queue of one listener shares, registered on librdmacm's PD of the device."""
+
+    def __init__(self, module, listener, pd: int):
+        self.module = module
+        self.pd = pd
+        self.mrs = []
+        pool = listener.pool
+        size = pool.chunk_size * pool.accounts.total
+        mr, lkey, _ = module.reg_mr(pd, pool.memory.addr, size, IBV_ACCESS_LOCAL_WRITE)
+        self.mrs.append(mr)
+        self.pool = ChunkPool(Region(pool.memory.addr, lkey, size, pool.memory.view), pool.chunk_size)
+        self.zero = self._buffer(listener.max_transfer)
+        self.sink = self._buffer(listener.max_transfer)
+        self.regions: Dict[int, tuple] = {}  # id(mapping) -> (mapping, (addr, lkey) or None)
+
+    def _buffer(self, size: int) -> Region:
+        mapping = mmap.mmap(-1, size)
+        self.keep = getattr(self, "keep", []) + [mapping]
+        addr = _address(mapping)
+        mr, lkey, _ = self.module.reg_mr(self.pd, addr, size, IBV_ACCESS_LOCAL_WRITE)
+        self.mrs.append(mr)
+        return Region(addr, lkey, size, memoryview(mapping))
+
+    def region(self, backend) -> Optional[tuple]:
+        """(addr, lkey) of a RAM namespace's memory on this PD (registered once; kept until the listener closes)."""
+        pin = getattr(backend, "pin", None)
+        if pin is None:
+            return None
+        mapping = backend.buffer.obj if backend.buffer is not None else None
+        entry = self.regions.get(id(mapping))
+        if entry is not None and entry[0] is mapping:
+            return entry[1]
+        mapping = pin()
+        try:
+            mr, lkey, _ = self.module.reg_mr(self.pd, _address(mapping), len(mapping), IBV_ACCESS_LOCAL_WRITE)
+            self.mrs.append(mr)
+            found = (_address(mapping), lkey)
+        except OSError as exc:
+            log.warning("cannot register a RAM namespace for the native data path (%s): the core serves it", exc)
+            found = None
+        self.regions[id(mapping)] = (mapping, found)
+        return found
+
+    def close(self) -> None:
+        for mr in self.mrs:
+            try:
+                self.module.dereg_mr(mr)
+            except OSError as exc:
+                log.warning("deregistering native memory failed: %s", exc)
+        self.mrs = []
+        self.regions.clear()
+
+
+def _address(mapping) -> int:
+    import ctypes
+    anchor = ctypes.c_char.from_buffer(mapping)
+    try:
+        return ctypes.addressof(anchor)
+    finally:
+        del anchor  # no export left on the mapping (it may be closed or resized later)
+
+
+class RdmaNativeQueue(NativeTargetQueue):
+    """One accepted I/O queue on the native data path."""
+
+    def __init__(self, module, listener, cm_id, id_ptr: int, request, memory_of):
+        self.listener = listener
+        self.cm_id = cm_id
+        self.id_ptr = id_ptr
+        self.module = module
+        self.peer_gone = False
+        self.recv_mr = None
+        self.released = False
+        self.watched = []
+        depth = request.hsqsize + 1
+        in_capsule = listener.in_capsule_size if request.qid else 0
+        recv_size, recv_count = 64 + in_capsule, depth + 2
+        send_queue = 4 * depth + 8
+        self.objects = module.create_cm_qp(id_ptr, send_queue, recv_count, RESPONSE_SIZE)
+        try:
+            memory: NativePortMemory = memory_of(self.objects["pd"])
+            self.recv_map = mmap.mmap(-1, recv_count * recv_size)
+            addr = _address(self.recv_map)
+            self.recv_mr, lkey, _ = module.reg_mr(self.objects["pd"], addr, len(self.recv_map), IBV_ACCESS_LOCAL_WRITE)
+        except Exception:
+            self._release()
+            raise
+        try:
+            from pyverbs import enums as e
+            rts, _ = cm_id.init_qp_attr(e.IBV_QPS_RTS)
+            offered = rts.max_rd_atomic or 0
+        except Exception:
+            offered = 0
+        max_reads = min(offered or 1, listener.device.max_qp_init_rd_atom)
+        share = listener.pool.accounts.share(wake=self._resume)
+        super().__init__(module, listener.handler, request,
+                         NativeVerbs(self.objects["qp"], self.objects["send_cq"], self.objects["recv_cq"], max_reads,
+                                     listener.remote_invalidate),
+                         in_capsule_size=in_capsule, recv=Region(addr, lkey, len(self.recv_map)),
+                         chunks=memory.pool, share=share, max_transfer=listener.max_transfer, zero=memory.zero,
+                         sink=memory.sink, region_of=memory.region, on_close=lambda queue: queue._release())
+        self.cq_fd = self.objects["recv_fd"]
+        self.native.arm()
+        for fd in (self.objects["recv_fd"], self.objects["send_fd"]):
+            listener.loop.watch(fd, self._on_cq_event)
+            self.watched.append(fd)
+        from pyverbs.cmid import ConnParam
+        param = ConnParam(resources=0, depth=max_reads, flow_control=1, retry=7, rnr_retry=7,
+                          qp_num=self.objects["qp_num"], data_len=cmdata.ACCEPT_SIZE)
+        param.set_private_data(cmdata.CmAccept(0, depth).pack())
+        cm_id.accept(param)
+        log.info("queue %d accepted on %s:%d (native data path): depth %d, in-capsule %d B, %d RDMA READs in "
+                 "flight", request.qid, listener.traddr, listener.trsvcid, depth, in_capsule, max_reads)
+
+    def _resume(self) -> None:
+        if not self.closed:
+            self.book.resume()
+
+    def _on_cq_event(self):
+        if self.closed:
+            return None
+        module, objects = self.module, self.objects
+        module.cq_events(objects["recv_channel"])
+        module.cq_events(objects["send_channel"])
+        self.native.arm()  # re-armed before polling, so no completion is missed
+        return self._poll_more()
+
+    def _poll_more(self):
+        if self.closed:
+            return None
+        budget = 64
+        done = self.poll(budget)
+        return self._poll_more if done >= budget else None  # the loop calls again next pass
+
+    def in_flight(self) -> int:
+        return self.book.in_flight() + (0 if self.closed else self.native.stats()["native_in_flight"])
+
+    def guarantee_capacity(self):
+        return self.listener.pool.accounts.guarantee_capacity()
+
+    def close(self, error=None) -> None:
+        if self.closed:
+            return
+        listener = self.listener
+        for fd in self.watched:
+            listener.loop.unwatch(fd)
+        self.watched = []
+        try:
+            self.cm_id.disconnect()
+        except Exception:
+            pass
+        try:
+            super().close(error)  # destroys the QP (on_close) before the requests and buffers are let go
+        finally:
+            self._release()
+            try:
+                listener.forget(self)
+            except Exception:
+                log.exception("queue %d: releasing its CM id failed", self.qid)
+            log.info("queue %d closed", self.qid)
+
+    def _release(self) -> None:
+        """The QP (and its CQs) first: nothing may write our buffers afterwards."""
+        if self.released:
+            return
+        self.released = True
+        try:
+            self.module.destroy_cm_qp(self.id_ptr)
+        except Exception as exc:
+            log.warning("destroying the native queue's QP failed: %s", exc)
+        if self.recv_mr is not None:
+            try:
+                self.module.dereg_mr(self.recv_mr)
+            except OSError:
+                pass
+            self.recv_mr = None

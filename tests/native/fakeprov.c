@@ -1,0 +1,322 @@
+/* A fake verbs provider for the native queue's tests: no device, no driver.
+ *
+ * libibverbs' hot calls (ibv_post_send, ibv_post_recv, ibv_poll_cq, ibv_req_notify_cq) are static inlines that
+ * jump through qp->context->ops / cq->context->ops, so a struct ibv_context whose ops are ours stands in for a
+ * device.  The "wire" is this file: it executes RDMA READ and WRITE by memcpy between the host's buffers
+ * (registered here with an rkey) and the target's (registered with an lkey), checks every key and bound as an
+ * RC QP would (a bad one completes the work request with an access error and puts the QP in the error state,
+ * flushing the rest), records each response SEND for the test, and turns each capsule the test injects into a
+ * receive completion.  Built by the tests into a small .so (tests/native/fakeverbs.py), never into the product.
+ *
+ * The provider's entry points are fake_post_send, fake_post_recv, fake_poll_cq and fake_req_notify_cq:
+ * benchmarks/native_cost.py excludes them from the target's instructions; what the tests call is fakehost_*.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <infiniband/verbs.h>
+
+#define FAKE_MRS 1024
+#define FAKE_RING 8192
+#define FAKE_RESPONSES 65536
+
+struct fake_mr {
+    uint64_t addr, len;
+    uint32_t key;
+    int valid;
+};
+
+struct fake_ring {
+    struct ibv_wc wc[FAKE_RING];
+    uint32_t head, count;
+    uint64_t overflow;
+};
+
+struct fake_response {
+    uint8_t cqe[16];
+    uint32_t invalidated_rkey;
+    uint32_t flags; /* 1: SEND with invalidate */
+};
+
+struct fake_dev {
+    struct ibv_context ctx;
+    struct ibv_pd pd;
+    struct ibv_cq send_cq, recv_cq;
+    struct ibv_qp qp;
+    int shared_cq;
+    struct fake_mr local[FAKE_MRS], remote[FAKE_MRS];
+    int nlocal, nremote;
+    uint32_t next_key;
+    struct {
+        uint64_t wr_id, addr;
+        uint32_t len, lkey;
+    } recvs[FAKE_RING];
+    uint32_t recv_head, recv_count;
+    struct fake_ring scq, rcq;
+    struct fake_response *responses;
+    uint32_t nresponses;
+    int qp_error;
+    uint64_t post_send_calls, post_recv_calls, poll_calls, arm_calls, wrs_posted, rnr, reads, writes;
+    uint64_t bytes_read, bytes_written;
+};
+
+#define DEV(c) ((struct fake_dev *)(c))
+
+static void fake_push(struct fake_ring *ring, uint64_t wr_id, enum ibv_wc_status status, enum ibv_wc_opcode op,
+                      uint32_t byte_len)
+{
+    if (ring->count == FAKE_RING) {
+        ring->overflow++;
+        return;
+    }
+    struct ibv_wc *wc = &ring->wc[(ring->head + ring->count++) % FAKE_RING];
+    memset(wc, 0, sizeof *wc);
+    wc->wr_id = wr_id;
+    wc->status = status;
+    wc->opcode = op;
+    wc->byte_len = byte_len;
+}
+
+static struct fake_mr *fake_find(struct fake_mr *table, int n, uint32_t key, uint64_t addr, uint64_t len)
+{
+    for (int i = 0; i < n; i++) {
+        struct fake_mr *m = &table[i];
+        if (m->key == key && m->valid)
+            return (addr >= m->addr && len <= m->len && addr - m->addr <= m->len - len) ? m : NULL;
+    }
+    return NULL;
+}
+
+static int fake_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
+{
+    struct fake_dev *d = DEV(cq->context);
+    struct fake_ring *ring = cq == &d->send_cq ? &d->scq : &d->rcq;
+    int got = 0;
+    d->poll_calls++;
+    while (got < n && ring->count) {
+        wc[got++] = ring->wc[ring->head];
+        ring->head = (ring->head + 1) % FAKE_RING;
+        ring->count--;
+    }
+    return got;
+}
+
+static int fake_req_notify_cq(struct ibv_cq *cq, int solicited_only)
+{
+    DEV(cq->context)->arm_calls++;
+    return 0;
+}
+
+static int fake_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+{
+    struct fake_dev *d = DEV(qp->context);
+    d->post_recv_calls++;
+    for (; wr; wr = wr->next) {
+        if (d->recv_count == FAKE_RING || wr->num_sge != 1) {
+            *bad = wr;
+            return 12; /* ENOMEM */
+        }
+        uint32_t i = (d->recv_head + d->recv_count++) % FAKE_RING;
+        d->recvs[i].wr_id = wr->wr_id;
+        d->recvs[i].addr = wr->sg_list[0].addr;
+        d->recvs[i].len = wr->sg_list[0].length;
+        d->recvs[i].lkey = wr->sg_list[0].lkey;
+    }
+    return 0;
+}
+
+/* One work request on the wire: 0, or the completion status it failed with. */
+static enum ibv_wc_status fake_execute(struct fake_dev *d, struct ibv_send_wr *wr)
+{
+    struct ibv_sge *sge = wr->sg_list;
+    switch (wr->opcode) {
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_READ: {
+        if (wr->num_sge != 1)
+            return IBV_WC_LOC_LEN_ERR;
+        if (!fake_find(d->local, d->nlocal, sge->lkey, sge->addr, sge->length))
+            return IBV_WC_LOC_PROT_ERR;
+        if (!fake_find(d->remote, d->nremote, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr, sge->length))
+            return IBV_WC_REM_ACCESS_ERR;
+        void *remote = (void *)(uintptr_t)wr->wr.rdma.remote_addr, *local = (void *)(uintptr_t)sge->addr;
+        if (wr->opcode == IBV_WR_RDMA_WRITE) {
+            memcpy(remote, local, sge->length);
+            d->writes++;
+            d->bytes_written += sge->length;
+        } else {
+            memcpy(local, remote, sge->length);
+            d->reads++;
+            d->bytes_read += sge->length;
+        }
+        return IBV_WC_SUCCESS;
+    }
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_INV: {
+        if (wr->num_sge != 1 || sge->length != 16)
+            return IBV_WC_LOC_LEN_ERR;
+        if (!(wr->send_flags & IBV_SEND_INLINE) && !fake_find(d->local, d->nlocal, sge->lkey, sge->addr, 16))
+            return IBV_WC_LOC_PROT_ERR;
+        if (wr->opcode == IBV_WR_SEND_WITH_INV) { /* the host's receive fails on a key it cannot invalidate */
+            int known = 0;
+            for (int i = 0; i < d->nremote; i++)
+                known |= d->remote[i].key == wr->invalidate_rkey && d->remote[i].valid;
+            if (!known)
+                return IBV_WC_REM_INV_REQ_ERR;
+        }
+        if (d->nresponses == FAKE_RESPONSES)
+            return IBV_WC_REM_INV_REQ_ERR; /* the host's receive ring is full (the test forgot to drain it) */
+        struct fake_response *r = &d->responses[d->nresponses++];
+        memcpy(r->cqe, (void *)(uintptr_t)sge->addr, 16);
+        r->flags = 0;
+        r->invalidated_rkey = 0;
+        if (wr->opcode == IBV_WR_SEND_WITH_INV) {
+            r->flags = 1;
+            r->invalidated_rkey = wr->invalidate_rkey;
+            for (int i = 0; i < d->nremote; i++)
+                if (d->remote[i].key == wr->invalidate_rkey)
+                    d->remote[i].valid = 0;
+        }
+        return IBV_WC_SUCCESS;
+    }
+    default:
+        return IBV_WC_LOC_QP_OP_ERR;
+    }
+}
+
+static enum ibv_wc_opcode fake_wc_opcode(enum ibv_wr_opcode op)
+{
+    return op == IBV_WR_RDMA_READ ? IBV_WC_RDMA_READ : op == IBV_WR_RDMA_WRITE ? IBV_WC_RDMA_WRITE : IBV_WC_SEND;
+}
+
+static int fake_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+    struct fake_dev *d = DEV(qp->context);
+    d->post_send_calls++;
+    for (; wr; wr = wr->next) {
+        d->wrs_posted++;
+        enum ibv_wc_status status = d->qp_error ? IBV_WC_WR_FLUSH_ERR : fake_execute(d, wr);
+        if (status != IBV_WC_SUCCESS) {
+            d->qp_error = 1; /* an RC QP in error completes everything with an error, signaled or not */
+            fake_push(&d->scq, wr->wr_id, status, fake_wc_opcode(wr->opcode), 0);
+        } else if (wr->send_flags & IBV_SEND_SIGNALED) {
+            fake_push(&d->scq, wr->wr_id, IBV_WC_SUCCESS, fake_wc_opcode(wr->opcode),
+                      wr->opcode == IBV_WR_RDMA_READ ? wr->sg_list->length : 0);
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ what the tests call (ctypes) */
+
+void *fakehost_new(int shared_cq)
+{
+    struct fake_dev *d = calloc(1, sizeof *d);
+    if (!d)
+        return NULL;
+    d->responses = calloc(FAKE_RESPONSES, sizeof *d->responses);
+    if (!d->responses) {
+        free(d);
+        return NULL;
+    }
+    d->ctx.ops.poll_cq = fake_poll_cq;
+    d->ctx.ops.req_notify_cq = fake_req_notify_cq;
+    d->ctx.ops.post_send = fake_post_send;
+    d->ctx.ops.post_recv = fake_post_recv;
+    d->pd.context = &d->ctx;
+    d->send_cq.context = d->recv_cq.context = &d->ctx;
+    d->qp.context = &d->ctx;
+    d->qp.pd = &d->pd;
+    d->shared_cq = shared_cq;
+    d->qp.send_cq = &d->send_cq;
+    d->qp.recv_cq = shared_cq ? &d->send_cq : &d->recv_cq;
+    d->qp.qp_type = IBV_QPT_RC;
+    d->qp.state = IBV_QPS_RTS;
+    d->next_key = 0x1000;
+    return d;
+}
+
+void fakehost_free(void *dev)
+{
+    struct fake_dev *d = dev;
+    if (d)
+        free(d->responses);
+    free(d);
+}
+
+void *fakehost_qp(void *dev) { return &DEV(dev)->qp; }
+void *fakehost_send_cq(void *dev) { return &DEV(dev)->send_cq; }
+void *fakehost_recv_cq(void *dev) { return DEV(dev)->qp.recv_cq; }
+
+static uint32_t fake_reg(struct fake_dev *d, struct fake_mr *table, int *n, uint64_t addr, uint64_t len)
+{
+    if (*n == FAKE_MRS)
+        return 0;
+    struct fake_mr *m = &table[(*n)++];
+    m->addr = addr;
+    m->len = len;
+    m->key = d->next_key++;
+    m->valid = 1;
+    return m->key;
+}
+
+uint32_t fakehost_reg_local(void *dev, uint64_t addr, uint64_t len)
+{
+    return fake_reg(DEV(dev), DEV(dev)->local, &DEV(dev)->nlocal, addr, len);
+}
+
+uint32_t fakehost_reg_remote(void *dev, uint64_t addr, uint64_t len)
+{
+    return fake_reg(DEV(dev), DEV(dev)->remote, &DEV(dev)->nremote, addr, len);
+}
+
+/* The host SENDs a capsule: into the oldest posted receive, as a receive completion.  -1: no receive posted
+ * (an RNR on a real link); -2: longer than the receive buffer. */
+int fakehost_deliver(void *dev, const void *capsule, uint32_t len)
+{
+    struct fake_dev *d = dev;
+    if (!d->recv_count) {
+        d->rnr++;
+        return -1;
+    }
+    uint32_t i = d->recv_head;
+    if (len > d->recvs[i].len)
+        return -2;
+    d->recv_head = (d->recv_head + 1) % FAKE_RING;
+    d->recv_count--;
+    if (!fake_find(d->local, d->nlocal, d->recvs[i].lkey, d->recvs[i].addr, len)) {
+        fake_push(&d->rcq, d->recvs[i].wr_id, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0);
+        return 0;
+    }
+    memcpy((void *)(uintptr_t)d->recvs[i].addr, capsule, len);
+    fake_push(d->shared_cq ? &d->scq : &d->rcq, d->recvs[i].wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, len);
+    return 0;
+}
+
+/* The responses received since the last call, 24 bytes each: CQE, invalidated rkey, flags. */
+uint32_t fakehost_responses(void *dev, void *out, uint32_t max)
+{
+    struct fake_dev *d = dev;
+    uint32_t n = d->nresponses < max ? d->nresponses : max;
+    memcpy(out, d->responses, (size_t)n * sizeof *d->responses);
+    memmove(d->responses, d->responses + n, (size_t)(d->nresponses - n) * sizeof *d->responses);
+    d->nresponses -= n;
+    return n;
+}
+
+/* Counters: post_send calls, post_recv calls, poll calls, arm calls, work requests, RNRs, READs, WRITEs,
+ * receives posted now, QP in error, CQ overflows. */
+void fakehost_counters(void *dev, uint64_t *out)
+{
+    struct fake_dev *d = dev;
+    out[0] = d->post_send_calls;
+    out[1] = d->post_recv_calls;
+    out[2] = d->poll_calls;
+    out[3] = d->arm_calls;
+    out[4] = d->wrs_posted;
+    out[5] = d->rnr;
+    out[6] = d->reads;
+    out[7] = d->writes;
+    out[8] = d->recv_count;
+    out[9] = d->qp_error;
+    out[10] = d->scq.overflow + d->rcq.overflow;
+}

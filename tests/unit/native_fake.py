@@ -1,0 +1,149 @@
+"""The native queue on the fake verbs provider (tests/native/fakeprov.c): a target queue and a host, no device.
+
+`fake_library()` compiles the provider with gcc into build/ (once per source change) and loads it with ctypes.
+`NativeEnv` puts a `NativeTargetQueue` (transport/native_queue.py) on it, in front of a loopback `Env`'s Target:
+the admin queue goes over loopback, the I/O queue through the C queue.  `FakeHost` is the host end: it registers
+memory (rkeys), sends capsules and collects the responses the C queue SENT.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+import pytest
+
+from nvmeof_roce import native
+from nvmeof_roce.transport.base import ConnectRequest
+from nvmeof_roce.transport.native_queue import ChunkPool, NativeTargetQueue, NativeVerbs, Region
+from nvmeof_roce.transport.resources import BufferPool
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCE = ROOT / "tests" / "native" / "fakeprov.c"
+
+needs_native = pytest.mark.skipif(not native.available(), reason=native.missing_reason or "")
+
+
+def fake_library() -> ctypes.CDLL:
+    text = SOURCE.read_bytes()
+    flags = os.environ.get("NVMEOF_FAKEPROV_CFLAGS", "-O2 -g")
+    tag = hashlib.sha256(text + flags.encode()).hexdigest()[:12]
+    out = ROOT / "build" / "tests" / f"fakeprov-{tag}.so"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        subprocess.run(["gcc", "-shared", "-fPIC", "-Wall", "-Werror", *flags.split(), "-o", str(tmp), str(SOURCE)],
+                       check=True)
+        os.replace(tmp, out)
+    lib = ctypes.CDLL(str(out))
+    vp, u32, u64 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64
+    for name, res, args in (("fakehost_new", vp, [ctypes.c_int]), ("fakehost_free", None, [vp]), ("fakehost_qp", vp, [vp]),
+                            ("fakehost_send_cq", vp, [vp]), ("fakehost_recv_cq", vp, [vp]),
+                            ("fakehost_reg_local", u32, [vp, u64, u64]), ("fakehost_reg_remote", u32, [vp, u64, u64]),
+                            ("fakehost_deliver", ctypes.c_int, [vp, ctypes.c_char_p, u32]),
+                            ("fakehost_responses", u32, [vp, vp, u32]), ("fakehost_counters", None, [vp, vp])):
+        fn = getattr(lib, name)
+        fn.restype = res
+        fn.argtypes = args
+    return lib
+
+
+_LIB: Optional[ctypes.CDLL] = None
+
+
+def lib() -> ctypes.CDLL:
+    global _LIB
+    if _LIB is None:
+        _LIB = fake_library()
+    return _LIB
+
+
+COUNTERS = ("post_send", "post_recv", "polls", "arms", "wrs", "rnr", "reads", "writes", "recvs_posted",
+            "qp_error", "cq_overflow")
+
+
+class FakeDevice:
+    """One fake QP with its CQs, the target's and the host's registrations."""
+
+    def __init__(self, shared_cq: bool = True):
+        self.lib = lib()
+        self.dev = self.lib.fakehost_new(1 if shared_cq else 0)
+        self.buffers = []  # keep every registered buffer alive
+
+    def verbs(self, max_reads: int = 16) -> NativeVerbs:
+        return NativeVerbs(self.lib.fakehost_qp(self.dev), self.lib.fakehost_send_cq(self.dev), self.lib.fakehost_recv_cq(self.dev),
+                           max_reads)
+
+    def _buffer(self, size: int):
+        buf = (ctypes.c_char * size)()
+        self.buffers.append(buf)
+        return buf, ctypes.addressof(buf)
+
+    def local(self, size: int) -> Region:
+        buf, addr = self._buffer(size)
+        return Region(addr, self.lib.fakehost_reg_local(self.dev, addr, size), size, memoryview(buf).cast("B"))
+
+    def register_local(self, view) -> Tuple[int, int]:
+        """(addr, lkey) of memory someone else owns (a RAM namespace's mapping)."""
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(view))
+        return addr, self.lib.fakehost_reg_local(self.dev, addr, len(view))
+
+    def remote(self, size: int) -> Region:
+        buf, addr = self._buffer(size)
+        return Region(addr, self.lib.fakehost_reg_remote(self.dev, addr, size), size, memoryview(buf).cast("B"))
+
+    def deliver(self, capsule: bytes) -> int:
+        return self.lib.fakehost_deliver(self.dev, capsule, len(capsule))
+
+    def responses(self) -> List[Tuple[bytes, Optional[int]]]:
+        """(CQE, invalidated rkey or None) of every response SENT since the last call."""
+        out = (ctypes.c_char * (24 * 4096))()
+        got = []
+        while True:
+            n = self.lib.fakehost_responses(self.dev, out, 4096)
+            raw = bytes(out[:24 * n])
+            for i in range(n):
+                rec = raw[24 * i:24 * i + 24]
+                got.append((rec[:16], int.from_bytes(rec[16:20], "little") if rec[20] & 1 else None))
+            if n < 4096:
+                return got
+
+    def counters(self) -> dict:
+        out = (ctypes.c_uint64 * 11)()
+        self.lib.fakehost_counters(self.dev, out)
+        return dict(zip(COUNTERS, out))
+
+    def close(self) -> None:
+        if self.dev:
+            self.lib.fakehost_free(self.dev)
+            self.dev = None
+
+
+def native_queue(device: FakeDevice, handler, qid: int = 1, depth: int = 32, in_capsule_size: int = 4096,
+                 max_transfer: int = 128 * 1024, chunks: int = 64, max_reads: int = 16,
+                 region_of=None) -> NativeTargetQueue:
+    """A NativeTargetQueue on the fake device, as the RDMA transport would make it."""
+    request = ConnectRequest(recfmt=0, qid=qid, hrqsize=depth, hsqsize=depth - 1, cntlid=0, peer="fake")
+    recv = device.local((depth + 1) * (64 + in_capsule_size))
+    pool_region = device.local(chunks * max_transfer)
+    pool = BufferPool(chunks, 4)
+    zero = device.local(max_transfer)
+    sink = device.local(max_transfer)
+    return NativeTargetQueue(native.module, handler, request, device.verbs(max_reads), in_capsule_size=in_capsule_size,
+                             recv=recv, chunks=ChunkPool(pool_region, max_transfer), share=pool.share(),
+                             max_transfer=max_transfer, zero=zero, sink=sink,
+                             region_of=region_of or (lambda backend: None))
+
+
+def pump(queue: NativeTargetQueue, rounds: int = 64) -> int:
+    """Poll until nothing completes (each poll's posts complete at once on the fake wire)."""
+    total = 0
+    for _ in range(rounds):
+        n = queue.poll()
+        total += n
+        if not n:
+            return total
+    raise AssertionError("the queue kept completing work for 64 polls")
