@@ -35,6 +35,8 @@ def view_of(target: "Target", qs: "QueueState") -> tuple:
     for ns in ctrl.subsystem.namespaces.values():
         if ns.removed or target.ana.io_status(portid, ns.ana_grpid):
             continue
+        if ns.qos is not None or not ns.visible_to(ctrl.hostnqn):
+            continue  # a QoS limit or per-host visibility: the core enforces them (target/qos.py, core._start)
         kind = ns.backend.kind
         addr = lkey = 0
         if kind == "ram":

@@ -142,6 +142,24 @@ def test_a_removed_namespace_leaves_the_view_at_once(native_ep):
     assert ep.queue.stats()["python_commands"] == python_before + 1
 
 
+@pytest.mark.parametrize("restriction", ["qos", "visibility"])
+def test_a_namespace_with_a_qos_limit_or_per_host_visibility_is_left_to_the_core(native_ep, restriction):
+    """The core enforces QoS holds and per-host visibility (target/qos.py, core._start): the view leaves such
+    a namespace out, so its commands reach Python."""
+    from nvmeof_roce.target import native_view
+    ep = native_ep
+    target = ep.env.target
+    ns = target.subsystems[SUB_RAM].namespaces[1]
+    if restriction == "qos":
+        ns.qos = object()  # any limiter: the view only asks whether there is one
+    else:
+        ns.visible_to = lambda hostnqn: False
+    native_view.refresh_all(target)
+    python_before = ep.queue.stats()["python_commands"]
+    ep.exchange(io_capsule(ep, READ, 1, 0, 0, 512))
+    assert ep.queue.stats()["python_commands"] == python_before + 1
+
+
 def test_a_disabled_controller_stops_native_service(native_ep):
     ep = native_ep
     from loopback_env import raw_enable
