@@ -144,7 +144,7 @@ class Limiter:
         kind = _COUNTED.get(self.held[0][0].opc, ("r", True))[0]
         longest = 0.0
         for bucket, _ in self._applies(kind):
-            bucket.refill(now)
+            bucket.refill(now, catch_up=True)  # commands wait: a plain refill would drop what a late loop is owed
             longest = max(longest, bucket.wait())
         return longest
 
