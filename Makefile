@@ -26,7 +26,7 @@ help:
 	@echo "make demo   - set up everything, build the lab if needed, run the main job"
 	@echo "make test   - set up everything, run unit tests and the lab tests"
 	@echo "make dist   - build a wheel into dist/"
-	@echo "make test-extended - iWARP (siw) and the systemd unit with workers in the lab (about 6 min)"
+	@echo "make test-extended - iWARP, systemd workers, QoS/visibility/persist, initiator bench in the lab (about 12 min)"
 	@echo "make test-long - the long lab scenarios (16-vCPU guest), not part of make test or CI"
 	@echo "make test-auth-rotation - rotate a host key by reload and by RPC under fio verify (6.12 lab guest)"
 	@echo "make test-reload-fuzz - 10,000 broken configs reloaded into a running loopback target (about a minute)"
@@ -82,8 +82,10 @@ test-long: lab
 	  python3 -m pytest -p no:cacheprovider -m long tests/lab
 
 # Lab scenarios of several minutes each on the normal guest, kept out of `make test` to hold it under 30 minutes:
-# iWARP (tests/lab/test_siw.py: the kernel host and our initiator over siw against both targets) and the systemd
-# unit's commands with --workers 2 (tests/lab/test_systemd_workers.py).  About 6 minutes in one boot.
+# iWARP (tests/lab/test_siw.py: the kernel host and our initiator over siw against both targets), the systemd
+# unit's commands with --workers 2 (tests/lab/test_systemd_workers.py), the QoS cap under fio, per-host visibility
+# and --persist across a restart (tests/lab/test_service_features.py), and the initiator's native/Python/fio
+# bench (tests/lab/test_initiator_native.py).  About 12 minutes in one boot.
 test-extended: lab
 	$(NVMEOF) lab run --timeout $(LAB_TIMEOUT) -- python3 -m pytest -p no:cacheprovider -m "lab and extended" tests/lab
 

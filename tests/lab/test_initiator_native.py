@@ -47,6 +47,7 @@ def test_native_queues_connect_read_write_and_run_perf(kernel_target):
         connector.close()
 
 
+@pytest.mark.extended  # a bench run of minutes: make test-extended
 def test_native_python_and_fio_in_one_bench_run(tmp_path, capsys):
     out = tmp_path / "bench"
     runtime = os.environ.get("HOSTQ_RUNTIME", "3")

@@ -12,7 +12,8 @@ import pytest
 from targetproc import LAB_IP, ServedTarget, config, disconnect_all_quietly, file_namespace, namespaces_of, nvme, \
     ram_namespace
 
-pytestmark = pytest.mark.lab
+# minutes of fio and target restarts under emulation: make test-extended, not make test (30-minute budget)
+pytestmark = [pytest.mark.lab, pytest.mark.extended]
 
 NQN = "nqn.2024-01.io.nvmeof-roce:lab-service"
 HOST_A = tuple(f"{prefix}22222222-2222-3333-4444-00000000000a" for prefix in ("nqn.2014-08.org.nvmexpress:uuid:", ""))
