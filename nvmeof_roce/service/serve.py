@@ -83,8 +83,9 @@ class TargetServer:
         in flight and the longest loop pass."""
         t = self.target
         longest = self.loop.longest_pass_recent if recent else self.loop.longest_pass
-        return ("status: " + f"data path {self.data_path}; "
-                + "; ".join([t.status()] + [lst.status() for lst in self.listeners])
+        # the line starts with the target's counts, which scripts and the lab tests parse; the data path after
+        return ("status: " + "; ".join([t.status()] + [lst.status() for lst in self.listeners])
+                + f"; data path {self.data_path}"
                 + f"; {t.in_flight()} command(s) in flight, longest loop pass {longest * 1000:.1f} ms"
                 + (f" (last {STATUS_INTERVAL:.0f} s; {self.loop.longest_pass * 1000:.1f} ms since start)"
                    if recent else " since start"))
