@@ -85,7 +85,8 @@ test-long: lab
 # iWARP (tests/lab/test_siw.py: the kernel host and our initiator over siw against both targets), the systemd
 # unit's commands with --workers 2 (tests/lab/test_systemd_workers.py), the QoS cap under fio, per-host visibility
 # and --persist across a restart (tests/lab/test_service_features.py), and the initiator's native/Python/fio
-# bench (tests/lab/test_initiator_native.py).  About 12 minutes in one boot.
+# bench (tests/lab/test_initiator_native.py), ANA inaccessible moving I/O between multipath paths and the
+# workers' scaling bench.  About 15 minutes in one boot.
 test-extended: lab
 	$(NVMEOF) lab run --timeout $(LAB_TIMEOUT) -- python3 -m pytest -p no:cacheprovider -m "lab and extended" tests/lab
 

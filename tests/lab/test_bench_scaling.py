@@ -22,6 +22,7 @@ def _ours_connected():
             if (c / "subsysnqn").read_text().strip().startswith(NQN_PREFIX)]
 
 
+@pytest.mark.extended  # a bench run of about a minute: make test-extended
 def test_scaling_job_set_spreads_io_over_both_workers(tmp_path, capsys):
     mp = Path("/sys/module/nvme_core/parameters/multipath").read_text().strip()
     assert mp == "Y", "the guest kernel needs nvme_core multipath=Y"

@@ -149,6 +149,7 @@ def test_kill_9_of_a_worker_during_verify_then_its_path_comes_back(multipath_tar
     assert "worker 1 (pid %d) exited with signal 9" % victim in target.output()
 
 
+@pytest.mark.extended  # over 90 s under emulation: make test-extended (make test keeps the other multipath cases)
 def test_ana_inaccessible_moves_io_to_the_other_path_and_back(multipath_target):
     target, run_dir, ctrls = multipath_target
     dev = head_device()
