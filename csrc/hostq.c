@@ -774,40 +774,12 @@ static PyObject *destroy_host_qp(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* host_reg_mr(pd, addr, length, access) -> (mr, lkey, rkey) */
-static PyObject *host_reg_mr(PyObject *self, PyObject *args)
-{
-    unsigned long long pd, addr, length;
-    int access;
-    if (!PyArg_ParseTuple(args, "KKKi", &pd, &addr, &length, &access))
-        return NULL;
-    struct ibv_mr *mr = ibv_reg_mr((struct ibv_pd *)(uintptr_t)pd, (void *)(uintptr_t)addr, length, access);
-    if (!mr)
-        return PyErr_SetFromErrno(PyExc_OSError);
-    return Py_BuildValue("(KII)", (unsigned long long)(uintptr_t)mr, mr->lkey, mr->rkey);
-}
-
-static PyObject *host_dereg_mr(PyObject *self, PyObject *args)
-{
-    unsigned long long mr;
-    if (!PyArg_ParseTuple(args, "K", &mr))
-        return NULL;
-    int rc = ibv_dereg_mr((struct ibv_mr *)(uintptr_t)mr);
-    if (rc) {
-        errno = rc;
-        return PyErr_SetFromErrno(PyExc_OSError);
-    }
-    Py_RETURN_NONE;
-}
-
 static PyMethodDef hostq_functions[] = {
     {"create_host_qp", create_host_qp, METH_VARARGS,
      "create_host_qp(cm_id, cq_size, max_send_wr, max_recv_wr, max_inline) -> {qp, cq, channel, pd, qp_num, "
      "max_inline}"},
     {"destroy_host_qp", destroy_host_qp, METH_VARARGS,
      "destroy_host_qp(cm_id, cq, channel): the QP, then the CQ and its channel."},
-    {"host_reg_mr", host_reg_mr, METH_VARARGS, "host_reg_mr(pd, addr, length, access) -> (mr, lkey, rkey)."},
-    {"host_dereg_mr", host_dereg_mr, METH_VARARGS, "host_dereg_mr(mr)."},
     {NULL, NULL, 0, NULL},
 };
 

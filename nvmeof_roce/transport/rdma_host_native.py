@@ -113,7 +113,7 @@ class NativeHostQueue(RdmaHostQueue):
         anchor = ctypes.c_char.from_buffer(mapping)
         addr = ctypes.addressof(anchor)
         del anchor  # no export left on the mapping
-        mr, lkey, self.last_rkey = self.module.host_reg_mr(self.objects["pd"], addr, size, access)
+        mr, lkey, self.last_rkey = self.module.reg_mr(self.objects["pd"], addr, size, access)
         self.mrs.append(mr)
         return addr, lkey
 
@@ -165,7 +165,7 @@ class NativeHostQueue(RdmaHostQueue):
             self.objects = None
         for mr in self.mrs:
             try:
-                self.module.host_dereg_mr(mr)
+                self.module.dereg_mr(mr)
             except OSError:
                 pass
         self.mrs = []
