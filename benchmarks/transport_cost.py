@@ -184,7 +184,7 @@ def bench_rdma(reads: int, batch: int, rounds: int, depth: int) -> dict:
     from nvmeof_roce.initiator.controller import Controller
     from nvmeof_roce.service.serve import TargetServer
 
-    server = TargetServer(parse_config(config_dict(), source="transport_cost"))
+    server = TargetServer(parse_config(config_dict(), source="transport_cost"), data_path="python")
     try:
         ctrl = Controller.connect(FakeConnector(server.loop), SUBNQN, hostnqn=HOSTNQN, num_io_queues=1,
                                   queue_size=depth, enable_aen=False)

@@ -27,7 +27,7 @@ class TargetServer:
 
     def __init__(self, config: TargetConfig, *, limits: Optional[ResourceLimits] = None,
                  remote_invalidate: bool = True, listen_portids: Optional[List[int]] = None,
-                 file_lock: str = "exclusive", data_path: str = "python"):
+                 file_lock: str = "exclusive", data_path: Optional[str] = None, worker: Optional[int] = None):
         from ..target.core import Target
 
         served = [p for p in config.ports if registry.serves(p.trtype)]  # transport/registry.py
@@ -46,7 +46,8 @@ class TargetServer:
         self.config = config
         self.limits = limits or ResourceLimits()
         self.remote_invalidate = remote_invalidate  # for ports added live (service/ops.py)
-        self.data_path = check_data_path(data_path)  # I/O queues' data path: "python" or "native" (docs/native.md)
+        # the I/O queues' data path: "python" or "native" (docs/native.md); None: native when it is built
+        self.data_path = check_data_path(data_path, worker)
         self.target = Target(config, file_lock=file_lock, limits=self.limits)
         self.loop = registry.get(served[0].trtype).event_loop(self.target)
         self.target.attach_loop(self.loop)  # fdatasync and long commands stay off the loop
@@ -123,7 +124,7 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
           remote_invalidate: bool = True, run_dir: Optional[str] = None, worker: Optional[int] = None,
           listen_portids: Optional[List[int]] = None, path_groups: Optional[List[str]] = None,
           rpc_socket: Optional[str] = "", metrics: Optional[str] = None, persist: Optional[bool] = None,
-          data_path: str = "python") -> int:
+          data_path: Optional[str] = None) -> int:
     from .ana_control import AnaControl, default_run_dir, publish, unpublish
     config = load_userspace_config(path)  # the same loader and checks as `target check`
     if worker is not None and not rpc_socket:
@@ -132,7 +133,8 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
     try:
         server = TargetServer(config, limits=limits, remote_invalidate=remote_invalidate,
                               listen_portids=listen_portids,
-                              file_lock="exclusive" if worker is None else "shared", data_path=data_path)
+                              file_lock="exclusive" if worker is None else "shared", data_path=data_path,
+                              worker=worker)
     except BaseException:
         if bound is not None:
             bound.close()
@@ -176,7 +178,7 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
         print(f"nvmeof-roce target: serving {config.source} on {', '.join(server.addresses())}"
               + (f", control socket {ops.socket_path}" if ops.socket_path else "")
               + (f", metrics {ops.metrics_url}" if ops.metrics_url else "")
-              + f"; {server.limits.describe()}", flush=True)
+              + f"; {server.limits.describe()}; data path {server.data_path}", flush=True)
         if ready_file:
             write_file(ready_file, "ready\n")
         ops.ready()
@@ -196,9 +198,23 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
 DATA_PATHS = ("python", "native")
 
 
-def check_data_path(data_path: str) -> str:
-    """The data path asked for, or a clear error when it cannot run here."""
+def default_data_path(worker: Optional[int] = None) -> str:
+    """What `target serve` runs when --data-path is not given: native when the module is built, else python
+    (said at start with the reason). Workers of `serve --workers` run the Python path (docs/native.md)."""
     from .. import native
+    if worker is not None:
+        return "python"
+    if native.available():
+        return "native"
+    log.warning("data path python: %s", native.missing_reason)
+    return "python"
+
+
+def check_data_path(data_path: Optional[str], worker: Optional[int] = None) -> str:
+    """The data path asked for (None: the default), or a clear error when it cannot run here."""
+    from .. import native
+    if data_path is None:
+        return default_data_path(worker)
     if data_path not in DATA_PATHS:
         raise NvmeofError(f"unknown data path {data_path!r}", f"use one of: {', '.join(DATA_PATHS)}")
     if data_path == "native" and not native.available():
@@ -217,7 +233,7 @@ def _cmd_serve(args) -> int:
     # under systemd) instead of only an exit status.
     faulthandler.enable()
     if workers_requested(args) is not None:
-        if args.data_path != "python":
+        if args.data_path == "native":
             raise NvmeofError("--data-path native is not available with --workers yet",
                               "leave --workers out, or serve with --data-path python")
         return supervise(args)
@@ -244,10 +260,11 @@ def register_serve(commands) -> None:
     for t in RESOURCE_LIMITS.values():
         p.add_argument(t.option, type=t.type, default=t.default, metavar=t.metavar,
                        help=f"{t.help} (default {t.default:g})")
-    p.add_argument("--data-path", choices=DATA_PATHS, default="python",
-                   help="who does the I/O queues' per-command work: the Python target core (python, the default) "
-                        "or the C data path of nvmeof_roce._native (native: Read/Write/Flush of RAM and null "
-                        "namespaces in C, everything else still in Python; docs/native.md)")
+    p.add_argument("--data-path", choices=DATA_PATHS, default=None,
+                   help="who does the I/O queues' per-command work: the C data path of nvmeof_roce._native "
+                        "(native, the default when the module is built: Read/Write/Flush of RAM and null "
+                        "namespaces in C, everything else in Python) or the Python target core (python, the "
+                        "reference; the default with --workers); docs/native.md")
     p.add_argument("--no-remote-invalidate", action="store_true",
                    help="answer with plain SEND even when the host's key asks for remote invalidation")
     p.add_argument("--rpc-socket", metavar="PATH",

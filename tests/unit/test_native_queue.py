@@ -269,6 +269,8 @@ def test_serve_names_the_data_path_and_refuses_one_it_cannot_run(monkeypatch):
     from nvmeof_roce.errors import NvmeofError
     from nvmeof_roce.service.serve import check_data_path
     assert check_data_path("native") == "native" and check_data_path("python") == "python"
+    assert check_data_path(None) == "native"  # the default, with the module built
+    assert check_data_path(None, worker=0) == "python"  # a worker of serve --workers
     with pytest.raises(NvmeofError, match="unknown data path 'fast'"):
         check_data_path("fast")
     monkeypatch.setattr(native, "module", None)
@@ -276,6 +278,7 @@ def test_serve_names_the_data_path_and_refuses_one_it_cannot_run(monkeypatch):
                                                   "libibverbs-dev librdmacm-dev liburing-dev and reinstall")
     with pytest.raises(NvmeofError, match="libibverbs-dev"):
         check_data_path("native")
+    assert check_data_path(None) == "python"  # the default falls back, and says why at start
 
 
 def test_target_status_says_which_data_path_runs(native_ep):

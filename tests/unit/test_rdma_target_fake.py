@@ -21,7 +21,7 @@ from nvmeof_roce.initiator.controller import Controller
 from nvmeof_roce.service.serve import TargetServer
 """
 CONNECT = r"""
-server = TargetServer(parse_config(tc.config_dict(), source="test"))
+server = TargetServer(parse_config(tc.config_dict(), source="test"), data_path="python")  # the Python transport
 ctrl = Controller.connect(tc.FakeConnector(server.loop), tc.SUBNQN, hostnqn=tc.HOSTNQN, num_io_queues=1,
                           queue_size=32, enable_aen=False)
 listener = server.loop.listeners[0]
