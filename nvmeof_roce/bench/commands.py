@@ -22,7 +22,7 @@ from .targets import DEFAULT_PORTS, FABRICS, DeviceModel, KernelHost, KernelNvme
 
 LAB_TRADDR = "10.99.0.1"
 LAB_IWARP_TRADDR = "10.98.0.1"  # the lab's siw0, when a test or script adds it (docs/lab.md)
-TARGET_NAMES = ("kernel", "userspace", "baseline")  # and userspace-Nw (WORKERS_TARGET)
+TARGET_NAMES = ("kernel", "userspace", "userspace-py", "baseline")  # and userspace-Nw (WORKERS_TARGET)
 WORKERS_TARGET = re.compile(r"userspace-(\d+)w")  # our target with `serve --workers N` (docs/multipath.md)
 
 
@@ -59,9 +59,10 @@ def build_targets(args, out_dir: Path) -> List[TargetUnderTest]:
     bad = [n for n in names if n not in TARGET_NAMES and not WORKERS_TARGET.fullmatch(n) and "@" not in n]
     if bad or not names:
         raise NvmeofError(f"--targets {args.targets!r}: unknown target {', '.join(bad) or '(none)'}",
-                          "--targets kernel,userspace[,baseline][,userspace-2w][,kernel@iwarp,userspace@iwarp,"
-                          "kernel@tcp] (any of them, in the order to interleave; userspace-Nw: our target with N "
-                          "workers; NAME@FABRIC: over iWARP or NVMe/TCP instead of RoCE v2)")
+                          "--targets kernel,userspace[,userspace-py][,baseline][,userspace-2w][,kernel@iwarp,"
+                          "userspace@iwarp,kernel@tcp] (any of them, in the order to interleave; userspace-py: our "
+                          "target on its Python data path; userspace-Nw: our target with N workers; NAME@FABRIC: "
+                          "over iWARP or NVMe/TCP instead of RoCE v2)")
     if len(set(names)) != len(names):
         raise NvmeofError(f"--targets {args.targets!r} names a target twice", "name each target once")
     multi = [n for n in names if WORKERS_TARGET.fullmatch(n)]
@@ -106,6 +107,11 @@ def build_targets(args, out_dir: Path) -> List[TargetUnderTest]:
         elif name == "userspace":
             targets.append(UserspaceTarget(args.traddr, args.userspace_port, size_mb=size_mb, work_dir=out_dir,
                                            config_path=args.userspace_config, device=device))
+        elif name == "userspace-py":  # the same target on its Python data path (the reference), own port and NQN
+            targets.append(UserspaceTarget(args.traddr, getattr(args, "userspace_py_port",
+                                                                DEFAULT_PORTS["userspace-py"]),
+                                           size_mb=size_mb, work_dir=out_dir, name=name, device=device,
+                                           data_path="python"))
         else:
             if not args.baseline_checkout:
                 raise NvmeofError("--targets baseline needs --baseline-checkout DIR (the checkout whose target "
@@ -290,6 +296,9 @@ def register(subparsers) -> None:
                    help=f"userspace target's trsvcid (default {DEFAULT_PORTS['userspace']})")
     p.add_argument("--baseline-port", type=int, default=DEFAULT_PORTS["baseline"], metavar="N",
                    help=f"baseline target's trsvcid (default {DEFAULT_PORTS['baseline']})")
+    p.add_argument("--userspace-py-port", type=int, default=DEFAULT_PORTS["userspace-py"], metavar="N",
+                   help=f"trsvcid of userspace-py, our target on its Python data path (default "
+                        f"{DEFAULT_PORTS['userspace-py']})")
     p.add_argument("--baseline-checkout", type=Path, metavar="DIR",
                    help="with --targets ...,baseline: another checkout whose 'target serve' is measured as "
                         "'baseline' (the before of a change, e.g. a git worktree of an older commit)")

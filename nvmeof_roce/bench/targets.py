@@ -9,7 +9,8 @@ half-done setup). The two real ones:
 - `UserspaceTarget`: our target, `nvmeof-roce target serve CONFIG.json` as a child process, with a RAM
   namespace, default port 4421; as `baseline` (default port 4422) the same from another checkout
   (`--baseline-checkout DIR`, e.g. a git worktree of the commit before a change), so a before and an after
-  run in one boot, interleaved;
+  run in one boot, interleaved; as `userspace-py` (default port 4423) the same served with `--data-path python`,
+  the reference path beside the default native one;
 - `UserspaceTarget(workers=N)`: the same with `target serve --workers N` (the `userspace-Nw` targets, default
   port 4424): N worker processes, worker i listening on trsvcid + i, one subsystem; the host connects every
   port and native NVMe multipath (iopolicy round-robin) spreads the I/O over the workers (docs/multipath.md).
@@ -59,7 +60,7 @@ class Fabric:
 FABRICS = {"roce": Fabric("roce", "rdma", "RoCE v2", 0), "iwarp": Fabric("iwarp", "rdma", "iWARP", 10),
            "tcp": Fabric("tcp", "tcp", "NVMe/TCP", 20)}
 ROCE = FABRICS["roce"]
-DEFAULT_PORTS = {"kernel": 4420, "userspace": 4421, "baseline": 4422, "workers": 4424}
+DEFAULT_PORTS = {"kernel": 4420, "userspace": 4421, "baseline": 4422, "userspace-py": 4423, "workers": 4424}
 
 
 # --- device models: what the namespace of each target sits on --------------------------------------------
@@ -161,6 +162,12 @@ class TargetUnderTest(abc.ABC):
         """The process serving this target, whose CPU time and RSS the bench samples; None when the target
         has no process of its own (the kernel target runs in softirq and kworkers)."""
         return None
+
+    def _default_data_path(self) -> str:
+        if self.checkout is not None:
+            return "default"  # another checkout's: its own default
+        from ..service.serve import default_data_path
+        return default_data_path(0 if self.workers > 1 else None)
 
     @property
     def trsvcids(self) -> List[int]:
@@ -313,7 +320,7 @@ class UserspaceTarget(TargetUnderTest):
                  size_mb: int = 512, work_dir: Optional[Path] = None, config_path: Optional[Path] = None,
                  ready_timeout: float = 60.0, name: Optional[str] = None, checkout: Optional[Path] = None,
                  workers: int = 1, cpus: Optional[str] = None, device: DeviceModel = RAM,
-                 fabric: Fabric = ROCE):
+                 fabric: Fabric = ROCE, data_path: Optional[str] = None):
         if not registry.serves(fabric.trtype):
             served = " and ".join(t.upper() for t in registry.served_trtypes())
             raise NvmeofError(f"the userspace target serves {served} only, not {fabric.label}",
@@ -334,6 +341,7 @@ class UserspaceTarget(TargetUnderTest):
             self.ready_timeout = max(ready_timeout, 150.0)
         self.cpus = cpus
         self.device = device
+        self.data_path = data_path  # serve --data-path; None: the target's default (native when it is built)
         if device.kind != "ram" and (self.config_path or self.workers > 1):
             raise NvmeofError(f"--device {device.label} makes the {self.name} target's namespace: it cannot be "
                               "combined with --userspace-config or a multi-worker target",
@@ -364,11 +372,18 @@ class UserspaceTarget(TargetUnderTest):
             d["device"] = self.device.label
         if self.checkout:
             d["checkout"] = str(self.checkout)
+        d["data_path"] = self.data_path or self._default_data_path()
         if self.workers > 1:
             d["workers"] = self.workers
             d["trsvcids"] = [str(p) for p in self.trsvcids]
             d["cpus"] = self.cpus
         return d
+
+    def _default_data_path(self) -> str:
+        if self.checkout is not None:
+            return "default"  # another checkout's: its own default
+        from ..service.serve import default_data_path
+        return default_data_path(0 if self.workers > 1 else None)
 
     @property
     def trsvcids(self) -> List[int]:
@@ -412,6 +427,8 @@ class UserspaceTarget(TargetUnderTest):
             cmd += ["--workers", str(self.workers), "--run-dir", str(self.work_dir / f"{self.name}-run")]
             if self.cpus:
                 cmd += ["--cpus", self.cpus]
+        if self.data_path:
+            cmd += ["--data-path", self.data_path]
         ready = None
         if self.checkout is None:  # another checkout's target may not know --ready-file: wait on `rdma` for it
             ready = self.work_dir / f"{self.name}-target.ready"

@@ -107,3 +107,29 @@ def test_qd_sweep_plot(tmp_path):
     assert plot_qd_sweep(result, tmp_path / "qd.png").stat().st_size > 1000
     assert plot_qd_sweeps([result, result], tmp_path / "all.png").stat().st_size > 1000
     assert plot_qd_sweep({"jobs": {}}, tmp_path / "none.png") is None
+
+
+def test_userspace_py_is_our_target_on_its_python_data_path_beside_the_default(tmp_path, monkeypatch):
+    """--targets kernel,userspace,userspace-py: the Python path measured in the same run, on its own port and NQN."""
+    from nvmeof_roce.bench import targets as bench_targets
+    kernel, native, python = build_targets(_args(tmp_path, targets="kernel,userspace,userspace-py",
+                                                 userspace_py_port=4423, device="ram"), tmp_path)
+    assert (python.name, python.trsvcid, python.data_path) == ("userspace-py", 4423, "python")
+    assert python.subnqn != native.subnqn and native.data_path is None
+    assert python.describe()["data_path"] == "python"
+    assert native.describe()["data_path"] in ("native", "python")  # the target's default: native when built
+    started = []
+
+    class Started(Exception):
+        pass
+
+    def popen(cmd, **_kw):
+        started.append(cmd)
+        raise Started()
+
+    monkeypatch.setattr(bench_targets.subprocess, "Popen", popen)
+    for target in (native, python):
+        with pytest.raises(Started):
+            target.setup()
+    assert "--data-path" not in started[0]
+    assert started[1][started[1].index("--data-path") + 1] == "python"
