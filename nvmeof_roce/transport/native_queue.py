@@ -24,7 +24,6 @@ from .resources import PoolShare
 log = logging.getLogger(__name__)
 
 SQE_SIZE = 64
-CQE_SIZE = 16
 
 
 @dataclass
@@ -202,20 +201,7 @@ class NativeTargetQueue(TargetQueue):
             if tx is not None:
                 self.book.dropped(tx)
             return
-        if data is not None and len(data) > self.max_transfer:
-            raise TransportError(f"RDMA WRITE of {len(data)} bytes exceeds the {self.max_transfer}-byte MDTS")
-        if len(cqe) != CQE_SIZE:
-            raise TransportError(f"response of {len(cqe)} bytes (a CQE is {CQE_SIZE})")
-        book = self.book
-        if tx is None:
-            tx = book.received()
-            book.delivered(tx)
-        external = None
-        if source is not None and data is not None:
-            region = self.region_of(source[0])
-            if region is not None:
-                external = (region[0] + source[1], region[1])
-        book.complete(tx, cqe, data, addr, key, invalidate_key, external)
+        self.book.respond(tx, cqe, data, addr, key, invalidate_key, source, self.region_of, self.max_transfer)
 
     def responses_in_flight(self) -> int:
         if self.closed:

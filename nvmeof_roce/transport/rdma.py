@@ -952,21 +952,8 @@ class RdmaTargetQueue(TargetQueue):
             if tx is not None:
                 self.book.dropped(tx)
             return
-        if data is not None and len(data) > self.listener.max_transfer:
-            raise TransportError(f"RDMA WRITE of {len(data)} bytes exceeds the {self.listener.max_transfer}-byte "
-                                 "MDTS")
-        if len(cqe) != RESPONSE_SIZE:
-            raise TransportError(f"response of {len(cqe)} bytes (a CQE is {RESPONSE_SIZE})")
-        book = self.book
-        if tx is None:
-            tx = book.received()
-            book.delivered(tx)
-        external = None
-        if source is not None and data is not None:
-            region = self.listener.region(source[0])
-            if region is not None:
-                external = (region[0] + source[1], region[1])
-        book.complete(tx, cqe, data, addr, key, invalidate_key, external)
+        self.book.respond(tx, cqe, data, addr, key, invalidate_key, source, self.listener.region,
+                          self.listener.max_transfer)
 
     def close(self, error: Optional[TransportError] = None) -> None:
         if self.closed:

@@ -33,9 +33,12 @@ from typing import Callable, Deque, Dict, List, Optional, Protocol
 
 from .lifecycle import COMPLETING, EXECUTING, FREE, NEED_BUFFER, NEED_READ_CREDIT, NEW, READY_TO_COMPLETE, \
     TRANSFERRING_HOST_TO_CONTROLLER, RequestState, move
+from .base import TransportError
 from .resources import PoolShare
 
 log = logging.getLogger(__name__)
+
+RESPONSE_SIZE = 16  # an NVMe completion queue entry
 
 SIGNAL_EVERY = 16  # at most this many responses retired by one send completion
 
@@ -191,6 +194,26 @@ class RequestBook:
         if req.state == READY_TO_COMPLETE and req.data is not None and not isinstance(req.data, bytes):
             req.data = bytes(req.data)  # it waits: the core reuses its buffer once this call returns
         self._maybe_flush()
+
+    def respond(self, req: Optional[TxRequest], cqe: bytes, data, addr: int, key: int, invalidate: Optional[int],
+                source, region_of: Callable, max_transfer: int) -> None:
+        """A transport's complete() on an open queue (both RDMA queues, Python and native): the response's
+        sizes checked, a request made for an answer the core gives without one (a response to nothing it
+        started from this book), `source` = (backend, offset) mapped to registered memory when `region_of`
+        knows the backend, then complete()."""
+        if data is not None and len(data) > max_transfer:
+            raise TransportError(f"RDMA WRITE of {len(data)} bytes exceeds the {max_transfer}-byte MDTS")
+        if len(cqe) != RESPONSE_SIZE:
+            raise TransportError(f"response of {len(cqe)} bytes (a CQE is {RESPONSE_SIZE})")
+        if req is None:
+            req = self.received()
+            self.delivered(req)
+        external = None
+        if source is not None and data is not None:
+            region = region_of(source[0])
+            if region is not None:
+                external = (region[0] + source[1], region[1])
+        self.complete(req, cqe, data, addr, key, invalidate, external)
 
     def buffer(self, req: TxRequest) -> bool:
         """The core asks for a chunk to put a command's data in (a file read), so complete() needs no copy;
