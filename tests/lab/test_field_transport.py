@@ -122,8 +122,10 @@ def live_paths(nqn: str) -> int:
 
 
 def baseline(target) -> Status:
-    st, _ = wait_status(target, lambda s: s.queues == 0, CONNECT_TIMEOUT + 5)
-    assert st.free == st.total and st.guaranteed == 0 and st.cm_ids == 0, st
+    """Every queue gone and everything it held returned. The core forgets a queue when its controller goes; the
+    transport lets the queue's QP, CM id and buffers go when the host's disconnect reaches it, a moment later."""
+    st, _ = wait_status(target, lambda s: s.queues == 0 and s.port_queues == 0 and s.free == s.total
+                        and s.guaranteed == 0 and s.cm_ids == 0, CONNECT_TIMEOUT + 5)
     return st
 
 
