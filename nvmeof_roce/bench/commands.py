@@ -22,7 +22,8 @@ from .targets import DEFAULT_PORTS, FABRICS, DeviceModel, KernelHost, KernelNvme
 
 LAB_TRADDR = "10.99.0.1"
 LAB_IWARP_TRADDR = "10.98.0.1"  # the lab's siw0, when a test or script adds it (docs/lab.md)
-TARGET_NAMES = ("kernel", "userspace", "baseline")  # and userspace-Nw (WORKERS_TARGET)
+# userspace-native: our target with `serve --data-path native` (docs/native.md), beside the Python data path's
+TARGET_NAMES = ("kernel", "userspace", "userspace-native", "baseline")  # and userspace-Nw (WORKERS_TARGET)
 WORKERS_TARGET = re.compile(r"userspace-(\d+)w")  # our target with `serve --workers N` (docs/multipath.md)
 
 
@@ -59,9 +60,10 @@ def build_targets(args, out_dir: Path) -> List[TargetUnderTest]:
     bad = [n for n in names if n not in TARGET_NAMES and not WORKERS_TARGET.fullmatch(n) and "@" not in n]
     if bad or not names:
         raise NvmeofError(f"--targets {args.targets!r}: unknown target {', '.join(bad) or '(none)'}",
-                          "--targets kernel,userspace[,baseline][,userspace-2w][,kernel@iwarp,userspace@iwarp,"
-                          "kernel@tcp] (any of them, in the order to interleave; userspace-Nw: our target with N "
-                          "workers; NAME@FABRIC: over iWARP or NVMe/TCP instead of RoCE v2)")
+                          "--targets kernel,userspace[,userspace-native][,baseline][,userspace-2w][,kernel@iwarp,"
+                          "userspace@iwarp,kernel@tcp] (any of them, in the order to interleave; userspace-native: "
+                          "our target on the native data path; userspace-Nw: our target with N workers; "
+                          "NAME@FABRIC: over iWARP or NVMe/TCP instead of RoCE v2)")
     if len(set(names)) != len(names):
         raise NvmeofError(f"--targets {args.targets!r} names a target twice", "name each target once")
     multi = [n for n in names if WORKERS_TARGET.fullmatch(n)]
@@ -106,6 +108,10 @@ def build_targets(args, out_dir: Path) -> List[TargetUnderTest]:
         elif name == "userspace":
             targets.append(UserspaceTarget(args.traddr, args.userspace_port, size_mb=size_mb, work_dir=out_dir,
                                            config_path=args.userspace_config, device=device))
+        elif name == "userspace-native":
+            targets.append(UserspaceTarget(args.traddr, getattr(args, "native_port", DEFAULT_PORTS["native"]),
+                                           size_mb=size_mb, work_dir=out_dir, name=name, device=device,
+                                           data_path="native"))
         else:
             if not args.baseline_checkout:
                 raise NvmeofError("--targets baseline needs --baseline-checkout DIR (the checkout whose target "
@@ -288,6 +294,8 @@ def register(subparsers) -> None:
                    help=f"kernel target's trsvcid (default {DEFAULT_PORTS['kernel']})")
     p.add_argument("--userspace-port", type=int, default=DEFAULT_PORTS["userspace"], metavar="N",
                    help=f"userspace target's trsvcid (default {DEFAULT_PORTS['userspace']})")
+    p.add_argument("--native-port", type=int, default=DEFAULT_PORTS["native"], metavar="N",
+                   help=f"userspace-native target's trsvcid (default {DEFAULT_PORTS['native']})")
     p.add_argument("--baseline-port", type=int, default=DEFAULT_PORTS["baseline"], metavar="N",
                    help=f"baseline target's trsvcid (default {DEFAULT_PORTS['baseline']})")
     p.add_argument("--baseline-checkout", type=Path, metavar="DIR",

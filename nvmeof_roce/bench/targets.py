@@ -59,7 +59,7 @@ class Fabric:
 FABRICS = {"roce": Fabric("roce", "rdma", "RoCE v2", 0), "iwarp": Fabric("iwarp", "rdma", "iWARP", 10),
            "tcp": Fabric("tcp", "tcp", "NVMe/TCP", 20)}
 ROCE = FABRICS["roce"]
-DEFAULT_PORTS = {"kernel": 4420, "userspace": 4421, "baseline": 4422, "workers": 4424}
+DEFAULT_PORTS = {"kernel": 4420, "userspace": 4421, "baseline": 4422, "native": 4423, "workers": 4424}
 
 
 # --- device models: what the namespace of each target sits on --------------------------------------------
@@ -313,7 +313,7 @@ class UserspaceTarget(TargetUnderTest):
                  size_mb: int = 512, work_dir: Optional[Path] = None, config_path: Optional[Path] = None,
                  ready_timeout: float = 60.0, name: Optional[str] = None, checkout: Optional[Path] = None,
                  workers: int = 1, cpus: Optional[str] = None, device: DeviceModel = RAM,
-                 fabric: Fabric = ROCE):
+                 fabric: Fabric = ROCE, data_path: Optional[str] = None):
         if not registry.serves(fabric.trtype):
             served = " and ".join(t.upper() for t in registry.served_trtypes())
             raise NvmeofError(f"the userspace target serves {served} only, not {fabric.label}",
@@ -333,6 +333,7 @@ class UserspaceTarget(TargetUnderTest):
         if self.workers > 1:  # N + 1 interpreters start (over 9p under emulation in the lab)
             self.ready_timeout = max(ready_timeout, 150.0)
         self.cpus = cpus
+        self.data_path = data_path  # `serve --data-path` (None: the serve default)
         self.device = device
         if device.kind != "ram" and (self.config_path or self.workers > 1):
             raise NvmeofError(f"--device {device.label} makes the {self.name} target's namespace: it cannot be "
@@ -340,7 +341,8 @@ class UserspaceTarget(TargetUnderTest):
                               "drop one of them")
         self._device = None
         self.kind = "nvmeof-roce userspace target (target serve" + (
-            f" --workers {self.workers})" if self.workers > 1 else ")")
+            f" --workers {self.workers}" if self.workers > 1 else "") + (
+            f" --data-path {data_path}" if data_path else "") + ")"
         self._proc: Optional[subprocess.Popen] = None
         self._log = None
         self.log_path: Optional[Path] = None
@@ -408,6 +410,8 @@ class UserspaceTarget(TargetUnderTest):
         self.log_path = self.work_dir / f"{self.name}-target.log"
         self._log = open(self.log_path, "w")
         cmd = _cli() + ["target", "serve", str(config)]
+        if self.data_path:
+            cmd += ["--data-path", self.data_path]
         if self.workers > 1:  # its own run directory: two targets' ANA state and pid files must not meet
             cmd += ["--workers", str(self.workers), "--run-dir", str(self.work_dir / f"{self.name}-run")]
             if self.cpus:

@@ -45,6 +45,28 @@ def test_both_targets_get_a_device_of_the_same_settings(tmp_path):
     assert user.describe()["device"] == "null_blk:2ms"
 
 
+def test_the_native_data_path_target_gets_its_own_device_port_and_serve_flag(tmp_path, monkeypatch):
+    kernel, user, native = build_targets(_args(tmp_path, targets="kernel,userspace,userspace-native"), tmp_path)
+    assert (native.name, native.trsvcid, native.data_path, user.data_path) == ("userspace-native", 4423, "native",
+                                                                                None)
+    assert native.device == kernel.device and native.subnqn != user.subnqn  # a null_blk of its own
+    assert "--data-path native" in native.kind
+    started = []
+
+    class NotStarted(Exception):
+        pass
+
+    def popen(cmd, **kw):
+        started.append(cmd)
+        raise NotStarted
+
+    monkeypatch.setattr("subprocess.Popen", popen)
+    native.device = DeviceModel.parse("ram")  # no device to make on the host
+    with pytest.raises(NotStarted):
+        native.setup()
+    assert started[0][started[0].index("--data-path") + 1] == "native"
+
+
 def test_device_conflicts_are_refused(tmp_path):
     with pytest.raises(NvmeofError, match="--kernel-backend and --device"):
         build_targets(_args(tmp_path, kernel_backend="file"), tmp_path)
