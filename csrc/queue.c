@@ -341,7 +341,10 @@ static inline int nq_file_start(NativeQueue *q, uint32_t idx)
 {
     struct nq_req *r = &q->reqs[idx];
     struct nq_file *f = r->file;
-    if (f->in_flight >= f->depth)
+    /* Full: wait for a completion on this queue's ring, which wakes this queue (its eventfd).  A queue with
+     * nothing on its ring would wait for other queues' completions, which do not wake it: it starts one anyway,
+     * so a namespace has at most depth + (queues - 1) commands on the device. */
+    if (f->in_flight >= f->depth && nr_uring_in_flight(q->ring))
         return 0;
     int rc;
     if (r->opc == OPC_READ)
@@ -676,8 +679,8 @@ static void nq_file_hand_back(NativeQueue *q, uint32_t idx)
 /* The ring finished a file/block command: its response, or the core takes it over. */
 static void nq_file_done(NativeQueue *q, uint32_t idx, int res)
 {
-    if (idx >= q->nreqs || q->reqs[idx].state != NQ_FILE_IO)
-        return; /* not ours: never happens (cookies are slot numbers) */
+    if (q->closed || idx >= q->nreqs || q->reqs[idx].state != NQ_FILE_IO)
+        return; /* closed by a callback during this reap (the ring is gone), or not ours (cookies are slots) */
     struct nq_req *r = &q->reqs[idx];
     r->file->in_flight--;
     nq_file_put(r->file);
@@ -717,7 +720,7 @@ static int nq_ring_reap(NativeQueue *q)
         for (int i = 0; i < n; i++)
             nq_file_done(q, (uint32_t)q->ring_done[i].cookie, q->ring_done[i].res);
         total += n > 0 ? n : 0;
-    } while (n == (int)q->nreqs);
+    } while (n == (int)q->nreqs && q->ring && !q->closed);
     return total;
 }
 
