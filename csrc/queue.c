@@ -16,11 +16,14 @@
  * the instructions under it.
  */
 #include "native.h"
+#include "uring.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <infiniband/verbs.h>
 
 #define NQ_POLL_BATCH 32      /* completions per ibv_poll_cq */
@@ -47,8 +50,9 @@
 #define SGL_KEYED_INVALIDATE 0x4F
 #define SC_INVALID_NS 0x00B
 #define SC_DNR 0x4000
+#define CDW12_FUA (1u << 30)
 
-enum nq_kind { NQ_RAM = 1, NQ_NULL = 2 };
+enum nq_kind { NQ_RAM = 1, NQ_NULL = 2, NQ_FILE = 3 };
 
 enum nq_state {
     NQ_FREE = 0,
@@ -56,7 +60,34 @@ enum nq_state {
     NQ_READING,       /* its RDMA READ is posted */
     NQ_NEED_RESPONSE, /* waits for the send-queue entries of its (WRITE and) SEND */
     NQ_COMPLETING,    /* posted; FREE once a send completion retires it */
+    NQ_NEED_FILE,     /* a file/block Read or Write waits for room in its namespace's depth */
+    NQ_FILE_IO,       /* its read or write is on the queue's io_uring */
 };
+
+/* A file or block namespace's descriptor (a dup of the backend's, so the core closing its own never pulls it
+ * from under a command on the ring) and the commands it has on the rings of every queue, bounded by its depth
+ * (the namespace's io engine depth).  Reference counted: the Python File object holds one, and so does every
+ * request between taking its slot and leaving the ring; the descriptor is closed with the last one. */
+struct nq_file {
+    int fd;
+    uint32_t refs;
+    uint32_t depth, in_flight, most_in_flight;
+    uint64_t submitted;
+};
+
+static inline struct nq_file *nq_file_get(struct nq_file *f)
+{
+    f->refs++;
+    return f;
+}
+
+static void nq_file_put(struct nq_file *f)
+{
+    if (f && --f->refs == 0) {
+        close(f->fd);
+        PyMem_RawFree(f);
+    }
+}
 
 struct nq_ns {
     uint32_t nsid;
@@ -65,6 +96,7 @@ struct nq_ns {
     uint64_t num_blocks;
     char *base; /* RAM: the registered memory; NULL: unused */
     uint32_t lkey;
+    struct nq_file *file; /* file/block: its descriptor and depth (the view's File object keeps it) */
     uint64_t uid; /* Python's identity of the namespace: a Write whose data arrives after it left answers
                      Invalid Namespace, as the Python path */
     uint64_t reads, writes, flushes, bytes_read, bytes_written;
@@ -94,6 +126,13 @@ struct nq_req {
     uint64_t ns_uid;
     uint32_t nsid;
     uint32_t pending_next;
+    /* file/block namespaces: the descriptor (a reference), where, FUA, and the SQE (and the in-capsule data's
+     * length) to hand the command to the core when the device fails it */
+    struct nq_file *file;
+    uint64_t offset;
+    uint8_t fua;
+    uint32_t icd_len;
+    uint8_t sqe[NQ_SQE_SIZE];
 };
 
 struct nq_sq_entry { /* the send queue, in post order: one entry per posting (1 or 2 work requests) */
@@ -153,6 +192,16 @@ typedef struct {
     char *sink_base; uint32_t sink_lkey; uint32_t sink_len;   /* null namespaces' writes */
 
     struct nq_view *view;
+
+    /* file and block namespaces: the queue's io_uring, and a bounce chunk per request slot (registered) */
+    struct nr_uring *ring;
+    struct nr_uring_done *ring_done;
+    char *bounce_base;
+    uint32_t bounce_lkey, bounce_chunk;
+    uint32_t ring_queued;       /* on the ring, not yet submitted: one nr_uring_submit per poll */
+    uint32_t ring_most_in_flight;
+    char *rebuild;              /* a failed in-capsule write's capsule, made again for the core */
+    uint64_t file_ios, file_handed_back, ring_submits;
 
     PyObject *on_capsule, *on_send_done, *on_failure;
     PyObject *error_type, *error_value, *error_tb; /* a callback raised during a poll: re-raised after it */
@@ -287,10 +336,42 @@ static inline void nq_queue_response(NativeQueue *q, uint32_t idx)
         nq_batch_response(q, idx, cqe, 0, 0, 0, r->raddr, r->rkey, r->invalidate && q->remote_invalidate, r->rkey);
 }
 
+/* A file/block Read or Write onto the ring when its namespace has room (its depth); submitted at the poll's end. */
+static inline int nq_file_start(NativeQueue *q, uint32_t idx)
+{
+    struct nq_req *r = &q->reqs[idx];
+    struct nq_file *f = r->file;
+    /* Full: wait for a completion on this queue's ring, which wakes this queue (its eventfd).  A queue with
+     * nothing on its ring would wait for other queues' completions, which do not wake it: it starts one anyway,
+     * so a namespace has at most depth + (queues - 1) commands on the device. */
+    if (f->in_flight >= f->depth && nr_uring_in_flight(q->ring))
+        return 0;
+    int rc;
+    if (r->opc == OPC_READ)
+        rc = nr_uring_read(q->ring, f->fd, r->local, r->len, r->offset, idx);
+    else if (r->fua)
+        rc = nr_uring_write_fua(q->ring, f->fd, r->local, r->len, r->offset, idx);
+    else
+        rc = nr_uring_write(q->ring, f->fd, r->local, r->len, r->offset, idx);
+    if (rc < 0)
+        return 0; /* -EBUSY cannot happen (the ring has a place per slot): wait, as for a full namespace */
+    q->ring_queued++;
+    f->submitted++;
+    if (++f->in_flight > f->most_in_flight)
+        f->most_in_flight = f->in_flight;
+    unsigned on_ring = nr_uring_in_flight(q->ring);
+    if (on_ring > q->ring_most_in_flight)
+        q->ring_most_in_flight = on_ring;
+    r->state = NQ_FILE_IO;
+    return 1;
+}
+
 /* One step out of a waiting state; 0 when what it needs is not there. */
 static inline int nq_step(NativeQueue *q, uint32_t idx)
 {
     struct nq_req *r = &q->reqs[idx];
+    if (r->state == NQ_NEED_FILE)
+        return nq_file_start(q, idx);
     if (r->state == NQ_NEED_READ) {
         if (!q->native_slots || !q->reads_free)
             return 0;
@@ -451,7 +532,11 @@ static void nq_capsule(NativeQueue *q, uint32_t slot, uint32_t len)
     uint32_t lkey = 0;
     uint64_t offset = 0;
     if (opc == OPC_FLUSH) {
-        if (sgl_len)
+        /* A file/block Flush goes to the core (its namespace's fdatasync, one at a time per namespace).  Every
+         * Write this queue acknowledged before the Flush arrived had completed on the ring before its response
+         * was posted, so it is in the file (page cache or device) by then, and the core's fdatasync on the same
+         * file covers it. */
+        if (sgl_len || ns->kind == NQ_FILE)
             goto python;
     } else {
         uint32_t nlb = (rd32(sqe + 48) & 0xFFFF) + 1;
@@ -463,6 +548,10 @@ static void nq_capsule(NativeQueue *q, uint32_t slot, uint32_t len)
         if (ns->kind == NQ_RAM) {
             local = ns->base + offset;
             lkey = ns->lkey;
+        } else if (ns->kind == NQ_FILE) {
+            if (!q->ring || sgl_len > q->bounce_chunk)
+                goto python;
+            lkey = q->bounce_lkey; /* the slot's bounce chunk, once the slot is taken */
         } else if (opc == OPC_READ) {
             if (sgl_len > q->zero_len)
                 goto python;
@@ -475,7 +564,7 @@ static void nq_capsule(NativeQueue *q, uint32_t slot, uint32_t len)
             lkey = q->sink_lkey;
         }
     }
-    if (in_capsule) { /* a Write with its data in the capsule: copied now, answered without a transfer */
+    if (in_capsule && ns->kind != NQ_FILE) { /* data in the capsule: copied now, answered without a transfer */
         if (ns->kind == NQ_RAM)
             memcpy(local, sqe + NQ_SQE_SIZE + rd64(sqe + 24), sgl_len);
         ns->writes++;
@@ -496,6 +585,22 @@ static void nq_capsule(NativeQueue *q, uint32_t slot, uint32_t len)
     r->nsid = ns->nsid;
     r->ns_uid = ns->uid;
     q->native_commands++;
+    if (ns->kind == NQ_FILE) {
+        r->local = q->bounce_base + (size_t)idx * q->bounce_chunk;
+        r->file = nq_file_get(ns->file);
+        r->offset = offset;
+        r->fua = opc == OPC_WRITE && (rd32(sqe + 48) & CDW12_FUA);
+        r->icd_len = 0;
+        memcpy(r->sqe, sqe, NQ_SQE_SIZE);
+        q->file_ios++;
+        if (in_capsule) { /* into the slot's bounce chunk: the receive buffer is re-posted at the poll's end */
+            r->icd_len = sgl_len;
+            memcpy(r->local, sqe + NQ_SQE_SIZE + rd64(sqe + 24), sgl_len);
+        }
+        r->state = opc == OPC_WRITE && !in_capsule ? NQ_NEED_READ : NQ_NEED_FILE;
+        nq_advance(q, idx);
+        return;
+    }
     if (opc == OPC_WRITE && !in_capsule) {
         r->state = NQ_NEED_READ;
     } else {
@@ -525,6 +630,18 @@ static inline void nq_read_done(NativeQueue *q, uint32_t idx)
     struct nq_req *r = &q->reqs[idx];
     q->reads_free++;
     struct nq_ns *ns = q->view ? nq_lookup(q->view, r->nsid) : NULL;
+    if (r->file) {
+        if (!ns || ns->uid != r->ns_uid) { /* left meanwhile: not written, as io._write_data */
+            nq_file_put(r->file);
+            r->file = NULL;
+            r->status = SC_INVALID_NS | SC_DNR;
+            r->state = NQ_NEED_RESPONSE;
+        } else {
+            r->state = NQ_NEED_FILE; /* now the file write */
+        }
+        nq_advance(q, idx);
+        return;
+    }
     if (!ns || ns->uid != r->ns_uid) {
         r->status = SC_INVALID_NS | SC_DNR;
     } else {
@@ -533,6 +650,90 @@ static inline void nq_read_done(NativeQueue *q, uint32_t idx)
     }
     r->state = NQ_NEED_RESPONSE;
     nq_advance(q, idx);
+}
+
+/* A file/block command the device failed (-errno) or cut short: the core does it again from its capsule, through
+ * its own engine, and answers with its own status, error log entry and retries (O_DIRECT refusing an unaligned
+ * access, RWF_DSYNC unsupported, the rest of a short transfer) - so an error is the Python path's by construction.
+ * Doing it again cannot do harm: a Read has no effect, and a Write not yet acknowledged writes the same bytes to
+ * the same blocks (the host may not assume anything of their contents until it is answered); the core fetches
+ * the data again from the host (its buffer is the host's until the response) or from the rebuilt capsule. */
+static void nq_file_hand_back(NativeQueue *q, uint32_t idx)
+{
+    struct nq_req *r = &q->reqs[idx];
+    const char *capsule = (const char *)r->sqe;
+    uint32_t len = NQ_SQE_SIZE;
+    if (r->icd_len) {
+        uint64_t at = rd64(r->sqe + 24); /* checked against the receive size when it arrived */
+        memcpy(q->rebuild, r->sqe, NQ_SQE_SIZE);
+        memset(q->rebuild + NQ_SQE_SIZE, 0, at);
+        memcpy(q->rebuild + NQ_SQE_SIZE + at, r->local, r->icd_len);
+        capsule = q->rebuild;
+        len = NQ_SQE_SIZE + (uint32_t)at + r->icd_len;
+    }
+    q->file_handed_back++;
+    nq_release(q, idx);
+    nq_to_python(q, capsule, len);
+}
+
+/* The ring finished a file/block command: its response, or the core takes it over. */
+static void nq_file_done(NativeQueue *q, uint32_t idx, int res)
+{
+    if (q->closed || idx >= q->nreqs || q->reqs[idx].state != NQ_FILE_IO)
+        return; /* closed by a callback during this reap (the ring is gone), or not ours (cookies are slots) */
+    struct nq_req *r = &q->reqs[idx];
+    r->file->in_flight--;
+    nq_file_put(r->file);
+    r->file = NULL;
+    if (res < 0 || (uint32_t)res != r->len) {
+        nq_file_hand_back(q, idx);
+        return;
+    }
+    struct nq_ns *ns = q->view ? nq_lookup(q->view, r->nsid) : NULL;
+    if (ns && ns->uid != r->ns_uid)
+        ns = NULL;
+    if (r->opc == OPC_READ) {
+        if (ns) {
+            ns->reads++;
+            ns->bytes_read += r->len;
+        }
+    } else if (!ns) {
+        r->status = SC_INVALID_NS | SC_DNR; /* removed while it was written: as io._write_done */
+    } else {
+        ns->writes++;
+        ns->bytes_written += r->len;
+    }
+    if (r->icd_len)
+        r->len = 0; /* a Write's response carries no data */
+    r->state = NQ_NEED_RESPONSE;
+    nq_advance(q, idx);
+}
+
+/* Every completion the ring has: the number. */
+static int nq_ring_reap(NativeQueue *q)
+{
+    if (!q->ring)
+        return 0;
+    int total = 0, n;
+    do {
+        n = nr_uring_reap(q->ring, q->ring_done, (int)q->nreqs);
+        for (int i = 0; i < n; i++)
+            nq_file_done(q, (uint32_t)q->ring_done[i].cookie, q->ring_done[i].res);
+        total += n > 0 ? n : 0;
+    } while (n == (int)q->nreqs && q->ring && !q->closed);
+    return total;
+}
+
+/* One io_uring_enter for everything queued on the ring this poll.  A failed submit (the kernel short of memory)
+ * leaves them queued: the next poll tries again. */
+static void nq_ring_submit(NativeQueue *q)
+{
+    if (!q->ring_queued)
+        return;
+    int n = nr_uring_submit(q->ring);
+    q->ring_submits++;
+    if (n > 0)
+        q->ring_queued = (uint32_t)n >= q->ring_queued ? 0 : q->ring_queued - (uint32_t)n;
 }
 
 /* A signaled send completion: it and everything posted before it are done (RC completes in order). */
@@ -580,6 +781,8 @@ __attribute__((noinline)) static int nq_poll(NativeQueue *q, int budget)
     int done = 0;
     q->in_poll = 1;
     q->polls++;
+    if (q->ring && !q->closed && !q->failed)
+        done += nq_ring_reap(q); /* file/block commands the device finished: their responses */
     while (done < budget && !q->closed && !q->failed) {
         int n = ibv_poll_cq(q->recv_cq, NQ_POLL_BATCH, q->wc);
         if (n < 0) {
@@ -604,12 +807,94 @@ __attribute__((noinline)) static int nq_poll(NativeQueue *q, int budget)
     }
     if (!q->closed && !q->failed)
         nq_resume(q);
+    /* One submission for the file/block commands this poll started; a read the page cache holds completes
+     * inside it, so its response joins this batch instead of waiting for the eventfd (a few rounds at most). */
+    for (int round = 0; round < 4 && q->ring_queued && !q->closed && !q->failed; round++) {
+        nq_ring_submit(q);
+        int n = nq_ring_reap(q);
+        if (!n)
+            break;
+        done += n;
+        nq_resume(q);
+    }
     nq_flush(q);
     q->in_poll = 0;
     return done;
 }
 
-/* ------------------------------------------------------------------ the Python type */
+/* ------------------------------------------------------------------ the Python types */
+
+/* _native.File(fd, depth): a file or block namespace's descriptor for the native view (a dup, closed with the
+ * last reference) and its depth; in_flight / most_in_flight are its commands on the queues' rings. */
+typedef struct {
+    PyObject_HEAD
+    struct nq_file *file;
+} NativeFile;
+
+static int NativeFile_init(NativeFile *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"fd", "depth", NULL};
+    int fd;
+    unsigned int depth;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iI", kwlist, &fd, &depth))
+        return -1;
+    if (self->file) {
+        PyErr_SetString(PyExc_RuntimeError, "a File is initialised once");
+        return -1;
+    }
+    if (fd < 0 || depth == 0 || depth > 4096) {
+        PyErr_Format(PyExc_ValueError, "File(fd, depth): fd %d must be open, depth %u 1..4096", fd, depth);
+        return -1;
+    }
+    struct nq_file *f = PyMem_RawCalloc(1, sizeof *f);
+    if (!f) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    f->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (f->fd < 0) {
+        PyMem_RawFree(f);
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    f->refs = 1;
+    f->depth = depth;
+    self->file = f;
+    return 0;
+}
+
+static void NativeFile_dealloc(NativeFile *self)
+{
+    nq_file_put(self->file);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *NativeFile_status(NativeFile *self, PyObject *noargs)
+{
+    struct nq_file *f = self->file;
+    if (!f)
+        return PyDict_New();
+    return Py_BuildValue("{sIsIsIsK}", "depth", f->depth, "in_flight", f->in_flight, "most_in_flight",
+                         f->most_in_flight, "submitted", f->submitted);
+}
+
+static PyMethodDef NativeFile_methods[] = {
+    {"status", (PyCFunction)NativeFile_status, METH_NOARGS,
+     "{depth, in_flight, most_in_flight, submitted}: its commands on the native queues' rings."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject NativeFileType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "nvmeof_roce._native.File",
+    .tp_basicsize = sizeof(NativeFile),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A file or block namespace's descriptor and depth, for the native view (docs/native.md).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)NativeFile_init,
+    .tp_dealloc = (destructor)NativeFile_dealloc,
+    .tp_methods = NativeFile_methods,
+};
 
 static int nq_ptr(PyObject *obj, void **out)
 {
@@ -637,8 +922,30 @@ static int nq_region(PyObject *obj, char **base, uint32_t *lkey, uint32_t *len)
     return 1;
 }
 
+/* The ring's commands complete (nr_uring_destroy waits: the kernel may write the bounce chunks until then), then
+ * the requests' references to their files are let go. */
+static void nq_files_close(NativeQueue *q)
+{
+    if (q->ring) {
+        nr_uring_destroy(q->ring);
+        q->ring = NULL;
+    }
+    for (uint32_t i = 0; q->reqs && i < q->nreqs; i++) {
+        if (q->reqs[i].file) {
+            if (q->reqs[i].state == NQ_FILE_IO)
+                q->reqs[i].file->in_flight--;
+            nq_file_put(q->reqs[i].file);
+            q->reqs[i].file = NULL;
+        }
+    }
+    q->ring_queued = 0;
+}
+
 static void NativeQueue_dealloc(NativeQueue *q)
 {
+    nq_files_close(q);
+    PyMem_Free(q->ring_done);
+    PyMem_Free(q->rebuild);
     nq_view_free(q->view);
     PyMem_Free(q->recv_wrs);
     PyMem_Free(q->recv_sges);
@@ -875,6 +1182,47 @@ static PyObject *NativeQueue_post_response(NativeQueue *q, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* enable_files(bounce, chunk) -> the ring's eventfd: file and block namespaces may be in the view from now on.
+ * bounce: (addr, lkey, length) of registered memory, a chunk of `chunk` bytes per request slot (page aligned, for
+ * O_DIRECT); the ring has a place per slot. */
+static PyObject *NativeQueue_enable_files(NativeQueue *q, PyObject *args)
+{
+    PyObject *bounce;
+    unsigned int chunk;
+    if (!PyArg_ParseTuple(args, "OI", &bounce, &chunk))
+        return NULL;
+    if (q->closed)
+        return PyErr_Format(PyExc_ConnectionError, "the native queue is closed");
+    if (q->ring)
+        return PyErr_Format(PyExc_RuntimeError, "enable_files() was called already");
+    char *base;
+    uint32_t lkey, len;
+    if (!nq_region(bounce, &base, &lkey, &len))
+        return NULL;
+    if (!base || !chunk || chunk % 4096 || (uintptr_t)base % 4096 || (uint64_t)chunk * q->nreqs > len)
+        return PyErr_Format(PyExc_ValueError, "enable_files: %u chunks of %u bytes (a multiple of 4096) must fit "
+                            "the %u-byte page-aligned bounce region", q->nreqs, chunk, len);
+    q->ring_done = PyMem_Calloc(q->nreqs, sizeof *q->ring_done);
+    q->rebuild = PyMem_Calloc(1, q->recv_size);
+    if (!q->ring_done || !q->rebuild) {
+        PyMem_Free(q->ring_done);
+        PyMem_Free(q->rebuild);
+        q->ring_done = NULL;
+        q->rebuild = NULL;
+        return PyErr_NoMemory();
+    }
+    int err = 0;
+    q->ring = nr_uring_create(q->nreqs, &err);
+    if (!q->ring) {
+        errno = -err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    q->bounce_base = base;
+    q->bounce_lkey = lkey;
+    q->bounce_chunk = chunk;
+    return PyLong_FromLong(nr_uring_eventfd(q->ring));
+}
+
 static PyObject *NativeQueue_flush(NativeQueue *q, PyObject *noargs)
 {
     if (!q->in_poll)
@@ -943,16 +1291,29 @@ static PyObject *NativeQueue_set_view(NativeQueue *q, PyObject *args, PyObject *
         const char *kind;
         unsigned int nsid, lbads, lkey;
         unsigned long long num_blocks, addr, uid;
-        PyObject *owner;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "IsIKKIKO;namespace (nsid, kind, lbads, "
-                              "num_blocks, addr, lkey, uid, owner)", &nsid, &kind, &lbads, &num_blocks, &addr,
-                              &lkey, &uid, &owner))
+        PyObject *owner, *file = Py_None;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "IsIKKIKO|O;namespace (nsid, kind, lbads, "
+                              "num_blocks, addr, lkey, uid, owner[, file])", &nsid, &kind, &lbads, &num_blocks,
+                              &addr, &lkey, &uid, &owner, &file))
             goto bad;
         if (!strcmp(kind, "ram"))
             ns->kind = NQ_RAM;
         else if (!strcmp(kind, "null"))
             ns->kind = NQ_NULL;
-        else {
+        else if (!strcmp(kind, "file")) {
+            ns->kind = NQ_FILE;
+            if (!PyObject_TypeCheck(file, &NativeFileType)) {
+                PyErr_Format(PyExc_ValueError, "namespace %u: a file namespace needs its _native.File", nsid);
+                goto bad;
+            }
+            if (!q->ring || max_transfer > q->bounce_chunk) {
+                PyErr_Format(PyExc_ValueError, "namespace %u: file namespaces need enable_files() first, with "
+                             "bounce chunks of max_transfer (%u) bytes", nsid, max_transfer);
+                goto bad;
+            }
+            ns->file = ((NativeFile *)file)->file;
+            owner = file; /* the File keeps the descriptor: it lives as long as the view */
+        } else {
             PyErr_Format(PyExc_ValueError, "namespace %u: kind %s is served by Python, not the native view", nsid,
                          kind);
             goto bad;
@@ -1014,16 +1375,21 @@ static PyObject *NativeQueue_take_stats(NativeQueue *q, PyObject *noargs)
 static PyObject *NativeQueue_stats(NativeQueue *q, PyObject *noargs)
 {
     uint32_t busy = q->nreqs - q->nfree;
-    return Py_BuildValue("{sKsKsKsKsKsIsIsIsIsi}", "native_commands", q->native_commands, "python_commands",
-                         q->python_commands, "doorbells", q->doorbells, "recv_doorbells", q->recv_doorbells,
-                         "polls", q->polls, "native_in_flight", busy, "native_send_free", q->native_slots,
-                         "reads_free", q->reads_free, "send_queue_used", q->sq_count, "failed", q->failed);
+    return Py_BuildValue("{sKsKsKsKsKsIsIsIsIsisIsIsIsKsKsK}", "native_commands", q->native_commands,
+                         "python_commands", q->python_commands, "doorbells", q->doorbells, "recv_doorbells",
+                         q->recv_doorbells, "polls", q->polls, "native_in_flight", busy, "native_send_free",
+                         q->native_slots, "reads_free", q->reads_free, "send_queue_used", q->sq_count, "failed",
+                         q->failed, "ring_in_flight", q->ring ? nr_uring_in_flight(q->ring) : 0u,
+                         "ring_most_in_flight", q->ring_most_in_flight, "ring_queued", q->ring_queued,
+                         "file_commands", q->file_ios, "file_handed_back", q->file_handed_back, "ring_submits",
+                         q->ring_submits);
 }
 
 static PyObject *NativeQueue_close(NativeQueue *q, PyObject *noargs)
 {
     /* Call after the QP is destroyed (or in error): nothing is posted from here on; the view is released. */
     q->closed = 1;
+    nq_files_close(q);
     nq_view_free(q->view);
     q->view = NULL;
     q->nbatch = q->nbatch_resp = q->nrepost = 0;
@@ -1044,6 +1410,8 @@ static PyMethodDef NativeQueue_methods[] = {
     {"post_response", (PyCFunction)NativeQueue_post_response, METH_VARARGS,
      "post_response(tag, cqe, signaled, data_addr, lkey, length, remote_addr, rkey, invalidate)."},
     {"flush", (PyCFunction)NativeQueue_flush, METH_NOARGS, "Post what is queued (a no-op inside a poll)."},
+    {"enable_files", (PyCFunction)NativeQueue_enable_files, METH_VARARGS,
+     "enable_files(bounce, chunk) -> eventfd of the queue's io_uring (file and block namespaces in the view)."},
     {"set_view", (PyCFunction)(void (*)(void))NativeQueue_set_view, METH_VARARGS | METH_KEYWORDS,
      "set_view(ready, max_transfer, namespaces, sq_entries=0, sq_head=0, sqflow_disabled=False) -> old figures."},
     {"take_stats", (PyCFunction)NativeQueue_take_stats, METH_NOARGS,
@@ -1053,8 +1421,15 @@ static PyMethodDef NativeQueue_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *NativeQueue_ring_unsubmitted(NativeQueue *q, void *closure)
+{
+    return PyBool_FromLong(q->ring_queued != 0);
+}
+
 static PyGetSetDef NativeQueue_getset[] = {
     {"closed", (getter)NativeQueue_closed, NULL, "closed, or a work completion failed", NULL},
+    {"ring_unsubmitted", (getter)NativeQueue_ring_unsubmitted, NULL,
+     "commands wait on the ring for a submission that failed (the kernel short of memory): poll again", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -1077,8 +1452,13 @@ int native_queue_register(PyObject *module)
 {
     if (native_cm_register(module) < 0)
         return -1;
-    if (PyType_Ready(&NativeQueueType) < 0)
+    if (PyType_Ready(&NativeQueueType) < 0 || PyType_Ready(&NativeFileType) < 0)
         return -1;
+    Py_INCREF(&NativeFileType);
+    if (PyModule_AddObject(module, "File", (PyObject *)&NativeFileType) < 0) {
+        Py_DECREF(&NativeFileType);
+        return -1;
+    }
     Py_INCREF(&NativeQueueType);
     if (PyModule_AddObject(module, "Queue", (PyObject *)&NativeQueueType) < 0) {
         Py_DECREF(&NativeQueueType);

@@ -348,7 +348,8 @@ class UserspaceTarget(TargetUnderTest):
                               "drop one of them")
         self._device = None
         self.kind = "nvmeof-roce userspace target (target serve" + (
-            f" --workers {self.workers})" if self.workers > 1 else ")")
+            f" --workers {self.workers}" if self.workers > 1 else "") + (
+            f" --data-path {data_path}" if data_path else "") + ")"
         self._proc: Optional[subprocess.Popen] = None
         self._log = None
         self.log_path: Optional[Path] = None

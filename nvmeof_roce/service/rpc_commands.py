@@ -221,6 +221,14 @@ def _print_plan(result: dict) -> None:
         print(f"  {c['action']:<18} {c['text']}")
 
 
+def _engine_cell(eng) -> str:
+    """The engine, its commands in flight and its depth; the native data path's own Reads and Writes beside."""
+    if not eng:
+        return "inline"
+    native = f" +{eng['native_in_flight']} native" if "native_in_flight" in eng else ""
+    return f"{eng['engine']} {eng['in_flight']}/{eng['queue_depth']}{native}"
+
+
 def _fmt_bytes(n) -> str:
     n = float(n or 0)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -244,7 +252,7 @@ def _print_status(s: dict) -> None:
             eng = ns.get("io")
             rows.append([sub["nqn"], ns["nsid"], f"{ns['backend']}{' ' + ns['path'] if ns['path'] else ''}",
                          _fmt_bytes(ns["size_bytes"]),
-                         f"{eng['engine']} {eng['in_flight']}/{eng['queue_depth']}" if eng else "inline",
+                         _engine_cell(eng),
                          f"{ns.get('iops', 0):g}",
                          f"{_fmt_bytes(ns.get('read_bytes_per_s', 0))}/s r, "
                          f"{_fmt_bytes(ns.get('write_bytes_per_s', 0))}/s w",

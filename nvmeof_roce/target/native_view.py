@@ -4,7 +4,8 @@ A queue whose transport has `set_view` (transport/native_queue.py) serves Read, 
 listed here itself; everything else comes to the core.  The view lists a namespace only when every check of
 `Target._start` that does not depend on the command passes for it: the controller is ready, the queue is an
 authenticated I/O queue, the namespace is attached, not removed, its ANA group is optimized or non-optimized on
-the controller's port, and it is RAM (registered with the device) or null.  The core calls `refresh` after
+the controller's port, and it is RAM (registered with the device), null, or a file or block namespace on the
+io_uring engine (given as a `_native.File`: a dup of its descriptor and its depth) on a queue that serves them.  The core calls `refresh` after
 anything that can change one of those (a capsule it handled, a namespace change, an ANA change) and before the
 event loop polls again, so a live change never races a command.  The native counters are folded into the
 namespaces' own figures (`Namespace.bytes_read`, ...) when the view is replaced and at each tick.
@@ -44,10 +45,31 @@ def view_of(target: "Target", qs: "QueueState") -> tuple:
             if region is None:
                 continue  # not registered with the device: the core serves it (staged through chunks)
             addr, lkey = region
+        elif kind == "file":
+            if not getattr(qs.transport, "serves_files", False):
+                continue
+            file = file_of(ns)
+            if file is None:
+                continue  # the thread engine was chosen (or forced): the core serves it
+            namespaces.append((ns.nsid, kind, ns.lbads, ns.num_blocks, 0, 0, id(ns), ns, file))
+            continue
         elif kind != "null":
             continue
         namespaces.append((ns.nsid, kind, ns.lbads, ns.num_blocks, addr, lkey, id(ns), ns))
     return True, namespaces
+
+
+def file_of(ns):
+    """The namespace's `_native.File` (made once), or None when its Reads and Writes stay with the core: an engine
+    other than io_uring (nvmeof_roce.io_engine "threads", or io_uring unavailable), or its backend closed."""
+    if ns.native_file is None:
+        choice = ns.engine_choice
+        fd = getattr(ns.backend, "io_fd", -1)
+        if choice is None or choice.name != "io_uring" or fd < 0:
+            return None
+        from .. import native
+        ns.native_file = native.module.File(fd, ns.queue_depth)
+    return ns.native_file
 
 
 def _fold(ctrl: "Controller", figures: dict) -> None:

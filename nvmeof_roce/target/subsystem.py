@@ -61,6 +61,9 @@ class Namespace:
             backend.close()  # io_uring forced where it cannot run: the namespace does not open
             raise
         self.io: Optional[IoEngine] = None
+        # The native data path's handle on the descriptor (native_view.file_of: a `_native.File`, made when a native
+        # queue first lists the namespace); the C queues hold it while their commands are on their rings.
+        self.native_file = None
         # SMART counters (bytes and commands)
         self.bytes_read = 0
         self.bytes_written = 0
@@ -86,12 +89,21 @@ class Namespace:
         if self.engine_choice is None:
             return None
         if self.io is not None:
-            return self.io.status()
-        return {"engine": self.engine_choice.name, "engine_reason": self.engine_choice.reason,
-                "queue_depth": self.queue_depth, "in_flight": 0, "waiting": 0, "long_in_flight": 0,
-                "most_in_flight": 0, "threads": 0}
+            status = self.io.status()
+        else:
+            status = {"engine": self.engine_choice.name, "engine_reason": self.engine_choice.reason,
+                      "queue_depth": self.queue_depth, "in_flight": 0, "waiting": 0, "long_in_flight": 0,
+                      "most_in_flight": 0, "threads": 0}
+        if self.native_file is not None:  # its Reads and Writes on the native queues' rings (docs/native.md)
+            native = self.native_file.status()
+            status["native_in_flight"] = native["in_flight"]
+            status["native_most_in_flight"] = native["most_in_flight"]
+        return status
 
     def close(self) -> None:
+        # The native queues' commands on their rings keep their own descriptor (a dup) until they complete; the
+        # File goes with the views that list it (refreshed when the namespace changes).
+        self.native_file = None
         try:
             if self.io is not None:
                 self.io.close()  # the calls running finish before the file closes

@@ -1,7 +1,9 @@
 """A target queue whose per-command work runs in C (`nvmeof_roce._native.Queue`, docs/native.md).
 
 The C queue owns the receive ring and posts every work request on the QP.  Reads, Writes and Flushes of the RAM
-and null namespaces in its view never reach Python; every other capsule comes here (`_on_capsule`) and goes to
+and null namespaces in its view never reach Python, nor do Reads and Writes of its file and block namespaces (on
+the queue's io_uring, through a bounce chunk per request slot: `bounce_of` gives the registered memory, `watch`
+puts the ring's eventfd on the event loop; without `bounce_of` the core serves them); every other capsule comes here (`_on_capsule`) and goes to
 the target core as on the Python path, with a `TxRequest` of this queue's `RequestBook`
 (transport/rdma_requests.py).  The book's Poster is this class: its READs and responses are posted through the C
 queue (`post_read`, `post_response`), so one owner posts on the QP; its send completions come back through
@@ -14,6 +16,7 @@ addresses and keys (`NativeVerbs`), by the RDMA transport on a real device or by
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -72,7 +75,9 @@ class NativeTargetQueue(TargetQueue):
                  in_capsule_size: int, recv: Region, chunks: ChunkPool, share: PoolShare, max_transfer: int,
                  zero: Optional[Region] = None, sink: Optional[Region] = None,
                  region_of: Callable[[object], Optional[tuple]] = lambda backend: None,
-                 on_close: Callable[["NativeTargetQueue"], None] = lambda queue: None):
+                 on_close: Callable[["NativeTargetQueue"], None] = lambda queue: None,
+                 bounce_of: Optional[Callable[[int], Region]] = None,
+                 watch: Optional[Callable[[int, Callable[[], object]], None]] = None):
         self.handler = handler
         self.request = request
         self.in_capsule_size = in_capsule_size
@@ -87,6 +92,13 @@ class NativeTargetQueue(TargetQueue):
         self.region_of = region_of  # (addr, lkey) of a RAM backend's registered memory, or None
         self.zero, self.sink = zero, sink
         self._on_close = on_close
+        # file and block namespaces: registered bounce memory (asked for when one first enters the view) and the
+        # ring's eventfd on the event loop
+        self.bounce_of = bounce_of
+        self.watch = watch
+        self.serves_files = bounce_of is not None
+        self.bounce: Optional[Region] = None
+        self.ring_fd: Optional[int] = None
         self.closed = False
         # Send queue as the RDMA transport sizes it (transport/rdma.py): per command a READ, or a WRITE and a SEND,
         # twice over; the Python side's book gets a quarter of it (its commands are the rare ones).
@@ -140,9 +152,47 @@ class NativeTargetQueue(TargetQueue):
         """The one call that changes what the C queue serves itself (target/native_view.py builds it)."""
         if self.closed:
             return {}
+        if any(entry[1] == "file" for entry in namespaces) and not self._enable_files():
+            namespaces = [entry for entry in namespaces if entry[1] != "file"]  # the core serves them
         self.view_ready = ready
         return self.native.set_view(ready, self.max_transfer, namespaces, sq_entries=sq_entries, sq_head=sq_head,
                                     sqflow_disabled=sqflow_disabled)
+
+    def _enable_files(self) -> bool:
+        """The ring and the bounce chunks, made once; False (the core serves file namespaces) where they cannot be."""
+        if self.ring_fd is not None:
+            return True
+        if not self.serves_files:
+            return False
+        chunk = -(-self.max_transfer // 4096) * 4096
+        try:
+            bounce = self.bounce_of(self.recv_count * chunk)
+            self.ring_fd = self.native.enable_files(bounce.spec(), chunk)
+        except (OSError, ValueError) as exc:
+            log.warning("queue %d: file and block namespaces stay with the core (no io_uring or bounce memory for "
+                        "the native data path: %s)", self.qid, exc)
+            self.serves_files = False
+            return False
+        self.bounce = bounce
+        if self.watch is not None:
+            self.watch(self.ring_fd, self._on_ring_event)
+        return True
+
+    def _on_ring_event(self):
+        """The ring's eventfd is readable: cleared first (a completion after this read signals it again), then
+        a poll, which reaps the ring."""
+        if self.closed:
+            return None
+        try:
+            os.read(self.ring_fd, 8)
+        except BlockingIOError:
+            pass
+        return self.poll_ring()
+
+    def poll_ring(self):
+        """Poll after ring completions; the transport may return a callable to be called again (more to do)."""
+        self.poll()
+        return None
 
     def take_stats(self) -> dict:
         return {} if self.closed else self.native.take_stats()
@@ -219,6 +269,7 @@ class NativeTargetQueue(TargetQueue):
             self.handler.queue_closed(self)
         finally:
             self._on_close(self)  # the owner destroys the QP first: nothing may still write our buffers
-            self.native.close()
+            self.native.close()  # the ring's commands complete first: the kernel writes the bounce chunks until then
+            self.bounce = None
             self.book.close(error or TransportError("queue closed"))
             self.share.close()

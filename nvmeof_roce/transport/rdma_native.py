@@ -96,6 +96,8 @@ class RdmaNativeQueue(NativeTargetQueue):
         self.module = module
         self.peer_gone = False
         self.recv_mr = None
+        self.bounce_mr = None
+        self.bounce_map = None
         self.released = False
         self.watched = []
         depth = request.hsqsize + 1
@@ -124,7 +126,8 @@ class RdmaNativeQueue(NativeTargetQueue):
                                      listener.remote_invalidate),
                          in_capsule_size=in_capsule, recv=Region(addr, lkey, len(self.recv_map)),
                          chunks=memory.pool, share=share, max_transfer=listener.max_transfer, zero=memory.zero,
-                         sink=memory.sink, region_of=memory.region, on_close=lambda queue: queue._release())
+                         sink=memory.sink, region_of=memory.region, on_close=lambda queue: queue._release(),
+                         bounce_of=self._bounce_of, watch=self._watch)
         self.cq_fd = self.objects["recv_fd"]
         self.native.arm()
         for fd in (self.objects["recv_fd"], self.objects["send_fd"]):
@@ -137,6 +140,20 @@ class RdmaNativeQueue(NativeTargetQueue):
         cm_id.accept(param)
         log.info("queue %d accepted on %s:%d (native data path): depth %d, in-capsule %d B, %d RDMA READs in "
                  "flight", request.qid, listener.traddr, listener.trsvcid, depth, in_capsule, max_reads)
+
+    def _bounce_of(self, size: int) -> Region:
+        """The file and block namespaces' bounce chunks: page-aligned (O_DIRECT), registered on the QP's PD."""
+        self.bounce_map = mmap.mmap(-1, size)
+        addr = _address(self.bounce_map)
+        self.bounce_mr, lkey, _ = self.module.reg_mr(self.objects["pd"], addr, size, IBV_ACCESS_LOCAL_WRITE)
+        return Region(addr, lkey, size)
+
+    def _watch(self, fd: int, callback) -> None:
+        self.listener.loop.watch(fd, callback)
+        self.watched.append(fd)
+
+    def poll_ring(self):
+        return self._poll_more()
 
     def _resume(self) -> None:
         if not self.closed:
@@ -156,7 +173,8 @@ class RdmaNativeQueue(NativeTargetQueue):
             return None
         budget = 64
         done = self.poll(budget)
-        return self._poll_more if done >= budget else None  # the loop calls again next pass
+        again = done >= budget or self.native.ring_unsubmitted  # the ring's submission failed: try again
+        return self._poll_more if again else None  # the loop calls again next pass
 
     def in_flight(self) -> int:
         return self.book.in_flight() + (0 if self.closed else self.native.stats()["native_in_flight"])
@@ -179,6 +197,9 @@ class RdmaNativeQueue(NativeTargetQueue):
             super().close(error)  # destroys the QP (on_close) before the requests and buffers are let go
         finally:
             self._release()
+            if self.bounce_map is not None:
+                self.bounce_map.close()  # after the ring's last command (super().close waited for it)
+                self.bounce_map = None
             try:
                 listener.forget(self)
             except Exception:
@@ -194,9 +215,11 @@ class RdmaNativeQueue(NativeTargetQueue):
             self.module.destroy_cm_qp(self.id_ptr)
         except Exception as exc:
             log.warning("destroying the native queue's QP failed: %s", exc)
-        if self.recv_mr is not None:
-            try:
-                self.module.dereg_mr(self.recv_mr)
-            except OSError:
-                pass
-            self.recv_mr = None
+        for name in ("recv_mr", "bounce_mr"):
+            mr = getattr(self, name)
+            if mr is not None:
+                try:
+                    self.module.dereg_mr(mr)
+                except OSError:
+                    pass
+                setattr(self, name, None)

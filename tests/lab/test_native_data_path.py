@@ -1,11 +1,15 @@
-"""The kernel host (nvme-rdma, fio) against our userspace target on each data path over real rxe: native (the
-default, which every other lab test of the userspace target runs on) and python (the reference)."""
+"""The kernel host (nvme-rdma, fio) against our userspace target on each data path over real rxe: RAM namespaces on
+native (the default, which every other lab test of the userspace target runs on) and python (the reference), and
+a file and a null_blk block namespace on native (their Reads and Writes on the C queues' io_uring)."""
 import json
 import subprocess
+import sys
 
 import pytest
 
-from targetproc import LAB_IP, ServedTarget, config, disconnect_all_quietly, namespaces_of, nvme, ram_namespace
+from nvmeof_roce.bench.kernel_glue import NullBlk
+from targetproc import (LAB_IP, ServedTarget, config, disconnect_all_quietly, file_namespace, namespaces_of, nvme,
+                        ram_namespace)
 
 pytestmark = pytest.mark.lab
 
@@ -48,3 +52,39 @@ def test_kernel_host_fio_verify_on_each_data_path(served):
             assert "native data path" in served.output()
     finally:
         disconnect_all_quietly()
+
+
+FILE_NQN = "nqn.2024-01.io.nvmeof-roce:lab-native-files"
+FILE_PORT = 4432
+
+
+def test_kernel_host_fio_verify_on_native_file_and_block_namespaces(tmp_path):
+    dev = NullBlk(name="lab-native", size_mb=64, completion_ns=2_000_000, block_size=4096)
+    path = dev.create()
+    sock = str(tmp_path / "ctl.sock")
+    cfg = config([{"nqn": FILE_NQN, "attr": {"allow_any_host": "1"},
+                   "namespaces": [file_namespace(1, str(tmp_path / "ns1.img"), "64M", 512),
+                                  {"nsid": 2, "enable": 1, "device": {"path": path}}]}], port=FILE_PORT)
+    target = ServedTarget(cfg, str(tmp_path / "files.json"), args=["--data-path", "native", "--rpc-socket", sock])
+    try:
+        target.start(timeout=240)
+        nvme("connect", "-t", "rdma", "-a", LAB_IP, "-s", str(FILE_PORT), "-n", FILE_NQN, "-i", "2")
+        devices = namespaces_of(FILE_NQN, expect=2)
+        for device in devices:
+            job = fio(device, "--rw=randrw", "--verify=crc32c", "--verify_fatal=1", "--bsrange=4k-128k",
+                      "--iodepth=32", "--size=8M", "--numjobs=1")
+            assert job["error"] == 0
+        out = subprocess.run([sys.executable, "-m", "nvmeof_roce", "target", "status", "--json", "--socket", sock],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        engines = {ns["nsid"]: ns["io"] for ns in json.loads(out.stdout)["subsystems"][0]["namespaces"]}
+        print(f"engines after fio: {engines}")
+        # their Reads and Writes went through the C queues' rings, many at once on the 2 ms device
+        assert engines[1]["native_most_in_flight"] >= 1
+        assert engines[2]["native_most_in_flight"] > 8, engines[2]
+        assert engines[2]["native_in_flight"] == 0
+    finally:
+        disconnect_all_quietly()
+        target.stop()
+        dev.remove()
+    assert "Traceback" not in target.output()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import time
 from typing import List, Optional
 
 from loopback_env import ADDR1, Env, HOST_A, RAW_HOSTID, raw_connect, raw_enable
@@ -20,6 +21,21 @@ HOST_BUFFER = 1 << 20
 def pattern(size: int, seed: int = 7) -> bytes:
     block = bytes((i * 131 + seed + (i >> 9)) & 0xFF for i in range(min(size, 1 << 16)))
     return (block * (size // len(block) + 1))[:size] if size else b""
+
+
+def engine_busy(env) -> bool:
+    """A file or block namespace's command is with the core's I/O engine (its completion comes on the loop)."""
+    return any(ns.jobs for sub in env.target.subsystems.values() for ns in sub.namespaces.values())
+
+
+def settle(env, more=lambda: False, timeout: float = 10.0) -> None:
+    """Run the loopback fabric (and its watched fds: the engines' eventfds) until the engines are idle."""
+    deadline = time.monotonic() + timeout
+    env.fabric.pump()
+    while engine_busy(env) or more():
+        assert time.monotonic() < deadline, "the I/O engines did not finish in 10 s"
+        env.fabric.run_watched(0.05)
+        env.fabric.pump()
 
 
 class Endpoint:
@@ -72,11 +88,19 @@ class LoopbackEndpoint(Endpoint):
             return []
         self.transport._outstanding = 0  # the differential sends one at a time; the host never runs out
         self.transport.send(capsule)
-        self.env.fabric.pump()
+        settle(self.env)
         return list(self.transport.poll(0)) if self.alive else []
 
     def namespace_bytes(self, subnqn: str, nsid: int) -> bytes:
-        return bytes(self.env.target.subsystem(subnqn).namespaces[nsid].backend.buffer)
+        return namespace_bytes(self.env, subnqn, nsid)
+
+
+def namespace_bytes(env, subnqn: str, nsid: int) -> bytes:
+    backend = env.target.subsystem(subnqn).namespaces[nsid].backend
+    if backend.kind == "file":
+        with open(backend.path, "rb") as f:
+            return f.read()
+    return bytes(backend.buffer)
 
 
 class NativeEndpoint(Endpoint):
@@ -127,12 +151,20 @@ class NativeEndpoint(Endpoint):
         if not self.alive:
             return []
         assert self.device.deliver(capsule) == 0, "no receive posted"
-        pump(self.queue)
-        self.env.fabric.pump()
+        self.settle()
         return [cqe for cqe, _inv in self.device.responses()]
 
+    def settle(self) -> None:
+        """Until the C queue, its ring and the core's engines are all idle."""
+        for _ in range(100):
+            pump(self.queue)
+            settle(self.env)
+            if not pump(self.queue):
+                return
+        raise AssertionError("the native queue kept completing work")
+
     def namespace_bytes(self, subnqn: str, nsid: int) -> bytes:
-        return bytes(self.env.target.subsystem(subnqn).namespaces[nsid].backend.buffer)
+        return namespace_bytes(self.env, subnqn, nsid)
 
     def close(self) -> None:
         self.queue.close()

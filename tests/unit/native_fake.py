@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import mmap
 import os
+import select
 import subprocess
 from pathlib import Path
 from typing import List, Optional, Tuple
@@ -91,6 +93,13 @@ class FakeDevice:
         addr = ctypes.addressof(ctypes.c_char.from_buffer(view))
         return addr, self.lib.fakehost_reg_local(self.dev, addr, len(view))
 
+    def bounce(self, size: int) -> Region:
+        """Page-aligned registered memory (an anonymous mapping, as the RDMA transport's bounce chunks)."""
+        mapping = mmap.mmap(-1, size)
+        self.buffers.append(mapping)
+        addr, lkey = self.register_local(mapping)
+        return Region(addr, lkey, size)
+
     def remote(self, size: int) -> Region:
         buf, addr = self._buffer(size)
         return Region(addr, self.lib.fakehost_reg_remote(self.dev, addr, size), size, memoryview(buf).cast("B"))
@@ -124,7 +133,7 @@ class FakeDevice:
 
 def native_queue(device: FakeDevice, handler, qid: int = 1, depth: int = 32, in_capsule_size: int = 4096,
                  max_transfer: int = 128 * 1024, chunks: int = 64, max_reads: int = 16,
-                 region_of=None) -> NativeTargetQueue:
+                 region_of=None, files: bool = True) -> NativeTargetQueue:
     """A NativeTargetQueue on the fake device, as the RDMA transport would make it."""
     request = ConnectRequest(recfmt=0, qid=qid, hrqsize=depth, hsqsize=depth - 1, cntlid=0, peer="fake")
     recv = device.local((depth + 1) * (64 + in_capsule_size))
@@ -135,15 +144,24 @@ def native_queue(device: FakeDevice, handler, qid: int = 1, depth: int = 32, in_
     return NativeTargetQueue(native.module, handler, request, device.verbs(max_reads), in_capsule_size=in_capsule_size,
                              recv=recv, chunks=ChunkPool(pool_region, max_transfer), share=pool.share(),
                              max_transfer=max_transfer, zero=zero, sink=sink,
-                             region_of=region_of or (lambda backend: None))
+                             region_of=region_of or (lambda backend: None),
+                             bounce_of=device.bounce if files else None)
 
 
 def pump(queue: NativeTargetQueue, rounds: int = 64) -> int:
-    """Poll until nothing completes (each poll's posts complete at once on the fake wire)."""
+    """Poll until nothing completes (each poll's posts complete at once on the fake wire); file and block commands
+    on the queue's io_uring are waited for (its eventfd, up to 10 s)."""
     total = 0
     for _ in range(rounds):
         n = queue.poll()
         total += n
         if not n:
-            return total
+            if queue.closed or queue.ring_fd is None or not queue.native.stats()["ring_in_flight"]:
+                return total
+            ready, _, _ = select.select([queue.ring_fd], [], [], 10)
+            assert ready, "the io_uring gave no completion in 10 s"
+            try:
+                os.read(queue.ring_fd, 8)
+            except BlockingIOError:
+                pass
     raise AssertionError("the queue kept completing work for 64 polls")

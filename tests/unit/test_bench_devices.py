@@ -45,6 +45,29 @@ def test_both_targets_get_a_device_of_the_same_settings(tmp_path):
     assert user.describe()["device"] == "null_blk:2ms"
 
 
+def test_the_python_data_path_target_gets_its_own_device_port_and_serve_flag(tmp_path, monkeypatch):
+    kernel, user, python = build_targets(_args(tmp_path, targets="kernel,userspace,userspace-py",
+                                               userspace_py_port=4423), tmp_path)
+    assert (python.name, python.trsvcid, python.data_path, user.data_path) == ("userspace-py", 4423, "python",
+                                                                                None)
+    assert python.device == kernel.device and python.subnqn != user.subnqn  # a null_blk of its own
+    assert "--data-path python" in python.kind
+    started = []
+
+    class NotStarted(Exception):
+        pass
+
+    def popen(cmd, **kw):
+        started.append(cmd)
+        raise NotStarted
+
+    monkeypatch.setattr("subprocess.Popen", popen)
+    python.device = DeviceModel.parse("ram")  # no device to make on the host
+    with pytest.raises(NotStarted):
+        python.setup()
+    assert started[0][started[0].index("--data-path") + 1] == "python"
+
+
 def test_device_conflicts_are_refused(tmp_path):
     with pytest.raises(NvmeofError, match="--kernel-backend and --device"):
         build_targets(_args(tmp_path, kernel_backend="file"), tmp_path)

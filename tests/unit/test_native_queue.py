@@ -4,13 +4,17 @@ The engine's own behaviour (what it serves without Python, batching, signaling, 
 the view) and the differential test: the same capsules through the C queue and through the Python data path over
 loopback, every CQE and every byte moved compared.
 """
+import os
 import random
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loopback_env import SUB_4K, SUB_NULL, SUB_RAM, null_ns, port, ram_ns, standard_config
+from loopback_env import SUB_4K, SUB_FILE, SUB_NULL, SUB_RAM, file_ns, null_ns, port, ram_ns, standard_config
 from native_diff import HOST_BUFFER, LoopbackEndpoint, NativeEndpoint, close_all, io_capsule, pattern
 from native_fake import needs_native, pump
 
@@ -188,7 +192,9 @@ def test_responses_wait_for_send_queue_entries_and_none_is_lost():
 
 
 def test_the_view_refuses_kinds_it_does_not_serve(native_ep):
-    with pytest.raises(ValueError, match="kind file is served by Python"):
+    with pytest.raises(ValueError, match="kind tape is served by Python"):
+        native_ep.queue.native.set_view(True, 4096, [(1, "tape", 9, 100, 0, 0, 1, None)], sq_entries=32)
+    with pytest.raises(ValueError, match="needs its _native.File"):
         native_ep.queue.native.set_view(True, 4096, [(1, "file", 9, 100, 0, 0, 1, None)], sq_entries=32)
     with pytest.raises(ValueError, match="appears twice"):
         native_ep.queue.native.set_view(True, 4096, [(1, "null", 9, 100, 0, 0, 1, None)] * 2, sq_entries=32)
@@ -196,21 +202,25 @@ def test_the_view_refuses_kinds_it_does_not_serve(native_ep):
 
 # ---------------------------------------------------------------------------------------------- differential
 
-DIFF_CONFIG = {
-    "hosts": [],
-    "ports": [port(1, "10.99.0.1:4420", [SUB_RAM, SUB_4K, SUB_NULL])],
-    "subsystems": [
-        {"nqn": SUB_RAM, "namespaces": [ram_ns(1, "1M"), ram_ns(2, "1M", 4096), null_ns(3, "1G"),
-                                        ram_ns(4, "256K")]},
-        {"nqn": SUB_4K, "namespaces": [ram_ns(1, "4M", 4096)]},
-        {"nqn": SUB_NULL, "namespaces": [null_ns(1)]},
-    ],
-}
-NS_BLOCKS = {1: (2048, 9), 2: (256, 12), 3: (1 << 21, 9), 4: (512, 9)}
+def diff_config(directory) -> dict:
+    """RAM, null, and a file namespace (5) on the io_uring engine: its own file per target."""
+    return {
+        "hosts": [],
+        "ports": [port(1, "10.99.0.1:4420", [SUB_RAM, SUB_4K, SUB_NULL])],
+        "subsystems": [
+            {"nqn": SUB_RAM, "namespaces": [ram_ns(1, "1M"), ram_ns(2, "1M", 4096), null_ns(3, "1G"),
+                                            ram_ns(4, "256K"), file_ns(5, Path(directory) / "ns5.img", "1M")]},
+            {"nqn": SUB_4K, "namespaces": [ram_ns(1, "4M", 4096)]},
+            {"nqn": SUB_NULL, "namespaces": [null_ns(1)]},
+        ],
+    }
+
+
+NS_BLOCKS = {1: (2048, 9), 2: (256, 12), 3: (1 << 21, 9), 4: (512, 9), 5: (2048, 9)}
 
 templates = st.fixed_dictionaries({
     "opc": st.sampled_from([READ, READ, WRITE, WRITE, FLUSH, 0x08, 0x09, 0x05, 0x80]),
-    "nsid": st.sampled_from([1, 1, 2, 3, 4, 0, 9, 0xFFFFFFFF]),
+    "nsid": st.sampled_from([1, 1, 2, 3, 4, 5, 5, 0, 9, 0xFFFFFFFF]),
     "flags": st.sampled_from([0x40, 0x40, 0x40, 0x80, 0x00, 0x41, 0xC0]),
     "sgl_id": st.sampled_from([0x40, 0x40, 0x4F, 0x41, 0x01, 0x00, 0x20, 0x5F]),
     "slba": st.one_of(st.integers(0, 600), st.sampled_from([2047, 2048, 255, 256, 511, (1 << 64) - 1,
@@ -233,9 +243,12 @@ def _length(t) -> int:
 @given(st.lists(templates, min_size=5, max_size=40), st.integers(0, 1 << 30))
 def test_native_and_python_paths_answer_and_move_bytes_identically(commands, seed):
     python = native = None
+    directory = tempfile.mkdtemp(prefix="native-diff-")
     try:
-        python = LoopbackEndpoint(DIFF_CONFIG, SUB_RAM)
-        native = NativeEndpoint(DIFF_CONFIG, SUB_RAM)
+        for side in ("python", "native"):
+            os.mkdir(Path(directory) / side)
+        python = LoopbackEndpoint(diff_config(Path(directory) / "python"), SUB_RAM)
+        native = NativeEndpoint(diff_config(Path(directory) / "native"), SUB_RAM)
         rng = random.Random(seed)
         for i, t in enumerate(commands):
             capsules = []
@@ -258,10 +271,11 @@ def test_native_and_python_paths_answer_and_move_bytes_identically(commands, see
             if t["sgl_id"] == 0x4F and got_python:
                 python.fresh_buffer()  # its key was invalidated with the response
                 native.fresh_buffer()
-        for nsid in (1, 2, 4):
+        for nsid in (1, 2, 4, 5):
             assert python.namespace_bytes(SUB_RAM, nsid) == native.namespace_bytes(SUB_RAM, nsid), nsid
     finally:
         close_all(python, native)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def test_serve_names_the_data_path_and_refuses_one_it_cannot_run(monkeypatch):
@@ -287,3 +301,185 @@ def test_target_status_says_which_data_path_runs(native_ep):
     target = native_ep.env.target
     assert target_status(target)["data_path"] == "python"  # no server: the loopback target's own path
     assert target_status(target, server=SimpleNamespace(data_path="native", listeners=[]))["data_path"] == "native"
+
+
+# ---------------------------------------------------------------------------------------------- file and block
+
+def file_config(path, size="1M", block_size=512, buffered_io=None, **userspace) -> dict:
+    ns = file_ns(1, path, size, block_size)
+    ns["nvmeof_roce"].update(userspace)
+    if buffered_io is not None:
+        ns["buffered_io"] = buffered_io
+    return {"hosts": [], "ports": [port(1, "10.99.0.1:4420", [SUB_FILE])],
+            "subsystems": [{"nqn": SUB_FILE, "namespaces": [ns]}]}
+
+
+def file_bytes(path, offset: int, length: int) -> bytes:
+    with open(path, "rb") as f:  # a descriptor of its own: what is in the file, not what the target holds
+        f.seek(offset)
+        return f.read(length)
+
+
+def put_file(path, offset: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+def fds_on(path) -> int:
+    """This process's descriptors open on `path`."""
+    real = os.path.realpath(path)
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}") == real
+        except OSError:
+            pass
+    return count
+
+
+@pytest.fixture
+def file_ep(tmp_path):
+    ep = NativeEndpoint(file_config(tmp_path / "ns.img"), SUB_FILE)
+    yield ep
+    ep.close()
+
+
+def _ns(ep):
+    return ep.env.target.subsystem(SUB_FILE).namespaces[1]
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["buffered", "O_DIRECT"])
+def test_file_reads_and_writes_are_served_natively_through_io_uring(tmp_path, direct):
+    path = tmp_path / "ns.img"
+    ep = NativeEndpoint(file_config(path, buffered_io=0 if direct else None), SUB_FILE)
+    try:
+        assert _ns(ep).backend.direct is direct
+        before = ep.queue.stats()
+        data = pattern(8192, seed=5)
+        ep.buf.view[65536:65536 + 8192] = data
+        (w,) = ep.exchange(io_capsule(ep, WRITE, 1, 24, 15, 8192, offset=65536, cid=3))
+        assert status_of(w) == 0
+        assert file_bytes(path, 24 * 512, 8192) == data  # in the file once acknowledged
+        stored = pattern(4096, seed=9)
+        put_file(path, 300 * 512, stored)
+        (r,) = ep.exchange(io_capsule(ep, READ, 1, 300, 7, 4096, offset=0, cid=4))
+        assert status_of(r) == 0 and ep.host_bytes()[:4096] == stored
+        after = ep.queue.stats()
+        assert after["python_commands"] == before["python_commands"]  # neither went to the core
+        assert after["file_commands"] - before["file_commands"] == 2
+        ns = _ns(ep)
+        ep.env.target.tick(ep.env.clock())  # the native counters folded into the namespace's
+        assert (ns.read_commands, ns.write_commands, ns.bytes_read, ns.bytes_written) == (1, 1, 4096, 8192)
+    finally:
+        ep.close()
+
+
+def test_a_file_write_with_in_capsule_data_is_served_natively(file_ep):
+    ep = file_ep
+    before = ep.queue.stats()["python_commands"]
+    data = pattern(2048, seed=13)
+    (cqe,) = ep.exchange(io_capsule(ep, WRITE, 1, 40, 3, 2048, sgl_id=0x01, offset=0, extra=data))
+    assert status_of(cqe) == 0
+    assert file_bytes(_ns(ep).backend.path, 40 * 512, 2048) == data
+    assert ep.queue.stats()["python_commands"] == before
+    assert ep.queue.stats()["file_commands"] == 1
+
+
+def test_a_file_flush_goes_to_the_core_after_the_acknowledged_writes_are_in_the_file(file_ep):
+    """A Flush covers every write acknowledged before it: the C queue answers a Write only once the ring wrote
+    it, so the core's fdatasync (on the same file) finds it there."""
+    ep = file_ep
+    path = _ns(ep).backend.path
+    data = pattern(4096, seed=21)
+    ep.buf.view[:4096] = data
+    python_before = ep.queue.stats()["python_commands"]
+    (w,) = ep.exchange(io_capsule(ep, WRITE, 1, 64, 7, 4096, cid=1))
+    assert status_of(w) == 0 and file_bytes(path, 64 * 512, 4096) == data
+    (f,) = ep.exchange(io_capsule(ep, FLUSH, 1, 0, 0, 0, cid=2))
+    assert status_of(f) == 0
+    assert ep.queue.stats()["python_commands"] == python_before + 1
+    assert _ns(ep).io is not None and _ns(ep).io.submitted == 0  # the core's engine did the flush, no read/write
+
+
+def test_many_file_commands_are_on_the_ring_at_once_and_the_namespace_depth_bounds_them(tmp_path):
+    for depth, expect_ring in ((None, 32), (4, 4)):
+        path = tmp_path / f"ns-{depth}.img"
+        extra = {} if depth is None else {"queue_depth": depth}
+        ep = NativeEndpoint(file_config(path, **extra), SUB_FILE, depth=64)
+        try:
+            stored = pattern(32 * 1024, seed=depth or 1)
+            put_file(path, 0, stored)
+            for i in range(32):  # all arrive before one poll: started together, one submission
+                assert ep.device.deliver(io_capsule(ep, READ, 1, 2 * i, 1, 1024, offset=1024 * i, cid=i)) == 0
+            ep.settle()
+            got = ep.device.responses()
+            assert sorted(int.from_bytes(c[12:14], "little") for c, _ in got) == list(range(32))
+            assert all(status_of(c) == 0 for c, _ in got)
+            assert ep.host_bytes()[:32 * 1024] == stored
+            stats = ep.queue.stats()
+            assert stats["ring_most_in_flight"] == expect_ring
+            status = _ns(ep).engine_status()
+            assert status["native_most_in_flight"] == expect_ring and status["native_in_flight"] == 0
+            assert stats["python_commands"] == 1  # the Connect only
+        finally:
+            ep.close()
+
+
+def test_a_read_past_the_end_of_a_truncated_file_is_the_cores_error_not_zeros(tmp_path):
+    eps = []
+    try:
+        for name, cls in (("python", LoopbackEndpoint), ("native", NativeEndpoint)):
+            path = tmp_path / f"{name}.img"
+            ep = cls(file_config(path), SUB_FILE)
+            eps.append(ep)
+            os.truncate(path, 64 * 1024)  # shrank under the namespace (1 MiB)
+        python, native = eps
+        for cid, (slba, nlb) in enumerate([(1000, 7), (120, 15), (8, 7)]):
+            answers = [ep.exchange(io_capsule(ep, READ, 1, slba, nlb, (nlb + 1) * 512, cid=cid)) for ep in eps]
+            assert answers[0] == answers[1], (slba, answers)
+            expect_error = slba * 512 + (nlb + 1) * 512 > 64 * 1024
+            assert (status_of(answers[1][0]) != 0) is expect_error, answers
+        assert native.queue.stats()["file_handed_back"] == 2
+        assert python.host_bytes() == native.host_bytes()
+    finally:
+        close_all(*eps)
+
+
+def test_a_namespace_removed_with_commands_on_the_ring_keeps_its_file_until_they_complete(tmp_path):
+    path = tmp_path / "ns.img"
+    ep = NativeEndpoint(file_config(path, queue_depth=1), SUB_FILE)
+    try:
+        stored = pattern(8 * 4096, seed=17)
+        put_file(path, 0, stored)
+        for i in range(8):
+            assert ep.device.deliver(io_capsule(ep, READ, 1, 8 * i, 7, 4096, offset=4096 * i, cid=i)) == 0
+        data = pattern(4096, seed=23)
+        ep.buf.view[65536:65536 + 4096] = data
+        assert ep.device.deliver(io_capsule(ep, WRITE, 1, 200, 7, 4096, offset=65536, cid=8)) == 0
+        ep.queue.poll()  # depth 1: one on the ring at a time, the rest wait in the queue's FIFO
+        assert ep.queue.stats()["native_in_flight"] > 1
+        ns = _ns(ep)
+        ep.env.target.remove_namespace(SUB_FILE, 1)
+        assert ns.backend.io_fd < 0  # the core closed its descriptors at once...
+        assert fds_on(path) == 1  # ...the commands in flight keep the C side's own
+        ep.settle()
+        got = {int.from_bytes(c[12:14], "little"): status_of(c) for c, _ in ep.device.responses()}
+        assert [got[i] for i in range(8)] == [0] * 8  # accepted before the removal: read as nvmet does
+        assert ep.host_bytes()[:8 * 4096] == stored
+        assert got[8] == 0x4000 | 0x0B  # its data came after the removal: Invalid Namespace, as io._write_data
+        assert file_bytes(path, 200 * 512, 4096) != data
+        assert fds_on(path) == 0  # the last command out closed it
+    finally:
+        ep.close()
+
+
+def test_file_namespaces_stay_with_the_core_on_the_thread_engine_or_without_bounce_memory(tmp_path):
+    ep = NativeEndpoint(file_config(tmp_path / "a.img", io_engine="threads"), SUB_FILE)
+    try:
+        ep.buf.view[:512] = pattern(512)
+        (w,) = ep.exchange(io_capsule(ep, WRITE, 1, 0, 0, 512))
+        assert status_of(w) == 0 and ep.queue.stats()["file_commands"] == 0
+        assert ep.queue.ring_fd is None
+    finally:
+        ep.close()
