@@ -33,3 +33,9 @@ except ImportError as exc:  # not built: the Python data path is the one that ru
 
 def available() -> bool:
     return module is not None
+
+
+def default_data_path(worker: Optional[int] = None) -> str:
+    """What `target serve` runs when --data-path is not given: native when the module is built, else python.
+    Workers of `serve --workers` run the Python path (docs/native.md)."""
+    return "native" if available() and worker is None else "python"

@@ -163,12 +163,6 @@ class TargetUnderTest(abc.ABC):
         has no process of its own (the kernel target runs in softirq and kworkers)."""
         return None
 
-    def _default_data_path(self) -> str:
-        if self.checkout is not None:
-            return "default"  # another checkout's: its own default
-        from ..service.serve import default_data_path
-        return default_data_path(0 if self.workers > 1 else None)
-
     @property
     def trsvcids(self) -> List[int]:
         """Every port the host connects for this target (one per worker of a multi-worker target)."""
@@ -383,7 +377,7 @@ class UserspaceTarget(TargetUnderTest):
     def _default_data_path(self) -> str:
         if self.checkout is not None:
             return "default"  # another checkout's: its own default
-        from ..service.serve import default_data_path
+        from ..native import default_data_path  # the same module `target serve` asks
         return default_data_path(0 if self.workers > 1 else None)
 
     @property

@@ -198,23 +198,14 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
 DATA_PATHS = ("python", "native")
 
 
-def default_data_path(worker: Optional[int] = None) -> str:
-    """What `target serve` runs when --data-path is not given: native when the module is built, else python
-    (said at start with the reason). Workers of `serve --workers` run the Python path (docs/native.md)."""
-    from .. import native
-    if worker is not None:
-        return "python"
-    if native.available():
-        return "native"
-    log.warning("data path python: %s", native.missing_reason)
-    return "python"
-
-
 def check_data_path(data_path: Optional[str], worker: Optional[int] = None) -> str:
     """The data path asked for (None: the default), or a clear error when it cannot run here."""
     from .. import native
     if data_path is None:
-        return default_data_path(worker)
+        data_path = native.default_data_path(worker)
+        if data_path == "python" and worker is None:
+            log.warning("data path python: %s", native.missing_reason)
+        return data_path
     if data_path not in DATA_PATHS:
         raise NvmeofError(f"unknown data path {data_path!r}", f"use one of: {', '.join(DATA_PATHS)}")
     if data_path == "native" and not native.available():
