@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <infiniband/verbs.h>
 
 #define NQ_POLL_BATCH 32      /* completions per ibv_poll_cq */
@@ -48,6 +49,12 @@
 #define SC_INVALID_NS 0x00B
 #define SC_DNR 0x4000
 
+/* Latency buckets, as target/latency.py: upper bounds 2^(i/4) us for i = 0..104, then +Inf (index 105). */
+#define NQ_LAT_STEPS_PER_OCTAVE 4
+#define NQ_LAT_BOUNDS (26 * NQ_LAT_STEPS_PER_OCTAVE + 1)
+#define NQ_LAT_BUCKETS (NQ_LAT_BOUNDS + 1)
+enum nq_lat_kind { NQ_LAT_READ = 0, NQ_LAT_WRITE = 1 };
+
 enum nq_kind { NQ_RAM = 1, NQ_NULL = 2 };
 
 enum nq_state {
@@ -68,6 +75,8 @@ struct nq_ns {
     uint64_t uid; /* Python's identity of the namespace: a Write whose data arrives after it left answers
                      Invalid Namespace, as the Python path */
     uint64_t reads, writes, flushes, bytes_read, bytes_written;
+    uint64_t lat[2][NQ_LAT_BUCKETS]; /* successful reads' and writes' latencies (nq_lat_bucket) */
+    uint64_t lat_sum_ns[2];
 };
 
 /* The read-only view Python installs with set_view; replaced whole, never edited in place. */
@@ -94,6 +103,7 @@ struct nq_req {
     uint64_t ns_uid;
     uint32_t nsid;
     uint32_t pending_next;
+    uint64_t received_ns; /* CLOCK_MONOTONIC when its capsule's receive completion was polled */
 };
 
 struct nq_sq_entry { /* the send queue, in post order: one entry per posting (1 or 2 work requests) */
@@ -158,6 +168,7 @@ typedef struct {
     PyObject *error_type, *error_value, *error_tb; /* a callback raised during a poll: re-raised after it */
 
     struct ibv_wc wc[NQ_POLL_BATCH];
+    uint64_t polled_ns; /* CLOCK_MONOTONIC when the completions being handled were polled */
 
     /* figures */
     uint64_t native_commands, python_commands, doorbells, recv_doorbells, polls;
@@ -188,6 +199,42 @@ static struct nq_ns *nq_lookup(struct nq_view *view, uint32_t nsid)
             hi = mid - 1;
     }
     return NULL;
+}
+
+/* ------------------------------------------------------------------ latency */
+
+/* The bucket bounds in ns, floor(1000 * 2^(i/4)): latency <= bound[i] us  <=>  ns <= this (ns is an integer).
+ * Filled once when the module loads; per command the bucket is a binary search of integers. */
+static uint64_t nq_lat_bound_ns[NQ_LAT_BOUNDS];
+
+static void nq_lat_init(void)
+{
+    static const double root2[NQ_LAT_STEPS_PER_OCTAVE] = {1.0, 1.189207115002721, 1.4142135623730951,
+                                                         1.6817928305074290}; /* 2^(k/4) */
+    for (int i = 0; i < NQ_LAT_BOUNDS; i++)
+        nq_lat_bound_ns[i] = (uint64_t)(1000.0 * root2[i % NQ_LAT_STEPS_PER_OCTAVE] *
+                                        (double)(1ULL << (i / NQ_LAT_STEPS_PER_OCTAVE)));
+}
+
+static inline uint64_t nq_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+/* The first bucket whose bound is >= ns, or +Inf. */
+static inline uint32_t nq_lat_bucket(uint64_t ns)
+{
+    uint32_t lo = 0, hi = NQ_LAT_BOUNDS;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi) >> 1;
+        if (ns <= nq_lat_bound_ns[mid])
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
 }
 
 /* ------------------------------------------------------------------ posting */
@@ -332,6 +379,21 @@ static void nq_resume(NativeQueue *q)
 
 static void nq_fail(NativeQueue *q, int status, uint64_t wr_id);
 
+/* A successful Read's or Write's latency, from its receive completion to its response's post, into its namespace's
+ * histogram (as target/io.py records the Python path's). */
+static inline void nq_record_latency(NativeQueue *q, const struct nq_req *r, uint64_t now)
+{
+    if (r->status || (r->opc != OPC_READ && r->opc != OPC_WRITE) || !q->view)
+        return;
+    struct nq_ns *ns = nq_lookup(q->view, r->nsid);
+    if (!ns || ns->uid != r->ns_uid)
+        return; /* its namespace left the view meanwhile */
+    int kind = r->opc == OPC_READ ? NQ_LAT_READ : NQ_LAT_WRITE;
+    uint64_t took = now > r->received_ns ? now - r->received_ns : 0;
+    ns->lat[kind][nq_lat_bucket(took)]++;
+    ns->lat_sum_ns[kind] += took;
+}
+
 /* Post this batch: the receives first (before any response of them, protocol.md §3.5), then every send work
  * request in one ibv_post_send; every SIGNAL_EVERY-th response and the last signaled (all once the native
  * send-queue entries run low). */
@@ -357,10 +419,14 @@ static void nq_flush(NativeQueue *q)
     if (!q->nbatch)
         return;
     int low = q->native_slots < q->native_slots_total / 4;
+    uint64_t now = 0;
     for (uint32_t k = 0; k < q->nbatch_resp; k++) {
         struct ibv_send_wr *s = &q->batch[q->batch_resp[k]];
         if (s->wr_id & NQ_TAG_PY)
-            continue; /* the Python side chose its own signaling */
+            continue; /* the Python side chose its own signaling (and records its own latencies) */
+        if (!now)
+            now = nq_now_ns(); /* once per batch: its responses are posted together */
+        nq_record_latency(q, &q->reqs[s->wr_id & NQ_TAG_MASK], now);
         q->unsignaled++;
         if (k == q->nbatch_resp - 1 || low || q->unsignaled >= NQ_SIGNAL_EVERY) {
             s->send_flags |= IBV_SEND_SIGNALED;
@@ -495,6 +561,7 @@ static void nq_capsule(NativeQueue *q, uint32_t slot, uint32_t len)
     r->lkey = lkey;
     r->nsid = ns->nsid;
     r->ns_uid = ns->uid;
+    r->received_ns = q->polled_ns;
     q->native_commands++;
     if (opc == OPC_WRITE && !in_capsule) {
         r->state = NQ_NEED_READ;
@@ -586,6 +653,8 @@ __attribute__((noinline)) static int nq_poll(NativeQueue *q, int budget)
             nq_fail(q, n, 0);
             break;
         }
+        if (n)
+            q->polled_ns = nq_now_ns(); /* once per batch: the receives' arrival, for the latency histograms */
         for (int i = 0; i < n && !q->closed && !q->failed; i++)
             nq_completion(q, &q->wc[i]);
         int m = 0;
@@ -885,7 +954,36 @@ static PyObject *NativeQueue_flush(NativeQueue *q, PyObject *noargs)
 /* set_view(ready, max_transfer, namespaces, sq_entries=0, sq_head=0, sqflow_disabled=False): the one call that
  * changes what the queue serves natively.  namespaces: (nsid, kind "ram"|"null", lbads, num_blocks, addr, lkey,
  * uid, owner) each; owner is kept alive while the view is.  Returns the outgoing view's figures:
- * {nsid: (reads, writes, flushes, bytes_read, bytes_written)}. */
+ * {nsid: (reads, writes, flushes, bytes_read, bytes_written, read_latency, write_latency)}, a latency being
+ * (sum_ns, ((bucket, count), ...)) with target/latency.py's buckets. */
+/* (sum_ns, ((bucket, count), ...)) of one histogram's non-empty buckets, zeroed; buckets as target/latency.py. */
+static PyObject *nq_drain_latency(struct nq_ns *ns, int kind)
+{
+    Py_ssize_t used = 0;
+    for (int i = 0; i < NQ_LAT_BUCKETS; i++)
+        used += ns->lat[kind][i] != 0;
+    PyObject *buckets = PyTuple_New(used);
+    if (!buckets)
+        return NULL;
+    Py_ssize_t at = 0;
+    for (int i = 0; i < NQ_LAT_BUCKETS; i++) {
+        if (!ns->lat[kind][i])
+            continue;
+        PyObject *pair = Py_BuildValue("(iK)", i, (unsigned long long)ns->lat[kind][i]);
+        if (!pair) {
+            Py_DECREF(buckets);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(buckets, at++, pair);
+    }
+    PyObject *out = Py_BuildValue("(KN)", (unsigned long long)ns->lat_sum_ns[kind], buckets);
+    if (out) {
+        memset(ns->lat[kind], 0, sizeof ns->lat[kind]);
+        ns->lat_sum_ns[kind] = 0;
+    }
+    return out;
+}
+
 static PyObject *nq_drain_stats(struct nq_view *view)
 {
     PyObject *out = PyDict_New();
@@ -894,8 +992,12 @@ static PyObject *nq_drain_stats(struct nq_view *view)
     for (int i = 0; i < view->count; i++) {
         struct nq_ns *ns = &view->ns[i];
         PyObject *key = PyLong_FromUnsignedLong(ns->nsid);
-        PyObject *val = Py_BuildValue("(KKKKK)", ns->reads, ns->writes, ns->flushes, ns->bytes_read,
-                                      ns->bytes_written);
+        PyObject *read_lat = nq_drain_latency(ns, NQ_LAT_READ), *write_lat = nq_drain_latency(ns, NQ_LAT_WRITE);
+        PyObject *val = read_lat && write_lat ? Py_BuildValue("(KKKKKOO)", ns->reads, ns->writes, ns->flushes,
+                                                              ns->bytes_read, ns->bytes_written, read_lat,
+                                                              write_lat) : NULL;
+        Py_XDECREF(read_lat);
+        Py_XDECREF(write_lat);
         if (!key || !val || PyDict_SetItem(out, key, val) < 0) {
             Py_XDECREF(key);
             Py_XDECREF(val);
@@ -1047,7 +1149,8 @@ static PyMethodDef NativeQueue_methods[] = {
     {"set_view", (PyCFunction)(void (*)(void))NativeQueue_set_view, METH_VARARGS | METH_KEYWORDS,
      "set_view(ready, max_transfer, namespaces, sq_entries=0, sq_head=0, sqflow_disabled=False) -> old figures."},
     {"take_stats", (PyCFunction)NativeQueue_take_stats, METH_NOARGS,
-     "{nsid: (reads, writes, flushes, bytes_read, bytes_written)} since the last call; zeroed."},
+     "{nsid: (reads, writes, flushes, bytes_read, bytes_written, read_latency, write_latency)} since the last "
+     "call; zeroed.  A latency: (sum_ns, ((bucket, count), ...)), buckets as target/latency.py."},
     {"stats", (PyCFunction)NativeQueue_stats, METH_NOARGS, "The queue's counters."},
     {"close", (PyCFunction)NativeQueue_close, METH_NOARGS, "Stop posting (after the QP is gone)."},
     {NULL, NULL, 0, NULL},
@@ -1071,6 +1174,22 @@ static PyTypeObject NativeQueueType = {
     .tp_getset = NativeQueue_getset,
 };
 
+/* latency_bucket(ns): the bucket a command of this latency lands in, for the tests that hold it to
+ * target/latency.py's LatencyHistogram.record_ns. */
+static PyObject *nq_latency_bucket_py(PyObject *module, PyObject *arg)
+{
+    unsigned long long ns = PyLong_AsUnsignedLongLong(arg);
+    if (ns == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    return PyLong_FromUnsignedLong(nq_lat_bucket(ns));
+}
+
+static PyMethodDef nq_module_functions[] = {
+    {"latency_bucket", nq_latency_bucket_py, METH_O,
+     "latency_bucket(ns) -> the latency histogram bucket of the native data path (target/latency.py's buckets)."},
+    {NULL, NULL, 0, NULL},
+};
+
 int native_cm_register(PyObject *module); /* csrc/cm.c: the verbs objects of a native queue */
 
 int native_queue_register(PyObject *module)
@@ -1079,11 +1198,15 @@ int native_queue_register(PyObject *module)
         return -1;
     if (PyType_Ready(&NativeQueueType) < 0)
         return -1;
+    nq_lat_init();
+    if (PyModule_AddFunctions(module, nq_module_functions) < 0)
+        return -1;
     Py_INCREF(&NativeQueueType);
     if (PyModule_AddObject(module, "Queue", (PyObject *)&NativeQueueType) < 0) {
         Py_DECREF(&NativeQueueType);
         return -1;
     }
     return PyModule_AddIntConstant(module, "SIGNAL_EVERY", NQ_SIGNAL_EVERY) < 0 ||
-           PyModule_AddIntConstant(module, "POLL_BATCH", NQ_POLL_BATCH) < 0 ? -1 : 0;
+           PyModule_AddIntConstant(module, "POLL_BATCH", NQ_POLL_BATCH) < 0 ||
+           PyModule_AddIntConstant(module, "LATENCY_BUCKETS", NQ_LAT_BUCKETS) < 0 ? -1 : 0;
 }

@@ -6,8 +6,9 @@ listed here itself; everything else comes to the core.  The view lists a namespa
 authenticated I/O queue, the namespace is attached, not removed, its ANA group is optimized or non-optimized on
 the controller's port, and it is RAM (registered with the device) or null.  The core calls `refresh` after
 anything that can change one of those (a capsule it handled, a namespace change, an ANA change) and before the
-event loop polls again, so a live change never races a command.  The native counters are folded into the
-namespaces' own figures (`Namespace.bytes_read`, ...) when the view is replaced and at each tick.
+event loop polls again, so a live change never races a command.  The native counters and latency histograms
+are folded into the namespaces' own figures (`Namespace.bytes_read`, ..., `ns.stats`' histograms) when the view
+is replaced and at each tick.
 """
 from __future__ import annotations
 
@@ -51,13 +52,15 @@ def view_of(target: "Target", qs: "QueueState") -> tuple:
 
 
 def _fold(ctrl: "Controller", figures: dict) -> None:
-    for nsid, (reads, writes, _flushes, bytes_read, bytes_written) in figures.items():
+    for nsid, (reads, writes, _flushes, bytes_read, bytes_written, read_lat, write_lat) in figures.items():
         ns = ctrl.subsystem.namespaces.get(nsid)
         if ns is not None:
             ns.read_commands += reads
             ns.write_commands += writes
             ns.bytes_read += bytes_read
             ns.bytes_written += bytes_written
+            ns.stats.read_latency.add_buckets(*read_lat)
+            ns.stats.write_latency.add_buckets(*write_lat)
 
 
 def refresh_queue(target: "Target", qs: "QueueState") -> None:
