@@ -230,10 +230,15 @@ def _fmt_bytes(n) -> str:
     return str(n)
 
 
+def _data_path(s: dict) -> str:
+    path = s.get("data_path", "python")
+    return f"{path}, {s.get('poll', 'interrupt')} poll" if path == "native" else path
+
+
 def _print_status(s: dict) -> None:
     print(f"target {s['config']}  (socket {s['socket']}, discovery generation {s['genctr']}, "
           f"{s['in_flight']} command(s) in flight, {s['internal_errors']} internal error(s), "
-          f"data path {s.get('data_path', 'python')})")
+          f"data path {_data_path(s)})")
     rows = []
     for sub in s["subsystems"]:
         hosts = "any host" if sub["allow_any_host"] else (", ".join(sub["allowed_hosts"]) or "no host")

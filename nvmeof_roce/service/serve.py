@@ -13,7 +13,7 @@ from ..securefile import write_file
 from ..config import TargetConfig, load_userspace_config
 from ..transport import registry
 from ..transport.resources import ResourceLimits
-from ..tunables import RESOURCE_LIMITS
+from ..tunables import POLL, RESOURCE_LIMITS
 from .ops import Operations, bind_control_socket, persist_changes
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ class TargetServer:
 
     def __init__(self, config: TargetConfig, *, limits: Optional[ResourceLimits] = None,
                  remote_invalidate: bool = True, listen_portids: Optional[List[int]] = None,
-                 file_lock: str = "exclusive", data_path: str = "python"):
+                 file_lock: str = "exclusive", data_path: str = "python", poll: str = POLL.default):
         from ..target.core import Target
 
         served = [p for p in config.ports if registry.serves(p.trtype)]  # transport/registry.py
@@ -47,6 +47,7 @@ class TargetServer:
         self.limits = limits or ResourceLimits()
         self.remote_invalidate = remote_invalidate  # for ports added live (service/ops.py)
         self.data_path = check_data_path(data_path)  # I/O queues' data path: "python" or "native" (docs/native.md)
+        self.poll = check_poll(poll, self.data_path)  # how native queues find completions (tunables.POLL)
         self.target = Target(config, file_lock=file_lock, limits=self.limits)
         self.loop = registry.get(served[0].trtype).event_loop(self.target)
         self.target.attach_loop(self.loop)  # fdatasync and long commands stay off the loop
@@ -56,7 +57,8 @@ class TargetServer:
         self.ana_control = None  # ana_control.AnaControl: run-time ANA changes, applied between events
         # what every listener is given, those of ports added live too (service/ops.py)
         self.listen_options = registry.ListenOptions(max_transfer=self.target.max_transfer, limits=self.limits,
-                                                     remote_invalidate=remote_invalidate, data_path=self.data_path)
+                                                     remote_invalidate=remote_invalidate, data_path=self.data_path,
+                                                     poll_mode=self.poll)
         try:
             for port in served:
                 self.listeners.append(registry.get(port.trtype).listen(
@@ -85,7 +87,7 @@ class TargetServer:
         longest = self.loop.longest_pass_recent if recent else self.loop.longest_pass
         # the line starts with the target's counts, which scripts and the lab tests parse; the data path after
         return ("status: " + "; ".join([t.status()] + [lst.status() for lst in self.listeners])
-                + f"; data path {self.data_path}"
+                + f"; data path {self.data_path}" + (f" ({self.poll} poll)" if self.data_path == "native" else "")
                 + f"; {t.in_flight()} command(s) in flight, longest loop pass {longest * 1000:.1f} ms"
                 + (f" (last {STATUS_INTERVAL:.0f} s; {self.loop.longest_pass * 1000:.1f} ms since start)"
                    if recent else " since start"))
@@ -123,7 +125,7 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
           remote_invalidate: bool = True, run_dir: Optional[str] = None, worker: Optional[int] = None,
           listen_portids: Optional[List[int]] = None, path_groups: Optional[List[str]] = None,
           rpc_socket: Optional[str] = "", metrics: Optional[str] = None, persist: Optional[bool] = None,
-          data_path: str = "python") -> int:
+          data_path: str = "python", poll: str = POLL.default) -> int:
     from .ana_control import AnaControl, default_run_dir, publish, unpublish
     config = load_userspace_config(path)  # the same loader and checks as `target check`
     if worker is not None and not rpc_socket:
@@ -132,7 +134,8 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
     try:
         server = TargetServer(config, limits=limits, remote_invalidate=remote_invalidate,
                               listen_portids=listen_portids,
-                              file_lock="exclusive" if worker is None else "shared", data_path=data_path)
+                              file_lock="exclusive" if worker is None else "shared", data_path=data_path,
+                              poll=poll)
     except BaseException:
         if bound is not None:
             bound.close()
@@ -207,6 +210,16 @@ def check_data_path(data_path: str) -> str:
     return data_path
 
 
+def check_poll(poll: str, data_path: str) -> str:
+    """The poll mode asked for, or a clear error: busy polling is the native data path's (never accepted and
+    ignored)."""
+    POLL.check_option(poll)
+    if poll != POLL.default and data_path != "native":
+        raise NvmeofError(f"{POLL.option} {poll} needs the native data path (the Python data path is driven by "
+                          "completion events only)", f"add --data-path native, or leave {POLL.option} out")
+    return poll
+
+
 def limits_from_args(args) -> ResourceLimits:
     return ResourceLimits(**{name: getattr(args, name) for name in RESOURCE_LIMITS})
 
@@ -220,6 +233,7 @@ def _cmd_serve(args) -> int:
         if args.data_path != "python":
             raise NvmeofError("--data-path native is not available with --workers yet",
                               "leave --workers out, or serve with --data-path python")
+        check_poll(args.poll, args.data_path)
         return supervise(args)
     # Connects, disconnects and rejects are logged at INFO: show them unless the user asked for less.
     logging.getLogger("nvmeof_roce").setLevel(logging.DEBUG if args.verbose > 1 else logging.INFO)
@@ -227,7 +241,7 @@ def _cmd_serve(args) -> int:
                  remote_invalidate=not args.no_remote_invalidate, run_dir=args.run_dir, worker=args.worker_index,
                  listen_portids=args.listen_port, path_groups=args.path_group,
                  rpc_socket=None if args.no_rpc_socket else (args.rpc_socket or ""), metrics=args.metrics,
-                 persist=args.persist, data_path=args.data_path)
+                 persist=args.persist, data_path=args.data_path, poll=args.poll)
 
 
 def register_serve(commands) -> None:
@@ -248,6 +262,7 @@ def register_serve(commands) -> None:
                    help="who does the I/O queues' per-command work: the Python target core (python, the default) "
                         "or the C data path of nvmeof_roce._native (native: Read/Write/Flush of RAM and null "
                         "namespaces in C, everything else still in Python; docs/native.md)")
+    p.add_argument(POLL.option, choices=POLL.choices, default=POLL.default, help=f"{POLL.help} (default {POLL.default})")
     p.add_argument("--no-remote-invalidate", action="store_true",
                    help="answer with plain SEND even when the host's key asks for remote invalidation")
     p.add_argument("--rpc-socket", metavar="PATH",

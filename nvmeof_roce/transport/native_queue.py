@@ -101,6 +101,7 @@ class NativeTargetQueue(TargetQueue):
             on_failure=self._on_failure, zero=zero.spec() if zero else None, sink=sink.spec() if sink else None,
             remote_invalidate=verbs.remote_invalidate)
         self.view_ready = False
+        self.poll_mode = None  # "interrupt" or "busy" once start_polling ran (a test may poll by hand)
 
     # -- the C queue's callbacks (during poll())
 
@@ -130,11 +131,31 @@ class NativeTargetQueue(TargetQueue):
 
     # -- driving it
 
+    POLL_BUDGET = 64  # completions per loop pass at most, so one busy queue cannot hold the others
+
     def poll(self, budget: int = 256) -> int:
         """Handle up to `budget` completions (one doorbell for what they post); 0 when there was none."""
         if self.closed:
             return 0
         return self.native.poll(budget)
+
+    def start_polling(self, loop, mode: str, channels=(), on_channel_event: Optional[Callable] = None) -> None:
+        """Have `loop` (transport/eventloop.py) drive this queue: "interrupt" arms the CQs and watches their
+        completion channels' fds (`on_channel_event` reads the events, re-arms and polls); "busy" never arms
+        them and polls the queue on every loop pass instead, until it closes (tunables.POLL)."""
+        self.poll_mode = mode
+        if mode == "busy":
+            loop.keep_polling(self._busy_poll)
+            return
+        self.native.arm()
+        for fd in channels:
+            loop.watch(fd, on_channel_event)
+
+    def _busy_poll(self) -> bool:
+        if self.closed:
+            return False  # out of the loop's passes
+        self.poll(self.POLL_BUDGET)
+        return not self.closed
 
     def set_view(self, ready: bool, namespaces, sq_entries: int = 0, sq_head: int = 0,
                  sqflow_disabled: bool = False) -> dict:

@@ -90,3 +90,94 @@ def test_a_failed_native_write_records_no_latency():
         assert ns.stats.write_latency.total == 0
     finally:
         ep.close()
+
+
+# -- poll modes
+
+def _status(cqe: bytes) -> int:
+    return int.from_bytes(cqe[14:16], "little") >> 1
+
+
+@pytest.fixture
+def busy_ep():
+    from nvmeof_roce.transport.eventloop import EventLoop
+    ep = NativeEndpoint(standard_config(), SUB_RAM)
+    loop = EventLoop(ep.env.target)
+    timeouts = []
+    select = loop.selector.select
+
+    def recording_select(timeout=None):
+        timeouts.append(timeout)
+        return select(timeout)
+
+    loop.selector.select = recording_select
+    ep.loop, ep.timeouts = loop, timeouts
+    yield ep
+    ep.close()
+    loop.close()
+
+
+def test_busy_poll_serves_native_and_core_commands_with_no_channel_event(busy_ep):
+    ep, loop = busy_ep, busy_ep.loop
+    arms = ep.device.counters()["arms"]
+    before = ep.queue.stats()
+    ep.queue.start_polling(loop, "busy")  # no completion channel is watched: the fake has none to signal
+    ep.device.deliver(io_capsule(ep, WRITE, 1, 0, 7, 4096, offset=8192, cid=1))
+    ep.device.deliver(io_capsule(ep, READ, 1, 0, 7, 4096, offset=0, cid=2))
+    ep.device.deliver(io_capsule(ep, READ, 9, 0, 7, 4096, offset=0, cid=3))  # no NSID 9: the core answers
+    for _ in range(8):
+        loop.run_once(30.0)  # would sleep 30 s per pass if it waited for an event
+    ep.env.fabric.pump()
+    cqes = {int.from_bytes(c[12:14], "little"): _status(c) for c, _inv in ep.device.responses()}
+    assert cqes == {1: 0, 2: 0, 3: 0x400B}  # Invalid Namespace | DNR from the core
+    assert ep.host_bytes()[:4096] == ep.host_bytes()[8192:8192 + 4096]
+    after = ep.queue.stats()
+    assert (after["native_commands"] - before["native_commands"],
+            after["python_commands"] - before["python_commands"]) == (2, 1)
+    assert ep.device.counters()["arms"] == arms  # the CQs were never armed
+    assert set(ep.timeouts) == {0}  # every pass selected without waiting
+    ep.queue.close()
+    loop.run_once(0)  # the closed queue leaves the loop's pollers
+    ep.timeouts.clear()
+    loop.run_once(0.01)
+    assert ep.timeouts == [0.01]  # nothing busy left: the loop sleeps on its fds again
+
+
+def test_interrupt_mode_arms_the_cqs_and_waits_for_their_channel(busy_ep):
+    ep, loop = busy_ep, busy_ep.loop
+    arms = ep.device.counters()["arms"]
+    ep.queue.start_polling(loop, "interrupt", channels=())
+    assert ep.device.counters()["arms"] > arms
+    ep.device.deliver(io_capsule(ep, READ, 1, 0, 7, 4096, offset=0, cid=2))
+    loop.run_once(0.01)
+    assert ep.device.responses() == [] and ep.timeouts == [0.01]  # nothing polls without a channel event
+
+
+def test_serve_takes_poll_busy_only_with_the_native_data_path():
+    from nvmeof_roce.cli import build_parser
+    from nvmeof_roce.errors import NvmeofError
+    from nvmeof_roce.service.serve import check_poll
+    from nvmeof_roce.tunables import POLL
+    assert check_poll("busy", "native") == "busy" and check_poll("interrupt", "python") == "interrupt"
+    with pytest.raises(NvmeofError, match="--poll busy needs the native data path") as err:
+        check_poll("busy", "python")
+    assert "--data-path native" in err.value.fix
+    with pytest.raises(NvmeofError, match="--poll spin: not a choice"):
+        check_poll("spin", "native")
+    parser = build_parser()
+    assert parser.parse_args(["target", "serve", "x.json"]).poll == POLL.default == "interrupt"
+    assert parser.parse_args(["target", "serve", "x.json", "--poll", "busy"]).poll == "busy"
+
+
+def test_target_status_and_the_status_line_say_busy_poll(busy_ep):
+    from types import SimpleNamespace
+    from nvmeof_roce.service.rpc_commands import _data_path
+    from nvmeof_roce.service.serve import TargetServer
+    status = target_status(busy_ep.env.target, server=SimpleNamespace(data_path="native", poll="busy", listeners=[]))
+    assert (status["data_path"], status["poll"]) == ("native", "busy")
+    assert _data_path(status) == "native, busy poll"
+    assert _data_path({"data_path": "python", "poll": "interrupt"}) == "python"
+    server = SimpleNamespace(target=busy_ep.env.target, loop=busy_ep.loop, listeners=[], data_path="native",
+                             poll="busy")
+    line = TargetServer.status_line(server)
+    assert line.startswith("status: ") and "; data path native (busy poll); " in line
