@@ -16,8 +16,10 @@
  * the instructions under it.
  */
 #include "native.h"
+#include "pollgroup.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -172,6 +174,14 @@ typedef struct {
 
     /* figures */
     uint64_t native_commands, python_commands, doorbells, recv_doorbells, polls;
+
+    /* a poll group's queue (csrc/pollgroup.c): its thread polls under `lock`, the Python side's calls take it
+     * too; what needs Python goes on `mail` instead of being called */
+    int threaded;      /* set once, by the Python side, before the thread sees the queue */
+    int stopped;       /* the group let it go: nothing is polled or posted */
+    pthread_mutex_t lock;
+    struct nq_mailbox mail;
+    struct nq_mail *drained; /* drain's copy of the mailbox, mail.size entries */
 } NativeQueue;
 
 /* ------------------------------------------------------------------ the view */
@@ -473,13 +483,24 @@ static void nq_fail(NativeQueue *q, int status, uint64_t wr_id)
     if (q->failed)
         return;
     q->failed = status ? status : -1;
-    if (q->on_failure != Py_None)
+    if (q->threaded) /* the mailbox keeps a place for it */
+        nq_mailbox_push(&q->mail, NQ_MAIL_FAILURE, (uint32_t)status, wr_id);
+    else if (q->on_failure != Py_None)
         nq_call(q, q->on_failure, Py_BuildValue("(iK)", status, (unsigned long long)wr_id));
 }
 
-static void nq_to_python(NativeQueue *q, const char *capsule, uint32_t len)
+/* A capsule for the core.  A poll group's queue mails it with its receive slot, which is re-posted when the
+ * loop drains it (so the mailbox holds at most recv_count capsules and never copies one). */
+static void nq_to_python(NativeQueue *q, uint32_t slot, uint32_t len)
 {
     q->python_commands++;
+    if (q->threaded) {
+        q->nrepost--; /* nq_capsule queued this slot's re-post last */
+        if (nq_mailbox_push(&q->mail, NQ_MAIL_CAPSULE, slot, len) < 0)
+            nq_fail(q, -ENOSPC, 0);
+        return;
+    }
+    const char *capsule = q->recv_base + (size_t)slot * q->recv_size;
     nq_call(q, q->on_capsule, Py_BuildValue("(y#)", capsule, (Py_ssize_t)len));
 }
 
@@ -577,7 +598,7 @@ static void nq_capsule(NativeQueue *q, uint32_t slot, uint32_t len)
     nq_advance(q, idx);
     return;
 python:
-    nq_to_python(q, (const char *)sqe, len);
+    nq_to_python(q, slot, len);
 }
 
 static inline void nq_release(NativeQueue *q, uint32_t idx)
@@ -622,7 +643,10 @@ static void nq_send_done(NativeQueue *q, uint64_t wr_id)
                 nq_release(q, idx);
             }
         } else if (e.wr_id == wr_id && q->on_send_done != Py_None) {
-            nq_call(q, q->on_send_done, Py_BuildValue("(K)", (unsigned long long)(wr_id & NQ_TAG_MASK)));
+            if (!q->threaded)
+                nq_call(q, q->on_send_done, Py_BuildValue("(K)", (unsigned long long)(wr_id & NQ_TAG_MASK)));
+            else if (nq_mailbox_push(&q->mail, NQ_MAIL_SEND_DONE, 0, wr_id & NQ_TAG_MASK) < 0)
+                nq_fail(q, -ENOSPC, wr_id);
         }
         if (e.wr_id == wr_id)
             break;
@@ -678,6 +702,130 @@ __attribute__((noinline)) static int nq_poll(NativeQueue *q, int budget)
     return done;
 }
 
+/* ------------------------------------------------------------------ a poll group's queue */
+
+static PyObject *nq_reraise(NativeQueue *q);
+
+/* The Python side's calls on a poll group's queue hold its mutex (waiting for it without the GIL: the poll thread
+ * never takes the GIL, so neither waits on the other). */
+static inline void nq_lock(NativeQueue *q)
+{
+    if (!q->threaded || pthread_mutex_trylock(&q->lock) == 0)
+        return;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&q->lock);
+    Py_END_ALLOW_THREADS
+}
+
+static inline void nq_unlock(NativeQueue *q)
+{
+    if (q->threaded)
+        pthread_mutex_unlock(&q->lock);
+}
+
+int native_queue_poll_threaded(void *queue, int budget)
+{
+    NativeQueue *q = queue;
+    int done = 0;
+    pthread_mutex_lock(&q->lock);
+    if (!q->stopped && !q->closed && !q->failed)
+        done = nq_poll(q, budget);
+    if (!q->stopped)
+        nq_mailbox_wake(&q->mail);
+    pthread_mutex_unlock(&q->lock);
+    return done;
+}
+
+void native_queue_stop(void *queue)
+{
+    NativeQueue *q = queue;
+    nq_lock(q);
+    q->stopped = 1;
+    nq_unlock(q);
+}
+
+static PyTypeObject NativeQueueType;
+
+int native_queue_check(void *obj)
+{
+    return PyObject_TypeCheck((PyObject *)obj, &NativeQueueType);
+}
+
+int native_queue_attach(void *queue)
+{
+    NativeQueue *q = queue;
+    if (q->threaded) {
+        PyErr_SetString(PyExc_RuntimeError, "the queue already belongs to a poll group");
+        return -1;
+    }
+    if (q->closed || !q->reqs) {
+        PyErr_SetString(PyExc_ConnectionError, "the native queue is closed");
+        return -1;
+    }
+    /* every capsule it can hold back (one per receive), every signaled send of the Python side, a failure */
+    uint32_t size = q->recv_count + q->sq_size + 2;
+    if (nq_mailbox_init(&q->mail, size) < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    q->drained = PyMem_Calloc(size, sizeof *q->drained);
+    if (!q->drained) {
+        nq_mailbox_free(&q->mail);
+        PyErr_NoMemory();
+        return -1;
+    }
+    pthread_mutex_init(&q->lock, NULL);
+    q->threaded = 1;
+    return q->mail.fd;
+}
+
+/* drain(): what the poll thread mailed, delivered in order to on_capsule / on_send_done / on_failure; the
+ * capsules' receives are re-posted first (one doorbell, before any response of them).  Returns how many. */
+static PyObject *NativeQueue_drain(NativeQueue *q, PyObject *noargs)
+{
+    if (!q->threaded)
+        return PyLong_FromLong(0);
+    nq_lock(q);
+    nq_mailbox_clear_wake(&q->mail);
+    uint32_t n = q->stopped || q->closed ? 0 : q->mail.count;
+    PyObject *capsules = PyTuple_New(n);
+    if (!capsules) {
+        nq_unlock(q);
+        return NULL;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        struct nq_mail *e = &q->mail.ring[(q->mail.head + i) % q->mail.size];
+        q->drained[i] = *e;
+        if (e->kind != NQ_MAIL_CAPSULE)
+            continue;
+        PyObject *bytes = PyBytes_FromStringAndSize(q->recv_base + (size_t)e->a * q->recv_size, (Py_ssize_t)e->b);
+        if (!bytes) { /* left in the mailbox: the next drain tries again */
+            nq_unlock(q);
+            Py_DECREF(capsules);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(capsules, i, bytes);
+        q->repost[q->nrepost++] = e->a;
+    }
+    q->mail.head = (q->mail.head + n) % q->mail.size;
+    q->mail.count = 0;
+    nq_flush(q);
+    nq_unlock(q);
+    for (uint32_t i = 0; i < n; i++) {
+        struct nq_mail *e = &q->drained[i];
+        if (e->kind == NQ_MAIL_CAPSULE)
+            nq_call(q, q->on_capsule, PyTuple_Pack(1, PyTuple_GET_ITEM(capsules, i)));
+        else if (e->kind == NQ_MAIL_SEND_DONE)
+            nq_call(q, q->on_send_done, Py_BuildValue("(K)", (unsigned long long)e->b));
+        else if (q->on_failure != Py_None)
+            nq_call(q, q->on_failure, Py_BuildValue("(iK)", (int)e->a, (unsigned long long)e->b));
+    }
+    Py_DECREF(capsules);
+    if (q->error_type)
+        return nq_reraise(q);
+    return PyLong_FromUnsignedLong(n);
+}
+
 /* ------------------------------------------------------------------ the Python type */
 
 static int nq_ptr(PyObject *obj, void **out)
@@ -708,6 +856,11 @@ static int nq_region(PyObject *obj, char **base, uint32_t *lkey, uint32_t *len)
 
 static void NativeQueue_dealloc(NativeQueue *q)
 {
+    if (q->threaded) { /* a poll group holds a reference while it polls: none polls it now */
+        nq_mailbox_free(&q->mail);
+        PyMem_Free(q->drained);
+        pthread_mutex_destroy(&q->lock);
+    }
     nq_view_free(q->view);
     PyMem_Free(q->recv_wrs);
     PyMem_Free(q->recv_sges);
@@ -854,6 +1007,10 @@ static PyObject *NativeQueue_poll(NativeQueue *q, PyObject *const *args, Py_ssiz
         PyErr_SetString(PyExc_RuntimeError, "poll() called from inside a poll");
         return NULL;
     }
+    if (q->threaded) {
+        PyErr_SetString(PyExc_RuntimeError, "a poll group's thread polls this queue: drain() its mailbox");
+        return NULL;
+    }
     int done = q->closed ? 0 : nq_poll(q, budget);
     if (q->error_type)
         return nq_reraise(q);
@@ -862,7 +1019,7 @@ static PyObject *NativeQueue_poll(NativeQueue *q, PyObject *const *args, Py_ssiz
 
 static PyObject *NativeQueue_arm(NativeQueue *q, PyObject *noargs)
 {
-    if (q->closed)
+    if (q->closed || q->threaded) /* a poll group's queue is polled, never armed */
         Py_RETURN_NONE;
     int rc = ibv_req_notify_cq(q->recv_cq, 0);
     if (!rc && q->send_cq != q->recv_cq)
@@ -876,7 +1033,7 @@ static PyObject *NativeQueue_arm(NativeQueue *q, PyObject *noargs)
 
 static PyObject *nq_check_posting(NativeQueue *q)
 {
-    if (q->closed || q->failed) {
+    if (q->closed || q->failed || q->stopped) {
         PyErr_SetString(PyExc_ConnectionError, "the native queue is closed");
         return NULL;
     }
@@ -884,7 +1041,7 @@ static PyObject *nq_check_posting(NativeQueue *q)
 }
 
 /* post_read(tag, local_addr, lkey, length, remote_addr, rkey): the Python side's RDMA READ, signaled. */
-static PyObject *NativeQueue_post_read(NativeQueue *q, PyObject *args)
+static PyObject *nq_post_read(NativeQueue *q, PyObject *args)
 {
     unsigned int tag, lkey, length, rkey;
     unsigned long long laddr, raddr;
@@ -909,7 +1066,7 @@ static PyObject *NativeQueue_post_read(NativeQueue *q, PyObject *args)
 /* post_response(tag, cqe, signaled, data_addr, lkey, length, remote_addr, rkey, invalidate): the Python side's
  * response: its data WRITE (when length) chained before the inline SEND of the 16-byte CQE; invalidate is the
  * host's key to invalidate with it, or -1. */
-static PyObject *NativeQueue_post_response(NativeQueue *q, PyObject *args)
+static PyObject *nq_post_response(NativeQueue *q, PyObject *args)
 {
     unsigned int tag, lkey, length, rkey;
     unsigned long long laddr, raddr;
@@ -944,10 +1101,29 @@ static PyObject *NativeQueue_post_response(NativeQueue *q, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* The Python side's posts: under the queue's mutex when a poll group's thread polls it. */
+static PyObject *NativeQueue_post_read(NativeQueue *q, PyObject *args)
+{
+    nq_lock(q);
+    PyObject *res = nq_post_read(q, args);
+    nq_unlock(q);
+    return res;
+}
+
+static PyObject *NativeQueue_post_response(NativeQueue *q, PyObject *args)
+{
+    nq_lock(q);
+    PyObject *res = nq_post_response(q, args);
+    nq_unlock(q);
+    return res;
+}
+
 static PyObject *NativeQueue_flush(NativeQueue *q, PyObject *noargs)
 {
-    if (!q->in_poll)
+    nq_lock(q);
+    if (!q->in_poll && !q->stopped)
         nq_flush(q);
+    nq_unlock(q);
     Py_RETURN_NONE;
 }
 
@@ -1086,14 +1262,14 @@ static PyObject *NativeQueue_set_view(NativeQueue *q, PyObject *args, PyObject *
         nq_view_free(view);
         return NULL;
     }
+    nq_lock(q);
     PyObject *stats = nq_drain_stats(q->view);
     if (!stats) {
+        nq_unlock(q);
         nq_view_free(view);
         return NULL;
     }
-    /* The RAM memory of namespaces in flight stays registered with Python (RdmaListener keeps registrations
-     * until it closes); the outgoing view's owners are released here. */
-    nq_view_free(q->view);
+    struct nq_view *old = q->view;
     q->view = view;
     if (ready && !q->sqhd_on) { /* from here on the C queue numbers every CQE, the Python side's too */
         q->sqhd_on = 1;
@@ -1101,6 +1277,11 @@ static PyObject *NativeQueue_set_view(NativeQueue *q, PyObject *args, PyObject *
         q->sq_entries = (uint16_t)(sq_entries ? sq_entries : 1);
         q->sqhd = (uint16_t)sq_head;
     }
+    nq_unlock(q);
+    /* The RAM memory of namespaces in flight stays registered with Python (RdmaListener keeps registrations
+     * until it closes); the outgoing view's owners are released here, outside the mutex (a release may run
+     * Python code). */
+    nq_view_free(old);
     return stats;
 bad:
     Py_DECREF(seq);
@@ -1110,31 +1291,51 @@ bad:
 
 static PyObject *NativeQueue_take_stats(NativeQueue *q, PyObject *noargs)
 {
-    return nq_drain_stats(q->view);
+    nq_lock(q);
+    PyObject *res = nq_drain_stats(q->view);
+    nq_unlock(q);
+    return res;
 }
 
 static PyObject *NativeQueue_stats(NativeQueue *q, PyObject *noargs)
 {
+    nq_lock(q);
     uint32_t busy = q->nreqs - q->nfree;
-    return Py_BuildValue("{sKsKsKsKsKsIsIsIsIsi}", "native_commands", q->native_commands, "python_commands",
-                         q->python_commands, "doorbells", q->doorbells, "recv_doorbells", q->recv_doorbells,
-                         "polls", q->polls, "native_in_flight", busy, "native_send_free", q->native_slots,
-                         "reads_free", q->reads_free, "send_queue_used", q->sq_count, "failed", q->failed);
+    PyObject *res = Py_BuildValue("{sKsKsKsKsKsIsIsIsIsisisI}", "native_commands", q->native_commands,
+                                  "python_commands", q->python_commands, "doorbells", q->doorbells,
+                                  "recv_doorbells", q->recv_doorbells, "polls", q->polls, "native_in_flight", busy,
+                                  "native_send_free", q->native_slots, "reads_free", q->reads_free,
+                                  "send_queue_used", q->sq_count, "failed", q->failed, "threaded", q->threaded,
+                                  "mailed", q->threaded ? q->mail.count : 0);
+    nq_unlock(q);
+    return res;
 }
 
 static PyObject *NativeQueue_close(NativeQueue *q, PyObject *noargs)
 {
-    /* Call after the QP is destroyed (or in error): nothing is posted from here on; the view is released. */
+    /* Call after the QP is destroyed (or in error; a poll group's queue after the group let it go): nothing is
+     * posted from here on; the view is released. */
+    nq_lock(q);
     q->closed = 1;
-    nq_view_free(q->view);
+    struct nq_view *old = q->view;
     q->view = NULL;
     q->nbatch = q->nbatch_resp = q->nrepost = 0;
+    nq_unlock(q);
+    nq_view_free(old);
     Py_RETURN_NONE;
 }
 
 static PyObject *NativeQueue_closed(NativeQueue *q, void *closure)
 {
-    return PyBool_FromLong(q->closed || q->failed);
+    nq_lock(q);
+    int closed = q->closed || q->failed;
+    nq_unlock(q);
+    return PyBool_FromLong(closed);
+}
+
+static PyObject *NativeQueue_mail_fd(NativeQueue *q, void *closure)
+{
+    return PyLong_FromLong(q->threaded ? q->mail.fd : -1);
 }
 
 static PyMethodDef NativeQueue_methods[] = {
@@ -1153,11 +1354,14 @@ static PyMethodDef NativeQueue_methods[] = {
      "call; zeroed.  A latency: (sum_ns, ((bucket, count), ...)), buckets as target/latency.py."},
     {"stats", (PyCFunction)NativeQueue_stats, METH_NOARGS, "The queue's counters."},
     {"close", (PyCFunction)NativeQueue_close, METH_NOARGS, "Stop posting (after the QP is gone)."},
+    {"drain", (PyCFunction)NativeQueue_drain, METH_NOARGS,
+     "A poll group's queue: deliver what its thread mailed (capsules, send completions, a failure); how many."},
     {NULL, NULL, 0, NULL},
 };
 
 static PyGetSetDef NativeQueue_getset[] = {
     {"closed", (getter)NativeQueue_closed, NULL, "closed, or a work completion failed", NULL},
+    {"mail_fd", (getter)NativeQueue_mail_fd, NULL, "a poll group's queue: its mailbox eventfd (else -1)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -1191,10 +1395,11 @@ static PyMethodDef nq_module_functions[] = {
 };
 
 int native_cm_register(PyObject *module); /* csrc/cm.c: the verbs objects of a native queue */
+int native_pollgroup_register(PyObject *module); /* csrc/pollgroup.c */
 
 int native_queue_register(PyObject *module)
 {
-    if (native_cm_register(module) < 0)
+    if (native_cm_register(module) < 0 || native_pollgroup_register(module) < 0)
         return -1;
     if (PyType_Ready(&NativeQueueType) < 0)
         return -1;

@@ -102,6 +102,7 @@ class NativeTargetQueue(TargetQueue):
             remote_invalidate=verbs.remote_invalidate)
         self.view_ready = False
         self.poll_mode = None  # "interrupt" or "busy" once start_polling ran (a test may poll by hand)
+        self.poll_group = None  # the _native.PollGroup whose thread polls it (--cores), or None
 
     # -- the C queue's callbacks (during poll())
 
@@ -134,22 +135,46 @@ class NativeTargetQueue(TargetQueue):
     POLL_BUDGET = 64  # completions per loop pass at most, so one busy queue cannot hold the others
 
     def poll(self, budget: int = 256) -> int:
-        """Handle up to `budget` completions (one doorbell for what they post); 0 when there was none."""
+        """Handle up to `budget` completions (one doorbell for what they post); 0 when there was none.  A poll
+        group's queue is polled by its thread: this delivers what the thread mailed instead."""
         if self.closed:
             return 0
+        if self.poll_group is not None:
+            return self.native.drain()
         return self.native.poll(budget)
 
-    def start_polling(self, loop, mode: str, channels=(), on_channel_event: Optional[Callable] = None) -> None:
+    def start_polling(self, loop, mode: str, channels=(), on_channel_event: Optional[Callable] = None,
+                      poll_groups=None) -> None:
         """Have `loop` (transport/eventloop.py) drive this queue: "interrupt" arms the CQs and watches their
         completion channels' fds (`on_channel_event` reads the events, re-arms and polls); "busy" never arms
-        them and polls the queue on every loop pass instead, until it closes (tunables.POLL)."""
+        them and polls the queue on every loop pass instead, until it closes (tunables.POLL).  With
+        `poll_groups` (transport/pollgroups.py, `--cores`) a poll group's thread busy-polls it without the GIL
+        and the loop watches its mailbox's eventfd instead, draining what needs Python."""
         self.poll_mode = mode
+        if poll_groups is not None:
+            self.poll_group, self._mail_fd = poll_groups.assign(self.native)
+            self._loop = loop
+            loop.watch(self._mail_fd, self._drain)
+            return
         if mode == "busy":
             loop.keep_polling(self._busy_poll)
             return
         self.native.arm()
         for fd in channels:
             loop.watch(fd, on_channel_event)
+
+    def _drain(self) -> None:
+        if not self.closed:
+            self.native.drain()
+
+    def _leave_poll_group(self) -> None:
+        """Before the QP is destroyed: the group's thread stops polling the queue (it waits for a poll under
+        way), and the loop stops watching its mailbox."""
+        if self.poll_group is None:
+            return
+        self._loop.unwatch(self._mail_fd)
+        self.poll_group.remove(self.native)
+        self.poll_group = None
 
     def _busy_poll(self) -> bool:
         if self.closed:
@@ -250,6 +275,7 @@ class NativeTargetQueue(TargetQueue):
         if self.closed:
             return
         self.closed = True
+        self._leave_poll_group()  # first: no thread polls or posts on the queue from here on
         try:
             self.handler.queue_closed(self)
         finally:

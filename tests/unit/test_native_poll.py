@@ -181,3 +181,117 @@ def test_target_status_and_the_status_line_say_busy_poll(busy_ep):
                              poll="busy")
     line = TargetServer.status_line(server)
     assert line.startswith("status: ") and "; data path native (busy poll); " in line
+
+
+# -- poll groups (--cores): queues polled by threads without the GIL
+
+def _await(loop, eps, want: dict, limit: float = 60.0) -> dict:
+    """Run the loop until every endpoint got `want[ep]` responses; {ep: [cqe, ...]} (a hang guard, no timing)."""
+    import time
+    got = {ep: [] for ep in eps}
+    deadline = time.monotonic() + limit
+    while any(len(got[ep]) < want[ep] for ep in eps):
+        assert time.monotonic() < deadline, {id(ep): len(v) for ep, v in got.items()}
+        loop.run_once(0.01)
+        for ep in eps:
+            ep.env.fabric.pump()  # the target's own work (a Write Zeroes in slices) runs on the loopback's loop
+            got[ep] += [cqe for cqe, _inv in ep.device.responses()]
+    return got
+
+
+@pytest.fixture
+def grouped():
+    from nvmeof_roce.transport.eventloop import EventLoop
+    from nvmeof_roce.transport.pollgroups import PollGroups
+    eps = [NativeEndpoint(standard_config(), SUB_RAM) for _ in range(4)]
+    loop = EventLoop(eps[0].env.target)
+    groups = PollGroups(native.module, 2)
+    for ep in eps:
+        ep.queue.start_polling(loop, "busy", poll_groups=groups)
+    yield eps, loop, groups
+    for ep in eps:
+        ep.close()
+    groups.close()
+    loop.close()
+
+
+def test_poll_group_threads_serve_many_queues_with_correct_cqes_and_data(grouped):
+    eps, loop, groups = grouped
+    assert [g["queues"] for g in groups.status()] == [2, 2]  # round-robin
+    before = {ep: ep.queue.stats() for ep in eps}
+    per_round, rounds = 16, 4
+    for r in range(rounds):  # writes: host offset k*4 KiB -> LBA k*8
+        for ep in eps:
+            for i in range(per_round):
+                k = r * per_round + i
+                assert ep.device.deliver(io_capsule(ep, WRITE, 1, 8 * k, 7, 4096, offset=4096 * k, cid=k)) == 0
+        got = _await(loop, eps, {ep: per_round for ep in eps})
+        for ep in eps:
+            assert sorted(int.from_bytes(c[12:14], "little") for c in got[ep]) == list(
+                range(r * per_round, (r + 1) * per_round))
+            assert all(c[14:16] == b"\0\0" and int.from_bytes(c[10:12], "little") == 1 for c in got[ep])
+    written = rounds * per_round * 4096
+    for r in range(rounds):  # reads back into host offset 512 KiB + k*4 KiB
+        for ep in eps:
+            for i in range(per_round):
+                k = r * per_round + i
+                ep.device.deliver(io_capsule(ep, READ, 1, 8 * k, 7, 4096, offset=524288 + 4096 * k, cid=1000 + k))
+        got = _await(loop, eps, {ep: per_round for ep in eps})
+        assert all(c[14:16] == b"\0\0" for ep in eps for c in got[ep])
+    for ep in eps:
+        host = ep.host_bytes()
+        assert host[524288:524288 + written] == host[:written]
+        assert ep.namespace_bytes(SUB_RAM, 1)[:written] == host[:written]
+    # the core's commands on the same queues: an unknown NSID, and a Write Zeroes (not native) of LBA 0-7
+    for ep in eps:
+        ep.device.deliver(io_capsule(ep, READ, 9, 0, 7, 4096, cid=7001))
+        ep.device.deliver(io_capsule(ep, 0x08, 1, 0, 7, 0, cid=7002))
+    got = _await(loop, eps, {ep: 2 for ep in eps})
+    for ep in eps:
+        statuses = {int.from_bytes(c[12:14], "little"): int.from_bytes(c[14:16], "little") >> 1 for c in got[ep]}
+        assert statuses == {7001: 0x400B, 7002: 0}  # Invalid Namespace | DNR; success
+        assert ep.namespace_bytes(SUB_RAM, 1)[:4096] == bytes(4096)
+        after = ep.queue.stats()
+        assert after["threaded"] == 1
+        assert after["native_commands"] - before[ep]["native_commands"] == 2 * rounds * per_round
+        assert after["python_commands"] - before[ep]["python_commands"] == 2
+        with pytest.raises(RuntimeError, match="poll group"):
+            ep.queue.native.poll()  # only its thread polls it
+    assert all(g["busy_passes"] > 0 for g in groups.status())  # both threads served commands
+    # the latencies and counters still reach the namespaces
+    eps[0].env.target.tick(eps[0].env.clock())
+    ns = eps[0].env.target.subsystem(SUB_RAM).namespaces[1]
+    assert (ns.stats.write_latency.total, ns.stats.read_latency.total) == (rounds * per_round, rounds * per_round)
+
+
+def test_closing_a_queue_while_its_thread_polls_stops_every_poll_of_it(grouped):
+    import time
+    eps, loop, groups = grouped
+    victim, other = eps[0], eps[2]  # both on the first group
+    for k in range(16):
+        victim.device.deliver(io_capsule(victim, READ, 1, 8 * k, 7, 4096, offset=4096 * k, cid=k))
+        other.device.deliver(io_capsule(other, READ, 1, 8 * k, 7, 4096, offset=4096 * k, cid=k))
+    victim.queue.close()  # while the thread may be polling it: waits for that poll, then never again
+    assert victim.queue.native.stats()["threaded"] == 1 and victim.queue.poll_group is None
+    assert [g["queues"] for g in groups.status()] == [1, 2]
+    polls = victim.device.counters()["polls"]
+    got = _await(loop, [other], {other: 16})  # the group's thread goes on with its other queue
+    assert all(c[14:16] == b"\0\0" for c in got[other])
+    time.sleep(0.05)
+    assert victim.device.counters()["polls"] == polls
+    assert victim.queue.native.drain() == 0  # nothing is delivered for a stopped queue
+    eps.remove(victim)
+    victim.close()
+
+
+def test_a_failure_on_a_thread_polled_queue_reaches_the_core(grouped):
+    eps, loop, groups = grouped
+    ep = eps[1]
+    ep.device.deliver(io_capsule(ep, READ, 1, 0, 7, 4096, bad_key=True, cid=3))  # the RDMA WRITE fails
+    import time
+    deadline = time.monotonic() + 60
+    while not ep.queue.closed:
+        assert time.monotonic() < deadline
+        loop.run_once(0.01)
+    assert ep.queue.poll_group is None  # the failure closed the queue, which left its group
+    assert [g["queues"] for g in groups.status()] == [2, 1]
