@@ -110,4 +110,9 @@ POLL = Choice("poll", ("interrupt", "busy"), "interrupt",
               "default), busy polls every native queue on each event-loop pass without sleeping (lower latency, "
               "one core kept busy); needs --data-path native")
 
-ALL: Tuple[Tunable, ...] = (*RESOURCE_LIMITS.values(), *TARGET_SETTINGS.values(), WORKERS, QID_MAX)
+# `target serve --cores N`: poll-group threads of the native data path (docs/native.md, "Poll groups").
+CORES = Tunable("cores", int, 1, 1, 64, "poll native I/O queues on N threads without the GIL, each queue on one "
+                "thread, round-robin as hosts connect (1: the event loop polls them); needs --data-path native "
+                "--poll busy and at most one thread per CPU")
+
+ALL: Tuple[Tunable, ...] = (*RESOURCE_LIMITS.values(), *TARGET_SETTINGS.values(), WORKERS, QID_MAX, CORES)

@@ -232,7 +232,10 @@ def _fmt_bytes(n) -> str:
 
 def _data_path(s: dict) -> str:
     path = s.get("data_path", "python")
-    return f"{path}, {s.get('poll', 'interrupt')} poll" if path == "native" else path
+    if path != "native":
+        return path
+    cores = s.get("cores", 1)
+    return f"{path}, {s.get('poll', 'interrupt')} poll" + (f", {cores} poll-group threads" if cores > 1 else "")
 
 
 def _print_status(s: dict) -> None:

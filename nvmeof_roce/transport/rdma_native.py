@@ -6,7 +6,8 @@ is native, opens each I/O queue here instead of as an `RdmaTargetQueue` (admin q
 librdmacm keeps for the device (`id->pd`); the memory the C queue uses is registered on that PD
 (`NativePortMemory`: the port's data pool a second time, zero and sink buffers, RAM namespaces); pyverbs'
 `rdma_accept` moves the QP to RTR and RTS.  The CQ channels' fds are watched by the event loop (`--poll interrupt`),
-or the queue is polled on every loop pass (`--poll busy`: `NativeTargetQueue.start_polling`).
+or the queue is polled on every loop pass (`--poll busy`: `NativeTargetQueue.start_polling`), or by a poll
+group's thread (`--cores N`, transport/pollgroups.py).
 """
 from __future__ import annotations
 
@@ -127,9 +128,10 @@ class RdmaNativeQueue(NativeTargetQueue):
                          chunks=memory.pool, share=share, max_transfer=listener.max_transfer, zero=memory.zero,
                          sink=memory.sink, region_of=memory.region, on_close=lambda queue: queue._release())
         self.cq_fd = self.objects["recv_fd"]
-        if listener.poll_mode == "interrupt":
+        if listener.poll_mode == "interrupt" and listener.poll_groups is None:
             self.watched = [self.objects["recv_fd"], self.objects["send_fd"]]
-        self.start_polling(listener.loop, listener.poll_mode, self.watched, self._on_cq_event)
+        self.start_polling(listener.loop, listener.poll_mode, self.watched, self._on_cq_event,
+                           poll_groups=listener.poll_groups)
         from pyverbs.cmid import ConnParam
         param = ConnParam(resources=0, depth=max_reads, flow_control=1, retry=7, rnr_retry=7,
                           qp_num=self.objects["qp_num"], data_len=cmdata.ACCEPT_SIZE)

@@ -178,9 +178,12 @@ def test_target_status_and_the_status_line_say_busy_poll(busy_ep):
     assert _data_path(status) == "native, busy poll"
     assert _data_path({"data_path": "python", "poll": "interrupt"}) == "python"
     server = SimpleNamespace(target=busy_ep.env.target, loop=busy_ep.loop, listeners=[], data_path="native",
-                             poll="busy")
+                             poll="busy", cores=1)
     line = TargetServer.status_line(server)
     assert line.startswith("status: ") and "; data path native (busy poll); " in line
+    server.cores = 2
+    assert "; data path native (busy poll, 2 poll-group threads); " in TargetServer.status_line(server)
+    assert _data_path({"data_path": "native", "poll": "busy", "cores": 2}) == "native, busy poll, 2 poll-group threads"
 
 
 # -- poll groups (--cores): queues polled by threads without the GIL
@@ -295,3 +298,22 @@ def test_a_failure_on_a_thread_polled_queue_reaches_the_core(grouped):
         loop.run_once(0.01)
     assert ep.queue.poll_group is None  # the failure closed the queue, which left its group
     assert [g["queues"] for g in groups.status()] == [2, 1]
+
+
+def test_serve_refuses_cores_it_cannot_honour(monkeypatch):
+    import os
+    from nvmeof_roce.cli import build_parser
+    from nvmeof_roce.errors import NvmeofError
+    from nvmeof_roce.service.serve import check_cores
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert check_cores(1, "python", "interrupt") == 1 and check_cores(2, "native", "busy") == 2
+    for data_path, poll in (("python", "interrupt"), ("native", "interrupt")):
+        with pytest.raises(NvmeofError, match="--cores 2 needs the native data path with busy polling") as err:
+            check_cores(2, data_path, poll)
+        assert "--data-path native --poll busy" in err.value.fix
+    with pytest.raises(NvmeofError, match="--cores 3: this process may run on 2 CPU") as err:
+        check_cores(3, "native", "busy")
+    assert "--cores 2 or fewer" in err.value.fix
+    with pytest.raises(NvmeofError, match="--cores 0: out of range"):
+        check_cores(0, "native", "busy")
+    assert build_parser().parse_args(["target", "serve", "x.json", "--cores", "2"]).cores == 2
