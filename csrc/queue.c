@@ -1003,12 +1003,12 @@ static PyObject *NativeQueue_poll(NativeQueue *q, PyObject *const *args, Py_ssiz
         if (budget == -1 && PyErr_Occurred())
             return NULL;
     }
-    if (q->in_poll) {
-        PyErr_SetString(PyExc_RuntimeError, "poll() called from inside a poll");
+    if (q->threaded) { /* first: in_poll is the thread's */
+        PyErr_SetString(PyExc_RuntimeError, "a poll group's thread polls this queue: drain() its mailbox");
         return NULL;
     }
-    if (q->threaded) {
-        PyErr_SetString(PyExc_RuntimeError, "a poll group's thread polls this queue: drain() its mailbox");
+    if (q->in_poll) {
+        PyErr_SetString(PyExc_RuntimeError, "poll() called from inside a poll");
         return NULL;
     }
     int done = q->closed ? 0 : nq_poll(q, budget);

@@ -8,7 +8,10 @@ whose eventfd the event loop watches (`NativeTargetQueue.start_polling`).
 from __future__ import annotations
 
 import itertools
+import logging
 from typing import List
+
+log = logging.getLogger(__name__)
 
 
 class PollGroups:
@@ -28,8 +31,11 @@ class PollGroups:
 
     def assign(self, native_queue):
         """(the group now polling `native_queue`, its mailbox eventfd)."""
-        group = self.groups[next(self._next)]
-        return group, group.add(native_queue)
+        index = next(self._next)
+        group = self.groups[index]
+        fd = group.add(native_queue)
+        log.info("native queue polled by poll group %d of %d", index + 1, len(self.groups))
+        return group, fd
 
     def status(self) -> list:
         return [group.stats() for group in self.groups]

@@ -45,19 +45,22 @@ def test_kernel_host_fio_verify_on_the_native_data_path(served):
         disconnect_all_quietly()
 
 
-def test_kernel_host_fio_verify_with_busy_poll(tmp_path):
-    """`--poll busy`: the native queues are polled on every loop pass, never armed; fio's verify at QD32."""
+
+def test_kernel_host_fio_verify_with_busy_poll_on_two_poll_groups(tmp_path):
+    """`--poll busy --cores 2`: two threads poll the native queues (one each), the loop serves the rest."""
     pytest.importorskip("nvmeof_roce._native")
     cfg = config([{"nqn": NQN, "attr": {"allow_any_host": "1"}, "namespaces": [ram_namespace(1, "64M", 512)]}])
     target = ServedTarget(cfg, str(tmp_path / "target.json"),
-                          args=["--data-path", "native", "--poll", "busy"]).start(timeout=240)
+                          args=["--data-path", "native", "--poll", "busy", "--cores", "2"]).start(timeout=240)
     try:
         nvme("connect", "-t", "rdma", "-a", LAB_IP, "-s", "4420", "-n", NQN, "-i", "2")
         (device,) = namespaces_of(NQN, expect=1)
         job = fio(device, "--rw=randrw", "--verify=crc32c", "--verify_fatal=1", "--bsrange=4k-128k",
-                  "--iodepth=32", "--size=8M", "--numjobs=1")
+                  "--iodepth=32", "--size=8M", "--numjobs=2", "--offset_increment=16M", "--group_reporting")
         assert job["error"] == 0
     finally:
         disconnect_all_quietly()
         assert target.stop() == 0, target.output()
-    assert "data path native (busy poll)" in target.output()  # the status line logged at stop
+    out = target.output()
+    assert "polled by poll group 1 of 2" in out and "polled by poll group 2 of 2" in out
+    assert "data path native (busy poll, 2 poll-group threads)" in out  # the status line logged at stop
