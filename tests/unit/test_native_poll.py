@@ -317,3 +317,21 @@ def test_serve_refuses_cores_it_cannot_honour(monkeypatch):
     with pytest.raises(NvmeofError, match="--cores 0: out of range"):
         check_cores(0, "native", "busy")
     assert build_parser().parse_args(["target", "serve", "x.json", "--cores", "2"]).cores == 2
+
+
+def test_the_bench_measures_the_native_poll_modes_side_by_side(tmp_path):
+    import argparse
+    from nvmeof_roce.bench.commands import build_targets
+    args = argparse.Namespace(targets="kernel,native,native-busy,native-busy-2c", traddr="10.99.0.1",
+                              kernel_port=4420, userspace_port=4421, baseline_port=4422, kernel_backend=None,
+                              ns_size="64M", userspace_config=None, baseline_checkout=None, device="ram")
+    kernel, interrupt, busy, cores = build_targets(args, tmp_path)
+    assert (interrupt.serve_args, busy.serve_args, cores.serve_args) == (
+        ["--data-path", "native"], ["--data-path", "native", "--poll", "busy"],
+        ["--data-path", "native", "--poll", "busy", "--cores", "2"])
+    assert [t.trsvcid for t in (interrupt, busy, cores)] == [4490, 4491, 4492]
+    assert len({t.subnqn for t in (kernel, interrupt, busy, cores)}) == 4
+    assert "--poll busy --cores 2" in cores.kind
+    from nvmeof_roce.errors import NvmeofError
+    with pytest.raises(NvmeofError, match="poll-group threads poll continuously"):
+        build_targets(argparse.Namespace(**{**vars(args), "targets": "native-2c"}), tmp_path)
