@@ -296,7 +296,8 @@ def register_serve(commands) -> None:
                    help="who does the I/O queues' per-command work: the Python target core (python, the default) "
                         "or the C data path of nvmeof_roce._native (native: Read/Write/Flush of RAM and null "
                         "namespaces in C, everything else still in Python; docs/native.md)")
-    p.add_argument(POLL.option, choices=POLL.choices, default=POLL.default, help=f"{POLL.help} (default {POLL.default})")
+    p.add_argument(POLL.option, choices=POLL.choices, default=POLL.default,
+                   help=f"{POLL.help} (default {POLL.default})")
     p.add_argument(CORES.option, type=CORES.type, default=CORES.default, metavar=CORES.metavar,
                    help=f"{CORES.help} (default {CORES.default:g})")
     p.add_argument("--no-remote-invalidate", action="store_true",
