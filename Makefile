@@ -33,7 +33,7 @@ help:
 	@echo "make test-blktests - blktests' nvme group, kernel nvmet vs the userspace target (6.1 and 6.12; >1 h each)"
 	@echo "make bench-transport - Python µs per 4 KiB read through the RDMA transport (lab, fake device)"
 	@echo "make bench-native - instructions and allocations per 4 KiB I/O, native vs Python data path (callgrind)"
-	@echo "make test-native - the native data path's tests under ASan/UBSan and under valgrind memcheck"
+	@echo "make test-native - the native data path's tests under ASan/UBSan, TSan (poll groups) and valgrind memcheck"
 
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -142,9 +142,12 @@ bench-native: venv
 
 # The native data path's tests under AddressSanitizer + UBSan (a separate build of the extension, loaded through
 # NVMEOF_ROCE_NATIVE_SO; Python itself is not instrumented, so libasan is preloaded and leak checking is off),
-# then under valgrind memcheck (the normal build; Python's allocator set to malloc so memcheck sees every block).
+# then the poll groups' tests under ThreadSanitizer (-s: a report is printed before the exit, not captured), then
+# under valgrind memcheck (the normal build; Python's allocator set to malloc so memcheck sees every block).
 NATIVE_SAN_DIR := build/sanitize
 NATIVE_SAN_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+# ThreadSanitizer for the poll groups' threads (csrc/pollgroup.c) against the event loop's calls on their queues
+NATIVE_TSAN_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=thread
 test-native: venv
 	rm -rf $(NATIVE_SAN_DIR) && mkdir -p $(NATIVE_SAN_DIR)
 	gcc -shared -fPIC -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(NATIVE_SAN_FLAGS) \
@@ -153,7 +156,14 @@ test-native: venv
 	NVMEOF_ROCE_NATIVE_SO=$(NATIVE_SAN_DIR)/_native.so NVMEOF_FAKEPROV_CFLAGS="$(NATIVE_SAN_FLAGS)" \
 	  LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	  $(PYTEST) -q -p no:cacheprovider tests/unit/test_native_queue.py
+	  $(PYTEST) -q -p no:cacheprovider tests/unit/test_native_queue.py tests/unit/test_native_poll.py
+	gcc -shared -fPIC -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(NATIVE_TSAN_FLAGS) \
+	  $$($(VENV)/bin/python -c "import sysconfig; print('-I' + sysconfig.get_paths()['include'])") \
+	  -o $(NATIVE_SAN_DIR)/_native_tsan.so csrc/*.c -libverbs -lrdmacm -Wl,-Bstatic -luring -Wl,-Bdynamic
+	NVMEOF_ROCE_NATIVE_SO=$(NATIVE_SAN_DIR)/_native_tsan.so NVMEOF_FAKEPROV_CFLAGS="$(NATIVE_TSAN_FLAGS)" \
+	  LD_PRELOAD="$$(gcc -print-file-name=libtsan.so)" TSAN_OPTIONS=halt_on_error=1:report_signal_unsafe=0 \
+	  $(PYTEST) -q -s -p no:cacheprovider tests/unit/test_native_poll.py
 	PYTHONMALLOC=malloc valgrind --tool=memcheck --error-exitcode=99 --errors-for-leak-kinds=definite \
 	  --leak-check=full --show-leak-kinds=definite --suppressions=tests/native/python.supp \
-	  $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit/test_native_queue.py -k "not identically"
+	  $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit/test_native_queue.py tests/unit/test_native_poll.py \
+	  -k "not identically"

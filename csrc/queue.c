@@ -16,13 +16,16 @@
  * the instructions under it.
  */
 #include "native.h"
+#include "pollgroup.h"
 #include "uring.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <infiniband/verbs.h>
 
@@ -51,6 +54,12 @@
 #define SC_INVALID_NS 0x00B
 #define SC_DNR 0x4000
 #define CDW12_FUA (1u << 30)
+
+/* Latency buckets, as target/latency.py: upper bounds 2^(i/4) us for i = 0..104, then +Inf (index 105). */
+#define NQ_LAT_STEPS_PER_OCTAVE 4
+#define NQ_LAT_BOUNDS (26 * NQ_LAT_STEPS_PER_OCTAVE + 1)
+#define NQ_LAT_BUCKETS (NQ_LAT_BOUNDS + 1)
+enum nq_lat_kind { NQ_LAT_READ = 0, NQ_LAT_WRITE = 1 };
 
 enum nq_kind { NQ_RAM = 1, NQ_NULL = 2, NQ_FILE = 3 };
 
@@ -100,6 +109,8 @@ struct nq_ns {
     uint64_t uid; /* Python's identity of the namespace: a Write whose data arrives after it left answers
                      Invalid Namespace, as the Python path */
     uint64_t reads, writes, flushes, bytes_read, bytes_written;
+    uint64_t lat[2][NQ_LAT_BUCKETS]; /* successful reads' and writes' latencies (nq_lat_bucket) */
+    uint64_t lat_sum_ns[2];
 };
 
 /* The read-only view Python installs with set_view; replaced whole, never edited in place. */
@@ -133,6 +144,7 @@ struct nq_req {
     uint8_t fua;
     uint32_t icd_len;
     uint8_t sqe[NQ_SQE_SIZE];
+    uint64_t received_ns; /* CLOCK_MONOTONIC when its capsule's receive completion was polled */
 };
 
 struct nq_sq_entry { /* the send queue, in post order: one entry per posting (1 or 2 work requests) */
@@ -207,9 +219,18 @@ typedef struct {
     PyObject *error_type, *error_value, *error_tb; /* a callback raised during a poll: re-raised after it */
 
     struct ibv_wc wc[NQ_POLL_BATCH];
+    uint64_t polled_ns; /* CLOCK_MONOTONIC when the completions being handled were polled */
 
     /* figures */
     uint64_t native_commands, python_commands, doorbells, recv_doorbells, polls;
+
+    /* a poll group's queue (csrc/pollgroup.c): its thread polls under `lock`, the Python side's calls take it
+     * too; what needs Python goes on `mail` instead of being called */
+    int threaded;      /* set once, by the Python side, before the thread sees the queue */
+    int stopped;       /* the group let it go: nothing is polled or posted */
+    pthread_mutex_t lock;
+    struct nq_mailbox mail;
+    struct nq_mail *drained; /* drain's copy of the mailbox, mail.size entries */
 } NativeQueue;
 
 /* ------------------------------------------------------------------ the view */
@@ -237,6 +258,42 @@ static struct nq_ns *nq_lookup(struct nq_view *view, uint32_t nsid)
             hi = mid - 1;
     }
     return NULL;
+}
+
+/* ------------------------------------------------------------------ latency */
+
+/* The bucket bounds in ns, floor(1000 * 2^(i/4)): latency <= bound[i] us  <=>  ns <= this (ns is an integer).
+ * Filled once when the module loads; per command the bucket is a binary search of integers. */
+static uint64_t nq_lat_bound_ns[NQ_LAT_BOUNDS];
+
+static void nq_lat_init(void)
+{
+    static const double root2[NQ_LAT_STEPS_PER_OCTAVE] = {1.0, 1.189207115002721, 1.4142135623730951,
+                                                         1.6817928305074290}; /* 2^(k/4) */
+    for (int i = 0; i < NQ_LAT_BOUNDS; i++)
+        nq_lat_bound_ns[i] = (uint64_t)(1000.0 * root2[i % NQ_LAT_STEPS_PER_OCTAVE] *
+                                        (double)(1ULL << (i / NQ_LAT_STEPS_PER_OCTAVE)));
+}
+
+static inline uint64_t nq_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+/* The first bucket whose bound is >= ns, or +Inf. */
+static inline uint32_t nq_lat_bucket(uint64_t ns)
+{
+    uint32_t lo = 0, hi = NQ_LAT_BOUNDS;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi) >> 1;
+        if (ns <= nq_lat_bound_ns[mid])
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
 }
 
 /* ------------------------------------------------------------------ posting */
@@ -413,6 +470,21 @@ static void nq_resume(NativeQueue *q)
 
 static void nq_fail(NativeQueue *q, int status, uint64_t wr_id);
 
+/* A successful Read's or Write's latency, from its receive completion to its response's post, into its namespace's
+ * histogram (as target/io.py records the Python path's). */
+static inline void nq_record_latency(NativeQueue *q, const struct nq_req *r, uint64_t now)
+{
+    if (r->status || (r->opc != OPC_READ && r->opc != OPC_WRITE) || !q->view)
+        return;
+    struct nq_ns *ns = nq_lookup(q->view, r->nsid);
+    if (!ns || ns->uid != r->ns_uid)
+        return; /* its namespace left the view meanwhile */
+    int kind = r->opc == OPC_READ ? NQ_LAT_READ : NQ_LAT_WRITE;
+    uint64_t took = now > r->received_ns ? now - r->received_ns : 0;
+    ns->lat[kind][nq_lat_bucket(took)]++;
+    ns->lat_sum_ns[kind] += took;
+}
+
 /* Post this batch: the receives first (before any response of them, protocol.md §3.5), then every send work
  * request in one ibv_post_send; every SIGNAL_EVERY-th response and the last signaled (all once the native
  * send-queue entries run low). */
@@ -438,10 +510,14 @@ static void nq_flush(NativeQueue *q)
     if (!q->nbatch)
         return;
     int low = q->native_slots < q->native_slots_total / 4;
+    uint64_t now = 0;
     for (uint32_t k = 0; k < q->nbatch_resp; k++) {
         struct ibv_send_wr *s = &q->batch[q->batch_resp[k]];
         if (s->wr_id & NQ_TAG_PY)
-            continue; /* the Python side chose its own signaling */
+            continue; /* the Python side chose its own signaling (and records its own latencies) */
+        if (!now)
+            now = nq_now_ns(); /* once per batch: its responses are posted together */
+        nq_record_latency(q, &q->reqs[s->wr_id & NQ_TAG_MASK], now);
         q->unsignaled++;
         if (k == q->nbatch_resp - 1 || low || q->unsignaled >= NQ_SIGNAL_EVERY) {
             s->send_flags |= IBV_SEND_SIGNALED;
@@ -488,14 +564,31 @@ static void nq_fail(NativeQueue *q, int status, uint64_t wr_id)
     if (q->failed)
         return;
     q->failed = status ? status : -1;
-    if (q->on_failure != Py_None)
+    if (q->threaded) /* the mailbox keeps a place for it */
+        nq_mailbox_push(&q->mail, NQ_MAIL_FAILURE, (uint32_t)status, wr_id);
+    else if (q->on_failure != Py_None)
         nq_call(q, q->on_failure, Py_BuildValue("(iK)", status, (unsigned long long)wr_id));
 }
 
-static void nq_to_python(NativeQueue *q, const char *capsule, uint32_t len)
+/* A capsule for the core, called with it (on the event loop's thread, holding the GIL). */
+static void nq_capsule_to_python(NativeQueue *q, const char *capsule, uint32_t len)
 {
     q->python_commands++;
     nq_call(q, q->on_capsule, Py_BuildValue("(y#)", capsule, (Py_ssize_t)len));
+}
+
+/* A received capsule for the core.  A poll group's queue mails it with its receive slot, which is re-posted when
+ * the loop drains it (so the mailbox holds at most recv_count capsules and never copies one). */
+static void nq_to_python(NativeQueue *q, uint32_t slot, uint32_t len)
+{
+    if (q->threaded) {
+        q->python_commands++;
+        q->nrepost--; /* nq_capsule queued this slot's re-post last */
+        if (nq_mailbox_push(&q->mail, NQ_MAIL_CAPSULE, slot, len) < 0)
+            nq_fail(q, -ENOSPC, 0);
+        return;
+    }
+    nq_capsule_to_python(q, q->recv_base + (size_t)slot * q->recv_size, len);
 }
 
 /* ------------------------------------------------------------------ per command */
@@ -584,6 +677,7 @@ static void nq_capsule(NativeQueue *q, uint32_t slot, uint32_t len)
     r->lkey = lkey;
     r->nsid = ns->nsid;
     r->ns_uid = ns->uid;
+    r->received_ns = q->polled_ns;
     q->native_commands++;
     if (ns->kind == NQ_FILE) {
         r->local = q->bounce_base + (size_t)idx * q->bounce_chunk;
@@ -615,7 +709,7 @@ static void nq_capsule(NativeQueue *q, uint32_t slot, uint32_t len)
     nq_advance(q, idx);
     return;
 python:
-    nq_to_python(q, (const char *)sqe, len);
+    nq_to_python(q, slot, len);
 }
 
 static inline void nq_release(NativeQueue *q, uint32_t idx)
@@ -673,7 +767,7 @@ static void nq_file_hand_back(NativeQueue *q, uint32_t idx)
     }
     q->file_handed_back++;
     nq_release(q, idx);
-    nq_to_python(q, capsule, len);
+    nq_capsule_to_python(q, capsule, len); /* never on a poll group's queue: no file namespace in its view */
 }
 
 /* The ring finished a file/block command: its response, or the core takes it over. */
@@ -756,7 +850,10 @@ static void nq_send_done(NativeQueue *q, uint64_t wr_id)
                 nq_release(q, idx);
             }
         } else if (e.wr_id == wr_id && q->on_send_done != Py_None) {
-            nq_call(q, q->on_send_done, Py_BuildValue("(K)", (unsigned long long)(wr_id & NQ_TAG_MASK)));
+            if (!q->threaded)
+                nq_call(q, q->on_send_done, Py_BuildValue("(K)", (unsigned long long)(wr_id & NQ_TAG_MASK)));
+            else if (nq_mailbox_push(&q->mail, NQ_MAIL_SEND_DONE, 0, wr_id & NQ_TAG_MASK) < 0)
+                nq_fail(q, -ENOSPC, wr_id);
         }
         if (e.wr_id == wr_id)
             break;
@@ -789,6 +886,8 @@ __attribute__((noinline)) static int nq_poll(NativeQueue *q, int budget)
             nq_fail(q, n, 0);
             break;
         }
+        if (n)
+            q->polled_ns = nq_now_ns(); /* once per batch: the receives' arrival, for the latency histograms */
         for (int i = 0; i < n && !q->closed && !q->failed; i++)
             nq_completion(q, &q->wc[i]);
         int m = 0;
@@ -821,6 +920,131 @@ __attribute__((noinline)) static int nq_poll(NativeQueue *q, int budget)
     q->in_poll = 0;
     return done;
 }
+
+/* ------------------------------------------------------------------ a poll group's queue */
+
+static PyObject *nq_reraise(NativeQueue *q);
+
+/* The Python side's calls on a poll group's queue hold its mutex (waiting for it without the GIL: the poll thread
+ * never takes the GIL, so neither waits on the other). */
+static inline void nq_lock(NativeQueue *q)
+{
+    if (!q->threaded || pthread_mutex_trylock(&q->lock) == 0)
+        return;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&q->lock);
+    Py_END_ALLOW_THREADS
+}
+
+static inline void nq_unlock(NativeQueue *q)
+{
+    if (q->threaded)
+        pthread_mutex_unlock(&q->lock);
+}
+
+int native_queue_poll_threaded(void *queue, int budget)
+{
+    NativeQueue *q = queue;
+    int done = 0;
+    pthread_mutex_lock(&q->lock);
+    if (!q->stopped && !q->closed && !q->failed)
+        done = nq_poll(q, budget);
+    if (!q->stopped)
+        nq_mailbox_wake(&q->mail);
+    pthread_mutex_unlock(&q->lock);
+    return done;
+}
+
+void native_queue_stop(void *queue)
+{
+    NativeQueue *q = queue;
+    nq_lock(q);
+    q->stopped = 1;
+    nq_unlock(q);
+}
+
+static PyTypeObject NativeQueueType;
+
+int native_queue_check(void *obj)
+{
+    return PyObject_TypeCheck((PyObject *)obj, &NativeQueueType);
+}
+
+int native_queue_attach(void *queue)
+{
+    NativeQueue *q = queue;
+    if (q->threaded) {
+        PyErr_SetString(PyExc_RuntimeError, "the queue already belongs to a poll group");
+        return -1;
+    }
+    if (q->closed || !q->reqs) {
+        PyErr_SetString(PyExc_ConnectionError, "the native queue is closed");
+        return -1;
+    }
+    /* every capsule it can hold back (one per receive), every signaled send of the Python side, a failure */
+    uint32_t size = q->recv_count + q->sq_size + 2;
+    if (nq_mailbox_init(&q->mail, size) < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    q->drained = PyMem_Calloc(size, sizeof *q->drained);
+    if (!q->drained) {
+        nq_mailbox_free(&q->mail);
+        PyErr_NoMemory();
+        return -1;
+    }
+    pthread_mutex_init(&q->lock, NULL);
+    q->threaded = 1;
+    return q->mail.fd;
+}
+
+/* drain(): what the poll thread mailed, delivered in order to on_capsule / on_send_done / on_failure; the
+ * capsules' receives are re-posted first (one doorbell, before any response of them).  Returns how many. */
+static PyObject *NativeQueue_drain(NativeQueue *q, PyObject *noargs)
+{
+    if (!q->threaded)
+        return PyLong_FromLong(0);
+    nq_lock(q);
+    nq_mailbox_clear_wake(&q->mail);
+    uint32_t n = q->stopped || q->closed ? 0 : q->mail.count;
+    PyObject *capsules = PyTuple_New(n);
+    if (!capsules) {
+        nq_unlock(q);
+        return NULL;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        struct nq_mail *e = &q->mail.ring[(q->mail.head + i) % q->mail.size];
+        q->drained[i] = *e;
+        if (e->kind != NQ_MAIL_CAPSULE)
+            continue;
+        PyObject *bytes = PyBytes_FromStringAndSize(q->recv_base + (size_t)e->a * q->recv_size, (Py_ssize_t)e->b);
+        if (!bytes) { /* left in the mailbox: the next drain tries again */
+            nq_unlock(q);
+            Py_DECREF(capsules);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(capsules, i, bytes);
+        q->repost[q->nrepost++] = e->a;
+    }
+    q->mail.head = (q->mail.head + n) % q->mail.size;
+    q->mail.count = 0;
+    nq_flush(q);
+    nq_unlock(q);
+    for (uint32_t i = 0; i < n; i++) {
+        struct nq_mail *e = &q->drained[i];
+        if (e->kind == NQ_MAIL_CAPSULE)
+            nq_call(q, q->on_capsule, PyTuple_Pack(1, PyTuple_GET_ITEM(capsules, i)));
+        else if (e->kind == NQ_MAIL_SEND_DONE)
+            nq_call(q, q->on_send_done, Py_BuildValue("(K)", (unsigned long long)e->b));
+        else if (q->on_failure != Py_None)
+            nq_call(q, q->on_failure, Py_BuildValue("(iK)", (int)e->a, (unsigned long long)e->b));
+    }
+    Py_DECREF(capsules);
+    if (q->error_type)
+        return nq_reraise(q);
+    return PyLong_FromUnsignedLong(n);
+}
+
 
 /* ------------------------------------------------------------------ the Python types */
 
@@ -943,6 +1167,11 @@ static void nq_files_close(NativeQueue *q)
 
 static void NativeQueue_dealloc(NativeQueue *q)
 {
+    if (q->threaded) { /* a poll group holds a reference while it polls: none polls it now */
+        nq_mailbox_free(&q->mail);
+        PyMem_Free(q->drained);
+        pthread_mutex_destroy(&q->lock);
+    }
     nq_files_close(q);
     PyMem_Free(q->ring_done);
     PyMem_Free(q->rebuild);
@@ -1088,6 +1317,10 @@ static PyObject *NativeQueue_poll(NativeQueue *q, PyObject *const *args, Py_ssiz
         if (budget == -1 && PyErr_Occurred())
             return NULL;
     }
+    if (q->threaded) { /* first: in_poll is the thread's */
+        PyErr_SetString(PyExc_RuntimeError, "a poll group's thread polls this queue: drain() its mailbox");
+        return NULL;
+    }
     if (q->in_poll) {
         PyErr_SetString(PyExc_RuntimeError, "poll() called from inside a poll");
         return NULL;
@@ -1100,7 +1333,7 @@ static PyObject *NativeQueue_poll(NativeQueue *q, PyObject *const *args, Py_ssiz
 
 static PyObject *NativeQueue_arm(NativeQueue *q, PyObject *noargs)
 {
-    if (q->closed)
+    if (q->closed || q->threaded) /* a poll group's queue is polled, never armed */
         Py_RETURN_NONE;
     int rc = ibv_req_notify_cq(q->recv_cq, 0);
     if (!rc && q->send_cq != q->recv_cq)
@@ -1114,7 +1347,7 @@ static PyObject *NativeQueue_arm(NativeQueue *q, PyObject *noargs)
 
 static PyObject *nq_check_posting(NativeQueue *q)
 {
-    if (q->closed || q->failed) {
+    if (q->closed || q->failed || q->stopped) {
         PyErr_SetString(PyExc_ConnectionError, "the native queue is closed");
         return NULL;
     }
@@ -1122,7 +1355,7 @@ static PyObject *nq_check_posting(NativeQueue *q)
 }
 
 /* post_read(tag, local_addr, lkey, length, remote_addr, rkey): the Python side's RDMA READ, signaled. */
-static PyObject *NativeQueue_post_read(NativeQueue *q, PyObject *args)
+static PyObject *nq_post_read(NativeQueue *q, PyObject *args)
 {
     unsigned int tag, lkey, length, rkey;
     unsigned long long laddr, raddr;
@@ -1147,7 +1380,7 @@ static PyObject *NativeQueue_post_read(NativeQueue *q, PyObject *args)
 /* post_response(tag, cqe, signaled, data_addr, lkey, length, remote_addr, rkey, invalidate): the Python side's
  * response: its data WRITE (when length) chained before the inline SEND of the 16-byte CQE; invalidate is the
  * host's key to invalidate with it, or -1. */
-static PyObject *NativeQueue_post_response(NativeQueue *q, PyObject *args)
+static PyObject *nq_post_response(NativeQueue *q, PyObject *args)
 {
     unsigned int tag, lkey, length, rkey;
     unsigned long long laddr, raddr;
@@ -1185,7 +1418,7 @@ static PyObject *NativeQueue_post_response(NativeQueue *q, PyObject *args)
 /* enable_files(bounce, chunk) -> the ring's eventfd: file and block namespaces may be in the view from now on.
  * bounce: (addr, lkey, length) of registered memory, a chunk of `chunk` bytes per request slot (page aligned, for
  * O_DIRECT); the ring has a place per slot. */
-static PyObject *NativeQueue_enable_files(NativeQueue *q, PyObject *args)
+static PyObject *nq_enable_files(NativeQueue *q, PyObject *args)
 {
     PyObject *bounce;
     unsigned int chunk;
@@ -1223,17 +1456,73 @@ static PyObject *NativeQueue_enable_files(NativeQueue *q, PyObject *args)
     return PyLong_FromLong(nr_uring_eventfd(q->ring));
 }
 
+static PyObject *NativeQueue_enable_files(NativeQueue *q, PyObject *args)
+{
+    nq_lock(q);
+    PyObject *res = nq_enable_files(q, args);
+    nq_unlock(q);
+    return res;
+}
+
+/* The Python side's posts: under the queue's mutex when a poll group's thread polls it. */
+static PyObject *NativeQueue_post_read(NativeQueue *q, PyObject *args)
+{
+    nq_lock(q);
+    PyObject *res = nq_post_read(q, args);
+    nq_unlock(q);
+    return res;
+}
+
+static PyObject *NativeQueue_post_response(NativeQueue *q, PyObject *args)
+{
+    nq_lock(q);
+    PyObject *res = nq_post_response(q, args);
+    nq_unlock(q);
+    return res;
+}
+
 static PyObject *NativeQueue_flush(NativeQueue *q, PyObject *noargs)
 {
-    if (!q->in_poll)
+    nq_lock(q);
+    if (!q->in_poll && !q->stopped)
         nq_flush(q);
+    nq_unlock(q);
     Py_RETURN_NONE;
 }
 
 /* set_view(ready, max_transfer, namespaces, sq_entries=0, sq_head=0, sqflow_disabled=False): the one call that
  * changes what the queue serves natively.  namespaces: (nsid, kind "ram"|"null", lbads, num_blocks, addr, lkey,
  * uid, owner) each; owner is kept alive while the view is.  Returns the outgoing view's figures:
- * {nsid: (reads, writes, flushes, bytes_read, bytes_written)}. */
+ * {nsid: (reads, writes, flushes, bytes_read, bytes_written, read_latency, write_latency)}, a latency being
+ * (sum_ns, ((bucket, count), ...)) with target/latency.py's buckets. */
+/* (sum_ns, ((bucket, count), ...)) of one histogram's non-empty buckets, zeroed; buckets as target/latency.py. */
+static PyObject *nq_drain_latency(struct nq_ns *ns, int kind)
+{
+    Py_ssize_t used = 0;
+    for (int i = 0; i < NQ_LAT_BUCKETS; i++)
+        used += ns->lat[kind][i] != 0;
+    PyObject *buckets = PyTuple_New(used);
+    if (!buckets)
+        return NULL;
+    Py_ssize_t at = 0;
+    for (int i = 0; i < NQ_LAT_BUCKETS; i++) {
+        if (!ns->lat[kind][i])
+            continue;
+        PyObject *pair = Py_BuildValue("(iK)", i, (unsigned long long)ns->lat[kind][i]);
+        if (!pair) {
+            Py_DECREF(buckets);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(buckets, at++, pair);
+    }
+    PyObject *out = Py_BuildValue("(KN)", (unsigned long long)ns->lat_sum_ns[kind], buckets);
+    if (out) {
+        memset(ns->lat[kind], 0, sizeof ns->lat[kind]);
+        ns->lat_sum_ns[kind] = 0;
+    }
+    return out;
+}
+
 static PyObject *nq_drain_stats(struct nq_view *view)
 {
     PyObject *out = PyDict_New();
@@ -1242,8 +1531,12 @@ static PyObject *nq_drain_stats(struct nq_view *view)
     for (int i = 0; i < view->count; i++) {
         struct nq_ns *ns = &view->ns[i];
         PyObject *key = PyLong_FromUnsignedLong(ns->nsid);
-        PyObject *val = Py_BuildValue("(KKKKK)", ns->reads, ns->writes, ns->flushes, ns->bytes_read,
-                                      ns->bytes_written);
+        PyObject *read_lat = nq_drain_latency(ns, NQ_LAT_READ), *write_lat = nq_drain_latency(ns, NQ_LAT_WRITE);
+        PyObject *val = read_lat && write_lat ? Py_BuildValue("(KKKKKOO)", ns->reads, ns->writes, ns->flushes,
+                                                              ns->bytes_read, ns->bytes_written, read_lat,
+                                                              write_lat) : NULL;
+        Py_XDECREF(read_lat);
+        Py_XDECREF(write_lat);
         if (!key || !val || PyDict_SetItem(out, key, val) < 0) {
             Py_XDECREF(key);
             Py_XDECREF(val);
@@ -1345,14 +1638,14 @@ static PyObject *NativeQueue_set_view(NativeQueue *q, PyObject *args, PyObject *
         nq_view_free(view);
         return NULL;
     }
+    nq_lock(q);
     PyObject *stats = nq_drain_stats(q->view);
     if (!stats) {
+        nq_unlock(q);
         nq_view_free(view);
         return NULL;
     }
-    /* The RAM memory of namespaces in flight stays registered with Python (RdmaListener keeps registrations
-     * until it closes); the outgoing view's owners are released here. */
-    nq_view_free(q->view);
+    struct nq_view *old = q->view;
     q->view = view;
     if (ready && !q->sqhd_on) { /* from here on the C queue numbers every CQE, the Python side's too */
         q->sqhd_on = 1;
@@ -1360,6 +1653,11 @@ static PyObject *NativeQueue_set_view(NativeQueue *q, PyObject *args, PyObject *
         q->sq_entries = (uint16_t)(sq_entries ? sq_entries : 1);
         q->sqhd = (uint16_t)sq_head;
     }
+    nq_unlock(q);
+    /* The RAM memory of namespaces in flight stays registered with Python (RdmaListener keeps registrations
+     * until it closes); the outgoing view's owners are released here, outside the mutex (a release may run
+     * Python code). */
+    nq_view_free(old);
     return stats;
 bad:
     Py_DECREF(seq);
@@ -1369,36 +1667,56 @@ bad:
 
 static PyObject *NativeQueue_take_stats(NativeQueue *q, PyObject *noargs)
 {
-    return nq_drain_stats(q->view);
+    nq_lock(q);
+    PyObject *res = nq_drain_stats(q->view);
+    nq_unlock(q);
+    return res;
 }
 
 static PyObject *NativeQueue_stats(NativeQueue *q, PyObject *noargs)
 {
+    nq_lock(q);
     uint32_t busy = q->nreqs - q->nfree;
-    return Py_BuildValue("{sKsKsKsKsKsIsIsIsIsisIsIsIsKsKsK}", "native_commands", q->native_commands,
-                         "python_commands", q->python_commands, "doorbells", q->doorbells, "recv_doorbells",
-                         q->recv_doorbells, "polls", q->polls, "native_in_flight", busy, "native_send_free",
-                         q->native_slots, "reads_free", q->reads_free, "send_queue_used", q->sq_count, "failed",
-                         q->failed, "ring_in_flight", q->ring ? nr_uring_in_flight(q->ring) : 0u,
-                         "ring_most_in_flight", q->ring_most_in_flight, "ring_queued", q->ring_queued,
-                         "file_commands", q->file_ios, "file_handed_back", q->file_handed_back, "ring_submits",
-                         q->ring_submits);
+    PyObject *res = Py_BuildValue("{sKsKsKsKsKsIsIsIsIsisIsIsIsKsKsKsisI}", "native_commands", q->native_commands,
+                                  "python_commands", q->python_commands, "doorbells", q->doorbells,
+                                  "recv_doorbells", q->recv_doorbells, "polls", q->polls, "native_in_flight", busy,
+                                  "native_send_free", q->native_slots, "reads_free", q->reads_free,
+                                  "send_queue_used", q->sq_count, "failed", q->failed,
+                                  "ring_in_flight", q->ring ? nr_uring_in_flight(q->ring) : 0u,
+                                  "ring_most_in_flight", q->ring_most_in_flight, "ring_queued", q->ring_queued,
+                                  "file_commands", q->file_ios, "file_handed_back", q->file_handed_back,
+                                  "ring_submits", q->ring_submits, "threaded", q->threaded,
+                                  "mailed", q->threaded ? q->mail.count : 0);
+    nq_unlock(q);
+    return res;
 }
 
 static PyObject *NativeQueue_close(NativeQueue *q, PyObject *noargs)
 {
-    /* Call after the QP is destroyed (or in error): nothing is posted from here on; the view is released. */
+    /* Call after the QP is destroyed (or in error; a poll group's queue after the group let it go): nothing is
+     * posted from here on; the view is released. */
+    nq_lock(q);
     q->closed = 1;
     nq_files_close(q);
-    nq_view_free(q->view);
+    struct nq_view *old = q->view;
     q->view = NULL;
     q->nbatch = q->nbatch_resp = q->nrepost = 0;
+    nq_unlock(q);
+    nq_view_free(old);
     Py_RETURN_NONE;
 }
 
 static PyObject *NativeQueue_closed(NativeQueue *q, void *closure)
 {
-    return PyBool_FromLong(q->closed || q->failed);
+    nq_lock(q);
+    int closed = q->closed || q->failed;
+    nq_unlock(q);
+    return PyBool_FromLong(closed);
+}
+
+static PyObject *NativeQueue_mail_fd(NativeQueue *q, void *closure)
+{
+    return PyLong_FromLong(q->threaded ? q->mail.fd : -1);
 }
 
 static PyMethodDef NativeQueue_methods[] = {
@@ -1415,9 +1733,12 @@ static PyMethodDef NativeQueue_methods[] = {
     {"set_view", (PyCFunction)(void (*)(void))NativeQueue_set_view, METH_VARARGS | METH_KEYWORDS,
      "set_view(ready, max_transfer, namespaces, sq_entries=0, sq_head=0, sqflow_disabled=False) -> old figures."},
     {"take_stats", (PyCFunction)NativeQueue_take_stats, METH_NOARGS,
-     "{nsid: (reads, writes, flushes, bytes_read, bytes_written)} since the last call; zeroed."},
+     "{nsid: (reads, writes, flushes, bytes_read, bytes_written, read_latency, write_latency)} since the last "
+     "call; zeroed.  A latency: (sum_ns, ((bucket, count), ...)), buckets as target/latency.py."},
     {"stats", (PyCFunction)NativeQueue_stats, METH_NOARGS, "The queue's counters."},
     {"close", (PyCFunction)NativeQueue_close, METH_NOARGS, "Stop posting (after the QP is gone)."},
+    {"drain", (PyCFunction)NativeQueue_drain, METH_NOARGS,
+     "A poll group's queue: deliver what its thread mailed (capsules, send completions, a failure); how many."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1430,6 +1751,7 @@ static PyGetSetDef NativeQueue_getset[] = {
     {"closed", (getter)NativeQueue_closed, NULL, "closed, or a work completion failed", NULL},
     {"ring_unsubmitted", (getter)NativeQueue_ring_unsubmitted, NULL,
      "commands wait on the ring for a submission that failed (the kernel short of memory): poll again", NULL},
+    {"mail_fd", (getter)NativeQueue_mail_fd, NULL, "a poll group's queue: its mailbox eventfd (else -1)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -1446,13 +1768,33 @@ static PyTypeObject NativeQueueType = {
     .tp_getset = NativeQueue_getset,
 };
 
+/* latency_bucket(ns): the bucket a command of this latency lands in, for the tests that hold it to
+ * target/latency.py's LatencyHistogram.record_ns. */
+static PyObject *nq_latency_bucket_py(PyObject *module, PyObject *arg)
+{
+    unsigned long long ns = PyLong_AsUnsignedLongLong(arg);
+    if (ns == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    return PyLong_FromUnsignedLong(nq_lat_bucket(ns));
+}
+
+static PyMethodDef nq_module_functions[] = {
+    {"latency_bucket", nq_latency_bucket_py, METH_O,
+     "latency_bucket(ns) -> the latency histogram bucket of the native data path (target/latency.py's buckets)."},
+    {NULL, NULL, 0, NULL},
+};
+
 int native_cm_register(PyObject *module); /* csrc/cm.c: the verbs objects of a native queue */
+int native_pollgroup_register(PyObject *module); /* csrc/pollgroup.c */
 
 int native_queue_register(PyObject *module)
 {
-    if (native_cm_register(module) < 0)
+    if (native_cm_register(module) < 0 || native_pollgroup_register(module) < 0)
         return -1;
     if (PyType_Ready(&NativeQueueType) < 0 || PyType_Ready(&NativeFileType) < 0)
+        return -1;
+    nq_lat_init();
+    if (PyModule_AddFunctions(module, nq_module_functions) < 0)
         return -1;
     Py_INCREF(&NativeFileType);
     if (PyModule_AddObject(module, "File", (PyObject *)&NativeFileType) < 0) {
@@ -1465,5 +1807,6 @@ int native_queue_register(PyObject *module)
         return -1;
     }
     return PyModule_AddIntConstant(module, "SIGNAL_EVERY", NQ_SIGNAL_EVERY) < 0 ||
-           PyModule_AddIntConstant(module, "POLL_BATCH", NQ_POLL_BATCH) < 0 ? -1 : 0;
+           PyModule_AddIntConstant(module, "POLL_BATCH", NQ_POLL_BATCH) < 0 ||
+           PyModule_AddIntConstant(module, "LATENCY_BUCKETS", NQ_LAT_BUCKETS) < 0 ? -1 : 0;
 }

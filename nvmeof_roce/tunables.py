@@ -45,6 +45,25 @@ class Tunable:
         return value
 
 
+@dataclass(frozen=True)
+class Choice:
+    """One setting that takes one of a few words (a `target serve` option): `name` as for a Tunable."""
+    name: str
+    choices: Tuple[str, ...]
+    default: str
+    help: str  # one line, the --help text and the meaning in the docs
+
+    @property
+    def option(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def check_option(self, value: str) -> str:
+        """`value` given as the command-line option: returned, or NvmeofError naming the option and the words."""
+        if value not in self.choices:
+            raise NvmeofError(f"{self.option} {value}: not a choice", f"use one of: {', '.join(self.choices)}")
+        return value
+
+
 def _declare(*tunables: Tunable) -> Dict[str, Tunable]:
     return {t.name: t for t in tunables}
 
@@ -85,4 +104,15 @@ WORKERS = Tunable("workers", int, None, 1, 64, "serve with N worker processes, o
 # A subsystem's attr.qid_max (nvmet's attr_qid_max; RPC nvmeof_subsystem_set_qid_max); no default: the target's.
 QID_MAX = Tunable("qid_max", int, None, 1, 65535, "the most I/O queues a controller of the subsystem may have")
 
-ALL: Tuple[Tunable, ...] = (*RESOURCE_LIMITS.values(), *TARGET_SETTINGS.values(), WORKERS, QID_MAX)
+# `target serve --poll`: how the native data path's queues learn of completions (docs/native.md).
+POLL = Choice("poll", ("interrupt", "busy"), "interrupt",
+              "how native I/O queues find their completions: interrupt sleeps on the completion channels (the "
+              "default), busy polls every native queue on each event-loop pass without sleeping (lower latency, "
+              "one core kept busy); needs --data-path native")
+
+# `target serve --cores N`: poll-group threads of the native data path (docs/native.md, "Poll groups").
+CORES = Tunable("cores", int, 1, 1, 64, "poll native I/O queues on N threads without the GIL, each queue on one "
+                "thread, round-robin as hosts connect (1: the event loop polls them); needs --data-path native "
+                "--poll busy and at most one thread per CPU")
+
+ALL: Tuple[Tunable, ...] = (*RESOURCE_LIMITS.values(), *TARGET_SETTINGS.values(), WORKERS, QID_MAX, CORES)

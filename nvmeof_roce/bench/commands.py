@@ -22,8 +22,20 @@ from .targets import DEFAULT_PORTS, FABRICS, DeviceModel, KernelHost, KernelNvme
 
 LAB_TRADDR = "10.99.0.1"
 LAB_IWARP_TRADDR = "10.98.0.1"  # the lab's siw0, when a test or script adds it (docs/lab.md)
-TARGET_NAMES = ("kernel", "userspace", "userspace-py", "baseline")  # and userspace-Nw (WORKERS_TARGET)
+TARGET_NAMES = ("kernel", "userspace", "userspace-py", "baseline")  # and userspace-Nw, native... (NATIVE_TARGET)
 WORKERS_TARGET = re.compile(r"userspace-(\d+)w")  # our target with `serve --workers N` (docs/multipath.md)
+# our target with `serve --data-path native` [--poll busy [--cores N]] (docs/native.md)
+NATIVE_TARGET = re.compile(r"native(-busy)?(?:-(\d+)c)?")
+
+
+def native_serve_args(name: str) -> list:
+    """The poll options `target serve --data-path native` gets for a native... target: native, native-busy,
+    native-busy-2c."""
+    m = NATIVE_TARGET.fullmatch(name)
+    busy, cores = m.group(1), m.group(2)
+    if cores and not busy:
+        raise NvmeofError(f"--targets {name}: poll-group threads poll continuously", f"--targets native-busy-{cores}c")
+    return (["--poll", "busy"] if busy else []) + (["--cores", cores] if cores else [])
 
 
 def _size_mb(text: str) -> int:
@@ -56,13 +68,15 @@ def _fabric_target(args, name: str, size_mb: int, device: DeviceModel, kernel_ba
 
 def build_targets(args, out_dir: Path) -> List[TargetUnderTest]:
     names = [n.strip() for n in args.targets.split(",") if n.strip()]
-    bad = [n for n in names if n not in TARGET_NAMES and not WORKERS_TARGET.fullmatch(n) and "@" not in n]
+    bad = [n for n in names if n not in TARGET_NAMES and not WORKERS_TARGET.fullmatch(n)
+           and not NATIVE_TARGET.fullmatch(n) and "@" not in n]
     if bad or not names:
         raise NvmeofError(f"--targets {args.targets!r}: unknown target {', '.join(bad) or '(none)'}",
                           "--targets kernel,userspace[,userspace-py][,baseline][,userspace-2w][,kernel@iwarp,"
-                          "userspace@iwarp,kernel@tcp] (any of them, in the order to interleave; userspace-py: our "
-                          "target on its Python data path; userspace-Nw: our target with N workers; NAME@FABRIC: "
-                          "over iWARP or NVMe/TCP instead of RoCE v2)")
+                          "userspace@iwarp,kernel@tcp][,native,native-busy,native-busy-2c] (any of them, in the "
+                          "order to interleave; userspace-py: our target on its Python data path; userspace-Nw: our "
+                          "target with N workers; NAME@FABRIC: over iWARP or NVMe/TCP instead of RoCE v2; native...: "
+                          "our target on the native data path, interrupt or busy polled, on N poll-group threads)")
     if len(set(names)) != len(names):
         raise NvmeofError(f"--targets {args.targets!r} names a target twice", "name each target once")
     multi = [n for n in names if WORKERS_TARGET.fullmatch(n)]
@@ -112,6 +126,11 @@ def build_targets(args, out_dir: Path) -> List[TargetUnderTest]:
                                                                 DEFAULT_PORTS["userspace-py"]),
                                            size_mb=size_mb, work_dir=out_dir, name=name, device=device,
                                            data_path="python"))
+        elif NATIVE_TARGET.fullmatch(name):  # the k-th native target: port 4490 + k
+            natives = [n for n in names if NATIVE_TARGET.fullmatch(n)]
+            targets.append(UserspaceTarget(args.traddr, DEFAULT_PORTS["native"] + natives.index(name),
+                                           size_mb=size_mb, work_dir=out_dir, name=name, device=device,
+                                           data_path="native", serve_args=tuple(native_serve_args(name))))
         else:
             if not args.baseline_checkout:
                 raise NvmeofError("--targets baseline needs --baseline-checkout DIR (the checkout whose target "

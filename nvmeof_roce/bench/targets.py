@@ -13,7 +13,9 @@ half-done setup). The two real ones:
   the reference path beside the default native one;
 - `UserspaceTarget(workers=N)`: the same with `target serve --workers N` (the `userspace-Nw` targets, default
   port 4424): N worker processes, worker i listening on trsvcid + i, one subsystem; the host connects every
-  port and native NVMe multipath (iopolicy round-robin) spreads the I/O over the workers (docs/multipath.md).
+  port and native NVMe multipath (iopolicy round-robin) spreads the I/O over the workers (docs/multipath.md);
+- `UserspaceTarget(data_path="native", serve_args=...)`: the same with `--data-path native` and its poll
+  options (the `native`, `native-busy`, `native-busy-Nc` targets, default ports 4490 onwards; docs/native.md).
 
 Both use their own NQN and port, so they can be up at the same time on one address.
 
@@ -60,7 +62,8 @@ class Fabric:
 FABRICS = {"roce": Fabric("roce", "rdma", "RoCE v2", 0), "iwarp": Fabric("iwarp", "rdma", "iWARP", 10),
            "tcp": Fabric("tcp", "tcp", "NVMe/TCP", 20)}
 ROCE = FABRICS["roce"]
-DEFAULT_PORTS = {"kernel": 4420, "userspace": 4421, "baseline": 4422, "userspace-py": 4423, "workers": 4424}
+DEFAULT_PORTS = {"kernel": 4420, "userspace": 4421, "baseline": 4422, "userspace-py": 4423, "workers": 4424,
+                 "native": 4490}
 
 
 # --- device models: what the namespace of each target sits on --------------------------------------------
@@ -314,7 +317,7 @@ class UserspaceTarget(TargetUnderTest):
                  size_mb: int = 512, work_dir: Optional[Path] = None, config_path: Optional[Path] = None,
                  ready_timeout: float = 60.0, name: Optional[str] = None, checkout: Optional[Path] = None,
                  workers: int = 1, cpus: Optional[str] = None, device: DeviceModel = RAM,
-                 fabric: Fabric = ROCE, data_path: Optional[str] = None):
+                 fabric: Fabric = ROCE, data_path: Optional[str] = None, serve_args: tuple = ()):
         if not registry.serves(fabric.trtype):
             served = " and ".join(t.upper() for t in registry.served_trtypes())
             raise NvmeofError(f"the userspace target serves {served} only, not {fabric.label}",
@@ -341,9 +344,10 @@ class UserspaceTarget(TargetUnderTest):
                               "combined with --userspace-config or a multi-worker target",
                               "drop one of them")
         self._device = None
+        self.serve_args = list(serve_args)  # more `target serve` options (the native data path's)
         self.kind = "nvmeof-roce userspace target (target serve" + (
             f" --workers {self.workers}" if self.workers > 1 else "") + (
-            f" --data-path {data_path}" if data_path else "") + ")"
+            f" --data-path {data_path}" if data_path else "") + "".join(" " + a for a in self.serve_args) + ")"
         self._proc: Optional[subprocess.Popen] = None
         self._log = None
         self.log_path: Optional[Path] = None
@@ -417,7 +421,7 @@ class UserspaceTarget(TargetUnderTest):
                                          indent=2) + "\n")
         self.log_path = self.work_dir / f"{self.name}-target.log"
         self._log = open(self.log_path, "w")
-        cmd = _cli() + ["target", "serve", str(config)]
+        cmd = _cli() + ["target", "serve", str(config)] + self.serve_args
         if self.workers > 1:  # its own run directory: two targets' ANA state and pid files must not meet
             cmd += ["--workers", str(self.workers), "--run-dir", str(self.work_dir / f"{self.name}-run")]
             if self.cpus:

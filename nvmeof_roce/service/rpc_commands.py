@@ -238,10 +238,18 @@ def _fmt_bytes(n) -> str:
     return str(n)
 
 
+def _data_path(s: dict) -> str:
+    path = s.get("data_path", "python")
+    if path != "native":
+        return path
+    cores = s.get("cores", 1)
+    return f"{path}, {s.get('poll', 'interrupt')} poll" + (f", {cores} poll-group threads" if cores > 1 else "")
+
+
 def _print_status(s: dict) -> None:
     print(f"target {s['config']}  (socket {s['socket']}, discovery generation {s['genctr']}, "
           f"{s['in_flight']} command(s) in flight, {s['internal_errors']} internal error(s), "
-          f"data path {s.get('data_path', 'python')})")
+          f"data path {_data_path(s)})")
     rows = []
     for sub in s["subsystems"]:
         hosts = "any host" if sub["allow_any_host"] else (", ".join(sub["allowed_hosts"]) or "no host")

@@ -13,7 +13,7 @@ from ..securefile import write_file
 from ..config import TargetConfig, load_userspace_config
 from ..transport import registry
 from ..transport.resources import ResourceLimits
-from ..tunables import RESOURCE_LIMITS
+from ..tunables import CORES, POLL, RESOURCE_LIMITS
 from .ops import Operations, bind_control_socket, persist_changes
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,8 @@ class TargetServer:
 
     def __init__(self, config: TargetConfig, *, limits: Optional[ResourceLimits] = None,
                  remote_invalidate: bool = True, listen_portids: Optional[List[int]] = None,
-                 file_lock: str = "exclusive", data_path: Optional[str] = None, worker: Optional[int] = None):
+                 file_lock: str = "exclusive", data_path: Optional[str] = None, worker: Optional[int] = None,
+                 poll: str = POLL.default, cores: int = CORES.default):
         from ..target.core import Target
 
         served = [p for p in config.ports if registry.serves(p.trtype)]  # transport/registry.py
@@ -48,16 +49,24 @@ class TargetServer:
         self.remote_invalidate = remote_invalidate  # for ports added live (service/ops.py)
         # the I/O queues' data path: "python" or "native" (docs/native.md); None: native when it is built
         self.data_path = check_data_path(data_path, worker)
+        self.poll = check_poll(poll, self.data_path)  # how native queues find completions (tunables.POLL)
+        self.cores = check_cores(cores, self.data_path, self.poll)  # poll-group threads (tunables.CORES)
         self.target = Target(config, file_lock=file_lock, limits=self.limits)
         self.loop = registry.get(served[0].trtype).event_loop(self.target)
         self.target.attach_loop(self.loop)  # fdatasync and long commands stay off the loop
         self.next_status = time.monotonic() + STATUS_INTERVAL
         self.listeners = []
+        self.poll_groups = None
+        if self.cores > 1:  # threads polling the native queues (transport/pollgroups.py)
+            from .. import native
+            from ..transport.pollgroups import PollGroups
+            self.poll_groups = PollGroups(native.module, self.cores)
         self.stopping = False
         self.ana_control = None  # ana_control.AnaControl: run-time ANA changes, applied between events
         # what every listener is given, those of ports added live too (service/ops.py)
         self.listen_options = registry.ListenOptions(max_transfer=self.target.max_transfer, limits=self.limits,
-                                                     remote_invalidate=remote_invalidate, data_path=self.data_path)
+                                                     remote_invalidate=remote_invalidate, data_path=self.data_path,
+                                                     poll_mode=self.poll, poll_groups=self.poll_groups)
         try:
             for port in served:
                 self.listeners.append(registry.get(port.trtype).listen(
@@ -86,7 +95,8 @@ class TargetServer:
         longest = self.loop.longest_pass_recent if recent else self.loop.longest_pass
         # the line starts with the target's counts, which scripts and the lab tests parse; the data path after
         return ("status: " + "; ".join([t.status()] + [lst.status() for lst in self.listeners])
-                + f"; data path {self.data_path}"
+                + f"; data path {self.data_path}" + (native_poll_text(self.poll, self.cores)
+                                                     if self.data_path == "native" else "")
                 + f"; {t.in_flight()} command(s) in flight, longest loop pass {longest * 1000:.1f} ms"
                 + (f" (last {STATUS_INTERVAL:.0f} s; {self.loop.longest_pass * 1000:.1f} ms since start)"
                    if recent else " since start"))
@@ -117,6 +127,9 @@ class TargetServer:
         for listener in self.listeners:
             listener.close()
         self.listeners = []
+        if self.poll_groups is not None:  # after the listeners: their queues left their groups as they closed
+            self.poll_groups.close()
+            self.poll_groups = None
         self.target.close()  # flushes and closes the namespaces
 
 
@@ -124,7 +137,7 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
           remote_invalidate: bool = True, run_dir: Optional[str] = None, worker: Optional[int] = None,
           listen_portids: Optional[List[int]] = None, path_groups: Optional[List[str]] = None,
           rpc_socket: Optional[str] = "", metrics: Optional[str] = None, persist: Optional[bool] = None,
-          data_path: Optional[str] = None) -> int:
+          data_path: Optional[str] = None, poll: str = POLL.default, cores: int = CORES.default) -> int:
     from .ana_control import AnaControl, default_run_dir, publish, unpublish
     config = load_userspace_config(path)  # the same loader and checks as `target check`
     if worker is not None and not rpc_socket:
@@ -134,7 +147,7 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
         server = TargetServer(config, limits=limits, remote_invalidate=remote_invalidate,
                               listen_portids=listen_portids,
                               file_lock="exclusive" if worker is None else "shared", data_path=data_path,
-                              worker=worker)
+                              worker=worker, poll=poll, cores=cores)
     except BaseException:
         if bound is not None:
             bound.close()
@@ -214,6 +227,38 @@ def check_data_path(data_path: Optional[str], worker: Optional[int] = None) -> s
     return data_path
 
 
+def check_poll(poll: str, data_path: str) -> str:
+    """The poll mode asked for, or a clear error: busy polling is the native data path's (never accepted and
+    ignored)."""
+    POLL.check_option(poll)
+    if poll != POLL.default and data_path != "native":
+        raise NvmeofError(f"{POLL.option} {poll} needs the native data path (the Python data path is driven by "
+                          "completion events only)", f"add --data-path native, or leave {POLL.option} out")
+    return poll
+
+
+def native_poll_text(poll: str, cores: int) -> str:
+    """How the native queues are polled, for the status line: " (busy poll, 2 poll-group threads)"."""
+    return f" ({poll} poll" + (f", {cores} poll-group threads" if cores > 1 else "") + ")"
+
+
+def check_cores(cores: int, data_path: str, poll: str) -> int:
+    """The number of poll-group threads, or a clear error: they poll native queues, continuously, one per CPU at
+    most."""
+    CORES.check_option(cores)
+    if cores == 1:
+        return cores
+    if data_path != "native" or poll != "busy":
+        raise NvmeofError(f"{CORES.option} {cores} needs the native data path with busy polling (poll-group "
+                          "threads poll native queues continuously)",
+                          f"add --data-path native --poll busy, or leave {CORES.option} out")
+    cpus = len(os.sched_getaffinity(0))
+    if cores > cpus:
+        raise NvmeofError(f"{CORES.option} {cores}: this process may run on {cpus} CPU(s) only",
+                          f"use {CORES.option} {cpus} or fewer (each thread keeps one CPU busy)")
+    return cores
+
+
 def limits_from_args(args) -> ResourceLimits:
     return ResourceLimits(**{name: getattr(args, name) for name in RESOURCE_LIMITS})
 
@@ -227,6 +272,8 @@ def _cmd_serve(args) -> int:
         if args.data_path == "native":
             raise NvmeofError("--data-path native is not available with --workers yet",
                               "leave --workers out, or serve with --data-path python")
+        check_poll(args.poll, args.data_path or "python")  # workers run the Python path
+        check_cores(args.cores, args.data_path or "python", args.poll)
         return supervise(args)
     # Connects, disconnects and rejects are logged at INFO: show them unless the user asked for less.
     logging.getLogger("nvmeof_roce").setLevel(logging.DEBUG if args.verbose > 1 else logging.INFO)
@@ -234,7 +281,7 @@ def _cmd_serve(args) -> int:
                  remote_invalidate=not args.no_remote_invalidate, run_dir=args.run_dir, worker=args.worker_index,
                  listen_portids=args.listen_port, path_groups=args.path_group,
                  rpc_socket=None if args.no_rpc_socket else (args.rpc_socket or ""), metrics=args.metrics,
-                 persist=args.persist, data_path=args.data_path)
+                 persist=args.persist, data_path=args.data_path, poll=args.poll, cores=args.cores)
 
 
 def register_serve(commands) -> None:
@@ -256,6 +303,10 @@ def register_serve(commands) -> None:
                         "(native, the default when the module is built: Read/Write/Flush of RAM and null "
                         "namespaces in C, everything else in Python) or the Python target core (python, the "
                         "reference; the default with --workers); docs/native.md")
+    p.add_argument(POLL.option, choices=POLL.choices, default=POLL.default,
+                   help=f"{POLL.help} (default {POLL.default})")
+    p.add_argument(CORES.option, type=CORES.type, default=CORES.default, metavar=CORES.metavar,
+                   help=f"{CORES.help} (default {CORES.default:g})")
     p.add_argument("--no-remote-invalidate", action="store_true",
                    help="answer with plain SEND even when the host's key asks for remote invalidation")
     p.add_argument("--rpc-socket", metavar="PATH",

@@ -34,6 +34,14 @@ class LatencyHistogram:
         self.total += 1
         self.sum_us += us
 
+    def add_buckets(self, sum_ns: int, buckets) -> None:
+        """Fold in counts kept elsewhere in the same buckets: (bucket index, count) pairs and their latencies' sum
+        (the native data path's, csrc/queue.c)."""
+        for i, n in buckets:
+            self.counts[i] += n
+            self.total += n
+        self.sum_us += sum_ns / 1000.0
+
     def percentile(self, p: float) -> Optional[float]:
         """The latency (us) at or below which p percent of the commands completed (None if none yet)."""
         if not self.total:

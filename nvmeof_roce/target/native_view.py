@@ -7,8 +7,9 @@ authenticated I/O queue, the namespace is attached, not removed, its ANA group i
 the controller's port, and it is RAM (registered with the device), null, or a file or block namespace on the
 io_uring engine (given as a `_native.File`: a dup of its descriptor and its depth) on a queue that serves them.  The core calls `refresh` after
 anything that can change one of those (a capsule it handled, a namespace change, an ANA change) and before the
-event loop polls again, so a live change never races a command.  The native counters are folded into the
-namespaces' own figures (`Namespace.bytes_read`, ...) when the view is replaced and at each tick.
+event loop polls again, so a live change never races a command.  The native counters and latency histograms
+are folded into the namespaces' own figures (`Namespace.bytes_read`, ..., `ns.stats`' histograms) when the view
+is replaced and at each tick.
 """
 from __future__ import annotations
 
@@ -73,13 +74,15 @@ def file_of(ns):
 
 
 def _fold(ctrl: "Controller", figures: dict) -> None:
-    for nsid, (reads, writes, _flushes, bytes_read, bytes_written) in figures.items():
+    for nsid, (reads, writes, _flushes, bytes_read, bytes_written, read_lat, write_lat) in figures.items():
         ns = ctrl.subsystem.namespaces.get(nsid)
         if ns is not None:
             ns.read_commands += reads
             ns.write_commands += writes
             ns.bytes_read += bytes_read
             ns.bytes_written += bytes_written
+            ns.stats.read_latency.add_buckets(*read_lat)
+            ns.stats.write_latency.add_buckets(*write_lat)
 
 
 def refresh_queue(target: "Target", qs: "QueueState") -> None:

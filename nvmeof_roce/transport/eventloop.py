@@ -27,6 +27,7 @@ class EventLoop:
         self.selector = selectors.DefaultSelector()
         self.listeners: List = []  # what close() closes: the listeners made on this loop
         self._again: List[Callable] = []  # continuations of handlers that stopped at their budget
+        self._pollers: List[Callable[[], bool]] = []  # run every pass (keep_polling)
         self._in_pass = False
         self._unwatched: set = set()  # fds unwatched during the current pass (run_once)
         self.longest_pass = 0.0  # seconds: the longest loop pass since start
@@ -43,6 +44,13 @@ class EventLoop:
         if self._in_pass:
             self._unwatched.add(fd)
 
+    def keep_polling(self, poller: Callable[[], bool]) -> None:
+        """Run `poller` in every pass, after the ready fds' handlers, until it returns False (busy polling:
+        the loop selects with a zero timeout while a poller is kept, so listeners, RPC and timers are still
+        served, and never sleeps).  A poller's run does not count as a handler run (`run_once`'s result)."""
+        if poller not in self._pollers:
+            self._pollers.append(poller)
+
     def run_once(self, timeout: float) -> int:
         """One loop pass: wait up to `timeout` (not at all while a handler has work left) and run the
         handlers of every ready fd still watched, then the continuations handlers left last pass; how many ran.
@@ -51,7 +59,7 @@ class EventLoop:
         completions), and that callable runs in the next pass, after the other queues had their turn.
         The time the handlers took is the pass: the longest is kept (longest_pass, longest_pass_recent)."""
         again, self._again = self._again, []
-        ready = self.selector.select(0 if again else timeout)
+        ready = self.selector.select(0 if again or self._pollers else timeout)
         start = time.monotonic()
         # A handler may close what another ready fd belongs to (a CM DISCONNECTED closes its queue's completion
         # channel): that fd's handler must not run on the closed object (pyverbs dereferences NULL there).  Its
@@ -75,6 +83,14 @@ class EventLoop:
             if took >= SLOW_HANDLER:
                 log.warning("one event handler held the loop %.0f ms: %s", took * 1000,
                             getattr(callback, "__qualname__", callback))
+        for poller in list(self._pollers):
+            try:
+                keep = poller()
+            except Exception:
+                log.exception("poller failed: no longer polled")
+                keep = False
+            if not keep:
+                self._pollers.remove(poller)
         self._in_pass = False
         unwatched.clear()
         self._account(start)

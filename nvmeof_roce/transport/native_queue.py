@@ -112,6 +112,8 @@ class NativeTargetQueue(TargetQueue):
             on_failure=self._on_failure, zero=zero.spec() if zero else None, sink=sink.spec() if sink else None,
             remote_invalidate=verbs.remote_invalidate)
         self.view_ready = False
+        self.poll_mode = None  # "interrupt" or "busy" once start_polling ran (a test may poll by hand)
+        self.poll_group = None  # the _native.PollGroup whose thread polls it (--cores), or None
 
     # -- the C queue's callbacks (during poll())
 
@@ -141,19 +143,67 @@ class NativeTargetQueue(TargetQueue):
 
     # -- driving it
 
+    POLL_BUDGET = 64  # completions per loop pass at most, so one busy queue cannot hold the others
+
     def poll(self, budget: int = 256) -> int:
-        """Handle up to `budget` completions (one doorbell for what they post); 0 when there was none."""
+        """Handle up to `budget` completions (one doorbell for what they post); 0 when there was none.  A poll
+        group's queue is polled by its thread: this delivers what the thread mailed instead."""
         if self.closed:
             return 0
+        if self.poll_group is not None:
+            return self.native.drain()
         return self.native.poll(budget)
+
+    def start_polling(self, loop, mode: str, channels=(), on_channel_event: Optional[Callable] = None,
+                      poll_groups=None) -> None:
+        """Have `loop` (transport/eventloop.py) drive this queue: "interrupt" arms the CQs and watches their
+        completion channels' fds (`on_channel_event` reads the events, re-arms and polls); "busy" never arms
+        them and polls the queue on every loop pass instead, until it closes (tunables.POLL).  With
+        `poll_groups` (transport/pollgroups.py, `--cores`) a poll group's thread busy-polls it without the GIL
+        and the loop watches its mailbox's eventfd instead, draining what needs Python."""
+        self.poll_mode = mode
+        if poll_groups is not None:
+            self.poll_group, self._mail_fd = poll_groups.assign(self.native)
+            self._loop = loop
+            loop.watch(self._mail_fd, self._drain)
+            return
+        if mode == "busy":
+            loop.keep_polling(self._busy_poll)
+            return
+        self.native.arm()
+        for fd in channels:
+            loop.watch(fd, on_channel_event)
+
+    def _drain(self) -> None:
+        if not self.closed:
+            self.native.drain()
+
+    def _leave_poll_group(self) -> None:
+        """Before the QP is destroyed: the group's thread stops polling the queue (it waits for a poll under
+        way), and the loop stops watching its mailbox."""
+        if self.poll_group is None:
+            return
+        self._loop.unwatch(self._mail_fd)
+        self.poll_group.remove(self.native)
+        self.poll_group = None
+
+    def _busy_poll(self) -> bool:
+        if self.closed:
+            return False  # out of the loop's passes
+        self.poll(self.POLL_BUDGET)
+        return not self.closed
 
     def set_view(self, ready: bool, namespaces, sq_entries: int = 0, sq_head: int = 0,
                  sqflow_disabled: bool = False) -> dict:
         """The one call that changes what the C queue serves itself (target/native_view.py builds it)."""
         if self.closed:
             return {}
-        if any(entry[1] == "file" for entry in namespaces) and not self._enable_files():
-            namespaces = [entry for entry in namespaces if entry[1] != "file"]  # the core serves them
+        # The core serves file and block namespaces where the queue cannot: no ring or bounce memory, or a poll
+        # group's queue (its thread hands nothing but received capsules to Python: a failed file command could
+        # not be handed back).
+        if any(entry[1] == "file" for entry in namespaces) and (self.poll_group is not None
+                                                               or not self._enable_files()):
+            namespaces = [entry for entry in namespaces if entry[1] != "file"]
         self.view_ready = ready
         return self.native.set_view(ready, self.max_transfer, namespaces, sq_entries=sq_entries, sq_head=sq_head,
                                     sqflow_disabled=sqflow_disabled)
@@ -265,6 +315,7 @@ class NativeTargetQueue(TargetQueue):
         if self.closed:
             return
         self.closed = True
+        self._leave_poll_group()  # first: no thread polls or posts on the queue from here on
         try:
             self.handler.queue_closed(self)
         finally:

@@ -335,9 +335,11 @@ class RdmaListener:
     def __init__(self, loop: EventLoop, traddr: str, trsvcid: int = 4420, *, handler: Optional[QueueHandler] = None,
                  port_id: int = 0, in_capsule_size: Optional[int] = None, max_transfer: int = 128 * 1024,
                  limits: Optional[ResourceLimits] = None, remote_invalidate: bool = True,
-                 data_path: str = "python"):
+                 data_path: str = "python", poll_mode: str = "interrupt", poll_groups=None):
         require_pyverbs()
         self.data_path = data_path  # "native": I/O queues run the C data path (transport/rdma_native.py)
+        self.poll_mode = poll_mode  # native queues: "interrupt" (completion channels) or "busy" (tunables.POLL)
+        self.poll_groups = poll_groups  # pollgroups.PollGroups: threads poll the native queues (--cores)
         self.native_memory = None  # rdma_native.NativePortMemory, made with the first native queue
         self.loop = loop
         self.handler = handler or loop.handler

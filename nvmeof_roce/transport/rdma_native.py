@@ -5,7 +5,9 @@ is native, opens each I/O queue here instead of as an `RdmaTargetQueue` (admin q
 `_native.create_cm_qp` makes the QP with a send and a receive CQ on their own completion channels, on the PD
 librdmacm keeps for the device (`id->pd`); the memory the C queue uses is registered on that PD
 (`NativePortMemory`: the port's data pool a second time, zero and sink buffers, RAM namespaces); pyverbs'
-`rdma_accept` moves the QP to RTR and RTS.  The CQ channels' fds are watched by the event loop (interrupt mode).
+`rdma_accept` moves the QP to RTR and RTS.  The CQ channels' fds are watched by the event loop (`--poll interrupt`),
+or the queue is polled on every loop pass (`--poll busy`: `NativeTargetQueue.start_polling`), or by a poll
+group's thread (`--cores N`, transport/pollgroups.py).
 """
 from __future__ import annotations
 
@@ -129,10 +131,10 @@ class RdmaNativeQueue(NativeTargetQueue):
                          sink=memory.sink, region_of=memory.region, on_close=lambda queue: queue._release(),
                          bounce_of=self._bounce_of, watch=self._watch)
         self.cq_fd = self.objects["recv_fd"]
-        self.native.arm()
-        for fd in (self.objects["recv_fd"], self.objects["send_fd"]):
-            listener.loop.watch(fd, self._on_cq_event)
-            self.watched.append(fd)
+        if listener.poll_mode == "interrupt" and listener.poll_groups is None:
+            self.watched = [self.objects["recv_fd"], self.objects["send_fd"]]
+        self.start_polling(listener.loop, listener.poll_mode, self.watched, self._on_cq_event,
+                           poll_groups=listener.poll_groups)
         from pyverbs.cmid import ConnParam
         param = ConnParam(resources=0, depth=max_reads, flow_control=1, retry=7, rnr_retry=7,
                           qp_num=self.objects["qp_num"], data_len=cmdata.ACCEPT_SIZE)
@@ -171,9 +173,8 @@ class RdmaNativeQueue(NativeTargetQueue):
     def _poll_more(self):
         if self.closed:
             return None
-        budget = 64
-        done = self.poll(budget)
-        again = done >= budget or self.native.ring_unsubmitted  # the ring's submission failed: try again
+        done = self.poll(self.POLL_BUDGET)
+        again = done >= self.POLL_BUDGET or self.native.ring_unsubmitted  # the ring's submission failed: again
         return self._poll_more if again else None  # the loop calls again next pass
 
     def in_flight(self) -> int:

@@ -42,6 +42,8 @@ class ListenOptions:
     limits: object = None  # transport/resources.py ResourceLimits, or None for the defaults
     remote_invalidate: bool = True
     data_path: str = "python"  # RDMA I/O queues: "native" runs them in C (transport/rdma_native.py, docs/native.md)
+    poll_mode: str = "interrupt"  # native queues: sleep on completion channels, or "busy" (tunables.POLL)
+    poll_groups: object = None  # transport/pollgroups.py PollGroups (--cores > 1): threads poll native queues
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,8 @@ def _rdma_listen(loop, port, handler, options: ListenOptions):
     from .rdma import RdmaListener
     return RdmaListener(loop, port.traddr, port.trsvcid, handler=handler, port_id=port.portid,
                         max_transfer=options.max_transfer, limits=options.limits,
-                        remote_invalidate=options.remote_invalidate, data_path=options.data_path)
+                        remote_invalidate=options.remote_invalidate, data_path=options.data_path,
+                        poll_mode=options.poll_mode, poll_groups=options.poll_groups)
 
 
 def _rdma_require():

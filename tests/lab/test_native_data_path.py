@@ -88,3 +88,26 @@ def test_kernel_host_fio_verify_on_native_file_and_block_namespaces(tmp_path):
         target.stop()
         dev.remove()
     assert "Traceback" not in target.output()
+
+
+def test_kernel_host_fio_verify_with_busy_poll_on_two_poll_groups(tmp_path):
+    """`--poll busy --cores 2`: two threads poll the native queues (one each), the loop serves the rest."""
+    pytest.importorskip("nvmeof_roce._native")
+    # its own NQN, port and control socket (polled.sock): the module's other target may still be serving
+    nqn, port = NQN + "-polled", 4430
+    cfg = config([{"nqn": nqn, "attr": {"allow_any_host": "1"}, "namespaces": [ram_namespace(1, "64M", 512)]}],
+                 port=port)
+    target = ServedTarget(cfg, str(tmp_path / "polled.json"),
+                          args=["--data-path", "native", "--poll", "busy", "--cores", "2"]).start(timeout=240)
+    try:
+        nvme("connect", "-t", "rdma", "-a", LAB_IP, "-s", str(port), "-n", nqn, "-i", "2")
+        (device,) = namespaces_of(nqn, expect=1)
+        job = fio(device, "--rw=randrw", "--verify=crc32c", "--verify_fatal=1", "--bsrange=4k-128k",
+                  "--iodepth=32", "--size=8M", "--numjobs=2", "--offset_increment=16M", "--group_reporting")
+        assert job["error"] == 0
+    finally:
+        disconnect_all_quietly()
+        assert target.stop() == 0, target.output()
+    out = target.output()
+    assert "polled by poll group 1 of 2" in out and "polled by poll group 2 of 2" in out
+    assert "data path native (busy poll, 2 poll-group threads)" in out  # the status line logged at stop

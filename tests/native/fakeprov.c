@@ -10,7 +10,10 @@
  *
  * The provider's entry points are fake_post_send, fake_post_recv, fake_poll_cq and fake_req_notify_cq:
  * benchmarks/native_cost.py excludes them from the target's instructions; what the tests call is fakehost_*.
+ * Every entry point holds the device's mutex, as a real provider's QP and CQ locks do: a poll group's thread
+ * (csrc/pollgroup.c) posts and polls while the test delivers capsules and collects responses.
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +43,7 @@ struct fake_response {
 
 struct fake_dev {
     struct ibv_context ctx;
+    pthread_mutex_t lock;
     struct ibv_pd pd;
     struct ibv_cq send_cq, recv_cq;
     struct ibv_qp qp;
@@ -87,7 +91,7 @@ static struct fake_mr *fake_find(struct fake_mr *table, int n, uint32_t key, uin
     return NULL;
 }
 
-static int fake_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
+static int fake_poll_cq_locked(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 {
     struct fake_dev *d = DEV(cq->context);
     struct fake_ring *ring = cq == &d->send_cq ? &d->scq : &d->rcq;
@@ -101,13 +105,31 @@ static int fake_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
     return got;
 }
 
-static int fake_req_notify_cq(struct ibv_cq *cq, int solicited_only)
+static int fake_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
+{
+    struct fake_dev *d = DEV(cq->context);
+    pthread_mutex_lock(&d->lock);
+    int rc = fake_poll_cq_locked(cq, n, wc);
+    pthread_mutex_unlock(&d->lock);
+    return rc;
+}
+
+static int fake_req_notify_cq_locked(struct ibv_cq *cq, int solicited_only)
 {
     DEV(cq->context)->arm_calls++;
     return 0;
 }
 
-static int fake_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+static int fake_req_notify_cq(struct ibv_cq *cq, int solicited_only)
+{
+    struct fake_dev *d = DEV(cq->context);
+    pthread_mutex_lock(&d->lock);
+    int rc = fake_req_notify_cq_locked(cq, solicited_only);
+    pthread_mutex_unlock(&d->lock);
+    return rc;
+}
+
+static int fake_post_recv_locked(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
     struct fake_dev *d = DEV(qp->context);
     d->post_recv_calls++;
@@ -123,6 +145,15 @@ static int fake_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_
         d->recvs[i].lkey = wr->sg_list[0].lkey;
     }
     return 0;
+}
+
+static int fake_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+{
+    struct fake_dev *d = DEV(qp->context);
+    pthread_mutex_lock(&d->lock);
+    int rc = fake_post_recv_locked(qp, wr, bad);
+    pthread_mutex_unlock(&d->lock);
+    return rc;
 }
 
 /* One work request on the wire: 0, or the completion status it failed with. */
@@ -188,7 +219,7 @@ static enum ibv_wc_opcode fake_wc_opcode(enum ibv_wr_opcode op)
     return op == IBV_WR_RDMA_READ ? IBV_WC_RDMA_READ : op == IBV_WR_RDMA_WRITE ? IBV_WC_RDMA_WRITE : IBV_WC_SEND;
 }
 
-static int fake_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+static int fake_post_send_locked(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
 {
     struct fake_dev *d = DEV(qp->context);
     d->post_send_calls++;
@@ -204,6 +235,15 @@ static int fake_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_
         }
     }
     return 0;
+}
+
+static int fake_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+    struct fake_dev *d = DEV(qp->context);
+    pthread_mutex_lock(&d->lock);
+    int rc = fake_post_send_locked(qp, wr, bad);
+    pthread_mutex_unlock(&d->lock);
+    return rc;
 }
 
 /* ------------------------------------------------------------------ what the tests call (ctypes) */
@@ -232,6 +272,7 @@ void *fakehost_new(int shared_cq)
     d->qp.qp_type = IBV_QPT_RC;
     d->qp.state = IBV_QPS_RTS;
     d->next_key = 0x1000;
+    pthread_mutex_init(&d->lock, NULL);
     return d;
 }
 
@@ -259,19 +300,35 @@ static uint32_t fake_reg(struct fake_dev *d, struct fake_mr *table, int *n, uint
     return m->key;
 }
 
-uint32_t fakehost_reg_local(void *dev, uint64_t addr, uint64_t len)
+static uint32_t fakehost_reg_local_locked(void *dev, uint64_t addr, uint64_t len)
 {
     return fake_reg(DEV(dev), DEV(dev)->local, &DEV(dev)->nlocal, addr, len);
 }
 
-uint32_t fakehost_reg_remote(void *dev, uint64_t addr, uint64_t len)
+uint32_t fakehost_reg_local(void *dev, uint64_t addr, uint64_t len)
+{
+    pthread_mutex_lock(&DEV(dev)->lock);
+    uint32_t rc = fakehost_reg_local_locked(dev, addr, len);
+    pthread_mutex_unlock(&DEV(dev)->lock);
+    return rc;
+}
+
+static uint32_t fakehost_reg_remote_locked(void *dev, uint64_t addr, uint64_t len)
 {
     return fake_reg(DEV(dev), DEV(dev)->remote, &DEV(dev)->nremote, addr, len);
 }
 
+uint32_t fakehost_reg_remote(void *dev, uint64_t addr, uint64_t len)
+{
+    pthread_mutex_lock(&DEV(dev)->lock);
+    uint32_t rc = fakehost_reg_remote_locked(dev, addr, len);
+    pthread_mutex_unlock(&DEV(dev)->lock);
+    return rc;
+}
+
 /* The host SENDs a capsule: into the oldest posted receive, as a receive completion.  -1: no receive posted
  * (an RNR on a real link); -2: longer than the receive buffer. */
-int fakehost_deliver(void *dev, const void *capsule, uint32_t len)
+static int fakehost_deliver_locked(void *dev, const void *capsule, uint32_t len)
 {
     struct fake_dev *d = dev;
     if (!d->recv_count) {
@@ -292,8 +349,16 @@ int fakehost_deliver(void *dev, const void *capsule, uint32_t len)
     return 0;
 }
 
+int fakehost_deliver(void *dev, const void *capsule, uint32_t len)
+{
+    pthread_mutex_lock(&DEV(dev)->lock);
+    int rc = fakehost_deliver_locked(dev, capsule, len);
+    pthread_mutex_unlock(&DEV(dev)->lock);
+    return rc;
+}
+
 /* The responses received since the last call, 24 bytes each: CQE, invalidated rkey, flags. */
-uint32_t fakehost_responses(void *dev, void *out, uint32_t max)
+static uint32_t fakehost_responses_locked(void *dev, void *out, uint32_t max)
 {
     struct fake_dev *d = dev;
     uint32_t n = d->nresponses < max ? d->nresponses : max;
@@ -303,11 +368,20 @@ uint32_t fakehost_responses(void *dev, void *out, uint32_t max)
     return n;
 }
 
+uint32_t fakehost_responses(void *dev, void *out, uint32_t max)
+{
+    pthread_mutex_lock(&DEV(dev)->lock);
+    uint32_t rc = fakehost_responses_locked(dev, out, max);
+    pthread_mutex_unlock(&DEV(dev)->lock);
+    return rc;
+}
+
 /* Counters: post_send calls, post_recv calls, poll calls, arm calls, work requests, RNRs, READs, WRITEs,
  * receives posted now, QP in error, CQ overflows. */
 void fakehost_counters(void *dev, uint64_t *out)
 {
     struct fake_dev *d = dev;
+    pthread_mutex_lock(&d->lock);
     out[0] = d->post_send_calls;
     out[1] = d->post_recv_calls;
     out[2] = d->poll_calls;
@@ -319,4 +393,5 @@ void fakehost_counters(void *dev, uint64_t *out)
     out[8] = d->recv_count;
     out[9] = d->qp_error;
     out[10] = d->scq.overflow + d->rcq.overflow;
+    pthread_mutex_unlock(&d->lock);
 }

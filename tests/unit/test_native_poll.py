@@ -1,0 +1,347 @@
+"""The native data path's latency histograms and poll modes (csrc/queue.c, transport/native_queue.py), through the
+fake verbs provider (tests/native/fakeprov.c)."""
+import random
+
+import pytest
+
+from loopback_env import SUB_RAM, standard_config
+from native_diff import LoopbackEndpoint, NativeEndpoint, close_all, io_capsule
+from native_fake import needs_native, pump
+
+from nvmeof_roce import native
+from nvmeof_roce.service.stats import target_status
+from nvmeof_roce.target.latency import BUCKET_BOUNDS_US, LatencyHistogram
+
+pytestmark = needs_native
+
+READ, WRITE, FLUSH = 0x02, 0x01, 0x00
+
+
+def _python_bucket(ns: int) -> int:
+    h = LatencyHistogram()
+    h.record_ns(ns)
+    return h.counts.index(1)
+
+
+def test_the_native_bucket_of_a_latency_is_the_python_histograms():
+    values = set(range(0, 2100)) | {(1 << 62), (1 << 64) - 1}
+    for bound in BUCKET_BOUNDS_US:  # each bound's neighbours in ns
+        edge = int(bound * 1000)
+        values |= {edge - 1, edge, edge + 1}
+    rng = random.Random(5)
+    values |= {rng.randrange(1 << 40) for _ in range(5000)}
+    wrong = [(ns, _python_bucket(ns), native.module.latency_bucket(ns)) for ns in sorted(values)
+             if _python_bucket(ns) != native.module.latency_bucket(ns)]
+    assert not wrong
+    assert native.module.LATENCY_BUCKETS == len(LatencyHistogram().counts)
+
+
+def _io(ep, count: int) -> None:
+    for i in range(count):
+        for cqe in ep.exchange(io_capsule(ep, WRITE, 1, 8 * i, 7, 4096, offset=4096 * i, cid=2 * i)):
+            assert cqe[14:16] == b"\0\0"
+        for cqe in ep.exchange(io_capsule(ep, READ, 1, 8 * i, 7, 4096, offset=65536 + 4096 * i, cid=2 * i + 1)):
+            assert cqe[14:16] == b"\0\0"
+    ep.exchange(io_capsule(ep, FLUSH, 1, 0, 0, 0, cid=999))  # not a latency of either histogram
+
+
+def test_native_commands_show_up_in_the_namespace_latencies_and_status():
+    python = native_ep = None
+    try:
+        native_ep = NativeEndpoint(standard_config(), SUB_RAM)
+        python = LoopbackEndpoint(standard_config(), SUB_RAM)
+        before = native_ep.queue.stats()
+        _io(native_ep, 20)
+        _io(python, 20)
+        assert native_ep.queue.stats()["native_commands"] - before["native_commands"] == 41
+        native_ep.env.target.tick(native_ep.env.clock())  # the core collects the native figures
+        seen = {}
+        for name, ep in (("native", native_ep), ("python", python)):
+            ns = ep.env.target.subsystem(SUB_RAM).namespaces[1]
+            assert (ns.stats.read_latency.total, ns.stats.write_latency.total) == (20, 20), name
+            assert ns.stats.read_latency.sum_us > 0 and ns.stats.write_latency.sum_us > 0, name
+            status = next(s for s in target_status(ep.env.target)["subsystems"] if s["nqn"] == SUB_RAM)
+            lat = status["namespaces"][0]["read_latency_us"], status["namespaces"][0]["write_latency_us"]
+            seen[name] = lat
+            for percentiles in lat:
+                # a bucket bound between 1 us and 1 s: plausible for a command served in this process
+                assert all(v is not None and 1.0 <= v <= 1e6 for v in percentiles.values()), (name, percentiles)
+        # the histograms were drained into the namespace once: a second tick adds nothing
+        native_ep.env.target.tick(native_ep.env.clock())
+        ns = native_ep.env.target.subsystem(SUB_RAM).namespaces[1]
+        assert (ns.stats.read_latency.total, ns.stats.write_latency.total) == (20, 20)
+    finally:
+        close_all(python, native_ep)
+
+
+def test_a_failed_native_write_records_no_latency():
+    ep = NativeEndpoint(standard_config(), SUB_RAM)
+    try:
+        ns = ep.env.target.subsystem(SUB_RAM).namespaces[1]
+        target = ep.env.target
+        # the Write's RDMA READ is in flight when its namespace leaves: Invalid Namespace, no latency
+        assert ep.device.deliver(io_capsule(ep, WRITE, 1, 0, 7, 4096, cid=5)) == 0
+        assert ep.queue.poll() == 1  # the capsule: its RDMA READ posted
+        ep.queue.native.set_view(True, ep.queue.max_transfer, [], sq_entries=32)
+        pump(ep.queue)
+        (cqe, _inv), = ep.device.responses()
+        assert int.from_bytes(cqe[14:16], "little") >> 1 == 0x400B
+        target.tick(ep.env.clock())
+        assert ns.stats.write_latency.total == 0
+    finally:
+        ep.close()
+
+
+# -- poll modes
+
+def _status(cqe: bytes) -> int:
+    return int.from_bytes(cqe[14:16], "little") >> 1
+
+
+@pytest.fixture
+def busy_ep():
+    from nvmeof_roce.transport.eventloop import EventLoop
+    ep = NativeEndpoint(standard_config(), SUB_RAM)
+    loop = EventLoop(ep.env.target)
+    timeouts = []
+    select = loop.selector.select
+
+    def recording_select(timeout=None):
+        timeouts.append(timeout)
+        return select(timeout)
+
+    loop.selector.select = recording_select
+    ep.loop, ep.timeouts = loop, timeouts
+    yield ep
+    ep.close()
+    loop.close()
+
+
+def test_busy_poll_serves_native_and_core_commands_with_no_channel_event(busy_ep):
+    ep, loop = busy_ep, busy_ep.loop
+    arms = ep.device.counters()["arms"]
+    before = ep.queue.stats()
+    ep.queue.start_polling(loop, "busy")  # no completion channel is watched: the fake has none to signal
+    ep.device.deliver(io_capsule(ep, WRITE, 1, 0, 7, 4096, offset=8192, cid=1))
+    ep.device.deliver(io_capsule(ep, READ, 1, 0, 7, 4096, offset=0, cid=2))
+    ep.device.deliver(io_capsule(ep, READ, 9, 0, 7, 4096, offset=0, cid=3))  # no NSID 9: the core answers
+    for _ in range(8):
+        loop.run_once(30.0)  # would sleep 30 s per pass if it waited for an event
+    ep.env.fabric.pump()
+    cqes = {int.from_bytes(c[12:14], "little"): _status(c) for c, _inv in ep.device.responses()}
+    assert cqes == {1: 0, 2: 0, 3: 0x400B}  # Invalid Namespace | DNR from the core
+    assert ep.host_bytes()[:4096] == ep.host_bytes()[8192:8192 + 4096]
+    after = ep.queue.stats()
+    assert (after["native_commands"] - before["native_commands"],
+            after["python_commands"] - before["python_commands"]) == (2, 1)
+    assert ep.device.counters()["arms"] == arms  # the CQs were never armed
+    assert set(ep.timeouts) == {0}  # every pass selected without waiting
+    ep.queue.close()
+    loop.run_once(0)  # the closed queue leaves the loop's pollers
+    ep.timeouts.clear()
+    loop.run_once(0.01)
+    assert ep.timeouts == [0.01]  # nothing busy left: the loop sleeps on its fds again
+
+
+def test_interrupt_mode_arms_the_cqs_and_waits_for_their_channel(busy_ep):
+    ep, loop = busy_ep, busy_ep.loop
+    arms = ep.device.counters()["arms"]
+    ep.queue.start_polling(loop, "interrupt", channels=())
+    assert ep.device.counters()["arms"] > arms
+    ep.device.deliver(io_capsule(ep, READ, 1, 0, 7, 4096, offset=0, cid=2))
+    loop.run_once(0.01)
+    assert ep.device.responses() == [] and ep.timeouts == [0.01]  # nothing polls without a channel event
+
+
+def test_serve_takes_poll_busy_only_with_the_native_data_path():
+    from nvmeof_roce.cli import build_parser
+    from nvmeof_roce.errors import NvmeofError
+    from nvmeof_roce.service.serve import check_poll
+    from nvmeof_roce.tunables import POLL
+    assert check_poll("busy", "native") == "busy" and check_poll("interrupt", "python") == "interrupt"
+    with pytest.raises(NvmeofError, match="--poll busy needs the native data path") as err:
+        check_poll("busy", "python")
+    assert "--data-path native" in err.value.fix
+    with pytest.raises(NvmeofError, match="--poll spin: not a choice"):
+        check_poll("spin", "native")
+    parser = build_parser()
+    assert parser.parse_args(["target", "serve", "x.json"]).poll == POLL.default == "interrupt"
+    assert parser.parse_args(["target", "serve", "x.json", "--poll", "busy"]).poll == "busy"
+
+
+def test_target_status_and_the_status_line_say_busy_poll(busy_ep):
+    from types import SimpleNamespace
+    from nvmeof_roce.service.rpc_commands import _data_path
+    from nvmeof_roce.service.serve import TargetServer
+    status = target_status(busy_ep.env.target, server=SimpleNamespace(data_path="native", poll="busy", listeners=[]))
+    assert (status["data_path"], status["poll"]) == ("native", "busy")
+    assert _data_path(status) == "native, busy poll"
+    assert _data_path({"data_path": "python", "poll": "interrupt"}) == "python"
+    server = SimpleNamespace(target=busy_ep.env.target, loop=busy_ep.loop, listeners=[], data_path="native",
+                             poll="busy", cores=1)
+    line = TargetServer.status_line(server)
+    assert line.startswith("status: ") and "; data path native (busy poll); " in line
+    server.cores = 2
+    assert "; data path native (busy poll, 2 poll-group threads); " in TargetServer.status_line(server)
+    assert _data_path({"data_path": "native", "poll": "busy", "cores": 2}) == "native, busy poll, 2 poll-group threads"
+
+
+# -- poll groups (--cores): queues polled by threads without the GIL
+
+def _await(loop, eps, want: dict, limit: float = 60.0) -> dict:
+    """Run the loop until every endpoint got `want[ep]` responses; {ep: [cqe, ...]} (a hang guard, no timing)."""
+    import time
+    got = {ep: [] for ep in eps}
+    deadline = time.monotonic() + limit
+    while any(len(got[ep]) < want[ep] for ep in eps):
+        assert time.monotonic() < deadline, {id(ep): len(v) for ep, v in got.items()}
+        loop.run_once(0.01)
+        for ep in eps:
+            ep.env.fabric.pump()  # the target's own work (a Write Zeroes in slices) runs on the loopback's loop
+            got[ep] += [cqe for cqe, _inv in ep.device.responses()]
+    return got
+
+
+@pytest.fixture
+def grouped():
+    from nvmeof_roce.transport.eventloop import EventLoop
+    from nvmeof_roce.transport.pollgroups import PollGroups
+    eps = [NativeEndpoint(standard_config(), SUB_RAM) for _ in range(4)]
+    loop = EventLoop(eps[0].env.target)
+    groups = PollGroups(native.module, 2)
+    for ep in eps:
+        ep.queue.start_polling(loop, "busy", poll_groups=groups)
+    yield eps, loop, groups
+    for ep in eps:
+        ep.close()
+    groups.close()
+    loop.close()
+
+
+def test_poll_group_threads_serve_many_queues_with_correct_cqes_and_data(grouped):
+    eps, loop, groups = grouped
+    assert [g["queues"] for g in groups.status()] == [2, 2]  # round-robin
+    before = {ep: ep.queue.stats() for ep in eps}
+    per_round, rounds = 16, 4
+    for r in range(rounds):  # writes: host offset k*4 KiB -> LBA k*8
+        for ep in eps:
+            for i in range(per_round):
+                k = r * per_round + i
+                assert ep.device.deliver(io_capsule(ep, WRITE, 1, 8 * k, 7, 4096, offset=4096 * k, cid=k)) == 0
+        got = _await(loop, eps, {ep: per_round for ep in eps})
+        for ep in eps:
+            assert sorted(int.from_bytes(c[12:14], "little") for c in got[ep]) == list(
+                range(r * per_round, (r + 1) * per_round))
+            assert all(c[14:16] == b"\0\0" and int.from_bytes(c[10:12], "little") == 1 for c in got[ep])
+    written = rounds * per_round * 4096
+    for r in range(rounds):  # reads back into host offset 512 KiB + k*4 KiB
+        for ep in eps:
+            for i in range(per_round):
+                k = r * per_round + i
+                ep.device.deliver(io_capsule(ep, READ, 1, 8 * k, 7, 4096, offset=524288 + 4096 * k, cid=1000 + k))
+        got = _await(loop, eps, {ep: per_round for ep in eps})
+        assert all(c[14:16] == b"\0\0" for ep in eps for c in got[ep])
+    for ep in eps:
+        host = ep.host_bytes()
+        assert host[524288:524288 + written] == host[:written]
+        assert ep.namespace_bytes(SUB_RAM, 1)[:written] == host[:written]
+    # the core's commands on the same queues: an unknown NSID, a Write Zeroes (not native) of LBA 0-7, and a
+    # fabrics Property Get, which belongs on the admin queue: answered as the Python data path answers it
+    from nvmeof_roce.nvme.fabrics import PropertyGet
+    property_get = PropertyGet(cid=7003, offset=0x14).to_sqe().pack()
+    python = LoopbackEndpoint(standard_config(), SUB_RAM)
+    try:
+        (expected,) = python.exchange(property_get)
+    finally:
+        close_all(python)
+    for ep in eps:
+        ep.device.deliver(io_capsule(ep, READ, 9, 0, 7, 4096, cid=7001))
+        ep.device.deliver(io_capsule(ep, 0x08, 1, 0, 7, 0, cid=7002))
+        ep.device.deliver(property_get)
+    got = _await(loop, eps, {ep: 3 for ep in eps})
+    for ep in eps:
+        statuses = {int.from_bytes(c[12:14], "little"): int.from_bytes(c[14:16], "little") >> 1 for c in got[ep]}
+        assert statuses == {7001: 0x400B, 7002: 0, 7003: int.from_bytes(expected[14:16], "little") >> 1}
+        assert statuses[7003] != 0  # Invalid Namespace | DNR; success; the fabrics error
+        assert ep.namespace_bytes(SUB_RAM, 1)[:4096] == bytes(4096)
+        after = ep.queue.stats()
+        assert after["threaded"] == 1
+        assert after["native_commands"] - before[ep]["native_commands"] == 2 * rounds * per_round
+        assert after["python_commands"] - before[ep]["python_commands"] == 3
+        with pytest.raises(RuntimeError, match="poll group"):
+            ep.queue.native.poll()  # only its thread polls it
+    assert all(g["busy_passes"] > 0 for g in groups.status())  # both threads served commands
+    # the latencies and counters still reach the namespaces
+    eps[0].env.target.tick(eps[0].env.clock())
+    ns = eps[0].env.target.subsystem(SUB_RAM).namespaces[1]
+    assert (ns.stats.write_latency.total, ns.stats.read_latency.total) == (rounds * per_round, rounds * per_round)
+
+
+def test_closing_a_queue_while_its_thread_polls_stops_every_poll_of_it(grouped):
+    import time
+    eps, loop, groups = grouped
+    victim, other = eps[0], eps[2]  # both on the first group
+    for k in range(16):
+        victim.device.deliver(io_capsule(victim, READ, 1, 8 * k, 7, 4096, offset=4096 * k, cid=k))
+        other.device.deliver(io_capsule(other, READ, 1, 8 * k, 7, 4096, offset=4096 * k, cid=k))
+    victim.queue.close()  # while the thread may be polling it: waits for that poll, then never again
+    assert victim.queue.native.stats()["threaded"] == 1 and victim.queue.poll_group is None
+    assert [g["queues"] for g in groups.status()] == [1, 2]
+    polls = victim.device.counters()["polls"]
+    got = _await(loop, [other], {other: 16})  # the group's thread goes on with its other queue
+    assert all(c[14:16] == b"\0\0" for c in got[other])
+    time.sleep(0.05)
+    assert victim.device.counters()["polls"] == polls
+    assert victim.queue.native.drain() == 0  # nothing is delivered for a stopped queue
+    eps.remove(victim)
+    victim.close()
+
+
+def test_a_failure_on_a_thread_polled_queue_reaches_the_core(grouped):
+    eps, loop, groups = grouped
+    ep = eps[1]
+    ep.device.deliver(io_capsule(ep, READ, 1, 0, 7, 4096, bad_key=True, cid=3))  # the RDMA WRITE fails
+    import time
+    deadline = time.monotonic() + 60
+    while not ep.queue.closed:
+        assert time.monotonic() < deadline
+        loop.run_once(0.01)
+    assert ep.queue.poll_group is None  # the failure closed the queue, which left its group
+    assert [g["queues"] for g in groups.status()] == [2, 1]
+
+
+def test_serve_refuses_cores_it_cannot_honour(monkeypatch):
+    import os
+    from nvmeof_roce.cli import build_parser
+    from nvmeof_roce.errors import NvmeofError
+    from nvmeof_roce.service.serve import check_cores
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert check_cores(1, "python", "interrupt") == 1 and check_cores(2, "native", "busy") == 2
+    for data_path, poll in (("python", "interrupt"), ("native", "interrupt")):
+        with pytest.raises(NvmeofError, match="--cores 2 needs the native data path with busy polling") as err:
+            check_cores(2, data_path, poll)
+        assert "--data-path native --poll busy" in err.value.fix
+    with pytest.raises(NvmeofError, match="--cores 3: this process may run on 2 CPU") as err:
+        check_cores(3, "native", "busy")
+    assert "--cores 2 or fewer" in err.value.fix
+    with pytest.raises(NvmeofError, match="--cores 0: out of range"):
+        check_cores(0, "native", "busy")
+    assert build_parser().parse_args(["target", "serve", "x.json", "--cores", "2"]).cores == 2
+
+
+def test_the_bench_measures_the_native_poll_modes_side_by_side(tmp_path):
+    import argparse
+    from nvmeof_roce.bench.commands import build_targets
+    args = argparse.Namespace(targets="kernel,native,native-busy,native-busy-2c", traddr="10.99.0.1",
+                              kernel_port=4420, userspace_port=4421, baseline_port=4422, kernel_backend=None,
+                              ns_size="64M", userspace_config=None, baseline_checkout=None, device="ram")
+    kernel, interrupt, busy, cores = build_targets(args, tmp_path)
+    assert {t.data_path for t in (interrupt, busy, cores)} == {"native"}
+    assert (interrupt.serve_args, busy.serve_args, cores.serve_args) == (
+        [], ["--poll", "busy"], ["--poll", "busy", "--cores", "2"])
+    assert [t.trsvcid for t in (interrupt, busy, cores)] == [4490, 4491, 4492]
+    assert len({t.subnqn for t in (kernel, interrupt, busy, cores)}) == 4
+    assert "--poll busy --cores 2" in cores.kind
+    from nvmeof_roce.errors import NvmeofError
+    with pytest.raises(NvmeofError, match="poll-group threads poll continuously"):
+        build_targets(argparse.Namespace(**{**vars(args), "targets": "native-2c"}), tmp_path)
