@@ -1456,30 +1456,20 @@ static PyObject *nq_enable_files(NativeQueue *q, PyObject *args)
     return PyLong_FromLong(nr_uring_eventfd(q->ring));
 }
 
-static PyObject *NativeQueue_enable_files(NativeQueue *q, PyObject *args)
-{
-    nq_lock(q);
-    PyObject *res = nq_enable_files(q, args);
-    nq_unlock(q);
-    return res;
-}
+/* The Python side's calls that post or change what the C queue owns: under the queue's mutex when a poll group's
+ * thread polls it. */
+#define NQ_LOCKED_METHOD(name, impl)                                                                          \
+    static PyObject *name(NativeQueue *q, PyObject *args)                                                     \
+    {                                                                                                         \
+        nq_lock(q);                                                                                           \
+        PyObject *res = impl(q, args);                                                                        \
+        nq_unlock(q);                                                                                         \
+        return res;                                                                                           \
+    }
 
-/* The Python side's posts: under the queue's mutex when a poll group's thread polls it. */
-static PyObject *NativeQueue_post_read(NativeQueue *q, PyObject *args)
-{
-    nq_lock(q);
-    PyObject *res = nq_post_read(q, args);
-    nq_unlock(q);
-    return res;
-}
-
-static PyObject *NativeQueue_post_response(NativeQueue *q, PyObject *args)
-{
-    nq_lock(q);
-    PyObject *res = nq_post_response(q, args);
-    nq_unlock(q);
-    return res;
-}
+NQ_LOCKED_METHOD(NativeQueue_enable_files, nq_enable_files)
+NQ_LOCKED_METHOD(NativeQueue_post_read, nq_post_read)
+NQ_LOCKED_METHOD(NativeQueue_post_response, nq_post_response)
 
 static PyObject *NativeQueue_flush(NativeQueue *q, PyObject *noargs)
 {
