@@ -43,7 +43,7 @@ from typing import Callable, Dict, List, Optional
 
 from ..errors import NvmeofError
 from ..nvme import cm as cmdata
-from .resources import BufferPool, PoolShare, ResourceLimits
+from .resources import BufferPool, PoolShare, ResourceLimits, registered_region
 from .rdma_requests import RequestBook, TxRequest
 from .eventloop import EventLoop
 from .base import ConnectRequest, QueueHandler, ReadDone, RemoteAccessError, TargetQueue, TransportError
@@ -388,28 +388,22 @@ class RdmaListener:
         send from it), or None where it cannot be (then its reads are staged in a chunk).  Kept until the
         listener closes; a resized namespace's new memory is registered anew and the old registration kept
         (WRITEs already posted may still read it), so each resize pins the old size until then."""
-        pin = getattr(backend, "pin", None)
-        if pin is None:
-            return None
-        mapping = backend.buffer.obj if backend.buffer is not None else None
-        entry = self.regions.get(id(mapping))
-        if entry is not None and entry[0] is mapping:
-            return entry[1]
+        return registered_region(self.regions, backend, self._register_ram)
+
+    def _register_ram(self, pin, mapping) -> tuple:
         try:
             mapping = pin()
             began = time.monotonic()
             # LOCAL_WRITE makes the registration take private pages, never the shared zero page of a
             # mapping not yet written (a later write would then leave the device sending the old page).
             memory = _MappedRegion(self.pd, mapping, e.IBV_ACCESS_LOCAL_WRITE)
-            found = (memory.addr, memory.lkey)
             log.info("RAM namespace of %d MiB registered on %s:%d in %.0f ms: its reads are sent straight from it",
                      len(mapping) >> 20, self.traddr, self.trsvcid, (time.monotonic() - began) * 1000)
+            return mapping, (memory.addr, memory.lkey), memory
         except Exception as exc:  # e.g. the locked-memory limit (ulimit -l)
             log.warning("cannot register a RAM namespace of %d bytes with the device (%s): its reads are copied "
                         "into data buffers instead", len(mapping) if mapping is not None else 0, exc)
-            memory, found = None, None
-        self.regions[id(mapping)] = (mapping, found, memory)
-        return found
+            return mapping, None, None
 
     def _on_cm_events(self) -> None:
         while True:

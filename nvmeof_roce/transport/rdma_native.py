@@ -17,6 +17,7 @@ from typing import Dict, Optional
 
 from ..nvme import cm as cmdata
 from .native_queue import ChunkPool, NativeTargetQueue, NativeVerbs, Region
+from .resources import registered_region
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class NativePortMemory:
         self.pool = ChunkPool(Region(pool.memory.addr, lkey, size, pool.memory.view), pool.chunk_size)
         self.zero = self._buffer(listener.max_transfer)
         self.sink = self._buffer(listener.max_transfer)
-        self.regions: Dict[int, tuple] = {}  # id(mapping) -> (mapping, (addr, lkey) or None)
+        self.regions: Dict[int, tuple] = {}  # id(mapping) -> (mapping, (addr, lkey) or None, None)
 
     def _buffer(self, size: int) -> Region:
         mapping = mmap.mmap(-1, size)
@@ -51,23 +52,17 @@ class NativePortMemory:
 
     def region(self, backend) -> Optional[tuple]:
         """(addr, lkey) of a RAM namespace's memory on this PD (registered once; kept until the listener closes)."""
-        pin = getattr(backend, "pin", None)
-        if pin is None:
-            return None
-        mapping = backend.buffer.obj if backend.buffer is not None else None
-        entry = self.regions.get(id(mapping))
-        if entry is not None and entry[0] is mapping:
-            return entry[1]
+        return registered_region(self.regions, backend, self._register_ram)
+
+    def _register_ram(self, pin, _mapping) -> tuple:
         mapping = pin()
         try:
             mr, lkey, _ = self.module.reg_mr(self.pd, _address(mapping), len(mapping), IBV_ACCESS_LOCAL_WRITE)
-            self.mrs.append(mr)
-            found = (_address(mapping), lkey)
         except OSError as exc:
             log.warning("cannot register a RAM namespace for the native data path (%s): the core serves it", exc)
-            found = None
-        self.regions[id(mapping)] = (mapping, found)
-        return found
+            return mapping, None, None
+        self.mrs.append(mr)
+        return mapping, (_address(mapping), lkey), None
 
     def close(self) -> None:
         for mr in self.mrs:

@@ -211,3 +211,22 @@ class BufferPool:
             self.waiting.pop(share, None)
             if share.wake is not None and not share.closed:
                 share.wake()
+
+
+def registered_region(regions: dict, backend, register: Callable) -> Optional[tuple]:
+    """(addr, lkey) of a RAM namespace's memory registered with a device, or None where it cannot be: the one
+    cache both RDMA listeners (transport/rdma.py, transport/rdma_native.py) keep, keyed by the memory's mapping
+    so that a resized namespace's new memory is registered anew (the old registration is kept until the listener
+    closes: WRITEs already posted may still read it).  `register(pin, mapping)` pins the memory and registers it,
+    and returns (the pinned mapping, or `mapping` when pinning failed; (addr, lkey) or None; what to keep alive
+    with it); the cache holds (mapping, found, kept)."""
+    pin = getattr(backend, "pin", None)
+    if pin is None:
+        return None
+    mapping = backend.buffer.obj if backend.buffer is not None else None
+    entry = regions.get(id(mapping))
+    if entry is not None and entry[0] is mapping:
+        return entry[1]
+    mapping, found, kept = register(pin, mapping)
+    regions[id(mapping)] = (mapping, found, kept)
+    return found
