@@ -74,6 +74,7 @@ NVMET_ONLY: Dict[str, str] = {
                 "for nvme/031's port), not ours",
 }
 
+_RUNTIME = re.compile(r"\.\.\.\s+([0-9.]+)s\s*$")  # `runtime  LAST  ...  THIS`: this run's time
 _RESULT_LINE = re.compile(r"^(?P<test>[a-z]+/\d+)(?: => \S+)?\s+(?:\((?P<cond>[a-z]+=[^)]*)\)\s+)?.*"
                           r"\[(?P<status>passed|failed|not run)\]\s*$")
 
@@ -153,6 +154,7 @@ class Result:
     test: str           # nvme/029, or nvme/006 (bd=file) for a test run once per condition
     status: str         # passed, failed, not run
     reasons: List[str] = field(default_factory=list)  # blktests' skip reasons
+    seconds: Optional[float] = None  # the run's time, from its `runtime ... 14.471s` line
 
 
 def parse_check_log(text: str) -> Dict[str, Result]:
@@ -166,8 +168,10 @@ def parse_check_log(text: str) -> Dict[str, Result]:
             cond = " ".join(c for c in (m.group("cond") or "").split() if not c.startswith("tr="))
             key = m.group("test") + (f" ({cond})" if cond else "")
             last = results[key] = Result(key, m.group("status"))
-        elif last is not None and line.startswith("    ") and last.status == "not run" and \
-                not line.strip().startswith("runtime"):
+        elif last is not None and line.startswith("    ") and line.strip().startswith("runtime"):
+            t = _RUNTIME.search(line)
+            last.seconds = float(t.group(1)) if t else None
+        elif last is not None and line.startswith("    ") and last.status == "not run":
             last.reasons.append(line.strip())
         elif line.strip() and not line.startswith(" "):
             last = None
@@ -205,6 +209,7 @@ def compare(kernel: Dict[str, Result], ours: Dict[str, Result]) -> List[dict]:
     for test in sorted(set(kernel) | set(ours), key=order):
         k, o = kernel.get(test), ours.get(test)
         rows.append({"test": test, "kernel": k.status if k else "-", "ours": o.status if o else "-",
+                     "kernel_seconds": k.seconds if k else None, "ours_seconds": o.seconds if o else None,
                      "why": why(test, k, o)})
     return rows
 
@@ -215,9 +220,13 @@ def table_markdown(rows: List[dict], kernel: str, seconds: Dict[str, object]) ->
     lines = [f"blktests {BLKTESTS_REVISION[:7]}, nvme group over rxe, kernel {kernel}: nvmet passed {counts['kernel']}, "
              f"ours {counts['ours']}, both {both}; ./check took {seconds.get('kernel', '?')} s (nvmet) and "
              f"{seconds.get('ours', '?')} s (ours)", "",
-             "| test | nvmet | ours | why they differ |", "|---|---|---|---|"]
+             "| test | nvmet | ours | nvmet s | ours s | why they differ |", "|---|---|---|---:|---:|---|"]
+
+    def secs(value) -> str:
+        return "-" if value is None else f"{value:.0f}"
     for r in rows:
-        lines.append(f"| {r['test']} | {r['kernel']} | {r['ours']} | {r['why']} |")
+        lines.append(f"| {r['test']} | {r['kernel']} | {r['ours']} | {secs(r.get('kernel_seconds'))} | "
+                     f"{secs(r.get('ours_seconds'))} | {r['why']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -230,6 +239,7 @@ def run(kernel: str, modes: List[str], tests: List[str], source: Optional[str], 
     image = lab_image.build(force=False, kernel=kernel)
     config = kernel_config(image)
     out.mkdir(parents=True, exist_ok=True)
+    (out / "kernel.release").write_text(image.manifest()["kernel_release"] + "\n")
     inp = out / "input"
     shutil.rmtree(inp, ignore_errors=True)
     (inp / "debs").mkdir(parents=True)
@@ -251,22 +261,36 @@ def run(kernel: str, modes: List[str], tests: List[str], source: Optional[str], 
         scratch.unlink(missing_ok=True)
         shutil.rmtree(inp, ignore_errors=True)
     boot_seconds = round(time.monotonic() - started)
+    (out / "boot.seconds").write_text(f"{boot_seconds}\n")
     if code != 0:
-        raise NvmeofError(f"the blktests run in the guest failed (exit {code})", "see the guest's output above")
+        raise NvmeofError(f"the blktests run in the guest failed (exit {code})",
+                          f"see the guest's output above; what finished is in {out} "
+                          f"(nvmeof-roce lab blktests --table-only --out {out} tables it)")
+    progress(f"blktests: boot took {boot_seconds} s")
+    return write_table(out, modes)
+
+
+def write_table(out: Path, modes: List[str]) -> int:
+    """OUT/table.md and OUT/table.json from OUT/MODE.log; exit code 1 if a test passed on nvmet and not on ours
+    without a reason listed.  A mode whose log is missing compares as absent."""
+    release = out / "kernel.release"
+    kernel_release = release.read_text().strip() if release.exists() else "?"
     results = {}
-    seconds: Dict[str, object] = {"boot": boot_seconds}
+    seconds: Dict[str, object] = {}
+    boot = out / "boot.seconds"
+    if boot.exists():
+        seconds["boot"] = int(boot.read_text())
     for mode in modes:
         log = out / f"{mode}.log"
         results[mode] = parse_check_log(log.read_text(errors="replace")) if log.exists() else {}
         sec = out / f"{mode}.seconds"
         seconds[mode] = int(sec.read_text()) if sec.exists() else "?"
     rows = compare(results.get("kernel", {}), results.get("ours", {}))
-    (out / "table.md").write_text(table_markdown(rows, image.manifest()["kernel_release"], seconds))
-    (out / "table.json").write_text(json.dumps({"blktests": BLKTESTS_REVISION, "kernel":
-                                                image.manifest()["kernel_release"], "seconds": seconds,
-                                                "rows": rows}, indent=2) + "\n")
+    (out / "table.md").write_text(table_markdown(rows, kernel_release, seconds))
+    (out / "table.json").write_text(json.dumps({"blktests": BLKTESTS_REVISION, "kernel": kernel_release,
+                                                "seconds": seconds, "rows": rows}, indent=2) + "\n")
     print((out / "table.md").read_text())
-    progress(f"blktests: boot took {boot_seconds} s; table in {out / 'table.md'}")
+    progress(f"blktests: table in {out / 'table.md'}")
     defects = [r["test"] for r in rows if r["why"].startswith("DEFECT") and r["kernel"] == "passed"]
     if defects and set(modes) == set(MODES):
         progress(f"blktests: passed on nvmet, not on ours, unexplained: {', '.join(defects)}")

@@ -141,6 +141,10 @@ def cmd_blktests(args) -> int:
     for m in modes:
         if m not in blktests.MODES:
             raise NvmeofError(f"--modes: unknown mode {m!r}", "use kernel, ours or kernel,ours")
+    if args.table_only:
+        if not args.out:
+            raise NvmeofError("--table-only needs --out DIR", "name the directory of an earlier run")
+        return blktests.write_table(Path(args.out).resolve(), modes)
     out = Path(args.out) if args.out else project_root() / "results" / \
         f"blktests-{args.kernel}-{time.strftime('%Y%m%d-%H%M%S')}"
     return blktests.run(args.kernel, modes, args.tests, args.source, out.resolve(), args.timeout, args.memory)
@@ -300,6 +304,8 @@ def register(subparsers) -> None:
     p.add_argument("--out", metavar="DIR", help="results directory (default results/blktests-KERNEL-TIMESTAMP)")
     p.add_argument("--timeout", type=float, default=3600, help="hard limit in seconds for the boot (default 3600)")
     p.add_argument("--memory", type=memory_size, default=4096, metavar="SIZE", help="guest memory (default 4G)")
+    p.add_argument("--table-only", action="store_true", help="no boot: the table again from --out DIR's logs "
+                   "(a run cut short, or modes run in separate boots)")
     p.add_argument("tests", nargs="*", default=["nvme"], help="blktests' tests or groups (default: nvme)")
     p.set_defaults(func=cmd_blktests)
 

@@ -36,6 +36,9 @@ def test_parse_keeps_conditions_but_the_transport_and_the_skip_reasons():
     assert kernel["nvme/002"].status == "not run"
     assert kernel["nvme/002"].reasons == ["nvme_trtype=rdma is not supported in this test"]
     assert kernel["nvme/010 (bd=device)"].status == "passed" and kernel["nvme/010 (bd=device)"].reasons == []
+    # each run's time is this run's, not the previous one's (`runtime  LAST  ...  THIS`)
+    assert kernel["nvme/010 (bd=device)"].seconds == 189.982 and kernel["nvme/029"].seconds == 2.3
+    assert kernel["nvme/030"].seconds is None
 
 
 def test_compare_explains_each_difference_and_flags_the_unexplained():
@@ -47,4 +50,21 @@ def test_compare_explains_each_difference_and_flags_the_unexplained():
     assert rows["nvme/010 (bd=device)"]["ours"] == "-" and "bd=file variant only" in rows["nvme/010 (bd=device)"]["why"]
     assert rows["nvme/010 (bd=file)"]["why"] == ""
     md = B.table_markdown(list(rows.values()), "6.1.0-99-amd64", {"kernel": 700, "ours": 650})
-    assert "nvmet passed 5, ours 2, both 2" in md and "| nvme/029 | passed | failed | DEFECT" in md
+    assert "nvmet passed 5, ours 2, both 2" in md and "| nvme/029 | passed | failed | 2 | 2 | DEFECT" in md
+    assert "| nvme/010 (bd=file) | passed | passed | 180 | - |  |" in md
+
+
+def test_write_table_from_the_logs_of_a_run(tmp_path):
+    # --table-only: the table again from a run's directory; a missing log compares as absent
+    (tmp_path / "kernel.release").write_text("6.12.1-amd64\n")
+    (tmp_path / "kernel.log").write_text(KERNEL_LOG)
+    (tmp_path / "kernel.seconds").write_text("700\n")
+    assert B.write_table(tmp_path, ["kernel"]) == 0  # one mode: nothing to compare
+    md = (tmp_path / "table.md").read_text()
+    assert "kernel 6.12.1-amd64: nvmet passed 5, ours 0" in md and "700 s (nvmet) and ? s (ours)" in md
+    assert B.write_table(tmp_path, ["kernel", "ours"]) == 1  # ours never ran: not a pass
+    (tmp_path / "ours.log").write_text(OURS_LOG)
+    assert B.write_table(tmp_path, ["kernel", "ours"]) == 1  # nvme/029 passed on nvmet only
+    import json
+    rows = {r["test"]: r for r in json.loads((tmp_path / "table.json").read_text())["rows"]}
+    assert rows["nvme/029"]["kernel_seconds"] == 2.3 and rows["nvme/029"]["ours"] == "failed"
