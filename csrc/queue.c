@@ -57,6 +57,7 @@
 
 /* Latency buckets, as target/latency.py: upper bounds 2^(i/4) us for i = 0..104, then +Inf (index 105). */
 #define NQ_LAT_STEPS_PER_OCTAVE 4
+#define NQ_NO_CHUNK UINT32_MAX
 #define NQ_LAT_BOUNDS (26 * NQ_LAT_STEPS_PER_OCTAVE + 1)
 #define NQ_LAT_BUCKETS (NQ_LAT_BOUNDS + 1)
 enum nq_lat_kind { NQ_LAT_READ = 0, NQ_LAT_WRITE = 1 };
@@ -69,6 +70,7 @@ enum nq_state {
     NQ_READING,       /* its RDMA READ is posted */
     NQ_NEED_RESPONSE, /* waits for the send-queue entries of its (WRITE and) SEND */
     NQ_COMPLETING,    /* posted; FREE once a send completion retires it */
+    NQ_NEED_CHUNK,    /* a file/block Read or Write waits for one of the queue's bounce chunks */
     NQ_NEED_FILE,     /* a file/block Read or Write waits for room in its namespace's depth */
     NQ_FILE_IO,       /* its read or write is on the queue's io_uring */
 };
@@ -137,6 +139,7 @@ struct nq_req {
     uint64_t ns_uid;
     uint32_t nsid;
     uint32_t pending_next;
+    uint32_t chunk;  /* the bounce chunk it holds (file/block namespaces), NQ_NO_CHUNK if none */
     /* file/block namespaces: the descriptor (a reference), where, FUA, and the SQE (and the in-capsule data's
      * length) to hand the command to the core when the device fails it */
     struct nq_file *file;
@@ -205,11 +208,18 @@ typedef struct {
 
     struct nq_view *view;
 
-    /* file and block namespaces: the queue's io_uring, and a bounce chunk per request slot (registered) */
+    /* file and block namespaces: the queue's io_uring, and its bounce chunks (registered; fewer than the request
+     * slots when memory is short: a command then waits for one, NQ_NEED_CHUNK) */
     struct nr_uring *ring;
     struct nr_uring_done *ring_done;
     char *bounce_base;
     uint32_t bounce_lkey, bounce_chunk;
+    uint32_t *chunk_free;       /* a stack of the free chunks' numbers */
+    uint32_t nchunks, nchunks_free;
+    /* the commands waiting for a chunk, FIFO through nq_req.pending_next: apart from the FIFO of the others, which
+     * may hold the very responses whose completions give chunks back */
+    uint32_t chunk_wait_head, chunk_wait_tail;
+    uint64_t chunk_waits;       /* file commands that found every chunk taken */
     uint32_t ring_queued;       /* on the ring, not yet submitted: one nr_uring_submit per poll */
     uint32_t ring_most_in_flight;
     char *rebuild;              /* a failed in-capsule write's capsule, made again for the core */
@@ -391,6 +401,12 @@ static inline void nq_queue_response(NativeQueue *q, uint32_t idx)
                           r->invalidate && q->remote_invalidate, r->rkey);
     else
         nq_batch_response(q, idx, cqe, 0, 0, 0, r->raddr, r->rkey, r->invalidate && q->remote_invalidate, r->rkey);
+}
+
+static inline void nq_chunk_take(NativeQueue *q, struct nq_req *r)
+{
+    r->chunk = q->chunk_free[--q->nchunks_free];
+    r->local = q->bounce_base + (size_t)r->chunk * q->bounce_chunk;
 }
 
 /* A file/block Read or Write onto the ring when its namespace has room (its depth); submitted at the poll's end. */
@@ -642,9 +658,11 @@ static void nq_capsule(NativeQueue *q, uint32_t slot, uint32_t len)
             local = ns->base + offset;
             lkey = ns->lkey;
         } else if (ns->kind == NQ_FILE) {
-            if (!q->ring || sgl_len > q->bounce_chunk)
+            /* in-capsule data is copied into a chunk now (its receive is re-posted at the poll's end): with every
+             * chunk taken, the core takes the command */
+            if (!q->ring || sgl_len > q->bounce_chunk || (in_capsule && !q->nchunks_free))
                 goto python;
-            lkey = q->bounce_lkey; /* the slot's bounce chunk, once the slot is taken */
+            lkey = q->bounce_lkey; /* a bounce chunk, taken below or once one is free */
         } else if (opc == OPC_READ) {
             if (sgl_len > q->zero_len)
                 goto python;
@@ -678,20 +696,35 @@ static void nq_capsule(NativeQueue *q, uint32_t slot, uint32_t len)
     r->nsid = ns->nsid;
     r->ns_uid = ns->uid;
     r->received_ns = q->polled_ns;
+    r->chunk = NQ_NO_CHUNK;
     q->native_commands++;
     if (ns->kind == NQ_FILE) {
-        r->local = q->bounce_base + (size_t)idx * q->bounce_chunk;
         r->file = nq_file_get(ns->file);
         r->offset = offset;
         r->fua = opc == OPC_WRITE && (rd32(sqe + 48) & CDW12_FUA);
         r->icd_len = 0;
         memcpy(r->sqe, sqe, NQ_SQE_SIZE);
         q->file_ios++;
-        if (in_capsule) { /* into the slot's bounce chunk: the receive buffer is re-posted at the poll's end */
+        if (in_capsule) { /* into a bounce chunk: the receive buffer is re-posted at the poll's end */
+            nq_chunk_take(q, r);
             r->icd_len = sgl_len;
             memcpy(r->local, sqe + NQ_SQE_SIZE + rd64(sqe + 24), sgl_len);
+            r->state = NQ_NEED_FILE;
+        } else if (q->nchunks_free) {
+            nq_chunk_take(q, r);
+            r->state = opc == OPC_WRITE ? NQ_NEED_READ : NQ_NEED_FILE;
+        } else { /* every chunk taken: the next one given back is its (nq_release) */
+            r->local = NULL;
+            r->state = NQ_NEED_CHUNK;
+            r->pending_next = UINT32_MAX;
+            if (q->chunk_wait_tail == UINT32_MAX)
+                q->chunk_wait_head = idx;
+            else
+                q->reqs[q->chunk_wait_tail].pending_next = idx;
+            q->chunk_wait_tail = idx;
+            q->chunk_waits++;
+            return;
         }
-        r->state = opc == OPC_WRITE && !in_capsule ? NQ_NEED_READ : NQ_NEED_FILE;
         nq_advance(q, idx);
         return;
     }
@@ -714,8 +747,25 @@ python:
 
 static inline void nq_release(NativeQueue *q, uint32_t idx)
 {
-    q->reqs[idx].state = NQ_FREE;
+    struct nq_req *r = &q->reqs[idx];
+    uint32_t chunk = r->chunk;
+    r->chunk = NQ_NO_CHUNK;
+    r->state = NQ_FREE;
     q->free_stack[q->nfree++] = idx;
+    if (chunk == NQ_NO_CHUNK)
+        return;
+    q->chunk_free[q->nchunks_free++] = chunk;
+    uint32_t next = q->chunk_wait_head;
+    if (next == UINT32_MAX)
+        return;
+    /* the oldest command waiting for a chunk takes it and moves on */
+    q->chunk_wait_head = q->reqs[next].pending_next;
+    if (q->chunk_wait_head == UINT32_MAX)
+        q->chunk_wait_tail = UINT32_MAX;
+    struct nq_req *w = &q->reqs[next];
+    nq_chunk_take(q, w);
+    w->state = w->opc == OPC_WRITE ? NQ_NEED_READ : NQ_NEED_FILE;
+    nq_advance(q, next);
 }
 
 /* A Write's data is in: count it (or answer Invalid Namespace when its namespace left meanwhile), respond. */
@@ -1175,6 +1225,7 @@ static void NativeQueue_dealloc(NativeQueue *q)
     nq_files_close(q);
     PyMem_Free(q->ring_done);
     PyMem_Free(q->rebuild);
+    PyMem_Free(q->chunk_free);
     nq_view_free(q->view);
     PyMem_Free(q->recv_wrs);
     PyMem_Free(q->recv_sges);
@@ -1416,8 +1467,8 @@ static PyObject *nq_post_response(NativeQueue *q, PyObject *args)
 }
 
 /* enable_files(bounce, chunk) -> the ring's eventfd: file and block namespaces may be in the view from now on.
- * bounce: (addr, lkey, length) of registered memory, a chunk of `chunk` bytes per request slot (page aligned, for
- * O_DIRECT); the ring has a place per slot. */
+ * bounce: (addr, lkey, length) of registered memory, page aligned (O_DIRECT), cut into chunks of `chunk` bytes: at
+ * least one, at most one per request slot (more are not used); the ring has a place per slot. */
 static PyObject *nq_enable_files(NativeQueue *q, PyObject *args)
 {
     PyObject *bounce;
@@ -1432,16 +1483,20 @@ static PyObject *nq_enable_files(NativeQueue *q, PyObject *args)
     uint32_t lkey, len;
     if (!nq_region(bounce, &base, &lkey, &len))
         return NULL;
-    if (!base || !chunk || chunk % 4096 || (uintptr_t)base % 4096 || (uint64_t)chunk * q->nreqs > len)
-        return PyErr_Format(PyExc_ValueError, "enable_files: %u chunks of %u bytes (a multiple of 4096) must fit "
-                            "the %u-byte page-aligned bounce region", q->nreqs, chunk, len);
+    if (!base || !chunk || chunk % 4096 || (uintptr_t)base % 4096 || chunk > len)
+        return PyErr_Format(PyExc_ValueError, "enable_files: chunks of %u bytes (a multiple of 4096, at least one) "
+                            "must fit the %u-byte page-aligned bounce region", chunk, len);
+    uint32_t nchunks = len / chunk < q->nreqs ? len / chunk : q->nreqs;
     q->ring_done = PyMem_Calloc(q->nreqs, sizeof *q->ring_done);
     q->rebuild = PyMem_Calloc(1, q->recv_size);
-    if (!q->ring_done || !q->rebuild) {
+    q->chunk_free = PyMem_Calloc(nchunks, sizeof *q->chunk_free);
+    if (!q->ring_done || !q->rebuild || !q->chunk_free) {
         PyMem_Free(q->ring_done);
         PyMem_Free(q->rebuild);
+        PyMem_Free(q->chunk_free);
         q->ring_done = NULL;
         q->rebuild = NULL;
+        q->chunk_free = NULL;
         return PyErr_NoMemory();
     }
     int err = 0;
@@ -1453,6 +1508,10 @@ static PyObject *nq_enable_files(NativeQueue *q, PyObject *args)
     q->bounce_base = base;
     q->bounce_lkey = lkey;
     q->bounce_chunk = chunk;
+    for (uint32_t i = 0; i < nchunks; i++)
+        q->chunk_free[i] = nchunks - 1 - i; /* chunk 0 on top */
+    q->nchunks = q->nchunks_free = nchunks;
+    q->chunk_wait_head = q->chunk_wait_tail = UINT32_MAX;
     return PyLong_FromLong(nr_uring_eventfd(q->ring));
 }
 
@@ -1667,7 +1726,7 @@ static PyObject *NativeQueue_stats(NativeQueue *q, PyObject *noargs)
 {
     nq_lock(q);
     uint32_t busy = q->nreqs - q->nfree;
-    PyObject *res = Py_BuildValue("{sKsKsKsKsKsIsIsIsIsisIsIsIsKsKsKsisI}", "native_commands", q->native_commands,
+    PyObject *res = Py_BuildValue("{sKsKsKsKsKsIsIsIsIsisIsIsIsKsKsKsisIsIsIsK}", "native_commands", q->native_commands,
                                   "python_commands", q->python_commands, "doorbells", q->doorbells,
                                   "recv_doorbells", q->recv_doorbells, "polls", q->polls, "native_in_flight", busy,
                                   "native_send_free", q->native_slots, "reads_free", q->reads_free,
@@ -1676,7 +1735,8 @@ static PyObject *NativeQueue_stats(NativeQueue *q, PyObject *noargs)
                                   "ring_most_in_flight", q->ring_most_in_flight, "ring_queued", q->ring_queued,
                                   "file_commands", q->file_ios, "file_handed_back", q->file_handed_back,
                                   "ring_submits", q->ring_submits, "threaded", q->threaded,
-                                  "mailed", q->threaded ? q->mail.count : 0);
+                                  "mailed", q->threaded ? q->mail.count : 0, "bounce_chunks", q->nchunks,
+                                  "bounce_chunks_free", q->nchunks_free, "chunk_waits", q->chunk_waits);
     nq_unlock(q);
     return res;
 }

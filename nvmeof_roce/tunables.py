@@ -83,6 +83,9 @@ RESOURCE_LIMITS: Dict[str, Tunable] = _declare(
             "caps)"),
     Tunable("connect_timeout", float, 5.0, 0.5, 600, "close a connection without a successful NVMe Connect after "
             "this long", metavar="SECONDS"),
+    Tunable("queue_file_buffers", int, 32, 1, 4096,
+            "bounce buffers, each MDTS bytes, that each native I/O queue registers for file and block namespaces' "
+            "I/O (at most its depth); a command waits for a free one"),
     Tunable("mdts", int, 5, 1, 8, "largest command: 4 KiB x 2^N, advertised as MDTS and the size of each data buffer "
             "(5: 128 KiB; nvmet-rdma's is 8: 1 MiB, for nvme-cli passthrough of more)"),
 )

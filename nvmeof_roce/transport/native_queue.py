@@ -22,7 +22,7 @@ from typing import Callable, Optional
 
 from .base import ConnectRequest, QueueHandler, RemoteAccessError, TargetQueue, TransportError
 from .rdma_requests import RequestBook, TxRequest
-from .resources import PoolShare
+from .resources import PoolShare, ResourceLimits
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,7 @@ class NativeTargetQueue(TargetQueue):
                  region_of: Callable[[object], Optional[tuple]] = lambda backend: None,
                  on_close: Callable[["NativeTargetQueue"], None] = lambda queue: None,
                  bounce_of: Optional[Callable[[int], Region]] = None,
+                 file_buffers: int = ResourceLimits.queue_file_buffers,
                  watch: Optional[Callable[[int, Callable[[], object]], None]] = None):
         self.handler = handler
         self.request = request
@@ -95,6 +96,7 @@ class NativeTargetQueue(TargetQueue):
         # file and block namespaces: registered bounce memory (asked for when one first enters the view) and the
         # ring's eventfd on the event loop
         self.bounce_of = bounce_of
+        self.file_buffers = file_buffers  # bounce chunks (at most one per request slot): memory per queue
         self.watch = watch
         self.serves_files = bounce_of is not None
         self.bounce: Optional[Region] = None
@@ -216,7 +218,7 @@ class NativeTargetQueue(TargetQueue):
             return False
         chunk = -(-self.max_transfer // 4096) * 4096
         try:
-            bounce = self.bounce_of(self.recv_count * chunk)
+            bounce = self.bounce_of(min(self.recv_count, self.file_buffers) * chunk)
             self.ring_fd = self.native.enable_files(bounce.spec(), chunk)
         except (OSError, ValueError) as exc:
             log.warning("queue %d: file and block namespaces stay with the core (no io_uring or bounce memory for "

@@ -124,7 +124,8 @@ class RdmaNativeQueue(NativeTargetQueue):
                          in_capsule_size=in_capsule, recv=Region(addr, lkey, len(self.recv_map)),
                          chunks=memory.pool, share=share, max_transfer=listener.max_transfer, zero=memory.zero,
                          sink=memory.sink, region_of=memory.region, on_close=lambda queue: queue._release(),
-                         bounce_of=self._bounce_of, watch=self._watch)
+                         bounce_of=self._bounce_of, file_buffers=listener.limits.queue_file_buffers,
+                         watch=self._watch)
         self.cq_fd = self.objects["recv_fd"]
         if listener.poll_mode == "interrupt" and listener.poll_groups is None:
             self.watched = [self.objects["recv_fd"], self.objects["send_fd"]]

@@ -48,6 +48,7 @@ class ResourceLimits:
     max_queues_per_host: int = _LIMITS["max_queues_per_host"].default  # over all of one host NQN's controllers
     max_controllers: int = _LIMITS["max_controllers"].default  # I/O controllers (other caps: target/limits.py)
     connect_timeout: float = _LIMITS["connect_timeout"].default  # seconds without a successful NVMe Connect
+    queue_file_buffers: int = _LIMITS["queue_file_buffers"].default  # native queues' bounce chunks (files, blocks)
     mdts: int = _LIMITS["mdts"].default  # largest command: 4 KiB << mdts, the size of each data buffer
 
     def __post_init__(self):

@@ -133,7 +133,7 @@ class FakeDevice:
 
 def native_queue(device: FakeDevice, handler, qid: int = 1, depth: int = 32, in_capsule_size: int = 4096,
                  max_transfer: int = 128 * 1024, chunks: int = 64, max_reads: int = 16,
-                 region_of=None, files: bool = True) -> NativeTargetQueue:
+                 region_of=None, files: bool = True, file_buffers: int = 32) -> NativeTargetQueue:
     """A NativeTargetQueue on the fake device, as the RDMA transport would make it."""
     request = ConnectRequest(recfmt=0, qid=qid, hrqsize=depth, hsqsize=depth - 1, cntlid=0, peer="fake")
     recv = device.local((depth + 1) * (64 + in_capsule_size))
@@ -145,7 +145,7 @@ def native_queue(device: FakeDevice, handler, qid: int = 1, depth: int = 32, in_
                              recv=recv, chunks=ChunkPool(pool_region, max_transfer), share=pool.share(),
                              max_transfer=max_transfer, zero=zero, sink=sink,
                              region_of=region_of or (lambda backend: None),
-                             bounce_of=device.bounce if files else None)
+                             bounce_of=device.bounce if files else None, file_buffers=file_buffers)
 
 
 def pump(queue: NativeTargetQueue, rounds: int = 64) -> int:

@@ -426,6 +426,45 @@ def test_many_file_commands_are_on_the_ring_at_once_and_the_namespace_depth_boun
             ep.close()
 
 
+def test_file_commands_wait_for_the_queues_bounce_chunks_and_none_is_lost(tmp_path):
+    """--queue-file-buffers 4 and 40 commands at once: at most 4 on the ring, the rest wait in C for a chunk; every
+    Read returns its bytes and every Write lands.  An in-capsule Write that finds every chunk taken goes to the core
+    (its data must leave the receive buffer at once)."""
+    path = tmp_path / "ns.img"
+    ep = NativeEndpoint(file_config(path), SUB_FILE, depth=64, file_buffers=4)
+    try:
+        stored = pattern(16 * 1024, seed=21)
+        put_file(path, 0, stored)
+        written = pattern(16 * 1024, seed=22)
+        ep.buf.view[65536:65536 + len(written)] = written
+        inline = pattern(1024, seed=23)
+        capsules = []
+        for i in range(16):
+            capsules.append(io_capsule(ep, READ, 1, 2 * i, 1, 1024, offset=1024 * i, cid=i))
+            capsules.append(io_capsule(ep, WRITE, 1, 100 + 2 * i, 1, 1024, offset=65536 + 1024 * i, cid=100 + i))
+        capsules.append(io_capsule(ep, WRITE, 1, 200, 1, 1024, sgl_id=0x01, offset=0, extra=inline, cid=300))
+        python_before = ep.queue.stats()["python_commands"]
+        for capsule in capsules:  # all arrive before one poll
+            assert ep.device.deliver(capsule) == 0
+        ep.settle()
+        got = ep.device.responses()
+        assert sorted(int.from_bytes(c[12:14], "little") for c, _ in got) == \
+            sorted([*range(16), *range(100, 116), 300])
+        assert all(status_of(c) == 0 for c, _ in got)
+        assert ep.host_bytes()[:16 * 1024] == stored
+        for i in range(16):
+            assert file_bytes(path, (100 + 2 * i) * 512, 1024) == written[1024 * i:1024 * (i + 1)]
+        assert file_bytes(path, 200 * 512, 1024) == inline
+        stats = ep.queue.stats()
+        assert stats["bounce_chunks"] == 4 and stats["bounce_chunks_free"] == 4
+        # never more on the ring than chunks (a Write holds its chunk through its RDMA READ too)
+        assert 1 <= stats["ring_most_in_flight"] <= 4 and stats["chunk_waits"] > 0
+        assert stats["file_commands"] == 32  # every keyed Read and Write in C
+        assert stats["python_commands"] == python_before + 1  # the in-capsule Write, with every chunk taken
+    finally:
+        ep.close()
+
+
 def test_a_read_past_the_end_of_a_truncated_file_is_the_cores_error_not_zeros(tmp_path):
     eps = []
     try:
