@@ -49,6 +49,7 @@ class TargetServer:
         self.remote_invalidate = remote_invalidate  # for ports added live (service/ops.py)
         # the I/O queues' data path: "python" or "native" (docs/native.md); None: native when it is built
         self.data_path = check_data_path(data_path, worker)
+        check_file_buffers(self.limits.queue_file_buffers, self.data_path)
         self.poll = check_poll(poll, self.data_path)  # how native queues find completions (tunables.POLL)
         self.cores = check_cores(cores, self.data_path, self.poll)  # poll-group threads (tunables.CORES)
         self.target = Target(config, file_lock=file_lock, limits=self.limits)
@@ -237,6 +238,16 @@ def check_poll(poll: str, data_path: str) -> str:
     return poll
 
 
+def check_file_buffers(queue_file_buffers: int, data_path: str) -> None:
+    """--queue-file-buffers sizes the native queues' bounce chunks: refused (never accepted and ignored) on the
+    Python data path, whose file commands use the port's data buffers."""
+    option = RESOURCE_LIMITS["queue_file_buffers"]
+    if queue_file_buffers != option.default and data_path != "native":
+        raise NvmeofError(f"{option.option} {queue_file_buffers} sizes the native data path's bounce buffers (the "
+                          "Python data path's file commands use the port's --data-buffers)",
+                          f"add --data-path native, or leave {option.option} out")
+
+
 def native_poll_text(poll: str, cores: int) -> str:
     """How the native queues are polled, for the status line: " (busy poll, 2 poll-group threads)"."""
     return f" ({poll} poll" + (f", {cores} poll-group threads" if cores > 1 else "") + ")"
@@ -273,6 +284,7 @@ def _cmd_serve(args) -> int:
             raise NvmeofError("--data-path native is not available with --workers yet",
                               "leave --workers out, or serve with --data-path python")
         check_poll(args.poll, args.data_path or "python")  # workers run the Python path
+        check_file_buffers(args.queue_file_buffers, args.data_path or "python")
         check_cores(args.cores, args.data_path or "python", args.poll)
         return supervise(args)
     # Connects, disconnects and rejects are logged at INFO: show them unless the user asked for less.

@@ -465,6 +465,21 @@ def test_file_commands_wait_for_the_queues_bounce_chunks_and_none_is_lost(tmp_pa
         ep.close()
 
 
+def test_queue_file_buffers_is_taken_only_where_it_is_honoured():
+    from nvmeof_roce.cli import build_parser
+    from nvmeof_roce.errors import NvmeofError
+    from nvmeof_roce.service.serve import check_file_buffers, limits_from_args
+    args = build_parser().parse_args(["target", "serve", "x.json", "--queue-file-buffers", "8"])
+    assert limits_from_args(args).queue_file_buffers == 8
+    check_file_buffers(8, "native")
+    check_file_buffers(32, "python")  # the default: nothing asked
+    with pytest.raises(NvmeofError, match="--queue-file-buffers 8 sizes the native data path") as err:
+        check_file_buffers(8, "python")
+    assert "--data-path native" in err.value.fix
+    with pytest.raises(NvmeofError, match="--queue-file-buffers 0: out of range"):
+        limits_from_args(build_parser().parse_args(["target", "serve", "x.json", "--queue-file-buffers", "0"]))
+
+
 def test_a_read_past_the_end_of_a_truncated_file_is_the_cores_error_not_zeros(tmp_path):
     eps = []
     try:
