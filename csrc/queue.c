@@ -73,6 +73,7 @@ enum nq_state {
     NQ_NEED_CHUNK,    /* a file/block Read or Write waits for one of the queue's bounce chunks */
     NQ_NEED_FILE,     /* a file/block Read or Write waits for room in its namespace's depth */
     NQ_FILE_IO,       /* its read or write is on the queue's io_uring */
+    NQ_HANDED_BACK,   /* a poll group's file command mailed to the core: its slot and chunk kept until drained */
 };
 
 /* A file or block namespace's descriptor (a dup of the backend's, so the core closing its own never pulls it
@@ -86,15 +87,17 @@ struct nq_file {
     uint64_t submitted;
 };
 
+/* The counts are atomic: poll groups' threads (queues of one namespace on several) and the Python side (the
+ * File object) change them without a common lock. */
 static inline struct nq_file *nq_file_get(struct nq_file *f)
 {
-    f->refs++;
+    __atomic_fetch_add(&f->refs, 1, __ATOMIC_RELAXED);
     return f;
 }
 
 static void nq_file_put(struct nq_file *f)
 {
-    if (f && --f->refs == 0) {
+    if (f && __atomic_sub_fetch(&f->refs, 1, __ATOMIC_ACQ_REL) == 0) {
         close(f->fd);
         PyMem_RawFree(f);
     }
@@ -417,7 +420,7 @@ static inline int nq_file_start(NativeQueue *q, uint32_t idx)
     /* Full: wait for a completion on this queue's ring, which wakes this queue (its eventfd).  A queue with
      * nothing on its ring would wait for other queues' completions, which do not wake it: it starts one anyway,
      * so a namespace has at most depth + (queues - 1) commands on the device. */
-    if (f->in_flight >= f->depth && nr_uring_in_flight(q->ring))
+    if (__atomic_load_n(&f->in_flight, __ATOMIC_RELAXED) >= f->depth && nr_uring_in_flight(q->ring))
         return 0;
     int rc;
     if (r->opc == OPC_READ)
@@ -429,9 +432,12 @@ static inline int nq_file_start(NativeQueue *q, uint32_t idx)
     if (rc < 0)
         return 0; /* -EBUSY cannot happen (the ring has a place per slot): wait, as for a full namespace */
     q->ring_queued++;
-    f->submitted++;
-    if (++f->in_flight > f->most_in_flight)
-        f->most_in_flight = f->in_flight;
+    __atomic_fetch_add(&f->submitted, 1, __ATOMIC_RELAXED);
+    uint32_t now = __atomic_add_fetch(&f->in_flight, 1, __ATOMIC_RELAXED);
+    uint32_t most = __atomic_load_n(&f->most_in_flight, __ATOMIC_RELAXED);
+    while (now > most && !__atomic_compare_exchange_n(&f->most_in_flight, &most, now, 1, __ATOMIC_RELAXED,
+                                                       __ATOMIC_RELAXED))
+        ;
     unsigned on_ring = nr_uring_in_flight(q->ring);
     if (on_ring > q->ring_most_in_flight)
         q->ring_most_in_flight = on_ring;
@@ -796,6 +802,22 @@ static inline void nq_read_done(NativeQueue *q, uint32_t idx)
     nq_advance(q, idx);
 }
 
+/* A handed-back command's capsule as it arrived: its SQE, or (in-capsule data) rebuilt in q->rebuild from its
+ * chunk.  Valid until the request's slot is taken again or the next rebuild. */
+static const char *nq_handback_capsule(NativeQueue *q, uint32_t idx, uint32_t *len)
+{
+    struct nq_req *r = &q->reqs[idx];
+    *len = NQ_SQE_SIZE;
+    if (!r->icd_len)
+        return (const char *)r->sqe;
+    uint64_t at = rd64(r->sqe + 24); /* checked against the receive size when it arrived */
+    memcpy(q->rebuild, r->sqe, NQ_SQE_SIZE);
+    memset(q->rebuild + NQ_SQE_SIZE, 0, at);
+    memcpy(q->rebuild + NQ_SQE_SIZE + at, r->local, r->icd_len);
+    *len = NQ_SQE_SIZE + (uint32_t)at + r->icd_len;
+    return q->rebuild;
+}
+
 /* A file/block command the device failed (-errno) or cut short: the core does it again from its capsule, through
  * its own engine, and answers with its own status, error log entry and retries (O_DIRECT refusing an unaligned
  * access, RWF_DSYNC unsupported, the rest of a short transfer) - so an error is the Python path's by construction.
@@ -804,20 +826,18 @@ static inline void nq_read_done(NativeQueue *q, uint32_t idx)
  * the data again from the host (its buffer is the host's until the response) or from the rebuilt capsule. */
 static void nq_file_hand_back(NativeQueue *q, uint32_t idx)
 {
-    struct nq_req *r = &q->reqs[idx];
-    const char *capsule = (const char *)r->sqe;
-    uint32_t len = NQ_SQE_SIZE;
-    if (r->icd_len) {
-        uint64_t at = rd64(r->sqe + 24); /* checked against the receive size when it arrived */
-        memcpy(q->rebuild, r->sqe, NQ_SQE_SIZE);
-        memset(q->rebuild + NQ_SQE_SIZE, 0, at);
-        memcpy(q->rebuild + NQ_SQE_SIZE + at, r->local, r->icd_len);
-        capsule = q->rebuild;
-        len = NQ_SQE_SIZE + (uint32_t)at + r->icd_len;
-    }
     q->file_handed_back++;
+    if (q->threaded) { /* the loop takes it with what it drains; the capsule is made there */
+        q->python_commands++;
+        q->reqs[idx].state = NQ_HANDED_BACK;
+        if (nq_mailbox_push(&q->mail, NQ_MAIL_HANDBACK, idx, 0) < 0)
+            nq_fail(q, -ENOSPC, 0);
+        return;
+    }
+    uint32_t len;
+    const char *capsule = nq_handback_capsule(q, idx, &len);
     nq_release(q, idx);
-    nq_capsule_to_python(q, capsule, len); /* never on a poll group's queue: no file namespace in its view */
+    nq_capsule_to_python(q, capsule, len);
 }
 
 /* The ring finished a file/block command: its response, or the core takes it over. */
@@ -826,7 +846,7 @@ static void nq_file_done(NativeQueue *q, uint32_t idx, int res)
     if (q->closed || idx >= q->nreqs || q->reqs[idx].state != NQ_FILE_IO)
         return; /* closed by a callback during this reap (the ring is gone), or not ours (cookies are slots) */
     struct nq_req *r = &q->reqs[idx];
-    r->file->in_flight--;
+    __atomic_fetch_sub(&r->file->in_flight, 1, __ATOMIC_RELAXED);
     nq_file_put(r->file);
     r->file = NULL;
     if (res < 0 || (uint32_t)res != r->len) {
@@ -1031,8 +1051,9 @@ int native_queue_attach(void *queue)
         PyErr_SetString(PyExc_ConnectionError, "the native queue is closed");
         return -1;
     }
-    /* every capsule it can hold back (one per receive), every signaled send of the Python side, a failure */
-    uint32_t size = q->recv_count + q->sq_size + 2;
+    /* every capsule it can hold back (one per receive), every file command handed back (one per request slot),
+     * every signaled send of the Python side, a failure */
+    uint32_t size = q->recv_count + q->nreqs + q->sq_size + 2;
     if (nq_mailbox_init(&q->mail, size) < 0) {
         PyErr_SetFromErrno(PyExc_OSError);
         return -1;
@@ -1065,16 +1086,29 @@ static PyObject *NativeQueue_drain(NativeQueue *q, PyObject *noargs)
     for (uint32_t i = 0; i < n; i++) {
         struct nq_mail *e = &q->mail.ring[(q->mail.head + i) % q->mail.size];
         q->drained[i] = *e;
-        if (e->kind != NQ_MAIL_CAPSULE)
+        PyObject *bytes;
+        if (e->kind == NQ_MAIL_CAPSULE) {
+            bytes = PyBytes_FromStringAndSize(q->recv_base + (size_t)e->a * q->recv_size, (Py_ssize_t)e->b);
+        } else if (e->kind == NQ_MAIL_HANDBACK) {
+            uint32_t len;
+            const char *capsule = nq_handback_capsule(q, e->a, &len);
+            bytes = PyBytes_FromStringAndSize(capsule, (Py_ssize_t)len);
+        } else {
             continue;
-        PyObject *bytes = PyBytes_FromStringAndSize(q->recv_base + (size_t)e->a * q->recv_size, (Py_ssize_t)e->b);
+        }
         if (!bytes) { /* left in the mailbox: the next drain tries again */
             nq_unlock(q);
             Py_DECREF(capsules);
             return NULL;
         }
         PyTuple_SET_ITEM(capsules, i, bytes);
-        q->repost[q->nrepost++] = e->a;
+    }
+    /* every capsule made: the receives are re-posted, the handed-back commands' slots and chunks let go */
+    for (uint32_t i = 0; i < n; i++) {
+        if (q->drained[i].kind == NQ_MAIL_CAPSULE)
+            q->repost[q->nrepost++] = q->drained[i].a;
+        else if (q->drained[i].kind == NQ_MAIL_HANDBACK)
+            nq_release(q, q->drained[i].a);
     }
     q->mail.head = (q->mail.head + n) % q->mail.size;
     q->mail.count = 0;
@@ -1082,7 +1116,7 @@ static PyObject *NativeQueue_drain(NativeQueue *q, PyObject *noargs)
     nq_unlock(q);
     for (uint32_t i = 0; i < n; i++) {
         struct nq_mail *e = &q->drained[i];
-        if (e->kind == NQ_MAIL_CAPSULE)
+        if (e->kind == NQ_MAIL_CAPSULE || e->kind == NQ_MAIL_HANDBACK)
             nq_call(q, q->on_capsule, PyTuple_Pack(1, PyTuple_GET_ITEM(capsules, i)));
         else if (e->kind == NQ_MAIL_SEND_DONE)
             nq_call(q, q->on_send_done, Py_BuildValue("(K)", (unsigned long long)e->b));
@@ -1148,8 +1182,9 @@ static PyObject *NativeFile_status(NativeFile *self, PyObject *noargs)
     struct nq_file *f = self->file;
     if (!f)
         return PyDict_New();
-    return Py_BuildValue("{sIsIsIsK}", "depth", f->depth, "in_flight", f->in_flight, "most_in_flight",
-                         f->most_in_flight, "submitted", f->submitted);
+    return Py_BuildValue("{sIsIsIsK}", "depth", f->depth, "in_flight", __atomic_load_n(&f->in_flight,
+                         __ATOMIC_RELAXED), "most_in_flight", __atomic_load_n(&f->most_in_flight, __ATOMIC_RELAXED),
+                         "submitted", (unsigned long long)__atomic_load_n(&f->submitted, __ATOMIC_RELAXED));
 }
 
 static PyMethodDef NativeFile_methods[] = {
@@ -1207,7 +1242,7 @@ static void nq_files_close(NativeQueue *q)
     for (uint32_t i = 0; q->reqs && i < q->nreqs; i++) {
         if (q->reqs[i].file) {
             if (q->reqs[i].state == NQ_FILE_IO)
-                q->reqs[i].file->in_flight--;
+                __atomic_fetch_sub(&q->reqs[i].file->in_flight, 1, __ATOMIC_RELAXED);
             nq_file_put(q->reqs[i].file);
             q->reqs[i].file = NULL;
         }

@@ -200,11 +200,8 @@ class NativeTargetQueue(TargetQueue):
         """The one call that changes what the C queue serves itself (target/native_view.py builds it)."""
         if self.closed:
             return {}
-        # The core serves file and block namespaces where the queue cannot: no ring or bounce memory, or a poll
-        # group's queue (its thread hands nothing but received capsules to Python: a failed file command could
-        # not be handed back).
-        if any(entry[1] == "file" for entry in namespaces) and (self.poll_group is not None
-                                                               or not self._enable_files()):
+        # The core serves file and block namespaces where the queue cannot: no ring or bounce memory.
+        if any(entry[1] == "file" for entry in namespaces) and not self._enable_files():
             namespaces = [entry for entry in namespaces if entry[1] != "file"]
         self.view_ready = ready
         return self.native.set_view(ready, self.max_transfer, namespaces, sq_entries=sq_entries, sq_head=sq_head,
@@ -226,7 +223,7 @@ class NativeTargetQueue(TargetQueue):
             self.serves_files = False
             return False
         self.bounce = bounce
-        if self.watch is not None:
+        if self.watch is not None and self.poll_group is None:  # a poll group's thread reaps the ring itself
             self.watch(self.ring_fd, self._on_ring_event)
         return True
 

@@ -91,23 +91,34 @@ def test_kernel_host_fio_verify_on_native_file_and_block_namespaces(tmp_path):
 
 
 def test_kernel_host_fio_verify_with_busy_poll_on_two_poll_groups(tmp_path):
-    """`--poll busy --cores 2`: two threads poll the native queues (one each), the loop serves the rest."""
+    """`--poll busy --cores 2`: two threads poll the native queues (one each), the loop serves the rest; a RAM and
+    a file namespace, the file's reads and writes on the threads' rings."""
     pytest.importorskip("nvmeof_roce._native")
     # its own NQN, port and control socket (polled.sock): the module's other target may still be serving
     nqn, port = NQN + "-polled", 4430
-    cfg = config([{"nqn": nqn, "attr": {"allow_any_host": "1"}, "namespaces": [ram_namespace(1, "64M", 512)]}],
-                 port=port)
+    sock = str(tmp_path / "polled.sock")
+    cfg = config([{"nqn": nqn, "attr": {"allow_any_host": "1"},
+                   "namespaces": [ram_namespace(1, "64M", 512),
+                                  file_namespace(2, str(tmp_path / "polled.img"), "64M", 512)]}], port=port)
     target = ServedTarget(cfg, str(tmp_path / "polled.json"),
-                          args=["--data-path", "native", "--poll", "busy", "--cores", "2"]).start(timeout=240)
+                          args=["--data-path", "native", "--poll", "busy", "--cores", "2",
+                                "--rpc-socket", sock]).start(timeout=240)
     try:
         nvme("connect", "-t", "rdma", "-a", LAB_IP, "-s", str(port), "-n", nqn, "-i", "2")
-        (device,) = namespaces_of(nqn, expect=1)
-        job = fio(device, "--rw=randrw", "--verify=crc32c", "--verify_fatal=1", "--bsrange=4k-128k",
-                  "--iodepth=32", "--size=8M", "--numjobs=2", "--offset_increment=16M", "--group_reporting")
-        assert job["error"] == 0
+        for device in namespaces_of(nqn, expect=2):
+            job = fio(device, "--rw=randrw", "--verify=crc32c", "--verify_fatal=1", "--bsrange=4k-128k",
+                      "--iodepth=32", "--size=8M", "--numjobs=2", "--offset_increment=16M", "--group_reporting")
+            assert job["error"] == 0
+        out = subprocess.run([sys.executable, "-m", "nvmeof_roce", "target", "status", "--json", "--socket", sock],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        engines = {ns["nsid"]: ns["io"] for ns in json.loads(out.stdout)["subsystems"][0]["namespaces"]}
+        print(f"engines after fio: {engines}")
+        assert engines[2]["native_most_in_flight"] >= 1 and engines[2]["native_in_flight"] == 0, engines[2]
     finally:
         disconnect_all_quietly()
         assert target.stop() == 0, target.output()
     out = target.output()
     assert "polled by poll group 1 of 2" in out and "polled by poll group 2 of 2" in out
     assert "data path native (busy poll, 2 poll-group threads)" in out  # the status line logged at stop
+    assert "Traceback" not in out

@@ -345,3 +345,59 @@ def test_the_bench_measures_the_native_poll_modes_side_by_side(tmp_path):
     from nvmeof_roce.errors import NvmeofError
     with pytest.raises(NvmeofError, match="poll-group threads poll continuously"):
         build_targets(argparse.Namespace(**{**vars(args), "targets": "native-2c"}), tmp_path)
+
+
+def test_poll_group_threads_serve_file_namespaces_and_hand_a_failed_command_back(tmp_path):
+    """File namespaces on thread-polled queues: their reads and writes on each queue's io_uring (4 bounce chunks for
+    24 commands at a time), and a read the device cuts short mailed back to the core, which answers it as the
+    Python data path does."""
+    import os
+    from nvmeof_roce.transport.eventloop import EventLoop
+    from nvmeof_roce.transport.pollgroups import PollGroups
+    from test_native_queue import SUB_FILE, file_bytes, file_config
+    eps = [NativeEndpoint(file_config(tmp_path / f"ns{i}.img"), SUB_FILE, depth=64, file_buffers=4)
+           for i in range(2)]
+    loop = EventLoop(eps[0].env.target)
+    groups = PollGroups(native.module, 2)
+    python = None
+    try:
+        for ep in eps:
+            ep.queue.start_polling(loop, "busy", poll_groups=groups)
+        count = 24
+        for ep in eps:  # writes: host offset k*4 KiB -> LBA k*8
+            for k in range(count):
+                assert ep.device.deliver(io_capsule(ep, WRITE, 1, 8 * k, 7, 4096, offset=4096 * k, cid=k)) == 0
+        got = _await(loop, eps, {ep: count for ep in eps})
+        assert all(_status(c) == 0 for ep in eps for c in got[ep])
+        for ep in eps:  # reads back into host offset 512 KiB + k*4 KiB
+            for k in range(count):
+                ep.device.deliver(io_capsule(ep, READ, 1, 8 * k, 7, 4096, offset=524288 + 4096 * k, cid=100 + k))
+        got = _await(loop, eps, {ep: count for ep in eps})
+        assert all(_status(c) == 0 for ep in eps for c in got[ep])
+        for i, ep in enumerate(eps):
+            host = ep.host_bytes()
+            assert host[524288:524288 + count * 4096] == host[:count * 4096]
+            assert file_bytes(tmp_path / f"ns{i}.img", 0, count * 4096) == host[:count * 4096]
+        # the device cuts a read short (the file shrank under the namespace): the core answers it
+        python = LoopbackEndpoint(file_config(tmp_path / "python.img"), SUB_FILE)
+        os.truncate(tmp_path / "python.img", 64 * 1024)
+        (expected,) = python.exchange(io_capsule(python, READ, 1, 120, 15, 8192, cid=900))
+        assert _status(expected) != 0
+        for i, ep in enumerate(eps):
+            os.truncate(tmp_path / f"ns{i}.img", 64 * 1024)
+            ep.device.deliver(io_capsule(ep, READ, 1, 120, 15, 8192, cid=900))
+            ep.device.deliver(io_capsule(ep, READ, 1, 8, 7, 4096, cid=901))
+        got = _await(loop, eps, {ep: 2 for ep in eps})
+        for ep in eps:
+            answers = {int.from_bytes(c[12:14], "little"): c for c in got[ep]}
+            assert answers[900][12:16] == expected[12:16] and _status(answers[901]) == 0  # (SQ heads differ)
+            stats = ep.queue.stats()
+            assert stats["threaded"] == 1 and stats["file_handed_back"] == 1
+            assert stats["file_commands"] == 2 * count + 2 and stats["bounce_chunks_free"] == 4
+    finally:
+        for ep in eps:
+            ep.close()
+        if python is not None:
+            close_all(python)
+        groups.close()
+        loop.close()
