@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import mmap
+from dataclasses import dataclass
 from typing import Dict, Optional
 
 from ..nvme import cm as cmdata
@@ -22,6 +23,10 @@ from .resources import registered_region
 log = logging.getLogger(__name__)
 
 IBV_ACCESS_LOCAL_WRITE = 1
+# Bounce memory a closed queue gave back, kept registered for the next queue (per size): registering it anew holds
+# the event loop (seconds for 32 MiB in an emulated guest, past a 1 s keep-alive timeout); at most this many are
+# kept, so a burst of queues does not stay pinned.
+SPARE_BOUNCE = 16
 RESPONSE_SIZE = 16
 ACK_TIMEOUT = 19  # as transport/rdma.py: rdma_cm's value, bounded
 
@@ -41,6 +46,30 @@ class NativePortMemory:
         self.zero = self._buffer(listener.max_transfer)
         self.sink = self._buffer(listener.max_transfer)
         self.regions: Dict[int, tuple] = {}  # id(mapping) -> (mapping, (addr, lkey) or None, None)
+        self.spare_bounce: Dict[int, list] = {}  # size -> [Bounce], given back by closed queues
+        self.closed = False
+
+    def take_bounce(self, size: int) -> "Bounce":
+        """Registered, page-aligned bounce memory of `size` bytes: one a closed queue gave back, or made now."""
+        spare = self.spare_bounce.get(size)
+        if spare:
+            return spare.pop()
+        mapping = mmap.mmap(-1, size)
+        addr = _address(mapping)
+        try:
+            mr, lkey, _ = self.module.reg_mr(self.pd, addr, size, IBV_ACCESS_LOCAL_WRITE)
+        except OSError:
+            mapping.close()
+            raise
+        return Bounce(mapping, mr, Region(addr, lkey, size))
+
+    def give_back_bounce(self, bounce: "Bounce") -> None:
+        """From a closed queue (its QP destroyed, its ring's commands complete): kept for the next one, or let go."""
+        spare = None if self.closed else self.spare_bounce.setdefault(bounce.region.length, [])
+        if spare is None or len(spare) >= SPARE_BOUNCE:
+            bounce.release(self.module)
+        else:
+            spare.append(bounce)
 
     def _buffer(self, size: int) -> Region:
         mapping = mmap.mmap(-1, size)
@@ -65,6 +94,11 @@ class NativePortMemory:
         return mapping, (_address(mapping), lkey), None
 
     def close(self) -> None:
+        self.closed = True
+        for spare in self.spare_bounce.values():
+            for bounce in spare:
+                bounce.release(self.module)
+        self.spare_bounce.clear()
         for mr in self.mrs:
             try:
                 self.module.dereg_mr(mr)
@@ -72,6 +106,21 @@ class NativePortMemory:
                 log.warning("deregistering native memory failed: %s", exc)
         self.mrs = []
         self.regions.clear()
+
+
+@dataclass
+class Bounce:
+    """A native queue's bounce memory: the mapping, its memory region, what the C queue is given."""
+    mapping: mmap.mmap
+    mr: int
+    region: Region
+
+    def release(self, module) -> None:
+        try:
+            module.dereg_mr(self.mr)
+        except OSError as exc:
+            log.warning("deregistering bounce memory failed: %s", exc)
+        self.mapping.close()
 
 
 def _address(mapping) -> int:
@@ -93,8 +142,7 @@ class RdmaNativeQueue(NativeTargetQueue):
         self.module = module
         self.peer_gone = False
         self.recv_mr = None
-        self.bounce_mr = None
-        self.bounce_map = None
+        self.bounce_memory: Optional[Bounce] = None  # file and block namespaces' bounce memory, the port's
         self.released = False
         self.watched = []
         depth = request.hsqsize + 1
@@ -104,6 +152,7 @@ class RdmaNativeQueue(NativeTargetQueue):
         self.objects = module.create_cm_qp(id_ptr, send_queue, recv_count, RESPONSE_SIZE)
         try:
             memory: NativePortMemory = memory_of(self.objects["pd"])
+            self.memory = memory
             self.recv_map = mmap.mmap(-1, recv_count * recv_size)
             addr = _address(self.recv_map)
             self.recv_mr, lkey, _ = module.reg_mr(self.objects["pd"], addr, len(self.recv_map), IBV_ACCESS_LOCAL_WRITE)
@@ -141,10 +190,8 @@ class RdmaNativeQueue(NativeTargetQueue):
 
     def _bounce_of(self, size: int) -> Region:
         """The file and block namespaces' bounce chunks: page-aligned (O_DIRECT), registered on the QP's PD."""
-        self.bounce_map = mmap.mmap(-1, size)
-        addr = _address(self.bounce_map)
-        self.bounce_mr, lkey, _ = self.module.reg_mr(self.objects["pd"], addr, size, IBV_ACCESS_LOCAL_WRITE)
-        return Region(addr, lkey, size)
+        self.bounce_memory = self.memory.take_bounce(size)
+        return self.bounce_memory.region
 
     def _watch(self, fd: int, callback) -> None:
         self.listener.loop.watch(fd, callback)
@@ -194,9 +241,9 @@ class RdmaNativeQueue(NativeTargetQueue):
             super().close(error)  # destroys the QP (on_close) before the requests and buffers are let go
         finally:
             self._release()
-            if self.bounce_map is not None:
-                self.bounce_map.close()  # after the ring's last command (super().close waited for it)
-                self.bounce_map = None
+            if self.bounce_memory is not None:  # after the QP and the ring's last command (super().close waited)
+                self.memory.give_back_bounce(self.bounce_memory)
+                self.bounce_memory = None
             try:
                 listener.forget(self)
             except Exception:
@@ -212,7 +259,7 @@ class RdmaNativeQueue(NativeTargetQueue):
             self.module.destroy_cm_qp(self.id_ptr)
         except Exception as exc:
             log.warning("destroying the native queue's QP failed: %s", exc)
-        for name in ("recv_mr", "bounce_mr"):
+        for name in ("recv_mr",):
             mr = getattr(self, name)
             if mr is not None:
                 try:
