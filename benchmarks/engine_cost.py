@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""CPU µs per 4 KiB random read of a file namespace on each I/O engine (target/ioengine.py), over the loopback
+"""CPU µs per 4 KiB random read of a file namespace on each I/O engine (engine/ioengine.py), over the loopback
 fabric, in one process and one run. A benchmark, not a test: it prints figures and asserts nothing about them.
 
     python3 benchmarks/engine_cost.py [--reads N] [--depths 1,32] [--rounds R] [--dir DIR]
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from loopback_env import ADDR1, HOST_A, Env, file_ns, port  # noqa: E402
-from nvmeof_roce.target.ioengine import uring_unavailable  # noqa: E402
+from nvmeof_roce.engine.ioengine import uring_unavailable
 
 SUB = "nqn.2024-01.io.nvmeof-roce:engine-cost"
 

@@ -123,7 +123,7 @@ def _pyverbs():
 def rdma_host_queue(depth: int):
     """An RdmaHostQueue whose QP and CQ are a few lines of Python: every SEND is answered by a response in the
     next posted receive (the CQE for the capsule's CID), and signaled SENDs complete."""
-    from nvmeof_roce.transport import rdma_host as rh
+    from nvmeof_roce.transport.rdma import host as rh
     e, WC, real = _pyverbs()
     if not real:  # stand-ins for the names the host queue uses
         class SGE:

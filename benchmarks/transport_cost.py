@@ -273,7 +273,7 @@ class _Capture:
 def bench_core(reads: int, rounds: int, depth: int) -> dict:
     from nvmeof_roce.config import parse_config
     from nvmeof_roce.initiator.controller import Controller
-    from nvmeof_roce.target.core import Target
+    from nvmeof_roce.engine.core import Target
     from nvmeof_roce.transport.loopback import LoopbackFabric
 
     target = Target(parse_config(config_dict(), source="transport_cost"))
@@ -337,7 +337,7 @@ def main(argv=None) -> int:
         p.error(f"--batch {args.batch!r}: give whole numbers of at least 1, e.g. --batch 1,32")
     if args.checkout is not None:
         if not (args.checkout / "nvmeof_roce" / "transport" / "rdma.py").is_file():
-            p.error(f"--checkout {args.checkout}: no nvmeof_roce/transport/rdma.py there")
+            p.error(f"--checkout {args.checkout}: no nvmeof_roce/transport/rdma/queue.py there")
         sys.path.insert(0, str(args.checkout.resolve()))
     real = fakeverbs.install(prefer_real=not args.stand_ins)
     import nvmeof_roce

@@ -1,6 +1,6 @@
 /* The initiator's native I/O queue: `initiator perf`'s measured loop in C (docs/native.md, "The host queue").
  *
- * Python keeps the CM and the NVMe Connect (transport/rdma_host_native.py): it makes the QP on the connection's
+ * Python keeps the CM and the NVMe Connect (transport/rdma/host_native.py): it makes the QP on the connection's
  * CM id (create_host_qp, with librdmacm, on one CQ of our own), registers the memory, and hands the QP, the CQ
  * and the buffers to a HostQueue.  The queue serves the Python initiator's few commands (send/poll: the Connect)
  * and runs `perf` with the GIL released: QD commands in flight, random aligned LBAs, a read/write mix, a keyed SGL
@@ -106,7 +106,7 @@ static double hist_percentile(const uint64_t *hist, uint64_t n, double pct)
     return bucket_value(HIST_BUCKETS - 1);
 }
 
-/* ---- SEND accounting (as transport/rdma_host.py's SendAccount) ---- */
+/* ---- SEND accounting (as transport/rdma/host.py's SendAccount) ---- */
 
 static int sq_room(HostQueue *q)
 {

@@ -55,7 +55,7 @@
 #define SC_DNR 0x4000
 #define CDW12_FUA (1u << 30)
 
-/* Latency buckets, as target/latency.py: upper bounds 2^(i/4) us for i = 0..104, then +Inf (index 105). */
+/* Latency buckets, as engine/latency.py: upper bounds 2^(i/4) us for i = 0..104, then +Inf (index 105). */
 #define NQ_LAT_STEPS_PER_OCTAVE 4
 #define NQ_NO_CHUNK UINT32_MAX
 #define NQ_LAT_BOUNDS (26 * NQ_LAT_STEPS_PER_OCTAVE + 1)
@@ -493,7 +493,7 @@ static void nq_resume(NativeQueue *q)
 static void nq_fail(NativeQueue *q, int status, uint64_t wr_id);
 
 /* A successful Read's or Write's latency, from its receive completion to its response's post, into its namespace's
- * histogram (as target/io.py records the Python path's). */
+ * histogram (as engine/io.py records the Python path's). */
 static inline void nq_record_latency(NativeQueue *q, const struct nq_req *r, uint64_t now)
 {
     if (r->status || (r->opc != OPC_READ && r->opc != OPC_WRITE) || !q->view)
@@ -1578,8 +1578,8 @@ static PyObject *NativeQueue_flush(NativeQueue *q, PyObject *noargs)
  * changes what the queue serves natively.  namespaces: (nsid, kind "ram"|"null", lbads, num_blocks, addr, lkey,
  * uid, owner) each; owner is kept alive while the view is.  Returns the outgoing view's figures:
  * {nsid: (reads, writes, flushes, bytes_read, bytes_written, read_latency, write_latency)}, a latency being
- * (sum_ns, ((bucket, count), ...)) with target/latency.py's buckets. */
-/* (sum_ns, ((bucket, count), ...)) of one histogram's non-empty buckets, zeroed; buckets as target/latency.py. */
+ * (sum_ns, ((bucket, count), ...)) with engine/latency.py's buckets. */
+/* (sum_ns, ((bucket, count), ...)) of one histogram's non-empty buckets, zeroed; buckets as engine/latency.py. */
 static PyObject *nq_drain_latency(struct nq_ns *ns, int kind)
 {
     Py_ssize_t used = 0;
@@ -1819,7 +1819,7 @@ static PyMethodDef NativeQueue_methods[] = {
      "set_view(ready, max_transfer, namespaces, sq_entries=0, sq_head=0, sqflow_disabled=False) -> old figures."},
     {"take_stats", (PyCFunction)NativeQueue_take_stats, METH_NOARGS,
      "{nsid: (reads, writes, flushes, bytes_read, bytes_written, read_latency, write_latency)} since the last "
-     "call; zeroed.  A latency: (sum_ns, ((bucket, count), ...)), buckets as target/latency.py."},
+     "call; zeroed.  A latency: (sum_ns, ((bucket, count), ...)), buckets as engine/latency.py."},
     {"stats", (PyCFunction)NativeQueue_stats, METH_NOARGS, "The queue's counters."},
     {"close", (PyCFunction)NativeQueue_close, METH_NOARGS, "Stop posting (after the QP is gone)."},
     {"drain", (PyCFunction)NativeQueue_drain, METH_NOARGS,
@@ -1854,7 +1854,7 @@ static PyTypeObject NativeQueueType = {
 };
 
 /* latency_bucket(ns): the bucket a command of this latency lands in, for the tests that hold it to
- * target/latency.py's LatencyHistogram.record_ns. */
+ * engine/latency.py's LatencyHistogram.record_ns. */
 static PyObject *nq_latency_bucket_py(PyObject *module, PyObject *arg)
 {
     unsigned long long ns = PyLong_AsUnsignedLongLong(arg);
@@ -1865,7 +1865,7 @@ static PyObject *nq_latency_bucket_py(PyObject *module, PyObject *arg)
 
 static PyMethodDef nq_module_functions[] = {
     {"latency_bucket", nq_latency_bucket_py, METH_O,
-     "latency_bucket(ns) -> the latency histogram bucket of the native data path (target/latency.py's buckets)."},
+     "latency_bucket(ns) -> the latency histogram bucket of the native data path (engine/latency.py's buckets)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -401,12 +401,12 @@ class NamespaceConfig:
     eui64: Optional[str] = None
     ana_grpid: int = 1
     buffered_io: Optional[bool] = None  # nvmet's buffered_io; userspace: unset = O_DIRECT for block devices only
-    queue_depth: Optional[int] = None   # userspace file/block: commands on the device at once (target/ioengine.py)
+    queue_depth: Optional[int] = None   # userspace file/block: commands on the device at once (engine/ioengine.py)
     io_engine: Optional[str] = None     # userspace file/block: force an I/O engine (NS_IO_ENGINES); unset: chosen
     # nvmeof_roce.visible_hosts: the hosts that see the namespace (SPDK's no_auto_visible + nvmf_ns_add_host);
     # None: every host allowed on the subsystem sees it
     visible_hosts: Optional[List[str]] = None
-    qos: Dict[str, int] = field(default_factory=dict)  # nvmeof_roce.qos: QOS_LIMITS -> limit (target/qos.py)
+    qos: Dict[str, int] = field(default_factory=dict)  # nvmeof_roce.qos: QOS_LIMITS -> limit (engine/qos.py)
     userspace: dict = field(default_factory=dict)   # the namespace's "nvmeof_roce" key
     raw: dict = field(default_factory=dict)
 
@@ -539,10 +539,10 @@ _NS_US_KEYS = {"backend", "size", "block_size", "queue_depth", "io_engine", "vis
 QOS_LIMITS = {"rw_ios_per_sec": "commands", "rw_mbytes_per_sec": "MiB read and written",
               "r_mbytes_per_sec": "MiB read", "w_mbytes_per_sec": "MiB written"}
 QOS_MAX = 10_000_000
-NS_QUEUE_DEPTHS = (1, 1024)  # nvmeof_roce.queue_depth of a file/block namespace; default 128 (target/ioengine.py)
+NS_QUEUE_DEPTHS = (1, 1024)  # nvmeof_roce.queue_depth of a file/block namespace; default 128 (engine/ioengine.py)
 # nvmeof_roce.io_engine of a file/block namespace: force one; unset, io_uring where it works, else the threads
 NS_IO_ENGINES = ("io_uring", "threads")
-_HOST_KEYS = {"nqn", "dhchap"}  # auth15: dhchap is honoured by both targets (userspace: target/auth.py)
+_HOST_KEYS = {"nqn", "dhchap"}  # auth15: dhchap is honoured by both targets (userspace: engine/auth.py)
 
 
 def load_config(path) -> TargetConfig:
@@ -1231,7 +1231,7 @@ def validate_for_userspace(cfg: TargetConfig, memory: Optional[int] = None) -> L
                                   f"{discovery_nqn!r}: the userspace target's discovery controller answers to the "
                                   f"well-known {DISCOVERY_NQN} only",
                                   f'use "{DISCOVERY_NQN}" (or leave "discovery" out), or {USERSPACE_FIX}'))
-    # hosts[].dhchap (DH-HMAC-CHAP) is served: target/auth.py checks the keys (`target check` too)
+    # hosts[].dhchap (DH-HMAC-CHAP) is served: engine/auth.py checks the keys (`target check` too)
 
     # ports from the raw config: a port with a problem the loader reported is still checked here
     raw_ports = raw.get("ports") if isinstance(raw.get("ports"), list) else []
@@ -1268,7 +1268,7 @@ def validate_for_userspace(cfg: TargetConfig, memory: Optional[int] = None) -> L
             errors.append(ConfigError(cfg.source, f"{where}.param.max_queue_size",
                                       f"{queue_size} is outside {lo}..{hi}, the queue sizes the userspace "
                                       "target serves", f"give {lo}..{hi} (or -1 for the default 128)"))
-        # ANA groups and states are served (target/ana.py)
+        # ANA groups and states are served (engine/ana.py)
         us = p.get(USERSPACE_KEY) if isinstance(p.get(USERSPACE_KEY), dict) else {}
         for k in us:
             refuse(f"{where}.{USERSPACE_KEY}.{k}", f"port setting {k!r}",

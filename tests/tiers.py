@@ -13,7 +13,7 @@ import time
 # The second kernel generation: the kernel host and nvmet against our target and initiator, and in-band
 # authentication (which 6.1 lacks).  Kept small: each guest boot under emulation costs minutes.
 LAB_612_TESTS = ["tests/lab/test_auth.py", "tests/lab/test_kernel_host_userspace_target.py",
-                 "tests/lab/test_kernel_nvmet.py", "tests/lab/test_initiator.py", "tests/lab/test_nvmetcli_corpus.py"]
+                 "tests/lab/test_nvmet_configfs.py", "tests/lab/test_initiator_over_rxe.py", "tests/lab/test_nvmetcli_corpus_served.py"]
 
 SUMMARY = re.compile(r"^=+ (.*(passed|failed|error|skipped|no tests ran).*) =+$")
 

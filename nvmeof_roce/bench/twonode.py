@@ -90,7 +90,7 @@ class CapturingHost(KernelHost):
 
     @staticmethod
     def _summarize(path: Path) -> None:
-        from ..nvme import pcap, roce
+        from ..capture import pcap, roce
         try:
             d = roce.decode(pcap.read_packets(path.read_bytes(), str(path)))
         except (OSError, NvmeofError) as exc:

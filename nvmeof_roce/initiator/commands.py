@@ -29,9 +29,9 @@ SUBTYPES = {SUBTYPE_REFERRAL: "referral", SUBTYPE_NVME: "nvme subsystem", 3: "cu
 
 def _connector(args):
     if getattr(args, "data_path", None) == "native":
-        from ..transport.rdma_host_native import NativeRdmaConnector
+        from ..transport.rdma.host_native import NativeRdmaConnector
         return NativeRdmaConnector(args.traddr, args.trsvcid, timeout=args.timeout)
-    from ..transport.rdma_host import RdmaConnector
+    from ..transport.rdma.host import RdmaConnector
     return RdmaConnector(args.traddr, args.trsvcid, timeout=args.timeout)
 
 

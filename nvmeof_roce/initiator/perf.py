@@ -158,7 +158,7 @@ def run_perf(ctrl: Controller, nsid: int, *, block_size: int = 4096, queue_depth
 # --- the native data path: the measured loop in C, one thread per I/O queue -----------------------------------------
 
 def native_ready(ctrl: Controller) -> bool:
-    """Every I/O queue of `ctrl` runs on the native data path (transport/rdma_host_native.py)."""
+    """Every I/O queue of `ctrl` runs on the native data path (transport/rdma/host_native.py)."""
     return bool(ctrl.io_queues) and all(hasattr(q.transport, "perf") for q in ctrl.io_queues)
 
 

@@ -90,7 +90,7 @@ def register(subparsers) -> None:
 
 
 def cmd_rdma_decode(args):
-    from ..nvme import pcap, roce
+    from ..capture import pcap, roce
     try:
         with open(args.file, "rb") as f:
             data = f.read()

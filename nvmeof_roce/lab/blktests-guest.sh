@@ -11,7 +11,7 @@ shift 2
 TESTS=("$@")
 IN=$SHARE/input
 IMG_SIZE=${NVME_IMG_SIZE:-512M}
-CONTROL=/mnt/project/nvmeof_roce/service/nvme_target_control.sh
+CONTROL=/mnt/project/nvmeof_roce/lab/nvme_target_control.sh
 
 say() { echo "[blktests-guest] $*"; }
 

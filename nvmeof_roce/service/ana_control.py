@@ -25,7 +25,7 @@ from typing import Dict
 from ..config import ANA_STATES
 from ..errors import NvmeofError
 from ..securefile import write_file
-from ..target.ana import AnaTable, apply_states
+from ..engine.ana import AnaTable, apply_states
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ import sys
 
 from ..errors import NvmeofError
 from ..output import emit, table
-from ..target import auth
-from ..target.backends import BackendError, open_backend
-from ..target.ioengine import choose_engine
+from ..engine import auth
+from ..engine.backends import BackendError, open_backend
+from ..engine.ioengine import choose_engine
 from ..config import ConfigError, ConfigErrors, TargetConfig, load_userspace_config, raise_all
 from .serve import register_serve
 
@@ -179,6 +179,6 @@ def register(subparsers) -> None:
     ana.set_defaults(func=_cmd_ana_state)
 
     # the control socket's clients: `target add-ns ...` verbs and the top-level `rpc`
-    from .rpc_commands import register_rpc, register_target_verbs
+    from ..control.commands import register_rpc, register_target_verbs
     register_target_verbs(commands)
     register_rpc(subparsers)

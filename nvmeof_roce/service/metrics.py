@@ -22,11 +22,11 @@ from typing import Callable, Iterable, List, Optional, Tuple
 
 from .. import __version__
 from ..errors import NvmeofError
-from .stats import transport_status
+from ..control.stats import transport_status
 
 log = logging.getLogger(__name__)
 
-PROMETHEUS_BUCKET_STEP = 4  # every 4th latency bucket of target/latency.py: the powers of two, 1 us .. 67 s
+PROMETHEUS_BUCKET_STEP = 4  # every 4th latency bucket of engine/latency.py: the powers of two, 1 us .. 67 s
 
 
 def parse_listen(text: str) -> Tuple[str, int]:

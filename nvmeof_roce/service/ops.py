@@ -14,13 +14,13 @@ import logging
 import signal
 from typing import Callable, Optional
 
-from . import live
+from ..control import live
 from ..config import ConfigError
 from ..errors import NvmeofError
 from ..transport import registry
-from .control import Control
-from .control_protocol import RpcError, default_socket_path
-from .control_server import RpcServer, SocketInUse, bind_unix_socket
+from ..control.methods import Control
+from ..control.protocol import RpcError, default_socket_path
+from ..control.server import RpcServer, SocketInUse, bind_unix_socket
 from .metrics import Metrics
 from .sdnotify import notify
 

@@ -29,7 +29,7 @@ class TargetServer:
                  remote_invalidate: bool = True, listen_portids: Optional[List[int]] = None,
                  file_lock: str = "exclusive", data_path: Optional[str] = None, worker: Optional[int] = None,
                  poll: str = POLL.default, cores: int = CORES.default):
-        from ..target.core import Target
+        from ..engine.core import Target
 
         served = [p for p in config.ports if registry.serves(p.trtype)]  # transport/registry.py
         if listen_portids is not None:  # a worker of `serve --workers` listens on its own ports only
@@ -58,9 +58,9 @@ class TargetServer:
         self.next_status = time.monotonic() + STATUS_INTERVAL
         self.listeners = []
         self.poll_groups = None
-        if self.cores > 1:  # threads polling the native queues (transport/pollgroups.py)
+        if self.cores > 1:  # threads polling the native queues (transport/rdma/pollgroups.py)
             from .. import native
-            from ..transport.pollgroups import PollGroups
+            from ..transport.rdma.pollgroups import PollGroups
             self.poll_groups = PollGroups(native.module, self.cores)
         self.stopping = False
         self.ana_control = None  # ana_control.AnaControl: run-time ANA changes, applied between events

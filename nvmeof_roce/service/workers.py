@@ -13,7 +13,7 @@ supervisor runs N workers that each serve the same subsystems on their own port:
 - a RAM namespace lives in one shared file under /dev/shm that every worker opens (a worker restarted after a
   crash finds the data there); file and block namespaces are opened by each worker.  Flush is fdatasync of
   the shared file, so it covers writes any worker made; FUA likewise;
-- ANA states are per port (target/ana.py); `target ana-state` changes them in every worker (ana_control.py);
+- ANA states are per port (engine/ana.py); `target ana-state` changes them in every worker (ana_control.py);
 - a worker that dies is restarted; SIGTERM/SIGINT stop all workers, which drain their commands;
 - the supervisor owns the control socket: a call is answered from every worker (lists joined, counts added),
   a change is made on every worker in turn, and `nvmeof_reload_config` (SIGHUP, `target reload`, the unit's
@@ -47,12 +47,12 @@ from ..transport import registry
 from ..nvme.fabrics import MAX_CNTLID, MIN_CNTLID
 from ..securefile import write_file
 from ..tunables import RESOURCE_LIMITS, WORKERS
-from ..target.ana import AnaTable
+from ..engine.ana import AnaTable
 from .ana_control import default_run_dir, publish, unpublish
-from ..target.backends import open_backend
-from .control_client import call as rpc_call
-from .control_protocol import MAX_REQUEST_BYTES, PARSE_ERROR, RpcError, handle_request
-from .control_server import bind_unix_socket
+from ..engine.backends import open_backend
+from ..control.client import call as rpc_call
+from ..control.protocol import MAX_REQUEST_BYTES, PARSE_ERROR, RpcError, handle_request
+from ..control.server import bind_unix_socket
 from .sdnotify import notify
 
 log = logging.getLogger(__name__)
@@ -667,7 +667,7 @@ class Supervisor:
         when its directory cannot be used (not root), and another live target on it stops this one."""
         if not self.rpc_socket:
             return None
-        from .control_server import SocketInUse
+        from ..control.server import SocketInUse
         try:
             return ControlSocket(bind_unix_socket(self.rpc_socket), self.control.handle)
         except SocketInUse:
@@ -738,8 +738,8 @@ def _close_socket(sock: socket.socket, path: str) -> None:
 
 
 def supervise(args) -> int:
-    from ..transport.rdma import require_pyverbs
-    from .control_protocol import default_socket_path
+    from ..transport.rdma.queue import require_pyverbs
+    from ..control.protocol import default_socket_path
     require_pyverbs()  # one clear error here rather than one per worker
     n = workers_requested(args)
     cpus = parse_cpus(args.cpus) if args.cpus else None

@@ -1,7 +1,7 @@
 """One request lifecycle for the target core and the transports: the states, the legal transitions, the check.
 
-A command is two objects: the core's `Request` (target/request.py) and, on RDMA, the transport's `TxRequest`
-(transport/rdma_requests.py).  Both take their `state` from `RequestState`, in the manner of SPDK's
+A command is two objects: the core's `Request` (engine/request.py) and, on RDMA, the transport's `TxRequest`
+(transport/rdma/requests.py).  Both take their `state` from `RequestState`, in the manner of SPDK's
 `spdk_nvmf_rdma_request_state` (lib/nvmf/rdma.c), and both move only through `move()` (the core's three
 transitions every command makes inline the same `NEXT` lookup), which checks the pair (old, new) against `LEGAL`: an illegal transition (completing a request twice, executing a free one) raises
 `IllegalTransition` instead of silently leaking or reusing a slot.  The check is one tuple index and one

@@ -41,9 +41,9 @@ class ListenOptions:
     max_transfer: int = 128 * 1024
     limits: object = None  # transport/resources.py ResourceLimits, or None for the defaults
     remote_invalidate: bool = True
-    data_path: str = "python"  # RDMA I/O queues: "native" runs them in C (transport/rdma_native.py, docs/native.md)
+    data_path: str = "python"  # RDMA I/O queues: "native" runs them in C (transport/rdma/native.py, docs/native.md)
     poll_mode: str = "interrupt"  # native queues: sleep on completion channels, or "busy" (tunables.POLL)
-    poll_groups: object = None  # transport/pollgroups.py PollGroups (--cores > 1): threads poll native queues
+    poll_groups: object = None  # transport/rdma/pollgroups.py PollGroups (--cores > 1): threads poll native queues
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ def _rdma_loop(handler):
 
 
 def _rdma_listen(loop, port, handler, options: ListenOptions):
-    from .rdma import RdmaListener
+    from .rdma.queue import RdmaListener
     return RdmaListener(loop, port.traddr, port.trsvcid, handler=handler, port_id=port.portid,
                         max_transfer=options.max_transfer, limits=options.limits,
                         remote_invalidate=options.remote_invalidate, data_path=options.data_path,
@@ -152,7 +152,7 @@ def _rdma_listen(loop, port, handler, options: ListenOptions):
 
 
 def _rdma_require():
-    from .rdma import require_pyverbs
+    from .rdma.queue import require_pyverbs
     require_pyverbs()
 
 

@@ -46,7 +46,7 @@ class ResourceLimits:
     queue_min_buffers: int = _LIMITS["queue_min_buffers"].default  # guaranteed to each connected queue
     max_queues_per_ctrl: int = _LIMITS["max_queues_per_ctrl"].default  # the Number of Queues grant's cap
     max_queues_per_host: int = _LIMITS["max_queues_per_host"].default  # over all of one host NQN's controllers
-    max_controllers: int = _LIMITS["max_controllers"].default  # I/O controllers (other caps: target/limits.py)
+    max_controllers: int = _LIMITS["max_controllers"].default  # I/O controllers (other caps: engine/limits.py)
     connect_timeout: float = _LIMITS["connect_timeout"].default  # seconds without a successful NVMe Connect
     queue_file_buffers: int = _LIMITS["queue_file_buffers"].default  # native queues' bounce chunks (files, blocks)
     mdts: int = _LIMITS["mdts"].default  # largest command: 4 KiB << mdts, the size of each data buffer
@@ -216,7 +216,7 @@ class BufferPool:
 
 def registered_region(regions: dict, backend, register: Callable) -> Optional[tuple]:
     """(addr, lkey) of a RAM namespace's memory registered with a device, or None where it cannot be: the one
-    cache both RDMA listeners (transport/rdma.py, transport/rdma_native.py) keep, keyed by the memory's mapping
+    cache both RDMA listeners (transport/rdma/queue.py, transport/rdma/native.py) keep, keyed by the memory's mapping
     so that a resized namespace's new memory is registered anew (the old registration is kept until the listener
     closes: WRITEs already posted may still read it).  `register(pin, mapping)` pins the memory and registers it,
     and returns (the pinned mapping, or `mapping` when pinning failed; (addr, lkey) or None; what to keep alive

@@ -211,7 +211,7 @@ def test_four_host_nqns_on_one_subsystem_verify_disjoint_regions(served):
 
 def test_idle_and_refused_connections_are_closed_and_the_port_stays_usable(served):
     from nvmeof_roce.initiator.controller import Controller
-    from nvmeof_roce.transport.rdma_host import RdmaConnector
+    from nvmeof_roce.transport.rdma.host import RdmaConnector
     base = baseline(served)
     connector = RdmaConnector(LAB_IP, 4420)
     idle = []
@@ -261,7 +261,7 @@ def test_idle_and_refused_connections_are_closed_and_the_port_stays_usable(serve
 HOST_SCRIPT = """
 import sys, time
 from nvmeof_roce.initiator.controller import Controller
-from nvmeof_roce.transport.rdma_host import RdmaConnector
+from nvmeof_roce.transport.rdma.host import RdmaConnector
 ctrl = Controller.connect(RdmaConnector(sys.argv[1], 4420), sys.argv[2], hostnqn=sys.argv[3], num_io_queues=2,
                           kato_ms=int(sys.argv[4]) * 1000)
 print("connected", flush=True)

@@ -1,4 +1,4 @@
-"""Our initiator's native I/O queues (csrc/hostq.c, transport/rdma_host_native.py) against the kernel's nvmet-rdma
+"""Our initiator's native I/O queues (csrc/hostq.c, transport/rdma/host_native.py) against the kernel's nvmet-rdma
 over rxe, on a memory-backed null_blk namespace (the bench's kernel target): the Connect and the initiator's own
 read/write through them, `perf` in C on one and two queues, and the comparison with the Python data path and with
 fio through the kernel host, in one bench run (the figures go to docs/native.md; no speed is asserted here)."""
@@ -28,7 +28,7 @@ def kernel_target():
 def test_native_queues_connect_read_write_and_run_perf(kernel_target):
     from nvmeof_roce.initiator.controller import Controller
     from nvmeof_roce.initiator.perf import run_perf_native
-    from nvmeof_roce.transport.rdma_host_native import NativeHostQueue, NativeRdmaConnector
+    from nvmeof_roce.transport.rdma.host_native import NativeHostQueue, NativeRdmaConnector
     connector = NativeRdmaConnector(LAB_IP, PORT)
     ctrl = Controller.connect(connector, kernel_target.subnqn, num_io_queues=2, queue_size=33)
     try:

@@ -62,7 +62,7 @@ class EchoHandler:
 @pytest.fixture
 def target():
     from nvmeof_roce.transport.eventloop import EventLoop
-    from nvmeof_roce.transport.rdma import RdmaListener
+    from nvmeof_roce.transport.rdma.queue import RdmaListener
     handler = EchoHandler()
     loop = EventLoop(handler)
     from nvmeof_roce.transport.resources import ResourceLimits
@@ -95,7 +95,7 @@ def wait_cqe(queue, timeout=10):
 
 
 def test_capsules_rdma_read_and_write_over_rxe(target):
-    from nvmeof_roce.transport.rdma_host import RdmaConnector
+    from nvmeof_roce.transport.rdma.host import RdmaConnector
     conn = RdmaConnector(LAB_IP, PORT)
     queue = conn.connect(qid=1, hrqsize=32, hsqsize=31)
     assert queue.crqsize == 32
@@ -116,7 +116,7 @@ def test_capsules_rdma_read_and_write_over_rxe(target):
 
 
 def test_many_outstanding_commands(target):
-    from nvmeof_roce.transport.rdma_host import RdmaConnector
+    from nvmeof_roce.transport.rdma.host import RdmaConnector
     conn = RdmaConnector(LAB_IP, PORT)
     queue = conn.connect(qid=1, hrqsize=32, hsqsize=31)
     buf = queue.register(32 * 4096)
@@ -134,7 +134,7 @@ def test_many_outstanding_commands(target):
 
 def test_more_commands_than_data_buffers_wait_for_one_and_all_complete(target):
     """The port has 16 data buffers: 100 outstanding reads returning data must queue for them."""
-    from nvmeof_roce.transport.rdma_host import RdmaConnector
+    from nvmeof_roce.transport.rdma.host import RdmaConnector
     conn = RdmaConnector(LAB_IP, PORT)
     queue = conn.connect(qid=1, hrqsize=128, hsqsize=127)
     buf = queue.register(4096)
@@ -161,7 +161,7 @@ def test_more_commands_than_data_buffers_wait_for_one_and_all_complete(target):
 
 def test_reject_carries_the_nvmeof_status(target):
     from nvmeof_roce.transport.base import ConnectRejected
-    from nvmeof_roce.transport.rdma_host import RdmaConnector
+    from nvmeof_roce.transport.rdma.host import RdmaConnector
     conn = RdmaConnector(LAB_IP, PORT)
     with pytest.raises(ConnectRejected) as err:
         conn.connect(qid=7, hrqsize=32, hsqsize=31)
@@ -171,7 +171,7 @@ def test_reject_carries_the_nvmeof_status(target):
 
 def test_wrong_key_is_a_transfer_error_and_other_queues_go_on(target):
     from nvmeof_roce.transport.base import TransportError
-    from nvmeof_roce.transport.rdma_host import RdmaConnector
+    from nvmeof_roce.transport.rdma.host import RdmaConnector
     conn = RdmaConnector(LAB_IP, PORT)
     good = conn.connect(qid=1, hrqsize=32, hsqsize=31)
     bad = conn.connect(qid=2, hrqsize=32, hsqsize=31)
@@ -196,7 +196,7 @@ def test_wrong_key_is_a_transfer_error_and_other_queues_go_on(target):
 
 
 def test_closing_one_queue_leaves_the_others_working(target):
-    from nvmeof_roce.transport.rdma_host import RdmaConnector
+    from nvmeof_roce.transport.rdma.host import RdmaConnector
     conn = RdmaConnector(LAB_IP, PORT)
     stays = conn.connect(qid=1, hrqsize=32, hsqsize=31)
     leaves = conn.connect(qid=2, hrqsize=32, hsqsize=31)
@@ -212,7 +212,7 @@ def test_closing_one_queue_leaves_the_others_working(target):
 def test_a_host_disconnect_closes_exactly_its_queue(target):
     """CM DISCONNECTED events all arrive on the listener's channel: each must close the queue it is for."""
     import time
-    from nvmeof_roce.transport.rdma_host import RdmaConnector
+    from nvmeof_roce.transport.rdma.host import RdmaConnector
     conn = RdmaConnector(LAB_IP, PORT)
     queues = [conn.connect(qid=q, hrqsize=8, hsqsize=7) for q in (1, 2, 3)]
     listener = target.listener
@@ -245,8 +245,8 @@ def test_no_pyverbs_object_per_command_and_every_request_ends_free(target):
     SGE per queue, and its requests all return to FREE once their responses' completions came back."""
     from pyverbs.qp import QPEx
     from pyverbs.wr import SGE
-    from nvmeof_roce.transport.rdma_host import RdmaConnector
-    from nvmeof_roce.transport.rdma_requests import State
+    from nvmeof_roce.transport.rdma.host import RdmaConnector
+    from nvmeof_roce.transport.rdma.requests import State
     conn = RdmaConnector(LAB_IP, PORT)
     queue = conn.connect(qid=1, hrqsize=32, hsqsize=31)
     # The target (a thread of this process) accepts inside the queue's constructor and files the queue right

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nvmeof_roce.nvme import pcap, roce
+from nvmeof_roce.capture import pcap, roce
 
 pytestmark = pytest.mark.twonode
 

@@ -1,4 +1,4 @@
-"""A slow device on demand, for the I/O engines' tests (target/ioengine.py): the commands of a namespace are
+"""A slow device on demand, for the I/O engines' tests (engine/ioengine.py): the commands of a namespace are
 held until the test releases them, so a test asserts which commands are with the device, which wait and which
 completed meanwhile, never a timing.
 

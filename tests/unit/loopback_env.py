@@ -14,7 +14,7 @@ from nvmeof_roce.nvme import fabrics as F
 from nvmeof_roce.nvme.command import CQE, SQE
 from nvmeof_roce.nvme.sgl import SglDescriptor
 from nvmeof_roce.config import parse_config
-from nvmeof_roce.target.core import Target
+from nvmeof_roce.engine.core import Target
 from nvmeof_roce.transport.loopback import FakeClock, LoopbackFabric
 
 HOST_A = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-00000000a001"

@@ -1,7 +1,7 @@
 """The native queue on the fake verbs provider (tests/native/fakeprov.c): a target queue and a host, no device.
 
 `fake_library()` compiles the provider with gcc into build/ (once per source change) and loads it with ctypes.
-`NativeEnv` puts a `NativeTargetQueue` (transport/native_queue.py) on it, in front of a loopback `Env`'s Target:
+`NativeEnv` puts a `NativeTargetQueue` (transport/rdma/native_queue.py) on it, in front of a loopback `Env`'s Target:
 the admin queue goes over loopback, the I/O queue through the C queue.  `FakeHost` is the host end: it registers
 memory (rkeys), sends capsules and collects the responses the C queue SENT.
 """
@@ -20,7 +20,7 @@ import pytest
 
 from nvmeof_roce import native
 from nvmeof_roce.transport.base import ConnectRequest
-from nvmeof_roce.transport.native_queue import ChunkPool, NativeTargetQueue, NativeVerbs, Region
+from nvmeof_roce.transport.rdma.native_queue import ChunkPool, NativeTargetQueue, NativeVerbs, Region
 from nvmeof_roce.transport.resources import BufferPool
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,8 +11,8 @@ from nvmeof_roce.nvme import identify as I
 from nvmeof_roce.nvme import log as L
 from nvmeof_roce.nvme import status as S
 from nvmeof_roce.nvme.status import NvmeStatusError
-from nvmeof_roce.target.ana import AnaError, set_ana_state
-from nvmeof_roce.target.core import Target
+from nvmeof_roce.engine.ana import AnaError, set_ana_state
+from nvmeof_roce.engine.core import Target
 
 SUB = "nqn.2024-01.io.test:ana"
 

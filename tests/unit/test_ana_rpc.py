@@ -7,7 +7,7 @@ from nvmeof_roce.nvme import admin as A
 from nvmeof_roce.nvme import status as S
 from nvmeof_roce.nvme.status import NvmeStatusError
 from nvmeof_roce.service.ana_control import AnaControl, current_states, publish
-from nvmeof_roce.service.control import Control, RpcError
+from nvmeof_roce.control.methods import Control, RpcError
 
 from loopback_env import ADDR1, ADDR2, Env, port, ram_ns
 

@@ -1,11 +1,9 @@
-"""Namespace backends (nvmeof_roce.target.backends)."""
+"""Namespace backends (nvmeof_roce.engine.backends)."""
 import os
 
 import pytest
 
-from nvmeof_roce.target.backends import (
-    BackendError, FileBackend, NullBackend, RamBackend, open_backend,
-)
+from nvmeof_roce.engine.backends import BackendError, FileBackend, NullBackend, RamBackend, open_backend
 from nvmeof_roce.config import NamespaceConfig
 
 

@@ -1,4 +1,4 @@
-"""blktests' NVME_TARGET_CONTROL hook (service/blktests_control.py) and what blktests' nvme group needs from the
+"""blktests' NVME_TARGET_CONTROL hook (lab/blktests_control.py) and what blktests' nvme group needs from the
 target, over the loopback fabric: its subsystem names (nvme/031), the discovery generation counter (nvme/030),
 qid_max changes on reconnect (nvme/048), keys from `setup` (nvme/041)."""
 import os
@@ -12,9 +12,9 @@ from nvmeof_roce.initiator.discovery import read_discovery_log
 from nvmeof_roce.nvme import admin as A
 from nvmeof_roce.nvme import fabrics as F
 from nvmeof_roce.nvme.auth import generate_secret
-from nvmeof_roce.service import blktests_control as B
-from nvmeof_roce.service.control import Control
-from nvmeof_roce.service.control_protocol import RpcError
+from nvmeof_roce.lab import blktests_control as B
+from nvmeof_roce.control.methods import Control
+from nvmeof_roce.control.protocol import RpcError
 
 from loopback_env import ADDR1, Env, port
 from test_target_control import LoopListeners

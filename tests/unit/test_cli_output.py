@@ -28,8 +28,8 @@ def test_journald_stream_is_detected_and_gets_priority_prefixes_without_timestam
     assert not cli.stderr_is_journal({"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino + 1}"}, f)
     assert not cli.stderr_is_journal({}, f)
     f.close()
-    record = logging.LogRecord("nvmeof_roce.target", logging.INFO, __file__, 1, "serving %s", ("x",), None)
-    assert cli.JournalFormatter().format(record) == "<6>nvmeof_roce.target: serving x"
+    record = logging.LogRecord("nvmeof_roce.engine", logging.INFO, __file__, 1, "serving %s", ("x",), None)
+    assert cli.JournalFormatter().format(record) == "<6>nvmeof_roce.engine: serving x"
     record.levelno = logging.ERROR
     assert cli.JournalFormatter().format(record).startswith("<3>")
 

@@ -9,8 +9,8 @@ import pytest
 from nvmeof_roce import cli
 from nvmeof_roce.config import (ConfigError, ConfigErrors, load_userspace_config, parse_config,
                                 validate_for_userspace)
-from nvmeof_roce.target import backends
-from nvmeof_roce.target.core import Target
+from nvmeof_roce.engine import backends
+from nvmeof_roce.engine.core import Target
 
 NQN = "nqn.2024-01.io.test:cfg"
 NQN2 = "nqn.2024-01.io.test:cfg2"
@@ -71,7 +71,7 @@ def test_unimplemented_keys_are_refused_with_path_and_fix(tmp_path, mutation, wh
 
 
 def test_ana_groups_are_served(tmp_path):
-    """ANA groups and states are implemented (target/ana.py): the userspace loader takes them."""
+    """ANA groups and states are implemented (engine/ana.py): the userspace loader takes them."""
     data = base()
     data["ports"][0]["ana_groups"] = [{"grpid": 1, "ana": {"state": "optimized"}},
                                       {"grpid": 2, "ana": {"state": "inaccessible"}}]
@@ -250,7 +250,7 @@ def test_kernel_loader_keeps_what_the_kernel_supports():
     data["subsystems"][0]["namespaces"][0].update(resv={"enable": 1})
     cfg = parse_config(data, "k.json")
     assert cfg.host_entries[0].attrs["dhchap"]["key"] == "DHHC-1:00:abcd:"
-    # DH-HMAC-CHAP is served by both targets (target/auth.py); treq and reservations only by the kernel's
+    # DH-HMAC-CHAP is served by both targets (engine/auth.py); treq and reservations only by the kernel's
     assert [e.where for e in validate_for_userspace(cfg)] == ["ports[0].addr.treq",
                                                               "subsystems[0].namespaces[0].resv.enable"]
 

@@ -515,7 +515,7 @@ def test_fuzz_capsules(capsys):
         run_example(example, stats)
 
     reasons = CloseReasons()
-    core_log = logging.getLogger("nvmeof_roce.target.core")
+    core_log = logging.getLogger("nvmeof_roce.engine.core")
     core_log.addHandler(reasons)
     level = core_log.level
     core_log.setLevel(logging.INFO)

@@ -11,8 +11,8 @@ from nvmeof_roce.initiator.controller import HostError, QueueFull
 from nvmeof_roce.initiator.perf import run_perf
 from nvmeof_roce.nvme import status as S
 from nvmeof_roce.nvme.command import CQE_STRUCT
-from nvmeof_roce.transport.rdma import SEND_WR_BASE
-from nvmeof_roce.transport.rdma_host import SendAccount
+from nvmeof_roce.transport.rdma.queue import SEND_WR_BASE
+from nvmeof_roce.transport.rdma.host import SendAccount
 
 
 # ---------------------------------------------------------------------------- the command slot table
@@ -189,7 +189,7 @@ def test_rdma_host_queue_chains_held_sends_and_echoes_every_cid():
     requests): what one poll batch's callbacks submit goes out as one chained post, and every CID comes back."""
     import sys
     from pathlib import Path
-    pytest.importorskip("nvmeof_roce.transport.rdma_host")
+    pytest.importorskip("nvmeof_roce.transport.rdma.host")
     try:
         import pyverbs  # noqa: F401
         pytest.skip("with python3-pyverbs the fake posts one by one (it cannot follow a real chain)")

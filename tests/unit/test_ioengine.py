@@ -1,4 +1,4 @@
-"""File and block namespaces on their I/O engines (target/ioengine.py), over the loopback fabric: every case
+"""File and block namespaces on their I/O engines (engine/ioengine.py), over the loopback fabric: every case
 runs on the io_uring engine and on the thread engine.
 
 The device is made slow deterministically, so what is asserted is which commands are with the device, which
@@ -18,10 +18,10 @@ from held import HeldRing, hold
 from loopback_env import HOST_A, HOST_B, Env, file_ns, port, ADDR1
 from nvmeof_roce.nvme import nvm
 from nvmeof_roce.nvme import status as S
-from nvmeof_roce.target.backends import BackendError
-from nvmeof_roce.target.io import device_status
+from nvmeof_roce.engine.backends import BackendError
+from nvmeof_roce.engine.io import device_status
 from nvmeof_roce.nvme.command import NVM_READ, NVM_WRITE, NVM_DSM
-from nvmeof_roce.target.ioengine import uring_unavailable
+from nvmeof_roce.engine.ioengine import uring_unavailable
 
 SUB = "nqn.2024-01.io.test:files"
 
@@ -97,7 +97,7 @@ def test_many_reads_with_the_device_at_once_bounded_by_queue_depth(files):
 
 
 def test_status_shows_engine_and_in_flight(files):
-    from nvmeof_roce.service.stats import target_status
+    from nvmeof_roce.control.stats import target_status
     ctrl = files.connect(SUB, num_io_queues=1)
     ns = files.target.subsystem(SUB).namespaces[1]
     before = target_status(files.target)["subsystems"][0]["namespaces"][0]["io"]
@@ -286,8 +286,8 @@ def test_a_hard_link_to_an_exported_file_is_a_duplicate(tmp_path):
 
 def test_a_namespace_added_live_is_locked_and_a_replaced_one_keeps_its_lock(tmp_path):
     from nvmeof_roce.config import parse_config
-    from nvmeof_roce.service import live
-    from nvmeof_roce.target.backends import FileBackend
+    from nvmeof_roce.control import live
+    from nvmeof_roce.engine.backends import FileBackend
     img = tmp_path / "live.img"
     img.write_bytes(bytes(1 << 20))
     env = Env(files_config(tmp_path, count=1))
@@ -483,7 +483,7 @@ def test_native_ring_refuses_a_command_past_its_depth_and_holds_its_buffers():
 
 def test_forced_io_uring_where_it_cannot_run_is_refused_naming_the_key(tmp_path, monkeypatch):
     from nvmeof_roce.config import ConfigError
-    from nvmeof_roce.target import ioengine
+    from nvmeof_roce.engine import ioengine
     monkeypatch.setattr(ioengine, "_uring_checked", True)
     monkeypatch.setattr(ioengine, "_uring_missing", "io_uring_setup failed: Operation not permitted")
     with pytest.raises(ConfigError) as ei:

@@ -1,11 +1,11 @@
-"""Controller and queue lifecycles (target/controller.py, target/queue.py): the kernel's controller states driven
+"""Controller and queue lifecycles (engine/controller.py, engine/queue.py): the kernel's controller states driven
 by CC, the queue's from CM accept to close, and what neither lets happen."""
 import pytest
 
 from loopback_env import SUB_RAM, RawQueue, raw_connect, raw_enable
 from nvmeof_roce.nvme import fabrics as F
-from nvmeof_roce.target.controller import CtrlState
-from nvmeof_roce.target.queue import IllegalQueueTransition, QueueLifecycle
+from nvmeof_roce.engine.controller import CtrlState
+from nvmeof_roce.engine.queue import IllegalQueueTransition, QueueLifecycle
 
 
 def controller_of(env, cqe):

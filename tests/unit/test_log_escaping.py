@@ -5,7 +5,7 @@ from nvmeof_roce.nvme import fabrics as F
 
 from loopback_env import SUB_RAM, SUB_ONLY_A, raw_connect
 
-EVIL = "nqn.2014-08.org.evil:host\n2026-01-01 00:00:00 nvmeof_roce.target.core INFO: forged\x1b[2J"
+EVIL = "nqn.2014-08.org.evil:host\n2026-01-01 00:00:00 nvmeof_roce.engine.core INFO: forged\x1b[2J"
 
 
 def test_control_characters_of_a_host_nqn_are_escaped_in_every_log_line(env, caplog):

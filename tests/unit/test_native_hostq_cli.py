@@ -22,7 +22,7 @@ def test_native_is_the_default_when_built_and_refused_with_the_fix_when_not(monk
 
 
 def test_the_cm_id_is_not_guessed_from_an_unknown_object():
-    from nvmeof_roce.transport.rdma_host_native import cm_id_address
+    from nvmeof_roce.transport.rdma.host_native import cm_id_address
 
     class Holder:
         def __init__(self):

@@ -1,4 +1,4 @@
-"""The native data path's latency histograms and poll modes (csrc/queue.c, transport/native_queue.py), through the
+"""The native data path's latency histograms and poll modes (csrc/queue.c, transport/rdma/native_queue.py), through the
 fake verbs provider (tests/native/fakeprov.c)."""
 import random
 
@@ -9,8 +9,8 @@ from native_diff import LoopbackEndpoint, NativeEndpoint, close_all, io_capsule
 from native_fake import needs_native, pump
 
 from nvmeof_roce import native
-from nvmeof_roce.service.stats import target_status
-from nvmeof_roce.target.latency import BUCKET_BOUNDS_US, LatencyHistogram
+from nvmeof_roce.control.stats import target_status
+from nvmeof_roce.engine.latency import BUCKET_BOUNDS_US, LatencyHistogram
 
 pytestmark = needs_native
 
@@ -171,7 +171,7 @@ def test_serve_takes_poll_busy_only_with_the_native_data_path():
 
 def test_target_status_and_the_status_line_say_busy_poll(busy_ep):
     from types import SimpleNamespace
-    from nvmeof_roce.service.rpc_commands import _data_path
+    from nvmeof_roce.control.commands import _data_path
     from nvmeof_roce.service.serve import TargetServer
     status = target_status(busy_ep.env.target, server=SimpleNamespace(data_path="native", poll="busy", listeners=[]))
     assert (status["data_path"], status["poll"]) == ("native", "busy")
@@ -205,7 +205,7 @@ def _await(loop, eps, want: dict, limit: float = 60.0) -> dict:
 @pytest.fixture
 def grouped():
     from nvmeof_roce.transport.eventloop import EventLoop
-    from nvmeof_roce.transport.pollgroups import PollGroups
+    from nvmeof_roce.transport.rdma.pollgroups import PollGroups
     eps = [NativeEndpoint(standard_config(), SUB_RAM) for _ in range(4)]
     loop = EventLoop(eps[0].env.target)
     groups = PollGroups(native.module, 2)
@@ -353,7 +353,7 @@ def test_poll_group_threads_serve_file_namespaces_and_hand_a_failed_command_back
     Python data path does."""
     import os
     from nvmeof_roce.transport.eventloop import EventLoop
-    from nvmeof_roce.transport.pollgroups import PollGroups
+    from nvmeof_roce.transport.rdma.pollgroups import PollGroups
     from test_native_queue import SUB_FILE, file_bytes, file_config
     eps = [NativeEndpoint(file_config(tmp_path / f"ns{i}.img"), SUB_FILE, depth=64, file_buffers=4)
            for i in range(2)]

@@ -1,10 +1,10 @@
-"""transport/rdma_native.py NativePortMemory: the port's native memory, and the bounce memory closed queues give
+"""transport/rdma/native.py NativePortMemory: the port's native memory, and the bounce memory closed queues give
 back for the next one (registering it anew holds the event loop)."""
 import mmap
 from types import SimpleNamespace
 
-from nvmeof_roce.transport import rdma_native
-from nvmeof_roce.transport.rdma_native import NativePortMemory
+from nvmeof_roce.transport.rdma import native as rdma_native
+from nvmeof_roce.transport.rdma.native import NativePortMemory
 
 
 class FakeModule:

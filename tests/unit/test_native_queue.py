@@ -148,9 +148,9 @@ def test_a_removed_namespace_leaves_the_view_at_once(native_ep):
 
 @pytest.mark.parametrize("restriction", ["qos", "visibility"])
 def test_a_namespace_with_a_qos_limit_or_per_host_visibility_is_left_to_the_core(native_ep, restriction):
-    """The core enforces QoS holds and per-host visibility (target/qos.py, core._start): the view leaves such
+    """The core enforces QoS holds and per-host visibility (engine/qos.py, core._start): the view leaves such
     a namespace out, so its commands reach Python."""
-    from nvmeof_roce.target import native_view
+    from nvmeof_roce.engine import native_view
     ep = native_ep
     target = ep.env.target
     ns = target.subsystems[SUB_RAM].namespaces[1]
@@ -297,7 +297,7 @@ def test_serve_names_the_data_path_and_refuses_one_it_cannot_run(monkeypatch):
 
 def test_target_status_says_which_data_path_runs(native_ep):
     from types import SimpleNamespace
-    from nvmeof_roce.service.stats import target_status
+    from nvmeof_roce.control.stats import target_status
     target = native_ep.env.target
     assert target_status(target)["data_path"] == "python"  # no server: the loopback target's own path
     assert target_status(target, server=SimpleNamespace(data_path="native", listeners=[]))["data_path"] == "native"

@@ -1,6 +1,6 @@
 """Files saved by nvmetcli's own save code on Debian's 6.1 and 6.12 kernels (tests/unit/fixtures/nvmetcli/,
 README there) pass `target check` and serve unchanged: only the namespaces' file paths are those of this
-machine.  The kernel path applies them too (tests/lab/test_nvmetcli_corpus.py, on the real kernels)."""
+machine.  The kernel path applies them too (tests/lab/test_nvmetcli_corpus_served.py, on the real kernels)."""
 import json
 from pathlib import Path
 

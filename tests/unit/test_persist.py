@@ -7,7 +7,7 @@ import stat
 import pytest
 
 from nvmeof_roce.config import load_userspace_config, parse_config
-from nvmeof_roce.service.control import Control, RpcError
+from nvmeof_roce.control.methods import Control, RpcError
 from nvmeof_roce.service.ops import persist_changes
 from nvmeof_roce.service.commands import check_config
 

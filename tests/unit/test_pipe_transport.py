@@ -21,7 +21,7 @@ from nvmeof_roce.nvme import identify as I
 from nvmeof_roce.nvme import status as S
 from nvmeof_roce.nvme.command import CQE, NVM_WRITE, SQE
 from nvmeof_roce.nvme.sgl import SUBTYPE_ADDRESS, SUBTYPE_INVALIDATE_KEY, TYPE_KEYED_DATA_BLOCK
-from nvmeof_roce.target.core import Target
+from nvmeof_roce.engine.core import Target
 from nvmeof_roce.transport import registry
 from nvmeof_roce.transport.base import (ConnectRejected, ConnectRequest, Connector, HostBuffer, HostQueue, Refusal,
                                         TargetQueue, TransportError)

@@ -1,12 +1,12 @@
-"""Per-namespace QoS (target/qos.py): token buckets with the fake clock, exact counts per timeslice; commands
+"""Per-namespace QoS (engine/qos.py): token buckets with the fake clock, exact counts per timeslice; commands
 over the limit held and started later, over loopback; the RPC and the config key."""
 import pytest
 
 from nvmeof_roce.config import ConfigError, parse_config
 from nvmeof_roce.nvme import status as S
 from nvmeof_roce.nvme.command import NVM_FLUSH, NVM_READ, NVM_WRITE, NVM_WRITE_ZEROES
-from nvmeof_roce.service.control import Control, RpcError
-from nvmeof_roce.target import qos as Q
+from nvmeof_roce.control.methods import Control, RpcError
+from nvmeof_roce.engine import qos as Q
 
 from loopback_env import ADDR1, HOST_A, Env, port, ram_ns
 

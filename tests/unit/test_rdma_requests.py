@@ -1,9 +1,9 @@
-"""The RDMA target's request state machine (transport/rdma_requests.py) over plain Python: a recording poster
+"""The RDMA target's request state machine (transport/rdma/requests.py) over plain Python: a recording poster
 stands for the QP, a real BufferPool for the port's data chunks."""
 import pytest
 
 from nvmeof_roce.transport.lifecycle import IllegalTransition
-from nvmeof_roce.transport.rdma_requests import SIGNAL_EVERY, RequestBook, State
+from nvmeof_roce.transport.rdma.requests import SIGNAL_EVERY, RequestBook, State
 from nvmeof_roce.transport.resources import BufferPool
 
 CQE = b"\x01" * 16
@@ -228,7 +228,7 @@ def test_data_in_registered_memory_goes_straight_from_there():
 
 
 def test_a_pinned_ram_namespace_zeroes_by_writing_not_by_dropping_pages():
-    from nvmeof_roce.target.backends import RamBackend
+    from nvmeof_roce.engine.backends import RamBackend
     ram = RamBackend(4 * 4096)
     ram.write(0, b"\xaa" * (4 * 4096))
     mapping = ram.pin()

@@ -1,4 +1,4 @@
-"""The RDMA target queue's real code (transport/rdma.py with its RequestBook) on the fake device of
+"""The RDMA target queue's real code (transport/rdma/queue.py with its RequestBook) on the fake device of
 tests/unit/fakeverbs.py, with the plain-Python pyverbs stand-ins: the project's initiator connects, writes and
 reads, and the test looks at what the transport did.  Runs in a child interpreter: the stand-ins replace pyverbs
 in sys.modules."""
@@ -37,7 +37,7 @@ def run_child(body: str) -> None:
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:] + proc.stdout[-2000:]
 
 
-CHILD = r"""from nvmeof_roce.transport.rdma_requests import SIGNAL_EVERY, State
+CHILD = r"""from nvmeof_roce.transport.rdma.requests import SIGNAL_EVERY, State
 import pyverbs.enums as e
 
 # count the send completions the target's CQs produce
@@ -155,7 +155,7 @@ def test_a_failing_teardown_step_does_not_keep_the_queue_or_its_cm_id():
 
 
 LEGACY = r"""import errno
-import nvmeof_roce.transport.rdma as R
+import nvmeof_roce.transport.rdma.queue as R
 
 # a device without the extended QP API, as siw: ibv_create_qp_ex with send_ops_flags fails with EOPNOTSUPP
 def no_extended_qp(*args, **kwargs):

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from nvmeof_roce.service.control import Control
-from nvmeof_roce.service.control_protocol import RpcError
+from nvmeof_roce.control.methods import Control
+from nvmeof_roce.control.protocol import RpcError
 
 from loopback_env import SUB_RAM, ram_ns
 

@@ -9,8 +9,8 @@ from nvmeof_roce.nvme import admin as A
 from nvmeof_roce.nvme import log as L
 from nvmeof_roce.nvme import status as S
 from nvmeof_roce.nvme.command import SQE
-from nvmeof_roce.target import admin, io
-from nvmeof_roce.target.request import Outcome, Request
+from nvmeof_roce.engine import admin, io
+from nvmeof_roce.engine.request import Outcome, Request
 from nvmeof_roce.transport import lifecycle
 from nvmeof_roce.transport.lifecycle import IllegalTransition, RequestState
 
@@ -64,7 +64,7 @@ def test_completing_a_request_twice_raises_and_is_counted_not_sent_twice(caplog)
 
     with_vendor_handler(env, twice)
     q = io_queue(env)
-    with caplog.at_level(logging.ERROR, "nvmeof_roce.target.core"):
+    with caplog.at_level(logging.ERROR, "nvmeof_roce.engine.core"):
         cqe = q.command(SQE(opc=VENDOR_OPC, nsid=1))
     assert cqe.status == 0  # the one completion that was legal
     assert q.poll_one(tries=2) is None  # and no second one
@@ -80,7 +80,7 @@ def test_a_handler_without_an_outcome_is_answered_internal_error_and_frees_its_s
     q = io_queue(env)
     qs = env.target._queues[q.transport._conn.target]
     before = qs.active
-    with caplog.at_level(logging.ERROR, "nvmeof_roce.target.core"):
+    with caplog.at_level(logging.ERROR, "nvmeof_roce.engine.core"):
         cqe = q.command(SQE(opc=VENDOR_OPC, nsid=1))
     assert cqe.status == S.INTERNAL | S.DNR
     assert qs.active == before  # the request went back to the queue's pool
@@ -133,7 +133,7 @@ def test_the_effects_log_lists_exactly_the_handled_opcodes(env):
 
 
 def test_a_table_refuses_a_second_handler_for_one_opcode():
-    from nvmeof_roce.target.handlers import CommandTable
+    from nvmeof_roce.engine.handlers import CommandTable
     table = CommandTable("test")
     table.handles(0x01)(lambda t, req: None)
     with pytest.raises(ValueError, match="two handlers"):

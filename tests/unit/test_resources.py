@@ -7,7 +7,7 @@ from nvmeof_roce.config import parse_config
 from nvmeof_roce.nvme import fabrics as F
 from nvmeof_roce.nvme import status as S
 from nvmeof_roce.nvme.status import NvmeStatusError
-from nvmeof_roce.target.core import Target
+from nvmeof_roce.engine.core import Target
 from nvmeof_roce.transport.base import ConnectRejected
 from nvmeof_roce.transport.loopback import FakeClock, LoopbackFabric
 from nvmeof_roce.transport.resources import BufferPool, ResourceLimits
@@ -194,9 +194,9 @@ def test_max_controllers_refuses_the_next_io_controller_but_not_discovery():
 
 
 def test_one_host_cannot_take_every_controller(monkeypatch):
-    """Per-host caps come before the target's (target/limits.py): a host at its cap is refused, another host
+    """Per-host caps come before the target's (engine/limits.py): a host at its cap is refused, another host
     still connects, for I/O and discovery controllers alike; with every kind full the CM refuses."""
-    from nvmeof_roce.target import core
+    from nvmeof_roce.engine import core
     monkeypatch.setattr(core, "MAX_CONTROLLERS_PER_HOST", 2)
     monkeypatch.setattr(core, "MAX_DISCOVERY_CONTROLLERS_PER_HOST", 1)
     monkeypatch.setattr(core, "MAX_DISCOVERY_CONTROLLERS", 2)

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from nvmeof_roce.errors import NvmeofError
-from nvmeof_roce.nvme import pcap, roce
+from nvmeof_roce.capture import pcap, roce
 
 HOST, TARGET = "10.99.1.2", "10.99.1.1"
 HOST_QP, TARGET_QP = 0x11, 0x12

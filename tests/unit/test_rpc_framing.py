@@ -4,9 +4,9 @@ import socket
 
 import pytest
 
-from nvmeof_roce.service import control_protocol as C, control_server
-from nvmeof_roce.service.control import Control
-from nvmeof_roce.service.control_server import RpcServer
+from nvmeof_roce.control import protocol as C, server as control_server
+from nvmeof_roce.control.methods import Control
+from nvmeof_roce.control.server import RpcServer
 
 from test_target_control import _serve_while
 

@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from nvmeof_roce.nvme import nvm
-from nvmeof_roce.target.ioengine import uring_unavailable
+from nvmeof_roce.engine.ioengine import uring_unavailable
 from held import hold
 from loopback_env import SUB_FILE, Env, RawQueue, standard_config
 

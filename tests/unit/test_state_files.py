@@ -9,7 +9,7 @@ import pytest
 from nvmeof_roce import securefile
 from nvmeof_roce.service import ana_control
 from nvmeof_roce.service.ana_control import AnaControl, publish
-from nvmeof_roce.service.control import Control
+from nvmeof_roce.control.methods import Control
 
 from loopback_env import ADDR1, Env, port, ram_ns
 

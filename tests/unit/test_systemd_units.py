@@ -46,7 +46,7 @@ def test_the_target_unit_is_rated_ok_by_systemd_analyze_security(tmp_path):
 
 def test_find_socket_knows_the_units_instance_directories(tmp_path, monkeypatch):
     from nvmeof_roce.errors import NvmeofError
-    from nvmeof_roce.service import control_client as control, control_protocol
+    from nvmeof_roce.control import client as control, protocol as control_protocol
     monkeypatch.setattr(control_protocol, "DEFAULT_SOCKET_DIR", str(tmp_path))
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "control.sock").write_text("")

@@ -74,7 +74,7 @@ def test_initiator_authenticates_every_queue(make_env, hash_name, dhgroup):
 @pytest.mark.parametrize("dhgroup", ["null", "ffdhe2048"])
 def test_bidirectional_authentication(make_env, dhgroup, caplog):
     env = make_env({"ctrl_key": CTRL_KEY, "hash": "hmac(sha384)", "dhgroup": dhgroup})
-    with caplog.at_level(logging.INFO, logger="nvmeof_roce.target.auth"):
+    with caplog.at_level(logging.INFO, logger="nvmeof_roce.engine.auth"):
         ctrl = env.connect(SUB, dhchap_secret=KEY, dhchap_ctrl_secret=CTRL_KEY)
     assert ctrl.authenticated_queues == [0, 1]
     assert "authenticated (bidirectional, hmac(sha384)" in caplog.text
@@ -402,7 +402,7 @@ def _reload(env, control, tmp_path, dhchap):
 
 @pytest.fixture
 def keyed(make_env):
-    from nvmeof_roce.service.control import Control
+    from nvmeof_roce.control.methods import Control
     env = make_env()
     return env, Control(env.target)
 

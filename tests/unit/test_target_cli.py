@@ -5,7 +5,7 @@ import pytest
 
 from nvmeof_roce import cli
 from nvmeof_roce.config import ConfigError, parse_config
-from nvmeof_roce.target.core import Target
+from nvmeof_roce.engine.core import Target
 
 NQN = "nqn.2024-01.io.test:cli"
 

@@ -12,11 +12,11 @@ from nvmeof_roce.initiator.discovery import read_discovery_log
 from nvmeof_roce.nvme import admin as A
 from nvmeof_roce.nvme import fabrics as F
 from nvmeof_roce.nvme import status as S
-from nvmeof_roce.service import live
-from nvmeof_roce.service.control import Control
-from nvmeof_roce.service.control_client import call
-from nvmeof_roce.service.control_protocol import INVALID_PARAMS, METHOD_NOT_FOUND, RpcError
-from nvmeof_roce.service.control_server import RpcServer
+from nvmeof_roce.control import live
+from nvmeof_roce.control.methods import Control
+from nvmeof_roce.control.client import call
+from nvmeof_roce.control.protocol import INVALID_PARAMS, METHOD_NOT_FOUND, RpcError
+from nvmeof_roce.control.server import RpcServer
 from nvmeof_roce.errors import NvmeofError
 
 from loopback_env import ADDR2, HOST_A, HOST_B, SUB_ONLY_A, SUB_RAM, Env, port, ram_ns, standard_config
@@ -331,7 +331,7 @@ def test_reload_applies_only_the_difference(env, control, tmp_path):
 
 
 def test_reload_removing_a_namespace_under_a_sliced_write_zeroes_answers_invalid_namespace(env, control, tmp_path):
-    """A reload drops namespace 1 while its Write Zeroes waits for its first slice (target/work.py): the
+    """A reload drops namespace 1 while its Write Zeroes waits for its first slice (engine/work.py): the
     command answers Invalid Namespace, not an Internal Error from the closed memory."""
     from loopback_env import RawQueue
     from nvmeof_roce.nvme import nvm

@@ -7,7 +7,7 @@ import pytest
 from loopback_env import (HOST_A, HOST_B, SUB_FILE, SUB_ONLY_A, SUB_RAM, Env, RawQueue, raw_connect, raw_enable,
                           standard_config)
 from held import hold
-from nvmeof_roce.target.ioengine import uring_unavailable
+from nvmeof_roce.engine.ioengine import uring_unavailable
 from nvmeof_roce.nvme import admin as A
 from nvmeof_roce.nvme import cm
 from nvmeof_roce.nvme import fabrics as F
@@ -546,7 +546,7 @@ def test_namespace_removed_while_write_data_in_flight(env, ctrl):
 
 
 def test_namespace_removed_while_a_sliced_write_zeroes_is_queued(env, ctrl):
-    """Write Zeroes on RAM runs in slices on later loop passes (target/work.py); a namespace removed before its
+    """Write Zeroes on RAM runs in slices on later loop passes (engine/work.py); a namespace removed before its
     first slice must answer Invalid Namespace, not touch the closed memory (an Internal Error)."""
     q = io(ctrl)
     q.send(nvm.write_zeroes_command(0, 1, 0, 7).pack())

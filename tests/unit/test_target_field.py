@@ -9,8 +9,8 @@ from nvmeof_roce.nvme import fabrics as F
 from nvmeof_roce.nvme import nvm
 from nvmeof_roce.nvme import status as S
 from nvmeof_roce.nvme.command import CQE, NVM_FLUSH, SQE
-from nvmeof_roce.target.io import merge_ranges
-from nvmeof_roce.target.work import SLICE_BYTES
+from nvmeof_roce.engine.io import merge_ranges
+from nvmeof_roce.engine.work import SLICE_BYTES
 
 from loopback_env import ADDR1, HOST_A, HOST_B, Env, RawQueue, port, raw_connect, raw_enable, ram_ns, file_ns
 
@@ -479,7 +479,7 @@ def test_pyverbs_loggers_are_cached_and_are_the_same_loggers():
     logging module must still be there."""
     import logging
     import types
-    from nvmeof_roce.transport.rdma import cache_pyverbs_loggers
+    from nvmeof_roce.transport.rdma.queue import cache_pyverbs_loggers
 
     base = types.ModuleType("pyverbs_base_like")
     base.logging = logging

@@ -130,7 +130,8 @@ def test_metrics_address_parsing():
 
 
 def test_control_socket_binding_rules(tmp_path, monkeypatch):
-    from nvmeof_roce.service import control_protocol, control_server, ops as opsmod
+    from nvmeof_roce.control import protocol as control_protocol, server as control_server
+    from nvmeof_roce.service import ops as opsmod
     blocked = tmp_path / "file-not-dir"
     blocked.write_text("")
     monkeypatch.setattr(control_protocol, "DEFAULT_SOCKET_DIR", str(blocked / "run"))

@@ -6,7 +6,7 @@ from nvmeof_roce.config import ConfigError, parse_config
 from nvmeof_roce.initiator.controller import NvmeStatusError
 from nvmeof_roce.nvme import admin as A
 from nvmeof_roce.nvme import status as S
-from nvmeof_roce.service.control import Control, RpcError
+from nvmeof_roce.control.methods import Control, RpcError
 
 from loopback_env import ADDR1, HOST_A, HOST_B, Env, port, ram_ns
 

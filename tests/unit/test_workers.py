@@ -15,9 +15,9 @@ from nvmeof_roce.nvme import status as S
 from nvmeof_roce.nvme.status import NvmeStatusError
 from nvmeof_roce.service import ana_control, workers
 from nvmeof_roce.service.ana_control import AnaControl, change_state, current_states, publish
-from nvmeof_roce.service.control_client import call
-from nvmeof_roce.service.control_protocol import RpcError
-from nvmeof_roce.service.control_server import bind_unix_socket
+from nvmeof_roce.control.client import call
+from nvmeof_roce.control.protocol import RpcError
+from nvmeof_roce.control.server import bind_unix_socket
 from nvmeof_roce.service.workers import split_cntlid_range, worker_configs
 
 SUB = "nqn.2024-01.io.test:mp"

@@ -11,7 +11,7 @@ an out-of-range access with `BackendError` instead of touching memory it does no
   says otherwise (0: O_DIRECT, refused with a clear error where the filesystem has none, e.g.
   tmpfs; 1: buffered).  A block device's logical block size is the namespace's unless the config
   sets one.  Reads go into the caller's memoryview with os.preadv (the I/O engine passes page-
-  aligned buffers, target/ioengine.py); an access O_DIRECT refuses (unaligned buffer or offset)
+  aligned buffers, engine/ioengine.py); an access O_DIRECT refuses (unaligned buffer or offset)
   falls back to a second, buffered descriptor.  A read or write that ends short is an error
   (never zeros with success); flush = fdatasync; Write Zeroes and deallocate are BLKZEROOUT and
   BLKDISCARD on a block device, fallocate(ZERO_RANGE / PUNCH_HOLE) on a file.  These calls wait
@@ -51,7 +51,7 @@ PAGE_SIZE = mmap.PAGESIZE
 
 class BackendError(NvmeofError):
     """A namespace backend failed; the message names the path (or backend) and the fix.  `errno`: the
-    device's error number when there is one (the NVMe status follows from it, target/io.py)."""
+    device's error number when there is one (the NVMe status follows from it, engine/io.py)."""
 
     def __init__(self, message: str, fix: str = "", errno: Optional[int] = None, field: Optional[str] = None):
         super().__init__(message, fix)
@@ -113,7 +113,7 @@ class Backend:
     def zero_steps(self, offset: int, length: int, deallocate: bool, slice_bytes: int) -> Iterator[int]:
         """Zero (or deallocate) a range in slices of at most `slice_bytes`; yields each slice's size.
 
-        The target runs one slice per event loop pass (target/work.py)."""
+        The target runs one slice per event loop pass (engine/work.py)."""
         self._check(offset, length)
         end = offset + length
         while offset < end:
@@ -292,7 +292,7 @@ def _fallocate(fd: int, mode: int, offset: int, length: int) -> bool:
 
 class FileBackend(Backend):
     kind = "file"
-    blocking = True  # every call may wait for the device: the I/O engine runs them (target/ioengine.py)
+    blocking = True  # every call may wait for the device: the I/O engine runs them (engine/ioengine.py)
 
     def __init__(self, path: str, block_size: int = 512, create_size: Optional[int] = None,
                  direct: Optional[bool] = None, lock: Optional[str] = None, inherit: Optional["FileBackend"] = None,

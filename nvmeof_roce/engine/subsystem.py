@@ -46,13 +46,13 @@ class Namespace:
         self.eui64 = _hex_bytes(config.eui64, 8)
         self.ana_grpid = config.ana_grpid
         self.removed = False
-        # Blocking calls and sliced jobs on the backend not yet completed (target/work.py): a removed namespace
+        # Blocking calls and sliced jobs on the backend not yet completed (engine/work.py): a removed namespace
         # closes its backend only after the last one, never under a call running on the worker thread.
         self.jobs = 0
         self._close_when_idle = False
         # RAM namespaces expose their memory: reads are sent straight from it, without a copy.
         self.direct_view = backend.buffer
-        # File and block namespaces: their commands go to an I/O engine (target/ioengine.py), made at the first
+        # File and block namespaces: their commands go to an I/O engine (engine/ioengine.py), made at the first
         # command (it needs the target's completion channel); which one, and why, is known from the start.
         self.queue_depth = config.queue_depth or DEFAULT_QUEUE_DEPTH
         try:

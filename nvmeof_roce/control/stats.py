@@ -1,6 +1,6 @@
 """Figures of a running target: per-namespace latency percentiles, rates, and the status snapshot.
 
-The I/O path only adds to counters and one histogram bucket per command (`target/latency.py`); rates and
+The I/O path only adds to counters and one histogram bucket per command (`engine/latency.py`); rates and
 percentiles are computed when someone asks (`target status`, the metrics endpoint), from samples the event
 loop takes once a second (`Sampler.tick`).
 """
@@ -10,7 +10,7 @@ import time
 from collections import deque
 from typing import Deque, Dict, Optional, Tuple
 
-from ..target.latency import NamespaceStats
+from ..engine.latency import NamespaceStats
 
 
 def ns_counters(ns) -> Tuple[int, int, int, int]:
@@ -67,7 +67,7 @@ def namespace_status(nqn: str, ns, sampler: Optional[Sampler]) -> dict:
         "bytes_read": ns.bytes_read, "bytes_written": ns.bytes_written, "errors": stats.errors,
         "read_latency_us": stats.read_latency.percentiles(),
         "write_latency_us": stats.write_latency.percentiles(),
-        # file and block namespaces: the I/O engine (target/ioengine.py), why, and its commands in flight
+        # file and block namespaces: the I/O engine (engine/ioengine.py), why, and its commands in flight
         "io": ns.engine_status() if hasattr(ns, "engine_status") else None,
     }
     d.update(sampler.rates(nqn, ns) if sampler is not None else {})

@@ -18,8 +18,8 @@ NVMe status (or a refused queue, or a clean close of that one queue).  An
 unexpected exception inside a handler is caught, counted in `internal_errors`,
 logged, and answered with Internal Error, so it never escapes into the transport.
 
-Queues (target/queue.py) and controllers (target/controller.py) have their own
-lifecycles; the fabrics commands are target/fabrics.py's.
+Queues (engine/queue.py) and controllers (engine/controller.py) have their own
+lifecycles; the fabrics commands are engine/fabrics.py's.
 
 Ports: the Target itself handles queues arriving on *any* configured port (a
 subsystem is reachable if some port exports it).  `target.port(portid)` gives a
@@ -35,12 +35,11 @@ from typing import Callable, Dict, List, Optional
 from ..nvme import cm
 from ..nvme import fabrics as F
 from ..nvme import status as S
-from ..nvme.command import CQE_STRUCT, FABRICS_OPCODE, FLAGS_FUSE_MASK, FLAGS_PSDT_MASK, PSDT_SGL_MPTR_CONTIG, \
-    PSDT_SGL_MPTR_SGL, SQE_SIZE
+from ..nvme.command import (CQE_STRUCT, FABRICS_OPCODE, FLAGS_FUSE_MASK, FLAGS_PSDT_MASK, PSDT_SGL_MPTR_CONTIG,
+                            PSDT_SGL_MPTR_SGL, SQE_SIZE)
 from ..transport import registry
 from ..transport.base import Refusal, TransportError
-from ..transport.lifecycle import EXECUTING, FREE, HELD, NEXT, TRANSFERRING_HOST_TO_CONTROLLER, IllegalTransition, \
-    move
+from ..transport.lifecycle import EXECUTING, FREE, HELD, NEXT, TRANSFERRING_HOST_TO_CONTROLLER, IllegalTransition, move
 from ..transport.resources import ResourceLimits
 from .backends import BackendError
 from ..config import ConfigError, NamespaceConfig, PortConfig, TargetConfig
@@ -49,11 +48,10 @@ from . import native_view
 from .controller import Controller, CtrlState
 from .ana import AnaTable
 from . import admin, discovery, fabrics, io
-from .limits import DEFAULT_IN_CAPSULE_SIZE, DEFAULT_QUEUE_SIZE, MAX_CONTROLLERS_PER_HOST, \
-    MAX_DISCOVERY_CONTROLLERS, MAX_DISCOVERY_CONTROLLERS_PER_HOST, MAX_NSID, MAX_QUEUE_SIZE, MAX_QUEUES, \
-    MIN_QUEUE_SIZE
-from .request import COMPLETED, DEFERRED, FETCHING, HELD_OUTCOME, LOC_DPTR, LOC_FLAGS, \
-    LOC_NSID, LOC_OPCODE, NO_LOCATION, Outcome, Request
+from .limits import (DEFAULT_IN_CAPSULE_SIZE, DEFAULT_QUEUE_SIZE, MAX_CONTROLLERS_PER_HOST, MAX_DISCOVERY_CONTROLLERS,
+                     MAX_DISCOVERY_CONTROLLERS_PER_HOST, MAX_NSID, MAX_QUEUE_SIZE, MAX_QUEUES, MIN_QUEUE_SIZE)
+from .request import (COMPLETED, DEFERRED, FETCHING, HELD_OUTCOME, LOC_DPTR, LOC_FLAGS, LOC_NSID, LOC_OPCODE,
+                      NO_LOCATION, Outcome, Request)
 from .queue import QueueLifecycle, QueueState
 from .subsystem import DiscoverySubsystem, Namespace, Subsystem
 from .work import Work
@@ -65,7 +63,7 @@ Handler = Callable[["Target", Request], Outcome]
 
 
 class MissingOutcome(RuntimeError):
-    """A command handler, or a next step of one, returned no Outcome (target/request.py): a missing branch."""
+    """A command handler, or a next step of one, returned no Outcome (engine/request.py): a missing branch."""
 SHUTDOWN_LINGER = 2.0  # seconds a shut-down controller keeps its admin queue for the last CSTS reads
 REFUSED_LINGER = 0.5  # seconds a queue whose Connect failed stays open so the host receives the status
 
@@ -163,12 +161,12 @@ class Target:
         self._queues: Dict[object, QueueState] = {}
         self._any_port = PortContext(self, None, in_capsule_size, self.default_queue_size)
         self._port_handlers: Dict[int, PortHandler] = {}
-        self.ana = AnaTable(config)  # ANA groups and their state on each port (target/ana.py)
+        self.ana = AnaTable(config)  # ANA groups and their state on each port (engine/ana.py)
         self.discovery_siblings: Dict[int, List[int]] = {}  # portid -> the portids of one path group (workers.py)
         self.work = Work()  # device completions and sliced jobs, back on the loop (work.py)
         self.host_auth = auth.host_settings(config)  # DH-HMAC-CHAP keys by host NQN
-        self.native_data_path = False  # a queue of the native data path was opened (target/native_view.py)
-        self.tick_hooks: List[Callable[[float], None]] = []  # e.g. the control socket's (service/control.py)
+        self.native_data_path = False  # a queue of the native data path was opened (engine/native_view.py)
+        self.tick_hooks: List[Callable[[float], None]] = []  # e.g. the control socket's (control/methods.py)
         self.qos = QosScheduler(clock)  # per-namespace limits: held commands start from the tick or its waker
         self.tick_hooks.append(self.qos.release)
         try:
@@ -455,7 +453,7 @@ class Target:
 
     def controller_cap(self, sub, hostnqn: str) -> str:
         """Why host `hostnqn` may not have another controller of `sub`'s kind, or "": its own cap first, then
-        the target's (target/limits.py), so one host cannot take what the others need."""
+        the target's (engine/limits.py), so one host cannot take what the others need."""
         if sub.is_discovery:
             mine = sum(1 for c in self.discovery.controllers.values() if c.hostnqn == hostnqn and not c.dead)
             if mine >= MAX_DISCOVERY_CONTROLLERS_PER_HOST:
@@ -595,7 +593,7 @@ class Target:
         req.state = EXECUTING
         if ns is not None and ns.qos is not None and \
                 not self.qos.admit(ns, req, lambda r: self._resume_held(r, handler)):
-            return  # over its namespace's QoS limit: held (EXECUTING), started when the tokens come back (target/qos.py)
+            return  # over its namespace's QoS limit: held (EXECUTING), started when the tokens come back (engine/qos.py)
         if handler(self, req) is None:
             self._missing_outcome(req, handler)
 
@@ -679,7 +677,7 @@ class Target:
 
     def shutdown_flush(self, ctrl: Controller) -> None:
         """CC.SHN: make the namespaces durable (CSTS.SHST 'occurring'), then report 'complete'.
-        File and block namespaces flush on their own lanes (target/ioengine.py), so other hosts are served
+        File and block namespaces flush on their own lanes (engine/ioengine.py), so other hosts are served
         meanwhile."""
         def done(errors):
             if errors:

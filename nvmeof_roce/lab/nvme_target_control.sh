@@ -16,4 +16,4 @@ if [ "$1" = config ]; then
     done
     exit 0
 fi
-exec "${NVMEOF_PYTHON:-python3}" -m nvmeof_roce.service.blktests_control --state "$STATE" "$@"
+exec "${NVMEOF_PYTHON:-python3}" -m nvmeof_roce.lab.blktests_control --state "$STATE" "$@"

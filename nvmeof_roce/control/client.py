@@ -7,8 +7,8 @@ import socket
 from typing import Any, Optional
 
 from ..errors import NvmeofError
-from . import control_protocol
-from .control_protocol import INTERNAL_ERROR, RpcError
+from . import protocol as control_protocol
+from .protocol import INTERNAL_ERROR, RpcError
 
 
 def call(path: str, method: str, params: Optional[dict] = None, timeout: float = 60.0) -> Any:

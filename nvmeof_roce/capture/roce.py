@@ -28,12 +28,12 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from . import cm as nvme_cm
-from .command import ADMIN_FABRICS, CQE, CQE_SIZE, SQE, SQE_SIZE
-from .fabrics import FCTYPE_CONNECT
+from ..nvme import cm as nvme_cm
+from ..nvme.command import ADMIN_FABRICS, CQE, CQE_SIZE, SQE, SQE_SIZE
+from ..nvme.fabrics import FCTYPE_CONNECT
 from .pcap import LINKTYPE_ETHERNET, LINKTYPE_LINUX_SLL, LINKTYPE_LINUX_SLL2, Packet
-from .sgl import ID_IN_CAPSULE, SUBTYPE_INVALIDATE_KEY, TYPE_DATA_BLOCK, TYPE_KEYED_DATA_BLOCK
-from .status import describe as status_describe
+from ..nvme.sgl import ID_IN_CAPSULE, SUBTYPE_INVALIDATE_KEY, TYPE_DATA_BLOCK, TYPE_KEYED_DATA_BLOCK
+from ..nvme.status import describe as status_describe
 
 ROCE_V2_PORT = 4791
 ETH_IPV4 = 0x0800

@@ -1,6 +1,6 @@
 """The native data path's read-only view of a queue: what its C queue may serve without Python (docs/native.md).
 
-A queue whose transport has `set_view` (transport/native_queue.py) serves Read, Write and Flush of the namespaces
+A queue whose transport has `set_view` (transport/rdma/native_queue.py) serves Read, Write and Flush of the namespaces
 listed here itself; everything else comes to the core.  The view lists a namespace only when every check of
 `Target._start` that does not depend on the command passes for it: the controller is ready, the queue is an
 authenticated I/O queue, the namespace is attached, not removed, its ANA group is optimized or non-optimized on
@@ -38,7 +38,7 @@ def view_of(target: "Target", qs: "QueueState") -> tuple:
         if ns.removed or target.ana.io_status(portid, ns.ana_grpid):
             continue
         if ns.qos is not None or not ns.visible_to(ctrl.hostnqn):
-            continue  # a QoS limit or per-host visibility: the core enforces them (target/qos.py, core._start)
+            continue  # a QoS limit or per-host visibility: the core enforces them (engine/qos.py, core._start)
         kind = ns.backend.kind
         addr = lkey = 0
         if kind == "ram":

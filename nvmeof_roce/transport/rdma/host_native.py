@@ -13,11 +13,11 @@ import ctypes
 import mmap
 from typing import List, Optional
 
-from .. import native
-from ..nvme import cm as cmdata
-from .base import HostBuffer, TransportError
-from .rdma import ADMIN_CAPSULE, RESPONSE_SIZE, _MIN_POINTER, cm_id_peer
-from .rdma_host import INLINE_CAPSULE, SIGNAL_INTERVAL, RdmaConnector, RdmaHostQueue
+from ... import native
+from ...nvme import cm as cmdata
+from ..base import HostBuffer, TransportError
+from .queue import ADMIN_CAPSULE, RESPONSE_SIZE, _MIN_POINTER, cm_id_peer
+from .host import INLINE_CAPSULE, SIGNAL_INTERVAL, RdmaConnector, RdmaHostQueue
 
 IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_WRITE, IBV_ACCESS_REMOTE_READ = 1, 2, 4
 

@@ -3,7 +3,7 @@
 The target core is single threaded: while one handler runs, no other queue is
 served and no keep-alive is seen.  Two kinds of work come back to the loop here:
 
-- *completions from other threads*: the I/O engines (target/ioengine.py) run a
+- *completions from other threads*: the I/O engines (engine/ioengine.py) run a
   file or block namespace's reads, writes, flushes and long commands on their
   own threads and `post` each completion, which then runs on the loop;
 - *long in-memory work* (deallocating or zeroing a large RAM range): it is cut

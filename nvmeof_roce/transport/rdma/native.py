@@ -1,13 +1,13 @@
 """Native I/O queues on a real RDMA device: the QP made by librdmacm on the CM id, the data path in C (docs/native.md).
 
-`RdmaListener` (transport/rdma.py) keeps the CM: it checks the connect request and, on a listener whose data path
+`RdmaListener` (transport/rdma/queue.py) keeps the CM: it checks the connect request and, on a listener whose data path
 is native, opens each I/O queue here instead of as an `RdmaTargetQueue` (admin queues stay on the Python path).
 `_native.create_cm_qp` makes the QP with a send and a receive CQ on their own completion channels, on the PD
 librdmacm keeps for the device (`id->pd`); the memory the C queue uses is registered on that PD
 (`NativePortMemory`: the port's data pool a second time, zero and sink buffers, RAM namespaces); pyverbs'
 `rdma_accept` moves the QP to RTR and RTS.  The CQ channels' fds are watched by the event loop (`--poll interrupt`),
 or the queue is polled on every loop pass (`--poll busy`: `NativeTargetQueue.start_polling`), or by a poll
-group's thread (`--cores N`, transport/pollgroups.py).
+group's thread (`--cores N`, transport/rdma/pollgroups.py).
 """
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import mmap
 from dataclasses import dataclass
 from typing import Dict, Optional
 
-from ..nvme import cm as cmdata
+from ...nvme import cm as cmdata
 from .native_queue import ChunkPool, NativeTargetQueue, NativeVerbs, Region
-from .resources import registered_region
+from ..resources import registered_region
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ IBV_ACCESS_LOCAL_WRITE = 1
 # kept, so a burst of queues does not stay pinned.
 SPARE_BOUNCE = 16
 RESPONSE_SIZE = 16
-ACK_TIMEOUT = 19  # as transport/rdma.py: rdma_cm's value, bounded
+ACK_TIMEOUT = 19  # as transport/rdma/queue.py: rdma_cm's value, bounded
 
 
 class NativePortMemory:

@@ -16,8 +16,8 @@ import stat
 from typing import Dict, List, Optional
 
 from ..errors import NvmeofError
-from .control_protocol import MAX_PENDING_REPLY_BYTES, MAX_REQUEST_BYTES, MAX_REQUEST_DEPTH, PARSE_ERROR, \
-    INVALID_REQUEST, RpcError
+from .protocol import (MAX_PENDING_REPLY_BYTES, MAX_REQUEST_BYTES, MAX_REQUEST_DEPTH, PARSE_ERROR, INVALID_REQUEST,
+                       RpcError)
 
 log = logging.getLogger(__name__)
 

@@ -15,13 +15,13 @@ import logging
 import os
 from typing import Any, Callable, Dict, List, Optional
 
-from ..config import ANA_STATES, QOS_LIMITS, ConfigError, DISCOVERY_NQN, USERSPACE_KEY, load_userspace_config, \
-    parse_config, parse_size, raise_all, validate_for_userspace
+from ..config import (ANA_STATES, QOS_LIMITS, ConfigError, DISCOVERY_NQN, USERSPACE_KEY, load_userspace_config,
+                      parse_config, parse_size, raise_all, validate_for_userspace)
 from ..securefile import write_file
 from ..transport import registry
-from ..target import auth
+from ..engine import auth
 from . import live
-from .control_protocol import METHOD_NOT_FOUND, RpcError, handle_request
+from .protocol import METHOD_NOT_FOUND, RpcError, handle_request
 from .stats import Sampler, controller_status, namespace_status, target_status
 
 log = logging.getLogger(__name__)
@@ -517,7 +517,7 @@ class Control:
 
     def rpc_bdev_set_qos_limit(self, params) -> bool:
         """SPDK's method for a namespace (SPDK names a bdev: here `nqn` and `nsid`): limits per second, 0 removes
-        one, a limit not given keeps its value.  Commands over a limit wait (target/qos.py)."""
+        one, a limit not given keeps its value.  Commands over a limit wait (engine/qos.py)."""
         p = _Params("bdev_set_qos_limit", params, ("nqn", "nsid", "name") + tuple(QOS_LIMITS))
         if p.has("name"):
             raise RpcError("name: this target has no bdevs; a namespace is named by its subsystem and NSID", "name",
@@ -547,7 +547,7 @@ class Control:
 
     def rpc_nvmf_subsystem_listener_set_ana_state(self, params) -> bool:
         """SPDK's method: the ANA state of the listener's groups (`anagrpid`, or every group the subsystem's
-        namespaces use).  ANA state here is per port and group (target/ana.py), so it applies to every subsystem
+        namespaces use).  ANA state here is per port and group (engine/ana.py), so it applies to every subsystem
         of that group on that port.  Same effect as `target ana-state`, through the config: with persist on,
         it is saved; a reload of a file with other states applies the file's."""
         p = _Params("nvmf_subsystem_listener_set_ana_state", params,

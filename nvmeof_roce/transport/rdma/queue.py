@@ -41,12 +41,12 @@ import socket
 import time
 from typing import Callable, Dict, List, Optional
 
-from ..errors import NvmeofError
-from ..nvme import cm as cmdata
-from .resources import BufferPool, PoolShare, ResourceLimits, registered_region
-from .rdma_requests import RequestBook, TxRequest
-from .eventloop import EventLoop
-from .base import ConnectRequest, QueueHandler, ReadDone, RemoteAccessError, TargetQueue, TransportError
+from ...errors import NvmeofError
+from ...nvme import cm as cmdata
+from ..resources import BufferPool, PoolShare, ResourceLimits, registered_region
+from .requests import RequestBook, TxRequest
+from ..eventloop import EventLoop
+from ..base import ConnectRequest, QueueHandler, ReadDone, RemoteAccessError, TargetQueue, TransportError
 
 log = logging.getLogger(__name__)
 # One DEBUG line per capsule received and per work request posted (`target serve -vv`): what a capture
@@ -337,7 +337,7 @@ class RdmaListener:
                  limits: Optional[ResourceLimits] = None, remote_invalidate: bool = True,
                  data_path: str = "python", poll_mode: str = "interrupt", poll_groups=None):
         require_pyverbs()
-        self.data_path = data_path  # "native": I/O queues run the C data path (transport/rdma_native.py)
+        self.data_path = data_path  # "native": I/O queues run the C data path (transport/rdma/native.py)
         self.poll_mode = poll_mode  # native queues: "interrupt" (completion channels) or "busy" (tunables.POLL)
         self.poll_groups = poll_groups  # pollgroups.PollGroups: threads poll the native queues (--cores)
         self.native_memory = None  # rdma_native.NativePortMemory, made with the first native queue
@@ -488,8 +488,8 @@ class RdmaListener:
         self.handler.queue_opened(queue)
 
     def _native_queue(self, child, id_ptr: int, request: ConnectRequest):
-        from .. import native
-        from .rdma_native import NativePortMemory, RdmaNativeQueue
+        from ... import native
+        from .native import NativePortMemory, RdmaNativeQueue
 
         def memory_of(pd: int) -> NativePortMemory:
             if self.native_memory is None:
@@ -619,7 +619,7 @@ class _AcceptRefused(Exception):
 
 
 class RdmaTargetQueue(TargetQueue):
-    """One accepted NVMe queue: an RC QP with its CQ, receive slots and a `RequestBook` (transport/rdma_requests.py).
+    """One accepted NVMe queue: an RC QP with its CQ, receive slots and a `RequestBook` (transport/rdma/requests.py).
 
     The hot path makes no pyverbs object per command: work requests are built in the QP with the extended API
     (QPEx: wr_start, wr_rdma_read / wr_rdma_write + wr_set_sge on one reused SGE, wr_send / wr_send_inv +

@@ -102,7 +102,7 @@ def test_malformed_capsule_sweep_while_a_kernel_host_verifies_another_controller
     from nvmeof_roce.nvme.command import SQE
     from nvmeof_roce.nvme.sgl import SglDescriptor
     from nvmeof_roce.transport.base import TransportError
-    from nvmeof_roce.transport.rdma_host import RdmaConnector
+    from nvmeof_roce.transport.rdma.host import RdmaConnector
 
     nvme("connect", "-t", "rdma", "-a", LAB_IP, "-s", "4420", "-n", NQN_CLEAN, "-i", "2")
     fio = None
@@ -217,7 +217,7 @@ def test_our_initiator_against_kernel_nvmet(kernel_target):
     assert json.loads(out.stdout)["ok"]
 
     from nvmeof_roce.initiator.controller import Controller
-    from nvmeof_roce.transport.rdma_host import RdmaConnector
+    from nvmeof_roce.transport.rdma.host import RdmaConnector
     connector = RdmaConnector(LAB_IP, KERNEL_PORT)
     ctrl = Controller.connect(connector, NQN_KERNEL, num_io_queues=2)
     try:

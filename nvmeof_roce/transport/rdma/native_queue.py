@@ -5,7 +5,7 @@ and null namespaces in its view never reach Python, nor do Reads and Writes of i
 the queue's io_uring, through a bounce chunk per request slot: `bounce_of` gives the registered memory, `watch`
 puts the ring's eventfd on the event loop; without `bounce_of` the core serves them); every other capsule comes here (`_on_capsule`) and goes to
 the target core as on the Python path, with a `TxRequest` of this queue's `RequestBook`
-(transport/rdma_requests.py).  The book's Poster is this class: its READs and responses are posted through the C
+(transport/rdma/requests.py).  The book's Poster is this class: its READs and responses are posted through the C
 queue (`post_read`, `post_response`), so one owner posts on the QP; its send completions come back through
 `_on_send_done`.  The send queue is split: the book counts `python_send` entries of it, the C queue the rest.
 
@@ -20,9 +20,9 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from .base import ConnectRequest, QueueHandler, RemoteAccessError, TargetQueue, TransportError
-from .rdma_requests import RequestBook, TxRequest
-from .resources import PoolShare, ResourceLimits
+from ..base import ConnectRequest, QueueHandler, RemoteAccessError, TargetQueue, TransportError
+from .requests import RequestBook, TxRequest
+from ..resources import PoolShare, ResourceLimits
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class NativeTargetQueue(TargetQueue):
         self.bounce: Optional[Region] = None
         self.ring_fd: Optional[int] = None
         self.closed = False
-        # Send queue as the RDMA transport sizes it (transport/rdma.py): per command a READ, or a WRITE and a SEND,
+        # Send queue as the RDMA transport sizes it (transport/rdma/queue.py): per command a READ, or a WRITE and a SEND,
         # twice over; the Python side's book gets a quarter of it (its commands are the rare ones).
         self.send_queue = 4 * self.depth + 8
         python_send = max(8, self.send_queue // 4)
@@ -161,7 +161,7 @@ class NativeTargetQueue(TargetQueue):
         """Have `loop` (transport/eventloop.py) drive this queue: "interrupt" arms the CQs and watches their
         completion channels' fds (`on_channel_event` reads the events, re-arms and polls); "busy" never arms
         them and polls the queue on every loop pass instead, until it closes (tunables.POLL).  With
-        `poll_groups` (transport/pollgroups.py, `--cores`) a poll group's thread busy-polls it without the GIL
+        `poll_groups` (transport/rdma/pollgroups.py, `--cores`) a poll group's thread busy-polls it without the GIL
         and the loop watches its mailbox's eventfd instead, draining what needs Python."""
         self.poll_mode = mode
         if poll_groups is not None:
@@ -197,7 +197,7 @@ class NativeTargetQueue(TargetQueue):
 
     def set_view(self, ready: bool, namespaces, sq_entries: int = 0, sq_head: int = 0,
                  sqflow_disabled: bool = False) -> dict:
-        """The one call that changes what the C queue serves itself (target/native_view.py builds it)."""
+        """The one call that changes what the C queue serves itself (engine/native_view.py builds it)."""
         if self.closed:
             return {}
         # The core serves file and block namespaces where the queue cannot: no ring or bounce memory.

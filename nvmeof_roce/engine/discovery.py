@@ -15,11 +15,11 @@ from ..nvme import admin as A
 from ..nvme import identify as I
 from ..nvme import log as L
 from ..nvme import status as S
-from ..nvme.command import (ADMIN_ASYNC_EVENT, ADMIN_GET_FEATURES, ADMIN_GET_LOG_PAGE, ADMIN_IDENTIFY,
-                            ADMIN_KEEP_ALIVE, ADMIN_SET_FEATURES)
+from ..nvme.command import (ADMIN_ASYNC_EVENT, ADMIN_GET_FEATURES, ADMIN_GET_LOG_PAGE, ADMIN_IDENTIFY, ADMIN_KEEP_ALIVE,
+                            ADMIN_SET_FEATURES)
 from ..nvme.fabrics import DISCOVERY_NQN
-from .admin import KAS, async_event, get_feature_common, keep_alive, log_page_request, set_feature_common, \
-    sgls_for, window
+from .admin import (KAS, async_event, get_feature_common, keep_alive, log_page_request, set_feature_common, sgls_for,
+                    window)
 from .limits import MAX_AER
 from .handlers import CommandTable
 from .request import COMPLETED, LOC_CDW10, LOC_DPTR, Outcome, Request

@@ -1,7 +1,7 @@
 """Fabrics commands (docs/protocol.md §4): Connect, Property Get/Set, Disconnect, and the dispatch of
 Authentication Send/Receive (the DH-HMAC-CHAP exchange itself is auth.py's).
 
-Each handler returns an Outcome (target/request.py).  The core (core.py) picks the table: `connect` on a queue
+Each handler returns an Outcome (engine/request.py).  The core (core.py) picks the table: `connect` on a queue
 without a controller, `ADMIN` or `IO` by the queue once it has one, and only `BEFORE_AUTHENTICATION` until a
 queue that must authenticate has.
 """

@@ -1,6 +1,6 @@
 """The RDMA target's per-command bookkeeping: one state machine from receive to send completion.
 
-Plain Python, no device: `RdmaTargetQueue` (transport/rdma.py) owns a `RequestBook`
+Plain Python, no device: `RdmaTargetQueue` (transport/rdma/queue.py) owns a `RequestBook`
 and gives it a `Poster` that turns "post this READ" or "post this response" into
 verbs; unit tests give it one that records.  Everything a command can wait for is
 counted here: data chunks (the port's `BufferPool`, transport/resources.py), RDMA
@@ -31,10 +31,10 @@ import logging
 from collections import deque
 from typing import Callable, Deque, Dict, List, Optional, Protocol
 
-from .lifecycle import COMPLETING, EXECUTING, FREE, NEED_BUFFER, NEED_READ_CREDIT, NEW, READY_TO_COMPLETE, \
-    TRANSFERRING_HOST_TO_CONTROLLER, RequestState, move
-from .base import TransportError
-from .resources import PoolShare
+from ..lifecycle import (COMPLETING, EXECUTING, FREE, NEED_BUFFER, NEED_READ_CREDIT, NEW, READY_TO_COMPLETE,
+                         TRANSFERRING_HOST_TO_CONTROLLER, RequestState, move)
+from ..base import TransportError
+from ..resources import PoolShare
 
 log = logging.getLogger(__name__)
 

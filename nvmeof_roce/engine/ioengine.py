@@ -1,9 +1,9 @@
 """I/O engines: how a file or block namespace's commands reach the device without holding the event loop.
 
-The target core is single threaded (target/core.py): a `preadv` that waits 2 ms for a disk on the loop would
+The target core is single threaded (engine/core.py): a `preadv` that waits 2 ms for a disk on the loop would
 serve one command at a time and stall every other queue meanwhile.  An engine takes a namespace's reads,
 writes, flushes and long commands, runs them elsewhere with many on the device at once, and hands each
-completion back ON THE EVENT LOOP: through the target's `Work` channel (target/work.py), an eventfd the loop
+completion back ON THE EVENT LOOP: through the target's `Work` channel (engine/work.py), an eventfd the loop
 watches (`EventLoop.watch` on RDMA, `LoopbackFabric.watch` in the unit tests, so both drive the same path).
 
 One interface, `IoEngine`; `choose_engine` picks the one that runs and says why (`target status` shows both):
@@ -281,7 +281,7 @@ class _QueuedEngine(IoEngine):
         self.backend = backend
         self.depth = depth
         self.reason = reason
-        self.channel = channel  # target/work.py's Work: `attached`, post(callback) from any thread
+        self.channel = channel  # engine/work.py's Work: `attached`, post(callback) from any thread
         channel.engines.add(self)  # Work.close closes the engines before it runs their last completions
         self.in_flight = 0  # reads/writes given to the device, not yet completed on the loop
         self.waiting: Deque[_Op] = deque()  # reads/writes that found the namespace full, in arrival order

@@ -100,7 +100,7 @@ class Controller:
         self.error_log: Deque[ErrorLogEntry] = deque(maxlen=ERROR_LOG_ENTRIES)
         self.error_count = 0
         self.state = CtrlState.NEW
-        self.auth = None  # target/auth.py's HostAuth when the host must authenticate each queue
+        self.auth = None  # engine/auth.py's HostAuth when the host must authenticate each queue
 
     # -- lifecycle
     def change_state(self, new: CtrlState) -> bool:

@@ -1,4 +1,4 @@
-"""Clients of a running target's control socket (service/control.py): `nvmeof-roce rpc` and the target verbs.
+"""Clients of a running target's control socket (control/methods.py): `nvmeof-roce rpc` and the target verbs.
 
     nvmeof-roce rpc METHOD [--param KEY=VALUE ...] [JSON]       any method, SPDK's names
     nvmeof-roce target add-ns NQN (--path FILE | --ram SIZE | --null SIZE) [--nsid N] [--block-size B]
@@ -30,8 +30,8 @@ from typing import Any, Dict, Optional
 from ..config import NS_IO_ENGINES
 from ..errors import NvmeofError
 from ..output import emit, table
-from .control_client import call, find_socket
-from .control_protocol import RpcError
+from .client import call, find_socket
+from .protocol import RpcError
 
 
 def _call(args, method: str, params: Optional[dict] = None) -> Any:

@@ -4,8 +4,8 @@ The NSID was resolved before these run (req.ns).  Every check happens before
 any data moves: transfer length against the SGL (SGL Data Length Invalid),
 MDTS (Invalid Field), LBA range (LBA Out of Range), all with DNR.
 
-RAM and null namespaces are served inline (long zeroing in slices, target/work.py).
-A file or block namespace's commands go to its I/O engine (target/ioengine.py) and
+RAM and null namespaces are served inline (long zeroing in slices, engine/work.py).
+A file or block namespace's commands go to its I/O engine (engine/ioengine.py) and
 complete when the device is done, back on the event loop; a device error becomes
 the status nvmet gives it (`device_status`, after nvmet's errno_to_nvme_status).
 """
@@ -251,7 +251,7 @@ def _write_zeroes(t: Target, req: Request) -> Outcome:
 
 def _zero_ranges(t: Target, req: Request, ranges, deallocate: bool, what: str) -> Outcome:
     """Zero or deallocate byte ranges without holding the loop: a file or block device on the namespace's
-    lane (fallocate, BLKZEROOUT, BLKDISCARD), RAM in slices of SLICE_BYTES across loop passes (target/work.py)."""
+    lane (fallocate, BLKZEROOUT, BLKDISCARD), RAM in slices of SLICE_BYTES across loop passes (engine/work.py)."""
     ns = req.ns
     backend = ns.backend
     if backend.blocking:

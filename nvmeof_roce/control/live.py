@@ -28,13 +28,13 @@ from typing import Callable, ClassVar, Dict, List, Optional, Tuple
 
 from ..config import ConfigError, NamespaceConfig, PortConfig, SubsystemConfig, TargetConfig
 from ..nvme import admin as A
-from ..target import auth
-from ..target.ana import DEFAULT_GRPID, set_ana_state
-from ..target.backends import BackendError, open_backend
-from ..target.core import PortContext, PortHandler
-from ..target.discovery import discovery_entries
-from ..target.limits import MAX_NSID
-from ..target.subsystem import Namespace, Subsystem, max_qid_of
+from ..engine import auth
+from ..engine.ana import DEFAULT_GRPID, set_ana_state
+from ..engine.backends import BackendError, open_backend
+from ..engine.core import PortContext, PortHandler
+from ..engine.discovery import discovery_entries
+from ..engine.limits import MAX_NSID
+from ..engine.subsystem import Namespace, Subsystem, max_qid_of
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +244,7 @@ class NamespaceVisibility(Change):
 
 
 class NamespaceQos(Change):
-    """nvmeof_roce.qos (SPDK's bdev_set_qos_limit): the new limits apply from the next command (target/qos.py)."""
+    """nvmeof_roce.qos (SPDK's bdev_set_qos_limit): the new limits apply from the next command (engine/qos.py)."""
     action = "namespace-qos"
 
     def __init__(self, nqn: str, n: NamespaceConfig):
@@ -353,7 +353,7 @@ class Referrals(Change):
 
 class AnaState(Change):
     """A port's ANA group changes state (nvmf_subsystem_listener_set_ana_state, or a reload of a file that says
-    so): the port's controllers get the ANA change notice (target/ana.py set_ana_state)."""
+    so): the port's controllers get the ANA change notice (engine/ana.py set_ana_state)."""
     action = "ana-state"
 
     def __init__(self, portid: int, grpid: int, state: str):
@@ -424,7 +424,7 @@ def _port_fixed(p: PortConfig) -> tuple:
 
 
 def _ana_states(p: PortConfig) -> Dict[int, str]:
-    """A port's ANA state of every group it names (group 1 is optimized unless listed; target/ana.py)."""
+    """A port's ANA state of every group it names (group 1 is optimized unless listed; engine/ana.py)."""
     states = {DEFAULT_GRPID: "optimized"}
     states.update((a.grpid, a.state) for a in p.ana_groups)
     return states
@@ -693,7 +693,7 @@ def _rebind_configs(target, new: TargetConfig) -> None:
             n = cfg.namespace(ns.nsid)
             if n is not None:
                 ns.config = n
-            target.qos.configure(ns)  # its QoS limits as the config now says (target/qos.py)
+            target.qos.configure(ns)  # its QoS limits as the config now says (engine/qos.py)
     for portid, handler in target._port_handlers.items():
         port = new.port(portid)
         if port is not None:

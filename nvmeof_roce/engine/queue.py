@@ -3,7 +3,7 @@
     CONNECTING  the transport accepted the connection; the NVMe Connect is awaited (closed after the connect
                 timeout, ResourceLimits.connect_timeout)
     LIVE        its Connect succeeded: it belongs to a controller (commands are then gated by the controller's
-                CSTS.RDY, target/controller.py, and by DH-HMAC-CHAP until authenticated, target/auth.py QueueAuth)
+                CSTS.RDY, engine/controller.py, and by DH-HMAC-CHAP until authenticated, engine/auth.py QueueAuth)
     REFUSED     its Connect failed: it stays open a moment so the host receives the status, then closes (a
                 Connect retried meanwhile may still succeed: LIVE)
     CLOSED      closed by the target (Disconnect, controller deleted, a fatal error) or by the transport
@@ -63,7 +63,7 @@ class QueueState:
         self.state = QueueLifecycle.CONNECTING
         self.closed = False  # state is CLOSED (kept as a flag: the hot path reads it)
         self.in_capsule_size = transport.in_capsule_size if self.qid else 0
-        self.auth = None  # target/auth.py's QueueAuth when the host must authenticate this queue
+        self.auth = None  # engine/auth.py's QueueAuth when the host must authenticate this queue
         self.ops = registry.get(transport.trtype)  # what its transport does (transport/registry.py)
         self.map_sgl = self.ops.map_sgl
 

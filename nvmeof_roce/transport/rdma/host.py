@@ -12,10 +12,10 @@ import selectors
 import time
 from typing import List, Optional
 
-from ..nvme import cm as cmdata
-from .base import ConnectRejected, Connector, HostBuffer, HostQueue, TransportError
-from .rdma import (ADMIN_CAPSULE, CM_TIMEOUT_MS, PYVERBS_ERROR, RESPONSE_SIZE, SEND_WR_BASE, WR_LEAKS,
-                   RegisteredMemory, _create_with_fd, _eagain, is_iwarp, require_pyverbs)
+from ...nvme import cm as cmdata
+from ..base import ConnectRejected, Connector, HostBuffer, HostQueue, TransportError
+from .queue import (ADMIN_CAPSULE, CM_TIMEOUT_MS, PYVERBS_ERROR, RESPONSE_SIZE, SEND_WR_BASE, WR_LEAKS,
+                    RegisteredMemory, _create_with_fd, _eagain, is_iwarp, require_pyverbs)
 
 log = logging.getLogger(__name__)
 
