@@ -144,7 +144,7 @@ def _rdma_loop(handler):
 
 
 def _rdma_listen(loop, port, handler, options: ListenOptions):
-    from .rdma.queue import RdmaListener
+    from .rdma.cm import RdmaListener
     return RdmaListener(loop, port.traddr, port.trsvcid, handler=handler, port_id=port.portid,
                         max_transfer=options.max_transfer, limits=options.limits,
                         remote_invalidate=options.remote_invalidate, data_path=options.data_path,
@@ -152,7 +152,7 @@ def _rdma_listen(loop, port, handler, options: ListenOptions):
 
 
 def _rdma_require():
-    from .rdma.queue import require_pyverbs
+    from .rdma.verbs import require_pyverbs
     require_pyverbs()
 
 

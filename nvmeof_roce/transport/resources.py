@@ -216,7 +216,7 @@ class BufferPool:
 
 def registered_region(regions: dict, backend, register: Callable) -> Optional[tuple]:
     """(addr, lkey) of a RAM namespace's memory registered with a device, or None where it cannot be: the one
-    cache both RDMA listeners (transport/rdma/queue.py, transport/rdma/native.py) keep, keyed by the memory's mapping
+    cache both RDMA listeners (transport/rdma/cm.py, transport/rdma/native.py) keep, keyed by the memory's mapping
     so that a resized namespace's new memory is registered anew (the old registration is kept until the listener
     closes: WRITEs already posted may still read it).  `register(pin, mapping)` pins the memory and registers it,
     and returns (the pinned mapping, or `mapping` when pinning failed; (addr, lkey) or None; what to keep alive
