@@ -144,6 +144,20 @@ class TargetQueue(abc.ABC):
         return False
 
 
+class Listener(abc.ABC):
+    """A transport's end of one config port: it accepts the port's queues (transport/registry.py `listen`)."""
+
+    @abc.abstractmethod
+    def status(self) -> dict:
+        """Its figures for `target status`: "address" (traddr:trsvcid), "portid", "queues" (open now),
+        "wc_errors" (failed work completions, flushes not counted; None where the transport does not count them),
+        and "pool" where it has a data-buffer pool (transport/resources.py `BufferPool.figures`)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close its queues and stop listening."""
+
+
 class QueueHandler(Protocol):
     """Implemented by the target: the transport calls these from its event loop."""
 

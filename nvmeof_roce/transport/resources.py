@@ -144,6 +144,11 @@ class BufferPool:
         return (f"{self.free_count}/{self.total} free, {self.committed} guaranteed to queues, "
                 f"{len(self.waiting)} queues waiting")
 
+    def figures(self) -> dict:
+        """What `target status` shows of the pool (a listener's "pool")."""
+        return {"chunks": self.total, "free": self.free_count, "in_use": self.total - self.free_count,
+                "guaranteed": self.committed}
+
     # -- shares
     def share(self, wake: Optional[Callable[[], None]] = None) -> PoolShare:
         self.shares += 1

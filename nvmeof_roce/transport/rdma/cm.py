@@ -24,7 +24,7 @@ from typing import Dict, Optional
 
 from ...errors import NvmeofError
 from ...nvme import cm as cmdata
-from ..base import ConnectRequest, QueueHandler
+from ..base import ConnectRequest, Listener, QueueHandler
 from ..eventloop import EventLoop
 from ..resources import ResourceLimits, registered_region
 from .memory import DataPool, MappedRegion, data_buffer_access
@@ -116,7 +116,7 @@ def cm_id_peer(cm_id: Optional[int]) -> str:
     return ""
 
 
-class RdmaListener:
+class RdmaListener(Listener):
     """Listens on traddr:trsvcid and turns accepted connections into `RdmaTargetQueue`s."""
 
     def __init__(self, loop: EventLoop, traddr: str, trsvcid: int = 4420, *, handler: Optional[QueueHandler] = None,
@@ -292,7 +292,12 @@ class RdmaListener:
             self.children.pop(queue.id_ptr, None)
         self._destroy_id(queue.cm_id)
 
-    def status(self) -> str:
+    def status(self) -> dict:
+        return {"address": f"{self.traddr}:{self.trsvcid}", "portid": self.port_id, "queues": len(self.queues),
+                "wc_errors": None,  # not counted
+                "pool": self.pool.accounts.figures()}
+
+    def status_line(self) -> str:
         """One line of figures for `target serve`'s status log."""
         connected = sum(1 for q in self.queues.values() if q.share.guaranteed)
         return (f"{self.traddr}:{self.trsvcid}: {len(self.queues)} queues ({connected} connected), "
