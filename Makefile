@@ -132,13 +132,13 @@ clean-lab: venv
 
 # Python µs per 4 KiB read through the RDMA transport (a fake device, real pyverbs objects) and the target
 # core alone: a benchmark, not a test (docs/benchmarks.md). pyverbs is only in the lab guest, so it runs there;
-# `python3 benchmarks/transport_cost.py --stand-ins` runs anywhere, without pyverbs' own costs.
+# `python3 -m nvmeof_roce.bench.cost.transport --stand-ins` runs anywhere, without pyverbs' own costs.
 bench-transport: lab
-	$(NVMEOF) lab run --timeout 900 -- python3 benchmarks/transport_cost.py
+	$(NVMEOF) lab run --timeout 900 -- python3 -m nvmeof_roce.bench.cost.transport
 
 # The native data path's cost through the fake verbs provider (docs/native.md): callgrind, no lab needed.
 bench-native: venv
-	$(VENV)/bin/python benchmarks/native_cost.py
+	$(VENV)/bin/python -m nvmeof_roce.bench.cost.native
 
 # The native data path's tests under AddressSanitizer + UBSan (a separate build of the extension, loaded through
 # NVMEOF_ROCE_NATIVE_SO; Python itself is not instrumented, so libasan is preloaded and leak checking is off),

@@ -12,8 +12,8 @@
  * one post, one doorbell per poll batch (receives re-posted first, then every send), ibv_poll_cq N at a time,
  * no allocation and no lock per command (slots and work requests are preallocated arrays).
  *
- * Every function of the per-command path is named nq_*; nq_poll is the entry: benchmarks/native_cost.py counts
- * the instructions under it.
+ * Every function of the per-command path is named nq_*; nq_poll is the entry: nvmeof_roce/bench/cost/native.py
+ * counts the instructions under it.
  */
 #include "native.h"
 #include "pollgroup.h"

@@ -180,6 +180,11 @@ def cmd_from(args) -> int:
     src = Path(args.from_result)
     json_path = src / "bench.json" if src.is_dir() else src
     out_dir = Path(args.out) if args.out else json_path.parent
+    return _show(result, json_path, out_dir, args)
+
+
+def _show(result: dict, json_path: Path, out_dir: Path, args) -> int:
+    """Draw a result's plots into out_dir and print it as --markdown/--json ask; 0 if it went well, else 1."""
     pngs = [] if args.no_plots else _plots(result, out_dir)
     if args.markdown is not None:
         print(report.render_markdown(result, args.markdown), end="")
@@ -259,16 +264,10 @@ def cmd_bench(args) -> int:
             twonode.done()  # the target node tears down
 
     json_path = report.write_json(result, out_dir / "bench.json")
-    pngs = [] if args.no_plots else _plots(result, out_dir)
-    if args.markdown is not None:
-        print(report.render_markdown(result, args.markdown), end="")
-        return 0 if result.get("ok") else 1
-    emit(result, args.json, lambda r: print(report.render(r)))
-    _print_paths(json_path, pngs, args.json)
-    if not result["ok"]:
+    status = _show(result, json_path, out_dir, args)
+    if status and args.markdown is None:
         progress("bench: finished with errors (see above)")
-        return 1
-    return 0
+    return status
 
 
 def _two_node_on_machine(args, out_dir: Path) -> int:

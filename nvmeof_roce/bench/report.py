@@ -240,15 +240,19 @@ def fmt_size(n: Optional[int]) -> str:
     return f"{n} B"
 
 
+def _targets_in_order(result: dict, job: dict) -> List[str]:
+    """The targets a job has results for: in the run's --targets order, then any others."""
+    targets = result["params"].get("targets") or []
+    return [t for t in targets if t in job["results"]] + [t for t in job["results"] if t not in targets]
+
+
 def fio_table(result: dict) -> str:
     """Per job and target: IOPS, MB/s, p50, p99, p99.9, errors; then the ratio row."""
     headers = ["job", "target", "IOPS", "MB/s", "p50", "p99", "p99.9", "errors"]
     rows: List[List[str]] = []
-    targets = result["params"].get("targets") or []
     for name, job in result["jobs"].items():
         first = True
-        order = [t for t in targets if t in job["results"]] + [t for t in job["results"] if t not in targets]
-        for t in order:
+        for t in _targets_in_order(result, job):
             slot = job["results"][t]
             med = slot.get("median") or {}
             lat = med.get("lat_us") or {}
@@ -290,11 +294,9 @@ def _cost_rows(result: dict) -> List[List[str]]:
     """Per job and target: target user s, system s, target CPU µs/IO, guest CPU µs/IO, RSS growth per
     million commands (soak), the target's RSS at the end of the soak."""
     rows: List[List[str]] = []
-    targets = result["params"].get("targets") or []
     for name, job in result["jobs"].items():
         first = True
-        order = [t for t in targets if t in job["results"]] + [t for t in job["results"] if t not in targets]
-        for t in order:
+        for t in _targets_in_order(result, job):
             slot = job["results"][t]
             med = slot.get("median") or {}
             cpu = med.get("cpu") or {}

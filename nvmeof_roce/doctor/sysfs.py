@@ -258,18 +258,3 @@ def read_counters(machine: Machine, directory: str) -> Dict[str, int]:
         if value is not None and re.fullmatch(r"\d+", value):
             counters[name] = int(value)
     return counters
-
-
-# RoCE header overhead the kernel subtracts from the netdev MTU (ib_core iboe_get_mtu():
-# GRH 40 + UDP 8 + BTH 12 + XRC 4 + AtomicETH 28 + ICRC 4).
-ROCE_HEADER_OVERHEAD = 96
-IB_MTUS = (4096, 2048, 1024, 512, 256)
-
-
-def roce_mtu_for_netdev_mtu(netdev_mtu: int) -> Optional[int]:
-    """The largest IB MTU that fits in a netdev MTU: 9000 → 4096, 4200 → 4096, 1500 → 1024."""
-    room = netdev_mtu - ROCE_HEADER_OVERHEAD
-    for mtu in IB_MTUS:
-        if room >= mtu:
-            return mtu
-    return None

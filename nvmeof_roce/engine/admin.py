@@ -137,21 +137,19 @@ def _identify(t: Target, req: Request) -> Outcome:
 
 # ---------------------------------------------------------------------- Get Log Page
 
-def log_page_request(t: Target, req: Request):
-    """(length, offset) of a Get Log Page, or None after completing it with an error."""
-    numd = (req.cdw10 >> 16) | ((req.cdw11 & 0xFFFF) << 16)
-    length = (numd + 1) * 4
-    if req.sgl_len != length:
+def log_page_request(t: Target, req: Request) -> Optional[A.GetLogPageCommand]:
+    """A Get Log Page's fields, or None after completing it with an error (bad length or offset)."""
+    cmd = A.GetLogPageCommand.from_dwords(req.cdw10, req.cdw11, req.cdw12, req.cdw13, req.cdw14)
+    if req.sgl_len != cmd.length:
         t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
         return None
-    if length > t.max_transfer:
+    if cmd.length > t.max_transfer:
         t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
         return None
-    offset = req.cdw12 | (req.cdw13 << 32)
-    if offset & 3:
+    if cmd.lpo & 3:
         t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW12)
         return None
-    return length, offset
+    return cmd
 
 
 def window(page: bytes, offset: int, length: int) -> bytes:
@@ -182,13 +180,11 @@ def _smart_log(sub, nsid: int, hostnqn: str):
 
 @COMMANDS.handles(ADMIN_GET_LOG_PAGE)
 def _get_log_page(t: Target, req: Request) -> Outcome:
-    window_args = log_page_request(t, req)
-    if window_args is None:
+    cmd = log_page_request(t, req)
+    if cmd is None:
         return COMPLETED
-    length, offset = window_args
     ctrl = req.queue.ctrl
-    lid = req.cdw10 & 0xFF
-    retain = bool(req.cdw10 & (1 << 15))
+    lid, retain = cmd.lid, cmd.rae
     if lid == A.LID_ERROR:
         page = b"".join(e.pack() for e in ctrl.error_log).ljust(ERROR_LOG_ENTRIES * ERROR_ENTRY_SIZE, b"\0")
     elif lid == A.LID_SMART:
@@ -202,15 +198,14 @@ def _get_log_page(t: Target, req: Request) -> Outcome:
     elif lid == A.LID_CMD_EFFECTS:
         page = EFFECTS
     elif lid == A.LID_ANA:
-        lsp = (req.cdw10 >> 8) & 0x7F
-        if lsp & ~L.ANA_LSP_RGO:
+        if cmd.lsp & ~L.ANA_LSP_RGO:
             return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
         page = t.ana.log_page(ctrl.port.portid, ctrl.subsystem.visible_namespaces(ctrl.hostnqn),
-                              bool(lsp & L.ANA_LSP_RGO))
+                              bool(cmd.lsp & L.ANA_LSP_RGO))
         ctrl.ana_log_read(retain)
     else:
         return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
-    return t.complete(req, 0, data=window(page, offset, length))
+    return t.complete(req, 0, data=window(page, cmd.lpo, cmd.length))
 
 
 # ---------------------------------------------------------------------- features

@@ -89,16 +89,15 @@ def _identify(t: Target, req: Request) -> Outcome:
 
 @COMMANDS.handles(ADMIN_GET_LOG_PAGE)
 def _get_log_page(t: Target, req: Request) -> Outcome:
-    window_args = log_page_request(t, req)
-    if window_args is None:
+    cmd = log_page_request(t, req)
+    if cmd is None:
         return COMPLETED
-    length, offset = window_args
-    if req.cdw10 & 0xFF != A.LID_DISCOVERY:
+    if cmd.lid != A.LID_DISCOVERY:
         return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
     ctrl = req.queue.ctrl
-    if not req.cdw10 & (1 << 15):  # RAE clear: a discovery-change event may be reported again
+    if not cmd.rae:  # RAE clear: a discovery-change event may be reported again
         ctrl.aen_masked &= ~A.AEN_CFG_DISC_CHANGE
-    return t.complete(req, 0, data=window(discovery_log(t, ctrl), offset, length))
+    return t.complete(req, 0, data=window(discovery_log(t, ctrl), cmd.lpo, cmd.length))
 
 
 @COMMANDS.handles(ADMIN_SET_FEATURES)

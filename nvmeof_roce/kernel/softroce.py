@@ -19,6 +19,7 @@ import time
 from typing import Callable, Dict, List, Optional
 
 from ..errors import NvmeofError
+from ..roce import roce_mtu_for_netdev_mtu
 from . import modules, tool
 
 log = logging.getLogger(__name__)
@@ -79,16 +80,6 @@ def _ibmtu(v) -> Optional[int]:
         return int(str(v).split()[0])
     except (ValueError, IndexError):
         return None
-
-
-def roce_mtu(netdev_mtu: Optional[int]) -> Optional[int]:
-    """The RoCE path MTU a netdev MTU allows (the largest IB MTU that fits with the RoCE v2 headers)."""
-    if not netdev_mtu:
-        return None
-    for m in (4096, 2048, 1024, 512, 256):
-        if m + 14 + 20 + 8 + 12 + 16 + 4 <= netdev_mtu + 14:   # eth payload: IP+UDP+BTH+ext+ICRC
-            return m
-    return 256
 
 
 def parse_ibv_devinfo(text: str) -> Dict[str, Dict[int, dict]]:
@@ -216,7 +207,8 @@ def _port(dev: str, pdir: str, num: int, sysfs: str, devinfo: Dict[int, dict]) -
         except ValueError:
             netdev_mtu = None
     info = devinfo.get(num, {})
-    active_mtu = info.get("active_mtu") or (roce_mtu(netdev_mtu) if link_layer == "Ethernet" else None)
+    derived_mtu = roce_mtu_for_netdev_mtu(netdev_mtu) if netdev_mtu and link_layer == "Ethernet" else None
+    active_mtu = info.get("active_mtu") or derived_mtu
     return {"port": num, "state": _state(_read(os.path.join(pdir, "state"))),
             "phys_state": _state(_read(os.path.join(pdir, "phys_state"))), "link_layer": link_layer,
             "rate": _read(os.path.join(pdir, "rate")), "active_mtu": active_mtu, "max_mtu": info.get("max_mtu"),

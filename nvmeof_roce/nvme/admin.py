@@ -120,10 +120,17 @@ class GetLogPageCommand(Command):
 
     @classmethod
     def from_sqe(cls, sqe: SQE) -> "GetLogPageCommand":
-        return cls(cid=sqe.cid, lid=sqe.cdw10 & 0xFF, numd=(sqe.cdw10 >> 16) | ((sqe.cdw11 & 0xFFFF) << 16),
-                   nsid=sqe.nsid, lpo=sqe.cdw12 | (sqe.cdw13 << 32), lsp=(sqe.cdw10 >> 8) & 0x7F,
-                   rae=bool(sqe.cdw10 & (1 << 15)), lsi=sqe.cdw11 >> 16, csi=sqe.cdw14 >> 24,
-                   sgl=sqe.sgl, flags=sqe.flags)
+        return cls.from_dwords(sqe.cdw10, sqe.cdw11, sqe.cdw12, sqe.cdw13, sqe.cdw14,
+                               cid=sqe.cid, nsid=sqe.nsid, sgl=sqe.sgl, flags=sqe.flags)
+
+    @classmethod
+    def from_dwords(cls, cdw10: int, cdw11: int, cdw12: int, cdw13: int, cdw14: int,
+                    **header) -> "GetLogPageCommand":
+        """The command from its dwords 10-14 (the target decodes those without building an SQE);
+        `header` gives the other fields (cid, nsid, sgl, flags)."""
+        return cls(lid=cdw10 & 0xFF, lsp=(cdw10 >> 8) & 0x7F, rae=bool(cdw10 & (1 << 15)),
+                   numd=(cdw10 >> 16) | ((cdw11 & 0xFFFF) << 16), lsi=cdw11 >> 16,
+                   lpo=cdw12 | (cdw13 << 32), csi=cdw14 >> 24, **header)
 
 
 @dataclass

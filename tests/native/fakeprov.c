@@ -9,7 +9,7 @@
  * receive completion.  Built by the tests into a small .so (tests/native/fakeverbs.py), never into the product.
  *
  * The provider's entry points are fake_post_send, fake_post_recv, fake_poll_cq and fake_req_notify_cq:
- * benchmarks/native_cost.py excludes them from the target's instructions; what the tests call is fakehost_*.
+ * nvmeof_roce/bench/cost/native.py excludes them from the target's instructions; what the tests call is fakehost_*.
  * Every entry point holds the device's mutex, as a real provider's QP and CQ locks do: a poll group's thread
  * (csrc/pollgroup.c) posts and polls while the test delivers capsules and collects responses.
  */

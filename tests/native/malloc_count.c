@@ -1,4 +1,4 @@
-/* LD_PRELOAD: counts calls to malloc, calloc and realloc (benchmarks/native_cost.py reads malloc_count_calls
+/* LD_PRELOAD: counts calls to malloc, calloc and realloc (nvmeof_roce/bench/cost/native.py reads malloc_count_calls
  * through ctypes around the polls it measures; run Python with PYTHONMALLOC=malloc so its objects count too). */
 #define _GNU_SOURCE
 #include <dlfcn.h>

@@ -1,4 +1,4 @@
-"""benchmarks/transport_cost.py still drives the real transport end to end on its fake device.
+"""nvmeof_roce.bench.cost.transport still drives the real transport end to end on its fake device.
 
 Not a timed test: it runs the benchmark with a few reads and checks that they went through the RDMA
 transport and the core (every read completed with success, the data written first was read back, the
@@ -12,11 +12,11 @@ from pathlib import Path
 
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "transport_cost.py"
+MODULE = "nvmeof_roce.bench.cost.transport"
 
 
 def _run(*args):
-    proc = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600,
+    proc = subprocess.run([sys.executable, "-m", MODULE, *args], capture_output=True, text=True, timeout=600,
                           cwd=REPO)
     return proc
 

@@ -7,7 +7,7 @@ from nvmeof_roce.doctor.checks.fabric import classify_counter
 from nvmeof_roce.doctor.checks.kernel_log import explain
 from nvmeof_roce.doctor.checks.nvme import iptables_roce_verdicts, nft_roce_verdicts
 from nvmeof_roce.doctor.machine import Machine, RecordedRunner, ToolNotRun
-from nvmeof_roce.doctor.sysfs import Gid, roce_mtu_for_netdev_mtu
+from nvmeof_roce.doctor.sysfs import Gid
 from nvmeof_roce.doctor.tools import (
     parse_dcb_app_dscp, parse_dcb_pfc, parse_ethtool_stats, parse_ibv_devinfo, parse_ip_route_get,
     parse_lldptool_pfc, parse_mlnx_qos,
@@ -193,12 +193,6 @@ def test_ibv_devinfo():
             "\t\t\tlink_layer:\t\tEthernet\n")
     assert parse_ibv_devinfo(text) == {1: {"state": "PORT_ACTIVE (4)", "max_mtu": "4096 (5)",
                                            "active_mtu": "1024 (3)", "link_layer": "Ethernet"}}
-
-
-@pytest.mark.parametrize("netdev_mtu, roce_mtu", [(9000, 4096), (4200, 4096), (4191, 2048), (1500, 1024),
-                                                  (1280, 1024), (1100, 512), (300, None)])
-def test_roce_mtu_for_netdev_mtu(netdev_mtu, roce_mtu):
-    assert roce_mtu_for_netdev_mtu(netdev_mtu) == roce_mtu
 
 
 def test_gid_addresses():

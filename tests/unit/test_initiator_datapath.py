@@ -185,18 +185,15 @@ def test_send_account_rejects_impossible_sizes(sq_size, slots, interval):
 # ---------------------------------------------------------------------------- RdmaHostQueue on stand-in verbs
 
 def test_rdma_host_queue_chains_held_sends_and_echoes_every_cid():
-    """The real RdmaHostQueue send/drain code on benchmarks/initiator_cost.py's fake QP and CQ (stand-in work
+    """The real RdmaHostQueue send/drain code on nvmeof_roce.bench.cost.initiator's fake QP and CQ (stand-in work
     requests): what one poll batch's callbacks submit goes out as one chained post, and every CID comes back."""
-    import sys
-    from pathlib import Path
     pytest.importorskip("nvmeof_roce.transport.rdma.host")
     try:
         import pyverbs  # noqa: F401
         pytest.skip("with python3-pyverbs the fake posts one by one (it cannot follow a real chain)")
     except ImportError:
         pass
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    import initiator_cost
+    from nvmeof_roce.bench.cost import initiator as initiator_cost
     transport, real = initiator_cost.rdma_host_queue(8)
     posts = []
     original = transport.qp.post_send

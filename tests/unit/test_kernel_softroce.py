@@ -80,6 +80,12 @@ def test_status_without_ibv_devinfo_uses_netdev_mtu(tmp_path):
     assert devs[0]["ports"][0]["active_mtu"] == 1024 and devs[0]["ports"][0]["netdev_mtu"] == 1500
 
 
+def test_status_without_ibv_devinfo_derives_the_kernels_roce_mtu(tmp_path):
+    make_rxe(tmp_path / "sys")
+    (tmp_path / "sys" / "class" / "net" / "rxenet0" / "mtu").write_text("4160\n")   # 4096 + 64: 2048 fits, 4096 not
+    assert rdma.devices(str(tmp_path / "sys"))[0]["ports"][0]["active_mtu"] == 2048
+
+
 def test_no_devices(tmp_path):
     assert rdma.status(sysfs=str(tmp_path), configfs=str(tmp_path), runner=runner_for({})) == {"devices": []}
 

@@ -12,10 +12,10 @@ REPO = Path(__file__).resolve().parents[2]
 # fake device and connects the project's initiator with one I/O queue, whose target side is `queue`.
 SETUP = r"""
 import sys
-sys.path.insert(0, %(bench)r); sys.path.insert(0, %(doubles)r); sys.path.insert(0, %(repo)r)
+sys.path.insert(0, %(doubles)r); sys.path.insert(0, %(repo)r)
 import fakeverbs
 fakeverbs.install(prefer_real=False)
-import transport_cost as tc
+from nvmeof_roce.bench.cost import transport as tc
 from nvmeof_roce.config import parse_config
 from nvmeof_roce.initiator.controller import Controller
 from nvmeof_roce.service.serve import TargetServer
@@ -31,8 +31,7 @@ queue = [q for q in listener.queues.values() if q.qid == 1][0]
 
 def run_child(body: str) -> None:
     """Run SETUP + body in a child interpreter; it must end by printing ok."""
-    code = (SETUP + body) % {"bench": str(REPO / "benchmarks"), "doubles": str(REPO / "tests" / "unit"),
-                             "repo": str(REPO)}
+    code = (SETUP + body) % {"doubles": str(REPO / "tests" / "unit"), "repo": str(REPO)}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:] + proc.stdout[-2000:]
 

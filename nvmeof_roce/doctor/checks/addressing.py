@@ -6,10 +6,11 @@ import json
 from typing import List, Optional, Tuple
 
 from ...errors import ToolMissing
+from ...roce import roce_mtu_for_netdev_mtu
 from ..context import Context
 from ..machine import ToolNotRun, missing_tool_reason
 from ..result import CheckResult, fail, ok, skipped, warn
-from ..sysfs import Gid, Port, roce_mtu_for_netdev_mtu
+from ..sysfs import Gid, Port
 from ..tools import ToolFailed
 
 RDMA_CM_CONFIGFS = "/sys/kernel/config/rdma_cm"

@@ -4,13 +4,15 @@ from __future__ import annotations
 from typing import Optional
 
 from ...errors import ToolMissing
+from ...roce import ROCE_HEADER_OVERHEAD, roce_mtu_for_netdev_mtu
 from ..context import Context
 from ..machine import ToolNotRun, missing_tool_reason
 from ..result import CheckResult, fail, ok, skipped, warn
-from ..sysfs import IB_CLASS, NET_CLASS, RDMA_DRIVER_FOR_NIC, Device, Port, roce_mtu_for_netdev_mtu
+from ..sysfs import IB_CLASS, NET_CLASS, RDMA_DRIVER_FOR_NIC, Device, Port
 from ..tools import ToolFailed, ibv_devinfo, mtu_bytes
 
-# RoCE MTU 4096 needs 4096 + the RoCE headers (ib_core's iboe_get_mtu(): 96 bytes) <= netdev MTU.
+# RoCE MTU 4096 needs 4096 + the RoCE headers (ROCE_HEADER_OVERHEAD, 96 bytes) <= netdev MTU;
+# 4200 is the usual round figure above that.
 NETDEV_MTU_FOR_ROCE_4096 = 4200
 
 
@@ -153,7 +155,7 @@ def check_port_mtu(ctx: Context, port: Port) -> CheckResult:
     derived = roce_mtu_for_netdev_mtu(netdev.mtu)
     active = active or derived
     evidence = [f"{NET_CLASS}/{netdev.name}/mtu: {netdev.mtu}", devinfo_line,
-                f"RoCE MTU for netdev MTU {netdev.mtu}: {derived} (netdev MTU - 96 header bytes, rounded down to an IB MTU)"]
+                f"RoCE MTU for netdev MTU {netdev.mtu}: {derived} (netdev MTU - {ROCE_HEADER_OVERHEAD} header bytes, rounded down to an IB MTU)"]
     details = {"netdev": netdev.name, "netdev_mtu": netdev.mtu, "active_mtu": active, "max_mtu": maximum}
     summary = f"RoCE MTU {active}, {netdev.name} MTU {netdev.mtu}"
     if port.device.is_soft_roce:

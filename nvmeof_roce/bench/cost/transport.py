@@ -1,9 +1,10 @@
-#!/usr/bin/env python3
 """Python µs per 4 KiB read through the userspace target: the RDMA transport with the target core, and the
 target core alone. A benchmark, not a test: it prints figures and asserts nothing about them.
 
-    python3 benchmarks/transport_cost.py [--reads N] [--batch B] [--rounds R] [--json]
-    make bench-transport                           (in the lab: lab run -- python3 benchmarks/transport_cost.py)
+    python3 -m nvmeof_roce.bench.cost.transport [--reads N] [--batch B] [--rounds R] [--json]
+    make bench-transport               (in the lab: lab run -- python3 -m nvmeof_roce.bench.cost.transport)
+
+It runs from a checkout: the fake RDMA device is the unit tier's (tests/unit/fakeverbs.py).
 
 rdma: the real `nvmeof-roce target serve` stack (TargetServer: Target, EventLoop, RdmaListener and its
     queues) on a fake RDMA device (tests/unit/fakeverbs.py). The host end is the project's own initiator for
@@ -39,11 +40,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(REPO / "tests" / "unit"))  # the fake RDMA device, a test double
+from nvmeof_roce.bench.cost import use_test_doubles
 
+use_test_doubles()
 import fakeverbs  # noqa: E402  (must be installed before the transport is imported)
 
 TRADDR, TRSVCID = "10.0.0.1", 4420
@@ -311,6 +310,14 @@ def bench_core(reads: int, rounds: int, depth: int) -> dict:
     return {"us_per_read": statistics.median(per_read), "rounds_us": [round(x, 2) for x in per_read]}
 
 
+def use_checkout(checkout: Path) -> None:
+    """Import nvmeof_roce from another checkout from here on.  This module is part of this checkout's package,
+    so that package is imported already: it is forgotten first (nothing of it is held but this module's code)."""
+    sys.path.insert(0, str(checkout.resolve()))
+    for name in [n for n in sys.modules if n == "nvmeof_roce" or n.startswith("nvmeof_roce.")]:
+        del sys.modules[name]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reads", type=int, default=20000, help="reads per timed round (default 20000)")
@@ -338,9 +345,8 @@ def main(argv=None) -> int:
     if args.checkout is not None:
         transport = args.checkout / "nvmeof_roce" / "transport"
         if not ((transport / "rdma" / "queue.py").is_file() or (transport / "rdma.py").is_file()):
-            p.error(f"--checkout {args.checkout}: no RDMA transport there (nvmeof_roce/transport/rdma/queue.py, "
-                    "or transport/rdma.py in older checkouts)")
-        sys.path.insert(0, str(args.checkout.resolve()))
+            p.error(f"--checkout {args.checkout}: no nvmeof_roce/transport/rdma/queue.py (or rdma.py) there")
+        use_checkout(args.checkout)
     real = fakeverbs.install(prefer_real=not args.stand_ins)
     import nvmeof_roce
     import logging

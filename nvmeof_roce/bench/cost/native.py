@@ -1,20 +1,23 @@
-#!/usr/bin/env python3
 """Instructions and heap allocations per 4 KiB I/O of the native data path, beside the Python data path, through
 the fake verbs provider (tests/native/fakeprov.c).  A benchmark, not a test: it prints figures, asserts nothing.
 
-    python3 benchmarks/native_cost.py [--ios N] [--json]        (make bench-native)
+    python3 -m nvmeof_roce.bench.cost.native [--ios N] [--json]        (make bench-native)
 
 Each case drives one I/O queue of a real Target (admin queue over loopback, the I/O queue through the C queue on
 the fake provider): QD capsules are delivered into the queue's receives, then the queue is polled until idle.
 native: the C queue serves the reads and writes itself.  python: the same queue with an empty native view, so
 every capsule goes to the Python core, which answers through the same C queue: the Python data path's cost in
-the same harness (its RequestBook and the core; the pyverbs transport's own cost is benchmarks/transport_cost.py).
+the same harness (its RequestBook and the core; the pyverbs transport's own cost is measured by
+nvmeof_roce.bench.cost.transport).
 
 instructions: callgrind, collecting only under the queue's poll (`--toggle-collect=nq_poll`) and not inside the
 fake provider's entry points (post_send, post_recv, poll_cq, req_notify_cq, toggled off again): the target's
 code, Python's included for the python case.  Two runs of N and 2N I/Os; the difference divided by N, so setup
 cancels.  allocations: malloc/calloc/realloc calls during the polls (an LD_PRELOAD counter, Python's allocator
 set to malloc so that its objects count), per I/O.
+
+It runs from a checkout: the fake provider and the malloc counter are built from tests/native, and the queue is
+set up by the unit tier's native_diff and loopback_env (tests/unit).
 """
 from __future__ import annotations
 
@@ -29,15 +32,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-UNIT = REPO / "tests" / "unit"
+from nvmeof_roce.bench.cost import NATIVE_TESTS, REPO, use_test_doubles
+
+MODULE = "nvmeof_roce.bench.cost.native"  # run again in child processes (under callgrind, with the counter)
 PROVIDER_ENTRIES = ("fake_post_send", "fake_post_recv", "fake_poll_cq", "fake_req_notify_cq")
 CASES = [(path, op, qd) for path in ("native", "python") for op in ("read", "write") for qd in (1, 32)]
 
 
 def drive(path: str, op: str, qd: int, ios: int, count_mallocs: bool) -> dict:
     """Run `ios` 4 KiB I/Os at queue depth `qd`; the malloc calls made under poll() when asked."""
-    sys.path[:0] = [str(REPO), str(UNIT)]
+    use_test_doubles()
     from loopback_env import SUB_RAM, ram_ns, port  # noqa: E402
     from native_diff import NativeEndpoint, io_capsule  # noqa: E402
     config = {"hosts": [], "ports": [port(1, "10.99.0.1:4420", [SUB_RAM])],
@@ -82,12 +86,18 @@ def build(source: Path, out: Path) -> Path:
     return out
 
 
+def child_env(**extra: str) -> dict:
+    """The environment of a child run: this checkout's package first on its path, whatever the current directory."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    return dict(os.environ, PYTHONPATH=path, **extra)
+
+
 def callgrind_total(path: str, op: str, qd: int, ios: int, workdir: Path) -> int:
     out = workdir / f"cg.{path}.{op}.{qd}.{ios}"
     cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=nq_poll",
            *[f"--toggle-collect={f}" for f in PROVIDER_ENTRIES], f"--callgrind-out-file={out}",
-           sys.executable, __file__, "--drive", path, op, str(qd), str(ios)]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+           sys.executable, "-m", MODULE, "--drive", path, op, str(qd), str(ios)]
+    subprocess.run(cmd, env=child_env(), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     text = out.read_text()
     match = re.search(r"^summary:\s+(\d+)", text, re.M) or re.search(r"^totals:\s+(\d+)", text, re.M)
     return int(match.group(1))
@@ -107,7 +117,6 @@ def main() -> int:
     if not shutil.which("valgrind"):
         print("valgrind is not installed: apt-get install valgrind", file=sys.stderr)
         return 2
-    sys.path[:0] = [str(REPO)]
     from nvmeof_roce import native
     if not native.available():
         print(native.missing_reason, file=sys.stderr)
@@ -115,14 +124,14 @@ def main() -> int:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        counter = build(REPO / "tests" / "native" / "malloc_count.c", workdir / "malloc_count.so")
+        counter = build(NATIVE_TESTS / "malloc_count.c", workdir / "malloc_count.so")
         for path, op, qd in CASES:
             n = max(args.ios // qd * qd, qd)
             short = callgrind_total(path, op, qd, n, workdir)
             long = callgrind_total(path, op, qd, 2 * n, workdir)
-            env = dict(os.environ, LD_PRELOAD=str(counter), PYTHONMALLOC="malloc")
-            run = subprocess.run([sys.executable, __file__, "--drive", path, op, str(qd), str(n), "--count-mallocs"],
-                                 env=env, check=True, capture_output=True, text=True)
+            env = child_env(LD_PRELOAD=str(counter), PYTHONMALLOC="malloc")
+            run = subprocess.run([sys.executable, "-m", MODULE, "--drive", path, op, str(qd), str(n),
+                                  "--count-mallocs"], env=env, check=True, capture_output=True, text=True)
             counted = json.loads(run.stdout.strip().splitlines()[-1])
             results.append({"path": path, "op": op, "qd": qd, "instructions_per_io": round((long - short) / n),
                             "mallocs_per_io": round(counted["mallocs"] / counted["ios"], 2),

@@ -1,8 +1,10 @@
-#!/usr/bin/env python3
 """CPU µs per 4 KiB random read of a file namespace on each I/O engine (engine/ioengine.py), over the loopback
 fabric, in one process and one run. A benchmark, not a test: it prints figures and asserts nothing about them.
 
-    python3 benchmarks/engine_cost.py [--reads N] [--depths 1,32] [--rounds R] [--dir DIR]
+    python3 -m nvmeof_roce.bench.cost.engine [--reads N] [--depths 1,32] [--rounds R] [--dir DIR]
+
+It runs from a checkout: the target and the loopback fabric are set up by the unit tier's loopback_env
+(tests/unit).
 
 The host (the project's initiator) and the target share the process, so the CPU figure is both of theirs
 (the same host work for each engine: compare the two lines, not the absolute value). The file is in the page
@@ -17,13 +19,12 @@ import random
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from loopback_env import ADDR1, HOST_A, Env, file_ns, port  # noqa: E402
+from nvmeof_roce.bench.cost import use_test_doubles
 from nvmeof_roce.engine.ioengine import uring_unavailable
+
+use_test_doubles()
+from loopback_env import ADDR1, HOST_A, Env, file_ns, port  # noqa: E402
 
 SUB = "nqn.2024-01.io.nvmeof-roce:engine-cost"
 
