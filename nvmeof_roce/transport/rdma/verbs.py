@@ -68,7 +68,7 @@ def cache_pyverbs_loggers(base_module) -> bool:
 if PYVERBS_ERROR is None:
     try:
         import pyverbs.base as _pyverbs_base
-    except ImportError:  # the plain-Python stand-ins of benchmarks/fakeverbs.py have no base module
+    except ImportError:  # the plain-Python stand-ins of tests/unit/fakeverbs.py have no base module
         _pyverbs_base = None
     if _pyverbs_base is not None:
         cache_pyverbs_loggers(_pyverbs_base)
