@@ -33,7 +33,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import NvmeofError
-from ..service.ana_control import pid_alive
+from ..service.run_dir import pid_alive
 from ..control.client import call
 from ..control.protocol import RpcError
 
