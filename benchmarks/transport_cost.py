@@ -336,8 +336,10 @@ def main(argv=None) -> int:
     if not batches or min(batches) < 1:
         p.error(f"--batch {args.batch!r}: give whole numbers of at least 1, e.g. --batch 1,32")
     if args.checkout is not None:
-        if not (args.checkout / "nvmeof_roce" / "transport" / "rdma.py").is_file():
-            p.error(f"--checkout {args.checkout}: no nvmeof_roce/transport/rdma/queue.py there")
+        transport = args.checkout / "nvmeof_roce" / "transport"
+        if not ((transport / "rdma" / "queue.py").is_file() or (transport / "rdma.py").is_file()):
+            p.error(f"--checkout {args.checkout}: no RDMA transport there (nvmeof_roce/transport/rdma/queue.py, "
+                    "or transport/rdma.py in older checkouts)")
         sys.path.insert(0, str(args.checkout.resolve()))
     real = fakeverbs.install(prefer_real=not args.stand_ins)
     import nvmeof_roce

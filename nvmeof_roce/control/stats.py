@@ -68,7 +68,7 @@ def namespace_status(nqn: str, ns, sampler: Optional[Sampler]) -> dict:
         "read_latency_us": stats.read_latency.percentiles(),
         "write_latency_us": stats.write_latency.percentiles(),
         # file and block namespaces: the I/O engine (engine/ioengine.py), why, and its commands in flight
-        "io": ns.engine_status() if hasattr(ns, "engine_status") else None,
+        "io": ns.engine_status(),
     }
     d.update(sampler.rates(nqn, ns) if sampler is not None else {})
     return d
@@ -76,7 +76,7 @@ def namespace_status(nqn: str, ns, sampler: Optional[Sampler]) -> dict:
 
 def queue_status(qs) -> dict:
     return {"qid": qs.qid, "depth": qs.depth, "sqsize": qs.sqsize, "active": qs.active,
-            "peer": getattr(getattr(qs.transport, "request", None), "peer", "") or ""}
+            "peer": qs.transport.request.peer or ""}
 
 
 def controller_status(ctrl) -> dict:
@@ -87,39 +87,13 @@ def controller_status(ctrl) -> dict:
 
 
 def transport_status(server) -> dict:
-    """RDMA figures where the transport provides them.
-
-    Hooks (attributes read if present, so transports can add them without changing this module):
-      loop.longest_pass           the longest event-loop pass since start, seconds
-      listener.pool               a DataPool: `free` chunk list and `memory` (chunk_size * chunks), or with
-                                  `accounts` (a BufferPool: `total`, `free`, `committed`)
-      listener.wc_errors          failed work completions (not flushes) on that listener's queues
-      listener.stats()            a dict of any further figures
-    """
+    """The event loop's longest pass, and each listener's figures (transport/base.py `Listener.status`)."""
     if server is None:
         return {"loop": {}, "listeners": []}
     loop = getattr(server, "loop", None)
     longest = getattr(loop, "longest_pass", None)
-    out = {"loop": {"longest_pass_s": longest if isinstance(longest, (int, float)) else None}, "listeners": []}
-    for lst in getattr(server, "listeners", []):
-        d = {"address": f"{getattr(lst, 'traddr', '')}:{getattr(lst, 'trsvcid', '')}",
-             "portid": getattr(lst, "port_id", None), "queues": len(getattr(lst, "queues", {}) or {}),
-             "wc_errors": getattr(lst, "wc_errors", None)}
-        pool = getattr(lst, "pool", None)
-        if pool is not None:
-            accounts = getattr(pool, "accounts", pool)
-            total = getattr(accounts, "total", None)
-            if total is None and getattr(pool, "chunk_size", 0) and hasattr(pool, "memory"):
-                total = len(pool.memory.view) // pool.chunk_size
-            free = len(getattr(accounts, "free", []) or [])
-            d["pool"] = {"chunks": total, "free": free, "in_use": (total - free) if total is not None else None}
-            if getattr(accounts, "committed", None) is not None:
-                d["pool"]["guaranteed"] = accounts.committed
-        extra = getattr(lst, "stats", None)
-        if callable(extra):
-            d.update(extra())
-        out["listeners"].append(d)
-    return out
+    return {"loop": {"longest_pass_s": longest if isinstance(longest, (int, float)) else None},
+            "listeners": [lst.status() for lst in getattr(server, "listeners", [])]}
 
 
 def port_status(target) -> List[dict]:

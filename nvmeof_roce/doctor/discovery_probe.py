@@ -11,7 +11,7 @@ def discover_with_userspace_initiator(traddr: str, trsvcid: int, timeout: float,
     """Connect to the target's discovery controller with our userspace initiator and fetch the
     discovery log.  Raises ImportError when pyverbs is not available."""
     from nvmeof_roce.initiator.discovery import discover
-    from nvmeof_roce.transport.rdma import queue as rdma, host as rdma_host
+    from nvmeof_roce.transport.rdma import host as rdma_host, verbs as rdma
 
     if rdma.PYVERBS_ERROR is not None:  # the transport imports without pyverbs and fails on first use
         raise ImportError(f"pyverbs is not available: {rdma.PYVERBS_ERROR}")

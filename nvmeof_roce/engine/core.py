@@ -403,7 +403,7 @@ class Target:
         qs = self._queues[queue] = QueueState(queue, ctx, self)
         self._awaiting_connect[qs] = self.clock() + self.limits.connect_timeout
         self._unconnected_by_address[queue.request.peer_address] += 1
-        if hasattr(queue, "set_view"):
+        if queue.data_path == "native":
             self.native_data_path = True
         log.debug("queue %d opened from %s", queue.request.qid, queue.request.peer or "?")
 

@@ -1,15 +1,15 @@
 """The native data path's read-only view of a queue: what its C queue may serve without Python (docs/native.md).
 
-A queue whose transport has `set_view` (transport/rdma/native_queue.py) serves Read, Write and Flush of the namespaces
-listed here itself; everything else comes to the core.  The view lists a namespace only when every check of
-`Target._start` that does not depend on the command passes for it: the controller is ready, the queue is an
-authenticated I/O queue, the namespace is attached, not removed, its ANA group is optimized or non-optimized on
-the controller's port, and it is RAM (registered with the device), null, or a file or block namespace on the
-io_uring engine (given as a `_native.File`: a dup of its descriptor and its depth) on a queue that serves them.  The core calls `refresh` after
-anything that can change one of those (a capsule it handled, a namespace change, an ANA change) and before the
-event loop polls again, so a live change never races a command.  The native counters and latency histograms
-are folded into the namespaces' own figures (`Namespace.bytes_read`, ..., `ns.stats`' histograms) when the view
-is replaced and at each tick.
+A queue whose transport runs the native data path (its `data_path` is "native", transport/rdma/native_queue.py)
+serves Read, Write and Flush of the namespaces listed here itself; everything else comes to the core.  The view
+lists a namespace only when every check of `Target._start` that does not depend on the command passes for it: the
+controller is ready, the queue is an authenticated I/O queue, the namespace is attached, not removed, its ANA group
+is optimized or non-optimized on the controller's port, and it is RAM (registered with the device), null, or a file
+or block namespace on the io_uring engine (given as a `_native.File`: a dup of its descriptor and its depth) on a
+queue that serves them.  The core calls `refresh` after anything that can change one of those (a capsule it handled,
+a namespace change, an ANA change) and before the event loop polls again, so a live change never races a command.
+The native counters and latency histograms are folded into the namespaces' own figures (`Namespace.bytes_read`, ...,
+`ns.stats`' histograms) when the view is replaced and at each tick.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 def native_queues(ctrl: "Controller"):
     """The controller's I/O queues whose transport runs the native data path."""
-    return [qs for qs in ctrl.io_queues.values() if hasattr(qs.transport, "set_view")]
+    return [qs for qs in ctrl.io_queues.values() if qs.transport.data_path == "native"]
 
 
 def view_of(target: "Target", qs: "QueueState") -> tuple:
@@ -47,7 +47,7 @@ def view_of(target: "Target", qs: "QueueState") -> tuple:
                 continue  # not registered with the device: the core serves it (staged through chunks)
             addr, lkey = region
         elif kind == "file":
-            if not getattr(qs.transport, "serves_files", False):
+            if not qs.transport.serves_files:
                 continue
             file = file_of(ns)
             if file is None:
@@ -108,10 +108,6 @@ def collect(target: "Target") -> None:
     now = target.clock()
     for ctrl in target.controllers():
         for qs in native_queues(ctrl):
-            transport = qs.transport
-            before = getattr(transport, "_native_seen", 0)
-            seen = transport.stats()["native_commands"]
-            if seen != before:
-                transport._native_seen = seen
+            if qs.transport.native_traffic():
                 ctrl.last_traffic = now  # CTRATT.TBKAS, as Target._start does for every command
-            _fold(ctrl, transport.take_stats())
+            _fold(ctrl, qs.transport.take_native_stats())

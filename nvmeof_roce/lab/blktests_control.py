@@ -34,8 +34,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import NvmeofError
 from ..service.run_dir import pid_alive
-from ..control.client import call
-from ..control.protocol import RpcError
+from ..control.client import RpcError, call
 
 # blktests' own defaults (common/nvme: def_hostid, def_hostnqn, def_subsysnqn, def_subsys_uuid), so a run against
 # this target connects with the same identities as one against nvmet.

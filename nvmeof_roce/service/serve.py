@@ -94,7 +94,7 @@ class TargetServer:
         t = self.target
         longest = self.loop.longest_pass_recent if recent else self.loop.longest_pass
         # the line starts with the target's counts, which scripts and the lab tests parse; the data path after
-        return ("status: " + "; ".join([t.status()] + [lst.status() for lst in self.listeners])
+        return ("status: " + "; ".join([t.status()] + [lst.status_line() for lst in self.listeners])
                 + f"; data path {self.data_path}" + (native_poll_text(self.poll, self.cores)
                                                      if self.data_path == "native" else "")
                 + f"; {t.in_flight()} command(s) in flight, longest loop pass {longest * 1000:.1f} ms"

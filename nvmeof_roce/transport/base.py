@@ -118,6 +118,45 @@ class TargetQueue(abc.ABC):
         """How many more queues this queue's port can guarantee their data buffers (None: unbounded)."""
         return None
 
+    # -- the native data path (docs/native.md): a queue that serves some I/O commands itself, without the core.
+    # The core keeps such a queue's view current (engine/native_view.py); on any other queue these do nothing.
+
+    data_path = "python"  # "native": the queue may serve commands itself, as its view allows
+    serves_files = False  # its view may list file and block namespaces (on its own io_uring)
+
+    def region_of(self, backend) -> Optional[tuple]:
+        """(address, lkey) of a RAM backend's memory registered with this queue's device, or None."""
+        return None
+
+    def set_view(self, ready: bool, namespaces, sq_entries: int = 0, sq_head: int = 0,
+                 sqflow_disabled: bool = False) -> dict:
+        """Replace what the queue serves itself (built by engine/native_view.py).  Returns the figures of the
+        commands it served since they were last taken, as `take_native_stats`."""
+        return {}
+
+    def take_native_stats(self) -> dict:
+        """The figures of the commands the queue served itself since the last call, per namespace: {nsid: (reads,
+        writes, flushes, bytes read, bytes written, read latency buckets, write latency buckets)}."""
+        return {}
+
+    def native_traffic(self) -> bool:
+        """Whether the queue served a command itself since the last call (keep-alive traffic for the core)."""
+        return False
+
+
+class Listener(abc.ABC):
+    """A transport's end of one config port: it accepts the port's queues (transport/registry.py `listen`)."""
+
+    @abc.abstractmethod
+    def status(self) -> dict:
+        """Its figures for `target status`: "address" (traddr:trsvcid), "portid", "queues" (open now),
+        "wc_errors" (failed work completions, flushes not counted; None where the transport does not count them),
+        and "pool" where it has a data-buffer pool (transport/resources.py `BufferPool.figures`)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close its queues and stop listening."""
+
 
 class QueueHandler(Protocol):
     """Implemented by the target: the transport calls these from its event loop."""

@@ -35,7 +35,7 @@ from typing import Callable, Dict, List, Optional
 
 from ..nvme.cm import REJECT_STATUS, CmConnectRequest, PrivateDataError
 from .resources import BufferPool
-from .base import (ConnectRejected, ConnectRequest, Connector, HostBuffer, HostQueue, QueueHandler,
+from .base import (ConnectRejected, ConnectRequest, Connector, HostBuffer, HostQueue, Listener, QueueHandler,
                    RemoteAccessError, TargetQueue, TransportError)
 
 log = logging.getLogger(__name__)
@@ -352,16 +352,23 @@ class LoopbackHostQueue(HostQueue):
         self._conn.fabric.pump()
 
 
-class LoopbackListener:
+class LoopbackListener(Listener):
     def __init__(self, fabric: "LoopbackFabric", address: str, handler: QueueHandler, in_capsule_size: int,
-                 pool: Optional[BufferPool] = None):
+                 pool: Optional[BufferPool] = None, port_id: Optional[int] = None):
         self.fabric = fabric
         self.pool = pool
         self.address = address
+        self.port_id = port_id
         self.traddr = address.rsplit(":", 1)[0].strip("[]")
         self.handler = handler
         self.in_capsule_size = in_capsule_size
         self.connections = set()
+
+    def status(self) -> dict:
+        d = {"address": self.address, "portid": self.port_id, "queues": len(self.connections), "wc_errors": None}
+        if self.pool is not None:
+            d["pool"] = self.pool.figures()
+        return d
 
     def close(self) -> None:
         for conn in list(self.connections):
@@ -429,15 +436,16 @@ class LoopbackFabric:
         self._ops.append(op)
 
     def listen(self, address: str, handler: QueueHandler, in_capsule_size: Optional[int] = None,
-               pool: Optional[BufferPool] = None) -> LoopbackListener:
+               pool: Optional[BufferPool] = None, port_id: Optional[int] = None) -> LoopbackListener:
         """Accept queues at `address` ("traddr:trsvcid").  The I/O receive buffers hold 64 +
         in_capsule_size bytes; by default the handler's `in_capsule_size` attribute, else 4096.
-        `pool`: account data-buffer guarantees as the RDMA transport does (transport/resources.py)."""
+        `pool`: account data-buffer guarantees as the RDMA transport does (transport/resources.py).
+        `port_id`: the config port it serves, for its status."""
         if address in self._listeners:
             raise TransportError(f"{address}: address already in use")
         if in_capsule_size is None:
             in_capsule_size = getattr(handler, "in_capsule_size", DEFAULT_IN_CAPSULE_SIZE)
-        listener = LoopbackListener(self, address, handler, in_capsule_size, pool)
+        listener = LoopbackListener(self, address, handler, in_capsule_size, pool, port_id)
         self._listeners[address] = listener
         return listener
 

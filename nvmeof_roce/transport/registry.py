@@ -132,7 +132,7 @@ class TransportOps:
     check_request: Callable[[ConnectRequest], Optional[Refusal]]  # the transport's own connect-time checks
     reject_status: Callable[[Refusal], int]  # a refusal as the transport says it on the wire
     event_loop: Callable[[object], object]  # (QueueHandler for tick) -> the loop listeners and Work watch fds on
-    listen: Callable[..., object]  # (loop, PortConfig, QueueHandler, ListenOptions) -> a listener with close()
+    listen: Callable[..., object]  # (loop, PortConfig, QueueHandler, ListenOptions) -> a base.Listener
     require: Callable[[], None] = lambda: None  # raises NvmeofError naming the fix if it cannot run here
     served_by_target: bool = True  # config ports of this trtype are served by `target serve`
     label: str = ""  # how messages name it ("RDMA (RoCE)"); the trtype if empty
@@ -144,7 +144,7 @@ def _rdma_loop(handler):
 
 
 def _rdma_listen(loop, port, handler, options: ListenOptions):
-    from .rdma.queue import RdmaListener
+    from .rdma.cm import RdmaListener
     return RdmaListener(loop, port.traddr, port.trsvcid, handler=handler, port_id=port.portid,
                         max_transfer=options.max_transfer, limits=options.limits,
                         remote_invalidate=options.remote_invalidate, data_path=options.data_path,
@@ -152,7 +152,7 @@ def _rdma_listen(loop, port, handler, options: ListenOptions):
 
 
 def _rdma_require():
-    from .rdma.queue import require_pyverbs
+    from .rdma.verbs import require_pyverbs
     require_pyverbs()
 
 
@@ -165,7 +165,7 @@ def _loopback_listen(loop, port, handler, options: ListenOptions):
     from .resources import BufferPool
     limits = options.limits
     pool = BufferPool(limits.data_buffers, limits.queue_min_buffers) if limits is not None else None
-    return loop.listen(f"{port.traddr}:{port.trsvcid}", handler, pool=pool)
+    return loop.listen(f"{port.traddr}:{port.trsvcid}", handler, pool=pool, port_id=port.portid)
 
 
 RDMA = TransportOps(

@@ -144,6 +144,11 @@ class BufferPool:
         return (f"{self.free_count}/{self.total} free, {self.committed} guaranteed to queues, "
                 f"{len(self.waiting)} queues waiting")
 
+    def figures(self) -> dict:
+        """What `target status` shows of the pool (a listener's "pool")."""
+        return {"chunks": self.total, "free": self.free_count, "in_use": self.total - self.free_count,
+                "guaranteed": self.committed}
+
     # -- shares
     def share(self, wake: Optional[Callable[[], None]] = None) -> PoolShare:
         self.shares += 1
@@ -216,7 +221,7 @@ class BufferPool:
 
 def registered_region(regions: dict, backend, register: Callable) -> Optional[tuple]:
     """(addr, lkey) of a RAM namespace's memory registered with a device, or None where it cannot be: the one
-    cache both RDMA listeners (transport/rdma/queue.py, transport/rdma/native.py) keep, keyed by the memory's mapping
+    cache both RDMA listeners (transport/rdma/cm.py, transport/rdma/native.py) keep, keyed by the memory's mapping
     so that a resized namespace's new memory is registered anew (the old registration is kept until the listener
     closes: WRITEs already posted may still read it).  `register(pin, mapping)` pins the memory and registers it,
     and returns (the pinned mapping, or `mapping` when pinning failed; (addr, lkey) or None; what to keep alive

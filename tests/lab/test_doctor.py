@@ -72,7 +72,7 @@ def test_doctor_traddr_local_address_has_a_gid_and_route():
 
 
 def _initiator_available():
-    for module in ("nvmeof_roce.initiator.discovery", "nvmeof_roce.transport.rdma.queue"):
+    for module in ("nvmeof_roce.initiator.discovery", "nvmeof_roce.transport.rdma.host"):
         if importlib.util.find_spec(module) is None:
             return False
     return True

@@ -62,7 +62,7 @@ class EchoHandler:
 @pytest.fixture
 def target():
     from nvmeof_roce.transport.eventloop import EventLoop
-    from nvmeof_roce.transport.rdma.queue import RdmaListener
+    from nvmeof_roce.transport.rdma.cm import RdmaListener
     handler = EchoHandler()
     loop = EventLoop(handler)
     from nvmeof_roce.transport.resources import ResourceLimits

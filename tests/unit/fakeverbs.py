@@ -788,8 +788,8 @@ DEVICE_CLASSES = {
 def install(prefer_real: bool = True) -> bool:
     """Put the fake device under pyverbs' names before the transport is imported. Returns True when the real
     pyverbs (its enums, work requests and WC objects) is in use, False with stand-ins."""
-    if "nvmeof_roce.transport.rdma.queue" in sys.modules:
-        raise RuntimeError("install() must run before nvmeof_roce.transport.rdma.queue is imported")
+    if "nvmeof_roce.transport.rdma.verbs" in sys.modules:  # every RDMA module takes pyverbs' names from it
+        raise RuntimeError("install() must run before nvmeof_roce.transport.rdma.verbs is imported")
     real = False
     if prefer_real:
         try:

@@ -1,5 +1,6 @@
-"""The package's shape, as docs/architecture.md promises it: every module is named there, and no module imports
-another in a circle (checked on the source, so a lazy import inside a function counts too)."""
+"""The package's shape, as docs/architecture.md and docs/layers.md promise it: every module is named in the
+architecture doc, every import follows the layer table of docs/layers.md, and no module imports another in a
+circle (all checked on the source, so a lazy import inside a function counts too)."""
 import ast
 import re
 from pathlib import Path
@@ -130,3 +131,143 @@ def test_the_engine_imports_nothing_of_the_service_and_the_bench_nothing_of_eith
     bench_to_daemon = sorted((m, t) for m, ts in graph.items() if m.startswith("nvmeof_roce.bench")
                              for t in ts if t.startswith(("nvmeof_roce.service", "nvmeof_roce.engine")))
     assert not bench_to_daemon, f"the bench imports the target's internals (use the CLI): {bench_to_daemon}"
+
+
+# The layer table: docs/layers.md's fenced `layers` block (its format is described there).
+
+LAYERS_DOC = REPO / "docs" / "layers.md"
+
+
+class LayerTable:
+    """What each layer of the package may import, and the single imports allowed against that."""
+
+    def __init__(self, shared, rules, exceptions):
+        self.shared = shared          # {shared module}: every layer may import them; they import only each other
+        self.rules = rules            # {layer: {layer or layer.module it may import}}
+        self.exceptions = exceptions  # {(importing module, imported module)}, names relative to the package
+
+
+def parse_layer_table(text: str) -> LayerTable:
+    """The table in the first ```layers fenced block of `text`."""
+    block = re.search(r"^```layers\n(.*?)^```", text, re.S | re.M)
+    assert block, "docs/layers.md has no ```layers block"
+    shared, rules, exceptions = set(), {}, set()
+    for line in block.group(1).splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        key, colon, rest = line.partition(":")
+        assert colon, f"docs/layers.md: a line of the layers block is neither `LAYER: ...` nor a comment: {line!r}"
+        key = key.strip()
+        if key == "shared":
+            shared.update(rest.split())
+        elif key == "exception":
+            importer, arrow, imported = rest.partition("->")
+            assert arrow, f"docs/layers.md: an exception is `exception: MODULE -> MODULE`: {line!r}"
+            exceptions.add((importer.strip(), imported.strip()))
+        else:
+            assert key not in rules, f"docs/layers.md: layer {key} has two rows"
+            rules[key] = set(rest.split())
+    return LayerTable(shared, rules, exceptions)
+
+
+def _relative(module: str) -> str:
+    """`nvmeof_roce.transport.registry` -> `transport.registry`; the package itself -> `__init__`."""
+    return module.partition(".")[2] or "__init__"
+
+
+def layer_of(relative: str) -> str:
+    """The layer a module belongs to: its top-level package or module (`config.py` and `config/` alike)."""
+    return relative.split(".")[0]
+
+
+def _covers(name: str, relative: str) -> bool:
+    """A table entry (a layer or one module of it) names this module or a package above it."""
+    return relative == name or relative.startswith(name + ".")
+
+
+def cli_command_modules():
+    """The modules cli.py imports by name: the strings of its COMMAND_MODULES, which it passes to importlib
+    (imports the AST walk cannot see)."""
+    tree = ast.parse((PACKAGE / "cli.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "COMMAND_MODULES" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    raise AssertionError("nvmeof_roce/cli.py has no COMMAND_MODULES list")
+
+
+def unknown_names(table: LayerTable, modules):
+    """The table's names that match no module or package of `modules` (a typo, or a layer since removed)."""
+    known = {_relative(m) for m in modules}
+    known |= {".".join(name.split(".")[:i]) for name in known for i in range(1, name.count(".") + 1)}
+    named = table.shared | set(table.rules) | {n for names in table.rules.values() for n in names} | \
+        {n for pair in table.exceptions for n in pair}
+    return sorted(named - known)
+
+
+def layer_violations(graph, table: LayerTable):
+    """One message per import the table does not allow, and one per exception no import uses any more."""
+    problems, used_exceptions = [], set()
+    for module in sorted(graph):
+        importer = _relative(module)
+        layer = layer_of(importer)
+        if layer not in table.shared and layer not in table.rules:
+            problems.append(f"{module}: its layer `{layer}` has no row in docs/layers.md")
+            continue
+        for target in sorted(graph[module]):
+            imported = _relative(target)
+            if layer_of(imported) == layer or layer_of(imported) in table.shared:
+                continue
+            if layer in table.shared:
+                rule = f"shared module `{layer}` may import only the other shared modules"
+            elif any(_covers(name, imported) for name in table.rules[layer]):
+                continue
+            elif table.rules[layer]:
+                rule = f"layer `{layer}` may import only {' '.join(sorted(table.rules[layer]))} and the shared modules"
+            else:
+                rule = f"layer `{layer}` may import only the shared modules"
+            if (importer, imported) in table.exceptions:
+                used_exceptions.add((importer, imported))
+                continue
+            problems.append(f"{module} imports {target}, which breaks docs/layers.md's rule: {rule}")
+    for importer, imported in sorted(table.exceptions - used_exceptions):
+        problems.append(f"docs/layers.md's `exception: {importer} -> {imported}` allows an import the source no "
+                        f"longer makes (or one its layer's row allows): remove the line")
+    return problems
+
+
+def test_every_import_of_the_package_follows_the_layer_table_of_docs_layers_md():
+    graph = import_graph()
+    graph["nvmeof_roce.cli"] = graph["nvmeof_roce.cli"] | cli_command_modules()
+    table = parse_layer_table(LAYERS_DOC.read_text())
+    unknown = unknown_names(table, graph)
+    assert not unknown, f"docs/layers.md names what is no module or package of nvmeof_roce: {unknown}"
+    problems = layer_violations(graph, table)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_layer_check_names_the_module_the_import_and_the_rule_it_breaks():
+    table = parse_layer_table("```layers\nshared: errors\nnvme:\ntransport: nvme  # a comment\n"
+                              "engine: transport.registry\nexception: engine.a -> nvme.x\n"
+                              "exception: engine.b -> nvme.y\n```\n")
+    assert table.shared == {"errors"} and table.rules["engine"] == {"transport.registry"}
+    graph = {
+        "nvmeof_roce.transport.base": {"nvmeof_roce.nvme.sgl", "nvmeof_roce.errors", "nvmeof_roce.transport.rdma"},
+        "nvmeof_roce.engine.core": {"nvmeof_roce.transport.registry"},
+        "nvmeof_roce.engine.queue": {"nvmeof_roce.transport.base"},
+        "nvmeof_roce.engine.a": {"nvmeof_roce.nvme.x"},
+        "nvmeof_roce.nvme.sgl": {"nvmeof_roce.engine.core"},
+        "nvmeof_roce.errors": {"nvmeof_roce.nvme.status"},
+        "nvmeof_roce.lab.vm": set(),
+    }
+    assert layer_violations(graph, table) == [
+        "nvmeof_roce.engine.queue imports nvmeof_roce.transport.base, which breaks docs/layers.md's rule: "
+        "layer `engine` may import only transport.registry and the shared modules",
+        "nvmeof_roce.errors imports nvmeof_roce.nvme.status, which breaks docs/layers.md's rule: "
+        "shared module `errors` may import only the other shared modules",
+        "nvmeof_roce.lab.vm: its layer `lab` has no row in docs/layers.md",
+        "nvmeof_roce.nvme.sgl imports nvmeof_roce.engine.core, which breaks docs/layers.md's rule: "
+        "layer `nvme` may import only the shared modules",
+        "docs/layers.md's `exception: engine.b -> nvme.y` allows an import the source no longer makes "
+        "(or one its layer's row allows): remove the line",
+    ]

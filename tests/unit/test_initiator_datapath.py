@@ -11,7 +11,7 @@ from nvmeof_roce.initiator.controller import HostError, QueueFull
 from nvmeof_roce.initiator.perf import run_perf
 from nvmeof_roce.nvme import status as S
 from nvmeof_roce.nvme.command import CQE_STRUCT
-from nvmeof_roce.transport.rdma.queue import SEND_WR_BASE
+from nvmeof_roce.transport.rdma.verbs import SEND_WR_BASE
 from nvmeof_roce.transport.rdma.host import SendAccount
 
 

@@ -1,6 +1,6 @@
 """The RDMA transport names each connection by its host's address (per-address limits, logs), read from the CM id."""
 import ctypes, socket, struct
-from nvmeof_roce.transport.rdma.queue import cm_id_peer
+from nvmeof_roce.transport.rdma.cm import cm_id_peer
 
 def fake_cm_id(sockaddr: bytes):
     buf = ctypes.create_string_buffer(416)

@@ -154,6 +154,21 @@ def test_a_failing_teardown_step_does_not_keep_the_queue_or_its_cm_id():
     run_child(A_TEARDOWN_STEP_FAILS)
 
 
+STATUS = CONNECT + r"""from nvmeof_roce.control.stats import target_status
+listeners = target_status(server.target, None, server)["transport"]["listeners"]
+assert listeners == [{"address": "10.0.0.1:4420", "portid": 1, "queues": 2, "wc_errors": None,
+                      "pool": {"chunks": 1024, "free": 1024, "in_use": 0, "guaranteed": 2}}], listeners
+assert "10.0.0.1:4420: 2 queues (2 connected)" in server.status_line()
+server.close()
+print("ok")
+"""
+
+
+def test_the_listener_reports_its_queues_and_pool_in_target_status():
+    """`target status` shows each RDMA listener's figures (transport/base.py Listener.status)."""
+    run_child(STATUS)
+
+
 LEGACY = r"""import errno
 import nvmeof_roce.transport.rdma.queue as R
 

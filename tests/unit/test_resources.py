@@ -133,6 +133,20 @@ def test_a_connection_without_nvme_connect_is_closed_after_the_connect_timeout()
     assert env.pool.shares == 0 and env.pool.committed == 0
 
 
+def test_the_loopback_listener_reports_its_queues_and_pool_in_target_status():
+    from types import SimpleNamespace
+    from nvmeof_roce.control.stats import transport_status
+    env = PooledEnv(ResourceLimits(data_buffers=64, queue_min_buffers=2))
+    ctrl = env.connect(num_io_queues=1, kato_ms=0)
+    listener = env.fabric._listeners[ADDR1]
+    assert transport_status(SimpleNamespace(listeners=[listener]))["listeners"] == [
+        {"address": ADDR1, "portid": None, "queues": 2, "wc_errors": None,
+         "pool": {"chunks": 64, "free": 64, "in_use": 0, "guaranteed": 4}}]
+    ctrl.close()
+    env.fabric.pump()
+    assert listener.status()["queues"] == 0 and listener.status()["pool"]["guaranteed"] == 0
+
+
 def test_a_refused_connect_closes_its_queue_and_commits_nothing():
     env = PooledEnv(ResourceLimits())
     q, cqe = raw_connect(env.fabric.connector(ADDR1), SUB_ONLY_A, hostnqn=HOST_B)

@@ -479,7 +479,7 @@ def test_pyverbs_loggers_are_cached_and_are_the_same_loggers():
     logging module must still be there."""
     import logging
     import types
-    from nvmeof_roce.transport.rdma.queue import cache_pyverbs_loggers
+    from nvmeof_roce.transport.rdma.verbs import cache_pyverbs_loggers
 
     base = types.ModuleType("pyverbs_base_like")
     base.logging = logging

@@ -2,7 +2,7 @@
 
 One CM id and event channel per queue, so every CM event belongs to a known
 queue (docs/protocol.md §7); host memory is registered with remote read and
-write for the target.  The helpers shared with the target side live in rdma.py.
+write for the target.  The helpers shared with the target side live in verbs.py and memory.py.
 """
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from typing import List, Optional
 
 from ...nvme import cm as cmdata
 from ..base import ConnectRejected, Connector, HostBuffer, HostQueue, TransportError
-from .queue import (ADMIN_CAPSULE, CM_TIMEOUT_MS, PYVERBS_ERROR, RESPONSE_SIZE, SEND_WR_BASE, WR_LEAKS,
-                    RegisteredMemory, _create_with_fd, _eagain, is_iwarp, require_pyverbs)
+from .memory import RegisteredMemory
+from .verbs import (ADMIN_CAPSULE, CM_TIMEOUT_MS, PYVERBS_ERROR, RESPONSE_SIZE, SEND_WR_BASE, WR_LEAKS, create_with_fd,
+                    eagain, is_iwarp, require_pyverbs)
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +214,7 @@ class RdmaHostQueue(HostQueue):
                                          e.IBV_ACCESS_LOCAL_WRITE)
         self.stage = depth * self.capsule_size
         self.held: Optional[list] = None  # inline SENDs held since defer_sends(), None when not deferring
-        self.comp_channel, self.cq_fd = _create_with_fd(lambda: CompChannel(ctx), "infinibandevent")
+        self.comp_channel, self.cq_fd = create_with_fd(lambda: CompChannel(ctx), "infinibandevent")
         sq_size = 2 * depth + 2  # unsignaled SENDs hold their entries until a later signaled one completes
         self.cq = CQ(ctx, hrqsize + sq_size + 4, None, self.comp_channel, 0)
         self.cq.req_notify()
@@ -257,7 +258,7 @@ class RdmaHostQueue(HostQueue):
     def _resolve(self) -> str:
         """A CM id on an event channel of its own, its address and route resolved; returns "addr:port"."""
         connector = self.connector
-        self.channel, self.cm_fd = _create_with_fd(CMEventChannel, "rdma_cm")
+        self.channel, self.cm_fd = create_with_fd(CMEventChannel, "rdma_cm")
         self.cm_id = CMID(creator=self.channel, port_space=ce.RDMA_PS_TCP)
         where = f"{connector.traddr}:{connector.trsvcid}"
         try:
@@ -309,7 +310,7 @@ class RdmaHostQueue(HostQueue):
                 try:
                     event = CMEvent(self.channel)
                 except PyverbsRDMAError as exc:
-                    if _eagain(exc):
+                    if eagain(exc):
                         continue
                     raise
                 kind, private, name = event.event_type, bytes(event.private_data or b""), event.event_str()
@@ -433,7 +434,7 @@ class RdmaHostQueue(HostQueue):
                 self.comp_channel.get_cq_event(self.cq)
                 self.cq.ack_events(1)
             except PyverbsRDMAError as exc:
-                if not _eagain(exc):
+                if not eagain(exc):
                     raise
             self.cq.req_notify()
         self._drain()

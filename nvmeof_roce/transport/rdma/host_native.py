@@ -16,7 +16,8 @@ from typing import List, Optional
 from ... import native
 from ...nvme import cm as cmdata
 from ..base import HostBuffer, TransportError
-from .queue import ADMIN_CAPSULE, RESPONSE_SIZE, _MIN_POINTER, cm_id_peer
+from .cm import cm_id_peer
+from .verbs import ADMIN_CAPSULE, MIN_POINTER, RESPONSE_SIZE
 from .host import INLINE_CAPSULE, SIGNAL_INTERVAL, RdmaConnector, RdmaHostQueue
 
 IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_WRITE, IBV_ACCESS_REMOTE_READ = 1, 2, 4
@@ -32,10 +33,10 @@ def cm_id_address(cm_id, channel_fd: int, peer: str) -> int:
     base = id(cm_id)
     for offset in range(16, type(cm_id).__basicsize__ - 7, 8):
         ptr = ctypes.c_void_p.from_address(base + offset).value or 0
-        if ptr < _MIN_POINTER or ptr % 8:
+        if ptr < MIN_POINTER or ptr % 8:
             continue
         channel = ctypes.c_void_p.from_address(ptr + 8).value or 0
-        if channel < _MIN_POINTER or channel % 4 or ctypes.c_int.from_address(channel).value != channel_fd:
+        if channel < MIN_POINTER or channel % 4 or ctypes.c_int.from_address(channel).value != channel_fd:
             continue
         if cm_id_peer(ptr) == peer:
             return ptr

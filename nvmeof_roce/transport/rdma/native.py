@@ -1,6 +1,6 @@
 """Native I/O queues on a real RDMA device: the QP made by librdmacm on the CM id, the data path in C (docs/native.md).
 
-`RdmaListener` (transport/rdma/queue.py) keeps the CM: it checks the connect request and, on a listener whose data path
+`RdmaListener` (transport/rdma/cm.py) keeps the CM: it checks the connect request and, on a listener whose data path
 is native, opens each I/O queue here instead of as an `RdmaTargetQueue` (admin queues stay on the Python path).
 `_native.create_cm_qp` makes the QP with a send and a receive CQ on their own completion channels, on the PD
 librdmacm keeps for the device (`id->pd`); the memory the C queue uses is registered on that PD

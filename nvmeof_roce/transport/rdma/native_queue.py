@@ -71,6 +71,8 @@ class ChunkPool:
 class NativeTargetQueue(TargetQueue):
     """One NVMe queue served by the C data path, with the Python core behind it for everything else."""
 
+    data_path = "native"
+
     def __init__(self, module, handler: QueueHandler, request: ConnectRequest, verbs: NativeVerbs, *,
                  in_capsule_size: int, recv: Region, chunks: ChunkPool, share: PoolShare, max_transfer: int,
                  zero: Optional[Region] = None, sink: Optional[Region] = None,
@@ -114,6 +116,7 @@ class NativeTargetQueue(TargetQueue):
             on_failure=self._on_failure, zero=zero.spec() if zero else None, sink=sink.spec() if sink else None,
             remote_invalidate=verbs.remote_invalidate)
         self.view_ready = False
+        self.native_commands_seen = 0  # the C queue's native_commands at the last native_traffic()
         self.poll_mode = None  # "interrupt" or "busy" once start_polling ran (a test may poll by hand)
         self.poll_group = None  # the _native.PollGroup whose thread polls it (--cores), or None
 
@@ -243,8 +246,15 @@ class NativeTargetQueue(TargetQueue):
         self.poll()
         return None
 
-    def take_stats(self) -> dict:
+    def take_native_stats(self) -> dict:
         return {} if self.closed else self.native.take_stats()
+
+    def native_traffic(self) -> bool:
+        seen = self.native.stats()["native_commands"]
+        if seen == self.native_commands_seen:
+            return False
+        self.native_commands_seen = seen
+        return True
 
     def stats(self) -> dict:
         return self.native.stats()

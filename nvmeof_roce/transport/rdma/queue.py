@@ -1,78 +1,43 @@
-"""The RDMA transport on pyverbs: RDMA CM listener and connector, one RC QP per NVMe queue.
+"""The target's queue on pyverbs: `RdmaTargetQueue`, one RC QP per NVMe queue, accepted by `RdmaListener`
+(transport/rdma/cm.py).
 
-Target side (`RdmaListener` on an `EventLoop`): each CONNECT_REQUEST carries the
-NVMe-oF private data; the handler decides accept or reject (with the NVMe-oF
-STS).  An accepted queue gets its own QP, CQ and completion channel on the
-project's own device Context and PD (never the CM's: closing a child id breaks
-those, docs/protocol.md §7.3 item 4).  Receive buffers, response buffers and data buffers are
-registered with local access only: the target initiates every transfer itself.
-Data buffers come from one pool per port registered once at start and shared by
-its queues (transport/resources.py): a queue is guaranteed a small minimum only
-once its NVMe Connect succeeds, takes the rest from the shared part, and its
-commands wait for a buffer when none is free.
+An accepted queue gets its own QP, CQ and completion channel on the listener's device Context and PD.  Receive
+buffers and data buffers are registered with local access only: the target initiates every transfer itself.
+Data buffers come from one pool per port registered once at start and shared by its queues
+(transport/resources.py, transport/rdma/memory.py): a queue is guaranteed a small minimum only once its NVMe
+Connect succeeds, takes the rest from the shared part, and its commands wait for a buffer when none is free.
 
-CM events of every child id arrive on the listener's one channel.  pyverbs 44
-does not say which child an event is for, so `_CmEventIds` reads the
-`rdma_cm_event.id` pointer out of the pyverbs CMEvent object with ctypes (the
-layout is verified at first use against the channel's fd): a DISCONNECTED closes
-its queue at once.  A child id is destroyed as soon as its queue is closed or its
-connection rejected (every event is acked before it is acted on, so the destroy
-never waits, docs/protocol.md §7.3 item 3).
-
-Host side (`RdmaConnector`, in rdma_host.py): one CM id and event channel per queue, so every CM
-event belongs to a known queue; host memory is registered with remote read and
-write for the target.
-
-No call here blocks: the CM channel and every completion channel are put in
-non-blocking mode and watched with a selector (pyverbs 44 holds the GIL in its
-blocking calls and exposes neither fd, so they are found in /proc/self/fd).
+No call here blocks: every completion channel is put in non-blocking mode and watched by the event loop
+(transport/rdma/verbs.py `create_with_fd`).
 """
 from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl
-import functools
 import logging
-import mmap
-import os
-import resource
-import socket
-import time
-from typing import Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
-from ...errors import NvmeofError
 from ...nvme import cm as cmdata
-from ..resources import BufferPool, PoolShare, ResourceLimits, registered_region
+from ..base import ConnectRequest, ReadDone, RemoteAccessError, TargetQueue, TransportError
+from ..resources import PoolShare
+from .memory import RegisteredMemory
 from .requests import RequestBook, TxRequest
-from ..eventloop import EventLoop
-from ..base import ConnectRequest, QueueHandler, ReadDone, RemoteAccessError, TargetQueue, TransportError
+from .verbs import ADMIN_CAPSULE, PYVERBS_ERROR, RESPONSE_SIZE, SEND_WR_BASE, create_with_fd, eagain
+from .verbs import require_pyverbs  # noqa: F401  (service/workers.py imports it from here)
+
+if PYVERBS_ERROR is None:
+    from .verbs import (CQ, QP, SGE, CompChannel, ConnParam, PyverbsRDMAError, QPCap, QPEx, QPInitAttr,
+                        QPInitAttrEx, RecvWR, SendWR, e)
+
+if TYPE_CHECKING:
+    from .cm import RdmaListener
 
 log = logging.getLogger(__name__)
 # One DEBUG line per capsule received and per work request posted (`target serve -vv`): what a capture
 # of the wire must show, in the same order (`nvmeof-roce rdma decode`, docs/two-node.md).
 wire_log = logging.getLogger(__name__ + ".wire")
 
-try:  # pyverbs is Debian's python3-pyverbs; import lazily so the rest of the package works without it
-    import pyverbs.cm_enums as ce
-    import pyverbs.enums as e
-    from pyverbs.cmid import AddrInfo, CMEvent, CMEventChannel, CMID, ConnParam
-    from pyverbs.cq import CQ, CompChannel
-    from pyverbs.device import Context
-    from pyverbs.mr import MR
-    from pyverbs.pd import PD
-    from pyverbs.pyverbs_error import PyverbsRDMAError
-    from pyverbs.qp import QP, QPCap, QPEx, QPInitAttr, QPInitAttrEx
-    from pyverbs.wr import SGE, RecvWR, SendWR
-    PYVERBS_ERROR = None
-except ImportError as exc:  # pragma: no cover - depends on the machine
-    PYVERBS_ERROR = exc
-
-ADMIN_CAPSULE = 64
-RESPONSE_SIZE = 16
-CM_TIMEOUT_MS = 3000
-SEND_WR_BASE = 1 << 32  # wr_ids below this are receive slots
-WRITE_WR_ID = SEND_WR_BASE + (1 << 31)  # target: the unsignaled data WRITEs (SEND_WR_BASE + n: request n)
+WRITE_WR_ID = SEND_WR_BASE + (1 << 31)  # the unsignaled data WRITEs (SEND_WR_BASE + n: request n)
 # QP local ACK timeout exponent, at most (4.096 us << 19 = 2.1 s): what rdma_cm computes for RoCE here and what
 # the Linux host asks for in its REQ, so the target retransmits no sooner than nvmet_rdma or the host do.
 ACK_TIMEOUT = 19
@@ -80,470 +45,12 @@ POLL_BATCH = 32  # completions asked of one CQ.poll
 CQ_BUDGET = 64  # completions one queue handles per loop pass before the others get their turn
 
 
-class _CachedLoggers:
-    """The logging module with getLogger cached: what `pyverbs.base` sees as `logging`.
-
-    pyverbs 44 makes a logger for every object it creates (`PyverbsObject.__cinit__` calls logging.getLogger,
-    which takes the logging lock): more than half of what a work completion costs (2.1 -> 0.9 µs per `WC` on
-    the development host).  A logger is made once per name and lives for ever, so the cache hands out the very
-    same objects."""
-
-    def __init__(self, real):
-        self._real = real
-        self.getLogger = functools.lru_cache(maxsize=None)(real.getLogger)
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
-
-
-def cache_pyverbs_loggers(base_module) -> bool:
-    """Give `base_module` (pyverbs.base) the cached getLogger; False if it does not use the logging module."""
-    if getattr(base_module, "logging", None) is not logging:
-        return False
-    base_module.logging = _CachedLoggers(logging)
-    return True
-
-
-if PYVERBS_ERROR is None:
-    try:
-        import pyverbs.base as _pyverbs_base
-    except ImportError:  # the plain-Python stand-ins of benchmarks/fakeverbs.py have no base module
-        _pyverbs_base = None
-    if _pyverbs_base is not None:
-        cache_pyverbs_loggers(_pyverbs_base)
-
-
-# Bookworm's pyverbs 44 never frees an SGE, SendWR or RecvWR: their destructor is misnamed `__dealloc` (fixed
-# upstream later), so such objects made per command leak.  The target's hot path makes none (RdmaTargetQueue).
-WR_LEAKS = PYVERBS_ERROR is None and any(name.endswith("__dealloc") for name in dir(SendWR))
-
-
-def require_pyverbs() -> None:
-    if PYVERBS_ERROR is not None:
-        raise NvmeofError(f"pyverbs is not available: {PYVERBS_ERROR}",
-                          "apt-get install python3-pyverbs rdma-core ibverbs-providers, and make the venv with "
-                          "'python3 -m venv --system-site-packages' from the system python3")
-
-
-# --- file descriptors that pyverbs 44 does not expose ---------------------------------------
-
-def _open_fds() -> Dict[str, str]:
-    """fd -> what it points to.  (Listing /proc/self/fd uses an fd itself, so compare targets, not numbers.)"""
-    fds = {}
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            fds[name] = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            pass
-    return fds
-
-
-def _create_with_fd(create: Callable[[], object], expect: str):
-    """Create a pyverbs object and return (object, the one fd it opened whose target contains `expect`)."""
-    before = _open_fds()
-    obj = create()
-    for name, target in _open_fds().items():
-        if expect in target and before.get(name) != target:
-            fd = int(name)
-            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
-            return obj, fd
-    raise TransportError(f"could not find the file descriptor of a new {type(obj).__name__} ({expect})")
-
-
-def _eagain(exc: Exception) -> bool:
-    return getattr(exc, "error_code", None) in (errno.EAGAIN, errno.EWOULDBLOCK)
-
-
-# --- which child id a CM event is for ---------------------------------------------------------
-
-_MIN_POINTER = 1 << 16  # no user-space object lives below this: a smaller "pointer" is not one
-
-
-class _CmEventIds:
-    """The `rdma_cm_event.id` pointer of a pyverbs 44 CMEvent, read with ctypes.
-
-    pyverbs keeps the `struct rdma_cm_event *` in a C field of the CMEvent object and
-    exposes neither it nor the id.  librdmacm's structs start (rdma_cma.h):
-    rdma_cm_event {id, listen_id, event, status, ...}; rdma_cm_id {verbs, channel, ...};
-    rdma_event_channel {fd}.  The field's offset in the object is found once, on the
-    first event (Cython stores the object's only C field, `event`, last), and accepted only if the chain event -> id -> channel -> fd leads to
-    this listener's channel fd and the event type matches: on any other layout the
-    attribution is switched off (and logged), never guessed.
-    """
-
-    def __init__(self, channel_fd: int):
-        self.channel_fd = channel_fd
-        self.offset: Optional[int] = None
-        self.disabled = False
-
-    @staticmethod
-    def _ptr(addr: int) -> int:
-        return ctypes.c_void_p.from_address(addr).value or 0
-
-    def _check(self, event, offset: int) -> int:
-        ev = self._ptr(id(event) + offset)
-        if ev < _MIN_POINTER or ev % 8:
-            return 0
-        if ctypes.c_int.from_address(ev + 16).value != event.event_type:
-            return 0
-        cm_id = self._ptr(ev)
-        if cm_id < _MIN_POINTER or cm_id % 8:
-            return 0
-        channel = self._ptr(cm_id + 8)
-        if channel < _MIN_POINTER or channel % 4 or ctypes.c_int.from_address(channel).value != self.channel_fd:
-            return 0
-        return cm_id
-
-    def initiator_depth(self, event) -> Optional[int]:
-        """The RDMA READs the peer lets us have in flight, from a CONNECT_REQUEST's `param.conn.initiator_depth`
-        (rdma_cm_event: id, listen_id, event, status, then rdma_conn_param {private_data, private_data_len,
-        responder_resources, initiator_depth, ...} at offset 24): rdma_cm's RTS attributes carry it on InfiniBand
-        and RoCE, not on iWARP.  None when the layout was not verified (call `of` first)."""
-        if self.offset is None or self.disabled:
-            return None
-        ev = self._ptr(id(event) + self.offset)
-        return ctypes.c_uint8.from_address(ev + 34).value if ev else None
-
-    def of(self, event) -> Optional[int]:
-        if self.disabled:
-            return None
-        if self.offset is not None:
-            return self._check(event, self.offset) or None
-        offset = type(event).__basicsize__ - 8
-        cm_id = self._check(event, offset)
-        if cm_id:
-            self.offset = offset
-            log.info("CM events are attributed to their connection (rdma_cm_event at offset %d of CMEvent)", offset)
-            return cm_id
-        self.disabled = True
-        log.warning("cannot read which connection a CM event belongs to (pyverbs layout not recognised): "
-                    "a vanished host is found by keep-alive and failed work requests only")
-        return None
-
-
-def cm_id_peer(cm_id: Optional[int]) -> str:
-    """The host's "address:port" of a connection, from its `struct rdma_cm_id` (rdma_cma.h, public ABI):
-    `verbs, channel, context, qp` then `route`, whose `addr` starts with two `sockaddr_storage` unions, source
-    then destination, so the peer's sockaddr is at offset 32 + 128 = 160.  "" when the id or family is unknown
-    (the per-address limits then do not apply to it, rather than lumping every host under one address)."""
-    if not cm_id or cm_id < _MIN_POINTER:
-        return ""
-    sa = cm_id + 160
-    family = ctypes.c_uint16.from_address(sa).value
-    port = int.from_bytes(ctypes.string_at(sa + 2, 2), "big")
-    if family == socket.AF_INET:
-        return f"{socket.inet_ntop(socket.AF_INET, ctypes.string_at(sa + 4, 4))}:{port}"
-    if family == socket.AF_INET6:
-        return f"[{socket.inet_ntop(socket.AF_INET6, ctypes.string_at(sa + 8, 16))}]:{port}"
-    return ""
-
-
-# --- registered memory ---------------------------------------------------------------------
-
-def register(pd, size: int, access: int, addr: int):
-    """One MR over [addr, addr + size).  The device pins the pages against the locked-memory limit: siw counts
-    them even for root (rxe and hardware drivers let CAP_IPC_LOCK through), so a low `ulimit -l` shows here."""
-    try:
-        return MR(pd, size, access, address=addr)
-    except PyverbsRDMAError as exc:
-        if getattr(exc, "error_code", None) not in (errno.ENOMEM, errno.EPERM, errno.EAGAIN):
-            raise
-        soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-        limit = "unlimited" if soft == resource.RLIM_INFINITY else f"{soft >> 10} KiB"
-        raise NvmeofError(f"cannot register {size >> 10} KiB of memory with the RDMA device ({exc}); the "
-                          f"locked-memory limit (ulimit -l) is {limit}",
-                          "raise it: ulimit -l unlimited in the shell that starts the target, LimitMEMLOCK=infinity "
-                          "in a systemd unit, '* - memlock unlimited' in /etc/security/limits.d/; or use fewer "
-                          "--data-buffers") from exc
-
-
-def is_iwarp(device_name: str, sysfs: str = "/sys") -> bool:
-    """An iWARP RNIC (siw, Chelsio, Intel's irdma in iWARP mode): sysfs node_type "4: RNIC"."""
-    try:
-        with open(os.path.join(sysfs, "class/infiniband", device_name, "node_type")) as f:
-            return f.read().split(":")[0].strip() == "4"
-    except OSError:
-        return False
-
-
-def data_buffer_access(iwarp: bool) -> int:
-    """Access rights of the target's data buffers, which are the sinks of its RDMA READs (a host's write data).
-    On RoCE and InfiniBand a READ response lands in the sink by its lkey: local write is enough.  iWARP carries
-    the response as tagged data addressed by the sink's rkey, so the sink must allow remote write (the kernel's
-    rdma_rw does the same for iWARP); only then, for least exposure (docs/protocol.md §7.8)."""
-    access = e.IBV_ACCESS_LOCAL_WRITE
-    return access | e.IBV_ACCESS_REMOTE_WRITE if iwarp else access
-
-
-class RegisteredMemory:
-    """Page-aligned memory we own (a memoryview), registered as one MR."""
-
-    def __init__(self, pd, size: int, access: int):
-        self.size = max(size, mmap.PAGESIZE)
-        self.map = mmap.mmap(-1, self.size)
-        self.view = memoryview(self.map)
-        self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
-        self.mr = register(pd, self.size, access, self.addr)
-        self.lkey = self.mr.lkey
-        self.rkey = self.mr.rkey
-
-    def close(self) -> None:
-        if self.mr is not None:
-            self.mr.close()
-            self.mr = None
-            self.view.release()
-            try:
-                self.map.close()
-            except BufferError:  # a slice is still referenced somewhere; the GC frees it later
-                pass
-
-
-class _MappedRegion:
-    """A mapping owned by someone else (a RAM namespace), registered as one MR."""
-
-    def __init__(self, pd, mapping: mmap.mmap, access: int):
-        # the address only: the buffer export ends with the temporary ctypes object
-        self.addr = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
-        self.mr = register(pd, len(mapping), access, self.addr)
-        self.lkey = self.mr.lkey
-
-    def close(self) -> None:
-        if self.mr is not None:
-            self.mr.close()
-            self.mr = None
-
-
-class DataPool:
-    """Fixed-size data chunks carved from one registration made at start; `accounts` says who may take which."""
-
-    def __init__(self, pd, chunk_size: int, chunks: int, min_per_queue: int, access: Optional[int] = None):
-        self.chunk_size = chunk_size
-        self.memory = RegisteredMemory(pd, chunk_size * chunks, e.IBV_ACCESS_LOCAL_WRITE if access is None else access)
-        self.accounts = BufferPool(chunks, min_per_queue)
-
-    def view(self, chunk: int, length: int) -> memoryview:
-        start = chunk * self.chunk_size
-        return self.memory.view[start:start + length]
-
-    def addr(self, chunk: int) -> int:
-        return self.memory.addr + chunk * self.chunk_size
-
-
-class RdmaListener:
-    """Listens on traddr:trsvcid and turns accepted connections into `RdmaTargetQueue`s."""
-
-    def __init__(self, loop: EventLoop, traddr: str, trsvcid: int = 4420, *, handler: Optional[QueueHandler] = None,
-                 port_id: int = 0, in_capsule_size: Optional[int] = None, max_transfer: int = 128 * 1024,
-                 limits: Optional[ResourceLimits] = None, remote_invalidate: bool = True,
-                 data_path: str = "python", poll_mode: str = "interrupt", poll_groups=None):
-        require_pyverbs()
-        self.data_path = data_path  # "native": I/O queues run the C data path (transport/rdma/native.py)
-        self.poll_mode = poll_mode  # native queues: "interrupt" (completion channels) or "busy" (tunables.POLL)
-        self.poll_groups = poll_groups  # pollgroups.PollGroups: threads poll the native queues (--cores)
-        self.native_memory = None  # rdma_native.NativePortMemory, made with the first native queue
-        self.loop = loop
-        self.handler = handler or loop.handler
-        self.traddr, self.trsvcid, self.port_id = traddr, int(trsvcid), port_id
-        if in_capsule_size is None:  # what the handler advertises in IOCCSZ
-            in_capsule_size = getattr(self.handler, "in_capsule_size", 4096)
-        self.in_capsule_size = in_capsule_size
-        self.max_transfer = max_transfer
-        self.remote_invalidate = remote_invalidate
-        self.queues: Dict[int, RdmaTargetQueue] = {}
-        self.limits = limits or ResourceLimits()
-        self.children: Dict[int, "RdmaTargetQueue"] = {}  # rdma_cm_id pointer -> its open queue
-        self.cm_ids_created = 0  # child ids made from CONNECT_REQUESTs
-        self.cm_ids_destroyed = 0
-        self.disconnects_attributed = 0
-        self.channel, self.cm_fd = _create_with_fd(CMEventChannel, "rdma_cm")
-        self.event_ids = _CmEventIds(self.cm_fd)
-        self.listen_id = CMID(creator=self.channel, port_space=ce.RDMA_PS_TCP)
-        try:
-            self.listen_id.bind_addr(AddrInfo(src=traddr, src_service=str(trsvcid), port_space=ce.RDMA_PS_TCP,
-                                              flags=ce.RAI_PASSIVE))
-            self.listen_id.listen(128)
-        except PyverbsRDMAError as exc:
-            raise NvmeofError(f"cannot listen on {traddr}:{trsvcid}: {exc}",
-                              "use an IP address of an RDMA netdev (not 0.0.0.0), check the port is free "
-                              "(kernel nvmet may hold it: 'nvmeof-roce nvmet show') and 'nvmeof-roce rdma status'")
-        # Our own Context/PD on the listener's device: CQs, QPs and MRs never use the CM's.
-        self.context = Context(name=self.listen_id.dev_name)
-        self.pd = PD(self.context)
-        self.device = self.context.query_device()
-        self.iwarp = is_iwarp(self.listen_id.dev_name)
-        self.pending_initiator_depth: Optional[int] = None  # of the CONNECT_REQUEST being handled
-        self.pool = DataPool(self.pd, max_transfer, self.limits.data_buffers, self.limits.queue_min_buffers,
-                             access=data_buffer_access(self.iwarp))
-        self.regions: Dict[int, tuple] = {}  # id(mapping) -> (mapping, (addr, lkey) or None, its MR)
-        loop.watch(self.cm_fd, self._on_cm_events)
-        loop.listeners.append(self)
-        log.info("listening on %s:%d (%s)", traddr, self.trsvcid, self.listen_id.dev_name)
-
-    @property
-    def device_name(self) -> str:
-        return self.listen_id.dev_name
-
-    def region(self, backend) -> Optional[tuple]:
-        """(address, lkey) of a RAM namespace's memory, registered on first use (local access only: we only
-        send from it), or None where it cannot be (then its reads are staged in a chunk).  Kept until the
-        listener closes; a resized namespace's new memory is registered anew and the old registration kept
-        (WRITEs already posted may still read it), so each resize pins the old size until then."""
-        return registered_region(self.regions, backend, self._register_ram)
-
-    def _register_ram(self, pin, mapping) -> tuple:
-        try:
-            mapping = pin()
-            began = time.monotonic()
-            # LOCAL_WRITE makes the registration take private pages, never the shared zero page of a
-            # mapping not yet written (a later write would then leave the device sending the old page).
-            memory = _MappedRegion(self.pd, mapping, e.IBV_ACCESS_LOCAL_WRITE)
-            log.info("RAM namespace of %d MiB registered on %s:%d in %.0f ms: its reads are sent straight from it",
-                     len(mapping) >> 20, self.traddr, self.trsvcid, (time.monotonic() - began) * 1000)
-            return mapping, (memory.addr, memory.lkey), memory
-        except Exception as exc:  # e.g. the locked-memory limit (ulimit -l)
-            log.warning("cannot register a RAM namespace of %d bytes with the device (%s): its reads are copied "
-                        "into data buffers instead", len(mapping) if mapping is not None else 0, exc)
-            return mapping, None, None
-
-    def _on_cm_events(self) -> None:
-        while True:
-            try:
-                event = CMEvent(self.channel)
-            except PyverbsRDMAError as exc:
-                if _eagain(exc):
-                    return
-                raise
-            kind = event.event_type
-            id_ptr = self.event_ids.of(event)  # read before the ack frees the event
-            if kind == ce.RDMA_CM_EVENT_CONNECT_REQUEST:
-                private = bytes(event.private_data or b"")
-                self.pending_initiator_depth = self.event_ids.initiator_depth(event)
-                child = CMID(creator=event, listen_id=self.listen_id)  # before the ack (docs/protocol.md §7.3 item 3)
-                self.cm_ids_created += 1
-                event.ack_cm_event()
-                self._on_connect_request(child, private, id_ptr)
-                continue
-            name = event.event_str()
-            event.ack_cm_event()
-            queue = self.children.get(id_ptr) if id_ptr else None
-            log.debug("CM event %s on %s:%d (queue %s)", name, self.traddr, self.trsvcid,
-                      queue.qid if queue is not None else "?")
-            if queue is not None and kind in (ce.RDMA_CM_EVENT_DISCONNECTED, ce.RDMA_CM_EVENT_TIMEWAIT_EXIT):
-                # The peer disconnected (or its CM gave up on it): release the queue now, not at keep-alive expiry.
-                self.disconnects_attributed += 1
-                log.info("queue %d (%s): host disconnected (CM %s)", queue.qid, queue.request.peer, name)
-                queue.peer_gone = True
-                queue.close()
-
-    def _reject(self, child, sts: int, why: str) -> None:
-        log.warning("rejecting a connection on %s:%d: %s (STS %d, %s)", self.traddr, self.trsvcid, why, sts,
-                    cmdata.sts_name(sts))
-        try:
-            child.reject(cmdata.CmReject(0, sts).pack())
-        except PyverbsRDMAError as exc:
-            log.warning("reject failed: %s", exc)
-        self._destroy_id(child)
-
-    def _destroy_id(self, cm_id) -> None:
-        """Destroy a child id: its events are all acked by now, so this never waits (docs/protocol.md §7.3 item 3).  Our
-        QPs, CQs and MRs live on our own Context and PD, which a child close cannot break (docs/protocol.md §7.3 item 4)."""
-        try:
-            cm_id.close()
-            self.cm_ids_destroyed += 1
-        except Exception as exc:
-            log.warning("destroying a CM id failed: %s", exc)
-
-    def _on_connect_request(self, child, private: bytes, id_ptr: Optional[int] = None) -> None:
-        try:
-            parsed = cmdata.CmConnectRequest.unpack(private)
-        except cmdata.PrivateDataError as exc:
-            self._reject(child, exc.sts, str(exc))
-            return
-        request = ConnectRequest(parsed.recfmt, parsed.qid, parsed.hrqsize, parsed.hsqsize, parsed.cntlid,
-                                 peer=cm_id_peer(id_ptr), port_id=self.port_id)
-        refusal = self.handler.check_connect(request)
-        if refusal is not None:
-            self._reject(child, cmdata.REJECT_STATUS[refusal.value],
-                         f"QID {parsed.qid} HSQSIZE {parsed.hsqsize} HRQSIZE {parsed.hrqsize}")
-            return
-        # Nothing but the receive and response rings is committed here: data buffers are guaranteed to a
-        # queue only once its NVMe Connect succeeds (connected()), and the target closes a queue that does
-        # not get there within its connect timeout.
-        try:
-            if self.data_path == "native" and parsed.qid and id_ptr and not self.iwarp:
-                queue = self._native_queue(child, id_ptr, request)
-            else:
-                queue = RdmaTargetQueue(self, child, request)
-        except _AcceptRefused as exc:
-            self._reject(child, exc.sts, str(exc))
-            return
-        except Exception as exc:
-            log.exception("setting up queue %d failed", parsed.qid)
-            self._reject(child, cmdata.STS_NO_RESOURCES, f"queue setup failed: {exc}")
-            return
-        queue.id_ptr = id_ptr
-        self.queues[queue.cq_fd] = queue
-        if id_ptr:
-            self.children[id_ptr] = queue
-        self.handler.queue_opened(queue)
-
-    def _native_queue(self, child, id_ptr: int, request: ConnectRequest):
-        from ... import native
-        from .native import NativePortMemory, RdmaNativeQueue
-
-        def memory_of(pd: int) -> NativePortMemory:
-            if self.native_memory is None:
-                self.native_memory = NativePortMemory(native.module, self, pd)
-            elif self.native_memory.pd != pd:
-                raise _AcceptRefused(cmdata.STS_NO_RESOURCES, "the CM id's protection domain changed")
-            return self.native_memory
-        return RdmaNativeQueue(native.module, self, child, id_ptr, request, memory_of)
-
-    def forget(self, queue: "RdmaTargetQueue") -> None:
-        self.queues.pop(queue.cq_fd, None)
-        if queue.id_ptr:
-            self.children.pop(queue.id_ptr, None)
-        self._destroy_id(queue.cm_id)
-
-    def status(self) -> str:
-        """One line of figures for `target serve`'s status log."""
-        connected = sum(1 for q in self.queues.values() if q.share.guaranteed)
-        return (f"{self.traddr}:{self.trsvcid}: {len(self.queues)} queues ({connected} connected), "
-                f"{self.cm_ids_created - self.cm_ids_destroyed} CM ids kept ({self.cm_ids_destroyed} destroyed, "
-                f"{self.disconnects_attributed} disconnects attributed), "
-                f"data buffers {self.pool.accounts.status()}")
-
-    def close(self) -> None:
-        for queue in list(self.queues.values()):
-            queue.close()
-        self.loop.unwatch(self.cm_fd)
-        if self in self.loop.listeners:
-            self.loop.listeners.remove(self)
-        # Drain and ack what is left so destroying the ids cannot wait on an unacked event.
-        self._drain_cm_events()
-        if self.native_memory is not None:  # before the listen id, whose device keeps librdmacm's PD
-            self.native_memory.close()
-            self.native_memory = None
-        self.listen_id.close()
-        self.pool.memory.close()
-        for _mapping, _found, memory in self.regions.values():
-            if memory is not None:
-                memory.close()
-        self.regions.clear()
-
-    def _drain_cm_events(self) -> None:
-        while True:
-            try:
-                event = CMEvent(self.channel)
-            except PyverbsRDMAError:
-                return
-            if event.event_type == ce.RDMA_CM_EVENT_CONNECT_REQUEST:
-                child = CMID(creator=event, listen_id=self.listen_id)
-                self.cm_ids_created += 1
-                event.ack_cm_event()
-                self._reject(child, cmdata.STS_NO_RESOURCES, "target shutting down")
-            else:
-                event.ack_cm_event()
+class AcceptRefused(Exception):
+    """A queue could not be set up: the listener rejects its connection with this NVMe-oF CM status (STS)."""
+
+    def __init__(self, sts: int, message: str):
+        super().__init__(message)
+        self.sts = sts
 
 
 class LegacyPoster:
@@ -612,12 +119,6 @@ class LegacyPoster:
         self._post_pending()
 
 
-class _AcceptRefused(Exception):
-    def __init__(self, sts: int, message: str):
-        super().__init__(message)
-        self.sts = sts
-
-
 class RdmaTargetQueue(TargetQueue):
     """One accepted NVMe queue: an RC QP with its CQ, receive slots and a `RequestBook` (transport/rdma/requests.py).
 
@@ -631,7 +132,7 @@ class RdmaTargetQueue(TargetQueue):
     (no req_notify), and a target must sleep until work arrives.
     """
 
-    def __init__(self, listener: RdmaListener, cm_id, request: ConnectRequest):
+    def __init__(self, listener: "RdmaListener", cm_id, request: ConnectRequest):
         self.listener = listener
         self.cm_id = cm_id
         self.id_ptr: Optional[int] = None
@@ -656,7 +157,7 @@ class RdmaTargetQueue(TargetQueue):
         self.cqe_addr = ctypes.addressof(self.cqe_buf)
         self.sge = SGE(0, 0, 0)  # the one scatter entry every data work request is built from
 
-        self.comp_channel, self.cq_fd = _create_with_fd(lambda: CompChannel(ctx), "infinibandevent")
+        self.comp_channel, self.cq_fd = create_with_fd(lambda: CompChannel(ctx), "infinibandevent")
         # Send queue: per command a READ, or a WRITE and a SEND.  Twice that, so that a whole queue's responses
         # in one poll leave it at least half free: their SENDs are then signaled selectively, not all
         # (RequestBook.flush signals every one once under a quarter is free).
@@ -676,15 +177,15 @@ class RdmaTargetQueue(TargetQueue):
         except PyverbsRDMAError as exc:
             if getattr(exc, "error_code", None) != errno.EOPNOTSUPP:
                 self._release_rings()
-                raise _AcceptRefused(cmdata.STS_NO_RESOURCES,
-                                     f"the device cannot make an extended RC QP with {RESPONSE_SIZE} B inline: {exc}")
+                raise AcceptRefused(cmdata.STS_NO_RESOURCES,
+                                    f"the device cannot make an extended RC QP with {RESPONSE_SIZE} B inline: {exc}")
             # No extended QP API (siw): a plain RC QP with the same capabilities, posted through LegacyPoster.
             try:
                 self.qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap, sq_sig_all=0))
             except PyverbsRDMAError as exc2:
                 self._release_rings()
-                raise _AcceptRefused(cmdata.STS_NO_RESOURCES,
-                                     f"the device cannot make an RC QP with {RESPONSE_SIZE} B inline: {exc2}")
+                raise AcceptRefused(cmdata.STS_NO_RESOURCES,
+                                    f"the device cannot make an RC QP with {RESPONSE_SIZE} B inline: {exc2}")
             self.poster = LegacyPoster(self.qp, self.max_send_wr)
         self.remote_invalidate = listener.remote_invalidate and getattr(self.poster, "can_invalidate", True)
 
@@ -701,7 +202,7 @@ class RdmaTargetQueue(TargetQueue):
         self.max_reads = min(offered, listener.device.max_qp_init_rd_atom)
         if self.max_reads < 1:
             self._release_rings()
-            raise _AcceptRefused(cmdata.STS_INVALID_IRD, "host offers no RDMA READ resources (responder_resources 0)")
+            raise AcceptRefused(cmdata.STS_INVALID_IRD, "host offers no RDMA READ resources (responder_resources 0)")
         attr.max_rd_atomic = self.max_reads
         log.debug("queue %d RTS: local ack timeout %d, retry %d, rnr retry %d", request.qid, attr.timeout,
                   attr.retry_cnt, attr.rnr_retry)
@@ -744,7 +245,7 @@ class RdmaTargetQueue(TargetQueue):
         try:
             self.comp_channel.get_cq_event(self.cq)
         except PyverbsRDMAError as exc:
-            if _eagain(exc):
+            if eagain(exc):
                 return
             raise
         self.cq.ack_events(1)
