@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from loopback_env import ADDR1, HOST_A, HOST_B, Env, port, ram_ns
+from test_target_control import _serve_while
 from nvmeof_roce.config import parse_config
 from nvmeof_roce.errors import NvmeofError
 from nvmeof_roce.initiator.discovery import discover
@@ -100,27 +101,6 @@ def test_discovery_of_any_worker_lists_every_path(tmp_path, monkeypatch):
         assert sorted((e.portid, e.trsvcid, e.subnqn) for e in entries) == [(1, "4420", SUB), (2, "4421", SUB)]
     w0.close()
     w1.close()
-
-
-def _serve_while(env, fn):
-    """fn() (a blocking client) in a thread while this thread runs the loopback target's loop."""
-    out = {}
-
-    def go():
-        try:
-            out["result"] = fn()
-        except BaseException as exc:  # noqa: B902 - handed back to the test
-            out["error"] = exc
-
-    t = threading.Thread(target=go)
-    t.start()
-    while t.is_alive():
-        env.fabric.run_watched(0.01)
-        env.fabric.pump()
-    t.join()
-    if "error" in out:
-        raise out["error"]
-    return out["result"]
 
 
 def test_run_time_ana_change_through_the_control_socket(tmp_path):
