@@ -1,6 +1,6 @@
 """Every tunable of the userspace target, declared once: name, type, default, range, help.
 
-Read from here by the config loader (config.py: the top-level "nvmeof_roce" settings, `workers`, a
+Read from here by the config loader (config/loader.py: the top-level "nvmeof_roce" settings, `workers`, a
 subsystem's `qid_max`, which the RPC method nvmeof_subsystem_set_qid_max edits through the same loader), by
 `target serve`'s options (service/serve.py, service/workers.py) and checked against docs/target.md's tables
 by tests/unit/test_tunables.py. `ResourceLimits` (transport/resources.py) holds the values of the resource

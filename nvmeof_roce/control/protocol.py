@@ -1,12 +1,15 @@
-"""The control socket's protocol: JSON-RPC 2.0 error codes, `RpcError`, the socket's places and limits, and
-answering one request object (`handle_request`), shared by the methods (control.py), the server
-(control_server.py), the client (control_client.py) and the supervisor of `serve --workers`.
+"""The control socket's protocol: JSON-RPC 2.0 error codes, `RpcError`, the socket's places and limits, cutting
+a byte stream into requests (`RequestFramer`) and answering each (`answer_framed`, `handle_request`), shared by
+the methods (methods.py), the server (server.py), the client (client.py) and the supervisor of
+`serve --workers` (fanout.py).
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
-from typing import Any, Callable, Optional
+import re
+from typing import Any, Callable, List, Optional
 
 from ..errors import NvmeofError
 
@@ -79,3 +82,103 @@ def handle_request(call: Callable[[str, Any], Any], request: Any) -> Optional[di
         response = {"error": RpcError(f"internal error: {exc}", "", "see the target's log",
                                       INTERNAL_ERROR).to_dict()}
     return None if "id" not in request else dict(jsonrpc="2.0", id=request.get("id"), **response)
+
+
+class RequestFramer:
+    """Cuts a byte stream into complete JSON values (objects or batches), as they arrive in any pieces: a
+    value split inside a token or a UTF-8 sequence waits for its rest.  The bytes are scanned once, counting
+    brackets outside strings, so depth and size are known before anything is parsed."""
+
+    _OUTSIDE = re.compile(rb'[{}\[\]"]')
+    _INSIDE = re.compile(rb'["\\]')
+
+    def __init__(self):
+        self.buf = bytearray()
+        self.pos = 0  # scanned up to here
+        self.depth = 0
+        self.in_string = False
+
+    def feed(self, data: bytes) -> List[tuple]:
+        """("value", bytes) for each complete value, ("error", why, fatal) for a stream that cannot go on
+        as it is: a value that is not an object or array (the buffer is dropped), or one nested deeper than
+        MAX_REQUEST_DEPTH or larger than MAX_REQUEST_BYTES (fatal: the connection cannot be resynchronised)."""
+        self.buf += data
+        out: List[tuple] = []
+        while True:
+            if self.pos == 0 and self.depth == 0:
+                stripped = len(self.buf) - len(self.buf.lstrip())
+                del self.buf[:stripped]
+                if not self.buf:
+                    return out
+                if self.buf[0] not in b"{[":
+                    self.buf.clear()
+                    out.append(("error", "a request is a JSON object (or a batch: an array of them)", False))
+                    return out
+            end = self._scan()
+            if end is None:
+                if len(self.buf) > MAX_REQUEST_BYTES:
+                    out.append(("error", f"request larger than {MAX_REQUEST_BYTES} bytes", True))
+                elif self.depth > MAX_REQUEST_DEPTH:
+                    out.append(("error", f"request nested more than {MAX_REQUEST_DEPTH} levels deep", True))
+                return out
+            out.append(("value", bytes(self.buf[:end])))
+            del self.buf[:end]
+            self.pos = 0
+
+    def _scan(self) -> Optional[int]:
+        """The end of the first complete value, or None (more bytes needed, or a limit passed)."""
+        buf = self.buf
+        while self.pos < len(buf):
+            if self.depth > MAX_REQUEST_DEPTH or self.pos > MAX_REQUEST_BYTES:
+                return None
+            if self.in_string:
+                m = self._INSIDE.search(buf, self.pos)
+                if m is None:
+                    self.pos = len(buf)
+                    return None
+                if buf[m.start()] == 0x5C:  # a backslash escapes the next byte
+                    if m.start() + 1 >= len(buf):
+                        self.pos = m.start()
+                        return None
+                    self.pos = m.start() + 2
+                    continue
+                self.in_string = False
+                self.pos = m.end()
+                continue
+            m = self._OUTSIDE.search(buf, self.pos)
+            if m is None:
+                self.pos = len(buf)
+                return None
+            c = buf[m.start()]
+            self.pos = m.end()
+            if c == 0x22:  # "
+                self.in_string = True
+            elif c in b"{[":
+                self.depth += 1
+            else:
+                self.depth -= 1
+                if self.depth <= 0:
+                    self.depth = 0
+                    return self.pos
+        return None
+
+
+def error_response(why: str, code: int = PARSE_ERROR) -> dict:
+    """The answer to bytes that are not a request (there is no id to answer to)."""
+    return {"jsonrpc": "2.0", "id": None,
+            "error": RpcError(why, "", "send one JSON-RPC 2.0 object per request", code).to_dict()}
+
+
+def answer_framed(handle: Callable[[Any], Optional[dict]], item: tuple) -> Optional[dict]:
+    """The response to one item of `RequestFramer.feed`: an error item's, or `handle(request)` for a value
+    that decodes (None for a notification)."""
+    if item[0] == "error":
+        _, why, fatal = item
+        return error_response(why, INVALID_REQUEST if fatal else PARSE_ERROR)
+    try:
+        request = json.loads(item[1].decode("utf-8"))
+    except UnicodeDecodeError:
+        return error_response("request is not UTF-8")
+    except ValueError as exc:
+        return error_response(f"invalid JSON: {exc}")
+    return handle(request)

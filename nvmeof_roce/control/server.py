@@ -1,7 +1,7 @@
 """The control socket's server: JSON-RPC 2.0 over a Unix socket, on the target's event loop.
 
 It never blocks the loop (`loop.watch(fd, callback)`): requests are read as they arrive and cut into JSON values
-before anything is parsed (size and depth limits, control_protocol.py), a reply that does not fit in the socket
+before anything is parsed (size and depth limits, protocol.py), a reply that does not fit in the socket
 buffer is finished on later ticks. The socket is created 0600 and a live owner of the path is never displaced.
 """
 from __future__ import annotations
@@ -10,95 +10,14 @@ import errno
 import json
 import logging
 import os
-import re
 import socket
 import stat
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 from ..errors import NvmeofError
-from .protocol import (MAX_PENDING_REPLY_BYTES, MAX_REQUEST_BYTES, MAX_REQUEST_DEPTH, PARSE_ERROR, INVALID_REQUEST,
-                       RpcError)
+from .protocol import MAX_PENDING_REPLY_BYTES, RequestFramer, answer_framed
 
 log = logging.getLogger(__name__)
-
-
-class _Framer:
-    """Cuts a byte stream into complete JSON values (objects or batches), as they arrive in any pieces: a
-    value split inside a token or a UTF-8 sequence waits for its rest.  The bytes are scanned once, counting
-    brackets outside strings, so depth and size are known before anything is parsed."""
-
-    _OUTSIDE = re.compile(rb'[{}\[\]"]')
-    _INSIDE = re.compile(rb'["\\]')
-
-    def __init__(self):
-        self.buf = bytearray()
-        self.pos = 0  # scanned up to here
-        self.depth = 0
-        self.in_string = False
-
-    def feed(self, data: bytes) -> List[tuple]:
-        """("value", bytes) for each complete value, ("error", why, fatal) for a stream that cannot go on
-        as it is: a value that is not an object or array (the buffer is dropped), or one nested deeper than
-        MAX_REQUEST_DEPTH or larger than MAX_REQUEST_BYTES (fatal: the connection cannot be resynchronised)."""
-        self.buf += data
-        out: List[tuple] = []
-        while True:
-            if self.pos == 0 and self.depth == 0:
-                stripped = len(self.buf) - len(self.buf.lstrip())
-                del self.buf[:stripped]
-                if not self.buf:
-                    return out
-                if self.buf[0] not in b"{[":
-                    self.buf.clear()
-                    out.append(("error", "a request is a JSON object (or a batch: an array of them)", False))
-                    return out
-            end = self._scan()
-            if end is None:
-                if len(self.buf) > MAX_REQUEST_BYTES:
-                    out.append(("error", f"request larger than {MAX_REQUEST_BYTES} bytes", True))
-                elif self.depth > MAX_REQUEST_DEPTH:
-                    out.append(("error", f"request nested more than {MAX_REQUEST_DEPTH} levels deep", True))
-                return out
-            out.append(("value", bytes(self.buf[:end])))
-            del self.buf[:end]
-            self.pos = 0
-
-    def _scan(self) -> Optional[int]:
-        """The end of the first complete value, or None (more bytes needed, or a limit passed)."""
-        buf = self.buf
-        while self.pos < len(buf):
-            if self.depth > MAX_REQUEST_DEPTH or self.pos > MAX_REQUEST_BYTES:
-                return None
-            if self.in_string:
-                m = self._INSIDE.search(buf, self.pos)
-                if m is None:
-                    self.pos = len(buf)
-                    return None
-                if buf[m.start()] == 0x5C:  # a backslash escapes the next byte
-                    if m.start() + 1 >= len(buf):
-                        self.pos = m.start()
-                        return None
-                    self.pos = m.start() + 2
-                    continue
-                self.in_string = False
-                self.pos = m.end()
-                continue
-            m = self._OUTSIDE.search(buf, self.pos)
-            if m is None:
-                self.pos = len(buf)
-                return None
-            c = buf[m.start()]
-            self.pos = m.end()
-            if c == 0x22:  # "
-                self.in_string = True
-            elif c in b"{[":
-                self.depth += 1
-            else:
-                self.depth -= 1
-                if self.depth <= 0:
-                    self.depth = 0
-                    return self.pos
-        return None
 
 
 class _Conn:
@@ -106,7 +25,7 @@ class _Conn:
 
     def __init__(self, sock):
         self.sock = sock
-        self.framer = _Framer()
+        self.framer = RequestFramer()
         self.outbuf = b""
 
 
@@ -150,30 +69,16 @@ class RpcServer:
             self._close(conn)
             return
         for item in conn.framer.feed(data):
-            if item[0] == "error":
-                _, why, fatal = item
-                self._bad(conn, why, INVALID_REQUEST if fatal else PARSE_ERROR)
-                if fatal:
-                    log.warning("control socket: dropping a client: %s", why)
-                    self._close(conn)
-                return
-            try:
-                request = json.loads(item[1].decode("utf-8"))
-            except UnicodeDecodeError:
-                self._bad(conn, "request is not UTF-8")
-                continue
-            except ValueError as exc:
-                self._bad(conn, f"invalid JSON: {exc}")
-                continue
-            response = self.control.handle(request)
+            response = answer_framed(self.control.handle, item)
             if response is not None:
                 self._send(conn, response)
+            if item[0] == "error":
+                if item[2]:  # fatal: the stream cannot be resynchronised
+                    log.warning("control socket: dropping a client: %s", item[1])
+                    self._close(conn)
+                return
             if conn.sock.fileno() < 0:
                 return  # dropped while sending
-
-    def _bad(self, conn: _Conn, why: str, code: int = PARSE_ERROR) -> None:
-        self._send(conn, {"jsonrpc": "2.0", "id": None,
-                          "error": RpcError(why, "", "send one JSON-RPC 2.0 object per request", code).to_dict()})
 
     def _send(self, conn: _Conn, response: dict) -> None:
         conn.outbuf += json.dumps(response).encode("utf-8") + b"\n"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Deque, Dict, Optional, Tuple
+from typing import Deque, Dict, List, Optional, Tuple
 
 from ..engine.latency import NamespaceStats
 
@@ -96,6 +96,16 @@ def transport_status(server) -> dict:
             "listeners": [lst.status() for lst in getattr(server, "listeners", [])]}
 
 
+def port_status(target) -> List[dict]:
+    """Every configured port: its address, its subsystems and the state of each ANA group there (engine/ana.py),
+    what `target ana-state` shows and changes."""
+    states = target.ana.states()
+    return [{"portid": p.portid, "trtype": p.trtype, "adrfam": p.adrfam, "traddr": p.traddr,
+             "trsvcid": p.trsvcid_str, "subsystems": list(p.subsystems),
+             "ana_groups": [{"grpid": g, "state": s} for g, s in sorted(states.get(p.portid, {}).items())]}
+            for p in target.config.ports]
+
+
 def target_status(target, sampler: Optional[Sampler] = None, server=None, socket_path: str = "") -> dict:
     subsystems = []
     for nqn, sub in target.subsystems.items():
@@ -114,7 +124,7 @@ def target_status(target, sampler: Optional[Sampler] = None, server=None, socket
     return {
         "config": target.config.source, "socket": socket_path, "genctr": target.genctr,
         "internal_errors": target.internal_errors, "in_flight": target.in_flight(),
-        "subsystems": subsystems, "hosts": list(hosts.values()),
+        "subsystems": subsystems, "hosts": list(hosts.values()), "ports": port_status(target),
         "discovery_controllers": [controller_status(c) for c in target.discovery.controllers.values()],
         "transport": transport_status(server),
         "data_path": getattr(server, "data_path", "python"),  # the I/O queues' (docs/native.md)

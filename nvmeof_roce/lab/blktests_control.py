@@ -33,7 +33,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import NvmeofError
-from ..service.ana_control import pid_alive
+from ..service.run_dir import pid_alive
 from ..control.client import RpcError, call
 
 # blktests' own defaults (common/nvme: def_hostid, def_hostnqn, def_subsysnqn, def_subsys_uuid), so a run against

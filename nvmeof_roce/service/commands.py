@@ -133,18 +133,17 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_ana_state(args) -> int:
-    from .ana_control import change_state, current_states, default_run_dir
-    run_dir = args.run_dir or default_run_dir()
+    from ..control.ana_states import ana_states, change_ana_state
+    from ..control.client import find_socket
     if (args.port is None) != (args.state is None):
         raise NvmeofError("give both --port and STATE to change a state, or neither to show them",
                           "e.g. nvmeof-roce target ana-state --port 1 --group 1 inaccessible")
+    path = find_socket(args.socket)
     if args.port is not None:
-        workers = change_state(run_dir, args.port, args.group, args.state)
+        workers = change_ana_state(path, args.port, args.group, args.state, args.timeout)
         print(f"port {args.port} group {args.group}: {args.state} (applied by {workers} worker(s))")
         return 0
-    states = current_states(run_dir)
-    rows = [{"portid": p, "grpid": g, "state": s} for p, groups in sorted(states.items())
-            for g, s in sorted(groups.items())]
+    rows = ana_states(path, args.timeout)
     emit(rows, args.json, lambda r: print(table(["PORT", "GROUP", "STATE"],
                                                 [[x["portid"], x["grpid"], x["state"]] for x in r])))
     return 0
@@ -169,12 +168,16 @@ def register(subparsers) -> None:
     ana = commands.add_parser("ana-state", help="show or change the ANA state of a port's group in a running target",
                               description="Without --port: print the running target's ANA states. With --port, "
                                           "--group and STATE: change that group's state on that port in every "
-                                          "worker; hosts connected through the port get an ANA change notice.")
+                                          "worker; hosts connected through the port get an ANA change notice. "
+                                          "A client of the control socket "
+                                          "(nvmf_subsystem_listener_set_ana_state).")
     ana.add_argument("state", nargs="?", metavar="STATE",
                      help="optimized, non-optimized, inaccessible, persistent-loss or change")
     ana.add_argument("--port", type=int, metavar="PORTID", help="the portid (as in the discovery log)")
     ana.add_argument("--group", type=int, default=1, metavar="GRPID", help="the ANA group (default 1)")
-    ana.add_argument("--run-dir", metavar="DIR", help="the target's --run-dir (default /run/nvmeof-roce as root)")
+    ana.add_argument("--socket", "-s", metavar="PATH",
+                     help="the target's control socket (default: the only one in /run/nvmeof-roce)")
+    ana.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds to wait for the answer")
     ana.add_argument("--json", action="store_true", help="print the states as JSON")
     ana.set_defaults(func=_cmd_ana_state)
 

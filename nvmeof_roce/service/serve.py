@@ -63,7 +63,6 @@ class TargetServer:
             from ..transport.rdma.pollgroups import PollGroups
             self.poll_groups = PollGroups(native.module, self.cores)
         self.stopping = False
-        self.ana_control = None  # ana_control.AnaControl: run-time ANA changes, applied between events
         # what every listener is given, those of ports added live too (service/ops.py)
         self.listen_options = registry.ListenOptions(max_transfer=self.target.max_transfer, limits=self.limits,
                                                      remote_invalidate=remote_invalidate, data_path=self.data_path,
@@ -111,8 +110,6 @@ class TargetServer:
             log.info("%s", self.status_line())
             self.loop.longest_pass_recent = 0.0
             self.next_status = now + STATUS_INTERVAL
-        if self.ana_control is not None:
-            self.ana_control.poll()
         return self.stopping
 
     def serve(self) -> None:
@@ -123,8 +120,6 @@ class TargetServer:
             self.loop.run_once(0.05)
 
     def close(self) -> None:
-        if self.ana_control is not None:
-            self.ana_control.close()
         for listener in self.listeners:
             listener.close()
         self.listeners = []
@@ -135,11 +130,10 @@ class TargetServer:
 
 
 def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[ResourceLimits] = None,
-          remote_invalidate: bool = True, run_dir: Optional[str] = None, worker: Optional[int] = None,
+          remote_invalidate: bool = True, worker: Optional[int] = None,
           listen_portids: Optional[List[int]] = None, path_groups: Optional[List[str]] = None,
           rpc_socket: Optional[str] = "", metrics: Optional[str] = None, persist: Optional[bool] = None,
           data_path: Optional[str] = None, poll: str = POLL.default, cores: int = CORES.default) -> int:
-    from .ana_control import AnaControl, default_run_dir, publish, unpublish
     config = load_userspace_config(path)  # the same loader and checks as `target check`
     if worker is not None and not rpc_socket:
         rpc_socket = None  # a worker answers only on the socket its supervisor gives it (RUN_DIR/worker-I.sock)
@@ -158,20 +152,6 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
         ids = [int(x) for x in group.split(",")]
         for portid in ids:
             server.target.discovery_siblings[portid] = ids
-    explicit_run_dir = run_dir is not None
-    run_dir = run_dir or default_run_dir()
-    published = False
-    if worker is None:  # a worker's supervisor publishes the run directory
-        try:
-            publish(run_dir, server.target.ana, workers=1)
-            published = True
-        except (NvmeofError, OSError) as exc:
-            if explicit_run_dir:
-                server.close()
-                raise
-            log.warning("run-time ANA changes are off: %s (pass --run-dir)", exc)
-    if published or worker is not None:
-        server.ana_control = AnaControl(run_dir, server.target, worker or 0)
     try:
         ops = Operations(server, path, rpc_socket=socket_path if bound is not None else None, metrics=metrics,
                          bound_socket=bound, persist=persist_changes(config, persist, worker))
@@ -179,8 +159,6 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
         server.close()
         raise
     server.on_stop, server.should_stop_hook = ops.stopping, ops.should_stop_hook
-    if server.ana_control is not None:
-        ops.control.ana_changed = server.ana_control.record
     previous = {sig: signal.signal(sig, server.request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     # SIGUSR1 logs a status line (queues, controllers, CM ids kept, free data buffers).  The handler runs
     # between two Python statements of the loop, which only reads counts here.
@@ -203,8 +181,6 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
         server.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if published:
-            unpublish(run_dir)
     print("nvmeof-roce target: stopped", flush=True)
     return 0
 
@@ -290,7 +266,7 @@ def _cmd_serve(args) -> int:
     # Connects, disconnects and rejects are logged at INFO: show them unless the user asked for less.
     logging.getLogger("nvmeof_roce").setLevel(logging.DEBUG if args.verbose > 1 else logging.INFO)
     return serve(args.config, ready_file=args.ready_file, limits=limits_from_args(args),
-                 remote_invalidate=not args.no_remote_invalidate, run_dir=args.run_dir, worker=args.worker_index,
+                 remote_invalidate=not args.no_remote_invalidate, worker=args.worker_index,
                  listen_portids=args.listen_port, path_groups=args.path_group,
                  rpc_socket=None if args.no_rpc_socket else (args.rpc_socket or ""), metrics=args.metrics,
                  persist=args.persist, data_path=args.data_path, poll=args.poll, cores=args.cores)

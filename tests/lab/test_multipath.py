@@ -81,15 +81,17 @@ def multipath_target(tmp_path):
     mp = open("/sys/module/nvme_core/parameters/multipath").read().strip()
     assert mp == "Y", "the guest kernel needs nvme_core multipath=Y for these tests"
     run_dir = str(tmp_path / "run")
+    control_socket = str(tmp_path / "mp.sock")
     cfg = config([{"nqn": NQN, "attr": {"allow_any_host": "1"}, "allowed_hosts": [],
                    "namespaces": [ram_namespace(1, "64M")]}])
-    target = ServedTarget(cfg, str(tmp_path / "mp.json"), args=["--workers", "2", "--run-dir", run_dir]).start(timeout=150)
+    target = ServedTarget(cfg, str(tmp_path / "mp.json"), args=["--workers", "2", "--run-dir", run_dir,
+                                                                "--rpc-socket", control_socket]).start(timeout=150)
     try:
         nvme("connect-all", "-t", "rdma", "-a", LAB_IP, "-s", "4420", "--reconnect-delay=1", "--ctrl-loss-tmo=60")
         ctrls = wait_paths_live()
         with open(f"{subsys_dir()}/iopolicy", "w") as f:
             f.write("round-robin")
-        yield target, run_dir, ctrls
+        yield target, control_socket, ctrls
     finally:
         disconnect_all_quietly()
         code = target.stop()
@@ -98,7 +100,7 @@ def multipath_target(tmp_path):
 
 
 def test_connect_all_gives_one_head_with_two_live_paths_and_verify_runs_on_both(multipath_target):
-    target, run_dir, ctrls = multipath_target
+    target, control_socket, ctrls = multipath_target
     subs = [s for s in parse_list_subsys(nvme("list-subsys", "-o", "json").stdout) if s["nqn"] == NQN]
     assert len(subs) == 1
     assert sorted(p["trsvcid"] for p in subs[0]["paths"]) == ["4420", "4421"]
@@ -129,7 +131,7 @@ def _worker_pid(target, index):
 
 
 def test_kill_9_of_a_worker_during_verify_then_its_path_comes_back(multipath_target):
-    target, run_dir, ctrls = multipath_target
+    target, control_socket, ctrls = multipath_target
     dev = head_device()
     job = subprocess.Popen(["fio", "--name=mp", f"--filename={dev}", "--ioengine=libaio", "--direct=1",
                             "--verify_state_save=0", "--rw=randwrite", "--bs=4k", "--size=48M", "--iodepth=16",
@@ -151,7 +153,7 @@ def test_kill_9_of_a_worker_during_verify_then_its_path_comes_back(multipath_tar
 
 @pytest.mark.extended  # over 90 s under emulation: make test-extended (make test keeps the other multipath cases)
 def test_ana_inaccessible_moves_io_to_the_other_path_and_back(multipath_target):
-    target, run_dir, ctrls = multipath_target
+    target, control_socket, ctrls = multipath_target
     dev = head_device()
     one, two = ctrls["4420"][0], ctrls["4421"][0]
     job = subprocess.Popen(["fio", "--name=mp", f"--filename={dev}", "--ioengine=libaio", "--direct=1",
@@ -159,7 +161,7 @@ def test_ana_inaccessible_moves_io_to_the_other_path_and_back(multipath_target):
                             "--runtime=100"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         time.sleep(2)
-        print(cli("target", "ana-state", "--run-dir", run_dir, "--port", "2", "--group", "1", "inaccessible"))
+        print(cli("target", "ana-state", "--socket", control_socket, "--port", "2", "--group", "1", "inaccessible"))
         assert "inaccessible" in nvme("ana-log", f"/dev/{two}").stdout.lower()
         time.sleep(2)  # the host read the ANA log after the notice; requests in flight have drained
         r1, r2 = read_commands(one)[0], read_commands(two)[0]
@@ -170,10 +172,10 @@ def test_ana_inaccessible_moves_io_to_the_other_path_and_back(multipath_target):
         assert s1 > r1
         ours = json.loads(cli("initiator", "ana-log", "-a", LAB_IP, "-s", "4421", "-n", NQN, "--json"))
         assert ours["groups"][0]["state"] == "inaccessible"
-        shown = cli("target", "ana-state", "--run-dir", run_dir)
+        shown = cli("target", "ana-state", "--socket", control_socket)
         assert "inaccessible" in shown and "optimized" in shown
 
-        print(cli("target", "ana-state", "--run-dir", run_dir, "--port", "2", "--group", "1", "optimized"))
+        print(cli("target", "ana-state", "--socket", control_socket, "--port", "2", "--group", "1", "optimized"))
         time.sleep(2)
         r1, r2 = read_commands(one)[0], read_commands(two)[0]
         time.sleep(4)

@@ -1,4 +1,5 @@
-"""SPDK's nvmf_subsystem_listener_set_ana_state beside the state file + SIGUSR2 way (ana_control.py)."""
+"""SPDK's nvmf_subsystem_listener_set_ana_state: the one way to change an ANA state at run time (`target
+ana-state` calls it), and the states as nvmeof_get_status reports them."""
 import json
 
 import pytest
@@ -6,7 +7,6 @@ import pytest
 from nvmeof_roce.nvme import admin as A
 from nvmeof_roce.nvme import status as S
 from nvmeof_roce.nvme.status import NvmeStatusError
-from nvmeof_roce.service.ana_control import AnaControl, current_states, publish
 from nvmeof_roce.control.methods import Control, RpcError
 
 from loopback_env import ADDR1, ADDR2, Env, port, ram_ns
@@ -28,33 +28,33 @@ def env():
     e.close()
 
 
-def test_set_ana_state_notifies_the_port_and_fails_io_on_that_path(env, tmp_path):
+def _reported(control) -> dict:
+    """{portid: {grpid: state}} as nvmeof_get_status reports them (what `target ana-state` shows)."""
+    return {p["portid"]: {g["grpid"]: g["state"] for g in p["ana_groups"]}
+            for p in control.call("nvmeof_get_status")["ports"]}
+
+
+def test_set_ana_state_notifies_the_port_and_fails_io_on_that_path(env):
     control = Control(env.target)
-    run_dir = str(tmp_path / "run")
-    publish(run_dir, env.target.ana, workers=1)
-    ana = AnaControl(run_dir, env.target)
-    control.ana_changed = ana.record
-    try:
-        ctrl = env.connect(SUB)
-        assert control.call("nvmf_subsystem_listener_set_ana_state", {
-            "nqn": SUB, "listen_address": LA1, "ana_state": "inaccessible", "anagrpid": 2}) is True
-        ctrl.poll_admin()
-        assert ctrl.events == [(A.AER_TYPE_NOTICE, A.AER_NOTICE_ANA, A.LID_ANA)]
-        assert [g.state_name for g in ctrl.ana_log().groups] == ["optimized", "inaccessible"]
-        with pytest.raises(NvmeStatusError) as exc:
-            ctrl.read(2, 0, 1)
-        assert exc.value.status == S.ANA_INACCESSIBLE
-        assert ctrl.read(1, 0, 1) == bytes(512)  # group 1 still optimized
-        # the state file now says so: `target ana-state` on another group would not set group 2 back
-        assert current_states(run_dir)[1] == {1: "optimized", 2: "inaccessible"}
-        # without anagrpid: every group the subsystem's namespaces use; SPDK's spelling of the states
-        control.call("nvmf_subsystem_listener_set_ana_state", {"nqn": SUB, "listen_address": LA1,
-                                                               "ana_state": "non_optimized"})
-        assert env.target.ana.states()[1] == {1: "non-optimized", 2: "non-optimized"}
-        assert env.target.ana.states()[2][1] == "optimized"  # the other port is another path
-        ctrl.close()
-    finally:
-        ana.close()
+    ctrl = env.connect(SUB)
+    assert control.call("nvmf_subsystem_listener_set_ana_state", {
+        "nqn": SUB, "listen_address": LA1, "ana_state": "inaccessible", "anagrpid": 2}) is True
+    ctrl.poll_admin()
+    assert ctrl.events == [(A.AER_TYPE_NOTICE, A.AER_NOTICE_ANA, A.LID_ANA)]
+    assert [g.state_name for g in ctrl.ana_log().groups] == ["optimized", "inaccessible"]
+    with pytest.raises(NvmeStatusError) as exc:
+        ctrl.read(2, 0, 1)
+    assert exc.value.status == S.ANA_INACCESSIBLE
+    assert ctrl.read(1, 0, 1) == bytes(512)  # group 1 still optimized
+    # the status reports it, so `target ana-state` on another group starts from it
+    assert _reported(control)[1] == {1: "optimized", 2: "inaccessible"}
+    # without anagrpid: every group the subsystem's namespaces use; SPDK's spelling of the states
+    control.call("nvmf_subsystem_listener_set_ana_state", {"nqn": SUB, "listen_address": LA1,
+                                                           "ana_state": "non_optimized"})
+    assert env.target.ana.states()[1] == {1: "non-optimized", 2: "non-optimized"}
+    assert env.target.ana.states()[2][1] == "optimized"  # the other port is another path
+    assert _reported(control) == env.target.ana.states()
+    ctrl.close()
 
 
 def test_set_ana_state_errors_name_the_field(env):

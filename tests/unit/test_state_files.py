@@ -1,5 +1,5 @@
-"""Files the target writes (securefile.py) and reads back (the ANA state file): private, atomic, durable,
-and a broken one never stops the target."""
+"""Files the target writes (securefile.py) and the run directory of `serve --workers` (service/run_dir.py):
+private, atomic, durable."""
 import json
 import os
 import stat
@@ -7,13 +7,8 @@ import stat
 import pytest
 
 from nvmeof_roce import securefile
-from nvmeof_roce.service import ana_control
-from nvmeof_roce.service.ana_control import AnaControl, publish
+from nvmeof_roce.service import run_dir as run_directory
 from nvmeof_roce.control.methods import Control
-
-from loopback_env import ADDR1, Env, port, ram_ns
-
-SUB = "nqn.2024-01.io.test:state"
 
 
 @pytest.fixture
@@ -60,69 +55,35 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypat
     assert path.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["f"]
 
 
-def _ana_env():
-    return Env({"ports": [port(1, ADDR1, [SUB])], "subsystems": [{"nqn": SUB, "namespaces": [ram_ns(1)]}]})
-
-
-def test_ana_state_and_pid_files_are_private_and_durable(tmp_path, fsyncs):
-    env = _ana_env()
+def test_the_pid_file_is_private_and_durable_and_removed_at_release(tmp_path, fsyncs):
     run_dir = str(tmp_path / "run")
-    publish(run_dir, env.target.ana, workers=1)
+    run_directory.claim(run_dir)
+    pid_file = os.path.join(run_dir, run_directory.PID_FILE)
     try:
-        for name in (ana_control.STATE_FILE, ana_control.PID_FILE):
-            assert stat.S_IMODE(os.stat(os.path.join(run_dir, name)).st_mode) == 0o600
-        assert fsyncs == ["file", "rename", "dir"] * 2
+        assert stat.S_IMODE(os.stat(pid_file).st_mode) == 0o600
+        assert open(pid_file).read() == f"{os.getpid()}\n"
+        assert fsyncs == ["file", "rename", "dir"]
         assert stat.S_IMODE(os.stat(run_dir).st_mode) == 0o700
     finally:
-        ana_control.unpublish(run_dir)
-        env.close()
+        run_directory.release(run_dir)
+    assert not os.path.exists(pid_file)
 
 
 def test_a_run_directory_others_may_read_becomes_private(tmp_path):
     """serve --workers writes the workers' configs (with the DH-HMAC-CHAP keys) into the run directory."""
-    env = _ana_env()
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     os.chmod(run_dir, 0o755)
-    publish(str(run_dir), env.target.ana, workers=1)
+    run_directory.claim(str(run_dir))
     try:
         assert stat.S_IMODE(os.stat(run_dir).st_mode) == 0o700
     finally:
-        ana_control.unpublish(str(run_dir))
-        env.close()
+        run_directory.release(str(run_dir))
 
 
 def test_a_run_directory_others_may_write_is_refused(tmp_path):
-    env = _ana_env()
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     os.chmod(run_dir, 0o777)
     with pytest.raises(Exception, match="only it may write"):
-        publish(str(run_dir), env.target.ana, workers=1)
-    env.close()
-
-
-@pytest.mark.parametrize("content", [
-    b"{not json", b"\xff\xfe", b"[1, 2]", b'{"ports": [1]}', b'{"ports": {"1": "optimized"}}',
-    b'{"ports": {"x": {"1": "optimized"}}}', b'{"generation": "soon", "ports": {}}', b"[" * 100000,
-])
-def test_a_malformed_ana_state_file_is_logged_and_the_target_keeps_serving(tmp_path, content, caplog):
-    env = _ana_env()
-    run_dir = str(tmp_path / "run")
-    publish(run_dir, env.target.ana, workers=1)
-    control = AnaControl(run_dir, env.target)
-    try:
-        ctrl = env.connect(SUB)
-        with open(os.path.join(run_dir, ana_control.STATE_FILE), "wb") as f:
-            f.write(content)
-        control.pending = True
-        control.poll()  # what the loop runs after SIGUSR2
-        assert "ANA: cannot read the state file" in caplog.text
-        ctrl.write(1, 0, b"s" * 512)
-        assert ctrl.read(1, 0, 1) == b"s" * 512
-        assert env.target.ana.state(1, 1) == "optimized"
-        ctrl.close()
-    finally:
-        control.close()
-        ana_control.unpublish(run_dir)
-        env.close()
+        run_directory.claim(str(run_dir))

@@ -10,7 +10,7 @@ from nvmeof_roce import tunables as T
 from nvmeof_roce.cli import build_parser
 from nvmeof_roce.config import TargetSettings, parse_config
 from nvmeof_roce.errors import NvmeofError
-from nvmeof_roce.service.workers import _config_workers
+from nvmeof_roce.service.worker_configs import config_workers
 from nvmeof_roce.transport import resources
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,9 +93,9 @@ def test_the_config_takes_the_declared_defaults_and_ranges():
     with pytest.raises(Exception, match=rf"attr\.qid_max.*must be {q.low}\.\.{q.high}"):
         parse_config(_config(qid_max=q.high + 1), "t")
     w = T.WORKERS
-    assert _config_workers(parse_config(_config({"workers": w.high}), "t")) == (w.high, None)
+    assert config_workers(parse_config(_config({"workers": w.high}), "t")) == (w.high, None)
     with pytest.raises(Exception, match=rf"must be an integer {w.low}\.\.{w.high}"):
-        _config_workers(parse_config(_config({"workers": w.high + 1}), "t"))
+        config_workers(parse_config(_config({"workers": w.high + 1}), "t"))
 
 
 def test_each_tunable_is_declared_once():

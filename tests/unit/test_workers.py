@@ -1,24 +1,31 @@
 """`serve --workers`: the per-worker configs (ports, CNTLID ranges, shared RAM), discovery of every path,
-and run-time ANA changes through the run directory, over the loopback fabric."""
+the supervisor's control socket, and run-time ANA changes through it (`target ana-state`), over the loopback
+fabric."""
 import json
 import os
+import select
 import threading
 
 import pytest
 
 from loopback_env import ADDR1, HOST_A, HOST_B, Env, port, ram_ns
+from test_target_control import _serve_while
 from nvmeof_roce.config import parse_config
 from nvmeof_roce.errors import NvmeofError
 from nvmeof_roce.initiator.discovery import discover
 from nvmeof_roce.nvme import admin as A
 from nvmeof_roce.nvme import status as S
 from nvmeof_roce.nvme.status import NvmeStatusError
-from nvmeof_roce.service import ana_control, workers
-from nvmeof_roce.service.ana_control import AnaControl, change_state, current_states, publish
+from nvmeof_roce.service import run_dir as run_directory
+from nvmeof_roce.service import worker_configs as wc
+from nvmeof_roce.service import workers
+from nvmeof_roce.control.ana_states import ana_states, change_ana_state
 from nvmeof_roce.control.client import call
+from nvmeof_roce.control.fanout import ControlSocket
+from nvmeof_roce.control.methods import Control
 from nvmeof_roce.control.protocol import RpcError
-from nvmeof_roce.control.server import bind_unix_socket
-from nvmeof_roce.service.workers import split_cntlid_range, worker_configs
+from nvmeof_roce.control.server import RpcServer, bind_unix_socket
+from nvmeof_roce.service.worker_configs import split_cntlid_range, worker_configs
 
 SUB = "nqn.2024-01.io.test:mp"
 
@@ -38,7 +45,7 @@ def test_split_cntlid_range_is_disjoint_and_covers_it():
 
 
 def test_worker_configs_ports_ranges_and_shared_ram(tmp_path, monkeypatch):
-    monkeypatch.setattr(workers, "SHM_DIR", str(tmp_path))
+    monkeypatch.setattr(wc, "SHM_DIR", str(tmp_path))
     cfg = parse_config(mp_config(cntlid_min="100", cntlid_max="199"), "mp.json")
     configs, listen, groups = worker_configs(cfg, 2, str(tmp_path / "run"))
     assert listen == {0: [1], 1: [2]} and groups == [[1, 2]]
@@ -56,10 +63,10 @@ def test_worker_configs_ports_ranges_and_shared_ram(tmp_path, monkeypatch):
 
 def _worker_env(tmp_path, monkeypatch, n=2):
     """The targets of n workers, each on its own loopback fabric address, sharing the RAM namespace file."""
-    monkeypatch.setattr(workers, "SHM_DIR", str(tmp_path))
+    monkeypatch.setattr(wc, "SHM_DIR", str(tmp_path))
     cfg = parse_config(mp_config(), "mp.json")
     configs, listen, groups = worker_configs(cfg, n, str(tmp_path / "run"))
-    workers._create_shm(cfg, str(tmp_path / "run"))
+    wc.create_shared_files(cfg, str(tmp_path / "run"))
     envs = []
     for i, c in enumerate(configs):
         env = Env(c, file_lock="shared")  # the workers of one target share the namespace file
@@ -96,60 +103,77 @@ def test_discovery_of_any_worker_lists_every_path(tmp_path, monkeypatch):
     w1.close()
 
 
-def test_run_time_ana_change_through_the_run_dir(tmp_path):
+def test_run_time_ana_change_through_the_control_socket(tmp_path):
     env = Env({"ports": [port(1, ADDR1, [SUB])], "subsystems": [{"nqn": SUB, "namespaces": [ram_ns(1)]}]})
-    run_dir = str(tmp_path / "run")
-    publish(run_dir, env.target.ana, workers=1)
-    control = AnaControl(run_dir, env.target)
+    path = str(tmp_path / "t.sock")
+    server = RpcServer(Control(env.target), path, env.fabric)
     try:
-        control.poll()  # the start: applies the file as published
         ctrl = env.connect(SUB)
-        assert current_states(run_dir) == {1: {1: "optimized"}}
-        result = {}
-        t = threading.Thread(target=lambda: result.setdefault("n", change_state(run_dir, 1, 1, "inaccessible")))
-        t.start()
-        while t.is_alive():  # the signal handler runs in this (the main) thread; the loop applies it
-            control.poll()
-            t.join(0.01)
-        assert result == {"n": 1}
+        assert _serve_while(env, lambda: ana_states(path)) == [{"portid": 1, "grpid": 1, "state": "optimized"}]
+        assert _serve_while(env, lambda: change_ana_state(path, 1, 1, "inaccessible")) == 1
         ctrl.poll_admin()
         assert ctrl.events == [(A.AER_TYPE_NOTICE, A.AER_NOTICE_ANA, A.LID_ANA)]
         assert ctrl.ana_log().groups[0].state_name == "inaccessible"
         with pytest.raises(NvmeStatusError) as exc:
             ctrl.read(1, 0, 1)
         assert exc.value.status == S.ANA_INACCESSIBLE
-        assert current_states(run_dir) == {1: {1: "inaccessible"}}
+        assert _serve_while(env, lambda: ana_states(path)) == [{"portid": 1, "grpid": 1, "state": "inaccessible"}]
         with pytest.raises(NvmeofError, match="port 9 is not a port"):
-            change_state(run_dir, 9, 1, "optimized")
+            _serve_while(env, lambda: change_ana_state(path, 9, 1, "optimized"))
         with pytest.raises(NvmeofError, match="ANA group 4 does not exist"):
-            change_state(run_dir, 1, 4, "optimized")
+            _serve_while(env, lambda: change_ana_state(path, 1, 4, "optimized"))
         with pytest.raises(NvmeofError, match="unknown ANA state"):
-            change_state(run_dir, 1, 1, "fast")
+            _serve_while(env, lambda: change_ana_state(path, 1, 1, "fast"))
+        assert env.target.ana.state(1, 1) == "inaccessible"  # the refused changes changed nothing
         ctrl.close()
     finally:
-        control.close()
-        ana_control.unpublish(run_dir)
+        server.close()
+        env.close()
+
+
+def test_target_ana_state_command_shows_and_changes_states(tmp_path, capsys):
+    from nvmeof_roce.cli import main
+    env = Env({"ports": [port(1, ADDR1, [SUB])], "subsystems": [{"nqn": SUB, "namespaces": [ram_ns(1)]}]})
+    path = str(tmp_path / "t.sock")
+    server = RpcServer(Control(env.target), path, env.fabric)
+
+    def run(*argv):
+        code = _serve_while(env, lambda: main(["target", "ana-state", "--socket", path] + list(argv)))
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    try:
+        code, out, _ = run("--port", "1", "--group", "1", "non-optimized")
+        assert code == 0 and out == "port 1 group 1: non-optimized (applied by 1 worker(s))\n"
+        code, out, _ = run("--json")
+        assert code == 0 and json.loads(out) == [{"portid": 1, "grpid": 1, "state": "non-optimized"}]
+        code, out, _ = run()
+        assert code == 0 and "non-optimized" in out and "PORT" in out
+        code, out, err = run("--port", "3", "optimized")
+        assert code == 1 and "port 3 is not a port of the running target" in err and "fix:" in err
+        code, out, err = run("--port", "1")
+        assert code == 1 and "give both --port and STATE" in err
+    finally:
+        server.close()
         env.close()
 
 
 def test_a_second_target_on_the_same_run_dir_is_refused(tmp_path):
-    env = Env({"ports": [port(1, ADDR1, [SUB])], "subsystems": [{"nqn": SUB, "namespaces": [ram_ns(1)]}]})
     run_dir = str(tmp_path / "run")
     os.makedirs(run_dir)
     with open(os.path.join(run_dir, "target.pid"), "w") as f:
         f.write(f"{os.getppid()}\n")  # a live process that is not us
     with pytest.raises(NvmeofError, match="another target"):
-        publish(run_dir, env.target.ana, workers=1)
-    env.close()
+        run_directory.claim(run_dir)
 
 
 def test_the_supervisor_creates_a_file_namespace_once(tmp_path, monkeypatch):
-    monkeypatch.setattr(workers, "SHM_DIR", str(tmp_path))
+    monkeypatch.setattr(wc, "SHM_DIR", str(tmp_path))
     image = tmp_path / "disk.img"
     cfg = parse_config({"ports": [port(1, ADDR1, [SUB])], "subsystems": [{"nqn": SUB, "namespaces": [
         {"nsid": 1, "device": {"path": str(image)}, "nvmeof_roce": {"backend": "file", "size": "1M"}},
         ram_ns(2, "2M")]}]}, "mp.json")
-    shm = workers._create_shm(cfg, str(tmp_path / "run"))
+    shm = wc.create_shared_files(cfg, str(tmp_path / "run"))
     assert image.stat().st_size == 1 << 20
     assert len(shm) == 1 and os.path.getsize(shm[0]) == 2 << 20
 
@@ -161,13 +185,14 @@ class _Workers:
     control socket as `serve --worker-index I --rpc-socket RUN_DIR/worker-I.sock` has."""
 
     def __init__(self, tmp_path, monkeypatch, config: dict, n: int = 2):
-        monkeypatch.setattr(workers, "SHM_DIR", str(tmp_path))
+        monkeypatch.setattr(wc, "SHM_DIR", str(tmp_path))
         self.config_path = tmp_path / "mp.json"
         self.config_path.write_text(json.dumps(config))
         self.sup = workers.Supervisor(str(self.config_path), n, cpus=None, run_dir=str(tmp_path / "run"),
                                       ready_file=None, worker_args=[], rpc_socket=str(tmp_path / "sup.sock"))
-        self.sup.shm_files = workers._create_shm(self.sup.config, self.sup.run_dir)
+        self.sup.shm_files = wc.create_shared_files(self.sup.config, self.sup.run_dir)
         self.envs, self.ops = [], []
+        self.control = None
         for i in range(n):
             env = Env(json.loads(open(self.sup.paths[i]).read()), file_lock="shared")
             self.envs.append(env)
@@ -186,6 +211,8 @@ class _Workers:
         t = threading.Thread(target=go)
         t.start()
         while t.is_alive():
+            if self.control is not None and select.select([self.control.sock], [], [], 0)[0]:
+                threading.Thread(target=self.control.serve_one).start()  # it waits for the workers' answers
             for env in self.envs:
                 env.fabric.run_watched(0.01)
                 env.fabric.pump()
@@ -197,7 +224,14 @@ class _Workers:
     def call(self, method, params=None):
         return self.run(lambda: self.sup.control.call(method, params))
 
+    def serve_control(self) -> str:
+        """The supervisor's own control socket, answered while `run` runs; its path."""
+        self.control = ControlSocket(bind_unix_socket(self.sup.rpc_socket), self.sup.control.handle)
+        return self.sup.rpc_socket
+
     def close(self):
+        if self.control is not None:
+            self.control.sock.close()
         for ops in self.ops:
             ops.close()
         for env in self.envs:
@@ -261,6 +295,41 @@ def test_supervisor_control_answers_from_every_worker(two_workers):
     b.close()
 
 
+def test_ana_state_through_the_supervisor_changes_every_worker(two_workers):
+    """`target ana-state` against `serve --workers`: the supervisor makes the change on every worker."""
+    w = two_workers
+    path = w.serve_control()
+    a = w.envs[0].connect(SUB, "10.99.0.1:4420")
+    b = w.envs[1].connect(SUB, "10.99.0.1:4421")
+    assert w.run(lambda: ana_states(path)) == [{"portid": 1, "grpid": 1, "state": "optimized"},
+                                               {"portid": 2, "grpid": 1, "state": "optimized"}]
+    assert w.run(lambda: change_ana_state(path, 2, 1, "inaccessible")) == 2
+    for env in w.envs:  # every worker changed
+        assert env.target.ana.states() == {1: {1: "optimized"}, 2: {1: "inaccessible"}}
+    b.poll_admin()
+    assert b.events == [(A.AER_TYPE_NOTICE, A.AER_NOTICE_ANA, A.LID_ANA)]
+    with pytest.raises(NvmeStatusError) as exc:
+        b.read(1, 0, 1)
+    assert exc.value.status == S.ANA_INACCESSIBLE
+    assert a.read(1, 0, 1) == bytes(512)  # the other path serves
+    for worker_config in w.sup.paths:  # a worker restarted now comes back in the state set at run time
+        ports = {p["portid"]: p for p in json.loads(open(worker_config).read())["ports"]}
+        assert [g["ana"]["state"] for g in ports[2]["ana_groups"]] == ["inaccessible"]
+    assert w.run(lambda: ana_states(path))[1] == {"portid": 2, "grpid": 1, "state": "inaccessible"}
+    with pytest.raises(NvmeofError, match="port 9 is not a port"):
+        w.run(lambda: change_ana_state(path, 9, 1, "optimized"))
+    with pytest.raises(NvmeofError, match="ANA group 4 does not exist"):
+        w.run(lambda: change_ana_state(path, 2, 4, "optimized"))
+    with pytest.raises(NvmeofError, match="unknown ANA state"):
+        w.run(lambda: change_ana_state(path, 2, 1, "fast"))
+    assert w.run(lambda: change_ana_state(path, 2, 1, "optimized")) == 2
+    for env in w.envs:
+        assert env.target.ana.states() == {1: {1: "optimized"}, 2: {1: "optimized"}}
+    assert b.read(1, 0, 1) == bytes(512)
+    a.close()
+    b.close()
+
+
 def test_supervisor_reload_applies_on_every_worker_or_none(two_workers):
     w = two_workers
     data = mp_config()
@@ -297,7 +366,7 @@ def test_supervisor_reload_applies_on_every_worker_or_none(two_workers):
 def test_supervisor_control_socket_round_trip(two_workers, tmp_path):
     w = two_workers
     sock = bind_unix_socket(str(tmp_path / "s.sock"))
-    server = workers.ControlSocket(sock, w.sup.control.handle)
+    server = ControlSocket(sock, w.sup.control.handle)
     out = {}
 
     def client():
@@ -310,7 +379,6 @@ def test_supervisor_control_socket_round_trip(two_workers, tmp_path):
     t = threading.Thread(target=client)
     t.start()
     while t.is_alive():
-        import select
         if select.select([sock], [], [], 0.01)[0]:
             threading.Thread(target=server.serve_one).start()
         for env in w.envs:
@@ -325,7 +393,7 @@ def test_supervisor_control_socket_round_trip(two_workers, tmp_path):
 def test_workers_get_their_socket_and_never_see_notify_socket(tmp_path, monkeypatch):
     """systemd hears the supervisor only: a worker's READY=1 would tell it the target is up before every
     worker listens."""
-    monkeypatch.setattr(workers, "SHM_DIR", str(tmp_path))
+    monkeypatch.setattr(wc, "SHM_DIR", str(tmp_path))
     monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "notify"))
     path = tmp_path / "mp.json"
     path.write_text(json.dumps(mp_config()))
