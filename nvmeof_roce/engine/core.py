@@ -513,7 +513,8 @@ class Target:
         """Free the CNTLID and disconnect every queue of the controller."""
         if ctrl.dead:
             return
-        ctrl.change_state(CtrlState.DELETING)  # unless a fatal error put it there already (end_controller)
+        if ctrl.state is not CtrlState.DELETING:  # a fatal error may have put it there already (end_controller)
+            ctrl.change_state(CtrlState.DELETING)
         ctrl.change_state(CtrlState.DEAD)
         if ctrl.subsystem.controllers.get(ctrl.cntlid) is ctrl:
             del ctrl.subsystem.controllers[ctrl.cntlid]
