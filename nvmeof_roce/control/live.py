@@ -11,7 +11,9 @@ new `TargetConfig`, validated by the one config loader (config.py), and applied 
 
 Each kind of change is a small `Change` subclass: what it acts on, its text for a person, and its steps
 (`prepare` / `undo` / `commit` / `install`); `apply` runs the steps in order and does what is common to
-every change after them (controllers that lost access, namespace and discovery notices).
+every change after them (controllers that lost access, namespace and discovery notices).  This module only
+plans and calls the engine's verbs (engine/api.py): it never changes the engine's objects itself.  The commit
+of namespace changes is bracketed by pause and resume of the subsystems they change.
 
 After the commit the hosts are told (NVMe 2.0 base spec §5.2 Asynchronous Event Request):
   - Namespace Attribute Changed notices with the Changed Namespace List log (0x04) when a namespace is added,
@@ -24,17 +26,14 @@ After the commit the hosts are told (NVMe 2.0 base spec §5.2 Asynchronous Event
 from __future__ import annotations
 
 import logging
-from typing import Callable, ClassVar, Dict, List, Optional, Tuple
+from typing import ClassVar, Dict, List, Optional, Tuple
 
 from ..config import ConfigError, NamespaceConfig, PortConfig, SubsystemConfig, TargetConfig
-from ..nvme import admin as A
 from ..engine import auth
 from ..engine.ana import DEFAULT_GRPID, set_ana_state
-from ..engine.backends import BackendError, open_backend
-from ..engine.core import PortContext, PortHandler
-from ..engine.discovery import discovery_entries
+from ..engine.api import PreparedResize
 from ..engine.limits import MAX_NSID
-from ..engine.subsystem import Namespace, Subsystem, max_qid_of
+from ..engine.subsystem import Namespace, Subsystem
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +63,8 @@ class Change:
     action: ClassVar[str] = ""
     # the discovery log of some host may change, even if no discovery controller is connected to see it
     changes_discovery: ClassVar[bool] = False
+    # changes the namespaces of a running subsystem: committed while that subsystem is paused
+    pauses: ClassVar[bool] = False
 
     def __init__(self, nqn: str = "", nsid: int = 0, portid: int = -1, host: str = "", text: str = ""):
         self.nqn, self.nsid, self.portid, self.host, self.text = nqn, nsid, portid, host, text
@@ -105,11 +106,7 @@ class RemoveSubsystem(Change):
                                            "its controllers are ended")
 
     def commit(self, run):
-        sub = run.target.subsystems.pop(self.nqn)
-        run.ended.extend((c, "subsystem deleted") for c in list(sub.controllers.values()))
-        for ns in sub.namespaces.values():
-            ns.removed = True
-        run.removed_subsystems.append(sub)
+        run.target.remove_subsystem(self.nqn, "subsystem deleted")
 
 
 class AddSubsystem(Change):
@@ -122,12 +119,7 @@ class AddSubsystem(Change):
         self.made: Optional[Subsystem] = None
 
     def prepare(self, run):
-        cfg = run.new_subs[self.nqn]
-        self.made = Subsystem(cfg)
-        for n in cfg.namespaces:
-            if n.enabled:
-                ns = _open_ns(run.new, self.nqn, n, run.target.file_lock)
-                self.made.namespaces[ns.nsid] = ns
+        self.made = run.target.prepare_subsystem(run.new_subs[self.nqn], run.new)
 
     def undo(self, run):
         if self.made is not None:
@@ -135,7 +127,8 @@ class AddSubsystem(Change):
             self.made = None
 
     def commit(self, run):
-        run.target.subsystems[self.nqn], self.made = self.made, None
+        run.target.add_subsystem(self.made)
+        self.made = None
 
 
 class QidMax(Change):
@@ -146,14 +139,13 @@ class QidMax(Change):
         super().__init__(nqn=sub.nqn, text=f"{sub.nqn}: at most {sub.attrs.get('qid_max', 'the default')} "
                                            "I/O queues per controller; its controllers are ended to reconnect with it")
 
-    def commit(self, run):
-        sub = run.target.subsystems[self.nqn]
-        sub.max_qid = max_qid_of(run.new_subs[self.nqn])
-        run.ended.extend((c, "qid_max changed") for c in list(sub.controllers.values()))
+    def commit(self, run):  # the subsystem takes the new qid_max with the new config (Target.rebind)
+        run.ended.extend((c, "qid_max changed") for c in list(run.target.subsystem(self.nqn).controllers.values()))
 
 
 class RemoveNamespace(Change):
     action = "remove-namespace"
+    pauses = True
 
     def __init__(self, nqn: str, nsid: int, verb: str = "remove"):
         super().__init__(nqn=nqn, nsid=nsid, text=f"{nqn}: {verb} namespace {nsid}")
@@ -164,6 +156,7 @@ class RemoveNamespace(Change):
 
 class AddNamespace(Change):
     action = "add-namespace"
+    pauses = True
 
     def __init__(self, nqn: str, nsid: int, verb: str = "add"):
         super().__init__(nqn=nqn, nsid=nsid, text=f"{nqn}: {verb} namespace {nsid}")
@@ -174,17 +167,16 @@ class AddNamespace(Change):
 
     def prepare(self, run):
         n = run.new_subs[self.nqn].namespace(self.nsid)
-        self.made = _open_ns(run.new, self.nqn, n, run.target.file_lock, self._replaces(run))
+        self.made = run.target.prepare_namespace(self.nqn, n, run.new, replaces=self._replaces(run))
 
     def undo(self, run):
         if self.made is not None:
-            _close_quietly(self.made)
+            run.target.discard_namespace(self.made)
             self.made = None
 
     def install(self, run):
-        sub = run.target.subsystems[self.nqn]
-        sub.namespaces[self.nsid], self.made = self.made, None
-        sub._active_nsids = None
+        run.target.install_namespace(self.nqn, self.made)
+        self.made = None
         run.namespace_changed(self.nqn, self.nsid)
 
 
@@ -198,7 +190,7 @@ class ReplaceNamespace(AddNamespace):
         self.text = f"{nqn}: replace namespace {nsid} (its device or identifiers changed)"
 
     def _replaces(self, run) -> Optional[Namespace]:
-        return run.target.subsystems[self.nqn].namespaces.get(self.nsid)
+        return run.target.subsystem(self.nqn).namespaces.get(self.nsid)
 
     def commit(self, run):
         run.remove_namespace(self.nqn, self.nsid)
@@ -206,27 +198,17 @@ class ReplaceNamespace(AddNamespace):
 
 class ResizeNamespace(Change):
     action = "resize-namespace"
+    pauses = True
 
     def __init__(self, nqn: str, n: NamespaceConfig):
         super().__init__(nqn=nqn, nsid=n.nsid, text=f"{nqn}: resize namespace {n.nsid} to {n.size_bytes} bytes")
-        self.ns: Optional[Namespace] = None
-        self.resize: Optional[Callable[[], None]] = None
+        self.resize: Optional[PreparedResize] = None
 
     def prepare(self, run):
-        self.ns = run.target.subsystems[self.nqn].namespaces[self.nsid]
-        size = run.new_subs[self.nqn].namespace(self.nsid).size_bytes
-        try:
-            self.resize = self.ns.backend.prepare_resize(size)
-        except BackendError as exc:
-            raise ConfigError(run.new.source, f"{_ns_where(run.new, self.nqn, self.nsid)}.nvmeof_roce.size",
-                              exc.message, exc.fix) from None
+        self.resize = run.target.prepare_resize(self.nqn, run.new_subs[self.nqn].namespace(self.nsid), run.new)
 
     def install(self, run):
-        ns = self.ns
-        self.resize()
-        ns.num_blocks = ns.backend.num_blocks
-        ns.direct_view = getattr(ns.backend, "buffer", None)
-        ns.config = run.new_subs[self.nqn].namespace(self.nsid)
+        run.target.resize_namespace(self.nqn, self.resize)
         run.namespace_changed(self.nqn, self.nsid)
 
 
@@ -234,6 +216,7 @@ class NamespaceVisibility(Change):
     """nvmeof_roce.visible_hosts (SPDK's nvmf_ns_add_host / nvmf_ns_remove_host): the subsystem's controllers
     get a Namespace Attribute Changed notice, the hosts that gained or lost the namespace re-read their lists."""
     action = "namespace-visibility"
+    pauses = True
 
     def __init__(self, nqn: str, n: NamespaceConfig):
         who = "every host" if n.visible_hosts is None else (", ".join(n.visible_hosts) or "no host")
@@ -246,6 +229,7 @@ class NamespaceVisibility(Change):
 class NamespaceQos(Change):
     """nvmeof_roce.qos (SPDK's bdev_set_qos_limit): the new limits apply from the next command (engine/qos.py)."""
     action = "namespace-qos"
+    pauses = True
 
     def __init__(self, nqn: str, n: NamespaceConfig):
         limits = ", ".join(f"{k} {v}" for k, v in sorted(n.qos.items())) or "no limit"
@@ -290,7 +274,7 @@ class RemovePort(Change):
                 run.ended.append((ctrl, f"port {self.portid} removed"))
         if run.listeners is not None:
             run.listeners.close(self.portid)
-        run.target._port_handlers.pop(self.portid, None)
+        run.target.close_port(self.portid)
 
 
 class AddPort(Change):
@@ -306,7 +290,7 @@ class AddPort(Change):
         port = run.new_ports[self.portid]
         if run.listeners is None:
             run.listeners = Listeners()
-        run.target._port_handlers[self.portid] = PortHandler(run.target, PortContext.for_port(run.target, port))
+        run.target.open_port(port)
         try:
             run.listeners.open(run.target, port)
             self.listening = True
@@ -323,7 +307,7 @@ class AddPort(Change):
                 run.listeners.close(self.portid)
             except Exception:
                 log.exception("closing a listener opened for a refused change")
-        run.target._port_handlers.pop(self.portid, None)
+        run.target.close_port(self.portid)
 
 
 class Unlink(Change):
@@ -383,16 +367,6 @@ class Hosts(Change):
 
 def _ns_index(sub: SubsystemConfig) -> Dict[int, NamespaceConfig]:
     return {n.nsid: n for n in sub.namespaces}
-
-
-def _ns_where(config: TargetConfig, nqn: str, nsid: int) -> str:
-    for i, s in enumerate(config.subsystems):
-        if s.nqn == nqn:
-            for j, n in enumerate(s.namespaces):
-                if n.nsid == nsid:
-                    return f"subsystems[{i}].namespaces[{j}]"
-            return f"subsystems[{i}]"
-    return "subsystems"
 
 
 def _sub_where(config: TargetConfig, nqn: str) -> str:
@@ -557,42 +531,14 @@ class _Apply:
         self.new_subs = {s.nqn: s for s in new.subsystems}
         self.new_ports = {p.portid: p for p in new.ports}
         self.ended: List[Tuple[object, str]] = []  # (controller, reason)
-        self.removed_subsystems: List[Subsystem] = []
         self.ns_changed: Dict[str, set] = {}
 
     def namespace_changed(self, nqn: str, nsid: int) -> None:
         self.ns_changed.setdefault(nqn, set()).add(nsid)
 
     def remove_namespace(self, nqn: str, nsid: int) -> None:
-        _retire_quietly(self.target.subsystems[nqn].remove_namespace(nsid))  # closed now or after its jobs
+        self.target.retire_namespace(nqn, nsid)  # closed now or after its jobs
         self.namespace_changed(nqn, nsid)
-
-
-def _close_quietly(ns: Namespace) -> None:
-    try:
-        ns.close()
-    except Exception as exc:
-        log.error("closing namespace %d: %s", ns.nsid, exc)
-
-
-def _retire_quietly(ns: Namespace) -> None:
-    try:
-        ns.retire()
-    except Exception as exc:
-        log.error("closing namespace %d: %s", ns.nsid, exc)
-
-
-def _open_ns(config: TargetConfig, nqn: str, n: NamespaceConfig, lock: str, replaces=None) -> Namespace:
-    """Open a namespace added live, flocked like one from the config (`replaces`: the namespace it replaces,
-    which hands over its lock when the file is the same)."""
-    where = _ns_where(config, nqn, n.nsid) + (".device.path" if n.backend == "file" else "")
-    try:
-        return Namespace(n, open_backend(n, lock=lock, inherit=replaces.backend if replaces is not None else None))
-    except BackendError as exc:
-        raise exc.config_error(config.source, _ns_where(config, nqn, n.nsid), n) from None
-    except OSError as exc:  # what the backend does not name itself: ENOTDIR, ELOOP, ENAMETOOLONG, EIO...
-        raise ConfigError(config.source, where, f"{n.path}: cannot open: {exc.strerror or exc}",
-                          "give the path of a file or block device") from None
 
 
 # New namespaces are installed before resized ones take their size (the order hosts are told about them in).
@@ -600,20 +546,18 @@ _INSTALL_ORDER = {AddNamespace: 0, ReplaceNamespace: 0, ResizeNamespace: 1}
 
 
 def apply(target, new: TargetConfig, listeners: Optional[Listeners] = None,
-          changes: Optional[List[Change]] = None) -> List[Change]:
-    """Make the running `target` serve `new`; returns the changes made. On any error nothing changed."""
-    old = target.config
+          changes: Optional[List[Change]] = None, host_auth: Optional[dict] = None) -> List[Change]:
+    """Make the running `target` serve `new`; returns the changes made. On any error nothing changed.
+    `host_auth`: auth.host_settings(new), when the caller has it already."""
     if changes is None:
-        changes = plan(old, new)
-    host_auth = auth.host_settings(new)  # ConfigError naming the key before anything changes
+        changes = plan(target.config, new)
+    if host_auth is None:
+        host_auth = auth.host_settings(new)  # ConfigError naming the key before anything changes
     if not changes:
-        target.config = new
-        target.host_auth = host_auth
-        _rebind_configs(target, new)
+        target.rebind(new, host_auth)
         return changes
     run = _Apply(target, new, listeners)
-    disc_before = {id(c): _disc_view(discovery_entries(target, c)) for c in target.discovery.controllers.values()
-                   if c.admin_queue is not None}
+    disc_before = target.discovery_views()
 
     # -- prepare: everything that can fail
     started: List[Change] = []
@@ -626,15 +570,20 @@ def apply(target, new: TargetConfig, listeners: Optional[Listeners] = None,
             ch.undo(run)
         raise
 
-    # -- commit: nothing below fails on a user's input
-    for ch in changes:
-        ch.commit(run)
-    for ch in sorted(changes, key=lambda c: _INSTALL_ORDER.get(type(c), 0)):
-        ch.install(run)
-
-    target.config = new
-    target.host_auth = host_auth  # read at each admin Connect and re-authentication (auth.settings_for)
-    _rebind_configs(target, new)
+    # -- commit: nothing below fails on a user's input.  The subsystems whose namespaces change are paused
+    # meanwhile; the engine's loop runs no command during this call, so none is held or draining now.
+    paused = sorted({ch.nqn for ch in changes if ch.pauses})
+    for nqn in paused:
+        target.pause(nqn)
+    try:
+        for ch in changes:
+            ch.commit(run)
+        for ch in sorted(changes, key=lambda c: _INSTALL_ORDER.get(type(c), 0)):
+            ch.install(run)
+        target.rebind(new, host_auth)  # a namespace's visibility and QoS limits come with its new config
+    finally:  # a bug above must not leave their commands waiting for good
+        for nqn in paused:
+            target.resume(nqn)
 
     # access: hosts that may no longer reach a subsystem through the port they came in on
     ended = run.ended
@@ -647,58 +596,15 @@ def apply(target, new: TargetConfig, listeners: Optional[Listeners] = None,
         elif not ctrl.port.exports(sub.nqn):
             ended.append((ctrl, f"{sub.nqn} is no longer exported on port {ctrl.port.portid}"))
     for ctrl, reason in ended:
-        target._delete_controller(ctrl, reason)
-    for sub in run.removed_subsystems:
-        for ns in sub.namespaces.values():  # flushed and closed after their controllers ended and their jobs
-            _retire_quietly(ns)
+        target.end_controller(ctrl, reason)
 
     for nqn, nsids in run.ns_changed.items():
-        sub = target.subsystems.get(nqn)
-        if sub is None:
-            continue
         for nsid in sorted(nsids):
-            target._namespace_changed(sub, nsid)
+            target.namespace_changed(nqn, nsid)
 
     # discovery: tell the controllers whose log page changed
-    changed_disc = False
-    for ctrl in list(target.discovery.controllers.values()):
-        if ctrl.admin_queue is None or ctrl.dead:
-            continue
-        if disc_before.get(id(ctrl)) != _disc_view(discovery_entries(target, ctrl)):
-            if not changed_disc:
-                target.genctr += 1
-                changed_disc = True
-            ctrl.add_event(A.AEN_CFG_DISC_CHANGE,
-                           A.aer_result(A.AER_TYPE_NOTICE, A.AER_NOTICE_DISC_CHANGED, A.LID_DISCOVERY))
-            target.deliver_events(ctrl)
-    if not changed_disc and any(c.changes_discovery for c in changes):
-        target.genctr += 1  # what discovery lists changed for some host, even if none is connected now
+    target.discovery_changed(disc_before, any(c.changes_discovery for c in changes))
 
     for ch in changes:
         log.warning("applied: %s", ch.text)
     return changes
-
-
-def _rebind_configs(target, new: TargetConfig) -> None:
-    """Point the running objects at the new config's parts (ports by portid, subsystems by NQN)."""
-    new_subs = {s.nqn: s for s in new.subsystems}
-    for nqn, sub in target.subsystems.items():
-        cfg = new_subs.get(nqn)
-        if cfg is None:
-            continue
-        sub.config = cfg
-        sub.allow_any_host = cfg.allow_any_host
-        sub.allowed_hosts = set(cfg.allowed_hosts)
-        for ns in sub.namespaces.values():
-            n = cfg.namespace(ns.nsid)
-            if n is not None:
-                ns.config = n
-            target.qos.configure(ns)  # its QoS limits as the config now says (engine/qos.py)
-    for portid, handler in target._port_handlers.items():
-        port = new.port(portid)
-        if port is not None:
-            handler.ctx.port = port
-
-
-def _disc_view(entries) -> list:
-    return [e.pack() for e in entries]

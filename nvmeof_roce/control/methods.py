@@ -145,10 +145,10 @@ class Control:
             new = parse_config(data, source or self.target.config.source)
             # the same checks as `target check` / `serve`: nothing the userspace target cannot honour
             raise_all(validate_for_userspace(new))
-            auth.host_settings(new)
+            host_auth = auth.host_settings(new)
             changes = live.plan(self.target.config, new)
             if not dry_run:
-                live.apply(self.target, new, self.listeners, changes)
+                live.apply(self.target, new, self.listeners, changes, host_auth)
         except ConfigError as exc:
             field = rpc_fields(exc.where) if rpc_fields else exc.where
             raise RpcError(exc.problem if field else str(exc), field or exc.where, exc.fix) from None
@@ -646,13 +646,13 @@ class Control:
     def reload(self, path: str, dry_run: bool = False) -> dict:
         try:
             new = load_userspace_config(path)
-            auth.host_settings(new)
+            host_auth = auth.host_settings(new)
         except ConfigError as exc:
             raise RpcError(exc.problem, exc.where or "path", exc.fix) from None
         try:
             changes = live.plan(self.target.config, new)
             if not dry_run:
-                live.apply(self.target, new, self.listeners, changes)
+                live.apply(self.target, new, self.listeners, changes, host_auth)
         except ConfigError as exc:
             raise RpcError(exc.problem, exc.where, exc.fix) from None
         if not dry_run:

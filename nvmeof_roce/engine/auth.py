@@ -377,7 +377,7 @@ def _send_with_data(t, req, data) -> Outcome:
 
 def _end_if_failed(t, qs) -> None:
     if qs.auth is not None and qs.auth.ended and qs.ctrl is not None:
-        t.end_controller(qs.ctrl, f"DH-HMAC-CHAP failed on queue {qs.qid}: {qs.auth.failure}")
+        t.fail_controller(qs.ctrl, f"DH-HMAC-CHAP failed on queue {qs.qid}: {qs.auth.failure}")
 
 
 def _is_negotiate(data: bytes) -> bool:

@@ -13,8 +13,10 @@ transition table (`nvme_change_ctrl_state`), driven by what the host writes to C
     keep-alive expiry, admin queue gone, a fatal error, shutdown linger over
                                      -> DELETING  -> DEAD (CNTLID freed, queues closed)
 
-`change_state` returns False for a transition the table does not have, as the kernel's does.  One addition to the
-host's table: NEW -> DELETING, since a target controller may end before its host ever enables it.
+`change_state` raises IllegalControllerTransition for a transition the table does not have, where the kernel's
+refuses it; a caller for which the move may legitimately not apply (a reset of a controller a fatal error is
+already deleting) asks `can_enter` first.  One addition to the host's table: NEW -> DELETING, since a target
+controller may end before its host ever enables it.
 """
 from __future__ import annotations
 
@@ -57,6 +59,14 @@ ALLOWED_FROM = {
     CtrlState.DEAD: {CtrlState.DELETING},
     CtrlState.NEW: set(),
 }
+
+
+class IllegalControllerTransition(RuntimeError):
+    """A controller was moved along no edge of its lifecycle (a bug in the engine)."""
+
+    def __init__(self, cntlid: int, old: CtrlState, new: CtrlState):
+        super().__init__(f"controller {cntlid}: illegal transition {old.value} -> {new.value}")
+        self.old, self.new = old, new
 
 
 def cc_en(cc: int) -> bool:
@@ -103,13 +113,16 @@ class Controller:
         self.auth = None  # engine/auth.py's HostAuth when the host must authenticate each queue
 
     # -- lifecycle
-    def change_state(self, new: CtrlState) -> bool:
-        """Enter `new` if the lifecycle allows it from the current state (True), else stay (False)."""
+    def can_enter(self, new: CtrlState) -> bool:
+        """Whether the lifecycle allows `new` from the current state."""
+        return self.state in ALLOWED_FROM[new]
+
+    def change_state(self, new: CtrlState) -> None:
+        """Enter `new`; IllegalControllerTransition (naming both states) if the lifecycle has no such edge."""
         if self.state not in ALLOWED_FROM[new]:
-            return False
+            raise IllegalControllerTransition(self.cntlid, self.state, new)
         log.debug("controller %d: %s -> %s", self.cntlid, self.state.value, new.value)
         self.state = new
-        return True
 
     @property
     def dead(self) -> bool:
@@ -154,13 +167,15 @@ class Controller:
             self._start(now)
         if not cc_en(new) and cc_en(old):  # reset
             self._clear()
-            if self.change_state(CtrlState.RESETTING):
+            if self.can_enter(CtrlState.RESETTING):  # not after a shutdown, nor while a fatal error deletes it
+                self.change_state(CtrlState.RESETTING)
                 self.change_state(CtrlState.CONNECTING)
         if cc_shn(new) and not cc_shn(old):  # shutdown notification
             # The core flushes the namespaces (off the loop for files), then calls shutdown_complete.
             self._clear()
             self.csts = (self.csts & ~F.CSTS_SHST_MASK) | F.CSTS_SHST_OCCUR
-            self.change_state(CtrlState.RESETTING)
+            if self.can_enter(CtrlState.RESETTING):  # a host may notify a controller it never enabled, or reset
+                self.change_state(CtrlState.RESETTING)
         if not cc_shn(new) and cc_shn(old):
             self.csts &= ~F.CSTS_SHST_MASK
             self.shutdown_at = None
@@ -175,7 +190,8 @@ class Controller:
         if self.shutting_down:
             self.csts = (self.csts & ~F.CSTS_SHST_MASK) | F.CSTS_SHST_COMPLETE
             self.shutdown_at = now
-            self.change_state(CtrlState.CONNECTING)
+            if self.can_enter(CtrlState.CONNECTING):  # not once it is being deleted, nor re-enabled meanwhile
+                self.change_state(CtrlState.CONNECTING)
 
     def _start(self, now: float) -> None:
         cc = self.cc
@@ -190,7 +206,8 @@ class Controller:
             return
         self.csts = F.CSTS_RDY
         self.last_traffic = now  # the keep-alive timer restarts at enable
-        self.change_state(CtrlState.LIVE)
+        if self.can_enter(CtrlState.LIVE):  # not while a fatal error deletes it
+            self.change_state(CtrlState.LIVE)
 
     def _clear(self) -> None:
         self.csts &= ~F.CSTS_RDY

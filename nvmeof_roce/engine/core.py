@@ -24,6 +24,9 @@ lifecycles; the fabrics commands are engine/fabrics.py's.
 Ports: the Target itself handles queues arriving on *any* configured port (a
 subsystem is reachable if some port exports it).  `target.port(portid)` gives a
 handler bound to one port, for a transport listening on that port's address.
+
+The verbs that change a running target (namespaces, subsystems, ports, pause and
+resume) are engine/api.py's, mixed into Target.
 """
 from __future__ import annotations
 
@@ -42,18 +45,19 @@ from ..transport.base import Refusal, TransportError
 from ..transport.lifecycle import EXECUTING, FREE, HELD, NEXT, TRANSFERRING_HOST_TO_CONTROLLER, IllegalTransition, move
 from ..transport.resources import ResourceLimits
 from .backends import BackendError
-from ..config import ConfigError, NamespaceConfig, PortConfig, TargetConfig
+from ..config import PortConfig, TargetConfig
 from . import auth
 from . import native_view
+from .api import EngineApi
 from .controller import Controller, CtrlState
 from .ana import AnaTable
 from . import admin, discovery, fabrics, io
 from .limits import (DEFAULT_IN_CAPSULE_SIZE, DEFAULT_QUEUE_SIZE, MAX_CONTROLLERS_PER_HOST, MAX_DISCOVERY_CONTROLLERS,
-                     MAX_DISCOVERY_CONTROLLERS_PER_HOST, MAX_NSID, MAX_QUEUE_SIZE, MAX_QUEUES, MIN_QUEUE_SIZE)
+                     MAX_DISCOVERY_CONTROLLERS_PER_HOST, MAX_QUEUE_SIZE, MAX_QUEUES, MIN_QUEUE_SIZE)
 from .request import (COMPLETED, DEFERRED, FETCHING, HELD_OUTCOME, LOC_DPTR, LOC_FLAGS, LOC_NSID, LOC_OPCODE,
                       NO_LOCATION, Outcome, Request)
 from .queue import QueueLifecycle, QueueState
-from .subsystem import DiscoverySubsystem, Namespace, Subsystem
+from .subsystem import DiscoverySubsystem, Subsystem
 from .work import Work
 from .qos import QosScheduler
 
@@ -133,8 +137,9 @@ class PortHandler:
         self.target.tick(now)
 
 
-class Target:
-    """Subsystems, namespaces and controllers, driven by transports through the QueueHandler calls."""
+class Target(EngineApi):
+    """Subsystems, namespaces and controllers, driven by transports through the QueueHandler calls and changed
+    by the control plane through the verbs of engine/api.py."""
 
     def __init__(self, config: TargetConfig, clock: Callable[[], float] = time.monotonic,
                  in_capsule_size: int = DEFAULT_IN_CAPSULE_SIZE, queue_size: int = DEFAULT_QUEUE_SIZE,
@@ -169,25 +174,10 @@ class Target:
         self.tick_hooks: List[Callable[[float], None]] = []  # e.g. the control socket's (control/methods.py)
         self.qos = QosScheduler(clock)  # per-namespace limits: held commands start from the tick or its waker
         self.tick_hooks.append(self.qos.release)
+        self._pausing: List[Subsystem] = []  # paused subsystems whose commands in flight are draining (api.py)
         try:
-            for i, sub_cfg in enumerate(config.subsystems):
-                sub = Subsystem(sub_cfg)
-                self.subsystems[sub.nqn] = sub
-                for j, ns_cfg in enumerate(sub_cfg.namespaces):
-                    where = f"subsystems[{i}].namespaces[{j}]"
-                    try:
-                        sub.open_namespace(ns_cfg, file_lock)
-                    except BackendError as exc:
-                        raise exc.config_error(config.source, where, ns_cfg) from None
-                    except OSError as exc:  # what the backend does not name itself: ENOTDIR, ELOOP, EIO...
-                        raise ConfigError(config.source, f"{where}.device.path",
-                                          f"{ns_cfg.path}: cannot open: {exc.strerror or exc}",
-                                          "give the path of a file or block device") from None
-                    except ValueError as exc:
-                        raise ConfigError(config.source, f"{where}.nsid", str(exc),
-                                          f"use an NSID in 1..{MAX_NSID}") from None
-                for ns in sub.namespaces.values():
-                    self.qos.configure(ns)
+            for sub_cfg in config.subsystems:
+                self.add_subsystem(self.prepare_subsystem(sub_cfg))
         except BaseException:
             for sub in self.subsystems.values():
                 sub.close()
@@ -225,8 +215,11 @@ class Target:
             port = self.config.port(portid)
             if port is None:
                 raise KeyError(f"no port {portid} in {self.config.source}")
-            handler = self._port_handlers[portid] = PortHandler(self, PortContext.for_port(self, port))
+            handler = self._port_handlers[portid] = self._new_port_handler(port)
         return handler
+
+    def _new_port_handler(self, port: PortConfig) -> PortHandler:
+        return PortHandler(self, PortContext.for_port(self, port))
 
     def subsystem(self, nqn: str) -> Subsystem:
         return self.subsystems[nqn]
@@ -236,24 +229,6 @@ class Target:
         for sub in self.subsystems.values():
             out.extend(sub.controllers.values())
         return out
-
-    def add_namespace(self, subnqn: str, ns_config: NamespaceConfig) -> Optional[Namespace]:
-        """Open and add a namespace; controllers of the subsystem get a namespace-changed event."""
-        sub = self.subsystems[subnqn]
-        ns = sub.open_namespace(ns_config, self.file_lock)
-        if ns is not None:
-            self.qos.configure(ns)
-            self._namespace_changed(sub, ns.nsid)
-        return ns
-
-    def remove_namespace(self, subnqn: str, nsid: int) -> None:
-        """Remove a namespace (flushing and closing its backend); controllers get an event."""
-        sub = self.subsystems[subnqn]
-        ns = sub.remove_namespace(nsid)
-        try:
-            ns.retire()  # closed now, or after its background jobs (a Flush on the worker thread, a sliced zeroing)
-        finally:
-            self._namespace_changed(sub, nsid)
 
     def attach_loop(self, loop) -> None:
         """Give the target its event loop (with `watch(fd, callback)` and `unwatch(fd)`): from then on file and block
@@ -268,7 +243,7 @@ class Target:
             return
         self.closed = True
         for ctrl in self.controllers():
-            self._delete_controller(ctrl, "target shutting down")
+            self.end_controller(ctrl, "target shutting down")
         for qs in list(self._queues.values()):
             self._close_queue(qs, "target shutting down", logging.INFO)
         self.qos.close()
@@ -304,6 +279,10 @@ class Target:
             return
         req.parse(capsule)
         req.tx = tx
+        self._begin(qs, req)
+
+    def _begin(self, qs: QueueState, req: Request) -> None:
+        """Start a parsed command: its capsule arrived now, or it waited for its paused subsystem's resume."""
         try:
             self._start(req)
         except Exception:
@@ -312,6 +291,17 @@ class Target:
             req.capsule = None  # valid only during this call
             if self.native_data_path and qs.ctrl is not None:
                 native_view.refresh(self, qs.ctrl)  # what the command changed, before the next poll
+
+    def _start_held(self, req: Request, capsule: bytes) -> None:
+        """A command that waited while its subsystem was paused starts (resume): from its checks again, since
+        its controller may have been reset or its queue closed meanwhile."""
+        qs = req.queue
+        if qs.closed:
+            if req.state != FREE:
+                move(req, FREE)
+            return
+        req.capsule = capsule
+        self._begin(qs, req)
 
     def queue_closed(self, queue) -> None:
         qs = self._queues.pop(queue, None)
@@ -329,10 +319,12 @@ class Target:
         if ctrl is None or ctrl.dead:
             return
         if qs.qid == 0:
-            self._delete_controller(ctrl, "admin queue disconnected")
+            self.end_controller(ctrl, "admin queue disconnected")
         elif ctrl.io_queues.get(qs.qid) is qs:
             del ctrl.io_queues[qs.qid]
             log.info("controller %d: I/O queue %d disconnected", ctrl.cntlid, qs.qid)
+        if self._pausing:
+            self.check_drained()  # its commands no longer count
 
     def tick(self, now: float) -> None:
         if self.native_data_path:
@@ -343,9 +335,11 @@ class Target:
             if deadline > now:
                 break
             del self._ending[ctrl]
-            self._delete_controller(ctrl, reason)
+            self.end_controller(ctrl, reason)
         for hook in self.tick_hooks:
             hook(now)
+        if self._pausing:
+            self.check_drained()  # responses the transport has seen leave since the last completion
         for ctrl in self.controllers():
             if ctrl.auth is not None:
                 for qs in ctrl.queues():
@@ -355,12 +349,12 @@ class Target:
                 # After CC.SHN the Linux host reads CSTS once more and then disconnects the admin queue.
                 # The transport cannot always tell which connection a CM disconnect belongs to
                 # (pyverbs), so the controller goes away here, as its host intends.
-                self._delete_controller(ctrl, "shut down by the host")
+                self.end_controller(ctrl, "shut down by the host")
             elif ctrl.expired(now):
                 log.warning("controller %d (%s, host %s): keep-alive timeout of %d s expired%s",
                             ctrl.cntlid, ctrl.subsystem.nqn, ctrl.hostnqn, ctrl.timeout_seconds,
                             "" if ctrl.kato_ms else " (KATO 0: the target's idle limit)")
-                self._delete_controller(ctrl, "keep-alive timeout")
+                self.end_controller(ctrl, "keep-alive timeout")
 
     # ------------------------------------------------------------------ connection management
     def _check_connect(self, ctx: PortContext, request) -> Optional[Refusal]:
@@ -498,9 +492,9 @@ class Target:
         except Exception:
             log.exception("queue %d: transport close failed", qs.qid)
 
-    def end_controller(self, ctrl: Controller, reason: str) -> None:
+    def fail_controller(self, ctrl: Controller, reason: str) -> None:
         """A fatal error (nvmet_ctrl_fatal_error): CSTS.CFS at once, the controller and its queues deleted
-        shortly after, once the response that reported the error has left."""
+        shortly after (end_controller), once the response that reported the error has left."""
         if ctrl.dead or ctrl in self._ending:
             return
         ctrl.csts |= F.CSTS_CFS
@@ -509,11 +503,12 @@ class Target:
                     reason)
         self._ending[ctrl] = (self.clock() + REFUSED_LINGER, reason)
 
-    def _delete_controller(self, ctrl: Controller, reason: str) -> None:
-        """Free the CNTLID and disconnect every queue of the controller."""
+    def end_controller(self, ctrl: Controller, reason: str) -> None:
+        """End the controller now: free its CNTLID and disconnect every queue of it (a no-op once it is dead)."""
         if ctrl.dead:
             return
-        ctrl.change_state(CtrlState.DELETING)  # unless a fatal error put it there already (end_controller)
+        if ctrl.state is not CtrlState.DELETING:  # a fatal error may have put it there already (fail_controller)
+            ctrl.change_state(CtrlState.DELETING)
         ctrl.change_state(CtrlState.DEAD)
         if ctrl.subsystem.controllers.get(ctrl.cntlid) is ctrl:
             del ctrl.subsystem.controllers[ctrl.cntlid]
@@ -531,13 +526,6 @@ class Target:
         if sub is None or not ctx.exports(nqn):
             return None
         return sub
-
-    def _namespace_changed(self, sub: Subsystem, nsid: int) -> None:
-        for ctrl in list(sub.controllers.values()):
-            if self.native_data_path:
-                native_view.refresh(self, ctrl)
-            ctrl.ns_changed(nsid)
-            self.deliver_events(ctrl)
 
     # ------------------------------------------------------------------ the state machine
     def _start(self, req: Request) -> None:
@@ -573,7 +561,11 @@ class Target:
             if qs.qid == 0:
                 table = self._discovery_cmds if ctrl.is_discovery else self._admin_cmds
             else:
-                ns = ctrl.subsystem.namespaces.get(req.nsid)
+                sub = ctrl.subsystem
+                if sub.holding:  # paused (api.py): it starts on resume; its capsule is valid only during this call
+                    sub.held.append((req, bytes(req.capsule)))
+                    return
+                ns = sub.namespaces.get(req.nsid)
                 if ns is None or not ns.visible_to(ctrl.hostnqn):  # invisible to this host: as if inactive
                     return self.complete(req, S.INVALID_NS | S.DNR, location=LOC_NSID)
                 req.ns = ns
@@ -732,6 +724,8 @@ class Target:
             self._close_queue(qs, f"cannot send a completion: {exc}")
         if status and qs.ctrl is None and req.opc == FABRICS_OPCODE and req.fctype == F.FCTYPE_CONNECT:
             self._connect_failed(qs)
+        if self._pausing:
+            self.check_drained()  # this may have been the last command of a paused subsystem
         return COMPLETED
 
     def _internal_error(self, req: Request, exc: Optional[BaseException] = None) -> Outcome:

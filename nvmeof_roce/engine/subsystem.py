@@ -1,15 +1,28 @@
-"""Subsystems and namespaces of the userspace target (built from nvmeof_roce/config.py)."""
+"""Subsystems and namespaces of the userspace target (built from nvmeof_roce/config.py).
+
+A subsystem has a lifecycle, as SPDK's `spdk_nvmf_subsystem_state`, checked like the controller's and the queue's
+(every change goes through `Subsystem.enter`, which raises on an edge the table does not have):
+
+    ACTIVE     its I/O commands start as they arrive
+    PAUSING    paused (Target.pause): new I/O commands wait, those already started are draining
+    PAUSED     drained: none of its I/O commands is running; the waiting ones start on resume, in arrival order
+    REMOVED    deleted from the target (Target.remove_subsystem): its controllers are ended
+
+    ACTIVE -> PAUSING -> PAUSED -> ACTIVE (resume); PAUSING -> ACTIVE (resumed before it drained);
+    ACTIVE | PAUSING | PAUSED -> REMOVED
+"""
 from __future__ import annotations
 
+import enum
 import logging
 import re
 import uuid as uuidlib
-from typing import Dict, List, Optional
+from collections import deque
+from typing import Callable, Deque, Dict, List, Optional
 
 from ..nvme.fabrics import DISCOVERY_NQN, MAX_CNTLID, MIN_CNTLID, make_version
-from .backends import Backend, open_backend
+from .backends import Backend
 from .ioengine import DEFAULT_QUEUE_DEPTH, IoEngine, choose_engine, make_engine
-from .limits import MAX_NSID
 from .latency import NamespaceStats
 from ..config import NamespaceConfig, SubsystemConfig
 
@@ -135,6 +148,30 @@ class Namespace:
         return f"<Namespace {self.nsid} {self.backend!r}>"
 
 
+class SubsystemState(enum.Enum):
+    ACTIVE = "active"
+    PAUSING = "pausing"
+    PAUSED = "paused"
+    REMOVED = "removed"
+
+
+# For each state, the states a subsystem may enter it from (module docstring).
+ALLOWED_FROM = {
+    SubsystemState.ACTIVE: {SubsystemState.PAUSING, SubsystemState.PAUSED},
+    SubsystemState.PAUSING: {SubsystemState.ACTIVE},
+    SubsystemState.PAUSED: {SubsystemState.PAUSING},
+    SubsystemState.REMOVED: {SubsystemState.ACTIVE, SubsystemState.PAUSING, SubsystemState.PAUSED},
+}
+
+
+class IllegalSubsystemTransition(RuntimeError):
+    """A subsystem was moved along no edge of its lifecycle (pausing a paused one, resuming an active one...)."""
+
+    def __init__(self, nqn: str, old: SubsystemState, new: SubsystemState):
+        super().__init__(f"subsystem {nqn}: illegal transition {old.value} -> {new.value}")
+        self.old, self.new = old, new
+
+
 class Subsystem:
     """An NVM subsystem: namespaces, the hosts allowed in, and its live controllers by CNTLID."""
 
@@ -155,6 +192,26 @@ class Subsystem:
         self.controllers: Dict[int, object] = {}
         self._active_nsids: Optional[List[int]] = None
         self._next_cntlid = self.cntlid_min
+        self.state = SubsystemState.ACTIVE
+        self.holding = False  # PAUSING or PAUSED (kept as a flag: each I/O command reads it)
+        self.held: Deque = deque()  # (request, its capsule) of each I/O command that arrived while paused, in order
+        self.on_drained: Optional[Callable[[], None]] = None  # the pause's callback, while PAUSING
+
+    def enter(self, new: SubsystemState) -> None:
+        """Move to `new`; IllegalSubsystemTransition if the lifecycle has no such edge."""
+        if self.state not in ALLOWED_FROM[new]:
+            raise IllegalSubsystemTransition(self.nqn, self.state, new)
+        log.debug("subsystem %s: %s -> %s", self.nqn, self.state.value, new.value)
+        self.state = new
+        self.holding = new in (SubsystemState.PAUSING, SubsystemState.PAUSED)
+
+    def rebind(self, config: SubsystemConfig) -> None:
+        """Take the access settings and qid_max of a new config of the same subsystem (the attributes a host has
+        read, serial, model, version, CNTLID range, are never changed live: control/live.py refuses it)."""
+        self.config = config
+        self.allow_any_host = config.allow_any_host
+        self.allowed_hosts = set(config.allowed_hosts)
+        self.max_qid = max_qid_of(config)
 
     @staticmethod
     def _version(text: Optional[str]) -> int:
@@ -176,19 +233,12 @@ class Subsystem:
                 return cntlid
         return None
 
-    # -- namespaces
-    def open_namespace(self, ns_config: NamespaceConfig, file_lock: str = "exclusive") -> Optional[Namespace]:
-        """Open and add a namespace (None when it is configured disabled)."""
-        if not 1 <= ns_config.nsid <= MAX_NSID:
-            raise ValueError(f"{self.nqn}: NSID {ns_config.nsid} is outside 1..{MAX_NSID}")
-        if ns_config.nsid in self.namespaces:
-            raise ValueError(f"{self.nqn}: NSID {ns_config.nsid} already exists")
-        if not ns_config.enabled:
-            return None
-        ns = Namespace(ns_config, open_backend(ns_config, lock=file_lock))
+    # -- namespaces (Target.install_namespace and retire_namespace, engine/api.py, are the verbs that call these)
+    def add_namespace(self, ns: Namespace) -> None:
+        if ns.nsid in self.namespaces:
+            raise ValueError(f"{self.nqn}: NSID {ns.nsid} already exists")
         self.namespaces[ns.nsid] = ns
         self._active_nsids = None
-        return ns
 
     def remove_namespace(self, nsid: int) -> Namespace:
         ns = self.namespaces.pop(nsid)

@@ -76,6 +76,20 @@ def standard_config(tmp_path=None) -> dict:
     }
 
 
+def add_namespace(target, nqn: str, ns_config):
+    """Add a namespace through the engine's verbs, as control/live.py does: open it, install it, tell the hosts."""
+    ns = target.prepare_namespace(nqn, ns_config)
+    target.install_namespace(nqn, ns)
+    target.namespace_changed(nqn, ns.nsid)
+    return ns
+
+
+def remove_namespace(target, nqn: str, nsid: int) -> None:
+    """Remove a namespace through the engine's verbs (closed now or after its jobs), and tell the hosts."""
+    target.retire_namespace(nqn, nsid)
+    target.namespace_changed(nqn, nsid)
+
+
 class Env:
     """A Target on a loopback fabric with a fake clock; each port listened on at its address."""
 

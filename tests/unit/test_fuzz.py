@@ -28,7 +28,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loopback_env import Env, null_ns, port, ram_ns
+from loopback_env import Env, add_namespace, null_ns, port, ram_ns, remove_namespace
 from nvmeof_roce.nvme import fabrics as F
 from nvmeof_roce.nvme.command import CQE_STRUCT, SQE_STRUCT
 from nvmeof_roce.nvme.sgl import ID_IN_CAPSULE, ID_KEYED
@@ -492,10 +492,10 @@ def run_example(example: dict, stats: Counter) -> None:
             if example["namespace_churn"] and i % 300 == 150:
                 sub = h.target.subsystem(SUB_FUZZ)
                 if 2 in sub.namespaces:
-                    h.target.remove_namespace(SUB_FUZZ, 2)
+                    remove_namespace(h.target, SUB_FUZZ, 2)
                 else:
                     cfg = h.env.config.subsystem(SUB_FUZZ).namespaces[1]
-                    h.target.add_namespace(SUB_FUZZ, cfg)
+                    add_namespace(h.target, SUB_FUZZ, cfg)
                 stats["namespace_changes"] += 1
         h.drain()
         h.good_step(rng)

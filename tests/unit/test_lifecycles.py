@@ -4,7 +4,7 @@ import pytest
 
 from loopback_env import SUB_RAM, RawQueue, raw_connect, raw_enable
 from nvmeof_roce.nvme import fabrics as F
-from nvmeof_roce.engine.controller import CtrlState
+from nvmeof_roce.engine.controller import CtrlState, IllegalControllerTransition
 from nvmeof_roce.engine.queue import IllegalQueueTransition, QueueLifecycle
 
 
@@ -58,10 +58,16 @@ def test_keep_alive_expiry_deletes_through_deleting_to_dead(env):
 def test_change_state_refuses_what_the_kernel_table_has_not(env):
     q, cqe = raw_connect(env.connector(), SUB_RAM)
     ctrl = controller_of(env, cqe)
-    assert not ctrl.change_state(CtrlState.DEAD)  # only from DELETING
+    with pytest.raises(IllegalControllerTransition, match="new -> dead"):  # only from DELETING
+        ctrl.change_state(CtrlState.DEAD)
     assert ctrl.state is CtrlState.NEW
-    assert ctrl.change_state(CtrlState.DELETING) and ctrl.change_state(CtrlState.DEAD)
-    assert not ctrl.change_state(CtrlState.LIVE)  # a dead controller never comes back
+    ctrl.change_state(CtrlState.DELETING)
+    assert ctrl.state is CtrlState.DELETING
+    ctrl.change_state(CtrlState.DEAD)
+    assert ctrl.state is CtrlState.DEAD
+    with pytest.raises(IllegalControllerTransition, match="dead -> live"):  # a dead controller never comes back
+        ctrl.change_state(CtrlState.LIVE)
+    assert ctrl.state is CtrlState.DEAD
     q.transport.close()
     env.fabric.pump()
 

@@ -14,7 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loopback_env import SUB_4K, SUB_FILE, SUB_NULL, SUB_RAM, file_ns, null_ns, port, ram_ns, standard_config
+from loopback_env import (SUB_4K, SUB_FILE, SUB_NULL, SUB_RAM, file_ns, null_ns, port, ram_ns, remove_namespace,
+                           standard_config)
 from native_diff import HOST_BUFFER, LoopbackEndpoint, NativeEndpoint, close_all, io_capsule, pattern
 from native_fake import needs_native, pump
 
@@ -139,7 +140,7 @@ def test_a_bad_remote_key_fails_the_queue_as_on_rdma(native_ep):
 def test_a_removed_namespace_leaves_the_view_at_once(native_ep):
     ep = native_ep
     target = ep.env.target
-    target.remove_namespace(SUB_RAM, 2)
+    remove_namespace(target, SUB_RAM, 2)
     python_before = ep.queue.stats()["python_commands"]
     (cqe,) = ep.exchange(io_capsule(ep, READ, 2, 0, 0, 512))
     assert status_of(cqe) == 0x400B  # Invalid Namespace | DNR, from the core
@@ -514,7 +515,7 @@ def test_a_namespace_removed_with_commands_on_the_ring_keeps_its_file_until_they
         ep.queue.poll()  # depth 1: one on the ring at a time, the rest wait in the queue's FIFO
         assert ep.queue.stats()["native_in_flight"] > 1
         ns = _ns(ep)
-        ep.env.target.remove_namespace(SUB_FILE, 1)
+        remove_namespace(ep.env.target, SUB_FILE, 1)
         assert ns.backend.io_fd < 0  # the core closed its descriptors at once...
         assert fds_on(path) == 1  # ...the commands in flight keep the C side's own
         ep.settle()

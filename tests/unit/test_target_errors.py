@@ -5,7 +5,7 @@ import os
 import pytest
 
 from loopback_env import (HOST_A, HOST_B, SUB_FILE, SUB_ONLY_A, SUB_RAM, Env, RawQueue, raw_connect, raw_enable,
-                          standard_config)
+                          remove_namespace, standard_config)
 from held import hold
 from nvmeof_roce.engine.ioengine import uring_unavailable
 from nvmeof_roce.nvme import admin as A
@@ -540,7 +540,7 @@ def test_namespace_removed_while_write_data_in_flight(env, ctrl):
     q = io(ctrl)
     q.send(write_cmd(q, nlb=8).pack())  # keyed: the target must RDMA READ first
     env.fabric.pump(max_ops=1)  # the capsule is in, the READ is queued
-    env.target.remove_namespace(SUB_RAM, 1)
+    remove_namespace(env.target, SUB_RAM, 1)
     cqe = q.poll_one()
     assert cqe.status == S.INVALID_NS | S.DNR
 
@@ -552,7 +552,7 @@ def test_namespace_removed_while_a_sliced_write_zeroes_is_queued(env, ctrl):
     q.send(nvm.write_zeroes_command(0, 1, 0, 7).pack())
     env.fabric.pump(max_ops=1)  # the capsule is in and its job queued; the watched eventfd not yet served
     assert env.target.work.pending == 1
-    env.target.remove_namespace(SUB_RAM, 1)
+    remove_namespace(env.target, SUB_RAM, 1)
     cqe = q.poll_one()
     assert cqe.status == S.INVALID_NS | S.DNR
     assert env.target.work.pending == 0
@@ -587,7 +587,7 @@ def test_namespace_removed_while_its_flush_runs_on_its_lane(tmp_path, engine):
         q.send(nvm.FlushCommand(nsid=1).pack())
         env.fabric.pump(max_ops=1)  # the Flush is on the lane
         assert held()
-        env.target.remove_namespace(SUB_FILE, 1)
+        remove_namespace(env.target, SUB_FILE, 1)
         assert ns.backend._fd >= 0  # not closed under the running call
         release()
         for _ in range(100):  # until the call came back through the eventfd
@@ -615,7 +615,7 @@ def test_namespace_removed_during_its_flush_is_closed_at_target_shutdown(tmp_pat
     q.send(nvm.FlushCommand(nsid=1).pack())
     env.fabric.pump(max_ops=1)
     assert held()
-    env.target.remove_namespace(SUB_FILE, 1)
+    remove_namespace(env.target, SUB_FILE, 1)
     assert ns.backend._fd >= 0
     release()
     env.close()

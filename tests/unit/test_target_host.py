@@ -6,7 +6,8 @@ import uuid
 import pytest
 
 from loopback_env import (ADDR1, ADDR2, HOST_A, HOST_B, SUB_4K, SUB_FILE, SUB_HIDDEN, SUB_NULL, SUB_ONLY_A,
-                          SUB_RAM, Env, RawQueue, file_ns, port, ram_ns, standard_config)
+                          SUB_RAM, Env, RawQueue, add_namespace, file_ns, port, ram_ns, remove_namespace,
+                          standard_config)
 from nvmeof_roce.initiator.discovery import discover, read_discovery_log
 from nvmeof_roce.initiator.controller import Controller
 from nvmeof_roce.nvme import admin as A
@@ -478,12 +479,12 @@ def test_namespace_add_and_remove_complete_the_aer(env):
     assert ctrl._aer_enabled
     ns_cfg = parse_config({"subsystems": [{"nqn": SUB_RAM, "namespaces": [ram_ns(5, "1M")]}]}, "x") \
         .subsystems[0].namespaces[0]
-    env.target.add_namespace(SUB_RAM, ns_cfg)
+    add_namespace(env.target, SUB_RAM, ns_cfg)
     ctrl.poll_admin()
     assert ctrl.events == [(A.AER_TYPE_NOTICE, A.AER_NOTICE_NS_CHANGED, A.LID_CHANGED_NS)]
     assert ctrl.namespaces_changed
     # a second change before the log is read is not reported again (masked until the read)
-    env.target.remove_namespace(SUB_RAM, 2)
+    remove_namespace(env.target, SUB_RAM, 2)
     ctrl.poll_admin()
     assert len(ctrl.events) == 1
     assert ctrl.changed_namespaces() == [5, 2]
@@ -494,7 +495,7 @@ def test_namespace_add_and_remove_complete_the_aer(env):
         ctrl.read(2, 0, 1, )
     assert exc.value.status == S.INVALID_NS | S.DNR
     # after the log was read (RAE clear) the next change is reported again
-    env.target.remove_namespace(SUB_RAM, 5)
+    remove_namespace(env.target, SUB_RAM, 5)
     ctrl.poll_admin()
     assert len(ctrl.events) == 2 and ctrl.changed_namespaces() == [5]
     assert ctrl.changed_namespaces() == []  # reading clears the list

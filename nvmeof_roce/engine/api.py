@@ -1,0 +1,296 @@
+"""The engine's administrative verbs: what the control plane (control/live.py) calls to change a running target.
+
+The engine owns its state; the admin layer plans a change and calls verbs, as nvmet's configfs calls
+nvmet_ns_enable()/nvmet_ns_disable() and SPDK's RPCs call spdk_nvmf_subsystem_add_ns_ext() between
+spdk_nvmf_subsystem_pause() and resume().  `EngineApi` is mixed into `Target` (engine/core.py), so each verb is
+called on the target itself: `target.install_namespace(nqn, ns)`.
+
+    namespaces   prepare_namespace (opens the backend: the only place an open error becomes the ConfigError naming
+                 the config field), install_namespace, retire_namespace, discard_namespace (prepared, never
+                 installed), prepare_resize + resize_namespace, namespace_changed (the hosts' notice)
+    subsystems   prepare_subsystem + add_subsystem, remove_subsystem, pause / resume
+    ports        open_port / close_port: the port's queue handler (the listener is the caller's, live.Listeners)
+    config       rebind (running objects follow a new config), discovery_views + discovery_changed (genctr, notices)
+    controllers  end_controller (engine/core.py): end one now
+
+What fences a change today is the engine's single event loop: every verb runs on it, between two commands, and a
+namespace retired with device calls still running closes only after them (Namespace.retire).  Pause and resume
+make the fence explicit per subsystem: a paused subsystem's new I/O commands wait (never failed, never dropped) and
+start on resume in arrival order; `pause`'s callback fires once its commands in flight have drained.  The drain
+counts the commands the Python engine runs; the native data path's own commands (engine/native_view.py) are not
+held or counted yet, which is the place a later change makes it wait for them.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable, Dict, List, Optional
+
+from ..config import ConfigError, NamespaceConfig, PortConfig, SubsystemConfig, TargetConfig
+from ..nvme import admin as A
+from ..transport.lifecycle import FREE, move
+from . import native_view
+from .backends import BackendError, open_backend
+from .discovery import discovery_entries
+from .limits import MAX_NSID
+from .subsystem import Namespace, Subsystem, SubsystemState
+
+log = logging.getLogger(__name__)
+
+
+def namespace_where(config: TargetConfig, nqn: str, nsid: int) -> str:
+    """The config field of namespace `nsid` of subsystem `nqn` (`subsystems[i].namespaces[j]`), for errors."""
+    for i, s in enumerate(config.subsystems):
+        if s.nqn == nqn:
+            for j, n in enumerate(s.namespaces):
+                if n.nsid == nsid:
+                    return f"subsystems[{i}].namespaces[{j}]"
+            return f"subsystems[{i}]"
+    return "subsystems"
+
+
+class PreparedResize:
+    """A namespace's new size, allocated by prepare_resize and not yet in use."""
+
+    def __init__(self, ns: Namespace, ns_config: NamespaceConfig, install: Callable[[], None]):
+        self.ns, self.ns_config, self.install = ns, ns_config, install
+
+
+class EngineApi:
+    """The verbs, mixed into Target (module docstring); they use the target's own state, defined in core.py."""
+
+    # -------------------------------------------------------------------------------------------- namespaces
+    def prepare_namespace(self, nqn: str, ns_config: NamespaceConfig, config: Optional[TargetConfig] = None,
+                          replaces: Optional[Namespace] = None) -> Optional[Namespace]:
+        """Open namespace `ns_config` of subsystem `nqn`, not yet seen by any host (None when it is configured
+        disabled).  A failure is the ConfigError naming its field in `config` (the one being applied; the
+        running one by default).  `replaces`: the namespace it replaces, which hands over its file lock when the
+        file is the same."""
+        config = config or self.config
+        where = namespace_where(config, nqn, ns_config.nsid)
+        if not 1 <= ns_config.nsid <= MAX_NSID:
+            raise ConfigError(config.source, f"{where}.nsid", f"{nqn}: NSID {ns_config.nsid} is outside 1..{MAX_NSID}",
+                              f"use an NSID in 1..{MAX_NSID}")
+        if not ns_config.enabled:
+            return None
+        inherit = replaces.backend if replaces is not None else None
+        try:
+            return Namespace(ns_config, open_backend(ns_config, lock=self.file_lock, inherit=inherit))
+        except BackendError as exc:
+            raise exc.config_error(config.source, where, ns_config) from None
+        except OSError as exc:  # what the backend does not name itself: ENOTDIR, ELOOP, ENAMETOOLONG, EIO...
+            field = f"{where}.device.path" if ns_config.backend == "file" else where
+            raise ConfigError(config.source, field, f"{ns_config.path}: cannot open: {exc.strerror or exc}",
+                              "give the path of a file or block device") from None
+
+    def install_namespace(self, nqn: str, ns: Namespace) -> None:
+        """A prepared namespace joins subsystem `nqn`: commands reach it from now on (nvmet_ns_enable).  The
+        hosts are told by namespace_changed, once the whole change is made."""
+        self.subsystems[nqn].add_namespace(ns)
+        self.qos.configure(ns)
+
+    def retire_namespace(self, nqn: str, nsid: int) -> Namespace:
+        """Namespace `nsid` leaves subsystem `nqn` (nvmet_ns_disable): commands for it answer Invalid Namespace;
+        its backend is flushed and closed now, or after its background jobs (a Flush on an I/O engine's lane, a
+        sliced zeroing).  An error closing it is logged: the namespace is gone either way."""
+        ns = self.subsystems[nqn].remove_namespace(nsid)
+        _retire_quietly(nqn, ns)
+        return ns
+
+    @staticmethod
+    def discard_namespace(ns: Namespace) -> None:
+        """Close a prepared namespace that is not to be installed (another part of the change failed)."""
+        try:
+            ns.close()
+        except Exception as exc:
+            log.error("closing namespace %d: %s", ns.nsid, exc)
+
+    def prepare_resize(self, nqn: str, ns_config: NamespaceConfig,
+                       config: Optional[TargetConfig] = None) -> PreparedResize:
+        """Allocate the new size `ns_config.size_bytes` of a running namespace (the ConfigError naming the size
+        field if it cannot be); resize_namespace puts it in use."""
+        config = config or self.config
+        ns = self.subsystems[nqn].namespaces[ns_config.nsid]
+        try:
+            install = ns.backend.prepare_resize(ns_config.size_bytes)
+        except BackendError as exc:
+            raise ConfigError(config.source, f"{namespace_where(config, nqn, ns_config.nsid)}.nvmeof_roce.size",
+                              exc.message, exc.fix) from None
+        return PreparedResize(ns, ns_config, install)
+
+    def resize_namespace(self, nqn: str, resize: PreparedResize) -> None:
+        """Put a prepared size in use: commands see the new capacity from the next one."""
+        ns = resize.ns
+        resize.install()
+        ns.num_blocks = ns.backend.num_blocks
+        ns.direct_view = ns.backend.buffer
+        ns.config = resize.ns_config
+
+    def namespace_changed(self, nqn: str, nsid: int) -> None:
+        """Tell the controllers of subsystem `nqn` that namespace `nsid` changed (Namespace Attribute Changed,
+        the Changed Namespace List log; nvmet_ns_changed)."""
+        sub = self.subsystems.get(nqn)
+        if sub is None:
+            return
+        for ctrl in list(sub.controllers.values()):
+            if self.native_data_path:
+                native_view.refresh(self, ctrl)
+            ctrl.ns_changed(nsid)
+            self.deliver_events(ctrl)
+
+    # -------------------------------------------------------------------------------------------- subsystems
+    def prepare_subsystem(self, sub_config: SubsystemConfig, config: Optional[TargetConfig] = None) -> Subsystem:
+        """A subsystem with its enabled namespaces open, not yet reachable (add_subsystem makes it so); on an
+        error what it opened is closed."""
+        sub = Subsystem(sub_config)
+        try:
+            for ns_config in sub_config.namespaces:
+                ns = self.prepare_namespace(sub_config.nqn, ns_config, config)
+                if ns is not None:
+                    sub.add_namespace(ns)
+                    self.qos.configure(ns)
+        except BaseException:
+            sub.close()
+            raise
+        return sub
+
+    def add_subsystem(self, sub: Subsystem) -> None:
+        """A prepared subsystem becomes reachable (through the ports that export it)."""
+        if sub.nqn in self.subsystems:
+            raise ValueError(f"subsystem {sub.nqn} already exists")
+        self.subsystems[sub.nqn] = sub
+
+    def remove_subsystem(self, nqn: str, reason: str = "subsystem deleted") -> Subsystem:
+        """Delete subsystem `nqn`: its controllers are ended now, then its namespaces retired (closed now, or
+        after their background jobs)."""
+        sub = self.subsystems.pop(nqn)
+        sub.enter(SubsystemState.REMOVED)
+        sub.on_drained = None  # a pause that never completes: nothing is left to resume
+        if sub in self._pausing:
+            self._pausing.remove(sub)
+        for ns in sub.namespaces.values():
+            ns.removed = True  # a command still running on one answers Invalid Namespace
+        for ctrl in list(sub.controllers.values()):
+            self.end_controller(ctrl, reason)
+        while sub.held:  # waiting for a resume that will not come: their queues closed with their controllers
+            req, _ = sub.held.popleft()
+            if req.state != FREE:
+                move(req, FREE)
+        for ns in sub.namespaces.values():
+            _retire_quietly(nqn, ns)
+        return sub
+
+    def pause(self, nqn: str, on_drained: Optional[Callable[[], None]] = None) -> bool:
+        """Pause subsystem `nqn` (spdk_nvmf_subsystem_pause): from now on its new I/O commands wait for resume.
+        `on_drained` is called once none of its I/O commands is running any more (the subsystem is then PAUSED):
+        at once if none is, and then True is returned.  Pausing a subsystem that is not ACTIVE raises
+        IllegalSubsystemTransition."""
+        sub = self.subsystems[nqn]
+        sub.enter(SubsystemState.PAUSING)
+        sub.on_drained = on_drained
+        self._pausing.append(sub)
+        self.check_drained()
+        return sub.state is SubsystemState.PAUSED
+
+    def resume(self, nqn: str) -> None:
+        """Resume subsystem `nqn` (spdk_nvmf_subsystem_resume): the commands that waited start, in the order
+        they arrived.  Resumed before it drained (PAUSING), its pause's callback is not called.  Resuming a
+        subsystem that is not paused raises IllegalSubsystemTransition."""
+        sub = self.subsystems[nqn]
+        sub.enter(SubsystemState.ACTIVE)
+        sub.on_drained = None
+        if sub in self._pausing:
+            self._pausing.remove(sub)
+        while sub.held and not sub.holding:  # a callback run meanwhile may pause it again
+            req, capsule = sub.held.popleft()
+            self._start_held(req, capsule)
+
+    def check_drained(self) -> None:
+        """PAUSING subsystems with no I/O command running become PAUSED, and their pause's callback is called
+        (after each completion while one is pausing, and each tick for the responses still leaving)."""
+        for sub in list(self._pausing):
+            if self._commands_running(sub):
+                continue
+            self._pausing.remove(sub)
+            sub.enter(SubsystemState.PAUSED)
+            callback, sub.on_drained = sub.on_drained, None
+            if callback is not None:
+                callback()
+
+    def _commands_running(self, sub: Subsystem) -> int:
+        """I/O commands of `sub` started and not yet answered, with their responses still leaving (a RAM read's
+        data is sent from the namespace's memory); those waiting for resume have not started."""
+        running = 0
+        for ctrl in sub.controllers.values():
+            for qs in ctrl.io_queues.values():
+                if not qs.closed:
+                    running += qs.active + qs.transport.responses_in_flight()
+        return running - sum(1 for req, _ in sub.held if not req.queue.closed)
+
+    # -------------------------------------------------------------------------------------------- ports
+    def open_port(self, port: PortConfig):
+        """The queue handler (core.PortHandler) of a port being added, given to its listener; the port need not
+        be in the running config yet."""
+        handler = self._port_handlers[port.portid] = self._new_port_handler(port)
+        return handler
+
+    def close_port(self, portid: int) -> None:
+        """Forget port `portid`'s queue handler (its listener is closed by the caller, its controllers ended)."""
+        self._port_handlers.pop(portid, None)
+
+    # -------------------------------------------------------------------------------------------- config, discovery
+    def rebind(self, config: TargetConfig, host_auth: dict) -> None:
+        """Serve `config` from now on: the running subsystems, namespaces and ports follow its parts (by NQN,
+        NSID and portid), and the hosts' DH-HMAC-CHAP settings are `host_auth` (auth.host_settings(config)),
+        read at each admin Connect and re-authentication."""
+        self.config = config
+        self.host_auth = host_auth
+        new_subs = {s.nqn: s for s in config.subsystems}
+        for nqn, sub in self.subsystems.items():
+            cfg = new_subs.get(nqn)
+            if cfg is None:
+                continue
+            sub.rebind(cfg)
+            for ns in sub.namespaces.values():
+                n = cfg.namespace(ns.nsid)
+                if n is not None:
+                    ns.config = n
+                self.qos.configure(ns)  # its QoS limits as the config now says (engine/qos.py)
+        for portid, handler in self._port_handlers.items():
+            port = config.port(portid)
+            if port is not None:
+                handler.ctx.port = port
+
+    def discovery_views(self) -> Dict[int, List[bytes]]:
+        """What the discovery log of each connected discovery controller lists now, for discovery_changed."""
+        return {id(c): _discovery_view(self, c) for c in self.discovery.controllers.values()
+                if c.admin_queue is not None}
+
+    def discovery_changed(self, before: Dict[int, List[bytes]], listings_changed: bool = False) -> None:
+        """After a change: each connected discovery controller whose log differs from `before` (discovery_views)
+        gets a Discovery Log Page Change notice if it enabled it (nvmet_port_disc_changed); the log's generation
+        counter moves on once if any log differs, or if `listings_changed` (what discovery lists changed for
+        some host, even if none is connected now)."""
+        changed = False
+        for ctrl in list(self.discovery.controllers.values()):
+            if ctrl.admin_queue is None or ctrl.dead:
+                continue
+            if before.get(id(ctrl)) != _discovery_view(self, ctrl):
+                if not changed:
+                    self.genctr += 1
+                    changed = True
+                ctrl.add_event(A.AEN_CFG_DISC_CHANGE,
+                               A.aer_result(A.AER_TYPE_NOTICE, A.AER_NOTICE_DISC_CHANGED, A.LID_DISCOVERY))
+                self.deliver_events(ctrl)
+        if not changed and listings_changed:
+            self.genctr += 1
+
+
+def _retire_quietly(nqn: str, ns: Namespace) -> None:
+    try:
+        ns.retire()
+    except Exception as exc:
+        log.error("%s: closing namespace %d: %s", nqn, ns.nsid, exc)
+
+
+def _discovery_view(target, ctrl) -> List[bytes]:
+    return [e.pack() for e in discovery_entries(target, ctrl)]
