@@ -1,7 +1,7 @@
 """Live changes to a running userspace target: plan the difference between two configs, then apply it.
 
 Every change -- an RPC on the control socket, or a reload of the config file (SIGHUP) -- is expressed as a
-new `TargetConfig`, validated by the one config loader (config.py), and applied here:
+new `TargetConfig`, validated by the one config loader (config/), and applied here:
 
     plan(old, new)        the list of `Change`s, or ConfigError for a difference that cannot be made live
                           (a port's queue size, a subsystem's serial...: those need a restart)

@@ -110,7 +110,6 @@ class Control:
         self.target = target
         # --persist (or nvmeof_roce.persist): every accepted change is written to config_path (docs/target.md)
         self.persist = persist
-        self.ana_changed: Optional[Callable[[], None]] = None  # serve.py: AnaControl.record (the state file)
         self.listeners = listeners
         self.config_path = config_path or target.config.source
         self.server = server
@@ -153,13 +152,8 @@ class Control:
             field = rpc_fields(exc.where) if rpc_fields else exc.where
             raise RpcError(exc.problem if field else str(exc), field or exc.where, exc.fix) from None
         if not dry_run:
-            self._after(changes)
             self.save_running()
         return [c.to_dict() for c in changes]
-
-    def _after(self, changes) -> None:
-        if self.ana_changed is not None and any(c.action == live.AnaState.action for c in changes):
-            self.ana_changed()
 
     def save_running(self) -> None:
         """With persist on: write the running config over the config file (atomic, 0600, fsynced: it may hold
@@ -657,7 +651,6 @@ class Control:
             raise RpcError(exc.problem, exc.where, exc.fix) from None
         if not dry_run:
             self.config_path = path
-            self._after(changes)
         return {"config": path, "dry_run": dry_run, "applied": not dry_run,
                 "changes": [c.to_dict() for c in changes]}
 

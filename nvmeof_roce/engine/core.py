@@ -100,7 +100,7 @@ class PortContext:
 
     @classmethod
     def for_port(cls, target: "Target", port: PortConfig) -> "PortContext":
-        # parsed (decimal or hex) and bounded by the loader: nvmeof_roce/config.py
+        # parsed (decimal or hex) and bounded by the loader: nvmeof_roce/config/
         inline = port.inline_data_size
         if inline is None or inline < 0:
             inline = target.default_in_capsule_size
@@ -182,9 +182,10 @@ class Target(EngineApi):
             for sub in self.subsystems.values():
                 sub.close()
             raise
-        self._admin_cmds: Dict[int, Handler] = admin.COMMANDS.handlers
-        self._discovery_cmds: Dict[int, Handler] = discovery.COMMANDS.handlers
-        self._io_cmds: Dict[int, Handler] = io.COMMANDS.handlers
+        # The command tables by opcode (engine/handlers.py); a test may install a copy with a vendor command.
+        self.admin_commands: Dict[int, Handler] = admin.COMMANDS.handlers
+        self.discovery_commands: Dict[int, Handler] = discovery.COMMANDS.handlers
+        self.io_commands: Dict[int, Handler] = io.COMMANDS.handlers
 
     # ------------------------------------------------------------------ public API
     @property
@@ -229,6 +230,18 @@ class Target(EngineApi):
         for sub in self.subsystems.values():
             out.extend(sub.controllers.values())
         return out
+
+    def queue_state(self, queue) -> Optional[QueueState]:
+        """The engine's state of a transport queue it was told about (None once it closed)."""
+        return self._queues.get(queue)
+
+    def queue_states(self) -> List[QueueState]:
+        """Every open queue's state, connected or still awaiting its NVMe Connect."""
+        return list(self._queues.values())
+
+    def port_ids(self) -> List[int]:
+        """The ports the engine has a handler for (opened at start or by `open_port`)."""
+        return sorted(self._port_handlers)
 
     def attach_loop(self, loop) -> None:
         """Give the target its event loop (with `watch(fd, callback)` and `unwatch(fd)`): from then on file and block
@@ -559,7 +572,7 @@ class Target(EngineApi):
             if not ctrl.ready:
                 return self.complete(req, S.CMD_SEQ_ERROR | S.DNR, location=LOC_OPCODE)
             if qs.qid == 0:
-                table = self._discovery_cmds if ctrl.is_discovery else self._admin_cmds
+                table = self.discovery_commands if ctrl.is_discovery else self.admin_commands
             else:
                 sub = ctrl.subsystem
                 if sub.holding:  # paused (api.py): it starts on resume; its capsule is valid only during this call
@@ -572,7 +585,7 @@ class Target(EngineApi):
                 ana_status = self.ana.io_status(ctrl.port.portid, ns.ana_grpid)
                 if ana_status:  # this path cannot serve the namespace now (nvmet_check_ana_state)
                     return self.complete(req, ana_status, location=LOC_NSID)
-                table = self._io_cmds
+                table = self.io_commands
             handler = table.get(opc)
             if handler is None:
                 return self.complete(req, S.INVALID_OPCODE | S.DNR, location=LOC_OPCODE)

@@ -56,7 +56,7 @@ def _connect_with_data(t: Target, req: Request, data) -> Outcome:
         return t.complete(req, S.CONNECT_FORMAT | S.DNR, location=LOC_CDW10)
     d = F.ConnectData.unpack(data)
     # The NQNs are the host's words: every log line and status shows them, so a control character (a newline
-    # forging a log line, a terminal escape) is escaped here, once.  A configured NQN has none (config.py),
+    # forging a log line, a terminal escape) is escaped here, once.  A configured NQN has none (config/loader.py),
     # so matching the allow-list is unchanged.
     d.hostnqn, d.subnqn = escape_controls(d.hostnqn), escape_controls(d.subnqn)
 

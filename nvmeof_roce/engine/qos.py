@@ -1,7 +1,7 @@
 """Per-namespace QoS limits (SPDK's `bdev_set_qos_limit`): token buckets refilled by the clock; commands
 over a limit are held, not failed, and started in arrival order when the tokens come back.
 
-A namespace's `nvmeof_roce.qos` (config.py QOS_LIMITS) gives up to four limits per second: commands
+A namespace's `nvmeof_roce.qos` (config/model.py QOS_LIMITS) gives up to four limits per second: commands
 (rw_ios_per_sec), MiB read and written (rw_mbytes_per_sec), MiB read (r_mbytes_per_sec), MiB written
 (w_mbytes_per_sec); 0 or absent is unlimited.  Each limit is a bucket of tokens:
 

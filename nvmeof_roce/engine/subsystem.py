@@ -1,4 +1,4 @@
-"""Subsystems and namespaces of the userspace target (built from nvmeof_roce/config.py).
+"""Subsystems and namespaces of the userspace target (built from the config: nvmeof_roce/config/).
 
 A subsystem has a lifecycle, as SPDK's `spdk_nvmf_subsystem_state`, checked like the controller's and the queue's
 (every change goes through `Subsystem.enter`, which raises on an edge the table does not have):

@@ -408,7 +408,7 @@ def _close_socket(sock: socket.socket, path: str) -> None:
 
 
 def supervise(args) -> int:
-    from ..transport.rdma.queue import require_pyverbs
+    from ..transport.rdma.verbs import require_pyverbs
     from ..control.protocol import default_socket_path
     require_pyverbs()  # one clear error here rather than one per worker
     n = workers_requested(args)

@@ -13,7 +13,7 @@ def controller_of(env, cqe):
 
 
 def queue_state(env, q: RawQueue):
-    return env.target._queues[q.transport._conn.target]
+    return env.target.queue_state(q.transport._conn.target)
 
 
 def test_enable_reset_and_shutdown_walk_the_kernel_states(env):
@@ -88,5 +88,5 @@ def test_queue_lifecycle_connecting_refused_live_closed(env):
     with pytest.raises(IllegalQueueTransition):
         qs.enter(QueueLifecycle.LIVE)
     _, cqe = raw_connect(env.connector(), SUB_RAM)
-    live = [s for s in env.target._queues.values() if s.state is QueueLifecycle.LIVE]
+    live = [s for s in env.target.queue_states() if s.state is QueueLifecycle.LIVE]
     assert cqe.status == 0 and len(live) == 1 and live[0].ctrl is not None

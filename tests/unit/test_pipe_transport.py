@@ -200,7 +200,7 @@ def test_the_full_command_set_runs_through_the_core_on_a_third_transport(pipe):
     target, loop, connector = pipe
     ctrl = Controller.connect(connector, SUB, hostnqn=HOST, num_io_queues=1, timeout=2.0)
     # every queue the core holds runs on the pipe's entry
-    assert {qs.ops.trtype for qs in target._queues.values()} == {"pipe"}
+    assert {qs.ops.trtype for qs in target.queue_states()} == {"pipe"}
     # Identify follows the entry's flags: keyed SGLs, no in-capsule data (so the host sends none)
     idc = ctrl.identify_controller()
     assert idc.sgls & I.SGLS_KEYED and not idc.sgls & I.SGLS_OFFSET

@@ -27,8 +27,8 @@ def io_queue(env: Env) -> RawQueue:
 
 
 def with_vendor_handler(env: Env, handler) -> None:
-    env.target._io_cmds = dict(env.target._io_cmds)  # a copy: the module's table is shared
-    env.target._io_cmds[VENDOR_OPC] = handler
+    env.target.io_commands = dict(env.target.io_commands)  # a copy: the module's table is shared
+    env.target.io_commands[VENDOR_OPC] = handler
 
 
 def test_move_allows_the_lifecycle_edges_and_raises_on_any_other():
@@ -78,7 +78,7 @@ def test_a_handler_without_an_outcome_is_answered_internal_error_and_frees_its_s
     env = Env(standard_config())
     with_vendor_handler(env, lambda t, req: None)  # a missing branch: neither completes, fetches nor holds
     q = io_queue(env)
-    qs = env.target._queues[q.transport._conn.target]
+    qs = env.target.queue_state(q.transport._conn.target)
     before = qs.active
     with caplog.at_level(logging.ERROR, "nvmeof_roce.engine.core"):
         cqe = q.command(SQE(opc=VENDOR_OPC, nsid=1))
@@ -100,8 +100,8 @@ def test_every_handler_returns_an_outcome_on_the_paths_the_host_reaches(env):
             return outcome
         return wrapped
 
-    env.target._admin_cmds = {op: wrap(h) for op, h in admin.COMMANDS.handlers.items()}
-    env.target._io_cmds = {op: wrap(h) for op, h in io.COMMANDS.handlers.items()}
+    env.target.admin_commands = {op: wrap(h) for op, h in admin.COMMANDS.handlers.items()}
+    env.target.io_commands = {op: wrap(h) for op, h in io.COMMANDS.handlers.items()}
     ctrl = env.connect(SUB_RAM)
     ctrl.write(1, 0, bytes(range(256)) * 4)
     assert ctrl.read(1, 0, 2) == bytes(range(256)) * 4
@@ -124,8 +124,8 @@ def test_the_effects_log_lists_exactly_the_handled_opcodes(env):
     ctrl.close()
     supported_admin = {op for op, value in effects.admin.items() if value & L.EFFECT_CSUPP}
     supported_io = {op for op, value in effects.io.items() if value & L.EFFECT_CSUPP}
-    assert supported_admin == set(admin.COMMANDS.handlers) == set(env.target._admin_cmds)
-    assert supported_io == set(io.COMMANDS.handlers) == set(env.target._io_cmds)
+    assert supported_admin == set(admin.COMMANDS.handlers) == set(env.target.admin_commands)
+    assert supported_io == set(io.COMMANDS.handlers) == set(env.target.io_commands)
     # what each declares: the commands that change the medium say so (LBCC)
     for op, declared in io.COMMANDS.effects.items():
         assert effects.io[op] == declared

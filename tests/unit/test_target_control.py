@@ -278,7 +278,7 @@ def test_a_port_that_cannot_listen_leaves_the_target_unchanged(env):
     err = rpc_error(control, "nvmf_subsystem_add_listener", {"nqn": SUB_RAM, "listen_address": {
         "trtype": "rdma", "traddr": "10.99.0.4", "trsvcid": "4420"}})
     assert err.field.startswith("ports[") and "restart" in err.fix
-    assert snapshot(env.target) == before and 3 not in env.target._port_handlers
+    assert snapshot(env.target) == before and 3 not in env.target.port_ids()
 
 
 # --------------------------------------------------------------------------------------- discovery

@@ -436,7 +436,7 @@ def test_cm_rejects(env):
     # the 56 bytes a RoCE CONNECT_REQUEST carries are fine
     q = c.connect_raw(cm.CmConnectRequest().pack() + bytes(24))
     assert q.qid == 0 and q.crqsize == 32
-    assert not env.target._queues or all(not qs.closed for qs in env.target._queues.values())
+    assert all(not qs.closed for qs in env.target.queue_states())
 
 
 def test_port_queue_size_parameter_sets_mqes():
@@ -641,7 +641,7 @@ def test_unexpected_exception_becomes_internal_error(env, ctrl, monkeypatch):
     monkeypatch.setattr(ns.backend, "read_into", broken)
     assert q.command(read_cmd(q)).status == S.INTERNAL | S.DNR  # a bug in the backend is the target's fault
     assert env.target.internal_errors == 1
-    monkeypatch.setattr(env.target, "_io_cmds", {0x02: lambda t, r: 1 / 0})
+    monkeypatch.setattr(env.target, "io_commands", {0x02: lambda t, r: 1 / 0})
     assert q.command(read_cmd(q)).status == S.INTERNAL | S.DNR
     assert env.target.internal_errors == 2
     env.target.internal_errors = 0  # expected here; the fixture checks for none

@@ -413,7 +413,7 @@ def test_kato_expiry_frees_the_controller_and_its_cntlid(env):
             q.transport.poll(0)
     with pytest.raises(TransportError):
         ctrl.read(1, 0, 1)
-    assert not env.target._queues  # every queue of the controller is gone
+    assert not env.target.queue_states()  # every queue of the controller is gone
     # the subsystem still works for a new association
     again = env.connect(SUB_RAM)
     again.write(1, 0, bytes(512))

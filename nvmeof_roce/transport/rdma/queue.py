@@ -23,7 +23,6 @@ from ..resources import PoolShare
 from .memory import RegisteredMemory
 from .requests import RequestBook, TxRequest
 from .verbs import ADMIN_CAPSULE, PYVERBS_ERROR, RESPONSE_SIZE, SEND_WR_BASE, create_with_fd, eagain
-from .verbs import require_pyverbs  # noqa: F401  (service/workers.py imports it from here)
 
 if PYVERBS_ERROR is None:
     from .verbs import (CQ, QP, SGE, CompChannel, ConnParam, PyverbsRDMAError, QPCap, QPEx, QPInitAttr,
