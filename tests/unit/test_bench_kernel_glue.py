@@ -59,7 +59,7 @@ def test_rdma_cm_id_listing_from_the_lab():
 
 
 def test_the_configs_follow_the_project_schema():
-    """Both exports are valid configs of the one schema the targets read (config.py)."""
+    """Both exports are valid configs of the one schema the targets read (nvmeof_roce/config/)."""
     u = parse_config(userspace_config("10.99.0.1", 4421, "nqn.2014-08.org.nvmeof-roce:bench-userspace", 256),
                      source="userspace")
     assert u.ports[0].trsvcid == 4421 and u.subsystems[0].namespaces[0].backend == "ram"

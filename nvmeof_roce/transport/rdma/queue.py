@@ -126,7 +126,7 @@ class RdmaTargetQueue(TargetQueue):
     wr_set_inline_data, wr_complete), so bookworm's leaking SGE and SendWR destructors are never reached per
     command.  The response is inline (no response slot to keep); in one completion poll every receive is
     re-posted first and the responses then go out in one wr_start..wr_complete (one doorbell), data WRITEs
-    unsignaled and chained before their SEND, SENDs signaled selectively (rdma_requests.py).
+    unsignaled and chained before their SEND, SENDs signaled selectively (requests.py).
     Completions are polled with CQ.poll: pyverbs 44's extended CQ cannot be armed on a completion channel
     (no req_notify), and a target must sleep until work arrives.
     """
