@@ -31,6 +31,7 @@ from typing import Iterator, Optional
 
 from ..errors import NvmeofError
 from ..config import ConfigError, NamespaceConfig
+from ..config.devices import empty_block_device, in_system_tree, missing_device
 
 log = logging.getLogger(__name__)
 
@@ -308,6 +309,8 @@ class FileBackend(Backend):
         try:
             st = os.stat(path)
         except FileNotFoundError:
+            if in_system_tree(path):  # never a file on devtmpfs, sysfs or procfs: the device is missing
+                raise BackendError(*missing_device(path)) from None
             if create_size is None:
                 raise BackendError(f"{path}: no such file",
                                    f"create it (truncate -s 1G {path}), or set nvmeof_roce.size so the "
@@ -341,6 +344,8 @@ class FileBackend(Backend):
                     log.warning("%s exists with %d bytes; nvmeof_roce.size %d is only used to create it",
                                 path, size, create_size)
             self.block_size = block_size
+            if size == 0 and self.is_block:
+                raise BackendError(*empty_block_device(path))
             if size == 0:
                 raise BackendError(f"{path}: is empty (0 bytes)",
                                    f"give it a size (truncate -s 1G {path}) or remove it and set nvmeof_roce.size")

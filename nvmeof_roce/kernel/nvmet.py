@@ -22,6 +22,7 @@ import stat
 import tempfile
 from typing import List, Optional
 
+from ..config.devices import in_system_tree, missing_device
 from ..errors import NvmeofError
 from ..nvme.command import NSID_MAX
 from ..transport.registry import FABRICS, fabric
@@ -204,6 +205,9 @@ def _enable_failure(root: "Root", nsdir: str, exc: OSError, field: str) -> Nvmet
     if not path:
         return NvmetError(f"{what}: cannot enable, device_path is empty{where}",
                           "set device.path to a file or block device first")
+    if (exc.errno == errno.ENOENT or not os.path.exists(path)) and in_system_tree(path):
+        problem, fix = missing_device(path)
+        return NvmetError(f"{what}: cannot enable, {problem}{where}", fix)
     if exc.errno == errno.ENOENT or not os.path.exists(path):
         return NvmetError(f"{what}: cannot enable, {path} does not exist{where}",
                           f"create it (truncate -s 1G {path}, or a loop/null_blk device) or fix device.path")

@@ -20,6 +20,7 @@ from ..output import emit, table
 from ..engine import auth
 from ..engine.backends import BackendError, open_backend
 from ..engine.ioengine import choose_engine
+from ..config.devices import in_system_tree
 from ..config import ConfigError, ConfigErrors, TargetConfig, load_userspace_config, raise_all
 from .serve import register_serve
 
@@ -66,7 +67,8 @@ def _open_namespace(config: TargetConfig, where: str, ns) -> dict:
         # the loader checked the size against the block count and the machine's memory; never allocate here
         info["blocks"] = ns.size_bytes // ns.block_size
         return info
-    if ns.backend == "file" and ns.path and not os.path.exists(ns.path) and ns.size_bytes:
+    if (ns.backend == "file" and ns.path and not os.path.exists(ns.path) and ns.size_bytes
+            and not in_system_tree(ns.path)):  # a missing device is never created: opening it says so
         info["note"] = f"will be created ({ns.size_bytes} bytes)"  # check never creates files
         info["blocks"] = ns.size_bytes // ns.block_size
         return info

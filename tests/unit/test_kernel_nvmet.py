@@ -424,3 +424,13 @@ def test_an_empty_passthru_entry_is_not_a_passthru_subsystem(env):
     cfg["subsystems"][0]["passthru"] = [{"device": {"path": "/dev/nvme0"}, "enable": 1}]
     with pytest.raises(NvmetError, match="passthru subsystems are not supported"):
         applymod.apply(env["root"], parse_config(cfg, "passthru.json"))
+
+
+def test_a_missing_device_under_dev_is_not_advised_a_truncate(env):
+    data = two_subsystems(env["dev"])
+    missing = "/dev/nvmeof-roce-test-missing-n1"
+    data["subsystems"][0]["namespaces"][0]["device"]["path"] = missing
+    with pytest.raises(NvmetError) as ei:
+        apply_dict(env["root"], data)
+    assert f"cannot enable, {missing}: no such device" in ei.value.message
+    assert "truncate" not in ei.value.fix and "/dev/disk/by-id" in ei.value.fix
