@@ -19,7 +19,7 @@ from .model import (ADRFAMS, ANA_GRPID_MAX, ANA_STATES, BACKENDS, BLOCK_SIZES, C
                     NS_QUEUE_DEPTHS, PORTID_MAX, QOS_LIMITS, QOS_MAX, TREQS, TRTYPES, USERSPACE_KEY, UUID_RE,
                     WORKER_KEYS, AnaGroupConfig, HostConfig, NamespaceConfig, PortConfig, ReferralConfig,
                     SubsystemConfig, TargetConfig, namespace_uuid, parse_flag, parse_size, subsystem_serial,
-                    validate_nqn, validate_subsystem_nqn)
+                    validate_host_nqn, validate_nqn, validate_subsystem_nqn)
 
 
 class _Ctx:
@@ -318,7 +318,7 @@ def _parse_host(ctx: "_Ctx", h: Any, where: str, seen: dict) -> HostConfig:
     problems.soft(ctx.unknown, h, _HOST_KEYS, where)
     if "nqn" not in h:
         problems.fatal(ctx.err(where, "missing 'nqn'", 'add "nqn": HOSTNQN (nvme gen-hostnqn makes one)'))
-    nqn = problems.soft(validate_nqn, h["nqn"], ctx.source, f"{where}.nqn")
+    nqn = problems.soft(validate_host_nqn, h["nqn"], ctx.source, f"{where}.nqn")
     if nqn is None:
         problems.done()
     if nqn in seen:
@@ -359,7 +359,7 @@ def _parse_subsystem(ctx: _Ctx, s: Any, where: str, hosts: set, errors: Optional
     allowed = []
     for j, h in enumerate(problems.soft(ctx.list_at, s.get("allowed_hosts"), f"{where}.allowed_hosts", default=[])):
         hw = f"{where}.allowed_hosts[{j}]"
-        if problems.soft(validate_nqn, h, ctx.source, hw) is None:
+        if problems.soft(validate_host_nqn, h, ctx.source, hw) is None:
             continue
         if h not in hosts:
             problems.add(ctx.err(hw, f"host {h!r} is not in the top-level 'hosts' list",
@@ -556,7 +556,7 @@ def _parse_namespace(ctx: _Ctx, n: Any, where: str, subsys_nqn: str) -> Namespac
         vw = f"{where}.{USERSPACE_KEY}.visible_hosts"
         visible_hosts = []
         for k, h in enumerate(ctx.list_at(us["visible_hosts"], vw)):
-            host = validate_nqn(h, ctx.source, f"{vw}[{k}]")
+            host = validate_host_nqn(h, ctx.source, f"{vw}[{k}]")
             if host in visible_hosts:
                 raise ctx.err(f"{vw}[{k}]", f"host {host} is listed twice", "list each host once")
             visible_hosts.append(host)

@@ -115,6 +115,22 @@ def validate_subsystem_nqn(nqn: Any, source: str = "", where: str = "nqn") -> st
     return nqn
 
 
+def host_nqn_problem(nqn: Any) -> Optional[str]:
+    """Why `nqn` cannot name a host (hosts[].nqn, allowed_hosts, visible_hosts), or None.  nvmet's configfs and
+    nvmetcli take any directory name as a host, as for a subsystem (nvmetcli's examples name theirs `hostnqn`);
+    the host then connects with that name as its host NQN (nvme connect --hostnqn)."""
+    return subsystem_nqn_problem(nqn)
+
+
+def validate_host_nqn(nqn: Any, source: str = "", where: str = "nqn") -> str:
+    """A host's name as nvmet takes it (host_nqn_problem), else a ConfigError naming the field."""
+    problem = host_nqn_problem(nqn)
+    if problem:
+        raise ConfigError(source, where, problem, "use the host's NQN (nvme gen-hostnqn makes one; "
+                          "/etc/nvme/hostnqn holds the host's own), or a plain name without whitespace, '/' or ','")
+    return nqn
+
+
 def validate_nqn(nqn: Any, source: str = "", where: str = "nqn") -> str:
     problem = nqn_problem(nqn)
     if problem:

@@ -5,7 +5,7 @@ import os
 from ..config import load_config
 from ..output import add_json_option as _add_json, emit
 from . import apply as applymod
-from .nvmet import DEFAULT_SAVE_FILE, NVMET_ROOT, Root, save_json
+from .nvmet import DEFAULT_SAVE_FILE, NVMET_ROOT, NvmetError, Root, save_json
 from .nvmet_hosts import DEBUGFS_NVMET, NOT_EXPOSED, connected_hosts
 
 
@@ -15,14 +15,41 @@ def _root(args) -> Root:
 
 
 
+def _missing_devices(cfg) -> list:
+    """What the kernel would take in the file but not enable: namespaces whose device is not on this machine."""
+    warnings = []
+    for i, s in enumerate(cfg.subsystems):
+        for j, ns in enumerate(s.namespaces):
+            if ns.enabled and ns.path and not os.path.exists(ns.path):
+                warnings.append(f"subsystems[{i}].namespaces[{j}].device.path: {ns.path} does not exist here; "
+                                "the kernel takes the namespace but cannot enable it until it does")
+    return warnings
+
+
 def cmd_nvmet_apply(args):
     cfg = load_config(args.file)
-    root = _root(args)
     desired = applymod.kernel_dict(cfg)
-    steps = applymod.plan(root.dump(), desired, prune=args.prune)
+    offline = ""
+    try:
+        root = _root(args)
+        current = root.dump()
+    except NvmetError as exc:
+        if not args.dry_run:
+            raise
+        # the offline check of a kernel config: no kernel target here, so the plan is against an empty one
+        offline, current = exc.message, {"hosts": [], "ports": [], "subsystems": []}
+    steps = applymod.plan(current, desired, prune=args.prune)
     if args.dry_run:
-        emit({"file": args.file, "dry_run": True, "steps": [s.to_dict() for s in steps]}, args.json,
-             lambda r: print("\n".join(str(s) for s in steps) if steps else "nothing to change"))
+        warnings = _missing_devices(cfg)
+
+        def text(_r):
+            if offline:
+                print(f"offline: {offline}; planned against an empty kernel target")
+            print("\n".join(str(s) for s in steps) if steps else "nothing to change")
+            for w in warnings:
+                print(f"warning: {w}")
+        emit({"file": args.file, "dry_run": True, "offline": bool(offline), "offline_reason": offline,
+              "warnings": warnings, "steps": [s.to_dict() for s in steps]}, args.json, text)
         return 0
     done = applymod.execute(root, steps)
     emit({"file": args.file, "dry_run": False, "steps": [s.to_dict() for s in done]}, args.json,
@@ -133,7 +160,8 @@ def register(subparsers) -> None:
     sub.required = True
     a = sub.add_parser("apply", help="make the kernel match FILE: create, change and remove only what differs")
     a.add_argument("file", metavar="FILE")
-    a.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    a.add_argument("--dry-run", action="store_true", help="print the plan, change nothing; without a kernel target here (no "
+                   "configfs or nvmet), the offline check of FILE: planned against an empty target")
     a.add_argument("--no-prune", dest="prune", action="store_false",
                    help="do not remove subsystems, ports or hosts that FILE does not name")
     _add_json(a)
