@@ -15,6 +15,7 @@ Every filesystem access goes through a `ConfigFS` object, so tests run this code
 tree with the kernel's rules (tests/unit/fake_nvmet.py); the root path is injectable too.
 """
 import errno
+import ipaddress
 import json
 import logging
 import os
@@ -810,3 +811,43 @@ def save_json(data: dict, path: str) -> None:
             os.close(dfd)
     except OSError:
         pass
+
+
+# --------------------------------------------------------------------------- beside the userspace target
+
+_ANY_ADDRESS = ("", "0.0.0.0", "::")
+
+
+def _same_address(a: str, b: str) -> bool:
+    """Whether two traddrs meet in one listener: equal, or either one is the any-address."""
+    if a in _ANY_ADDRESS or b in _ANY_ADDRESS:
+        return True
+    try:
+        return ipaddress.ip_address(a) == ipaddress.ip_address(b)
+    except ValueError:
+        return a == b
+
+
+def kernel_port_holding(trtype: str, traddr: str, trsvcid: str, path: Optional[str] = None,
+                        fs: Optional[ConfigFS] = None) -> Optional[dict]:
+    """The kernel target's port that listens on trtype traddr:trsvcid, as {"portid", "traddr", "trsvcid",
+    "subsystems", "path"}, or None.  The kernel listens on a port once a subsystem is linked to it; only the same
+    transport meets (RDMA and TCP ports live in different port spaces).  No kernel target here (configfs not
+    mounted, nvmet not loaded): None, and nothing is loaded to look."""
+    path = (path or NVMET_ROOT).rstrip("/")
+    fs = fs or ConfigFS()
+    if not fs.isdir(path):
+        return None
+    root = Root(path, fs=fs, load_modules=False)
+    for port in root.ports:
+        try:
+            if not port.has_attr("addr", "trtype") or port.get_attr("addr", "trtype") != trtype:
+                continue
+            theirs = port.get_attr("addr", "traddr"), port.get_attr("addr", "trsvcid")
+            subsystems = port.subsystems
+        except NvmetError:
+            continue  # removed while read
+        if subsystems and str(theirs[1]) == str(trsvcid) and _same_address(theirs[0], traddr):
+            return {"portid": port.portid, "traddr": theirs[0], "trsvcid": theirs[1], "subsystems": subsystems,
+                    "path": port.path}
+    return None

@@ -135,6 +135,7 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
           rpc_socket: Optional[str] = "", metrics: Optional[str] = None, persist: Optional[bool] = None,
           data_path: Optional[str] = None, poll: str = POLL.default, cores: int = CORES.default) -> int:
     config = load_userspace_config(path)  # the same loader and checks as `target check`
+    refuse_kernel_ports(config, listen_portids)
     if worker is not None and not rpc_socket:
         rpc_socket = None  # a worker answers only on the socket its supervisor gives it (RUN_DIR/worker-I.sock)
     socket_path, bound = bind_control_socket(path, rpc_socket)
@@ -183,6 +184,24 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
             signal.signal(sig, handler)
     print("nvmeof-roce target: stopped", flush=True)
     return 0
+
+
+def refuse_kernel_ports(config: TargetConfig, listen_portids: Optional[List[int]] = None) -> None:
+    """Both targets run on one machine; only an address both want is a conflict: a port of `config` whose RDMA
+    address:port a kernel target's port listens on is refused, naming that port."""
+    from ..kernel.nvmet import kernel_port_holding
+    for i, port in enumerate(config.ports):
+        if not registry.serves(port.trtype) or (listen_portids is not None and port.portid not in listen_portids):
+            continue
+        held = kernel_port_holding(port.trtype, port.traddr, port.trsvcid_str)
+        if held:
+            raise NvmeofError(
+                f"{config.source}: ports[{i}] ({port.trtype} {port.traddr}:{port.trsvcid_str}): the kernel target "
+                f"(nvmet) listens there: its port {held['portid']} ({held['traddr']}:{held['trsvcid']}, "
+                f"subsystems {', '.join(held['subsystems'])})",
+                f"give this port another trsvcid (e.g. {int(port.trsvcid_str) + 1}) or address, or take the "
+                f"kernel's port down (unlink its subsystems in {held['path']}/subsystems, or `nvmeof-roce nvmet "
+                "apply` a config without it)")
 
 
 DATA_PATHS = ("python", "native")

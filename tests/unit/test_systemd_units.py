@@ -16,7 +16,7 @@ def test_units_say_what_the_issue_asks():
     target = render("nvmeof-roce-target@.service", "/opt/x/nvmeof-roce")
     lines = target.splitlines()
     for line in ("Type=notify", "NotifyAccess=main", "LimitMEMLOCK=infinity", "Restart=on-failure",
-                 "Conflicts=nvmet.service", "RuntimeDirectory=nvmeof-roce/%i",
+                 "RuntimeDirectory=nvmeof-roce/%i",
                  "ExecReload=/opt/x/nvmeof-roce target reload --socket /run/nvmeof-roce/%i/control.sock",
                  "ExecStart=/opt/x/nvmeof-roce target serve /etc/nvmeof-roce/%i.json --run-dir /run/nvmeof-roce/%i "
                  "--rpc-socket /run/nvmeof-roce/%i/control.sock --persist",
