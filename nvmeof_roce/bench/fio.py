@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Union
 
+from .. import shipped
 from ..errors import NvmeofError, ToolMissing
 
 log = logging.getLogger(__name__)
@@ -35,8 +36,8 @@ DIRECTIONS = ("read", "write", "trim", "mixed")
 
 
 def default_jobs_dir() -> Path:
-    """`fio-jobs/` at the top of the checkout (the package lives next to it)."""
-    return Path(__file__).resolve().parents[2] / "fio-jobs"
+    """`fio-jobs/` of the checkout, or the copy an installed wheel carries (nvmeof_roce.shipped)."""
+    return shipped("fio-jobs")
 
 
 @dataclass(frozen=True)

@@ -108,7 +108,8 @@ def select_jobs(names: Optional[str], jobs_dir: Optional[Path] = None) -> List[J
     if not names or names.strip() == "all":
         chosen = [j for j in jobs.values() if j.kind == "fio" and not j.params.get("sweep")]
         if not chosen:
-            raise NvmeofError("no fio job files found", "put *.fio files in fio-jobs/ or pass --jobs-dir")
+            raise NvmeofError("no fio job files found", f"put *.fio files in {jobs_dir or default_jobs_dir()} or pass "
+                              "--jobs-dir")
         return chosen
     out = []
     for name in [n.strip() for n in names.split(",") if n.strip()]:
@@ -130,7 +131,7 @@ def qd_sweep_jobs(jobs_dir: Optional[Path] = None) -> List[JobSpec]:
     missing = [n for n in names if n not in jobs]
     if missing:
         raise NvmeofError(f"the QD sweep's job files are missing: {', '.join(missing)}",
-                          f"run from a checkout of nvmeof-roce (fio-jobs/{QD_SWEEP_DIR}/), or pass --jobs-dir")
+                          f"restore them in {jobs_dir or default_jobs_dir()}/{QD_SWEEP_DIR}/, or pass --jobs-dir")
     return [jobs[n] for n in names]
 
 

@@ -12,6 +12,7 @@ import stat
 from typing import Any, List, Optional
 
 from ..transport.registry import fabric
+from .. import shipped
 from ..tunables import QID_MAX, TARGET_SETTINGS
 from .errors import ConfigError, raise_all
 from .model import (ADRFAMS, ANA_GRPID_MAX, ANA_STATES, BACKENDS, BLOCK_SIZES, CNTLID_MAX, DEFAULT_MODEL,
@@ -36,7 +37,8 @@ class _Ctx:
             return {}
         if not isinstance(value, dict):
             raise self.err(where or "(top level)", f"must be an object, got {type(value).__name__} {value!r}",
-                           "write it as a JSON object {...} (see targets/*.json)")
+                           "write it as a JSON object {...} (see the examples in "
+                           f"{shipped('targets')})")
         return value
 
     def list_at(self, value: Any, where: str) -> list:
@@ -44,7 +46,8 @@ class _Ctx:
             return []
         if not isinstance(value, list):
             raise self.err(where, f"must be a list, got {type(value).__name__} {value!r}",
-                           "write it as a JSON list [...] (see targets/*.json)")
+                           "write it as a JSON list [...] (see the examples in "
+                           f"{shipped('targets')})")
         return value
 
     def int_at(self, value: Any, where: str, lo: int, hi: int, hexrange=False) -> int:
@@ -142,7 +145,7 @@ MAX_CONFIG_DEPTH = 32
 def _read_json(path):
     """The JSON document of a config file, or ConfigError naming what is wrong with the file itself."""
     source = str(path)
-    fix_path = ("check the path; example configs are in targets/ "
+    fix_path = (f"check the path; example configs are in {shipped('targets')} "
                 "(nvmeof-roce nvmet save FILE writes the kernel's current config)")
     try:
         # O_NONBLOCK: a FIFO or a device node in the config's place must not block a running target's reload

@@ -275,3 +275,28 @@ def test_real_kernel_dump_loads_unchanged():
     assert cfg.to_dict() == raw
     assert len(cfg.subsystems) == 2 and len(cfg.ports) == 2
     assert any(n.buffered_io for s in cfg.subsystems for n in s.namespaces)
+
+
+def test_both_json_is_served_by_both_targets(tmp_path, capsys):
+    from nvmeof_roce import cli
+    from nvmeof_roce.kernel.apply import kernel_dict
+    data = json.loads((TARGETS / "both.json").read_text())
+    assert data["subsystems"][0]["namespaces"][0]["device"]["path"].startswith("/var/lib/nvmeof-roce/")
+    img = tmp_path / "both-ns1.img"
+    with open(img, "wb") as f:
+        f.truncate(1 << 20)
+    data["subsystems"][0]["namespaces"][0]["device"]["path"] = str(img)
+    path = tmp_path / "both.json"
+    path.write_text(json.dumps(data))
+    assert cli.main(["target", "check", str(path)]) == 0, capsys.readouterr()
+    capsys.readouterr()
+    assert kernel_dict(load_config(path))  # no key only the userspace target serves
+    code = cli.main(["nvmet", "--root", str(tmp_path / "none" / "nvmet"), "apply", "--dry-run", "--json", str(path)])
+    plan = json.loads(capsys.readouterr().out)
+    assert code == 0 and plan["offline"] and not plan["warnings"] and plan["steps"]
+
+
+def test_targets_readme_names_every_example():
+    readme = (TARGETS / "README.md").read_text()
+    for p in TARGETS.glob("*.json"):
+        assert f"`{p.name}`" in readme, p.name
