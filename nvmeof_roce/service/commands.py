@@ -1,19 +1,21 @@
 """`nvmeof-roce target ...`: commands for the userspace target.
 
-    nvmeof-roce target check CONFIG.json [CONFIG.json ...] [--json]
+    nvmeof-roce target check CONFIG.json [CONFIG.json ...] [--json] [--unit NAME]
 
 validates each config as the userspace target reads it (the same loader as
 `target serve`), opens every file namespace (without creating missing files),
 and prints the subsystems, namespaces and ports.  RAM and null namespaces are
 checked against the config only: nothing is allocated.  Every problem of a file
 is reported, each naming the file and the field; the exit code is 1 if any
-file has one.
+file has one.  With --unit NAME, the namespaces' paths are checked against the
+sandbox of the unit that serves the config as NAME (systemd/sandbox.py).
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from typing import Optional
 
 from ..errors import NvmeofError
 from ..output import emit, table
@@ -22,14 +24,28 @@ from ..engine.backends import BackendError, open_backend
 from ..engine.ioengine import choose_engine
 from ..config.devices import in_system_tree
 from ..config import ConfigError, ConfigErrors, TargetConfig, load_userspace_config, raise_all
+from ..systemd import DEFAULT_DEST, SHIPPED_EXECUTABLE, render
+from ..systemd.sandbox import TARGET_UNIT, load_sandbox, problems as sandbox_problems
 from .serve import register_serve
 
 
-def check_config(path: str) -> dict:
-    """Validate `path` and open its file backends; a summary dict, or ConfigError(s) naming file and field."""
+def check_config(path: str, unit: Optional[str] = None, unit_dir: str = DEFAULT_DEST) -> dict:
+    """Validate `path` and open its file backends; a summary dict, or ConfigError(s) naming file and field.
+    `unit`: also check its namespaces' paths against instance `unit` of the userspace target's unit as
+    installed in `unit_dir` (its sandbox: systemd/sandbox.py)."""
     config = load_userspace_config(path)
     auth.host_settings(config)  # DH-HMAC-CHAP keys parse, with known hashes and groups
-    return summarize(config)
+    sandbox_errors = []
+    if unit:
+        box = load_sandbox(unit, unit_dir, render(TARGET_UNIT, SHIPPED_EXECUTABLE))
+        sandbox_errors = [ConfigError(config.source, f.where, f.problem, f.fix)
+                          for f in sandbox_problems(config, box, unit, unit_dir)]
+    try:
+        summary = summarize(config)
+    except ConfigError as exc:
+        raise_all(sandbox_errors + list(getattr(exc, "errors", None) or [exc]))
+    raise_all(sandbox_errors)
+    return summary
 
 
 def summarize(config: TargetConfig) -> dict:
@@ -114,7 +130,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     failed = False
     for path in args.config:
         try:
-            results.append(check_config(path))
+            results.append(check_config(path, args.unit, args.unit_dir))
         except ConfigError as exc:
             failed = True
             errors = exc.errors if isinstance(exc, ConfigErrors) else [exc]
@@ -163,6 +179,11 @@ def register(subparsers) -> None:
                                             "print the subsystems, namespaces and ports; every problem is listed.")
     check.add_argument("config", metavar="CONFIG.json", nargs="+", help="one or more configs")
     check.add_argument("--json", action="store_true", help="print the result as JSON")
+    check.add_argument("--unit", metavar="NAME",
+                       help="also check the namespaces' paths against the sandbox of nvmeof-roce-target@NAME as "
+                            "installed (PrivateTmp, ProtectHome, ProtectSystem, DeviceAllow), naming the setting "
+                            "and the drop-in that fixes each")
+    check.add_argument("--unit-dir", default=DEFAULT_DEST, help=argparse.SUPPRESS)
     check.set_defaults(func=_cmd_check)
 
     register_serve(commands)  # `target serve` lives in serve.py

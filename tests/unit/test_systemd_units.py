@@ -40,8 +40,8 @@ def test_the_target_unit_is_rated_ok_by_systemd_analyze_security(tmp_path):
         pytest.skip("this systemd-analyze has no --offline (systemd < 252)")
     found = re.search(r"Overall exposure level for \S+: (\d+\.\d+) (\w+)", proc.stdout)
     assert found, proc.stdout + proc.stderr
-    # systemd's scale: < 2 SAFE, < 5 OK, < 7 MEDIUM, < 9 EXPOSED, else UNSAFE
-    assert float(found.group(1)) < 5.0 and found.group(2) in ("SAFE", "OK", "PERFECT"), found.group(0)
+    # systemd's scale: < 2 SAFE, < 5 OK, < 7 MEDIUM, < 9 EXPOSED, else UNSAFE; docs/operations.md gives 2.3
+    assert float(found.group(1)) <= 2.5 and found.group(2) in ("SAFE", "OK", "PERFECT"), found.group(0)
 
 
 def test_find_socket_knows_the_units_instance_directories(tmp_path, monkeypatch):
@@ -61,7 +61,7 @@ def test_install_units_and_systemd_analyze_verify(tmp_path, capsys):
     exe.write_text(f"#!/bin/sh\nexec {sys.executable} -m nvmeof_roce \"$@\"\n")
     exe.chmod(0o755)
     code = cli.main(["install-units", "--dest", str(tmp_path / "units"), "--executable", str(exe), "--no-reload",
-                     "--json"])
+                     "--config-dir", str(tmp_path / "no-configs"), "--json"])
     result = json.loads(capsys.readouterr().out)
     assert code == 0 and sorted(os.path.basename(u) for u in result["units"]) == sorted(UNITS)
     if not shutil.which("systemd-analyze"):
