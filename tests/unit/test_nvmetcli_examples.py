@@ -20,8 +20,11 @@ def run(capsys, *argv):
 
 
 def relocated(name: str, tmp_path: Path) -> Path:
-    """The example with its /dev/nvme0n1 replaced by a file here (this machine has no such SSD)."""
-    data = json.loads((EXAMPLES / f"{name}.json").read_text())
+    """The example with its /dev/nvme0n1 replaced by a file here (this machine has no such SSD).  nvmetcli has
+    no TCP example: "tcp" is rdma.json with a tcp port."""
+    data = json.loads((EXAMPLES / f"{'rdma' if name == 'tcp' else name}.json").read_text())
+    if name == "tcp":
+        data["ports"][0]["addr"]["trtype"] = "tcp"
     img = tmp_path / "nvme0n1.img"
     with open(img, "wb") as f:
         f.truncate(1 << 20)
@@ -73,8 +76,8 @@ def test_target_check_of_the_rdma_example_as_shipped_names_only_the_missing_devi
     assert "/dev/nvme0n1: no such device" in result["errors"][0]["error"]
 
 
-@pytest.mark.parametrize("name,trtype", [("loop", "loop"), ("fc", "fc")])
-def test_target_check_refuses_loop_and_fc_ports_with_the_reason(name, trtype, tmp_path, capsys):
+@pytest.mark.parametrize("name,trtype", [("loop", "loop"), ("fc", "fc"), ("tcp", "tcp")])
+def test_target_check_refuses_loop_fc_and_tcp_ports_with_the_reason(name, trtype, tmp_path, capsys):
     code, out, _ = run(capsys, "target", "check", "--json", relocated(name, tmp_path))
     result = json.loads(out)
     assert code == 1
