@@ -182,7 +182,7 @@ def test_add_then_remove_host_ends_its_controller(env, control):
     assert ctrl_a.read(1, 0, 1) == bytes(512)  # the other host is untouched
     err = rpc_error(control, "nvmf_subsystem_remove_host", {"nqn": SUB_ONLY_A, "host": HOST_B})
     assert err.field == "host"
-    err = rpc_error(control, "nvmf_subsystem_add_host", {"nqn": SUB_ONLY_A, "host": "not-an-nqn"})
+    err = rpc_error(control, "nvmf_subsystem_add_host", {"nqn": SUB_ONLY_A, "host": "nqn.not-an-nqn"})
     assert err.field == "host" and "NQN" in err.fix
     err = rpc_error(control, "nvmf_subsystem_add_host", {"nqn": SUB_RAM, "host": HOST_B})
     assert err.field == "nqn" and "allow_any_host" in err.fix
