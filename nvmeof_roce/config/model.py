@@ -106,13 +106,21 @@ def subsystem_nqn_problem(nqn: Any) -> Optional[str]:
     return nqn_problem(nqn)
 
 
-def validate_subsystem_nqn(nqn: Any, source: str = "", where: str = "nqn") -> str:
-    """A subsystem's name as nvmet takes it (subsystem_nqn_problem), else a ConfigError naming the field."""
+_PLAIN_NAME = "a plain name without whitespace, '/' or ',' (as nvmet's configfs takes)"
+
+
+def _configfs_name(nqn: Any, source: str, where: str, fix: str) -> str:
+    """`nqn` if configfs takes it as a subsystem's or a host's name (subsystem_nqn_problem), else a ConfigError
+    naming the field, with `fix`."""
     problem = subsystem_nqn_problem(nqn)
     if problem:
-        raise ConfigError(source, where, problem, "use an NQN like nqn.2014-08.org.example:storage1, or a plain "
-                          "name without whitespace, '/' or ',' (as nvmet's configfs takes)")
+        raise ConfigError(source, where, problem, fix)
     return nqn
+
+
+def validate_subsystem_nqn(nqn: Any, source: str = "", where: str = "nqn") -> str:
+    """A subsystem's name as nvmet takes it (subsystem_nqn_problem), else a ConfigError naming the field."""
+    return _configfs_name(nqn, source, where, f"use an NQN like nqn.2014-08.org.example:storage1, or {_PLAIN_NAME}")
 
 
 def host_nqn_problem(nqn: Any) -> Optional[str]:
@@ -124,11 +132,8 @@ def host_nqn_problem(nqn: Any) -> Optional[str]:
 
 def validate_host_nqn(nqn: Any, source: str = "", where: str = "nqn") -> str:
     """A host's name as nvmet takes it (host_nqn_problem), else a ConfigError naming the field."""
-    problem = host_nqn_problem(nqn)
-    if problem:
-        raise ConfigError(source, where, problem, "use the host's NQN (nvme gen-hostnqn makes one; "
-                          "/etc/nvme/hostnqn holds the host's own), or a plain name without whitespace, '/' or ','")
-    return nqn
+    return _configfs_name(nqn, source, where, "use the host's NQN (nvme gen-hostnqn makes one; /etc/nvme/hostnqn "
+                          f"holds the host's own), or {_PLAIN_NAME}")
 
 
 def validate_nqn(nqn: Any, source: str = "", where: str = "nqn") -> str:
