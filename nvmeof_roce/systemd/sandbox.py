@@ -204,7 +204,7 @@ def problems(config: TargetConfig, box: Sandbox, instance: str, drop_in_dir: str
         elif box.protect_system == "strict" and not under(path, box.writable()):
             directory = os.path.dirname(os.path.normpath(os.path.abspath(path)))
             found.append(Finding(where, path, f"{path}: ProtectSystem=strict makes {directory} read-only for the "
-                                 "unit", f"add ReadWritePaths={directory} in {drop_in} (nvmeof-roce install-units "
+                                 "unit", f"add ReadWritePaths=-{directory} in {drop_in} (nvmeof-roce install-units "
                                  f"writes it), or {move}", ("ReadWritePaths", directory)))
         elif box.protect_system in ("yes", "full") and under(path, ("/usr", "/boot", "/efi")
                                                             + (("/etc",) if box.protect_system == "full" else ())):
@@ -224,7 +224,8 @@ def drop_in_text(config: TargetConfig, source: str) -> str:
         elif under(path, PRIVATE_TMP_DIRS + HOME_DIRS) or under(path, box.writable()):
             continue
         else:
-            line = f"ReadWritePaths={os.path.dirname(os.path.normpath(os.path.abspath(path)))}"
+            # "-": a directory not made yet is skipped, not a unit that fails to start (the target then names it)
+            line = f"ReadWritePaths=-{os.path.dirname(os.path.normpath(os.path.abspath(path)))}"
         if line not in lines:
             lines.append(line)
     return (f"# Written by nvmeof-roce install-units for {source}: its block devices and the directories of its\n"

@@ -68,7 +68,7 @@ def test_a_file_outside_the_units_directories_needs_read_write_paths(tmp_path, c
     (err,) = result["errors"]
     assert "ProtectSystem=strict" in err["error"]
     drop_in = tmp_path / "units" / "nvmeof-roce-target@disk1.service.d" / "nvmeof-roce-paths.conf"
-    assert "ReadWritePaths=/srv/nvmeof-roce-test" in err["fix"] and str(drop_in) in err["fix"]
+    assert "ReadWritePaths=-/srv/nvmeof-roce-test" in err["fix"] and str(drop_in) in err["fix"]
 
 
 def test_the_state_directory_is_the_place_for_file_images(tmp_path, capsys):
@@ -90,7 +90,7 @@ def test_a_block_device_needs_device_allow_and_install_units_writes_it(tmp_path,
     drop_in = units / "nvmeof-roce-target@disk1.service.d" / "nvmeof-roce-paths.conf"
     assert code == 0 and str(drop_in) in installed["drop_ins"]
     lines = drop_in.read_text().splitlines()
-    assert f"DeviceAllow={dev} rw" in lines and "ReadWritePaths=/srv/nvmeof-roce-test" in lines
+    assert f"DeviceAllow={dev} rw" in lines and "ReadWritePaths=-/srv/nvmeof-roce-test" in lines
     code, result = check(capsys, path, units)
     # the sandbox lets both in now; what is left is the device itself (an unattached loop device is empty)
     assert not [e for e in result.get("errors", []) if "DevicePolicy" in e["error"] or "ProtectSystem" in e["error"]]
