@@ -138,6 +138,7 @@ logging.getLogger("nvmeof_roce").addHandler(Catch())
 def broken():
     raise OSError("deregistering the receive buffers failed")
 queue.recv_mem.close = broken
+server.loop.run_once(0)  # the Connect's send completion: no response is left to leave, the close is at once
 queue.close()
 assert queue not in listener.queues.values() and listener.cm_ids_destroyed == destroyed + 1
 assert queue.share.closed
@@ -228,3 +229,32 @@ print("ok")
 
 def test_a_completion_that_closes_the_queue_ends_the_poll_batch():
     run_child(CLOSED_MID_BATCH)
+
+
+DISCONNECT_IN_A_BATCH = CONNECT + r"""from nvmeof_roce.nvme import fabrics as F
+from nvmeof_roce.nvme.command import CQE
+host = ctrl.io_queues[0].transport
+buf = host.register(4096 * 8)
+end = host.end
+backend = server.target.subsystems[tc.SUBNQN].namespaces[1].backend
+reads = tc.read_capsules(8, buf.addr, buf.key)
+for capsule in reads:
+    end.send(capsule)
+end.send(F.DisconnectCommand(cid=100).to_sqe().pack())  # in the same receive poll as the reads
+for _ in range(5):
+    server.loop.run_once(0)
+cids = sorted(CQE.unpack(r).cid for r in end.responses)
+assert cids == list(range(8)) + [100], cids  # every Read answered, and the Disconnect
+assert all(CQE.unpack(r).status == 0 for r in end.responses)
+assert all(bytes(buf.view[i * 4096:(i + 1) * 4096]) == backend.read(i * 8 * 512, 4096) for i in range(8))
+assert queue.closed and end.disconnected  # then the queue closed
+assert queue not in listener.queues.values()
+server.close()
+print("ok")
+"""
+
+
+def test_responses_batched_before_a_disconnect_are_sent_before_the_queue_closes():
+    """Reads and a Disconnect in one receive poll: the Reads' responses and the Disconnect's own leave before the
+    queue closes (nvmet sends the Disconnect's response, then tears the queue down)."""
+    run_child(DISCONNECT_IN_A_BATCH)
