@@ -104,6 +104,7 @@ class NativeTargetQueue(TargetQueue):
         self.bounce: Optional[Region] = None
         self.ring_fd: Optional[int] = None
         self.closed = False
+        self.refused_post: Optional[ConnectionError] = None  # the C queue refused a post: it failed (flush closes)
         # Send queue as the RDMA transport sizes it (transport/rdma/queue.py): per command a READ, or a WRITE and a SEND,
         # twice over; the Python side's book gets a quarter of it (its commands are the rare ones).
         self.send_queue = 4 * self.depth + 8
@@ -261,9 +262,15 @@ class NativeTargetQueue(TargetQueue):
 
     # -- the book's Poster: everything goes through the C queue
 
+    # A poll group's thread may fail the queue (a failed work completion) before the loop has drained that
+    # failure: the C queue then refuses every post (ConnectionError).  Such a post is as good as flushed, as on a
+    # QP in error: the book's flush that follows closes the queue, which ends the request with an error.
     def post_read(self, req: TxRequest) -> None:
-        self.native.post_read(req.index, self.chunks.addr(req.chunk), self.chunks.region.lkey, req.length,
-                              req.addr, req.key)
+        try:
+            self.native.post_read(req.index, self.chunks.addr(req.chunk), self.chunks.region.lkey, req.length,
+                                  req.addr, req.key)
+        except ConnectionError as exc:
+            self.refused_post = exc
 
     def post_response(self, req: TxRequest) -> None:
         laddr = lkey = 0
@@ -272,10 +279,17 @@ class NativeTargetQueue(TargetQueue):
                 laddr, lkey = req.external
             else:
                 laddr, lkey = self.chunks.addr(req.chunk), self.chunks.region.lkey
-        self.native.post_response(req.index, req.cqe, req.signaled, laddr, lkey, req.length, req.addr, req.key,
-                                  -1 if req.invalidate is None else req.invalidate)
+        try:
+            self.native.post_response(req.index, req.cqe, req.signaled, laddr, lkey, req.length, req.addr, req.key,
+                                      -1 if req.invalidate is None else req.invalidate)
+        except ConnectionError as exc:
+            self.refused_post = exc
 
     def flush(self) -> None:
+        if self.refused_post is not None:
+            exc, self.refused_post = self.refused_post, None
+            log.warning("queue %d: the native queue failed (%s): closing the queue", self.qid, exc)
+            self.close(TransportError(f"queue {self.qid} failed: {exc}"))
         if not self.closed:
             self.native.flush()
 
