@@ -258,3 +258,22 @@ def test_responses_batched_before_a_disconnect_are_sent_before_the_queue_closes(
     """Reads and a Disconnect in one receive poll: the Reads' responses and the Disconnect's own leave before the
     queue closes (nvmet sends the Disconnect's response, then tears the queue down)."""
     run_child(DISCONNECT_IN_A_BATCH)
+
+
+LISTENER_CLOSED_WITH_A_RESPONSE_ON_THE_WIRE = CONNECT + r"""host = ctrl.io_queues[0].transport
+buf = host.register(4096)
+host.end.send(tc.read_capsules(1, buf.addr, buf.key)[0])
+server.loop.run_once(0)  # the Read answered; its send completion not polled yet
+assert queue.book.completing() == 1
+server.listeners.remove(listener)
+listener.close()  # the listener goes (its port's last subsystem unlinked): its queues with it, at once
+assert queue.closed and queue not in listener.queues.values(), (queue.closed, queue.closing)
+server.close()
+print("ok")
+"""
+
+
+def test_a_closing_listener_ends_its_queues_at_once_even_with_responses_on_the_wire():
+    """Only an orderly close of one queue waits for its responses' send completions; a listener that closes (the
+    target stopping, its port's last subsystem unlinked) ends its queues before it releases the memory they use."""
+    run_child(LISTENER_CLOSED_WITH_A_RESPONSE_ON_THE_WIRE)
