@@ -261,6 +261,17 @@ class AddHost(Change):
         super().__init__(nqn=nqn, host=host, text=f"{nqn}: allow host {host}")
 
 
+def _listen(run, port: PortConfig) -> None:
+    """Open `port`'s listener; a failure is a ConfigError naming the port."""
+    try:
+        run.listeners.open(run.target, port)
+    except ConfigError as exc:
+        raise ConfigError(run.new.source, _port_where(run.new, port.portid), exc.problem, exc.fix) from None
+    except Exception as exc:
+        raise ConfigError(run.new.source, _port_where(run.new, port.portid), f"cannot listen: {exc}",
+                          getattr(exc, "fix", "") or "check the address (nvmeof-roce rdma status)") from None
+
+
 class RemovePort(Change):
     action = "remove-port"
     changes_discovery = True
@@ -291,14 +302,10 @@ class AddPort(Change):
         if run.listeners is None:
             run.listeners = Listeners()
         run.target.open_port(port)
-        try:
-            run.listeners.open(run.target, port)
-            self.listening = True
-        except ConfigError as exc:
-            raise ConfigError(run.new.source, _port_where(run.new, self.portid), exc.problem, exc.fix) from None
-        except Exception as exc:
-            raise ConfigError(run.new.source, _port_where(run.new, self.portid), f"cannot listen: {exc}",
-                              getattr(exc, "fix", "") or "check the address (nvmeof-roce rdma status)") from None
+        if not port.subsystems:
+            return  # it listens once a subsystem is linked to it (Link), as nvmet enables a port
+        _listen(run, port)
+        self.listening = True
 
     def undo(self, run):
         if self.listening:
@@ -310,6 +317,11 @@ class AddPort(Change):
         run.target.close_port(self.portid)
 
 
+# A port listens only while it exports a subsystem (nvmet_port_subsys_allow_link enables a port with its first
+# subsystem, nvmet_port_subsys_drop_link disables it with its last): a host reconnecting to a subsystem that left
+# meets no listener and retries, where an NVMe Connect would be answered "unknown subsystem" with DNR and the
+# host would delete its controller.
+
 class Unlink(Change):
     action = "unlink"
     changes_discovery = True
@@ -318,6 +330,13 @@ class Unlink(Change):
         super().__init__(nqn=nqn, portid=portid,
                          text=f"port {portid}: stop exporting {nqn}; controllers through it are ended")
 
+    def commit(self, run):
+        if run.new_ports[self.portid].subsystems or self.portid in run.stopped_listening:
+            return
+        run.stopped_listening.add(self.portid)
+        if run.listeners is not None:
+            run.listeners.close(self.portid)  # its queues close; its handler stays for the port's config
+
 
 class Link(Change):
     action = "link"
@@ -325,6 +344,23 @@ class Link(Change):
 
     def __init__(self, nqn: str, portid: int):
         super().__init__(nqn=nqn, portid=portid, text=f"port {portid}: export {nqn}")
+        self.listening = False
+
+    def prepare(self, run):
+        if run.listeners is None or run.old_ports[self.portid].subsystems or self.portid in run.started_listening:
+            return
+        _listen(run, run.new_ports[self.portid])
+        self.listening = True
+        run.started_listening.add(self.portid)
+
+    def undo(self, run):
+        if self.listening:
+            self.listening = False
+            run.started_listening.discard(self.portid)
+            try:
+                run.listeners.close(self.portid)
+            except Exception:
+                log.exception("closing a listener opened for a refused change")
 
 
 class Referrals(Change):
@@ -530,6 +566,9 @@ class _Apply:
         self.target, self.new, self.listeners = target, new, listeners
         self.new_subs = {s.nqn: s for s in new.subsystems}
         self.new_ports = {p.portid: p for p in new.ports}
+        self.old_ports = {p.portid: p for p in target.config.ports}
+        self.started_listening: set = set()  # ports whose first subsystem is linked now (Link)
+        self.stopped_listening: set = set()  # ports whose last subsystem leaves now (Unlink)
         self.ended: List[Tuple[object, str]] = []  # (controller, reason)
         self.ns_changed: Dict[str, set] = {}
 

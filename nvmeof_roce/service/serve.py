@@ -69,6 +69,9 @@ class TargetServer:
                                                      poll_mode=self.poll, poll_groups=self.poll_groups)
         try:
             for port in served:
+                if not port.subsystems:  # it listens once a subsystem is linked to it (control/live.py, Link)
+                    log.info("port %d exports no subsystem: not listening until one is linked", port.portid)
+                    continue
                 self.listeners.append(registry.get(port.trtype).listen(
                     self.loop, port, self.target.port(port.portid), self.listen_options))
         except BaseException:

@@ -254,3 +254,62 @@ def test_nvmet_restore_without_a_saved_file_exits_0(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "nvmeof_roce", "nvmet", "restore", str(tmp_path / "none.json")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "no saved config, nothing to restore" in proc.stdout, proc.stderr
+
+
+NQN_RELINK = "nqn.2024-01.io.nvmeof-roce:ops-relink"
+RELINK_PORT = "4422"
+
+
+def controller_of(nqn):
+    """/sys/class/nvme/nvmeX of the host's controller of subsystem `nqn`, or None."""
+    for ctrl in glob.glob("/sys/class/nvme/nvme*"):
+        try:
+            if open(f"{ctrl}/subsysnqn").read().strip() == nqn:
+                return ctrl
+        except OSError:
+            pass
+    return None
+
+
+def controller_state(ctrl):
+    try:
+        return open(f"{ctrl}/state").read().strip()
+    except OSError:
+        return None  # deleted
+
+
+def test_kernel_host_reconnects_once_its_subsystem_is_made_again(tmp_path):
+    """blktests nvme/061's shape: the port's only subsystem deleted and made again by RPC while the kernel host
+    is connected.  Meanwhile the port does not listen (as nvmet's disabled port), so the host's reconnects meet
+    no listener and it keeps retrying -- an NVMe Connect answered "unknown subsystem" with DNR would have a
+    6.12 host delete the controller -- and once the subsystem is back its controller is live again."""
+    cfg = config([{"nqn": NQN_RELINK, "attr": {"allow_any_host": "1"}, "allowed_hosts": [],
+                   "namespaces": [ram_namespace(1, "16M")]}], port=int(RELINK_PORT))
+    sock = str(tmp_path / "relink.sock")
+    target = ServedTarget(cfg, str(tmp_path / "relink.json"), args=["--rpc-socket", sock]).start()
+    ops = Ops(target, sock)
+    try:
+        nvme("connect", "-t", "rdma", "-a", LAB_IP, "-s", RELINK_PORT, "-n", NQN_RELINK, "--ctrl-loss-tmo", "60",
+             "--reconnect-delay", "1", "--nr-io-queues", "1")
+        ctrl = wait_for("the host's controller", lambda: controller_of(NQN_RELINK))
+        wait_for("the controller live", lambda: controller_state(ctrl) == "live")
+        wait_for("the namespace", lambda: devices(NQN_RELINK).get(1))
+
+        ops.rpc("nvmf_delete_subsystem", {"nqn": NQN_RELINK})
+        wait_for("the host to lose the controller's queues", lambda: controller_state(ctrl) != "live", timeout=30)
+        time.sleep(5)  # several reconnect attempts (--reconnect-delay 1) against the port without a subsystem
+        assert controller_state(ctrl) in ("connecting", "resetting"), (controller_state(ctrl), target.output()[-4000:])
+
+        ops.rpc("nvmf_create_subsystem", {"nqn": NQN_RELINK, "allow_any_host": True})
+        ops.rpc("nvmf_subsystem_add_ns", {"nqn": NQN_RELINK, "namespace": {"nsid": 1, "backend": "ram",
+                                                                             "size": "16M"}})
+        ops.rpc("nvmf_subsystem_add_listener", {"nqn": NQN_RELINK, "listen_address": {
+            "trtype": "rdma", "adrfam": "ipv4", "traddr": LAB_IP, "trsvcid": RELINK_PORT}})
+        wait_for("the controller live again", lambda: controller_state(ctrl) == "live", timeout=60)
+        dev = wait_for("the namespace again", lambda: devices(NQN_RELINK).get(1))
+        with open(dev, "rb") as f:
+            assert len(f.read(4096)) == 4096
+        assert "unknown or unexported subsystem" not in target.output()
+    finally:
+        nvme("disconnect", "-n", NQN_RELINK, check=False)
+        target.stop()

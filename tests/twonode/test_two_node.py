@@ -184,10 +184,13 @@ def test_mtu_mismatch_is_named_on_the_node_that_has_it(tmp_path):
 # rxe/ib_mad defect, not the targets': docs/two-node.md, link down and up), so neither target gets its host back.
 RXE_GSI_AFTER_FLAP = ("Linux rxe on the host node: once a CM message was sent while the link was down, the node's "
                       "GSI QP (QP 1) sends but never receives again, so every REP to the host goes unanswered and "
-                      "no rdma_cm connection from it completes, to either target (docs/two-node.md, link down and up)")
+                      "no rdma_cm connection from it completes, to either target (docs/two-node.md, link down and up). "
+                      "Not strict: the defect does not show in every run (the kernel target got its host back in two "
+                      "of the four flap runs the document records), so a pass says the flap missed it, not that rxe "
+                      "is fixed")
 
 
-@pytest.mark.xfail(strict=True, reason=RXE_GSI_AFTER_FLAP)
+@pytest.mark.xfail(strict=False, reason=RXE_GSI_AFTER_FLAP)
 def test_link_down_and_up_mid_run_recovers_without_data_errors(tmp_path):
     share = tmp_path / "two-node-flap"
     proc, r = two_nodes(share, "flap")
@@ -220,7 +223,7 @@ def test_rdma_cm_connects_after_a_link_flap_with_nothing_open(cmflap):
     assert cmflap["diag_before"]["hw_counters"]["link_downed"] < cmflap["diag_after"]["hw_counters"]["link_downed"]
 
 
-@pytest.mark.xfail(strict=True, reason=RXE_GSI_AFTER_FLAP)
+@pytest.mark.xfail(strict=False, reason=RXE_GSI_AFTER_FLAP)
 def test_rdma_cm_connects_after_a_link_flap_with_a_connection_open(cmflap):
     after = cmflap["clients"]["after a flap with a connection open"]
     assert after["rc"] == 0, (after, cmflap["diag_after"])

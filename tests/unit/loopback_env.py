@@ -91,7 +91,8 @@ def remove_namespace(target, nqn: str, nsid: int) -> None:
 
 
 class Env:
-    """A Target on a loopback fabric with a fake clock; each port listened on at its address."""
+    """A Target on a loopback fabric with a fake clock; each port that exports a subsystem listened on at its
+    address (as `target serve`: a port listens only while it exports one, control/live.py)."""
 
     def __init__(self, config: dict, in_capsule_size: int = 4096, **target_args):
         self.clock = FakeClock()
@@ -100,7 +101,8 @@ class Env:
         self.fabric = LoopbackFabric(clock=self.clock)
         self.target.attach_loop(self.fabric)
         for p in self.config.ports:
-            self.fabric.listen(f"{p.traddr}:{p.trsvcid}", self.target.port(p.portid))
+            if p.subsystems:
+                self.fabric.listen(f"{p.traddr}:{p.trsvcid}", self.target.port(p.portid))
 
     def connector(self, address: str = ADDR1):
         return self.fabric.connector(address)

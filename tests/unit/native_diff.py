@@ -104,7 +104,7 @@ def namespace_bytes(env, subnqn: str, nsid: int) -> bytes:
 
 
 class NativeEndpoint(Endpoint):
-    def __init__(self, config: dict, subnqn: str, depth: int = 32, file_buffers: int = 32):
+    def __init__(self, config: dict, subnqn: str, depth: int = 32, file_buffers: int = 32, max_reads: int = 16):
         self.env = Env(config)
         admin, cqe = raw_connect(self.env.connector(ADDR1), subnqn, HOST_A)
         assert cqe.status == 0
@@ -114,7 +114,7 @@ class NativeEndpoint(Endpoint):
         self.regions = {}
         handler = self.env.target.port(1)
         self.queue = native_queue(self.device, handler, depth=depth, region_of=self.region_of,
-                                  file_buffers=file_buffers)
+                                  file_buffers=file_buffers, max_reads=max_reads)
         handler.queue_opened(self.queue)
         self._register(pattern(HOST_BUFFER))
         connect_data = F.ConnectData(RAW_HOSTID, cqe.result & 0xFFFF, subnqn, HOST_A).pack()

@@ -1,5 +1,6 @@
 """The native data path's latency histograms and poll modes (csrc/queue.c, transport/rdma/native_queue.py), through the
 fake verbs provider (tests/native/fakeprov.c)."""
+import logging
 import random
 
 import pytest
@@ -401,3 +402,32 @@ def test_poll_group_threads_serve_file_namespaces_and_hand_a_failed_command_back
             close_all(python)
         groups.close()
         loop.close()
+
+
+def test_a_response_in_the_window_after_a_poll_group_thread_failed_the_queue_closes_it(grouped, caplog):
+    """A poll-group thread fails the queue (a WRITE to a bad key); before the loop drains that failure, a command
+    the core held (its subsystem paused) starts and answers: the transport says the queue is closed (its
+    TransportError), the core closes the queue, and nothing is an internal error."""
+    import time
+    eps, loop, groups = grouped
+    ep = eps[1]
+    target = ep.env.target
+    assert target.pause(SUB_RAM)
+    ep.device.deliver(io_capsule(ep, 0x08, 1, 0, 7, 0, cid=7))  # Write Zeroes: the core's, held by the pause
+    deadline = time.monotonic() + 60
+    while target.in_flight() == 0:  # the loop drained it to the core, which holds it
+        assert time.monotonic() < deadline
+        loop.run_once(0.01)
+    ep.device.deliver(io_capsule(ep, READ, 1, 0, 7, 4096, bad_key=True, cid=3))  # the thread fails the queue
+    while not ep.queue.stats()["failed"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    assert not ep.queue.closed  # the failure is in the mailbox: the loop has not drained it
+    internal = target.internal_errors
+    target.resume(SUB_RAM)  # the held Write Zeroes runs and answers now, in the window
+    ep.env.fabric.pump()  # (its slices run on the loopback's loop)
+    assert target.internal_errors == internal
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    assert ep.queue.closed and ep.queue.poll_group is None
+    loop.run_once(0.01)  # the mailed failure finds the queue closed
+    assert [g["queues"] for g in groups.status()] == [2, 1]

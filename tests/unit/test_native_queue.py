@@ -538,3 +538,47 @@ def test_file_namespaces_stay_with_the_core_on_the_thread_engine_or_without_boun
         assert ep.queue.ring_fd is None
     finally:
         ep.close()
+
+
+class _Namespace2ThroughTheCore(NativeEndpoint):
+    """Namespace 2 of SUB_RAM is not registered with the device, so the core serves its Writes (their RDMA READs
+    posted through the C queue by the Python side's book); namespace 1 stays native."""
+
+    def region_of(self, backend):
+        if backend is self.env.target.subsystem(SUB_RAM).namespaces[2].backend:
+            return None
+        return super().region_of(backend)
+
+
+def _reads_in_flight_of_mixed_writes(max_reads: int) -> int:
+    """Native and core Writes in one poll: the RDMA READs posted before any of their completions was reaped (the
+    fake wire completes them at the post; the queue sees that at its next poll), then every Write answered."""
+    ep = _Namespace2ThroughTheCore(standard_config(), SUB_RAM, max_reads=max_reads)
+    try:
+        for k in range(8):
+            ep.device.deliver(io_capsule(ep, 0x01, 1, 8 * k, 7, 4096, offset=4096 * k, cid=k))
+            ep.device.deliver(io_capsule(ep, 0x01, 2, 8 * k, 7, 4096, offset=4096 * k, cid=100 + k))
+        before = ep.device.counters()["reads"]
+        ep.queue.poll()
+        in_flight = ep.device.counters()["reads"] - before
+        pump(ep.queue)
+        answers = {int.from_bytes(c[12:14], "little"): c[14:16] for c, _inv in ep.device.responses()}
+        assert answers == {cid: b"\0\0" for cid in list(range(8)) + list(range(100, 108))}, answers
+        host = ep.host_bytes()
+        assert ep.namespace_bytes(SUB_RAM, 1)[:8 * 4096] == host[:8 * 4096]
+        assert ep.namespace_bytes(SUB_RAM, 2)[:8 * 4096] == host[:8 * 4096]
+        assert ep.queue.stats()["python_commands"] >= 8  # the core's Writes did go through the core
+        return in_flight
+    finally:
+        ep.close()
+
+
+@pytest.mark.parametrize("max_reads", [2, 4, 8])
+def test_rdma_reads_in_flight_never_exceed_what_the_host_granted(max_reads):
+    assert 0 < _reads_in_flight_of_mixed_writes(max_reads) <= max_reads
+
+
+@pytest.mark.xfail(strict=True, reason="one READ credit cannot be split between the C queue and the Python side's "
+                   "book: the C queue must count the Python side's READs posted through it (post_read)")
+def test_a_single_rdma_read_credit_is_never_used_twice():
+    assert _reads_in_flight_of_mixed_writes(1) <= 1

@@ -138,6 +138,7 @@ logging.getLogger("nvmeof_roce").addHandler(Catch())
 def broken():
     raise OSError("deregistering the receive buffers failed")
 queue.recv_mem.close = broken
+server.loop.run_once(0)  # the Connect's send completion: no response is left to leave, the close is at once
 queue.close()
 assert queue not in listener.queues.values() and listener.cm_ids_destroyed == destroyed + 1
 assert queue.share.closed
@@ -228,3 +229,51 @@ print("ok")
 
 def test_a_completion_that_closes_the_queue_ends_the_poll_batch():
     run_child(CLOSED_MID_BATCH)
+
+
+DISCONNECT_IN_A_BATCH = CONNECT + r"""from nvmeof_roce.nvme import fabrics as F
+from nvmeof_roce.nvme.command import CQE
+host = ctrl.io_queues[0].transport
+buf = host.register(4096 * 8)
+end = host.end
+backend = server.target.subsystems[tc.SUBNQN].namespaces[1].backend
+reads = tc.read_capsules(8, buf.addr, buf.key)
+for capsule in reads:
+    end.send(capsule)
+end.send(F.DisconnectCommand(cid=100).to_sqe().pack())  # in the same receive poll as the reads
+for _ in range(5):
+    server.loop.run_once(0)
+cids = sorted(CQE.unpack(r).cid for r in end.responses)
+assert cids == list(range(8)) + [100], cids  # every Read answered, and the Disconnect
+assert all(CQE.unpack(r).status == 0 for r in end.responses)
+assert all(bytes(buf.view[i * 4096:(i + 1) * 4096]) == backend.read(i * 8 * 512, 4096) for i in range(8))
+assert queue.closed and end.disconnected  # then the queue closed
+assert queue not in listener.queues.values()
+server.close()
+print("ok")
+"""
+
+
+def test_responses_batched_before_a_disconnect_are_sent_before_the_queue_closes():
+    """Reads and a Disconnect in one receive poll: the Reads' responses and the Disconnect's own leave before the
+    queue closes (nvmet sends the Disconnect's response, then tears the queue down)."""
+    run_child(DISCONNECT_IN_A_BATCH)
+
+
+LISTENER_CLOSED_WITH_A_RESPONSE_ON_THE_WIRE = CONNECT + r"""host = ctrl.io_queues[0].transport
+buf = host.register(4096)
+host.end.send(tc.read_capsules(1, buf.addr, buf.key)[0])
+server.loop.run_once(0)  # the Read answered; its send completion not polled yet
+assert queue.book.completing() == 1
+server.listeners.remove(listener)
+listener.close()  # the listener goes (its port's last subsystem unlinked): its queues with it, at once
+assert queue.closed and queue not in listener.queues.values(), (queue.closed, queue.closing)
+server.close()
+print("ok")
+"""
+
+
+def test_a_closing_listener_ends_its_queues_at_once_even_with_responses_on_the_wire():
+    """Only an orderly close of one queue waits for its responses' send completions; a listener that closes (the
+    target stopping, its port's last subsystem unlinked) ends its queues before it releases the memory they use."""
+    run_child(LISTENER_CLOSED_WITH_A_RESPONSE_ON_THE_WIRE)

@@ -254,6 +254,32 @@ def test_delete_subsystem_ends_its_controllers(env, control):
     assert all(SUB_RAM not in p.subsystems for p in env.target.config.ports)
 
 
+def test_a_port_listens_only_while_it_exports_a_subsystem(env, control):
+    """Port 2 exports SUB_RAM alone: once SUB_RAM is deleted nothing listens there, so a host's reconnect is
+    refused by the transport (and retried), not answered by an NVMe Connect error with DNR; the subsystem made
+    again and linked, the port listens again."""
+    from nvmeof_roce.transport.base import TransportError
+    ctrl = env.connect(SUB_RAM, address=ADDR2)
+    control.call("nvmf_delete_subsystem", {"nqn": SUB_RAM})
+    env.fabric.pump()
+    with pytest.raises(TransportError, match="no listener"):
+        env.connect(SUB_RAM, address=ADDR2)
+    with pytest.raises(TransportError, match="no listener"):  # not even for discovery, as nvmet's disabled port
+        env.connect("nqn.2014-08.org.nvmexpress.discovery", address=ADDR2)
+    control.call("nvmf_create_subsystem", {"nqn": SUB_RAM, "allow_any_host": True})
+    control.call("nvmf_subsystem_add_ns", {"nqn": SUB_RAM, "namespace": {"nsid": 1, "backend": "ram",
+                                                                         "size": "1M"}})
+    with pytest.raises(TransportError, match="no listener"):  # not linked to the port yet
+        env.connect(SUB_RAM, address=ADDR2)
+    control.call("nvmf_subsystem_add_listener", {"nqn": SUB_RAM, "listen_address": {
+        "trtype": "rdma", "adrfam": "ipv4", "traddr": "10.99.0.2", "trsvcid": "4421"}})
+    again = env.connect(SUB_RAM, address=ADDR2)
+    assert again.active_namespaces() == [1]
+    env.connect(SUB_ONLY_A).close()  # port 1 exported other subsystems all along: it kept listening
+    again.close()
+    ctrl.close()
+
+
 def test_listener_on_a_new_address_opens_a_port(env, control):
     control.call("nvmf_subsystem_add_listener", {"nqn": SUB_ONLY_A, "listen_address": {
         "trtype": "rdma", "adrfam": "ipv4", "traddr": "10.99.0.3", "trsvcid": "4420"}})

@@ -104,15 +104,21 @@ class NativeTargetQueue(TargetQueue):
         self.bounce: Optional[Region] = None
         self.ring_fd: Optional[int] = None
         self.closed = False
+        self.refused_post: Optional[ConnectionError] = None  # the C queue refused a post: it failed (flush closes)
         # Send queue as the RDMA transport sizes it (transport/rdma/queue.py): per command a READ, or a WRITE and a SEND,
         # twice over; the Python side's book gets a quarter of it (its commands are the rare ones).
         self.send_queue = 4 * self.depth + 8
         python_send = max(8, self.send_queue // 4)
-        self.book = RequestBook(self, share, python_send, verbs.max_reads, prealloc=self.recv_count)
+        # The host's RDMA READ credits are split the same way: the C queue counts only its own READs, the book
+        # the Python side's, so together they never post more than the host granted.  (One credit cannot be
+        # split: both sides then have it.)
+        python_reads = max(1, verbs.max_reads // 4)
+        native_reads = max(1, verbs.max_reads - python_reads)
+        self.book = RequestBook(self, share, python_send, python_reads, prealloc=self.recv_count)
         self.native = module.Queue(
             verbs.qp, verbs.send_cq, verbs.recv_cq, qid=request.qid, recv=recv.spec(), recv_count=self.recv_count,
             recv_size=self.recv_size, requests=self.recv_count, send_queue=self.send_queue, python_send=python_send,
-            reads=verbs.max_reads, on_capsule=self._on_capsule, on_send_done=self._on_send_done,
+            reads=native_reads, on_capsule=self._on_capsule, on_send_done=self._on_send_done,
             on_failure=self._on_failure, zero=zero.spec() if zero else None, sink=sink.spec() if sink else None,
             remote_invalidate=verbs.remote_invalidate)
         self.view_ready = False
@@ -261,9 +267,15 @@ class NativeTargetQueue(TargetQueue):
 
     # -- the book's Poster: everything goes through the C queue
 
+    # A poll group's thread may fail the queue (a failed work completion) before the loop has drained that
+    # failure: the C queue then refuses every post (ConnectionError).  Such a post is as good as flushed, as on a
+    # QP in error: the book's flush that follows closes the queue, which ends the request with an error.
     def post_read(self, req: TxRequest) -> None:
-        self.native.post_read(req.index, self.chunks.addr(req.chunk), self.chunks.region.lkey, req.length,
-                              req.addr, req.key)
+        try:
+            self.native.post_read(req.index, self.chunks.addr(req.chunk), self.chunks.region.lkey, req.length,
+                                  req.addr, req.key)
+        except ConnectionError as exc:
+            self.refused_post = exc
 
     def post_response(self, req: TxRequest) -> None:
         laddr = lkey = 0
@@ -272,10 +284,17 @@ class NativeTargetQueue(TargetQueue):
                 laddr, lkey = req.external
             else:
                 laddr, lkey = self.chunks.addr(req.chunk), self.chunks.region.lkey
-        self.native.post_response(req.index, req.cqe, req.signaled, laddr, lkey, req.length, req.addr, req.key,
-                                  -1 if req.invalidate is None else req.invalidate)
+        try:
+            self.native.post_response(req.index, req.cqe, req.signaled, laddr, lkey, req.length, req.addr, req.key,
+                                      -1 if req.invalidate is None else req.invalidate)
+        except ConnectionError as exc:
+            self.refused_post = exc
 
     def flush(self) -> None:
+        if self.refused_post is not None:
+            exc, self.refused_post = self.refused_post, None
+            log.warning("queue %d: the native queue failed (%s): closing the queue", self.qid, exc)
+            self.close(TransportError(f"queue {self.qid} failed: {exc}"))
         if not self.closed:
             self.native.flush()
 

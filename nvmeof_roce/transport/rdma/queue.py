@@ -137,6 +137,7 @@ class RdmaTargetQueue(TargetQueue):
         self.id_ptr: Optional[int] = None
         self.request = request
         self.closed = False
+        self.closing = False  # closed for new commands; the QP stays until the responses already made have left
         self.peer_gone = False
         self.depth = request.hsqsize + 1
         self.in_capsule_size = listener.in_capsule_size if request.qid else 0
@@ -263,6 +264,8 @@ class RdmaTargetQueue(TargetQueue):
             self._repost()
             if not self.closed:
                 book.end_batch()
+            if self.closing and not self.closed and not book.completing():
+                self._teardown(None)  # the last response of a closing queue has left
 
     def _poll(self):
         done = 0
@@ -302,7 +305,7 @@ class RdmaTargetQueue(TargetQueue):
                 qp.post_recv(wrs[slot])
         except PyverbsRDMAError as exc:
             log.warning("queue %d: re-posting a receive failed: %s: closing", self.qid, exc)
-            self.close()
+            self.close(TransportError(f"re-posting a receive failed: {exc}"))
 
     def _on_failed_completion(self, wc) -> None:
         if wc.status != e.IBV_WC_WR_FLUSH_ERR:
@@ -311,6 +314,8 @@ class RdmaTargetQueue(TargetQueue):
         self.close(RemoteAccessError(f"RDMA READ failed with work completion status {wc.status}"))
 
     def _on_capsule(self, slot: int, length: int) -> None:
+        if self.closing:
+            return  # no new command on a closing queue, and no receive re-posted for one
         start = slot * self.recv_size
         capsule = bytes(self.recv_mem.view[start:start + length])
         self.to_repost.append(slot)  # re-posted before any response of this batch goes out (§3.5)
@@ -393,7 +398,7 @@ class RdmaTargetQueue(TargetQueue):
             self.poster.wr_complete()
         except PyverbsRDMAError as exc:
             log.warning("queue %d: posting work requests failed: %s: closing", self.qid, exc)
-            self.close()
+            self.close(TransportError(f"posting work requests failed: {exc}"))
 
     def stage(self, chunk: int, data) -> None:
         pool = self.listener.pool
@@ -452,6 +457,27 @@ class RdmaTargetQueue(TargetQueue):
                           self.listener.max_transfer)
 
     def close(self, error: Optional[TransportError] = None) -> None:
+        """Close the queue.  An orderly close (no error, the host still there) first sends the responses of the
+        commands already executed -- a Disconnect's own among them, which ends the poll it arrived in -- and keeps
+        the QP until their send completions have come (nvmet answers the Disconnect, then tears the queue down);
+        a failed completion, the host's disconnect or a second close ends it at once."""
+        if self.closed:
+            return
+        if error is None and not self.peer_gone and not self.closing and self._send_responses_before_close():
+            self.closing = True
+            log.info("queue %d closing: %d responses still to leave", self.qid, self.book.completing())
+            return
+        self._teardown(error)
+
+    def _send_responses_before_close(self) -> bool:
+        """Post what this poll has batched (its receives first, §3.5); True when responses are still to leave."""
+        self._repost()
+        if self.closed:
+            return False
+        self.book.flush()
+        return not self.closed and self.book.completing() > 0
+
+    def _teardown(self, error: Optional[TransportError]) -> None:
         if self.closed:
             return
         self.closed = True
