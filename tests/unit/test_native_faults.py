@@ -312,34 +312,36 @@ def test_a_qp_error_after_a_reads_data_moved_loses_only_its_response(ram_ep):
 
 # ------------------------------------------------------------------------------------------ io_uring faults
 
+@pytest.fixture
+def file_on_both_paths(tmp_path):
+    """A file namespace served by the Python path (loopback) and by the native one, same contents."""
+    python = LoopbackEndpoint(file_config(tmp_path / "python.img"), SUB_FILE)
+    native_ep = NativeEndpoint(file_config(tmp_path / "native.img"), SUB_FILE)
+    for name, ep in (("python", python), ("native", native_ep)):
+        put_file(tmp_path / f"{name}.img", 0, pattern(64 * 1024, seed=67))
+        ep.buf.view[:4096] = pattern(4096, seed=71)
+    yield python, native_ep
+    close_all(python, native_ep)
+
+
 @pytest.mark.parametrize("kind", ["eio", "ecanceled", "eagain"])
 @pytest.mark.parametrize("opc", [READ, WRITE])
-def test_a_ring_error_is_the_cores_and_answered_as_on_the_python_path(tmp_path, kind, opc):
+def test_a_ring_error_is_the_cores_and_answered_as_on_the_python_path(file_on_both_paths, tmp_path, kind, opc):
     """The C queue hands the failed command to the core, whose engine meets the device's error again (the hook's
     second completion); the Python path's engine meets it once.  Both must answer alike."""
-    eps = []
-    try:
-        for name, cls in (("python", LoopbackEndpoint), ("native", NativeEndpoint)):
-            path = tmp_path / f"{name}.img"
-            ep = cls(file_config(path), SUB_FILE)
-            eps.append(ep)
-            put_file(path, 0, pattern(64 * 1024, seed=67))
-            ep.buf.view[:4096] = pattern(4096, seed=71)
-        python, native_ep = eps
-        answers = []
-        for ep, faults in ((python, 1), (native_ep, 2)):
-            native.module.uring_inject(kind, faults)
-            answers.append(ep.exchange(io_capsule(ep, opc, 1, 8, 7, 4096, cid=9)))
-            assert native.module.uring_faults()["remaining"] == 0, ep
-        assert answers[0] == answers[1]
-        (cqe,) = answers[1]
-        if kind == "eio":
-            assert status_of(cqe) == INTERNAL_ERROR_DNR  # nvmet's errno_to_nvme_status for EIO
-        assert native_ep.queue.stats()["file_handed_back"] == 1
-        assert python.host_bytes() == native_ep.host_bytes()
-        assert file_bytes(tmp_path / "python.img", 0, 64 * 1024) == file_bytes(tmp_path / "native.img", 0, 64 * 1024)
-    finally:
-        close_all(*eps)
+    python, native_ep = file_on_both_paths
+    answers = []
+    for ep, faults in ((python, 1), (native_ep, 2)):
+        native.module.uring_inject(kind, faults)
+        answers.append(ep.exchange(io_capsule(ep, opc, 1, 8, 7, 4096, cid=9)))
+        assert native.module.uring_faults()["remaining"] == 0, ep
+    assert answers[0] == answers[1]
+    (cqe,) = answers[1]
+    if kind == "eio":
+        assert status_of(cqe) == INTERNAL_ERROR_DNR  # nvmet's errno_to_nvme_status for EIO
+    assert native_ep.queue.stats()["file_handed_back"] == 1
+    assert python.host_bytes() == native_ep.host_bytes()
+    assert file_bytes(tmp_path / "python.img", 0, 64 * 1024) == file_bytes(tmp_path / "native.img", 0, 64 * 1024)
 
 
 def test_a_ring_error_the_cores_own_attempt_does_not_meet_is_answered_with_the_data(file_ep, tmp_path):
