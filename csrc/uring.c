@@ -10,7 +10,9 @@
 #include <errno.h>
 #include <limits.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -24,8 +26,117 @@ struct nr_uring {
     struct io_uring ring;
     int efd;
     unsigned depth;     /* most commands queued + submitted and not yet reaped */
-    unsigned in_flight; /* commands queued + submitted and not yet reaped */
+    unsigned in_flight; /* commands queued + submitted and not yet reaped (a stalled one too) */
+    /* completions the fault injection stalls (below): NULL until one is; nheld <= depth; the first nreleased
+     * are reported by the next reap */
+    struct nr_uring_done *held;
+    unsigned nheld, nreleased;
+    struct nr_uring *next_stalled; /* on the list of rings holding completions */
 };
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Fault injection, a test hook (as SPDK's bdev error injection): `_native.uring_inject(kind, count)` makes the
+ * next `count` completions reaped from any ring fail with -EIO, -ECANCELED or -EAGAIN in place of their result,
+ * or stalls them (reaped from the kernel, not reported, the command still in flight) until
+ * `_native.uring_release(n)`.  It is in the product module because the rings it acts on are made and reaped
+ * here, inside csrc/queue.c's per-queue data path and `_native.Uring`, where no test double can stand in for the
+ * kernel.  Inert unless armed: `nr_uring_reap` tests one flag, false in production, and takes the slow path
+ * (under a mutex) only while a fault is armed or a completion is held. */
+
+enum uring_fault_kind { URING_FAULT_NONE, URING_FAULT_EIO, URING_FAULT_ECANCELED, URING_FAULT_EAGAIN, URING_FAULT_STALL };
+
+static const char *const uring_fault_names[] = {"none", "eio", "ecanceled", "eagain", "stall"};
+
+static struct {
+    int active; /* read without the lock: a fault is armed (remaining) or a ring holds completions */
+    pthread_mutex_t lock;
+    enum uring_fault_kind kind;
+    unsigned remaining;        /* completions the armed fault still applies to */
+    unsigned held;             /* completions held by every ring */
+    unsigned long long injected; /* completions the faults applied to so far */
+    struct nr_uring *stalled;  /* rings holding completions */
+} uring_fault = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void uring_fault_update_active(void) /* under the lock */
+{
+    __atomic_store_n(&uring_fault.active, uring_fault.remaining || uring_fault.held, __ATOMIC_RELEASE);
+}
+
+static void uring_fault_unlink(struct nr_uring *r) /* under the lock */
+{
+    for (struct nr_uring **p = &uring_fault.stalled; *p; p = &(*p)->next_stalled)
+        if (*p == r) {
+            *p = r->next_stalled;
+            r->next_stalled = NULL;
+            return;
+        }
+}
+
+/* nr_uring_reap while faults are armed or completions held: released completions first, then the kernel's, each
+ * one the armed fault applies to changed or held. */
+static int uring_reap_faulted(struct nr_uring *r, struct nr_uring_done *out, int max)
+{
+    struct io_uring_cqe *cqe;
+    unsigned head, consumed = 0;
+    int n = 0;
+
+    pthread_mutex_lock(&uring_fault.lock);
+    while (n < max && r->nreleased) {
+        out[n++] = r->held[0];
+        memmove(r->held, r->held + 1, (r->nheld - 1) * sizeof(*r->held));
+        r->nheld--;
+        r->nreleased--;
+        uring_fault.held--;
+    }
+    io_uring_for_each_cqe(&r->ring, head, cqe) {
+        if (n == max)
+            break;
+        struct nr_uring_done done = {io_uring_cqe_get_data64(cqe), cqe->res};
+        consumed++;
+        if (uring_fault.remaining) {
+            uring_fault.remaining--;
+            uring_fault.injected++;
+            if (uring_fault.kind == URING_FAULT_STALL) {
+                if (!r->held)
+                    r->held = calloc(r->depth, sizeof(*r->held)); /* test-only path: never in production */
+                if (r->held) {
+                    if (!r->nheld)
+                        r->next_stalled = uring_fault.stalled, uring_fault.stalled = r;
+                    r->held[r->nheld++] = done;
+                    uring_fault.held++;
+                    continue;
+                }
+            }
+            done.res = uring_fault.kind == URING_FAULT_EIO         ? -EIO
+                       : uring_fault.kind == URING_FAULT_ECANCELED ? -ECANCELED
+                       : uring_fault.kind == URING_FAULT_EAGAIN    ? -EAGAIN
+                                                                   : done.res;
+        }
+        out[n++] = done;
+    }
+    io_uring_cq_advance(&r->ring, consumed);
+    if (!r->nheld && r->held)
+        uring_fault_unlink(r);
+    uring_fault_update_active();
+    pthread_mutex_unlock(&uring_fault.lock);
+    r->in_flight -= n;
+    return n;
+}
+
+/* Drops the completions a ring holds (it is being destroyed: their commands are complete in the kernel). */
+static void uring_fault_forget(struct nr_uring *r)
+{
+    pthread_mutex_lock(&uring_fault.lock);
+    if (r->nheld)
+        uring_fault_unlink(r);
+    uring_fault.held -= r->nheld;
+    r->in_flight -= r->nheld;
+    r->nheld = r->nreleased = 0;
+    uring_fault_update_active();
+    pthread_mutex_unlock(&uring_fault.lock);
+    free(r->held);
+    r->held = NULL;
+}
 
 struct nr_uring *nr_uring_create(unsigned depth, int *err)
 {
@@ -154,6 +265,9 @@ int nr_uring_reap(struct nr_uring *r, struct nr_uring_done *out, int max)
     unsigned head;
     int n = 0;
 
+    if (__builtin_expect(__atomic_load_n(&uring_fault.active, __ATOMIC_RELAXED), 0))
+        return uring_reap_faulted(r, out, max);
+
     io_uring_for_each_cqe(&r->ring, head, cqe) {
         if (n == max)
             break;
@@ -172,7 +286,7 @@ int nr_uring_wait(struct nr_uring *r, int timeout_ms)
     uint64_t count;
     int ret;
 
-    if (io_uring_cq_ready(&r->ring))
+    if (io_uring_cq_ready(&r->ring) || __atomic_load_n(&r->nreleased, __ATOMIC_RELAXED))
         return 0;
     /* clear the eventfd, then look again: a completion posted after this read signals it anew */
     if (read(r->efd, &count, sizeof(count)) < 0 && errno != EAGAIN)
@@ -195,6 +309,8 @@ void nr_uring_destroy(struct nr_uring *r)
 
     if (!r)
         return;
+    if (r->held)
+        uring_fault_forget(r);
     /* The kernel may still write into the callers' buffers until each command completes: cancel what can be
      * cancelled (a read waiting on a pipe or a socket; 5.19's CANCEL_ANY, ignored before), wait for the rest. */
     if (io_uring_sq_ready(&r->ring))
@@ -569,8 +685,88 @@ static PyObject *uring_probe(PyObject *module, PyObject *noargs)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(uring_inject_doc,
+             "uring_inject(kind, count=1): a test hook, inert unless called: the next `count` completions reaped "
+             "from any ring (the native queues' and every Uring) get res -EIO (kind 'eio'), -ECANCELED "
+             "('ecanceled') or -EAGAIN ('eagain'), or are stalled ('stall': held back, their commands still in "
+             "flight, until uring_release). kind 'none' or count 0 disarms (held completions stay held).");
+static PyObject *uring_fault_inject(PyObject *module, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"kind", "count", NULL};
+    const char *name;
+    unsigned count = 1;
+    int kind = -1;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "s|I:uring_inject", kwlist, &name, &count))
+        return NULL;
+    for (int i = 0; i < (int)(sizeof(uring_fault_names) / sizeof(*uring_fault_names)); i++)
+        if (!strcmp(name, uring_fault_names[i]))
+            kind = i;
+    if (kind < 0) {
+        PyErr_Format(PyExc_ValueError, "unknown io_uring fault '%s': eio, ecanceled, eagain, stall or none", name);
+        return NULL;
+    }
+    pthread_mutex_lock(&uring_fault.lock);
+    uring_fault.kind = (enum uring_fault_kind)kind;
+    uring_fault.remaining = kind == URING_FAULT_NONE ? 0 : count;
+    uring_fault_update_active();
+    pthread_mutex_unlock(&uring_fault.lock);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(uring_release_doc,
+             "uring_release(n=None) -> int: a test hook: the next n stalled completions (all when None), oldest "
+             "first, are reported by their ring's next reap (its eventfd is signalled); the number released.");
+static PyObject *uring_fault_release(PyObject *module, PyObject *args)
+{
+    PyObject *limit = Py_None;
+    unsigned long long left = ~0ULL;
+    unsigned released = 0;
+
+    if (!PyArg_ParseTuple(args, "|O:uring_release", &limit))
+        return NULL;
+    if (limit != Py_None) {
+        left = PyLong_AsUnsignedLongLong(limit);
+        if (left == (unsigned long long)-1 && PyErr_Occurred())
+            return NULL;
+    }
+    pthread_mutex_lock(&uring_fault.lock);
+    for (struct nr_uring *r = uring_fault.stalled; r && left; r = r->next_stalled) {
+        unsigned more = r->nheld - r->nreleased;
+        if (more > left)
+            more = (unsigned)left;
+        if (!more)
+            continue;
+        __atomic_store_n(&r->nreleased, r->nreleased + more, __ATOMIC_RELAXED);
+        left -= more;
+        released += more;
+        uint64_t one = 1;
+        ssize_t ignored = write(r->efd, &one, sizeof(one)); /* wakes whoever waits on the ring */
+        (void)ignored;
+    }
+    pthread_mutex_unlock(&uring_fault.lock);
+    return PyLong_FromUnsignedLong(released);
+}
+
+PyDoc_STRVAR(uring_faults_doc,
+             "uring_faults() -> dict: a test hook's state: the armed kind, completions it still applies to "
+             "(remaining), completions stalled now (held) and faulted so far (injected).");
+static PyObject *uring_fault_state(PyObject *module, PyObject *noargs)
+{
+    pthread_mutex_lock(&uring_fault.lock);
+    const char *kind = uring_fault_names[uring_fault.remaining ? uring_fault.kind : URING_FAULT_NONE];
+    unsigned remaining = uring_fault.remaining, held = uring_fault.held;
+    unsigned long long injected = uring_fault.injected;
+    pthread_mutex_unlock(&uring_fault.lock);
+    return Py_BuildValue("{s:s,s:I,s:I,s:K}", "kind", kind, "remaining", remaining, "held", held, "injected",
+                         injected);
+}
+
 static PyMethodDef uring_functions[] = {
     {"uring_probe", uring_probe, METH_NOARGS, uring_probe_doc},
+    {"uring_inject", (PyCFunction)(void (*)(void))uring_fault_inject, METH_VARARGS | METH_KEYWORDS, uring_inject_doc},
+    {"uring_release", uring_fault_release, METH_VARARGS, uring_release_doc},
+    {"uring_faults", uring_fault_state, METH_NOARGS, uring_faults_doc},
     {NULL},
 };
 

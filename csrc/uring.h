@@ -39,7 +39,8 @@ int nr_uring_fsync(struct nr_uring *ring, int fd, uint64_t cookie);
 /* Hand every queued command to the kernel in one syscall; the number submitted. */
 int nr_uring_submit(struct nr_uring *ring);
 
-/* Up to `max` completions into `out` without blocking; the number reaped (0 when none). */
+/* Up to `max` completions into `out` without blocking; the number reaped (0 when none).  The fault injection test
+ * hook (_native.uring_inject, uring.c) changes or holds back completions here, and only while it is armed. */
 int nr_uring_reap(struct nr_uring *ring, struct nr_uring_done *out, int max);
 
 /* Commands queued or submitted and not yet reaped. */

@@ -6,7 +6,16 @@
  * (registered here with an rkey) and the target's (registered with an lkey), checks every key and bound as an
  * RC QP would (a bad one completes the work request with an access error and puts the QP in the error state,
  * flushing the rest), records each response SEND for the test, and turns each capsule the test injects into a
- * receive completion.  Built by the tests into a small .so (tests/native/fakeverbs.py), never into the product.
+ * receive completion.  Built by the tests into a small .so (tests/unit/native_fake.py), never into the product.
+ *
+ * The fault model.  A posted send work request is put on the wire; its data moves (and its SEND reaches the
+ * host) only when its completion is generated, in post order, as on a real link, where the memory stays the
+ * target's until then.  By default completions are generated when a CQ is polled, so a poll after a post finds
+ * them; with the wire held (fakehost_hold) nothing is generated until the test releases the next N work requests
+ * (fakehost_release), which opens the window between a post and its completion.  fakehost_fail_post makes the
+ * Nth post_send or post_recv from now return an errno with *bad set, as a provider whose queue is full does;
+ * fakehost_qp_error moves the QP to the error state: every work request on the wire and every posted receive
+ * completes with IBV_WC_WR_FLUSH_ERR, and so does every later post.
  *
  * The provider's entry points are fake_post_send, fake_post_recv, fake_poll_cq and fake_req_notify_cq:
  * nvmeof_roce/bench/cost/native.py excludes them from the target's instructions; what the tests call is fakehost_*.
@@ -41,6 +50,23 @@ struct fake_response {
     uint32_t flags; /* 1: SEND with invalidate */
 };
 
+/* A send work request on the wire: what it needs once its completion is generated (an inline SEND's bytes are
+ * copied at post time, as a provider does; every other buffer is read or written at completion). */
+struct fake_wire_wr {
+    uint64_t wr_id, local_addr, remote_addr;
+    uint32_t length, lkey, rkey, invalidate_rkey;
+    enum ibv_wr_opcode opcode;
+    unsigned int send_flags;
+    int num_sge;
+    uint8_t inline_data[16];
+};
+
+/* An injected post failure: the `countdown`th post from now returns `err`. */
+struct fake_post_fault {
+    uint32_t countdown;
+    int err;
+};
+
 struct fake_dev {
     struct ibv_context ctx;
     pthread_mutex_t lock;
@@ -59,7 +85,12 @@ struct fake_dev {
     struct fake_ring scq, rcq;
     struct fake_response *responses;
     uint32_t nresponses;
+    struct fake_wire_wr wire[FAKE_RING];
+    uint32_t wire_head, wire_count;
+    int hold; /* completions are generated only by fakehost_release */
+    struct fake_post_fault send_fault, recv_fault;
     int qp_error;
+    uint64_t flushed, post_faults;
     uint64_t post_send_calls, post_recv_calls, poll_calls, arm_calls, wrs_posted, rnr, reads, writes;
     uint64_t bytes_read, bytes_written;
 };
@@ -91,12 +122,16 @@ static struct fake_mr *fake_find(struct fake_mr *table, int n, uint32_t key, uin
     return NULL;
 }
 
+static void fake_generate(struct fake_dev *d, uint32_t n);
+
 static int fake_poll_cq_locked(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 {
     struct fake_dev *d = DEV(cq->context);
     struct fake_ring *ring = cq == &d->send_cq ? &d->scq : &d->rcq;
     int got = 0;
     d->poll_calls++;
+    if (!d->hold)
+        fake_generate(d, UINT32_MAX); /* everything on the wire completes before the poll reaps */
     while (got < n && ring->count) {
         wc[got++] = ring->wc[ring->head];
         ring->head = (ring->head + 1) % FAKE_RING;
@@ -129,11 +164,29 @@ static int fake_req_notify_cq(struct ibv_cq *cq, int solicited_only)
     return rc;
 }
 
+/* Whether this post is the one an injected fault makes fail. */
+static int fake_post_fails(struct fake_dev *d, struct fake_post_fault *fault)
+{
+    if (!fault->countdown || --fault->countdown)
+        return 0;
+    d->post_faults++;
+    return 1;
+}
+
 static int fake_post_recv_locked(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
     struct fake_dev *d = DEV(qp->context);
     d->post_recv_calls++;
+    if (fake_post_fails(d, &d->recv_fault)) {
+        *bad = wr;
+        return d->recv_fault.err;
+    }
     for (; wr; wr = wr->next) {
+        if (d->qp_error) { /* a QP in error flushes what is posted on it */
+            fake_push(d->shared_cq ? &d->scq : &d->rcq, wr->wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0);
+            d->flushed++;
+            continue;
+        }
         if (d->recv_count == FAKE_RING || wr->num_sge != 1) {
             *bad = wr;
             return 12; /* ENOMEM */
@@ -156,55 +209,55 @@ static int fake_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_
     return rc;
 }
 
-/* One work request on the wire: 0, or the completion status it failed with. */
-static enum ibv_wc_status fake_execute(struct fake_dev *d, struct ibv_send_wr *wr)
+/* One work request's completion is generated: its data moves now.  IBV_WC_SUCCESS, or the status it failed with. */
+static enum ibv_wc_status fake_execute(struct fake_dev *d, const struct fake_wire_wr *w)
 {
-    struct ibv_sge *sge = wr->sg_list;
-    switch (wr->opcode) {
+    switch (w->opcode) {
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_READ: {
-        if (wr->num_sge != 1)
+        if (w->num_sge != 1)
             return IBV_WC_LOC_LEN_ERR;
-        if (!fake_find(d->local, d->nlocal, sge->lkey, sge->addr, sge->length))
+        if (!fake_find(d->local, d->nlocal, w->lkey, w->local_addr, w->length))
             return IBV_WC_LOC_PROT_ERR;
-        if (!fake_find(d->remote, d->nremote, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr, sge->length))
+        if (!fake_find(d->remote, d->nremote, w->rkey, w->remote_addr, w->length))
             return IBV_WC_REM_ACCESS_ERR;
-        void *remote = (void *)(uintptr_t)wr->wr.rdma.remote_addr, *local = (void *)(uintptr_t)sge->addr;
-        if (wr->opcode == IBV_WR_RDMA_WRITE) {
-            memcpy(remote, local, sge->length);
+        void *remote = (void *)(uintptr_t)w->remote_addr, *local = (void *)(uintptr_t)w->local_addr;
+        if (w->opcode == IBV_WR_RDMA_WRITE) {
+            memcpy(remote, local, w->length);
             d->writes++;
-            d->bytes_written += sge->length;
+            d->bytes_written += w->length;
         } else {
-            memcpy(local, remote, sge->length);
+            memcpy(local, remote, w->length);
             d->reads++;
-            d->bytes_read += sge->length;
+            d->bytes_read += w->length;
         }
         return IBV_WC_SUCCESS;
     }
     case IBV_WR_SEND:
     case IBV_WR_SEND_WITH_INV: {
-        if (wr->num_sge != 1 || sge->length != 16)
+        if (w->num_sge != 1 || w->length != 16)
             return IBV_WC_LOC_LEN_ERR;
-        if (!(wr->send_flags & IBV_SEND_INLINE) && !fake_find(d->local, d->nlocal, sge->lkey, sge->addr, 16))
+        int is_inline = w->send_flags & IBV_SEND_INLINE;
+        if (!is_inline && !fake_find(d->local, d->nlocal, w->lkey, w->local_addr, 16))
             return IBV_WC_LOC_PROT_ERR;
-        if (wr->opcode == IBV_WR_SEND_WITH_INV) { /* the host's receive fails on a key it cannot invalidate */
+        if (w->opcode == IBV_WR_SEND_WITH_INV) { /* the host's receive fails on a key it cannot invalidate */
             int known = 0;
             for (int i = 0; i < d->nremote; i++)
-                known |= d->remote[i].key == wr->invalidate_rkey && d->remote[i].valid;
+                known |= d->remote[i].key == w->invalidate_rkey && d->remote[i].valid;
             if (!known)
                 return IBV_WC_REM_INV_REQ_ERR;
         }
         if (d->nresponses == FAKE_RESPONSES)
             return IBV_WC_REM_INV_REQ_ERR; /* the host's receive ring is full (the test forgot to drain it) */
         struct fake_response *r = &d->responses[d->nresponses++];
-        memcpy(r->cqe, (void *)(uintptr_t)sge->addr, 16);
+        memcpy(r->cqe, is_inline ? w->inline_data : (const void *)(uintptr_t)w->local_addr, 16);
         r->flags = 0;
         r->invalidated_rkey = 0;
-        if (wr->opcode == IBV_WR_SEND_WITH_INV) {
+        if (w->opcode == IBV_WR_SEND_WITH_INV) {
             r->flags = 1;
-            r->invalidated_rkey = wr->invalidate_rkey;
+            r->invalidated_rkey = w->invalidate_rkey;
             for (int i = 0; i < d->nremote; i++)
-                if (d->remote[i].key == wr->invalidate_rkey)
+                if (d->remote[i].key == w->invalidate_rkey)
                     d->remote[i].valid = 0;
         }
         return IBV_WC_SUCCESS;
@@ -219,20 +272,82 @@ static enum ibv_wc_opcode fake_wc_opcode(enum ibv_wr_opcode op)
     return op == IBV_WR_RDMA_READ ? IBV_WC_RDMA_READ : op == IBV_WR_RDMA_WRITE ? IBV_WC_RDMA_WRITE : IBV_WC_SEND;
 }
 
+static struct fake_ring *fake_recv_ring(struct fake_dev *d)
+{
+    return d->shared_cq ? &d->scq : &d->rcq;
+}
+
+/* The QP enters the error state: every work request on the wire and every posted receive completes with a
+ * flush error (an RC QP in error completes everything, signaled or not). */
+static void fake_enter_error(struct fake_dev *d)
+{
+    d->qp_error = 1;
+    d->qp.state = IBV_QPS_ERR;
+    for (; d->wire_count; d->wire_count--, d->wire_head = (d->wire_head + 1) % FAKE_RING) {
+        struct fake_wire_wr *w = &d->wire[d->wire_head];
+        fake_push(&d->scq, w->wr_id, IBV_WC_WR_FLUSH_ERR, fake_wc_opcode(w->opcode), 0);
+        d->flushed++;
+    }
+    for (; d->recv_count; d->recv_count--, d->recv_head = (d->recv_head + 1) % FAKE_RING) {
+        fake_push(fake_recv_ring(d), d->recvs[d->recv_head].wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0);
+        d->flushed++;
+    }
+}
+
+/* Generate the completions of the next `n` work requests on the wire, in post order: each one's data moves now. */
+static void fake_generate(struct fake_dev *d, uint32_t n)
+{
+    while (n-- && d->wire_count) {
+        struct fake_wire_wr *w = &d->wire[d->wire_head];
+        d->wire_head = (d->wire_head + 1) % FAKE_RING;
+        d->wire_count--;
+        enum ibv_wc_status status = fake_execute(d, w);
+        if (status != IBV_WC_SUCCESS) {
+            fake_push(&d->scq, w->wr_id, status, fake_wc_opcode(w->opcode), 0);
+            fake_enter_error(d);
+            return;
+        }
+        if (w->send_flags & IBV_SEND_SIGNALED)
+            fake_push(&d->scq, w->wr_id, IBV_WC_SUCCESS, fake_wc_opcode(w->opcode),
+                      w->opcode == IBV_WR_RDMA_READ ? w->length : 0);
+    }
+}
+
 static int fake_post_send_locked(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
 {
     struct fake_dev *d = DEV(qp->context);
     d->post_send_calls++;
+    if (fake_post_fails(d, &d->send_fault)) {
+        *bad = wr;
+        return d->send_fault.err;
+    }
     for (; wr; wr = wr->next) {
-        d->wrs_posted++;
-        enum ibv_wc_status status = d->qp_error ? IBV_WC_WR_FLUSH_ERR : fake_execute(d, wr);
-        if (status != IBV_WC_SUCCESS) {
-            d->qp_error = 1; /* an RC QP in error completes everything with an error, signaled or not */
-            fake_push(&d->scq, wr->wr_id, status, fake_wc_opcode(wr->opcode), 0);
-        } else if (wr->send_flags & IBV_SEND_SIGNALED) {
-            fake_push(&d->scq, wr->wr_id, IBV_WC_SUCCESS, fake_wc_opcode(wr->opcode),
-                      wr->opcode == IBV_WR_RDMA_READ ? wr->sg_list->length : 0);
+        if (d->qp_error) { /* a QP in error flushes what is posted on it */
+            d->wrs_posted++;
+            fake_push(&d->scq, wr->wr_id, IBV_WC_WR_FLUSH_ERR, fake_wc_opcode(wr->opcode), 0);
+            d->flushed++;
+            continue;
         }
+        if (d->wire_count == FAKE_RING) { /* the send queue is full */
+            *bad = wr;
+            return 12; /* ENOMEM */
+        }
+        d->wrs_posted++;
+        struct fake_wire_wr *w = &d->wire[(d->wire_head + d->wire_count++) % FAKE_RING];
+        struct ibv_sge *sge = wr->num_sge ? wr->sg_list : NULL;
+        memset(w, 0, sizeof *w);
+        w->wr_id = wr->wr_id;
+        w->opcode = wr->opcode;
+        w->send_flags = wr->send_flags;
+        w->num_sge = wr->num_sge;
+        w->local_addr = sge ? sge->addr : 0;
+        w->length = sge ? sge->length : 0;
+        w->lkey = sge ? sge->lkey : 0;
+        w->remote_addr = wr->wr.rdma.remote_addr;
+        w->rkey = wr->wr.rdma.rkey;
+        w->invalidate_rkey = wr->opcode == IBV_WR_SEND_WITH_INV ? wr->invalidate_rkey : 0;
+        if ((wr->send_flags & IBV_SEND_INLINE) && sge && sge->length <= sizeof w->inline_data)
+            memcpy(w->inline_data, (const void *)(uintptr_t)sge->addr, sge->length);
     }
     return 0;
 }
@@ -327,10 +442,12 @@ uint32_t fakehost_reg_remote(void *dev, uint64_t addr, uint64_t len)
 }
 
 /* The host SENDs a capsule: into the oldest posted receive, as a receive completion.  -1: no receive posted
- * (an RNR on a real link); -2: longer than the receive buffer. */
+ * (an RNR on a real link); -2: longer than the receive buffer; -3: the QP is in the error state. */
 static int fakehost_deliver_locked(void *dev, const void *capsule, uint32_t len)
 {
     struct fake_dev *d = dev;
+    if (d->qp_error)
+        return -3;
     if (!d->recv_count) {
         d->rnr++;
         return -1;
@@ -341,11 +458,11 @@ static int fakehost_deliver_locked(void *dev, const void *capsule, uint32_t len)
     d->recv_head = (d->recv_head + 1) % FAKE_RING;
     d->recv_count--;
     if (!fake_find(d->local, d->nlocal, d->recvs[i].lkey, d->recvs[i].addr, len)) {
-        fake_push(&d->rcq, d->recvs[i].wr_id, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0);
+        fake_push(fake_recv_ring(d), d->recvs[i].wr_id, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0);
         return 0;
     }
     memcpy((void *)(uintptr_t)d->recvs[i].addr, capsule, len);
-    fake_push(d->shared_cq ? &d->scq : &d->rcq, d->recvs[i].wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, len);
+    fake_push(fake_recv_ring(d), d->recvs[i].wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, len);
     return 0;
 }
 
@@ -377,7 +494,8 @@ uint32_t fakehost_responses(void *dev, void *out, uint32_t max)
 }
 
 /* Counters: post_send calls, post_recv calls, poll calls, arm calls, work requests, RNRs, READs, WRITEs,
- * receives posted now, QP in error, CQ overflows. */
+ * receives posted now, QP in error, CQ overflows, work requests on the wire now, flushed work requests (receives
+ * too), injected post failures. */
 void fakehost_counters(void *dev, uint64_t *out)
 {
     struct fake_dev *d = dev;
@@ -393,5 +511,51 @@ void fakehost_counters(void *dev, uint64_t *out)
     out[8] = d->recv_count;
     out[9] = d->qp_error;
     out[10] = d->scq.overflow + d->rcq.overflow;
+    out[11] = d->wire_count;
+    out[12] = d->flushed;
+    out[13] = d->post_faults;
+    pthread_mutex_unlock(&d->lock);
+}
+
+/* ------------------------------------------------------------------ the fault model (what the tests call) */
+
+/* Hold the wire (1): posted work requests stay on it, no completion and no data movement, until released.
+ * Not held (0, the default): completions are generated when a CQ is polled. */
+void fakehost_hold(void *dev, int hold)
+{
+    pthread_mutex_lock(&DEV(dev)->lock);
+    DEV(dev)->hold = hold;
+    pthread_mutex_unlock(&DEV(dev)->lock);
+}
+
+/* Generate the completions of the next `n` work requests on the wire (UINT32_MAX: all); the number left on it. */
+uint32_t fakehost_release(void *dev, uint32_t n)
+{
+    struct fake_dev *d = dev;
+    pthread_mutex_lock(&d->lock);
+    fake_generate(d, n);
+    uint32_t left = d->wire_count;
+    pthread_mutex_unlock(&d->lock);
+    return left;
+}
+
+/* The `nth` post_send (recv = 0) or post_recv (recv = 1) from now (1: the next) returns `err` with *bad at its
+ * first work request, none of them posted; nth 0 disarms. */
+void fakehost_fail_post(void *dev, int recv, int err, uint32_t nth)
+{
+    struct fake_dev *d = dev;
+    pthread_mutex_lock(&d->lock);
+    struct fake_post_fault *fault = recv ? &d->recv_fault : &d->send_fault;
+    fault->err = err;
+    fault->countdown = nth;
+    pthread_mutex_unlock(&d->lock);
+}
+
+/* Move the QP to the error state (a link down, a retry count exceeded): everything outstanding is flushed. */
+void fakehost_qp_error(void *dev)
+{
+    struct fake_dev *d = dev;
+    pthread_mutex_lock(&d->lock);
+    fake_enter_error(d);
     pthread_mutex_unlock(&d->lock);
 }

@@ -46,7 +46,10 @@ def fake_library() -> ctypes.CDLL:
                             ("fakehost_send_cq", vp, [vp]), ("fakehost_recv_cq", vp, [vp]),
                             ("fakehost_reg_local", u32, [vp, u64, u64]), ("fakehost_reg_remote", u32, [vp, u64, u64]),
                             ("fakehost_deliver", ctypes.c_int, [vp, ctypes.c_char_p, u32]),
-                            ("fakehost_responses", u32, [vp, vp, u32]), ("fakehost_counters", None, [vp, vp])):
+                            ("fakehost_responses", u32, [vp, vp, u32]), ("fakehost_counters", None, [vp, vp]),
+                            ("fakehost_hold", None, [vp, ctypes.c_int]), ("fakehost_release", u32, [vp, u32]),
+                            ("fakehost_fail_post", None, [vp, ctypes.c_int, ctypes.c_int, u32]),
+                            ("fakehost_qp_error", None, [vp])):
         fn = getattr(lib, name)
         fn.restype = res
         fn.argtypes = args
@@ -64,7 +67,7 @@ def lib() -> ctypes.CDLL:
 
 
 COUNTERS = ("post_send", "post_recv", "polls", "arms", "wrs", "rnr", "reads", "writes", "recvs_posted",
-            "qp_error", "cq_overflow")
+            "qp_error", "cq_overflow", "on_wire", "flushed", "post_faults")
 
 
 class FakeDevice:
@@ -105,6 +108,7 @@ class FakeDevice:
         return Region(addr, self.lib.fakehost_reg_remote(self.dev, addr, size), size, memoryview(buf).cast("B"))
 
     def deliver(self, capsule: bytes) -> int:
+        """0, or -1: no receive posted (RNR), -2: longer than the receive buffer, -3: the QP is in error."""
         return self.lib.fakehost_deliver(self.dev, capsule, len(capsule))
 
     def responses(self) -> List[Tuple[bytes, Optional[int]]]:
@@ -121,9 +125,36 @@ class FakeDevice:
                 return got
 
     def counters(self) -> dict:
-        out = (ctypes.c_uint64 * 11)()
+        out = (ctypes.c_uint64 * len(COUNTERS))()
         self.lib.fakehost_counters(self.dev, out)
         return dict(zip(COUNTERS, out))
+
+    # -- the fault model (tests/native/fakeprov.c)
+
+    def hold(self, on: bool = True) -> None:
+        """Hold the wire: posted work requests stay on it (no completion, no data moved) until `release`.
+        Not held (the default), every CQ poll generates the completions of everything on the wire first."""
+        self.lib.fakehost_hold(self.dev, 1 if on else 0)
+
+    def release(self, n: Optional[int] = None) -> int:
+        """Complete the next `n` work requests on the wire (all when None), their data moved now; how many
+        are left on it."""
+        return self.lib.fakehost_release(self.dev, 0xFFFFFFFF if n is None else n)
+
+    def on_wire(self) -> int:
+        return self.counters()["on_wire"]
+
+    def fail_post(self, which: str, err: int, nth: int = 1) -> None:
+        """The `nth` ibv_post_send (`which` "send") or ibv_post_recv ("recv") from now returns `err` (an
+        errno), with *bad at its first work request and none of them posted."""
+        if which not in ("send", "recv"):
+            raise ValueError(f"which must be 'send' or 'recv', not {which!r}")
+        self.lib.fakehost_fail_post(self.dev, 1 if which == "recv" else 0, err, nth)
+
+    def qp_error(self) -> None:
+        """Move the QP to the error state: every work request on the wire and every posted receive completes
+        with IBV_WC_WR_FLUSH_ERR, and so does every later post."""
+        self.lib.fakehost_qp_error(self.dev)
 
     def close(self) -> None:
         if self.dev:
@@ -149,7 +180,8 @@ def native_queue(device: FakeDevice, handler, qid: int = 1, depth: int = 32, in_
 
 
 def pump(queue: NativeTargetQueue, rounds: int = 64) -> int:
-    """Poll until nothing completes (each poll's posts complete at once on the fake wire); file and block commands
+    """Poll until nothing completes (each poll generates the completions of what the last one posted, unless the
+    wire is held); file and block commands
     on the queue's io_uring are waited for (its eventfd, up to 10 s)."""
     total = 0
     for _ in range(rounds):
