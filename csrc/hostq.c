@@ -8,9 +8,14 @@
  * log-linear histogram; one doorbell per poll batch for the SENDs and one for the receives, SENDs signaled every
  * `signal_interval`-th, nothing allocated per I/O.
  *
- * Wire facts (docs/protocol.md): the SQE's CID is the tag; PSDT 01b (SGL); the keyed SGL data block descriptor is
- * address (8), length (3), key (4), identifier 0x40 (keyed data block, address subtype: the target does not
- * invalidate the key); the CQE's CID is at byte 12, the status (phase bit 0) at byte 14.
+ * No response is trusted that was not asked for (as nvme_rdma_recv_done): one shorter than a CQE, or one whose CID
+ * names no command in flight, is a protocol error that fails the queue (counted in stats(), named in the error);
+ * perf's CIDs carry a 4-bit generation above the tag (as the Python initiator's), so a stale or duplicated
+ * response cannot complete the command that reused its tag.
+ *
+ * Wire facts (docs/protocol.md): perf's CID is the tag | generation << 12; PSDT 01b (SGL); the keyed SGL data
+ * block descriptor is address (8), length (3), key (4), identifier 0x40 (keyed data block, address subtype: the
+ * target does not invalidate the key); the CQE's CID is at byte 12, the status (phase bit 0) at byte 14.
  */
 #include "native.h"
 
@@ -27,7 +32,9 @@
 #define CQE_SIZE 16
 #define SEND_WR_BASE (1ULL << 63) /* a SEND's wr_id: base | slot << 32 | SENDs it retires; a receive's: its index */
 #define NO_SLOT 0xFFFFu
-#define MAX_DEPTH 4096
+#define MAX_DEPTH 4096 /* a tag fits the CID's low 12 bits */
+#define CID_TAG_BITS 12
+#define CID_TAG_MASK ((1u << CID_TAG_BITS) - 1)
 #define POLL_BATCH 64
 #define SUB_BUCKETS 32 /* histogram: 32 buckets per power of two (about 3 % wide) */
 #define HIST_BUCKETS (60 * SUB_BUCKETS)
@@ -44,8 +51,10 @@ typedef struct {
     uint8_t *send;     /* slots capsule slots of slot_size bytes */
     uint32_t recv_lkey, send_lkey, recv_count, slots, slot_size, inline_max, sq_size, signal_interval;
     uint32_t in_sq, unsignaled; /* SENDs posted and not yet retired; unsignaled ones since the last signaled */
-    int failed;                 /* a work completion failed: the QP is in error, nothing more is posted */
+    int failed;                 /* a work completion failed, or the target broke the protocol: nothing is posted */
     int failed_status;
+    char protocol_error[96];    /* why the target's response failed the queue, or empty */
+    uint64_t short_responses, unknown_responses; /* responses refused (each fails the queue) */
     uint8_t *slot_busy;         /* slow path: a capsule slot waits for its SEND's completion */
     uint32_t next_slot;
     PyObject *responses;        /* slow path: CQEs received, not yet returned by poll() */
@@ -56,6 +65,7 @@ typedef struct {
     struct ibv_sge *recv_sges;
     uint64_t *started;
     uint8_t *is_write, *busy;
+    uint16_t *cids;             /* perf: each tag's CID in flight (generation << 12 | tag) */
     uint16_t *backlog;
     uint64_t *hist;
 } HostQueue;
@@ -157,6 +167,7 @@ static void hostq_dealloc(HostQueue *q)
     PyMem_Free(q->started);
     PyMem_Free(q->is_write);
     PyMem_Free(q->busy);
+    PyMem_Free(q->cids);
     PyMem_Free(q->backlog);
     PyMem_Free(q->hist);
     Py_TYPE(q)->tp_free((PyObject *)q);
@@ -195,11 +206,12 @@ static int hostq_init(HostQueue *q, PyObject *args, PyObject *kwds)
     q->started = PyMem_Calloc(slots, sizeof *q->started);
     q->is_write = PyMem_Calloc(slots, 1);
     q->busy = PyMem_Calloc(slots, 1);
+    q->cids = PyMem_Calloc(slots, sizeof *q->cids);
     q->backlog = PyMem_Calloc(slots, sizeof *q->backlog);
     q->hist = PyMem_Calloc(HIST_BUCKETS, sizeof *q->hist);
     q->responses = PyList_New(0);
     if (!q->slot_busy || !q->send_wrs || !q->send_sges || !q->recv_wrs || !q->recv_sges || !q->started ||
-        !q->is_write || !q->busy || !q->backlog || !q->hist || !q->responses) {
+        !q->is_write || !q->busy || !q->cids || !q->backlog || !q->hist || !q->responses) {
         PyErr_NoMemory();
         return -1;
     }
@@ -243,8 +255,36 @@ static int hostq_init(HostQueue *q, PyObject *args, PyObject *kwds)
 
 static PyObject *connection_lost(HostQueue *q)
 {
+    if (q->protocol_error[0])
+        return PyErr_Format(PyExc_ConnectionError, "queue failed: %s: the target violated the protocol",
+                            q->protocol_error);
     return PyErr_Format(PyExc_ConnectionError, "work completion failed with status %d (%s): connection lost",
                         q->failed_status, ibv_wc_status_str((enum ibv_wc_status)q->failed_status));
+}
+
+/* A received response that is not a whole CQE fails the queue (nvme-rdma: "Unexpected nvme completion length"). */
+static int response_too_short(HostQueue *q, const struct ibv_wc *wc)
+{
+    if (wc->byte_len >= CQE_SIZE)
+        return 0;
+    q->short_responses++;
+    if (!q->failed) {
+        q->failed = 1;
+        snprintf(q->protocol_error, sizeof q->protocol_error, "a response of %u bytes (a CQE is %d)", wc->byte_len,
+                 CQE_SIZE);
+    }
+    return 1;
+}
+
+/* A response naming no command in flight fails the queue (nvme-rdma: "got bad command_id", error recovery). */
+static void response_not_in_flight(HostQueue *q, uint16_t cid)
+{
+    q->unknown_responses++;
+    if (!q->failed) {
+        q->failed = 1;
+        snprintf(q->protocol_error, sizeof q->protocol_error,
+                 "a response for command ID %#x, which is not in flight", cid);
+    }
 }
 
 /* Take completions (GIL held: the slow path).  Returns the number taken, or -1 with an exception set. */
@@ -268,6 +308,8 @@ static int slow_drain(HostQueue *q)
                 send_completed(q, wc[i].wr_id);
                 continue;
             }
+            if (response_too_short(q, &wc[i]))
+                continue; /* the CID of a short response is not read (the Python initiator checks it otherwise) */
             uint32_t idx = (uint32_t)wc[i].wr_id;
             PyObject *cqe = PyBytes_FromStringAndSize((const char *)q->recv + (size_t)idx * CQE_SIZE, CQE_SIZE);
             if (!cqe || PyList_Append(q->responses, cqe) < 0) {
@@ -351,8 +393,8 @@ static PyObject *hostq_poll(HostQueue *q, PyObject *args)
         nanosleep(&pause, NULL);
         Py_END_ALLOW_THREADS
     }
-    if (!PyList_GET_SIZE(q->responses) && q->failed)
-        return connection_lost(q);
+    if (q->protocol_error[0] || (!PyList_GET_SIZE(q->responses) && q->failed))
+        return connection_lost(q); /* a protocol error at once: what came with it is not trusted */
     PyObject *out = q->responses;
     q->responses = PyList_New(0);
     if (!q->responses) {
@@ -400,8 +442,9 @@ static void build_io(HostQueue *q, const struct perf_params *p, uint64_t *rng, u
     memset(sqe, 0, SQE_SIZE);
     sqe[0] = write ? 0x01 : 0x02; /* Write / Read */
     sqe[1] = 0x40;                /* PSDT 01b: SGL, metadata as a pointer */
-    sqe[2] = (uint8_t)tag;
-    sqe[3] = (uint8_t)(tag >> 8);
+    uint16_t cid = q->cids[tag] = (uint16_t)((((q->cids[tag] >> CID_TAG_BITS) + 1) << CID_TAG_BITS) | tag);
+    sqe[2] = (uint8_t)cid;
+    sqe[3] = (uint8_t)(cid >> 8);
     memcpy(sqe + 4, &p->nsid, 4);
     memcpy(sqe + 24, &data, 8);                  /* keyed SGL data block: address */
     uint32_t len = p->block_size;
@@ -518,9 +561,13 @@ static void run_perf(HostQueue *q, const struct perf_params *p, struct perf_coun
                 send_completed(q, wr_id);
                 continue;
             }
+            if (response_too_short(q, &wc[i])) {
+                c->unexpected++;
+                continue;
+            }
             uint32_t idx = (uint32_t)wr_id;
             const uint8_t *cqe = q->recv + (size_t)idx * CQE_SIZE;
-            uint16_t cid = (uint16_t)(cqe[12] | cqe[13] << 8);
+            uint16_t cid = (uint16_t)(cqe[12] | cqe[13] << 8), tag = cid & CID_TAG_MASK;
             uint16_t status = (uint16_t)((cqe[14] | cqe[15] << 8) >> 1);
             struct ibv_recv_wr *rwr = &q->recv_wrs[idx];
             rwr->next = NULL;
@@ -529,20 +576,21 @@ static void run_perf(HostQueue *q, const struct perf_params *p, struct perf_coun
             else
                 rhead = rwr;
             rtail = rwr;
-            if (cid >= p->depth || !q->busy[cid]) {
+            if (tag >= p->depth || !q->busy[tag] || q->cids[tag] != cid) {
+                response_not_in_flight(q, cid);
                 c->unexpected++;
                 continue;
             }
-            q->busy[cid] = 0;
+            q->busy[tag] = 0;
             in_flight--;
             if (measuring && running) {
-                uint64_t lat = now - q->started[cid];
+                uint64_t lat = now - q->started[tag];
                 q->hist[bucket_of(lat)]++;
                 c->lat_sum += lat;
                 if (lat > c->lat_max)
                     c->lat_max = lat;
                 c->ios++;
-                if (q->is_write[cid])
+                if (q->is_write[tag])
                     c->writes++;
                 else
                     c->reads++;
@@ -559,7 +607,7 @@ static void run_perf(HostQueue *q, const struct perf_params *p, struct perf_coun
                 }
             }
             if (running && !q->failed)
-                q->backlog[nbacklog++] = cid;
+                q->backlog[nbacklog++] = tag;
         }
         if (q->failed)
             break;
@@ -629,7 +677,7 @@ static PyObject *hostq_perf(HostQueue *q, PyObject *args, PyObject *kwds)
     Py_BEGIN_ALLOW_THREADS
     run_perf(q, &p, &c);
     Py_END_ALLOW_THREADS
-    if (c.lost)
+    if (c.lost || q->protocol_error[0])
         return connection_lost(q);
     if (c.post_error)
         return PyErr_Format(PyExc_OSError, "perf: posting a work request or polling the CQ failed (%d in flight)",
@@ -657,7 +705,9 @@ static PyObject *hostq_perf(HostQueue *q, PyObject *args, PyObject *kwds)
 
 static PyObject *hostq_stats(HostQueue *q, PyObject *unused)
 {
-    return Py_BuildValue("{sIsIsi}", "in_sq", q->in_sq, "sq_size", q->sq_size, "failed", q->failed);
+    return Py_BuildValue("{sIsIsisKsK}", "in_sq", q->in_sq, "sq_size", q->sq_size, "failed", q->failed,
+                         "short_responses", (unsigned long long)q->short_responses, "unknown_responses",
+                         (unsigned long long)q->unknown_responses);
 }
 
 static PyMethodDef hostq_methods[] = {
@@ -667,7 +717,8 @@ static PyMethodDef hostq_methods[] = {
      "perf(nsid, nlb, block_size, span_slots, queue_depth, read_percent, data_addr, data_rkey, runtime=1.0, "
      "ramp=0.0, max_ios=0, seed=0, busy_poll=False) -> counts and latency percentiles (µs); the GIL is released "
      "while it runs."},
-    {"stats", (PyCFunction)hostq_stats, METH_NOARGS, "stats() -> {in_sq, sq_size, failed}."},
+    {"stats", (PyCFunction)hostq_stats, METH_NOARGS,
+     "stats() -> {in_sq, sq_size, failed, short_responses, unknown_responses}."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -17,6 +17,7 @@
  */
 #include "native.h"
 #include "pollgroup.h"
+#include "trace.h"
 #include "uring.h"
 
 #include <errno.h>
@@ -244,6 +245,7 @@ typedef struct {
     pthread_mutex_t lock;
     struct nq_mailbox mail;
     struct nq_mail *drained; /* drain's copy of the mailbox, mail.size entries */
+    struct nt_ring *trace;   /* the per-command trace (csrc/trace.h), NULL while it is off */
 } NativeQueue;
 
 /* ------------------------------------------------------------------ the view */
@@ -366,6 +368,7 @@ static inline void nq_batch_response(NativeQueue *q, uint64_t wr_id, const uint8
                                      uint32_t lkey, uint32_t len, uint64_t raddr, uint32_t rkey, int invalidate,
                                      uint32_t invalidate_rkey)
 {
+    NT_TRACE(q->trace, nt_record_response, cqe, len, raddr, rkey, invalidate, invalidate_rkey);
     if (len) {
         struct ibv_send_wr *w = nq_batch_wr(q, NQ_WRITE_WR_ID, IBV_WR_RDMA_WRITE, 0, laddr, len, lkey);
         w->wr.rdma.remote_addr = raddr;
@@ -462,6 +465,8 @@ static inline int nq_step(NativeQueue *q, uint32_t idx)
                                             r->len, r->lkey);
         w->wr.rdma.remote_addr = r->raddr;
         w->wr.rdma.rkey = r->rkey;
+        NT_TRACE(q->trace, nt_record, NT_DATA_POSTED, r->cid, r->opc, r->nsid, 0, r->len, r->raddr, r->rkey,
+                 NT_FLAG_RDMA_READ);
         return 1;
     }
     uint32_t wrs = r->len && r->opc == OPC_READ && !r->status ? 2 : 1;
@@ -622,6 +627,7 @@ static inline uint64_t rd64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); re
 static void nq_capsule(NativeQueue *q, uint32_t slot, uint32_t len)
 {
     const uint8_t *sqe = (const uint8_t *)q->recv_base + (size_t)slot * q->recv_size;
+    NT_TRACE(q->trace, nt_record_capsule, NT_RECEIVED, sqe, len);
     q->repost[q->nrepost++] = slot;
     struct nq_view *view = q->view;
     if (len < NQ_SQE_SIZE || !view || !view->ready || !q->nfree)
@@ -748,6 +754,7 @@ static void nq_capsule(NativeQueue *q, uint32_t slot, uint32_t len)
     nq_advance(q, idx);
     return;
 python:
+    NT_TRACE(q->trace, nt_record_capsule, NT_TO_CORE, sqe, len);
     nq_to_python(q, slot, len);
 }
 
@@ -778,6 +785,7 @@ static inline void nq_release(NativeQueue *q, uint32_t idx)
 static inline void nq_read_done(NativeQueue *q, uint32_t idx)
 {
     struct nq_req *r = &q->reqs[idx];
+    NT_TRACE(q->trace, nt_record, NT_DATA_DONE, r->cid, r->opc, r->nsid, 0, r->len, 0, 0, 0);
     q->reads_free++;
     struct nq_ns *ns = q->view ? nq_lookup(q->view, r->nsid) : NULL;
     if (r->file) {
@@ -827,6 +835,7 @@ static const char *nq_handback_capsule(NativeQueue *q, uint32_t idx, uint32_t *l
 static void nq_file_hand_back(NativeQueue *q, uint32_t idx)
 {
     q->file_handed_back++;
+    NT_TRACE(q->trace, nt_record_capsule, NT_TO_CORE, q->reqs[idx].sqe, NQ_SQE_SIZE);
     if (q->threaded) { /* the loop takes it with what it drains; the capsule is made there */
         q->python_commands++;
         q->reqs[idx].state = NQ_HANDED_BACK;
@@ -846,6 +855,7 @@ static void nq_file_done(NativeQueue *q, uint32_t idx, int res)
     if (q->closed || idx >= q->nreqs || q->reqs[idx].state != NQ_FILE_IO)
         return; /* closed by a callback during this reap (the ring is gone), or not ours (cookies are slots) */
     struct nq_req *r = &q->reqs[idx];
+    NT_TRACE(q->trace, nt_record, NT_DATA_DONE, r->cid, r->opc, r->nsid, 0, (uint32_t)res, 0, 0, NT_FLAG_FILE);
     __atomic_fetch_sub(&r->file->in_flight, 1, __ATOMIC_RELAXED);
     nq_file_put(r->file);
     r->file = NULL;
@@ -917,6 +927,7 @@ static void nq_send_done(NativeQueue *q, uint64_t wr_id)
                 else
                     q->reads_free++; /* cannot happen on RC (a READ is signaled): never hang on it */
             } else if (r->state == NQ_COMPLETING) {
+                NT_TRACE(q->trace, nt_record, NT_RESPONSE_DONE, r->cid, r->opc, r->nsid, r->status, 0, 0, 0, 0);
                 nq_release(q, idx);
             }
         } else if (e.wr_id == wr_id && q->on_send_done != Py_None) {
@@ -1278,6 +1289,7 @@ static void NativeQueue_dealloc(NativeQueue *q)
     Py_XDECREF(q->error_type);
     Py_XDECREF(q->error_value);
     Py_XDECREF(q->error_tb);
+    nt_ring_free(q->trace);
     Py_TYPE(q)->tp_free((PyObject *)q);
 }
 
@@ -1458,6 +1470,7 @@ static PyObject *nq_post_read(NativeQueue *q, PyObject *args)
                                         lkey);
     w->wr.rdma.remote_addr = raddr;
     w->wr.rdma.rkey = rkey;
+    NT_TRACE(q->trace, nt_record, NT_DATA_POSTED, NT_NO_CID, 0, 0, 0, length, raddr, rkey, NT_FLAG_RDMA_READ);
     if (!q->in_poll)
         nq_flush(q);
     Py_RETURN_NONE;
@@ -1804,6 +1817,8 @@ static PyObject *NativeQueue_mail_fd(NativeQueue *q, void *closure)
     return PyLong_FromLong(q->threaded ? q->mail.fd : -1);
 }
 
+NT_QUEUE_METHODS(NativeQueue, trace, q->qp->qp_num, nq_lock, nq_unlock)
+
 static PyMethodDef NativeQueue_methods[] = {
     {"poll", (PyCFunction)(void (*)(void))NativeQueue_poll, METH_FASTCALL,
      "poll(budget=256) -> completions handled; receives re-posted and sends posted once at the end."},
@@ -1824,6 +1839,7 @@ static PyMethodDef NativeQueue_methods[] = {
     {"close", (PyCFunction)NativeQueue_close, METH_NOARGS, "Stop posting (after the QP is gone)."},
     {"drain", (PyCFunction)NativeQueue_drain, METH_NOARGS,
      "A poll group's queue: deliver what its thread mailed (capsules, send completions, a failure); how many."},
+    NT_QUEUE_METHOD_DEFS(NativeQueue)
     {NULL, NULL, 0, NULL},
 };
 

@@ -118,4 +118,10 @@ CORES = Tunable("cores", int, 1, 1, 64, "poll native I/O queues on N threads wit
                 "thread, round-robin as hosts connect (1: the event loop polls them); needs --data-path native "
                 "--poll busy and at most one thread per CPU")
 
+# `target serve --trace`: the native data path's per-command trace (docs/native.md, "The per-command trace").
+TRACE = Choice("trace", ("off", "on"), "off",
+               "the native data path's per-command trace: each native I/O queue records its commands' events in a "
+               "ring and the lines are logged at debug level (-vv), as the Python data path's; the RPC "
+               "trace_enable_tpoint_group turns it on while serving; needs --data-path native")
+
 ALL: Tuple[Tunable, ...] = (*RESOURCE_LIMITS.values(), *TARGET_SETTINGS.values(), WORKERS, QID_MAX, CORES)

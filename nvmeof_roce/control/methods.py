@@ -19,6 +19,7 @@ from ..config import (ANA_STATES, QOS_LIMITS, ConfigError, DISCOVERY_NQN, USERSP
                       parse_config, parse_size, raise_all, validate_for_userspace)
 from ..securefile import write_file
 from ..transport import registry
+from ..transport.rdma.native_trace import GROUP as TRACE_GROUP, TRACING
 from ..engine import auth
 from . import live
 from .protocol import METHOD_NOT_FOUND, RpcError, handle_request
@@ -628,6 +629,22 @@ class Control:
             except OSError as exc:
                 raise RpcError(f"cannot write {path}: {exc.strerror}", "path", "pick a writable directory") from None
         return data
+
+    def rpc_trace_enable_tpoint_group(self, params) -> bool:
+        """The native data path's per-command trace on (docs/native.md), as SPDK names its tracepoint groups."""
+        return self._tpoint_group("trace_enable_tpoint_group", params, True)
+
+    def rpc_trace_disable_tpoint_group(self, params) -> bool:
+        return self._tpoint_group("trace_disable_tpoint_group", params, False)
+
+    @staticmethod
+    def _tpoint_group(method: str, params, enabled: bool) -> bool:
+        name = _Params(method, params, ("name",)).str("name")
+        if name not in (TRACE_GROUP, "all"):
+            raise RpcError(f"no tracepoint group {name!r}: this target traces the native data path's commands "
+                           f"({TRACE_GROUP!r})", "name", f'give "name": "{TRACE_GROUP}" (or "all")')
+        TRACING.set_enabled(enabled)
+        return True
 
     # -- our own
     def rpc_nvmeof_reload_config(self, params) -> dict:

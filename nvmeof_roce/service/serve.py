@@ -12,8 +12,9 @@ from ..errors import NvmeofError
 from ..securefile import write_file
 from ..config import TargetConfig, load_userspace_config
 from ..transport import registry
+from ..transport.rdma.native_trace import TRACING, printed as trace_printed
 from ..transport.resources import ResourceLimits
-from ..tunables import CORES, POLL, RESOURCE_LIMITS
+from ..tunables import CORES, POLL, RESOURCE_LIMITS, TRACE
 from .ops import Operations, bind_control_socket, persist_changes
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ class TargetServer:
     def __init__(self, config: TargetConfig, *, limits: Optional[ResourceLimits] = None,
                  remote_invalidate: bool = True, listen_portids: Optional[List[int]] = None,
                  file_lock: str = "exclusive", data_path: Optional[str] = None, worker: Optional[int] = None,
-                 poll: str = POLL.default, cores: int = CORES.default):
+                 poll: str = POLL.default, cores: int = CORES.default, trace: str = TRACE.default):
         from ..engine.core import Target
 
         served = [p for p in config.ports if registry.serves(p.trtype)]  # transport/registry.py
@@ -52,6 +53,7 @@ class TargetServer:
         check_file_buffers(self.limits.queue_file_buffers, self.data_path)
         self.poll = check_poll(poll, self.data_path)  # how native queues find completions (tunables.POLL)
         self.cores = check_cores(cores, self.data_path, self.poll)  # poll-group threads (tunables.CORES)
+        self.trace = check_trace(trace, self.data_path)  # the native queues' per-command trace (tunables.TRACE)
         self.target = Target(config, file_lock=file_lock, limits=self.limits)
         self.loop = registry.get(served[0].trtype).event_loop(self.target)
         self.target.attach_loop(self.loop)  # fdatasync and long commands stay off the loop
@@ -63,6 +65,8 @@ class TargetServer:
             from ..transport.rdma.pollgroups import PollGroups
             self.poll_groups = PollGroups(native.module, self.cores)
         self.stopping = False
+        if self.trace == "on":
+            TRACING.set_enabled(True)
         # what every listener is given, those of ports added live too (service/ops.py)
         self.listen_options = registry.ListenOptions(max_transfer=self.target.max_transfer, limits=self.limits,
                                                      remote_invalidate=remote_invalidate, data_path=self.data_path,
@@ -129,6 +133,8 @@ class TargetServer:
         if self.poll_groups is not None:  # after the listeners: their queues left their groups as they closed
             self.poll_groups.close()
             self.poll_groups = None
+        if self.trace == "on":
+            TRACING.set_enabled(False)
         self.target.close()  # flushes and closes the namespaces
 
 
@@ -136,7 +142,8 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
           remote_invalidate: bool = True, worker: Optional[int] = None,
           listen_portids: Optional[List[int]] = None, path_groups: Optional[List[str]] = None,
           rpc_socket: Optional[str] = "", metrics: Optional[str] = None, persist: Optional[bool] = None,
-          data_path: Optional[str] = None, poll: str = POLL.default, cores: int = CORES.default) -> int:
+          data_path: Optional[str] = None, poll: str = POLL.default, cores: int = CORES.default,
+          trace: str = TRACE.default) -> int:
     config = load_userspace_config(path)  # the same loader and checks as `target check`
     refuse_kernel_ports(config, listen_portids)
     if worker is not None and not rpc_socket:
@@ -146,7 +153,7 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
         server = TargetServer(config, limits=limits, remote_invalidate=remote_invalidate,
                               listen_portids=listen_portids,
                               file_lock="exclusive" if worker is None else "shared", data_path=data_path,
-                              worker=worker, poll=poll, cores=cores)
+                              worker=worker, poll=poll, cores=cores, trace=trace)
     except BaseException:
         if bound is not None:
             bound.close()
@@ -236,6 +243,18 @@ def check_poll(poll: str, data_path: str) -> str:
     return poll
 
 
+def check_trace(trace: str, data_path: str) -> str:
+    """--trace, or a clear error: it is the native data path's (the Python data path logs its own at -vv)."""
+    TRACE.check_option(trace)
+    if trace != TRACE.default and data_path != "native":
+        raise NvmeofError(f"{TRACE.option} {trace} traces the native data path (the Python data path logs its "
+                          "per-command trace at -vv without it)",
+                          f"add --data-path native, or leave {TRACE.option} out")
+    if trace == "on" and not trace_printed():
+        log.warning("%s on: the trace lines are logged at debug level only; add -vv to see them", TRACE.option)
+    return trace
+
+
 def check_file_buffers(queue_file_buffers: int, data_path: str) -> None:
     """--queue-file-buffers sizes the native queues' bounce chunks: refused (never accepted and ignored) on the
     Python data path, whose file commands use the port's data buffers."""
@@ -284,6 +303,7 @@ def _cmd_serve(args) -> int:
         check_poll(args.poll, args.data_path or "python")  # workers run the Python path
         check_file_buffers(args.queue_file_buffers, args.data_path or "python")
         check_cores(args.cores, args.data_path or "python", args.poll)
+        check_trace(args.trace, args.data_path or "python")
         return supervise(args)
     # Connects, disconnects and rejects are logged at INFO: show them unless the user asked for less.
     logging.getLogger("nvmeof_roce").setLevel(logging.DEBUG if args.verbose > 1 else logging.INFO)
@@ -291,7 +311,8 @@ def _cmd_serve(args) -> int:
                  remote_invalidate=not args.no_remote_invalidate, worker=args.worker_index,
                  listen_portids=args.listen_port, path_groups=args.path_group,
                  rpc_socket=None if args.no_rpc_socket else (args.rpc_socket or ""), metrics=args.metrics,
-                 persist=args.persist, data_path=args.data_path, poll=args.poll, cores=args.cores)
+                 persist=args.persist, data_path=args.data_path, poll=args.poll, cores=args.cores,
+                 trace=args.trace)
 
 
 def register_serve(commands) -> None:
@@ -317,6 +338,8 @@ def register_serve(commands) -> None:
                    help=f"{POLL.help} (default {POLL.default})")
     p.add_argument(CORES.option, type=CORES.type, default=CORES.default, metavar=CORES.metavar,
                    help=f"{CORES.help} (default {CORES.default:g})")
+    p.add_argument(TRACE.option, choices=TRACE.choices, default=TRACE.default,
+                   help=f"{TRACE.help} (default {TRACE.default})")
     p.add_argument("--no-remote-invalidate", action="store_true",
                    help="answer with plain SEND even when the host's key asks for remote invalidation")
     p.add_argument("--rpc-socket", metavar="PATH",

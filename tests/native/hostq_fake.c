@@ -5,7 +5,9 @@
  * "target" is this file: every SEND the host posts is parsed as an SQE and checked (opcode, PSDT, NSID, NLB, LBA
  * alignment and range, the keyed SGL's address, length, key and type, a CID not already in flight); its response
  * is produced at the host's next poll, into the receive the host posted first, with a status the test may inject
- * every Nth command; after `fail_after` commands a completion fails (connection lost) and the QP flushes.
+ * every Nth command; after `fail_after` commands a completion fails (connection lost) and the QP flushes.  A
+ * hostile target is one call away (fake_misbehave): command N's response arrives 15 bytes long, or names a CID no
+ * command has, or comes twice (the copy at the next poll, after the host may have reused the CID).
  * Built by the tests into a small .so (tests/unit/hostq_fake.py), never into the product.
  */
 #include <stdint.h>
@@ -41,7 +43,14 @@ struct fake {
     uint64_t stats[ST_COUNT];
     uint64_t first_bad; /* the first bad command's number + 1, with the reason in bad_reason */
     int bad_reason;
+    int misbehave;      /* enum misbehave, on command misbehave_at */
+    uint64_t misbehave_at;
+    uint8_t stale[16];  /* a response already sent, sent again at the next poll */
+    int stale_pending;
 };
+
+enum misbehave { BEHAVE, SHORT_RESPONSE, FOREIGN_CID, DUPLICATE_RESPONSE };
+#define FOREIGN_CID_VALUE 0xFFFF
 
 static void push_wc(struct fake *f, uint64_t wr_id, enum ibv_wc_status status, enum ibv_wc_opcode op, uint32_t len)
 {
@@ -146,9 +155,32 @@ static int fake_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_
     return 0;
 }
 
+/* the oldest receive, or NULL (counted as an RNR) */
+static uint8_t *take_recv(struct fake *f, uint64_t *wr_id)
+{
+    if (!f->recv_count) {
+        f->stats[ST_RNR]++;
+        return NULL;
+    }
+    uint32_t at = f->recv_head;
+    f->recv_head = (f->recv_head + 1) % RING;
+    f->recv_count--;
+    *wr_id = f->recvs[at].wr_id;
+    return (uint8_t *)(uintptr_t)f->recvs[at].addr;
+}
+
 /* answer every pending command: a 16-byte CQE into the oldest receive */
 static void respond(struct fake *f)
 {
+    if (f->stale_pending && !f->failed) {
+        uint64_t wr_id;
+        uint8_t *cqe = take_recv(f, &wr_id);
+        if (cqe) {
+            memcpy(cqe, f->stale, 16);
+            push_wc(f, wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, 16);
+        }
+        f->stale_pending = 0;
+    }
     while (f->pending_count && !f->failed) {
         const uint8_t *sqe = f->pending[f->pending_head];
         f->pending_head = (f->pending_head + 1) % RING;
@@ -160,17 +192,15 @@ static void respond(struct fake *f)
             f->failed = 1; /* the connection is lost: this and every later work request flush */
             break;
         }
-        if (!f->recv_count) {
-            f->stats[ST_RNR]++;
+        uint64_t wr_id;
+        uint8_t *cqe = take_recv(f, &wr_id);
+        if (!cqe)
             continue;
-        }
-        uint32_t at = f->recv_head;
-        f->recv_head = (f->recv_head + 1) % RING;
-        f->recv_count--;
-        uint8_t *cqe = (uint8_t *)(uintptr_t)f->recvs[at].addr;
+        int misbehave = f->misbehave_at == n ? f->misbehave : BEHAVE;
+        uint16_t answered = misbehave == FOREIGN_CID ? FOREIGN_CID_VALUE : cid;
         memset(cqe, 0, 16);
-        cqe[12] = (uint8_t)cid;
-        cqe[13] = (uint8_t)(cid >> 8);
+        cqe[12] = (uint8_t)answered;
+        cqe[13] = (uint8_t)(answered >> 8);
         uint16_t status = 0;
         if (io && f->error_every && n % f->error_every == 0) {
             status = (uint16_t)(f->error_status << 1);
@@ -182,7 +212,11 @@ static void respond(struct fake *f)
             f->busy[cid] = 0;
             f->stats[ST_OUTSTANDING]--;
         }
-        push_wc(f, f->recvs[at].wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, 16);
+        if (misbehave == DUPLICATE_RESPONSE) {
+            memcpy(f->stale, cqe, 16);
+            f->stale_pending = 1;
+        }
+        push_wc(f, wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, misbehave == SHORT_RESPONSE ? 15 : 16);
     }
     if (f->failed) { /* the first receive completes in error, the rest flush */
         int first = 1;
@@ -246,6 +280,13 @@ void fake_inject(struct fake *f, uint32_t error_every, uint16_t error_status, ui
     f->error_every = error_every;
     f->error_status = error_status;
     f->fail_after = fail_after;
+}
+
+/* command `at` (from 1) gets a misbehaving response: 1 short, 2 a foreign CID, 3 a duplicate */
+void fake_misbehave(struct fake *f, int kind, uint64_t at)
+{
+    f->misbehave = kind;
+    f->misbehave_at = at;
 }
 
 uint64_t fake_stat(struct fake *f, int which) { return which >= 0 && which < ST_COUNT ? f->stats[which] : 0; }

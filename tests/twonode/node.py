@@ -24,7 +24,7 @@ import sys
 import time
 
 sys.path.insert(0, "/mnt/project")
-from nvmeof_roce import rendezvous  # noqa: E402
+from nvmeof_roce import native, rendezvous  # noqa: E402
 
 SHARE = "/mnt/share"
 TARGET_IP, HOST_IP = "10.99.1.1", "10.99.1.2"
@@ -73,8 +73,11 @@ def serve_user_target():
         json.dump(user_target_config(), f)
     ready = "/tmp/user.ready"
     log = open(f"{SHARE}/target.log", "w")
+    # the native data path's per-command trace (the Python data path's is always logged at -vv): the capture is
+    # checked against its lines
+    trace = ["--trace", "on"] if native.available() else []
     proc = subprocess.Popen([sys.executable, "-m", "nvmeof_roce", "-vv", "target", "serve", "/tmp/user.json",
-                             "--ready-file", ready], stdout=log, stderr=subprocess.STDOUT)
+                             *trace, "--ready-file", ready], stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     while not os.path.exists(ready):
         if proc.poll() is not None or time.monotonic() > deadline:

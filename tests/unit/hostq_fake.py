@@ -17,6 +17,7 @@ STATS = ("commands", "reads", "writes", "bad", "cid_reuse", "errors_sent", "rnr"
          "post_recv_calls", "sends", "signaled", "inline", "max_outstanding", "outstanding", "other", "polls",
          "recvs_posted")
 RKEY = 0x1234
+MISBEHAVIOURS = ("short", "foreign_cid", "duplicate")
 
 
 def library() -> ctypes.CDLL:
@@ -31,12 +32,13 @@ def library() -> ctypes.CDLL:
     for name in ("fake_new", "fake_qp", "fake_cq"):
         getattr(lib, name).restype = ctypes.c_void_p
     for name in ("fake_qp", "fake_cq", "fake_free", "fake_stat", "fake_first_bad", "fake_bad_reason",
-                 "fake_expect", "fake_inject"):
+                 "fake_expect", "fake_inject", "fake_misbehave"):
         getattr(lib, name).argtypes = [ctypes.c_void_p] + {
             "fake_stat": [ctypes.c_int],
             "fake_expect": [ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_uint64,
                             ctypes.c_uint64, ctypes.c_uint32],
-            "fake_inject": [ctypes.c_uint32, ctypes.c_uint16, ctypes.c_uint32]}.get(name, [])
+            "fake_inject": [ctypes.c_uint32, ctypes.c_uint16, ctypes.c_uint32],
+            "fake_misbehave": [ctypes.c_int, ctypes.c_uint64]}.get(name, [])
     lib.fake_stat.restype = ctypes.c_uint64
     lib.fake_first_bad.restype = ctypes.c_uint64
     return lib
@@ -71,6 +73,11 @@ class FakeHost:
 
     def inject(self, *, error_every: int = 0, status: int = 0, fail_after: int = 0) -> None:
         self.lib.fake_inject(self.fake, error_every, status, fail_after)
+
+    def misbehave(self, kind: str, at: int) -> None:
+        """Command `at` (from 1) gets a hostile response: "short" (15 bytes), "foreign_cid" (a CID no command has)
+        or "duplicate" (sent again at the next poll, when its CID may name a newer command)."""
+        self.lib.fake_misbehave(self.fake, MISBEHAVIOURS.index(kind) + 1, at)
 
     def stats(self) -> dict:
         out = {name: self.lib.fake_stat(self.fake, i) for i, name in enumerate(STATS)}

@@ -116,3 +116,30 @@ def test_histogram_percentiles_match_between_c_and_python(host):
     for pct in (50, 90, 99, 99.9):
         assert hist_percentile(hist, r["sub_buckets"], r["ios"], pct) / 1e3 == pytest.approx(r[f"p{pct:g}"])
     assert r["p50"] <= r["p90"] <= r["p99"] <= r["p99.9"] <= r["max"] * 1.04 + 0.001
+
+
+@pytest.mark.parametrize("kind, reason, counter", [
+    ("short", r"a response of 15 bytes \(a CQE is 16\)", "short_responses"),
+    ("foreign_cid", r"a response for command ID 0xffff, which is not in flight", "unknown_responses"),
+    ("duplicate", r"a response for command ID 0x[0-9a-f]+, which is not in flight", "unknown_responses"),
+])
+def test_a_hostile_response_fails_the_queue_and_completes_no_command(host, kind, reason, counter):
+    # as nvme_rdma_recv_done: a short CQE or one for a command not in flight is a protocol error; the queue fails
+    # (a duplicate arrives after its CID's slot was reused: it must not complete the newer command)
+    host.misbehave(kind, at=100)
+    with pytest.raises(ConnectionError, match=reason):
+        run(host, ios=5000)
+    stats = host.queue.stats()
+    assert stats["failed"] and stats[counter] == 1
+    with pytest.raises(ConnectionError, match=reason):
+        host.queue.send(bytes(64))
+
+
+def test_a_short_response_on_the_slow_path_fails_the_queue(host):
+    host.misbehave("short", at=1)
+    capsule = bytearray(64)
+    capsule[0] = 0x7F
+    host.queue.send(bytes(capsule))
+    with pytest.raises(ConnectionError, match=r"a response of 15 bytes"):
+        host.queue.poll(1.0)
+    assert host.queue.stats()["short_responses"] == 1

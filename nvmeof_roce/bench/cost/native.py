@@ -1,14 +1,15 @@
 """Instructions and heap allocations per 4 KiB I/O of the native data path, beside the Python data path, through
 the fake verbs provider (tests/native/fakeprov.c).  A benchmark, not a test: it prints figures, asserts nothing.
 
-    python3 -m nvmeof_roce.bench.cost.native [--ios N] [--json]        (make bench-native)
+    python3 -m nvmeof_roce.bench.cost.native [--ios N] [--json] [--trace]        (make bench-native)
 
 Each case drives one I/O queue of a real Target (admin queue over loopback, the I/O queue through the C queue on
 the fake provider): QD capsules are delivered into the queue's receives, then the queue is polled until idle.
 native: the C queue serves the reads and writes itself.  python: the same queue with an empty native view, so
 every capsule goes to the Python core, which answers through the same C queue: the Python data path's cost in
 the same harness (its RequestBook and the core; the pyverbs transport's own cost is measured by
-nvmeof_roce.bench.cost.transport).
+nvmeof_roce.bench.cost.transport).  traced (`--trace`, in place of python): native with the per-command trace on
+(csrc/trace.c; its records taken after each poll, outside what is counted, and not printed).
 
 instructions: callgrind, collecting only under the queue's poll (`--toggle-collect=nq_poll`) and not inside the
 fake provider's entry points (post_send, post_recv, poll_cq, req_notify_cq, toggled off again): the target's
@@ -37,6 +38,7 @@ from nvmeof_roce.bench.cost import NATIVE_TESTS, REPO, use_test_doubles
 MODULE = "nvmeof_roce.bench.cost.native"  # run again in child processes (under callgrind, with the counter)
 PROVIDER_ENTRIES = ("fake_post_send", "fake_post_recv", "fake_poll_cq", "fake_req_notify_cq")
 CASES = [(path, op, qd) for path in ("native", "python") for op in ("read", "write") for qd in (1, 32)]
+TRACE_CASES = [(path, op, qd) for path in ("native", "traced") for op in ("read", "write") for qd in (1, 32)]
 
 
 def drive(path: str, op: str, qd: int, ios: int, count_mallocs: bool) -> dict:
@@ -50,6 +52,9 @@ def drive(path: str, op: str, qd: int, ios: int, count_mallocs: bool) -> dict:
     if path == "python":
         ep.env.target.native_data_path = False
         ep.queue.set_view(False, [])
+    if path == "traced":
+        from nvmeof_roce.transport.rdma.native_trace import RECORDS
+        ep.queue.set_trace(RECORDS)
     opc = 0x02 if op == "read" else 0x01
     capsules = [io_capsule(ep, opc, 1, (i % 4096) * 8, 7, 4096, offset=(i % 128) * 4096, cid=i & 0xFFFF)
                 for i in range(qd)]
@@ -107,6 +112,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ios", type=int, default=256, help="I/Os of the shorter callgrind run (the other has twice)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--trace", action="store_true",
+                    help="native with the per-command trace off and on (in place of native and python)")
     ap.add_argument("--drive", nargs=4, metavar=("PATH", "OP", "QD", "IOS"), help=argparse.SUPPRESS)
     ap.add_argument("--count-mallocs", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -125,7 +132,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         counter = build(NATIVE_TESTS / "malloc_count.c", workdir / "malloc_count.so")
-        for path, op, qd in CASES:
+        for path, op, qd in TRACE_CASES if args.trace else CASES:
             n = max(args.ios // qd * qd, qd)
             short = callgrind_total(path, op, qd, n, workdir)
             long = callgrind_total(path, op, qd, 2 * n, workdir)

@@ -10,6 +10,7 @@ the GIL), and `perf` runs the whole measured loop in C with the GIL released (do
 from __future__ import annotations
 
 import ctypes
+import logging
 import mmap
 from typing import List, Optional
 
@@ -21,6 +22,8 @@ from .verbs import ADMIN_CAPSULE, MIN_POINTER, RESPONSE_SIZE
 from .host import INLINE_CAPSULE, SIGNAL_INTERVAL, RdmaConnector, RdmaHostQueue
 
 IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_WRITE, IBV_ACCESS_REMOTE_READ = 1, 2, 4
+
+log = logging.getLogger(__name__)
 
 
 def cm_id_address(cm_id, channel_fd: int, peer: str) -> int:
@@ -139,6 +142,7 @@ class NativeHostQueue(RdmaHostQueue):
             return self.native.poll(max(0.0, timeout))
         except ConnectionError as exc:
             self.closed = True
+            self._log_refused_responses()
             raise TransportError(f"queue {self.qid}: {exc}") from None
 
     def defer_sends(self) -> None:
@@ -153,7 +157,15 @@ class NativeHostQueue(RdmaHostQueue):
             return self.native.perf(**kw)
         except (ConnectionError, TimeoutError) as exc:
             self.closed = True
+            self._log_refused_responses()
             raise TransportError(f"queue {self.qid}: {exc}") from None
+
+    def _log_refused_responses(self) -> None:
+        """The responses the C queue refused (short, or for no command in flight), each of which failed it."""
+        stats = self.native.stats() if self.native is not None else {}
+        if stats.get("short_responses") or stats.get("unknown_responses"):
+            log.warning("queue %d: refused %d short responses and %d for commands not in flight; the queue failed",
+                        self.qid, stats["short_responses"], stats["unknown_responses"])
 
     def _release_verbs(self) -> None:
         """The QP and CQ first (nothing writes our memory afterwards), then the registrations."""

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from ..base import ConnectRequest, QueueHandler, RemoteAccessError, TargetQueue, TransportError
+from .native_trace import TRACING, log_lines
 from .requests import RequestBook, TxRequest
 from ..resources import PoolShare, ResourceLimits
 
@@ -125,6 +126,8 @@ class NativeTargetQueue(TargetQueue):
         self.native_commands_seen = 0  # the C queue's native_commands at the last native_traffic()
         self.poll_mode = None  # "interrupt" or "busy" once start_polling ran (a test may poll by hand)
         self.poll_group = None  # the _native.PollGroup whose thread polls it (--cores), or None
+        self.tracing = False  # the per-command trace is on: its records are taken at each poll and tick
+        TRACING.attach(self)
 
     # -- the C queue's callbacks (during poll())
 
@@ -161,9 +164,10 @@ class NativeTargetQueue(TargetQueue):
         group's queue is polled by its thread: this delivers what the thread mailed instead."""
         if self.closed:
             return 0
-        if self.poll_group is not None:
-            return self.native.drain()
-        return self.native.poll(budget)
+        done = self.native.drain() if self.poll_group is not None else self.native.poll(budget)
+        if self.tracing:
+            self.log_trace()
+        return done
 
     def start_polling(self, loop, mode: str, channels=(), on_channel_event: Optional[Callable] = None,
                       poll_groups=None) -> None:
@@ -188,6 +192,19 @@ class NativeTargetQueue(TargetQueue):
     def _drain(self) -> None:
         if not self.closed:
             self.native.drain()
+            if self.tracing:
+                self.log_trace()
+
+    # -- the per-command trace (transport/rdma/native_trace.py)
+
+    def set_trace(self, records: int) -> None:
+        """The trace on in a ring of `records`, or off (0)."""
+        self.native.set_trace(records)
+        self.tracing = records > 0
+
+    def log_trace(self) -> None:
+        """What the C queue recorded since the last take, printed as the Python data path's trace lines."""
+        log_lines(self.qid, self.native.take_trace())
 
     def _leave_poll_group(self) -> None:
         """Before the QP is destroyed: the group's thread stops polling the queue (it waits for a poll under
@@ -253,7 +270,11 @@ class NativeTargetQueue(TargetQueue):
         return None
 
     def take_native_stats(self) -> dict:
-        return {} if self.closed else self.native.take_stats()
+        if self.closed:
+            return {}
+        if self.tracing:  # a poll group's thread records without mailing anything: taken at the tick
+            self.log_trace()
+        return self.native.take_stats()
 
     def native_traffic(self) -> bool:
         seen = self.native.stats()["native_commands"]
@@ -348,6 +369,8 @@ class NativeTargetQueue(TargetQueue):
             self.handler.queue_closed(self)
         finally:
             self._on_close(self)  # the owner destroys the QP first: nothing may still write our buffers
+            if self.tracing:
+                self.log_trace()
             self.native.close()  # the ring's commands complete first: the kernel writes the bounce chunks until then
             self.bounce = None
             self.book.close(error or TransportError("queue closed"))
