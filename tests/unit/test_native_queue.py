@@ -551,16 +551,17 @@ class _Namespace2ThroughTheCore(NativeEndpoint):
 
 
 def _reads_in_flight_of_mixed_writes(max_reads: int) -> int:
-    """Native and core Writes in one poll: the RDMA READs posted before any of their completions was reaped (the
-    fake wire completes them at the post; the queue sees that at its next poll), then every Write answered."""
+    """Native and core Writes in one poll: the RDMA READs on the wire at once (held there: no completion is
+    generated, so no credit comes back), then every Write answered once the wire runs."""
     ep = _Namespace2ThroughTheCore(standard_config(), SUB_RAM, max_reads=max_reads)
     try:
         for k in range(8):
             ep.device.deliver(io_capsule(ep, 0x01, 1, 8 * k, 7, 4096, offset=4096 * k, cid=k))
             ep.device.deliver(io_capsule(ep, 0x01, 2, 8 * k, 7, 4096, offset=4096 * k, cid=100 + k))
-        before = ep.device.counters()["reads"]
+        ep.device.hold()
         ep.queue.poll()
-        in_flight = ep.device.counters()["reads"] - before
+        in_flight = ep.device.on_wire()  # only READs: a Write's response waits for its data
+        ep.device.hold(False)
         pump(ep.queue)
         answers = {int.from_bytes(c[12:14], "little"): c[14:16] for c, _inv in ep.device.responses()}
         assert answers == {cid: b"\0\0" for cid in list(range(8)) + list(range(100, 108))}, answers

@@ -15,6 +15,7 @@ addresses and keys (`NativeVerbs`), by the RDMA transport on a real device or by
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from dataclasses import dataclass
@@ -152,8 +153,14 @@ class NativeTargetQueue(TargetQueue):
             self.book.send_completed(self.book.requests[index])
 
     def _on_failure(self, status: int, wr_id: int) -> None:
-        log.warning("queue %d: work completion failed: status %d: closing the queue", self.qid, status)
-        self.close(RemoteAccessError(f"work completion failed with status {status}"))
+        # The C queue reports a refused ibv_post_send/ibv_post_recv as -errno, a failed work completion as its
+        # ibv_wc_status (> 0).
+        if status < 0:
+            what = f"posting work requests failed: {errno.errorcode.get(-status, -status)} ({os.strerror(-status)})"
+        else:
+            what = f"work completion failed with status {status}"
+        log.warning("queue %d: %s: closing the queue", self.qid, what)
+        self.close(RemoteAccessError(what))
 
     # -- driving it
 
