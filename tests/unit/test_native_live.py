@@ -171,6 +171,21 @@ def test_a_namespace_removed_and_added_again_at_its_nsid_does_not_take_a_write_i
     old_memory.release()
 
 
+def test_repeated_resizes_release_the_old_memorys_registration(ep):
+    target = ep.env.target
+    data = pattern(4096, seed=41)
+    ep.buf.view[0:4096] = data
+    (cqe,) = ep.exchange(io_capsule(ep, WRITE, 1, 0, 7, 4096, offset=0, cid=1))
+    assert status_of(cqe) == 0
+    registrations = ep.ram_registrations()  # namespaces 1 and 2
+    for size in ("3M", "4M", "1M", "2M", "4M", "3M"):
+        live.apply(target, with_size(target, 1, size))
+        ep.settle()
+        assert read_back(ep, 1, 0, 4096) == data  # served natively, from the new memory
+        assert ep.ram_registrations() == registrations, size
+        assert len(ep.port_memory.regions) == registrations
+
+
 def test_a_drain_that_does_not_end_resumes_and_answers_with_the_namespace_and_its_commands(ep):
     target = ep.env.target
     a, b = pattern(4096, seed=51), pattern(4096, seed=52)
