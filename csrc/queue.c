@@ -1757,9 +1757,9 @@ static PyObject *NativeQueue_set_view(NativeQueue *q, PyObject *args, PyObject *
         q->sqhd = (uint16_t)sq_head;
     }
     nq_unlock(q);
-    /* The RAM memory of namespaces in flight stays registered with Python (RdmaListener keeps registrations
-     * until it closes); the outgoing view's owners are released here, outside the mutex (a release may run
-     * Python code). */
+    /* A namespace's memory changes only once its commands drained (the engine's pause): no command uses memory
+     * the outgoing view alone lists.  Its owners are released here, outside the mutex (a release may run Python
+     * code). */
     nq_view_free(old);
     return stats;
 bad:
