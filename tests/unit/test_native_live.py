@@ -4,18 +4,22 @@ the old memory of a resized RAM namespace and its registration go once drained.
 
 The window is opened with what the C queue has: with one RDMA READ credit (`max_reads=1`) and two Writes, the
 second waits for the first's READ to complete, holding its destination in the namespace's memory meanwhile."""
+import json
 import mmap
+import os
+import socket
+import tempfile
 from types import SimpleNamespace
 
 import pytest
 
-from loopback_env import SUB_RAM, ram_ns, standard_config
+from loopback_env import SUB_RAM, standard_config
 from native_diff import NativeEndpoint, io_capsule, pattern
 from native_fake import needs_native
 from nvmeof_roce.config import parse_config
 from nvmeof_roce.control import live
 from nvmeof_roce.control.methods import Control
-from nvmeof_roce.control.server import DeferredAnswer
+from nvmeof_roce.control.server import RpcServer
 from nvmeof_roce.engine import native_view
 from nvmeof_roce.engine.subsystem import SubsystemState
 from nvmeof_roce.transport.rdma import native as rdma_native
@@ -205,18 +209,45 @@ def test_a_drain_that_does_not_end_resumes_and_answers_with_the_namespace_and_it
     assert ep.namespace_bytes(SUB_RAM, 1)[:8192] == a + b
 
 
-def test_the_rpc_answers_a_resize_once_it_is_committed(ep):
+class Loop:
+    """The event loop's watch / unwatch, served by hand."""
+
+    def __init__(self):
+        self.fds = {}
+
+    def watch(self, fd, callback):
+        self.fds[fd] = callback
+
+    def unwatch(self, fd):
+        self.fds.pop(fd, None)
+
+    def run(self):
+        for _ in range(3):
+            for callback in list(self.fds.values()):
+                callback()
+
+
+def test_the_control_socket_answers_a_resize_once_it_is_committed(ep):
     target = ep.env.target
-    control = Control(target)
-    two_writes_one_waiting(ep, pattern(4096, seed=61), pattern(4096, seed=62))
-    request = {"jsonrpc": "2.0", "id": 5, "method": "nvmf_subsystem_resize_ns",
-               "params": {"nqn": SUB_RAM, "nsid": 1, "size": "4M"}}
-    answer = control.handle(request)
-    deferred = answer["result"]
-    assert isinstance(deferred, DeferredAnswer) and deferred.part is None  # two Writes in flight
-    answers = []
-    deferred.when_done(answers.append)
-    ep.settle()
-    blocks = (4 << 20) // 512
-    assert answers == [{"result": {"nsid": 1, "size_bytes": blocks * 512, "blocks": blocks}}]
-    assert target.subsystem(SUB_RAM).namespaces[1].num_blocks == blocks
+    loop = Loop()
+    directory = tempfile.mkdtemp()  # a socket path is short
+    server = RpcServer(Control(target), os.path.join(directory, "c.sock"), loop)
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        client.connect(server.path)
+        client.setblocking(False)
+        two_writes_one_waiting(ep, pattern(4096, seed=61), pattern(4096, seed=62))
+        client.sendall(json.dumps({"jsonrpc": "2.0", "id": 5, "method": "nvmf_subsystem_resize_ns",
+                                   "params": {"nqn": SUB_RAM, "nsid": 1, "size": "4M"}}).encode() + b"\n")
+        loop.run()
+        with pytest.raises(BlockingIOError):  # two Writes in flight: not answered yet
+            client.recv(65536)
+        ep.settle()
+        blocks = (4 << 20) // 512
+        assert json.loads(client.recv(65536)) == {"jsonrpc": "2.0", "id": 5, "result": {
+            "nsid": 1, "size_bytes": blocks * 512, "blocks": blocks}}
+        assert target.subsystem(SUB_RAM).namespaces[1].num_blocks == blocks
+    finally:
+        client.close()
+        server.close()
+        os.rmdir(directory)
