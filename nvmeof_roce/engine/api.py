@@ -242,8 +242,8 @@ class EngineApi:
         return running - waiting
 
     def native_in_flight(self, nqn: str) -> Dict[int, int]:
-        """{nsid: commands} the native queues of subsystem `nqn` have in flight, by the namespaces' generations
-        (a command of a generation no namespace has any more is the NSID's: it was that NSID's)."""
+        """{nsid: commands} the native queues of subsystem `nqn` have in flight, found by the namespaces'
+        generations (NSID 0: a generation none of its namespaces has any more, a namespace already gone)."""
         sub = self.subsystems[nqn]
         nsid_of = {ns.generation: ns.nsid for ns in sub.namespaces.values()}
         counts: Dict[int, int] = {}
