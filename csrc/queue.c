@@ -142,6 +142,7 @@ struct nq_req {
     char *local;     /* data source (Read) or destination (Write) */
     uint32_t lkey;
     uint64_t ns_gen;
+    uint64_t view_seq; /* the queue's view_seq when it arrived: unchanged, so is its namespace */
     uint32_t nsid;
     uint32_t pending_next;
     uint32_t chunk;  /* the bounce chunk it holds (file/block namespaces), NQ_NO_CHUNK if none */
@@ -212,6 +213,7 @@ typedef struct {
     char *sink_base; uint32_t sink_lkey; uint32_t sink_len;   /* null namespaces' writes */
 
     struct nq_view *view;
+    uint64_t view_seq; /* set_view calls so far */
 
     /* file and block namespaces: the queue's io_uring, and its bounce chunks (registered; fewer than the request
      * slots when memory is short: a command then waits for one, NQ_NEED_CHUNK) */
@@ -454,22 +456,29 @@ static inline struct nq_ns *nq_ns_of(NativeQueue *q, const struct nq_req *r)
     return ns && ns->gen == r->ns_gen ? ns : NULL;
 }
 
+/* The view changed while a Write waited for its READ: if its namespace left the view or changed generation, its
+ * destination may be memory that is no longer the namespace's, so no READ is posted and it answers Invalid
+ * Namespace (as io._write_data). */
+static __attribute__((cold, noinline)) void nq_check_write_target(NativeQueue *q, struct nq_req *r)
+{
+    if (nq_ns_of(q, r))
+        return;
+    if (r->file) {
+        nq_file_put(r->file);
+        r->file = NULL;
+    }
+    r->status = SC_INVALID_NS | SC_DNR;
+    r->state = NQ_NEED_RESPONSE;
+}
+
 /* One step out of a waiting state; 0 when what it needs is not there. */
 static inline int nq_step(NativeQueue *q, uint32_t idx)
 {
     struct nq_req *r = &q->reqs[idx];
     if (r->state == NQ_NEED_FILE)
         return nq_file_start(q, idx);
-    if (r->state == NQ_NEED_READ && !nq_ns_of(q, r)) {
-        /* Its namespace left the view, or changed generation, while it waited: its destination may be memory
-         * that is no longer the namespace's, so no READ is posted (as io._write_data answers). */
-        if (r->file) {
-            nq_file_put(r->file);
-            r->file = NULL;
-        }
-        r->status = SC_INVALID_NS | SC_DNR;
-        r->state = NQ_NEED_RESPONSE;
-    }
+    if (r->state == NQ_NEED_READ && __builtin_expect(r->view_seq != q->view_seq, 0))
+        nq_check_write_target(q, r);
     if (r->state == NQ_NEED_READ) {
         if (!q->native_slots || !q->reads_free)
             return 0;
@@ -720,6 +729,7 @@ static void nq_capsule(NativeQueue *q, uint32_t slot, uint32_t len)
     r->lkey = lkey;
     r->nsid = ns->nsid;
     r->ns_gen = ns->gen;
+    r->view_seq = q->view_seq;
     r->received_ns = q->polled_ns;
     r->chunk = NQ_NO_CHUNK;
     q->native_commands++;
@@ -1750,6 +1760,7 @@ static PyObject *NativeQueue_set_view(NativeQueue *q, PyObject *args, PyObject *
     }
     struct nq_view *old = q->view;
     q->view = view;
+    q->view_seq++;
     if (ready && !q->sqhd_on) { /* from here on the C queue numbers every CQE, the Python side's too */
         q->sqhd_on = 1;
         q->sqflow_disabled = sqflow_disabled;
