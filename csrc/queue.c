@@ -112,8 +112,9 @@ struct nq_ns {
     char *base; /* RAM: the registered memory; NULL: unused */
     uint32_t lkey;
     struct nq_file *file; /* file/block: its descriptor and depth (the view's File object keeps it) */
-    uint64_t uid; /* Python's identity of the namespace: a Write whose data arrives after it left answers
-                     Invalid Namespace, as the Python path */
+    uint64_t gen; /* the namespace's generation (engine/subsystem.py): a new one when it is installed, replaced
+                     or its memory changes; a Write whose namespace's generation left the view answers Invalid
+                     Namespace, as the Python path */
     uint64_t reads, writes, flushes, bytes_read, bytes_written;
     uint64_t lat[2][NQ_LAT_BUCKETS]; /* successful reads' and writes' latencies (nq_lat_bucket) */
     uint64_t lat_sum_ns[2];
@@ -122,6 +123,7 @@ struct nq_ns {
 /* The read-only view Python installs with set_view; replaced whole, never edited in place. */
 struct nq_view {
     int ready;
+    int paused;           /* its subsystem is paused (engine/api.py): new commands go to Python, which holds them */
     uint32_t max_transfer;
     int count;
     struct nq_ns *ns;     /* sorted by nsid */
@@ -140,7 +142,8 @@ struct nq_req {
     uint64_t raddr;
     char *local;     /* data source (Read) or destination (Write) */
     uint32_t lkey;
-    uint64_t ns_uid;
+    uint64_t ns_gen;
+    uint64_t view_seq; /* the queue's view_seq when it arrived: unchanged, so is its namespace */
     uint32_t nsid;
     uint32_t pending_next;
     uint32_t chunk;  /* the bounce chunk it holds (file/block namespaces), NQ_NO_CHUNK if none */
@@ -211,6 +214,7 @@ typedef struct {
     char *sink_base; uint32_t sink_lkey; uint32_t sink_len;   /* null namespaces' writes */
 
     struct nq_view *view;
+    uint64_t view_seq; /* set_view calls so far */
 
     /* file and block namespaces: the queue's io_uring, and its bounce chunks (registered; fewer than the request
      * slots when memory is short: a command then waits for one, NQ_NEED_CHUNK) */
@@ -448,12 +452,36 @@ static inline int nq_file_start(NativeQueue *q, uint32_t idx)
     return 1;
 }
 
+/* The request's namespace in the view, as it was when the command arrived (same generation), or NULL. */
+static inline struct nq_ns *nq_ns_of(NativeQueue *q, const struct nq_req *r)
+{
+    struct nq_ns *ns = q->view ? nq_lookup(q->view, r->nsid) : NULL;
+    return ns && ns->gen == r->ns_gen ? ns : NULL;
+}
+
+/* The view changed while a Write waited for its READ: if its namespace left the view or changed generation, its
+ * destination may be memory that is no longer the namespace's, so no READ is posted and it answers Invalid
+ * Namespace (as io._write_data). */
+static __attribute__((cold, noinline)) void nq_check_write_target(NativeQueue *q, struct nq_req *r)
+{
+    if (nq_ns_of(q, r))
+        return;
+    if (r->file) {
+        nq_file_put(r->file);
+        r->file = NULL;
+    }
+    r->status = SC_INVALID_NS | SC_DNR;
+    r->state = NQ_NEED_RESPONSE;
+}
+
 /* One step out of a waiting state; 0 when what it needs is not there. */
 static inline int nq_step(NativeQueue *q, uint32_t idx)
 {
     struct nq_req *r = &q->reqs[idx];
     if (r->state == NQ_NEED_FILE)
         return nq_file_start(q, idx);
+    if (r->state == NQ_NEED_READ && __builtin_expect(r->view_seq != q->view_seq, 0))
+        nq_check_write_target(q, r);
     if (r->state == NQ_NEED_READ) {
         if (!q->native_slots || !q->reads_free)
             return 0;
@@ -503,8 +531,8 @@ static inline void nq_record_latency(NativeQueue *q, const struct nq_req *r, uin
 {
     if (r->status || (r->opc != OPC_READ && r->opc != OPC_WRITE) || !q->view)
         return;
-    struct nq_ns *ns = nq_lookup(q->view, r->nsid);
-    if (!ns || ns->uid != r->ns_uid)
+    struct nq_ns *ns = nq_ns_of(q, r);
+    if (!ns)
         return; /* its namespace left the view meanwhile */
     int kind = r->opc == OPC_READ ? NQ_LAT_READ : NQ_LAT_WRITE;
     uint64_t took = now > r->received_ns ? now - r->received_ns : 0;
@@ -630,7 +658,7 @@ static void nq_capsule(NativeQueue *q, uint32_t slot, uint32_t len)
     NT_TRACE(q->trace, nt_record_capsule, NT_RECEIVED, sqe, len);
     q->repost[q->nrepost++] = slot;
     struct nq_view *view = q->view;
-    if (len < NQ_SQE_SIZE || !view || !view->ready || !q->nfree)
+    if (len < NQ_SQE_SIZE || !view || !view->ready || view->paused || !q->nfree)
         goto python;
     uint8_t opc = sqe[0], flags = sqe[1];
     if (opc > OPC_READ || (flags & FLAGS_FUSE_MASK) ||
@@ -706,7 +734,8 @@ static void nq_capsule(NativeQueue *q, uint32_t slot, uint32_t len)
     r->local = local;
     r->lkey = lkey;
     r->nsid = ns->nsid;
-    r->ns_uid = ns->uid;
+    r->ns_gen = ns->gen;
+    r->view_seq = q->view_seq;
     r->received_ns = q->polled_ns;
     r->chunk = NQ_NO_CHUNK;
     q->native_commands++;
@@ -787,9 +816,9 @@ static inline void nq_read_done(NativeQueue *q, uint32_t idx)
     struct nq_req *r = &q->reqs[idx];
     NT_TRACE(q->trace, nt_record, NT_DATA_DONE, r->cid, r->opc, r->nsid, 0, r->len, 0, 0, 0);
     q->reads_free++;
-    struct nq_ns *ns = q->view ? nq_lookup(q->view, r->nsid) : NULL;
+    struct nq_ns *ns = nq_ns_of(q, r);
     if (r->file) {
-        if (!ns || ns->uid != r->ns_uid) { /* left meanwhile: not written, as io._write_data */
+        if (!ns) { /* left meanwhile: not written, as io._write_data */
             nq_file_put(r->file);
             r->file = NULL;
             r->status = SC_INVALID_NS | SC_DNR;
@@ -800,7 +829,7 @@ static inline void nq_read_done(NativeQueue *q, uint32_t idx)
         nq_advance(q, idx);
         return;
     }
-    if (!ns || ns->uid != r->ns_uid) {
+    if (!ns) {
         r->status = SC_INVALID_NS | SC_DNR;
     } else {
         ns->writes++;
@@ -863,9 +892,7 @@ static void nq_file_done(NativeQueue *q, uint32_t idx, int res)
         nq_file_hand_back(q, idx);
         return;
     }
-    struct nq_ns *ns = q->view ? nq_lookup(q->view, r->nsid) : NULL;
-    if (ns && ns->uid != r->ns_uid)
-        ns = NULL;
+    struct nq_ns *ns = nq_ns_of(q, r);
     if (r->opc == OPC_READ) {
         if (ns) {
             ns->reads++;
@@ -1587,9 +1614,10 @@ static PyObject *NativeQueue_flush(NativeQueue *q, PyObject *noargs)
     Py_RETURN_NONE;
 }
 
-/* set_view(ready, max_transfer, namespaces, sq_entries=0, sq_head=0, sqflow_disabled=False): the one call that
- * changes what the queue serves natively.  namespaces: (nsid, kind "ram"|"null", lbads, num_blocks, addr, lkey,
- * uid, owner) each; owner is kept alive while the view is.  Returns the outgoing view's figures:
+/* set_view(ready, max_transfer, namespaces, sq_entries=0, sq_head=0, sqflow_disabled=False, paused=False): the
+ * one call that changes what the queue serves natively.  namespaces: (nsid, kind "ram"|"null", lbads, num_blocks, addr, lkey,
+ * generation, owner) each; owner is kept alive while the view is.  paused: the subsystem is paused, its new
+ * commands go to Python (the commands in flight finish against this view).  Returns the outgoing view's figures:
  * {nsid: (reads, writes, flushes, bytes_read, bytes_written, read_latency, write_latency)}, a latency being
  * (sum_ns, ((bucket, count), ...)) with engine/latency.py's buckets. */
 /* (sum_ns, ((bucket, count), ...)) of one histogram's non-empty buckets, zeroed; buckets as engine/latency.py. */
@@ -1656,12 +1684,12 @@ static int nq_ns_cmp(const void *a, const void *b)
 static PyObject *NativeQueue_set_view(NativeQueue *q, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"ready", "max_transfer", "namespaces", "sq_entries", "sq_head", "sqflow_disabled",
-                             NULL};
-    int ready, sqflow_disabled = 0;
+                             "paused", NULL};
+    int ready, sqflow_disabled = 0, paused = 0;
     unsigned int max_transfer, sq_entries = 0, sq_head = 0;
     PyObject *list;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "pIO|IIp", kwlist, &ready, &max_transfer, &list, &sq_entries,
-                                     &sq_head, &sqflow_disabled))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "pIO|IIpp", kwlist, &ready, &max_transfer, &list, &sq_entries,
+                                     &sq_head, &sqflow_disabled, &paused))
         return NULL;
     PyObject *seq = PySequence_Fast(list, "namespaces must be a sequence of tuples");
     if (!seq)
@@ -1674,17 +1702,18 @@ static PyObject *NativeQueue_set_view(NativeQueue *q, PyObject *args, PyObject *
         return PyErr_NoMemory();
     }
     view->ready = ready;
+    view->paused = paused;
     view->max_transfer = max_transfer;
     view->count = (int)n;
     for (Py_ssize_t i = 0; i < n; i++) {
         struct nq_ns *ns = &view->ns[i];
         const char *kind;
         unsigned int nsid, lbads, lkey;
-        unsigned long long num_blocks, addr, uid;
+        unsigned long long num_blocks, addr, gen;
         PyObject *owner, *file = Py_None;
         if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "IsIKKIKO|O;namespace (nsid, kind, lbads, "
-                              "num_blocks, addr, lkey, uid, owner[, file])", &nsid, &kind, &lbads, &num_blocks,
-                              &addr, &lkey, &uid, &owner, &file))
+                              "num_blocks, addr, lkey, generation, owner[, file])", &nsid, &kind, &lbads,
+                              &num_blocks, &addr, &lkey, &gen, &owner, &file))
             goto bad;
         if (!strcmp(kind, "ram"))
             ns->kind = NQ_RAM;
@@ -1718,7 +1747,7 @@ static PyObject *NativeQueue_set_view(NativeQueue *q, PyObject *args, PyObject *
         ns->num_blocks = num_blocks;
         ns->base = (char *)(uintptr_t)addr;
         ns->lkey = lkey;
-        ns->uid = uid;
+        ns->gen = gen;
         Py_INCREF(owner);
         PyTuple_SET_ITEM(view->keep, i, owner);
     }
@@ -1744,6 +1773,7 @@ static PyObject *NativeQueue_set_view(NativeQueue *q, PyObject *args, PyObject *
     }
     struct nq_view *old = q->view;
     q->view = view;
+    q->view_seq++;
     if (ready && !q->sqhd_on) { /* from here on the C queue numbers every CQE, the Python side's too */
         q->sqhd_on = 1;
         q->sqflow_disabled = sqflow_disabled;
@@ -1751,15 +1781,44 @@ static PyObject *NativeQueue_set_view(NativeQueue *q, PyObject *args, PyObject *
         q->sqhd = (uint16_t)sq_head;
     }
     nq_unlock(q);
-    /* The RAM memory of namespaces in flight stays registered with Python (RdmaListener keeps registrations
-     * until it closes); the outgoing view's owners are released here, outside the mutex (a release may run
-     * Python code). */
+    /* A namespace's memory changes only once its commands drained (the engine's pause): no command uses memory
+     * the outgoing view alone lists.  Its owners are released here, outside the mutex (a release may run Python
+     * code). */
     nq_view_free(old);
     return stats;
 bad:
     Py_DECREF(seq);
     nq_view_free(view);
     return NULL;
+}
+
+/* in_flight() -> {generation: commands}: the native commands in flight per namespace generation, from taking a
+ * slot to their response's completion (a command handed to Python is the core's).  What the engine's pause
+ * waits for before a namespace changes (engine/api.py). */
+static PyObject *NativeQueue_in_flight(NativeQueue *q, PyObject *noargs)
+{
+    PyObject *out = PyDict_New();
+    if (!out)
+        return NULL;
+    nq_lock(q);
+    for (uint32_t i = 0; i < q->nreqs && !q->closed; i++) {
+        const struct nq_req *r = &q->reqs[i];
+        if (r->state == NQ_FREE || r->state == NQ_HANDED_BACK)
+            continue;
+        PyObject *key = PyLong_FromUnsignedLongLong(r->ns_gen);
+        PyObject *was = key ? PyDict_GetItemWithError(out, key) : NULL;
+        PyObject *now = key && !PyErr_Occurred() ? PyLong_FromLong(was ? PyLong_AsLong(was) + 1 : 1) : NULL;
+        int rc = now ? PyDict_SetItem(out, key, now) : -1;
+        Py_XDECREF(key);
+        Py_XDECREF(now);
+        if (rc < 0) {
+            nq_unlock(q);
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    nq_unlock(q);
+    return out;
 }
 
 static PyObject *NativeQueue_take_stats(NativeQueue *q, PyObject *noargs)
@@ -1831,7 +1890,10 @@ static PyMethodDef NativeQueue_methods[] = {
     {"enable_files", (PyCFunction)NativeQueue_enable_files, METH_VARARGS,
      "enable_files(bounce, chunk) -> eventfd of the queue's io_uring (file and block namespaces in the view)."},
     {"set_view", (PyCFunction)(void (*)(void))NativeQueue_set_view, METH_VARARGS | METH_KEYWORDS,
-     "set_view(ready, max_transfer, namespaces, sq_entries=0, sq_head=0, sqflow_disabled=False) -> old figures."},
+     "set_view(ready, max_transfer, namespaces, sq_entries=0, sq_head=0, sqflow_disabled=False, paused=False) -> "
+     "old figures."},
+    {"in_flight", (PyCFunction)NativeQueue_in_flight, METH_NOARGS,
+     "in_flight() -> {generation: commands}: native commands in flight per namespace generation."},
     {"take_stats", (PyCFunction)NativeQueue_take_stats, METH_NOARGS,
      "{nsid: (reads, writes, flushes, bytes_read, bytes_written, read_latency, write_latency)} since the last "
      "call; zeroed.  A latency: (sum_ns, ((bucket, count), ...)), buckets as engine/latency.py."},

@@ -5,15 +5,17 @@ new `TargetConfig`, validated by the one config loader (config/), and applied he
 
     plan(old, new)        the list of `Change`s, or ConfigError for a difference that cannot be made live
                           (a port's queue size, a subsystem's serial...: those need a restart)
-    apply(target, new)    prepare every change that can fail (open backends, allocate a resized RAM
+    apply(target, new)    prepare every change that can fail (open backends, check a resized RAM
                           namespace, open listeners), and only when all are ready commit them; a failure
-                          undoes what was prepared, so the running target stays as it was
+                          undoes what was prepared, so the running target stays as it was.  The commit
+                          waits for the changed subsystems' commands in flight to drain (`Applying`)
 
 Each kind of change is a small `Change` subclass: what it acts on, its text for a person, and its steps
 (`prepare` / `undo` / `commit` / `install`); `apply` runs the steps in order and does what is common to
 every change after them (controllers that lost access, namespace and discovery notices).  This module only
 plans and calls the engine's verbs (engine/api.py): it never changes the engine's objects itself.  The commit
-of namespace changes is bracketed by pause and resume of the subsystems they change.
+of namespace changes is bracketed by pause and resume of the subsystems they change, and made from the pause's
+callback, once their commands in flight (the native data path's too) have drained.
 
 After the commit the hosts are told (NVMe 2.0 base spec §5.2 Asynchronous Event Request):
   - Namespace Attribute Changed notices with the Changed Namespace List log (0x04) when a namespace is added,
@@ -26,7 +28,7 @@ After the commit the hosts are told (NVMe 2.0 base spec §5.2 Asynchronous Event
 from __future__ import annotations
 
 import logging
-from typing import ClassVar, Dict, List, Optional, Tuple
+from typing import Callable, ClassVar, Dict, List, Optional, Tuple
 
 from ..config import ConfigError, NamespaceConfig, PortConfig, SubsystemConfig, TargetConfig
 from ..engine import auth
@@ -584,17 +586,50 @@ class _Apply:
 _INSTALL_ORDER = {AddNamespace: 0, ReplaceNamespace: 0, ResizeNamespace: 1}
 
 
+class Applying:
+    """A live change under way: `done` once it was committed (`error` None) or given up (`error` says why).  The
+    commit of namespace changes waits for the native and Python commands of their subsystems to drain (the
+    engine's pause); that is at once when none is in flight, the common case.  `then(fn)` calls `fn(error)`
+    when it is done (at once if it is)."""
+
+    def __init__(self):
+        self.done = False
+        self.error: Optional[Exception] = None
+        self._then: List[Callable[[Optional[Exception]], None]] = []
+
+    def then(self, fn: Callable[[Optional[Exception]], None]) -> None:
+        if self.done:
+            fn(self.error)
+        else:
+            self._then.append(fn)
+
+    def finish(self, error: Optional[Exception] = None) -> None:
+        self.done, self.error = True, error
+        callbacks, self._then = self._then, []
+        for fn in callbacks:
+            fn(error)
+
+
 def apply(target, new: TargetConfig, listeners: Optional[Listeners] = None,
-          changes: Optional[List[Change]] = None, host_auth: Optional[dict] = None) -> List[Change]:
-    """Make the running `target` serve `new`; returns the changes made. On any error nothing changed.
-    `host_auth`: auth.host_settings(new), when the caller has it already."""
+          changes: Optional[List[Change]] = None, host_auth: Optional[dict] = None,
+          applying: Optional[Applying] = None) -> List[Change]:
+    """Make the running `target` serve `new`; returns the changes.  A failure to prepare raises and changes
+    nothing.  The commit follows once the subsystems whose namespaces change have drained (at once when nothing
+    is in flight); `applying` is told when it is made, or that it was given up after DRAIN_TIMEOUT (the
+    subsystems resumed, nothing changed).  `host_auth`: auth.host_settings(new), when the caller has it."""
+    applying = applying or Applying()
     if changes is None:
         changes = plan(target.config, new)
     if host_auth is None:
         host_auth = auth.host_settings(new)  # ConfigError naming the key before anything changes
     if not changes:
         target.rebind(new, host_auth)
+        applying.finish()
         return changes
+    waiting = [sub.nqn for sub in target.subsystems.values() if sub.holding]
+    if waiting:  # planned against a config that is about to change
+        raise ConfigError(new.source, "", f"a live change to {waiting[0]} is still waiting for its commands in "
+                          "flight to finish", "send this change again once that one is applied")
     run = _Apply(target, new, listeners)
     disc_before = target.discovery_views()
 
@@ -609,11 +644,67 @@ def apply(target, new: TargetConfig, listeners: Optional[Listeners] = None,
             ch.undo(run)
         raise
 
-    # -- commit: nothing below fails on a user's input.  The subsystems whose namespaces change are paused
-    # meanwhile; the engine's loop runs no command during this call, so none is held or draining now.
+    # -- commit, once the subsystems whose namespaces change are paused and drained: no command, native or
+    # Python, still uses a namespace as it was (a Write's RDMA READ still lands in the memory it was given).
     paused = sorted({ch.nqn for ch in changes if ch.pauses})
+    if not paused:
+        _commit(run, changes, paused, host_auth, disc_before)
+        applying.finish()
+        return changes
+    draining = set(paused)
+    deadline = target.clock() + DRAIN_TIMEOUT
+
+    def drained(nqn: str) -> None:
+        draining.discard(nqn)
+        if draining or applying.done:
+            return
+        target.tick_hooks.remove(watch)
+        _commit(run, changes, paused, host_auth, disc_before)
+        applying.finish()
+
+    def watch(now: float) -> None:
+        if now < deadline or applying.done:
+            return
+        target.tick_hooks.remove(watch)
+        error = _drain_timeout(target, new, sorted(draining))
+        for nqn in paused:
+            if nqn in target.subsystems and target.subsystems[nqn].holding:
+                target.resume(nqn)
+        for ch in changes:
+            ch.undo(run)
+        log.error("live change given up: %s", error)
+        applying.finish(error)
+
+    target.tick_hooks.append(watch)
     for nqn in paused:
-        target.pause(nqn)
+        target.pause(nqn, lambda nqn=nqn: drained(nqn))
+    return changes
+
+
+# A drain that has not ended after this many seconds (a device that does not answer) is given up: the subsystems
+# resume as they were and the change is refused, naming the namespaces and their commands in flight.
+DRAIN_TIMEOUT = 30.0
+
+
+def _drain_timeout(target, new: TargetConfig, nqns: List[str]) -> ConfigError:
+    busy = []
+    for nqn in nqns:
+        per_ns = target.native_in_flight(nqn)
+        busy += [f"{nqn}: namespace {nsid}: {n} native command{'s' if n != 1 else ''} in flight"
+                 for nsid, n in sorted(per_ns.items())]
+        running = target.commands_running(nqn) - sum(per_ns.values())
+        if running > 0:
+            busy.append(f"{nqn}: {running} command{'s' if running != 1 else ''} in flight in the core")
+    return ConfigError(new.source, "", f"not applied: still waiting after {DRAIN_TIMEOUT:g} s for "
+                       f"{'; '.join(busy) or ', '.join(nqns)}",
+                       "a device that does not complete its commands holds the change: check the namespace's "
+                       "device, then send the change again")
+
+
+def _commit(run: _Apply, changes: List[Change], paused: List[str], host_auth: dict, disc_before) -> None:
+    """Commit the prepared changes (nothing here fails on a user's input), resume the paused subsystems, then
+    tell the hosts."""
+    target, new = run.target, run.new
     try:
         for ch in changes:
             ch.commit(run)
@@ -622,7 +713,8 @@ def apply(target, new: TargetConfig, listeners: Optional[Listeners] = None,
         target.rebind(new, host_auth)  # a namespace's visibility and QoS limits come with its new config
     finally:  # a bug above must not leave their commands waiting for good
         for nqn in paused:
-            target.resume(nqn)
+            if nqn in target.subsystems and target.subsystems[nqn].holding:
+                target.resume(nqn)
 
     # access: hosts that may no longer reach a subsystem through the port they came in on
     ended = run.ended
@@ -646,4 +738,3 @@ def apply(target, new: TargetConfig, listeners: Optional[Listeners] = None,
 
     for ch in changes:
         log.warning("applied: %s", ch.text)
-    return changes

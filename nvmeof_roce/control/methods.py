@@ -23,6 +23,7 @@ from ..transport.rdma.native_trace import GROUP as TRACE_GROUP, TRACING
 from ..engine import auth
 from . import live
 from .protocol import METHOD_NOT_FOUND, RpcError, handle_request
+from .server import DeferredAnswer
 from .stats import Sampler, controller_status, namespace_status, target_status
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,15 @@ _NS_PARAMS = {  # RPC namespace key -> (where it goes in the config's namespace 
 _CONFIG_TO_RPC = {".".join(v): k for k, v in _NS_PARAMS.items()}
 
 
+def _rpc_error(error: Exception) -> RpcError:
+    """The answer to a live change given up after it was accepted (control/live.py: a drain that did not end)."""
+    if isinstance(error, RpcError):
+        return error
+    if isinstance(error, ConfigError):
+        return RpcError(error.problem, error.where, error.fix)
+    return RpcError(str(error), "", "see the target's log")
+
+
 class Control:
     """The RPC methods over one running Target (no sockets here: `call()` takes and returns dicts)."""
 
@@ -117,6 +127,7 @@ class Control:
         self.socket_path = socket_path
         self.sampler = Sampler(target)
         target.tick_hooks.append(self.sampler.tick)
+        self._applying: Optional[live.Applying] = None  # the change the method being called made, if any
         self.methods: Dict[str, Callable[[_Params], Any]] = {}
         for name in dir(self):
             if name.startswith("rpc_"):
@@ -128,7 +139,26 @@ class Control:
         if fn is None:
             raise RpcError(f"method {method!r} not found", "method",
                            "rpc_get_methods lists the methods (nvmeof-roce rpc rpc_get_methods)", METHOD_NOT_FOUND)
-        return fn(params)
+        self._applying = None
+        result = fn(params)
+        applying, self._applying = self._applying, None
+        if applying is None or applying.done:
+            return result() if callable(result) else result
+        # Its commit waits for commands in flight to drain: the answer (a callable result: computed then) comes
+        # once it is made, and the running config is saved then.
+        answer = DeferredAnswer()
+
+        def committed(error: Optional[Exception]) -> None:
+            try:
+                if error is not None:
+                    raise _rpc_error(error)
+                self.save_running()
+                answer.settle(result() if callable(result) else result)
+            except RpcError as exc:
+                answer.fail(exc)
+
+        applying.then(committed)
+        return answer
 
     def handle(self, request: Any) -> Optional[dict]:
         """One JSON-RPC request object -> its response object (None for a notification)."""
@@ -147,13 +177,17 @@ class Control:
             raise_all(validate_for_userspace(new))
             host_auth = auth.host_settings(new)
             changes = live.plan(self.target.config, new)
+            applying = live.Applying()
             if not dry_run:
-                live.apply(self.target, new, self.listeners, changes, host_auth)
+                live.apply(self.target, new, self.listeners, changes, host_auth, applying)
         except ConfigError as exc:
             field = rpc_fields(exc.where) if rpc_fields else exc.where
             raise RpcError(exc.problem if field else str(exc), field or exc.where, exc.fix) from None
         if not dry_run:
-            self.save_running()
+            if applying.done:
+                self.save_running()
+            else:
+                self._applying = applying  # call() answers, and saves, once it is committed
         return [c.to_dict() for c in changes]
 
     def save_running(self) -> None:
@@ -343,8 +377,11 @@ class Control:
                         n["nvmeof_roce"]["backend"] = "file"
 
         self._edit(edit, lambda where: "size" if where.endswith(".size") else _ns_field(where))
-        ns = sub.namespaces[nsid]
-        return {"nsid": nsid, "size_bytes": ns.num_blocks * ns.block_size, "blocks": ns.num_blocks}
+
+        def answer() -> dict:  # the size in use: made once the namespace's commands in flight drained (call())
+            ns = sub.namespaces[nsid]
+            return {"nsid": nsid, "size_bytes": ns.num_blocks * ns.block_size, "blocks": ns.num_blocks}
+        return answer
 
     def rpc_nvmf_subsystem_add_host(self, params) -> bool:
         p = _Params("nvmf_subsystem_add_host", params, ("nqn", "host", "psk"))
@@ -663,7 +700,9 @@ class Control:
         try:
             changes = live.plan(self.target.config, new)
             if not dry_run:
-                live.apply(self.target, new, self.listeners, changes, host_auth)
+                applying = live.Applying()
+                live.apply(self.target, new, self.listeners, changes, host_auth, applying)
+                self._applying = None if applying.done else applying  # answered once committed (call())
         except ConfigError as exc:
             raise RpcError(exc.problem, exc.where, exc.fix) from None
         if not dry_run:

@@ -12,12 +12,38 @@ import logging
 import os
 import socket
 import stat
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 from ..errors import NvmeofError
-from .protocol import MAX_PENDING_REPLY_BYTES, RequestFramer, answer_framed
+from .protocol import MAX_PENDING_REPLY_BYTES, RequestFramer, RpcError, answer_framed
 
 log = logging.getLogger(__name__)
+
+
+class DeferredAnswer:
+    """The result of a method whose answer comes later: a live change whose commit waits for its subsystems'
+    commands in flight to drain (control/live.py Applying).  The server answers the request when it settles."""
+
+    def __init__(self):
+        self.part: Optional[dict] = None  # {"result": ...} or {"error": ...}, once settled
+        self._send: Optional[Callable[[dict], None]] = None
+
+    def settle(self, result) -> None:
+        self._finish({"result": result})
+
+    def fail(self, error: RpcError) -> None:
+        self._finish({"error": error.to_dict()})
+
+    def _finish(self, part: dict) -> None:
+        self.part = part
+        if self._send is not None:
+            self._send(part)
+
+    def when_done(self, send: Callable[[dict], None]) -> None:
+        if self.part is not None:
+            send(self.part)
+        else:
+            self._send = send
 
 
 class _Conn:
@@ -70,7 +96,10 @@ class RpcServer:
             return
         for item in conn.framer.feed(data):
             response = answer_framed(self.control.handle, item)
-            if response is not None:
+            if response is not None and isinstance(response.get("result"), DeferredAnswer):
+                deferred = response.pop("result")
+                deferred.when_done(lambda part, conn=conn, head=response: self._answer_later(conn, dict(head, **part)))
+            elif response is not None:
                 self._send(conn, response)
             if item[0] == "error":
                 if item[2]:  # fatal: the stream cannot be resynchronised
@@ -79,6 +108,10 @@ class RpcServer:
                 return
             if conn.sock.fileno() < 0:
                 return  # dropped while sending
+
+    def _answer_later(self, conn: _Conn, response: dict) -> None:
+        if conn.sock.fileno() >= 0:  # the client may have gone meanwhile: the change is made all the same
+            self._send(conn, response)
 
     def _send(self, conn: _Conn, response: dict) -> None:
         conn.outbuf += json.dumps(response).encode("utf-8") + b"\n"

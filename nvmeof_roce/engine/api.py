@@ -13,12 +13,15 @@ called on the target itself: `target.install_namespace(nqn, ns)`.
     config       rebind (running objects follow a new config), discovery_views + discovery_changed (genctr, notices)
     controllers  end_controller (engine/core.py): end one now
 
-What fences a change today is the engine's single event loop: every verb runs on it, between two commands, and a
-namespace retired with device calls still running closes only after them (Namespace.retire).  Pause and resume
-make the fence explicit per subsystem: a paused subsystem's new I/O commands wait (never failed, never dropped) and
-start on resume in arrival order; `pause`'s callback fires once its commands in flight have drained.  The drain
-counts the commands the Python engine runs; the native data path's own commands (engine/native_view.py) are not
-held or counted yet, which is the place a later change makes it wait for them.
+Pause and resume fence a change per subsystem: a paused subsystem's new I/O commands wait (never failed, never
+dropped) and start on resume in arrival order; `pause`'s callback fires once its commands in flight have drained.
+The drain counts the commands the Python engine runs and those of the native data path: a paused subsystem's
+native queues hand its new commands to the core (their view says paused, engine/native_view.py), which holds
+them, and count their own commands in flight until their responses completed (`native_in_flight`); the drain is
+checked after each completion, each native poll that completed something while paused, and each tick, never by
+waiting on the loop.  A namespace's identity for the native queues is its generation (subsystem.next_generation),
+new when it is installed or resized, so a native command of the namespace as it was never completes into the
+namespace as it is.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ from . import native_view
 from .backends import BackendError, open_backend
 from .discovery import discovery_entries
 from .limits import MAX_NSID
-from .subsystem import Namespace, Subsystem, SubsystemState
+from .subsystem import Namespace, Subsystem, SubsystemState, next_generation
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +88,7 @@ class EngineApi:
     def install_namespace(self, nqn: str, ns: Namespace) -> None:
         """A prepared namespace joins subsystem `nqn`: commands reach it from now on (nvmet_ns_enable).  The
         hosts are told by namespace_changed, once the whole change is made."""
+        ns.generation = next_generation()
         self.subsystems[nqn].add_namespace(ns)
         self.qos.configure(ns)
 
@@ -121,6 +125,7 @@ class EngineApi:
         """Put a prepared size in use: commands see the new capacity from the next one."""
         ns = resize.ns
         resize.install()
+        ns.generation = next_generation()  # its memory may have moved: commands of the old size are not its
         ns.num_blocks = ns.backend.num_blocks
         ns.direct_view = ns.backend.buffer
         ns.config = resize.ns_config
@@ -188,6 +193,7 @@ class EngineApi:
         sub.enter(SubsystemState.PAUSING)
         sub.on_drained = on_drained
         self._pausing.append(sub)
+        self._refresh_native(sub)  # the C queues hand its new commands to the core, which holds them
         self.check_drained()
         return sub.state is SubsystemState.PAUSED
 
@@ -200,6 +206,7 @@ class EngineApi:
         sub.on_drained = None
         if sub in self._pausing:
             self._pausing.remove(sub)
+        self._refresh_native(sub)
         while sub.held and not sub.holding:  # a callback run meanwhile may pause it again
             req, capsule = sub.held.popleft()
             self._start_held(req, capsule)
@@ -208,23 +215,51 @@ class EngineApi:
         """PAUSING subsystems with no I/O command running become PAUSED, and their pause's callback is called
         (after each completion while one is pausing, and each tick for the responses still leaving)."""
         for sub in list(self._pausing):
-            if self._commands_running(sub):
-                continue
+            if sub not in self._pausing or self.commands_running(sub.nqn):
+                continue  # resumed by a callback run meanwhile, or still draining
             self._pausing.remove(sub)
             sub.enter(SubsystemState.PAUSED)
             callback, sub.on_drained = sub.on_drained, None
             if callback is not None:
                 callback()
 
-    def _commands_running(self, sub: Subsystem) -> int:
-        """I/O commands of `sub` started and not yet answered, with their responses still leaving (a RAM read's
-        data is sent from the namespace's memory); those waiting for resume have not started."""
+    def commands_running(self, nqn: str) -> int:
+        """I/O commands of subsystem `nqn` started and not yet answered, with their responses still leaving (a
+        RAM read's data is sent from the namespace's memory), the native data path's included (a Write's RDMA
+        READ still landing in the namespace's memory); those waiting for resume have not started."""
+        sub = self.subsystems[nqn]
         running = 0
         for ctrl in sub.controllers.values():
             for qs in ctrl.io_queues.values():
                 if not qs.closed:
                     running += qs.active + qs.transport.responses_in_flight()
-        return running - sum(1 for req, _ in sub.held if not req.queue.closed)
+        waiting = sum(1 for req, _ in sub.held if not req.queue.closed)
+        # Commands over a QoS limit have not touched their namespace yet and start from their checks again
+        # (core._resume_held): they wait like held ones, and a QoS change may be what lets them go.
+        for ns in sub.namespaces.values():
+            if ns.qos is not None:
+                waiting += sum(1 for req, _ in ns.qos.held if not req.queue.closed)
+        return running - waiting
+
+    def native_in_flight(self, nqn: str) -> Dict[int, int]:
+        """{nsid: commands} the native queues of subsystem `nqn` have in flight, found by the namespaces'
+        generations (NSID 0: a generation none of its namespaces has any more, a namespace already gone)."""
+        sub = self.subsystems[nqn]
+        nsid_of = {ns.generation: ns.nsid for ns in sub.namespaces.values()}
+        counts: Dict[int, int] = {}
+        for ctrl in sub.controllers.values():
+            for qs in native_view.native_queues(ctrl):
+                if qs.closed:
+                    continue
+                for generation, n in qs.transport.native_in_flight().items():
+                    nsid = nsid_of.get(generation, 0)
+                    counts[nsid] = counts.get(nsid, 0) + n
+        return counts
+
+    def _refresh_native(self, sub: Subsystem) -> None:
+        if self.native_data_path:
+            for ctrl in list(sub.controllers.values()):
+                native_view.refresh(self, ctrl)
 
     # -------------------------------------------------------------------------------------------- ports
     def open_port(self, port: PortConfig):

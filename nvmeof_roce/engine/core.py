@@ -349,7 +349,7 @@ class Target(EngineApi):
                 break
             del self._ending[ctrl]
             self.end_controller(ctrl, reason)
-        for hook in self.tick_hooks:
+        for hook in list(self.tick_hooks):  # a hook may remove itself
             hook(now)
         if self._pausing:
             self.check_drained()  # responses the transport has seen leave since the last completion

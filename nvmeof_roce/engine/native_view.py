@@ -6,7 +6,9 @@ lists a namespace only when every check of `Target._start` that does not depend 
 controller is ready, the queue is an authenticated I/O queue, the namespace is attached, not removed, its ANA group
 is optimized or non-optimized on the controller's port, and it is RAM (registered with the device), null, or a file
 or block namespace on the io_uring engine (given as a `_native.File`: a dup of its descriptor and its depth) on a
-queue that serves them.  The core calls `refresh` after anything that can change one of those (a capsule it handled,
+queue that serves them.  Each namespace is given with its generation (Namespace.generation), its identity for the
+C queue: a command whose namespace's generation left the view answers Invalid Namespace.  A paused subsystem's
+view says so: its new commands come to the core, which holds them until the resume.  The core calls `refresh` after anything that can change one of those (a capsule it handled,
 a namespace change, an ANA change) and before the event loop polls again, so a live change never races a command.
 The native counters and latency histograms are folded into the namespaces' own figures (`Namespace.bytes_read`, ...,
 `ns.stats`' histograms) when the view is replaced and at each tick.
@@ -52,11 +54,11 @@ def view_of(target: "Target", qs: "QueueState") -> tuple:
             file = file_of(ns)
             if file is None:
                 continue  # the thread engine was chosen (or forced): the core serves it
-            namespaces.append((ns.nsid, kind, ns.lbads, ns.num_blocks, 0, 0, id(ns), ns, file))
+            namespaces.append((ns.nsid, kind, ns.lbads, ns.num_blocks, 0, 0, ns.generation, ns, file))
             continue
         elif kind != "null":
             continue
-        namespaces.append((ns.nsid, kind, ns.lbads, ns.num_blocks, addr, lkey, id(ns), ns))
+        namespaces.append((ns.nsid, kind, ns.lbads, ns.num_blocks, addr, lkey, ns.generation, ns))
     return True, namespaces
 
 
@@ -87,8 +89,12 @@ def _fold(ctrl: "Controller", figures: dict) -> None:
 
 def refresh_queue(target: "Target", qs: "QueueState") -> None:
     ready, namespaces = view_of(target, qs)
+    # A paused subsystem (engine/api.py): its new commands go to the core, which holds them; those in flight
+    # finish natively, and each poll that completes some asks the engine whether the pause has drained.
+    paused = qs.ctrl is not None and qs.ctrl.subsystem.holding
     figures = qs.transport.set_view(ready, namespaces, sq_entries=qs.sqsize + 1, sq_head=qs.sqhd,
-                                    sqflow_disabled=qs.sqflow_disabled)
+                                    sqflow_disabled=qs.sqflow_disabled, paused=paused,
+                                    drain_check=target.check_drained if paused else None)
     if qs.ctrl is not None:
         _fold(qs.ctrl, figures)
 

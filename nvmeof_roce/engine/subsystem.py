@@ -14,6 +14,7 @@ A subsystem has a lifecycle, as SPDK's `spdk_nvmf_subsystem_state`, checked like
 from __future__ import annotations
 
 import enum
+import itertools
 import logging
 import re
 import uuid as uuidlib
@@ -44,6 +45,15 @@ def _hex_bytes(text: Optional[str], size: int) -> Optional[bytes]:
     return raw if len(raw) == size else None
 
 
+# Namespace generations: one counter for the engine, never reused while it runs (native_view's identity of a
+# namespace: an address or NSID can come back, a generation cannot).
+_generations = itertools.count(1)
+
+
+def next_generation() -> int:
+    return next(_generations)
+
+
 class Namespace:
     """One namespace: its backend and the identifiers the host sees."""
 
@@ -59,6 +69,9 @@ class Namespace:
         self.eui64 = _hex_bytes(config.eui64, 8)
         self.ana_grpid = config.ana_grpid
         self.removed = False
+        # Its identity in the native queues' views: a new one when it is installed, replaced or its memory
+        # changes (a resize), so a native command of the old one never completes into the new one.
+        self.generation = next_generation()
         # Blocking calls and sliced jobs on the backend not yet completed (engine/work.py): a removed namespace
         # closes its backend only after the last one, never under a call running on the worker thread.
         self.jobs = 0

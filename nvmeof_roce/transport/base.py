@@ -129,9 +129,15 @@ class TargetQueue(abc.ABC):
         return None
 
     def set_view(self, ready: bool, namespaces, sq_entries: int = 0, sq_head: int = 0,
-                 sqflow_disabled: bool = False) -> dict:
-        """Replace what the queue serves itself (built by engine/native_view.py).  Returns the figures of the
-        commands it served since they were last taken, as `take_native_stats`."""
+                 sqflow_disabled: bool = False, paused: bool = False,
+                 drain_check: Optional[Callable[[], None]] = None) -> dict:
+        """Replace what the queue serves itself (built by engine/native_view.py).  `paused`: new commands go to
+        the core; `drain_check` is called after each poll that completed commands meanwhile.  Returns the
+        figures of the commands it served since they were last taken, as `take_native_stats`."""
+        return {}
+
+    def native_in_flight(self) -> dict:
+        """{namespace generation: commands} the queue serves itself and has in flight."""
         return {}
 
     def take_native_stats(self) -> dict:

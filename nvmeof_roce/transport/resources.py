@@ -219,20 +219,31 @@ class BufferPool:
                 share.wake()
 
 
-def registered_region(regions: dict, backend, register: Callable) -> Optional[tuple]:
+def registered_region(regions: dict, backend, register: Callable, release: Callable) -> Optional[tuple]:
     """(addr, lkey) of a RAM namespace's memory registered with a device, or None where it cannot be: the one
-    cache both RDMA listeners (transport/rdma/cm.py, transport/rdma/native.py) keep, keyed by the memory's mapping
-    so that a resized namespace's new memory is registered anew (the old registration is kept until the listener
-    closes: WRITEs already posted may still read it).  `register(pin, mapping)` pins the memory and registers it,
-    and returns (the pinned mapping, or `mapping` when pinning failed; (addr, lkey) or None; what to keep alive
-    with it); the cache holds (mapping, found, kept)."""
+    cache both RDMA listeners (transport/rdma/cm.py, transport/rdma/native.py) keep, one entry per backend.
+
+    A backend whose memory changed (a resize) is registered anew and its old registration released: the engine
+    commits a resize only once the namespace's commands drained (the pause, engine/api.py), so no work request
+    still uses the old one, and the old memory is not kept pinned (repeated resizes leave memory flat).  The
+    registrations of closed backends (removed namespaces, drained the same way) are released here too.
+    `register(pin, mapping)` pins the memory and registers it, and returns (the pinned mapping, or `mapping`
+    when pinning failed; (addr, lkey) or None; what to keep with it, given to `release` when it goes); the
+    cache holds {id(backend): (backend, mapping, found, kept)}."""
+    for key, (other, _mapping, _found, kept) in list(regions.items()):
+        if other is not backend and getattr(other, "closed", False):
+            del regions[key]
+            release(kept)
     pin = getattr(backend, "pin", None)
     if pin is None:
         return None
     mapping = backend.buffer.obj if backend.buffer is not None else None
-    entry = regions.get(id(mapping))
-    if entry is not None and entry[0] is mapping:
-        return entry[1]
+    entry = regions.get(id(backend))
+    if entry is not None and entry[0] is backend:
+        if entry[1] is mapping:
+            return entry[2]
+        del regions[id(backend)]
+        release(entry[3])
     mapping, found, kept = register(pin, mapping)
-    regions[id(mapping)] = (mapping, found, kept)
+    regions[id(backend)] = (backend, mapping, found, kept)
     return found

@@ -104,7 +104,8 @@ def namespace_bytes(env, subnqn: str, nsid: int) -> bytes:
 
 
 class NativeEndpoint(Endpoint):
-    def __init__(self, config: dict, subnqn: str, depth: int = 32, file_buffers: int = 32, max_reads: int = 16):
+    def __init__(self, config: dict, subnqn: str, depth: int = 32, file_buffers: int = 32, max_reads: int = 16,
+                 region_of=None):
         self.env = Env(config)
         admin, cqe = raw_connect(self.env.connector(ADDR1), subnqn, HOST_A)
         assert cqe.status == 0
@@ -113,7 +114,7 @@ class NativeEndpoint(Endpoint):
         self.device = FakeDevice()
         self.regions = {}
         handler = self.env.target.port(1)
-        self.queue = native_queue(self.device, handler, depth=depth, region_of=self.region_of,
+        self.queue = native_queue(self.device, handler, depth=depth, region_of=region_of or self.region_of,
                                   file_buffers=file_buffers, max_reads=max_reads)
         handler.queue_opened(self.queue)
         self._register(pattern(HOST_BUFFER))
@@ -127,11 +128,11 @@ class NativeEndpoint(Endpoint):
         self.buf.view[:1024] = pattern(HOST_BUFFER)[:1024]
 
     def region_of(self, backend):
+        mapping = backend.pin()  # a new object once a resize changed the memory: registered anew
         key = id(backend)
-        if key not in self.regions:
-            mapping = backend.pin()
-            self.regions[key] = self.device.register_local(mapping)
-        return self.regions[key]
+        if key not in self.regions or self.regions[key][0] is not mapping:
+            self.regions[key] = (mapping, self.device.register_local(mapping))
+        return self.regions[key][1]
 
     def _register(self, contents: bytes) -> None:
         self.buf = self.device.remote(HOST_BUFFER)

@@ -189,3 +189,38 @@ def test_ram_bad_size():
         RamBackend(1000, 512)
     with pytest.raises(BackendError, match="not a positive multiple"):
         NullBackend(0, 512)
+
+
+def _address(view) -> int:
+    import ctypes
+    return ctypes.addressof(ctypes.c_char.from_buffer(view))
+
+
+def test_a_ram_resize_keeps_the_data_in_place_and_gives_back_the_pages_past_a_smaller_size():
+    ram = RamBackend(64 * 1024)
+    ram.pin()
+    ram.write(0, b"\xab" * 64 * 1024)
+    base = _address(ram.buffer)
+    ram.prepare_resize(256 * 1024)()  # grow: the new pages read zeros
+    assert _address(ram.buffer) == base and ram.size_bytes == 256 * 1024
+    assert ram.read(0, 64 * 1024) == b"\xab" * 64 * 1024 and ram.read(64 * 1024, 4096) == bytes(4096)
+    ram.write(192 * 1024, b"\xcd" * 4096)
+    ram.prepare_resize(32 * 1024)()  # shrink: the pages past it go back to the kernel
+    assert ram._memory.mapped == 32 * 1024 and ram.read(0, 32 * 1024) == b"\xab" * 32 * 1024
+    ram.prepare_resize(256 * 1024)()  # and what comes back is zeros, not the old data
+    assert _address(ram.buffer) == base and ram.read(32 * 1024, 224 * 1024) == bytes(224 * 1024)
+    ram.close()
+
+
+def test_a_ram_resize_past_its_reservation_copies_into_a_new_one(monkeypatch):
+    from nvmeof_roce.engine import backends
+    monkeypatch.setattr(backends, "RAM_RESERVE", 0)  # the reservation is the namespace's own size
+    ram = RamBackend(8192)
+    ram.write(0, b"\x11" * 8192)
+    old = ram.buffer
+    commit = ram.prepare_resize(16384)
+    assert ram.size_bytes == 8192  # prepared only
+    commit()
+    assert ram.read(0, 8192) == b"\x11" * 8192 and ram.read(8192, 8192) == bytes(8192)
+    assert bytes(old[:16]) == b"\x11" * 16  # a view of the old memory stays valid while it is held
+    ram.close()

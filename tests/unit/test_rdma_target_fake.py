@@ -51,7 +51,7 @@ fakeverbs.CQ.push = counting_push
 data = bytes(range(256)) * 16
 ctrl.write(1, 8, data)  # an RDMA READ of the host's data
 assert ctrl.read(1, 8, 8) == data  # an RDMA WRITE from the RAM namespace's own registration
-assert len(listener.regions) == 1 and list(listener.regions.values())[0][1] is not None
+assert len(listener.regions) == 1 and list(listener.regions.values())[0][2] is not None  # (backend, mapping, found, MR)
 backend = server.target.subsystems[tc.SUBNQN].namespaces[1].backend
 assert backend.pinned
 

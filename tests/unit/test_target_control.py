@@ -356,10 +356,12 @@ def test_reload_applies_only_the_difference(env, control, tmp_path):
     ctrl.close()
 
 
-def test_reload_removing_a_namespace_under_a_sliced_write_zeroes_answers_invalid_namespace(env, control, tmp_path):
-    """A reload drops namespace 1 while its Write Zeroes waits for its first slice (engine/work.py): the
-    command answers Invalid Namespace, not an Internal Error from the closed memory."""
+def test_reload_removing_a_namespace_under_a_sliced_write_zeroes_waits_for_it(env, control, tmp_path):
+    """A reload drops namespace 1 while its Write Zeroes waits for its first slice (engine/work.py): the removal
+    is committed once the command completed on the namespace as it was (the pause's drain, as nvmet_ns_disable
+    waits for the I/O in flight), and the reload is answered then; no Internal Error from closed memory."""
     from loopback_env import RawQueue
+    from nvmeof_roce.control.server import DeferredAnswer
     from nvmeof_roce.nvme import nvm
     ctrl = env.connect(SUB_RAM)
     data = env.target.config.to_dict()
@@ -370,8 +372,12 @@ def test_reload_removing_a_namespace_under_a_sliced_write_zeroes_answers_invalid
     q.send(nvm.write_zeroes_command(0, 1, 0, 7).pack())
     env.fabric.pump(max_ops=1)  # the job is queued; the loop has not served the eventfd yet
     assert env.target.work.pending == 1
-    assert control.call("nvmeof_reload_config", {"path": str(path)})["applied"]
-    assert q.poll_one().status == S.INVALID_NS | S.DNR
+    answer = control.call("nvmeof_reload_config", {"path": str(path)})
+    assert isinstance(answer, DeferredAnswer) and answer.part is None
+    assert 1 in env.target.subsystem(SUB_RAM).namespaces  # not while its command runs
+    assert q.poll_one().status == 0
+    assert answer.part["result"]["applied"] and 1 not in env.target.subsystem(SUB_RAM).namespaces
+    assert q.exchange(nvm.read_command(0, 1, 0, 0, q.keyed(512)).pack()).status == S.INVALID_NS | S.DNR
     assert env.target.internal_errors == 0
     ctrl.close()
 

@@ -161,7 +161,7 @@ class RdmaListener(Listener):
         self.pending_initiator_depth: Optional[int] = None  # of the CONNECT_REQUEST being handled
         self.pool = DataPool(self.pd, max_transfer, self.limits.data_buffers, self.limits.queue_min_buffers,
                              access=data_buffer_access(self.iwarp))
-        self.regions: Dict[int, tuple] = {}  # id(mapping) -> (mapping, (addr, lkey) or None, its MR)
+        self.regions: Dict[int, tuple] = {}  # id(backend) -> (backend, mapping, (addr, lkey) or None, its MR)
         loop.watch(self.cm_fd, self._on_cm_events)
         loop.listeners.append(self)
         log.info("listening on %s:%d (%s)", traddr, self.trsvcid, self.listen_id.dev_name)
@@ -172,10 +172,11 @@ class RdmaListener(Listener):
 
     def region(self, backend) -> Optional[tuple]:
         """(address, lkey) of a RAM namespace's memory, registered on first use (local access only: we only
-        send from it), or None where it cannot be (then its reads are staged in a chunk).  Kept until the
-        listener closes; a resized namespace's new memory is registered anew and the old registration kept
-        (WRITEs already posted may still read it), so each resize pins the old size until then."""
-        return registered_region(self.regions, backend, self._register_ram)
+        send from it), or None where it cannot be (then its reads are staged in a chunk).  A resized namespace's
+        new memory is registered anew and the old registration released (its commands drained before the resize:
+        resources.registered_region)."""
+        return registered_region(self.regions, backend, self._register_ram,
+                                 lambda memory: memory is not None and memory.close())
 
     def _register_ram(self, pin, mapping) -> tuple:
         try:
@@ -318,7 +319,7 @@ class RdmaListener(Listener):
             self.native_memory = None
         self.listen_id.close()
         self.pool.memory.close()
-        for _mapping, _found, memory in self.regions.values():
+        for _backend, _mapping, _found, memory in self.regions.values():
             if memory is not None:
                 memory.close()
         self.regions.clear()

@@ -45,7 +45,7 @@ class NativePortMemory:
         self.pool = ChunkPool(Region(pool.memory.addr, lkey, size, pool.memory.view), pool.chunk_size)
         self.zero = self._buffer(listener.max_transfer)
         self.sink = self._buffer(listener.max_transfer)
-        self.regions: Dict[int, tuple] = {}  # id(mapping) -> (mapping, (addr, lkey) or None, None)
+        self.regions: Dict[int, tuple] = {}  # id(backend) -> (backend, mapping, (addr, lkey) or None, its MR)
         self.spare_bounce: Dict[int, list] = {}  # size -> [Bounce], given back by closed queues
         self.closed = False
 
@@ -80,8 +80,9 @@ class NativePortMemory:
         return Region(addr, lkey, size, memoryview(mapping))
 
     def region(self, backend) -> Optional[tuple]:
-        """(addr, lkey) of a RAM namespace's memory on this PD (registered once; kept until the listener closes)."""
-        return registered_region(self.regions, backend, self._register_ram)
+        """(addr, lkey) of a RAM namespace's memory on this PD (registered once; released when its memory
+        changed or it closed, its commands drained: resources.registered_region)."""
+        return registered_region(self.regions, backend, self._register_ram, self._release_ram)
 
     def _register_ram(self, pin, _mapping) -> tuple:
         mapping = pin()
@@ -90,8 +91,15 @@ class NativePortMemory:
         except OSError as exc:
             log.warning("cannot register a RAM namespace for the native data path (%s): the core serves it", exc)
             return mapping, None, None
-        self.mrs.append(mr)
-        return mapping, (_address(mapping), lkey), None
+        return mapping, (_address(mapping), lkey), mr
+
+    def _release_ram(self, mr) -> None:
+        if mr is None:
+            return
+        try:
+            self.module.dereg_mr(mr)
+        except OSError as exc:
+            log.warning("deregistering a RAM namespace's old memory failed: %s", exc)
 
     def close(self) -> None:
         self.closed = True
@@ -105,6 +113,8 @@ class NativePortMemory:
             except OSError as exc:
                 log.warning("deregistering native memory failed: %s", exc)
         self.mrs = []
+        for _backend, _mapping, _found, mr in self.regions.values():
+            self._release_ram(mr)
         self.regions.clear()
 
 

@@ -124,6 +124,7 @@ class NativeTargetQueue(TargetQueue):
             on_failure=self._on_failure, zero=zero.spec() if zero else None, sink=sink.spec() if sink else None,
             remote_invalidate=verbs.remote_invalidate)
         self.view_ready = False
+        self.drain_check: Optional[Callable[[], None]] = None  # while its subsystem is paused: set_view
         self.native_commands_seen = 0  # the C queue's native_commands at the last native_traffic()
         self.poll_mode = None  # "interrupt" or "busy" once start_polling ran (a test may poll by hand)
         self.poll_group = None  # the _native.PollGroup whose thread polls it (--cores), or None
@@ -174,6 +175,8 @@ class NativeTargetQueue(TargetQueue):
         done = self.native.drain() if self.poll_group is not None else self.native.poll(budget)
         if self.tracing:
             self.log_trace()
+        if done and self.drain_check is not None:
+            self.drain_check()  # its subsystem is paused: these may have been the last of its commands
         return done
 
     def start_polling(self, loop, mode: str, channels=(), on_channel_event: Optional[Callable] = None,
@@ -229,16 +232,21 @@ class NativeTargetQueue(TargetQueue):
         return not self.closed
 
     def set_view(self, ready: bool, namespaces, sq_entries: int = 0, sq_head: int = 0,
-                 sqflow_disabled: bool = False) -> dict:
+                 sqflow_disabled: bool = False, paused: bool = False,
+                 drain_check: Optional[Callable[[], None]] = None) -> dict:
         """The one call that changes what the C queue serves itself (engine/native_view.py builds it)."""
         if self.closed:
             return {}
+        self.drain_check = drain_check
         # The core serves file and block namespaces where the queue cannot: no ring or bounce memory.
         if any(entry[1] == "file" for entry in namespaces) and not self._enable_files():
             namespaces = [entry for entry in namespaces if entry[1] != "file"]
         self.view_ready = ready
         return self.native.set_view(ready, self.max_transfer, namespaces, sq_entries=sq_entries, sq_head=sq_head,
-                                    sqflow_disabled=sqflow_disabled)
+                                    sqflow_disabled=sqflow_disabled, paused=paused)
+
+    def native_in_flight(self) -> dict:
+        return {} if self.closed else self.native.in_flight()
 
     def _enable_files(self) -> bool:
         """The ring and the bounce chunks, made once; False (the core serves file namespaces) where they cannot be."""
