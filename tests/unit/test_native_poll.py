@@ -405,7 +405,7 @@ def test_poll_group_threads_serve_file_namespaces_and_hand_a_failed_command_back
 
 
 def test_a_response_in_the_window_after_a_poll_group_thread_failed_the_queue_closes_it(grouped, caplog):
-    """A poll-group thread fails the queue (a WRITE to a bad key); before the loop drains that failure, a command
+    """A poll-group thread fails the queue (its QP in error); before the loop drains that failure, a command
     the core held (its subsystem paused) starts and answers: the transport says the queue is closed (its
     TransportError), the core closes the queue, and nothing is an internal error."""
     import time
@@ -418,7 +418,9 @@ def test_a_response_in_the_window_after_a_poll_group_thread_failed_the_queue_clo
     while target.in_flight() == 0:  # the loop drained it to the core, which holds it
         assert time.monotonic() < deadline
         loop.run_once(0.01)
-    ep.device.deliver(io_capsule(ep, READ, 1, 0, 7, 4096, bad_key=True, cid=3))  # the thread fails the queue
+    # The thread fails the queue: its QP goes to the error state and the receives come back flushed (a command
+    # of the paused subsystem would go to the core now, so a bad key could not fail it).
+    ep.device.qp_error()
     while not ep.queue.stats()["failed"]:
         assert time.monotonic() < deadline
         time.sleep(0.001)
