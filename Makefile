@@ -26,7 +26,7 @@ help:
 	@echo "make demo   - set up everything, build the lab if needed, run the main job"
 	@echo "make test   - set up everything, run unit tests and the lab tests"
 	@echo "make dist   - build a wheel into dist/"
-	@echo "make test-extended - iWARP, systemd workers, QoS/visibility/persist, initiator bench in the lab (about 12 min)"
+	@echo "make test-extended - iWARP, systemd workers, QoS/visibility/persist, initiator bench, a live RAM resize in the lab (about 16 min)"
 	@echo "make test-long - the long lab scenarios (16-vCPU guest), not part of make test or CI"
 	@echo "make test-auth-rotation - rotate a host key by reload and by RPC under fio verify (6.12 lab guest)"
 	@echo "make test-reload-fuzz - 10,000 broken configs reloaded into a running loopback target (about a minute)"
