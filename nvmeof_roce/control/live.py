@@ -667,9 +667,7 @@ def apply(target, new: TargetConfig, listeners: Optional[Listeners] = None,
             return
         target.tick_hooks.remove(watch)
         error = _drain_timeout(target, new, sorted(draining))
-        for nqn in paused:
-            if nqn in target.subsystems and target.subsystems[nqn].holding:
-                target.resume(nqn)
+        _resume(target, paused)
         for ch in changes:
             ch.undo(run)
         log.error("live change given up: %s", error)
@@ -701,6 +699,13 @@ def _drain_timeout(target, new: TargetConfig, nqns: List[str]) -> ConfigError:
                        "device, then send the change again")
 
 
+def _resume(target, nqns: List[str]) -> None:
+    """Resume the subsystems an apply paused that still exist and still hold their commands."""
+    for nqn in nqns:
+        if nqn in target.subsystems and target.subsystems[nqn].holding:
+            target.resume(nqn)
+
+
 def _commit(run: _Apply, changes: List[Change], paused: List[str], host_auth: dict, disc_before) -> None:
     """Commit the prepared changes (nothing here fails on a user's input), resume the paused subsystems, then
     tell the hosts."""
@@ -712,9 +717,7 @@ def _commit(run: _Apply, changes: List[Change], paused: List[str], host_auth: di
             ch.install(run)
         target.rebind(new, host_auth)  # a namespace's visibility and QoS limits come with its new config
     finally:  # a bug above must not leave their commands waiting for good
-        for nqn in paused:
-            if nqn in target.subsystems and target.subsystems[nqn].holding:
-                target.resume(nqn)
+        _resume(target, paused)
 
     # access: hosts that may no longer reach a subsystem through the port they came in on
     ended = run.ended

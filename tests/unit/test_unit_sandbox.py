@@ -4,7 +4,6 @@ install-units writes the DeviceAllow=/ReadWritePaths= drop-in and refuses an Exe
 import json
 import os
 import stat
-import sys
 
 import pytest
 
