@@ -67,12 +67,12 @@ enum nq_kind { NQ_RAM = 1, NQ_NULL = 2, NQ_FILE = 3 };
 
 enum nq_state {
     NQ_FREE = 0,
-    NQ_NEED_READ,     /* a Write waits for a send-queue entry and an RDMA READ credit */
+    NQ_NEED_READ,     /* a Write waits for a send-queue entry and an RDMA READ credit (read_wait) */
     NQ_READING,       /* its RDMA READ is posted */
-    NQ_NEED_RESPONSE, /* waits for the send-queue entries of its (WRITE and) SEND */
+    NQ_NEED_RESPONSE, /* waits for the send-queue entries of its (WRITE and) SEND (send_wait) */
     NQ_COMPLETING,    /* posted; FREE once a send completion retires it */
     NQ_NEED_CHUNK,    /* a file/block Read or Write waits for one of the queue's bounce chunks */
-    NQ_NEED_FILE,     /* a file/block Read or Write waits for room in its namespace's depth */
+    NQ_NEED_FILE,     /* a file/block Read or Write waits for room in its namespace's depth (file_wait) */
     NQ_FILE_IO,       /* its read or write is on the queue's io_uring */
     NQ_HANDED_BACK,   /* a poll group's file command mailed to the core: its slot and chunk kept until drained */
 };
@@ -157,10 +157,24 @@ struct nq_req {
     uint64_t received_ns; /* CLOCK_MONOTONIC when its capsule's receive completion was polled */
 };
 
+enum nq_owner { NQ_OWN_NATIVE = 0, NQ_OWN_PYTHON = 1, NQ_OWN_PYTHON_READ = 2 };
+
 struct nq_sq_entry { /* the send queue, in post order: one entry per posting (1 or 2 work requests) */
     uint64_t wr_id;
     uint32_t wrs;
-    uint32_t python; /* its entries were counted against the Python side's budget */
+    uint32_t python; /* enum nq_owner: its entries were counted against the Python side's budget; a Python READ
+                        also holds one of the queue's READ credits until it completes */
+};
+
+/* A FIFO of requests through nq_req.pending_next; UINT32_MAX = none. */
+struct nq_fifo {
+    uint32_t head, tail;
+};
+
+/* A Python side's RDMA READ waiting for a READ credit (post_read found none free). */
+struct nq_py_read {
+    uint32_t tag, lkey, length, rkey;
+    uint64_t laddr, raddr;
 };
 
 typedef struct {
@@ -186,12 +200,18 @@ typedef struct {
     uint32_t nreqs;
     uint32_t *free_stack;
     uint32_t nfree;
-    uint32_t pend_head, pend_tail; /* FIFO through nq_req.pending_next; UINT32_MAX = none */
+    /* one FIFO per resource waited for (SPDK's pending_rdma_read_queue / pending_rdma_write_queue): a request
+     * needing only send-queue entries never waits behind one needing a READ credit or namespace depth */
+    struct nq_fifo send_wait; /* NQ_NEED_RESPONSE: send-queue entries */
+    struct nq_fifo read_wait; /* NQ_NEED_READ: a READ credit (and a send-queue entry) */
+    struct nq_fifo file_wait; /* NQ_NEED_FILE: room in its namespace's depth */
 
     /* the send queue: native budget, READ credits, the log of what is on it */
     uint32_t sq_size;
     uint32_t native_slots, native_slots_total;
-    uint32_t reads_free;
+    uint32_t reads_free;   /* the host's RDMA READ credits, the native side's and the Python side's READs alike */
+    struct nq_py_read *py_reads; /* the Python side's READs waiting for a credit, a ring of python_send */
+    uint32_t py_reads_head, py_reads_count, py_reads_size;
     struct nq_sq_entry *sq_log;
     uint32_t sq_head, sq_count;
     uint32_t unsignaled;
@@ -317,14 +337,32 @@ static inline uint32_t nq_lat_bucket(uint64_t ns)
 
 /* ------------------------------------------------------------------ posting */
 
-static inline void nq_pend(NativeQueue *q, uint32_t idx)
+static inline void nq_fifo_push(NativeQueue *q, struct nq_fifo *f, uint32_t idx)
 {
     q->reqs[idx].pending_next = UINT32_MAX;
-    if (q->pend_tail == UINT32_MAX)
-        q->pend_head = idx;
+    if (f->tail == UINT32_MAX)
+        f->head = idx;
     else
-        q->reqs[q->pend_tail].pending_next = idx;
-    q->pend_tail = idx;
+        q->reqs[f->tail].pending_next = idx;
+    f->tail = idx;
+}
+
+static inline uint32_t nq_fifo_pop(NativeQueue *q, struct nq_fifo *f)
+{
+    uint32_t idx = f->head;
+    f->head = q->reqs[idx].pending_next;
+    if (f->head == UINT32_MAX)
+        f->tail = UINT32_MAX;
+    return idx;
+}
+
+/* Back at the head: it was popped, and still waits. */
+static inline void nq_fifo_unpop(NativeQueue *q, struct nq_fifo *f, uint32_t idx)
+{
+    q->reqs[idx].pending_next = f->head;
+    f->head = idx;
+    if (f->tail == UINT32_MAX)
+        f->tail = idx;
 }
 
 static inline void nq_sq_push(NativeQueue *q, uint64_t wr_id, uint32_t wrs, uint32_t python)
@@ -404,7 +442,7 @@ static inline void nq_queue_response(NativeQueue *q, uint32_t idx)
     cqe[15] = wire >> 8;
     uint32_t wrs = r->len && r->opc == OPC_READ && !r->status ? 2 : 1;
     q->native_slots -= wrs;
-    nq_sq_push(q, idx, wrs, 0);
+    nq_sq_push(q, idx, wrs, NQ_OWN_NATIVE);
     r->state = NQ_COMPLETING;
     if (wrs == 2)
         nq_batch_response(q, idx, cqe, (uintptr_t)r->local, r->lkey, r->len, r->raddr, r->rkey,
@@ -461,18 +499,49 @@ static inline struct nq_ns *nq_ns_of(NativeQueue *q, const struct nq_req *r)
 
 /* The view changed while a Write waited for its READ: if its namespace left the view or changed generation, its
  * destination may be memory that is no longer the namespace's, so no READ is posted and it answers Invalid
- * Namespace (as io._write_data). */
-static __attribute__((cold, noinline)) void nq_check_write_target(NativeQueue *q, struct nq_req *r)
+ * Namespace (as io._write_data).  1 when it does. */
+static __attribute__((cold, noinline)) int nq_check_write_target(NativeQueue *q, struct nq_req *r)
 {
     if (nq_ns_of(q, r))
-        return;
+        return 0;
     if (r->file) {
         nq_file_put(r->file);
         r->file = NULL;
     }
     r->status = SC_INVALID_NS | SC_DNR;
     r->state = NQ_NEED_RESPONSE;
+    return 1;
 }
+
+/* A Python side's RDMA READ onto this batch, with one of the queue's READ credits. */
+static inline void nq_post_py_read(NativeQueue *q, const struct nq_py_read *p)
+{
+    q->reads_free--;
+    nq_sq_push(q, NQ_TAG_PY | p->tag, 1, NQ_OWN_PYTHON_READ);
+    struct ibv_send_wr *w = nq_batch_wr(q, NQ_TAG_PY | p->tag, IBV_WR_RDMA_READ, IBV_SEND_SIGNALED, p->laddr,
+                                        p->length, p->lkey);
+    w->wr.rdma.remote_addr = p->raddr;
+    w->wr.rdma.rkey = p->rkey;
+    NT_TRACE(q->trace, nt_record, NT_DATA_POSTED, NT_NO_CID, 0, 0, 0, p->length, p->raddr, p->rkey,
+             NT_FLAG_RDMA_READ);
+}
+
+/* The Python side's READs that waited for a credit, oldest first (they go before the native ones waiting). */
+static void nq_py_reads_post(NativeQueue *q)
+{
+    while (q->py_reads_count && q->reads_free) {
+        nq_post_py_read(q, &q->py_reads[q->py_reads_head]);
+        q->py_reads_head = (q->py_reads_head + 1) % q->py_reads_size;
+        q->py_reads_count--;
+    }
+}
+
+static inline struct nq_fifo *nq_wait_of(NativeQueue *q, uint8_t state)
+{
+    return state == NQ_NEED_READ ? &q->read_wait : state == NQ_NEED_FILE ? &q->file_wait : &q->send_wait;
+}
+
+static inline void nq_advance(NativeQueue *q, uint32_t idx);
 
 /* One step out of a waiting state; 0 when what it needs is not there. */
 static inline int nq_step(NativeQueue *q, uint32_t idx)
@@ -480,14 +549,16 @@ static inline int nq_step(NativeQueue *q, uint32_t idx)
     struct nq_req *r = &q->reqs[idx];
     if (r->state == NQ_NEED_FILE)
         return nq_file_start(q, idx);
-    if (r->state == NQ_NEED_READ && __builtin_expect(r->view_seq != q->view_seq, 0))
-        nq_check_write_target(q, r);
     if (r->state == NQ_NEED_READ) {
-        if (!q->native_slots || !q->reads_free)
+        if (__builtin_expect(r->view_seq != q->view_seq, 0) && nq_check_write_target(q, r)) {
+            nq_advance(q, idx); /* now it waits for its response's entry only */
+            return 1;
+        }
+        if (!q->native_slots || !q->reads_free || q->py_reads_count)
             return 0;
         q->native_slots--;
         q->reads_free--;
-        nq_sq_push(q, idx, 1, 0);
+        nq_sq_push(q, idx, 1, NQ_OWN_NATIVE);
         r->state = NQ_READING;
         struct ibv_send_wr *w = nq_batch_wr(q, idx, IBV_WR_RDMA_READ, IBV_SEND_SIGNALED, (uintptr_t)r->local,
                                             r->len, r->lkey);
@@ -504,23 +575,33 @@ static inline int nq_step(NativeQueue *q, uint32_t idx)
     return 1;
 }
 
-/* Move a request on, oldest waiting first. */
+/* Move a request on, behind the older ones waiting for the same resource (only those). */
 static inline void nq_advance(NativeQueue *q, uint32_t idx)
 {
-    if (q->pend_head != UINT32_MAX || !nq_step(q, idx))
-        nq_pend(q, idx);
+    struct nq_fifo *wait = nq_wait_of(q, q->reqs[idx].state);
+    if (wait->head != UINT32_MAX || !nq_step(q, idx))
+        nq_fifo_push(q, wait, idx);
 }
 
+static void nq_resume_fifo(NativeQueue *q, struct nq_fifo *wait)
+{
+    while (wait->head != UINT32_MAX) {
+        uint32_t idx = nq_fifo_pop(q, wait); /* first: a step may put it on another FIFO */
+        if (!nq_step(q, idx)) {
+            nq_fifo_unpop(q, wait, idx);
+            return;
+        }
+    }
+}
+
+/* Every waiting request that can move now: responses first (their completions give resources back), then the
+ * READs (the Python side's before the native ones), then the file commands. */
 static void nq_resume(NativeQueue *q)
 {
-    while (q->pend_head != UINT32_MAX) {
-        uint32_t idx = q->pend_head;
-        if (!nq_step(q, idx))
-            return;
-        q->pend_head = q->reqs[idx].pending_next;
-        if (q->pend_head == UINT32_MAX)
-            q->pend_tail = UINT32_MAX;
-    }
+    nq_resume_fifo(q, &q->send_wait);
+    nq_py_reads_post(q);
+    nq_resume_fifo(q, &q->read_wait);
+    nq_resume_fifo(q, &q->file_wait);
 }
 
 static void nq_fail(NativeQueue *q, int status, uint64_t wr_id);
@@ -944,7 +1025,7 @@ static void nq_send_done(NativeQueue *q, uint64_t wr_id)
         struct nq_sq_entry e = q->sq_log[q->sq_head];
         q->sq_head = (q->sq_head + 1) % q->sq_size;
         q->sq_count--;
-        if (!e.python) {
+        if (e.python == NQ_OWN_NATIVE) {
             uint32_t idx = (uint32_t)(e.wr_id & NQ_TAG_MASK);
             q->native_slots += e.wrs;
             struct nq_req *r = &q->reqs[idx];
@@ -957,7 +1038,10 @@ static void nq_send_done(NativeQueue *q, uint64_t wr_id)
                 NT_TRACE(q->trace, nt_record, NT_RESPONSE_DONE, r->cid, r->opc, r->nsid, r->status, 0, 0, 0, 0);
                 nq_release(q, idx);
             }
-        } else if (e.wr_id == wr_id && q->on_send_done != Py_None) {
+        } else if (e.python == NQ_OWN_PYTHON_READ) {
+            q->reads_free++; /* and its completion goes to the Python side below */
+        }
+        if (e.python != NQ_OWN_NATIVE && e.wr_id == wr_id && q->on_send_done != Py_None) {
             if (!q->threaded)
                 nq_call(q, q->on_send_done, Py_BuildValue("(K)", (unsigned long long)(wr_id & NQ_TAG_MASK)));
             else if (nq_mailbox_push(&q->mail, NQ_MAIL_SEND_DONE, 0, wr_id & NQ_TAG_MASK) < 0)
@@ -1306,6 +1390,7 @@ static void NativeQueue_dealloc(NativeQueue *q)
     PyMem_Free(q->reqs);
     PyMem_Free(q->free_stack);
     PyMem_Free(q->sq_log);
+    PyMem_Free(q->py_reads);
     PyMem_Free(q->batch);
     PyMem_Free(q->batch_sges);
     PyMem_Free(q->batch_cqe);
@@ -1376,18 +1461,23 @@ static int NativeQueue_init(NativeQueue *q, PyObject *args, PyObject *kwds)
     q->native_slots = q->native_slots_total = sq_size - python_send;
     q->reads_free = reads;
     q->remote_invalidate = remote_invalidate;
-    q->pend_head = q->pend_tail = UINT32_MAX;
+    q->send_wait.head = q->send_wait.tail = UINT32_MAX;
+    q->read_wait.head = q->read_wait.tail = UINT32_MAX;
+    q->file_wait.head = q->file_wait.tail = UINT32_MAX;
+    q->py_reads_size = python_send ? python_send : 1;
     q->recv_wrs = PyMem_Calloc(recv_count, sizeof *q->recv_wrs);
     q->recv_sges = PyMem_Calloc(recv_count, sizeof *q->recv_sges);
     q->repost = PyMem_Calloc(recv_count, sizeof *q->repost);
     q->reqs = PyMem_Calloc(nreqs, sizeof *q->reqs);
     q->free_stack = PyMem_Calloc(nreqs, sizeof *q->free_stack);
     q->sq_log = PyMem_Calloc(sq_size, sizeof *q->sq_log);
+    q->py_reads = PyMem_Calloc(q->py_reads_size, sizeof *q->py_reads);
     q->batch = PyMem_Calloc(sq_size, sizeof *q->batch);
     q->batch_sges = PyMem_Calloc(sq_size, sizeof *q->batch_sges);
     q->batch_cqe = PyMem_Calloc(sq_size, sizeof *q->batch_cqe);
     q->batch_resp = PyMem_Calloc(sq_size, sizeof *q->batch_resp);
-    if (!q->recv_wrs || !q->recv_sges || !q->repost || !q->reqs || !q->free_stack || !q->sq_log || !q->batch ||
+    if (!q->recv_wrs || !q->recv_sges || !q->repost || !q->reqs || !q->free_stack || !q->sq_log || !q->py_reads ||
+        !q->batch ||
         !q->batch_sges || !q->batch_cqe || !q->batch_resp) {
         PyErr_NoMemory();
         return -1;
@@ -1479,27 +1569,31 @@ static PyObject *nq_check_posting(NativeQueue *q)
     return Py_None;
 }
 
-/* post_read(tag, local_addr, lkey, length, remote_addr, rkey): the Python side's RDMA READ, signaled. */
+/* post_read(tag, local_addr, lkey, length, remote_addr, rkey): the Python side's RDMA READ, signaled.  It takes
+ * one of the queue's READ credits (the host granted them to the QP, not to either side), or waits in the queue
+ * for the next one given back. */
 static PyObject *nq_post_read(NativeQueue *q, PyObject *args)
 {
-    unsigned int tag, lkey, length, rkey;
+    struct nq_py_read p;
     unsigned long long laddr, raddr;
-    if (!PyArg_ParseTuple(args, "IKIIKI", &tag, &laddr, &lkey, &length, &raddr, &rkey))
+    if (!PyArg_ParseTuple(args, "IKIIKI", &p.tag, &laddr, &p.lkey, &p.length, &raddr, &p.rkey))
         return NULL;
+    p.laddr = laddr;
+    p.raddr = raddr;
     if (!nq_check_posting(q))
         return NULL;
-    if (q->sq_count >= q->sq_size || q->nbatch >= q->sq_size) {
+    if (q->sq_count + q->py_reads_count >= q->sq_size || q->nbatch >= q->sq_size ||
+        (q->py_reads_count == q->py_reads_size && !q->reads_free)) {
         PyErr_SetString(PyExc_OverflowError, "the send queue is full: the Python side overran its share");
         return NULL;
     }
-    nq_sq_push(q, NQ_TAG_PY | tag, 1, 1);
-    struct ibv_send_wr *w = nq_batch_wr(q, NQ_TAG_PY | tag, IBV_WR_RDMA_READ, IBV_SEND_SIGNALED, laddr, length,
-                                        lkey);
-    w->wr.rdma.remote_addr = raddr;
-    w->wr.rdma.rkey = rkey;
-    NT_TRACE(q->trace, nt_record, NT_DATA_POSTED, NT_NO_CID, 0, 0, 0, length, raddr, rkey, NT_FLAG_RDMA_READ);
-    if (!q->in_poll)
-        nq_flush(q);
+    if (q->reads_free && !q->py_reads_count) {
+        nq_post_py_read(q, &p);
+        if (!q->in_poll)
+            nq_flush(q);
+    } else {
+        q->py_reads[(q->py_reads_head + q->py_reads_count++) % q->py_reads_size] = p;
+    }
     Py_RETURN_NONE;
 }
 
@@ -1530,7 +1624,7 @@ static PyObject *nq_post_response(NativeQueue *q, PyObject *args)
         PyErr_SetString(PyExc_OverflowError, "the send queue is full: the Python side overran its share");
         return NULL;
     }
-    nq_sq_push(q, NQ_TAG_PY | tag, wrs, 1);
+    nq_sq_push(q, NQ_TAG_PY | tag, wrs, NQ_OWN_PYTHON);
     nq_batch_response(q, NQ_TAG_PY | tag, cqe.buf, laddr, lkey, length, raddr, rkey,
                       invalidate >= 0 && q->remote_invalidate, (uint32_t)invalidate);
     PyBuffer_Release(&cqe);

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from loopback_env import HOST_A, RAW_HOSTID, SUB_FILE, SUB_RAM, standard_config
+from loopback_env import HOST_A, RAW_HOSTID, SUB_FILE, SUB_RAM, ram_ns, standard_config
 from native_diff import LoopbackEndpoint, NativeEndpoint, close_all, io_capsule, pattern
 from native_fake import FakeDevice, native_queue, needs_native, pump
 from nvmeof_roce import native
@@ -407,3 +407,30 @@ def test_a_queue_closed_with_a_stalled_ring_command_does_not_wait_for_it(tmp_pat
 def test_the_ring_fault_hook_refuses_an_unknown_kind():
     with pytest.raises(ValueError, match="unknown io_uring fault 'eperm'"):
         native.module.uring_inject("eperm")
+
+
+def test_a_ram_read_never_waits_behind_a_file_command_waiting_for_its_namespaces_depth(tmp_path):
+    """File namespace 1 of depth 1 with its one command held on the ring, a second one waiting for its depth;
+    a Read of RAM namespace 2 behind them needs only send-queue entries: it is answered at once."""
+    config = file_config(tmp_path / "ns.img", queue_depth=1)
+    config["subsystems"][0]["namespaces"].append(ram_ns(2))
+    ep = NativeEndpoint(config, SUB_FILE)
+    try:
+        stored = pattern(4096, seed=67)
+        ep.env.target.subsystem(SUB_FILE).namespaces[2].backend.buffer[:4096] = stored
+        native.module.uring_inject("stall", 1)
+        assert ep.device.deliver(io_capsule(ep, READ, 1, 0, 7, 4096, offset=8192, cid=1)) == 0
+        poll_until_stalled(ep)
+        assert ep.device.deliver(io_capsule(ep, READ, 1, 8, 7, 4096, offset=12288, cid=2)) == 0
+        assert ep.device.deliver(io_capsule(ep, READ, 2, 0, 7, 4096, offset=0, cid=3)) == 0
+        for _ in range(3):  # the wire completes what the last poll posted (the ring's command stays held)
+            ep.queue.poll()
+        assert [cid_of(c) for c, _ in ep.device.responses()] == [3]
+        assert ep.host_bytes()[:4096] == stored
+        assert native.module.uring_release() == 1
+        poll_until(ep, lambda: ep.queue.stats()["native_in_flight"] == 0)
+        pump(ep.queue)
+        got = {cid_of(c): status_of(c) for c, _ in ep.device.responses()}
+        assert got == {1: 0, 2: 0}
+    finally:
+        ep.close()

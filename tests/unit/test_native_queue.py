@@ -579,7 +579,34 @@ def test_rdma_reads_in_flight_never_exceed_what_the_host_granted(max_reads):
     assert 0 < _reads_in_flight_of_mixed_writes(max_reads) <= max_reads
 
 
-@pytest.mark.xfail(strict=True, reason="one READ credit cannot be split between the C queue and the Python side's "
-                   "book: the C queue must count the Python side's READs posted through it (post_read)")
 def test_a_single_rdma_read_credit_is_never_used_twice():
     assert _reads_in_flight_of_mixed_writes(1) <= 1
+
+
+def test_a_ram_read_never_waits_behind_a_write_waiting_for_a_read_credit():
+    """One READ credit: the first Write's READ holds it, the second Write waits for it; a Read behind them needs
+    only send-queue entries, so its data and response go on the wire in the same poll (its own FIFO)."""
+    ep = NativeEndpoint(standard_config(), SUB_RAM, max_reads=1)
+    try:
+        stored = pattern(4096, seed=61)
+        ep.env.target.subsystem(SUB_RAM).namespaces[1].backend.buffer[64 * 512:64 * 512 + 4096] = stored
+        ep.device.deliver(io_capsule(ep, WRITE, 1, 0, 7, 4096, offset=8192, cid=1))
+        ep.device.deliver(io_capsule(ep, WRITE, 1, 8, 7, 4096, offset=12288, cid=2))
+        ep.device.deliver(io_capsule(ep, READ, 1, 64, 7, 4096, offset=0, cid=3))
+        ep.device.hold()
+        ep.queue.poll()
+        assert ep.device.on_wire() == 3  # READ of cid 1; WRITE and SEND of cid 3; cid 2 waits for the credit
+        assert ep.queue.stats()["reads_free"] == 0
+        ep.device.release()
+        assert [cid_of(c) for c, _ in ep.device.responses()] == [3]
+        assert ep.host_bytes()[:4096] == stored
+        ep.device.hold(False)
+        pump(ep.queue)
+        assert sorted(cid_of(c) for c, _ in ep.device.responses()) == [1, 2]
+        assert ep.queue.stats()["reads_free"] == 1
+    finally:
+        ep.close()
+
+
+def cid_of(cqe: bytes) -> int:
+    return int.from_bytes(cqe[12:14], "little")

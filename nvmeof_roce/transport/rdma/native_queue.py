@@ -111,16 +111,16 @@ class NativeTargetQueue(TargetQueue):
         # twice over; the Python side's book gets a quarter of it (its commands are the rare ones).
         self.send_queue = 4 * self.depth + 8
         python_send = max(8, self.send_queue // 4)
-        # The host's RDMA READ credits are split the same way: the C queue counts only its own READs, the book
-        # the Python side's, so together they never post more than the host granted.  (One credit cannot be
-        # split: both sides then have it.)
+        # The host's RDMA READ credits are the C queue's: it counts every READ posted on the QP, its own and the
+        # Python side's (post_read takes one, or waits in the C queue for the next one given back), so together
+        # they never post more than the host granted, even one.  The book's share only keeps the Python side
+        # from taking them all.
         python_reads = max(1, verbs.max_reads // 4)
-        native_reads = max(1, verbs.max_reads - python_reads)
         self.book = RequestBook(self, share, python_send, python_reads, prealloc=self.recv_count)
         self.native = module.Queue(
             verbs.qp, verbs.send_cq, verbs.recv_cq, qid=request.qid, recv=recv.spec(), recv_count=self.recv_count,
             recv_size=self.recv_size, requests=self.recv_count, send_queue=self.send_queue, python_send=python_send,
-            reads=native_reads, on_capsule=self._on_capsule, on_send_done=self._on_send_done,
+            reads=verbs.max_reads, on_capsule=self._on_capsule, on_send_done=self._on_send_done,
             on_failure=self._on_failure, zero=zero.spec() if zero else None, sink=sink.spec() if sink else None,
             remote_invalidate=verbs.remote_invalidate)
         self.view_ready = False
