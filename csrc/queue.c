@@ -183,6 +183,8 @@ typedef struct {
     struct ibv_cq *send_cq, *recv_cq;
     uint16_t qid;
     int closed;
+    int closing;             /* begin_close: no new command; what was posted completes, then the owner closes */
+    int close_mailed;        /* a poll group's closing queue told the loop its send queue emptied */
     int in_poll;
     int failed;              /* a work completion failed: nothing more is posted */
     int remote_invalidate;
@@ -660,6 +662,8 @@ static void nq_flush(NativeQueue *q)
             q->unsignaled = 0;
         }
     }
+    if (__builtin_expect(q->closing, 0)) /* its completion tells the owner the send queue has emptied */
+        q->batch[q->nbatch - 1].send_flags |= IBV_SEND_SIGNALED;
     for (uint32_t i = 0; i + 1 < q->nbatch; i++)
         q->batch[i].next = &q->batch[i + 1];
     struct ibv_send_wr *bad;
@@ -1058,8 +1062,10 @@ static void nq_completion(NativeQueue *q, struct ibv_wc *wc)
         nq_fail(q, wc->status, wc->wr_id);
         return;
     }
-    if ((wc->wr_id & (NQ_TAG_RECV | NQ_TAG_PY)) == NQ_TAG_RECV)
-        nq_capsule(q, (uint32_t)(wc->wr_id & NQ_TAG_MASK), wc->byte_len);
+    if ((wc->wr_id & (NQ_TAG_RECV | NQ_TAG_PY)) == NQ_TAG_RECV) {
+        if (!q->closing) /* a closing queue takes no new command, nor re-posts its receive */
+            nq_capsule(q, (uint32_t)(wc->wr_id & NQ_TAG_MASK), wc->byte_len);
+    }
     else
         nq_send_done(q, wc->wr_id);
 }
@@ -1141,6 +1147,10 @@ int native_queue_poll_threaded(void *queue, int budget)
     pthread_mutex_lock(&q->lock);
     if (!q->stopped && !q->closed && !q->failed)
         done = nq_poll(q, budget);
+    if (q->closing && !q->close_mailed && !q->sq_count && !q->stopped) { /* the mailbox keeps a place for it */
+        q->close_mailed = 1;
+        nq_mailbox_push(&q->mail, NQ_MAIL_CLOSE_READY, 0, 0);
+    }
     if (!q->stopped)
         nq_mailbox_wake(&q->mail);
     pthread_mutex_unlock(&q->lock);
@@ -1174,8 +1184,8 @@ int native_queue_attach(void *queue)
         return -1;
     }
     /* every capsule it can hold back (one per receive), every file command handed back (one per request slot),
-     * every signaled send of the Python side, a failure */
-    uint32_t size = q->recv_count + q->nreqs + q->sq_size + 2;
+     * every signaled send of the Python side, a failure, a closing queue's end */
+    uint32_t size = q->recv_count + q->nreqs + q->sq_size + 3;
     if (nq_mailbox_init(&q->mail, size) < 0) {
         PyErr_SetFromErrno(PyExc_OSError);
         return -1;
@@ -1242,7 +1252,7 @@ static PyObject *NativeQueue_drain(NativeQueue *q, PyObject *noargs)
             nq_call(q, q->on_capsule, PyTuple_Pack(1, PyTuple_GET_ITEM(capsules, i)));
         else if (e->kind == NQ_MAIL_SEND_DONE)
             nq_call(q, q->on_send_done, Py_BuildValue("(K)", (unsigned long long)e->b));
-        else if (q->on_failure != Py_None)
+        else if (e->kind == NQ_MAIL_FAILURE && q->on_failure != Py_None)
             nq_call(q, q->on_failure, Py_BuildValue("(iK)", (int)e->a, (unsigned long long)e->b));
     }
     Py_DECREF(capsules);
@@ -1957,6 +1967,30 @@ static PyObject *NativeQueue_close(NativeQueue *q, PyObject *noargs)
     Py_RETURN_NONE;
 }
 
+/* begin_close() -> True while what is posted still has to complete: the responses this poll made (a Disconnect's
+ * own among them) are posted now, even inside the poll, and the queue takes no new command from here on; the
+ * owner keeps the QP until close_ready, then closes it (nvmet answers the Disconnect, then tears down). */
+static PyObject *NativeQueue_begin_close(NativeQueue *q, PyObject *noargs)
+{
+    nq_lock(q);
+    int busy = 0;
+    if (!q->closed && !q->failed && !q->stopped) {
+        q->closing = 1;
+        nq_flush(q);
+        busy = !q->failed && q->sq_count > 0;
+    }
+    nq_unlock(q);
+    return PyBool_FromLong(busy);
+}
+
+static PyObject *NativeQueue_close_ready(NativeQueue *q, void *closure)
+{
+    nq_lock(q);
+    int ready = q->closed || q->failed || q->stopped || (q->closing && !q->sq_count && !q->nbatch);
+    nq_unlock(q);
+    return PyBool_FromLong(ready);
+}
+
 static PyObject *NativeQueue_closed(NativeQueue *q, void *closure)
 {
     nq_lock(q);
@@ -1993,6 +2027,8 @@ static PyMethodDef NativeQueue_methods[] = {
      "call; zeroed.  A latency: (sum_ns, ((bucket, count), ...)), buckets as engine/latency.py."},
     {"stats", (PyCFunction)NativeQueue_stats, METH_NOARGS, "The queue's counters."},
     {"close", (PyCFunction)NativeQueue_close, METH_NOARGS, "Stop posting (after the QP is gone)."},
+    {"begin_close", (PyCFunction)NativeQueue_begin_close, METH_NOARGS,
+     "begin_close() -> True while responses already made are still to leave: posted now, no new command taken."},
     {"drain", (PyCFunction)NativeQueue_drain, METH_NOARGS,
      "A poll group's queue: deliver what its thread mailed (capsules, send completions, a failure); how many."},
     NT_QUEUE_METHOD_DEFS(NativeQueue)
@@ -2006,6 +2042,8 @@ static PyObject *NativeQueue_ring_unsubmitted(NativeQueue *q, void *closure)
 
 static PyGetSetDef NativeQueue_getset[] = {
     {"closed", (getter)NativeQueue_closed, NULL, "closed, or a work completion failed", NULL},
+    {"close_ready", (getter)NativeQueue_close_ready, NULL,
+     "after begin_close: everything posted has completed (or the queue failed): the owner may close the QP", NULL},
     {"ring_unsubmitted", (getter)NativeQueue_ring_unsubmitted, NULL,
      "commands wait on the ring for a submission that failed (the kernel short of memory): poll again", NULL},
     {"mail_fd", (getter)NativeQueue_mail_fd, NULL, "a poll group's queue: its mailbox eventfd (else -1)", NULL},

@@ -610,3 +610,26 @@ def test_a_ram_read_never_waits_behind_a_write_waiting_for_a_read_credit():
 
 def cid_of(cqe: bytes) -> int:
     return int.from_bytes(cqe[12:14], "little")
+
+
+def test_responses_batched_before_a_disconnect_are_sent_before_the_native_queue_closes():
+    """Reads and a Disconnect in one poll: the Reads' responses and the Disconnect's own leave before the queue
+    closes (nvmet answers the Disconnect, then tears the queue down); a capsule behind the Disconnect is not taken."""
+    from nvmeof_roce.nvme import fabrics as F
+    ep = NativeEndpoint(standard_config(), SUB_RAM)
+    try:
+        backend = ep.env.target.subsystem(SUB_RAM).namespaces[1].backend
+        backend.buffer[:8 * 4096] = pattern(8 * 4096, seed=71)
+        for i in range(8):
+            assert ep.device.deliver(io_capsule(ep, READ, 1, 8 * i, 7, 4096, offset=4096 * i, cid=i)) == 0
+        assert ep.device.deliver(F.DisconnectCommand(cid=100).to_sqe().pack()) == 0
+        assert ep.device.deliver(io_capsule(ep, READ, 1, 0, 7, 4096, offset=0, cid=101)) == 0  # after it
+        ep.queue.poll()
+        assert ep.queue.closing and not ep.queue.closed  # the QP stays until the responses have left
+        pump(ep.queue)
+        answers = {cid_of(c): status_of(c) for c, _ in ep.device.responses()}
+        assert answers == {**{i: 0 for i in range(8)}, 100: 0}, answers
+        assert ep.host_bytes()[:8 * 4096] == bytes(backend.buffer[:8 * 4096])
+        assert ep.queue.closed
+    finally:
+        ep.close()

@@ -236,7 +236,7 @@ class RdmaNativeQueue(NativeTargetQueue):
     def guarantee_capacity(self):
         return self.listener.pool.accounts.guarantee_capacity()
 
-    def close(self, error=None) -> None:
+    def _teardown(self, error=None) -> None:
         if self.closed:
             return
         listener = self.listener
@@ -248,7 +248,7 @@ class RdmaNativeQueue(NativeTargetQueue):
         except Exception:
             pass
         try:
-            super().close(error)  # destroys the QP (on_close) before the requests and buffers are let go
+            super()._teardown(error)  # destroys the QP (on_close) before the requests and buffers are let go
         finally:
             self._release()
             if self.bounce_memory is not None:  # after the QP and the ring's last command (super().close waited)

@@ -106,6 +106,9 @@ class NativeTargetQueue(TargetQueue):
         self.bounce: Optional[Region] = None
         self.ring_fd: Optional[int] = None
         self.closed = False
+        self.closing = False  # closed for new commands; the QP stays until the responses already made have left
+        self.in_poll = False
+        self.peer_gone = getattr(self, "peer_gone", False)  # the host disconnected (set by the CM): nothing leaves
         self.refused_post: Optional[ConnectionError] = None  # the C queue refused a post: it failed (flush closes)
         # Send queue as the RDMA transport sizes it (transport/rdma/queue.py): per command a READ, or a WRITE and a SEND,
         # twice over; the Python side's book gets a quarter of it (its commands are the rare ones).
@@ -134,8 +137,8 @@ class NativeTargetQueue(TargetQueue):
     # -- the C queue's callbacks (during poll())
 
     def _on_capsule(self, capsule: bytes) -> None:
-        if self.closed:
-            return
+        if self.closed or self.closing:
+            return  # no new command on a closing queue
         if len(capsule) < SQE_SIZE:
             log.warning("queue %d: capsule of %d bytes (< 64): closing the queue", self.qid, len(capsule))
             self.close()
@@ -172,11 +175,17 @@ class NativeTargetQueue(TargetQueue):
         group's queue is polled by its thread: this delivers what the thread mailed instead."""
         if self.closed:
             return 0
-        done = self.native.drain() if self.poll_group is not None else self.native.poll(budget)
+        self.in_poll = True  # a close from a completion of this poll sends what the poll made first
+        try:
+            done = self.native.drain() if self.poll_group is not None else self.native.poll(budget)
+        finally:
+            self.in_poll = False
         if self.tracing:
             self.log_trace()
         if done and self.drain_check is not None:
             self.drain_check()  # its subsystem is paused: these may have been the last of its commands
+        if self.closing and not self.closed and self.native.close_ready:
+            self._teardown(None)  # the last response of a closing queue has left
         return done
 
     def start_polling(self, loop, mode: str, channels=(), on_channel_event: Optional[Callable] = None,
@@ -201,9 +210,15 @@ class NativeTargetQueue(TargetQueue):
 
     def _drain(self) -> None:
         if not self.closed:
-            self.native.drain()
+            self.in_poll = True
+            try:
+                self.native.drain()
+            finally:
+                self.in_poll = False
             if self.tracing:
                 self.log_trace()
+            if self.closing and not self.closed and self.native.close_ready:
+                self._teardown(None)
 
     # -- the per-command trace (transport/rdma/native_trace.py)
 
@@ -376,6 +391,21 @@ class NativeTargetQueue(TargetQueue):
         return self.share.commit()
 
     def close(self, error: Optional[TransportError] = None) -> None:
+        """Close the queue.  An orderly close (no error, the host still there) first sends the responses of the
+        commands already executed -- a Disconnect's own among them, made in the poll it arrived in -- and keeps
+        the QP until their send completions have come (nvmet answers the Disconnect, then tears the queue down);
+        a failed completion, the host's disconnect, a second close or one from outside a poll (the listener's,
+        a keep-alive's expiry: nothing is batched then) ends it at once."""
+        if self.closed:
+            return
+        if (error is None and self.in_poll and not self.peer_gone and not self.closing and
+                self.native.begin_close()):
+            self.closing = True
+            log.info("queue %d closing: its last responses are still to leave", self.qid)
+            return
+        self._teardown(error)
+
+    def _teardown(self, error: Optional[TransportError]) -> None:
         if self.closed:
             return
         self.closed = True
