@@ -1382,6 +1382,42 @@ static void nq_files_close(NativeQueue *q)
     q->ring_queued = 0;
 }
 
+/* A closed queue's ring, without waiting: what the kernel finished is reaped (its requests let go of their files),
+ * what it still holds is cancelled where it can be; once nothing is left the ring is freed.  Returns the commands
+ * still in the kernel: until they come back the kernel may write the bounce chunks, which the owner keeps. */
+static unsigned nq_closed_reap(NativeQueue *q)
+{
+    if (q->ring) {
+        nr_uring_cancel(q->ring);
+        int n;
+        while ((n = nr_uring_reap(q->ring, q->ring_done, (int)q->nreqs)) > 0) {
+            for (int i = 0; i < n; i++) {
+                uint64_t idx = q->ring_done[i].cookie;
+                if (idx >= q->nreqs || q->reqs[idx].state != NQ_FILE_IO)
+                    continue; /* the cancel's own completion */
+                struct nq_req *r = &q->reqs[idx];
+                __atomic_fetch_sub(&r->file->in_flight, 1, __ATOMIC_RELAXED);
+                nq_file_put(r->file);
+                r->file = NULL;
+                r->state = NQ_FREE;
+            }
+        }
+        unsigned left = nr_uring_in_flight(q->ring);
+        if (left)
+            return left;
+        nr_uring_destroy(q->ring); /* nothing in flight: it does not wait */
+        q->ring = NULL;
+    }
+    for (uint32_t i = 0; q->reqs && i < q->nreqs; i++) { /* the requests not on the ring */
+        if (q->reqs[i].file) {
+            nq_file_put(q->reqs[i].file);
+            q->reqs[i].file = NULL;
+        }
+    }
+    q->ring_queued = 0;
+    return 0;
+}
+
 static void NativeQueue_dealloc(NativeQueue *q)
 {
     if (q->threaded) { /* a poll group holds a reference while it polls: none polls it now */
@@ -1955,16 +1991,27 @@ static PyObject *NativeQueue_stats(NativeQueue *q, PyObject *noargs)
 static PyObject *NativeQueue_close(NativeQueue *q, PyObject *noargs)
 {
     /* Call after the QP is destroyed (or in error; a poll group's queue after the group let it go): nothing is
-     * posted from here on; the view is released. */
+     * posted from here on; the view is released.  Never waits for the ring: returns its commands still in the
+     * kernel (reap_closed() until 0; the bounce chunks are the kernel's until then). */
     nq_lock(q);
     q->closed = 1;
-    nq_files_close(q);
+    unsigned held = nq_closed_reap(q);
     struct nq_view *old = q->view;
     q->view = NULL;
     q->nbatch = q->nbatch_resp = q->nrepost = 0;
     nq_unlock(q);
     nq_view_free(old);
-    Py_RETURN_NONE;
+    return PyLong_FromUnsignedLong(held);
+}
+
+/* reap_closed() -> the commands still in the kernel: a closed queue's ring reaped without waiting (on its
+ * eventfd), freed when none is left. */
+static PyObject *NativeQueue_reap_closed(NativeQueue *q, PyObject *noargs)
+{
+    nq_lock(q);
+    unsigned held = q->closed ? nq_closed_reap(q) : 0;
+    nq_unlock(q);
+    return PyLong_FromUnsignedLong(held);
 }
 
 /* begin_close() -> True while what is posted still has to complete: the responses this poll made (a Disconnect's
@@ -2026,7 +2073,11 @@ static PyMethodDef NativeQueue_methods[] = {
      "{nsid: (reads, writes, flushes, bytes_read, bytes_written, read_latency, write_latency)} since the last "
      "call; zeroed.  A latency: (sum_ns, ((bucket, count), ...)), buckets as engine/latency.py."},
     {"stats", (PyCFunction)NativeQueue_stats, METH_NOARGS, "The queue's counters."},
-    {"close", (PyCFunction)NativeQueue_close, METH_NOARGS, "Stop posting (after the QP is gone)."},
+    {"close", (PyCFunction)NativeQueue_close, METH_NOARGS,
+     "Stop posting (after the QP is gone); never waits: the ring's commands still in the kernel, cancelled where "
+     "they can be."},
+    {"reap_closed", (PyCFunction)NativeQueue_reap_closed, METH_NOARGS,
+     "A closed queue's ring reaped without waiting: the commands still in the kernel (the ring freed at 0)."},
     {"begin_close", (PyCFunction)NativeQueue_begin_close, METH_NOARGS,
      "begin_close() -> True while responses already made are still to leave: posted now, no new command taken."},
     {"drain", (PyCFunction)NativeQueue_drain, METH_NOARGS,

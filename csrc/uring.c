@@ -32,6 +32,7 @@ struct nr_uring {
     struct nr_uring_done *held;
     unsigned nheld, nreleased;
     struct nr_uring *next_stalled; /* on the list of rings holding completions */
+    int cancelled;      /* nr_uring_cancel asked the kernel to cancel what it can */
 };
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -299,7 +300,22 @@ int nr_uring_wait(struct nr_uring *r, int timeout_ms)
     return ret ? 0 : -ETIME;
 }
 
-#define CANCEL_COOKIE UINT64_MAX
+#define CANCEL_COOKIE NR_URING_CANCEL_COOKIE
+
+void nr_uring_cancel(struct nr_uring *r)
+{
+    struct io_uring_sqe *sqe;
+
+    if (io_uring_sq_ready(&r->ring))
+        nr_uring_submit(r); /* a failed submit leaves them queued: the next call tries again */
+    if (r->cancelled || !r->in_flight || (sqe = io_uring_get_sqe(&r->ring)) == NULL)
+        return;
+    io_uring_prep_cancel64(sqe, 0, IORING_ASYNC_CANCEL_ANY);
+    io_uring_sqe_set_data64(sqe, CANCEL_COOKIE);
+    r->in_flight++; /* its completion is reaped with the others */
+    r->cancelled = 1;
+    nr_uring_submit(r);
+}
 
 void nr_uring_destroy(struct nr_uring *r)
 {
@@ -315,7 +331,7 @@ void nr_uring_destroy(struct nr_uring *r)
      * cancelled (a read waiting on a pipe or a socket; 5.19's CANCEL_ANY, ignored before), wait for the rest. */
     if (io_uring_sq_ready(&r->ring))
         nr_uring_submit(r);
-    if (r->in_flight && (sqe = io_uring_get_sqe(&r->ring)) != NULL) {
+    if (r->in_flight && !r->cancelled && (sqe = io_uring_get_sqe(&r->ring)) != NULL) {
         io_uring_prep_cancel64(sqe, 0, IORING_ASYNC_CANCEL_ANY);
         io_uring_sqe_set_data64(sqe, CANCEL_COOKIE);
         nr_uring_submit(r);
@@ -324,7 +340,8 @@ void nr_uring_destroy(struct nr_uring *r)
         n = 0;
         io_uring_for_each_cqe(&r->ring, head, cqe) {
             n++;
-            if (io_uring_cqe_get_data64(cqe) != CANCEL_COOKIE)
+            /* nr_uring_cancel's cancel is counted in flight (its completion not reaped yet), this one is not */
+            if (io_uring_cqe_get_data64(cqe) != CANCEL_COOKIE || r->cancelled)
                 r->in_flight--;
         }
         io_uring_cq_advance(&r->ring, n);

@@ -49,6 +49,15 @@ unsigned nr_uring_in_flight(struct nr_uring *ring);
 /* Block until a completion is ready to reap or `timeout_ms` passed (-1: no limit); 0, -ETIME, or -errno. */
 int nr_uring_wait(struct nr_uring *ring, int timeout_ms);
 
+/* The completion of nr_uring_cancel's own cancel command (reaped with the others; it is counted in flight). */
+#define NR_URING_CANCEL_COOKIE UINT64_MAX
+
+/* Without blocking: hands the queued commands to the kernel and, the first time, asks it to cancel every command
+ * in flight that can be (IORING_OP_ASYNC_CANCEL, CANCEL_ANY from 5.19); their completions (and the cancel's own,
+ * cookie NR_URING_CANCEL_COOKIE) are reaped as usual.  For a teardown that must not wait: reap until
+ * nr_uring_in_flight is 0, then nr_uring_destroy does not block. */
+void nr_uring_cancel(struct nr_uring *ring);
+
 /* Cancels the commands in flight that can be (reads waiting on a pipe or socket), waits for the rest (their
  * buffers may be freed after it returns), then frees the ring. */
 void nr_uring_destroy(struct nr_uring *ring);

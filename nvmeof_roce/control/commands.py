@@ -292,6 +292,9 @@ def _print_status(s: dict) -> None:
         lines.append(f"listener {lst['address']}: {lst['queues']} queue(s), data buffers "
                      f"{pool.get('in_use', '?')}/{pool.get('chunks', '?')} in use, RDMA errors "
                      f"{lst['wc_errors'] if lst.get('wc_errors') is not None else 'not counted'}")
+    for q in t.get("closing_queues", []):
+        lines.append(f"queue {q['qid']} of {q['peer']} closed {q['closed_s']} s ago, still closing: "
+                     f"{q['held_commands']} command(s) held by the device (only its own memory is kept)")
     longest = t["loop"].get("longest_pass_s")
     lines.append("longest loop pass: " + (f"{longest * 1000:.1f} ms" if longest is not None else "not measured"))
     print()

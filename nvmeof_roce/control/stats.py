@@ -11,6 +11,7 @@ from collections import deque
 from typing import Deque, Dict, List, Optional, Tuple
 
 from ..engine.latency import NamespaceStats
+from ..transport.rdma.native_queue import closing_queues
 
 
 def ns_counters(ns) -> Tuple[int, int, int, int]:
@@ -93,7 +94,9 @@ def transport_status(server) -> dict:
     loop = getattr(server, "loop", None)
     longest = getattr(loop, "longest_pass", None)
     return {"loop": {"longest_pass_s": longest if isinstance(longest, (int, float)) else None},
-            "listeners": [lst.status() for lst in getattr(server, "listeners", [])]}
+            "listeners": [lst.status() for lst in getattr(server, "listeners", [])],
+            # native queues closed while their backend still held commands (docs/native.md, "Closing a queue")
+            "closing_queues": closing_queues()}
 
 
 def port_status(target) -> List[dict]:

@@ -18,6 +18,7 @@ from native_fake import FakeDevice, native_queue, needs_native, pump
 from nvmeof_roce import native
 from nvmeof_roce.nvme import fabrics as F
 from nvmeof_roce.nvme.sgl import SglDescriptor
+from nvmeof_roce.transport.rdma.native_queue import closing_queues
 from test_native_queue import file_bytes, file_config, put_file, status_of
 
 pytestmark = needs_native
@@ -56,7 +57,7 @@ def file_ep(tmp_path):
 class OtherQueue:
     """A second native I/O queue of the same controller, on a fake device (a QP) of its own."""
 
-    def __init__(self, ep: NativeEndpoint, qid: int):
+    def __init__(self, ep: NativeEndpoint, qid: int, subnqn: str = SUB_RAM):
         self.device = FakeDevice()
         self.regions = {}
         handler = ep.env.target.port(1)
@@ -65,7 +66,7 @@ class OtherQueue:
         self.buf = self.device.remote(1 << 20)
         self.buf_addr, self.buf_key = self.buf.addr, self.buf.lkey
         cntlid = next(iter(ep.env.target.controllers())).cntlid
-        self.buf.view[:1024] = F.ConnectData(RAW_HOSTID, cntlid, SUB_RAM, HOST_A).pack()
+        self.buf.view[:1024] = F.ConnectData(RAW_HOSTID, cntlid, subnqn, HOST_A).pack()
         sqe = F.ConnectCommand(qid=qid, sqsize=31, sgl=SglDescriptor.keyed(self.buf_addr, 1024, self.buf_key)).to_sqe()
         (answer,) = self.exchange(sqe.pack())
         assert status_of(answer) == 0, answer
@@ -393,14 +394,42 @@ def test_a_stalled_ring_write_is_not_answered_until_released(file_ep, tmp_path):
     assert file_bytes(path, 16 * 512, 4096) == data
 
 
-def test_a_queue_closed_with_a_stalled_ring_command_does_not_wait_for_it(tmp_path):
-    ep = NativeEndpoint(file_config(tmp_path / "ns.img"), SUB_FILE)
+def test_a_queue_closed_while_its_device_holds_a_command_returns_at_once_and_frees_its_memory_when_it_is_back(
+        tmp_path):
+    """A backend I/O that does not come back (the hook holds its completion): the close does not wait for it (the
+    event loop goes on: another queue of the namespace keeps serving), the queue is listed as closing with its
+    held command and keeps its bounce memory; when the command comes back the ring's eventfd wakes the reap,
+    which frees the ring and gives the memory back."""
+    path = tmp_path / "ns.img"
+    ep = NativeEndpoint(file_config(path), SUB_FILE)
+    other = OtherQueue(ep, qid=2, subnqn=SUB_FILE)
+    released = []
+    ep.queue._on_released = released.append
     try:
+        stored = pattern(4096, seed=79)
+        put_file(path, 64 * 512, stored)
         native.module.uring_inject("stall", 1)
-        assert ep.device.deliver(io_capsule(ep, READ, 1, 0, 7, 4096)) == 0
+        assert ep.device.deliver(io_capsule(ep, READ, 1, 0, 7, 4096, cid=5)) == 0
         poll_until_stalled(ep)
+        ep.queue.close()
+        assert ep.queue.closed and ep.queue.held == 1
+        (closing,) = closing_queues()
+        assert closing["qid"] == 1 and closing["held_commands"] == 1
+        assert released == [] and ep.queue.bounce is not None  # the kernel may still write it
+        # the loop goes on: the namespace's other queue serves
+        (cqe,) = other.exchange(io_capsule(other, READ, 1, 64, 7, 4096, cid=6))
+        assert status_of(cqe) == 0 and bytes(other.buf.view[:4096]) == stored
+        assert ep.queue.native.reap_closed() == 1  # still held: nothing freed
+        assert native.module.uring_release() == 1
+        assert select.select([ep.queue.ring_fd], [], [], 10)[0], "the ring's eventfd did not wake the reap"
+        ep.queue.reap_closed()
+        assert ep.queue.held == 0 and closing_queues() == [] and released == [ep.queue]
+        assert ep.queue.bounce is None and ep.queue.ring_fd is None
+        assert native.module.uring_faults()["held"] == 0
+        assert ep.device.responses() == []  # its queue was closed: the late completion answers nothing
     finally:
-        ep.close()  # the ring is destroyed: its held completion goes with it
+        other.close()
+        ep.close()
     assert native.module.uring_faults()["held"] == 0
 
 

@@ -184,7 +184,8 @@ class RdmaNativeQueue(NativeTargetQueue):
                          chunks=memory.pool, share=share, max_transfer=listener.max_transfer, zero=memory.zero,
                          sink=memory.sink, region_of=memory.region, on_close=lambda queue: queue._release(),
                          bounce_of=self._bounce_of, file_buffers=listener.limits.queue_file_buffers,
-                         watch=self._watch)
+                         watch=self._watch, unwatch=listener.loop.unwatch,
+                         on_released=lambda queue: queue._give_back_bounce())
         self.cq_fd = self.objects["recv_fd"]
         if listener.poll_mode == "interrupt" and listener.poll_groups is None:
             self.watched = [self.objects["recv_fd"], self.objects["send_fd"]]
@@ -202,6 +203,12 @@ class RdmaNativeQueue(NativeTargetQueue):
         """The file and block namespaces' bounce chunks: page-aligned (O_DIRECT), registered on the QP's PD."""
         self.bounce_memory = self.memory.take_bounce(size)
         return self.bounce_memory.region
+
+    def _give_back_bounce(self) -> None:
+        """After the QP and the ring's last command: nothing writes the bounce memory any more."""
+        if self.bounce_memory is not None:
+            self.memory.give_back_bounce(self.bounce_memory)
+            self.bounce_memory = None
 
     def _watch(self, fd: int, callback) -> None:
         self.listener.loop.watch(fd, callback)
@@ -251,9 +258,8 @@ class RdmaNativeQueue(NativeTargetQueue):
             super()._teardown(error)  # destroys the QP (on_close) before the requests and buffers are let go
         finally:
             self._release()
-            if self.bounce_memory is not None:  # after the QP and the ring's last command (super().close waited)
-                self.memory.give_back_bounce(self.bounce_memory)
-                self.bounce_memory = None
+            if not self.held:  # else when the ring's last command is back (reap_closed)
+                self._give_back_bounce()
             try:
                 listener.forget(self)
             except Exception:

@@ -18,8 +18,9 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Dict, List, Optional
 
 from ..base import ConnectRequest, QueueHandler, RemoteAccessError, TargetQueue, TransportError
 from .native_trace import TRACING, log_lines
@@ -29,6 +30,17 @@ from ..resources import PoolShare, ResourceLimits
 log = logging.getLogger(__name__)
 
 SQE_SIZE = 64
+
+# Queues closed while their ring still had commands in the kernel (a backend I/O that does not come back): each
+# holds its own bounce memory only, until reap_closed finds the last one back.  `target status` lists them.
+CLOSING: Dict[int, "NativeTargetQueue"] = {}
+
+
+def closing_queues() -> List[dict]:
+    """The queues still closing, for `target status`: each one's qid, host, commands held and seconds since."""
+    now = time.monotonic()
+    return [{"qid": q.qid, "peer": q.request.peer, "held_commands": q.held, "closed_s": round(now - q.closed_at, 1)}
+            for q in CLOSING.values()]
 
 
 @dataclass
@@ -82,7 +94,9 @@ class NativeTargetQueue(TargetQueue):
                  on_close: Callable[["NativeTargetQueue"], None] = lambda queue: None,
                  bounce_of: Optional[Callable[[int], Region]] = None,
                  file_buffers: int = ResourceLimits.queue_file_buffers,
-                 watch: Optional[Callable[[int, Callable[[], object]], None]] = None):
+                 watch: Optional[Callable[[int, Callable[[], object]], None]] = None,
+                 unwatch: Optional[Callable[[int], None]] = None,
+                 on_released: Callable[["NativeTargetQueue"], None] = lambda queue: None):
         self.handler = handler
         self.request = request
         self.in_capsule_size = in_capsule_size
@@ -102,6 +116,10 @@ class NativeTargetQueue(TargetQueue):
         self.bounce_of = bounce_of
         self.file_buffers = file_buffers  # bounce chunks (at most one per request slot): memory per queue
         self.watch = watch
+        self.unwatch = unwatch
+        self._on_released = on_released  # the bounce memory is the owner's again: the ring's last command is back
+        self.held = 0  # closed with this many commands still in the kernel (CLOSING), reaped on the ring's eventfd
+        self.closed_at = 0.0
         self.serves_files = bounce_of is not None
         self.bounce: Optional[Region] = None
         self.ring_fd: Optional[int] = None
@@ -416,7 +434,38 @@ class NativeTargetQueue(TargetQueue):
             self._on_close(self)  # the owner destroys the QP first: nothing may still write our buffers
             if self.tracing:
                 self.log_trace()
-            self.native.close()  # the ring's commands complete first: the kernel writes the bounce chunks until then
-            self.bounce = None
+            # Never waits for the ring: the commands the kernel still holds (a device that does not answer) are
+            # cancelled where they can be and keep only this queue's bounce memory until they come back.
+            self.held = self.native.close()
             self.book.close(error or TransportError("queue closed"))
             self.share.close()
+            if self.held:
+                self.closed_at = time.monotonic()
+                CLOSING[id(self)] = self
+                log.warning("queue %d closed with %d commands still on the device: its bounce memory is kept until "
+                            "they come back (target status: transport.closing_queues)", self.qid, self.held)
+                if self.watch is not None:
+                    self.watch(self.ring_fd, self.reap_closed)
+            else:
+                self._released()
+
+    def reap_closed(self) -> None:
+        """A closed queue's ring, on its eventfd: what came back reaped; with the last, its memory let go."""
+        try:
+            os.read(self.ring_fd, 8)
+        except (BlockingIOError, OSError):
+            pass
+        was, self.held = self.held, self.native.reap_closed()
+        if self.held:
+            return
+        CLOSING.pop(id(self), None)
+        if self.unwatch is not None:
+            self.unwatch(self.ring_fd)
+        log.info("queue %d: its last %d commands came back from the device %.1f s after it closed: memory released",
+                 self.qid, was, time.monotonic() - self.closed_at)
+        self._released()
+
+    def _released(self) -> None:
+        self.bounce = None
+        self.ring_fd = None
+        self._on_released(self)
