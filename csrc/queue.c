@@ -16,12 +16,14 @@
  * counts the instructions under it.
  */
 #include "native.h"
+#include "mailbox.h"
 #include "pollgroup.h"
 #include "trace.h"
 #include "uring.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -76,6 +78,46 @@ enum nq_state {
     NQ_FILE_IO,       /* its read or write is on the queue's io_uring */
     NQ_HANDED_BACK,   /* a poll group's file command mailed to the core: its slot and chunk kept until drained */
 };
+
+#define NQ_STATES (NQ_HANDED_BACK + 1)
+#define NQ_TO(s) (1u << (s))
+
+/* The request lifecycle, as the Python side's NEXT (transport/rdma/requests.py): the states each may move to.
+ * Every move goes through nq_move; the test builds (-DNQ_CHECKED, make test-native) abort on any other. */
+static const uint16_t nq_next[NQ_STATES] __attribute__((unused)) = {
+    /* a command taken: a RAM Write's READ to post, a response to post (Read, Flush, in-capsule Write), a file
+     * command's chunk to wait for, or its ring command to start (a Read, or a Write's data in the capsule) */
+    [NQ_FREE] = NQ_TO(NQ_NEED_READ) | NQ_TO(NQ_NEED_RESPONSE) | NQ_TO(NQ_NEED_CHUNK) | NQ_TO(NQ_NEED_FILE),
+    [NQ_NEED_CHUNK] = NQ_TO(NQ_NEED_READ) | NQ_TO(NQ_NEED_FILE),
+    /* its READ posted, or its namespace left the view meanwhile: Invalid Namespace */
+    [NQ_NEED_READ] = NQ_TO(NQ_READING) | NQ_TO(NQ_NEED_RESPONSE),
+    /* the data is in: the response (RAM), the ring's write (file), or Invalid Namespace */
+    [NQ_READING] = NQ_TO(NQ_NEED_RESPONSE) | NQ_TO(NQ_NEED_FILE),
+    [NQ_NEED_FILE] = NQ_TO(NQ_FILE_IO),
+    /* the ring's answer: the response; a failure handed to the core (mailed, or its slot let go at once); or the
+     * queue closed and the reap let it go */
+    [NQ_FILE_IO] = NQ_TO(NQ_NEED_RESPONSE) | NQ_TO(NQ_HANDED_BACK) | NQ_TO(NQ_FREE),
+    [NQ_NEED_RESPONSE] = NQ_TO(NQ_COMPLETING),
+    [NQ_COMPLETING] = NQ_TO(NQ_FREE),  /* a send completion retired it */
+    [NQ_HANDED_BACK] = NQ_TO(NQ_FREE), /* the loop drained it */
+};
+
+#ifdef NQ_CHECKED
+static __attribute__((cold, noinline, noreturn)) void nq_illegal_move(uint32_t idx, int from, int to)
+{
+    fprintf(stderr, "csrc/queue.c: request %u moved from state %d to %d, which nq_next does not allow\n", idx, from,
+            to);
+    abort();
+}
+#define nq_move(q, r, to)                                                                                      \
+    do {                                                                                                      \
+        if (!(nq_next[(r)->state] & NQ_TO(to)))                                                               \
+            nq_illegal_move((uint32_t)((r) - (q)->reqs), (r)->state, (to));                                   \
+        (r)->state = (to);                                                                                    \
+    } while (0)
+#else
+#define nq_move(q, r, to) ((r)->state = (to))
+#endif
 
 /* A file or block namespace's descriptor (a dup of the backend's, so the core closing its own never pulls it
  * from under a command on the ring) and the commands it has on the rings of every queue, bounded by its depth
@@ -445,7 +487,7 @@ static inline void nq_queue_response(NativeQueue *q, uint32_t idx)
     uint32_t wrs = r->len && r->opc == OPC_READ && !r->status ? 2 : 1;
     q->native_slots -= wrs;
     nq_sq_push(q, idx, wrs, NQ_OWN_NATIVE);
-    r->state = NQ_COMPLETING;
+    nq_move(q, r, NQ_COMPLETING);
     if (wrs == 2)
         nq_batch_response(q, idx, cqe, (uintptr_t)r->local, r->lkey, r->len, r->raddr, r->rkey,
                           r->invalidate && q->remote_invalidate, r->rkey);
@@ -488,7 +530,7 @@ static inline int nq_file_start(NativeQueue *q, uint32_t idx)
     unsigned on_ring = nr_uring_in_flight(q->ring);
     if (on_ring > q->ring_most_in_flight)
         q->ring_most_in_flight = on_ring;
-    r->state = NQ_FILE_IO;
+    nq_move(q, r, NQ_FILE_IO);
     return 1;
 }
 
@@ -511,7 +553,7 @@ static __attribute__((cold, noinline)) int nq_check_write_target(NativeQueue *q,
         r->file = NULL;
     }
     r->status = SC_INVALID_NS | SC_DNR;
-    r->state = NQ_NEED_RESPONSE;
+    nq_move(q, r, NQ_NEED_RESPONSE);
     return 1;
 }
 
@@ -545,13 +587,15 @@ static inline struct nq_fifo *nq_wait_of(NativeQueue *q, uint8_t state)
 
 static inline void nq_advance(NativeQueue *q, uint32_t idx);
 
-/* One step out of a waiting state; 0 when what it needs is not there. */
-static inline int nq_step(NativeQueue *q, uint32_t idx)
+/* The request's next step from the state it waits in, as SPDK's nvmf_rdma_request_process: 1 when it moved (posted,
+ * started on the ring, or moved on to wait for something else), 0 when what it needs is not there. */
+static inline int nq_process(NativeQueue *q, uint32_t idx)
 {
     struct nq_req *r = &q->reqs[idx];
-    if (r->state == NQ_NEED_FILE)
+    switch (r->state) {
+    case NQ_NEED_FILE: /* room in its namespace's depth: onto the ring */
         return nq_file_start(q, idx);
-    if (r->state == NQ_NEED_READ) {
+    case NQ_NEED_READ: { /* a READ credit and a send-queue entry: its RDMA READ */
         if (__builtin_expect(r->view_seq != q->view_seq, 0) && nq_check_write_target(q, r)) {
             nq_advance(q, idx); /* now it waits for its response's entry only */
             return 1;
@@ -561,7 +605,7 @@ static inline int nq_step(NativeQueue *q, uint32_t idx)
         q->native_slots--;
         q->reads_free--;
         nq_sq_push(q, idx, 1, NQ_OWN_NATIVE);
-        r->state = NQ_READING;
+        nq_move(q, r, NQ_READING);
         struct ibv_send_wr *w = nq_batch_wr(q, idx, IBV_WR_RDMA_READ, IBV_SEND_SIGNALED, (uintptr_t)r->local,
                                             r->len, r->lkey);
         w->wr.rdma.remote_addr = r->raddr;
@@ -570,18 +614,27 @@ static inline int nq_step(NativeQueue *q, uint32_t idx)
                  NT_FLAG_RDMA_READ);
         return 1;
     }
-    uint32_t wrs = r->len && r->opc == OPC_READ && !r->status ? 2 : 1;
-    if (q->native_slots < wrs)
-        return 0;
-    nq_queue_response(q, idx);
-    return 1;
+    case NQ_NEED_RESPONSE: { /* the send-queue entries of its (data WRITE and) SEND */
+        uint32_t wrs = r->len && r->opc == OPC_READ && !r->status ? 2 : 1;
+        if (q->native_slots < wrs)
+            return 0;
+        nq_queue_response(q, idx);
+        return 1;
+    }
+    default: /* not a waiting state: what moves it on is an event (a completion, the loop's drain) */
+#ifdef NQ_CHECKED
+        fprintf(stderr, "csrc/queue.c: request %u processed in state %d, which waits for nothing\n", idx, r->state);
+        abort();
+#endif
+        return 1;
+    }
 }
 
 /* Move a request on, behind the older ones waiting for the same resource (only those). */
 static inline void nq_advance(NativeQueue *q, uint32_t idx)
 {
     struct nq_fifo *wait = nq_wait_of(q, q->reqs[idx].state);
-    if (wait->head != UINT32_MAX || !nq_step(q, idx))
+    if (wait->head != UINT32_MAX || !nq_process(q, idx))
         nq_fifo_push(q, wait, idx);
 }
 
@@ -589,7 +642,7 @@ static void nq_resume_fifo(NativeQueue *q, struct nq_fifo *wait)
 {
     while (wait->head != UINT32_MAX) {
         uint32_t idx = nq_fifo_pop(q, wait); /* first: a step may put it on another FIFO */
-        if (!nq_step(q, idx)) {
+        if (!nq_process(q, idx)) {
             nq_fifo_unpop(q, wait, idx);
             return;
         }
@@ -835,13 +888,13 @@ static void nq_capsule(NativeQueue *q, uint32_t slot, uint32_t len)
             nq_chunk_take(q, r);
             r->icd_len = sgl_len;
             memcpy(r->local, sqe + NQ_SQE_SIZE + rd64(sqe + 24), sgl_len);
-            r->state = NQ_NEED_FILE;
+            nq_move(q, r, NQ_NEED_FILE);
         } else if (q->nchunks_free) {
             nq_chunk_take(q, r);
-            r->state = opc == OPC_WRITE ? NQ_NEED_READ : NQ_NEED_FILE;
+            nq_move(q, r, opc == OPC_WRITE ? NQ_NEED_READ : NQ_NEED_FILE);
         } else { /* every chunk taken: the next one given back is its (nq_release) */
             r->local = NULL;
-            r->state = NQ_NEED_CHUNK;
+            nq_move(q, r, NQ_NEED_CHUNK);
             r->pending_next = UINT32_MAX;
             if (q->chunk_wait_tail == UINT32_MAX)
                 q->chunk_wait_head = idx;
@@ -855,7 +908,7 @@ static void nq_capsule(NativeQueue *q, uint32_t slot, uint32_t len)
         return;
     }
     if (opc == OPC_WRITE && !in_capsule) {
-        r->state = NQ_NEED_READ;
+        nq_move(q, r, NQ_NEED_READ);
     } else {
         if (opc == OPC_READ) {
             ns->reads++;
@@ -863,7 +916,7 @@ static void nq_capsule(NativeQueue *q, uint32_t slot, uint32_t len)
         } else if (opc == OPC_FLUSH) {
             ns->flushes++;
         }
-        r->state = NQ_NEED_RESPONSE;
+        nq_move(q, r, NQ_NEED_RESPONSE);
     }
     nq_advance(q, idx);
     return;
@@ -877,7 +930,7 @@ static inline void nq_release(NativeQueue *q, uint32_t idx)
     struct nq_req *r = &q->reqs[idx];
     uint32_t chunk = r->chunk;
     r->chunk = NQ_NO_CHUNK;
-    r->state = NQ_FREE;
+    nq_move(q, r, NQ_FREE);
     q->free_stack[q->nfree++] = idx;
     if (chunk == NQ_NO_CHUNK)
         return;
@@ -891,7 +944,7 @@ static inline void nq_release(NativeQueue *q, uint32_t idx)
         q->chunk_wait_tail = UINT32_MAX;
     struct nq_req *w = &q->reqs[next];
     nq_chunk_take(q, w);
-    w->state = w->opc == OPC_WRITE ? NQ_NEED_READ : NQ_NEED_FILE;
+    nq_move(q, w, w->opc == OPC_WRITE ? NQ_NEED_READ : NQ_NEED_FILE);
     nq_advance(q, next);
 }
 
@@ -907,9 +960,9 @@ static inline void nq_read_done(NativeQueue *q, uint32_t idx)
             nq_file_put(r->file);
             r->file = NULL;
             r->status = SC_INVALID_NS | SC_DNR;
-            r->state = NQ_NEED_RESPONSE;
+            nq_move(q, r, NQ_NEED_RESPONSE);
         } else {
-            r->state = NQ_NEED_FILE; /* now the file write */
+            nq_move(q, r, NQ_NEED_FILE); /* now the file write */
         }
         nq_advance(q, idx);
         return;
@@ -920,7 +973,7 @@ static inline void nq_read_done(NativeQueue *q, uint32_t idx)
         ns->writes++;
         ns->bytes_written += r->len;
     }
-    r->state = NQ_NEED_RESPONSE;
+    nq_move(q, r, NQ_NEED_RESPONSE);
     nq_advance(q, idx);
 }
 
@@ -952,7 +1005,7 @@ static void nq_file_hand_back(NativeQueue *q, uint32_t idx)
     NT_TRACE(q->trace, nt_record_capsule, NT_TO_CORE, q->reqs[idx].sqe, NQ_SQE_SIZE);
     if (q->threaded) { /* the loop takes it with what it drains; the capsule is made there */
         q->python_commands++;
-        q->reqs[idx].state = NQ_HANDED_BACK;
+        nq_move(q, &q->reqs[idx], NQ_HANDED_BACK);
         if (nq_mailbox_push(&q->mail, NQ_MAIL_HANDBACK, idx, 0) < 0)
             nq_fail(q, -ENOSPC, 0);
         return;
@@ -991,7 +1044,7 @@ static void nq_file_done(NativeQueue *q, uint32_t idx, int res)
     }
     if (r->icd_len)
         r->len = 0; /* a Write's response carries no data */
-    r->state = NQ_NEED_RESPONSE;
+    nq_move(q, r, NQ_NEED_RESPONSE);
     nq_advance(q, idx);
 }
 
@@ -1399,7 +1452,7 @@ static unsigned nq_closed_reap(NativeQueue *q)
                 __atomic_fetch_sub(&r->file->in_flight, 1, __ATOMIC_RELAXED);
                 nq_file_put(r->file);
                 r->file = NULL;
-                r->state = NQ_FREE;
+                nq_move(q, r, NQ_FREE);
             }
         }
         unsigned left = nr_uring_in_flight(q->ring);
