@@ -144,7 +144,7 @@ bench-native: venv
 # NVMEOF_ROCE_NATIVE_SO; Python itself is not instrumented, so libasan is preloaded and leak checking is off),
 # then the poll groups' tests under ThreadSanitizer (-s: a report is printed before the exit, not captured), then
 # under valgrind memcheck (the normal build; Python's allocator set to malloc so memcheck sees every block).
-# -DNQ_CHECKED compiles in the check of every request state change against csrc/queue.c's nq_next (an abort names it).
+# -DNQ_CHECKED compiles in the check of every request state change against csrc/nq_hot.c's nq_next (an abort names it).
 NATIVE_SAN_DIR := build/sanitize
 NATIVE_SAN_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all -DNQ_CHECKED
 # ThreadSanitizer for the poll groups' threads (csrc/pollgroup.c) against the event loop's calls on their queues

@@ -1,5 +1,5 @@
 /* The mailbox of a poll group's queue (csrc/mailbox.h): plain C, no Python.  The poll thread fills it, the event
- * loop drains it; csrc/queue.c uses it, csrc/pollgroup.c does not (it only polls queues). */
+ * loop drains it; csrc/nq_hot.c and nq_type.c use it, csrc/pollgroup.c does not (it only polls queues). */
 #include "mailbox.h"
 
 #include <stdlib.h>

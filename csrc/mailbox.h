@@ -10,7 +10,7 @@ enum nq_mail_kind {
     NQ_MAIL_CAPSULE = 1,   /* a: the receive slot (not re-posted until drained), b: its length */
     NQ_MAIL_SEND_DONE = 2, /* b: the Python side's tag of a signaled send that completed */
     NQ_MAIL_FAILURE = 3,   /* a: the status (int), b: the work request id */
-    NQ_MAIL_HANDBACK = 4,  /* a: the request slot of a file command the device failed (csrc/queue.c) */
+    NQ_MAIL_HANDBACK = 4,  /* a: the request slot of a file command the device failed (csrc/nq_hot.c) */
     NQ_MAIL_CLOSE_READY = 5, /* a closing queue's send queue emptied: the loop may close it (once per queue) */
 };
 

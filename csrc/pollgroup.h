@@ -5,13 +5,13 @@
 
 #include <stdint.h>
 
-/* csrc/queue.c, for the poll thread: lock the queue, poll it unless it is stopped, closed or failed, wake the loop
+/* csrc/nq_type.c, for the poll thread: lock the queue, poll it unless it is stopped, closed or failed, wake the loop
  * when its mailbox has something, unlock.  Returns the completions handled.  Called without the GIL. */
 int native_queue_poll_threaded(void *queue, int budget);
-/* csrc/queue.c: the queue's poll group is leaving it (holding its mutex): nothing of it is polled or posted after
+/* csrc/nq_type.c: the queue's poll group is leaving it (holding its mutex): nothing of it is polled or posted after
  * this returns.  Called with the GIL. */
 void native_queue_stop(void *queue);
-/* csrc/queue.c: make the queue a poll group's (its mutex, its mailbox); -1 with a Python error. */
+/* csrc/nq_type.c: make the queue a poll group's (its mutex, its mailbox); -1 with a Python error. */
 int native_queue_attach(void *queue);
 int native_queue_check(void *obj); /* 1 when obj is a _native.Queue */
 

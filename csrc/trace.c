@@ -1,4 +1,8 @@
 /* The per-command trace's rings (csrc/trace.h). */
+/* Built without Python (-DNATIVE_PLAIN_C) for tests/native/nq_hot_test.c: the records only, not the Python calls. */
+#ifndef NATIVE_PLAIN_C
+#include "native.h"
+#endif
 #include "trace.h"
 
 #include <stdlib.h>
@@ -64,9 +68,10 @@ void nt_record_response(struct nt_ring *ring, const uint8_t *cqe, uint32_t lengt
 
 void nt_ring_free(struct nt_ring *ring)
 {
-    PyMem_RawFree(ring);
+    free(ring);
 }
 
+#ifndef NATIVE_PLAIN_C
 PyObject *nt_set_trace(struct nt_ring **slot, uint32_t qp_num, PyObject *records, void (*lock)(void *),
                        void (*unlock)(void *), void *owner)
 {
@@ -80,7 +85,7 @@ PyObject *nt_set_trace(struct nt_ring **slot, uint32_t qp_num, PyObject *records
         uint32_t n = 1;
         while (n < want)
             n <<= 1;
-        fresh = PyMem_RawCalloc(1, sizeof *fresh + (size_t)n * sizeof(struct nt_record));
+        fresh = calloc(1, sizeof *fresh + (size_t)n * sizeof(struct nt_record));
         if (!fresh)
             return PyErr_NoMemory();
         fresh->mask = n - 1;
@@ -112,3 +117,4 @@ PyObject *nt_take_trace(struct nt_ring *ring)
     uint64_t dropped = __atomic_exchange_n(&ring->dropped, 0, __ATOMIC_RELAXED);
     return Py_BuildValue("(IKN)", ring->qp_num, (unsigned long long)dropped, out);
 }
+#endif /* NATIVE_PLAIN_C */

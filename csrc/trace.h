@@ -10,8 +10,6 @@
 #ifndef NVMEOF_ROCE_TRACE_H
 #define NVMEOF_ROCE_TRACE_H
 
-#include "native.h"
-
 #include <stdint.h>
 
 enum nt_event {
@@ -60,14 +58,16 @@ void nt_record_response(struct nt_ring *ring, const uint8_t *cqe, uint32_t lengt
             record((ring), __VA_ARGS__);                                                                            \
     } while (0)
 
-/* The Python side's calls on a queue's ring; the owner's lock guards the pointer against its poll thread. */
 void nt_ring_free(struct nt_ring *ring);
+
+#ifdef Py_PYTHON_H /* the Python side's calls on a queue's ring; the owner's lock guards the pointer against its poll
+                    * thread */
 PyObject *nt_set_trace(struct nt_ring **ring, uint32_t qp_num, PyObject *records, void (*lock)(void *),
                        void (*unlock)(void *), void *owner);
 PyObject *nt_take_trace(struct nt_ring *ring);
 
 /* A queue type's set_trace / take_trace methods, for a struct with `struct nt_ring *member`, its QP number as an
- * expression of `q` and lock/unlock functions of it (csrc/queue.c: one line defines them, one lists them). */
+ * expression of `q` and lock/unlock functions of it (csrc/nq_type.c: one line defines them, one lists them). */
 #define NT_QUEUE_METHODS(type, member, qp_num_of_q, lock, unlock)                                                     \
     static void type##_trace_lock(void *q) { lock((type *)q); }                                                     \
     static void type##_trace_unlock(void *q) { unlock((type *)q); }                                                 \
@@ -84,5 +84,6 @@ PyObject *nt_take_trace(struct nt_ring *ring);
     {"take_trace", (PyCFunction)type##_take_trace, METH_NOARGS,                                                     \
      "take_trace() -> (qp_num, dropped, records) since the last take, records packed as transport/rdma/"            \
      "native_trace.py reads them; None when the trace is off."},
+#endif /* Py_PYTHON_H */
 
 #endif

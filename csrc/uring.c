@@ -4,7 +4,11 @@
  * io_uring_enter per batch, and their completions announced on an eventfd registered with the ring, so the
  * caller's event loop wakes on them instead of a thread handing them over. The number in flight is bounded
  * by the depth given at creation, which the CQ (twice the SQ) always holds: no completion is ever dropped. */
+/* Built without Python (-DNATIVE_PLAIN_C) for tests/native/nq_hot_test.c: the ring and its fault hook, not the
+ * Python type or the hook's Python calls. */
+#ifndef NATIVE_PLAIN_C
 #include "native.h"
+#endif
 #include "uring.h"
 
 #include <errno.h>
@@ -40,13 +44,13 @@ struct nr_uring {
  * next `count` completions reaped from any ring fail with -EIO, -ECANCELED or -EAGAIN in place of their result,
  * or stalls them (reaped from the kernel, not reported, the command still in flight) until
  * `_native.uring_release(n)`.  It is in the product module because the rings it acts on are made and reaped
- * here, inside csrc/queue.c's per-queue data path and `_native.Uring`, where no test double can stand in for the
+ * here, inside csrc/nq_hot.c's per-queue data path and `_native.Uring`, where no test double can stand in for the
  * kernel.  Inert unless armed: `nr_uring_reap` tests one flag, false in production, and takes the slow path
  * (under a mutex) only while a fault is armed or a completion is held. */
 
 enum uring_fault_kind { URING_FAULT_NONE, URING_FAULT_EIO, URING_FAULT_ECANCELED, URING_FAULT_EAGAIN, URING_FAULT_STALL };
 
-static const char *const uring_fault_names[] = {"none", "eio", "ecanceled", "eagain", "stall"};
+static const char *const uring_fault_names[] __attribute__((unused)) = {"none", "eio", "ecanceled", "eagain", "stall"};
 
 static struct {
     int active; /* read without the lock: a fault is armed (remaining) or a ring holds completions */
@@ -353,6 +357,7 @@ void nr_uring_destroy(struct nr_uring *r)
     free(r);
 }
 
+#ifndef NATIVE_PLAIN_C
 /* ---------------------------------------------------------------------------------------------------------
  * The Python face: _native.Uring(depth). Each command holds its buffer (a buffer export, so an mmap cannot be
  * closed or resized under the kernel) and its cookie, any Python object, in a slot until it is reaped. */
@@ -798,3 +803,4 @@ int native_uring_register(PyObject *module)
     }
     return PyModule_AddFunctions(module, uring_functions);
 }
+#endif /* NATIVE_PLAIN_C */

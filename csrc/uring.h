@@ -1,5 +1,5 @@
 /* The io_uring engine: one ring per poll group, shared by the Python UringEngine (file and block namespaces)
- * and the native per-queue data path (csrc/queue.c).
+ * and the native per-queue data path (csrc/nq_hot.c).
  *
  * Usage: queue reads/writes/fsyncs with a caller-chosen cookie, submit the batch with one syscall, wait for
  * the eventfd to become readable, reap completions. Buffers are the caller's (aligned for O_DIRECT when the

@@ -1,4 +1,4 @@
-"""The native data path (csrc/queue.c) against the fault model: the windows where data could be lost.
+"""The native data path (csrc/nq_hot.c, csrc/nq_type.c) against the fault model: the windows where data could be lost.
 
 The fake verbs provider (tests/native/fakeprov.c) moves a work request's data when its completion is generated,
 not when it is posted; a test holds the wire to look between the two, makes a post fail, or moves the QP to the

@@ -1,4 +1,4 @@
-"""The native data path's latency histograms and poll modes (csrc/queue.c, transport/rdma/native_queue.py), through the
+"""The native data path's latency histograms and poll modes (csrc/nq_hot.c, transport/rdma/native_queue.py), through the
 fake verbs provider (tests/native/fakeprov.c)."""
 import logging
 import random

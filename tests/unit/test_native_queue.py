@@ -1,4 +1,4 @@
-"""The native data path (csrc/queue.c) through the fake verbs provider (tests/native/fakeprov.c).
+"""The native data path (csrc/nq_hot.c, csrc/nq_type.c) through the fake verbs provider (tests/native/fakeprov.c).
 
 The engine's own behaviour (what it serves without Python, batching, signaling, waiting for send-queue entries,
 the view) and the differential test: the same capsules through the C queue and through the Python data path over

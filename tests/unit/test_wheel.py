@@ -91,7 +91,7 @@ def test_the_sdist_carries_the_extension_sources_and_the_shipped_directories(tmp
     (sdist,) = tmp_path.glob("nvmeof[-_]roce-*.tar.gz")
     with tarfile.open(sdist) as t:
         names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
-    for f in ("csrc/queue.c", "csrc/pollgroup.c", "csrc/uring.c", "tests/native/fakeprov.c", "setup.py",
+    for f in ("csrc/nq_hot.c", "csrc/nq_type.c", "csrc/mailbox.c", "csrc/pollgroup.c", "csrc/uring.c", "tests/native/fakeprov.c", "setup.py",
               "MANIFEST.in", "constraints.txt", "fio-jobs/randread-4k-qd1.fio", "targets/ram.json"):
         assert f in names, f
     assert any(n.startswith("csrc/") and n.endswith(".h") for n in names)
