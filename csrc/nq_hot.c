@@ -225,7 +225,7 @@ static inline void nq_batch_response(struct nq_queue *q, uint64_t wr_id, const u
 }
 
 /* A native request's response: its CQE built here (success, or the status it carries). */
-static inline void nq_queue_response(struct nq_queue *q, uint32_t idx)
+static inline __attribute__((always_inline)) void nq_queue_response(struct nq_queue *q, uint32_t idx)
 {
     struct nq_req *r = &q->reqs[idx];
     uint8_t cqe[NQ_CQE_SIZE];
@@ -339,8 +339,6 @@ static inline struct nq_fifo *nq_wait_of(struct nq_queue *q, uint8_t state)
     return state == NQ_NEED_READ ? &q->read_wait : state == NQ_NEED_FILE ? &q->file_wait : &q->send_wait;
 }
 
-static inline void nq_advance(struct nq_queue *q, uint32_t idx);
-
 /* The request's next step from the state it waits in, as SPDK's nvmf_rdma_request_process: 1 when it moved (posted,
  * started on the ring, or moved on to wait for something else), 0 when what it needs is not there. */
 static inline int nq_process(struct nq_queue *q, uint32_t idx)
@@ -351,7 +349,12 @@ static inline int nq_process(struct nq_queue *q, uint32_t idx)
         return nq_file_start(q, idx);
     case NQ_NEED_READ: { /* a READ credit and a send-queue entry: its RDMA READ */
         if (__builtin_expect(r->view_seq != q->view_seq, 0) && nq_check_write_target(q, r)) {
-            nq_advance(q, idx); /* now it waits for its response's entry only */
+            /* now it waits for its response's one entry only, behind the responses waiting (no recursion through
+             * nq_advance: both stay inlined in the per-command path) */
+            if (q->send_wait.head != UINT32_MAX || !q->native_slots)
+                nq_fifo_push(q, &q->send_wait, idx);
+            else
+                nq_queue_response(q, idx);
             return 1;
         }
         if (!q->native_slots || !q->reads_free || q->py_reads_count)
@@ -392,7 +395,7 @@ static inline void nq_advance(struct nq_queue *q, uint32_t idx)
         nq_fifo_push(q, wait, idx);
 }
 
-static void nq_resume_fifo(struct nq_queue *q, struct nq_fifo *wait)
+static __attribute__((noinline)) void nq_resume_fifo(struct nq_queue *q, struct nq_fifo *wait)
 {
     while (wait->head != UINT32_MAX) {
         uint32_t idx = nq_fifo_pop(q, wait); /* first: a step may put it on another FIFO */
@@ -404,16 +407,21 @@ static void nq_resume_fifo(struct nq_queue *q, struct nq_fifo *wait)
 }
 
 /* Every waiting request that can move now: responses first (their completions give resources back), then the
- * READs (the Python side's before the native ones), then the file commands. */
-static void nq_resume(struct nq_queue *q)
+ * READs (the Python side's before the native ones), then the file commands.  Once per poll: the common case, with
+ * nothing waiting, is four tests. */
+static inline void nq_resume(struct nq_queue *q)
 {
-    nq_resume_fifo(q, &q->send_wait);
-    nq_py_reads_post(q);
-    nq_resume_fifo(q, &q->read_wait);
-    nq_resume_fifo(q, &q->file_wait);
+    if (__builtin_expect(q->send_wait.head != UINT32_MAX, 0))
+        nq_resume_fifo(q, &q->send_wait);
+    if (__builtin_expect(q->py_reads_count != 0, 0))
+        nq_py_reads_post(q);
+    if (__builtin_expect(q->read_wait.head != UINT32_MAX, 0))
+        nq_resume_fifo(q, &q->read_wait);
+    if (__builtin_expect(q->file_wait.head != UINT32_MAX, 0))
+        nq_resume_fifo(q, &q->file_wait);
 }
 
-void nq_fail(struct nq_queue *q, int status, uint64_t wr_id);
+static void nq_fail(struct nq_queue *q, int status, uint64_t wr_id);
 
 /* A successful Read's or Write's latency, from its receive completion to its response's post, into its namespace's
  * histogram (as engine/io.py records the Python path's). */
@@ -483,7 +491,7 @@ void nq_flush(struct nq_queue *q)
 
 /* ------------------------------------------------------------------ to the owner */
 
-void nq_fail(struct nq_queue *q, int status, uint64_t wr_id)
+static void nq_fail(struct nq_queue *q, int status, uint64_t wr_id)
 {
     if (q->failed)
         return;
@@ -623,7 +631,7 @@ static void nq_capsule(struct nq_queue *q, uint32_t slot, uint32_t len)
         } else if (q->nchunks_free) {
             nq_chunk_take(q, r);
             nq_move(q, r, opc == OPC_WRITE ? NQ_NEED_READ : NQ_NEED_FILE);
-        } else { /* every chunk taken: the next one given back is its (nq_release) */
+        } else { /* every chunk taken: the next one given back is its (nq_release_slot) */
             r->local = NULL;
             nq_move(q, r, NQ_NEED_CHUNK);
             r->pending_next = UINT32_MAX;
@@ -656,7 +664,7 @@ python:
     nq_to_python(q, slot, len);
 }
 
-void nq_release(struct nq_queue *q, uint32_t idx)
+static inline void nq_release_slot(struct nq_queue *q, uint32_t idx)
 {
     struct nq_req *r = &q->reqs[idx];
     uint32_t chunk = r->chunk;
@@ -743,7 +751,7 @@ static void nq_file_hand_back(struct nq_queue *q, uint32_t idx)
     }
     uint32_t len;
     const char *capsule = nq_handback_capsule(q, idx, &len);
-    nq_release(q, idx);
+    nq_release_slot(q, idx);
     nq_capsule_to_owner(q, capsule, len);
 }
 
@@ -824,7 +832,7 @@ static void nq_send_done(struct nq_queue *q, uint64_t wr_id)
                     q->reads_free++; /* cannot happen on RC (a READ is signaled): never hang on it */
             } else if (r->state == NQ_COMPLETING) {
                 NT_TRACE(q->trace, nt_record, NT_RESPONSE_DONE, r->cid, r->opc, r->nsid, r->status, 0, 0, 0, 0);
-                nq_release(q, idx);
+                nq_release_slot(q, idx);
             }
         } else if (e.python == NQ_OWN_PYTHON_READ) {
             q->reads_free++; /* and its completion goes to the Python side below */
@@ -1133,4 +1141,10 @@ void nq_queue_free(struct nq_queue *q)
 uint32_t nq_latency_bucket(uint64_t ns)
 {
     return nq_lat_bucket(ns);
+}
+
+/* A handed-back command's slot (and chunk) let go, once the loop drained it. */
+void nq_release(struct nq_queue *q, uint32_t idx)
+{
+    nq_release_slot(q, idx);
 }
