@@ -42,12 +42,13 @@ struct cm_ops {
     int (*resolve_route)(struct rdma_cm_id *, int);
     int (*connect)(struct rdma_cm_id *, struct rdma_conn_param *);
     int (*init_qp_attr)(struct rdma_cm_id *, struct ibv_qp_attr *, int *);
+    int (*establish)(struct rdma_cm_id *);
 };
 
 static struct cm_ops ops = {
     rdma_create_event_channel, rdma_destroy_event_channel, rdma_create_id, rdma_destroy_id, rdma_bind_addr,
     rdma_listen, rdma_get_cm_event, rdma_ack_cm_event, rdma_accept, rdma_reject, rdma_disconnect,
-    rdma_resolve_addr, rdma_resolve_route, rdma_connect, rdma_init_qp_attr,
+    rdma_resolve_addr, rdma_resolve_route, rdma_connect, rdma_init_qp_attr, rdma_establish,
 };
 
 typedef struct {
@@ -426,6 +427,21 @@ static PyObject *CmChannel_disconnect(CmChannel *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* establish(id): the active side's QP is at RTS after a CONNECT_RESPONSE (a QP made outside librdmacm) */
+static PyObject *CmChannel_establish(CmChannel *self, PyObject *args)
+{
+    unsigned long long handle;
+    if (!PyArg_ParseTuple(args, "K", &handle))
+        return NULL;
+    struct rdma_cm_id *id = id_arg(self, handle);
+    if (!id)
+        return NULL;
+    errno = 0;
+    if (ops.establish(id))
+        return cm_error("rdma_establish");
+    Py_RETURN_NONE;
+}
+
 /* destroy(id): its events are all acked by now (events() acks each one), so this never waits */
 static PyObject *CmChannel_destroy(CmChannel *self, PyObject *args)
 {
@@ -485,7 +501,7 @@ static PyObject *CmChannel_qp_attr(CmChannel *self, PyObject *args)
         return cm_error("rdma_init_qp_attr");
     const struct ibv_ah_attr *ah = &attr.ah_attr;
     return Py_BuildValue(
-        "({sisIsisisisIsIsIsisisisisisisis{sisisisisisisy#sIsisisi}}i)", "qp_state", (int)attr.qp_state,
+        "({sisIsisisisIsIsIsisisisisisis{sisisisisisisy#sIsisisi}}i)", "qp_state", (int)attr.qp_state,
         "qp_access_flags", attr.qp_access_flags, "pkey_index", (int)attr.pkey_index, "port_num", (int)attr.port_num,
         "path_mtu", (int)attr.path_mtu, "dest_qp_num", attr.dest_qp_num, "rq_psn", attr.rq_psn, "sq_psn",
         attr.sq_psn, "max_dest_rd_atomic", (int)attr.max_dest_rd_atomic, "min_rnr_timer", (int)attr.min_rnr_timer,
@@ -578,6 +594,7 @@ static PyMethodDef CmChannel_methods[] = {
      "connect(id, private_data, responder_resources, initiator_depth, qp_num=0)"},
     {"reject", (PyCFunction)CmChannel_reject, METH_VARARGS, "reject(id, private_data)"},
     {"disconnect", (PyCFunction)CmChannel_disconnect, METH_VARARGS, "disconnect(id)"},
+    {"establish", (PyCFunction)CmChannel_establish, METH_VARARGS, "establish(id)"},
     {"destroy", (PyCFunction)CmChannel_destroy, METH_VARARGS, "destroy(id)"},
     {"device", (PyCFunction)CmChannel_device, METH_VARARGS, "device(id) -> RDMA device name or ''"},
     {"peer", (PyCFunction)CmChannel_peer, METH_VARARGS, "peer(id) -> 'address:port' or ''"},
@@ -612,6 +629,7 @@ static PyObject *cm_load_library(PyObject *self, PyObject *args)
         "rdma_create_event_channel", "rdma_destroy_event_channel", "rdma_create_id", "rdma_destroy_id",
         "rdma_bind_addr", "rdma_listen", "rdma_get_cm_event", "rdma_ack_cm_event", "rdma_accept", "rdma_reject",
         "rdma_disconnect", "rdma_resolve_addr", "rdma_resolve_route", "rdma_connect", "rdma_init_qp_attr",
+        "rdma_establish",
     };
     void *fns[sizeof names / sizeof names[0]];
     _Static_assert(sizeof fns == sizeof(struct cm_ops), "one name per function of cm_ops");

@@ -38,7 +38,7 @@ struct fake_id {
     struct fake_id *peer;     /* the other end when both are in this process */
     struct fake_id *listener; /* of a child id */
     int listening, destroyed, unacked;
-    int state; /* 0 pending, 1 accepted, 2 rejected, 3 disconnected, 4 connecting (active) */
+    int state; /* 0 pending, 1 accepted/established, 2 rejected, 3 disconnected, 4 connecting, 5 connect response */
     uint8_t data[256];
     int data_len, resources, depth;
     int resources_offered; /* the connect request's responder resources (a child id) */
@@ -226,8 +226,13 @@ int rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *param)
     }
     record(f, param);
     f->state = 1;
+    if (f->peer && f->peer->qp_num) { /* the host's QP is its own: it answers with rdma_establish */
+        f->peer->state = 5;
+        post(f->peer, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, f->data, f->data_len, f->resources, f->depth);
+        return 0;
+    }
     post(f, RDMA_CM_EVENT_ESTABLISHED, 0, NULL, 0, 0, 0);
-    if (f->peer) {
+    if (f->peer) { /* the host's QP is librdmacm's (rdma_create_qp): RTR and RTS by itself */
         f->peer->state = 1;
         post(f->peer, RDMA_CM_EVENT_ESTABLISHED, 0, f->data, f->data_len, f->resources, f->depth);
     }
@@ -364,7 +369,7 @@ int fakecm_event(void *id, int type, int status)
 }
 
 /* What the code under test answered on an id: state (0 none yet, 1 accepted, 2 rejected, 3 disconnected,
- * 4 connecting; -1 destroyed), the private data it sent, its responder resources, initiator depth, QP number. */
+ * 4 connecting, 5 connect response taken; -1 destroyed), the private data it sent, its responder resources, initiator depth, QP number. */
 int fakecm_answer(void *id, uint8_t *data, int *len, int *resources, int *depth, uint32_t *qp_num)
 {
     struct fake_id *f = id;
@@ -419,4 +424,19 @@ int rdma_init_qp_attr(struct rdma_cm_id *id, struct ibv_qp_attr *attr, int *mask
         errno = EINVAL;
         return -1;
     }
+}
+
+/* The active side after CONNECT_RESPONSE (a QP made outside librdmacm): the passive side sees ESTABLISHED. */
+int rdma_establish(struct rdma_cm_id *id)
+{
+    struct fake_id *f = fid(id);
+    if (f->state != 5) {
+        errno = EINVAL;
+        return -1;
+    }
+    f->state = 1;
+    if (f->peer) {
+        post(f->peer, RDMA_CM_EVENT_ESTABLISHED, 0, NULL, 0, 0, 0);
+    }
+    return 0;
 }

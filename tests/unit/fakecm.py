@@ -17,7 +17,8 @@ from typing import NamedTuple, Optional
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "tests" / "native" / "fakecm.c"
 COUNTERS = ("ids", "destroyed", "posted", "acked", "destroy_unacked", "rejects")
-STATES = {0: "pending", 1: "accepted", 2: "rejected", 3: "disconnected", 4: "connecting", -1: "destroyed"}
+STATES = {0: "pending", 1: "accepted", 2: "rejected", 3: "disconnected", 4: "connecting", 5: "responded",
+          -1: "destroyed"}
 
 _LIB: Optional[ctypes.CDLL] = None
 

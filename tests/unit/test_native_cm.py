@@ -118,7 +118,7 @@ def test_both_ends_of_a_connection_through_our_cm(channel):
         assert [e.name for e in channel.events()] == ["ADDR_RESOLVED"]
         host.resolve_route(1000)
         assert [e.name for e in channel.events()] == ["ROUTE_RESOLVED"]
-        host.connect(cmdata.CmConnectRequest(0, 2, 64, 63, 1).pack(), 16, 0, 0x42)
+        host.connect(cmdata.CmConnectRequest(0, 2, 64, 63, 1).pack(), 16, 0)  # a QP of librdmacm's (qp_num 0)
         [req] = target.events()
         assert cmdata.CmConnectRequest.unpack(req.private_data).hsqsize == 63 and req.responder_resources == 16
         from nvmeof_roce.transport.rdma.cmchannel import CmId
@@ -128,6 +128,18 @@ def test_both_ends_of_a_connection_through_our_cm(channel):
         host.disconnect()
         assert [e.name for e in channel.events()] == ["DISCONNECTED"]
         assert [e.name for e in target.events()] == ["ESTABLISHED", "DISCONNECTED"]
+
+        own = channel.create_id()  # a QP of our own (the Python data path): CONNECT_RESPONSE, then establish
+        own.resolve_addr(None, ADDR, PORT, 1000)
+        own.resolve_route(1000)
+        channel.events()
+        own.connect(cmdata.CmConnectRequest(0, 3, 64, 63, 1).pack(), 16, 0, 0x43)
+        [req] = target.events()
+        CmId(target, req.id).accept(cmdata.CmAccept(0, 64).pack(), 0, 16, 0x44)
+        [resp] = channel.events()
+        assert resp.name == "CONNECT_RESPONSE" and target.events() == []
+        own.establish()
+        assert [e.name for e in target.events()] == ["ESTABLISHED"]
 
         refused = channel.create_id()
         refused.resolve_addr(None, ADDR, PORT, 1000)
@@ -155,3 +167,23 @@ def test_without_a_device_the_channel_says_so():
         CmChannel().close()
     except TransportError as exc:
         assert "RDMA CM event channel" in str(exc)
+
+
+def test_the_qp_attributes_of_a_connection_come_from_the_cm(channel):
+    """What the Python data path modifies its own QP with (rdma_init_qp_attr): the route's GID and the host's
+    responder resources, as the fake CM computes them from the connection."""
+    from nvmeof_roce.transport.rdma.cmchannel import CmId
+    from nvmeof_roce.transport.rdma.verbs import QPS_INIT, QPS_RTR, QPS_RTS, gid_text
+    channel.listen(ADDR, PORT)
+    fakecm.connect(ADDR, PORT, "198.51.100.9", 1, b"", responder_resources=5)
+    [ev] = channel.events()
+    child = CmId(channel, ev.id)
+    init, mask = child.qp_attr(QPS_INIT)
+    assert init["qp_state"] == QPS_INIT and mask & 1  # IBV_QP_STATE
+    rtr, _ = child.qp_attr(QPS_RTR)
+    assert rtr["ah_attr"]["is_global"] == 1
+    assert gid_text(rtr["ah_attr"]["dgid"]) == "0000:0000:0000:0000:0000:ffff:c633:6409"  # ::ffff:198.51.100.9
+    rts, _ = child.qp_attr(QPS_RTS)
+    assert rts["max_rd_atomic"] == 5
+    with pytest.raises(OSError):
+        child.qp_attr(7)  # no such state: the CM's own error, raised

@@ -107,6 +107,9 @@ class CmId:
     def reject(self, private_data: bytes) -> None:
         self.channel.channel.reject(self.handle, private_data)
 
+    def establish(self) -> None:
+        self.channel.channel.establish(self.handle)
+
     def disconnect(self) -> None:
         self.channel.channel.disconnect(self.handle)
 
