@@ -41,7 +41,8 @@ class build_ext_or_say_why(build_ext):
                 f"error: cannot build {ext.name}, the native data path and RDMA CM of nvmeof-roce: {exc}\n"
                 f"Install the build dependencies (Debian/Ubuntu: apt-get install {BUILD_DEPENDENCIES}) and "
                 f"install again; or set NVMEOF_ROCE_PURE_PYTHON=1 to build without it on purpose (no RDMA "
-                f"target: kernel nvmet management and the tools only; README.md, 'On a machine with real RDMA')") from None
+                f"target: kernel nvmet management and the tools only; README.md, 'On a machine with real RDMA')"
+            ) from None
 
 
 native = Extension(

@@ -562,9 +562,12 @@ static PyObject *CmChannel_events(CmChannel *self, PyObject *unused)
         ops.ack_cm_event(event);
         if (!item || PyList_Append(list, item) < 0) {
             Py_XDECREF(item);
-            if (child && kept > 0) { /* nobody will hear of this id: refuse it here rather than leak it */
+            if (child) { /* nobody will hear of this id: refuse it here rather than leak it */
                 ops.reject(child, NULL, 0);
-                drop_id(self, child);
+                if (kept > 0)
+                    drop_id(self, child);
+                else
+                    ops.destroy_id(child);
             }
             Py_DECREF(list);
             return NULL;

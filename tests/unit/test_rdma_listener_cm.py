@@ -41,7 +41,8 @@ def pump(n=5):
 
 def request(qid=1, hsqsize=31, peer="10.0.0.50", port=[30000]):
     port[0] += 1
-    return fakecm.connect(tc.TRADDR, tc.TRSVCID, peer, port[0], cm.CmConnectRequest(0, qid, hsqsize + 1, hsqsize, 0xffff).pack())
+    private = cm.CmConnectRequest(0, qid, hsqsize + 1, hsqsize, 0xffff).pack()
+    return fakecm.connect(tc.TRADDR, tc.TRSVCID, peer, port[0], private)
 """
 
 

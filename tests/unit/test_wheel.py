@@ -99,11 +99,16 @@ def test_the_sdist_carries_the_extension_sources_and_the_shipped_directories(tmp
 
 def test_a_build_without_the_native_module_fails_and_names_the_packages_unless_opted_out(tmp_path):
     """No silent slow path: `pip` without a working compiler (or a -dev package) fails and says what to install;
-    NVMEOF_ROCE_PURE_PYTHON=1 builds without the extension on purpose."""
+    NVMEOF_ROCE_PURE_PYTHON=1 builds without the extension on purpose.  From a copy of the checkout without its
+    build/ (objects an earlier build left there would be up to date, and nothing would be compiled)."""
+    import shutil
+    source = tmp_path / "src"
+    skip = shutil.ignore_patterns(".git", "build", "dist", "results", ".venv", "*.so", "__pycache__", "*.egg-info")
+    shutil.copytree(ROOT, source, symlinks=True, ignore=skip)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "NVMEOF_ROCE_PURE_PYTHON")}
     env["CC"] = "/bin/false"
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "w"),
-                           str(ROOT)], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+                           str(source)], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     if proc.returncode and "Could not find a version that satisfies the requirement setuptools" in proc.stderr:
         pytest.skip("pip cannot fetch the build backend here (no package index)")
     out = proc.stdout + proc.stderr
@@ -114,6 +119,6 @@ def test_a_build_without_the_native_module_fails_and_names_the_packages_unless_o
     # opted out: the same broken compiler, and the build succeeds without the extension
     env["NVMEOF_ROCE_PURE_PYTHON"] = "1"
     proc = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "-b", str(tmp_path / "lib"), "-t",
-                           str(tmp_path / "tmp")], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+                           str(tmp_path / "tmp")], capture_output=True, text=True, timeout=300, env=env, cwd=source)
     assert proc.returncode == 0, proc.stderr
     assert not list(tmp_path.glob("lib/**/_native*.so"))

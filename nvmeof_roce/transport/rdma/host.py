@@ -2,7 +2,8 @@
 
 One CM id and event channel per queue, so every CM event belongs to a known
 queue (docs/protocol.md §7); the CM is the native module's (transport/rdma/cmchannel.py), which hands each
-event over as plain data.  Host memory is registered with remote read and write for the target.  The helpers shared with the target side live in verbs.py and memory.py.
+event over as plain data.  Host memory is registered with remote read and write for the target.  The helpers
+shared with the target side live in verbs.py and memory.py.
 """
 from __future__ import annotations
 

@@ -4,8 +4,8 @@
 `NativeHostQueue`: the native CM (transport/rdma/cmchannel.py) resolves the address and route on the queue's own
 CM id, then `_native.create_host_qp` makes the QP on that id with librdmacm (on its PD, one polled CQ), and the
 memory the queue uses is registered on that PD.  The CM's connect sends the connect request; since the id has a
-QP, librdmacm takes it to RTR and RTS when the response arrives and reports ESTABLISHED.  The Connect command goes through `send`/`poll` (C, with
-the GIL), and `perf` runs the whole measured loop in C with the GIL released (docs/native.md, "The host queue").
+QP, librdmacm takes it to RTR and RTS when the response arrives and reports ESTABLISHED.  The Connect command
+goes through `send`/`poll` (C, with the GIL), and `perf` runs the whole measured loop in C with the GIL released (docs/native.md, "The host queue").
 """
 from __future__ import annotations
 
