@@ -134,9 +134,10 @@ def qp_attr(cm_id, state: int):
     """(pyverbs QPAttr, mask) for moving our own QP to `state` (QPS_INIT, QPS_RTR, QPS_RTS), as the CM computes
     them for the connection (rdma_init_qp_attr through cmchannel.CmId.qp_attr)."""
     fields, mask = cm_id.qp_attr(state)
-    attr = QPAttr(qp_state=fields["qp_state"], port_num=fields["port_num"], path_mtu=fields["path_mtu"] or 3)
-    for name in ("qp_access_flags", "pkey_index", "dest_qp_num", "rq_psn", "sq_psn", "max_dest_rd_atomic",
-                 "min_rnr_timer", "max_rd_atomic", "timeout", "retry_cnt", "rnr_retry"):
+    attr = QPAttr()
+    for name in ("qp_state", "port_num", "qp_access_flags", "pkey_index", "path_mtu", "dest_qp_num", "rq_psn",
+                 "sq_psn", "max_dest_rd_atomic", "min_rnr_timer", "max_rd_atomic", "timeout", "retry_cnt",
+                 "rnr_retry"):
         setattr(attr, name, fields[name])
     ah = fields["ah_attr"]
     route = None
