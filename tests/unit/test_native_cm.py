@@ -1,5 +1,6 @@
 """The native module's RDMA CM (csrc/cm_channel.c) through the fake librdmacm (tests/native/fakecm.c): events as
 plain data, accept and reject with their private data, the ids a channel owns, both ends of a connection."""
+import os
 import select
 
 import pytest
@@ -187,3 +188,28 @@ def test_the_qp_attributes_of_a_connection_come_from_the_cm(channel):
     assert rts["max_rd_atomic"] == 5
     with pytest.raises(OSError):
         child.qp_attr(7)  # no such state: the CM's own error, raised
+
+
+class _Opens:
+    """A stand-in for pyverbs' CompChannel: opens one file as it is made, closed by close()."""
+
+    def __init__(self, opener):
+        self.fd = opener()
+        self.closed = False
+
+    def close(self):
+        os.close(self.fd)
+        self.closed = True
+
+
+def test_a_completion_channels_fd_is_found_without_proc_and_never_guessed():
+    """verbs.create_with_fd: the lowest free number before, an anonymous-inode file after (as a completion
+    channel's is); a new object that opened anything else is closed and refused."""
+    from nvmeof_roce.transport.rdma.verbs import create_with_fd
+    obj, fd = create_with_fd(lambda: _Opens(lambda: os.eventfd(0)))
+    assert fd == obj.fd and os.get_blocking(fd) is False  # non-blocking for the event loop
+    obj.close()
+    made = []
+    with pytest.raises(TransportError, match="not the anonymous-inode file"):
+        create_with_fd(lambda: made.append(_Opens(lambda: os.open(os.devnull, os.O_RDONLY))) or made[-1])
+    assert made[0].closed  # not left open behind the error
