@@ -159,7 +159,7 @@ test-native: venv
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  $(PYTEST) -q -p no:cacheprovider tests/unit/test_native_queue.py tests/unit/test_native_poll.py \
 	  tests/unit/test_native_faults.py tests/unit/test_native_trace.py tests/unit/test_native_hostq.py \
-	  tests/unit/test_native_live.py
+	  tests/unit/test_native_live.py tests/unit/test_native_cm.py
 	gcc -shared -fPIC -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(NATIVE_TSAN_FLAGS) \
 	  $$($(VENV)/bin/python -c "import sysconfig; print('-I' + sysconfig.get_paths()['include'])") \
 	  -o $(NATIVE_SAN_DIR)/_native_tsan.so csrc/*.c -libverbs -lrdmacm -Wl,-Bstatic -luring -Wl,-Bdynamic
@@ -169,4 +169,5 @@ test-native: venv
 	PYTHONMALLOC=malloc valgrind --tool=memcheck --error-exitcode=99 --errors-for-leak-kinds=definite \
 	  --leak-check=full --show-leak-kinds=definite --suppressions=tests/native/python.supp \
 	  $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit/test_native_queue.py tests/unit/test_native_poll.py \
-	  tests/unit/test_native_faults.py tests/unit/test_native_trace.py tests/unit/test_native_live.py -k "not identically"
+	  tests/unit/test_native_faults.py tests/unit/test_native_trace.py tests/unit/test_native_live.py \
+	  tests/unit/test_native_cm.py -k "not identically"

@@ -9,5 +9,6 @@
 int native_queue_register(PyObject *module);
 int native_uring_register(PyObject *module);
 int native_hostq_register(PyObject *module);
+int native_cm_channel_register(PyObject *module); /* csrc/cm_channel.c: the RDMA CM */
 
 #endif

@@ -81,6 +81,9 @@ RESOURCE_LIMITS: Dict[str, Tunable] = _declare(
     Tunable("max_controllers", int, 256, 1, 65519,
             "most I/O controllers over all hosts, after each host's own cap (discovery controllers have their own "
             "caps)"),
+    Tunable("max_connecting_per_address", int, 0, 0, 1 << 20,
+            "most connections from one peer address awaiting their NVMe Connect; more are refused at the CM "
+            "(0: --max-queues-per-host + 1, what one host opens before its Connects)"),
     Tunable("connect_timeout", float, 5.0, 0.5, 600, "close a connection without a successful NVMe Connect after "
             "this long", metavar="SECONDS"),
     Tunable("queue_file_buffers", int, 32, 1, 4096,

@@ -240,10 +240,12 @@ def _fmt_bytes(n) -> str:
 
 def _data_path(s: dict) -> str:
     path = s.get("data_path", "python")
+    why = f": {s['data_path_reason']}" if s.get("data_path_reason") else ""
     if path != "native":
-        return path
+        return path + why
     cores = s.get("cores", 1)
-    return f"{path}, {s.get('poll', 'interrupt')} poll" + (f", {cores} poll-group threads" if cores > 1 else "")
+    return (f"{path}, {s.get('poll', 'interrupt')} poll" + (f", {cores} poll-group threads" if cores > 1 else "")
+            + why)
 
 
 def _print_status(s: dict) -> None:

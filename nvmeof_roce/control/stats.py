@@ -131,6 +131,7 @@ def target_status(target, sampler: Optional[Sampler] = None, server=None, socket
         "discovery_controllers": [controller_status(c) for c in target.discovery.controllers.values()],
         "transport": transport_status(server),
         "data_path": getattr(server, "data_path", "python"),  # the I/O queues' (docs/native.md)
+        "data_path_reason": getattr(server, "data_path_reason", ""),  # why that one (service/serve.py)
         "poll": getattr(server, "poll", "interrupt"),  # how native queues find completions (tunables.POLL)
         "cores": getattr(server, "cores", 1),  # poll-group threads (tunables.CORES)
         "poll_groups": server.poll_groups.status() if getattr(server, "poll_groups", None) is not None else [],

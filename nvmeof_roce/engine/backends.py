@@ -201,7 +201,7 @@ class _Reservation:
         self.mapped = page
 
     def view(self, size: int) -> memoryview:
-        pages = (ctypes.c_char * size).from_address(self.base)
+        pages = ctypes.cast(self.base, ctypes.POINTER(ctypes.c_char * size)).contents
         pages.reservation = self  # the address space lives as long as any view of it
         return memoryview(pages).cast("B")
 

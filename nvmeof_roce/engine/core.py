@@ -380,14 +380,14 @@ class Target(EngineApi):
         if refusal is not None:
             return refusal
         address = request.peer_address
-        if address and self._unconnected_by_address[address] >= self.limits.max_queues_per_host + 1:
+        if address and self._unconnected_by_address[address] >= self.limits.connecting_per_address:
             # A host opens at most an admin queue and max_queues_per_host I/O queues before it sends their
             # Connects (nvme-rdma connects every queue's CM first); more from one address is a flood.
             if address not in self._flood_logged:
                 self._flood_logged.add(address)
                 log.warning("refusing connections from %s: %d of its queues are awaiting their NVMe Connect "
-                            "(a host needs at most --max-queues-per-host + 1)", address,
-                            self._unconnected_by_address[address])
+                            "(--max-connecting-per-address %d)", address, self._unconnected_by_address[address],
+                            self.limits.connecting_per_address)
             return Refusal.NO_RESOURCES
         if request.qid == 0:
             if request.hsqsize + 1 > cm.ADMIN_QUEUE_DEPTH:

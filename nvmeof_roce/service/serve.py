@@ -50,6 +50,7 @@ class TargetServer:
         self.remote_invalidate = remote_invalidate  # for ports added live (service/ops.py)
         # the I/O queues' data path: "python" or "native" (docs/native.md); None: native when it is built
         self.data_path = check_data_path(data_path, worker)
+        self.data_path_reason = data_path_reason(data_path, self.data_path, worker)  # said at start and in status
         check_file_buffers(self.limits.queue_file_buffers, self.data_path)
         self.poll = check_poll(poll, self.data_path)  # how native queues find completions (tunables.POLL)
         self.cores = check_cores(cores, self.data_path, self.poll)  # poll-group threads (tunables.CORES)
@@ -181,7 +182,8 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
         print(f"nvmeof-roce target: serving {config.source} on {', '.join(server.addresses())}"
               + (f", control socket {ops.socket_path}" if ops.socket_path else "")
               + (f", metrics {ops.metrics_url}" if ops.metrics_url else "")
-              + f"; {server.limits.describe()}; data path {server.data_path}", flush=True)
+              + f"; {server.limits.describe()}; data path {server.data_path} ({server.data_path_reason})",
+              flush=True)
         if ready_file:
             write_file(ready_file, "ready\n")
         ops.ready()
@@ -231,6 +233,18 @@ def check_data_path(data_path: Optional[str], worker: Optional[int] = None) -> s
         raise NvmeofError(native.missing_reason or "the native data path is not built",
                           "build it (make venv), or serve with --data-path python")
     return data_path
+
+
+def data_path_reason(asked: Optional[str], chosen: str, worker: Optional[int] = None) -> str:
+    """Why the target runs `chosen`: said in the start line and in `target status`, never left to guess."""
+    from .. import native
+    if asked is not None:
+        return f"--data-path {asked}"
+    if chosen == "native":
+        return "the native module is built: the default"
+    if worker is not None:
+        return "a worker of serve --workers runs the Python data path"
+    return native.missing_reason or "the native module is not built"
 
 
 def check_poll(poll: str, data_path: str) -> str:

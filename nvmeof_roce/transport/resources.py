@@ -47,6 +47,7 @@ class ResourceLimits:
     max_queues_per_ctrl: int = _LIMITS["max_queues_per_ctrl"].default  # the Number of Queues grant's cap
     max_queues_per_host: int = _LIMITS["max_queues_per_host"].default  # over all of one host NQN's controllers
     max_controllers: int = _LIMITS["max_controllers"].default  # I/O controllers (other caps: engine/limits.py)
+    max_connecting_per_address: int = _LIMITS["max_connecting_per_address"].default  # 0: max_queues_per_host + 1
     connect_timeout: float = _LIMITS["connect_timeout"].default  # seconds without a successful NVMe Connect
     queue_file_buffers: int = _LIMITS["queue_file_buffers"].default  # native queues' bounce chunks (files, blocks)
     mdts: int = _LIMITS["mdts"].default  # largest command: 4 KiB << mdts, the size of each data buffer
@@ -58,6 +59,12 @@ class ResourceLimits:
             raise NvmeofError(f"--queue-min-buffers {self.queue_min_buffers} with --data-buffers "
                               f"{self.data_buffers}: not even two queues could be guaranteed their minimum",
                               "lower --queue-min-buffers or raise --data-buffers")
+
+    @property
+    def connecting_per_address(self) -> int:
+        """Connections one peer address may hold before their NVMe Connect: the option, or by default what one
+        host opens (an admin queue and --max-queues-per-host I/O queues: nvme-rdma connects every CM first)."""
+        return self.max_connecting_per_address or self.max_queues_per_host + 1
 
     @property
     def max_transfer(self) -> int:

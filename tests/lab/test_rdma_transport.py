@@ -216,7 +216,6 @@ def test_a_host_disconnect_closes_exactly_its_queue(target):
     conn = RdmaConnector(LAB_IP, PORT)
     queues = [conn.connect(qid=q, hrqsize=8, hsqsize=7) for q in (1, 2, 3)]
     listener = target.listener
-    assert listener.event_ids.offset is not None, "the rdma_cm_event pointer was not found in pyverbs' CMEvent"
     free_before = listener.pool.accounts.free_count
     queues[1].close()  # the middle one: neither the first nor the last accepted
     started = time.monotonic()

@@ -1,7 +1,8 @@
 """A fake RDMA device under pyverbs' names, for measuring the transport's own Python cost.
 
 Everything that needs a device is replaced -- Context, PD, MR, CQ (and CQEX), CompChannel, QP (and QPEx),
-the QP attribute classes, the RDMA CM (CMID, CMEventChannel, CMEvent, AddrInfo, ConnParam) -- and behaves
+the QP and address attribute classes -- and the native module's RDMA CM talks to the fake librdmacm
+(tests/native/fakecm.c, loaded by `install`) -- and behaves
 like a NIC at the verbs level: a posted RDMA WRITE copies local memory to the host's registered buffer, an
 RDMA READ the other way, a SEND lands in the host's receive list, the host's capsule lands in the target's
 next posted receive buffer, and every signaled work request (or every one with sq_sig_all) completes on its
@@ -19,14 +20,11 @@ Time spent inside the fake device is accounted in `DEVICE` and subtracted by the
 """
 from __future__ import annotations
 
-import atexit
 import ctypes
 import errno
 import itertools
 import os
-import shutil
 import sys
-import tempfile
 import time
 import types
 from collections import deque
@@ -173,8 +171,6 @@ def recv_chain(wr) -> List[Tuple[int, List[Tuple[int, int, int]]]]:
 
 class Nic:
     def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="fakeverbs-")
-        atexit.register(shutil.rmtree, self.dir, True)
         self.names = itertools.count(1)
         self.keys = itertools.count(0x1000)
         self.qpns = itertools.count(0x11)
@@ -183,29 +179,22 @@ class Nic:
         self.qps: Dict[int, "QP"] = {}
         self.listeners: Dict[Tuple[str, int], "CMID"] = {}
 
-    def fifo(self, kind: str) -> int:
-        """A readable-when-notified fd whose /proc/self/fd link names `kind` (as the transport looks for)."""
-        path = os.path.join(self.dir, f"{kind}-{next(self.names)}")
-        os.mkfifo(path)
-        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
-        os.unlink(path)  # the fd's link keeps the name ("... (deleted)"), and nothing is left behind in /tmp
-        return fd
+    def channel_fd(self) -> int:
+        """A readable-when-notified fd on an anonymous inode, as a completion channel's (an eventfd)."""
+        return os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
 
 
 NIC = Nic()
 
 
 def _notify(fd: int) -> None:
-    try:
-        os.write(fd, b"x")
-    except BlockingIOError:
-        pass
+    os.eventfd_write(fd, 1)
 
 
 def _drain(fd: int) -> int:
-    """Bytes of notification read (one read: a notification is one byte and the FIFO holds few)."""
+    """Notifications taken (all of them: an eventfd counts them)."""
     try:
-        return len(os.read(fd, 65536))
+        return os.eventfd_read(fd)
     except BlockingIOError:
         return 0
 
@@ -293,7 +282,7 @@ class UseAfterClose(AssertionError):
 
 class CompChannel:
     def __init__(self, ctx, **kw):
-        self.fd = NIC.fifo("infinibandevent")
+        self.fd = NIC.channel_fd()
 
     def get_cq_event(self, cq=None):
         if self.fd < 0:
@@ -638,106 +627,71 @@ QPEx = QP
 
 # --- the RDMA CM --------------------------------------------------------------------------------------------
 
-class AddrInfo(_Attrs):
+class GID:
+    def __init__(self, val=None):
+        self.gid = val
+
+
+class GlobalRoute(_Attrs):
     pass
 
 
-class ConnParam(_Attrs):
-    def set_private_data(self, data):
-        self.private_data = bytes(data)
-
-
-class CMEventChannel:
-    def __init__(self, **kw):
-        self.fd = NIC.fifo("rdma_cm")
-        self.events: deque = deque()
-
-    def post(self, event_type, private_data=b"", host=None):
-        self.events.append((event_type, private_data, host))
-        _notify(self.fd)
-
-    def close(self):
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-class CMEvent:
-    def __init__(self, channel, **kw):
-        if not channel.events:
-            _drain(channel.fd)
-            raise _eagain("get_cm_event")
-        self.event_type, self.private_data, self.host = channel.events.popleft()
-
-    def event_str(self):
-        return f"fake CM event {self.event_type}"
-
-    def ack_cm_event(self):
-        pass
-
-    def close(self):
-        pass
-
-
-class CMID:
-    def __init__(self, creator=None, listen_id=None, port_space=None, qp_init_attr=None, **kw):
-        self.host = None
-        if isinstance(creator, CMEvent):  # the child id of a connect request
-            self.host = creator.host
-            self.channel = listen_id.channel
-        else:
-            self.channel = creator
-        self.dev_name = "fakerdma0"
-        self.addr = None
-
-    def bind_addr(self, info):
-        self.addr = (str(info.src), int(info.src_service))
-
-    def listen(self, backlog=0):
-        NIC.listeners[self.addr] = self
-
-    def init_qp_attr(self, state):
-        return QPAttr(qp_state=state, max_rd_atomic=16, max_dest_rd_atomic=16, timeout=0, retry_cnt=7,
-                      rnr_retry=7, min_rnr_timer=12, path_mtu=5, qp_access_flags=0), 0
-
-    def accept(self, param):
-        qp = NIC.qps[param.qp_num]
-        qp.peer = self.host
-        self.host.accepted(qp, getattr(param, "private_data", b""))
-
-    def reject(self, private_data=b"", *a, **kw):
-        self.host.rejected(bytes(private_data))
-
-    def establish(self):
-        pass
-
-    def disconnect(self):
-        if self.host is not None:
-            self.host.disconnected = True
-
-    def close(self):
-        if self.addr is not None:
-            NIC.listeners.pop(self.addr, None)
+class AHAttr(_Attrs):
+    pass
 
 
 # --- the host end of a queue --------------------------------------------------------------------------------
 
 class HostEnd:
-    """What the fake NIC delivers to on the host side: a connect's outcome and the target's SENDs."""
+    """What the fake NIC delivers to on the host side: a connect's outcome (read from the fake CM on first use)
+    and the target's SENDs."""
 
-    def __init__(self):
-        self.qp: Optional[QP] = None
-        self.accept_data: Optional[bytes] = None
-        self.reject_data: Optional[bytes] = None
-        self.disconnected = False
+    def __init__(self, handle: int = 0):
+        self.handle = handle  # the target's child id in the fake CM (0: a QP wired to this end by hand)
+        self._qp: Optional[QP] = None
+        self._answer = None
+        self.closed_here = False
         self.responses: deque = deque()
         self.invalidated = 0  # SENDs with Invalidate (a count: a list would grow the RSS being measured)
 
-    def accepted(self, qp, private_data):
-        self.qp, self.accept_data = qp, private_data
+    def answer(self):
+        """The target's answer so far (fakecm.Answer); once accepted, its QP delivers to this end."""
+        if self._answer is None or self._answer.state == "pending":
+            import fakecm
+            self._answer = fakecm.answer(self.handle)
+            if self._answer.state == "accepted" and self._qp is None:
+                self._qp = NIC.qps[self._answer.qp_num]
+                self._qp.peer = self
+        return self._answer
 
-    def rejected(self, private_data):
-        self.reject_data = private_data
+    @property
+    def qp(self) -> Optional[QP]:
+        if self.handle:
+            self.answer()
+        return self._qp
+
+    @qp.setter
+    def qp(self, qp: QP) -> None:
+        self._qp = qp
+
+    @property
+    def accept_data(self) -> Optional[bytes]:
+        return self.answer().private_data if self.qp is not None else None
+
+    @property
+    def reject_data(self) -> Optional[bytes]:
+        answer = self.answer()
+        return answer.private_data if answer.state == "rejected" else None
+
+    @property
+    def disconnected(self) -> bool:
+        """The target disconnected this end (or the host closed it: `closed_here`)."""
+        import fakecm
+        return self.closed_here or fakecm.answer(self.handle).state in ("disconnected", "destroyed")
+
+    @disconnected.setter
+    def disconnected(self, value: bool) -> None:
+        self.closed_here = value
 
     def deliver(self, data: bytes, invalidate: Optional[int]):
         self.responses.append(data)
@@ -761,14 +715,17 @@ def register_host_memory(size: int):
     return buf, addr, key
 
 
-def connect(traddr: str, trsvcid: int, private_data: bytes) -> HostEnd:
-    """Post a CONNECT_REQUEST to the listener on traddr:trsvcid; the caller runs the target's loop."""
-    listener = NIC.listeners.get((traddr, int(trsvcid)))
-    if listener is None:
+_PEER_PORTS = itertools.count(40000)
+
+
+def connect(traddr: str, trsvcid: int, private_data: bytes, peer: str = "10.0.0.99") -> HostEnd:
+    """A CONNECT_REQUEST from `peer` to the listener on traddr:trsvcid through the fake CM; the caller runs the
+    target's loop."""
+    import fakecm
+    handle = fakecm.connect(traddr, int(trsvcid), peer, next(_PEER_PORTS), private_data)
+    if not handle:
         raise RuntimeError(f"nothing listens on {traddr}:{trsvcid} on the fake device")
-    host = HostEnd()
-    listener.channel.post(PV.ce.RDMA_CM_EVENT_CONNECT_REQUEST, private_data, host)
-    return host
+    return HostEnd(handle)
 
 
 # --- installing ---------------------------------------------------------------------------------------------
@@ -780,8 +737,7 @@ DEVICE_CLASSES = {
     "pyverbs.cq": {"CQ": CQ, "CompChannel": CompChannel, "CQEX": CQEX, "CqInitAttrEx": CqInitAttrEx},
     "pyverbs.qp": {"QP": QP, "QPEx": QPEx, "QPCap": QPCap, "QPInitAttr": QPInitAttr, "QPInitAttrEx": QPInitAttrEx,
                    "QPAttr": QPAttr},
-    "pyverbs.cmid": {"CMID": CMID, "CMEventChannel": CMEventChannel, "CMEvent": CMEvent, "AddrInfo": AddrInfo,
-                     "ConnParam": ConnParam},
+    "pyverbs.addr": {"AHAttr": AHAttr, "GlobalRoute": GlobalRoute, "GID": GID},
 }
 
 
@@ -814,6 +770,11 @@ def install(prefer_real: bool = True) -> bool:
     PV.real = real
     if real:
         _learn_offsets()
+    import fakecm
+    from nvmeof_roce import native
+    if native.module is None:
+        raise RuntimeError(f"the fake device needs the native module's CM: {native.missing_reason}")
+    fakecm.load(native.module)
     return real
 
 

@@ -285,6 +285,7 @@ def test_real_lab_rxe0_capture_replays(tmp_path):
     results = diagnose(FIXTURES / "rxe0-lab", traddr="10.99.0.1", interval=0)
     expected = {
         "stack.modules": "ok", "stack.device_files": "warn", "stack.memlock": "ok", "stack.nvme_auth": "ok",
+        "stack.native": "skipped",  # about the installation running doctor, not a captured tree
         "device.present": "ok",
         "device.soft_roce rxe0": "warn", "port.state rxe0/1": "ok", "port.link_layer rxe0/1": "ok",
         "port.mtu rxe0/1": "ok", "address.gids rxe0/1": "ok", "address.roce_mode rxe0/1": "ok",
@@ -488,3 +489,21 @@ def test_nvme_auth_support_from_the_kernel_config(tmp_path):
     assert "no kernel support (host and target missing" in result.summary
     assert "linux-image-6.12-amd64" in result.fix
     assert any("CONFIG_NVME_HOST_AUTH=not set" in e for e in result.evidence)
+
+
+def test_the_native_module_check_says_whether_the_fast_path_and_the_cm_are_built(monkeypatch):
+    """On the live host: ok with the module's path when built; fail naming every build dependency when not."""
+    from nvmeof_roce import native
+    from nvmeof_roce.doctor.checks.stack import check_native_module
+    from nvmeof_roce.doctor.context import Context
+    from nvmeof_roce.doctor.machine import Machine
+    ctx = Context(Machine("/"))
+    monkeypatch.setattr(native, "module", type("M", (), {"__file__": "/x/_native.so"})())
+    result = check_native_module(ctx)
+    assert result.status is Status.OK and result.details["path"] == "/x/_native.so"
+    monkeypatch.setattr(native, "module", None)
+    monkeypatch.setattr(native, "missing_reason", "the native data path is not built (No module named x)")
+    result = check_native_module(ctx)
+    assert result.status is Status.FAIL and "cannot listen on RDMA" in result.summary
+    assert "gcc python3-dev libibverbs-dev librdmacm-dev liburing-dev" in result.fix
+    assert result.evidence == ["the native data path is not built (No module named x)"]

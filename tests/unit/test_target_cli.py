@@ -115,3 +115,20 @@ def test_check_several_files(tmp_path, capsys):
     assert f"{bad}: subsystems[0].namespaces[0].nvmeof_roce.size: is required" in captured.err
     assert cli.main(["target", "check", good, good, "--json"]) == 0
     assert [r["ok"] for r in json.loads(capsys.readouterr().out)] == [True, True]
+
+
+def test_serve_and_status_say_which_data_path_runs_and_why(monkeypatch):
+    """No silent slow path: the start line and `target status` (JSON and text) carry the reason."""
+    from nvmeof_roce import native
+    from nvmeof_roce.control.commands import _data_path
+    from nvmeof_roce.service.serve import data_path_reason
+    assert data_path_reason("python", "python") == "--data-path python"
+    assert data_path_reason(None, "python", worker=2) == "a worker of serve --workers runs the Python data path"
+    monkeypatch.setattr(native, "module", None)
+    monkeypatch.setattr(native, "missing_reason", "the native data path is not built (no _native)")
+    assert data_path_reason(None, "python") == "the native data path is not built (no _native)"
+    assert data_path_reason(None, "native") == "the native module is built: the default"
+    assert (_data_path({"data_path": "python", "data_path_reason": "--data-path python"})
+            == "python: --data-path python")
+    assert (_data_path({"data_path": "native", "poll": "interrupt", "data_path_reason": "the native module is "
+                        "built: the default"}) == "native, interrupt poll: the native module is built: the default")

@@ -95,3 +95,30 @@ def test_the_sdist_carries_the_extension_sources_and_the_shipped_directories(tmp
               "MANIFEST.in", "constraints.txt", "fio-jobs/randread-4k-qd1.fio", "targets/ram.json"):
         assert f in names, f
     assert any(n.startswith("csrc/") and n.endswith(".h") for n in names)
+
+
+def test_a_build_without_the_native_module_fails_and_names_the_packages_unless_opted_out(tmp_path):
+    """No silent slow path: `pip` without a working compiler (or a -dev package) fails and says what to install;
+    NVMEOF_ROCE_PURE_PYTHON=1 builds without the extension on purpose.  From a copy of the checkout without its
+    build/ (objects an earlier build left there would be up to date, and nothing would be compiled)."""
+    import shutil
+    source = tmp_path / "src"
+    skip = shutil.ignore_patterns(".git", "build", "dist", "results", ".venv", "*.so", "__pycache__", "*.egg-info")
+    shutil.copytree(ROOT, source, symlinks=True, ignore=skip)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "NVMEOF_ROCE_PURE_PYTHON")}
+    env["CC"] = "/bin/false"
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "w"),
+                           str(source)], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    if proc.returncode and "Could not find a version that satisfies the requirement setuptools" in proc.stderr:
+        pytest.skip("pip cannot fetch the build backend here (no package index)")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and not list((tmp_path / "w").glob("*.whl")), out
+    assert "cannot build nvmeof_roce._native" in out, out
+    assert "apt-get install gcc python3-dev libibverbs-dev librdmacm-dev liburing-dev" in out, out
+    assert "NVMEOF_ROCE_PURE_PYTHON=1" in out, out
+    # opted out: the same broken compiler, and the build succeeds without the extension
+    env["NVMEOF_ROCE_PURE_PYTHON"] = "1"
+    proc = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "-b", str(tmp_path / "lib"), "-t",
+                           str(tmp_path / "tmp")], capture_output=True, text=True, timeout=300, env=env, cwd=source)
+    assert proc.returncode == 0, proc.stderr
+    assert not list(tmp_path.glob("lib/**/_native*.so"))

@@ -26,6 +26,7 @@ CHECKS = [
     ("host", "fabric.counters", fabric.check_error_counters),
     ("host", "nvme.host_identity", nvme.check_host_identity),
     ("host", "stack.nvme_auth", stack.check_nvme_auth),
+    ("host", "stack.native", stack.check_native_module),
     ("host", "nvme.firewall", nvme.check_firewall),
     ("host", "nvme.target", nvme.check_target_reachable),
     ("host", "kernel.messages", kernel_log.check_kernel_messages),

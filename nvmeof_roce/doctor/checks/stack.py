@@ -1,4 +1,4 @@
-"""RDMA software stack: kernel modules, /dev/infiniband device files, the locked-memory limit."""
+"""RDMA software stack: kernel modules, /dev/infiniband device files, the locked-memory limit, our native module."""
 from __future__ import annotations
 
 import os
@@ -237,6 +237,23 @@ def check_memlock_limit(ctx: Context) -> CheckResult:
         return warn("stack.memlock", "", f"ulimit -l {_human_bytes(soft)} is too low to register RDMA buffers",
                     evidence, fix, **details)
     return ok("stack.memlock", "", f"ulimit -l {_human_bytes(soft)}", evidence, **details)
+
+
+def check_native_module(ctx: Context) -> CheckResult:
+    """Whether this installation has its native module (nvmeof_roce._native, built from csrc/): the RDMA CM of the
+    userspace target and initiator and their fast data path.  Without it `target serve` cannot listen on RDMA;
+    a build without a compiler or a -dev package fails unless NVMEOF_ROCE_PURE_PYTHON=1 asked for that."""
+    from ... import native
+    if not ctx.machine.is_live:
+        return skipped("stack.native", "", "a captured tree: this check is about the installation running doctor")
+    if native.available():
+        where = getattr(native.module, "__file__", "") or "nvmeof_roce._native"
+        return ok("stack.native", "", "built: target serve runs the native data path and the RDMA CM in C",
+                  [f"loaded {where}"], path=where)
+    return fail("stack.native", "", "not built: the userspace target cannot listen on RDMA (kernel nvmet and "
+                "the tools still work)", [native.missing_reason or ""],
+                "apt-get install gcc python3-dev libibverbs-dev librdmacm-dev liburing-dev, then reinstall the "
+                "package (pip install --force-reinstall --no-deps, or make venv)", reason=native.missing_reason)
 
 
 AUTH_OPTIONS = {"CONFIG_NVME_HOST_AUTH": "host", "CONFIG_NVME_TARGET_AUTH": "target"}

@@ -1,29 +1,31 @@
 """The host side of the RDMA transport: `RdmaConnector` opens NVMe queues, `RdmaHostQueue` is one of them.
 
 One CM id and event channel per queue, so every CM event belongs to a known
-queue (docs/protocol.md §7); host memory is registered with remote read and
-write for the target.  The helpers shared with the target side live in verbs.py and memory.py.
+queue (docs/protocol.md §7); the CM is the native module's (transport/rdma/cmchannel.py), which hands each
+event over as plain data.  Host memory is registered with remote read and write for the target.  The helpers
+shared with the target side live in verbs.py and memory.py.
 """
 from __future__ import annotations
 
 import logging
 import select
 import selectors
+import socket
 import time
+from collections import deque
 from typing import List, Optional
 
 from ...nvme import cm as cmdata
 from ..base import ConnectRejected, Connector, HostBuffer, HostQueue, TransportError
+from .cmchannel import CmChannel
 from .memory import RegisteredMemory
-from .verbs import (ADMIN_CAPSULE, CM_TIMEOUT_MS, PYVERBS_ERROR, RESPONSE_SIZE, SEND_WR_BASE, WR_LEAKS, create_with_fd,
-                    eagain, is_iwarp, require_pyverbs)
+from .verbs import (ADMIN_CAPSULE, CM_TIMEOUT_MS, PYVERBS_ERROR, QPS_INIT, QPS_RTR, QPS_RTS, RESPONSE_SIZE,
+                    SEND_WR_BASE, WR_LEAKS, create_with_fd, eagain, is_iwarp, qp_attr, require_pyverbs)
 
 log = logging.getLogger(__name__)
 
 if PYVERBS_ERROR is None:
-    import pyverbs.cm_enums as ce
     import pyverbs.enums as e
-    from pyverbs.cmid import AddrInfo, CMEvent, CMEventChannel, CMID, ConnParam
     from pyverbs.cq import CQ, CompChannel
     from pyverbs.device import Context
     from pyverbs.pd import PD
@@ -214,7 +216,7 @@ class RdmaHostQueue(HostQueue):
                                          e.IBV_ACCESS_LOCAL_WRITE)
         self.stage = depth * self.capsule_size
         self.held: Optional[list] = None  # inline SENDs held since defer_sends(), None when not deferring
-        self.comp_channel, self.cq_fd = create_with_fd(lambda: CompChannel(ctx), "infinibandevent")
+        self.comp_channel, self.cq_fd = create_with_fd(lambda: CompChannel(ctx))
         sq_size = 2 * depth + 2  # unsignaled SENDs hold their entries until a later signaled one completes
         self.cq = CQ(ctx, hrqsize + sq_size + 4, None, self.comp_channel, 0)
         self.cq.req_notify()
@@ -227,9 +229,7 @@ class RdmaHostQueue(HostQueue):
         self.cq_poller = select.poll()
         self.cq_poller.register(self.cq_fd, select.POLLIN)
         resources = max(1, min(16, connector.device.max_qp_rd_atom))
-        param = ConnParam(resources=resources, depth=0, flow_control=1, retry=7, rnr_retry=7,
-                          qp_num=self.qp.qp_num, data_len=cmdata.REQUEST_SIZE)
-        param.set_private_data(cmdata.CmConnectRequest(0, qid, hrqsize, hsqsize, cntlid).pack())
+        private = cmdata.CmConnectRequest(0, qid, hrqsize, hsqsize, cntlid).pack()
         # iWARP (docs/protocol.md §7.8): the kernel's iWARP CM takes the QP to RTS itself during the MPA exchange and
         # reports ESTABLISHED, with the accept's private data; so the QP goes to INIT with its receives posted first,
         # and there is no CONNECT_RESPONSE to answer with RTR, RTS and establish().
@@ -237,20 +237,21 @@ class RdmaHostQueue(HostQueue):
         try:
             if iwarp:
                 self._to_init_with_receives()
-            self.cm_id.connect(param)
-            event_private = self._wait_event(ce.RDMA_CM_EVENT_ESTABLISHED if iwarp
-                                             else ce.RDMA_CM_EVENT_CONNECT_RESPONSE,
+            self.cm_id.connect(private, resources, 0, self.qp.qp_num)
+            event_private = self._wait_event("ESTABLISHED" if iwarp else "CONNECT_RESPONSE",
                                              f"connecting queue {qid} to {where}")
-        except (TransportError, PyverbsRDMAError):
+        except (TransportError, PyverbsRDMAError, OSError) as exc:
             self._release_verbs()
             self._close_cm()
+            if isinstance(exc, OSError):
+                raise TransportError(f"connecting queue {qid} to {where}: {exc}") from None
             raise
         self.crqsize = cmdata.CmAccept.unpack(event_private).crqsize if len(event_private) >= 4 else depth
         if not iwarp:
             self._to_init_with_receives()
-            attr, mask = self.cm_id.init_qp_attr(e.IBV_QPS_RTR)
+            attr, mask = qp_attr(self.cm_id, QPS_RTR)
             self.qp.modify(attr, mask)
-            attr, mask = self.cm_id.init_qp_attr(e.IBV_QPS_RTS)
+            attr, mask = qp_attr(self.cm_id, QPS_RTS)
             self.qp.modify(attr, mask)
             self.cm_id.establish()
         self.responses: List[bytes] = []
@@ -258,17 +259,18 @@ class RdmaHostQueue(HostQueue):
     def _resolve(self) -> str:
         """A CM id on an event channel of its own, its address and route resolved; returns "addr:port"."""
         connector = self.connector
-        self.channel, self.cm_fd = create_with_fd(CMEventChannel, "rdma_cm")
-        self.cm_id = CMID(creator=self.channel, port_space=ce.RDMA_PS_TCP)
         where = f"{connector.traddr}:{connector.trsvcid}"
+        self.cm = CmChannel()
+        self.cm_fd = self.cm.fd
+        self.cm_events: deque = deque()
         try:
-            info = AddrInfo(src=connector.src, dst=connector.traddr, dst_service=str(connector.trsvcid),
-                            port_space=ce.RDMA_PS_TCP)
-            self.cm_id.resolve_addr(info, CM_TIMEOUT_MS)
-            self._wait_event(ce.RDMA_CM_EVENT_ADDR_RESOLVED, f"resolving {where}")
+            self.cm_id = self.cm.create_id()
+            self.cm_id.resolve_addr(numeric_address(connector.src) if connector.src else None,
+                                    numeric_address(connector.traddr), connector.trsvcid, CM_TIMEOUT_MS)
+            self._wait_event("ADDR_RESOLVED", f"resolving {where}")
             self.cm_id.resolve_route(CM_TIMEOUT_MS)
-            self._wait_event(ce.RDMA_CM_EVENT_ROUTE_RESOLVED, f"resolving the route to {where}")
-        except PyverbsRDMAError as exc:
+            self._wait_event("ROUTE_RESOLVED", f"resolving the route to {where}")
+        except (OSError, ValueError) as exc:
             self._close_cm()
             raise TransportError(f"cannot reach {where} over RDMA: {exc}")
         except TransportError:
@@ -277,7 +279,7 @@ class RdmaHostQueue(HostQueue):
         return where
 
     def _to_init_with_receives(self) -> None:
-        attr, mask = self.cm_id.init_qp_attr(e.IBV_QPS_INIT)
+        attr, mask = qp_attr(self.cm_id, QPS_INIT)
         self.qp.modify(attr, mask)
         for wr in self.recv_wrs:
             self.qp.post_recv(wr)
@@ -295,37 +297,32 @@ class RdmaHostQueue(HostQueue):
                     raise
                 log.debug("queue %d: no inline data on this device", self.qid)
 
-    def _wait_event(self, wanted: int, what: str, timeout: Optional[float] = None) -> bytes:
+    def _wait_event(self, wanted: str, what: str, timeout: Optional[float] = None) -> bytes:
+        """The private data of the next CM event if it is `wanted` (its name, cmchannel.EVENT_NAMES); a reject or
+        any other event raises, naming it."""
         timeout = self.connector.timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         selector = selectors.DefaultSelector()
         selector.register(self.cm_fd, selectors.EVENT_READ)
         try:
-            while True:
+            while not self.cm_events:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise TransportError(f"timed out {what} ({timeout:.0f} s)")
-                if not selector.select(remaining):
-                    continue
-                try:
-                    event = CMEvent(self.channel)
-                except PyverbsRDMAError as exc:
-                    if eagain(exc):
-                        continue
-                    raise
-                kind, private, name = event.event_type, bytes(event.private_data or b""), event.event_str()
-                event.ack_cm_event()
-                if kind == wanted:
-                    return private
-                if kind == ce.RDMA_CM_EVENT_REJECTED:
-                    if len(private) >= cmdata.REJECT_SIZE:
-                        sts = cmdata.CmReject.unpack(private).sts
-                        raise ConnectRejected(sts, f"{what}: rejected by the target: STS {sts} "
-                                                   f"({cmdata.sts_name(sts)})")
-                    raise ConnectRejected(0, f"{what}: rejected (no NVMe-oF listener there?)")
-                raise TransportError(f"{what}: {name}")
+                if selector.select(remaining):
+                    self.cm_events.extend(self.cm.events())
         finally:
             selector.close()
+        event = self.cm_events.popleft()
+        if event.name == wanted:
+            return event.private_data
+        private = event.private_data
+        if event.name == "REJECTED":
+            if len(private) >= cmdata.REJECT_SIZE:
+                sts = cmdata.CmReject.unpack(private).sts
+                raise ConnectRejected(sts, f"{what}: rejected by the target: STS {sts} ({cmdata.sts_name(sts)})")
+            raise ConnectRejected(0, f"{what}: rejected (no NVMe-oF listener there?)")
+        raise TransportError(f"{what}: {event.name} (status {event.status})")
 
     def register(self, size: int) -> HostBuffer:
         access = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_REMOTE_WRITE
@@ -468,10 +465,7 @@ class RdmaHostQueue(HostQueue):
                 memory.close()
 
     def _close_cm(self) -> None:
-        try:
-            self.cm_id.close()
-        finally:
-            self.channel.close()
+        self.cm.close()  # every id on the queue's channel, then the channel
 
     def close(self) -> None:
         if self._released:
@@ -484,8 +478,22 @@ class RdmaHostQueue(HostQueue):
             pass
         try:
             self.cm_id.disconnect()
-            self._wait_event(ce.RDMA_CM_EVENT_DISCONNECTED, f"disconnecting queue {self.qid}", timeout=2.0)
+            self._wait_event("DISCONNECTED", f"disconnecting queue {self.qid}", timeout=2.0)
         except Exception:
             pass
         self._release_verbs()
         self._close_cm()
+
+
+def numeric_address(host: str) -> str:
+    """An IP address for the CM, which takes no names: `host` itself if it is one, else what it resolves to."""
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, host)
+            return host
+        except OSError:
+            pass
+    try:
+        return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
+    except (OSError, IndexError) as exc:
+        raise TransportError(f"cannot resolve {host}: {exc}") from None

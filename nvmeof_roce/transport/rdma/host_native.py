@@ -1,11 +1,11 @@
 """The initiator's native I/O queues: the CM and the Connect in Python, the data path in C (csrc/hostq.c).
 
 `NativeRdmaConnector` opens the admin queue as `RdmaConnector` does (pyverbs) and each I/O queue as a
-`NativeHostQueue`: pyverbs resolves the address and route on the queue's own CM id, then `_native.create_host_qp`
-makes the QP on that id with librdmacm (on its PD, one polled CQ), and the memory the queue uses is registered on
-that PD.  pyverbs' `rdma_connect` sends the connect request; since the id has a QP, librdmacm takes it to RTR and
-RTS when the response arrives and reports ESTABLISHED.  The Connect command goes through `send`/`poll` (C, with
-the GIL), and `perf` runs the whole measured loop in C with the GIL released (docs/native.md, "The host queue").
+`NativeHostQueue`: the native CM (transport/rdma/cmchannel.py) resolves the address and route on the queue's own
+CM id, then `_native.create_host_qp` makes the QP on that id with librdmacm (on its PD, one polled CQ), and the
+memory the queue uses is registered on that PD.  The CM's connect sends the connect request; since the id has a
+QP, librdmacm takes it to RTR and RTS when the response arrives and reports ESTABLISHED.  The Connect command
+goes through `send`/`poll` (C, with the GIL), and `perf` runs the whole measured loop in C with the GIL released (docs/native.md, "The host queue").
 """
 from __future__ import annotations
 
@@ -17,34 +17,12 @@ from typing import List, Optional
 from ... import native
 from ...nvme import cm as cmdata
 from ..base import HostBuffer, TransportError
-from .cm import cm_id_peer
-from .verbs import ADMIN_CAPSULE, MIN_POINTER, RESPONSE_SIZE
+from .verbs import ADMIN_CAPSULE, RESPONSE_SIZE
 from .host import INLINE_CAPSULE, SIGNAL_INTERVAL, RdmaConnector, RdmaHostQueue
 
 IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_WRITE, IBV_ACCESS_REMOTE_READ = 1, 2, 4
 
 log = logging.getLogger(__name__)
-
-
-def cm_id_address(cm_id, channel_fd: int, peer: str) -> int:
-    """The `struct rdma_cm_id *` a pyverbs 44 CMID object holds in a C field it does not expose.
-
-    Each pointer-sized word of the object is a candidate; one is taken only if it leads, as rdma_cma.h lays
-    the struct out (verbs, channel, ...; the route's destination sockaddr at offset 160), to this queue's
-    event channel (its fd) and to the peer the id was resolved to ("addr:port").  Never guessed: a layout
-    that does not match raises, naming the fix."""
-    base = id(cm_id)
-    for offset in range(16, type(cm_id).__basicsize__ - 7, 8):
-        ptr = ctypes.c_void_p.from_address(base + offset).value or 0
-        if ptr < MIN_POINTER or ptr % 8:
-            continue
-        channel = ctypes.c_void_p.from_address(ptr + 8).value or 0
-        if channel < MIN_POINTER or channel % 4 or ctypes.c_int.from_address(channel).value != channel_fd:
-            continue
-        if cm_id_peer(ptr) == peer:
-            return ptr
-    raise TransportError("cannot find the CM id inside pyverbs' CMID object (an unknown pyverbs layout): "
-                         "use --data-path python")
 
 
 class NativeRdmaConnector(RdmaConnector):
@@ -65,8 +43,6 @@ class NativeHostQueue(RdmaHostQueue):
     """One I/O queue whose QP, CQ and work requests are C's (`_native.HostQueue`)."""
 
     def __init__(self, connector: NativeRdmaConnector, qid: int, hrqsize: int, hsqsize: int, cntlid: int):
-        from pyverbs import cm_enums as ce
-        from pyverbs.cmid import ConnParam
         from pyverbs.pyverbs_error import PyverbsRDMAError
         module = native.module
         self.module = module
@@ -81,7 +57,7 @@ class NativeHostQueue(RdmaHostQueue):
         self.native = None
         where = self._resolve()
         try:
-            self.id_ptr = cm_id_address(self.cm_id, self.cm_fd, cm_id_peer_of(connector))
+            self.id_ptr = self.cm_id.handle
             _, _ = connector._device(self.cm_id.dev_name)  # the device's limits (RDMA READ resources)
             depth = hsqsize + 1
             sq_size = 2 * depth + 2  # unsignaled SENDs hold their entries until a later signaled one completes
@@ -95,12 +71,10 @@ class NativeHostQueue(RdmaHostQueue):
                                            send_addr, send_lkey, depth, self.capsule_size, self.inline_max, sq_size,
                                            min(SIGNAL_INTERVAL, max(1, depth // 2)), self.objects["channel"])
             resources = max(1, min(16, connector.device.max_qp_rd_atom))
-            param = ConnParam(resources=resources, depth=0, flow_control=1, retry=7, rnr_retry=7,
-                              qp_num=self.objects["qp_num"], data_len=cmdata.REQUEST_SIZE)
-            param.set_private_data(cmdata.CmConnectRequest(0, qid, hrqsize, hsqsize, cntlid).pack())
-            self.cm_id.connect(param)
+            self.cm_id.connect(cmdata.CmConnectRequest(0, qid, hrqsize, hsqsize, cntlid).pack(), resources, 0,
+                               self.objects["qp_num"])
             # the id has a QP: librdmacm answers the connect response itself (RTR, RTS) and reports ESTABLISHED
-            private = self._wait_event(ce.RDMA_CM_EVENT_ESTABLISHED, f"connecting queue {qid} to {where}")
+            private = self._wait_event("ESTABLISHED", f"connecting queue {qid} to {where}")
         except (TransportError, PyverbsRDMAError, OSError, ValueError) as exc:
             self._release_verbs()
             self._close_cm()
@@ -186,20 +160,13 @@ class NativeHostQueue(RdmaHostQueue):
     def close(self) -> None:
         if self._released:
             return
-        from pyverbs import cm_enums as ce
         self._released = True
         self.closed = True
         try:  # rdma_disconnect moves the QP to the error state, then the CM disconnect
             self.cm_id.disconnect()
-            self._wait_event(ce.RDMA_CM_EVENT_DISCONNECTED, f"disconnecting queue {self.qid}", timeout=2.0)
+            self._wait_event("DISCONNECTED", f"disconnecting queue {self.qid}", timeout=2.0)
         except Exception:
             pass
         self._release_verbs()
         self._close_cm()
 
-
-def cm_id_peer_of(connector: RdmaConnector) -> str:
-    """"addr:port" as `cm_id_peer` prints the id's destination."""
-    if ":" in connector.traddr:
-        return f"[{connector.traddr}]:{connector.trsvcid}"
-    return f"{connector.traddr}:{connector.trsvcid}"

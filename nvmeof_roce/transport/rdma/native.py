@@ -18,6 +18,7 @@ from typing import Dict, Optional
 
 from ...nvme import cm as cmdata
 from .native_queue import ChunkPool, NativeTargetQueue, NativeVerbs, Region
+from .verbs import QPS_RTS
 from ..resources import registered_region
 
 log = logging.getLogger(__name__)
@@ -169,11 +170,9 @@ class RdmaNativeQueue(NativeTargetQueue):
         except Exception:
             self._release()
             raise
-        try:
-            from pyverbs import enums as e
-            rts, _ = cm_id.init_qp_attr(e.IBV_QPS_RTS)
-            offered = rts.max_rd_atomic or 0
-        except Exception:
+        try:  # the host's responder resources: how many RDMA READs we may have in flight
+            offered = cm_id.qp_attr(QPS_RTS)[0]["max_rd_atomic"]
+        except (OSError, ValueError):
             offered = 0
         max_reads = min(offered or 1, listener.device.max_qp_init_rd_atom)
         share = listener.pool.accounts.share(wake=self._resume)
@@ -191,11 +190,7 @@ class RdmaNativeQueue(NativeTargetQueue):
             self.watched = [self.objects["recv_fd"], self.objects["send_fd"]]
         self.start_polling(listener.loop, listener.poll_mode, self.watched, self._on_cq_event,
                            poll_groups=listener.poll_groups)
-        from pyverbs.cmid import ConnParam
-        param = ConnParam(resources=0, depth=max_reads, flow_control=1, retry=7, rnr_retry=7,
-                          qp_num=self.objects["qp_num"], data_len=cmdata.ACCEPT_SIZE)
-        param.set_private_data(cmdata.CmAccept(0, depth).pack())
-        cm_id.accept(param)
+        cm_id.accept(cmdata.CmAccept(0, depth).pack(), 0, max_reads, self.objects["qp_num"])
         log.info("queue %d accepted on %s:%d (native data path): depth %d, in-capsule %d B, %d RDMA READs in "
                  "flight", request.qid, listener.traddr, listener.trsvcid, depth, in_capsule, max_reads)
 

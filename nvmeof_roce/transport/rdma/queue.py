@@ -8,7 +8,8 @@ Data buffers come from one pool per port registered once at start and shared by 
 Connect succeeds, takes the rest from the shared part, and its commands wait for a buffer when none is free.
 
 No call here blocks: every completion channel is put in non-blocking mode and watched by the event loop
-(transport/rdma/verbs.py `create_with_fd`).
+(transport/rdma/verbs.py `create_with_fd`).  The QP is ours (on the listener's PD), so its INIT, RTR and RTS
+attributes come from the CM (`verbs.qp_attr`) and the accept names its QP number.
 """
 from __future__ import annotations
 
@@ -22,11 +23,12 @@ from ..base import ConnectRequest, ReadDone, RemoteAccessError, TargetQueue, Tra
 from ..resources import PoolShare
 from .memory import RegisteredMemory
 from .requests import RequestBook, TxRequest
-from .verbs import ADMIN_CAPSULE, PYVERBS_ERROR, RESPONSE_SIZE, SEND_WR_BASE, create_with_fd, eagain
+from .verbs import (ADMIN_CAPSULE, PYVERBS_ERROR, QPS_INIT, QPS_RTR, QPS_RTS, RESPONSE_SIZE, SEND_WR_BASE,
+                    create_with_fd, eagain, qp_attr)
 
 if PYVERBS_ERROR is None:
-    from .verbs import (CQ, QP, SGE, CompChannel, ConnParam, PyverbsRDMAError, QPCap, QPEx, QPInitAttr,
-                        QPInitAttrEx, RecvWR, SendWR, e)
+    from .verbs import (CQ, QP, SGE, CompChannel, PyverbsRDMAError, QPCap, QPEx, QPInitAttr, QPInitAttrEx, RecvWR,
+                        SendWR, e)
 
 if TYPE_CHECKING:
     from .cm import RdmaListener
@@ -157,7 +159,7 @@ class RdmaTargetQueue(TargetQueue):
         self.cqe_addr = ctypes.addressof(self.cqe_buf)
         self.sge = SGE(0, 0, 0)  # the one scatter entry every data work request is built from
 
-        self.comp_channel, self.cq_fd = create_with_fd(lambda: CompChannel(ctx), "infinibandevent")
+        self.comp_channel, self.cq_fd = create_with_fd(lambda: CompChannel(ctx))
         # Send queue: per command a READ, or a WRITE and a SEND.  Twice that, so that a whole queue's responses
         # in one poll leave it at least half free: their SENDs are then signaled selectively, not all
         # (RequestBook.flush signals every one once under a quarter is free).
@@ -189,13 +191,13 @@ class RdmaTargetQueue(TargetQueue):
             self.poster = LegacyPoster(self.qp, self.max_send_wr)
         self.remote_invalidate = listener.remote_invalidate and getattr(self.poster, "can_invalidate", True)
 
-        attr, mask = cm_id.init_qp_attr(e.IBV_QPS_INIT)
+        attr, mask = qp_attr(cm_id, QPS_INIT)
         self.qp.modify(attr, mask)
         for wr in self.recv_wrs:
             self.qp.post_recv(wr)
-        attr, mask = cm_id.init_qp_attr(e.IBV_QPS_RTR)
+        attr, mask = qp_attr(cm_id, QPS_RTR)
         self.qp.modify(attr, mask)
-        attr, mask = cm_id.init_qp_attr(e.IBV_QPS_RTS)
+        attr, mask = qp_attr(cm_id, QPS_RTS)
         # max_rd_atomic arrives as the host's responder resources: how many RDMA READs we may have in flight.
         # iWARP's CM leaves it 0 there: the connect request's initiator depth says it (as nvmet-rdma takes it).
         offered = attr.max_rd_atomic or (listener.pending_initiator_depth if listener.iwarp else 0) or 0
@@ -213,10 +215,7 @@ class RdmaTargetQueue(TargetQueue):
             attr.timeout = ACK_TIMEOUT
         self.qp.modify(attr, mask)
 
-        param = ConnParam(resources=0, depth=self.max_reads, flow_control=1, retry=7, rnr_retry=7,
-                          qp_num=self.qp.qp_num, data_len=cmdata.ACCEPT_SIZE)
-        param.set_private_data(cmdata.CmAccept(0, self.depth).pack())
-        cm_id.accept(param)
+        cm_id.accept(cmdata.CmAccept(0, self.depth).pack(), 0, self.max_reads, self.qp.qp_num)
         # Data buffers: taken from the port's pool per transfer (the book takes and gives them).
         self.share: PoolShare = listener.pool.accounts.share(wake=self._resume)
         # siw completes a SEND posted after an RDMA READ as soon as it is on the wire, before the READ's data

@@ -1,9 +1,11 @@
 """pyverbs for the RDMA transport: the import shim, the logger cache, and the small helpers every module uses.
 
 pyverbs (Debian's python3-pyverbs) is imported lazily: without it the rest of the package still works, and
-`require_pyverbs` says how to install it when the RDMA transport is asked for.  pyverbs 44 exposes neither the CM
-channel's nor a completion channel's fd: `create_with_fd` finds the one a new object opened in /proc/self/fd and
-makes it non-blocking, so the event loop can watch it (pyverbs holds the GIL in its blocking calls).
+`require_pyverbs` says how to install it when the RDMA transport is asked for.  The CM is the native module's
+(transport/rdma/cmchannel.py): `qp_attr` turns the attributes it computes for a QP state into pyverbs' QPAttr.
+pyverbs 44 does not expose a completion channel's fd: `create_with_fd` takes the lowest free descriptor
+number before making one (the number the kernel gives the channel) and checks afterwards that it is a new
+anonymous-inode file, as a completion channel is; it then makes it non-blocking for the event loop.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import fcntl
 import functools
 import logging
 import os
-from typing import Callable, Dict
+from typing import Callable
 
 from ...errors import NvmeofError
 from ..base import TransportError
@@ -22,13 +24,13 @@ from ..base import TransportError
 try:  # pyverbs is Debian's python3-pyverbs; import lazily so the rest of the package works without it
     import pyverbs.cm_enums as ce
     import pyverbs.enums as e
-    from pyverbs.cmid import AddrInfo, CMEvent, CMEventChannel, CMID, ConnParam
+    from pyverbs.addr import AHAttr, GID, GlobalRoute
     from pyverbs.cq import CQ, CompChannel
     from pyverbs.device import Context
     from pyverbs.mr import MR
     from pyverbs.pd import PD
     from pyverbs.pyverbs_error import PyverbsRDMAError
-    from pyverbs.qp import QP, QPCap, QPEx, QPInitAttr, QPInitAttrEx
+    from pyverbs.qp import QP, QPAttr, QPCap, QPEx, QPInitAttr, QPInitAttrEx
     from pyverbs.wr import SGE, RecvWR, SendWR
     PYVERBS_ERROR = None
 except ImportError as exc:  # pragma: no cover - depends on the machine
@@ -38,7 +40,8 @@ ADMIN_CAPSULE = 64
 RESPONSE_SIZE = 16
 CM_TIMEOUT_MS = 3000
 SEND_WR_BASE = 1 << 32  # wr_ids below this are receive slots
-MIN_POINTER = 1 << 16  # no user-space object lives below this: a smaller "pointer" is not one
+# ibv_qp_state numbers (verbs.h, a stable ABI): the states the CM computes attributes for (CmId.qp_attr)
+QPS_INIT, QPS_RTR, QPS_RTS = 1, 2, 3
 
 
 class CachedLoggers:
@@ -86,29 +89,66 @@ def require_pyverbs() -> None:
                           "'python3 -m venv --system-site-packages' from the system python3")
 
 
-# --- file descriptors that pyverbs 44 does not expose ---------------------------------------
+# --- what pyverbs 44 does not expose ------------------------------------------------------------------
 
-def open_fds() -> Dict[str, str]:
-    """fd -> what it points to.  (Listing /proc/self/fd uses an fd itself, so compare targets, not numbers.)"""
-    fds = {}
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            fds[name] = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            pass
-    return fds
+def _anon_inode() -> tuple:
+    """(st_dev, st_ino) of the kernel's one anonymous inode (an eventfd's), which a completion channel shares."""
+    fd = os.eventfd(0)
+    try:
+        st = os.fstat(fd)
+        return st.st_dev, st.st_ino
+    finally:
+        os.close(fd)
 
 
-def create_with_fd(create: Callable[[], object], expect: str):
-    """Create a pyverbs object and return (object, the one fd it opened whose target contains `expect`)."""
-    before = open_fds()
+def create_with_fd(create: Callable[[], object]):
+    """Create a pyverbs completion channel and return (object, its fd, non-blocking).
+
+    The kernel gives a new file the lowest free descriptor number, so the channel's fd is the number free just
+    before; it is taken only if it is open afterwards and is an anonymous-inode file (no other thread of the
+    target opens files meanwhile: the poll-group threads never do).  Anything else raises, never guessed."""
+    probe = os.open(os.devnull, os.O_RDONLY)
+    os.close(probe)
+    anon = _anon_inode()
     obj = create()
-    for name, target in open_fds().items():
-        if expect in target and before.get(name) != target:
-            fd = int(name)
-            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
-            return obj, fd
-    raise TransportError(f"could not find the file descriptor of a new {type(obj).__name__} ({expect})")
+    try:
+        st = os.fstat(probe)
+    except OSError:
+        st = None
+    if st is None or (st.st_dev, st.st_ino) != anon:
+        close = getattr(obj, "close", None)
+        if close is not None:
+            close()
+        raise TransportError(f"could not find the file descriptor of a new {type(obj).__name__} "
+                             f"(fd {probe} is not the anonymous-inode file it should have opened)")
+    fcntl.fcntl(probe, fcntl.F_SETFL, fcntl.fcntl(probe, fcntl.F_GETFL) | os.O_NONBLOCK)
+    return obj, probe
+
+
+def gid_text(raw: bytes) -> str:
+    """16 GID bytes as pyverbs writes and reads a GID: eight groups of four hex digits."""
+    return ":".join(raw[i:i + 2].hex() for i in range(0, 16, 2))
+
+
+def qp_attr(cm_id, state: int):
+    """(pyverbs QPAttr, mask) for moving our own QP to `state` (QPS_INIT, QPS_RTR, QPS_RTS), as the CM computes
+    them for the connection (rdma_init_qp_attr through cmchannel.CmId.qp_attr)."""
+    fields, mask = cm_id.qp_attr(state)
+    attr = QPAttr()
+    for name in ("qp_state", "port_num", "qp_access_flags", "pkey_index", "path_mtu", "dest_qp_num", "rq_psn",
+                 "sq_psn", "max_dest_rd_atomic", "min_rnr_timer", "max_rd_atomic", "timeout", "retry_cnt",
+                 "rnr_retry"):
+        setattr(attr, name, fields[name])
+    ah = fields["ah_attr"]
+    route = None
+    if ah["is_global"]:
+        route = GlobalRoute(dgid=GID(gid_text(ah["dgid"])), flow_label=ah["flow_label"],
+                            sgid_index=ah["sgid_index"], hop_limit=ah["hop_limit"],
+                            traffic_class=ah["traffic_class"])
+    attr.ah_attr = AHAttr(dlid=ah["dlid"], sl=ah["sl"], src_path_bits=ah["src_path_bits"],
+                          static_rate=ah["static_rate"], is_global=ah["is_global"], port_num=ah["port_num"],
+                          gr=route)
+    return attr, mask
 
 
 def eagain(exc: Exception) -> bool:

@@ -1,0 +1,685 @@
+/* The RDMA CM of the native queues, through librdmacm's public API only (rdma_cma.h; docs/native.md, "The CM").
+ *
+ * A `CmChannel` owns one rdma_event_channel (its fd non-blocking, for the event loop) and every CM id made on it:
+ * the listening id, the child ids of connect requests, the active ids of our initiator.  It moves bytes and
+ * decides nothing: `events()` takes every pending CM event, copies out what Python needs as plain data (the event
+ * type, the id's handle, the peer's and the local address, the private data bytes, the responder resources and
+ * initiator depth) and acknowledges it at once, so destroying an id never waits for an unacked event.  Python then
+ * decides: `accept`, `reject` (both with the NVMe-oF private data Python packed), `disconnect`, `destroy`.
+ *
+ * A handle is the id's address as an int; every call looks it up among the channel's own ids first, so a stale or
+ * foreign handle is a ValueError, never a wild pointer.  The functions of librdmacm are called through one table,
+ * the real library's by default; `_native.cm_load_library(path)` points it at another library with the same
+ * names (the unit tests' fake librdmacm, tests/native/fakecm.c).  None of this is on the per-command path.
+ */
+#include "native.h"
+
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+struct cm_ops {
+    struct rdma_event_channel *(*create_event_channel)(void);
+    void (*destroy_event_channel)(struct rdma_event_channel *);
+    int (*create_id)(struct rdma_event_channel *, struct rdma_cm_id **, void *, enum rdma_port_space);
+    int (*destroy_id)(struct rdma_cm_id *);
+    int (*bind_addr)(struct rdma_cm_id *, struct sockaddr *);
+    int (*listen)(struct rdma_cm_id *, int);
+    int (*get_cm_event)(struct rdma_event_channel *, struct rdma_cm_event **);
+    int (*ack_cm_event)(struct rdma_cm_event *);
+    int (*accept)(struct rdma_cm_id *, struct rdma_conn_param *);
+    int (*reject)(struct rdma_cm_id *, const void *, uint8_t);
+    int (*disconnect)(struct rdma_cm_id *);
+    int (*resolve_addr)(struct rdma_cm_id *, struct sockaddr *, struct sockaddr *, int);
+    int (*resolve_route)(struct rdma_cm_id *, int);
+    int (*connect)(struct rdma_cm_id *, struct rdma_conn_param *);
+    int (*init_qp_attr)(struct rdma_cm_id *, struct ibv_qp_attr *, int *);
+    int (*establish)(struct rdma_cm_id *);
+};
+
+static struct cm_ops ops = {
+    rdma_create_event_channel, rdma_destroy_event_channel, rdma_create_id, rdma_destroy_id, rdma_bind_addr,
+    rdma_listen, rdma_get_cm_event, rdma_ack_cm_event, rdma_accept, rdma_reject, rdma_disconnect,
+    rdma_resolve_addr, rdma_resolve_route, rdma_connect, rdma_init_qp_attr, rdma_establish,
+};
+
+typedef struct {
+    PyObject_HEAD
+    struct rdma_event_channel *channel;
+    struct rdma_cm_id **ids; /* every id made on this channel and not destroyed */
+    Py_ssize_t n_ids, cap_ids;
+    unsigned long long events, created, destroyed;
+} CmChannel;
+
+/* OSError(errno, "what: reason"): its subclass follows errno (ConnectionRefusedError, TimeoutError, ...) */
+static PyObject *cm_error(const char *what)
+{
+    int err = errno ? errno : EIO;
+    PyObject *exc = PyObject_CallFunction(PyExc_OSError, "(is)", err, what);
+    if (exc) {
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+        Py_DECREF(exc);
+    }
+    return NULL;
+}
+
+static int keep_id(CmChannel *self, struct rdma_cm_id *id)
+{
+    if (self->n_ids == self->cap_ids) {
+        Py_ssize_t cap = self->cap_ids ? 2 * self->cap_ids : 16;
+        struct rdma_cm_id **ids = PyMem_Realloc(self->ids, cap * sizeof *ids);
+        if (!ids) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        self->ids = ids;
+        self->cap_ids = cap;
+    }
+    self->ids[self->n_ids++] = id;
+    self->created++;
+    return 0;
+}
+
+static Py_ssize_t find_id(CmChannel *self, struct rdma_cm_id *id)
+{
+    for (Py_ssize_t i = 0; i < self->n_ids; i++)
+        if (self->ids[i] == id)
+            return i;
+    return -1;
+}
+
+/* The id a handle names, if it is one of this channel's; else NULL with ValueError. */
+static struct rdma_cm_id *id_arg(CmChannel *self, unsigned long long handle)
+{
+    struct rdma_cm_id *id = (struct rdma_cm_id *)(uintptr_t)handle;
+    if (!self->channel) {
+        PyErr_SetString(PyExc_ValueError, "the CM channel is closed");
+        return NULL;
+    }
+    if (!handle || find_id(self, id) < 0) {
+        PyErr_Format(PyExc_ValueError, "CM id %#llx is not one of this channel's", handle);
+        return NULL;
+    }
+    return id;
+}
+
+static void forget_id(CmChannel *self, struct rdma_cm_id *id)
+{
+    Py_ssize_t i = find_id(self, id);
+    if (i >= 0) {
+        self->ids[i] = self->ids[--self->n_ids];
+        self->destroyed++;
+    }
+}
+
+/* "a.b.c.d:port" or "[v6]:port"; "" for another family or no address */
+static PyObject *address_text(const struct sockaddr *sa)
+{
+    char host[INET6_ADDRSTRLEN];
+    if (sa && sa->sa_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+        if (inet_ntop(AF_INET, &in->sin_addr, host, sizeof host))
+            return PyUnicode_FromFormat("%s:%u", host, (unsigned)ntohs(in->sin_port));
+    } else if (sa && sa->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
+        if (inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host))
+            return PyUnicode_FromFormat("[%s]:%u", host, (unsigned)ntohs(in6->sin6_port));
+    }
+    return PyUnicode_FromString("");
+}
+
+/* host (IPv4 or IPv6 literal) and port into a sockaddr_storage; -1 with ValueError naming the address */
+static int parse_address(const char *host, unsigned int port, struct sockaddr_storage *ss)
+{
+    memset(ss, 0, sizeof *ss);
+    struct sockaddr_in *in = (struct sockaddr_in *)ss;
+    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
+    if (port > 65535) {
+        PyErr_Format(PyExc_ValueError, "port %u: out of range (0-65535)", port);
+        return -1;
+    }
+    if (inet_pton(AF_INET, host, &in->sin_addr) == 1) {
+        in->sin_family = AF_INET;
+        in->sin_port = htons((uint16_t)port);
+        return 0;
+    }
+    if (inet_pton(AF_INET6, host, &in6->sin6_addr) == 1) {
+        in6->sin6_family = AF_INET6;
+        in6->sin6_port = htons((uint16_t)port);
+        return 0;
+    }
+    PyErr_Format(PyExc_ValueError, "%s: not an IPv4 or IPv6 address (the RDMA CM takes an address, not a name)",
+                 host);
+    return -1;
+}
+
+static PyObject *CmChannel_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    if (!PyArg_ParseTuple(args, ""))
+        return NULL;
+    CmChannel *self = (CmChannel *)type->tp_alloc(type, 0);
+    if (!self)
+        return NULL;
+    errno = 0;
+    self->channel = ops.create_event_channel();
+    if (!self->channel) {
+        Py_DECREF(self);
+        return cm_error("rdma_create_event_channel");
+    }
+    int flags = fcntl(self->channel->fd, F_GETFL);
+    if (flags < 0 || fcntl(self->channel->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+        Py_DECREF(self);
+        return cm_error("making the CM event channel non-blocking");
+    }
+    return (PyObject *)self;
+}
+
+/* Every pending event acked (a pending connect request rejected), then every id destroyed, then the channel. */
+static void close_channel(CmChannel *self)
+{
+    if (!self->channel)
+        return;
+    struct rdma_cm_event *event;
+    while (!ops.get_cm_event(self->channel, &event)) {
+        struct rdma_cm_id *child = event->event == RDMA_CM_EVENT_CONNECT_REQUEST ? event->id : NULL;
+        ops.ack_cm_event(event);
+        if (child) { /* a connect request nobody answered: refused, and its new id is ours to destroy */
+            ops.reject(child, NULL, 0);
+            ops.destroy_id(child);
+            self->created++;
+            self->destroyed++;
+        }
+    }
+    while (self->n_ids) {
+        struct rdma_cm_id *id = self->ids[--self->n_ids];
+        ops.destroy_id(id);
+        self->destroyed++;
+    }
+    ops.destroy_event_channel(self->channel);
+    self->channel = NULL;
+}
+
+static void CmChannel_dealloc(CmChannel *self)
+{
+    close_channel(self);
+    PyMem_Free(self->ids);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *CmChannel_close(CmChannel *self, PyObject *unused)
+{
+    close_channel(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *CmChannel_fileno(CmChannel *self, PyObject *unused)
+{
+    if (!self->channel) {
+        PyErr_SetString(PyExc_ValueError, "the CM channel is closed");
+        return NULL;
+    }
+    return PyLong_FromLong(self->channel->fd);
+}
+
+static struct rdma_cm_id *new_id(CmChannel *self)
+{
+    struct rdma_cm_id *id = NULL;
+    if (!self->channel) {
+        PyErr_SetString(PyExc_ValueError, "the CM channel is closed");
+        return NULL;
+    }
+    errno = 0;
+    if (ops.create_id(self->channel, &id, NULL, RDMA_PS_TCP)) {
+        cm_error("rdma_create_id");
+        return NULL;
+    }
+    if (keep_id(self, id) < 0) {
+        ops.destroy_id(id);
+        return NULL;
+    }
+    return id;
+}
+
+static void drop_id(CmChannel *self, struct rdma_cm_id *id)
+{
+    int err = errno;
+    forget_id(self, id);
+    ops.destroy_id(id);
+    errno = err;
+}
+
+/* listen(address, port, backlog) -> handle of the listening id */
+static PyObject *CmChannel_listen(CmChannel *self, PyObject *args)
+{
+    const char *host;
+    unsigned int port;
+    int backlog = 128;
+    if (!PyArg_ParseTuple(args, "sI|i", &host, &port, &backlog))
+        return NULL;
+    struct sockaddr_storage ss;
+    if (parse_address(host, port, &ss) < 0)
+        return NULL;
+    struct rdma_cm_id *id = new_id(self);
+    if (!id)
+        return NULL;
+    errno = 0;
+    if (ops.bind_addr(id, (struct sockaddr *)&ss)) {
+        drop_id(self, id);
+        return cm_error("rdma_bind_addr");
+    }
+    errno = 0;
+    if (ops.listen(id, backlog)) {
+        drop_id(self, id);
+        return cm_error("rdma_listen");
+    }
+    return PyLong_FromUnsignedLongLong((uintptr_t)id);
+}
+
+/* create_id() -> handle of a new active id (our initiator's queue) */
+static PyObject *CmChannel_create_id(CmChannel *self, PyObject *unused)
+{
+    struct rdma_cm_id *id = new_id(self);
+    return id ? PyLong_FromUnsignedLongLong((uintptr_t)id) : NULL;
+}
+
+/* resolve_addr(id, src or None, address, port, timeout_ms): ADDR_RESOLVED follows */
+static PyObject *CmChannel_resolve_addr(CmChannel *self, PyObject *args)
+{
+    unsigned long long handle;
+    const char *src = NULL, *dst;
+    unsigned int port;
+    int timeout_ms;
+    if (!PyArg_ParseTuple(args, "KzsIi", &handle, &src, &dst, &port, &timeout_ms))
+        return NULL;
+    struct rdma_cm_id *id = id_arg(self, handle);
+    if (!id)
+        return NULL;
+    struct sockaddr_storage from, to;
+    if ((src && *src && parse_address(src, 0, &from) < 0) || parse_address(dst, port, &to) < 0)
+        return NULL;
+    errno = 0;
+    if (ops.resolve_addr(id, src && *src ? (struct sockaddr *)&from : NULL, (struct sockaddr *)&to, timeout_ms))
+        return cm_error("rdma_resolve_addr");
+    Py_RETURN_NONE;
+}
+
+/* resolve_route(id, timeout_ms): ROUTE_RESOLVED follows */
+static PyObject *CmChannel_resolve_route(CmChannel *self, PyObject *args)
+{
+    unsigned long long handle;
+    int timeout_ms;
+    if (!PyArg_ParseTuple(args, "Ki", &handle, &timeout_ms))
+        return NULL;
+    struct rdma_cm_id *id = id_arg(self, handle);
+    if (!id)
+        return NULL;
+    errno = 0;
+    if (ops.resolve_route(id, timeout_ms))
+        return cm_error("rdma_resolve_route");
+    Py_RETURN_NONE;
+}
+
+static int conn_param(struct rdma_conn_param *param, const Py_buffer *data, unsigned int resources,
+                      unsigned int depth, unsigned int qp_num)
+{
+    memset(param, 0, sizeof *param);
+    if (data->len > 255 || resources > 255 || depth > 255) {
+        PyErr_Format(PyExc_ValueError, "private data of %zd bytes, responder resources %u, initiator depth %u: "
+                     "each must be at most 255", data->len, resources, depth);
+        return -1;
+    }
+    param->private_data = data->buf;
+    param->private_data_len = (uint8_t)data->len;
+    param->responder_resources = (uint8_t)resources;
+    param->initiator_depth = (uint8_t)depth;
+    param->flow_control = 1;
+    param->retry_count = 7;
+    param->rnr_retry_count = 7;
+    param->qp_num = qp_num;
+    return 0;
+}
+
+/* accept(id, private_data, responder_resources, initiator_depth, qp_num=0) */
+static PyObject *CmChannel_accept(CmChannel *self, PyObject *args)
+{
+    unsigned long long handle;
+    Py_buffer data;
+    unsigned int resources, depth, qp_num = 0;
+    if (!PyArg_ParseTuple(args, "Ky*II|I", &handle, &data, &resources, &depth, &qp_num))
+        return NULL;
+    struct rdma_cm_id *id = id_arg(self, handle);
+    struct rdma_conn_param param;
+    PyObject *out = NULL;
+    if (id && conn_param(&param, &data, resources, depth, qp_num) == 0) {
+        errno = 0;
+        if (ops.accept(id, &param))
+            cm_error("rdma_accept");
+        else
+            out = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&data);
+    return out;
+}
+
+/* connect(id, private_data, responder_resources, initiator_depth, qp_num=0) */
+static PyObject *CmChannel_connect(CmChannel *self, PyObject *args)
+{
+    unsigned long long handle;
+    Py_buffer data;
+    unsigned int resources, depth, qp_num = 0;
+    if (!PyArg_ParseTuple(args, "Ky*II|I", &handle, &data, &resources, &depth, &qp_num))
+        return NULL;
+    struct rdma_cm_id *id = id_arg(self, handle);
+    struct rdma_conn_param param;
+    PyObject *out = NULL;
+    if (id && conn_param(&param, &data, resources, depth, qp_num) == 0) {
+        errno = 0;
+        if (ops.connect(id, &param))
+            cm_error("rdma_connect");
+        else
+            out = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&data);
+    return out;
+}
+
+/* reject(id, private_data) */
+static PyObject *CmChannel_reject(CmChannel *self, PyObject *args)
+{
+    unsigned long long handle;
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "Ky*", &handle, &data))
+        return NULL;
+    struct rdma_cm_id *id = id_arg(self, handle);
+    PyObject *out = NULL;
+    if (id && data.len > 255) {
+        PyErr_Format(PyExc_ValueError, "reject private data of %zd bytes: at most 255", data.len);
+    } else if (id) {
+        errno = 0;
+        if (ops.reject(id, data.buf, (uint8_t)data.len))
+            cm_error("rdma_reject");
+        else
+            out = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&data);
+    return out;
+}
+
+static PyObject *CmChannel_disconnect(CmChannel *self, PyObject *args)
+{
+    unsigned long long handle;
+    if (!PyArg_ParseTuple(args, "K", &handle))
+        return NULL;
+    struct rdma_cm_id *id = id_arg(self, handle);
+    if (!id)
+        return NULL;
+    errno = 0;
+    if (ops.disconnect(id))
+        return cm_error("rdma_disconnect");
+    Py_RETURN_NONE;
+}
+
+/* establish(id): the active side's QP is at RTS after a CONNECT_RESPONSE (a QP made outside librdmacm) */
+static PyObject *CmChannel_establish(CmChannel *self, PyObject *args)
+{
+    unsigned long long handle;
+    if (!PyArg_ParseTuple(args, "K", &handle))
+        return NULL;
+    struct rdma_cm_id *id = id_arg(self, handle);
+    if (!id)
+        return NULL;
+    errno = 0;
+    if (ops.establish(id))
+        return cm_error("rdma_establish");
+    Py_RETURN_NONE;
+}
+
+/* destroy(id): its events are all acked by now (events() acks each one), so this never waits */
+static PyObject *CmChannel_destroy(CmChannel *self, PyObject *args)
+{
+    unsigned long long handle;
+    if (!PyArg_ParseTuple(args, "K", &handle))
+        return NULL;
+    struct rdma_cm_id *id = id_arg(self, handle);
+    if (!id)
+        return NULL;
+    forget_id(self, id);
+    errno = 0;
+    if (ops.destroy_id(id))
+        return cm_error("rdma_destroy_id");
+    Py_RETURN_NONE;
+}
+
+/* device(id) -> the RDMA device's name ("" before the id is bound to one) */
+static PyObject *CmChannel_device(CmChannel *self, PyObject *args)
+{
+    unsigned long long handle;
+    if (!PyArg_ParseTuple(args, "K", &handle))
+        return NULL;
+    struct rdma_cm_id *id = id_arg(self, handle);
+    if (!id)
+        return NULL;
+    const char *name = id->verbs && id->verbs->device ? ibv_get_device_name(id->verbs->device) : NULL;
+    return PyUnicode_FromString(name ? name : "");
+}
+
+/* peer(id) -> "address:port" of the other end ("" when unknown) */
+static PyObject *CmChannel_peer(CmChannel *self, PyObject *args)
+{
+    unsigned long long handle;
+    if (!PyArg_ParseTuple(args, "K", &handle))
+        return NULL;
+    struct rdma_cm_id *id = id_arg(self, handle);
+    return id ? address_text(rdma_get_peer_addr(id)) : NULL;
+}
+
+/* qp_attr(id, state) -> (dict of the ibv_qp_attr fields the CM sets for that state, attribute mask): what a QP
+ * made outside librdmacm (the Python data path's, on our own PD) is modified with (rdma_init_qp_attr) */
+static PyObject *CmChannel_qp_attr(CmChannel *self, PyObject *args)
+{
+    unsigned long long handle;
+    int state;
+    if (!PyArg_ParseTuple(args, "Ki", &handle, &state))
+        return NULL;
+    struct rdma_cm_id *id = id_arg(self, handle);
+    if (!id)
+        return NULL;
+    struct ibv_qp_attr attr;
+    int mask = 0;
+    memset(&attr, 0, sizeof attr);
+    attr.qp_state = state;
+    errno = 0;
+    if (ops.init_qp_attr(id, &attr, &mask))
+        return cm_error("rdma_init_qp_attr");
+    const struct ibv_ah_attr *ah = &attr.ah_attr;
+    return Py_BuildValue(
+        "({sisIsisisisIsIsIsisisisisisis{sisisisisisisy#sIsisisi}}i)", "qp_state", (int)attr.qp_state,
+        "qp_access_flags", attr.qp_access_flags, "pkey_index", (int)attr.pkey_index, "port_num", (int)attr.port_num,
+        "path_mtu", (int)attr.path_mtu, "dest_qp_num", attr.dest_qp_num, "rq_psn", attr.rq_psn, "sq_psn",
+        attr.sq_psn, "max_dest_rd_atomic", (int)attr.max_dest_rd_atomic, "min_rnr_timer", (int)attr.min_rnr_timer,
+        "max_rd_atomic", (int)attr.max_rd_atomic, "timeout", (int)attr.timeout, "retry_cnt", (int)attr.retry_cnt,
+        "rnr_retry", (int)attr.rnr_retry, "ah_attr", "is_global", (int)ah->is_global, "dlid", (int)ah->dlid, "sl",
+        (int)ah->sl, "src_path_bits", (int)ah->src_path_bits, "static_rate", (int)ah->static_rate, "port_num",
+        (int)ah->port_num, "dgid", (const char *)ah->grh.dgid.raw, (Py_ssize_t)16, "flow_label", ah->grh.flow_label,
+        "sgid_index", (int)ah->grh.sgid_index, "hop_limit", (int)ah->grh.hop_limit, "traffic_class",
+        (int)ah->grh.traffic_class, mask);
+}
+
+static PyObject *event_dict(CmChannel *self, struct rdma_cm_event *event)
+{
+    struct rdma_cm_id *id = event->id;
+    const struct rdma_conn_param *conn = &event->param.conn;
+    const void *private = conn->private_data;
+    Py_ssize_t private_len = private ? conn->private_data_len : 0;
+    PyObject *peer = address_text(id ? rdma_get_peer_addr(id) : NULL);
+    PyObject *local = address_text(id ? rdma_get_local_addr(id) : NULL);
+    PyObject *out = NULL;
+    if (peer && local)
+        out = Py_BuildValue("{sisKsKsisOsOsy#sisi}", "event", (int)event->event, "id",
+                            (unsigned long long)(uintptr_t)id, "listen_id",
+                            (unsigned long long)(uintptr_t)event->listen_id, "status", event->status, "peer", peer,
+                            "local", local, "private_data", (const char *)(private ? private : ""), private_len,
+                            "responder_resources", (int)conn->responder_resources, "initiator_depth",
+                            (int)conn->initiator_depth);
+    Py_XDECREF(peer);
+    Py_XDECREF(local);
+    return out;
+}
+
+/* events() -> [dict, ...]: every pending event, copied out and acknowledged; a connect request's new id is kept */
+static PyObject *CmChannel_events(CmChannel *self, PyObject *unused)
+{
+    if (!self->channel) {
+        PyErr_SetString(PyExc_ValueError, "the CM channel is closed");
+        return NULL;
+    }
+    PyObject *list = PyList_New(0);
+    if (!list)
+        return NULL;
+    for (;;) {
+        struct rdma_cm_event *event;
+        errno = 0;
+        if (ops.get_cm_event(self->channel, &event)) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                break;
+            Py_DECREF(list);
+            return cm_error("rdma_get_cm_event");
+        }
+        self->events++;
+        int kept = 0;
+        if (event->event == RDMA_CM_EVENT_CONNECT_REQUEST && event->id)
+            kept = keep_id(self, event->id) == 0 ? 1 : -1;
+        PyObject *item = kept < 0 ? NULL : event_dict(self, event);
+        struct rdma_cm_id *child = event->event == RDMA_CM_EVENT_CONNECT_REQUEST ? event->id : NULL;
+        ops.ack_cm_event(event);
+        if (!item || PyList_Append(list, item) < 0) {
+            Py_XDECREF(item);
+            if (child) { /* nobody will hear of this id: refuse it here rather than leak it */
+                ops.reject(child, NULL, 0);
+                if (kept > 0)
+                    drop_id(self, child);
+                else
+                    ops.destroy_id(child);
+            }
+            Py_DECREF(list);
+            return NULL;
+        }
+        Py_DECREF(item);
+    }
+    return list;
+}
+
+static PyObject *CmChannel_stats(CmChannel *self, PyObject *unused)
+{
+    return Py_BuildValue("{snsKsKsK}", "ids", self->n_ids, "created", self->created, "destroyed", self->destroyed,
+                         "events", self->events);
+}
+
+static PyMethodDef CmChannel_methods[] = {
+    {"fileno", (PyCFunction)CmChannel_fileno, METH_NOARGS, "The event channel's fd (non-blocking)."},
+    {"close", (PyCFunction)CmChannel_close, METH_NOARGS, "Ack what is pending, destroy every id, then the channel."},
+    {"listen", (PyCFunction)CmChannel_listen, METH_VARARGS, "listen(address, port, backlog=128) -> id"},
+    {"create_id", (PyCFunction)CmChannel_create_id, METH_NOARGS, "create_id() -> id (an active, RDMA_PS_TCP id)"},
+    {"resolve_addr", (PyCFunction)CmChannel_resolve_addr, METH_VARARGS,
+     "resolve_addr(id, src or None, address, port, timeout_ms)"},
+    {"resolve_route", (PyCFunction)CmChannel_resolve_route, METH_VARARGS, "resolve_route(id, timeout_ms)"},
+    {"accept", (PyCFunction)CmChannel_accept, METH_VARARGS,
+     "accept(id, private_data, responder_resources, initiator_depth, qp_num=0)"},
+    {"connect", (PyCFunction)CmChannel_connect, METH_VARARGS,
+     "connect(id, private_data, responder_resources, initiator_depth, qp_num=0)"},
+    {"reject", (PyCFunction)CmChannel_reject, METH_VARARGS, "reject(id, private_data)"},
+    {"disconnect", (PyCFunction)CmChannel_disconnect, METH_VARARGS, "disconnect(id)"},
+    {"establish", (PyCFunction)CmChannel_establish, METH_VARARGS, "establish(id)"},
+    {"destroy", (PyCFunction)CmChannel_destroy, METH_VARARGS, "destroy(id)"},
+    {"device", (PyCFunction)CmChannel_device, METH_VARARGS, "device(id) -> RDMA device name or ''"},
+    {"peer", (PyCFunction)CmChannel_peer, METH_VARARGS, "peer(id) -> 'address:port' or ''"},
+    {"qp_attr", (PyCFunction)CmChannel_qp_attr, METH_VARARGS,
+     "qp_attr(id, state) -> ({ibv_qp_attr fields}, mask) as rdma_init_qp_attr sets them"},
+    {"events", (PyCFunction)CmChannel_events, METH_NOARGS, "events() -> pending CM events as dicts, each acked"},
+    {"stats", (PyCFunction)CmChannel_stats, METH_NOARGS, "stats() -> {ids, created, destroyed, events}"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject CmChannelType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "nvmeof_roce._native.CmChannel",
+    .tp_basicsize = sizeof(CmChannel),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "An RDMA CM event channel and the ids made on it (librdmacm).",
+    .tp_new = CmChannel_new,
+    .tp_dealloc = (destructor)CmChannel_dealloc,
+    .tp_methods = CmChannel_methods,
+};
+
+/* cm_load_library(path): librdmacm's functions from another library with the same names (the unit tests' fake);
+ * every name is resolved before any is used, so a library missing one changes nothing. */
+static PyObject *cm_load_library(PyObject *self, PyObject *args)
+{
+    const char *path;
+    if (!PyArg_ParseTuple(args, "s", &path))
+        return NULL;
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!lib)
+        return PyErr_Format(PyExc_OSError, "cannot load %s: %s", path, dlerror());
+    static const char *const names[] = {
+        "rdma_create_event_channel", "rdma_destroy_event_channel", "rdma_create_id", "rdma_destroy_id",
+        "rdma_bind_addr", "rdma_listen", "rdma_get_cm_event", "rdma_ack_cm_event", "rdma_accept", "rdma_reject",
+        "rdma_disconnect", "rdma_resolve_addr", "rdma_resolve_route", "rdma_connect", "rdma_init_qp_attr",
+        "rdma_establish",
+    };
+    void *fns[sizeof names / sizeof names[0]];
+    _Static_assert(sizeof fns == sizeof(struct cm_ops), "one name per function of cm_ops");
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        fns[i] = dlsym(lib, names[i]);
+        if (!fns[i]) {
+            dlclose(lib);
+            return PyErr_Format(PyExc_OSError, "%s has no %s", path, names[i]);
+        }
+    }
+    memcpy(&ops, fns, sizeof ops);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef cm_channel_functions[] = {
+    {"cm_load_library", cm_load_library, METH_VARARGS,
+     "cm_load_library(path): take librdmacm's functions from another library (the unit tests' fake)."},
+    {NULL, NULL, 0, NULL},
+};
+
+int native_cm_channel_register(PyObject *module)
+{
+    static const struct {
+        const char *name;
+        int value;
+    } events[] = {
+        {"CM_EVENT_ADDR_RESOLVED", RDMA_CM_EVENT_ADDR_RESOLVED},
+        {"CM_EVENT_ADDR_ERROR", RDMA_CM_EVENT_ADDR_ERROR},
+        {"CM_EVENT_ROUTE_RESOLVED", RDMA_CM_EVENT_ROUTE_RESOLVED},
+        {"CM_EVENT_ROUTE_ERROR", RDMA_CM_EVENT_ROUTE_ERROR},
+        {"CM_EVENT_CONNECT_REQUEST", RDMA_CM_EVENT_CONNECT_REQUEST},
+        {"CM_EVENT_CONNECT_RESPONSE", RDMA_CM_EVENT_CONNECT_RESPONSE},
+        {"CM_EVENT_CONNECT_ERROR", RDMA_CM_EVENT_CONNECT_ERROR},
+        {"CM_EVENT_UNREACHABLE", RDMA_CM_EVENT_UNREACHABLE},
+        {"CM_EVENT_REJECTED", RDMA_CM_EVENT_REJECTED},
+        {"CM_EVENT_ESTABLISHED", RDMA_CM_EVENT_ESTABLISHED},
+        {"CM_EVENT_DISCONNECTED", RDMA_CM_EVENT_DISCONNECTED},
+        {"CM_EVENT_DEVICE_REMOVAL", RDMA_CM_EVENT_DEVICE_REMOVAL},
+        {"CM_EVENT_ADDR_CHANGE", RDMA_CM_EVENT_ADDR_CHANGE},
+        {"CM_EVENT_TIMEWAIT_EXIT", RDMA_CM_EVENT_TIMEWAIT_EXIT},
+    };
+    if (PyType_Ready(&CmChannelType) < 0)
+        return -1;
+    if (PyModule_AddObjectRef(module, "CmChannel", (PyObject *)&CmChannelType) < 0)
+        return -1;
+    for (size_t i = 0; i < sizeof events / sizeof events[0]; i++)
+        if (PyModule_AddIntConstant(module, events[i].name, events[i].value) < 0)
+            return -1;
+    return PyModule_AddFunctions(module, cm_channel_functions);
+}

@@ -1,0 +1,442 @@
+/* A fake librdmacm for the unit tests of the C CM (csrc/cm_channel.c): no device, no kernel.
+ *
+ * It exports librdmacm's names (the ones _native.cm_load_library resolves) with the same structs (rdma_cma.h) and
+ * keeps what a real CM keeps: event channels whose fd (an eventfd) is readable while events are pending, ids bound
+ * to addresses, listeners, child ids made by connect requests.  The test drives the other end with the fakecm_*
+ * functions: a connect request from any peer address with any private data, the events a host's CM or the device
+ * would cause (DISCONNECTED, TIMEWAIT_EXIT, DEVICE_REMOVAL, ADDR_CHANGE), and it reads what the code under test
+ * answered (accept or reject, their private data, responder resources and initiator depth).  An active id
+ * (rdma_resolve_addr, rdma_connect) connects to a fake listener in the same process, so both ends of our CM meet.
+ *
+ * Like librdmacm, destroying an id with an event not yet acked would wait for ever: the fake counts it instead
+ * (`destroy_unacked`), and the tests require 0.  Ids are never freed (a stale handle stays readable for the test),
+ * only marked destroyed.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+#include <sys/eventfd.h>
+#include <rdma/rdma_cma.h>
+
+struct fake_event {
+    struct rdma_cm_event ev;
+    uint8_t data[256];
+    struct fake_event *next;
+};
+
+struct fake_channel {
+    struct rdma_event_channel ch; /* first: librdmacm's users read ->fd */
+    struct fake_event *head, *tail;
+};
+
+struct fake_id {
+    struct rdma_cm_id id; /* first */
+    struct fake_id *next_all;
+    struct fake_id *peer;     /* the other end when both are in this process */
+    struct fake_id *listener; /* of a child id */
+    int listening, destroyed, unacked;
+    int state; /* 0 pending, 1 accepted/established, 2 rejected, 3 disconnected, 4 connecting, 5 connect response */
+    uint8_t data[256];
+    int data_len, resources, depth;
+    int resources_offered; /* the connect request's responder resources (a child id) */
+    uint32_t qp_num;
+};
+
+static struct fake_id *all_ids;
+static long counters[6]; /* ids live, ids destroyed, events posted, events acked, destroy_unacked, rejects */
+
+static struct fake_id *fid(struct rdma_cm_id *id) { return (struct fake_id *)id; }
+
+static void post(struct fake_id *f, enum rdma_cm_event_type type, int status, const void *data, int len,
+                 int resources, int depth)
+{
+    struct fake_channel *c = (struct fake_channel *)f->id.channel;
+    struct fake_event *e = calloc(1, sizeof *e);
+    e->ev.id = &f->id;
+    e->ev.listen_id = f->listener ? &f->listener->id : NULL;
+    e->ev.event = type;
+    e->ev.status = status;
+    if (len > 0) {
+        memcpy(e->data, data, len);
+        e->ev.param.conn.private_data = e->data;
+        e->ev.param.conn.private_data_len = (uint8_t)len;
+    }
+    e->ev.param.conn.responder_resources = (uint8_t)resources;
+    e->ev.param.conn.initiator_depth = (uint8_t)depth;
+    if (c->tail)
+        c->tail->next = e;
+    else
+        c->head = e;
+    c->tail = e;
+    counters[2]++;
+    uint64_t one = 1;
+    (void)!write(c->ch.fd, &one, sizeof one);
+}
+
+struct rdma_event_channel *rdma_create_event_channel(void)
+{
+    struct fake_channel *c = calloc(1, sizeof *c);
+    c->ch.fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    return &c->ch;
+}
+
+void rdma_destroy_event_channel(struct rdma_event_channel *channel)
+{
+    struct fake_channel *c = (struct fake_channel *)channel;
+    while (c->head) {
+        struct fake_event *e = c->head;
+        c->head = e->next;
+        free(e);
+    }
+    close(c->ch.fd);
+    free(c);
+}
+
+static struct fake_id *new_id(struct rdma_event_channel *channel)
+{
+    struct fake_id *f = calloc(1, sizeof *f);
+    f->id.channel = channel;
+    f->id.ps = RDMA_PS_TCP;
+    f->next_all = all_ids;
+    all_ids = f;
+    counters[0]++;
+    return f;
+}
+
+int rdma_create_id(struct rdma_event_channel *channel, struct rdma_cm_id **id, void *context,
+                   enum rdma_port_space ps)
+{
+    struct fake_id *f = new_id(channel);
+    f->id.context = context;
+    *id = &f->id;
+    return 0;
+}
+
+int rdma_destroy_id(struct rdma_cm_id *id)
+{
+    struct fake_id *f = fid(id);
+    if (f->destroyed) {
+        errno = EINVAL;
+        return -1;
+    }
+    if (f->unacked)
+        counters[4]++;
+    f->destroyed = 1;
+    f->listening = 0;
+    if (f->peer)
+        f->peer->peer = NULL;
+    counters[0]--;
+    counters[1]++;
+    return 0;
+}
+
+static int same_address(const struct sockaddr *a, const struct sockaddr *b)
+{
+    if (a->sa_family != b->sa_family)
+        return 0;
+    if (a->sa_family == AF_INET) {
+        const struct sockaddr_in *x = (const void *)a, *y = (const void *)b;
+        return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
+    }
+    if (a->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *x = (const void *)a, *y = (const void *)b;
+        return x->sin6_port == y->sin6_port && !memcmp(&x->sin6_addr, &y->sin6_addr, 16);
+    }
+    return 0;
+}
+
+static struct fake_id *listener_at(const struct sockaddr *sa)
+{
+    for (struct fake_id *f = all_ids; f; f = f->next_all)
+        if (f->listening && !f->destroyed && same_address(&f->id.route.addr.src_addr, sa))
+            return f;
+    return NULL;
+}
+
+static socklen_t sa_len(const struct sockaddr *sa)
+{
+    return sa->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+}
+
+int rdma_bind_addr(struct rdma_cm_id *id, struct sockaddr *addr)
+{
+    if (addr->sa_family != AF_INET && addr->sa_family != AF_INET6) {
+        errno = EAFNOSUPPORT;
+        return -1;
+    }
+    memcpy(&id->route.addr.src_addr, addr, sa_len(addr));
+    return 0;
+}
+
+int rdma_listen(struct rdma_cm_id *id, int backlog)
+{
+    if (listener_at(&id->route.addr.src_addr)) {
+        errno = EADDRINUSE;
+        return -1;
+    }
+    fid(id)->listening = 1;
+    return 0;
+}
+
+int rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma_cm_event **event)
+{
+    struct fake_channel *c = (struct fake_channel *)channel;
+    if (!c->head) {
+        uint64_t n;
+        (void)!read(c->ch.fd, &n, sizeof n);
+        errno = EAGAIN;
+        return -1;
+    }
+    struct fake_event *e = c->head;
+    c->head = e->next;
+    if (!c->head)
+        c->tail = NULL;
+    fid(e->ev.id)->unacked++;
+    *event = &e->ev;
+    return 0;
+}
+
+int rdma_ack_cm_event(struct rdma_cm_event *event)
+{
+    fid(event->id)->unacked--;
+    counters[3]++;
+    free(event); /* the event is the first member of fake_event */
+    return 0;
+}
+
+static void record(struct fake_id *f, struct rdma_conn_param *param)
+{
+    f->data_len = param ? param->private_data_len : 0;
+    if (f->data_len)
+        memcpy(f->data, param->private_data, f->data_len);
+    f->resources = param ? param->responder_resources : 0;
+    f->depth = param ? param->initiator_depth : 0;
+    f->qp_num = param ? param->qp_num : 0;
+}
+
+int rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *param)
+{
+    struct fake_id *f = fid(id);
+    if (f->state != 0 || !f->listener) {
+        errno = EINVAL;
+        return -1;
+    }
+    record(f, param);
+    f->state = 1;
+    if (f->peer && f->peer->qp_num) { /* the host's QP is its own: it answers with rdma_establish */
+        f->peer->state = 5;
+        post(f->peer, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, f->data, f->data_len, f->resources, f->depth);
+        return 0;
+    }
+    post(f, RDMA_CM_EVENT_ESTABLISHED, 0, NULL, 0, 0, 0);
+    if (f->peer) { /* the host's QP is librdmacm's (rdma_create_qp): RTR and RTS by itself */
+        f->peer->state = 1;
+        post(f->peer, RDMA_CM_EVENT_ESTABLISHED, 0, f->data, f->data_len, f->resources, f->depth);
+    }
+    return 0;
+}
+
+int rdma_reject(struct rdma_cm_id *id, const void *data, uint8_t len)
+{
+    struct fake_id *f = fid(id);
+    if (f->state != 0) {
+        errno = EINVAL;
+        return -1;
+    }
+    f->data_len = len;
+    if (len)
+        memcpy(f->data, data, len);
+    f->state = 2;
+    counters[5]++;
+    if (f->peer)
+        post(f->peer, RDMA_CM_EVENT_REJECTED, 28 /* IB_CM_REJ_CONSUMER_DEFINED */, f->data, len, 0, 0);
+    return 0;
+}
+
+int rdma_disconnect(struct rdma_cm_id *id)
+{
+    struct fake_id *f = fid(id);
+    if (f->state != 1) {
+        errno = EINVAL;
+        return -1;
+    }
+    f->state = 3;
+    post(f, RDMA_CM_EVENT_DISCONNECTED, 0, NULL, 0, 0, 0);
+    if (f->peer && f->peer->state == 1) {
+        f->peer->state = 3;
+        post(f->peer, RDMA_CM_EVENT_DISCONNECTED, 0, NULL, 0, 0, 0);
+    }
+    return 0;
+}
+
+int rdma_resolve_addr(struct rdma_cm_id *id, struct sockaddr *src, struct sockaddr *dst, int timeout_ms)
+{
+    static uint16_t next_port = 50000;
+    struct sockaddr_in *me = (struct sockaddr_in *)&id->route.addr.src_addr;
+    memcpy(&id->route.addr.dst_addr, dst, sa_len(dst));
+    if (src) {
+        memcpy(me, src, sa_len(src));
+    } else {
+        me->sin_family = AF_INET;
+        inet_pton(AF_INET, "10.0.0.99", &me->sin_addr);
+    }
+    me->sin_port = htons(next_port++);
+    post(fid(id), listener_at(dst) ? RDMA_CM_EVENT_ADDR_RESOLVED : RDMA_CM_EVENT_ADDR_ERROR,
+         listener_at(dst) ? 0 : -EHOSTUNREACH, NULL, 0, 0, 0);
+    return 0;
+}
+
+int rdma_resolve_route(struct rdma_cm_id *id, int timeout_ms)
+{
+    post(fid(id), RDMA_CM_EVENT_ROUTE_RESOLVED, 0, NULL, 0, 0, 0);
+    return 0;
+}
+
+static struct fake_id *request(struct fake_id *listener, const struct sockaddr *peer, const void *data, int len,
+                               int resources, int depth)
+{
+    struct fake_id *child = new_id(listener->id.channel);
+    child->listener = listener;
+    child->resources_offered = resources;
+    memcpy(&child->id.route.addr.src_addr, &listener->id.route.addr.src_addr,
+           sa_len(&listener->id.route.addr.src_addr));
+    memcpy(&child->id.route.addr.dst_addr, peer, sa_len(peer));
+    post(child, RDMA_CM_EVENT_CONNECT_REQUEST, 0, data, len, resources, depth);
+    return child;
+}
+
+int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *param)
+{
+    struct fake_id *f = fid(id);
+    struct fake_id *listener = listener_at(&id->route.addr.dst_addr);
+    if (!listener) {
+        post(f, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT, NULL, 0, 0, 0);
+        return 0;
+    }
+    record(f, param);
+    f->state = 4;
+    struct fake_id *child = request(listener, &id->route.addr.src_addr, f->data, f->data_len, f->resources,
+                                    f->depth);
+    child->peer = f;
+    f->peer = child;
+    return 0;
+}
+
+/* --- the test's end ---------------------------------------------------------------------------------------- */
+
+static int fill(struct sockaddr_storage *ss, const char *host, unsigned port)
+{
+    memset(ss, 0, sizeof *ss);
+    struct sockaddr_in *in = (struct sockaddr_in *)ss;
+    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
+    if (inet_pton(AF_INET, host, &in->sin_addr) == 1) {
+        in->sin_family = AF_INET;
+        in->sin_port = htons(port);
+        return 0;
+    }
+    if (inet_pton(AF_INET6, host, &in6->sin6_addr) == 1) {
+        in6->sin6_family = AF_INET6;
+        in6->sin6_port = htons(port);
+        return 0;
+    }
+    return -1;
+}
+
+/* A connect request from peer:peer_port to the listener on host:port; the child id, or NULL if none listens. */
+void *fakecm_connect(const char *host, unsigned port, const char *peer, unsigned peer_port, const void *data,
+                     int len, int resources, int depth)
+{
+    struct sockaddr_storage at, from;
+    if (fill(&at, host, port) || fill(&from, peer, peer_port))
+        return NULL;
+    struct fake_id *listener = listener_at((struct sockaddr *)&at);
+    return listener ? &request(listener, (struct sockaddr *)&from, data, len, resources, depth)->id : NULL;
+}
+
+/* An event on an id, as its peer's CM or the device would cause it: 0, or -1 for an id destroyed already. */
+int fakecm_event(void *id, int type, int status)
+{
+    struct fake_id *f = id;
+    if (f->destroyed)
+        return -1;
+    if (type == RDMA_CM_EVENT_DISCONNECTED)
+        f->state = 3;
+    post(f, type, status, NULL, 0, 0, 0);
+    return 0;
+}
+
+/* What the code under test answered on an id: state (0 none yet, 1 accepted, 2 rejected, 3 disconnected,
+ * 4 connecting, 5 connect response taken; -1 destroyed), the private data it sent, its responder resources, initiator depth, QP number. */
+int fakecm_answer(void *id, uint8_t *data, int *len, int *resources, int *depth, uint32_t *qp_num)
+{
+    struct fake_id *f = id;
+    memcpy(data, f->data, f->data_len);
+    *len = f->data_len;
+    *resources = f->resources;
+    *depth = f->depth;
+    *qp_num = f->qp_num;
+    return f->destroyed ? -1 : f->state;
+}
+
+void fakecm_counters(long *out)
+{
+    memcpy(out, counters, sizeof counters);
+}
+
+/* What librdmacm computes from the route: plausible RoCE values, the connect request's resources as max_rd_atomic. */
+int rdma_init_qp_attr(struct rdma_cm_id *id, struct ibv_qp_attr *attr, int *mask)
+{
+    struct fake_id *f = fid(id);
+    attr->port_num = 1;
+    attr->pkey_index = 0;
+    switch (attr->qp_state) {
+    case IBV_QPS_INIT:
+        attr->qp_access_flags = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+        *mask = IBV_QP_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX | IBV_QP_PORT;
+        return 0;
+    case IBV_QPS_RTR:
+        attr->path_mtu = IBV_MTU_1024;
+        attr->dest_qp_num = 0x99;
+        attr->rq_psn = 0x1234;
+        attr->max_dest_rd_atomic = 16;
+        attr->min_rnr_timer = 12;
+        attr->ah_attr.is_global = 1;
+        attr->ah_attr.port_num = 1;
+        attr->ah_attr.grh.hop_limit = 64;
+        attr->ah_attr.grh.dgid.raw[10] = attr->ah_attr.grh.dgid.raw[11] = 0xff;
+        memcpy(&attr->ah_attr.grh.dgid.raw[12], &((struct sockaddr_in *)&id->route.addr.dst_addr)->sin_addr, 4);
+        *mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+        return 0;
+    case IBV_QPS_RTS:
+        attr->sq_psn = 0x1234;
+        attr->timeout = 14;
+        attr->retry_cnt = 7;
+        attr->rnr_retry = 7;
+        attr->max_rd_atomic = (uint8_t)f->resources_offered;
+        *mask = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                IBV_QP_MAX_QP_RD_ATOMIC;
+        return 0;
+    default:
+        errno = EINVAL;
+        return -1;
+    }
+}
+
+/* The active side after CONNECT_RESPONSE (a QP made outside librdmacm): the passive side sees ESTABLISHED. */
+int rdma_establish(struct rdma_cm_id *id)
+{
+    struct fake_id *f = fid(id);
+    if (f->state != 5) {
+        errno = EINVAL;
+        return -1;
+    }
+    f->state = 1;
+    if (f->peer) {
+        post(f->peer, RDMA_CM_EVENT_ESTABLISHED, 0, NULL, 0, 0, 0);
+    }
+    return 0;
+}

@@ -1,0 +1,86 @@
+"""The fake librdmacm (tests/native/fakecm.c) under the native module's CM: build, load, and the test's end.
+
+`load()` compiles the fake into build/tests/ (once per source version, with gcc as the extension's build needs
+anyway) and points `_native`'s CM at it (`_native.cm_load_library`): every CmChannel made afterwards in this
+process talks to the fake.  The `fakecm_*` functions are the other end: connect requests from any peer address
+with any private data, the events a host's CM or the device would cause, and what our code answered.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+from typing import NamedTuple, Optional
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCE = ROOT / "tests" / "native" / "fakecm.c"
+COUNTERS = ("ids", "destroyed", "posted", "acked", "destroy_unacked", "rejects")
+STATES = {0: "pending", 1: "accepted", 2: "rejected", 3: "disconnected", 4: "connecting", 5: "responded",
+          -1: "destroyed"}
+
+_LIB: Optional[ctypes.CDLL] = None
+
+
+class Answer(NamedTuple):
+    state: str
+    private_data: bytes
+    responder_resources: int
+    initiator_depth: int
+    qp_num: int
+
+
+def load(module) -> ctypes.CDLL:
+    global _LIB
+    if _LIB is not None:
+        return _LIB
+    text = SOURCE.read_bytes()
+    flags = os.environ.get("NVMEOF_FAKEPROV_CFLAGS", "-O2 -g")
+    out = ROOT / "build" / "tests" / f"fakecm-{hashlib.sha256(text + flags.encode()).hexdigest()[:12]}.so"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        subprocess.run(["gcc", "-shared", "-fPIC", "-Wall", "-Werror", *flags.split(), "-o", str(tmp), str(SOURCE)],
+                       check=True)
+        os.replace(tmp, out)
+    lib = ctypes.CDLL(str(out))
+    vp, i = ctypes.c_void_p, ctypes.c_int
+    lib.fakecm_connect.restype = vp
+    lib.fakecm_connect.argtypes = [ctypes.c_char_p, ctypes.c_uint, ctypes.c_char_p, ctypes.c_uint, ctypes.c_char_p,
+                                   i, i, i]
+    lib.fakecm_event.argtypes = [vp, i, i]
+    lib.fakecm_answer.argtypes = [vp, ctypes.c_char_p, ctypes.POINTER(i), ctypes.POINTER(i), ctypes.POINTER(i),
+                                  ctypes.POINTER(ctypes.c_uint32)]
+    lib.fakecm_counters.argtypes = [vp]
+    module.cm_load_library(str(out))
+    _LIB = lib
+    return lib
+
+
+def connect(address: str, port: int, peer: str, peer_port: int, private_data: bytes, *,
+            responder_resources: int = 16, initiator_depth: int = 16) -> int:
+    """A connect request from peer:peer_port to the listener on address:port: the child id's handle (0: none
+    listens there)."""
+    return _LIB.fakecm_connect(address.encode(), port, peer.encode(), peer_port, private_data, len(private_data),
+                               responder_resources, initiator_depth) or 0
+
+
+def event(handle: int, kind: int, status: int = 0) -> None:
+    """An event on an id as the peer's CM or the device causes it (DISCONNECTED, TIMEWAIT_EXIT, ...)."""
+    if _LIB.fakecm_event(handle, kind, status) < 0:
+        raise AssertionError(f"CM id {handle:#x} was destroyed already")
+
+
+def answer(handle: int) -> Answer:
+    data = ctypes.create_string_buffer(256)
+    n, res, depth, qpn = ctypes.c_int(), ctypes.c_int(), ctypes.c_int(), ctypes.c_uint32()
+    state = _LIB.fakecm_answer(handle, data, ctypes.byref(n), ctypes.byref(res), ctypes.byref(depth),
+                               ctypes.byref(qpn))
+    return Answer(STATES[state], data.raw[:n.value], res.value, depth.value, qpn.value)
+
+
+def counters() -> dict:
+    out = (ctypes.c_long * len(COUNTERS))()
+    _LIB.fakecm_counters(out)
+    return dict(zip(COUNTERS, out))

@@ -1,0 +1,215 @@
+"""The native module's RDMA CM (csrc/cm_channel.c) through the fake librdmacm (tests/native/fakecm.c): events as
+plain data, accept and reject with their private data, the ids a channel owns, both ends of a connection."""
+import os
+import select
+
+import pytest
+
+from nvmeof_roce import native
+from nvmeof_roce.nvme import cm as cmdata
+from nvmeof_roce.transport.base import TransportError
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="the native extension is not built")
+
+import fakecm  # noqa: E402
+from nvmeof_roce.transport.rdma.cmchannel import CmChannel  # noqa: E402
+
+ADDR, PORT = "192.0.2.1", 4420
+
+
+@pytest.fixture
+def channel():
+    fakecm.load(native.module)
+    ch = CmChannel()
+    yield ch
+    ch.close()
+
+
+def readable(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+def test_a_connect_request_arrives_as_plain_data_with_the_peer_and_private_data(channel):
+    listener = channel.listen(ADDR, PORT)
+    private = cmdata.CmConnectRequest(0, 1, 32, 31, 7).pack()
+    child = fakecm.connect(ADDR, PORT, "198.51.100.9", 51234, private, responder_resources=4, initiator_depth=9)
+    assert readable(channel.fd)
+    [ev] = channel.events()
+    assert not readable(channel.fd)  # everything taken
+    assert ev.name == "CONNECT_REQUEST" and ev.id == child and ev.listen_id == listener.handle
+    assert ev.peer == "198.51.100.9:51234" and ev.local == f"{ADDR}:{PORT}"
+    assert cmdata.CmConnectRequest.unpack(ev.private_data).qid == 1
+    assert (ev.responder_resources, ev.initiator_depth) == (4, 9)
+    assert fakecm.counters()["acked"] == fakecm.counters()["posted"]  # acked before Python saw it
+
+
+def test_accept_and_reject_send_the_private_data_python_packed(channel):
+    channel.listen(ADDR, PORT)
+    first = fakecm.connect(ADDR, PORT, "198.51.100.9", 1, b"x" * 32)
+    second = fakecm.connect(ADDR, PORT, "198.51.100.9", 2, b"y" * 32)
+    a, b = channel.events()
+    from nvmeof_roce.transport.rdma.cmchannel import CmId
+    CmId(channel, a.id).accept(cmdata.CmAccept(0, 32).pack(), 0, 8, 0x77)
+    CmId(channel, b.id).reject(cmdata.CmReject(0, cmdata.STS_INVALID_HSQSIZE).pack())
+    assert fakecm.answer(first) == ("accepted", cmdata.CmAccept(0, 32).pack(), 0, 8, 0x77)
+    assert fakecm.answer(second).state == "rejected"
+    assert fakecm.answer(second).private_data == cmdata.CmReject(0, cmdata.STS_INVALID_HSQSIZE).pack()
+    assert [e.name for e in channel.events()] == ["ESTABLISHED"]
+
+
+@pytest.mark.parametrize("kind", ["DISCONNECTED", "TIMEWAIT_EXIT", "DEVICE_REMOVAL", "ADDR_CHANGE"])
+def test_each_event_names_the_id_it_is_for(channel, kind):
+    channel.listen(ADDR, PORT)
+    ids = [fakecm.connect(ADDR, PORT, "198.51.100.9", p, b"") for p in (1, 2, 3)]
+    channel.events()
+    fakecm.event(ids[1], getattr(native.module, "CM_EVENT_" + kind))
+    [ev] = channel.events()
+    assert (ev.name, ev.id, ev.peer) == (kind, ids[1], "198.51.100.9:2")
+
+
+def test_a_handle_that_is_not_the_channels_is_refused_not_followed(channel):
+    channel.listen(ADDR, PORT)
+    child = fakecm.connect(ADDR, PORT, "198.51.100.9", 1, b"")
+    [ev] = channel.events()
+    other = CmChannel()
+    try:
+        with pytest.raises(ValueError, match="not one of this channel's"):
+            other.channel.accept(ev.id, b"", 0, 0)
+        with pytest.raises(ValueError, match="not one of this channel's"):
+            channel.channel.destroy(12345)
+    finally:
+        other.close()
+    channel.channel.destroy(child)
+    with pytest.raises(ValueError):  # destroyed: the handle is stale now
+        channel.channel.disconnect(child)
+
+
+def test_closing_the_channel_destroys_every_id_and_never_one_with_an_event_unacked(channel):
+    before = fakecm.counters()
+    channel.listen(ADDR, PORT)
+    for p in range(5):
+        fakecm.connect(ADDR, PORT, "198.51.100.9", p, b"")
+    channel.events()
+    fakecm.connect(ADDR, PORT, "198.51.100.9", 99, b"")  # pending, never taken by events()
+    channel.close()
+    after = fakecm.counters()
+    assert after["ids"] == before["ids"]  # the listener, the five children and the pending one
+    assert after["destroy_unacked"] == before["destroy_unacked"] == 0
+    assert after["acked"] == after["posted"]
+
+
+def test_addresses_are_checked_and_ipv6_peers_are_written_in_brackets(channel):
+    with pytest.raises(ValueError, match="target.example: not an IPv4 or IPv6 address"):
+        channel.listen("target.example", PORT)
+    channel.listen("2001:db8::1", PORT)
+    fakecm.connect("2001:db8::1", PORT, "2001:db8::9", 4000, b"")
+    assert channel.events()[0].peer == "[2001:db8::9]:4000"
+    with pytest.raises(OSError):  # the fake, like the kernel, refuses a second listener on the same address
+        channel.listen("2001:db8::1", PORT)
+
+
+def test_both_ends_of_a_connection_through_our_cm(channel):
+    """Our initiator's active id against our listener: resolve, connect with the NVMe-oF request, the accept's
+    private data on the host's ESTABLISHED; a reject's on its REJECTED."""
+    target = CmChannel()
+    try:
+        target.listen(ADDR, PORT)
+        host = channel.create_id()
+        host.resolve_addr(None, ADDR, PORT, 1000)
+        assert [e.name for e in channel.events()] == ["ADDR_RESOLVED"]
+        host.resolve_route(1000)
+        assert [e.name for e in channel.events()] == ["ROUTE_RESOLVED"]
+        host.connect(cmdata.CmConnectRequest(0, 2, 64, 63, 1).pack(), 16, 0)  # a QP of librdmacm's (qp_num 0)
+        [req] = target.events()
+        assert cmdata.CmConnectRequest.unpack(req.private_data).hsqsize == 63 and req.responder_resources == 16
+        from nvmeof_roce.transport.rdma.cmchannel import CmId
+        CmId(target, req.id).accept(cmdata.CmAccept(0, 64).pack(), 0, 16)
+        [est] = channel.events()
+        assert est.name == "ESTABLISHED" and cmdata.CmAccept.unpack(est.private_data).crqsize == 64
+        host.disconnect()
+        assert [e.name for e in channel.events()] == ["DISCONNECTED"]
+        assert [e.name for e in target.events()] == ["ESTABLISHED", "DISCONNECTED"]
+
+        own = channel.create_id()  # a QP of our own (the Python data path): CONNECT_RESPONSE, then establish
+        own.resolve_addr(None, ADDR, PORT, 1000)
+        own.resolve_route(1000)
+        channel.events()
+        own.connect(cmdata.CmConnectRequest(0, 3, 64, 63, 1).pack(), 16, 0, 0x43)
+        [req] = target.events()
+        CmId(target, req.id).accept(cmdata.CmAccept(0, 64).pack(), 0, 16, 0x44)
+        [resp] = channel.events()
+        assert resp.name == "CONNECT_RESPONSE" and target.events() == []
+        own.establish()
+        assert [e.name for e in target.events()] == ["ESTABLISHED"]
+
+        refused = channel.create_id()
+        refused.resolve_addr(None, ADDR, PORT, 1000)
+        refused.resolve_route(1000)
+        channel.events()
+        refused.connect(b"\x00" * 32, 16, 0)
+        [req] = target.events()
+        CmId(target, req.id).reject(cmdata.CmReject(0, cmdata.STS_INVALID_QID).pack())
+        [rej] = channel.events()
+        assert rej.name == "REJECTED" and cmdata.CmReject.unpack(rej.private_data).sts == cmdata.STS_INVALID_QID
+    finally:
+        target.close()
+
+
+def test_an_unreachable_address_is_an_event_not_a_hang(channel):
+    host = channel.create_id()
+    host.resolve_addr(None, "192.0.2.77", PORT, 1000)
+    [ev] = channel.events()
+    assert ev.name == "ADDR_ERROR" and ev.status < 0
+
+
+def test_without_a_device_the_channel_says_so():
+    """The real librdmacm on a machine without RDMA devices (or the fake loaded: then it opens)."""
+    try:
+        CmChannel().close()
+    except TransportError as exc:
+        assert "RDMA CM event channel" in str(exc)
+
+
+def test_the_qp_attributes_of_a_connection_come_from_the_cm(channel):
+    """What the Python data path modifies its own QP with (rdma_init_qp_attr): the route's GID and the host's
+    responder resources, as the fake CM computes them from the connection."""
+    from nvmeof_roce.transport.rdma.cmchannel import CmId
+    from nvmeof_roce.transport.rdma.verbs import QPS_INIT, QPS_RTR, QPS_RTS, gid_text
+    channel.listen(ADDR, PORT)
+    fakecm.connect(ADDR, PORT, "198.51.100.9", 1, b"", responder_resources=5)
+    [ev] = channel.events()
+    child = CmId(channel, ev.id)
+    init, mask = child.qp_attr(QPS_INIT)
+    assert init["qp_state"] == QPS_INIT and mask & 1  # IBV_QP_STATE
+    rtr, _ = child.qp_attr(QPS_RTR)
+    assert rtr["ah_attr"]["is_global"] == 1
+    assert gid_text(rtr["ah_attr"]["dgid"]) == "0000:0000:0000:0000:0000:ffff:c633:6409"  # ::ffff:198.51.100.9
+    rts, _ = child.qp_attr(QPS_RTS)
+    assert rts["max_rd_atomic"] == 5
+    with pytest.raises(OSError):
+        child.qp_attr(7)  # no such state: the CM's own error, raised
+
+
+class _Opens:
+    """A stand-in for pyverbs' CompChannel: opens one file as it is made, closed by close()."""
+
+    def __init__(self, opener):
+        self.fd = opener()
+        self.closed = False
+
+    def close(self):
+        os.close(self.fd)
+        self.closed = True
+
+
+def test_a_completion_channels_fd_is_found_without_proc_and_never_guessed():
+    """verbs.create_with_fd: the lowest free number before, an anonymous-inode file after (as a completion
+    channel's is); a new object that opened anything else is closed and refused."""
+    from nvmeof_roce.transport.rdma.verbs import create_with_fd
+    obj, fd = create_with_fd(lambda: _Opens(lambda: os.eventfd(0)))
+    assert fd == obj.fd and os.get_blocking(fd) is False  # non-blocking for the event loop
+    obj.close()
+    made = []
+    with pytest.raises(TransportError, match="not the anonymous-inode file"):
+        create_with_fd(lambda: made.append(_Opens(lambda: os.open(os.devnull, os.O_RDONLY))) or made[-1])
+    assert made[0].closed  # not left open behind the error
