@@ -278,6 +278,23 @@ class EngineApi:
         if n:
             log.info("%s: %d namespace reservation(s) restored", self.reservation_file, n)
 
+    def set_reservations(self, nqn: str, nsid: int, enable: bool) -> None:
+        """Reservations on or off for a running namespace (its subsystem paused by the caller; the caller
+        refused turning them off while hosts are registered).  Off, a reservation kept through power loss is
+        forgotten."""
+        ns = self.subsystems[nqn].namespaces[nsid]
+        if enable == (ns.resv is not None):
+            return
+        kept = ns.resv is not None and ns.resv.ptpl
+        ns.resv = reservations.Reservation() if enable else None
+        if kept and self.reservation_file:
+            try:
+                self.save_reservations()
+            except OSError as exc:
+                log.error("%s: cannot forget the reservation of %s namespace %d: %s", self.reservation_file, nqn,
+                          nsid, exc)
+        self._refresh_native(self.subsystems[nqn])
+
     def reservation_status(self, nqn: str, nsid: int) -> dict:
         """A namespace's reservation state (the RPC and `target status`); KeyError if there is no such namespace,
         ValueError if it has no reservations."""

@@ -604,7 +604,8 @@ class Target(EngineApi):
         if EXECUTING not in NEXT[req.state]:  # lifecycle.move, inlined: once per command
             raise IllegalTransition(req, EXECUTING)
         req.state = EXECUTING
-        if ns is not None and ns.qos is not None and \
+        # A reservation command never waits behind QoS: a preempt and abort is what frees a fenced host's queue.
+        if ns is not None and ns.qos is not None and opc not in reservations.COMMANDS.handlers and \
                 not self.qos.admit(ns, req, lambda r: self._resume_held(r, handler)):
             return  # over its namespace's QoS limit: held (EXECUTING), started when the tokens come back (engine/qos.py)
         if handler(self, req) is None:
