@@ -236,7 +236,7 @@ def _acquire_data(t: "Target", req: Request, data) -> Outcome:
     crkey, prkey = R.KEYS.unpack(bytes(data[:R.KEY_DATA_SIZE]))
     hostid = req.queue.ctrl.hostid
     action, rtype = req.cdw10 & 7, (req.cdw10 >> 8) & 0xFF
-    if resv.registrants.get(hostid) != crkey or hostid not in resv.registrants:
+    if resv.registrants.get(hostid) != crkey:  # not registered, or not with this key
         return t.complete(req, CONFLICT)
     before = resv.snapshot()
     if action == R.ACQUIRE:
@@ -348,7 +348,7 @@ def _release_data(t: "Target", req: Request, data) -> Outcome:
     crkey = int.from_bytes(bytes(data[:8]), "little")
     hostid = req.queue.ctrl.hostid
     action, rtype = req.cdw10 & 7, (req.cdw10 >> 8) & 0xFF
-    if hostid not in resv.registrants or resv.registrants[hostid] != crkey:
+    if resv.registrants.get(hostid) != crkey:  # not registered, or not with this key
         return t.complete(req, CONFLICT)
     before = resv.snapshot()
     if action == R.CLEAR:
