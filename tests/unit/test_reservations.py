@@ -8,18 +8,15 @@ import os
 
 import pytest
 
-from nvmeof_roce.config import parse_config
+from nvmeof_roce.config import ConfigError, parse_config
 from nvmeof_roce.config.userspace import validate_for_userspace
 from nvmeof_roce.control import live
-from nvmeof_roce.config import ConfigError
-from nvmeof_roce.engine.core import Target
 from nvmeof_roce.nvme import admin as A
 from nvmeof_roce.nvme import identify as I
 from nvmeof_roce.nvme import reservation as R
 from nvmeof_roce.nvme import status as S
-from nvmeof_roce.nvme.command import NVM_DSM, NVM_FLUSH, NVM_READ, NVM_RESV_REPORT, NVM_WRITE, NVM_WRITE_ZEROES, SQE
+from nvmeof_roce.nvme.command import NVM_DSM, NVM_FLUSH, NVM_READ, NVM_WRITE, NVM_WRITE_ZEROES, SQE
 from nvmeof_roce.nvme.status import NvmeStatusError
-from nvmeof_roce.transport.loopback import FakeClock, LoopbackFabric
 
 from loopback_env import ADDR1, HOST_A, HOST_B, Env, port, ram_ns
 
