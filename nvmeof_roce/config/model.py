@@ -294,6 +294,12 @@ class NamespaceConfig:
     userspace: dict = field(default_factory=dict)   # the namespace's "nvmeof_roce" key
     raw: dict = field(default_factory=dict)
 
+    @property
+    def resv_enabled(self) -> bool:
+        """nvmet's resv_enable, which nvmetcli saves as "resv": {"enable": "1"}: reservations on the namespace."""
+        group = self.raw.get("resv")
+        return isinstance(group, dict) and parse_flag(group.get("enable", 0)) is True
+
     def to_dict(self) -> dict:
         d = copy.deepcopy(self.raw)
         dev = d.setdefault("device", {})

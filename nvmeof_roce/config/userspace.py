@@ -141,10 +141,7 @@ def validate_for_userspace(cfg: TargetConfig, memory: Optional[int] = None) -> L
                 errors.append(ConfigError(cfg.source, f"{nw}.nsid",
                                           f"{n.nsid} is above {USERSPACE_MAX_NSID}, the highest NSID the userspace "
                                           "target serves", f"use an NSID in 1..{USERSPACE_MAX_NSID}"))
-            for group, keys in (("resv", ("enable",)), ):
-                g = n.raw.get(group)
-                if isinstance(g, dict) and any(truthy(g.get(k)) for k in keys):
-                    refuse(f"{nw}.{group}.enable", "reservations (resv_enable)")
+            # "resv": {"enable": "1"} (nvmet's resv_enable) is served: engine/reservations.py
             if truthy(n.raw.get("p2pmem", 0) or 0):
                 refuse(f"{nw}.p2pmem", "peer-to-peer memory")
             if not n.enabled:

@@ -275,6 +275,18 @@ def _print_status(s: dict) -> None:
                       if ns.get("io")})
     for reason in reasons:
         print(f"I/O engine: {reason}")
+    resv_rows = []
+    for sub in s["subsystems"]:
+        for ns in sub["namespaces"]:
+            r = ns.get("reservation")
+            if r is not None:
+                regs = ", ".join(f"{g['hostid']} key {g['rkey']:#x}{' (holds)' if g['holds'] else ''}"
+                                 for g in r["registrants"]) or "none"
+                resv_rows.append([sub["nqn"], ns["nsid"], r["holder"] or "-", r["type"] if r["holder"] else "-",
+                                  r["generation"], "yes" if r["ptpl"] else "no", regs])
+    if resv_rows:
+        print()
+        print(table(["SUBSYSTEM", "NSID", "RESERVATION HOLDER", "TYPE", "GEN", "PTPL", "REGISTRANTS"], resv_rows))
     rows = []
     for sub in s["subsystems"]:
         for c in sub["controllers"]:

@@ -33,7 +33,7 @@ from typing import Callable, ClassVar, Dict, List, Optional, Tuple
 from ..config import ConfigError, NamespaceConfig, PortConfig, SubsystemConfig, TargetConfig
 from ..engine import auth
 from ..engine.ana import DEFAULT_GRPID, set_ana_state
-from ..engine.api import PreparedResize
+from ..engine.api import PreparedResize, namespace_where
 from ..engine.limits import MAX_NSID
 from ..engine.subsystem import Namespace, Subsystem
 
@@ -236,6 +236,31 @@ class NamespaceQos(Change):
     def __init__(self, nqn: str, n: NamespaceConfig):
         limits = ", ".join(f"{k} {v}" for k, v in sorted(n.qos.items())) or "no limit"
         super().__init__(nqn=nqn, nsid=n.nsid, text=f"{nqn}: namespace {n.nsid} QoS: {limits}")
+
+
+class NamespaceReservations(Change):
+    """"resv": {"enable": ...} of a running namespace (nvmet's resv_enable), with its subsystem paused: refused
+    while hosts are registered (their registrations would vanish), as nvmet refuses it on an enabled namespace."""
+    action = "namespace-reservations"
+    pauses = True
+
+    def __init__(self, nqn: str, n: NamespaceConfig):
+        self.enable = n.resv_enabled
+        super().__init__(nqn=nqn, nsid=n.nsid,
+                         text=f"{nqn}: namespace {n.nsid} reservations {'enabled' if self.enable else 'disabled'}")
+
+    def prepare(self, run):
+        ns = run.target.subsystem(self.nqn).namespaces.get(self.nsid)
+        if ns is not None and not self.enable and ns.resv is not None and ns.resv.registrants:
+            raise ConfigError(run.new.source, f"{namespace_where(run.new, self.nqn, self.nsid)}.resv.enable",
+                              f"{self.nqn} namespace {self.nsid}: {len(ns.resv.registrants)} host(s) are registered "
+                              "for its reservation; disabling reservations would drop their registrations",
+                              "have the hosts unregister (nvme resv-register --rrega=1) or clear the reservation "
+                              "(nvme resv-release --rrela=1), then disable it")
+
+    def commit(self, run):
+        run.target.set_reservations(self.nqn, self.nsid, self.enable)
+        run.namespace_changed(self.nqn, self.nsid)  # RESCAP changed
 
 
 class AllowAnyHost(Change):
@@ -506,6 +531,8 @@ def _plan_namespaces(nqn: str, o: SubsystemConfig, s: SubsystemConfig) -> List[C
                 changes.append(NamespaceVisibility(nqn, m))
             if m.enabled and n.qos != m.qos:
                 changes.append(NamespaceQos(nqn, m))
+            if m.enabled and n.resv_enabled != m.resv_enabled:
+                changes.append(NamespaceReservations(nqn, m))
     changes += [AddNamespace(nqn, nsid) for nsid, m in new_ns.items() if nsid not in old_ns and m.enabled]
     return changes
 

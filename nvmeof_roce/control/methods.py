@@ -755,6 +755,38 @@ class Control:
         self._edit(edit, lambda where: "qid_max" if where.endswith("qid_max") else where)
         return True
 
+    # -------------------------------------------------------------------------------- reservations
+    # SPDK has no RPC for a namespace's reservations (its state is in each namespace's ptpl file): these are ours.
+    def rpc_nvmeof_ns_get_reservation(self, params) -> dict:
+        """The reservation of namespace NSID of subsystem NQN: holder, type, generation, PTPL, registrants."""
+        p = _Params("nvmeof_ns_get_reservation", params, ("nqn", "nsid"))
+        nqn, nsid = p.str("nqn"), p.int("nsid")
+        self._sub(nqn)
+        try:
+            return self.target.reservation_status(nqn, nsid)
+        except KeyError:
+            raise RpcError(f"{nqn} has no namespace {nsid}", "nsid", "nvmf_get_subsystems lists the namespaces") \
+                from None
+        except ValueError as exc:
+            raise RpcError(str(exc), "nsid", "enable them: nvmeof_ns_set_reservation with enable true") from None
+
+    def rpc_nvmeof_ns_set_reservation(self, params) -> bool:
+        """Reservations on or off for a namespace (nvmet's resv_enable, "resv": {"enable": "1"} in the config);
+        turning them off is refused while hosts are registered."""
+        p = _Params("nvmeof_ns_set_reservation", params, ("nqn", "nsid", "enable"))
+        nqn, nsid, enable = p.str("nqn"), p.int("nsid"), p.bool("enable", required=True)
+        self._sub(nqn)
+
+        def edit(d):
+            n = self._ns_entry(d, nqn, nsid)
+            if enable:
+                n["resv"] = {"enable": "1"}
+            else:
+                n.pop("resv", None)
+
+        self._edit(edit, lambda where: "enable" if where.endswith("resv.enable") else _ns_field(where))
+        return True
+
 
 def _sub_field(where: str, names: dict) -> str:
     tail = where.split("]", 1)[1].lstrip(".") if where.startswith("subsystems[") else where

@@ -70,6 +70,8 @@ def namespace_status(nqn: str, ns, sampler: Optional[Sampler]) -> dict:
         "write_latency_us": stats.write_latency.percentiles(),
         # file and block namespaces: the I/O engine (engine/ioengine.py), why, and its commands in flight
         "io": ns.engine_status(),
+        # its reservation (engine/reservations.py): holder, type, registrants; None without reservations
+        "reservation": ns.resv.status() if ns.resv is not None else None,
     }
     d.update(sampler.rates(nqn, ns) if sampler is not None else {})
     return d

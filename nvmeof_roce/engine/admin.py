@@ -18,7 +18,7 @@ from ..config import ANA_GRPID_MAX
 from ..nvme.command import (ADMIN_ABORT, ADMIN_ASYNC_EVENT, ADMIN_GET_FEATURES, ADMIN_GET_LOG_PAGE, ADMIN_IDENTIFY,
                             ADMIN_KEEP_ALIVE, ADMIN_SET_FEATURES, NSID_ALL)
 from ..nvme.log import ERROR_ENTRY_SIZE, ChangedNsList, SmartLog
-from . import io
+from . import io, reservations
 from .ana import ANACAP, ANATT_SECONDS, UNREACHABLE
 from .handlers import CommandTable, effects_log
 from .limits import ERROR_LOG_ENTRIES, MAX_AER, MAX_NSID
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 KAS = 10  # keep-alive granularity in 100 ms units
-ONCS = I.ONCS_DSM | I.ONCS_WRITE_ZEROES
+ONCS = I.ONCS_DSM | I.ONCS_WRITE_ZEROES | I.ONCS_RESERVATIONS  # each namespace's RESCAP says if it has them
 CTRATT_HOSTID_128 = 1 << 0
 CTRATT_TBKAS = 1 << 6  # traffic based keep alive: every command restarts the timer
 FIRMWARE_REVISION = __version__[:8]
@@ -82,11 +82,13 @@ def identify_controller(ctrl) -> bytes:
     ).pack()
 
 
-def identify_namespace(ns, ana_state: str = "optimized") -> bytes:
+def identify_namespace(ns, ana_state: str = "optimized", rescap: int = 0) -> bytes:
     """Identify Namespace (§5.3): one LBA format, shared (NMIC), NCAP = NSZE, its ANA group; NUSE 0 while
-    the namespace cannot be reached through this port (nvmet_execute_identify_ns)."""
+    the namespace cannot be reached through this port (nvmet_execute_identify_ns); RESCAP, the reservation
+    types and options it supports (reservations.rescap)."""
     return I.IdentifyNamespace(
         nsze=ns.num_blocks, ncap=ns.num_blocks, nuse=0 if ana_state in UNREACHABLE else ns.num_blocks, nmic=1,
+        rescap=rescap,
         lbaf0_lbads=ns.lbads, nguid=ns.nguid or bytes(16), eui64=ns.eui64 or bytes(8), anagrpid=ns.ana_grpid,
     ).pack()
 
@@ -115,7 +117,7 @@ def _identify(t: Target, req: Request) -> Outcome:
         if nsid == 0 or nsid == NSID_ALL:
             return t.complete(req, S.INVALID_NS | S.DNR, location=LOC_NSID)
         ns = sub.namespace_for(nsid, ctrl.hostnqn)
-        data = (identify_namespace(ns, t.ana.state(ctrl.port.portid, ns.ana_grpid)) if ns
+        data = (identify_namespace(ns, t.ana.state(ctrl.port.portid, ns.ana_grpid), reservations.rescap(t, ns)) if ns
                 else bytes(I.IDENTIFY_SIZE))  # inactive (or not visible to this host): all zero (NCAP 0)
     elif cns == A.CNS_CONTROLLER:
         data = identify_controller(ctrl)
@@ -203,6 +205,8 @@ def _get_log_page(t: Target, req: Request) -> Outcome:
         page = t.ana.log_page(ctrl.port.portid, ctrl.subsystem.visible_namespaces(ctrl.hostnqn),
                               bool(cmd.lsp & L.ANA_LSP_RGO))
         ctrl.ana_log_read(retain)
+    elif lid == A.LID_RESERVATION:
+        page = reservations.log_page(ctrl, retain)
     else:
         return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
     return t.complete(req, 0, data=window(page, cmd.lpo, cmd.length))
@@ -262,6 +266,8 @@ def _set_features(t: Target, req: Request) -> Outcome:
         return t.complete(req, 0, result=granted | (granted << 16))
     if fid == A.FEAT_HOST_ID:
         return t.complete(req, S.CMD_SEQ_ERROR | S.DNR, location=LOC_CDW10)
+    if fid in (A.FEAT_RESV_MASK, A.FEAT_RESV_PERSIST):
+        return reservations.set_feature(t, req, fid)
     return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
 
 
@@ -291,6 +297,8 @@ def _get_features(t: Target, req: Request) -> Outcome:
         return t.complete(req, 0, result=1)
     if fid in _ZERO_FEATURES:
         return t.complete(req, 0, result=0)
+    if fid in (A.FEAT_RESV_MASK, A.FEAT_RESV_PERSIST):
+        return reservations.get_feature(t, req, fid)
     return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
 
 
@@ -332,4 +340,4 @@ def abort(t: Target, req: Request) -> Outcome:
 
 
 # The Commands Supported and Effects log (LID 0x05), generated from the handlers' declarations above and io.py's.
-EFFECTS = effects_log(COMMANDS, io.COMMANDS)
+EFFECTS = effects_log(COMMANDS, io.COMMANDS, reservations.COMMANDS)

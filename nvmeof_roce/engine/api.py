@@ -31,7 +31,8 @@ from typing import Callable, Dict, List, Optional
 from ..config import ConfigError, NamespaceConfig, PortConfig, SubsystemConfig, TargetConfig
 from ..nvme import admin as A
 from ..transport.lifecycle import FREE, move
-from . import native_view
+from ..errors import NvmeofError
+from . import native_view, reservations
 from .backends import BackendError, open_backend
 from .discovery import discovery_entries
 from .limits import MAX_NSID
@@ -260,6 +261,48 @@ class EngineApi:
         if self.native_data_path:
             for ctrl in list(sub.controllers.values()):
                 native_view.refresh(self, ctrl)
+
+    # -------------------------------------------------------------------------------------------- reservations
+    def save_reservations(self) -> None:
+        """Write the reservations that persist through power loss to the reservation file (OSError if it
+        cannot be written: the change is then not made)."""
+        reservations.save(self.reservation_file, self.subsystems)
+
+    def restore_reservations(self) -> None:
+        """Read the reservation file back (at start): NvmeofError naming it if it cannot be read."""
+        try:
+            n = reservations.restore(self.reservation_file, self.subsystems)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise NvmeofError(f"{self.reservation_file}: cannot read the reservations kept through power loss: "
+                              f"{exc}", "repair or remove the file (removing it clears those reservations)") from None
+        if n:
+            log.info("%s: %d namespace reservation(s) restored", self.reservation_file, n)
+
+    def set_reservations(self, nqn: str, nsid: int, enable: bool) -> None:
+        """Reservations on or off for a running namespace (its subsystem paused by the caller; the caller
+        refused turning them off while hosts are registered).  Off, a reservation kept through power loss is
+        forgotten."""
+        ns = self.subsystems[nqn].namespaces[nsid]
+        if enable == (ns.resv is not None):
+            return
+        kept = ns.resv is not None and ns.resv.ptpl
+        ns.resv = reservations.Reservation() if enable else None
+        if kept and self.reservation_file:
+            try:
+                self.save_reservations()
+            except OSError as exc:
+                log.error("%s: cannot forget the reservation of %s namespace %d: %s", self.reservation_file, nqn,
+                          nsid, exc)
+        self._refresh_native(self.subsystems[nqn])
+
+    def reservation_status(self, nqn: str, nsid: int) -> dict:
+        """A namespace's reservation state (the RPC and `target status`); KeyError if there is no such namespace,
+        ValueError if it has no reservations."""
+        ns = self.subsystems[nqn].namespaces[nsid]
+        if ns.resv is None:
+            raise ValueError(f"{nqn} namespace {nsid} has no reservations (its config has no \"resv\": "
+                             "{\"enable\": \"1\"})")
+        return ns.resv.status()
 
     # -------------------------------------------------------------------------------------------- ports
     def open_port(self, port: PortConfig):

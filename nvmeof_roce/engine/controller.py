@@ -30,6 +30,7 @@ from ..nvme import admin as A
 from ..nvme import fabrics as F
 from ..nvme.command import FABRICS_OPCODE, NVM_READ, NVM_WRITE, NVM_WRITE_ZEROES
 from ..nvme.log import CHANGED_NS_MAX, ErrorLogEntry
+from ..nvme.reservation import LOG_EMPTY, NotificationLog
 from .limits import ERROR_LOG_ENTRIES
 from .request import Request
 
@@ -39,6 +40,7 @@ IO_AEN_SUPPORTED = A.AEN_CFG_NS_ATTR | A.AEN_CFG_ANA_CHANGE
 DISCOVERY_IDLE_LIMIT = 120  # s: nvmet keeps a discovery controller with KATO 0 alive this long (NVMET_DISC_KATO_MS)
 DEFAULT_MAX_KATO = 300  # s: the longest keep-alive timeout a host may ask for (config: nvmeof_roce.max_kato)
 DISCOVERY_AEN_SUPPORTED = A.AEN_CFG_DISC_CHANGE
+RESV_LOG_DEPTH = 64  # Reservation Notification log entries kept until read (nvmet keeps as many)
 
 
 class CtrlState(enum.Enum):
@@ -111,6 +113,13 @@ class Controller:
         self.error_count = 0
         self.state = CtrlState.NEW
         self.auth = None  # engine/auth.py's HostAuth when the host must authenticate each queue
+        # Reservations (engine/reservations.py): the notification mask per NSID (feature 0x82), the
+        # Reservation Notification log's entries not yet read, its count, those lost, the event's mask.
+        self.resv_masks: Dict[int, int] = {}
+        self.resv_log: Deque[tuple] = deque()
+        self.resv_log_count = 0
+        self.resv_lost = 0
+        self.resv_event_masked = False
 
     # -- lifecycle
     def can_enter(self, new: CtrlState) -> bool:
@@ -236,6 +245,34 @@ class Controller:
         if not retain_event:
             self.aen_masked &= ~A.AEN_CFG_NS_ATTR
         return out
+
+    def add_resv_notice(self, log_type: int, nsid: int) -> None:
+        """A Reservation Notification log entry, and its event (I/O command set specific, log page 0x80) unless
+        one is already reported and its log not read since.  Past RESV_LOG_DEPTH unread entries, the newest
+        are counted as lost: the count of the next entry read tells the host how many."""
+        self.resv_log_count = self.resv_log_count % 0xFFFFFFFFFFFFFFFF + 1  # never 0: 0 means an empty log
+        if len(self.resv_log) >= RESV_LOG_DEPTH:
+            self.resv_lost += 1
+        else:
+            self.resv_log.append((self.resv_log_count, log_type, nsid))
+        if not self.resv_event_masked:
+            self.resv_event_masked = True
+            self.pending_events.append(A.aer_result(A.AER_TYPE_IO_CMD_SET, A.AER_RESV_LOG_AVAILABLE,
+                                                    A.LID_RESERVATION))
+
+    def take_resv_notice(self, retain_event: bool):
+        """The oldest Reservation Notification log entry (taken), as nvme/reservation.py's NotificationLog; an
+        empty one (count 0) when none is left.  Reading the log re-arms its event unless RAE is set."""
+        if not retain_event:
+            self.resv_event_masked = False
+        if not self.resv_log:
+            return NotificationLog(0, LOG_EMPTY, 0, 0)
+        count, log_type, nsid = self.resv_log.popleft()
+        if not self.resv_log and self.resv_lost:  # the lost ones came after this one
+            count, self.resv_lost = count + self.resv_lost, 0
+        elif self.resv_log:
+            count = self.resv_log[0][0] - 1
+        return NotificationLog(count, log_type, min(len(self.resv_log), 255), nsid)
 
     def ana_log_read(self, retain_event: bool) -> None:
         """Reading the ANA log re-arms the ANA change notice unless RAE is set."""

@@ -51,7 +51,7 @@ from . import native_view
 from .api import EngineApi
 from .controller import Controller, CtrlState
 from .ana import AnaTable
-from . import admin, discovery, fabrics, io
+from . import admin, discovery, fabrics, io, reservations
 from .limits import (DEFAULT_IN_CAPSULE_SIZE, DEFAULT_QUEUE_SIZE, MAX_CONTROLLERS_PER_HOST, MAX_DISCOVERY_CONTROLLERS,
                      MAX_DISCOVERY_CONTROLLERS_PER_HOST, MAX_QUEUE_SIZE, MAX_QUEUES, MIN_QUEUE_SIZE)
 from .request import (COMPLETED, DEFERRED, FETCHING, HELD_OUTCOME, LOC_DPTR, LOC_FLAGS, LOC_NSID, LOC_OPCODE,
@@ -143,8 +143,12 @@ class Target(EngineApi):
 
     def __init__(self, config: TargetConfig, clock: Callable[[], float] = time.monotonic,
                  in_capsule_size: int = DEFAULT_IN_CAPSULE_SIZE, queue_size: int = DEFAULT_QUEUE_SIZE,
-                 file_lock: str = "exclusive", limits: Optional[ResourceLimits] = None):
+                 file_lock: str = "exclusive", limits: Optional[ResourceLimits] = None,
+                 reservation_file: Optional[str] = None):
         self.config = config
+        # Where reservations that persist through power loss are kept (engine/reservations.py); None: a host's
+        # PTPL is refused, and a restart clears every reservation
+        self.reservation_file = reservation_file
         self.file_lock = file_lock  # "shared" in the workers of `serve --workers` (backends.FileBackend._lock)
         self.clock = clock
         self.limits = limits or ResourceLimits()
@@ -182,10 +186,12 @@ class Target(EngineApi):
             for sub in self.subsystems.values():
                 sub.close()
             raise
+        if reservation_file:
+            self.restore_reservations()
         # The command tables by opcode (engine/handlers.py); a test may install a copy with a vendor command.
         self.admin_commands: Dict[int, Handler] = admin.COMMANDS.handlers
         self.discovery_commands: Dict[int, Handler] = discovery.COMMANDS.handlers
-        self.io_commands: Dict[int, Handler] = io.COMMANDS.handlers
+        self.io_commands: Dict[int, Handler] = {**io.COMMANDS.handlers, **reservations.COMMANDS.handlers}
 
     # ------------------------------------------------------------------ public API
     @property
@@ -585,6 +591,8 @@ class Target(EngineApi):
                 ana_status = self.ana.io_status(ctrl.port.portid, ns.ana_grpid)
                 if ana_status:  # this path cannot serve the namespace now (nvmet_check_ana_state)
                     return self.complete(req, ana_status, location=LOC_NSID)
+                if ns.resv is not None and reservations.conflict_status(ns, ctrl, opc):
+                    return self.complete(req, reservations.CONFLICT, location=LOC_OPCODE)
                 table = self.io_commands
             handler = table.get(opc)
             if handler is None:
@@ -596,7 +604,8 @@ class Target(EngineApi):
         if EXECUTING not in NEXT[req.state]:  # lifecycle.move, inlined: once per command
             raise IllegalTransition(req, EXECUTING)
         req.state = EXECUTING
-        if ns is not None and ns.qos is not None and \
+        # A reservation command never waits behind QoS: a preempt and abort is what frees a fenced host's queue.
+        if ns is not None and ns.qos is not None and opc not in reservations.COMMANDS.handlers and \
                 not self.qos.admit(ns, req, lambda r: self._resume_held(r, handler)):
             return  # over its namespace's QoS limit: held (EXECUTING), started when the tokens come back (engine/qos.py)
         if handler(self, req) is None:
@@ -610,6 +619,9 @@ class Target(EngineApi):
             return
         if req.ns is None or req.ns.removed:
             self.complete(req, S.INVALID_NS | S.DNR, location=LOC_NSID)
+            return
+        if req.ns.resv is not None and reservations.conflict_status(req.ns, req.queue.ctrl, req.opc):
+            self.complete(req, reservations.CONFLICT, location=LOC_OPCODE)  # reserved meanwhile
             return
         try:
             if handler(self, req) is None:

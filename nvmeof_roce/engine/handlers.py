@@ -39,6 +39,6 @@ class CommandTable:
         return register
 
 
-def effects_log(admin: CommandTable, io: CommandTable) -> bytes:
-    """The Commands Supported and Effects log page (LID 0x05) of the handlers in `admin` and `io`."""
-    return CommandEffectsLog(admin=dict(admin.effects), io=dict(io.effects)).pack()
+def effects_log(admin: CommandTable, *io: CommandTable) -> bytes:
+    """The Commands Supported and Effects log page (LID 0x05) of the handlers in `admin` and the I/O tables."""
+    return CommandEffectsLog(admin=dict(admin.effects), io={k: v for t in io for k, v in t.effects.items()}).pack()

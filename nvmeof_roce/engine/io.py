@@ -23,6 +23,7 @@ import errno
 
 from .backends import BackendError
 from .handlers import CommandTable
+from .reservations import CONFLICT, conflict_status
 from .request import COMPLETED, DEFERRED, LOC_CDW10, LOC_CDW12, LOC_DPTR, LOC_NSID, LOC_OPCODE, Outcome, Request
 from .work import SLICE_BYTES
 
@@ -148,6 +149,8 @@ def _write_data(t: Target, req: Request, data) -> Outcome:
     ns = req.ns
     if ns.removed:  # removed while its data was in flight
         return t.complete(req, S.INVALID_NS | S.DNR)
+    if ns.resv is not None and conflict_status(ns, req.queue.ctrl, req.opc):  # reserved while its data came
+        return t.complete(req, CONFLICT, location=LOC_OPCODE)
     offset = (req.cdw10 | (req.cdw11 << 32)) << ns.lbads
     fua = bool(req.cdw12 & _CONTROL_FUA)
     if ns.backend.blocking:
@@ -292,6 +295,8 @@ def _dsm_ranges(t: Target, req: Request, data) -> Outcome:
     ns = req.ns
     if ns.removed:
         return t.complete(req, S.INVALID_NS | S.DNR)
+    if ns.resv is not None and conflict_status(ns, req.queue.ctrl, req.opc):  # reserved while its ranges came
+        return t.complete(req, CONFLICT, location=LOC_OPCODE)
     ranges = []
     for pos in range(0, len(data), DSM_RANGE_SIZE):
         _attrs, nlb, slba = DSM_RANGE_STRUCT.unpack_from(data, pos)

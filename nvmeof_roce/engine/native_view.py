@@ -4,12 +4,13 @@ A queue whose transport runs the native data path (its `data_path` is "native", 
 serves Read, Write and Flush of the namespaces listed here itself; everything else comes to the core.  The view
 lists a namespace only when every check of `Target._start` that does not depend on the command passes for it: the
 controller is ready, the queue is an authenticated I/O queue, the namespace is attached, not removed, its ANA group
-is optimized or non-optimized on the controller's port, and it is RAM (registered with the device), null, or a file
+is optimized or non-optimized on the controller's port, its reservation (if it has reservations) lets the
+controller's host read and write, and it is RAM (registered with the device), null, or a file
 or block namespace on the io_uring engine (given as a `_native.File`: a dup of its descriptor and its depth) on a
 queue that serves them.  Each namespace is given with its generation (Namespace.generation), its identity for the
 C queue: a command whose namespace's generation left the view answers Invalid Namespace.  A paused subsystem's
 view says so: its new commands come to the core, which holds them until the resume.  The core calls `refresh` after anything that can change one of those (a capsule it handled,
-a namespace change, an ANA change) and before the event loop polls again, so a live change never races a command.
+a namespace change, an ANA change, a reservation change) and before the event loop polls again, so a live change never races a command.
 The native counters and latency histograms are folded into the namespaces' own figures (`Namespace.bytes_read`, ...,
 `ns.stats`' histograms) when the view is replaced and at each tick.
 """
@@ -41,6 +42,8 @@ def view_of(target: "Target", qs: "QueueState") -> tuple:
             continue
         if ns.qos is not None or not ns.visible_to(ctrl.hostnqn):
             continue  # a QoS limit or per-host visibility: the core enforces them (engine/qos.py, core._start)
+        if ns.resv is not None and not ns.resv.may_read_write(ctrl.hostid):
+            continue  # a reservation restricts this host: the core answers its conflicts (engine/reservations.py)
         kind = ns.backend.kind
         addr = lkey = 0
         if kind == "ram":

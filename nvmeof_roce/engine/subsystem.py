@@ -25,6 +25,7 @@ from ..nvme.fabrics import DISCOVERY_NQN, MAX_CNTLID, MIN_CNTLID, make_version
 from .backends import Backend
 from .ioengine import DEFAULT_QUEUE_DEPTH, IoEngine, choose_engine, make_engine
 from .latency import NamespaceStats
+from .reservations import Reservation
 from ..config import NamespaceConfig, SubsystemConfig
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,8 @@ class Namespace:
         self.write_commands = 0
         self.stats = NamespaceStats()  # latency histograms and errors, for status and metrics
         self.qos = None  # qos.Limiter when the config limits the namespace (QosScheduler.configure)
+        # Its reservation state when the config enables reservations (engine/reservations.py), else None
+        self.resv = Reservation() if config.resv_enabled else None
 
     def visible_to(self, hostnqn: str) -> bool:
         """Whether host `hostnqn` sees the namespace (config nvmeof_roce.visible_hosts; SPDK's no_auto_visible

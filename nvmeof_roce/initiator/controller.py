@@ -31,8 +31,10 @@ from ..nvme import identify as I
 from ..nvme import log as L
 from ..nvme import status as S
 from ..nvme.cm import ADMIN_QUEUE_DEPTH
-from ..nvme.command import (CQE_STRUCT, FLAGS_SGL, NSID_ALL, NVM_DSM, NVM_FLUSH, NVM_READ, NVM_WRITE,
-                            NVM_WRITE_ZEROES, SQE, SQE_SIZE, SQE_STRUCT)
+from ..nvme import reservation as R
+from ..nvme.command import (CQE_STRUCT, FLAGS_SGL, NSID_ALL, NVM_DSM, NVM_FLUSH, NVM_READ, NVM_RESV_ACQUIRE,
+                            NVM_RESV_REGISTER, NVM_RESV_RELEASE, NVM_RESV_REPORT, NVM_WRITE, NVM_WRITE_ZEROES, SQE,
+                            SQE_SIZE, SQE_STRUCT)
 from ..nvme.nvm import DSM_AD, DsmRange, pack_dsm_ranges
 from ..nvme.sgl import ID_IN_CAPSULE, ID_KEYED
 from ..nvme.status import NvmeStatusError
@@ -864,3 +866,33 @@ class Controller:
         data = pack_dsm_ranges([DsmRange(slba, nlb) for slba, nlb in ranges])
         sqe = SQE(opc=NVM_DSM, nsid=nsid, cdw10=len(ranges) - 1, cdw11=DSM_AD)
         self._io_sync(sqe, data_out=data, qid=qid, name="Dataset Management")
+
+    # ------------------------------------------------------------------ reservations (nvme/reservation.py)
+    def resv_register(self, nsid: int, action: int = R.REGISTER, nrkey: int = 0, crkey: int = 0,
+                      iekey: bool = False, cptpl: int = R.CPTPL_NO_CHANGE, qid: Optional[int] = None) -> Completion:
+        """Reservation Register: register (NRKEY), unregister or replace (CRKEY, or any with IEKEY)."""
+        sqe = SQE(opc=NVM_RESV_REGISTER, nsid=nsid, cdw10=R.register_cdw10(action, iekey, cptpl))
+        return self._io_sync(sqe, data_out=R.KEYS.pack(crkey, nrkey), qid=qid, name="Reservation Register")
+
+    def resv_acquire(self, nsid: int, rtype: int, crkey: int, action: int = R.ACQUIRE, prkey: int = 0,
+                     qid: Optional[int] = None) -> Completion:
+        """Reservation Acquire: acquire, preempt or preempt and abort (PRKEY: the key preempted)."""
+        sqe = SQE(opc=NVM_RESV_ACQUIRE, nsid=nsid, cdw10=R.acquire_cdw10(action, rtype))
+        return self._io_sync(sqe, data_out=R.KEYS.pack(crkey, prkey), qid=qid, name="Reservation Acquire")
+
+    def resv_release(self, nsid: int, rtype: int, crkey: int, action: int = R.RELEASE,
+                     qid: Optional[int] = None) -> Completion:
+        """Reservation Release: release the reservation of type `rtype`, or clear every registration."""
+        sqe = SQE(opc=NVM_RESV_RELEASE, nsid=nsid, cdw10=R.release_cdw10(action, rtype))
+        return self._io_sync(sqe, data_out=crkey.to_bytes(8, "little"), qid=qid, name="Reservation Release")
+
+    def resv_report(self, nsid: int, length: int = 4096, eds: bool = True,
+                    qid: Optional[int] = None) -> R.ReservationStatus:
+        """Reservation Report with the extended data structure (128-bit host identifiers)."""
+        sqe = SQE(opc=NVM_RESV_REPORT, nsid=nsid, cdw10=length // 4 - 1, cdw11=R.EDS if eds else 0)
+        q = self._pick_queue(qid)
+        return R.ReservationStatus.unpack(self._sync(q, sqe, data_in_len=length, name="Reservation Report").data)
+
+    def resv_notification(self, rae: bool = False) -> R.NotificationLog:
+        """Read (and so take) the oldest Reservation Notification log entry (count 0: none left)."""
+        return R.NotificationLog.unpack(self.get_log_page(A.LID_RESERVATION, R.LOG_SIZE, rae=rae))

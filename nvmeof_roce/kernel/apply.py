@@ -360,6 +360,12 @@ def execute(root: Root, steps: List[Step]) -> List[Step]:
             if not root.fs.isfile(path):
                 if str(st.value) == "":
                     continue
+                if st.rel.endswith("/resv_enable"):
+                    raise NvmetError(f"{st.rel}: reservations (resv_enable"
+                                     + (f", {st.field}" if st.field else "") + ") need nvmet of Linux 6.13 or newer; "
+                                     "this kernel's has no such attribute",
+                                     "serve this config with the userspace target (nvmeof-roce target serve), which "
+                                     "has reservations, or run a newer kernel, or remove \"resv\" from the namespace")
                 raise NvmetError(f"{st.rel}: this kernel's nvmet has no such attribute"
                                  + (f" ({st.field})" if st.field else ""),
                                  "remove the key from the config; the running kernel (uname -r) does not support it")

@@ -241,6 +241,45 @@ def cmd_host_list(args):
     return 0
 
 
+RTYPE_HELP = ("reservation type: 1 write exclusive, 2 exclusive access, 3/4 the same for registrants only, "
+              "5/6 for all registrants")
+
+
+def cmd_host_resv_register(args):
+    r = _cli().resv_register(args.device, args.rrega, args.nrkey, args.crkey, args.iekey, args.cptpl, args.nsid)
+    emit(r, args.json, lambda r: print(f"{args.device}: reservation register action {args.rrega} done"))
+    return 0
+
+
+def cmd_host_resv_acquire(args):
+    r = _cli().resv_acquire(args.device, args.rtype, args.crkey, args.racqa, args.prkey, args.nsid)
+    emit(r, args.json, lambda r: print(f"{args.device}: reservation acquire action {args.racqa} "
+                                      f"(type {args.rtype}) done"))
+    return 0
+
+
+def cmd_host_resv_release(args):
+    r = _cli().resv_release(args.device, args.rtype, args.crkey, args.rrela, args.nsid)
+    emit(r, args.json, lambda r: print(f"{args.device}: reservation release action {args.rrela} done"))
+    return 0
+
+
+def cmd_host_resv_report(args):
+    r = _cli().resv_report(args.device, nsid=args.nsid)
+
+    def human(r):
+        print(f"{args.device}: generation {r['generation']}, type {r['rtype'] or 'none'}, "
+              f"{r['regctl']} registrant(s), PTPL {'on' if r['ptpls'] else 'off'}")
+        for g in r["registrants"]:
+            print(f"  host {g['hostid']}  key {g['rkey']:#x}{'  holds' if g['holds'] else ''}")
+    emit(r, args.json, human)
+    return 0
+
+
+def _key(text: str) -> int:
+    return int(text, 0)
+
+
 def cmd_gen_dhchap_key(args):
     """As `nvme gen-dhchap-key`: a random (or given) key, transformed with the host NQN for a hash, encoded."""
     from ..nvme.auth import HASH_NAMES, SecretError, generate_secret
@@ -318,3 +357,36 @@ def register(subparsers) -> None:
     x = hs.add_parser("list", help="connected subsystems, their paths and namespaces")
     _add_json(x)
     x.set_defaults(func=cmd_host_list)
+    # reservations, through nvme-cli's resv-* commands (docs/reservations.md)
+    x = hs.add_parser("resv-register", help="register, unregister or replace a reservation key (nvme resv-register)")
+    x.add_argument("device", help="namespace device (/dev/nvme0n1), or a controller (/dev/nvme0) with --nsid")
+    x.add_argument("-n", "--nsid", type=int, help="namespace ID, with a controller device")
+    x.add_argument("--rrega", type=int, default=0, choices=[0, 1, 2], help="0 register, 1 unregister, 2 replace")
+    x.add_argument("--nrkey", type=_key, default=0, help="the new key (register, replace)")
+    x.add_argument("--crkey", type=_key, default=0, help="the current key (unregister, replace)")
+    x.add_argument("--iekey", action="store_true", help="ignore the current key")
+    x.add_argument("--cptpl", type=int, choices=[2, 3], help="2 clear, 3 set persistence through power loss")
+    _add_json(x)
+    x.set_defaults(func=cmd_host_resv_register)
+    x = hs.add_parser("resv-acquire", help="acquire or preempt a reservation (nvme resv-acquire)")
+    x.add_argument("device", help="namespace device (/dev/nvme0n1), or a controller (/dev/nvme0) with --nsid")
+    x.add_argument("-n", "--nsid", type=int, help="namespace ID, with a controller device")
+    x.add_argument("--rtype", type=int, required=True, choices=range(1, 7), help=RTYPE_HELP)
+    x.add_argument("--crkey", type=_key, required=True, help="this host's key")
+    x.add_argument("--racqa", type=int, default=0, choices=[0, 1, 2], help="0 acquire, 1 preempt, 2 preempt and abort")
+    x.add_argument("--prkey", type=_key, default=0, help="the key preempted")
+    _add_json(x)
+    x.set_defaults(func=cmd_host_resv_acquire)
+    x = hs.add_parser("resv-release", help="release or clear a reservation (nvme resv-release)")
+    x.add_argument("device", help="namespace device (/dev/nvme0n1), or a controller (/dev/nvme0) with --nsid")
+    x.add_argument("-n", "--nsid", type=int, help="namespace ID, with a controller device")
+    x.add_argument("--rtype", type=int, default=0, choices=range(0, 7), help=RTYPE_HELP)
+    x.add_argument("--crkey", type=_key, required=True, help="this host's key")
+    x.add_argument("--rrela", type=int, default=0, choices=[0, 1], help="0 release, 1 clear every registration")
+    _add_json(x)
+    x.set_defaults(func=cmd_host_resv_release)
+    x = hs.add_parser("resv-report", help="a namespace's reservation and registrants (nvme resv-report --eds)")
+    x.add_argument("device", help="namespace device (/dev/nvme0n1), or a controller (/dev/nvme0) with --nsid")
+    x.add_argument("-n", "--nsid", type=int, help="namespace ID, with a controller device")
+    _add_json(x)
+    x.set_defaults(func=cmd_host_resv_report)

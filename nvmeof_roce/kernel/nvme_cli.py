@@ -672,6 +672,59 @@ class NvmeCli:
             s["namespaces"] = [n for n in nss if n.get("subnqn") == s["nqn"]]
         return {"subsystems": subs, "namespaces": nss}
 
+    # reservations (docs/reservations.md) ---------------------------------------
+    def _resv(self, verb: str, device: str, args: List[str], nsid: Optional[int]) -> tool.ToolResult:
+        """One resv-* command; `nsid` for a controller's character device (/dev/nvme0: that controller's path,
+        where a namespace device may go down any path of a multipath head)."""
+        res = self._nvme([verb, device] + args + ([f"--namespace-id={nsid}"] if nsid else []), timeout=60)
+        if not res.ok:
+            text = _errtext(res.stderr + res.stdout) or f"exit status {res.exit_code}"
+            raise NvmeCliError(f"nvme {verb} {device}: {text}",
+                               "Reservation Conflict: another host holds the reservation, or the key is not this "
+                               "host's (nvmeof-roce host resv-report shows both); Invalid Opcode: the namespace has "
+                               "no reservations (\"resv\": {\"enable\": \"1\"} in the target's config)")
+        return res
+
+    def resv_register(self, device: str, rrega: int = 0, nrkey: int = 0, crkey: int = 0, iekey: bool = False,
+                      cptpl: Optional[int] = None, nsid: Optional[int] = None) -> dict:
+        """nvme resv-register: RREGA 0 register (NRKEY), 1 unregister, 2 replace (CRKEY, or any with IEKEY);
+        CPTPL 2 clears, 3 sets persistence through power loss."""
+        args = [f"--rrega={rrega}", f"--nrkey={nrkey}", f"--crkey={crkey}"] + (["--iekey"] if iekey else [])
+        if cptpl is not None:
+            args.append(f"--cptpl={cptpl}")
+        self._resv("resv-register", device, args, nsid)
+        return {"device": device, "rrega": rrega, "nrkey": nrkey}
+
+    def resv_acquire(self, device: str, rtype: int, crkey: int, racqa: int = 0, prkey: int = 0,
+                     nsid: Optional[int] = None) -> dict:
+        """nvme resv-acquire: RACQA 0 acquire, 1 preempt, 2 preempt and abort (PRKEY: the key preempted)."""
+        self._resv("resv-acquire", device, [f"--rtype={rtype}", f"--racqa={racqa}", f"--crkey={crkey}",
+                                            f"--prkey={prkey}"], nsid)
+        return {"device": device, "rtype": rtype, "racqa": racqa}
+
+    def resv_release(self, device: str, rtype: int, crkey: int, rrela: int = 0, nsid: Optional[int] = None) -> dict:
+        """nvme resv-release: RRELA 0 release (of type RTYPE), 1 clear every registration."""
+        self._resv("resv-release", device, [f"--rtype={rtype}", f"--rrela={rrela}", f"--crkey={crkey}"], nsid)
+        return {"device": device, "rtype": rtype, "rrela": rrela}
+
+    def resv_report(self, device: str, eds: bool = True, nsid: Optional[int] = None) -> dict:
+        """nvme resv-report -o json, as parse_resv_report gives it."""
+        res = self._resv("resv-report", device, ["--numd=1023", "--output-format=json"] + (["--eds"] if eds else []),
+                         nsid)
+        return parse_resv_report(res.stdout)
+
+
+def parse_resv_report(text: str) -> dict:
+    """nvme resv-report's JSON: generation, type, PTPL state and each registrant (controller, holds, key, host
+    identifier); nvme-cli names the list regctlext with --eds, regctls without."""
+    d = _loads(text, "nvme resv-report")
+    regs = _g(d, "regctlext", "regctls", default=[]) or []
+    return {"generation": _int(_g(d, "gen", default=0)), "rtype": _int(_g(d, "rtype", default=0)),
+            "regctl": _int(_g(d, "regctl", default=len(regs))), "ptpls": _int(_g(d, "ptpls", default=0)),
+            "registrants": [{"cntlid": _int(_g(r, "cntlid", default=0)), "holds": bool(_int(_g(r, "rcsts", default=0)) & 1),
+                             "rkey": _int(_g(r, "rkey", default=0)),
+                             "hostid": str(_g(r, "hostid", default="")).replace("-", "").lower()} for r in regs]}
+
 
 def _dmesg_tail(lines: int = 200) -> str:
     """The end of the kernel log, to explain a failed connect; '' if unreadable (not root, no dmesg)."""

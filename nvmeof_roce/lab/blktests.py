@@ -57,8 +57,9 @@ NOT_APPLICABLE: Dict[str, str] = {
     "nvme/045": "rotates keys in nvmet's configfs: `_set_nvmet_hostkey`, `_set_nvmet_ctrlkey`, `_set_nvmet_dhgroup`",
     "nvme/051": "enables and disables the namespace in nvmet's configfs: "
                 "`ns=\"${NVMET_CFS}/subsystems/${def_subsysnqn}/namespaces/${def_nsid}\"`, `ns_enable_disable_loop`",
-    "nvme/054": "reservations (`_nvmet_target_setup --blkdev file --resv_enable`, which the hook does not pass and "
-                "ours does not implement) and nvmet's `subsys_path=\"${NVMET_CFS}/subsystems/${def_subsysnqn}\"`",
+    "nvme/054": "reservations (`_nvmet_target_setup --blkdev file --resv_enable`, which the hook does not pass) "
+                "and nvmet's `subsys_path=\"${NVMET_CFS}/subsystems/${def_subsysnqn}\"`; its sequence against ours: "
+                "tests/lab/test_two_host_reservations.py",
     "nvme/057": "ANA states set in nvmet's configfs: `_setup_nvmet_port_ana \"${port}\" 1 \"optimized\"`; ours "
                 "changes ANA states through RPC (tests/unit/test_ana.py)",
     "nvme/058": "ANA groups and namespaces remapped in nvmet's configfs: `_setup_nvmet_port_ana`, "

@@ -24,6 +24,8 @@ FEAT_NUM_QUEUES = 0x07
 FEAT_ASYNC_EVENT = 0x0B
 FEAT_KATO = 0x0F
 FEAT_HOST_ID = 0x81
+FEAT_RESV_MASK = 0x82  # Reservation Notification Mask (namespace specific)
+FEAT_RESV_PERSIST = 0x83  # Reservation Persistence: PTPL (namespace specific)
 
 # Log page identifiers
 LID_ERROR = 0x01
@@ -33,11 +35,14 @@ LID_CHANGED_NS = 0x04
 LID_CMD_EFFECTS = 0x05
 LID_ANA = 0x0C
 LID_DISCOVERY = 0x70
+LID_RESERVATION = 0x80  # Reservation Notification
 
 # Asynchronous event completion DW0: type 2:0, info 15:8, log page 23:16
 AER_TYPE_ERROR = 0
 AER_TYPE_SMART = 1
 AER_TYPE_NOTICE = 2
+AER_TYPE_IO_CMD_SET = 6  # I/O command set specific: info 0, a Reservation Notification log page is available
+AER_RESV_LOG_AVAILABLE = 0x00
 AER_NOTICE_NS_CHANGED = 0x00
 AER_NOTICE_FW_ACTIVATION = 0x01
 AER_NOTICE_ANA = 0x03

@@ -39,6 +39,11 @@ SGLS_OFFSET = 1 << 20  # data block with offset: in-capsule data
 # ONCS bits
 ONCS_DSM = 1 << 2
 ONCS_WRITE_ZEROES = 1 << 3
+ONCS_RESERVATIONS = 1 << 5
+
+# RESCAP bits of Identify Namespace: PTPL, the six types (bit = type), IEKEY as of NVMe 1.3
+RESCAP_PTPL = 1 << 0
+RESCAP_IEKEY_13 = 1 << 7
 
 # Namespace identification descriptor types (CNS 0x03)
 NIDT_EUI64 = 0x01

@@ -35,12 +35,15 @@ SGL_INVALID_METADATA = 0x010
 SGL_INVALID_TYPE = 0x011
 SGL_INVALID_OFFSET = 0x016
 SGL_INVALID_SUBTYPE = 0x017
+HOST_ID_INCONSISTENT = 0x018
 KA_TIMEOUT_EXPIRED = 0x019
 KA_TIMEOUT_INVALID = 0x01A
+PREEMPT_ABORT = 0x01B
 NS_WRITE_PROTECTED = 0x020
 LBA_RANGE = 0x080
 CAP_EXCEEDED = 0x081
 NS_NOT_READY = 0x082
+RESERVATION_CONFLICT = 0x083
 
 # Command specific status (SCT 1)
 CQ_INVALID = 0x100
@@ -89,12 +92,15 @@ STATUS_NAMES = {
     SGL_INVALID_TYPE: "SGL Descriptor Type Invalid",
     SGL_INVALID_OFFSET: "SGL Offset Invalid",
     SGL_INVALID_SUBTYPE: "SGL Sub-Type Invalid",
+    HOST_ID_INCONSISTENT: "Host Identifier Inconsistent Format",
     KA_TIMEOUT_EXPIRED: "Keep Alive Timer Expired",
+    PREEMPT_ABORT: "Command Aborted due to Preempt and Abort",
     KA_TIMEOUT_INVALID: "Keep Alive Timeout Invalid",
     NS_WRITE_PROTECTED: "Namespace is Write Protected",
     LBA_RANGE: "LBA Out of Range",
     CAP_EXCEEDED: "Capacity Exceeded",
     NS_NOT_READY: "Namespace Not Ready",
+    RESERVATION_CONFLICT: "Reservation Conflict",
     CQ_INVALID: "Completion Queue Invalid",
     QID_INVALID: "Invalid Queue Identifier",
     QUEUE_SIZE: "Invalid Queue Size",

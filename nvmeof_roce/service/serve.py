@@ -11,6 +11,7 @@ from typing import List, Optional
 from ..errors import NvmeofError
 from ..securefile import write_file
 from ..config import TargetConfig, load_userspace_config
+from ..engine.reservations import file_for as reservation_file_for
 from ..transport import registry
 from ..transport.rdma.native_trace import TRACING, printed as trace_printed
 from ..transport.resources import ResourceLimits
@@ -29,7 +30,8 @@ class TargetServer:
     def __init__(self, config: TargetConfig, *, limits: Optional[ResourceLimits] = None,
                  remote_invalidate: bool = True, listen_portids: Optional[List[int]] = None,
                  file_lock: str = "exclusive", data_path: Optional[str] = None, worker: Optional[int] = None,
-                 poll: str = POLL.default, cores: int = CORES.default, trace: str = TRACE.default):
+                 poll: str = POLL.default, cores: int = CORES.default, trace: str = TRACE.default,
+                 reservation_file: Optional[str] = None):
         from ..engine.core import Target
 
         served = [p for p in config.ports if registry.serves(p.trtype)]  # transport/registry.py
@@ -55,7 +57,8 @@ class TargetServer:
         self.poll = check_poll(poll, self.data_path)  # how native queues find completions (tunables.POLL)
         self.cores = check_cores(cores, self.data_path, self.poll)  # poll-group threads (tunables.CORES)
         self.trace = check_trace(trace, self.data_path)  # the native queues' per-command trace (tunables.TRACE)
-        self.target = Target(config, file_lock=file_lock, limits=self.limits)
+        # reservations kept through power loss (engine/reservations.py), read back here
+        self.target = Target(config, file_lock=file_lock, limits=self.limits, reservation_file=reservation_file)
         self.loop = registry.get(served[0].trtype).event_loop(self.target)
         self.target.attach_loop(self.loop)  # fdatasync and long commands stay off the loop
         self.next_status = time.monotonic() + STATUS_INTERVAL
@@ -154,7 +157,8 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
         server = TargetServer(config, limits=limits, remote_invalidate=remote_invalidate,
                               listen_portids=listen_portids,
                               file_lock="exclusive" if worker is None else "shared", data_path=data_path,
-                              worker=worker, poll=poll, cores=cores, trace=trace)
+                              worker=worker, poll=poll, cores=cores, trace=trace,
+                              reservation_file=reservation_file_for(path) if worker is None else None)
     except BaseException:
         if bound is not None:
             bound.close()

@@ -126,6 +126,7 @@ class Supervisor:
 
     def _derive(self, config: TargetConfig) -> List[dict]:
         """Each worker's config from `config`, each checked as the worker will load it."""
+        refuse_reservations(config)
         try:
             configs, self.listen, self.groups = worker_configs(config, self.n, self.run_dir)
         except ValueError as exc:
@@ -392,6 +393,20 @@ class Supervisor:
                 log.error("worker pid %d did not stop in %.0f s: killing it", proc.pid, STOP_TIMEOUT)
                 proc.kill()
                 proc.wait()
+
+
+def refuse_reservations(config: TargetConfig) -> None:
+    """Reservations are refused under --workers (docs/reservations.md): each worker would keep its own state, so a
+    host fenced through one worker's port could still write through another's."""
+    for i, s in enumerate(config.subsystems):
+        for j, n in enumerate(s.namespaces):
+            if n.resv_enabled:
+                raise ConfigError(config.source, f"subsystems[{i}].namespaces[{j}].resv.enable",
+                                  f"{s.nqn} namespace {n.nsid}: reservations under serve --workers: each worker "
+                                  "process would keep its own reservation state, and a host fenced through one "
+                                  "worker could still write through another",
+                                  "serve this config in one process (without --workers), or disable reservations "
+                                  "on the namespace")
 
 
 def _write_json(path: str, data: dict) -> None:

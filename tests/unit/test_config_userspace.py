@@ -44,8 +44,6 @@ UNSUPPORTED = [
     (lambda d: d["ports"][0]["addr"].update(treq="required"), "ports[0].addr.treq",
      "treq \"required\" (secure channel)"),
     (lambda d: d["ports"][0]["addr"].update(tsas="tls1.3"), "ports[0].addr.tsas", "tsas 'tls1.3' (transport security)"),
-    (lambda d: d["subsystems"][0]["namespaces"][0].update(resv={"enable": 1}),
-     "subsystems[0].namespaces[0].resv.enable", "reservations (resv_enable)"),
     (lambda d: d["subsystems"][0].update(attr={"alow_any_host": "1"}), "subsystems[0].attr.alow_any_host",
      "subsystem attribute 'alow_any_host'"),
     (lambda d: d["subsystems"][0].update(attr={"ana_grpid": "2"}), "subsystems[0].attr.ana_grpid",
@@ -187,7 +185,7 @@ def test_a_served_file_is_locked(tmp_path):
 
 def test_all_problems_in_one_run(tmp_path, capsys):
     data = base()
-    data["subsystems"][0]["namespaces"][0]["resv"] = {"enable": 1}
+    data["subsystems"][0]["namespaces"][0]["p2pmem"] = 1
     data["ports"][0]["addr"]["treq"] = "required"
     data["ports"][0]["param"] = {"inline_data_size": "lots"}
     data["subsystems"][0]["attr"] = {"modle": "x"}
@@ -195,7 +193,7 @@ def test_all_problems_in_one_run(tmp_path, capsys):
     errors = userspace_errors(tmp_path, data)
     assert sorted(e.where for e in errors) == sorted([
         "ports[0].param.inline_data_size", "subsystems[0].namespaces[1].nvmeof_roce.size",
-        "subsystems[0].namespaces[0].resv.enable", "ports[0].addr.treq", "subsystems[0].attr.modle"])
+        "subsystems[0].namespaces[0].p2pmem", "ports[0].addr.treq", "subsystems[0].attr.modle"])
     path = write(tmp_path, data)
     assert cli.main(["target", "check", path]) == 1
     err = capsys.readouterr().err
@@ -250,9 +248,10 @@ def test_kernel_loader_keeps_what_the_kernel_supports():
     data["subsystems"][0]["namespaces"][0].update(resv={"enable": 1})
     cfg = parse_config(data, "k.json")
     assert cfg.host_entries[0].attrs["dhchap"]["key"] == "DHHC-1:00:abcd:"
-    # DH-HMAC-CHAP is served by both targets (engine/auth.py); treq and reservations only by the kernel's
-    assert [e.where for e in validate_for_userspace(cfg)] == ["ports[0].addr.treq",
-                                                              "subsystems[0].namespaces[0].resv.enable"]
+    # DH-HMAC-CHAP and reservations are served by both targets (engine/auth.py, engine/reservations.py); treq
+    # only by the kernel's
+    assert cfg.subsystems[0].namespaces[0].resv_enabled
+    assert [e.where for e in validate_for_userspace(cfg)] == ["ports[0].addr.treq"]
 
 
 def test_check_refuses_a_malformed_dhchap_key(tmp_path, capsys):

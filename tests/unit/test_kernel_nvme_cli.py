@@ -410,3 +410,22 @@ def test_raw_discovery_log_saved_by_nvme_cli():
     assert r["genctr"] >= 1
     with pytest.raises(NvmeCliError, match="shorter than its header"):
         parse_raw_discovery(b"\0" * 100)
+
+
+def test_resv_commands_argv_and_a_conflict(etc):
+    fake = FakeNvme([("resv-acquire", ok()), ("resv-register", ok()), ("resv-release", ok())])
+    cli = NvmeCli(runner=fake, load_modules=False, etc_dir=etc, kernel_log=lambda: "")
+    cli.resv_register("/dev/nvme1", nrkey=0xA1, cptpl=3, nsid=1)
+    cli.resv_acquire("/dev/nvme0n1", 1, 0xA1, racqa=2, prkey=0xB2)
+    cli.resv_release("/dev/nvme1", 1, 0xA1, rrela=1, nsid=1)
+    assert fake.calls == [
+        ["resv-register", "/dev/nvme1", "--rrega=0", "--nrkey=161", "--crkey=0", "--cptpl=3", "--namespace-id=1"],
+        ["resv-acquire", "/dev/nvme0n1", "--rtype=1", "--racqa=2", "--crkey=161", "--prkey=178"],
+        ["resv-release", "/dev/nvme1", "--rtype=1", "--rrela=1", "--crkey=161", "--namespace-id=1"]]
+    fake.responses = [("resv-acquire", ToolResult(["nvme"], 1, "", "NVMe status: Reservation Conflict: The command "
+                                                  "was aborted due to a conflict with a reservation held on the "
+                                                  "accessed namespace(0x4083)\n"))]
+    with pytest.raises(NvmeCliError) as ei:
+        cli.resv_acquire("/dev/nvme0n1", 1, 0xA1)
+    assert "nvme resv-acquire /dev/nvme0n1: NVMe status: Reservation Conflict" in ei.value.message
+    assert "another host holds the reservation" in ei.value.fix

@@ -434,3 +434,13 @@ def test_a_missing_device_under_dev_is_not_advised_a_truncate(env):
         apply_dict(env["root"], data)
     assert f"cannot enable, {missing}: no such device" in ei.value.message
     assert "truncate" not in ei.value.fix and "/dev/disk/by-id" in ei.value.fix
+
+
+def test_reservations_on_a_kernel_without_resv_enable_are_refused_with_the_reason(env):
+    data = two_subsystems(env["dev"])
+    data["subsystems"][0]["namespaces"][0]["resv"] = {"enable": "1"}
+    with pytest.raises(NvmetError) as ei:
+        apply_dict(env["root"], data)
+    assert "reservations (resv_enable, subsystems[0].namespaces[0].resv.enable) need nvmet of Linux 6.13" in \
+        ei.value.message
+    assert "target serve" in ei.value.fix

@@ -48,7 +48,7 @@ def test_connect_enable_and_identify_controller(env):
     assert idc.icdoff == 0 and idc.ioccsz == (64 + 4096) // 16 and idc.iorcsz == 1
     assert idc.kas != 0 and idc.maxcmd >= 128
     assert idc.cmic == 0x0B and idc.oacs == 0 and idc.apsta == 0
-    assert idc.oncs == I.ONCS_DSM | I.ONCS_WRITE_ZEROES and idc.vwc & 1
+    assert idc.oncs == I.ONCS_DSM | I.ONCS_WRITE_ZEROES | I.ONCS_RESERVATIONS and idc.vwc & 1
     assert idc.cntrltype == I.CNTRLTYPE_IO and idc.ver == ctrl.vs
     assert idc.sqes == 0x66 and idc.cqes == 0x44 and idc.msdbd == 1 and idc.mdts == 5
     assert idc.oaes == A.AEN_CFG_NS_ATTR | A.AEN_CFG_ANA_CHANGE and idc.aerl == 3 and idc.lpa == 0x07 and idc.nn >= 2

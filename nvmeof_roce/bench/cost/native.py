@@ -1,7 +1,7 @@
 """Instructions and heap allocations per 4 KiB I/O of the native data path, beside the Python data path, through
 the fake verbs provider (tests/native/fakeprov.c).  A benchmark, not a test: it prints figures, asserts nothing.
 
-    python3 -m nvmeof_roce.bench.cost.native [--ios N] [--json] [--trace]        (make bench-native)
+    python3 -m nvmeof_roce.bench.cost.native [--ios N] [--json] [--trace | --reservations]   (make bench-native)
 
 Each case drives one I/O queue of a real Target (admin queue over loopback, the I/O queue through the C queue on
 the fake provider): QD capsules are delivered into the queue's receives, then the queue is polled until idle.
@@ -39,6 +39,10 @@ MODULE = "nvmeof_roce.bench.cost.native"  # run again in child processes (under 
 PROVIDER_ENTRIES = ("fake_post_send", "fake_post_recv", "fake_poll_cq", "fake_req_notify_cq")
 CASES = [(path, op, qd) for path in ("native", "python") for op in ("read", "write") for qd in (1, 32)]
 TRACE_CASES = [(path, op, qd) for path in ("native", "traced") for op in ("read", "write") for qd in (1, 32)]
+# --reservations: the namespace with reservations enabled and unused, held by this host (Write Exclusive), and held
+# by another host (this host's reads, which its Write Exclusive allows: served by the core)
+RESV_CASES = [(path, op, qd) for path in ("native", "resv-unused", "resv-held") for op in ("read", "write")
+              for qd in (1, 32)] + [("resv-other", "read", qd) for qd in (1, 32)]
 
 
 def drive(path: str, op: str, qd: int, ios: int, count_mallocs: bool) -> dict:
@@ -46,9 +50,20 @@ def drive(path: str, op: str, qd: int, ios: int, count_mallocs: bool) -> dict:
     use_test_doubles()
     from loopback_env import SUB_RAM, ram_ns, port  # noqa: E402
     from native_diff import NativeEndpoint, io_capsule  # noqa: E402
+    ns = ram_ns(1, "16M", 512)
+    if path.startswith("resv"):
+        ns["resv"] = {"enable": "1"}
     config = {"hosts": [], "ports": [port(1, "10.99.0.1:4420", [SUB_RAM])],
-              "subsystems": [{"nqn": SUB_RAM, "namespaces": [ram_ns(1, "16M", 512)]}]}
+              "subsystems": [{"nqn": SUB_RAM, "namespaces": [ns]}]}
     ep = NativeEndpoint(config, SUB_RAM, depth=32)
+    if path in ("resv-held", "resv-other"):
+        from loopback_env import RAW_HOSTID  # noqa: E402
+        from nvmeof_roce.engine import native_view
+        resv = ep.env.target.subsystems[SUB_RAM].namespaces[1].resv
+        holder = RAW_HOSTID if path == "resv-held" else bytes(16)  # this queue's host, or another one
+        resv.registrants[holder] = 1
+        resv.holder, resv.rtype = holder, 1  # Write Exclusive
+        native_view.refresh_all(ep.env.target)
     if path == "python":
         ep.env.target.native_data_path = False
         ep.queue.set_view(False, [])
@@ -114,6 +129,9 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--trace", action="store_true",
                     help="native with the per-command trace off and on (in place of native and python)")
+    ap.add_argument("--reservations", action="store_true",
+                    help="native beside a namespace with reservations enabled and unused, held by this host, and "
+                         "held by another (in place of native and python)")
     ap.add_argument("--drive", nargs=4, metavar=("PATH", "OP", "QD", "IOS"), help=argparse.SUPPRESS)
     ap.add_argument("--count-mallocs", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -132,7 +150,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         counter = build(NATIVE_TESTS / "malloc_count.c", workdir / "malloc_count.so")
-        for path, op, qd in TRACE_CASES if args.trace else CASES:
+        for path, op, qd in TRACE_CASES if args.trace else RESV_CASES if args.reservations else CASES:
             n = max(args.ios // qd * qd, qd)
             short = callgrind_total(path, op, qd, n, workdir)
             long = callgrind_total(path, op, qd, 2 * n, workdir)
@@ -146,9 +164,10 @@ def main() -> int:
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
-    print(f"{'path':8} {'op':6} {'QD':>3} {'instructions/IO':>16} {'mallocs/IO':>11}")
+    print(f"{'path':11} {'op':6} {'QD':>3} {'instructions/IO':>16} {'mallocs/IO':>11} {'native':>6}")
     for r in results:
-        print(f"{r['path']:8} {r['op']:6} {r['qd']:>3} {r['instructions_per_io']:>16,} {r['mallocs_per_io']:>11}")
+        print(f"{r['path']:11} {r['op']:6} {r['qd']:>3} {r['instructions_per_io']:>16,} {r['mallocs_per_io']:>11} "
+              f"{'yes' if r['served_natively'] else 'no':>6}")
     return 0
 
 
