@@ -20,6 +20,14 @@ def emit(result: Any, as_json: bool, human=None) -> None:
         print(result)
 
 
+def address(traddr: Any, trsvcid: Any) -> str:
+    """An IP transport address as a reader writes it: 10.0.0.1:4420, and [fe80::1]:4420 for IPv6."""
+    host = str(traddr)
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{trsvcid}"
+
+
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     """A plain left-aligned text table."""
     rows = [[("" if c is None else str(c)) for c in r] for r in rows]

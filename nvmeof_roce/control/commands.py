@@ -29,7 +29,7 @@ from typing import Any, Dict, Optional
 
 from ..config import NS_IO_ENGINES
 from ..errors import NvmeofError
-from ..output import emit, table
+from ..output import address, emit, table
 from .client import call, find_socket
 from .protocol import RpcError
 
@@ -158,13 +158,13 @@ def _listen_address(args) -> dict:
 
 def _cmd_add_listener(args) -> int:
     result = _call(args, "nvmf_subsystem_add_listener", {"nqn": args.nqn, "listen_address": _listen_address(args)})
-    return _done(args, result, f"{args.nqn}: listening on {args.traddr}:{args.trsvcid}")
+    return _done(args, result, f"{args.nqn}: listening on {address(args.traddr, args.trsvcid)}")
 
 
 def _cmd_rm_listener(args) -> int:
     result = _call(args, "nvmf_subsystem_remove_listener",
                    {"nqn": args.nqn, "listen_address": _listen_address(args)})
-    return _done(args, result, f"{args.nqn}: no longer listening on {args.traddr}:{args.trsvcid}; controllers "
+    return _done(args, result, f"{args.nqn}: no longer listening on {address(args.traddr, args.trsvcid)}; controllers "
                                "through it were ended")
 
 
@@ -174,7 +174,7 @@ def _cmd_listener_ana_state(args) -> int:
         params["anagrpid"] = args.group
     result = _call(args, "nvmf_subsystem_listener_set_ana_state", params)
     groups = f"group {args.group}" if args.group is not None else "its namespaces' groups"
-    return _done(args, result, f"{args.nqn} on {args.traddr}:{args.trsvcid}: {groups} {args.state}")
+    return _done(args, result, f"{args.nqn} on {address(args.traddr, args.trsvcid)}: {groups} {args.state}")
 
 
 def _cmd_ns_host(args) -> int:

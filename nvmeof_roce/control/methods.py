@@ -16,7 +16,8 @@ import os
 from typing import Any, Callable, Dict, List, Optional
 
 from ..config import (ANA_STATES, QOS_LIMITS, ConfigError, DISCOVERY_NQN, USERSPACE_KEY, load_userspace_config,
-                      parse_config, parse_size, raise_all, validate_for_userspace)
+                      parse_config, parse_flag, parse_size, raise_all, validate_for_userspace)
+from ..output import address
 from ..securefile import write_file
 from ..transport import registry
 from ..transport.rdma.native_trace import GROUP as TRACE_GROUP, TRACING
@@ -79,11 +80,11 @@ class _Params:
             if required:
                 raise RpcError(f"{self.method}: missing parameter {name!r}", name, f"add \"{name}\": true or false")
             return default
-        if isinstance(v, bool):
-            return v
-        if v in (0, 1, "0", "1", "true", "false"):
-            return v in (1, "1", "true")
-        raise RpcError(f"{name} must be true or false, got {v!r}", name, f"give {name} as true or false")
+        flag = parse_flag(v)  # a JSON boolean, or nvmetcli's "1"/"0" as the config takes them
+        if flag is None:
+            raise RpcError(f"{name} must be true or false, got {v!r}", name,
+                           f'give {name} as true or false (or "1"/"0")')
+        return flag
 
     def dict(self, name: str) -> dict:
         v = self.p.get(name)
@@ -297,9 +298,9 @@ class Control:
         p = _Params("nvmf_subsystem_add_ns", params, ("nqn", "namespace"))
         nqn = p.str("nqn")
         spec = p.dict("namespace")
-        no_auto_visible = spec.get("no_auto_visible", False)
-        if not isinstance(no_auto_visible, bool):
-            raise RpcError(f"namespace.no_auto_visible must be true or false, got {no_auto_visible!r}",
+        no_auto_visible = parse_flag(spec.get("no_auto_visible", False))
+        if no_auto_visible is None:
+            raise RpcError(f"namespace.no_auto_visible must be true or false, got {spec['no_auto_visible']!r}",
                            "namespace.no_auto_visible", "give true (no host sees it until nvmf_ns_add_host) or false")
         spec = {k: v for k, v in spec.items() if k != "no_auto_visible"}
         for k in spec:
@@ -388,10 +389,7 @@ class Control:
         nqn, host = p.str("nqn"), p.str("host")
         if p.has("psk"):
             raise RpcError("psk: TLS is not supported on RDMA", "psk", "leave psk out")
-        sub = self._sub(nqn)
-        if sub.allow_any_host:
-            raise RpcError(f"{nqn} allows any host, so an allow-list would not be used", "nqn",
-                           f"first call nvmf_subsystem_allow_any_host with nqn {nqn} and allow_any_host false")
+        self._sub(nqn)  # on a subsystem that allows any host, the host is listed for when it stops (as SPDK)
 
         def edit(d):
             if not any(h["nqn"] == host for h in d["hosts"]):
@@ -483,7 +481,7 @@ class Control:
             if nqn == DISCOVERY_NQN:
                 return  # every port serves discovery
             if nqn in port["subsystems"]:
-                raise RpcError(f"{nqn} already listens on {la['traddr']}:{la['trsvcid']}", "listen_address",
+                raise RpcError(f"{nqn} already listens on {address(la['traddr'], la['trsvcid'])}", "listen_address",
                                "nothing to do")
             port["subsystems"].append(nqn)
 
@@ -500,7 +498,7 @@ class Control:
         def edit(d):
             port = _find_port(d, la)
             if port is None or nqn not in port["subsystems"]:
-                raise RpcError(f"{nqn} does not listen on {la['traddr']}:{la['trsvcid']}", "listen_address",
+                raise RpcError(f"{nqn} does not listen on {address(la['traddr'], la['trsvcid'])}", "listen_address",
                                "nvmf_get_subsystems lists each subsystem's listen_addresses")
             port["subsystems"].remove(nqn)
 
@@ -604,7 +602,7 @@ class Control:
         def edit(d):
             port = _find_port(d, la)
             if port is None or nqn not in port["subsystems"]:
-                raise RpcError(f"{nqn} does not listen on {la['traddr']}:{la['trsvcid']}", "listen_address",
+                raise RpcError(f"{nqn} does not listen on {address(la['traddr'], la['trsvcid'])}", "listen_address",
                                "nvmf_get_subsystems lists each subsystem's listen_addresses")
             entries = port.setdefault("ana_groups", [])
             for g in groups:

@@ -4,7 +4,7 @@
 import argparse
 
 from ..errors import NvmeofError
-from ..output import emit, table
+from ..output import address, emit, table
 from ..transport import registry
 from . import nvme_cli
 
@@ -135,7 +135,7 @@ def _conf_entries(cli) -> list:
 
 
 def _print_discovery(r):
-    print(f"discovery log of {r['traddr']}:{r['trsvcid']} ({len(r['records'])} records, generation {r['genctr']})")
+    print(f"discovery log of {address(r['traddr'], r['trsvcid'])} ({len(r['records'])} records, generation {r['genctr']})")
     print(table(["subtype", "subnqn", "trtype", "traddr", "trsvcid", "portid"],
                 [[x.get("subtype"), x.get("subnqn"), x.get("trtype"), x.get("traddr"), x.get("trsvcid"),
                   x.get("portid")] for x in r["records"]]))
@@ -169,7 +169,7 @@ def cmd_host_connect(args):
     _check_svc(args)
     r = _cli(args).connect(args.traddr, args.nqn, args.trsvcid, args.transport, args.hostnqn, args.hostid,
                            args.host_traddr, host_iface=args.host_iface, **_tuning(args), **_auth(args))
-    emit(r, args.json, lambda r: print(f"connected {r['nqn']} at {r['traddr']}:{r['trsvcid']} as {r['controller']}"))
+    emit(r, args.json, lambda r: print(f"connected {r['nqn']} at {address(r['traddr'], r['trsvcid'])} as {r['controller']}"))
     return 0
 
 
@@ -232,7 +232,7 @@ def cmd_host_list(args):
         for s in r["subsystems"]:
             print(f"{s['name']}  {s['nqn']}")
             for p in s["paths"]:
-                print(f"  {p['name']}  {p['transport']}  {p['traddr']}:{p['trsvcid']}  {p['state']}")
+                print(f"  {p['name']}  {p['transport']}  {address(p['traddr'], p['trsvcid'])}  {p['state']}")
             for n in s.get("namespaces", []):
                 size = n.get("size_bytes")
                 print(f"  {n['device']}  nsid {n['nsid']}  {size if size is not None else '?'} bytes  "

@@ -18,7 +18,7 @@ import sys
 from typing import Optional
 
 from ..errors import NvmeofError
-from ..output import emit, table
+from ..output import address, emit, table
 from ..engine import auth
 from ..engine.backends import BackendError, open_backend
 from ..engine.ioengine import choose_engine
@@ -121,7 +121,7 @@ def _print_summary(summary: dict) -> None:
     print(table(["SUBSYSTEM", "NSID", "BACKEND", "BYTES", "BLOCK", "NOTE", "HOSTS"], rows))
     print()
     print(table(["PORT", "TRTYPE", "ADDRESS", "SUBSYSTEMS"],
-                [[p["portid"], p["trtype"], f"{p['traddr']}:{p['trsvcid']}", ", ".join(p["subsystems"])]
+                [[p["portid"], p["trtype"], address(p["traddr"], p["trsvcid"]), ", ".join(p["subsystems"])]
                  for p in summary["ports"]]))
 
 
