@@ -198,7 +198,7 @@ def register(subparsers) -> None:
                      help="optimized, non-optimized, inaccessible, persistent-loss or change")
     ana.add_argument("--port", type=int, metavar="PORTID", help="the portid (as in the discovery log)")
     ana.add_argument("--group", type=int, default=1, metavar="GRPID", help="the ANA group (default 1)")
-    ana.add_argument("--socket", "-s", metavar="PATH",
+    ana.add_argument("--socket", "-S", metavar="PATH",
                      help="the target's control socket (default: the only one in /run/nvmeof-roce)")
     ana.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds to wait for the answer")
     ana.add_argument("--json", action="store_true", help="print the states as JSON")

@@ -2,6 +2,7 @@
 wildcard address, IPv6 listeners, add_host on an open subsystem, the short options, rpc.py's positional forms,
 nvmf_create_transport and `host list -o json` in nvme-cli's schema."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -9,10 +10,11 @@ from nvmeof_roce import cli
 from nvmeof_roce.control.methods import Control
 from nvmeof_roce.control.protocol import RpcError
 from nvmeof_roce.kernel.nvmet import Root
-from nvmeof_roce.kernel import nvmet_commands
+from nvmeof_roce.kernel import host_commands, nvme_cli, nvmet_commands
+from nvmeof_roce.kernel.tool import ToolResult
 
 from fake_nvmet import FakeNvmetFS
-from loopback_env import HOST_A, HOST_B, SUB_ONLY_A, SUB_RAM
+from loopback_env import HOST_A, HOST_B, SUB_RAM, Env
 
 NQN = "nqn.2024-01.io.test:habits"
 HOST = "nqn.2024-01.io.test:host1"
@@ -125,3 +127,151 @@ def test_the_kernel_path_still_refuses_allow_any_host_with_an_allow_list(tmp_pat
     path.write_text(json.dumps(cfg))
     code, _, err = run(capsys, "nvmet", "apply", path, "--dry-run")
     assert code == 1 and "subsystems[0].attr.allow_any_host" in err and "kernel refuses" in err
+
+
+# ------------------------------------------------------------------------------------ short options
+
+# nvme-cli's letters and what each must mean in every command (the parameter it fills)
+NVME_CLI_LETTERS = {"-t": {"transport"}, "-a": {"traddr", "traddr_opt"}, "-s": {"trsvcid"}, "-n": {"nqn"},
+                    "-q": {"hostnqn"}, "-o": {"output_format"}}
+# where a command mirrors one of nvme-cli's that uses the letter otherwise, nvme-cli's own meaning
+NVME_CLI_OWN = {("gen-dhchap-key", "-s"): "secret"}  # nvme gen-dhchap-key -s/--secret
+
+
+def _commands():
+    parser = cli.build_parser()
+    return [(c.prog.split(" ", 1)[1], c) for c in cli.commands(parser)]
+
+
+def test_nvme_cli_short_options_mean_the_same_in_every_command():
+    wrong = []
+    for name, command in _commands():
+        for letter, dests in NVME_CLI_LETTERS.items():
+            action = command._option_string_actions.get(letter)
+            if action is None or action.help == "==SUPPRESS==":
+                continue
+            if action.dest not in dests and NVME_CLI_OWN.get((name, letter)) != action.dest:
+                wrong.append(f"{name} {letter}: {action.dest}")
+    assert wrong == []
+    # the control socket has its own letter; -s there says where it went
+    for name, command in _commands():
+        socket = command._option_string_actions.get("--socket")
+        if socket is not None:
+            assert "-S" in socket.option_strings and "-s" not in socket.option_strings, name
+
+
+def test_target_add_listener_s_is_the_service_id(capsys):
+    args = cli.build_parser().parse_args(["target", "add-listener", NQN, "10.0.0.1", "-s", "4421", "-S", "/x.sock"])
+    assert (args.trsvcid, args.socket, args.transport) == ("4421", "/x.sock", "rdma")
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["target", "add-ns", NQN, "--ram", "1M", "-s", "/x.sock"])
+    assert "-S PATH or --socket PATH" in capsys.readouterr().err
+
+
+def test_verbose_and_output_format_after_the_command(tmp_path, capsys, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(cli, "setup_logging", lambda verbose: seen.setdefault("verbose", verbose))
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(config()))
+    assert cli.main(["-v", "target", "check", str(path), "-v", "-o", "json"]) == 0
+    assert seen["verbose"] == 2 and json.loads(capsys.readouterr().out)["ok"] is True
+
+
+# ---------------------------------------------------------------------------- host list -o json
+
+FIX = Path(__file__).parent / "fixtures" / "nvme-cli-2.3"  # recorded in the lab guest (docs/kernel.md)
+
+
+@pytest.mark.parametrize("listing", ["list-verbose.json", "list.json"])
+def test_host_list_o_json_is_nvme_list_o_json(monkeypatch, tmp_path, capsys, listing):
+    (tmp_path / "hostnqn").write_text(HOST_A + "\n")
+    answers = {"list-subsys": (FIX / "list-subsys.json").read_text(), "list": (FIX / listing).read_text()}
+    monkeypatch.setattr(host_commands, "_cli", lambda args=None: nvme_cli.NvmeCli(
+        runner=lambda tool, args, package, timeout=None: ToolResult(["nvme"], 0, answers[args[0]], ""),
+        load_modules=False, etc_dir=str(tmp_path), kernel_log=lambda: ""))
+    code, out, _ = run(capsys, "host", "list", "-o", "json")
+    want = json.loads((FIX / "list.json").read_text())  # what `nvme list -o json` printed
+    by_path = lambda doc: sorted(doc["Devices"], key=lambda d: d["DevicePath"])
+    assert code == 0 and list(json.loads(out)) == ["Devices"] and by_path(json.loads(out)) == by_path(want)
+    code, out, _ = run(capsys, "host", "list", "--json")  # this tool's own: subsystems with paths
+    assert json.loads(out)["subsystems"][0]["nqn"] == "nqn.2024-01.io.example:cap1"
+
+
+# ------------------------------------------------------------------------------ rpc.py's forms
+
+def test_rpc_takes_rpc_py_positional_forms(env, tmp_path, capsys):
+    from test_target_control import LoopListeners, _serve_while
+    from nvmeof_roce.control.server import RpcServer
+    path = str(tmp_path / "rpc.sock")
+    server = RpcServer(Control(env.target, LoopListeners(env)), path, env.fabric)
+    img = tmp_path / "ns.img"
+    img.write_bytes(bytes(1 << 20))
+
+    def rpc(*argv):
+        code = _serve_while(env, lambda: cli.main(["rpc", "-S", path] + [str(a) for a in argv]))
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    try:
+        assert rpc("nvmf_create_subsystem", NQN, "-s", "SN42", "-a")[0] == 0
+        code, out, err = rpc("nvmf_subsystem_add_ns", NQN, img, "-n", "3")
+        assert code == 0 and json.loads(out) == 3, err
+        assert env.target.config.subsystem(NQN).namespaces[0].path == str(img)
+        code, out, err = rpc("nvmf_subsystem_add_ns", NQN, "Malloc0")  # a bdev name: none here, said so
+        assert code == 1 and "namespace.bdev_name" in err and "no bdevs" in err
+        code, _, err = rpc("nvmf_subsystem_add_listener", NQN, "-t", "rdma", "-a", "10.99.0.2", "-s", "4420")
+        assert code == 0, err
+        sub = next(s for s in json.loads(rpc("nvmf_get_subsystems", NQN)[1]) if s["nqn"] == NQN)
+        assert sub["serial_number"] == "SN42" and sub["allow_any_host"] is True
+        assert sub["listen_addresses"][0]["traddr"] == "10.99.0.2" and sub["namespaces"][0]["nsid"] == 3
+        assert rpc("nvmf_subsystem_add_host", NQN, HOST_B)[0] == 0
+        assert rpc("nvmf_subsystem_allow_any_host", NQN, "-d")[0] == 0
+        assert env.target.subsystems[NQN].allow_any_host is False
+        assert env.target.subsystems[NQN].allowed_hosts == {HOST_B}
+        assert rpc("nvmf_subsystem_remove_ns", NQN, "3")[0] == 0
+        code, out, _ = rpc("nvmf_get_subsystems", "--param", f"nqn={NQN}")  # the generic form still works
+        assert code == 0 and json.loads(out)[0]["namespaces"] == []
+    finally:
+        server.close()
+
+
+# ------------------------------------------------------------------------------ nvmf_create_transport
+
+def test_create_transport_applies_what_maps_and_refuses_what_does_not(env):
+    control = Control(env.target)
+    settings = control.call("nvmf_get_transports")[0]
+    assert control.call("nvmf_create_transport", {"trtype": "RDMA", "max_io_size": settings["max_io_size"],
+                                                  "no_srq": True, "num_shared_buffers":
+                                                  settings["num_shared_buffers"]}) is True
+    refusals = {
+        ("trtype", "TCP"): "RDMA only",
+        ("max_io_size", settings["max_io_size"] * 2): "--mdts",
+        ("num_shared_buffers", 1): "--data-buffers",
+        ("max_aq_depth", 64): "always 32",
+        ("no_srq", False): "own receive queue",
+        ("zcopy", True): "zero-copy",
+        ("sock_priority", 1): "TCP",
+        ("max_queue_depth", 4096): "16..1024",
+        ("max_queue_depth", 64): "already listens with max_queue_size 128",
+        ("acceptor_poll_rate", 10000): "rdma_cm events",
+    }
+    before = json.dumps(env.target.config.to_dict(), sort_keys=True)
+    for (name, value), says in refusals.items():
+        with pytest.raises(RpcError) as exc:
+            control.call("nvmf_create_transport", {"trtype": "RDMA", name: value})
+        assert exc.value.field == name and says in exc.value.message, (name, exc.value.message)
+    assert json.dumps(env.target.config.to_dict(), sort_keys=True) == before
+
+
+def test_create_transport_sets_the_port_parameters_of_new_listeners():
+    from test_target_control import LoopListeners
+    env = Env({"subsystems": [{"nqn": NQN, "namespaces": []}], "ports": []})  # as SPDK: the transport first
+    control = Control(env.target, LoopListeners(env))
+    assert control.call("nvmf_create_transport", {"trtype": "rdma", "max_queue_depth": 64,
+                                                  "in_capsule_data_size": 8192}) is True
+    control.call("nvmf_subsystem_add_listener", {"nqn": NQN, "listen_address": {
+        "trtype": "RDMA", "traddr": "10.99.0.7", "trsvcid": "4420"}})
+    port = next(p for p in env.target.config.ports if p.traddr == "10.99.0.7")
+    assert (port.max_queue_size, port.inline_data_size) == (64, 8192)
+    assert control.call("nvmf_get_transports")[0]["max_queue_depth"] == 64
+    env.close()
