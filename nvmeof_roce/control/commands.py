@@ -155,7 +155,7 @@ def _form_parser(method: str) -> argparse.ArgumentParser:
         p.add_argument(name, **kwargs)
     for flags, dest, kwargs in options:
         p.add_argument(*flags, dest=dest, **kwargs)
-    _socket_options(p, short="-S" not in p._option_string_actions)
+    socket_options(p, short="-S" not in p._option_string_actions)
     return p
 
 
@@ -183,7 +183,7 @@ def _generic_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nvmeof-roce rpc METHOD", argument_default=argparse.SUPPRESS)
     p.add_argument("params", nargs="?", metavar="JSON")
     p.add_argument("--param", "-p", action="append", metavar="KEY=VALUE")
-    _socket_options(p)
+    socket_options(p)
     return p
 
 
@@ -454,7 +454,8 @@ class _NotTheSocket(argparse.Action):
                      "control socket as -S PATH or --socket PATH")
 
 
-def _socket_options(p, short: bool = True) -> None:
+def socket_options(p, short: bool = True) -> None:
+    """--socket/-S and --timeout of a control socket's client; -s there says that it is the service id."""
     p.add_argument("--socket", *(["-S"] if short else []), metavar="PATH",
                    help="the target's control socket (default: the only one in /run/nvmeof-roce)")
     if "-s" not in p._option_string_actions:
@@ -463,7 +464,7 @@ def _socket_options(p, short: bool = True) -> None:
 
 
 def _common(p, json_flag: bool = True) -> None:
-    _socket_options(p)
+    socket_options(p)
     p.set_defaults(timeout=60.0)
     if json_flag:
         p.add_argument("--json", action="store_true", help="print the result as JSON")
