@@ -195,7 +195,7 @@ def _generic_form(argv) -> bool:
 
 
 def _cmd_rpc(args) -> int:
-    if args.method in RPC_FORMS and args.args and not _generic_form(args.args):
+    if args.method in RPC_FORMS and args.args and not args.param and not _generic_form(args.args):
         params, given = form_params(args.method, args.args)
     else:
         values = vars(_generic_parser().parse_args(args.args))

@@ -896,7 +896,8 @@ def _listen_params(la: dict) -> dict:
     if not la.get("traddr"):
         raise RpcError("listen_address.traddr is required", "listen_address.traddr",
                        "give the IP address of an RDMA netdev, e.g. 10.99.0.1")
-    return {"trtype": "rdma", "adrfam": str(la.get("adrfam", "ipv4")).lower(), "traddr": str(la["traddr"]),
+    adrfam = la.get("adrfam") or ("ipv6" if ":" in str(la["traddr"]) else "ipv4")  # an IPv6 literal says so
+    return {"trtype": "rdma", "adrfam": str(adrfam).lower(), "traddr": str(la["traddr"]),
             "trsvcid": str(la.get("trsvcid", "4420"))}
 
 

@@ -224,6 +224,11 @@ def test_rpc_takes_rpc_py_positional_forms(env, tmp_path, capsys):
         sub = next(s for s in json.loads(rpc("nvmf_get_subsystems", NQN)[1]) if s["nqn"] == NQN)
         assert sub["serial_number"] == "SN42" and sub["allow_any_host"] is True
         assert sub["listen_addresses"][0]["traddr"] == "10.99.0.2" and sub["namespaces"][0]["nsid"] == 3
+        code, _, err = rpc("nvmf_subsystem_add_listener", NQN, "-t", "rdma", "-a", "fe80::7", "-s", "4421")
+        assert code == 0, err  # an IPv6 literal without rpc.py's -f is IPv6
+        code, out, _ = _serve_while(env, lambda: cli.main(["target", "rm-listener", NQN, "-a", "fe80::7", "-s", "4421",
+                                                           "-S", path])), capsys.readouterr().out, None
+        assert code == 0 and "no longer listening on [fe80::7]:4421" in out
         assert rpc("nvmf_subsystem_add_host", NQN, HOST_B)[0] == 0
         assert rpc("nvmf_subsystem_allow_any_host", NQN, "-d")[0] == 0
         assert env.target.subsystems[NQN].allow_any_host is False
