@@ -133,7 +133,10 @@ def test_the_kernel_path_still_refuses_allow_any_host_with_an_allow_list(tmp_pat
 
 # nvme-cli's letters and what each must mean in every command (the parameter it fills)
 NVME_CLI_LETTERS = {"-t": {"transport"}, "-a": {"traddr", "traddr_opt"}, "-s": {"trsvcid"}, "-n": {"nqn"},
-                    "-q": {"hostnqn"}, "-o": {"output_format"}}
+                    "-q": {"hostnqn"}, "-o": {"output_format"},
+                    # -c is per command in nvme-cli too: read/write's block count, connect's reconnect delay;
+                    # the shell's -c is sh -c's
+                    "-c": {"block_count", "reconnect_delay", "command"}}
 # where a command mirrors one of nvme-cli's that uses the letter otherwise, nvme-cli's own meaning
 NVME_CLI_OWN = {("gen-dhchap-key", "-s"): "secret"}  # nvme gen-dhchap-key -s/--secret
 
