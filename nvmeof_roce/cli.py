@@ -7,6 +7,7 @@ import sys
 
 from . import __version__
 from .errors import NvmeofError
+from .output import add_output_format
 
 # Each module has register(subparsers); a command's handler is set with
 # parser.set_defaults(func=handler) and returns an exit code (or None for 0).
@@ -36,7 +37,36 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
+    for command in commands(parser):
+        add_common_options(command)
     return parser
+
+
+def commands(parser: argparse.ArgumentParser):
+    """Every command's own parser (`target check`, `host list`, ...): the leaves of the tree, each once."""
+    seen = set()
+
+    def walk(p):
+        subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs and p is not parser:
+            yield p
+        for action in subs:
+            for child in action.choices.values():
+                if id(child) not in seen:
+                    seen.add(id(child))
+                    yield from walk(child)
+    return list(walk(parser))
+
+
+def add_common_options(command: argparse.ArgumentParser) -> None:
+    """What works after the command as before it: -v (counted with the ones before), and nvme-cli's
+    -o json|normal wherever --json is."""
+    options = command._option_string_actions
+    if "-v" not in options and "--verbose" not in options:
+        command.add_argument("-v", "--verbose", action="count", default=0, dest="verbose_after",
+                             help="more logging (-vv for debug), as before the command")
+    if "--json" in options and "-o" not in options and "--output-format" not in options:
+        add_output_format(command)
 
 
 def stderr_is_journal(environ=os.environ, stream=None) -> bool:
@@ -79,6 +109,7 @@ def setup_logging(verbose: int) -> None:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.verbose += getattr(args, "verbose_after", 0)
     setup_logging(args.verbose)
     if not getattr(args, "func", None):
         parser.print_help()

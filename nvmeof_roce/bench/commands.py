@@ -303,7 +303,7 @@ def register(subparsers) -> None:
     p.add_argument("--runtime", type=float, default=10.0, metavar="S", help="seconds measured per fio job (default 10)")
     p.add_argument("--ramp", type=float, default=2.0, metavar="S", help="seconds of warm-up before measuring (default 2)")
     p.add_argument("--size", default="256M", help="region of the namespace fio exercises (fio size, default 256M)")
-    p.add_argument("--traddr", default=LAB_TRADDR, metavar="IP",
+    p.add_argument("-a", "--traddr", default=LAB_TRADDR, metavar="IP",
                    help=f"RDMA address both targets listen on (default {LAB_TRADDR}, the lab's rxe0)")
     p.add_argument("--iwarp-traddr", default=LAB_IWARP_TRADDR, metavar="IP",
                    help=f"address of the iWARP device for the NAME@iwarp targets (default {LAB_IWARP_TRADDR}, the "

@@ -113,6 +113,8 @@ _TOP_KEYS = {"hosts", "ports", "subsystems", "discovery", USERSPACE_KEY}
 _PORT_KEYS = {"portid", "addr", "param", "subsystems", "referrals", "ana_groups", USERSPACE_KEY}
 _ADDR_KEYS = {"trtype", "adrfam", "traddr", "trsvcid", "treq", "tsas", "portid"}
 _SUBSYS_KEYS = {"nqn", "attr", "allowed_hosts", "namespaces", "passthru", USERSPACE_KEY}
+_SUBSYS_FLAGS = {"allow_any_host", "pi_enable"}  # attr values taken as a JSON boolean or nvmetcli's "1"/"0"
+_PORT_FLAGS = {"pi_enable"}  # the same for a port's param
 _NS_KEYS = {"nsid", "enable", "device", "ana_grpid", "ana", "resv", "buffered_io", "p2pmem",
             "revalidate_size", USERSPACE_KEY}
 _DEVICE_KEYS = {"path", "uuid", "nguid", "eui64"}
@@ -355,6 +357,8 @@ def _parse_subsystem(ctx: _Ctx, s: Any, where: str, hosts: set, errors: Optional
     attr = problems.soft(ctx.dict_at, s.get("attr"), f"{where}.attr", default={})
     attrs = {}
     for k, v in attr.items():
+        if k in _SUBSYS_FLAGS and isinstance(v, bool):  # a JSON boolean, as nvmetcli's "1"/"0" (flag_at below)
+            v = "1" if v else "0"
         value = problems.soft(ctx.str_at, v, f"{where}.attr.{k}")
         if value is not None:
             attrs[k] = value
@@ -373,12 +377,10 @@ def _parse_subsystem(ctx: _Ctx, s: Any, where: str, hosts: set, errors: Optional
             allowed.append(h)
 
     if "allow_any_host" in attr:
+        # 1 with an allow-list: any host connects and the list waits for allow_any_host 0, as in SPDK
+        # (nvmf_subsystem_add_host on an open subsystem); the kernel refuses it (kernel/apply.py kernel_dict)
         allow_any = problems.soft(ctx.flag_at, attr["allow_any_host"], f"{where}.attr.allow_any_host",
                                   default=not allowed)
-        if allow_any and allowed:
-            problems.add(ctx.err(f"{where}.attr.allow_any_host",
-                                 "is 1 while allowed_hosts lists hosts (the kernel refuses this too)",
-                                 'set "allow_any_host": "0" to use the allow-list, or empty allowed_hosts'))
     else:
         # No explicit choice: a subsystem without an allow-list is open, one with a list is closed.
         allow_any = not allowed
@@ -652,6 +654,8 @@ def _parse_port(ctx: _Ctx, p: Any, where: str, subsystems: Optional[set]) -> Por
         trsvcid = soft(_check_addr, ctx, f"{where}.addr", trtype, adrfam, traddr, svc_raw, default=0)
     params = {}
     for k, v in soft(ctx.dict_at, p.get("param"), f"{where}.param", default={}).items():
+        if k in _PORT_FLAGS and isinstance(v, bool):
+            v = "1" if v else "0"
         value = soft(ctx.str_at, v, f"{where}.param.{k}")
         if value is not None:
             params[k] = value

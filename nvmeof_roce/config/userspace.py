@@ -14,6 +14,8 @@ from .model import DISCOVERY_NQN, USERSPACE_KEY, TargetConfig, parse_flag
 
 USERSPACE_FIX = "remove it, or serve this config with the kernel target: `nvmeof-roce nvmet apply`"
 USERSPACE_MAX_NSID = 1024           # the userspace target's Identify Controller NN
+# traddrs that name no single RDMA device: the userspace target refuses them as `target serve` would fail on them
+WILDCARD_TRADDRS = ("0.0.0.0", "::", "[::]")
 USERSPACE_QUEUE_SIZES = (16, 1024)  # param_max_queue_size the userspace target serves
 _US_SUBSYS_ATTRS = {"allow_any_host", "serial", "model", "version", "cntlid_min", "cntlid_max", "qid_max",
                     "pi_enable", "firmware", "ieee_oui"}
@@ -90,6 +92,13 @@ def validate_for_userspace(cfg: TargetConfig, memory: Optional[int] = None) -> L
             errors.append(ConfigError(cfg.source, f"{where}.addr.trtype",
                                       f"{trtype!r}: the userspace target serves {served_labels()} only",
                                       f'use "rdma", or {USERSPACE_FIX}'))
+        traddr = str(addr.get("traddr", "") or "").strip()
+        if serves(trtype) and traddr in WILDCARD_TRADDRS:
+            # rdma_cm binds a wildcard to no device, so `target serve` cannot listen there (transport/rdma/cm.py)
+            errors.append(ConfigError(cfg.source, f"{where}.addr.traddr",
+                                      f"{traddr!r} is a wildcard address: an RDMA listener needs the address of "
+                                      "one RDMA netdev", "give that netdev's IP address (`nvmeof-roce rdma status` "
+                                                         "lists them); add one port per address to serve several"))
         if addr.get("treq") == "required":
             refuse(f"{where}.addr.treq", "treq \"required\" (secure channel)")
         tsas = str(addr.get("tsas", "") or "").strip().lower()

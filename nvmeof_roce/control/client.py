@@ -20,7 +20,7 @@ def call(path: str, method: str, params: Optional[dict] = None, timeout: float =
     except FileNotFoundError:
         sock.close()
         raise NvmeofError(f"no control socket at {path}",
-                          "start the target (nvmeof-roce target serve CONFIG) or give --socket PATH") from None
+                          "start the target (nvmeof-roce target serve CONFIG) or give -S/--socket PATH") from None
     except PermissionError:
         sock.close()
         raise NvmeofError(f"{path}: permission denied", "the control socket is root-only: run as root") from None
@@ -73,5 +73,5 @@ def find_socket(explicit: Optional[str] = None) -> str:
         return found[0]
     if not found:
         raise NvmeofError(f"no running target found (no socket in {directory})",
-                          "start one with nvmeof-roce target serve CONFIG, or give --socket PATH")
-    raise NvmeofError(f"several targets are running: {', '.join(found)}", "choose one with --socket PATH")
+                          "start one with nvmeof-roce target serve CONFIG, or give -S/--socket PATH")
+    raise NvmeofError(f"several targets are running: {', '.join(found)}", "choose one with -S/--socket PATH")

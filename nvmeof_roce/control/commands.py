@@ -9,9 +9,9 @@
     nvmeof-roce target rm-host NQN HOSTNQN
     nvmeof-roce target create-subsystem NQN [--serial S] [--model M] [--allow-any-host] [--min-cntlid N] ...
     nvmeof-roce target delete-subsystem NQN
-    nvmeof-roce target add-listener NQN TRADDR [--trsvcid 4420] [--adrfam ipv4]
-    nvmeof-roce target rm-listener NQN TRADDR [--trsvcid 4420] [--adrfam ipv4]
-    nvmeof-roce target listener-ana-state NQN TRADDR STATE [--trsvcid 4420] [--group GRPID]
+    nvmeof-roce target add-listener NQN TRADDR [-s 4420] [-t rdma] [--adrfam ipv4|ipv6]   (or -a TRADDR)
+    nvmeof-roce target rm-listener NQN TRADDR [-s 4420]
+    nvmeof-roce target listener-ana-state NQN TRADDR STATE [-s 4420] [--group GRPID]
     nvmeof-roce target ns-add-host NQN NSID HOSTNQN        (a namespace added with --no-auto-visible)
     nvmeof-roce target ns-rm-host NQN NSID HOSTNQN
     nvmeof-roce target set-qos NQN NSID [--rw-ios-per-sec N] [--rw-mbytes-per-sec N] [--r-mbytes-per-sec N]
@@ -19,17 +19,19 @@
     nvmeof-roce target status [--json]
     nvmeof-roce target reload [--dry-run] [CONFIG]
 
-Every command takes `--socket PATH` (default: the only socket under /run/nvmeof-roce).
+Every command takes `-S PATH` / `--socket PATH` (default: the only socket under /run/nvmeof-roce); `-s` is
+nvme-cli's service id (trsvcid) here as in every command.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from typing import Any, Dict, Optional
 
 from ..config import NS_IO_ENGINES
 from ..errors import NvmeofError
-from ..output import emit, table
+from ..output import address, emit, table
 from .client import call, find_socket
 from .protocol import RpcError
 
@@ -77,8 +79,131 @@ def parse_params(pairs, json_text: Optional[str]) -> Optional[Dict[str, Any]]:
     return params if (params or json_text) else None
 
 
+# rpc.py's command lines for the methods this target answers (SPDK's python/spdk/cli/nvmf.py): METHOD ->
+# (positionals, options), an option as (flags, parameter, argparse keywords). `rpc METHOD ARGS...` reads ARGS as
+# rpc.py does for METHOD, its letters included (rpc.py's -s of nvmf_create_subsystem is the serial number); a
+# JSON object or --param after METHOD is the generic form. A parameter this target does not take is sent as
+# given, so the method names it in its refusal.
+_FLAG = {"action": "store_true"}
+_INT = {"type": int}
+_TGT = (("-t", "--tgt-name"), "tgt_name", {})
+_LISTEN = [(("-t", "--trtype"), "trtype", {"required": True}), (("-a", "--traddr"), "traddr", {"required": True}),
+           (("-p", "--tgt-name"), "tgt_name", {}), (("-f", "--adrfam"), "adrfam", {}),
+           (("-s", "--trsvcid"), "trsvcid", {})]
+_NQN = ("nqn", {})
+_NSID = ("nsid", _INT)
+_HOST = ("host", {})
+_KEYS = [(("--dhchap-key",), "dhchap_key", {}), (("--dhchap-ctrlr-key",), "dhchap_ctrlr_key", {})]
+RPC_FORMS: Dict[str, tuple] = {
+    "nvmf_get_subsystems": ([("nqn", {"nargs": "?"})], [_TGT]),
+    "nvmf_create_subsystem": ([_NQN], [
+        _TGT, (("-s", "--serial-number"), "serial_number", {}), (("-d", "--model-number"), "model_number", {}),
+        (("-a", "--allow-any-host"), "allow_any_host", _FLAG), (("-m", "--max-namespaces"), "max_namespaces", _INT),
+        (("-r", "--ana-reporting"), "ana_reporting", _FLAG), (("-i", "--min_cntlid"), "min_cntlid", _INT),
+        (("-I", "--max_cntlid"), "max_cntlid", _INT)]),
+    "nvmf_delete_subsystem": ([_NQN], [_TGT]),
+    "nvmf_subsystem_add_listener": ([_NQN], _LISTEN + [
+        (("-k", "--secure-channel"), "secure_channel", _FLAG), (("-n", "--ana-state"), "ana_state", {}),
+        (("-S", "--sock-impl"), "sock_impl", {})]),
+    "nvmf_subsystem_remove_listener": ([_NQN], _LISTEN),
+    "nvmf_subsystem_listener_set_ana_state": ([_NQN], _LISTEN + [
+        (("-n", "--ana-state"), "ana_state", {"required": True}), (("-g", "--anagrpid"), "anagrpid", _INT)]),
+    "nvmf_subsystem_add_ns": ([_NQN, ("bdev_name", {"metavar": "PATH"})], [
+        _TGT, (("-p", "--ptpl-file"), "ptpl_file", {}), (("-n", "--nsid"), "nsid", _INT),
+        (("-g", "--nguid"), "nguid", {}), (("-e", "--eui64"), "eui64", {}), (("-u", "--uuid"), "uuid", {}),
+        (("-a", "--anagrpid"), "anagrpid", _INT), (("-i", "--no-auto-visible"), "no_auto_visible", _FLAG),
+        (("-N", "--hide-metadata"), "hide_metadata", _FLAG)]),
+    "nvmf_subsystem_remove_ns": ([_NQN, _NSID], [_TGT]),
+    "nvmf_ns_add_host": ([_NQN, _NSID, _HOST], [_TGT]),
+    "nvmf_ns_remove_host": ([_NQN, _NSID, _HOST], [_TGT]),
+    "nvmf_subsystem_add_host": ([_NQN, _HOST], [_TGT, (("--psk",), "psk", {})] + _KEYS),
+    "nvmf_subsystem_remove_host": ([_NQN, _HOST], [_TGT]),
+    "nvmf_subsystem_set_keys": ([_NQN, _HOST], [_TGT] + _KEYS),
+    "nvmf_subsystem_allow_any_host": ([_NQN], [
+        _TGT, (("-e", "--enable"), "enable", _FLAG), (("-d", "--disable"), "disable", _FLAG)]),
+    "nvmf_subsystem_get_controllers": ([_NQN], [_TGT]),
+    "nvmf_subsystem_get_qpairs": ([_NQN], [_TGT]),
+    "nvmf_get_stats": ([], [_TGT]),
+    "nvmf_create_transport": ([], [
+        (("-t", "--trtype"), "trtype", {"required": True}), (("-g", "--tgt-name"), "tgt_name", {}),
+        (("-q", "--max-queue-depth"), "max_queue_depth", _INT),
+        (("-m", "--max-io-qpairs-per-ctrlr"), "max_io_qpairs_per_ctrlr", _INT),
+        (("-c", "--in-capsule-data-size"), "in_capsule_data_size", _INT),
+        (("-i", "--max-io-size"), "max_io_size", _INT), (("-u", "--io-unit-size"), "io_unit_size", _INT),
+        (("-a", "--max-aq-depth"), "max_aq_depth", _INT), (("-n", "--num-shared-buffers"), "num_shared_buffers", _INT),
+        (("-b", "--buf-cache-size"), "buf_cache_size", _INT), (("-z", "--zcopy"), "zcopy", _FLAG),
+        (("-d", "--num-cqe"), "num_cqe", _INT), (("-s", "--max-srq-depth"), "max_srq_depth", _INT),
+        (("-r", "--no-srq"), "no_srq", _FLAG), (("-o", "--c2h-success"), "c2h_success", {"action": "store_false"}),
+        (("-f", "--dif-insert-or-strip"), "dif_insert_or_strip", _FLAG),
+        (("-y", "--sock-priority"), "sock_priority", _INT), (("-l", "--acceptor-backlog"), "acceptor_backlog", _INT),
+        (("-x", "--abort-timeout-sec"), "abort_timeout_sec", _INT), (("-w", "--no-wr-batching"), "no_wr_batching", _FLAG),
+        (("-e", "--control-msg-num"), "control_msg_num", _INT),
+        (("--acceptor-poll-rate",), "acceptor_poll_rate", _INT), (("--ack-timeout",), "ack_timeout", _INT),
+        (("--data-wr-pool-size",), "data_wr_pool_size", _INT),
+        (("--disable-command-passthru",), "disable_command_passthru", _FLAG),
+        (("--kas",), "kas", _INT), (("--min-kato",), "min_kato", _INT)]),
+}
+_NS_FORM_KEYS = ("bdev_name", "ptpl_file", "nsid", "nguid", "eui64", "uuid", "anagrpid", "no_auto_visible",
+                 "hide_metadata")
+
+
+def _form_parser(method: str) -> argparse.ArgumentParser:
+    positionals, options = RPC_FORMS[method]
+    p = argparse.ArgumentParser(prog=f"nvmeof-roce rpc {method}", argument_default=argparse.SUPPRESS,
+                                description=f"rpc.py's arguments for {method}")
+    for name, kwargs in positionals:
+        p.add_argument(name, **kwargs)
+    for flags, dest, kwargs in options:
+        p.add_argument(*flags, dest=dest, **kwargs)
+    socket_options(p, short="-S" not in p._option_string_actions)
+    return p
+
+
+def form_params(method: str, argv) -> tuple:
+    """rpc.py's command line for `method` -> (its JSON-RPC params, the --socket/--timeout given among them)."""
+    values = vars(_form_parser(method).parse_args(argv))
+    given = {k: values.pop(k) for k in ("socket", "timeout") if k in values}
+    if method == "nvmf_subsystem_add_ns":  # rpc.py groups these as "namespace"; a bdev name here is a path
+        ns = {k: values.pop(k) for k in _NS_FORM_KEYS if k in values}
+        name = ns.pop("bdev_name")
+        ns["path" if name.startswith("/") else "bdev_name"] = name
+        values["namespace"] = ns
+    elif "traddr" in values:  # rpc.py groups the address as "listen_address"
+        values["listen_address"] = {k: values.pop(k) for k in ("trtype", "traddr", "trsvcid", "adrfam")
+                                    if k in values}
+    elif method == "nvmf_subsystem_allow_any_host":  # as rpc.py: on unless --disable
+        values.pop("enable", None)
+        values["allow_any_host"] = not values.pop("disable", False)
+    if values.get("nqn") == "discovery":  # rpc.py's shortcut
+        values["nqn"] = "nqn.2014-08.org.nvmexpress.discovery"
+    return values, given
+
+
+def _generic_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nvmeof-roce rpc METHOD", argument_default=argparse.SUPPRESS)
+    p.add_argument("params", nargs="?", metavar="JSON")
+    p.add_argument("--param", "-p", action="append", metavar="KEY=VALUE")
+    socket_options(p)
+    return p
+
+
+def _generic_form(argv) -> bool:
+    """A JSON object or --param after METHOD: the generic form, not rpc.py's."""
+    return bool(argv) and (argv[0].lstrip().startswith("{") or any(
+        a == "--param" or a.startswith("--param=") or (a == "-p" and i + 1 < len(argv) and "=" in argv[i + 1])
+        for i, a in enumerate(argv)))
+
+
 def _cmd_rpc(args) -> int:
-    result = _call(args, args.method, parse_params(args.param, args.params))
+    if args.method in RPC_FORMS and args.args and not args.param and not _generic_form(args.args):
+        params, given = form_params(args.method, args.args)
+    else:
+        values = vars(_generic_parser().parse_args(args.args))
+        given = {k: values[k] for k in ("socket", "timeout") if k in values}
+        params = parse_params((args.param or []) + values.get("param", []), values.get("params"))
+    for key, value in given.items():
+        setattr(args, key, value)
+    result = _call(args, args.method, params)
     json.dump(result, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0
@@ -153,28 +278,46 @@ def _cmd_delete_subsystem(args) -> int:
 
 
 def _listen_address(args) -> dict:
-    return {"trtype": "RDMA", "adrfam": args.adrfam, "traddr": args.traddr, "trsvcid": str(args.trsvcid)}
+    """The listener's address from TRADDR or nvme-cli's -a, -s and -t; the address family from the address."""
+    if getattr(args, "rest", None) is not None:  # listener-ana-state: [TRADDR] STATE
+        if len(args.rest) > 2 or len(args.rest) < (1 if args.traddr_opt else 2):
+            raise NvmeofError(f"{args.target_command}: give TRADDR STATE, or -a TRADDR and STATE",
+                              f"e.g. nvmeof-roce target {args.target_command} {args.nqn} 10.0.0.1 optimized")
+        args.state = args.rest[-1]
+        args.traddr = args.rest[0] if len(args.rest) == 2 else None
+    if args.traddr and args.traddr_opt and args.traddr != args.traddr_opt:
+        raise NvmeofError(f"{args.target_command}: two addresses, {args.traddr} and -a {args.traddr_opt}",
+                          "give the address once")
+    args.traddr = args.traddr or args.traddr_opt
+    if not args.traddr:
+        raise NvmeofError(f"{args.target_command}: no address given",
+                          f"e.g. nvmeof-roce target {args.target_command} {args.nqn} 10.0.0.1 -s 4420 "
+                          "(or -a 10.0.0.1)")
+    adrfam = args.adrfam or ("ipv6" if ":" in args.traddr else "ipv4")
+    return {"trtype": args.transport.upper(), "adrfam": adrfam, "traddr": args.traddr, "trsvcid": str(args.trsvcid)}
 
 
 def _cmd_add_listener(args) -> int:
-    result = _call(args, "nvmf_subsystem_add_listener", {"nqn": args.nqn, "listen_address": _listen_address(args)})
-    return _done(args, result, f"{args.nqn}: listening on {args.traddr}:{args.trsvcid}")
+    listen = _listen_address(args)
+    result = _call(args, "nvmf_subsystem_add_listener", {"nqn": args.nqn, "listen_address": listen})
+    return _done(args, result, f"{args.nqn}: listening on {address(args.traddr, args.trsvcid)}")
 
 
 def _cmd_rm_listener(args) -> int:
-    result = _call(args, "nvmf_subsystem_remove_listener",
-                   {"nqn": args.nqn, "listen_address": _listen_address(args)})
-    return _done(args, result, f"{args.nqn}: no longer listening on {args.traddr}:{args.trsvcid}; controllers "
+    listen = _listen_address(args)
+    result = _call(args, "nvmf_subsystem_remove_listener", {"nqn": args.nqn, "listen_address": listen})
+    return _done(args, result, f"{args.nqn}: no longer listening on {address(args.traddr, args.trsvcid)}; controllers "
                                "through it were ended")
 
 
 def _cmd_listener_ana_state(args) -> int:
-    params = {"nqn": args.nqn, "listen_address": _listen_address(args), "ana_state": args.state}
+    listen = _listen_address(args)  # sets args.state too: [TRADDR] STATE
+    params = {"nqn": args.nqn, "listen_address": listen, "ana_state": args.state}
     if args.group is not None:
         params["anagrpid"] = args.group
     result = _call(args, "nvmf_subsystem_listener_set_ana_state", params)
     groups = f"group {args.group}" if args.group is not None else "its namespaces' groups"
-    return _done(args, result, f"{args.nqn} on {args.traddr}:{args.trsvcid}: {groups} {args.state}")
+    return _done(args, result, f"{args.nqn} on {address(args.traddr, args.trsvcid)}: {groups} {args.state}")
 
 
 def _cmd_ns_host(args) -> int:
@@ -320,12 +463,37 @@ def _cmd_status(args) -> int:
     return 0
 
 
-def _common(p, json_flag: bool = True) -> None:
-    p.add_argument("--socket", "-s", metavar="PATH",
+class _NotTheSocket(argparse.Action):
+    """-s where a command has no service id: say where the control socket went instead of "unrecognized"."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error("-s is the service id (trsvcid) in every nvmeof-roce command, as in nvme-cli; give the "
+                     "control socket as -S PATH or --socket PATH")
+
+
+def socket_options(p, short: bool = True) -> None:
+    """--socket/-S and --timeout of a control socket's client; -s there says that it is the service id."""
+    p.add_argument("--socket", *(["-S"] if short else []), metavar="PATH",
                    help="the target's control socket (default: the only one in /run/nvmeof-roce)")
-    p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds to wait for the answer")
+    if "-s" not in p._option_string_actions:
+        p.add_argument("-s", action=_NotTheSocket, metavar="PATH", help=argparse.SUPPRESS)
+    p.add_argument("--timeout", type=float, metavar="S", help="seconds to wait for the answer (default 60)")
+
+
+def _common(p, json_flag: bool = True) -> None:
+    socket_options(p)
+    p.set_defaults(timeout=60.0)
     if json_flag:
         p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def _listener_options(p) -> None:
+    """nvme-cli's letters for a listener's address, as in `host connect`."""
+    p.add_argument("-a", "--traddr", dest="traddr_opt", metavar="TRADDR", help="the address, as nvme-cli's -a")
+    p.add_argument("-s", "--trsvcid", default="4420", help="the service (port) number (default 4420)")
+    p.add_argument("-t", "--transport", type=str.lower, choices=("rdma",), default="rdma",
+                   help="the transport: rdma, the one the userspace target serves")
+    p.add_argument("--adrfam", choices=("ipv4", "ipv6"), help="the address family (default: from the address)")
 
 
 def register_rpc(subparsers) -> None:
@@ -335,8 +503,9 @@ def register_rpc(subparsers) -> None:
                                           "rpc_get_methods lists them). Parameters come from a JSON object "
                                           "and/or --param KEY=VALUE (dots nest: namespace.size=64M).")
     p.add_argument("method")
-    p.add_argument("params", nargs="?", metavar="JSON",
-                   help="the parameters as one JSON object (right after METHOD, before any option)")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
+                   help="the parameters: one JSON object and/or --param KEY=VALUE, or rpc.py's arguments for METHOD "
+                        "(e.g. nvmf_subsystem_add_ns NQN PATH -n 2; `rpc METHOD -h` lists them)")
     p.add_argument("--param", "-p", action="append", metavar="KEY=VALUE", help="one parameter (repeatable)")
     _common(p, json_flag=False)
     p.set_defaults(func=_cmd_rpc)
@@ -414,9 +583,8 @@ def register_target_verbs(commands) -> None:
                            ("rm-listener", _cmd_rm_listener, "stop exporting a subsystem on an address")):
         p = commands.add_parser(verb, help=f"{what} (running target)")
         p.add_argument("nqn")
-        p.add_argument("traddr", metavar="TRADDR", help="the IP address of an RDMA netdev")
-        p.add_argument("--trsvcid", default="4420", help="the service (port) number (default 4420)")
-        p.add_argument("--adrfam", default="ipv4", choices=("ipv4", "ipv6"))
+        p.add_argument("traddr", nargs="?", metavar="TRADDR", help="the IP address of an RDMA netdev")
+        _listener_options(p)
         _common(p)
         p.set_defaults(func=fn)
 
@@ -426,10 +594,10 @@ def register_target_verbs(commands) -> None:
                                         "TRADDR:TRSVCID. Hosts connected through that port get an ANA change "
                                         "notice. `target ana-state` does the same by port ID.")
     p.add_argument("nqn")
-    p.add_argument("traddr", metavar="TRADDR")
-    p.add_argument("state", metavar="STATE", help="optimized, non_optimized, inaccessible, persistent_loss or change")
-    p.add_argument("--trsvcid", default="4420")
-    p.add_argument("--adrfam", default="ipv4", choices=("ipv4", "ipv6"))
+    p.add_argument("rest", nargs="+", metavar="[TRADDR] STATE",
+                   help="the listener's address (or -a) and the state: optimized, non_optimized, inaccessible, "
+                        "persistent_loss or change")
+    _listener_options(p)
     p.add_argument("--group", type=int, metavar="GRPID", help="one ANA group (SPDK's anagrpid)")
     _common(p)
     p.set_defaults(func=_cmd_listener_ana_state)

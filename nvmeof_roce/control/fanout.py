@@ -19,13 +19,15 @@ from .protocol import RequestFramer, RpcError, answer_framed, handle_request
 # How the supervisor answers a control call: methods whose answers are joined from every worker; methods it
 # refuses because a worker-wide meaning would differ from the single-process one; the rest go to every worker.
 GATHERED = ("rpc_get_methods", "nvmf_get_subsystems", "nvmf_subsystem_get_controllers", "nvmf_subsystem_get_qpairs",
-            "nvmf_get_stats", "nvmeof_get_status")
+            "nvmf_get_stats", "nvmeof_get_status", "nvmf_get_transports")
 NAMESPACE_SUMS = ("read_commands", "write_commands", "bytes_read", "bytes_written", "errors", "iops",
                   "read_bytes_per_s", "write_bytes_per_s")
 REFUSED = {
     "nvmf_subsystem_add_listener": "each worker listens on its own port (trsvcid + worker index)",
     "nvmf_subsystem_remove_listener": "each worker listens on its own port (trsvcid + worker index)",
     "save_config": "the workers' configs are derived from CONFIG (ports and CNTLID ranges split per worker)",
+    "nvmf_create_transport": "its port parameters are for listeners added by RPC, which each worker opens on its "
+                             "own port",
 }
 # nvmf_subsystem_listener_set_ana_state goes to every worker: each knows every worker's ports (the discovery log
 # lists them all), so each sets the state of that port's group, and a worker restarted later starts with it.
@@ -90,8 +92,8 @@ class SupervisorControl:
 
     def _gather(self, method: str, answers: List[Any]) -> Any:
         first = answers[0]
-        if method in ("rpc_get_methods", "nvmf_get_subsystems"):
-            return first  # every worker serves the same subsystems and knows every port
+        if method in ("rpc_get_methods", "nvmf_get_subsystems", "nvmf_get_transports"):
+            return first  # every worker serves the same subsystems, knows every port and has the same options
         if method in ("nvmf_subsystem_get_controllers", "nvmf_subsystem_get_qpairs"):
             return [dict(item, worker=i) for i, answer in enumerate(answers) for item in answer]
         if method == "nvmf_get_stats":

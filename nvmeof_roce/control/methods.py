@@ -15,8 +15,11 @@ import logging
 import os
 from typing import Any, Callable, Dict, List, Optional
 
-from ..config import (ANA_STATES, QOS_LIMITS, ConfigError, DISCOVERY_NQN, USERSPACE_KEY, load_userspace_config,
-                      parse_config, parse_size, raise_all, validate_for_userspace)
+from ..config import (ANA_STATES, MAX_INLINE_DATA_SIZE, QOS_LIMITS, ConfigError, DISCOVERY_NQN, USERSPACE_KEY,
+                      USERSPACE_QUEUE_SIZES, load_userspace_config,
+                      parse_config, parse_flag, parse_size, raise_all, validate_for_userspace)
+from ..nvme.cm import ADMIN_QUEUE_DEPTH
+from ..output import address
 from ..securefile import write_file
 from ..transport import registry
 from ..transport.rdma.native_trace import GROUP as TRACE_GROUP, TRACING
@@ -79,11 +82,11 @@ class _Params:
             if required:
                 raise RpcError(f"{self.method}: missing parameter {name!r}", name, f"add \"{name}\": true or false")
             return default
-        if isinstance(v, bool):
-            return v
-        if v in (0, 1, "0", "1", "true", "false"):
-            return v in (1, "1", "true")
-        raise RpcError(f"{name} must be true or false, got {v!r}", name, f"give {name} as true or false")
+        flag = parse_flag(v)  # a JSON boolean, or nvmetcli's "1"/"0" as the config takes them
+        if flag is None:
+            raise RpcError(f"{name} must be true or false, got {v!r}", name,
+                           f'give {name} as true or false (or "1"/"0")')
+        return flag
 
     def dict(self, name: str) -> dict:
         v = self.p.get(name)
@@ -128,6 +131,7 @@ class Control:
         self.sampler = Sampler(target)
         target.tick_hooks.append(self.sampler.tick)
         self._applying: Optional[live.Applying] = None  # the change the method being called made, if any
+        self.transport_params: Dict[str, int] = {}  # nvmf_create_transport's port parameters, for new listeners
         self.methods: Dict[str, Callable[[_Params], Any]] = {}
         for name in dir(self):
             if name.startswith("rpc_"):
@@ -297,9 +301,9 @@ class Control:
         p = _Params("nvmf_subsystem_add_ns", params, ("nqn", "namespace"))
         nqn = p.str("nqn")
         spec = p.dict("namespace")
-        no_auto_visible = spec.get("no_auto_visible", False)
-        if not isinstance(no_auto_visible, bool):
-            raise RpcError(f"namespace.no_auto_visible must be true or false, got {no_auto_visible!r}",
+        no_auto_visible = parse_flag(spec.get("no_auto_visible", False))
+        if no_auto_visible is None:
+            raise RpcError(f"namespace.no_auto_visible must be true or false, got {spec['no_auto_visible']!r}",
                            "namespace.no_auto_visible", "give true (no host sees it until nvmf_ns_add_host) or false")
         spec = {k: v for k, v in spec.items() if k != "no_auto_visible"}
         for k in spec:
@@ -388,10 +392,7 @@ class Control:
         nqn, host = p.str("nqn"), p.str("host")
         if p.has("psk"):
             raise RpcError("psk: TLS is not supported on RDMA", "psk", "leave psk out")
-        sub = self._sub(nqn)
-        if sub.allow_any_host:
-            raise RpcError(f"{nqn} allows any host, so an allow-list would not be used", "nqn",
-                           f"first call nvmf_subsystem_allow_any_host with nqn {nqn} and allow_any_host false")
+        self._sub(nqn)  # on a subsystem that allows any host, the host is listed for when it stops (as SPDK)
 
         def edit(d):
             if not any(h["nqn"] == host for h in d["hosts"]):
@@ -479,16 +480,84 @@ class Control:
             if port is None:
                 portid = max([int(str(x["portid"])) for x in d["ports"]] + [0]) + 1
                 port = {"portid": portid, "addr": dict(la, treq="not specified"), "subsystems": [], "referrals": []}
+                if self.transport_params:  # nvmf_create_transport's port parameters
+                    port["param"] = {k: str(v) for k, v in self.transport_params.items()}
                 d["ports"].append(port)
             if nqn == DISCOVERY_NQN:
                 return  # every port serves discovery
             if nqn in port["subsystems"]:
-                raise RpcError(f"{nqn} already listens on {la['traddr']}:{la['trsvcid']}", "listen_address",
+                raise RpcError(f"{nqn} already listens on {address(la['traddr'], la['trsvcid'])}", "listen_address",
                                "nothing to do")
             port["subsystems"].append(nqn)
 
         self._edit(edit, lambda where: "listen_address" + where.split(".addr", 1)[1] if ".addr" in where
                    else where)
+        return True
+
+    def _transport_settings(self) -> dict:
+        """The RDMA transport's settings in force, in nvmf_create_transport's names."""
+        limits = self.target.limits
+        return {"trtype": "RDMA", "max_queue_depth": self.transport_params.get(
+                    "max_queue_size", self.target.default_queue_size),
+                "in_capsule_data_size": self.transport_params.get(
+                    "inline_data_size", self.target.default_in_capsule_size),
+                "max_io_qpairs_per_ctrlr": limits.max_queues_per_ctrl, "max_io_size": limits.max_transfer,
+                "io_unit_size": limits.max_transfer, "num_shared_buffers": limits.data_buffers,
+                "max_aq_depth": ADMIN_QUEUE_DEPTH, "no_srq": True, "zcopy": False}
+
+    def rpc_nvmf_get_transports(self, params) -> List[dict]:
+        p = _Params("nvmf_get_transports", params, ("trtype",))
+        trtype = p.str("trtype", required=False)
+        if trtype and trtype.lower() != "rdma":
+            raise RpcError(f"no transport {trtype!r}: this target serves RDMA only", "trtype", 'give "RDMA"')
+        return [self._transport_settings()]
+
+    def rpc_nvmf_create_transport(self, params) -> bool:
+        """SPDK's method.  The RDMA transport exists from the start (`target serve`'s options size it), so each
+        parameter is accepted when it is what the target does, applied when it is a port parameter (the
+        listeners added after the call get it), and refused with the reason and the option to restart with
+        otherwise: a setting is never taken without being honoured."""
+        p = _Params("nvmf_create_transport", params, ("trtype",) + tuple(_TRANSPORT_PARAMS))
+        trtype = p.str("trtype")
+        if trtype.lower() != "rdma":
+            raise RpcError(f"trtype {trtype!r}: this target serves RDMA only", "trtype", 'give "trtype": "RDMA"')
+        in_force = self._transport_settings()
+        ports: Dict[str, int] = {}
+        for name in _TRANSPORT_PARAMS:
+            if not p.has(name):
+                continue
+            how = _TRANSPORT_PARAMS[name]
+            if isinstance(how, bool):  # a switch: what the target does is the only value it takes
+                if p.bool(name) != how:
+                    raise RpcError(f"{name} {str(not how).lower()}: {_TRANSPORT_SWITCHES[name]}", name,
+                                   f"leave {name} out, or give {str(how).lower()}")
+                continue
+            if how is None:
+                raise RpcError(f"{name}: {_TRANSPORT_REFUSED[name]}", name, f"leave {name} out")
+            value = p.int(name)
+            if how.startswith("port:"):
+                key = how[5:]
+                lo, hi = _TRANSPORT_PORT_RANGES[key]
+                if not lo <= value <= hi:
+                    raise RpcError(f"{name} {value}: this target takes {lo}..{hi}", name, f"give {lo}..{hi}")
+                for port in self.target.config.ports:
+                    have = getattr(port, key)
+                    have = in_force[name] if have is None or have < 0 else have
+                    if have != value:
+                        raise RpcError(f"{name} {value}: port {port.portid} ({address(port.traddr, port.trsvcid)})"
+                                       f" already listens with {key} {have}; the transport's setting is for "
+                                       "the listeners added after it", name,
+                                       f"give {have}, or set ports[].param.{key} in the config and reload "
+                                       "with that port removed and added again")
+                ports[key] = value
+            elif how == "fixed" and value != in_force[name]:
+                raise RpcError(f"{name} {value}: this target's is always {in_force[name]}", name,
+                               f"give {in_force[name]}, or leave {name} out")
+            elif value != in_force[name]:
+                raise RpcError(f"{name} {value}: the running target was started with {in_force[name]} ({how}), "
+                               "which a running target cannot change", name,
+                               f"give {in_force[name]}, or restart `target serve` with {how} set to match")
+        self.transport_params.update(ports)
         return True
 
     def rpc_nvmf_subsystem_remove_listener(self, params) -> bool:
@@ -500,7 +569,7 @@ class Control:
         def edit(d):
             port = _find_port(d, la)
             if port is None or nqn not in port["subsystems"]:
-                raise RpcError(f"{nqn} does not listen on {la['traddr']}:{la['trsvcid']}", "listen_address",
+                raise RpcError(f"{nqn} does not listen on {address(la['traddr'], la['trsvcid'])}", "listen_address",
                                "nvmf_get_subsystems lists each subsystem's listen_addresses")
             port["subsystems"].remove(nqn)
 
@@ -604,7 +673,7 @@ class Control:
         def edit(d):
             port = _find_port(d, la)
             if port is None or nqn not in port["subsystems"]:
-                raise RpcError(f"{nqn} does not listen on {la['traddr']}:{la['trsvcid']}", "listen_address",
+                raise RpcError(f"{nqn} does not listen on {address(la['traddr'], la['trsvcid'])}", "listen_address",
                                "nvmf_get_subsystems lists each subsystem's listen_addresses")
             entries = port.setdefault("ana_groups", [])
             for g in groups:
@@ -804,6 +873,44 @@ def _ns_field(where: str) -> str:
     return where
 
 
+# nvmf_create_transport's parameters (SPDK's names) -> "port:KEY" (a port parameter of the listeners added
+# afterwards), the `target serve` option whose value in force is the only one taken, True/False (a switch: the
+# one value that is what this target does), or None (refused: _TRANSPORT_REFUSED says why).
+_TRANSPORT_PARAMS: Dict[str, Any] = {
+    "max_queue_depth": "port:max_queue_size", "in_capsule_data_size": "port:inline_data_size",
+    "max_io_qpairs_per_ctrlr": "--max-queues-per-ctrl", "max_io_size": "--mdts",
+    "io_unit_size": "--mdts", "num_shared_buffers": "--data-buffers (per port)",
+    "no_srq": True, "zcopy": False, "dif_insert_or_strip": False, "c2h_success": True,
+    "max_aq_depth": "fixed", "buf_cache_size": None, "num_cqe": None, "max_srq_depth": None, "sock_priority": None,
+    "acceptor_backlog": None, "abort_timeout_sec": None, "no_wr_batching": None, "control_msg_num": None,
+    "acceptor_poll_rate": None, "ack_timeout": None, "data_wr_pool_size": None, "disable_command_passthru": None,
+    "kas": None, "min_kato": None, "disable_mappable_bar0": None, "disable_adaptive_irq": None,
+    "disable_shadow_doorbells": None,
+}
+_TRANSPORT_PORT_RANGES = {"max_queue_size": USERSPACE_QUEUE_SIZES, "inline_data_size": (0, MAX_INLINE_DATA_SIZE)}
+_TRANSPORT_SWITCHES = {
+    "no_srq": "each queue of this target has its own receive queue (no shared receive queue)",
+    "zcopy": "this target copies through its registered data buffers (no zero-copy from the backend)",
+    "dif_insert_or_strip": "this target has no protection information (TCP's DIF insert/strip in SPDK)",
+    "c2h_success": "a TCP setting (SPDK ignores it on RDMA); this target serves RDMA",
+}
+_TCP = "a TCP setting; this target serves RDMA"
+_VFIO = "a vfio-user setting; this target serves RDMA"
+_TRANSPORT_REFUSED = {
+    "buf_cache_size": "no per-poll-group buffer cache: each queue is guaranteed "
+                    "--queue-min-buffers of the port's pool", "num_cqe": "the completion queues are sized by the "
+                    "queue depth", "max_srq_depth": "no shared receive queue", "sock_priority": _TCP,
+    "acceptor_backlog": "the listen backlog is fixed at 128", "abort_timeout_sec": "Abort is answered at once "
+    "(the command is not aborted)", "no_wr_batching": "work requests are posted as the data path decides",
+    "control_msg_num": _TCP, "acceptor_poll_rate": "connections arrive as rdma_cm events, not by polling",
+    "ack_timeout": "the RDMA ACK timeout is the device's default", "data_wr_pool_size": "no WR pool setting",
+    "disable_command_passthru": "no command passthru exists to turn off", "kas": "keep alive is always "
+    "supported (the host's KATO, up to nvmeof_roce.max_kato)", "min_kato": "no minimum keep-alive timeout "
+    "(nvmeof_roce.max_kato is the maximum)", "disable_mappable_bar0": _VFIO, "disable_adaptive_irq": _VFIO,
+    "disable_shadow_doorbells": _VFIO,
+}
+
+
 def _listen_address(port) -> dict:
     return {"trtype": port.trtype.upper(), "adrfam": port.adrfam.upper() if port.adrfam.startswith("ip") else
             port.adrfam, "traddr": port.traddr, "trsvcid": port.trsvcid_str}
@@ -821,7 +928,8 @@ def _listen_params(la: dict) -> dict:
     if not la.get("traddr"):
         raise RpcError("listen_address.traddr is required", "listen_address.traddr",
                        "give the IP address of an RDMA netdev, e.g. 10.99.0.1")
-    return {"trtype": "rdma", "adrfam": str(la.get("adrfam", "ipv4")).lower(), "traddr": str(la["traddr"]),
+    adrfam = la.get("adrfam") or ("ipv6" if ":" in str(la["traddr"]) else "ipv4")  # an IPv6 literal says so
+    return {"trtype": "rdma", "adrfam": str(adrfam).lower(), "traddr": str(la["traddr"]),
             "trsvcid": str(la.get("trsvcid", "4420"))}
 
 

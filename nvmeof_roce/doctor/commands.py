@@ -23,8 +23,8 @@ def register(subparsers) -> None:
         "Exit code 1 when any check fails.",
     )
     parser.add_argument("--device", metavar="DEV", help="check only this RDMA device (default: all)")
-    parser.add_argument("--traddr", metavar="IP", help="target address: check the route, its GID and reach it")
-    parser.add_argument("--trsvcid", type=int, default=DEFAULT_TRSVCID, metavar="PORT",
+    parser.add_argument("-a", "--traddr", metavar="IP", help="target address: check the route, its GID and reach it")
+    parser.add_argument("-s", "--trsvcid", type=int, default=DEFAULT_TRSVCID, metavar="PORT",
                         help=f"target port (default {DEFAULT_TRSVCID})")
     parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL, metavar="SECONDS",
                         help=f"time between the two counter samples (default {DEFAULT_INTERVAL:g}; 0: one sample)")

@@ -278,6 +278,8 @@ def cmd_perf(args) -> int:
 
 
 def _common(p, nqn: bool = True) -> None:
+    p.add_argument("-t", "--transport", type=str.lower, choices=("rdma",), default="rdma",
+                   help="as nvme-cli's -t: rdma, the transport the userspace initiator speaks")
     p.add_argument("-a", "--traddr", required=True, help="target IP address (an RDMA netdev's address)")
     p.add_argument("-s", "--trsvcid", type=int, default=4420, help="service (port), default 4420")
     if nqn:
@@ -349,10 +351,10 @@ def register(subparsers) -> None:
     p = sub.add_parser("perf", help="load generator with latency percentiles (like SPDK perf)")
     _common(p)
     p.add_argument("--nsid", type=int, default=1)
-    p.add_argument("-o", "--block-size", type=int, default=4096, help="I/O size in bytes (default 4096)")
+    p.add_argument("--block-size", type=int, default=4096, help="I/O size in bytes (default 4096)")
     p.add_argument("-d", "--queue-depth", type=int, default=32, help="commands in flight per queue (default 32)")
     p.add_argument("-M", "--read-percent", type=int, default=100, help="percent reads (default 100)")
-    p.add_argument("-t", "--runtime", type=float, default=10.0, help="seconds (default 10)")
+    p.add_argument("--runtime", type=float, default=10.0, help="seconds (default 10)")
     p.add_argument("--ramp", type=float, default=1.0, help="seconds before measuring (default 1)")
     p.add_argument("--queues", type=int, default=1, help="I/O queues (default 1; on the native data path one "
                                                           "thread each)")

@@ -395,6 +395,10 @@ def kernel_dict(cfg: TargetConfig) -> dict:
             "for the kernel, remove the \"nvmeof_roce\" keys and give each namespace a device.path (a file, "
             "a loop device or null_blk /dev/nullb0); or serve this file with nvmeof-roce target serve")
     for i, s in enumerate(cfg.subsystems):
+        if s.allow_any_host and s.allowed_hosts:
+            raise NvmetError(f"{cfg.source}: subsystems[{i}].attr.allow_any_host: is 1 while allowed_hosts lists "
+                             "hosts, which the kernel refuses (EINVAL)",
+                             'set "allow_any_host": "0" to use the allow-list, or empty allowed_hosts')
         if passthru_configured(s.raw.get("passthru")):
             raise NvmetError(f"{cfg.source}: subsystems[{i}].passthru: passthru subsystems are not supported by "
                              "nvmeof-roce nvmet apply", "use nvmetcli for passthru subsystems")

@@ -1,25 +1,15 @@
 """`nvmeof-roce host ...`: the Linux kernel NVMe-oF host, through nvme-cli.
 
 (The userspace initiator is `nvmeof-roce initiator`, in nvmeof_roce/initiator/.)"""
-import argparse
-
 from ..errors import NvmeofError
-from ..output import emit, table
+from ..output import add_output_format, address, emit, table
 from ..transport import registry
 from . import nvme_cli
 
 
-class _OutputFormat(argparse.Action):
-    """nvme-cli's -o/--output-format json|normal: the same switch as --json."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        namespace.json = values == "json"
-
-
 def _add_json(p):
     p.add_argument("--json", action="store_true", help="print the result as JSON (= -o json)")
-    p.add_argument("-o", "--output-format", choices=("json", "normal"), action=_OutputFormat, dest="output_format",
-                   help="as nvme-cli: json or normal (default normal)")
+    add_output_format(p)
 
 
 def _cli(args=None) -> nvme_cli.NvmeCli:
@@ -135,7 +125,7 @@ def _conf_entries(cli) -> list:
 
 
 def _print_discovery(r):
-    print(f"discovery log of {r['traddr']}:{r['trsvcid']} ({len(r['records'])} records, generation {r['genctr']})")
+    print(f"discovery log of {address(r['traddr'], r['trsvcid'])} ({len(r['records'])} records, generation {r['genctr']})")
     print(table(["subtype", "subnqn", "trtype", "traddr", "trsvcid", "portid"],
                 [[x.get("subtype"), x.get("subnqn"), x.get("trtype"), x.get("traddr"), x.get("trsvcid"),
                   x.get("portid")] for x in r["records"]]))
@@ -169,7 +159,7 @@ def cmd_host_connect(args):
     _check_svc(args)
     r = _cli(args).connect(args.traddr, args.nqn, args.trsvcid, args.transport, args.hostnqn, args.hostid,
                            args.host_traddr, host_iface=args.host_iface, **_tuning(args), **_auth(args))
-    emit(r, args.json, lambda r: print(f"connected {r['nqn']} at {r['traddr']}:{r['trsvcid']} as {r['controller']}"))
+    emit(r, args.json, lambda r: print(f"connected {r['nqn']} at {address(r['traddr'], r['trsvcid'])} as {r['controller']}"))
     return 0
 
 
@@ -222,8 +212,20 @@ def cmd_host_disconnect_all(args):
     return 0
 
 
+def nvme_list_document(namespaces) -> dict:
+    """`nvme list -o json`'s document for these namespaces: nvme-cli 2.x's "Devices" list, field for field as
+    Debian 12's nvme-cli prints it (tests/unit/fixtures/nvme-cli-2.3/list.json, recorded in the lab guest)."""
+    return {"Devices": [{"NameSpace": n["nsid"], "DevicePath": n["device"], "Firmware": n["firmware"],
+                         "ModelNumber": n["model"], "SerialNumber": n["serial"], "UsedBytes": n["used_bytes"],
+                         "MaximumLBA": n["max_lba"], "PhysicalSize": n["size_bytes"], "SectorSize": n["sector_size"]}
+                        for n in namespaces]}
+
+
 def cmd_host_list(args):
     r = _cli().list()
+    if getattr(args, "output_format", None) == "json":  # -o json: nvme-cli's schema; --json: subsystems and paths
+        emit(nvme_list_document([n for s in r["subsystems"] for n in s.get("namespaces", [])]), True)
+        return 0
 
     def human(r):
         if not r["subsystems"]:
@@ -232,7 +234,7 @@ def cmd_host_list(args):
         for s in r["subsystems"]:
             print(f"{s['name']}  {s['nqn']}")
             for p in s["paths"]:
-                print(f"  {p['name']}  {p['transport']}  {p['traddr']}:{p['trsvcid']}  {p['state']}")
+                print(f"  {p['name']}  {p['transport']}  {address(p['traddr'], p['trsvcid'])}  {p['state']}")
             for n in s.get("namespaces", []):
                 size = n.get("size_bytes")
                 print(f"  {n['device']}  nsid {n['nsid']}  {size if size is not None else '?'} bytes  "
@@ -354,7 +356,10 @@ def register(subparsers) -> None:
     x = hs.add_parser("disconnect-all", help="disconnect every NVMe-oF controller")
     _add_json(x)
     x.set_defaults(func=cmd_host_disconnect_all)
-    x = hs.add_parser("list", help="connected subsystems, their paths and namespaces")
+    x = hs.add_parser("list", help="connected subsystems, their paths and namespaces",
+                      description="The connected NVMe-oF subsystems, their paths and namespaces. --json prints "
+                                  "them as subsystems with paths; -o json prints their namespaces as `nvme list -o "
+                                  "json` does (nvme-cli's \"Devices\" schema).")
     _add_json(x)
     x.set_defaults(func=cmd_host_list)
     # reservations, through nvme-cli's resv-* commands (docs/reservations.md)

@@ -18,7 +18,7 @@ import sys
 from typing import Optional
 
 from ..errors import NvmeofError
-from ..output import emit, table
+from ..output import address, emit, table
 from ..engine import auth
 from ..engine.backends import BackendError, open_backend
 from ..engine.ioengine import choose_engine
@@ -121,7 +121,7 @@ def _print_summary(summary: dict) -> None:
     print(table(["SUBSYSTEM", "NSID", "BACKEND", "BYTES", "BLOCK", "NOTE", "HOSTS"], rows))
     print()
     print(table(["PORT", "TRTYPE", "ADDRESS", "SUBSYSTEMS"],
-                [[p["portid"], p["trtype"], f"{p['traddr']}:{p['trsvcid']}", ", ".join(p["subsystems"])]
+                [[p["portid"], p["trtype"], address(p["traddr"], p["trsvcid"]), ", ".join(p["subsystems"])]
                  for p in summary["ports"]]))
 
 
@@ -168,6 +168,7 @@ def _cmd_ana_state(args) -> int:
 
 
 def register(subparsers) -> None:
+    from ..control.commands import register_rpc, register_target_verbs, socket_options
     parser = subparsers.add_parser("target", help="the userspace NVMe-oF target",
                                    description="Check and serve target configs with the userspace target.")
     commands = parser.add_subparsers(dest="target_command", metavar="SUBCOMMAND")
@@ -198,13 +199,11 @@ def register(subparsers) -> None:
                      help="optimized, non-optimized, inaccessible, persistent-loss or change")
     ana.add_argument("--port", type=int, metavar="PORTID", help="the portid (as in the discovery log)")
     ana.add_argument("--group", type=int, default=1, metavar="GRPID", help="the ANA group (default 1)")
-    ana.add_argument("--socket", "-s", metavar="PATH",
-                     help="the target's control socket (default: the only one in /run/nvmeof-roce)")
-    ana.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds to wait for the answer")
+    socket_options(ana)
+    ana.set_defaults(timeout=60.0)
     ana.add_argument("--json", action="store_true", help="print the states as JSON")
     ana.set_defaults(func=_cmd_ana_state)
 
     # the control socket's clients: `target add-ns ...` verbs and the top-level `rpc`
-    from ..control.commands import register_rpc, register_target_verbs
     register_target_verbs(commands)
     register_rpc(subparsers)

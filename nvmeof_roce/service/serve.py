@@ -9,6 +9,7 @@ import time
 from typing import List, Optional
 
 from ..errors import NvmeofError
+from ..output import address
 from ..securefile import write_file
 from ..config import TargetConfig, load_userspace_config
 from ..engine.reservations import file_for as reservation_file_for
@@ -87,7 +88,7 @@ class TargetServer:
             raise
 
     def addresses(self) -> List[str]:
-        return [f"{lst.traddr}:{lst.trsvcid} ({lst.device_name})" for lst in self.listeners]
+        return [f"{address(lst.traddr, lst.trsvcid)} ({lst.device_name})" for lst in self.listeners]
 
     def request_stop(self, *_args) -> None:
         if not self.stopping:

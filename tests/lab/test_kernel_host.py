@@ -66,6 +66,11 @@ def test_connect_list_disconnect(target):
             [(ctrl, "rdma", LAB_IP, "4420", "live")]
         (ns,) = s["namespaces"]
         assert ns["nsid"] == 1 and ns["size_bytes"] == 16 << 20 and os.path.exists(ns["device"])
+        # -o json is `nvme list -o json` itself, field for field, for the connected subsystem's namespace
+        ours = json.loads(cli("host", "list", "-o", "json").stdout)["Devices"]
+        theirs = json.loads(sh("nvme", "list", "-o", "json").stdout)["Devices"]
+        assert [d for d in ours if d["DevicePath"] == ns["device"]] == \
+            [d for d in theirs if d["DevicePath"] == ns["device"]]
         save_capture("list-subsys.json", sh("nvme", "list-subsys", "-o", "json").stdout)
         save_capture("list-v.json", sh("nvme", "list", "-v", "-o", "json").stdout)
         again = cli("host", "connect", "-a", LAB_IP, "-n", OPEN, ok=False)

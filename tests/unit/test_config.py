@@ -196,8 +196,6 @@ BAD = [
      "ports[1].addr", "already used by ports[0]"),
     (lambda d: d["subsystems"][0].update(allowed_hosts=["nqn.2024-01.io.example:stranger"]),
      "subsystems[0].allowed_hosts[0]", "not in the top-level 'hosts'"),
-    (lambda d: d["subsystems"][0].update(allowed_hosts=[HOST], attr={"allow_any_host": "1"}),
-     "subsystems[0].attr.allow_any_host", "while allowed_hosts lists hosts"),
     (lambda d: d["subsystems"][0]["namespaces"][0]["nvmeof_roce"].update(size="64X"),
      "subsystems[0].namespaces[0].nvmeof_roce.size", "is not a size"),
     (lambda d: d["subsystems"][0]["namespaces"][0]["nvmeof_roce"].update(size="1000"),

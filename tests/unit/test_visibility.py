@@ -98,7 +98,7 @@ def test_visibility_rpc_errors_name_the_field(env):
             ("nvmf_ns_add_host", {"nqn": SUB, "nsid": 2, "host": "not an nqn"}, "host"),
             ("nvmf_ns_add_host", {"nqn": SUB, "nsid": 2}, "host"),
             ("nvmf_subsystem_add_ns", {"nqn": SUB, "namespace": {"backend": "ram", "size": "1M",
-                                                                 "no_auto_visible": "yes"}},
+                                                                 "no_auto_visible": "sometimes"}},
              "namespace.no_auto_visible")):
         with pytest.raises(RpcError) as exc:
             control.call(method, params)

@@ -21,6 +21,7 @@ import time
 from typing import Dict, Optional
 
 from ...errors import NvmeofError
+from ...output import address
 from ...nvme import cm as cmdata
 from ..base import ConnectRequest, Listener, QueueHandler, TransportError
 from ..eventloop import EventLoop
@@ -214,14 +215,14 @@ class RdmaListener(Listener):
         self._destroy_id(queue.cm_id)
 
     def status(self) -> dict:
-        return {"address": f"{self.traddr}:{self.trsvcid}", "portid": self.port_id, "queues": len(self.queues),
+        return {"address": address(self.traddr, self.trsvcid), "portid": self.port_id, "queues": len(self.queues),
                 "wc_errors": None,  # not counted
                 "pool": self.pool.accounts.figures()}
 
     def status_line(self) -> str:
         """One line of figures for `target serve`'s status log."""
         connected = sum(1 for q in self.queues.values() if q.share.guaranteed)
-        return (f"{self.traddr}:{self.trsvcid}: {len(self.queues)} queues ({connected} connected), "
+        return (f"{address(self.traddr, self.trsvcid)}: {len(self.queues)} queues ({connected} connected), "
                 f"{self.cm_ids_created - self.cm_ids_destroyed} CM ids kept ({self.cm_ids_destroyed} destroyed, "
                 f"{self.disconnects_attributed} disconnects attributed), "
                 f"data buffers {self.pool.accounts.status()}")
