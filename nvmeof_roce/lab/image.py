@@ -35,10 +35,10 @@ GUEST_PACKAGES = [
     "e2fsprogs", "bash", "less", "strace", "ethtool", "nftables", "iptables", "tcpdump",
 ]
 
-# The trixie guest also builds the native extension with its own compiler and headers (Python 3.13), and
-# compiles siw.ko for its kernel in a chroot (the kernel was built with trixie's gcc 14).
-TRIXIE_BUILD_PACKAGES = ["gcc", "make", "libc6-dev", "python3-dev", "python3-setuptools", "libibverbs-dev",
-                         "librdmacm-dev", "liburing-dev"]
+# The trixie guest also builds the native extension and the wheel with its own compiler, headers and pip
+# (Python 3.13; `pip wheel --no-build-isolation`, the guest has no network), and compiles siw.ko for its kernel in a chroot (the kernel was built with trixie's gcc 14).
+TRIXIE_BUILD_PACKAGES = ["gcc", "make", "libc6-dev", "python3-dev", "python3-setuptools", "python3-pip",
+                         "libibverbs-dev", "librdmacm-dev", "liburing-dev"]
 
 # Kernel module trees the guest never needs (keeps the image ~500 MB).
 DROPPED_MODULE_DIRS = [

@@ -113,7 +113,7 @@ def build_module(kernel_package: str, cache: Path, debs: Path, work: Path, apt: 
     make = ["make", "-C", str(headers), f"M={src}", "CONFIG_RDMA_SIW=m", "CONFIG_DEBUG_INFO_BTF_MODULES=", "modules"]
     if chroot is not None:
         make = ["chroot", str(chroot), "make", "-C", str(Path("/") / headers.relative_to(chroot)),
-                f"M={Path('/') / src.relative_to(chroot)}", *make[3:]]
+                f"M={Path('/') / src.relative_to(chroot)}", *make[4:]]
     _run(make, f"make siw.ko for {release}")
     out.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(src / "siw.ko", out)
