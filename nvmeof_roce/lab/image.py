@@ -269,6 +269,20 @@ def _install_guest_files(rootfs: Path) -> None:
     (rootfs / "etc/nvme/hostid").write_text(host_uuid + "\n")
 
 
+def kernel_parts(kernel_pkg: str, apt: List[str]) -> List[str]:
+    """The packages that hold the kernel: the image package itself (bookworm, trixie), plus the
+    linux-binary-RELEASE (vmlinuz) and linux-modules-RELEASE it depends on where Debian splits them (unstable)."""
+    release = aptconfig.kernel_release(kernel_pkg)
+    out = _run(["apt-cache", *apt, "show", "--no-all-versions", kernel_pkg], f"apt-cache show {kernel_pkg}").stdout
+    depends = re.search(r"^Depends:(.*)$", out, re.M)
+    parts = [kernel_pkg]
+    for dep in (depends.group(1).split(",") if depends else []):
+        name = dep.split("(")[0].strip().split("|")[0].strip()
+        if name in (f"linux-binary-{release}", f"linux-modules-{release}"):
+            parts.append(name)
+    return parts
+
+
 def _dir_size(path: Path) -> int:
     out = subprocess.run(["du", "-sb", str(path)], check=True, capture_output=True, text=True).stdout
     return int(out.split()[0])
@@ -321,11 +335,12 @@ def _build_locked(inputs: Dict[str, object], image: LabImage, root: Path) -> Lab
     progress(f"lab build [1/6]: downloading {kernel_pkg}")
     kdir = work / "kernel"
     kdir.mkdir()
-    existing = sorted(debs.glob(f"{kernel_pkg}_*.deb"))
-    if not existing:
-        _run(["apt-get", *kernel_apt, "download", "-q", kernel_pkg], f"apt-get download {kernel_pkg}", cwd=debs)
-        existing = sorted(debs.glob(f"{kernel_pkg}_*.deb"))
-    _run(["dpkg-deb", "-x", str(existing[-1]), str(kdir)], "dpkg-deb -x (kernel)")
+    for part in kernel_parts(kernel_pkg, kernel_apt):
+        existing = sorted(debs.glob(f"{part}_*.deb"))
+        if not existing:
+            _run(["apt-get", *kernel_apt, "download", "-q", part], f"apt-get download {part}", cwd=debs)
+            existing = sorted(debs.glob(f"{part}_*.deb"))
+        _run(["dpkg-deb", "-x", str(existing[-1]), str(kdir)], f"dpkg-deb -x ({part})")
 
     progress(f"lab build [2/6]: debootstrap {suite} rootfs ({len(packages)} packages; 1-2 min)")
     rootfs = work / "rootfs"
