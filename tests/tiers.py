@@ -21,7 +21,7 @@ LAB_612_TESTS = ["tests/lab/test_auth.py", "tests/lab/test_kernel_host_userspace
 # _native.cpython-313-*.so beside the host's), and the tier fails if it does not import.
 LAB_TRIXIE_TESTS = ["tests/lab/test_kernel_host_userspace_target.py", "tests/lab/test_native_data_path.py",
                     "tests/lab/test_auth.py", "tests/lab/test_multipath.py", "tests/lab/test_kernel_host.py",
-                    "tests/lab/test_nvmet_configfs.py"]
+                    "tests/lab/test_nvmet_configfs.py", "tests/lab/test_host_identity_nvme_cli.py"]
 NATIVE_FIRST = "python3 setup.py -q build_ext --inplace && python3 -c 'import nvmeof_roce._native'"
 
 SUMMARY = re.compile(r"^=+ (.*(passed|failed|error|skipped|no tests ran).*) =+$")
