@@ -14,7 +14,7 @@ APT_PACKAGES := qemu-system-x86 debootstrap e2fsprogs cpio xz-utils zstd fio gcc
 	python3-dev libibverbs-dev librdmacm-dev liburing-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: dist demo test test-extended test-unit test-lab test-long test-quick test-two-node test-reload-fuzz test-auth-rotation test-blktests deps venv lab clean-lab help bench-transport bench-native test-native
+.PHONY: dist demo test test-extended test-unit test-lab test-long test-quick test-two-node test-reload-fuzz test-auth-rotation test-trixie test-blktests deps venv lab clean-lab help bench-transport bench-native test-native
 
 # A wheel of this checkout in dist/ (pip install dist/nvmeof_roce-*.whl gives the `nvmeof-roce` command).
 dist: venv
@@ -28,6 +28,7 @@ help:
 	@echo "make dist   - build a wheel into dist/"
 	@echo "make test-extended - iWARP, systemd workers, QoS/visibility/persist, initiator bench, a live RAM resize in the lab (about 16 min)"
 	@echo "make test-long - the long lab scenarios (16-vCPU guest), not part of make test or CI"
+	@echo "make test-trixie - the Debian 13 lab tier: trixie's kernel host (nvme-cli 2.13) against our native target and nvmet"
 	@echo "make test-auth-rotation - rotate a host key by reload and by RPC under fio verify (6.12 lab guest)"
 	@echo "make test-reload-fuzz - 10,000 broken configs reloaded into a running loopback target (about a minute)"
 	@echo "make test-blktests - blktests' nvme group, kernel nvmet vs the userspace target (6.1 and 6.12; >1 h each)"
@@ -92,6 +93,14 @@ test-extended: lab
 
 # A host's DH-HMAC-CHAP key rotated by SIGHUP and by RPC while a second kernel host runs fio verify (6.12 guest;
 # tests/lab/test_auth.py, marked long: over a minute under emulation, so not in `make test`).
+# Debian 13 (trixie's 6.12 kernel, nvme-cli 2.13, rdma-core 56, Python 3.13): the guest builds the native module
+# for its Python, then the kernel host runs against our target on the native data path (fio crc32c verify,
+# discovery, DH-HMAC-CHAP, multipath failover with --workers), the `host` wrapper's commands, and nvmet
+# (tests/tiers.py LAB_TRIXIE_TESTS).  Its own image, built here on first use.
+test-trixie: deps venv
+	$(NVMEOF) lab build --kernel trixie
+	$(VENV)/bin/python tests/tiers.py $(VENV)/bin/python $(LAB_TIMEOUT) trixie
+
 test-auth-rotation: lab
 	$(NVMEOF) lab run --kernel 6.12 --timeout $(LAB_TIMEOUT) -- python3 -m pytest -p no:cacheprovider -q -m long \
 	  tests/lab/test_auth.py -k rotate

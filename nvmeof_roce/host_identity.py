@@ -13,7 +13,10 @@ The order (libnvme src/nvme/tree.c nvme_host_get_ids, fabrics.c nvmf_hostid_gene
    device tree's /proc/device-tree/ibm,partition-uuid, else a random (version 4) UUID;
 6. no host NQN: nqn.2014-08.org.nvmexpress:uuid:<host ID>.
 
-libnvme 1.0 dropped nvme-cli 1.x's UUID derived from /etc/machine-id; so do we.  A random identity differs at
+libnvme 1.0 dropped nvme-cli 1.x's UUID derived from /etc/machine-id; so do we.  The order is the same in
+libnvme 1.3 (Debian 12's nvme-cli 2.3) and libnvme 1.13 (Debian 13's nvme-cli 2.13): nvme_host_get_ids and
+nvmf_hostid_generate / nvmf_hostnqn_generate_from_hostid did not change between them, and the lab checks it
+against both (tests/lab/test_host_identity_nvme_cli.py).  A random identity differs at
 every run (as nvme-cli's does): `nvme gen-hostnqn > /etc/nvme/hostnqn` fixes one, and `nvmeof-roce doctor` says so.
 """
 from __future__ import annotations

@@ -15,6 +15,15 @@ import time
 LAB_612_TESTS = ["tests/lab/test_auth.py", "tests/lab/test_kernel_host_userspace_target.py",
                  "tests/lab/test_nvmet_configfs.py", "tests/lab/test_initiator_over_rxe.py", "tests/lab/test_nvmetcli_corpus_served.py"]
 
+# Debian 13 (trixie: its 6.12 kernel, nvme-cli 2.13, rdma-core 56, Python 3.13): the kernel host against our
+# target on the native data path (fio crc32c verify, discovery, DH-HMAC-CHAP, multipath failover with --workers),
+# the `host` wrapper's commands, and nvmet.  The guest builds the native module for its Python first (in place:
+# _native.cpython-313-*.so beside the host's), and the tier fails if it does not import.
+LAB_TRIXIE_TESTS = ["tests/lab/test_kernel_host_userspace_target.py", "tests/lab/test_native_data_path.py",
+                    "tests/lab/test_auth.py", "tests/lab/test_multipath.py", "tests/lab/test_kernel_host.py",
+                    "tests/lab/test_nvmet_configfs.py", "tests/lab/test_host_identity_nvme_cli.py"]
+NATIVE_FIRST = "python3 setup.py -q build_ext --inplace && python3 -c 'import nvmeof_roce._native'"
+
 SUMMARY = re.compile(r"^=+ (.*(passed|failed|error|skipped|no tests ran).*) =+$")
 
 
@@ -41,13 +50,26 @@ def lab_tier(venv_python, lab_timeout, kernel, tests):
             "python3", "-m", "pytest", "-p", "no:cacheprovider", "--durations=12", "-m", "lab and not long and not extended", *tests]
 
 
+def trixie_tier(venv_python, lab_timeout, tests=LAB_TRIXIE_TESTS):
+    pytest = ("python3 -m pytest -p no:cacheprovider --durations=12 -m 'lab and not long and not extended' "
+              + " ".join(tests))
+    return [venv_python, "-m", "nvmeof_roce", "lab", "run", "--kernel", "trixie", "--timeout", lab_timeout, "--",
+            "sh", "-c", f"{NATIVE_FIRST} && {pytest}"]
+
+
 def main():
     venv_python, lab_timeout = sys.argv[1], sys.argv[2]
+    only = sys.argv[3] if len(sys.argv) > 3 else None  # `make test-trixie`: that tier alone
+    trixie = ("lab tier (guest, Debian 13 trixie)", trixie_tier(venv_python, lab_timeout))
     tiers = [
         ("unit tier (host)", [venv_python, "-m", "pytest", "--durations=12", "-m", "not lab", "tests/unit"]),
         ("lab tier (guest, kernel 6.1)", lab_tier(venv_python, lab_timeout, "6.1", ["tests/lab"])),
         ("lab tier (guest, kernel 6.12)", lab_tier(venv_python, lab_timeout, "6.12", LAB_612_TESTS)),
     ]
+    if only == "trixie":
+        tiers = [trixie]
+    elif only:
+        sys.exit(f"tests/tiers.py: unknown tier {only!r} (trixie)")
     results = []
     for name, argv in tiers:
         started = time.monotonic()

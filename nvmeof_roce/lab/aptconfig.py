@@ -2,7 +2,10 @@
 
 The mirror is read from the machine's own apt sources (deb822 `*.sources` or
 one-line `sources.list`), so the lab uses whatever mirror this machine is set up
-with; no host name is built in.
+with; no host name is built in.  A generation whose suite the machine's sources
+do not name (trixie, unstable on a bookworm machine) is read from the same mirror
+through a private apt state under the lab cache (`apt/SUITE/`): the machine's own
+apt configuration is not changed.
 """
 from __future__ import annotations
 
@@ -15,13 +18,33 @@ from typing import Iterator, List, Optional
 
 from ..errors import NvmeofError
 
-GUEST_SUITE = "bookworm"  # the lab guest is Debian 12 with its 6.1 kernel (or the 6.12 one it also ships)
+GUEST_SUITE = "bookworm"  # the default lab guest is Debian 12 with its 6.1 kernel (or the 6.12 one it also ships)
 
-# Kernel generations the lab offers, each by the Debian meta package that names the newest build:
-# 6.1 is bookworm's own kernel (no CONFIG_NVME_AUTH), 6.12 the long-term kernel bookworm ships too
-# (NVME_HOST_AUTH, NVME_TARGET_AUTH, NVME_RDMA, NVME_TARGET_RDMA and RDMA_RXE as modules).
-KERNEL_META_PACKAGES = {"6.1": "linux-image-amd64", "6.12": "linux-image-6.12-amd64"}
+
+@dataclass(frozen=True)
+class Generation:
+    """One `--kernel` choice: the Debian suite of the guest's userland and where its kernel comes from."""
+
+    name: str
+    suite: str  # debootstrap's suite: the guest's rdma-core, nvme-cli, fio, python3
+    kernel_suite: str  # the suite whose kernel meta package is resolved
+    kernel_meta: str  # the meta package that names the newest kernel build of that suite
+    python: str  # the guest's python3 (its dist-packages directory)
+
+
+# Kernel generations the lab offers.  6.1 is bookworm's own kernel (no CONFIG_NVME_AUTH), 6.12 the long-term
+# kernel bookworm ships too (NVME_HOST_AUTH, NVME_TARGET_AUTH, NVME_RDMA, NVME_TARGET_RDMA and RDMA_RXE as
+# modules).  trixie is Debian 13 with its own 6.12 kernel (rdma-core 56, nvme-cli 2.13, fio 3.39, Python 3.13);
+# unstable is the same Debian 13 userland booting Debian unstable's newest kernel.
+GENERATIONS = {
+    "6.1": Generation("6.1", "bookworm", "bookworm", "linux-image-amd64", "3.11"),
+    "6.12": Generation("6.12", "bookworm", "bookworm", "linux-image-6.12-amd64", "3.11"),
+    "trixie": Generation("trixie", "trixie", "trixie", "linux-image-amd64", "3.13"),
+    "unstable": Generation("unstable", "trixie", "sid", "linux-image-amd64", "3.13"),
+}
+KERNEL_META_PACKAGES = {name: g.kernel_meta for name, g in GENERATIONS.items()}
 DEFAULT_KERNEL = "6.1"
+KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 
 
 @dataclass
@@ -69,14 +92,53 @@ def apt_sources(root: str = "/") -> List[AptSource]:
 
 
 def debian_mirror(root: str = "/", suite: str = GUEST_SUITE) -> str:
-    """The URI of the Debian archive that serves `suite` with component main."""
-    for src in apt_sources(root):
-        if suite in src.suites and "main" in src.components and "security" not in src.uri:
-            return src.uri.rstrip("/")
+    """The URI of the Debian archive that serves `suite` with component main.  A suite the sources do not name
+    (trixie or sid on a bookworm machine) is taken from the archive that serves bookworm: one Debian mirror
+    carries every suite."""
+    sources = apt_sources(root)
+    for wanted in dict.fromkeys((suite, GUEST_SUITE)):
+        for src in sources:
+            if wanted in src.suites and "main" in src.components and "security" not in src.uri:
+                return src.uri.rstrip("/")
     raise NvmeofError(
         f"no apt source for Debian '{suite}' main found in {root.rstrip('/')}/etc/apt",
         f"add a Debian {suite} mirror to /etc/apt/sources.list.d/ (the lab's guest is Debian {suite})",
     )
+
+
+def generation(kernel: str) -> Generation:
+    try:
+        return GENERATIONS[kernel]
+    except KeyError:
+        raise NvmeofError(f"--kernel {kernel}: the lab offers kernels {', '.join(GENERATIONS)}",
+                          f"use --kernel {' or --kernel '.join(GENERATIONS)}")
+
+
+def apt_options(suite: str) -> List[str]:
+    """apt-get/apt-cache options that read `suite` from the machine's Debian mirror.  The machine's own suite
+    needs none (its apt state is used as it is); another suite gets a private state under the lab cache, made
+    and updated once here."""
+    if suite == GUEST_SUITE:
+        return []
+    from .image import cache_root  # the lab cache (image.py imports this module)
+    state = cache_root() / "apt" / suite
+    for sub in ("lists/partial", "cache/archives/partial", "parts", "preferences.d"):
+        (state / sub).mkdir(parents=True, exist_ok=True)
+    sources = state / "sources.list"
+    line = f"deb [signed-by={KEYRING}] {debian_mirror(suite=suite)} {suite} main\n"
+    if not sources.exists() or sources.read_text() != line:
+        sources.write_text(line)
+        for old in (state / "lists").glob("*_dists_*"):
+            old.unlink()
+    (state / "status").touch()
+    options = [f"-oDir::Etc::SourceList={sources}", f"-oDir::Etc::SourceParts={state / 'parts'}",
+               f"-oDir::Etc::Preferences={state / 'preferences'}",
+               f"-oDir::Etc::PreferencesParts={state / 'preferences.d'}",
+               f"-oDir::State::Lists={state / 'lists'}", f"-oDir::State::Status={state / 'status'}",
+               f"-oDir::Cache={state / 'cache'}", "-oAPT::Architecture=amd64", "-oAPT::Architectures=amd64"]
+    if not any((state / "lists").glob("*_Packages*")):
+        _apt(["apt-get", *options, "update", "-qq"])
+    return options
 
 
 def _apt(args: List[str]) -> str:
@@ -88,9 +150,9 @@ def _apt(args: List[str]) -> str:
         raise NvmeofError(f"{' '.join(args)} failed: {exc.stderr.strip()}", "run 'apt-get update' and retry")
 
 
-def kernel_package(meta: str = "linux-image-amd64") -> Optional[str]:
+def kernel_package(meta: str = "linux-image-amd64", suite: str = GUEST_SUITE) -> Optional[str]:
     """Resolve Debian's kernel meta package to the concrete image package (linux-image-6.1.0-NN-amd64)."""
-    out = _apt(["apt-cache", "depends", meta])
+    out = _apt(["apt-cache", *apt_options(suite), "depends", meta])
     for line in out.splitlines():
         m = re.match(r"\s*Depends:\s*(linux-image-[0-9][\w.+-]*-amd64)\s*$", line)
         if m:
@@ -99,19 +161,19 @@ def kernel_package(meta: str = "linux-image-amd64") -> Optional[str]:
 
 
 def kernel_meta_package(kernel: str) -> str:
-    try:
-        return KERNEL_META_PACKAGES[kernel]
-    except KeyError:
-        raise NvmeofError(f"--kernel {kernel}: the lab offers kernels {', '.join(KERNEL_META_PACKAGES)}",
-                          f"use --kernel {' or --kernel '.join(KERNEL_META_PACKAGES)}")
+    return generation(kernel).kernel_meta
 
 
 def resolve_kernel_package(kernel: str = DEFAULT_KERNEL) -> str:
-    meta = kernel_meta_package(kernel)
-    pkg = kernel_package(meta)
-    if pkg is None:  # empty package lists on a fresh machine
-        subprocess.run(["apt-get", "update", "-qq"], check=False)
+    gen = generation(kernel)
+    meta = gen.kernel_meta
+    if gen.kernel_suite == GUEST_SUITE:  # the machine's own apt, as before
         pkg = kernel_package(meta)
+    else:
+        pkg = kernel_package(meta, gen.kernel_suite)
+    if pkg is None:  # empty package lists on a fresh machine
+        subprocess.run(["apt-get", *apt_options(gen.kernel_suite), "update", "-qq"], check=False)
+        pkg = kernel_package(meta) if gen.kernel_suite == GUEST_SUITE else kernel_package(meta, gen.kernel_suite)
     if pkg is None:
         raise NvmeofError(
             f"apt cannot resolve {meta} to a kernel package",

@@ -187,7 +187,7 @@ def _image_status(kernel: str) -> dict:
 
 def cmd_status(args) -> int:
     root = lab_image.cache_root()
-    kernels = [args.kernel] if args.kernel else list(aptconfig.KERNEL_META_PACKAGES)
+    kernels = [args.kernel] if args.kernel else list(aptconfig.GENERATIONS)
     # "image" stays the default kernel's image (what scripts read); "images" has every generation.
     images = {kernel: _image_status(kernel) for kernel in kernels}
     status = {"cache": str(root), "image": images.get(aptconfig.DEFAULT_KERNEL), "images": images}
@@ -222,9 +222,11 @@ def cmd_clean(args) -> int:
 
 
 def _add_kernel_option(p, default=aptconfig.DEFAULT_KERNEL) -> None:
-    p.add_argument("--kernel", choices=list(aptconfig.KERNEL_META_PACKAGES), default=default,
-                   help=f"Debian kernel generation of the guest (default {default or 'all'}; 6.12 has NVMe "
-                        "in-band authentication, 6.1 does not)")
+    p.add_argument("--kernel", choices=list(aptconfig.GENERATIONS), default=default,
+                   help=f"guest generation (default {default or 'all'}): 6.1 and 6.12 are Debian 12 (bookworm) "
+                        "with those kernels (6.12 has NVMe in-band authentication, 6.1 does not); trixie is "
+                        "Debian 13 with its 6.12 kernel, nvme-cli 2.13 and Python 3.13; unstable is Debian 13 "
+                        "booting Debian unstable's newest kernel")
 
 
 def _add_run_options(p) -> None:

@@ -1,4 +1,4 @@
-"""Build the lab image: Debian's kernel, a bookworm rootfs, a small initramfs, an ext4 disk.
+"""Build the lab image: Debian's kernel, a Debian rootfs (bookworm, or trixie), a small initramfs, an ext4 disk.
 
 Everything is cached under the user's cache directory and keyed by its inputs
 (package list, kernel package, the guest-side files, the pinned Python
@@ -34,6 +34,11 @@ GUEST_PACKAGES = [
     "nvme-cli", "fio", "python3", "python3-pyverbs", "util-linux", "procps", "busybox-static",
     "e2fsprogs", "bash", "less", "strace", "ethtool", "nftables", "iptables", "tcpdump",
 ]
+
+# The trixie guest also builds the native extension and the wheel with its own compiler, headers and pip
+# (Python 3.13; `pip wheel --no-build-isolation`, the guest has no network), and compiles siw.ko for its kernel in a chroot (the kernel was built with trixie's gcc 14).
+TRIXIE_BUILD_PACKAGES = ["gcc", "make", "libc6-dev", "python3-dev", "python3-setuptools", "python3-pip",
+                         "libibverbs-dev", "librdmacm-dev", "liburing-dev"]
 
 # Kernel module trees the guest never needs (keeps the image ~500 MB).
 DROPPED_MODULE_DIRS = [
@@ -111,18 +116,27 @@ def python_requirements() -> List[str]:
     return sorted(keep)
 
 
+def guest_packages(suite: str) -> List[str]:
+    return sorted(GUEST_PACKAGES + (TRIXIE_BUILD_PACKAGES if suite != aptconfig.GUEST_SUITE else []))
+
+
 def image_inputs(kernel: str = aptconfig.DEFAULT_KERNEL) -> Dict[str, object]:
-    # The kernel generation shows in the inputs only through its package, so the 6.1 image keeps its key.
+    # The kernel generation shows in the bookworm inputs only through its package, so the 6.1 and 6.12 images
+    # keep their keys; the other generations add their suites and Python.
+    gen = aptconfig.generation(kernel)
     kernel_pkg = aptconfig.resolve_kernel_package(kernel)
     guest_files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(GUEST_DIR.iterdir())}
-    return {
+    inputs = {
         "format": BUILD_FORMAT,
-        "suite": aptconfig.GUEST_SUITE,
+        "suite": gen.suite,
         "kernel_package": kernel_pkg,
-        "packages": sorted(GUEST_PACKAGES),
+        "packages": guest_packages(gen.suite),
         "python_requirements": python_requirements(),
         "guest_files": guest_files,
     }
+    if gen.suite != aptconfig.GUEST_SUITE:
+        inputs.update(kernel_suite=gen.kernel_suite, python=gen.python)
+    return inputs
 
 
 def inputs_key(inputs: Dict[str, object]) -> str:
@@ -130,8 +144,16 @@ def inputs_key(inputs: Dict[str, object]) -> str:
 
 
 def image_kernel(image: LabImage) -> str:
-    """The --kernel generation an image was built with (6.1, 6.12)."""
-    return aptconfig.kernel_generation(image.manifest().get("kernel_release", ""))
+    """The --kernel generation an image was built with (6.1, 6.12, trixie, unstable)."""
+    manifest = image.manifest()
+    inputs = manifest.get("inputs") or {}
+    suite = inputs.get("suite", aptconfig.GUEST_SUITE)
+    if suite == aptconfig.GUEST_SUITE:
+        return aptconfig.kernel_generation(manifest.get("kernel_release", ""))
+    for gen in aptconfig.GENERATIONS.values():
+        if gen.suite == suite and gen.kernel_suite == inputs.get("kernel_suite", suite):
+            return gen.name
+    return suite
 
 
 def current_image(kernel: Optional[str] = None) -> Optional[LabImage]:
@@ -219,6 +241,11 @@ def build_initramfs(rootfs: Path, release: str, out: Path, work: Path) -> None:
         if src.suffix == ".xz":  # busybox insmod takes plain .ko
             dst = dst.with_suffix("")
             dst.write_bytes(lzma.decompress(src.read_bytes()))
+        elif src.suffix == ".zst":
+            dst = dst.with_suffix("")
+            _need("zstd", "zstd")
+            dst.write_bytes(subprocess.run(["zstd", "-d", "-c", "-q", str(src)], check=True,
+                                           capture_output=True).stdout)
         else:
             shutil.copy2(src, dst)
         order.append("/" + str(dst.relative_to(tree)))
@@ -240,6 +267,20 @@ def _install_guest_files(rootfs: Path) -> None:
     (rootfs / "etc/nvme").mkdir(parents=True, exist_ok=True)
     (rootfs / "etc/nvme/hostnqn").write_text(f"nqn.2014-08.org.nvmexpress:uuid:{host_uuid}\n")
     (rootfs / "etc/nvme/hostid").write_text(host_uuid + "\n")
+
+
+def kernel_parts(kernel_pkg: str, apt: List[str]) -> List[str]:
+    """The packages that hold the kernel: the image package itself (bookworm, trixie), plus the
+    linux-binary-RELEASE (vmlinuz) and linux-modules-RELEASE it depends on where Debian splits them (unstable)."""
+    release = aptconfig.kernel_release(kernel_pkg)
+    out = _run(["apt-cache", *apt, "show", "--no-all-versions", kernel_pkg], f"apt-cache show {kernel_pkg}").stdout
+    depends = re.search(r"^Depends:(.*)$", out, re.M)
+    parts = [kernel_pkg]
+    for dep in (depends.group(1).split(",") if depends else []):
+        name = dep.split("(")[0].strip().split("|")[0].strip()
+        if name in (f"linux-binary-{release}", f"linux-modules-{release}"):
+            parts.append(name)
+    return parts
 
 
 def _dir_size(path: Path) -> int:
@@ -282,23 +323,30 @@ def _build_locked(inputs: Dict[str, object], image: LabImage, root: Path) -> Lab
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    mirror = aptconfig.debian_mirror()
+    suite = str(inputs["suite"])
+    kernel_suite = str(inputs.get("kernel_suite", suite))
+    python = str(inputs.get("python", "3.11"))
+    packages = list(inputs["packages"])
+    mirror = aptconfig.debian_mirror(suite=suite)
+    kernel_apt = aptconfig.apt_options(kernel_suite)
     kernel_pkg = str(inputs["kernel_package"])
     release = aptconfig.kernel_release(kernel_pkg)
 
     progress(f"lab build [1/6]: downloading {kernel_pkg}")
     kdir = work / "kernel"
     kdir.mkdir()
-    existing = sorted(debs.glob(f"{kernel_pkg}_*.deb"))
-    if not existing:
-        _run(["apt-get", "download", "-q", kernel_pkg], f"apt-get download {kernel_pkg}", cwd=debs)
-        existing = sorted(debs.glob(f"{kernel_pkg}_*.deb"))
-    _run(["dpkg-deb", "-x", str(existing[-1]), str(kdir)], "dpkg-deb -x (kernel)")
+    for part in kernel_parts(kernel_pkg, kernel_apt):
+        existing = sorted(debs.glob(f"{part}_*.deb"))
+        if not existing:
+            _run(["apt-get", *kernel_apt, "download", "-q", part], f"apt-get download {part}", cwd=debs)
+            existing = sorted(debs.glob(f"{part}_*.deb"))
+        _run(["dpkg-deb", "-x", str(existing[-1]), str(kdir)], f"dpkg-deb -x ({part})")
 
-    progress(f"lab build [2/6]: debootstrap {aptconfig.GUEST_SUITE} rootfs ({len(GUEST_PACKAGES)} packages; 1-2 min)")
+    progress(f"lab build [2/6]: debootstrap {suite} rootfs ({len(packages)} packages; 1-2 min)")
     rootfs = work / "rootfs"
-    _run(["debootstrap", "--variant=minbase", f"--cache-dir={debs}", "--include=" + ",".join(GUEST_PACKAGES),
-          aptconfig.GUEST_SUITE, str(rootfs), mirror], "debootstrap")
+    keyring = [] if suite == aptconfig.GUEST_SUITE else [f"--keyring={aptconfig.KEYRING}"]
+    _run(["debootstrap", "--variant=minbase", f"--cache-dir={debs}", *keyring, "--include=" + ",".join(packages),
+          suite, str(rootfs), mirror], "debootstrap")
 
     progress(f"lab build [3/6]: kernel {release}: vmlinux and modules")
     image_tmp = root / "images" / (image.directory.name + ".tmp")
@@ -306,6 +354,8 @@ def _build_locked(inputs: Dict[str, object], image: LabImage, root: Path) -> Lab
     image_tmp.mkdir(parents=True)
     extract_vmlinux(kdir / "boot" / f"vmlinuz-{release}", image_tmp / "vmlinux")
     mod_src = kdir / "lib/modules" / release
+    if not mod_src.exists():  # trixie's kernel package ships them under the merged /usr
+        mod_src = kdir / "usr/lib/modules" / release
     for rel in DROPPED_MODULE_DIRS:
         shutil.rmtree(mod_src / rel, ignore_errors=True)
     mod_dst = rootfs / "lib/modules" / release
@@ -313,13 +363,23 @@ def _build_locked(inputs: Dict[str, object], image: LabImage, root: Path) -> Lab
     shutil.copytree(mod_src, mod_dst, symlinks=True)
     # Soft-iWARP is not in Debian's kernels: built out of tree for this release (lab/siw.py), loaded by modprobe siw.
     (mod_dst / "extra").mkdir(exist_ok=True)
-    shutil.copy2(siw.build_module(kernel_pkg, root, debs, work), mod_dst / "extra" / "siw.ko")
+    # bookworm's kernels are built with the host's gcc 12; the others with their own suite's compiler, which
+    # the trixie rootfs carries: there siw.ko is made in a chroot.
+    chroot = None if suite == aptconfig.GUEST_SUITE else rootfs
+    shutil.copy2(siw.build_module(kernel_pkg, root, debs, work, apt=kernel_apt, chroot=chroot),
+                 mod_dst / "extra" / "siw.ko")
     _run(["chroot", str(rootfs), "depmod", "-a", release], "depmod")
 
     progress("lab build [4/6]: project Python dependencies (pinned, same as the venv)")
-    site = rootfs / "usr/local/lib/python3.11/dist-packages"
+    site = rootfs / f"usr/local/lib/python{python}/dist-packages"
     site.mkdir(parents=True, exist_ok=True)
-    _run([sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--target", str(site),
+    target_python = []
+    if python != f"{sys.version_info.major}.{sys.version_info.minor}":
+        # The guest's Python is not this one: wheels for its version and glibc, binary only.
+        target_python = ["--python-version", python, "--implementation", "cp", "--only-binary=:all:",
+                         *(f"--platform=manylinux_2_{minor}_x86_64" for minor in (17, 28, 34)),
+                         "--platform=manylinux2014_x86_64", "--platform=linux_x86_64"]
+    _run([sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--target", str(site), *target_python,
           *inputs["python_requirements"]], "pip install (guest dependencies)")
     _install_guest_files(rootfs)
     # The guest is throwaway; drop apt's caches and docs to keep the disk small.

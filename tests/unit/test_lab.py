@@ -91,6 +91,71 @@ def test_pruning_keeps_the_other_kernel_generation(tmp_path, monkeypatch):
     assert sorted(p.name for p in images.iterdir()) == ["b612", "c61", "d61"]
 
 
+def test_trixie_generation_is_read_from_the_bookworm_mirror_through_a_private_apt_state(tmp_path, monkeypatch):
+    d = tmp_path / "etc/apt/sources.list.d"
+    d.mkdir(parents=True)
+    (d / "debian.sources").write_text("Types: deb\nURIs: http://mirror.example.invalid/debian\n"
+                                      "Suites: bookworm bookworm-updates\nComponents: main\n")
+    # A machine that names only bookworm: trixie and sid come from the same archive.
+    assert aptconfig.debian_mirror(str(tmp_path), suite="trixie") == "http://mirror.example.invalid/debian"
+    monkeypatch.setenv("NVMEOF_ROCE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(aptconfig, "debian_mirror", lambda root="/", suite="bookworm": "http://m.invalid/debian")
+    updates = []
+    monkeypatch.setattr(aptconfig, "_apt", lambda args: updates.append(args) or "")
+    assert aptconfig.apt_options("bookworm") == []  # the machine's own apt, untouched
+    options = aptconfig.apt_options("sid")
+    state = tmp_path / "cache/lab/apt/sid"
+    assert (state / "sources.list").read_text() == \
+        f"deb [signed-by={aptconfig.KEYRING}] http://m.invalid/debian sid main\n"
+    assert f"-oDir::Etc::SourceList={state / 'sources.list'}" in options
+    assert f"-oDir::State::Lists={state / 'lists'}" in options
+    assert updates and updates[0][-2:] == ["update", "-qq"]
+
+
+def test_bookworm_image_inputs_stay_as_they_were_and_trixie_has_its_own(monkeypatch):
+    """The 6.1 and 6.12 images keep their cache keys: their inputs have exactly the keys and packages they had
+    before trixie was added (a new key or package would rebuild every cached bookworm image)."""
+    packages = {("linux-image-amd64", "bookworm"): "linux-image-6.1.0-56-amd64",
+                ("linux-image-6.12-amd64", "bookworm"): "linux-image-6.12.117+deb12-amd64",
+                ("linux-image-amd64", "trixie"): "linux-image-6.12.117+deb13-amd64",
+                ("linux-image-amd64", "sid"): "linux-image-7.2.13+deb14-amd64"}
+    monkeypatch.setattr(aptconfig, "kernel_package", lambda meta, suite="bookworm": packages[meta, suite])
+    for kernel in ("6.1", "6.12"):
+        inputs = lab_image.image_inputs(kernel)
+        assert sorted(inputs) == ["format", "guest_files", "kernel_package", "packages", "python_requirements",
+                                  "suite"]
+        assert inputs["suite"] == "bookworm" and inputs["packages"] == sorted(lab_image.GUEST_PACKAGES)
+    trixie, unstable = lab_image.image_inputs("trixie"), lab_image.image_inputs("unstable")
+    assert trixie["suite"] == unstable["suite"] == "trixie" and trixie["python"] == "3.13"
+    assert trixie["kernel_package"] == "linux-image-6.12.117+deb13-amd64"
+    assert unstable["kernel_package"] == "linux-image-7.2.13+deb14-amd64" and unstable["kernel_suite"] == "sid"
+    assert {"gcc", "python3-dev", "libibverbs-dev", "librdmacm-dev", "liburing-dev"} <= set(trixie["packages"])
+    keys = {lab_image.inputs_key(lab_image.image_inputs(k)) for k in ("6.1", "6.12", "trixie", "unstable")}
+    assert len(keys) == 4
+
+
+def test_trixie_images_are_their_own_generation_and_pruning_spares_bookworm_6_12(tmp_path, monkeypatch):
+    """trixie's kernel is a 6.12 too: building trixie images must not prune the bookworm 6.12 image."""
+    monkeypatch.setenv("NVMEOF_ROCE_CACHE", str(tmp_path))
+    images = tmp_path / "lab" / "images"
+    made = {}
+    trixie = {"suite": "trixie", "kernel_suite": "trixie"}
+    for i, (name, release, inputs) in enumerate([
+            ("b612", "6.12.117+deb12-amd64", {"suite": "bookworm"}),
+            ("t1", "6.12.117+deb13-amd64", trixie), ("t2", "6.12.118+deb13-amd64", trixie),
+            ("u1", "7.2.13+deb14-amd64", {"suite": "trixie", "kernel_suite": "sid"}),
+            ("t3", "6.12.119+deb13-amd64", trixie)]):
+        d = images / name
+        d.mkdir(parents=True)
+        (d / "manifest.json").write_text(json.dumps({"kernel_release": release, "inputs": inputs}))
+        os.utime(d, (1000 + i, 1000 + i))
+        made[name] = d
+    assert [lab_image.image_kernel(lab_image.LabImage(made[n])) for n in ("b612", "t1", "u1")] == \
+        ["6.12", "trixie", "unstable"]
+    lab_image._prune_old_images(keep=made["t3"])
+    assert sorted(p.name for p in images.iterdir()) == ["b612", "t2", "t3", "u1"]
+
+
 # --- real boots of the lab guest (the image is built by `make test` before this tier runs) ---
 
 def _built_image():
@@ -171,3 +236,24 @@ def test_lab_run_memory_and_cpus_reach_qemu(tmp_path):
     args = qemu_args(image, LabRun(command=["true"], project=tmp_path, cpus=16, memory_mb=2048), tmp_path)
     assert args[args.index("-smp") + 1] == "16"
     assert args[args.index("-m") + 1] == "2048M"
+
+
+def test_a_split_kernel_package_brings_its_binary_and_modules(monkeypatch):
+    """Debian unstable splits the kernel: linux-image-RELEASE only depends on linux-binary-RELEASE (vmlinuz)
+    and linux-modules-RELEASE; bookworm's and trixie's image package holds both itself."""
+    shows = {
+        "linux-image-7.2.13+deb14-amd64": "Package: linux-image-7.2.13+deb14-amd64\nDepends: dracut | "
+        "initramfs-tools (>= 0.120+deb8u2) | linux-initramfs-tool, linux-base-7.2.13+deb14-amd64 (= 7.2.13-1), "
+        "linux-binary-7.2.13+deb14-amd64 (= 7.2.13-1), linux-modules-7.2.13+deb14-amd64 (= 7.2.13-1)\n",
+        "linux-image-6.12.117+deb13-amd64": "Package: linux-image-6.12.117+deb13-amd64\nDepends: kmod, "
+        "linux-base (>= 4.12~), initramfs-tools (>= 0.120+deb8u2) | linux-initramfs-tool\n"}
+    asked = []
+
+    def fake_run(args, what, **kw):
+        asked.append(args)
+        return subprocess.CompletedProcess(args, 0, stdout=shows[args[-1]], stderr="")
+    monkeypatch.setattr(lab_image, "_run", fake_run)
+    assert lab_image.kernel_parts("linux-image-7.2.13+deb14-amd64", ["-oX=1"]) == [
+        "linux-image-7.2.13+deb14-amd64", "linux-binary-7.2.13+deb14-amd64", "linux-modules-7.2.13+deb14-amd64"]
+    assert asked[0][:2] == ["apt-cache", "-oX=1"]
+    assert lab_image.kernel_parts("linux-image-6.12.117+deb13-amd64", []) == ["linux-image-6.12.117+deb13-amd64"]
