@@ -433,3 +433,26 @@ def test_a_response_in_the_window_after_a_poll_group_thread_failed_the_queue_clo
     assert ep.queue.closed and ep.queue.poll_group is None
     loop.run_once(0.01)  # the mailed failure finds the queue closed
     assert [g["queues"] for g in groups.status()] == [2, 1]
+
+
+def test_a_disconnect_on_a_thread_polled_queue_sends_its_poll_s_responses_then_closes(grouped):
+    """Reads and a Disconnect on a poll group's queue: the loop answers the Disconnect from the mailbox and closes
+    the queue, which posts what was batched, takes nothing more, and is torn down once its thread mailed that the
+    send queue emptied (NQ_MAIL_CLOSE_READY)."""
+    import time
+    from nvmeof_roce.nvme import fabrics as F
+    eps, loop, groups = grouped
+    ep = eps[1]
+    for k in range(8):
+        assert ep.device.deliver(io_capsule(ep, READ, 1, 8 * k, 7, 4096, offset=4096 * k, cid=k)) == 0
+    assert ep.device.deliver(F.DisconnectCommand(cid=100).to_sqe().pack()) == 0
+    got = _await(loop, [ep], {ep: 9})
+    assert sorted(int.from_bytes(c[12:14], "little") for c in got[ep]) == list(range(8)) + [100]
+    assert all(c[14:16] == b"\0\0" for c in got[ep])
+    deadline = time.monotonic() + 10
+    while not ep.queue.closed:  # the thread's mail that the send queue emptied tears it down
+        assert time.monotonic() < deadline, "the closing queue was never torn down"
+        loop.run_once(0.01)
+    assert ep.queue.poll_group is None
+    eps.remove(ep)
+    ep.close()

@@ -633,3 +633,16 @@ def test_responses_batched_before_a_disconnect_are_sent_before_the_native_queue_
         assert ep.queue.closed
     finally:
         ep.close()
+
+
+def test_a_disconnect_alone_in_its_poll_is_answered_before_the_native_queue_closes():
+    """Nothing else batched: the Disconnect's own response (made inside the core's batch) still leaves first."""
+    from nvmeof_roce.nvme import fabrics as F
+    ep = NativeEndpoint(standard_config(), SUB_RAM)
+    try:
+        assert ep.device.deliver(F.DisconnectCommand(cid=100).to_sqe().pack()) == 0
+        pump(ep.queue)
+        assert [(cid_of(c), status_of(c)) for c, _ in ep.device.responses()] == [(100, 0)]
+        assert ep.queue.closed
+    finally:
+        ep.close()

@@ -417,11 +417,17 @@ class NativeTargetQueue(TargetQueue):
         if self.closed:
             return
         if (error is None and self.in_poll and not self.peer_gone and not self.closing and
-                self.native.begin_close()):
+                self._send_responses_before_close()):
             self.closing = True
             log.info("queue %d closing: its last responses are still to leave", self.qid)
             return
         self._teardown(error)
+
+    def _send_responses_before_close(self) -> bool:
+        """The responses the book still holds (a Disconnect's own, made inside the book's batch) handed to the C
+        queue, which posts them with what its poll batched; True while posted work has to complete."""
+        self.book.flush()
+        return not self.closed and self.native.begin_close()
 
     def _teardown(self, error: Optional[TransportError]) -> None:
         if self.closed:
