@@ -35,8 +35,9 @@ def connect(host) -> str:
     while time.monotonic() < deadline:
         for path in set(glob.glob("/sys/class/nvme/nvme*")) - before:
             try:
+                # live, and its namespace scanned (a command on the controller device goes to its namespace)
                 if open(f"{path}/hostnqn").read().strip() == host[0] and \
-                        open(f"{path}/state").read().strip() == "live":
+                        open(f"{path}/state").read().strip() == "live" and glob.glob(f"{path}/nvme*n1"):
                     return "/dev/" + os.path.basename(path)
             except OSError:
                 continue
