@@ -30,13 +30,14 @@ def connect(host) -> str:
     """Connect `host` (NQN, ID) and return its controller device."""
     before = set(glob.glob("/sys/class/nvme/nvme*"))
     nvme("connect", "-t", "rdma", "-a", LAB_IP, "-s", "4420", "-n", NQN, "--hostnqn", host[0], "--hostid", host[1],
-         "--ctrl-loss-tmo=60", "--reconnect-delay=1")
+         "--ctrl-loss-tmo=60", "--reconnect-delay=1", "--duplicate-connect")  # libnvme: same address, another host
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         for path in set(glob.glob("/sys/class/nvme/nvme*")) - before:
             try:
+                # live, and its namespace scanned (a command on the controller device goes to its namespace)
                 if open(f"{path}/hostnqn").read().strip() == host[0] and \
-                        open(f"{path}/state").read().strip() == "live":
+                        open(f"{path}/state").read().strip() == "live" and glob.glob(f"{path}/nvme*n1"):
                     return "/dev/" + os.path.basename(path)
             except OSError:
                 continue
