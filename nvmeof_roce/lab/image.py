@@ -266,14 +266,15 @@ def _install_guest_files(rootfs: Path) -> None:
 
 def kernel_parts(kernel_pkg: str, apt: List[str]) -> List[str]:
     """The packages that hold the kernel: the image package itself (bookworm, trixie), plus the
-    linux-binary-RELEASE (vmlinuz) and linux-modules-RELEASE it depends on where Debian splits them (unstable)."""
+    linux-base-RELEASE (config, System.map, modules.builtin), linux-binary-RELEASE (vmlinuz) and
+    linux-modules-RELEASE it depends on where Debian splits them (unstable)."""
     release = aptconfig.kernel_release(kernel_pkg)
     out = _run(["apt-cache", *apt, "show", "--no-all-versions", kernel_pkg], f"apt-cache show {kernel_pkg}").stdout
     depends = re.search(r"^Depends:(.*)$", out, re.M)
     parts = [kernel_pkg]
     for dep in (depends.group(1).split(",") if depends else []):
         name = dep.split("(")[0].strip().split("|")[0].strip()
-        if name in (f"linux-binary-{release}", f"linux-modules-{release}"):
+        if name in (f"linux-base-{release}", f"linux-binary-{release}", f"linux-modules-{release}"):
             parts.append(name)
     return parts
 
