@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Iterator, List, Optional
 
 from ..errors import NvmeofError
+from .cache import cache_root
 
 GUEST_SUITE = "bookworm"  # the default lab guest is Debian 12 with its 6.1 kernel (or the 6.12 one it also ships)
 
@@ -120,7 +121,6 @@ def apt_options(suite: str) -> List[str]:
     and updated once here."""
     if suite == GUEST_SUITE:
         return []
-    from .image import cache_root  # the lab cache (image.py imports this module)
     state = cache_root() / "apt" / suite
     for sub in ("lists/partial", "cache/archives/partial", "parts", "preferences.d"):
         (state / sub).mkdir(parents=True, exist_ok=True)

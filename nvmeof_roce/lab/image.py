@@ -26,6 +26,7 @@ from typing import Dict, List, Optional
 from ..errors import NvmeofError, ToolMissing
 from ..output import progress
 from . import aptconfig, siw
+from .cache import cache_root
 
 BUILD_FORMAT = 3  # bump when the build steps change in a way the inputs don't show
 
@@ -53,12 +54,6 @@ DROPPED_MODULE_DIRS = [
 INITRAMFS_MODULES = ["virtio_pci", "virtio_blk", "ext4", "9pnet_virtio", "9p"]
 
 GUEST_DIR = Path(__file__).with_name("guest")
-
-
-def cache_root() -> Path:
-    base = os.environ.get("NVMEOF_ROCE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "nvmeof-roce")
-    return Path(base) / "lab"
 
 
 @dataclass
@@ -271,14 +266,15 @@ def _install_guest_files(rootfs: Path) -> None:
 
 def kernel_parts(kernel_pkg: str, apt: List[str]) -> List[str]:
     """The packages that hold the kernel: the image package itself (bookworm, trixie), plus the
-    linux-binary-RELEASE (vmlinuz) and linux-modules-RELEASE it depends on where Debian splits them (unstable)."""
+    linux-base-RELEASE (config, System.map, modules.builtin), linux-binary-RELEASE (vmlinuz) and
+    linux-modules-RELEASE it depends on where Debian splits them (unstable)."""
     release = aptconfig.kernel_release(kernel_pkg)
     out = _run(["apt-cache", *apt, "show", "--no-all-versions", kernel_pkg], f"apt-cache show {kernel_pkg}").stdout
     depends = re.search(r"^Depends:(.*)$", out, re.M)
     parts = [kernel_pkg]
     for dep in (depends.group(1).split(",") if depends else []):
         name = dep.split("(")[0].strip().split("|")[0].strip()
-        if name in (f"linux-binary-{release}", f"linux-modules-{release}"):
+        if name in (f"linux-base-{release}", f"linux-binary-{release}", f"linux-modules-{release}"):
             parts.append(name)
     return parts
 
@@ -352,7 +348,10 @@ def _build_locked(inputs: Dict[str, object], image: LabImage, root: Path) -> Lab
     image_tmp = root / "images" / (image.directory.name + ".tmp")
     shutil.rmtree(image_tmp, ignore_errors=True)
     image_tmp.mkdir(parents=True)
-    extract_vmlinux(kdir / "boot" / f"vmlinuz-{release}", image_tmp / "vmlinux")
+    vmlinuz = kdir / "boot" / f"vmlinuz-{release}"
+    if not vmlinuz.exists():  # unstable's linux-binary package keeps it beside the modules
+        vmlinuz = kdir / "usr/lib/modules" / release / "vmlinuz"
+    extract_vmlinux(vmlinuz, image_tmp / "vmlinux")
     mod_src = kdir / "lib/modules" / release
     if not mod_src.exists():  # trixie's kernel package ships them under the merged /usr
         mod_src = kdir / "usr/lib/modules" / release
@@ -366,8 +365,11 @@ def _build_locked(inputs: Dict[str, object], image: LabImage, root: Path) -> Lab
     # bookworm's kernels are built with the host's gcc 12; the others with their own suite's compiler, which
     # the trixie rootfs carries: there siw.ko is made in a chroot.
     chroot = None if suite == aptconfig.GUEST_SUITE else rootfs
-    shutil.copy2(siw.build_module(kernel_pkg, root, debs, work, apt=kernel_apt, chroot=chroot),
-                 mod_dst / "extra" / "siw.ko")
+    if kernel_suite == suite:
+        shutil.copy2(siw.build_module(kernel_pkg, root, debs, work, apt=kernel_apt, chroot=chroot),
+                     mod_dst / "extra" / "siw.ko")
+    else:  # unstable's kernel is built with a newer gcc than the trixie rootfs has (gcc 16 against 14)
+        progress(f"lab build: no siw.ko for {release}: its compiler is not in the {suite} rootfs (no iWARP there)")
     _run(["chroot", str(rootfs), "depmod", "-a", release], "depmod")
 
     progress("lab build [4/6]: project Python dependencies (pinned, same as the venv)")

@@ -239,8 +239,8 @@ def test_lab_run_memory_and_cpus_reach_qemu(tmp_path):
 
 
 def test_a_split_kernel_package_brings_its_binary_and_modules(monkeypatch):
-    """Debian unstable splits the kernel: linux-image-RELEASE only depends on linux-binary-RELEASE (vmlinuz)
-    and linux-modules-RELEASE; bookworm's and trixie's image package holds both itself."""
+    """Debian unstable splits the kernel: linux-image-RELEASE only depends on linux-base-RELEASE (config,
+    modules.builtin), linux-binary-RELEASE (vmlinuz) and linux-modules-RELEASE; bookworm's and trixie's image package holds both itself."""
     shows = {
         "linux-image-7.2.13+deb14-amd64": "Package: linux-image-7.2.13+deb14-amd64\nDepends: dracut | "
         "initramfs-tools (>= 0.120+deb8u2) | linux-initramfs-tool, linux-base-7.2.13+deb14-amd64 (= 7.2.13-1), "
@@ -254,6 +254,7 @@ def test_a_split_kernel_package_brings_its_binary_and_modules(monkeypatch):
         return subprocess.CompletedProcess(args, 0, stdout=shows[args[-1]], stderr="")
     monkeypatch.setattr(lab_image, "_run", fake_run)
     assert lab_image.kernel_parts("linux-image-7.2.13+deb14-amd64", ["-oX=1"]) == [
-        "linux-image-7.2.13+deb14-amd64", "linux-binary-7.2.13+deb14-amd64", "linux-modules-7.2.13+deb14-amd64"]
+        "linux-image-7.2.13+deb14-amd64", "linux-base-7.2.13+deb14-amd64", "linux-binary-7.2.13+deb14-amd64",
+        "linux-modules-7.2.13+deb14-amd64"]
     assert asked[0][:2] == ["apt-cache", "-oX=1"]
     assert lab_image.kernel_parts("linux-image-6.12.117+deb13-amd64", []) == ["linux-image-6.12.117+deb13-amd64"]
