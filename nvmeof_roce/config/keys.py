@@ -16,7 +16,7 @@ material: they name the field, the file and its mode.
 import os
 import re
 import stat
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from .errors import ConfigError
 from .model import USERSPACE_KEY
@@ -123,3 +123,25 @@ def secret_text(value: str, ring: Dict[str, str], source: str, where: str) -> Tu
 
 def is_inline(value: Optional[str]) -> bool:
     return isinstance(value, str) and value.startswith(SECRET_PREFIX)
+
+
+def inline_secret_warnings(config, path: str) -> List[ConfigError]:
+    """A warning (as a ConfigError, not raised) for each inline key of a config file its group or others may
+    read: `target check` prints them, `target serve` logs them."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return []
+    if not mode & 0o044:
+        return []
+    who = "others" if mode & 0o004 else "its group"
+    out = []
+    for i, host in enumerate(config.host_entries):
+        group = host.attrs.get("dhchap") or {}
+        for field in ("key", "ctrl_key"):
+            if is_inline(group.get(field)):
+                out.append(ConfigError(config.source, f"hosts[{i}].dhchap.{field}",
+                                       f"an inline secret in a file {who} may read (mode {mode:04o})",
+                                       f"chmod 600 {path}, or put the key in a 0600 file and give its path here "
+                                       "(docs/auth.md, key files)"))
+    return out
