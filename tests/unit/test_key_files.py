@@ -353,3 +353,26 @@ def test_nvmet_apply_writes_a_key_file_s_key_and_never_shows_it(tmp_path):
     with pytest.raises(NvmetError, match="names a keyring key, which only the userspace target has"):
         applymod.kernel_dict(parse_config(dict(data, hosts=[{"nqn": HOST_A, "dhchap": {"key": "key0"}},
                                                             {"nqn": HOST_B}]), "k.json"))
+
+
+# ------------------------------------------------------------------------------------ the unit's sandbox
+
+def test_target_check_unit_names_a_key_file_the_unit_would_not_see(tmp_path, capsys):
+    from nvmeof_roce import cli
+    if not str(tmp_path).startswith("/tmp/"):
+        pytest.skip("the test's directory is not under /tmp here")
+    path = key_file(tmp_path / "host-a.key", KEY)
+    ring_path = key_file(tmp_path / "key0", NEW_KEY)
+    data = config(path, keyring={"key0": ring_path})
+    data["hosts"][1]["dhchap"] = {"key": "key0"}
+    conf = write_config(tmp_path / "disk1.json", data)
+    code = cli.main(["target", "check", "--json", "--unit", "disk1", "--unit-dir", str(tmp_path / "units"), conf])
+    result = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert {e["field"]: e["error"] for e in result["errors"]} == {
+        "nvmeof_roce.keyring.key0": f"{conf}: nvmeof_roce.keyring.key0: key file {ring_path} is in /tmp, which "
+                                    "PrivateTmp=yes hides from the unit",
+        "hosts[0].dhchap.key": f"{conf}: hosts[0].dhchap.key: key file {path} is in /tmp, which PrivateTmp=yes "
+                               "hides from the unit"}
+    assert "/etc/nvmeof-roce/keys/" in result["errors"][0]["fix"]
+    assert cli.main(["target", "check", conf]) == 0  # served by hand, the same files are fine
