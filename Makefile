@@ -90,8 +90,8 @@ test-long: lab
 test-extended: lab
 	$(NVMEOF) lab run --timeout $(LAB_TIMEOUT) -- python3 -m pytest -p no:cacheprovider -m "lab and extended" tests/lab
 
-# A host's DH-HMAC-CHAP key rotated by SIGHUP, by RPC and by its key file replaced while a second kernel host runs fio verify (6.12 guest;
-# tests/lab/test_auth.py, marked long: over a minute under emulation, so not in `make test`).
+# A host's DH-HMAC-CHAP key rotated by SIGHUP, by RPC and by its key file replaced while a second kernel host runs
+# fio verify (6.12 guest; tests/lab/test_auth.py, marked long: over a minute under emulation, so not in `make test`).
 test-auth-rotation: lab
 	$(NVMEOF) lab run --kernel 6.12 --timeout $(LAB_TIMEOUT) -- python3 -m pytest -p no:cacheprovider -q -m long \
 	  tests/lab/test_auth.py -k rotate
