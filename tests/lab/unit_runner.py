@@ -22,8 +22,8 @@ import subprocess
 import sys
 import time
 
-UNIT_DIR = "/etc/systemd/system"
-STATE = "/run/unit-runner"
+UNIT_DIR = os.environ.get("UNIT_RUNNER_UNIT_DIR", "/etc/systemd/system")
+STATE = os.environ.get("UNIT_RUNNER_STATE", "/run/unit-runner")
 READY_TIMEOUT = 180.0
 
 
