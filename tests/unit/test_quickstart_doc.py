@@ -20,8 +20,8 @@ def quickstart_blocks():
 def test_the_section_has_each_step_in_order():
     commands = "\n".join(quickstart_blocks())
     steps = ["nvmeof-roce doctor\n", "nvmeof-roce fabric plan", "nvmeof-roce doctor --plan",
-             "/dev/disk/by-id/SSD_ID", "nvmeof-roce target check --unit ssd", "nvmeof-roce install-units",
-             "systemctl enable --now nvmeof-roce-target@ssd", "nvmeof-roce host connect -a TARGET_IP", "fio "]
+             "/dev/disk/by-id/SSD_ID", "nvmeof-roce target check /etc", "nvmeof-roce install-units",
+             "nvmeof-roce target check --unit ssd", "systemctl enable --now nvmeof-roce-target@ssd", "nvmeof-roce host connect -a TARGET_IP", "fio "]
     where = [commands.find(step) for step in steps]
     assert -1 not in where, [s for s, w in zip(steps, where) if w == -1]
     assert where == sorted(where), "the steps are out of order"
