@@ -62,7 +62,7 @@ def test_real_nics_in_10_minutes_runs_as_written(tmp_path):
             outputs.append(proc.stdout + proc.stderr)
             print(f"$ {script}\n{outputs[-1]}")
             assert proc.returncode == 0, f"{script}\nexit {proc.returncode}:\n{outputs[-1][-4000:]}"
-        target_out, export_out, host_out = outputs[0], outputs[1], outputs[2]
+        target_out, export_out, host_out, fio_out = outputs[0], outputs[1], outputs[2], outputs[3]
         # what each step must have shown, beyond its exit status
         assert "/etc/nvmeof-roce/fabric/plan.json" in target_out
         assert SSD_ID in export_out and "/etc/nvmeof-roce/ssd.json: OK" in export_out
@@ -71,7 +71,7 @@ def test_real_nics_in_10_minutes_runs_as_written(tmp_path):
         assert f"DeviceAllow={by_id} rw" in drop_in, drop_in  # the SSD's device, by its stable name
         assert f"{UNIT}: started (READY=1)" in export_out and nqn in export_out  # target status lists it
         assert os.path.basename(values["NVME_DEVICE"]) in host_out  # host list showed it
-        assert re.search(r"read: IOPS=\d", host_out), host_out
+        assert re.search(r"read: IOPS=\d", fio_out), fio_out
         # the unit serves under no capability: the service's process
         with open("/run/unit-runner/" + UNIT + ".pid") as f:
             pid = int(f.read())
