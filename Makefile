@@ -91,8 +91,6 @@ test-long: lab
 test-extended: lab
 	$(NVMEOF) lab run --timeout $(LAB_TIMEOUT) -- python3 -m pytest -p no:cacheprovider -m "lab and extended" tests/lab
 
-# A host's DH-HMAC-CHAP key rotated by SIGHUP and by RPC while a second kernel host runs fio verify (6.12 guest;
-# tests/lab/test_auth.py, marked long: over a minute under emulation, so not in `make test`).
 # Debian 13 (trixie's 6.12 kernel, nvme-cli 2.13, rdma-core 56, Python 3.13): the guest builds the native module
 # for its Python, then the kernel host runs against our target on the native data path (fio crc32c verify,
 # discovery, DH-HMAC-CHAP, multipath failover with --workers), the `host` wrapper's commands, and nvmet
@@ -101,6 +99,8 @@ test-trixie: deps venv
 	$(NVMEOF) lab build --kernel trixie
 	$(VENV)/bin/python tests/tiers.py $(VENV)/bin/python $(LAB_TIMEOUT) trixie
 
+# A host's DH-HMAC-CHAP key rotated by SIGHUP, by RPC and by its key file replaced while a second kernel host runs
+# fio verify (6.12 guest; tests/lab/test_auth.py, marked long: over a minute under emulation, so not in `make test`).
 test-auth-rotation: lab
 	$(NVMEOF) lab run --kernel 6.12 --timeout $(LAB_TIMEOUT) -- python3 -m pytest -p no:cacheprovider -q -m long \
 	  tests/lab/test_auth.py -k rotate

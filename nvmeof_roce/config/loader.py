@@ -15,6 +15,7 @@ from ..transport.registry import fabric
 from .. import shipped
 from ..tunables import QID_MAX, TARGET_SETTINGS
 from .errors import ConfigError, raise_all
+from .keys import KEYRING, check_keyring
 from .model import (ADRFAMS, ANA_GRPID_MAX, ANA_STATES, BACKENDS, BLOCK_SIZES, CNTLID_MAX, DEFAULT_MODEL,
                     DEFAULT_TRSVCID, DISCOVERY_NQN, MAX_BLOCKS, MAX_INLINE_DATA_SIZE, NSID_MAX, NS_IO_ENGINES,
                     NS_QUEUE_DEPTHS, PORTID_MAX, QOS_LIMITS, QOS_MAX, TREQS, TRTYPES, USERSPACE_KEY, UUID_RE,
@@ -252,7 +253,9 @@ def parse_config_collect(data: dict, source: str = "<config>"):
     attempt(ctx.unknown, data, _TOP_KEYS, "")
     attempt(_check_discovery, ctx, data.get("discovery"))
     cfg.userspace = attempt(ctx.dict_at, data.get(USERSPACE_KEY), USERSPACE_KEY) or {}
-    attempt(ctx.unknown, cfg.userspace, set(TARGET_SETTINGS) | WORKER_KEYS, USERSPACE_KEY)
+    attempt(ctx.unknown, cfg.userspace, set(TARGET_SETTINGS) | WORKER_KEYS | {KEYRING}, USERSPACE_KEY)
+    if KEYRING in cfg.userspace:
+        attempt(check_keyring, cfg.userspace[KEYRING], source)
     for name, setting in TARGET_SETTINGS.items():
         if name in cfg.userspace:
             value = attempt(ctx.int_at, cfg.userspace[name], f"{USERSPACE_KEY}.{name}", setting.low, setting.high)

@@ -19,7 +19,7 @@ from .protocol import RequestFramer, RpcError, answer_framed, handle_request
 # How the supervisor answers a control call: methods whose answers are joined from every worker; methods it
 # refuses because a worker-wide meaning would differ from the single-process one; the rest go to every worker.
 GATHERED = ("rpc_get_methods", "nvmf_get_subsystems", "nvmf_subsystem_get_controllers", "nvmf_subsystem_get_qpairs",
-            "nvmf_get_stats", "nvmeof_get_status", "nvmf_get_transports")
+            "nvmf_get_stats", "nvmeof_get_status", "nvmf_get_transports", "keyring_get_keys")
 NAMESPACE_SUMS = ("read_commands", "write_commands", "bytes_read", "bytes_written", "errors", "iops",
                   "read_bytes_per_s", "write_bytes_per_s")
 REFUSED = {
@@ -92,8 +92,8 @@ class SupervisorControl:
 
     def _gather(self, method: str, answers: List[Any]) -> Any:
         first = answers[0]
-        if method in ("rpc_get_methods", "nvmf_get_subsystems", "nvmf_get_transports"):
-            return first  # every worker serves the same subsystems, knows every port and has the same options
+        if method in ("rpc_get_methods", "nvmf_get_subsystems", "nvmf_get_transports", "keyring_get_keys"):
+            return first  # every worker serves the same subsystems, knows every port, has the same options and keyring
         if method in ("nvmf_subsystem_get_controllers", "nvmf_subsystem_get_qpairs"):
             return [dict(item, worker=i) for i, answer in enumerate(answers) for item in answer]
         if method == "nvmf_get_stats":

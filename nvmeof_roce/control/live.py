@@ -467,15 +467,18 @@ def _ana_states(p: PortConfig) -> Dict[int, str]:
     return states
 
 
-def plan(old: TargetConfig, new: TargetConfig) -> List[Change]:
-    """The changes that turn the running `old` config into `new`, in the order apply() makes them."""
+def plan(old: TargetConfig, new: TargetConfig, old_auth: Optional[dict] = None,
+         new_auth: Optional[dict] = None) -> List[Change]:
+    """The changes that turn the running `old` config into `new`, in the order apply() makes them.  `old_auth`
+    and `new_auth` (auth.host_settings: the keys as read) show a key whose file was replaced while the config
+    still names the same file."""
     for i, s in enumerate(new.subsystems):
         for j, n in enumerate(s.namespaces):
             if n.nsid > MAX_NSID:
                 raise ConfigError(new.source, f"subsystems[{i}].namespaces[{j}].nsid",
                                   f"{n.nsid} is above {MAX_NSID}, the highest NSID the userspace target serves",
                                   f"use an NSID in 1..{MAX_NSID}")
-    changes = _plan_subsystems(old, new) + _plan_ports(old, new) + _plan_host_keys(old, new)
+    changes = _plan_subsystems(old, new) + _plan_ports(old, new) + _plan_host_keys(old, new, old_auth, new_auth)
     if old.hosts != new.hosts and not changes:
         changes.append(Hosts())
     return changes
@@ -568,12 +571,20 @@ def _plan_ports(old: TargetConfig, new: TargetConfig) -> List[Change]:
     return changes
 
 
-def _plan_host_keys(old: TargetConfig, new: TargetConfig) -> List[Change]:
+def _plan_host_keys(old: TargetConfig, new: TargetConfig, old_auth: Optional[dict],
+                    new_auth: Optional[dict]) -> List[Change]:
     changes: List[Change] = []
     old_keys = {h.nqn: h.attrs.get("dhchap") or {} for h in old.host_entries}
     for h in new.host_entries:
         before, after = old_keys.get(h.nqn, {}), h.attrs.get("dhchap") or {}
         if before == after:
+            was, now = (old_auth or {}).get(h.nqn), (new_auth or {}).get(h.nqn)
+            if old_auth is not None and new_auth is not None and was != now and was and now:
+                files = [o for o, k0, k1 in ((now.key_origin, was.key, now.key),
+                                             (now.ctrl_origin, was.ctrl_key, now.ctrl_key)) if k0 != k1]
+                changes.append(HostKey(h.nqn, f"host {h.nqn}: DH-HMAC-CHAP key changed in {' and '.join(files)}; "
+                                              "new connections and re-authentications use it, connected "
+                                              "controllers keep theirs until they reconnect"))
             continue
         what = ("added" if after.get("key") and not before.get("key") else
                 "removed" if before.get("key") and not after.get("key") else "changed")

@@ -12,8 +12,9 @@ The config is the host entry `nvmet save` writes from configfs::
                                 "hash": "hmac(sha256)", "dhgroup": "ffdhe2048"}}
 
 `key` is the host's secret, `ctrl_key` (optional) the controller's for bidirectional
-authentication, `hash` and `dhgroup` what the controller picks when the host offers it (the
-kernel's defaults: hmac(sha256), null).
+authentication (each inline, the path of a 0600 key file, or a keyring key's name: config/keys.py),
+`hash` and `dhgroup` what the controller picks when the host offers it (the kernel's defaults:
+hmac(sha256), null).
 
 The exchange (NVMe Base 2.0 §8.13.5, the kernel's nvmet_execute_auth_send / _receive):
 
@@ -31,7 +32,7 @@ import threading
 from dataclasses import dataclass
 from typing import Dict, Optional
 
-from ..config import ConfigError, TargetConfig
+from ..config import ConfigError, TargetConfig, keys
 from ..nvme import auth as A
 from ..nvme import status as S
 from .request import COMPLETED, LOC_CDW10, LOC_CDW11, LOC_DPTR, Outcome
@@ -47,17 +48,23 @@ _KNOWN = {"key", "ctrl_key", "hash", "dhgroup"}
 
 @dataclass(frozen=True)
 class HostAuth:
-    """One host's DH-HMAC-CHAP settings."""
+    """One host's DH-HMAC-CHAP settings; `key_origin` / `ctrl_origin` say where each key was read (inline, a key
+    file, a keyring key: config/keys.py), never the key."""
 
     key: A.Secret
     ctrl_key: Optional[A.Secret]
     hash_id: int
     dhgroup_id: int
+    key_origin: str = "inline"
+    ctrl_origin: str = ""
 
 
 def host_settings(config: TargetConfig) -> Dict[str, HostAuth]:
-    """The hosts with a DH-HMAC-CHAP key, by NQN; ConfigError naming the field for anything unusable."""
+    """The hosts with a DH-HMAC-CHAP key, by NQN; ConfigError naming the field for anything unusable.  A key
+    given as a file path or a keyring name is read now (config/keys.py): a replaced file takes effect at the
+    next load of the config (a reload, an RPC change)."""
     out: Dict[str, HostAuth] = {}
+    ring = keys.keyring_of(config)
     for i, host in enumerate(config.host_entries):
         group = host.attrs.get("dhchap")
         if not group:
@@ -66,6 +73,19 @@ def host_settings(config: TargetConfig) -> Dict[str, HostAuth]:
 
         def bad(field: str, problem: str, fix: str):
             return ConfigError(config.source, f"{where}.{field}", problem, fix)
+
+        def secret(field: str, value) -> tuple:
+            if not isinstance(value, str):
+                raise bad(field, f"must be a string, got {type(value).__name__}",
+                          "give the DHHC-1:NN:...: key, a key file's absolute path or a keyring key's name")
+            text, origin = keys.secret_text(value, ring, config.source, f"{where}.{field}")
+            try:
+                return A.parse_secret(text), origin
+            except A.SecretError as exc:
+                if origin == "inline":
+                    raise bad(field, str(exc), "paste the whole DHHC-1:NN:...: string (nvmeof-roce gen-dhchap-key)")
+                raise bad(field, f"{origin}: {exc}", "the file must hold the whole DHHC-1:NN:...: string "
+                          "(nvmeof-roce gen-dhchap-key ... > FILE)") from None
 
         for name in group:
             if name not in _KNOWN:
@@ -77,16 +97,8 @@ def host_settings(config: TargetConfig) -> Dict[str, HostAuth]:
                 raise bad("ctrl_key", "a controller key without a host key",
                           "set dhchap.key too (nvmeof-roce gen-dhchap-key makes one)")
             continue  # nvmet save writes empty attributes for a host without keys
-        try:
-            key = A.parse_secret(key_text)
-        except A.SecretError as exc:
-            raise bad("key", str(exc), "paste the whole DHHC-1:NN:...: string (nvmeof-roce gen-dhchap-key)")
-        ctrl_key = None
-        if ctrl_text:
-            try:
-                ctrl_key = A.parse_secret(ctrl_text)
-            except A.SecretError as exc:
-                raise bad("ctrl_key", str(exc), "paste the whole DHHC-1:NN:...: string (nvmeof-roce gen-dhchap-key)")
+        key, key_origin = secret("key", key_text)
+        ctrl_key, ctrl_origin = secret("ctrl_key", ctrl_text) if ctrl_text else (None, "")
         hash_text = group.get("hash") or DEFAULT_HASH
         hash_id = A.hash_id_by_name(hash_text)
         if hash_id is None:
@@ -96,7 +108,7 @@ def host_settings(config: TargetConfig) -> Dict[str, HostAuth]:
         if dhgroup_id is None:
             raise bad("dhgroup", f"unknown DH group {dh_text!r}",
                       "use null, ffdhe2048, ffdhe3072, ffdhe4096, ffdhe6144 or ffdhe8192")
-        out[host.nqn] = HostAuth(key, ctrl_key, hash_id, dhgroup_id)
+        out[host.nqn] = HostAuth(key, ctrl_key, hash_id, dhgroup_id, key_origin, ctrl_origin)
     return out
 
 

@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from ..config import DISCOVERY_NQN, TargetConfig, passthru_configured
+from ..config import DISCOVERY_NQN, TargetConfig, keys, passthru_configured
 from . import modules
 from .nvmet import NvmetError, Root, TRANSPORT_MODULES, ANA_DEFAULT_GROUP
 
@@ -25,6 +25,15 @@ _ADDR_ORDER = ["trtype", "adrfam", "traddr", "trsvcid", "treq", "tsas", "portid"
 _DEVICE_ORDER = ["path", "uuid", "nguid", "eui64"]
 _HEXID = {("device", "uuid"), ("device", "nguid"), ("device", "eui64")}
 _FLAGS = {("attr", "allow_any_host"), ("attr", "pi_enable"), ("param", "pi_enable"), ("resv", "enable")}
+# a host's DH-HMAC-CHAP keys: written to configfs, never shown in a plan
+_SECRETS = {("dhchap", "key"), ("dhchap", "ctrl_key")}
+SECRET_SHOWN = "<secret>"
+
+
+def _is_secret(rel: str) -> bool:
+    return rel.startswith("hosts/") and rel.rsplit("/", 1)[-1] in ("dhchap_key", "dhchap_ctrl_key")
+
+
 # "-1" asks for the transport's default, which the kernel resolves (and shows) once the port is enabled
 _DEFAULT_MINUS_ONE = {("param", "inline_data_size"), ("param", "max_queue_size")}
 
@@ -43,9 +52,9 @@ class Step:
     def to_dict(self) -> dict:
         d = {"op": self.op, "path": self.rel, "description": self.desc}
         if self.op == "write":
-            d["value"] = self.value
+            d["value"] = SECRET_SHOWN if _is_secret(self.rel) else self.value
             if self.was is not None:
-                d["was"] = self.was
+                d["was"] = SECRET_SHOWN if _is_secret(self.rel) else self.was
         if self.target:
             d["target"] = self.target
         if self.field:
@@ -106,8 +115,9 @@ class _Planner:
                 if current is not None and n not in have and str(v) == "":
                     continue   # the kernel lacks it and nothing is asked
                 was = have.get(n) if current is not None else None
+                shown = (lambda x: SECRET_SHOWN) if (g, n) in _SECRETS else repr
                 self.write(f"{base}/{g}_{n}", v,
-                           f"~ set {what} {g}_{n} = {v!r}" + (f" (was {was!r})" if was is not None else ""),
+                           f"~ set {what} {g}_{n} = {shown(v)}" + (f" (was {shown(was)})" if was is not None else ""),
                            was=was, field=f"{fieldbase}.{g}.{n}" if fieldbase else f"{g}.{n}")
 
 
@@ -402,7 +412,24 @@ def kernel_dict(cfg: TargetConfig) -> dict:
         if passthru_configured(s.raw.get("passthru")):
             raise NvmetError(f"{cfg.source}: subsystems[{i}].passthru: passthru subsystems are not supported by "
                              "nvmeof-roce nvmet apply", "use nvmetcli for passthru subsystems")
-    return cfg.to_dict()
+    return _read_key_files(cfg, cfg.to_dict())
+
+
+def _read_key_files(cfg: TargetConfig, d: dict) -> dict:
+    """The hosts' DH-HMAC-CHAP keys given as key file paths, read (0600 files: config/keys.py): configfs takes
+    the key itself.  A keyring name is the userspace target's."""
+    for i, host in enumerate(d["hosts"]):
+        group = host.get("dhchap") or {}
+        for name in ("key", "ctrl_key"):
+            value = group.get(name)
+            if not isinstance(value, str) or not value:
+                continue
+            where = f"hosts[{i}].dhchap.{name}"
+            if keys.kind(value) == "keyring":
+                raise NvmetError(f"{cfg.source}: {where}: {value!r} names a keyring key, which only the userspace "
+                                 "target has", "give the key file's absolute path (or the key itself) instead")
+            group[name], _ = keys.secret_text(value, {}, cfg.source, where)
+    return d
 
 
 def apply(root: Root, cfg: TargetConfig, dry_run: bool = False, prune: bool = True) -> List[Step]:

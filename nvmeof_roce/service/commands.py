@@ -23,7 +23,7 @@ from ..engine import auth
 from ..engine.backends import BackendError, open_backend
 from ..engine.ioengine import choose_engine
 from ..config.devices import in_system_tree
-from ..config import ConfigError, ConfigErrors, TargetConfig, load_userspace_config, raise_all
+from ..config import ConfigError, ConfigErrors, TargetConfig, keys, load_userspace_config, raise_all
 from ..systemd import DEFAULT_DEST, SHIPPED_EXECUTABLE, render
 from ..systemd.sandbox import TARGET_UNIT, load_sandbox, problems as sandbox_problems
 from .serve import register_serve
@@ -45,6 +45,8 @@ def check_config(path: str, unit: Optional[str] = None, unit_dir: str = DEFAULT_
     except ConfigError as exc:
         raise_all(sandbox_errors + list(getattr(exc, "errors", None) or [exc]))
     raise_all(sandbox_errors)
+    summary["warnings"] = [{"warning": w.problem, "field": w.where, "fix": w.fix}
+                           for w in keys.inline_secret_warnings(config, path)]
     return summary
 
 
@@ -108,6 +110,8 @@ def _open_namespace(config: TargetConfig, where: str, ns) -> dict:
 
 def _print_summary(summary: dict) -> None:
     print(f"{summary['config']}: OK")
+    for w in summary.get("warnings", ()):
+        print(f"warning: {w['field']}: {w['warning']}\n  fix: {w['fix']}")
     rows = []
     for sub in summary["subsystems"]:
         hosts = "any host" if sub["allow_any_host"] else (", ".join(sub["allowed_hosts"]) or "no host")

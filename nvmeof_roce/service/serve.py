@@ -11,7 +11,7 @@ from typing import List, Optional
 from ..errors import NvmeofError
 from ..output import address
 from ..securefile import write_file
-from ..config import TargetConfig, load_userspace_config
+from ..config import TargetConfig, keys, load_userspace_config
 from ..engine.reservations import file_for as reservation_file_for
 from ..transport import registry
 from ..transport.rdma.native_trace import TRACING, printed as trace_printed
@@ -150,6 +150,8 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
           data_path: Optional[str] = None, poll: str = POLL.default, cores: int = CORES.default,
           trace: str = TRACE.default) -> int:
     config = load_userspace_config(path)  # the same loader and checks as `target check`
+    for warning in keys.inline_secret_warnings(config, path):
+        log.warning("%s (fix: %s)", warning.message, warning.fix)
     refuse_kernel_ports(config, listen_portids)
     if worker is not None and not rpc_socket:
         rpc_socket = None  # a worker answers only on the socket its supervisor gives it (RUN_DIR/worker-I.sock)

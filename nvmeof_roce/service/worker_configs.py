@@ -19,6 +19,7 @@ import os
 from typing import Dict, List, Optional, Tuple
 
 from ..config import USERSPACE_KEY, ConfigError, TargetConfig
+from ..config.keys import KEYRING
 from ..engine.backends import open_backend
 from ..errors import NvmeofError
 from ..nvme.fabrics import MAX_CNTLID, MIN_CNTLID
@@ -68,7 +69,9 @@ def worker_configs(config: TargetConfig, n: int, run_dir: str) -> Tuple[List[dic
     """The config each worker serves, the portids worker i listens on, and the path groups (the N portids
     made from one configured port).  Every worker gets the same config but for its subsystems' CNTLID ranges."""
     base = config.to_dict()
-    base.pop(USERSPACE_KEY, None)
+    ring = (base.pop(USERSPACE_KEY, None) or {}).get(KEYRING)
+    if ring:  # the hosts' keys may name its keys
+        base[USERSPACE_KEY] = {KEYRING: ring}
     rdma = [p for p in base["ports"] if registry.serves(p.get("addr", {}).get("trtype", "rdma"))]
     if not rdma:
         raise NvmeofError(f"{config.source}: no port with trtype 'rdma' to give the workers",

@@ -14,7 +14,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from ..config import TargetConfig
+from ..config import TargetConfig, keys
 
 TARGET_UNIT = "nvmeof-roce-target@.service"
 DROP_IN = "nvmeof-roce-paths.conf"  # the drop-in install-units writes for an instance's config
@@ -180,11 +180,31 @@ def namespace_paths(config: TargetConfig) -> List[Tuple[str, str]]:
     return out
 
 
+def key_file_paths(config: TargetConfig) -> List[Tuple[str, str]]:
+    """(field, path) of every DH-HMAC-CHAP key file the config names, directly or through its keyring."""
+    ring = keys.keyring_of(config)
+    out = [(f"{keys.USERSPACE_KEY}.{keys.KEYRING}.{name}", path) for name, path in sorted(ring.items())]
+    for i, host in enumerate(config.host_entries):
+        for name in ("key", "ctrl_key"):
+            value = (host.attrs.get("dhchap") or {}).get(name)
+            if isinstance(value, str) and keys.kind(value) == "file":
+                out.append((f"hosts[{i}].dhchap.{name}", value))
+    return out
+
+
 def problems(config: TargetConfig, box: Sandbox, instance: str, drop_in_dir: str) -> List[Finding]:
-    """Every namespace path of `config` the unit's sandbox hides, makes read-only or keeps from being opened."""
+    """Every namespace path of `config` the unit's sandbox hides, makes read-only or keeps from being opened, and
+    every key file it hides."""
     drop_in = os.path.join(drop_in_dir, f"{instance_unit(instance)}.d", DROP_IN)
     move = f"move it to {STATE_DIR} (the unit's StateDirectory, kept across restarts and boots)"
     found = []
+    for where, path in key_file_paths(config):  # only read: hidden is the one way to lose one
+        tmp = under(path, PRIVATE_TMP_DIRS) if box.private_tmp else None
+        home = under(path, HOME_DIRS) if box.protect_home in ("yes", "tmpfs") else None
+        if tmp or home:
+            setting = "PrivateTmp=yes" if tmp else f"ProtectHome={box.protect_home}"
+            found.append(Finding(where, path, f"key file {path} is in {tmp or home}, which {setting} hides from the "
+                                 "unit", "move it to /etc/nvmeof-roce/keys/ (mode 0600) and name that path"))
     for where, path in namespace_paths(config):
         tmp = under(path, PRIVATE_TMP_DIRS)
         home = under(path, HOME_DIRS)

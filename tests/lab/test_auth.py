@@ -323,13 +323,22 @@ def _refused_then_accepted(served, old, new):
         nvme("disconnect", "-n", ROT_A, check=False)
 
 
+def _write_key_file(path: str, key: str) -> None:
+    """As an admin replaces a key file: a new 0600 file renamed over the old one."""
+    fd = os.open(path + ".new", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    os.rename(path + ".new", path)
+
+
 @pytest.mark.long  # over a minute under emulation: `make test-auth-rotation` (6.12), not `make test`
 def test_rotate_a_host_key_by_reload_and_by_rpc_while_another_host_runs_fio_verify(tmp_path):
-    """Host B runs fio verify on its controller through both rotations of host A's key (SIGHUP reload, then
-    the nvmf_subsystem_set_keys RPC): A's old key is refused on reconnect, the new one accepted, A's
+    """Host B runs fio verify on its controller through three rotations of host A's key (SIGHUP reload, the
+    nvmf_subsystem_set_keys RPC, then a 0600 key file the config names replaced and SIGHUP): A's old key is
+    refused on reconnect, the new one accepted, A's
     controller connected before the rotation keeps working until it disconnects (as nvmet), and B sees no
     error and is never reconnected."""
-    k1, k2, k3, kb = gen_key(1), gen_key(1), gen_key(1), gen_key(1)
+    k1, k2, k3, k4, kb = gen_key(1), gen_key(1), gen_key(1), gen_key(1), gen_key(1)
     path = str(tmp_path / "rotate.json")
     sock = str(tmp_path / "rotate.sock")
     served = ServedTarget(_rotation_config(k1, kb), path, args=["--rpc-socket", sock]).start()
@@ -362,6 +371,26 @@ def test_rotate_a_host_key_by_reload_and_by_rpc_while_another_host_runs_fio_veri
                                                                  "dhchap_key": k3}), "--socket", sock)
         assert out.returncode == 0, out.stdout + out.stderr
         _refused_then_accepted(served, k2, k3)
+
+        # 3. by key file: the config names a 0600 file holding k3; then the file is replaced with k4, SIGHUP
+        key_path = str(tmp_path / "rotate-a.key")
+        _write_key_file(key_path, k3)
+        start = len(served.output())
+        with open(path, "w") as f:
+            json.dump(_rotation_config(key_path, kb), f)
+        served.proc.send_signal(signal.SIGHUP)
+        _wait_for(served, "DH-HMAC-CHAP settings changed", start)
+        _connect_rot("rotate-a", ROT_A, k3)
+        (dev_a,) = namespaces_of(ROT_A, expect=1)
+        start = len(served.output())
+        _write_key_file(key_path, k4)
+        served.proc.send_signal(signal.SIGHUP)
+        _wait_for(served, f"DH-HMAC-CHAP key changed in key file {key_path}", start)
+        fio_verify(dev_a)  # connected with k3 before the file was replaced: unaffected
+        nvme("disconnect", "-n", ROT_A)
+        _refused_then_accepted(served, k3, k4)
+        for secret in (k1, k2, k3, k4, kb):
+            assert secret not in served.output()  # no key in the log
 
         assert fio_b.poll() is None, fio_b.communicate()  # still running: no error on B so far
         open(stop, "w").close()

@@ -14,6 +14,7 @@ from nvmeof_roce.config import parse_config
 from nvmeof_roce.errors import NvmeofError
 from nvmeof_roce.initiator.discovery import discover
 from nvmeof_roce.nvme import admin as A
+from nvmeof_roce.nvme import auth as nvme_auth
 from nvmeof_roce.nvme import status as S
 from nvmeof_roce.nvme.status import NvmeStatusError
 from nvmeof_roce.service import run_dir as run_directory
@@ -413,3 +414,18 @@ def test_workers_get_their_socket_and_never_see_notify_socket(tmp_path, monkeypa
         assert "NOTIFY_SOCKET" not in env
         assert cmd[cmd.index("--rpc-socket") + 1] == str(tmp_path / "run" / f"worker-{i}.sock")
         assert cmd[cmd.index("--worker-index") + 1] == str(i)
+
+
+def test_the_keyring_through_the_supervisor_is_every_worker_s(two_workers, tmp_path):
+    """keyring_file_add_key goes to every worker (and into the configs a restarted worker starts with);
+    keyring_get_keys is answered once, as one process answers it."""
+    w = two_workers
+    path = tmp_path / "key0"
+    path.write_text(nvme_auth.generate_secret(1, 32) + "\n")
+    path.chmod(0o600)
+    assert w.call("keyring_file_add_key", {"name": "key0", "path": str(path)}) is True
+    for env in w.envs:
+        assert env.target.config.userspace["keyring"] == {"key0": str(path)}
+    for saved in w.sup.paths:
+        assert json.loads(open(saved).read())["nvmeof_roce"]["keyring"] == {"key0": str(path)}
+    assert [k["name"] for k in w.call("keyring_get_keys")] == ["key0"]
