@@ -14,7 +14,7 @@ APT_PACKAGES := qemu-system-x86 debootstrap e2fsprogs cpio xz-utils zstd fio gcc
 	python3-dev libibverbs-dev librdmacm-dev liburing-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: dist demo test test-extended test-unit test-lab test-long test-quick test-two-node test-reload-fuzz test-auth-rotation test-blktests deps venv lab clean-lab help bench-transport bench-native test-native
+.PHONY: dist demo test test-extended test-unit test-lab test-long test-quick test-two-node test-reload-fuzz test-auth-rotation test-blktests deps venv lab clean-lab help bench-transport bench-native test-native test-native-fuzz soak
 
 # A wheel of this checkout in dist/ (pip install dist/nvmeof_roce-*.whl gives the `nvmeof-roce` command).
 dist: venv
@@ -34,6 +34,7 @@ help:
 	@echo "make bench-transport - Python µs per 4 KiB read through the RDMA transport (lab, fake device)"
 	@echo "make bench-native - instructions and allocations per 4 KiB I/O, native vs Python data path (callgrind)"
 	@echo "make test-native - the native data path's tests under ASan/UBSan, TSan (poll groups) and valgrind memcheck"
+	@echo "make soak   - bench --jobs soak in the lab: SOAK_IOS (default 10^7) verified 4 KiB commands on the native path, a live change every 3 s; RSS growth per 10^6 commands"
 
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -169,3 +170,16 @@ test-native: venv
 	  --leak-check=full --show-leak-kinds=definite --suppressions=tests/native/python.supp \
 	  $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit/test_native_queue.py tests/unit/test_native_poll.py \
 	  tests/unit/test_native_faults.py tests/unit/test_native_trace.py tests/unit/test_native_live.py -k "not identically"
+
+# The soak (docs/benchmarks.md): our target alone in the lab guest, SOAK_IOS 4 KiB commands at QD32 (random writes
+# read back and verified by fio) on the native data path while a scratch namespace is added, resized and removed by
+# RPC every SOAK_CHANGE_INTERVAL seconds; bench.json under SOAK_OUT has the RSS growth per 10^6 commands, the verify
+# errors, the live changes and the event loop's longest pass.  10^7 commands is about an hour under emulation on
+# 2 cores (SOAK_IOS=1000000 for a first look); it holds the lab lock.
+SOAK_IOS ?= 10000000
+SOAK_CHANGE_INTERVAL ?= 3
+SOAK_OUT ?= results/soak-$(SOAK_IOS)
+soak: lab
+	flock /tmp/nvmeof-lab.lock $(NVMEOF) lab run --timeout $$(( $(SOAK_IOS) / 1000 + 1800 )) -- python3 -m nvmeof_roce \
+	  bench --targets userspace --jobs soak --no-perftest --no-plots --ns-size 128M --size 64M \
+	  --soak-ios $(SOAK_IOS) --soak-change-interval $(SOAK_CHANGE_INTERVAL) --soak-timeout 14400 --out $(SOAK_OUT)

@@ -2,7 +2,8 @@
 
 Sources (proc(5), the kernel's Documentation/block/stat.rst):
 - `/proc/PID/stat`: the userspace target's utime (field 14) and stime (field 15) in clock ticks;
-- `/proc/PID/status`: its `VmRSS` (resident set, kB);
+- `/proc/PID/status`: its `VmRSS` (resident set, kB) and `VmHWM` (the resident set's peak since the process
+  started);
 - `/proc/stat`: the `cpu` line, the whole machine's time in ticks per state. The kernel target has no process
   (it runs in softirq and kworkers), so for it only the guest's total busy time says what a job cost; that
   total includes fio and the kernel host, on every target alike;
@@ -10,7 +11,8 @@ Sources (proc(5), the kernel's Documentation/block/stat.rst):
   of commands in a sampling window (fio's own count leaves out its ramp, the CPU window does not).
 
 A `Sample` is one reading of all of them at one moment; `cpu_cost()` turns two samples into seconds and
-µs per I/O; `rss_growth()` fits RSS against commands completed (least squares) for the soak job.
+µs per I/O; `memory()` says what the target held during a job (its RSS at the end, the highest of the job's
+samples, the process's peak); `rss_growth()` fits RSS against commands completed (least squares) for the soak job.
 """
 from __future__ import annotations
 
@@ -47,15 +49,15 @@ def parse_pid_stat(text: str) -> ProcessCpu:
     return ProcessCpu(utime_ticks=int(rest[14 - 3]), stime_ticks=int(rest[15 - 3]))
 
 
-def parse_vmrss(text: str) -> int:
-    """VmRSS of /proc/PID/status, in bytes."""
+def parse_vmrss(text: str, field: str = "VmRSS") -> int:
+    """VmRSS (or another Vm* `field`, e.g. VmHWM) of /proc/PID/status, in bytes."""
     for line in text.splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             parts = line.split()
             if len(parts) >= 2 and parts[1].isdigit():
                 unit = parts[2].lower() if len(parts) > 2 else "kb"
                 return int(parts[1]) * (1024 if unit == "kb" else 1)
-    raise ValueError("no VmRSS line in /proc/PID/status (a kernel thread, or the process is a zombie)")
+    raise ValueError(f"no {field} line in /proc/PID/status (a kernel thread, or the process is a zombie)")
 
 
 @dataclass(frozen=True)
@@ -102,10 +104,10 @@ def process_cpu(pid: int, proc: str = "/proc") -> Optional[ProcessCpu]:
     return parse_pid_stat(text) if text else None
 
 
-def process_rss(pid: int, proc: str = "/proc") -> Optional[int]:
+def process_rss(pid: int, proc: str = "/proc", field: str = "VmRSS") -> Optional[int]:
     text = _read(f"{proc}/{pid}/status")
     try:
-        return parse_vmrss(text) if text else None
+        return parse_vmrss(text, field) if text else None
     except ValueError:
         return None
 
@@ -147,6 +149,7 @@ class Sample:
     t: float  # time.monotonic()
     pid_cpu: Optional[ProcessCpu] = None
     rss_bytes: Optional[int] = None
+    hwm_bytes: Optional[int] = None  # VmHWM: the resident set's peak since the process started
     system: Optional[SystemCpu] = None
     ios: Optional[int] = None
     procs: Optional[Dict[str, ProcessCpu]] = None  # each process of a target (a supervisor and its workers)
@@ -163,6 +166,7 @@ def take_sample(pid: Optional[int], io_counter: Optional[Callable[[], Optional[i
         pid_cpu = ProcessCpu(sum(c.utime_ticks for c in procs.values()),
                              sum(c.stime_ticks for c in procs.values())) if procs else None
     return Sample(t=time.monotonic(), pid_cpu=pid_cpu, rss_bytes=process_rss(pid) if pid else None,
+                  hwm_bytes=process_rss(pid, field="VmHWM") if pid else None,
                   system=system_cpu(), ios=io_counter() if io_counter else None, procs=procs)
 
 
@@ -224,6 +228,19 @@ def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> Tuple[float, float, 
     return slope, intercept, r2
 
 
+def memory(samples: Sequence[Sample]) -> Optional[dict]:
+    """The target's resident memory over a job's samples: `rss_end_bytes` (the last sample's VmRSS),
+    `rss_peak_bytes` (the highest VmRSS sampled during the job: a peak between two samples is missed) and
+    `hwm_bytes` (VmHWM at the end: the process's own peak since it started, every job before included).
+    None without a process (the kernel target)."""
+    rss = [s.rss_bytes for s in samples if s.rss_bytes is not None]
+    if not rss:
+        return None
+    hwm = [s.hwm_bytes for s in samples if s.hwm_bytes is not None]
+    return {"rss_end_bytes": rss[-1], "rss_peak_bytes": max(rss), "hwm_bytes": hwm[-1] if hwm else None,
+            "samples": len(rss)}
+
+
 def rss_growth(samples: Sequence[Sample], skip_commands: int = 0) -> Optional[dict]:
     """RSS growth per million commands: the slope of RSS against commands completed, by least squares.
 
@@ -283,4 +300,4 @@ class Sampler:
 
 
 __all__ = ["ProcessCpu", "SystemCpu", "Sample", "Sampler", "parse_pid_stat", "parse_vmrss", "parse_proc_stat",
-           "parse_block_stat", "cpu_cost", "linear_fit", "rss_growth", "block_device_ios", "take_sample"]
+           "parse_block_stat", "cpu_cost", "linear_fit", "memory", "rss_growth", "block_device_ios", "take_sample"]
