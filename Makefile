@@ -34,6 +34,7 @@ help:
 	@echo "make bench-transport - Python µs per 4 KiB read through the RDMA transport (lab, fake device)"
 	@echo "make bench-native - instructions and allocations per 4 KiB I/O, native vs Python data path (callgrind)"
 	@echo "make test-native - the native data path's tests under ASan/UBSan, TSan (poll groups) and valgrind memcheck"
+	@echo "make test-native-fuzz - the differential fuzz of the native data path: corpus, NATIVE_FUZZ_CAPSULES (100,000) capsules under ASan/UBSan, a TSan pass on poll-group threads"
 	@echo "make soak   - bench --jobs soak in the lab: SOAK_IOS (default 10^7) verified 4 KiB commands on the native path, a live change every 3 s; RSS growth per 10^6 commands"
 
 deps:
@@ -170,6 +171,31 @@ test-native: venv
 	  --leak-check=full --show-leak-kinds=definite --suppressions=tests/native/python.supp \
 	  $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit/test_native_queue.py tests/unit/test_native_poll.py \
 	  tests/unit/test_native_faults.py tests/unit/test_native_trace.py tests/unit/test_native_live.py -k "not identically"
+
+# The differential fuzz of the native data path (tests/unit/native_fuzz.py, docs/native.md): seeded batches of
+# 8-32 capsules, live changes and injected faults, every CQE and byte compared with the Python path.  The
+# extension built as for test-native (ASan + UBSan): the corpus of cases that once failed and the unit tier's
+# sample, then NATIVE_FUZZ_CAPSULES capsules; then the TSan build with the native queues on two poll-group
+# threads for NATIVE_FUZZ_TSAN_CAPSULES.  Each run prints its counts and time.
+NATIVE_FUZZ_CAPSULES ?= 100000
+NATIVE_FUZZ_TSAN_CAPSULES ?= 10000
+test-native-fuzz: venv
+	rm -rf $(NATIVE_SAN_DIR) && mkdir -p $(NATIVE_SAN_DIR)
+	gcc -shared -fPIC -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(NATIVE_SAN_FLAGS) \
+	  $$($(VENV)/bin/python -c "import sysconfig; print('-I' + sysconfig.get_paths()['include'])") \
+	  -o $(NATIVE_SAN_DIR)/_native.so csrc/*.c -libverbs -lrdmacm -Wl,-Bstatic -luring -Wl,-Bdynamic
+	NVMEOF_ROCE_NATIVE_SO=$(NATIVE_SAN_DIR)/_native.so NVMEOF_FAKEPROV_CFLAGS="$(NATIVE_SAN_FLAGS)" \
+	  LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  NATIVE_FUZZ_CAPSULES=$(NATIVE_FUZZ_CAPSULES) \
+	  $(PYTEST) -q -s -p no:cacheprovider -m "fuzz or not fuzz" tests/unit/test_native_fuzz.py
+	gcc -shared -fPIC -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(NATIVE_TSAN_FLAGS) \
+	  $$($(VENV)/bin/python -c "import sysconfig; print('-I' + sysconfig.get_paths()['include'])") \
+	  -o $(NATIVE_SAN_DIR)/_native_tsan.so csrc/*.c -libverbs -lrdmacm -Wl,-Bstatic -luring -Wl,-Bdynamic
+	NVMEOF_ROCE_NATIVE_SO=$(NATIVE_SAN_DIR)/_native_tsan.so NVMEOF_FAKEPROV_CFLAGS="$(NATIVE_TSAN_FLAGS)" \
+	  LD_PRELOAD="$$(gcc -print-file-name=libtsan.so)" TSAN_OPTIONS=halt_on_error=1:report_signal_unsafe=0 \
+	  NATIVE_FUZZ_CAPSULES=$(NATIVE_FUZZ_TSAN_CAPSULES) NATIVE_FUZZ_GROUPS=2 NATIVE_FUZZ_SEED=500000 \
+	  $(PYTEST) -q -s -p no:cacheprovider -m fuzz tests/unit/test_native_fuzz.py -k scale
 
 # The soak (docs/benchmarks.md): our target alone in the lab guest, SOAK_IOS 4 KiB commands at QD32 (random writes
 # read back and verified by fio) on the native data path while a scratch namespace is added, resized and removed by

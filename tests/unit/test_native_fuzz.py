@@ -3,6 +3,7 @@ of cases that once failed first, then a short seeded sample; `make test-native-f
 (NATIVE_FUZZ_CAPSULES) under the sanitizers."""
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -18,15 +19,26 @@ SAMPLE_SEEDS = range(1000, 1012)
 
 def corpus():
     entries = json.loads(CORPUS.read_text())["cases"]
-    return [pytest.param(e["seed"], bool(e.get("known")), id=f"seed-{e['seed']}",
+    return [pytest.param(e["seed"], bool(e.get("known")), e.get("groups", 0), id=f"seed-{e['seed']}",
                          marks=[pytest.mark.xfail(raises=native_fuzz.Divergence, strict=True, reason=e["xfail"])]
                          if e.get("xfail") else [])
             for e in entries]
 
 
-@pytest.mark.parametrize("seed,known", corpus())
-def test_the_corpus_of_cases_that_once_failed_replays_without_divergence(seed, known):
-    native_fuzz.run([seed], known=known)
+def poll_groups(n: int):
+    from nvmeof_roce import native
+    from nvmeof_roce.transport.rdma.pollgroups import PollGroups
+    return PollGroups(native.module, n) if n else None
+
+
+@pytest.mark.parametrize("seed,known,groups", corpus())
+def test_the_corpus_of_cases_that_once_failed_replays_without_divergence(seed, known, groups):
+    threads = poll_groups(groups)
+    try:
+        native_fuzz.run([seed], known=known, groups=threads)
+    finally:
+        if threads is not None:
+            threads.close()
 
 
 def test_a_seeded_sample_of_batches_live_changes_and_faults_shows_no_divergence():
@@ -36,20 +48,19 @@ def test_a_seeded_sample_of_batches_live_changes_and_faults_shows_no_divergence(
 
 
 @pytest.mark.fuzz
+@pytest.mark.skipif("NATIVE_FUZZ_CAPSULES" not in os.environ, reason="make test-native-fuzz runs it at scale")
 def test_native_fuzz_at_scale():
-    """NATIVE_FUZZ_CAPSULES capsules (default 100,000) from NATIVE_FUZZ_SEED on; NATIVE_FUZZ_GROUPS=2 runs the
-    native queues on two poll-group threads (the TSan pass)."""
-    from nvmeof_roce import native
-    want = int(os.environ.get("NATIVE_FUZZ_CAPSULES", "100000"))
+    """NATIVE_FUZZ_CAPSULES capsules from NATIVE_FUZZ_SEED on (the corpus's seeds first); NATIVE_FUZZ_GROUPS=2 runs
+    the native queues on two poll-group threads (the TSan pass).  The counts are printed (-s shows them)."""
+    want = int(os.environ["NATIVE_FUZZ_CAPSULES"])
     first = int(os.environ.get("NATIVE_FUZZ_SEED", "1"))
-    groups = None
-    if int(os.environ.get("NATIVE_FUZZ_GROUPS", "0")):
-        from nvmeof_roce.transport.rdma.pollgroups import PollGroups
-        groups = PollGroups(native.module, int(os.environ["NATIVE_FUZZ_GROUPS"]))
+    groups = poll_groups(int(os.environ.get("NATIVE_FUZZ_GROUPS", "0")))
+    started = time.monotonic()
     try:
         tally = native_fuzz.run(native_fuzz.replay_first(first), capsules=want, groups=groups)
     finally:
         if groups is not None:
             groups.close()
-    print(f"\nnative fuzz: {tally.summary()}")
+    print(f"\nnative fuzz{' on poll-group threads' if groups else ''}: {tally.summary()}; "
+          f"{time.monotonic() - started:.0f} s")
     assert tally.capsules >= want
