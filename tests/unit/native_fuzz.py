@@ -70,7 +70,6 @@ from typing import Dict, List, Optional, Tuple
 
 from loopback_env import HOST_A, HOST_B, SUB_4K, SUB_NULL, SUB_RAM, file_ns, null_ns, port, ram_ns
 from native_diff import LoopbackEndpoint, NativeEndpoint, close_all, io_capsule, pattern, settle
-from native_fake import pump
 from nvmeof_roce import native
 from nvmeof_roce.config import parse_config
 from nvmeof_roce.control import live
@@ -309,9 +308,8 @@ class Tally:
 class Side:
     """One data path's target, its queue, and how a batch is run on it."""
 
-    def __init__(self, name: str, ep, model: Model, directory: Path):
+    def __init__(self, name: str, ep, directory: Path):
         self.name, self.ep, self.directory = name, ep, directory
-        self.model = model
 
     @property
     def alive(self) -> bool:
@@ -328,7 +326,8 @@ class Side:
         return {nsid for nsid, ns in self.ep.env.target.subsystem(SUB_RAM).namespaces.items()
                 if ns.backend.kind == "null"}
 
-    def apply(self, change, model: Model) -> live.Applying:
+    def apply(self, model: Model) -> live.Applying:
+        """Make the running target serve `model`'s config, as the control plane does (control/live.py)."""
         applying = live.Applying()
         new = parse_config(model.config(self.directory), "fuzz")
         live.apply(self.ep.env.target, new, applying=applying)
@@ -336,7 +335,8 @@ class Side:
 
 
 class PythonSide(Side):
-    def batch(self, capsules: List[bytes], mid=None) -> Dict[int, bytes]:
+    def batch(self, capsules: List[bytes], mid=None) -> Tuple[Dict[int, bytes], Optional[live.Applying]]:
+        """Send every capsule, then run the target until it is idle (`mid`: called once they all started)."""
         transport = self.ep.transport
         transport._outstanding = 0
         for capsule in capsules:
@@ -346,7 +346,7 @@ class PythonSide(Side):
             self.ep.env.fabric.pump()  # every capsule received and started
             applying = mid()
         settle(self.ep.env, more=lambda: applying is not None and not applying.done)
-        return collect([transport], lambda: _poll(transport)), applying
+        return collect(lambda: _poll(transport)), applying
 
 
 def _poll(transport) -> List[bytes]:
@@ -356,7 +356,8 @@ def _poll(transport) -> List[bytes]:
         return []
 
 
-def collect(_owners, poll) -> Dict[int, bytes]:
+def collect(poll) -> Dict[int, bytes]:
+    """{CID: CQE} of everything `poll` returns until it returns nothing."""
     got: Dict[int, bytes] = {}
     while True:
         cqes = poll()
@@ -427,9 +428,9 @@ class NativeSide(Side):
         the memory the change let go (the fake moves data when a request completes, so it would write there)."""
         on_wire = self.ep.device.on_wire()
         if applying is not None and applying.done and on_wire and change[0] in ("resize", "remove", "replace"):
-            raise Divergence(f"{self.where}: the live change {change} was committed with {on_wire} work requests still on the "
-                             f"wire of the native queue (closed: {self.ep.queue.closed}); completing them would "
-                             f"move data into the memory it let go")
+            raise Divergence(f"{self.where}: the live change {change} was committed with {on_wire} work requests "
+                             f"still on the wire of the native queue (closed: {self.ep.queue.closed}); completing "
+                             f"them would move data into the memory it let go")
 
     def deliver(self, capsules: List[bytes]) -> None:
         for capsule in capsules:
@@ -513,15 +514,15 @@ def check_sqhd(where: str, name: str, answers: Dict[int, bytes], completions_bef
     heads = sorted((int.from_bytes(cqe[8:10], "little") - completions_before - 1) % SQ_ENTRIES
                    for cqe in answers.values())
     if heads != list(range(len(answers))):
-        raise Divergence(f"{where}: {name}: SQ heads {sorted(int.from_bytes(c[8:10], 'little') for c in answers.values())}"
-                         f" after {completions_before} completions")
+        got = sorted(int.from_bytes(c[8:10], "little") for c in answers.values())
+        raise Divergence(f"{where}: {name}: SQ heads {got} after {completions_before} completions")
 
 
 def _masked(answers: Dict[int, bytes]) -> Dict[int, bytes]:
     return {cid: cqe[:8] + b"\0\0" + cqe[10:] for cid, cqe in answers.items()}
 
 
-def check_batch(seed: int, index: int, step: Step, model_before: Model, py: Dict[int, bytes],
+def check_batch(seed: int, index: int, step: Step, model: Model, py: Dict[int, bytes],
                 nat: Dict[int, bytes], py_side: Side, nat_side: Side, before: dict, degraded: bool) -> None:
     where = f"seed {seed}, step {index}"
     check_sqhd(where, "python", py, before["python_answers"])
@@ -544,7 +545,7 @@ def check_batch(seed: int, index: int, step: Step, model_before: Model, py: Dict
         for cid in set(py) & set(nat):
             if py[cid] != nat[cid]:
                 raise Divergence(f"{where}: CID {cid}: python {py[cid].hex()}, native {nat[cid].hex()}; step {step}")
-    oracle(where, step, model_before, nat, nat_side, before)
+    oracle(where, step, model, nat, nat_side, before)
 
 
 def oracle(where: str, step: Step, model: Model, answers: Dict[int, bytes], side: Side, before: dict) -> None:
@@ -631,12 +632,11 @@ def run_case(seed: int, tally: Tally, groups=None, known: bool = False) -> None:
             sides[name] = (LoopbackEndpoint if name == "python" else NativeEndpoint)(config, SUB_RAM,
                                                                                       host_buffer=HOST_BUFFER)
         py_ep, nat_ep = sides["python"], sides["native"]
-        py = PythonSide("python", py_ep, model, directory / "python")
-        nat = NativeSide("native", nat_ep, model, directory / "native", groups=groups)
+        py = PythonSide("python", py_ep, directory / "python")
+        nat = NativeSide("native", nat_ep, directory / "native", groups=groups)
         tally.cases += 1
         answered = {"python": 1, "native": 1}  # completions on the I/O queue, its Connect's the first
         for index, step in enumerate(case.steps):
-            model_before = Model(dict(model.sizes), model.uuid2, dict(model.hidden), model.key)
             after = _advanced(model, step.change)
             fatal = [c for c in step.commands if c.fatal]
             change_mid = step.change_mid
@@ -644,7 +644,7 @@ def run_case(seed: int, tally: Tally, groups=None, known: bool = False) -> None:
                 change_mid = False  # KNOWN: made before the batch instead
             if step.change and not change_mid:
                 for side in (py, nat):
-                    applying = side.apply(step.change, after)
+                    applying = side.apply(after)
                     if side is nat:
                         nat.settle(more=lambda: not applying.done)
                     else:
@@ -652,7 +652,6 @@ def run_case(seed: int, tally: Tally, groups=None, known: bool = False) -> None:
                     if not applying.done or applying.error:
                         raise Divergence(f"seed {seed}, step {index}: {side.name}: the change {step.change} was "
                                          f"not made: {applying.error}")
-                model_before = Model(dict(after.sizes), after.uuid2, dict(after.hidden), after.key)
                 tally.changes[step.change[0]] += 1
             model.__dict__.update(after.__dict__)
             mid = step.change if step.change and change_mid else None
@@ -667,12 +666,12 @@ def run_case(seed: int, tally: Tally, groups=None, known: bool = False) -> None:
                 native.module.uring_inject(fault[1], 100000)
             try:
                 got_py, py_applying = py.batch([p for p, _ in capsules],
-                                               mid=(lambda: py.apply(mid, after)) if mid else None)
+                                               mid=(lambda: py.apply(after)) if mid else None)
             finally:
                 native.module.uring_inject("none")
             nat.where = f"seed {seed}, step {index}"
             got_nat, nat_applying = nat.batch([n for _, n in capsules], fault, len(got_py),
-                                              mid=(lambda: nat.apply(mid, after)) if mid else None, change=mid)
+                                              mid=(lambda: nat.apply(after)) if mid else None, change=mid)
             if mid:
                 for side, applying in (("python", py_applying), ("native", nat_applying)):
                     if not applying.done or applying.error:
