@@ -583,3 +583,20 @@ def test_rdma_reads_in_flight_never_exceed_what_the_host_granted(max_reads):
                    "book: the C queue must count the Python side's READs posted through it (post_read)")
 def test_a_single_rdma_read_credit_is_never_used_twice():
     assert _reads_in_flight_of_mixed_writes(1) <= 1
+
+
+def test_a_closed_native_queue_is_freed_with_its_memory():
+    """The C queue holds its callbacks until it is freed: bound methods of the Python queue would make a cycle the
+    collector cannot break (the C type is not in it), and every closed queue would stay, buffers and all."""
+    import gc
+    import weakref
+    ep = NativeEndpoint(standard_config(), SUB_RAM)
+    (cqe,) = ep.exchange(io_capsule(ep, READ, 1, 0, 7, 4096))
+    assert status_of(cqe) == 0
+    (cqe,) = ep.exchange(io_capsule(ep, READ, 9, 0, 7, 4096))  # through the core: the C queue called back
+    assert status_of(cqe) == 0x400B
+    queue, device = weakref.ref(ep.queue), weakref.ref(ep.device)
+    ep.close()
+    del ep
+    gc.collect()
+    assert queue() is None and device() is None
