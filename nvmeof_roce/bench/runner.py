@@ -528,7 +528,13 @@ class BenchRunner:
                "live_changes": changes.record() if changes is not None else None,
                "note": "; ".join(notes) or None}
         if target.pid or any(s.rss_bytes for s in samples):
-            rec["rss"] = procstat.rss_growth(samples, skip_commands=skip)
+            fitted = samples
+            if changes is not None:  # the scratch namespace's own memory comes and goes: fit between its lives
+                fitted = [s for s in samples if changes.absent_at(s.t)]
+            rec["rss"] = procstat.rss_growth(fitted, skip_commands=skip)
+            if rec["rss"] is not None and changes is not None:
+                rec["rss"]["fitted_on"] = (f"{len(fitted)} of {len(samples)} samples, those taken while the scratch "
+                                           f"namespace was out")
         return rec
 
 

@@ -10,6 +10,10 @@ whether one was.
 The record (`LiveChanges.record()`): how many changes were made and refused (the first refusals' texts), the
 longest RPC round trip, and the event loop's longest pass since the target started (nvmeof_get_status
 `transport.loop.longest_pass_s`: the longest the loop was away from its queues, the soak's longest stall).
+
+The scratch namespace's own memory (8-32 MiB of RAM) comes and goes with the cycle; `absent_at(t)` says whether
+it was out at time `t` (time.monotonic(), as the bench's samples), so the soak's RSS line is fitted through the
+samples taken between a removal and the next add only.
 """
 from __future__ import annotations
 
@@ -50,6 +54,7 @@ class LiveChanges:
         self.longest_rpc_s = 0.0
         self._calls = cycle(nqn)
         self._next = 0
+        self._presence: List[Tuple[float, bool]] = []  # (time, the scratch namespace may be in from then on)
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -58,6 +63,8 @@ class LiveChanges:
         method, params = self._calls[self._next % len(self._calls)]
         self._next += 1
         t0 = time.monotonic()
+        if method == "nvmf_subsystem_add_ns":
+            self._presence.append((t0, True))
         try:
             self.call(self.socket_path, method, params)
         except REFUSED as exc:
@@ -66,10 +73,23 @@ class LiveChanges:
                 self.errors.append(f"{method}: {_message(exc)}")
             if method == "nvmf_subsystem_add_ns":  # not added: its resizes and removal would be refused too
                 self._next = 0
+                self._presence.append((time.monotonic(), False))
             return
         finally:
             self.longest_rpc_s = max(self.longest_rpc_s, time.monotonic() - t0)
+        if method == "nvmf_subsystem_remove_ns":
+            self._presence.append((time.monotonic(), False))
         self.made += 1
+
+    def absent_at(self, t: float) -> bool:
+        """The scratch namespace was out at time `t`: before the first add, or after a removal (or a refused add)
+        and before the next add began."""
+        state = False
+        for at, present in self._presence:
+            if at > t:
+                break
+            state = present
+        return not state
 
     def start(self) -> "LiveChanges":
         self._thread = threading.Thread(target=self._run, name="bench-soak-changes", daemon=True)
@@ -90,6 +110,7 @@ class LiveChanges:
                 self.call(self.socket_path, "nvmf_subsystem_remove_ns", {"nqn": self.nqn, "nsid": SCRATCH_NSID})
             except REFUSED as exc:
                 self.errors.append(f"removing the scratch namespace at the end: {_message(exc)}")
+            self._presence.append((time.monotonic(), False))
             self._next = 0
 
     def loop_longest_pass_s(self) -> Optional[float]:

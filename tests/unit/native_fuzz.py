@@ -216,8 +216,9 @@ def gen_command(rng: random.Random, model: Model, i: int, n: int) -> Command:
         elif what == "key":
             c.bad_key = True
             c.fatal = True
-        if edge and rng.random() < 0.3:
+        if edge and rng.random() < 0.3:  # past the host's buffer: a remote access error ends the queue
             c.offset = rng.choice([HOST_BUFFER - 100, HOST_BUFFER - 4096, HOST_BUFFER])
+            c.fatal = True
     return c
 
 

@@ -74,3 +74,17 @@ def test_stop_removes_the_scratch_namespace_a_cycle_left_in(served):
     assert scratch_size(env) == 32 * MiB
     changes.stop()
     assert scratch_size(env) is None and changes.errors == []
+
+
+def test_the_scratch_namespace_is_known_absent_only_between_a_removal_and_the_next_add(served):
+    import time
+    env, control = served
+    changes = LiveChanges("/run/x.sock", SUB_RAM, 3.0, call=through(control, []))
+    marks = [time.monotonic()]
+    for _ in range(len(cycle(SUB_RAM)) + 1):  # a whole cycle, then the next add
+        changes.step()
+        marks.append(time.monotonic())
+    assert changes.absent_at(marks[0])  # before the first add
+    assert not any(changes.absent_at(t) for t in marks[1:5])  # added, resized three times
+    assert changes.absent_at(marks[5])  # removed
+    assert not changes.absent_at(marks[6])  # added again
