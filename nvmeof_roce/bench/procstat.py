@@ -112,6 +112,21 @@ def process_rss(pid: int, proc: str = "/proc", field: str = "VmRSS") -> Optional
         return None
 
 
+def process_memory(pid: int, proc: str = "/proc") -> Tuple[Optional[int], Optional[int]]:
+    """(VmRSS, VmHWM) of one reading of /proc/PID/status.  The kernel updates the high-water mark lazily (not at
+    every page fault), so it may lag the resident set: the peak is taken as the larger of the two."""
+    text = _read(f"{proc}/{pid}/status")
+    try:
+        rss = parse_vmrss(text) if text else None
+    except ValueError:
+        return None, None
+    try:
+        hwm = parse_vmrss(text, "VmHWM")
+    except ValueError:
+        hwm = None
+    return rss, max(rss, hwm) if hwm is not None else None
+
+
 def system_cpu(proc: str = "/proc") -> Optional[SystemCpu]:
     text = _read(f"{proc}/stat")
     return parse_proc_stat(text) if text else None
@@ -165,8 +180,8 @@ def take_sample(pid: Optional[int], io_counter: Optional[Callable[[], Optional[i
         procs = {name: c for name, p in processes.items() if (c := process_cpu(p)) is not None}
         pid_cpu = ProcessCpu(sum(c.utime_ticks for c in procs.values()),
                              sum(c.stime_ticks for c in procs.values())) if procs else None
-    return Sample(t=time.monotonic(), pid_cpu=pid_cpu, rss_bytes=process_rss(pid) if pid else None,
-                  hwm_bytes=process_rss(pid, field="VmHWM") if pid else None,
+    rss, hwm = process_memory(pid) if pid else (None, None)
+    return Sample(t=time.monotonic(), pid_cpu=pid_cpu, rss_bytes=rss, hwm_bytes=hwm,
                   system=system_cpu(), ios=io_counter() if io_counter else None, procs=procs)
 
 
@@ -231,13 +246,14 @@ def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> Tuple[float, float, 
 def memory(samples: Sequence[Sample]) -> Optional[dict]:
     """The target's resident memory over a job's samples: `rss_end_bytes` (the last sample's VmRSS),
     `rss_peak_bytes` (the highest VmRSS sampled during the job: a peak between two samples is missed) and
-    `hwm_bytes` (VmHWM at the end: the process's own peak since it started, every job before included).
+    `hwm_bytes` (the process's own peak since it started, every job before included: VmHWM, or a sampled RSS
+    above it, the kernel updating the mark lazily).
     None without a process (the kernel target)."""
     rss = [s.rss_bytes for s in samples if s.rss_bytes is not None]
     if not rss:
         return None
     hwm = [s.hwm_bytes for s in samples if s.hwm_bytes is not None]
-    return {"rss_end_bytes": rss[-1], "rss_peak_bytes": max(rss), "hwm_bytes": hwm[-1] if hwm else None,
+    return {"rss_end_bytes": rss[-1], "rss_peak_bytes": max(rss), "hwm_bytes": max(hwm + rss) if hwm else None,
             "samples": len(rss)}
 
 

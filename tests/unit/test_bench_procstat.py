@@ -49,6 +49,9 @@ def test_memory_of_a_job_is_its_last_rss_the_highest_sampled_and_the_process_pea
                Sample(t=2, rss_bytes=None), Sample(t=3, rss_bytes=33 << 20, hwm_bytes=41 << 20)]
     assert procstat.memory(samples) == {"rss_end_bytes": 33 << 20, "rss_peak_bytes": 36 << 20,
                                         "hwm_bytes": 41 << 20, "samples": 3}
+    # the kernel's high-water mark lags the resident set: the peak is never below a sampled RSS
+    lagging = [Sample(t=0, rss_bytes=30 << 20, hwm_bytes=29 << 20)]
+    assert procstat.memory(lagging)["hwm_bytes"] == 30 << 20
     assert procstat.memory([Sample(t=0), Sample(t=1)]) is None  # no process: the kernel target
 
 
