@@ -51,6 +51,10 @@ Known divergences stay out of the at-scale run (`KNOWN`) and are replayed as str
   So in a batch with an io_uring error, a failed post or a capsule that ends the queue, the step's live change
   is made before the batch, not while it is in flight.
 
+With the native queue on a poll-group thread, every live change is made before its batch: the thread takes the
+capsules in its own time, so a change made after the first loop pass may precede them (they then meet the changed
+namespace, rightly) where the Python path has started them all.
+
 `run(seeds)` returns a `Tally` (capsules, batches, changes and faults by kind, divergences).  A failure raises
 `Divergence` naming the seed, the step and what differed; the seed alone replays it.
 """
@@ -643,6 +647,8 @@ def run_case(seed: int, tally: Tally, groups=None, known: bool = False) -> None:
             change_mid = step.change_mid
             if change_mid and not known and (fatal or (step.fault and step.fault[0] in ("uring", "post"))):
                 change_mid = False  # KNOWN: made before the batch instead
+            if groups is not None:  # a poll group's thread takes the capsules in its own time: no "in flight" yet
+                change_mid = False
             if step.change and not change_mid:
                 for side in (py, nat):
                     applying = side.apply(after)
