@@ -14,7 +14,7 @@ APT_PACKAGES := qemu-system-x86 debootstrap e2fsprogs cpio xz-utils zstd fio gcc
 	python3-dev libibverbs-dev librdmacm-dev liburing-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: dist demo test test-extended test-unit test-lab test-long test-quick test-two-node test-reload-fuzz test-auth-rotation test-trixie test-blktests deps venv lab clean-lab help bench-transport bench-native test-native
+.PHONY: dist demo test test-extended test-unit test-lab test-long test-quick test-two-node test-reload-fuzz test-auth-rotation test-trixie test-blktests deps venv lab clean-lab help bench-transport bench-native test-native test-native-fuzz soak
 
 # A wheel of this checkout in dist/ (pip install dist/nvmeof_roce-*.whl gives the `nvmeof-roce` command).
 dist: venv
@@ -35,6 +35,8 @@ help:
 	@echo "make bench-transport - Python µs per 4 KiB read through the RDMA transport (lab, fake device)"
 	@echo "make bench-native - instructions and allocations per 4 KiB I/O, native vs Python data path (callgrind)"
 	@echo "make test-native - the native data path's tests under ASan/UBSan, TSan (poll groups) and valgrind memcheck"
+	@echo "make test-native-fuzz - the differential fuzz of the native data path: corpus, NATIVE_FUZZ_CAPSULES (100,000) capsules under ASan/UBSan, a TSan pass on poll-group threads"
+	@echo "make soak   - bench --jobs soak in the lab: SOAK_IOS (default 10^7) verified 4 KiB commands on the native path, a live change every 3 s; RSS growth per 10^6 commands"
 
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -180,3 +182,41 @@ test-native: venv
 	  $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit/test_native_queue.py tests/unit/test_native_poll.py \
 	  tests/unit/test_native_faults.py tests/unit/test_native_trace.py tests/unit/test_native_live.py \
 	  tests/unit/test_native_cm.py -k "not identically"
+
+# The differential fuzz of the native data path (tests/unit/native_fuzz.py, docs/native.md): seeded batches of
+# 8-32 capsules, live changes and injected faults, every CQE and byte compared with the Python path.  The
+# extension built as for test-native (ASan + UBSan): the corpus of cases that once failed and the unit tier's
+# sample, then NATIVE_FUZZ_CAPSULES capsules; then the TSan build with the native queues on two poll-group
+# threads for NATIVE_FUZZ_TSAN_CAPSULES.  Each run prints its counts and time.
+NATIVE_FUZZ_CAPSULES ?= 100000
+NATIVE_FUZZ_TSAN_CAPSULES ?= 10000
+test-native-fuzz: venv
+	rm -rf $(NATIVE_SAN_DIR) && mkdir -p $(NATIVE_SAN_DIR)
+	gcc -shared -fPIC -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(NATIVE_SAN_FLAGS) \
+	  $$($(VENV)/bin/python -c "import sysconfig; print('-I' + sysconfig.get_paths()['include'])") \
+	  -o $(NATIVE_SAN_DIR)/_native.so csrc/*.c -libverbs -lrdmacm -Wl,-Bstatic -luring -Wl,-Bdynamic
+	NVMEOF_ROCE_NATIVE_SO=$(NATIVE_SAN_DIR)/_native.so NVMEOF_FAKEPROV_CFLAGS="$(NATIVE_SAN_FLAGS)" \
+	  LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  NATIVE_FUZZ_CAPSULES=$(NATIVE_FUZZ_CAPSULES) \
+	  $(PYTEST) -q -s -p no:cacheprovider -m "fuzz or not fuzz" tests/unit/test_native_fuzz.py
+	gcc -shared -fPIC -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(NATIVE_TSAN_FLAGS) \
+	  $$($(VENV)/bin/python -c "import sysconfig; print('-I' + sysconfig.get_paths()['include'])") \
+	  -o $(NATIVE_SAN_DIR)/_native_tsan.so csrc/*.c -libverbs -lrdmacm -Wl,-Bstatic -luring -Wl,-Bdynamic
+	NVMEOF_ROCE_NATIVE_SO=$(NATIVE_SAN_DIR)/_native_tsan.so NVMEOF_FAKEPROV_CFLAGS="$(NATIVE_TSAN_FLAGS)" \
+	  LD_PRELOAD="$$(gcc -print-file-name=libtsan.so)" TSAN_OPTIONS=halt_on_error=1:report_signal_unsafe=0 \
+	  NATIVE_FUZZ_CAPSULES=$(NATIVE_FUZZ_TSAN_CAPSULES) NATIVE_FUZZ_GROUPS=2 NATIVE_FUZZ_SEED=500000 \
+	  $(PYTEST) -q -s -p no:cacheprovider -m fuzz tests/unit/test_native_fuzz.py -k scale
+
+# The soak (docs/benchmarks.md): our target alone in the lab guest, SOAK_IOS 4 KiB commands at QD32 (random writes
+# read back and verified by fio) on the native data path while a scratch namespace is added, resized and removed by
+# RPC every SOAK_CHANGE_INTERVAL seconds; bench.json under SOAK_OUT has the RSS growth per 10^6 commands, the verify
+# errors, the live changes and the event loop's longest pass.  10^7 commands is about an hour under emulation on
+# 2 cores (SOAK_IOS=1000000 for a first look); it holds the lab lock.
+SOAK_IOS ?= 10000000
+SOAK_CHANGE_INTERVAL ?= 3
+SOAK_OUT ?= results/soak-$(SOAK_IOS)
+soak: lab
+	flock /tmp/nvmeof-lab.lock $(NVMEOF) lab run --timeout $$(( $(SOAK_IOS) / 1000 + 1800 )) -- python3 -m nvmeof_roce \
+	  bench --targets userspace --jobs soak --no-perftest --no-plots --ns-size 128M --size 64M \
+	  --soak-ios $(SOAK_IOS) --soak-change-interval $(SOAK_CHANGE_INTERVAL) --soak-timeout 14400 --out $(SOAK_OUT)

@@ -207,6 +207,9 @@ def cmd_bench(args) -> int:
     if args.soak_ios < 1000:
         raise NvmeofError(f"--soak-ios {args.soak_ios}: the soak needs at least 1000 commands to fit a line",
                           "e.g. --soak-ios 200000 in the lab, --soak-ios 3000000 on RDMA hardware")
+    if args.soak_change_interval < 0:
+        raise NvmeofError(f"--soak-change-interval {args.soak_change_interval} is below 0",
+                          "give the seconds between the soak's live changes, e.g. 3, or 0 for none")
     if args.soak_interval <= 0 or args.soak_timeout <= 0:
         raise NvmeofError("--soak-interval and --soak-timeout must be above 0",
                           "e.g. --soak-interval 2 --soak-timeout 7200")
@@ -240,7 +243,7 @@ def cmd_bench(args) -> int:
                          rdma_device=args.rdma_device or (rdma_device_for(twonode.HOST_NODE) if remote else None),
                          topology=twonode.topology() if remote else None, soak_ios=args.soak_ios,
                          soak_interval=args.soak_interval, soak_timeout=args.soak_timeout,
-                         soak_skip=args.soak_skip, ratio=ratio)
+                         soak_skip=args.soak_skip, soak_change_interval=args.soak_change_interval, ratio=ratio)
     if not remote and args.node is None:
         missing = [r for r in ratio if r not in [t.name for t in targets]]
         if missing and args.ratio:  # the default ratio is simply left out when a target is not measured
@@ -348,13 +351,17 @@ def register(subparsers) -> None:
     p.add_argument("--perftest-gid", type=int, metavar="N",
                    help="run perftest without rdma_cm, with this GID index (-x N); default: rdma_cm (-R)")
     p.add_argument("--rdma-device", metavar="DEV", help="RDMA device for perftest (default: the one holding --traddr)")
-    p.add_argument("--soak-ios", type=int, default=200_000, metavar="N",
-                   help="commands the soak job (--jobs soak) reads (default 200000: minutes in the emulated lab; "
-                        "the field figure wants 3000000 on RDMA hardware)")
+    p.add_argument("--soak-ios", type=int, default=10_000_000, metavar="N",
+                   help="commands the soak job (--jobs soak) runs, verified writes and their reads (default "
+                        "10000000: about an hour in the emulated lab; `make soak SOAK_IOS=1000000` for a shorter "
+                        "one)")
     p.add_argument("--soak-interval", type=float, default=2.0, metavar="S",
                    help="seconds between the soak's RSS samples (default 2)")
     p.add_argument("--soak-timeout", type=float, default=7200.0, metavar="S",
                    help="cap on the soak's duration; it ends at the count or the cap (default 7200)")
+    p.add_argument("--soak-change-interval", type=float, default=3.0, metavar="S",
+                   help="seconds between the soak's live changes on our target: a scratch namespace added, "
+                        "resized, removed by RPC (default 3; 0: none)")
     p.add_argument("--soak-skip", type=int, metavar="N",
                    help="commands at the soak's start left out of the RSS fit (default: the first tenth)")
     p.add_argument("--no-plots", action="store_true", help="no PNG charts")

@@ -2,7 +2,8 @@
 
 Sources (proc(5), the kernel's Documentation/block/stat.rst):
 - `/proc/PID/stat`: the userspace target's utime (field 14) and stime (field 15) in clock ticks;
-- `/proc/PID/status`: its `VmRSS` (resident set, kB);
+- `/proc/PID/status`: its `VmRSS` (resident set, kB) and `VmHWM` (the resident set's peak since the process
+  started);
 - `/proc/stat`: the `cpu` line, the whole machine's time in ticks per state. The kernel target has no process
   (it runs in softirq and kworkers), so for it only the guest's total busy time says what a job cost; that
   total includes fio and the kernel host, on every target alike;
@@ -10,7 +11,8 @@ Sources (proc(5), the kernel's Documentation/block/stat.rst):
   of commands in a sampling window (fio's own count leaves out its ramp, the CPU window does not).
 
 A `Sample` is one reading of all of them at one moment; `cpu_cost()` turns two samples into seconds and
-µs per I/O; `rss_growth()` fits RSS against commands completed (least squares) for the soak job.
+µs per I/O; `memory()` says what the target held during a job (its RSS at the end, the highest of the job's
+samples, the process's peak); `rss_growth()` fits RSS against commands completed (least squares) for the soak job.
 """
 from __future__ import annotations
 
@@ -47,15 +49,15 @@ def parse_pid_stat(text: str) -> ProcessCpu:
     return ProcessCpu(utime_ticks=int(rest[14 - 3]), stime_ticks=int(rest[15 - 3]))
 
 
-def parse_vmrss(text: str) -> int:
-    """VmRSS of /proc/PID/status, in bytes."""
+def parse_vmrss(text: str, field: str = "VmRSS") -> int:
+    """VmRSS (or another Vm* `field`, e.g. VmHWM) of /proc/PID/status, in bytes."""
     for line in text.splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             parts = line.split()
             if len(parts) >= 2 and parts[1].isdigit():
                 unit = parts[2].lower() if len(parts) > 2 else "kb"
                 return int(parts[1]) * (1024 if unit == "kb" else 1)
-    raise ValueError("no VmRSS line in /proc/PID/status (a kernel thread, or the process is a zombie)")
+    raise ValueError(f"no {field} line in /proc/PID/status (a kernel thread, or the process is a zombie)")
 
 
 @dataclass(frozen=True)
@@ -102,12 +104,27 @@ def process_cpu(pid: int, proc: str = "/proc") -> Optional[ProcessCpu]:
     return parse_pid_stat(text) if text else None
 
 
-def process_rss(pid: int, proc: str = "/proc") -> Optional[int]:
+def process_rss(pid: int, proc: str = "/proc", field: str = "VmRSS") -> Optional[int]:
     text = _read(f"{proc}/{pid}/status")
     try:
-        return parse_vmrss(text) if text else None
+        return parse_vmrss(text, field) if text else None
     except ValueError:
         return None
+
+
+def process_memory(pid: int, proc: str = "/proc") -> Tuple[Optional[int], Optional[int]]:
+    """(VmRSS, VmHWM) of one reading of /proc/PID/status.  The kernel updates the high-water mark lazily (not at
+    every page fault), so it may lag the resident set: the peak is taken as the larger of the two."""
+    text = _read(f"{proc}/{pid}/status")
+    try:
+        rss = parse_vmrss(text) if text else None
+    except ValueError:
+        return None, None
+    try:
+        hwm = parse_vmrss(text, "VmHWM")
+    except ValueError:
+        hwm = None
+    return rss, max(rss, hwm) if hwm is not None else None
 
 
 def system_cpu(proc: str = "/proc") -> Optional[SystemCpu]:
@@ -147,6 +164,7 @@ class Sample:
     t: float  # time.monotonic()
     pid_cpu: Optional[ProcessCpu] = None
     rss_bytes: Optional[int] = None
+    hwm_bytes: Optional[int] = None  # VmHWM: the resident set's peak since the process started
     system: Optional[SystemCpu] = None
     ios: Optional[int] = None
     procs: Optional[Dict[str, ProcessCpu]] = None  # each process of a target (a supervisor and its workers)
@@ -162,7 +180,8 @@ def take_sample(pid: Optional[int], io_counter: Optional[Callable[[], Optional[i
         procs = {name: c for name, p in processes.items() if (c := process_cpu(p)) is not None}
         pid_cpu = ProcessCpu(sum(c.utime_ticks for c in procs.values()),
                              sum(c.stime_ticks for c in procs.values())) if procs else None
-    return Sample(t=time.monotonic(), pid_cpu=pid_cpu, rss_bytes=process_rss(pid) if pid else None,
+    rss, hwm = process_memory(pid) if pid else (None, None)
+    return Sample(t=time.monotonic(), pid_cpu=pid_cpu, rss_bytes=rss, hwm_bytes=hwm,
                   system=system_cpu(), ios=io_counter() if io_counter else None, procs=procs)
 
 
@@ -224,6 +243,20 @@ def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> Tuple[float, float, 
     return slope, intercept, r2
 
 
+def memory(samples: Sequence[Sample]) -> Optional[dict]:
+    """The target's resident memory over a job's samples: `rss_end_bytes` (the last sample's VmRSS),
+    `rss_peak_bytes` (the highest VmRSS sampled during the job: a peak between two samples is missed) and
+    `hwm_bytes` (the process's own peak since it started, every job before included: VmHWM, or a sampled RSS
+    above it, the kernel updating the mark lazily).
+    None without a process (the kernel target)."""
+    rss = [s.rss_bytes for s in samples if s.rss_bytes is not None]
+    if not rss:
+        return None
+    hwm = [s.hwm_bytes for s in samples if s.hwm_bytes is not None]
+    return {"rss_end_bytes": rss[-1], "rss_peak_bytes": max(rss), "hwm_bytes": max(hwm + rss) if hwm else None,
+            "samples": len(rss)}
+
+
 def rss_growth(samples: Sequence[Sample], skip_commands: int = 0) -> Optional[dict]:
     """RSS growth per million commands: the slope of RSS against commands completed, by least squares.
 
@@ -283,4 +316,4 @@ class Sampler:
 
 
 __all__ = ["ProcessCpu", "SystemCpu", "Sample", "Sampler", "parse_pid_stat", "parse_vmrss", "parse_proc_stat",
-           "parse_block_stat", "cpu_cost", "linear_fit", "rss_growth", "block_device_ios", "take_sample"]
+           "parse_block_stat", "cpu_cost", "linear_fit", "memory", "rss_growth", "block_device_ios", "take_sample"]

@@ -12,9 +12,12 @@ Schema `nvmeof-roce-bench/1` (docs/benchmarks.md has the full description)::
      "errors": [...], "ok": bool}
 
 Each repeat also carries `cpu` (procstat.cpu_cost: the userspace target process's user/system seconds and CPU
-µs per I/O, the whole guest's busy seconds and µs per I/O), and a soak repeat `soak` (its RSS samples and their
-growth per million commands); `median` then has `cpu` {"target_us_per_io", "guest_us_per_io",
-"target_user_s", "target_system_s"} and `rss_growth_bytes_per_million`.
+µs per I/O, the whole guest's busy seconds and µs per I/O), `memory` (procstat.memory: the target's
+"rss_end_bytes", "rss_peak_bytes" sampled during the job, "hwm_bytes"; null for the kernel target), and a soak
+repeat `soak` (its RSS samples and their growth per million commands, fio's verify errors, its live changes and
+the event loop's longest pass); `median` then has `cpu` {"target_us_per_io", "guest_us_per_io",
+"target_user_s", "target_system_s"}, `memory` {"rss_end_bytes", "rss_peak_bytes"} and
+`rss_growth_bytes_per_million`.
 
 A job measured on a multi-worker target (`userspace-Nw`: `target serve --workers N`, docs/multipath.md) has
 `scaling`: [{"target", "workers", "single", "kernel", "iops_over_single", "iops_over_kernel",
@@ -41,6 +44,7 @@ from ..output import table
 SCHEMA = "nvmeof-roce-bench/1"
 LAT_KEYS = ("p50", "p90", "p99", "p99.9")
 CPU_KEYS = ("target_us_per_io", "guest_us_per_io", "target_user_s", "target_system_s")
+MEMORY_KEYS = ("rss_end_bytes", "rss_peak_bytes")
 DEFAULT_RATIO = ("userspace", "kernel")
 WORKERS_TARGET = re.compile(r"userspace-(\d+)w")  # bench --targets userspace-Nw: serve --workers N
 SINGLE, KERNEL = "userspace", "kernel"  # what a multi-worker target is compared with
@@ -114,6 +118,9 @@ def finalize(result: dict) -> dict:
                 svcs = [svc for r in reps for svc in (r.get("paths") or {})]
                 slot["median"]["paths"] = {svc: _median((r.get("paths") or {}).get(svc) for r in reps)
                                            for svc in dict.fromkeys(svcs)}
+            if any(r.get("memory") for r in reps):
+                slot["median"]["memory"] = {k: _median((r.get("memory") or {}).get(k) for r in reps)
+                                            for k in MEMORY_KEYS}
             if any(r.get("soak") for r in reps):
                 slot["median"]["rss_growth_bytes_per_million"] = _median(
                     ((r.get("soak") or {}).get("rss") or {}).get("growth_bytes_per_million") for r in reps)
@@ -292,7 +299,7 @@ def _has_cost(result: dict) -> bool:
 
 def _cost_rows(result: dict) -> List[List[str]]:
     """Per job and target: target user s, system s, target CPU µs/IO, guest CPU µs/IO, RSS growth per
-    million commands (soak), the target's RSS at the end of the soak."""
+    million commands (soak), the target's RSS at the end of the job and the highest sampled during it."""
     rows: List[List[str]] = []
     for name, job in result["jobs"].items():
         first = True
@@ -303,19 +310,18 @@ def _cost_rows(result: dict) -> List[List[str]]:
             if not cpu:
                 continue
             soak = [(r.get("soak") or {}).get("rss") or {} for r in slot["repeats"] if r.get("soak")]
+            growth = ""
             if soak:
-                growth = fmt_bytes(med.get("rss_growth_bytes_per_million"))
-                end = fmt_bytes(soak[-1].get("rss_end_bytes")) if soak[-1] else "-"
-                if not soak[-1]:
-                    growth = "n/a (no process)"
-            else:
-                growth, end = "", ""
+                growth = fmt_bytes(med.get("rss_growth_bytes_per_million")) if soak[-1] else "n/a (no process)"
+            memory = med.get("memory") or {}
+            end, peak = (fmt_bytes(memory.get("rss_end_bytes")), fmt_bytes(memory.get("rss_peak_bytes"))) \
+                if memory else ("n/a (no process)", "")
             rows.append([name if first else "", t,
                          "-" if cpu.get("target_user_s") is None else f"{cpu['target_user_s']:.1f}",
                          "-" if cpu.get("target_system_s") is None else f"{cpu['target_system_s']:.1f}",
                          fmt_us(cpu.get("target_us_per_io")) if cpu.get("target_us_per_io") is not None
                          else "n/a (no process)",
-                         fmt_us(cpu.get("guest_us_per_io")), growth, end])
+                         fmt_us(cpu.get("guest_us_per_io")), growth, end, peak])
             first = False
     return rows
 
@@ -344,7 +350,7 @@ def scaling_table(result: dict) -> str:
 
 
 COST_HEADERS = ["job", "target", "target user s", "target sys s", "target CPU µs/IO", "guest CPU µs/IO",
-                "RSS growth /M cmds", "RSS at end"]
+                "RSS growth /M cmds", "RSS at end", "RSS peak"]
 
 
 def cost_table(result: dict) -> str:
@@ -441,7 +447,8 @@ def render_markdown(result: dict, plots_dir: str = "") -> str:
                       "/proc/PID/stat) per I/O, and the whole guest's busy CPU per I/O (fio and the kernel host "
                       "included; the only figure for the kernel target, which has no process); the soak job's "
                       "target RSS growth per million commands (least-squares fit of VmRSS against commands "
-                      "completed).", "",
+                      "completed); the target's RSS at the end of each job and the highest sampled during it "
+                      "(VmRSS every second).", "",
                   "| " + " | ".join(COST_HEADERS) + " |", "|" + "---|" * len(COST_HEADERS)]
         for row in _cost_rows(result):
             cells = [f"`{row[0]}`" if row[0] else ""] + row[1:]

@@ -12,13 +12,17 @@ Job kinds:
 - `fio`: a job file from fio-jobs/ run on the kernel host's block device;
 - `initiator-perf`: our userspace initiator's load generator (`nvmeof-roce initiator perf`, in the manner of
   SPDK's perf) connecting to the target itself: see `initiator_perf_command()` for the hook;
-- `soak`: fio-jobs/soak/soak-randread-4k-qd32.fio, a fixed number of commands (`--soak-ios`) while the
-  target's RSS is sampled every `--soak-interval` seconds; its growth per million commands is fitted. The
+- `soak`: fio-jobs/soak/soak-randrw-verify-4k-qd32.fio, a fixed number of commands (`--soak-ios`), 4 KiB
+  random writes each read back and verified in batches (mixed reads and writes), while the target's RSS is
+  sampled every `--soak-interval` seconds (its growth per million commands is fitted) and, on our target, a
+  scratch namespace is added, resized and removed by RPC every `--soak-change-interval` seconds (soak.py). The
   region is written once first (fio-jobs/soak/prefill-seqwrite-128k.fio), not sampled.
 
 Every job also records what it cost (procstat.py): the userspace target process's user and system CPU time
 and CPU µs per I/O, and the whole machine's busy CPU per I/O (the only figure the kernel target, which has
-no process, has), sampled just before and just after the job's fio or perf run.
+no process, has), sampled just before and just after the job's fio or perf run; and the target's resident
+memory (`memory`: its RSS at the end, the highest sampled during the job, its VmHWM), sampled every
+MEMORY_INTERVAL seconds while the job runs.
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ from ..output import progress as _progress
 from . import report
 from .fio import FioJobFile, FioResult, default_jobs_dir, fio_binary, fio_version, list_job_files, run_fio
 from . import procstat
+from .soak import LiveChanges
 from .perftest import (DEFAULT_TESTS, PerftestResult, perftest_binary, perftest_version, rdma_device_for,
                        run_perftest)
 from .targets import Host, TargetUnderTest
@@ -77,9 +82,10 @@ INITIATOR_PERF_JOBS = {
 QD_SWEEP_DIR = "qd-sweep"  # fio-jobs/qd-sweep/sweep-randread-4k-qdN.fio: `bench --qd-sweep`, plotted IOPS vs QD
 QD_SWEEP_DEPTHS = (1, 4, 16, 32, 128)
 SOAK_JOB = "soak"
-SOAK_FILE = Path("soak") / "soak-randread-4k-qd32.fio"
+SOAK_FILE = Path("soak") / "soak-randrw-verify-4k-qd32.fio"
 SOAK_BLOCK = 4096
 PREFILL_FILE = "prefill-seqwrite-128k.fio"  # next to the soak job
+MEMORY_INTERVAL = 1.0  # s between the target's memory samples during a job (the soak: --soak-interval)
 
 
 def available_jobs(jobs_dir: Optional[Path] = None) -> Dict[str, JobSpec]:
@@ -160,6 +166,7 @@ class BenchConfig:
     soak_interval: float = 2.0
     soak_timeout: float = 7200.0
     soak_skip: Optional[int] = None
+    soak_change_interval: float = 3.0  # s between the soak's live changes (0: none)
 
 
 def _read(path: str) -> str:
@@ -397,21 +404,24 @@ class BenchRunner:
         raw = self.raw_dir / f"{job.name}.{target.name}.r{repeat}.json"
         rel = str(raw.relative_to(cfg.out_dir))
         if job.kind == "initiator-perf":
-            sampler = procstat.Sampler(target.pid)
-            before = sampler.sample()
+            sampler = procstat.Sampler(target.pid, interval=MEMORY_INTERVAL).start()
             try:
                 got = self.initiator_perf(job, target, cfg, raw)
             except NvmeofError as exc:
                 got = {"iops": None, "bw_bytes": None, "lat_us": {}, "errors": 1, "error_text": exc.message}
-            after = sampler.sample()
+            finally:
+                sampler.stop()
+            before, after = sampler.samples[0], sampler.samples[-1]
             # no block device to count on: the perf's own rate over its runtime and ramp (an estimate)
             ios = round(got["iops"] * (cfg.runtime + cfg.ramp)) if got.get("iops") else None
             return report.repeat_record(repeat, raw=rel, cpu=procstat.cpu_cost(
-                before, after, ios, "estimated: perf IOPS x (runtime + ramp)"), **got)
+                before, after, ios, "estimated: perf IOPS x (runtime + ramp)"),
+                memory=procstat.memory(sampler.samples), **got)
 
         soak = job.kind == "soak"
         device = None
         sampler = None
+        changes = None
         try:
             try:
                 device = self.host.connect(target)
@@ -428,13 +438,15 @@ class BenchRunner:
                     return report.repeat_record(repeat, iops=None, bw_bytes=None, lat_us={}, errors=1,
                                                 error_text=prefill, raw=rel, device=device)
             sampler = procstat.Sampler(target.pid, lambda: procstat.block_device_ios(device),
-                                       interval=cfg.soak_interval, processes=target.processes())
+                                       interval=cfg.soak_interval if soak else MEMORY_INTERVAL,
+                                       processes=target.processes())
             multipath = len(target.trsvcids) > 1
             paths_before = self.host.path_ios(device) if multipath else {}
-            if soak:
-                sampler.start()  # RSS every soak_interval seconds
-            else:
-                sampler.sample()
+            if soak and cfg.soak_change_interval > 0 and target.rpc_socket:
+                changes = LiveChanges(target.rpc_socket, target.subnqn, cfg.soak_change_interval)
+            sampler.start()  # RSS every soak_interval (or MEMORY_INTERVAL) seconds
+            if changes is not None:
+                changes.start()
             try:
                 if soak:
                     res = self.fio_runner(job.fio_job, device, cfg.soak_timeout, cfg.size, 0, output_path=raw,
@@ -446,6 +458,8 @@ class BenchRunner:
                 return report.repeat_record(repeat, iops=None, bw_bytes=None, lat_us={}, errors=1,
                                             error_text=exc.message, raw=rel, device=device)
             finally:
+                if changes is not None:
+                    changes.stop()
                 sampler.stop()
             if multipath:  # what each worker's path carried: both must, or the figure is not scaling
                 after = self.host.path_ios(device)
@@ -466,8 +480,9 @@ class BenchRunner:
         fio_ios = sum(s.total_ios for s in res.directions.values() if s.total_ios) if res.directions else 0
         ios, source = _window_ios(samples, fio_ios, 0.0 if soak else cfg.ramp)
         extra["cpu"] = procstat.cpu_cost(samples[0], samples[-1], ios, source)
+        extra["memory"] = procstat.memory(samples)
         if soak:
-            extra["soak"] = self._soak_record(samples, fio_ios, target)
+            extra["soak"] = self._soak_record(samples, fio_ios, target, res, changes)
         return report.repeat_record(
             repeat, iops=res.iops, bw_bytes=res.bw_bytes, lat_us=res.clat_us, lat_mean_us=res.lat_mean_us,
             errors=errors, error_text=error_text, raw=rel, device=device, headline=res.report,
@@ -490,7 +505,8 @@ class BenchRunner:
             return f"the soak's prefill failed: {exc.message}"
         return f"the soak's prefill failed: {res.error_text}" if res.errors else None
 
-    def _soak_record(self, samples: List[procstat.Sample], fio_ios: int, target: TargetUnderTest) -> dict:
+    def _soak_record(self, samples: List[procstat.Sample], fio_ios: int, target: TargetUnderTest,
+                     res: FioResult, changes: Optional[LiveChanges]) -> dict:
         cfg = self.config
         skip = cfg.soak_skip if cfg.soak_skip is not None else cfg.soak_ios // 10
         if not _counted(samples) and fio_ios and len(samples) >= 2:
@@ -501,11 +517,24 @@ class BenchRunner:
             source = "fio's count spread evenly over time"
         else:
             source = "block device statistics"
+        notes = [] if target.pid else ["no target process: RSS not measured (the kernel target)"]
+        if changes is None:
+            notes.append("no live changes: " + ("--soak-change-interval 0" if cfg.soak_change_interval <= 0 else
+                                                "this target has no control socket"))
+        # fio counts a verify failure as an error and goes on (continue_on_error=verify in the job file)
         rec = {"commands_requested": cfg.soak_ios, "commands_done": fio_ios, "interval_s": cfg.soak_interval,
-               "commands_source": source, "rss": None,
-               "note": None if target.pid else "no target process: RSS not measured (the kernel target)"}
+               "commands_source": source, "rss": None, "verify_errors": res.errors,
+               "verify_error_text": res.error_text,
+               "live_changes": changes.record() if changes is not None else None,
+               "note": "; ".join(notes) or None}
         if target.pid or any(s.rss_bytes for s in samples):
-            rec["rss"] = procstat.rss_growth(samples, skip_commands=skip)
+            fitted = samples
+            if changes is not None:  # the scratch namespace's own memory comes and goes: fit between its lives
+                fitted = [s for s in samples if changes.absent_at(s.t)]
+            rec["rss"] = procstat.rss_growth(fitted, skip_commands=skip)
+            if rec["rss"] is not None and changes is not None:
+                rec["rss"]["fitted_on"] = (f"{len(fitted)} of {len(samples)} samples, those taken while the scratch "
+                                           f"namespace was out")
         return rec
 
 
@@ -533,9 +562,20 @@ def _summary(rec: dict) -> str:
         text += f", target CPU {cpu['target_us_per_io']:.0f} µs/IO"
     if cpu.get("guest_us_per_io") is not None:
         text += f", guest CPU {cpu['guest_us_per_io']:.0f} µs/IO"
-    growth = ((rec.get("soak") or {}).get("rss") or {}).get("growth_bytes_per_million")
+    memory = rec.get("memory") or {}
+    if memory.get("rss_end_bytes") is not None:
+        text += (f", target RSS {report.fmt_bytes(memory['rss_end_bytes'])} at the end "
+                 f"(peak {report.fmt_bytes(memory['rss_peak_bytes'])})")
+    soak = rec.get("soak") or {}
+    growth = (soak.get("rss") or {}).get("growth_bytes_per_million")
     if growth is not None:
         text += f", RSS {report.fmt_bytes(growth)} per million commands"
+    if soak:
+        text += f", {soak.get('verify_errors')} verify error(s)"
+    changes = soak.get("live_changes") or {}
+    if changes:
+        text += (f", {changes['made']} live changes ({changes['refused']} refused), loop's longest pass "
+                 f"{changes['loop_longest_pass_ms']} ms")
     if rec.get("errors"):
         text += f", {rec['errors']} error(s): {rec.get('error_text')}"
     return text

@@ -29,9 +29,11 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,6 +166,11 @@ class TargetUnderTest(abc.ABC):
     def pid(self) -> Optional[int]:
         """The process serving this target, whose CPU time and RSS the bench samples; None when the target
         has no process of its own (the kernel target runs in softirq and kworkers)."""
+        return None
+
+    @property
+    def rpc_socket(self) -> Optional[str]:
+        """The control socket the soak's live changes are made on (bench/soak.py); None: none to use."""
         return None
 
     @property
@@ -351,6 +358,7 @@ class UserspaceTarget(TargetUnderTest):
         self._proc: Optional[subprocess.Popen] = None
         self._log = None
         self.log_path: Optional[Path] = None
+        self._socket_dir: Optional[str] = None
 
     @staticmethod
     def _address_from_config(path: Path):
@@ -428,6 +436,9 @@ class UserspaceTarget(TargetUnderTest):
                 cmd += ["--cpus", self.cpus]
         if self.data_path:
             cmd += ["--data-path", self.data_path]
+        if self.workers == 1 and self.checkout is None:  # the soak's live changes (a socket path is short)
+            self._socket_dir = tempfile.mkdtemp(prefix="nvmeof-bench-")
+            cmd += ["--rpc-socket", os.path.join(self._socket_dir, "control.sock")]
         ready = None
         if self.checkout is None:  # another checkout's target may not know --ready-file: wait on `rdma` for it
             ready = self.work_dir / f"{self.name}-target.ready"
@@ -447,6 +458,10 @@ class UserspaceTarget(TargetUnderTest):
     @property
     def pid(self) -> Optional[int]:
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    @property
+    def rpc_socket(self) -> Optional[str]:
+        return os.path.join(self._socket_dir, "control.sock") if self._socket_dir and self.pid else None
 
     def processes(self) -> Dict[str, int]:
         """One process, or the supervisor and its workers (`worker0`, `worker1`, ...: each a core's worth)."""
@@ -513,6 +528,9 @@ class UserspaceTarget(TargetUnderTest):
             device, self._device = self._device, None
             if device is not None:
                 device.remove()
+            socket_dir, self._socket_dir = self._socket_dir, None
+            if socket_dir is not None:
+                shutil.rmtree(socket_dir, ignore_errors=True)
 
 
 def _children(pid: int) -> List[int]:

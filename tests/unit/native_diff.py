@@ -57,7 +57,8 @@ class Endpoint:
 
 
 class LoopbackEndpoint(Endpoint):
-    def __init__(self, config: dict, subnqn: str):
+    def __init__(self, config: dict, subnqn: str, host_buffer: int = HOST_BUFFER):
+        self.host_buffer = host_buffer
         self.env = Env(config)
         admin, cqe = raw_connect(self.env.connector(ADDR1), subnqn, HOST_A)
         assert cqe.status == 0
@@ -66,10 +67,10 @@ class LoopbackEndpoint(Endpoint):
         self.io, cqe = raw_connect(self.env.connector(ADDR1), subnqn, HOST_A, qid=1, cntlid=cqe.result & 0xFFFF)
         assert cqe.status == 0, cqe
         self.transport = self.io.transport
-        self._register(pattern(HOST_BUFFER))
+        self._register(pattern(host_buffer))
 
     def _register(self, contents: bytes) -> None:
-        self.buf = self.transport.register_with_access(HOST_BUFFER, invalidatable=True)
+        self.buf = self.transport.register_with_access(self.host_buffer, invalidatable=True)
         self.buf.view[:] = contents
         self.buf_addr, self.buf_key = self.buf.addr, self.buf.key
 
@@ -105,7 +106,8 @@ def namespace_bytes(env, subnqn: str, nsid: int) -> bytes:
 
 class NativeEndpoint(Endpoint):
     def __init__(self, config: dict, subnqn: str, depth: int = 32, file_buffers: int = 32, max_reads: int = 16,
-                 region_of=None):
+                 region_of=None, host_buffer: int = HOST_BUFFER):
+        self.host_buffer = host_buffer
         self.env = Env(config)
         admin, cqe = raw_connect(self.env.connector(ADDR1), subnqn, HOST_A)
         assert cqe.status == 0
@@ -117,7 +119,7 @@ class NativeEndpoint(Endpoint):
         self.queue = native_queue(self.device, handler, depth=depth, region_of=region_of or self.region_of,
                                   file_buffers=file_buffers, max_reads=max_reads)
         handler.queue_opened(self.queue)
-        self._register(pattern(HOST_BUFFER))
+        self._register(pattern(host_buffer))
         connect_data = F.ConnectData(RAW_HOSTID, cqe.result & 0xFFFF, subnqn, HOST_A).pack()
         self.buf.view[:1024] = connect_data
         sgl = SglDescriptor.keyed(self.buf_addr, 1024, self.buf_key)
@@ -125,7 +127,7 @@ class NativeEndpoint(Endpoint):
         sqe.cid = 0x77
         (answer,) = self.exchange(sqe.pack())
         assert answer[14:16] == b"\0\0", answer
-        self.buf.view[:1024] = pattern(HOST_BUFFER)[:1024]
+        self.buf.view[:1024] = pattern(host_buffer)[:1024]
 
     def region_of(self, backend):
         mapping = backend.pin()  # a new object once a resize changed the memory: registered anew
@@ -135,7 +137,7 @@ class NativeEndpoint(Endpoint):
         return self.regions[key][1]
 
     def _register(self, contents: bytes) -> None:
-        self.buf = self.device.remote(HOST_BUFFER)
+        self.buf = self.device.remote(self.host_buffer)
         self.buf.view[:] = contents
         self.buf_addr, self.buf_key = self.buf.addr, self.buf.lkey
 

@@ -41,6 +41,18 @@ def test_vmrss_of_the_target_process():
                         if not ln.startswith(("VmRSS", "Rss")))
     with pytest.raises(ValueError, match="no VmRSS"):
         procstat.parse_vmrss(kthread)
+    assert procstat.parse_vmrss((PROC / "target-serve-after.status").read_text(), "VmHWM") == 32872 * 1024
+
+
+def test_memory_of_a_job_is_its_last_rss_the_highest_sampled_and_the_process_peak():
+    samples = [Sample(t=0, rss_bytes=30 << 20, hwm_bytes=40 << 20), Sample(t=1, rss_bytes=36 << 20, hwm_bytes=40 << 20),
+               Sample(t=2, rss_bytes=None), Sample(t=3, rss_bytes=33 << 20, hwm_bytes=41 << 20)]
+    assert procstat.memory(samples) == {"rss_end_bytes": 33 << 20, "rss_peak_bytes": 36 << 20,
+                                        "hwm_bytes": 41 << 20, "samples": 3}
+    # the kernel's high-water mark lags the resident set: the peak is never below a sampled RSS
+    lagging = [Sample(t=0, rss_bytes=30 << 20, hwm_bytes=29 << 20)]
+    assert procstat.memory(lagging)["hwm_bytes"] == 30 << 20
+    assert procstat.memory([Sample(t=0), Sample(t=1)]) is None  # no process: the kernel target
 
 
 def test_proc_stat_of_the_lab_guest():
@@ -198,10 +210,23 @@ def test_run_records_cpu_per_job_and_the_soak(work):  # noqa: F811 (fixture)
     assert soak["kind"] == "soak"
     k = soak["results"]["kernel"]["repeats"][0]
     u = soak["results"]["userspace"]["repeats"][0]
-    assert k["soak"]["commands_done"] == 3000 and u["soak"]["commands_done"] == 3000
+    # writes and their verify reads together; fio ends the batch of writes it is in (verify_backlog 1024)
+    for rec in (k, u):
+        done = rec["soak"]["commands_done"]
+        assert 3000 <= done < 3000 + 2 * 1024
+        assert rec["soak"]["verify_errors"] == 0 and rec["soak"]["live_changes"] is None
+        assert "this target has no control socket" in rec["soak"]["note"]
     assert k["soak"]["rss"] is None and "no target process" in k["soak"]["note"]
     rss = u["soak"]["rss"]
-    assert rss["samples"] >= 2 and rss["points"][-1][0] == 3000 and rss["growth_bytes_per_million"] is not None
+    assert rss["samples"] >= 2 and rss["points"][-1][0] == u["soak"]["commands_done"]
+    assert rss["growth_bytes_per_million"] is not None
+    # every job says what the target held: its RSS at the end and the highest sampled (this process's own)
+    for name in ("randread-4k-qd1", "soak"):
+        memory = result["jobs"][name]["results"]["userspace"]["repeats"][0]["memory"]
+        assert 0 < memory["rss_end_bytes"] <= memory["rss_peak_bytes"] <= memory["hwm_bytes"]
+        assert result["jobs"][name]["results"]["userspace"]["median"]["memory"]["rss_end_bytes"] == \
+            memory["rss_end_bytes"]
+        assert result["jobs"][name]["results"]["kernel"]["repeats"][0]["memory"] is None
     assert soak["results"]["userspace"]["median"]["rss_growth_bytes_per_million"] == rss["growth_bytes_per_million"]
     assert any("RSS" in ln and "per million commands" in ln for ln in lines)
     # the region was written once before each target's soak, outside the sampled window
@@ -210,6 +235,7 @@ def test_run_records_cpu_per_job_and_the_soak(work):  # noqa: F811 (fixture)
 
     text = report.render(result)
     assert "cost and memory" in text and "n/a (no process)" in text and "RSS growth /M cmds" in text
+    assert "RSS peak" in text and report.fmt_bytes(memory["rss_end_bytes"]) in text
     md = report.render_markdown(result, "img")
     assert "| `soak` | kernel |" in md and "![soak: target RSS against commands](img/soak.png)" in md
     from nvmeof_roce.bench.plot import plot_all

@@ -319,7 +319,7 @@ def test_select_jobs():
     assert [j.name for j in select_jobs("all")] == [j.name for j in all_fio]
     assert "soak" not in [j.name for j in all_fio]  # a count, not a time: only when named
     soak = select_jobs("soak")
-    assert [(j.name, j.kind) for j in soak] == [("soak", "soak")] and soak[0].fio_job.report == "read"
+    assert [(j.name, j.kind) for j in soak] == [("soak", "soak")] and soak[0].fio_job.report == "write"
     picked = select_jobs("seqwrite-128k-qd16, randread-4k-qd1.fio,seqwrite-128k-qd16")
     assert [j.name for j in picked] == ["seqwrite-128k-qd16", "randread-4k-qd1"]
     with pytest.raises(NvmeofError, match="unknown job 'nope'") as exc:

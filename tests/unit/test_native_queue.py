@@ -646,3 +646,20 @@ def test_a_disconnect_alone_in_its_poll_is_answered_before_the_native_queue_clos
         assert ep.queue.closed
     finally:
         ep.close()
+
+
+def test_a_closed_native_queue_is_freed_with_its_memory():
+    """The C queue holds its callbacks until it is freed: bound methods of the Python queue would make a cycle the
+    collector cannot break (the C type is not in it), and every closed queue would stay, buffers and all."""
+    import gc
+    import weakref
+    ep = NativeEndpoint(standard_config(), SUB_RAM)
+    (cqe,) = ep.exchange(io_capsule(ep, READ, 1, 0, 7, 4096))
+    assert status_of(cqe) == 0
+    (cqe,) = ep.exchange(io_capsule(ep, READ, 9, 0, 7, 4096))  # through the core: the C queue called back
+    assert status_of(cqe) == 0x400B
+    queue, device = weakref.ref(ep.queue), weakref.ref(ep.device)
+    ep.close()
+    del ep
+    gc.collect()
+    assert queue() is None and device() is None

@@ -19,6 +19,7 @@ import errno
 import logging
 import os
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
@@ -138,12 +139,16 @@ class NativeTargetQueue(TargetQueue):
         # from taking them all.
         python_reads = max(1, verbs.max_reads // 4)
         self.book = RequestBook(self, share, python_send, python_reads, prealloc=self.recv_count)
+        # The C queue keeps its callbacks until it is freed, and this object keeps the C queue: bound methods would
+        # make a cycle the collector cannot see into (the C type does not take part in it), so a closed queue, its
+        # buffers and its registrations would never be freed.  The callbacks reach this object through a weak
+        # reference instead.
         self.native = module.Queue(
             verbs.qp, verbs.send_cq, verbs.recv_cq, qid=request.qid, recv=recv.spec(), recv_count=self.recv_count,
             recv_size=self.recv_size, requests=self.recv_count, send_queue=self.send_queue, python_send=python_send,
-            reads=verbs.max_reads, on_capsule=self._on_capsule, on_send_done=self._on_send_done,
-            on_failure=self._on_failure, zero=zero.spec() if zero else None, sink=sink.spec() if sink else None,
-            remote_invalidate=verbs.remote_invalidate)
+            reads=verbs.max_reads, on_capsule=_weak(self._on_capsule), on_send_done=_weak(self._on_send_done),
+            on_failure=_weak(self._on_failure), zero=zero.spec() if zero else None,
+            sink=sink.spec() if sink else None, remote_invalidate=verbs.remote_invalidate)
         self.view_ready = False
         self.drain_check: Optional[Callable[[], None]] = None  # while its subsystem is paused: set_view
         self.native_commands_seen = 0  # the C queue's native_commands at the last native_traffic()
@@ -152,7 +157,7 @@ class NativeTargetQueue(TargetQueue):
         self.tracing = False  # the per-command trace is on: its records are taken at each poll and tick
         TRACING.attach(self)
 
-    # -- the C queue's callbacks (during poll())
+    # -- the C queue's callbacks (during poll(); through _weak)
 
     def _on_capsule(self, capsule: bytes) -> None:
         if self.closed or self.closing:
@@ -475,3 +480,15 @@ class NativeTargetQueue(TargetQueue):
         self.bounce = None
         self.ring_fd = None
         self._on_released(self)
+
+
+def _weak(method):
+    """`method` of an object, called through a weak reference to it (a no-op once the object is gone)."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args):
+        bound = ref()
+        if bound is not None:
+            bound(*args)
+    return call
+

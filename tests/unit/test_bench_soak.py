@@ -1,0 +1,90 @@
+"""The soak job's live changes (bench/soak.py) made on a running loopback target through its RPC methods: the
+scratch namespace appears, takes each size and goes, cycle after cycle, while the soak's own namespace serves."""
+import pytest
+
+from loopback_env import Env, SUB_RAM, standard_config
+from nvmeof_roce.bench.soak import SCRATCH_NSID, LiveChanges, cycle
+from nvmeof_roce.control.methods import Control
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def served():
+    env = Env(standard_config())
+    env.target.config.subsystem(SUB_RAM)  # the soak's subsystem: namespaces 1 and 2 ...
+    control = Control(env.target)
+    control.call("nvmf_subsystem_remove_ns", {"nqn": SUB_RAM, "nsid": SCRATCH_NSID})  # ... 2 is the scratch one
+    yield env, control
+    env.close()
+
+
+def through(control, calls):
+    def call(path, method, params):
+        calls.append((path, method))
+        return control.call(method, params)
+    return call
+
+
+def scratch_size(env):
+    ns = env.target.subsystem(SUB_RAM).namespaces.get(SCRATCH_NSID)
+    return None if ns is None else ns.num_blocks * 512
+
+
+def test_the_cycle_adds_resizes_and_removes_the_scratch_namespace_and_io_goes_on(served):
+    env, control = served
+    calls = []
+    changes = LiveChanges("/run/x.sock", SUB_RAM, 3.0, call=through(control, calls))
+    ctrl = env.connect(SUB_RAM)
+    seen = []
+    for _ in range(2 * len(cycle(SUB_RAM))):
+        changes.step()
+        env.fabric.pump()
+        seen.append(scratch_size(env))
+        data = bytes([len(seen)]) * 4096
+        ctrl.write(1, 8 * len(seen), data)  # the soak's namespace serves between the changes
+        assert ctrl.read(1, 8 * len(seen), 8) == data
+    assert seen == [16 * MiB, 32 * MiB, 8 * MiB, 16 * MiB, None] * 2
+    assert changes.made == 10 and changes.refused == 0 and changes.errors == []
+    record = changes.record()
+    assert record["cycle"] == ["nvmf_subsystem_add_ns"] + ["nvmf_subsystem_resize_ns"] * 3 + \
+        ["nvmf_subsystem_remove_ns"]
+    assert record["made"] == 10 and record["longest_rpc_ms"] >= 0
+    assert calls[-1] == ("/run/x.sock", "nvmeof_get_status")
+    ctrl.close()
+
+
+def test_a_refused_change_is_counted_with_its_message_and_the_cycle_starts_again(served):
+    env, control = served
+    control.call("nvmf_subsystem_add_ns", {"nqn": SUB_RAM, "namespace": {"nsid": SCRATCH_NSID, "backend": "ram",
+                                                                          "size": "1M"}})
+    changes = LiveChanges("/run/x.sock", SUB_RAM, 3.0, call=through(control, []))
+    changes.step()  # the add: NSID 2 is taken
+    assert changes.made == 0 and changes.refused == 1
+    assert "already has namespace 2" in changes.errors[0] and changes.errors[0].startswith("nvmf_subsystem_add_ns")
+    changes.step()  # the add again, not a resize of a namespace it did not make
+    assert changes.refused == 2 and scratch_size(env) == 1 * MiB
+
+
+def test_stop_removes_the_scratch_namespace_a_cycle_left_in(served):
+    env, control = served
+    changes = LiveChanges("/run/x.sock", SUB_RAM, 3.0, call=through(control, []))
+    changes.step()
+    changes.step()
+    assert scratch_size(env) == 32 * MiB
+    changes.stop()
+    assert scratch_size(env) is None and changes.errors == []
+
+
+def test_the_scratch_namespace_is_known_absent_only_between_a_removal_and_the_next_add(served):
+    import time
+    env, control = served
+    changes = LiveChanges("/run/x.sock", SUB_RAM, 3.0, call=through(control, []))
+    marks = [time.monotonic()]
+    for _ in range(len(cycle(SUB_RAM)) + 1):  # a whole cycle, then the next add
+        changes.step()
+        marks.append(time.monotonic())
+    assert changes.absent_at(marks[0])  # before the first add
+    assert not any(changes.absent_at(t) for t in marks[1:5])  # added, resized three times
+    assert changes.absent_at(marks[5])  # removed
+    assert not changes.absent_at(marks[6])  # added again
