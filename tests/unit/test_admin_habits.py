@@ -138,7 +138,9 @@ NVME_CLI_LETTERS = {"-t": {"transport"}, "-a": {"traddr", "traddr_opt"}, "-s": {
                     # the shell's -c is sh -c's
                     "-c": {"block_count", "reconnect_delay", "command"}}
 # where a command mirrors one of nvme-cli's that uses the letter otherwise, nvme-cli's own meaning
-NVME_CLI_OWN = {("gen-dhchap-key", "-s"): "secret"}  # nvme gen-dhchap-key -s/--secret
+NVME_CLI_OWN = {("gen-dhchap-key", "-s"): "secret",  # nvme gen-dhchap-key -s/--secret
+                # nvme resv-register/-acquire/-release/-report -n/--namespace-id
+                **{(f"host resv-{verb}", "-n"): "nsid" for verb in ("register", "acquire", "release", "report")}}
 
 
 def _commands():
