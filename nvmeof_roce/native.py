@@ -25,10 +25,11 @@ def _load():
 try:
     module = _load()
     missing_reason: Optional[str] = None
-except ImportError as exc:  # not built: the Python data path is the one that runs
+except ImportError as exc:  # built with NVMEOF_ROCE_PURE_PYTHON=1 (setup.py), or an in-place checkout not built
     module = None
-    missing_reason = (f"the native data path is not built ({exc}); install libibverbs-dev librdmacm-dev "
-                      f"liburing-dev and reinstall the package (`make venv` or `pip install -e .`)")
+    missing_reason = (f"the native data path and RDMA CM are not built ({exc}); install gcc python3-dev "
+                      f"libibverbs-dev librdmacm-dev liburing-dev and reinstall the package (`make venv` or "
+                      f"`pip install -e .`) without NVMEOF_ROCE_PURE_PYTHON")
 
 
 def available() -> bool:
