@@ -266,6 +266,27 @@ def test_the_nth_post_fails_and_the_ones_before_it_are_served(ram_ep):
     assert ep.queue.closed
 
 
+def test_a_queue_a_failed_post_closes_is_off_the_wire_before_a_pending_pause_can_drain(ram_ep):
+    """A Read's data WRITE and response are on the wire while a resize pauses the subsystem; then a post fails and
+    the queue closes.  The core stops counting the queue's commands when it hears of the close, so the pause may
+    drain then and its change let the old memory go: by then nothing of the queue may be left on the wire."""
+    ep = ram_ep
+    target = ep.env.target
+    ep.device.hold()
+    assert ep.device.deliver(io_capsule(ep, READ, 1, 16, 7, 4096, cid=5)) == 0
+    ep.queue.poll()
+    assert ep.device.on_wire() == 2
+    on_wire_when_drained = []
+    assert not target.pause(SUB_RAM, on_drained=lambda: on_wire_when_drained.append(ep.device.on_wire()))
+    ep.device.fail_post("recv", errno.EINVAL)  # the next capsule's receive is re-posted: refused
+    assert ep.device.deliver(io_capsule(ep, READ, 1, 0, 7, 4096, cid=6)) == 0
+    ep.queue.poll()
+    assert ep.queue.closed and ep.device.counters()["post_faults"] == 1
+    assert on_wire_when_drained == [0]  # drained once the QP was gone, not while its work requests were on the wire
+    assert ep.device.responses() == []  # flushed: nothing moved or answered after the close
+    target.resume(SUB_RAM)
+
+
 # ------------------------------------------------------------------------------------------ QP in error
 
 def test_a_qp_error_flushes_everything_and_no_command_whose_data_never_moved_is_answered(ram_ep, caplog):
