@@ -366,6 +366,32 @@ def test_a_ring_error_is_the_cores_and_answered_as_on_the_python_path(file_on_bo
     assert file_bytes(tmp_path / "python.img", 0, 64 * 1024) == file_bytes(tmp_path / "native.img", 0, 64 * 1024)
 
 
+def test_a_write_the_device_fails_while_a_pause_drains_is_answered_with_the_devices_error_not_held(file_ep, tmp_path):
+    """A file Write on the ring when a live change pauses its subsystem; the device fails it (ECANCELED, for the
+    native ring and the core's own attempt).  Handed back to the core it is not a new command for the pause to
+    hold (and answer after the change, perhaps Invalid Namespace): it was running, so the pause drains it and
+    the host gets the device's error, as on the Python path."""
+    ep = file_ep
+    target = ep.env.target
+    ep.buf.view[:4096] = pattern(4096, seed=89)
+    native.module.uring_inject("ecanceled", 2)
+    assert ep.device.deliver(io_capsule(ep, WRITE, 1, 16, 7, 4096, cid=7)) == 0
+    ep.queue.poll()  # taken: its data's RDMA READ posted, the ring's write and its completion to come
+    assert ep.queue.stats()["native_in_flight"] == 1 and ep.queue.stats()["file_handed_back"] == 0
+    drained = []
+    assert not target.pause(SUB_FILE, on_drained=lambda: drained.append(ep.device.responses()))
+    ep.settle()
+    assert ep.queue.stats()["file_handed_back"] == 1
+    assert native.module.uring_faults()["remaining"] == 0  # the core did it again and met the device's error
+    assert len(drained) == 1, "the pause drained the handed-back Write"
+    ((cqe, _),) = drained[0]  # answered before the pause completed: nothing was held
+    assert cid_of(cqe) == 7 and status_of(cqe) == INTERNAL_ERROR_DNR
+    assert not target.subsystem(SUB_FILE).held
+    target.resume(SUB_FILE)
+    ep.settle()
+    assert ep.device.responses() == []  # nothing more: it was answered once
+
+
 def test_a_ring_error_the_cores_own_attempt_does_not_meet_is_answered_with_the_data(file_ep, tmp_path):
     ep = file_ep
     stored = pattern(4096, seed=83)

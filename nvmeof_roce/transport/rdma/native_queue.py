@@ -162,7 +162,7 @@ class NativeTargetQueue(TargetQueue):
 
     # -- the C queue's callbacks (during poll(); through _weak)
 
-    def _on_capsule(self, capsule: bytes) -> None:
+    def _on_capsule(self, capsule: bytes, handed_back: bool = False) -> None:
         if self.closed or self.closing:
             return  # no new command on a closing queue
         if len(capsule) < SQE_SIZE:
@@ -174,7 +174,7 @@ class NativeTargetQueue(TargetQueue):
         book.delivered(tx)
         book.begin_batch()  # its posts join the C queue's batch; flushed when the poll ends
         try:
-            self.handler.capsule_received(self, memoryview(capsule), tx)
+            self.handler.capsule_received(self, memoryview(capsule), tx, handed_back)
         finally:
             book.end_batch()
 
