@@ -287,6 +287,28 @@ def test_a_queue_a_failed_post_closes_is_off_the_wire_before_a_pending_pause_can
     target.resume(SUB_RAM)
 
 
+def test_a_queue_closing_on_a_disconnect_counts_its_work_on_the_wire_for_a_pending_pause(ram_ep):
+    """The core closes a queue on its Disconnect at once, but the queue still sends what it answered before (a
+    Read's data from the namespace's memory): a pause waiting meanwhile drains only when that has left."""
+    ep = ram_ep
+    target = ep.env.target
+    ep.device.hold()
+    assert ep.device.deliver(io_capsule(ep, READ, 1, 16, 7, 4096, cid=5)) == 0
+    ep.queue.poll()
+    assert ep.device.on_wire() == 2
+    on_wire_when_drained = []
+    assert not target.pause(SUB_RAM, on_drained=lambda: on_wire_when_drained.append(ep.device.on_wire()))
+    assert ep.device.deliver(F.DisconnectCommand(cid=100).to_sqe().pack()) == 0
+    ep.queue.poll()
+    assert ep.queue.closing and on_wire_when_drained == []  # the Read's data and response still on the wire
+    ep.device.release()
+    ep.device.hold(False)
+    pump(ep.queue)
+    assert ep.queue.closed and on_wire_when_drained == [0]
+    assert sorted(cid_of(cqe) for cqe, _ in ep.device.responses()) == [5, 100]
+    target.resume(SUB_RAM)
+
+
 # ------------------------------------------------------------------------------------------ QP in error
 
 def test_a_qp_error_flushes_everything_and_no_command_whose_data_never_moved_is_answered(ram_ep, caplog):
