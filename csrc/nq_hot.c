@@ -503,10 +503,10 @@ static void nq_fail(struct nq_queue *q, int status, uint64_t wr_id)
 }
 
 /* A capsule for the core, handed to the owner (on the event loop's thread). */
-static void nq_capsule_to_owner(struct nq_queue *q, const char *capsule, uint32_t len)
+static void nq_capsule_to_owner(struct nq_queue *q, const char *capsule, uint32_t len, int handed_back)
 {
     q->python_commands++;
-    q->hooks->capsule(q, capsule, len);
+    q->hooks->capsule(q, capsule, len, handed_back);
 }
 
 /* A received capsule for the core.  A poll group's queue mails it with its receive slot, which is re-posted when
@@ -520,7 +520,7 @@ static void nq_to_python(struct nq_queue *q, uint32_t slot, uint32_t len)
             nq_fail(q, -ENOSPC, 0);
         return;
     }
-    nq_capsule_to_owner(q, q->recv_base + (size_t)slot * q->recv_size, len);
+    nq_capsule_to_owner(q, q->recv_base + (size_t)slot * q->recv_size, len, 0);
 }
 
 /* ------------------------------------------------------------------ per command */
@@ -752,7 +752,7 @@ static void nq_file_hand_back(struct nq_queue *q, uint32_t idx)
     uint32_t len;
     const char *capsule = nq_handback_capsule(q, idx, &len);
     nq_release_slot(q, idx);
-    nq_capsule_to_owner(q, capsule, len);
+    nq_capsule_to_owner(q, capsule, len, 1);
 }
 
 /* The ring finished a file/block command: its response, or the core takes it over. */

@@ -157,7 +157,8 @@ struct nq_queue;
 
 /* What the hot path hands to its owner (csrc/nq_type.c: the Python core), called from inside nq_poll. */
 struct nq_hooks {
-    void (*capsule)(struct nq_queue *q, const char *capsule, uint32_t len); /* a command for the core */
+    /* a command for the core; handed_back: one the device failed (nq_file_hand_back), started before, not new */
+    void (*capsule)(struct nq_queue *q, const char *capsule, uint32_t len, int handed_back);
     void (*send_done)(struct nq_queue *q, uint64_t tag);                 /* a signaled send of the owner's */
     void (*failure)(struct nq_queue *q, int status, uint64_t wr_id);     /* -errno of a post, or a wc status */
 };

@@ -61,10 +61,11 @@ static void nq_call(NativeQueue *self, PyObject *callable, PyObject *args)
 }
 
 /* on the event loop's thread, holding the GIL (a poll group's queue mails these instead) */
-static void nq_hook_capsule(struct nq_queue *q, const char *capsule, uint32_t len)
+static void nq_hook_capsule(struct nq_queue *q, const char *capsule, uint32_t len, int handed_back)
 {
     NativeQueue *self = NQ_SELF(q);
-    nq_call(self, self->on_capsule, Py_BuildValue("(y#)", capsule, (Py_ssize_t)len));
+    nq_call(self, self->on_capsule, Py_BuildValue("(y#O)", capsule, (Py_ssize_t)len,
+                                                  handed_back ? Py_True : Py_False));
 }
 
 static void nq_hook_send_done(struct nq_queue *q, uint64_t tag)
@@ -202,7 +203,8 @@ static PyObject *NativeQueue_drain(NativeQueue *self, PyObject *noargs)
     for (uint32_t i = 0; i < n; i++) {
         struct nq_mail *e = &q->drained[i];
         if (e->kind == NQ_MAIL_CAPSULE || e->kind == NQ_MAIL_HANDBACK)
-            nq_call(self, self->on_capsule, PyTuple_Pack(1, PyTuple_GET_ITEM(capsules, i)));
+            nq_call(self, self->on_capsule, PyTuple_Pack(2, PyTuple_GET_ITEM(capsules, i),
+                                                         e->kind == NQ_MAIL_HANDBACK ? Py_True : Py_False));
         else if (e->kind == NQ_MAIL_SEND_DONE)
             nq_call(self, self->on_send_done, Py_BuildValue("(K)", (unsigned long long)e->b));
         else if (e->kind == NQ_MAIL_FAILURE && self->on_failure != Py_None)
@@ -759,8 +761,9 @@ bad:
 }
 
 /* in_flight() -> {generation: commands}: the native commands in flight per namespace generation, from taking a
- * slot to their response's completion (a command handed to Python is the core's).  What the engine's pause
- * waits for before a namespace changes (engine/api.py). */
+ * slot to their response's completion, or to the core's taking it over (a handed-back command mailed by a poll
+ * group's thread counts until the loop drains it).  What the engine's pause waits for before a namespace
+ * changes (engine/api.py). */
 static PyObject *NativeQueue_in_flight(NativeQueue *self, PyObject *noargs)
 {
     struct nq_queue *q = &self->nq;
@@ -770,7 +773,7 @@ static PyObject *NativeQueue_in_flight(NativeQueue *self, PyObject *noargs)
     nq_lock(self);
     for (uint32_t i = 0; i < q->nreqs && !q->closed; i++) {
         const struct nq_req *r = &q->reqs[i];
-        if (r->state == NQ_FREE || r->state == NQ_HANDED_BACK)
+        if (r->state == NQ_FREE)
             continue;
         PyObject *key = PyLong_FromUnsignedLongLong(r->ns_gen);
         PyObject *was = key ? PyDict_GetItemWithError(out, key) : NULL;

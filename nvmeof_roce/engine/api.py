@@ -232,8 +232,10 @@ class EngineApi:
         running = 0
         for ctrl in sub.controllers.values():
             for qs in ctrl.io_queues.values():
-                if not qs.closed:
-                    running += qs.active + qs.transport.responses_in_flight()
+                # A queue the core closed (a Disconnect, a fatal capsule) is its transport's until queue_closed:
+                # the responses it still sends (a RAM Read's data from the namespace's memory, work requests on
+                # the wire) count until then; its commands' answers are dropped, so they no longer do.
+                running += (0 if qs.closed else qs.active) + qs.transport.responses_in_flight()
         waiting = sum(1 for req, _ in sub.held if not req.queue.closed)
         # Commands over a QoS limit have not touched their namespace yet and start from their checks again
         # (core._resume_held): they wait like held ones, and a QoS change may be what lets them go.
@@ -249,9 +251,7 @@ class EngineApi:
         nsid_of = {ns.generation: ns.nsid for ns in sub.namespaces.values()}
         counts: Dict[int, int] = {}
         for ctrl in sub.controllers.values():
-            for qs in native_view.native_queues(ctrl):
-                if qs.closed:
-                    continue
+            for qs in native_view.native_queues(ctrl):  # a closed one's until its transport is gone (above)
                 for generation, n in qs.transport.native_in_flight().items():
                     nsid = nsid_of.get(generation, 0)
                     counts[nsid] = counts.get(nsid, 0) + n

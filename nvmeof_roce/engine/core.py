@@ -57,7 +57,7 @@ from .limits import (DEFAULT_IN_CAPSULE_SIZE, DEFAULT_QUEUE_SIZE, MAX_CONTROLLER
 from .request import (COMPLETED, DEFERRED, FETCHING, HELD_OUTCOME, LOC_DPTR, LOC_FLAGS, LOC_NSID, LOC_OPCODE,
                       NO_LOCATION, Outcome, Request)
 from .queue import QueueLifecycle, QueueState
-from .subsystem import DiscoverySubsystem, Subsystem
+from .subsystem import DiscoverySubsystem, Subsystem, SubsystemState
 from .work import Work
 from .qos import QosScheduler
 
@@ -127,8 +127,8 @@ class PortHandler:
     def queue_opened(self, queue) -> None:
         self.target._queue_opened(self.ctx, queue)
 
-    def capsule_received(self, queue, capsule, tx=None) -> None:
-        self.target.capsule_received(queue, capsule, tx)
+    def capsule_received(self, queue, capsule, tx=None, handed_back: bool = False) -> None:
+        self.target.capsule_received(queue, capsule, tx, handed_back)
 
     def queue_closed(self, queue) -> None:
         self.target.queue_closed(queue)
@@ -284,7 +284,7 @@ class Target(EngineApi):
     def queue_opened(self, queue) -> None:
         self._queue_opened(self._any_port, queue)
 
-    def capsule_received(self, queue, capsule, tx=None) -> None:
+    def capsule_received(self, queue, capsule, tx=None, handed_back: bool = False) -> None:
         qs = self._queues.get(queue)
         if qs is None or qs.closed:
             return
@@ -298,6 +298,7 @@ class Target(EngineApi):
             return
         req.parse(capsule)
         req.tx = tx
+        req.handed_back = handed_back
         self._begin(qs, req)
 
     def _begin(self, qs: QueueState, req: Request) -> None:
@@ -581,7 +582,10 @@ class Target(EngineApi):
                 table = self.discovery_commands if ctrl.is_discovery else self.admin_commands
             else:
                 sub = ctrl.subsystem
-                if sub.holding:  # paused (api.py): it starts on resume; its capsule is valid only during this call
+                # Paused (api.py): it starts on resume; its capsule is valid only during this call.  A command the
+                # native data path hands back (its device failed it) was running before the pause began: while
+                # the pause drains it runs now, and the drain waits for it, as for the Python path's own.
+                if sub.holding and not (req.handed_back and sub.state is SubsystemState.PAUSING):
                     sub.held.append((req, bytes(req.capsule)))
                     return
                 ns = sub.namespaces.get(req.nsid)

@@ -60,7 +60,7 @@ class Request:
     __slots__ = ("queue", "state", "opc", "flags", "cid", "nsid", "cdw2", "cdw3", "mptr",
                  "sgl_addr", "sgl_id", "sgl_len", "sgl_key", "cdw10", "cdw11", "cdw12", "cdw13", "cdw14", "cdw15",
                  "inline_offset", "invalidate_key", "capsule", "ns", "next_step", "buf", "read_done", "_target",
-                 "started_ns", "tx")
+                 "started_ns", "tx", "handed_back")
 
     def __init__(self, queue: "QueueState", target):
         self.queue = queue
@@ -75,6 +75,7 @@ class Request:
         self.read_done = self._on_read_done  # bound once, handed to read_host
         self.started_ns = 0  # perf_counter_ns() when an I/O command started (stats.py latency)
         self.tx = None  # the transport's request for this command (TargetQueue.read_host / complete)
+        self.handed_back = False  # the native data path's device failed it: the core does it again (core._start)
 
     def parse(self, capsule) -> None:
         (self.opc, self.flags, self.cid, self.nsid, self.cdw2, self.cdw3, self.mptr, self.sgl_addr, word,

@@ -173,9 +173,11 @@ class QueueHandler(Protocol):
     def queue_opened(self, queue: TargetQueue) -> None:
         """The queue's connection is accepted; capsules may follow."""
 
-    def capsule_received(self, queue: TargetQueue, capsule: memoryview, tx=None) -> None:
+    def capsule_received(self, queue: TargetQueue, capsule: memoryview, tx=None, handed_back: bool = False) -> None:
         """A command capsule: the 64-byte SQE, then any in-capsule data.  Valid only during the call.
-        `tx`: the transport's own request for it, handed back with read_host and complete."""
+        `tx`: the transport's own request for it, handed back with read_host and complete.  `handed_back`: not a
+        new command but one the native data path started and its device failed, for the core to do again (it
+        was running before a pause that began meanwhile, which drains it rather than holding it)."""
 
     def queue_closed(self, queue: TargetQueue) -> None:
         """The connection is gone (disconnect, transport error, or close())."""

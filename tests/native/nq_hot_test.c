@@ -55,7 +55,7 @@ static struct {
     int close_busy;
 } owner;
 
-static void hook_capsule(struct nq_queue *q, const char *capsule, uint32_t len)
+static void hook_capsule(struct nq_queue *q, const char *capsule, uint32_t len, int handed_back)
 {
     owner.capsules++;
     memcpy(owner.last_capsule, capsule, len < 64 ? len : 64);

@@ -156,6 +156,12 @@ class FakeDevice:
         with IBV_WC_WR_FLUSH_ERR, and so does every later post."""
         self.lib.fakehost_qp_error(self.dev)
 
+    def destroy_qp(self) -> None:
+        """What the RDMA transport's destroy_cm_qp is to a native queue that closes (its on_close): the QP in the
+        error state, so nothing on the wire moves data any more."""
+        if self.dev:
+            self.qp_error()
+
     def close(self) -> None:
         if self.dev:
             self.lib.fakehost_free(self.dev)
@@ -175,6 +181,7 @@ def native_queue(device: FakeDevice, handler, qid: int = 1, depth: int = 32, in_
     return NativeTargetQueue(native.module, handler, request, device.verbs(max_reads), in_capsule_size=in_capsule_size,
                              recv=recv, chunks=ChunkPool(pool_region, max_transfer), share=pool.share(),
                              max_transfer=max_transfer, zero=zero, sink=sink,
+                             on_close=lambda queue: device.destroy_qp(),
                              region_of=region_of or (lambda backend: None),
                              bounce_of=device.bounce if files else None, file_buffers=file_buffers)
 

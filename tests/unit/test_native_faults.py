@@ -266,6 +266,49 @@ def test_the_nth_post_fails_and_the_ones_before_it_are_served(ram_ep):
     assert ep.queue.closed
 
 
+def test_a_queue_a_failed_post_closes_is_off_the_wire_before_a_pending_pause_can_drain(ram_ep):
+    """A Read's data WRITE and response are on the wire while a resize pauses the subsystem; then a post fails and
+    the queue closes.  The core stops counting the queue's commands when it hears of the close, so the pause may
+    drain then and its change let the old memory go: by then nothing of the queue may be left on the wire."""
+    ep = ram_ep
+    target = ep.env.target
+    ep.device.hold()
+    assert ep.device.deliver(io_capsule(ep, READ, 1, 16, 7, 4096, cid=5)) == 0
+    ep.queue.poll()
+    assert ep.device.on_wire() == 2
+    on_wire_when_drained = []
+    assert not target.pause(SUB_RAM, on_drained=lambda: on_wire_when_drained.append(ep.device.on_wire()))
+    ep.device.fail_post("recv", errno.EINVAL)  # the next capsule's receive is re-posted: refused
+    assert ep.device.deliver(io_capsule(ep, READ, 1, 0, 7, 4096, cid=6)) == 0
+    ep.queue.poll()
+    assert ep.queue.closed and ep.device.counters()["post_faults"] == 1
+    assert on_wire_when_drained == [0]  # drained once the QP was gone, not while its work requests were on the wire
+    assert ep.device.responses() == []  # flushed: nothing moved or answered after the close
+    target.resume(SUB_RAM)
+
+
+def test_a_queue_closing_on_a_disconnect_counts_its_work_on_the_wire_for_a_pending_pause(ram_ep):
+    """The core closes a queue on its Disconnect at once, but the queue still sends what it answered before (a
+    Read's data from the namespace's memory): a pause waiting meanwhile drains only when that has left."""
+    ep = ram_ep
+    target = ep.env.target
+    ep.device.hold()
+    assert ep.device.deliver(io_capsule(ep, READ, 1, 16, 7, 4096, cid=5)) == 0
+    ep.queue.poll()
+    assert ep.device.on_wire() == 2
+    on_wire_when_drained = []
+    assert not target.pause(SUB_RAM, on_drained=lambda: on_wire_when_drained.append(ep.device.on_wire()))
+    assert ep.device.deliver(F.DisconnectCommand(cid=100).to_sqe().pack()) == 0
+    ep.queue.poll()
+    assert ep.queue.closing and on_wire_when_drained == []  # the Read's data and response still on the wire
+    ep.device.release()
+    ep.device.hold(False)
+    pump(ep.queue)
+    assert ep.queue.closed and on_wire_when_drained == [0]
+    assert sorted(cid_of(cqe) for cqe, _ in ep.device.responses()) == [5, 100]
+    target.resume(SUB_RAM)
+
+
 # ------------------------------------------------------------------------------------------ QP in error
 
 def test_a_qp_error_flushes_everything_and_no_command_whose_data_never_moved_is_answered(ram_ep, caplog):
@@ -343,6 +386,32 @@ def test_a_ring_error_is_the_cores_and_answered_as_on_the_python_path(file_on_bo
     assert native_ep.queue.stats()["file_handed_back"] == 1
     assert python.host_bytes() == native_ep.host_bytes()
     assert file_bytes(tmp_path / "python.img", 0, 64 * 1024) == file_bytes(tmp_path / "native.img", 0, 64 * 1024)
+
+
+def test_a_write_the_device_fails_while_a_pause_drains_is_answered_with_the_devices_error_not_held(file_ep, tmp_path):
+    """A file Write on the ring when a live change pauses its subsystem; the device fails it (ECANCELED, for the
+    native ring and the core's own attempt).  Handed back to the core it is not a new command for the pause to
+    hold (and answer after the change, perhaps Invalid Namespace): it was running, so the pause drains it and
+    the host gets the device's error, as on the Python path."""
+    ep = file_ep
+    target = ep.env.target
+    ep.buf.view[:4096] = pattern(4096, seed=89)
+    native.module.uring_inject("ecanceled", 2)
+    assert ep.device.deliver(io_capsule(ep, WRITE, 1, 16, 7, 4096, cid=7)) == 0
+    ep.queue.poll()  # taken: its data's RDMA READ posted, the ring's write and its completion to come
+    assert ep.queue.stats()["native_in_flight"] == 1 and ep.queue.stats()["file_handed_back"] == 0
+    drained = []
+    assert not target.pause(SUB_FILE, on_drained=lambda: drained.append(ep.device.responses()))
+    ep.settle()
+    assert ep.queue.stats()["file_handed_back"] == 1
+    assert native.module.uring_faults()["remaining"] == 0  # the core did it again and met the device's error
+    assert len(drained) == 1, "the pause drained the handed-back Write"
+    ((cqe, _),) = drained[0]  # answered before the pause completed: nothing was held
+    assert cid_of(cqe) == 7 and status_of(cqe) == INTERNAL_ERROR_DNR
+    assert not target.subsystem(SUB_FILE).held
+    target.resume(SUB_FILE)
+    ep.settle()
+    assert ep.device.responses() == []  # nothing more: it was answered once
 
 
 def test_a_ring_error_the_cores_own_attempt_does_not_meet_is_answered_with_the_data(file_ep, tmp_path):

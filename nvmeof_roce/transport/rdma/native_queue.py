@@ -91,8 +91,8 @@ class NativeTargetQueue(TargetQueue):
     def __init__(self, module, handler: QueueHandler, request: ConnectRequest, verbs: NativeVerbs, *,
                  in_capsule_size: int, recv: Region, chunks: ChunkPool, share: PoolShare, max_transfer: int,
                  zero: Optional[Region] = None, sink: Optional[Region] = None,
+                 on_close: Callable[["NativeTargetQueue"], None],
                  region_of: Callable[[object], Optional[tuple]] = lambda backend: None,
-                 on_close: Callable[["NativeTargetQueue"], None] = lambda queue: None,
                  bounce_of: Optional[Callable[[int], Region]] = None,
                  file_buffers: int = ResourceLimits.queue_file_buffers,
                  watch: Optional[Callable[[int, Callable[[], object]], None]] = None,
@@ -111,6 +111,9 @@ class NativeTargetQueue(TargetQueue):
         self.max_transfer = max_transfer
         self.region_of = region_of  # (addr, lkey) of a RAM backend's registered memory, or None
         self.zero, self.sink = zero, sink
+        # The owner's QP destroyed (or put in the error state): after it nothing posted on the QP moves data, and
+        # only then is the core told the queue closed (_teardown).  Required: a QP left as it is would go on
+        # writing memory the core lets go.
         self._on_close = on_close
         # file and block namespaces: registered bounce memory (asked for when one first enters the view) and the
         # ring's eventfd on the event loop
@@ -159,7 +162,7 @@ class NativeTargetQueue(TargetQueue):
 
     # -- the C queue's callbacks (during poll(); through _weak)
 
-    def _on_capsule(self, capsule: bytes) -> None:
+    def _on_capsule(self, capsule: bytes, handed_back: bool = False) -> None:
         if self.closed or self.closing:
             return  # no new command on a closing queue
         if len(capsule) < SQE_SIZE:
@@ -171,7 +174,7 @@ class NativeTargetQueue(TargetQueue):
         book.delivered(tx)
         book.begin_batch()  # its posts join the C queue's batch; flushed when the poll ends
         try:
-            self.handler.capsule_received(self, memoryview(capsule), tx)
+            self.handler.capsule_received(self, memoryview(capsule), tx, handed_back)
         finally:
             book.end_batch()
 
@@ -440,25 +443,34 @@ class NativeTargetQueue(TargetQueue):
         self.closed = True
         self._leave_poll_group()  # first: no thread polls or posts on the queue from here on
         try:
-            self.handler.queue_closed(self)
+            # The owner destroys the QP (or puts it in the error state) before the core hears of the close: from
+            # then on the core no longer counts this queue's commands, and a paused subsystem's drain may commit
+            # a live change at once, letting go of memory its work requests still on the wire would write.
+            self._on_close(self)
         finally:
-            self._on_close(self)  # the owner destroys the QP first: nothing may still write our buffers
-            if self.tracing:
-                self.log_trace()
-            # Never waits for the ring: the commands the kernel still holds (a device that does not answer) are
-            # cancelled where they can be and keep only this queue's bounce memory until they come back.
-            self.held = self.native.close()
-            self.book.close(error or TransportError("queue closed"))
-            self.share.close()
-            if self.held:
-                self.closed_at = time.monotonic()
-                CLOSING[id(self)] = self
-                log.warning("queue %d closed with %d commands still on the device: its bounce memory is kept until "
-                            "they come back (target status: transport.closing_queues)", self.qid, self.held)
-                if self.watch is not None:
-                    self.watch(self.ring_fd, self.reap_closed)
-            else:
-                self._released()
+            try:
+                self.handler.queue_closed(self)
+            finally:
+                self._release_native(error)
+
+    def _release_native(self, error: Optional[TransportError]) -> None:
+        """After the QP is gone: the C queue closed, the book's requests ended, the memory let go."""
+        if self.tracing:
+            self.log_trace()
+        # Never waits for the ring: the commands the kernel still holds (a device that does not answer) are
+        # cancelled where they can be and keep only this queue's bounce memory until they come back.
+        self.held = self.native.close()
+        self.book.close(error or TransportError("queue closed"))
+        self.share.close()
+        if self.held:
+            self.closed_at = time.monotonic()
+            CLOSING[id(self)] = self
+            log.warning("queue %d closed with %d commands still on the device: its bounce memory is kept until "
+                        "they come back (target status: transport.closing_queues)", self.qid, self.held)
+            if self.watch is not None:
+                self.watch(self.ring_fd, self.reap_closed)
+        else:
+            self._released()
 
     def reap_closed(self) -> None:
         """A closed queue's ring, on its eventfd: what came back reaped; with the last, its memory let go."""
