@@ -2,7 +2,10 @@
 
 For each /etc/nvme arrangement the kernel host connects to our target with plain `nvme connect` (no -q/-I);
 the controller's sysfs hostnqn and hostid are what libnvme derived, and host_identity() must give the same.
-Runs on every lab generation: libnvme 1.3 (Debian 12) and libnvme 1.13 (Debian 13).
+These are libnvme 1.13's rules (Debian 13). libnvme 1.3 (Debian 12's nvme-cli 2.3) has others, which a lab run on
+6.1 showed: with only /etc/nvme/hostnqn the host ID is the kernel's per-boot random one, with only /etc/nvme/hostid
+the NQN is made from the machine's DMI UUID (all zeros under QEMU), and LIBNVME_HOSTID is not read; so on libnvme
+older than 1.13 these cases are skipped (host_identity follows 1.13; docs/kernel.md).
 """
 import glob
 import os
@@ -15,6 +18,21 @@ from nvmeof_roce.host_identity import UUID_NQN_PREFIX, Paths, host_identity
 from targetproc import LAB_IP, ServedTarget, config, disconnect_all_quietly, nvme, ram_namespace
 
 pytestmark = pytest.mark.lab
+
+
+def _libnvme_version():
+    try:
+        out = subprocess.run(["nvme", "version"], capture_output=True, text=True).stdout
+    except OSError:
+        return (0, 0)  # no nvme-cli: the lab guest has it
+    for line in out.splitlines():
+        if line.startswith("libnvme version"):
+            return tuple(int(x) for x in line.split()[2].split(".")[:2] if x.isdigit())
+    return (0, 0)
+
+
+OLD_LIBNVME = pytest.mark.skipif(_libnvme_version() < (1, 13), reason="libnvme older than 1.13 derives the host "
+                                 "identity otherwise (the kernel's random host ID, the NQN from DMI): module docstring")
 
 NQN = "nqn.2024-01.io.nvmeof-roce:lab-identity"
 ETC = "/etc/nvme"
@@ -63,9 +81,10 @@ def sent_identity(env=None):
 
 @pytest.mark.parametrize("files,env", [
     ({"hostnqn": UUID_NQN_PREFIX + UUID_A, "hostid": UUID_B}, {}),        # both files, not matching
-    ({"hostnqn": UUID_NQN_PREFIX + UUID_A}, {}),                          # host ID from the NQN's UUID
-    ({"hostid": UUID_B}, {}),                                             # host NQN from the host ID
-    ({"hostnqn": UUID_NQN_PREFIX + UUID_A}, {"LIBNVME_HOSTID": UUID_B}),  # the environment over the file
+    pytest.param({"hostnqn": UUID_NQN_PREFIX + UUID_A}, {}, marks=OLD_LIBNVME),  # host ID from the NQN's UUID
+    pytest.param({"hostid": UUID_B}, {}, marks=OLD_LIBNVME),                     # host NQN from the host ID
+    pytest.param({"hostnqn": UUID_NQN_PREFIX + UUID_A}, {"LIBNVME_HOSTID": UUID_B},
+                 marks=OLD_LIBNVME),                                             # the environment over the file
 ], ids=["both-files", "hostnqn-only", "hostid-only", "env-hostid"])
 def test_our_identity_is_the_one_nvme_cli_sends(served, files, env):
     arrange(files)
@@ -74,6 +93,7 @@ def test_our_identity_is_the_one_nvme_cli_sends(served, files, env):
     assert (ours.hostnqn, ours.hostid) == sent, ours.source
 
 
+@OLD_LIBNVME
 def test_with_no_files_both_derive_the_host_nqn_from_the_machine_host_id(served):
     """No /etc/nvme/host*: libnvme takes the machine's UUID (DMI, device tree) or a random one; the NQN is
     always uuid:<that host ID>.  Where the machine has a UUID, ours is the same one."""
