@@ -160,22 +160,25 @@ NATIVE_SAN_DIR := build/sanitize
 NATIVE_SAN_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all -DNQ_CHECKED
 # ThreadSanitizer for the poll groups' threads (csrc/pollgroup.c) against the event loop's calls on their queues
 NATIVE_TSAN_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=thread -DNQ_CHECKED
+# One sanitizer build of the extension (flags, file name under NATIVE_SAN_DIR), and the environment that loads it,
+# shared by test-native and test-native-fuzz.
+native_san_build = gcc -shared -fPIC -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(1) \
+	  $$($(VENV)/bin/python -c "import sysconfig; print('-I' + sysconfig.get_paths()['include'])") \
+	  -o $(NATIVE_SAN_DIR)/$(2) csrc/*.c -libverbs -lrdmacm -Wl,-Bstatic -luring -Wl,-Bdynamic
+NATIVE_ASAN_ENV = NVMEOF_ROCE_NATIVE_SO=$(NATIVE_SAN_DIR)/_native.so NVMEOF_FAKEPROV_CFLAGS="$(NATIVE_SAN_FLAGS)" \
+	  LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+NATIVE_TSAN_ENV = NVMEOF_ROCE_NATIVE_SO=$(NATIVE_SAN_DIR)/_native_tsan.so NVMEOF_FAKEPROV_CFLAGS="$(NATIVE_TSAN_FLAGS)" \
+	  LD_PRELOAD="$$(gcc -print-file-name=libtsan.so)" TSAN_OPTIONS=halt_on_error=1:report_signal_unsafe=0
 test-native: venv
 	rm -rf $(NATIVE_SAN_DIR) && mkdir -p $(NATIVE_SAN_DIR)
-	gcc -shared -fPIC -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(NATIVE_SAN_FLAGS) \
-	  $$($(VENV)/bin/python -c "import sysconfig; print('-I' + sysconfig.get_paths()['include'])") \
-	  -o $(NATIVE_SAN_DIR)/_native.so csrc/*.c -libverbs -lrdmacm -Wl,-Bstatic -luring -Wl,-Bdynamic
-	NVMEOF_ROCE_NATIVE_SO=$(NATIVE_SAN_DIR)/_native.so NVMEOF_FAKEPROV_CFLAGS="$(NATIVE_SAN_FLAGS)" \
-	  LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
-	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	$(call native_san_build,$(NATIVE_SAN_FLAGS),_native.so)
+	$(NATIVE_ASAN_ENV) \
 	  $(PYTEST) -q -p no:cacheprovider tests/unit/test_native_queue.py tests/unit/test_native_poll.py \
 	  tests/unit/test_native_faults.py tests/unit/test_native_trace.py tests/unit/test_native_hostq.py \
 	  tests/unit/test_native_live.py tests/unit/test_native_cm.py
-	gcc -shared -fPIC -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(NATIVE_TSAN_FLAGS) \
-	  $$($(VENV)/bin/python -c "import sysconfig; print('-I' + sysconfig.get_paths()['include'])") \
-	  -o $(NATIVE_SAN_DIR)/_native_tsan.so csrc/*.c -libverbs -lrdmacm -Wl,-Bstatic -luring -Wl,-Bdynamic
-	NVMEOF_ROCE_NATIVE_SO=$(NATIVE_SAN_DIR)/_native_tsan.so NVMEOF_FAKEPROV_CFLAGS="$(NATIVE_TSAN_FLAGS)" \
-	  LD_PRELOAD="$$(gcc -print-file-name=libtsan.so)" TSAN_OPTIONS=halt_on_error=1:report_signal_unsafe=0 \
+	$(call native_san_build,$(NATIVE_TSAN_FLAGS),_native_tsan.so)
+	$(NATIVE_TSAN_ENV) \
 	  $(PYTEST) -q -s -p no:cacheprovider tests/unit/test_native_poll.py tests/unit/test_native_trace.py
 	PYTHONMALLOC=malloc valgrind --tool=memcheck --error-exitcode=99 --errors-for-leak-kinds=definite \
 	  --leak-check=full --show-leak-kinds=definite --suppressions=tests/native/python.supp \
@@ -192,19 +195,12 @@ NATIVE_FUZZ_CAPSULES ?= 100000
 NATIVE_FUZZ_TSAN_CAPSULES ?= 10000
 test-native-fuzz: venv
 	rm -rf $(NATIVE_SAN_DIR) && mkdir -p $(NATIVE_SAN_DIR)
-	gcc -shared -fPIC -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(NATIVE_SAN_FLAGS) \
-	  $$($(VENV)/bin/python -c "import sysconfig; print('-I' + sysconfig.get_paths()['include'])") \
-	  -o $(NATIVE_SAN_DIR)/_native.so csrc/*.c -libverbs -lrdmacm -Wl,-Bstatic -luring -Wl,-Bdynamic
-	NVMEOF_ROCE_NATIVE_SO=$(NATIVE_SAN_DIR)/_native.so NVMEOF_FAKEPROV_CFLAGS="$(NATIVE_SAN_FLAGS)" \
-	  LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
-	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	$(call native_san_build,$(NATIVE_SAN_FLAGS),_native.so)
+	$(NATIVE_ASAN_ENV) \
 	  NATIVE_FUZZ_CAPSULES=$(NATIVE_FUZZ_CAPSULES) \
 	  $(PYTEST) -q -s -p no:cacheprovider -m "fuzz or not fuzz" tests/unit/test_native_fuzz.py
-	gcc -shared -fPIC -std=gnu11 -Wall -Wextra -Wno-unused-parameter $(NATIVE_TSAN_FLAGS) \
-	  $$($(VENV)/bin/python -c "import sysconfig; print('-I' + sysconfig.get_paths()['include'])") \
-	  -o $(NATIVE_SAN_DIR)/_native_tsan.so csrc/*.c -libverbs -lrdmacm -Wl,-Bstatic -luring -Wl,-Bdynamic
-	NVMEOF_ROCE_NATIVE_SO=$(NATIVE_SAN_DIR)/_native_tsan.so NVMEOF_FAKEPROV_CFLAGS="$(NATIVE_TSAN_FLAGS)" \
-	  LD_PRELOAD="$$(gcc -print-file-name=libtsan.so)" TSAN_OPTIONS=halt_on_error=1:report_signal_unsafe=0 \
+	$(call native_san_build,$(NATIVE_TSAN_FLAGS),_native_tsan.so)
+	$(NATIVE_TSAN_ENV) \
 	  NATIVE_FUZZ_CAPSULES=$(NATIVE_FUZZ_TSAN_CAPSULES) NATIVE_FUZZ_GROUPS=2 NATIVE_FUZZ_SEED=500000 \
 	  $(PYTEST) -q -s -p no:cacheprovider -m fuzz tests/unit/test_native_fuzz.py -k scale
 
