@@ -8,11 +8,10 @@ with any private data, the events a host's CM or the device would cause, and wha
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import subprocess
 from pathlib import Path
 from typing import NamedTuple, Optional
+
+from native_fake import compiled_fake
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "tests" / "native" / "fakecm.c"
@@ -35,15 +34,7 @@ def load(module) -> ctypes.CDLL:
     global _LIB
     if _LIB is not None:
         return _LIB
-    text = SOURCE.read_bytes()
-    flags = os.environ.get("NVMEOF_FAKEPROV_CFLAGS", "-O2 -g")
-    out = ROOT / "build" / "tests" / f"fakecm-{hashlib.sha256(text + flags.encode()).hexdigest()[:12]}.so"
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(f".{os.getpid()}.tmp")
-        subprocess.run(["gcc", "-shared", "-fPIC", "-Wall", "-Werror", *flags.split(), "-o", str(tmp), str(SOURCE)],
-                       check=True)
-        os.replace(tmp, out)
+    out = compiled_fake(SOURCE)
     lib = ctypes.CDLL(str(out))
     vp, i = ctypes.c_void_p, ctypes.c_int
     lib.fakecm_connect.restype = vp

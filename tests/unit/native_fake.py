@@ -29,18 +29,24 @@ SOURCE = ROOT / "tests" / "native" / "fakeprov.c"
 needs_native = pytest.mark.skipif(not native.available(), reason=native.missing_reason or "")
 
 
-def fake_library() -> ctypes.CDLL:
-    text = SOURCE.read_bytes()
+def compiled_fake(source: Path) -> Path:
+    """`source` (a fake library under tests/native/) built into build/tests/ once per source version and flags
+    (NVMEOF_FAKEPROV_CFLAGS: the sanitizer builds set them), atomically so parallel runs never load half a file."""
+    text = source.read_bytes()
     flags = os.environ.get("NVMEOF_FAKEPROV_CFLAGS", "-O2 -g")
     tag = hashlib.sha256(text + flags.encode()).hexdigest()[:12]
-    out = ROOT / "build" / "tests" / f"fakeprov-{tag}.so"
+    out = ROOT / "build" / "tests" / f"{source.stem}-{tag}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(f".{os.getpid()}.tmp")
-        subprocess.run(["gcc", "-shared", "-fPIC", "-Wall", "-Werror", *flags.split(), "-o", str(tmp), str(SOURCE)],
+        subprocess.run(["gcc", "-shared", "-fPIC", "-Wall", "-Werror", *flags.split(), "-o", str(tmp), str(source)],
                        check=True)
         os.replace(tmp, out)
-    lib = ctypes.CDLL(str(out))
+    return out
+
+
+def fake_library() -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(compiled_fake(SOURCE)))
     vp, u32, u64 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64
     for name, res, args in (("fakehost_new", vp, [ctypes.c_int]), ("fakehost_free", None, [vp]), ("fakehost_qp", vp, [vp]),
                             ("fakehost_send_cq", vp, [vp]), ("fakehost_recv_cq", vp, [vp]),
