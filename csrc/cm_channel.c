@@ -96,20 +96,43 @@ static Py_ssize_t find_id(CmChannel *self, struct rdma_cm_id *id)
     return -1;
 }
 
-/* The id a handle names, if it is one of this channel's; else NULL with ValueError. */
+/* 0 while the channel is open; else -1 with ValueError */
+static int check_open(CmChannel *self)
+{
+    if (self->channel)
+        return 0;
+    PyErr_SetString(PyExc_ValueError, "the CM channel is closed");
+    return -1;
+}
+
+/* The id a handle names, if it is one of this channel's; else NULL with ValueError.  Every method that takes an
+ * id goes through here before it touches the id. */
 static struct rdma_cm_id *id_arg(CmChannel *self, unsigned long long handle)
 {
     struct rdma_cm_id *id = (struct rdma_cm_id *)(uintptr_t)handle;
-    if (!self->channel) {
-        PyErr_SetString(PyExc_ValueError, "the CM channel is closed");
+    if (check_open(self) < 0)
         return NULL;
-    }
     if (!handle || find_id(self, id) < 0) {
         PyErr_Format(PyExc_ValueError, "CM id %#llx is not one of this channel's", handle);
         return NULL;
     }
     return id;
 }
+
+/* The id of a method whose one argument is an id's handle (id_arg), or NULL with the error */
+static struct rdma_cm_id *only_id(CmChannel *self, PyObject *args)
+{
+    unsigned long long handle;
+    return PyArg_ParseTuple(args, "K", &handle) ? id_arg(self, handle) : NULL;
+}
+
+/* A librdmacm call's return (0, or -1 with errno) as a method's answer: None, or cm_error naming the call.
+ * CM_CALL clears errno before the call, so one that fails without setting it is EIO, never an older errno. */
+static PyObject *cm_answer(int rc, const char *what)
+{
+    return rc ? cm_error(what) : Py_NewRef(Py_None);
+}
+#define CM_CALL(call, what) (errno = 0, cm_answer((call), (what)))
 
 static void forget_id(CmChannel *self, struct rdma_cm_id *id)
 {
@@ -222,20 +245,14 @@ static PyObject *CmChannel_close(CmChannel *self, PyObject *unused)
 
 static PyObject *CmChannel_fileno(CmChannel *self, PyObject *unused)
 {
-    if (!self->channel) {
-        PyErr_SetString(PyExc_ValueError, "the CM channel is closed");
-        return NULL;
-    }
-    return PyLong_FromLong(self->channel->fd);
+    return check_open(self) < 0 ? NULL : PyLong_FromLong(self->channel->fd);
 }
 
 static struct rdma_cm_id *new_id(CmChannel *self)
 {
     struct rdma_cm_id *id = NULL;
-    if (!self->channel) {
-        PyErr_SetString(PyExc_ValueError, "the CM channel is closed");
+    if (check_open(self) < 0)
         return NULL;
-    }
     errno = 0;
     if (ops.create_id(self->channel, &id, NULL, RDMA_PS_TCP)) {
         cm_error("rdma_create_id");
@@ -305,10 +322,9 @@ static PyObject *CmChannel_resolve_addr(CmChannel *self, PyObject *args)
     struct sockaddr_storage from, to;
     if ((src && *src && parse_address(src, 0, &from) < 0) || parse_address(dst, port, &to) < 0)
         return NULL;
-    errno = 0;
-    if (ops.resolve_addr(id, src && *src ? (struct sockaddr *)&from : NULL, (struct sockaddr *)&to, timeout_ms))
-        return cm_error("rdma_resolve_addr");
-    Py_RETURN_NONE;
+    return CM_CALL(ops.resolve_addr(id, src && *src ? (struct sockaddr *)&from : NULL, (struct sockaddr *)&to,
+                                    timeout_ms),
+                   "rdma_resolve_addr");
 }
 
 /* resolve_route(id, timeout_ms): ROUTE_RESOLVED follows */
@@ -319,12 +335,7 @@ static PyObject *CmChannel_resolve_route(CmChannel *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "Ki", &handle, &timeout_ms))
         return NULL;
     struct rdma_cm_id *id = id_arg(self, handle);
-    if (!id)
-        return NULL;
-    errno = 0;
-    if (ops.resolve_route(id, timeout_ms))
-        return cm_error("rdma_resolve_route");
-    Py_RETURN_NONE;
+    return id ? CM_CALL(ops.resolve_route(id, timeout_ms), "rdma_resolve_route") : NULL;
 }
 
 static int conn_param(struct rdma_conn_param *param, const Py_buffer *data, unsigned int resources,
@@ -347,8 +358,9 @@ static int conn_param(struct rdma_conn_param *param, const Py_buffer *data, unsi
     return 0;
 }
 
-/* accept(id, private_data, responder_resources, initiator_depth, qp_num=0) */
-static PyObject *CmChannel_accept(CmChannel *self, PyObject *args)
+/* accept or connect (`call`, named `what`) with (id, private_data, responder_resources, initiator_depth, qp_num=0) */
+static PyObject *conn_call(CmChannel *self, PyObject *args, int (*call)(struct rdma_cm_id *, struct rdma_conn_param *),
+                           const char *what)
 {
     unsigned long long handle;
     Py_buffer data;
@@ -358,37 +370,20 @@ static PyObject *CmChannel_accept(CmChannel *self, PyObject *args)
     struct rdma_cm_id *id = id_arg(self, handle);
     struct rdma_conn_param param;
     PyObject *out = NULL;
-    if (id && conn_param(&param, &data, resources, depth, qp_num) == 0) {
-        errno = 0;
-        if (ops.accept(id, &param))
-            cm_error("rdma_accept");
-        else
-            out = Py_NewRef(Py_None);
-    }
+    if (id && conn_param(&param, &data, resources, depth, qp_num) == 0)
+        out = CM_CALL(call(id, &param), what);
     PyBuffer_Release(&data);
     return out;
 }
 
-/* connect(id, private_data, responder_resources, initiator_depth, qp_num=0) */
+static PyObject *CmChannel_accept(CmChannel *self, PyObject *args)
+{
+    return conn_call(self, args, ops.accept, "rdma_accept");
+}
+
 static PyObject *CmChannel_connect(CmChannel *self, PyObject *args)
 {
-    unsigned long long handle;
-    Py_buffer data;
-    unsigned int resources, depth, qp_num = 0;
-    if (!PyArg_ParseTuple(args, "Ky*II|I", &handle, &data, &resources, &depth, &qp_num))
-        return NULL;
-    struct rdma_cm_id *id = id_arg(self, handle);
-    struct rdma_conn_param param;
-    PyObject *out = NULL;
-    if (id && conn_param(&param, &data, resources, depth, qp_num) == 0) {
-        errno = 0;
-        if (ops.connect(id, &param))
-            cm_error("rdma_connect");
-        else
-            out = Py_NewRef(Py_None);
-    }
-    PyBuffer_Release(&data);
-    return out;
+    return conn_call(self, args, ops.connect, "rdma_connect");
 }
 
 /* reject(id, private_data) */
@@ -400,71 +395,42 @@ static PyObject *CmChannel_reject(CmChannel *self, PyObject *args)
         return NULL;
     struct rdma_cm_id *id = id_arg(self, handle);
     PyObject *out = NULL;
-    if (id && data.len > 255) {
+    if (id && data.len > 255)
         PyErr_Format(PyExc_ValueError, "reject private data of %zd bytes: at most 255", data.len);
-    } else if (id) {
-        errno = 0;
-        if (ops.reject(id, data.buf, (uint8_t)data.len))
-            cm_error("rdma_reject");
-        else
-            out = Py_NewRef(Py_None);
-    }
+    else if (id)
+        out = CM_CALL(ops.reject(id, data.buf, (uint8_t)data.len), "rdma_reject");
     PyBuffer_Release(&data);
     return out;
 }
 
+/* disconnect(id) */
 static PyObject *CmChannel_disconnect(CmChannel *self, PyObject *args)
 {
-    unsigned long long handle;
-    if (!PyArg_ParseTuple(args, "K", &handle))
-        return NULL;
-    struct rdma_cm_id *id = id_arg(self, handle);
-    if (!id)
-        return NULL;
-    errno = 0;
-    if (ops.disconnect(id))
-        return cm_error("rdma_disconnect");
-    Py_RETURN_NONE;
+    struct rdma_cm_id *id = only_id(self, args);
+    return id ? CM_CALL(ops.disconnect(id), "rdma_disconnect") : NULL;
 }
 
 /* establish(id): the active side's QP is at RTS after a CONNECT_RESPONSE (a QP made outside librdmacm) */
 static PyObject *CmChannel_establish(CmChannel *self, PyObject *args)
 {
-    unsigned long long handle;
-    if (!PyArg_ParseTuple(args, "K", &handle))
-        return NULL;
-    struct rdma_cm_id *id = id_arg(self, handle);
-    if (!id)
-        return NULL;
-    errno = 0;
-    if (ops.establish(id))
-        return cm_error("rdma_establish");
-    Py_RETURN_NONE;
+    struct rdma_cm_id *id = only_id(self, args);
+    return id ? CM_CALL(ops.establish(id), "rdma_establish") : NULL;
 }
 
 /* destroy(id): its events are all acked by now (events() acks each one), so this never waits */
 static PyObject *CmChannel_destroy(CmChannel *self, PyObject *args)
 {
-    unsigned long long handle;
-    if (!PyArg_ParseTuple(args, "K", &handle))
-        return NULL;
-    struct rdma_cm_id *id = id_arg(self, handle);
+    struct rdma_cm_id *id = only_id(self, args);
     if (!id)
         return NULL;
     forget_id(self, id);
-    errno = 0;
-    if (ops.destroy_id(id))
-        return cm_error("rdma_destroy_id");
-    Py_RETURN_NONE;
+    return CM_CALL(ops.destroy_id(id), "rdma_destroy_id");
 }
 
 /* device(id) -> the RDMA device's name ("" before the id is bound to one) */
 static PyObject *CmChannel_device(CmChannel *self, PyObject *args)
 {
-    unsigned long long handle;
-    if (!PyArg_ParseTuple(args, "K", &handle))
-        return NULL;
-    struct rdma_cm_id *id = id_arg(self, handle);
+    struct rdma_cm_id *id = only_id(self, args);
     if (!id)
         return NULL;
     const char *name = id->verbs && id->verbs->device ? ibv_get_device_name(id->verbs->device) : NULL;
@@ -474,10 +440,7 @@ static PyObject *CmChannel_device(CmChannel *self, PyObject *args)
 /* peer(id) -> "address:port" of the other end ("" when unknown) */
 static PyObject *CmChannel_peer(CmChannel *self, PyObject *args)
 {
-    unsigned long long handle;
-    if (!PyArg_ParseTuple(args, "K", &handle))
-        return NULL;
-    struct rdma_cm_id *id = id_arg(self, handle);
+    struct rdma_cm_id *id = only_id(self, args);
     return id ? address_text(rdma_get_peer_addr(id)) : NULL;
 }
 
@@ -537,10 +500,8 @@ static PyObject *event_dict(CmChannel *self, struct rdma_cm_event *event)
 /* events() -> [dict, ...]: every pending event, copied out and acknowledged; a connect request's new id is kept */
 static PyObject *CmChannel_events(CmChannel *self, PyObject *unused)
 {
-    if (!self->channel) {
-        PyErr_SetString(PyExc_ValueError, "the CM channel is closed");
+    if (check_open(self) < 0)
         return NULL;
-    }
     PyObject *list = PyList_New(0);
     if (!list)
         return NULL;
