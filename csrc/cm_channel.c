@@ -497,7 +497,9 @@ static PyObject *event_dict(CmChannel *self, struct rdma_cm_event *event)
     return out;
 }
 
-/* events() -> [dict, ...]: every pending event, copied out and acknowledged; a connect request's new id is kept */
+/* events() -> [dict, ...]: every pending event, copied out and acknowledged; a connect request's new id is kept.
+ * rdma_get_cm_event failing after some events were taken returns those (their connect requests would otherwise
+ * hold ids nobody answers); it raises only when it took none. */
 static PyObject *CmChannel_events(CmChannel *self, PyObject *unused)
 {
     if (check_open(self) < 0)
@@ -510,6 +512,8 @@ static PyObject *CmChannel_events(CmChannel *self, PyObject *unused)
         errno = 0;
         if (ops.get_cm_event(self->channel, &event)) {
             if (errno == EAGAIN || errno == EWOULDBLOCK)
+                break;
+            if (PyList_GET_SIZE(list)) /* the events taken are acked: returned, the next call meets the failure */
                 break;
             Py_DECREF(list);
             return cm_error("rdma_get_cm_event");

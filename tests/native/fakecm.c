@@ -7,6 +7,7 @@
  * would cause (DISCONNECTED, TIMEWAIT_EXIT, DEVICE_REMOVAL, ADDR_CHANGE), and it reads what the code under test
  * answered (accept or reject, their private data, responder resources and initiator depth).  An active id
  * (rdma_resolve_addr, rdma_connect) connects to a fake listener in the same process, so both ends of our CM meet.
+ * `fakecm_fail_get_event` makes a later rdma_get_cm_event fail, as librdmacm's may (an allocation, the fd's read).
  *
  * Like librdmacm, destroying an id with an event not yet acked would wait for ever: the fake counts it instead
  * (`destroy_unacked`), and the tests require 0.  Ids are never freed (a stale handle stays readable for the test),
@@ -181,9 +182,15 @@ int rdma_listen(struct rdma_cm_id *id, int backlog)
     return 0;
 }
 
+static int get_event_fails_in, get_event_errno; /* fakecm_fail_get_event */
+
 int rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma_cm_event **event)
 {
     struct fake_channel *c = (struct fake_channel *)channel;
+    if (get_event_fails_in && !--get_event_fails_in) { /* as librdmacm's own failures: nothing taken */
+        errno = get_event_errno;
+        return -1;
+    }
     if (!c->head) {
         uint64_t n;
         (void)!read(c->ch.fd, &n, sizeof n);
@@ -379,6 +386,13 @@ int fakecm_answer(void *id, uint8_t *data, int *len, int *resources, int *depth,
     *depth = f->depth;
     *qp_num = f->qp_num;
     return f->destroyed ? -1 : f->state;
+}
+
+/* The nth rdma_get_cm_event from now (1: the next) fails with errno `err`, taking no event. */
+void fakecm_fail_get_event(int nth, int err)
+{
+    get_event_fails_in = nth;
+    get_event_errno = err;
 }
 
 void fakecm_counters(long *out)

@@ -44,6 +44,7 @@ def load(module) -> ctypes.CDLL:
     lib.fakecm_answer.argtypes = [vp, ctypes.c_char_p, ctypes.POINTER(i), ctypes.POINTER(i), ctypes.POINTER(i),
                                   ctypes.POINTER(ctypes.c_uint32)]
     lib.fakecm_counters.argtypes = [vp]
+    lib.fakecm_fail_get_event.argtypes = [i, i]
     module.cm_load_library(str(out))
     _LIB = lib
     return lib
@@ -61,6 +62,12 @@ def event(handle: int, kind: int, status: int = 0) -> None:
     """An event on an id as the peer's CM or the device causes it (DISCONNECTED, TIMEWAIT_EXIT, ...)."""
     if _LIB.fakecm_event(handle, kind, status) < 0:
         raise AssertionError(f"CM id {handle:#x} was destroyed already")
+
+
+def fail_get_event(err: int, nth: int = 1) -> None:
+    """The `nth` rdma_get_cm_event from now fails with errno `err` and takes no event (librdmacm's own failures,
+    an allocation or the read of the channel's fd)."""
+    _LIB.fakecm_fail_get_event(nth, err)
 
 
 def answer(handle: int) -> Answer:

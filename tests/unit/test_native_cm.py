@@ -1,5 +1,6 @@
 """The native module's RDMA CM (csrc/cm_channel.c) through the fake librdmacm (tests/native/fakecm.c): events as
 plain data, accept and reject with their private data, the ids a channel owns, both ends of a connection."""
+import errno
 import os
 import select
 
@@ -96,6 +97,23 @@ def test_closing_the_channel_destroys_every_id_and_never_one_with_an_event_unack
     assert after["ids"] == before["ids"]  # the listener, the five children and the pending one
     assert after["destroy_unacked"] == before["destroy_unacked"] == 0
     assert after["acked"] == after["posted"]
+
+
+def test_a_failure_to_take_an_event_hands_over_the_events_taken_before_it_and_is_raised_by_the_next_call(channel):
+    """rdma_get_cm_event failing part way through events(): the events taken before it are acked already, so
+    they are returned (a connect request among them dropped would leave its host unanswered and its id kept for
+    nobody); the next call meets the failure, then the events behind it come."""
+    channel.listen(ADDR, PORT)
+    first = fakecm.connect(ADDR, PORT, "198.51.100.9", 1, b"")
+    second = fakecm.connect(ADDR, PORT, "198.51.100.9", 2, b"")
+    fakecm.fail_get_event(errno.ENOMEM, nth=2)
+    assert [(ev.name, ev.id) for ev in channel.events()] == [("CONNECT_REQUEST", first)]
+    fakecm.fail_get_event(errno.ENOMEM)
+    with pytest.raises(OSError, match="rdma_get_cm_event") as raised:
+        channel.events()
+    assert raised.value.errno == errno.ENOMEM
+    assert [(ev.name, ev.id) for ev in channel.events()] == [("CONNECT_REQUEST", second)]
+    assert channel.stats()["ids"] == 3 and fakecm.counters()["acked"] == fakecm.counters()["posted"]
 
 
 def test_addresses_are_checked_and_ipv6_peers_are_written_in_brackets(channel):
