@@ -43,17 +43,27 @@ def uring_faults_disarmed():
 
 
 @pytest.fixture
-def ram_ep():
-    ep = NativeEndpoint(standard_config(), SUB_RAM)
-    yield ep
-    ep.close()
+def endpoints():
+    """`endpoints(config, subnqn, **kw)`: a NativeEndpoint, closed after the test."""
+    made = []
+
+    def make(config, subnqn, **kw) -> NativeEndpoint:
+        made.append(NativeEndpoint(config, subnqn, **kw))
+        return made[-1]
+
+    yield make
+    for ep in made:
+        ep.close()
 
 
 @pytest.fixture
-def file_ep(tmp_path):
-    ep = NativeEndpoint(file_config(tmp_path / "ns.img"), SUB_FILE)
-    yield ep
-    ep.close()
+def ram_ep(endpoints):
+    return endpoints(standard_config(), SUB_RAM)
+
+
+@pytest.fixture
+def file_ep(endpoints, tmp_path):
+    return endpoints(file_config(tmp_path / "ns.img"), SUB_FILE)
 
 
 class OtherQueue:
@@ -105,6 +115,31 @@ def poll_until_stalled(ep, held: int = 1) -> None:
         ep.queue.poll()
 
 
+def stall_on_the_ring(ep, capsule: bytes) -> None:
+    """The capsule's command taken by the queue and its ring completion held by the hook (one stall armed)."""
+    native.module.uring_inject("stall", 1)
+    assert ep.device.deliver(capsule) == 0
+    poll_until_stalled(ep)
+
+
+def read_held_on_the_wire(ep) -> None:
+    """A 4 KiB Read of LBA 16 (cid 5) taken with the wire held: its data WRITE, chained to the response SEND, and
+    the SEND are posted, neither moved."""
+    ep.device.hold()
+    assert ep.device.deliver(io_capsule(ep, READ, 1, 16, 7, 4096, cid=5)) == 0
+    ep.queue.poll()
+    assert ep.device.on_wire() == 2
+
+
+def pause_behind_a_read_on_the_wire(ep) -> list:
+    """read_held_on_the_wire, then a pause of SUB_RAM, which waits for it: the list gets the count of work requests
+    on the wire when the pause drains."""
+    read_held_on_the_wire(ep)
+    on_wire_when_drained = []
+    assert not ep.env.target.pause(SUB_RAM, on_drained=lambda: on_wire_when_drained.append(ep.device.on_wire()))
+    return on_wire_when_drained
+
+
 # ------------------------------------------------------------------------------------------ DMA at completion
 
 def test_a_reads_data_and_response_reach_the_host_only_when_the_wire_completes_them(ram_ep):
@@ -113,10 +148,7 @@ def test_a_reads_data_and_response_reach_the_host_only_when_the_wire_completes_t
     ep.env.target.subsystem(SUB_RAM).namespaces[1].backend.buffer[16 * 512:16 * 512 + 4096] = stored
     before = ep.host_bytes()[:4096]
     assert before != stored
-    ep.device.hold()
-    assert ep.device.deliver(io_capsule(ep, READ, 1, 16, 7, 4096, cid=5)) == 0
-    ep.queue.poll()
-    assert ep.device.on_wire() == 2  # the data WRITE chained to the response SEND
+    read_held_on_the_wire(ep)
     for _ in range(3):
         ep.queue.poll()
     assert ep.device.responses() == []
@@ -193,27 +225,24 @@ def test_a_file_writes_ring_write_waits_for_its_rdma_read_to_complete(file_ep, t
     assert file_bytes(path, 32 * 512, 4096) == data
 
 
-def test_a_file_reads_bounce_chunk_is_not_reused_while_its_data_is_on_the_wire(tmp_path):
+def test_a_file_reads_bounce_chunk_is_not_reused_while_its_data_is_on_the_wire(endpoints, tmp_path):
     path = tmp_path / "ns.img"
-    ep = NativeEndpoint(file_config(path), SUB_FILE, file_buffers=1)
-    try:
-        stored = pattern(2 * 4096, seed=97)
-        put_file(path, 0, stored)
-        ep.device.hold()
-        for cid in range(2):
-            assert ep.device.deliver(io_capsule(ep, READ, 1, 8 * cid, 7, 4096, offset=4096 * cid, cid=cid)) == 0
-        poll_until(ep, lambda: ep.device.on_wire() == 2)  # the first Read's WRITE and SEND, from the one chunk
-        for _ in range(3):
-            ep.queue.poll()
-        stats = ep.queue.stats()
-        assert stats["bounce_chunks_free"] == 0 and stats["ring_in_flight"] == 0 and ep.device.on_wire() == 2
-        ep.device.hold(False)
-        ep.settle()
-        assert sorted((cid_of(c), status_of(c)) for c, _ in ep.device.responses()) == [(0, 0), (1, 0)]
-        assert ep.host_bytes()[:2 * 4096] == stored
-        assert ep.queue.stats()["chunk_waits"] == 1
-    finally:
-        ep.close()
+    ep = endpoints(file_config(path), SUB_FILE, file_buffers=1)
+    stored = pattern(2 * 4096, seed=97)
+    put_file(path, 0, stored)
+    ep.device.hold()
+    for cid in range(2):
+        assert ep.device.deliver(io_capsule(ep, READ, 1, 8 * cid, 7, 4096, offset=4096 * cid, cid=cid)) == 0
+    poll_until(ep, lambda: ep.device.on_wire() == 2)  # the first Read's WRITE and SEND, from the one chunk
+    for _ in range(3):
+        ep.queue.poll()
+    stats = ep.queue.stats()
+    assert stats["bounce_chunks_free"] == 0 and stats["ring_in_flight"] == 0 and ep.device.on_wire() == 2
+    ep.device.hold(False)
+    ep.settle()
+    assert sorted((cid_of(c), status_of(c)) for c, _ in ep.device.responses()) == [(0, 0), (1, 0)]
+    assert ep.host_bytes()[:2 * 4096] == stored
+    assert ep.queue.stats()["chunk_waits"] == 1
 
 
 # ------------------------------------------------------------------------------------------ post failures
@@ -272,12 +301,7 @@ def test_a_queue_a_failed_post_closes_is_off_the_wire_before_a_pending_pause_can
     drain then and its change let the old memory go: by then nothing of the queue may be left on the wire."""
     ep = ram_ep
     target = ep.env.target
-    ep.device.hold()
-    assert ep.device.deliver(io_capsule(ep, READ, 1, 16, 7, 4096, cid=5)) == 0
-    ep.queue.poll()
-    assert ep.device.on_wire() == 2
-    on_wire_when_drained = []
-    assert not target.pause(SUB_RAM, on_drained=lambda: on_wire_when_drained.append(ep.device.on_wire()))
+    on_wire_when_drained = pause_behind_a_read_on_the_wire(ep)
     ep.device.fail_post("recv", errno.EINVAL)  # the next capsule's receive is re-posted: refused
     assert ep.device.deliver(io_capsule(ep, READ, 1, 0, 7, 4096, cid=6)) == 0
     ep.queue.poll()
@@ -292,12 +316,7 @@ def test_a_queue_closing_on_a_disconnect_counts_its_work_on_the_wire_for_a_pendi
     Read's data from the namespace's memory): a pause waiting meanwhile drains only when that has left."""
     ep = ram_ep
     target = ep.env.target
-    ep.device.hold()
-    assert ep.device.deliver(io_capsule(ep, READ, 1, 16, 7, 4096, cid=5)) == 0
-    ep.queue.poll()
-    assert ep.device.on_wire() == 2
-    on_wire_when_drained = []
-    assert not target.pause(SUB_RAM, on_drained=lambda: on_wire_when_drained.append(ep.device.on_wire()))
+    on_wire_when_drained = pause_behind_a_read_on_the_wire(ep)
     assert ep.device.deliver(F.DisconnectCommand(cid=100).to_sqe().pack()) == 0
     ep.queue.poll()
     assert ep.queue.closing and on_wire_when_drained == []  # the Read's data and response still on the wire
@@ -430,9 +449,7 @@ def test_a_stalled_ring_command_holds_its_slot_until_released_then_completes_rig
     stored = pattern(4096, seed=73)
     put_file(path, 8 * 512, stored)
     free_before = ep.queue.stats()["bounce_chunks_free"]
-    native.module.uring_inject("stall", 1)
-    assert ep.device.deliver(io_capsule(ep, READ, 1, 8, 7, 4096, cid=4)) == 0
-    poll_until_stalled(ep)
+    stall_on_the_ring(ep, io_capsule(ep, READ, 1, 8, 7, 4096, cid=4))
     stats = ep.queue.stats()
     assert native.module.uring_faults()["held"] == 1
     assert stats["ring_in_flight"] == 1 and stats["native_in_flight"] == 1
@@ -453,9 +470,7 @@ def test_a_stalled_ring_write_is_not_answered_until_released(file_ep, tmp_path):
     path = tmp_path / "ns.img"
     data = pattern(4096, seed=79)
     ep.buf.view[:4096] = data
-    native.module.uring_inject("stall", 1)
-    assert ep.device.deliver(io_capsule(ep, WRITE, 1, 16, 7, 4096, cid=7)) == 0
-    poll_until_stalled(ep)
+    stall_on_the_ring(ep, io_capsule(ep, WRITE, 1, 16, 7, 4096, cid=7))
     assert ep.device.responses() == []
     assert file_bytes(path, 16 * 512, 4096) == data  # in the file, and still not answered
     native.module.uring_release()
@@ -479,9 +494,7 @@ def test_a_queue_closed_while_its_device_holds_a_command_returns_at_once_and_fre
     try:
         stored = pattern(4096, seed=79)
         put_file(path, 64 * 512, stored)
-        native.module.uring_inject("stall", 1)
-        assert ep.device.deliver(io_capsule(ep, READ, 1, 0, 7, 4096, cid=5)) == 0
-        poll_until_stalled(ep)
+        stall_on_the_ring(ep, io_capsule(ep, READ, 1, 0, 7, 4096, cid=5))
         ep.queue.close()
         assert ep.queue.closed and ep.queue.held == 1
         assert CLOSING.get(id(ep.queue)) is ep.queue
@@ -510,28 +523,23 @@ def test_the_ring_fault_hook_refuses_an_unknown_kind():
         native.module.uring_inject("eperm")
 
 
-def test_a_ram_read_never_waits_behind_a_file_command_waiting_for_its_namespaces_depth(tmp_path):
+def test_a_ram_read_never_waits_behind_a_file_command_waiting_for_its_namespaces_depth(endpoints, tmp_path):
     """File namespace 1 of depth 1 with its one command held on the ring, a second one waiting for its depth;
     a Read of RAM namespace 2 behind them needs only send-queue entries: it is answered at once."""
     config = file_config(tmp_path / "ns.img", queue_depth=1)
     config["subsystems"][0]["namespaces"].append(ram_ns(2))
-    ep = NativeEndpoint(config, SUB_FILE)
-    try:
-        stored = pattern(4096, seed=67)
-        ep.env.target.subsystem(SUB_FILE).namespaces[2].backend.buffer[:4096] = stored
-        native.module.uring_inject("stall", 1)
-        assert ep.device.deliver(io_capsule(ep, READ, 1, 0, 7, 4096, offset=8192, cid=1)) == 0
-        poll_until_stalled(ep)
-        assert ep.device.deliver(io_capsule(ep, READ, 1, 8, 7, 4096, offset=12288, cid=2)) == 0
-        assert ep.device.deliver(io_capsule(ep, READ, 2, 0, 7, 4096, offset=0, cid=3)) == 0
-        for _ in range(3):  # the wire completes what the last poll posted (the ring's command stays held)
-            ep.queue.poll()
-        assert [cid_of(c) for c, _ in ep.device.responses()] == [3]
-        assert ep.host_bytes()[:4096] == stored
-        assert native.module.uring_release() == 1
-        poll_until(ep, lambda: ep.queue.stats()["native_in_flight"] == 0)
-        pump(ep.queue)
-        got = {cid_of(c): status_of(c) for c, _ in ep.device.responses()}
-        assert got == {1: 0, 2: 0}
-    finally:
-        ep.close()
+    ep = endpoints(config, SUB_FILE)
+    stored = pattern(4096, seed=67)
+    ep.env.target.subsystem(SUB_FILE).namespaces[2].backend.buffer[:4096] = stored
+    stall_on_the_ring(ep, io_capsule(ep, READ, 1, 0, 7, 4096, offset=8192, cid=1))
+    assert ep.device.deliver(io_capsule(ep, READ, 1, 8, 7, 4096, offset=12288, cid=2)) == 0
+    assert ep.device.deliver(io_capsule(ep, READ, 2, 0, 7, 4096, offset=0, cid=3)) == 0
+    for _ in range(3):  # the wire completes what the last poll posted (the ring's command stays held)
+        ep.queue.poll()
+    assert [cid_of(c) for c, _ in ep.device.responses()] == [3]
+    assert ep.host_bytes()[:4096] == stored
+    assert native.module.uring_release() == 1
+    poll_until(ep, lambda: ep.queue.stats()["native_in_flight"] == 0)
+    pump(ep.queue)
+    got = {cid_of(c): status_of(c) for c, _ in ep.device.responses()}
+    assert got == {1: 0, 2: 0}
