@@ -2,30 +2,20 @@
 (tests/native/fakecm.c), with the fake device of fakeverbs.py for the queues: hostile connect requests, a connect
 flood from one address, events naming their connection, keep-alive expiry.  Each test runs in a child
 interpreter (the pyverbs stand-ins replace pyverbs in sys.modules), as test_rdma_target_fake.py's do."""
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from nvmeof_roce import native
+from test_rdma_target_fake import run_child as run_fake_child
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="the native extension is not built")
 
-REPO = Path(__file__).resolve().parents[2]
-
+# What each child adds to test_rdma_target_fake.py's SETUP (the stand-ins, the fake CM loaded, the project's
+# imports): the log kept in `log`; serve() a target on the fake CM, pump() its loop, request() a connect request.
 SETUP = r"""
-import sys, logging
-sys.path.insert(0, %(doubles)r); sys.path.insert(0, %(repo)r)
-import fakeverbs
-fakeverbs.install(prefer_real=False)
+import logging
 import fakecm
 from nvmeof_roce import native
-from nvmeof_roce.bench.cost import transport as tc
-from nvmeof_roce.config import parse_config
-from nvmeof_roce.initiator.controller import Controller
 from nvmeof_roce.nvme import cm
-from nvmeof_roce.service.serve import TargetServer
 from nvmeof_roce.transport.resources import ResourceLimits
 EV = native.module
 log = []
@@ -34,6 +24,13 @@ class Keep(logging.Handler):
         log.append(record.getMessage())
 logging.getLogger("nvmeof_roce").addHandler(Keep())
 logging.getLogger("nvmeof_roce").setLevel(logging.INFO)
+now = [1000.0]  # the target's clock, where serve(clock=True): the test moves it
+
+def serve(limits=None, clock=False):  # a target on the fake device and CM (the Python data path)
+    server = TargetServer(parse_config(tc.config_dict(), source="test"), data_path="python", limits=limits)
+    if clock:
+        server.target.clock = lambda: now[0]
+    return server, server.loop.listeners[0]
 
 def pump(n=5):
     for _ in range(n):
@@ -47,15 +44,12 @@ def request(qid=1, hsqsize=31, peer="10.0.0.50", port=[30000]):
 
 
 def run_child(body: str) -> None:
-    code = (SETUP + body) % {"doubles": str(REPO / "tests" / "unit"), "repo": str(REPO)}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:] + proc.stdout[-2000:]
+    run_fake_child(SETUP + body)
 
 
 def test_hostile_connect_requests_get_their_nvme_status_and_the_target_keeps_serving():
     run_child(r"""
-server = TargetServer(parse_config(tc.config_dict(), source="test"), data_path="python")
-listener = server.loop.listeners[0]
+server, listener = serve()
 cases = {
     "short": (fakecm.connect(tc.TRADDR, tc.TRSVCID, "10.0.0.66", 1, b"\x00" * 5), cm.STS_INVALID_LEN),
     "recfmt": (fakecm.connect(tc.TRADDR, tc.TRSVCID, "10.0.0.66", 2,
@@ -82,11 +76,7 @@ print("ok")
 
 def test_a_connect_flood_from_one_address_is_refused_at_the_cm_and_other_addresses_connect():
     run_child(r"""
-server = TargetServer(parse_config(tc.config_dict(), source="test"), data_path="python",
-                      limits=ResourceLimits(max_connecting_per_address=3, connect_timeout=5.0))
-listener = server.loop.listeners[0]
-now = [1000.0]
-server.target.clock = lambda: now[0]
+server, listener = serve(ResourceLimits(max_connecting_per_address=3, connect_timeout=5.0), clock=True)
 flood = [request(peer="10.0.0.66") for _ in range(6)]
 pump()
 states = [fakecm.answer(h).state for h in flood]
@@ -112,8 +102,7 @@ print("ok")
 
 def test_each_cm_event_closes_exactly_the_queue_it_names():
     run_child(r"""
-server = TargetServer(parse_config(tc.config_dict(), source="test"), data_path="python")
-listener = server.loop.listeners[0]
+server, listener = serve()
 ids = [request(peer="10.0.0.50") for _ in range(5)]
 pump()
 assert len(listener.queues) == 5
@@ -131,10 +120,7 @@ print("ok")
 
 def test_a_host_that_vanishes_is_ended_by_keep_alive_and_its_cm_ids_destroyed():
     run_child(r"""
-server = TargetServer(parse_config(tc.config_dict(), source="test"), data_path="python")
-listener = server.loop.listeners[0]
-now = [1000.0]
-server.target.clock = lambda: now[0]
+server, listener = serve(clock=True)
 ctrl = Controller.connect(tc.FakeConnector(server.loop), tc.SUBNQN, hostnqn=tc.HOSTNQN, num_io_queues=2,
                           queue_size=32, kato_ms=5000, enable_aen=False)
 assert len(listener.queues) == 3
