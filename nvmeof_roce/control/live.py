@@ -628,7 +628,9 @@ class Applying:
     """A live change under way: `done` once it was committed (`error` None) or given up (`error` says why).  The
     commit of namespace changes waits for the native and Python commands of their subsystems to drain (the
     engine's pause); that is at once when none is in flight, the common case.  `then(fn)` calls `fn(error)`
-    when it is done (at once if it is)."""
+    when it is done (at once if it is).
+    Not server.py's DeferredAnswer: this is the change's own outcome, for every caller (an RPC, a reload, tests);
+    that is one request's JSON-RPC answer, which Control.call makes from this outcome once the config is saved."""
 
     def __init__(self):
         self.done = False
