@@ -159,14 +159,16 @@ static PyObject *address_text(const struct sockaddr *sa)
     return PyUnicode_FromString("");
 }
 
-/* host (IPv4 or IPv6 literal) and port into a sockaddr_storage; -1 with ValueError naming the address */
-static int parse_address(const char *host, unsigned int port, struct sockaddr_storage *ss)
+/* host (IPv4 or IPv6 literal) and port into a sockaddr_storage; -1 with ValueError naming the address or port.
+ * The numbers of the methods are parsed as long long ("L": OverflowError past it), never "I", which would take
+ * 2**32 + 4420 as 4420, and checked against their field here and in conn_param. */
+static int parse_address(const char *host, long long port, struct sockaddr_storage *ss)
 {
     memset(ss, 0, sizeof *ss);
     struct sockaddr_in *in = (struct sockaddr_in *)ss;
     struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
-    if (port > 65535) {
-        PyErr_Format(PyExc_ValueError, "port %u: out of range (0-65535)", port);
+    if (port < 0 || port > 65535) {
+        PyErr_Format(PyExc_ValueError, "port %lld: out of range (0-65535)", port);
         return -1;
     }
     if (inet_pton(AF_INET, host, &in->sin_addr) == 1) {
@@ -186,7 +188,8 @@ static int parse_address(const char *host, unsigned int port, struct sockaddr_st
 
 static PyObject *CmChannel_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
-    if (!PyArg_ParseTuple(args, ""))
+    static char *no_keywords[] = {NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, ":CmChannel", no_keywords))
         return NULL;
     CmChannel *self = (CmChannel *)type->tp_alloc(type, 0);
     if (!self)
@@ -277,9 +280,9 @@ static void drop_id(CmChannel *self, struct rdma_cm_id *id)
 static PyObject *CmChannel_listen(CmChannel *self, PyObject *args)
 {
     const char *host;
-    unsigned int port;
+    long long port;
     int backlog = 128;
-    if (!PyArg_ParseTuple(args, "sI|i", &host, &port, &backlog))
+    if (!PyArg_ParseTuple(args, "sL|i", &host, &port, &backlog))
         return NULL;
     struct sockaddr_storage ss;
     if (parse_address(host, port, &ss) < 0)
@@ -312,9 +315,9 @@ static PyObject *CmChannel_resolve_addr(CmChannel *self, PyObject *args)
 {
     unsigned long long handle;
     const char *src = NULL, *dst;
-    unsigned int port;
+    long long port;
     int timeout_ms;
-    if (!PyArg_ParseTuple(args, "KzsIi", &handle, &src, &dst, &port, &timeout_ms))
+    if (!PyArg_ParseTuple(args, "KzsLi", &handle, &src, &dst, &port, &timeout_ms))
         return NULL;
     struct rdma_cm_id *id = id_arg(self, handle);
     if (!id)
@@ -338,13 +341,17 @@ static PyObject *CmChannel_resolve_route(CmChannel *self, PyObject *args)
     return id ? CM_CALL(ops.resolve_route(id, timeout_ms), "rdma_resolve_route") : NULL;
 }
 
-static int conn_param(struct rdma_conn_param *param, const Py_buffer *data, unsigned int resources,
-                      unsigned int depth, unsigned int qp_num)
+static int conn_param(struct rdma_conn_param *param, const Py_buffer *data, long long resources, long long depth,
+                      long long qp_num)
 {
     memset(param, 0, sizeof *param);
-    if (data->len > 255 || resources > 255 || depth > 255) {
-        PyErr_Format(PyExc_ValueError, "private data of %zd bytes, responder resources %u, initiator depth %u: "
-                     "each must be at most 255", data->len, resources, depth);
+    if (data->len > 255 || resources < 0 || resources > 255 || depth < 0 || depth > 255) {
+        PyErr_Format(PyExc_ValueError, "private data of %zd bytes, responder resources %lld, initiator depth %lld: "
+                     "each must be 0 to 255", data->len, resources, depth);
+        return -1;
+    }
+    if (qp_num < 0 || qp_num > UINT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "QP number %lld: out of range (0-%u)", qp_num, UINT32_MAX);
         return -1;
     }
     param->private_data = data->buf;
@@ -354,7 +361,7 @@ static int conn_param(struct rdma_conn_param *param, const Py_buffer *data, unsi
     param->flow_control = 1;
     param->retry_count = 7;
     param->rnr_retry_count = 7;
-    param->qp_num = qp_num;
+    param->qp_num = (uint32_t)qp_num;
     return 0;
 }
 
@@ -364,8 +371,8 @@ static PyObject *conn_call(CmChannel *self, PyObject *args, int (*call)(struct r
 {
     unsigned long long handle;
     Py_buffer data;
-    unsigned int resources, depth, qp_num = 0;
-    if (!PyArg_ParseTuple(args, "Ky*II|I", &handle, &data, &resources, &depth, &qp_num))
+    long long resources, depth, qp_num = 0;
+    if (!PyArg_ParseTuple(args, "Ky*LL|L", &handle, &data, &resources, &depth, &qp_num))
         return NULL;
     struct rdma_cm_id *id = id_arg(self, handle);
     struct rdma_conn_param param;

@@ -126,6 +126,35 @@ def test_addresses_are_checked_and_ipv6_peers_are_written_in_brackets(channel):
         channel.listen("2001:db8::1", PORT)
 
 
+def test_a_number_past_its_field_is_refused_never_wrapped(channel):
+    """A port, responder resources, initiator depth or QP number out of its range is a ValueError naming it:
+    2**32 + 4420 is not taken as port 4420, nor -1 as 4294967295, and nothing listens or is accepted."""
+    with pytest.raises(ValueError, match=f"port {2**32 + PORT}: out of range"):
+        channel.channel.listen(ADDR, 2**32 + PORT)
+    with pytest.raises(ValueError, match="port -1: out of range"):
+        channel.channel.listen(ADDR, -1)
+    assert channel.stats()["ids"] == 0
+    channel.listen(ADDR, PORT)
+    child = fakecm.connect(ADDR, PORT, "198.51.100.9", 1, b"")
+    [ev] = channel.events()
+    for numbers, named in (((2**32 + 1, 0), "responder resources 4294967297"), ((0, -1), "initiator depth -1")):
+        with pytest.raises(ValueError, match=named):
+            channel.channel.accept(ev.id, b"", *numbers)
+    with pytest.raises(ValueError, match="QP number 4294967296: out of range"):
+        channel.channel.accept(ev.id, b"", 0, 0, 2**32)
+    assert fakecm.answer(child).state == "pending"
+    host = channel.create_id()
+    with pytest.raises(ValueError, match=f"port {2**32 + PORT}: out of range"):
+        host.resolve_addr(None, ADDR, 2**32 + PORT, 1000)
+    assert channel.events() == []
+
+
+def test_the_channel_takes_no_keyword_it_would_ignore():
+    fakecm.load(native.module)
+    with pytest.raises(TypeError):
+        native.module.CmChannel(backlog=5)
+
+
 def test_both_ends_of_a_connection_through_our_cm(channel):
     """Our initiator's active id against our listener: resolve, connect with the NVMe-oF request, the accept's
     private data on the host's ESTABLISHED; a reject's on its REJECTED."""
