@@ -197,13 +197,18 @@ static PyObject *CmChannel_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     errno = 0;
     self->channel = ops.create_event_channel();
     if (!self->channel) {
+        cm_error("rdma_create_event_channel"); /* first: the dealloc may change errno */
         Py_DECREF(self);
-        return cm_error("rdma_create_event_channel");
+        return NULL;
     }
     int flags = fcntl(self->channel->fd, F_GETFL);
     if (flags < 0 || fcntl(self->channel->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+        cm_error("making the CM event channel non-blocking");
+        /* not close_channel: no id is on it yet, and taking its events from a blocking fd would wait for one */
+        ops.destroy_event_channel(self->channel);
+        self->channel = NULL;
         Py_DECREF(self);
-        return cm_error("making the CM event channel non-blocking");
+        return NULL;
     }
     return (PyObject *)self;
 }

@@ -8,12 +8,15 @@
  * answered (accept or reject, their private data, responder resources and initiator depth).  An active id
  * (rdma_resolve_addr, rdma_connect) connects to a fake listener in the same process, so both ends of our CM meet.
  * `fakecm_fail_get_event` makes a later rdma_get_cm_event fail, as librdmacm's may (an allocation, the fd's read).
+ * The channel's fd is blocking until the code under test makes it not; a rdma_get_cm_event on a blocking channel
+ * with no event would wait for ever in librdmacm: the fake counts it (`blocking_waits`), and the tests require 0.
  *
  * Like librdmacm, destroying an id with an event not yet acked would wait for ever: the fake counts it instead
  * (`destroy_unacked`), and the tests require 0.  Ids are never freed (a stale handle stays readable for the test),
  * only marked destroyed.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,7 +50,9 @@ struct fake_id {
 };
 
 static struct fake_id *all_ids;
-static long counters[6]; /* ids live, ids destroyed, events posted, events acked, destroy_unacked, rejects */
+/* ids live, ids destroyed, events posted, events acked, destroy_unacked, rejects, blocking_waits */
+static long counters[7];
+static int next_channel_fd_bad; /* fakecm_bad_channel_fd */
 
 static struct fake_id *fid(struct rdma_cm_id *id) { return (struct fake_id *)id; }
 
@@ -80,7 +85,8 @@ static void post(struct fake_id *f, enum rdma_cm_event_type type, int status, co
 struct rdma_event_channel *rdma_create_event_channel(void)
 {
     struct fake_channel *c = calloc(1, sizeof *c);
-    c->ch.fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    c->ch.fd = next_channel_fd_bad ? -1 : eventfd(0, EFD_CLOEXEC); /* blocking, as librdmacm's */
+    next_channel_fd_bad = 0;
     return &c->ch;
 }
 
@@ -92,7 +98,8 @@ void rdma_destroy_event_channel(struct rdma_event_channel *channel)
         c->head = e->next;
         free(e);
     }
-    close(c->ch.fd);
+    if (c->ch.fd >= 0)
+        close(c->ch.fd);
     free(c);
 }
 
@@ -192,6 +199,9 @@ int rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma_cm_event *
         return -1;
     }
     if (!c->head) {
+        int flags = fcntl(c->ch.fd, F_GETFL);
+        if (flags < 0 || !(flags & O_NONBLOCK)) /* librdmacm would wait for an event here: counted instead */
+            counters[6]++;
         uint64_t n;
         (void)!read(c->ch.fd, &n, sizeof n);
         errno = EAGAIN;
@@ -386,6 +396,12 @@ int fakecm_answer(void *id, uint8_t *data, int *len, int *resources, int *depth,
     *depth = f->depth;
     *qp_num = f->qp_num;
     return f->destroyed ? -1 : f->state;
+}
+
+/* The next rdma_create_event_channel gives a channel whose fd is not open (-1): making it non-blocking fails. */
+void fakecm_bad_channel_fd(void)
+{
+    next_channel_fd_bad = 1;
 }
 
 /* The nth rdma_get_cm_event from now (1: the next) fails with errno `err`, taking no event. */

@@ -15,7 +15,7 @@ from native_fake import compiled_fake
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "tests" / "native" / "fakecm.c"
-COUNTERS = ("ids", "destroyed", "posted", "acked", "destroy_unacked", "rejects")
+COUNTERS = ("ids", "destroyed", "posted", "acked", "destroy_unacked", "rejects", "blocking_waits")
 STATES = {0: "pending", 1: "accepted", 2: "rejected", 3: "disconnected", 4: "connecting", 5: "responded",
           -1: "destroyed"}
 
@@ -68,6 +68,11 @@ def fail_get_event(err: int, nth: int = 1) -> None:
     """The `nth` rdma_get_cm_event from now fails with errno `err` and takes no event (librdmacm's own failures,
     an allocation or the read of the channel's fd)."""
     _LIB.fakecm_fail_get_event(nth, err)
+
+
+def bad_channel_fd() -> None:
+    """The next event channel's fd is not open: making it non-blocking fails (EBADF)."""
+    _LIB.fakecm_bad_channel_fd()
 
 
 def answer(handle: int) -> Answer:

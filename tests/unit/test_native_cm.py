@@ -149,6 +149,18 @@ def test_a_number_past_its_field_is_refused_never_wrapped(channel):
     assert channel.events() == []
 
 
+def test_a_channel_that_cannot_be_made_non_blocking_is_refused_with_its_errno_and_never_waited_on():
+    """fcntl failing on the new channel: OSError with fcntl's errno (not one the cleanup left), and the channel
+    destroyed without taking events from its still blocking fd (librdmacm would wait there for ever)."""
+    fakecm.load(native.module)
+    before = fakecm.counters()
+    fakecm.bad_channel_fd()
+    with pytest.raises(OSError, match="making the CM event channel non-blocking") as raised:
+        native.module.CmChannel()
+    assert raised.value.errno == errno.EBADF
+    assert fakecm.counters()["blocking_waits"] == before["blocking_waits"] == 0
+
+
 def test_the_channel_takes_no_keyword_it_would_ignore():
     fakecm.load(native.module)
     with pytest.raises(TypeError):
