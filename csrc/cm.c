@@ -14,32 +14,21 @@
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
-static struct rdma_cm_id *cm_id_of(PyObject *obj)
-{
-    unsigned long long v = PyLong_AsUnsignedLongLong(obj);
-    if (PyErr_Occurred())
-        return NULL;
-    if (!v) {
-        PyErr_SetString(PyExc_ValueError, "no CM id (its address is 0)");
-        return NULL;
-    }
-    return (struct rdma_cm_id *)(uintptr_t)v;
-}
-
 static int nonblocking(int fd)
 {
     int flags = fcntl(fd, F_GETFL);
     return flags < 0 ? -1 : fcntl(fd, F_SETFL, flags | O_NONBLOCK);
 }
 
-/* create_cm_qp(cm_id, max_send_wr, max_recv_wr, max_inline) -> dict of the addresses and fds */
+/* create_cm_qp(cm, cm_id, max_send_wr, max_recv_wr, max_inline) -> dict of the addresses and fds; the id is the
+ * one the handle `cm_id` names on the CmChannel `cm` (native_cm_id: a stale handle is a ValueError) */
 static PyObject *create_cm_qp(PyObject *self, PyObject *args)
 {
-    PyObject *id_obj;
+    PyObject *cm, *handle;
     unsigned int send_wr, recv_wr, inline_size;
-    if (!PyArg_ParseTuple(args, "OIII", &id_obj, &send_wr, &recv_wr, &inline_size))
+    if (!PyArg_ParseTuple(args, "OOIII", &cm, &handle, &send_wr, &recv_wr, &inline_size))
         return NULL;
-    struct rdma_cm_id *id = cm_id_of(id_obj);
+    struct rdma_cm_id *id = native_cm_id(cm, handle);
     if (!id)
         return NULL;
     if (id->qp) {
@@ -74,12 +63,13 @@ static PyObject *create_cm_qp(PyObject *self, PyObject *args)
                          attr.cap.max_inline_data);
 }
 
+/* destroy_cm_qp(cm, cm_id) */
 static PyObject *destroy_cm_qp(PyObject *self, PyObject *args)
 {
-    PyObject *id_obj;
-    if (!PyArg_ParseTuple(args, "O", &id_obj))
+    PyObject *cm, *handle;
+    if (!PyArg_ParseTuple(args, "OO", &cm, &handle))
         return NULL;
-    struct rdma_cm_id *id = cm_id_of(id_obj);
+    struct rdma_cm_id *id = native_cm_id(cm, handle);
     if (!id)
         return NULL;
     if (id->qp)
@@ -132,8 +122,9 @@ static PyObject *dereg_mr(PyObject *self, PyObject *args)
 
 static PyMethodDef cm_methods[] = {
     {"create_cm_qp", create_cm_qp, METH_VARARGS,
-     "create_cm_qp(cm_id, max_send_wr, max_recv_wr, max_inline) -> {qp, send_cq, recv_cq, *_channel, *_fd, pd, ...}"},
-    {"destroy_cm_qp", destroy_cm_qp, METH_VARARGS, "destroy_cm_qp(cm_id): the QP and its CQs."},
+     "create_cm_qp(cm, cm_id, max_send_wr, max_recv_wr, max_inline) -> {qp, send_cq, recv_cq, *_channel, *_fd, pd, "
+     "...} on the id the handle cm_id names on the CmChannel cm"},
+    {"destroy_cm_qp", destroy_cm_qp, METH_VARARGS, "destroy_cm_qp(cm, cm_id): the QP and its CQs."},
     {"cq_events", cq_events, METH_VARARGS, "cq_events(channel) -> completion events taken and acknowledged."},
     {"reg_mr", reg_mr, METH_VARARGS, "reg_mr(pd, addr, length, access) -> (mr, lkey, rkey)."},
     {"dereg_mr", dereg_mr, METH_VARARGS, "dereg_mr(mr)."},

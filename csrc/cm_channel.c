@@ -7,10 +7,16 @@
  * initiator depth) and acknowledges it at once, so destroying an id never waits for an unacked event.  Python then
  * decides: `accept`, `reject` (both with the NVMe-oF private data Python packed), `disconnect`, `destroy`.
  *
- * A handle is the id's address as an int; every call looks it up among the channel's own ids first, so a stale or
- * foreign handle is a ValueError, never a wild pointer.  The functions of librdmacm are called through one table,
- * the real library's by default; `_native.cm_load_library(path)` points it at another library with the same
- * names (the unit tests' fake librdmacm, tests/native/fakecm.c).  None of this is on the per-command path.
+ * A handle is a number given to an id when it is made (or arrives with a connect request) and never given again
+ * in this process, not the id's address: librdmacm may put a new id where a destroyed one was, and a handle
+ * Python still holds for the old one (a queue closing late) must not name the new connection.  The channel keeps
+ * each id with its handle; every call looks the handle up there first, so a stale or foreign handle is a
+ * ValueError, never a wild pointer nor another id.  The native queues' QP helpers (csrc/cm.c, csrc/hostq.c)
+ * resolve a handle through its channel the same way (native_cm_id).
+ *
+ * The functions of librdmacm are called through one table, the real library's by default;
+ * `_native.cm_load_library(path)` points it at another library with the same names (the unit tests' fake
+ * librdmacm, tests/native/fakecm.c).  None of this is on the per-command path.
  */
 #include "native.h"
 
@@ -51,13 +57,22 @@ static struct cm_ops ops = {
     rdma_resolve_addr, rdma_resolve_route, rdma_connect, rdma_init_qp_attr, rdma_establish,
 };
 
+struct cm_entry {
+    unsigned long long handle;
+    struct rdma_cm_id *id;
+};
+
 typedef struct {
     PyObject_HEAD
     struct rdma_event_channel *channel;
-    struct rdma_cm_id **ids; /* every id made on this channel and not destroyed */
+    struct cm_entry *ids; /* every id made on this channel and not destroyed, with its handle */
     Py_ssize_t n_ids, cap_ids;
     unsigned long long events, created, destroyed;
 } CmChannel;
+
+/* The last handle given, of any channel: handles are never reused in the process (2**64 of them; all under the
+ * GIL), so one names at most one id, on one channel, ever.  0 is never a handle. */
+static unsigned long long last_handle;
 
 /* OSError(errno, "what: reason"): its subclass follows errno (ConnectionRefusedError, TimeoutError, ...) */
 static PyObject *cm_error(const char *what)
@@ -71,29 +86,42 @@ static PyObject *cm_error(const char *what)
     return NULL;
 }
 
-static int keep_id(CmChannel *self, struct rdma_cm_id *id)
+/* The id kept with a new handle: the handle, or 0 with MemoryError */
+static unsigned long long keep_id(CmChannel *self, struct rdma_cm_id *id)
 {
     if (self->n_ids == self->cap_ids) {
         Py_ssize_t cap = self->cap_ids ? 2 * self->cap_ids : 16;
-        struct rdma_cm_id **ids = PyMem_Realloc(self->ids, cap * sizeof *ids);
+        struct cm_entry *ids = PyMem_Realloc(self->ids, cap * sizeof *ids);
         if (!ids) {
             PyErr_NoMemory();
-            return -1;
+            return 0;
         }
         self->ids = ids;
         self->cap_ids = cap;
     }
-    self->ids[self->n_ids++] = id;
+    self->ids[self->n_ids].handle = ++last_handle;
+    self->ids[self->n_ids].id = id;
+    self->n_ids++;
     self->created++;
-    return 0;
+    return last_handle;
 }
 
-static Py_ssize_t find_id(CmChannel *self, struct rdma_cm_id *id)
+/* The index of the id a handle names, or -1 */
+static Py_ssize_t find_handle(CmChannel *self, unsigned long long handle)
 {
-    for (Py_ssize_t i = 0; i < self->n_ids; i++)
-        if (self->ids[i] == id)
+    for (Py_ssize_t i = 0; handle && i < self->n_ids; i++)
+        if (self->ids[i].handle == handle)
             return i;
     return -1;
+}
+
+/* The handle of one of this channel's ids (an event's), or 0 for none of them */
+static unsigned long long handle_of(CmChannel *self, struct rdma_cm_id *id)
+{
+    for (Py_ssize_t i = 0; id && i < self->n_ids; i++)
+        if (self->ids[i].id == id)
+            return self->ids[i].handle;
+    return 0;
 }
 
 /* 0 while the channel is open; else -1 with ValueError */
@@ -109,21 +137,39 @@ static int check_open(CmChannel *self)
  * id goes through here before it touches the id. */
 static struct rdma_cm_id *id_arg(CmChannel *self, unsigned long long handle)
 {
-    struct rdma_cm_id *id = (struct rdma_cm_id *)(uintptr_t)handle;
     if (check_open(self) < 0)
         return NULL;
-    if (!handle || find_id(self, id) < 0) {
-        PyErr_Format(PyExc_ValueError, "CM id %#llx is not one of this channel's", handle);
+    Py_ssize_t i = find_handle(self, handle);
+    if (i < 0) {
+        PyErr_Format(PyExc_ValueError, "CM id %llu is not one of this channel's (destroyed, or never made here)",
+                     handle);
         return NULL;
     }
-    return id;
+    return self->ids[i].id;
+}
+
+/* A handle argument ("O&"): an int that is a handle's value (0 to 2**64 - 1), taken exactly, never modulo 2**64
+ * as "K" would (2**64 + h must not name handle h); out of that range it is no handle: the same ValueError */
+static int handle_arg(PyObject *obj, void *out)
+{
+    if (!PyLong_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "a CM id's handle is an int, not %.100s", Py_TYPE(obj)->tp_name);
+        return 0;
+    }
+    unsigned long long handle = PyLong_AsUnsignedLongLong(obj);
+    if (handle == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Format(PyExc_ValueError, "CM id %S is not one of this channel's (destroyed, or never made here)", obj);
+        return 0;
+    }
+    *(unsigned long long *)out = handle;
+    return 1;
 }
 
 /* The id of a method whose one argument is an id's handle (id_arg), or NULL with the error */
 static struct rdma_cm_id *only_id(CmChannel *self, PyObject *args)
 {
     unsigned long long handle;
-    return PyArg_ParseTuple(args, "K", &handle) ? id_arg(self, handle) : NULL;
+    return PyArg_ParseTuple(args, "O&", handle_arg, &handle) ? id_arg(self, handle) : NULL;
 }
 
 /* A librdmacm call's return (0, or -1 with errno) as a method's answer: None, or cm_error naming the call.
@@ -134,9 +180,10 @@ static PyObject *cm_answer(int rc, const char *what)
 }
 #define CM_CALL(call, what) (errno = 0, cm_answer((call), (what)))
 
-static void forget_id(CmChannel *self, struct rdma_cm_id *id)
+/* The id a handle names let go of (its handle is never one of this channel's again); the caller destroys it */
+static void forget_handle(CmChannel *self, unsigned long long handle)
 {
-    Py_ssize_t i = find_id(self, id);
+    Py_ssize_t i = find_handle(self, handle);
     if (i >= 0) {
         self->ids[i] = self->ids[--self->n_ids];
         self->destroyed++;
@@ -230,7 +277,7 @@ static void close_channel(CmChannel *self)
         }
     }
     while (self->n_ids) {
-        struct rdma_cm_id *id = self->ids[--self->n_ids];
+        struct rdma_cm_id *id = self->ids[--self->n_ids].id;
         ops.destroy_id(id);
         self->destroyed++;
     }
@@ -256,27 +303,28 @@ static PyObject *CmChannel_fileno(CmChannel *self, PyObject *unused)
     return check_open(self) < 0 ? NULL : PyLong_FromLong(self->channel->fd);
 }
 
-static struct rdma_cm_id *new_id(CmChannel *self)
+/* A new active id kept on the channel: its handle (*id the id), or 0 with the error */
+static unsigned long long new_id(CmChannel *self, struct rdma_cm_id **id)
 {
-    struct rdma_cm_id *id = NULL;
+    *id = NULL;
     if (check_open(self) < 0)
-        return NULL;
+        return 0;
     errno = 0;
-    if (ops.create_id(self->channel, &id, NULL, RDMA_PS_TCP)) {
+    if (ops.create_id(self->channel, id, NULL, RDMA_PS_TCP)) {
         cm_error("rdma_create_id");
-        return NULL;
+        return 0;
     }
-    if (keep_id(self, id) < 0) {
-        ops.destroy_id(id);
-        return NULL;
-    }
-    return id;
+    unsigned long long handle = keep_id(self, *id);
+    if (!handle)
+        ops.destroy_id(*id);
+    return handle;
 }
 
-static void drop_id(CmChannel *self, struct rdma_cm_id *id)
+/* An id kept a moment ago let go of and destroyed, errno kept for the caller's error */
+static void drop_id(CmChannel *self, unsigned long long handle, struct rdma_cm_id *id)
 {
     int err = errno;
-    forget_id(self, id);
+    forget_handle(self, handle);
     ops.destroy_id(id);
     errno = err;
 }
@@ -292,27 +340,29 @@ static PyObject *CmChannel_listen(CmChannel *self, PyObject *args)
     struct sockaddr_storage ss;
     if (parse_address(host, port, &ss) < 0)
         return NULL;
-    struct rdma_cm_id *id = new_id(self);
-    if (!id)
+    struct rdma_cm_id *id;
+    unsigned long long handle = new_id(self, &id);
+    if (!handle)
         return NULL;
     errno = 0;
     if (ops.bind_addr(id, (struct sockaddr *)&ss)) {
-        drop_id(self, id);
+        drop_id(self, handle, id);
         return cm_error("rdma_bind_addr");
     }
     errno = 0;
     if (ops.listen(id, backlog)) {
-        drop_id(self, id);
+        drop_id(self, handle, id);
         return cm_error("rdma_listen");
     }
-    return PyLong_FromUnsignedLongLong((uintptr_t)id);
+    return PyLong_FromUnsignedLongLong(handle);
 }
 
 /* create_id() -> handle of a new active id (our initiator's queue) */
 static PyObject *CmChannel_create_id(CmChannel *self, PyObject *unused)
 {
-    struct rdma_cm_id *id = new_id(self);
-    return id ? PyLong_FromUnsignedLongLong((uintptr_t)id) : NULL;
+    struct rdma_cm_id *id;
+    unsigned long long handle = new_id(self, &id);
+    return handle ? PyLong_FromUnsignedLongLong(handle) : NULL;
 }
 
 /* resolve_addr(id, src or None, address, port, timeout_ms): ADDR_RESOLVED follows */
@@ -322,7 +372,7 @@ static PyObject *CmChannel_resolve_addr(CmChannel *self, PyObject *args)
     const char *src = NULL, *dst;
     long long port;
     int timeout_ms;
-    if (!PyArg_ParseTuple(args, "KzsLi", &handle, &src, &dst, &port, &timeout_ms))
+    if (!PyArg_ParseTuple(args, "O&zsLi", handle_arg, &handle, &src, &dst, &port, &timeout_ms))
         return NULL;
     struct rdma_cm_id *id = id_arg(self, handle);
     if (!id)
@@ -340,7 +390,7 @@ static PyObject *CmChannel_resolve_route(CmChannel *self, PyObject *args)
 {
     unsigned long long handle;
     int timeout_ms;
-    if (!PyArg_ParseTuple(args, "Ki", &handle, &timeout_ms))
+    if (!PyArg_ParseTuple(args, "O&i", handle_arg, &handle, &timeout_ms))
         return NULL;
     struct rdma_cm_id *id = id_arg(self, handle);
     return id ? CM_CALL(ops.resolve_route(id, timeout_ms), "rdma_resolve_route") : NULL;
@@ -377,7 +427,7 @@ static PyObject *conn_call(CmChannel *self, PyObject *args, int (*call)(struct r
     unsigned long long handle;
     Py_buffer data;
     long long resources, depth, qp_num = 0;
-    if (!PyArg_ParseTuple(args, "Ky*LL|L", &handle, &data, &resources, &depth, &qp_num))
+    if (!PyArg_ParseTuple(args, "O&y*LL|L", handle_arg, &handle, &data, &resources, &depth, &qp_num))
         return NULL;
     struct rdma_cm_id *id = id_arg(self, handle);
     struct rdma_conn_param param;
@@ -403,7 +453,7 @@ static PyObject *CmChannel_reject(CmChannel *self, PyObject *args)
 {
     unsigned long long handle;
     Py_buffer data;
-    if (!PyArg_ParseTuple(args, "Ky*", &handle, &data))
+    if (!PyArg_ParseTuple(args, "O&y*", handle_arg, &handle, &data))
         return NULL;
     struct rdma_cm_id *id = id_arg(self, handle);
     PyObject *out = NULL;
@@ -432,10 +482,13 @@ static PyObject *CmChannel_establish(CmChannel *self, PyObject *args)
 /* destroy(id): its events are all acked by now (events() acks each one), so this never waits */
 static PyObject *CmChannel_destroy(CmChannel *self, PyObject *args)
 {
-    struct rdma_cm_id *id = only_id(self, args);
+    unsigned long long handle;
+    if (!PyArg_ParseTuple(args, "O&", handle_arg, &handle))
+        return NULL;
+    struct rdma_cm_id *id = id_arg(self, handle);
     if (!id)
         return NULL;
-    forget_id(self, id);
+    forget_handle(self, handle);
     return CM_CALL(ops.destroy_id(id), "rdma_destroy_id");
 }
 
@@ -462,7 +515,7 @@ static PyObject *CmChannel_qp_attr(CmChannel *self, PyObject *args)
 {
     unsigned long long handle;
     int state;
-    if (!PyArg_ParseTuple(args, "Ki", &handle, &state))
+    if (!PyArg_ParseTuple(args, "O&i", handle_arg, &handle, &state))
         return NULL;
     struct rdma_cm_id *id = id_arg(self, handle);
     if (!id)
@@ -488,7 +541,8 @@ static PyObject *CmChannel_qp_attr(CmChannel *self, PyObject *args)
         (int)ah->grh.traffic_class, mask);
 }
 
-static PyObject *event_dict(CmChannel *self, struct rdma_cm_event *event)
+/* An event as a dict; `handle` is its id's, `listen_handle` a connect request's listening id's (0: none) */
+static PyObject *event_dict(struct rdma_cm_event *event, unsigned long long handle, unsigned long long listen_handle)
 {
     struct rdma_cm_id *id = event->id;
     const struct rdma_conn_param *conn = &event->param.conn;
@@ -498,9 +552,8 @@ static PyObject *event_dict(CmChannel *self, struct rdma_cm_event *event)
     PyObject *local = address_text(id ? rdma_get_local_addr(id) : NULL);
     PyObject *out = NULL;
     if (peer && local)
-        out = Py_BuildValue("{sisKsKsisOsOsy#sisi}", "event", (int)event->event, "id",
-                            (unsigned long long)(uintptr_t)id, "listen_id",
-                            (unsigned long long)(uintptr_t)event->listen_id, "status", event->status, "peer", peer,
+        out = Py_BuildValue("{sisKsKsisOsOsy#sisi}", "event", (int)event->event, "id", handle, "listen_id",
+                            listen_handle, "status", event->status, "peer", peer,
                             "local", local, "private_data", (const char *)(private ? private : ""), private_len,
                             "responder_resources", (int)conn->responder_resources, "initiator_depth",
                             (int)conn->initiator_depth);
@@ -531,18 +584,17 @@ static PyObject *CmChannel_events(CmChannel *self, PyObject *unused)
             return cm_error("rdma_get_cm_event");
         }
         self->events++;
-        int kept = 0;
-        if (event->event == RDMA_CM_EVENT_CONNECT_REQUEST && event->id)
-            kept = keep_id(self, event->id) == 0 ? 1 : -1;
-        PyObject *item = kept < 0 ? NULL : event_dict(self, event);
         struct rdma_cm_id *child = event->event == RDMA_CM_EVENT_CONNECT_REQUEST ? event->id : NULL;
+        /* a connect request's new id gets its handle here; any other event's id is one of ours already */
+        unsigned long long handle = child ? keep_id(self, child) : handle_of(self, event->id);
+        PyObject *item = child && !handle ? NULL : event_dict(event, handle, handle_of(self, event->listen_id));
         ops.ack_cm_event(event);
         if (!item || PyList_Append(list, item) < 0) {
             Py_XDECREF(item);
             if (child) { /* nobody will hear of this id: refuse it here rather than leak it */
                 ops.reject(child, NULL, 0);
-                if (kept > 0)
-                    drop_id(self, child);
+                if (handle)
+                    drop_id(self, handle, child);
                 else
                     ops.destroy_id(child);
             }
@@ -594,6 +646,19 @@ static PyTypeObject CmChannelType = {
     .tp_dealloc = (destructor)CmChannel_dealloc,
     .tp_methods = CmChannel_methods,
 };
+
+/* The id `handle` (an int) names on `channel`, for the native queues' QP helpers (csrc/cm.c, csrc/hostq.c), which
+ * take the CmChannel and the handle from Python: the same checks and errors as every method of the channel
+ * (a stale or foreign handle is a ValueError), TypeError for a channel that is not a CmChannel; NULL then. */
+struct rdma_cm_id *native_cm_id(PyObject *channel, PyObject *handle)
+{
+    unsigned long long value;
+    if (!PyObject_TypeCheck(channel, &CmChannelType)) {
+        PyErr_Format(PyExc_TypeError, "a CM id's channel is a CmChannel, not %.100s", Py_TYPE(channel)->tp_name);
+        return NULL;
+    }
+    return handle_arg(handle, &value) ? id_arg((CmChannel *)channel, value) : NULL;
+}
 
 /* cm_load_library(path): librdmacm's functions from another library with the same names (the unit tests' fake);
  * every name is resolved before any is used, so a library missing one changes nothing. */

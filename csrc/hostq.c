@@ -735,25 +735,17 @@ static PyTypeObject HostQueueType = {
 
 /* ---- the verbs objects, on the CM id (not on the per-command path) ---- */
 
-static struct rdma_cm_id *cm_id_arg(unsigned long long v)
-{
-    if (!v) {
-        PyErr_SetString(PyExc_ValueError, "no CM id (its address is 0)");
-        return NULL;
-    }
-    return (struct rdma_cm_id *)(uintptr_t)v;
-}
-
-/* create_host_qp(cm_id, cq_size, max_send_wr, max_recv_wr, max_inline) -> {qp, cq, pd, qp_num, max_inline}:
- * one CQ for sends and receives, polled (no channel); librdmacm takes the QP to INIT, and to RTR and RTS when the
+/* create_host_qp(cm, cm_id, cq_size, max_send_wr, max_recv_wr, max_inline) -> {qp, cq, pd, qp_num, max_inline}:
+ * on the id the handle cm_id names on the CmChannel cm (native_cm_id: a stale handle is a ValueError); one CQ
+ * for sends and receives, polled (no channel); librdmacm takes the QP to INIT, and to RTR and RTS when the
  * connect response arrives. */
 static PyObject *create_host_qp(PyObject *self, PyObject *args)
 {
-    unsigned long long id_value;
+    PyObject *cm, *handle;
     unsigned int cq_size, send_wr, recv_wr, inline_size;
-    if (!PyArg_ParseTuple(args, "KIIII", &id_value, &cq_size, &send_wr, &recv_wr, &inline_size))
+    if (!PyArg_ParseTuple(args, "OOIIII", &cm, &handle, &cq_size, &send_wr, &recv_wr, &inline_size))
         return NULL;
-    struct rdma_cm_id *id = cm_id_arg(id_value);
+    struct rdma_cm_id *id = native_cm_id(cm, handle);
     if (!id)
         return NULL;
     if (id->qp) {
@@ -802,13 +794,14 @@ static PyObject *create_host_qp(PyObject *self, PyObject *args)
                          id->qp->qp_num, "max_inline", attr.cap.max_inline_data);
 }
 
-/* destroy_host_qp(cm_id, cq, channel): the QP (librdmacm's), then our CQ and its channel */
+/* destroy_host_qp(cm, cm_id, cq, channel): the QP (librdmacm's), then our CQ and its channel */
 static PyObject *destroy_host_qp(PyObject *self, PyObject *args)
 {
-    unsigned long long id_value, cq, channel = 0;
-    if (!PyArg_ParseTuple(args, "KK|K", &id_value, &cq, &channel))
+    PyObject *cm, *handle;
+    unsigned long long cq, channel = 0;
+    if (!PyArg_ParseTuple(args, "OOK|K", &cm, &handle, &cq, &channel))
         return NULL;
-    struct rdma_cm_id *id = cm_id_arg(id_value);
+    struct rdma_cm_id *id = native_cm_id(cm, handle);
     if (!id)
         return NULL;
     if (id->qp)
@@ -827,10 +820,10 @@ static PyObject *destroy_host_qp(PyObject *self, PyObject *args)
 
 static PyMethodDef hostq_functions[] = {
     {"create_host_qp", create_host_qp, METH_VARARGS,
-     "create_host_qp(cm_id, cq_size, max_send_wr, max_recv_wr, max_inline) -> {qp, cq, channel, pd, qp_num, "
-     "max_inline}"},
+     "create_host_qp(cm, cm_id, cq_size, max_send_wr, max_recv_wr, max_inline) -> {qp, cq, channel, pd, qp_num, "
+     "max_inline} on the id the handle cm_id names on the CmChannel cm"},
     {"destroy_host_qp", destroy_host_qp, METH_VARARGS,
-     "destroy_host_qp(cm_id, cq, channel): the QP, then the CQ and its channel."},
+     "destroy_host_qp(cm, cm_id, cq, channel): the QP, then the CQ and its channel."},
     {NULL, NULL, 0, NULL},
 };
 

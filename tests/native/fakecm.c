@@ -12,8 +12,9 @@
  * with no event would wait for ever in librdmacm: the fake counts it (`blocking_waits`), and the tests require 0.
  *
  * Like librdmacm, destroying an id with an event not yet acked would wait for ever: the fake counts it instead
- * (`destroy_unacked`), and the tests require 0.  Ids are never freed (a stale handle stays readable for the test),
- * only marked destroyed.
+ * (`destroy_unacked`), and the tests require 0.  Ids are never freed (a destroyed id stays readable for the test),
+ * only marked destroyed; `fakecm_recycle_next_id` makes the next id take the struct of the id destroyed last, as
+ * librdmacm's allocator may put a new id at a destroyed one's address.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -53,6 +54,7 @@ static struct fake_id *all_ids;
 /* ids live, ids destroyed, events posted, events acked, destroy_unacked, rejects, blocking_waits */
 static long counters[7];
 static int next_channel_fd_bad; /* fakecm_bad_channel_fd */
+static struct fake_id *last_destroyed, *recycle; /* fakecm_recycle_next_id: the next new id is `recycle` */
 
 static struct fake_id *fid(struct rdma_cm_id *id) { return (struct fake_id *)id; }
 
@@ -105,11 +107,19 @@ void rdma_destroy_event_channel(struct rdma_event_channel *channel)
 
 static struct fake_id *new_id(struct rdma_event_channel *channel)
 {
-    struct fake_id *f = calloc(1, sizeof *f);
+    struct fake_id *f = recycle;
+    if (f) { /* already on all_ids: made anew in place */
+        struct fake_id *next_all = f->next_all;
+        memset(f, 0, sizeof *f);
+        f->next_all = next_all;
+        recycle = last_destroyed = NULL;
+    } else {
+        f = calloc(1, sizeof *f);
+        f->next_all = all_ids;
+        all_ids = f;
+    }
     f->id.channel = channel;
     f->id.ps = RDMA_PS_TCP;
-    f->next_all = all_ids;
-    all_ids = f;
     counters[0]++;
     return f;
 }
@@ -136,6 +146,7 @@ int rdma_destroy_id(struct rdma_cm_id *id)
     f->listening = 0;
     if (f->peer)
         f->peer->peer = NULL;
+    last_destroyed = f;
     counters[0]--;
     counters[1]++;
     return 0;
@@ -402,6 +413,14 @@ int fakecm_answer(void *id, uint8_t *data, int *len, int *resources, int *depth,
 void fakecm_bad_channel_fd(void)
 {
     next_channel_fd_bad = 1;
+}
+
+/* The next id made (by rdma_create_id or a connect request) takes the struct, so the address, of the id destroyed
+ * last: -1 if none was destroyed since the last recycling, else 0. */
+int fakecm_recycle_next_id(void)
+{
+    recycle = last_destroyed;
+    return recycle ? 0 : -1;
 }
 
 /* The nth rdma_get_cm_event from now (1: the next) fails with errno `err`, taking no event. */

@@ -3,7 +3,9 @@
 `load()` compiles the fake into build/tests/ (once per source version, with gcc as the extension's build needs
 anyway) and points `_native`'s CM at it (`_native.cm_load_library`): every CmChannel made afterwards in this
 process talks to the fake.  The `fakecm_*` functions are the other end: connect requests from any peer address
-with any private data, the events a host's CM or the device would cause, and what our code answered.
+with any private data, the events a host's CM or the device would cause, and what our code answered.  They name
+an id by its address in the fake (what `connect` returns), the test's own name for it: the channel's handles
+(events' `id`) are other numbers, which the test matches to the fake's ids by the peer address.
 """
 from __future__ import annotations
 
@@ -52,16 +54,16 @@ def load(module) -> ctypes.CDLL:
 
 def connect(address: str, port: int, peer: str, peer_port: int, private_data: bytes, *,
             responder_resources: int = 16, initiator_depth: int = 16) -> int:
-    """A connect request from peer:peer_port to the listener on address:port: the child id's handle (0: none
-    listens there)."""
+    """A connect request from peer:peer_port to the listener on address:port: the child id in the fake (its
+    address; 0: none listens there)."""
     return _LIB.fakecm_connect(address.encode(), port, peer.encode(), peer_port, private_data, len(private_data),
                                responder_resources, initiator_depth) or 0
 
 
-def event(handle: int, kind: int, status: int = 0) -> None:
-    """An event on an id as the peer's CM or the device causes it (DISCONNECTED, TIMEWAIT_EXIT, ...)."""
-    if _LIB.fakecm_event(handle, kind, status) < 0:
-        raise AssertionError(f"CM id {handle:#x} was destroyed already")
+def event(fake_id: int, kind: int, status: int = 0) -> None:
+    """An event on an id of the fake as the peer's CM or the device causes it (DISCONNECTED, TIMEWAIT_EXIT, ...)."""
+    if _LIB.fakecm_event(fake_id, kind, status) < 0:
+        raise AssertionError(f"CM id {fake_id:#x} was destroyed already")
 
 
 def fail_get_event(err: int, nth: int = 1) -> None:
@@ -75,10 +77,17 @@ def bad_channel_fd() -> None:
     _LIB.fakecm_bad_channel_fd()
 
 
-def answer(handle: int) -> Answer:
+def recycle_next_id() -> None:
+    """The next id made takes the address of the id destroyed last, as librdmacm's allocator may."""
+    if _LIB.fakecm_recycle_next_id() < 0:
+        raise AssertionError("no id was destroyed since the last recycling")
+
+
+def answer(fake_id: int) -> Answer:
+    """What our code answered on an id of the fake (`connect`'s), destroyed or not."""
     data = ctypes.create_string_buffer(256)
     n, res, depth, qpn = ctypes.c_int(), ctypes.c_int(), ctypes.c_int(), ctypes.c_uint32()
-    state = _LIB.fakecm_answer(handle, data, ctypes.byref(n), ctypes.byref(res), ctypes.byref(depth),
+    state = _LIB.fakecm_answer(fake_id, data, ctypes.byref(n), ctypes.byref(res), ctypes.byref(depth),
                                ctypes.byref(qpn))
     return Answer(STATES[state], data.raw[:n.value], res.value, depth.value, qpn.value)
 

@@ -33,11 +33,12 @@ def readable(fd: int) -> bool:
 def test_a_connect_request_arrives_as_plain_data_with_the_peer_and_private_data(channel):
     listener = channel.listen(ADDR, PORT)
     private = cmdata.CmConnectRequest(0, 1, 32, 31, 7).pack()
-    child = fakecm.connect(ADDR, PORT, "198.51.100.9", 51234, private, responder_resources=4, initiator_depth=9)
+    fakecm.connect(ADDR, PORT, "198.51.100.9", 51234, private, responder_resources=4, initiator_depth=9)
     assert readable(channel.fd)
     [ev] = channel.events()
     assert not readable(channel.fd)  # everything taken
-    assert ev.name == "CONNECT_REQUEST" and ev.id == child and ev.listen_id == listener.handle
+    assert ev.name == "CONNECT_REQUEST" and ev.listen_id == listener.handle
+    assert ev.id not in (0, listener.handle) and channel.stats()["ids"] == 2  # the child id, kept with its handle
     assert ev.peer == "198.51.100.9:51234" and ev.local == f"{ADDR}:{PORT}"
     assert cmdata.CmConnectRequest.unpack(ev.private_data).qid == 1
     assert (ev.responder_resources, ev.initiator_depth) == (4, 9)
@@ -62,10 +63,11 @@ def test_accept_and_reject_send_the_private_data_python_packed(channel):
 def test_each_event_names_the_id_it_is_for(channel, kind):
     channel.listen(ADDR, PORT)
     ids = [fakecm.connect(ADDR, PORT, "198.51.100.9", p, b"") for p in (1, 2, 3)]
-    channel.events()
+    handles = {ev.peer: ev.id for ev in channel.events()}
+    assert len(set(handles.values())) == 3
     fakecm.event(ids[1], getattr(native.module, "CM_EVENT_" + kind))
     [ev] = channel.events()
-    assert (ev.name, ev.id, ev.peer) == (kind, ids[1], "198.51.100.9:2")
+    assert (ev.name, ev.id, ev.peer) == (kind, handles["198.51.100.9:2"], "198.51.100.9:2")
 
 
 def test_a_handle_that_is_not_the_channels_is_refused_not_followed(channel):
@@ -77,12 +79,57 @@ def test_a_handle_that_is_not_the_channels_is_refused_not_followed(channel):
         with pytest.raises(ValueError, match="not one of this channel's"):
             other.channel.accept(ev.id, b"", 0, 0)
         with pytest.raises(ValueError, match="not one of this channel's"):
+            native.module.destroy_cm_qp(other.channel, ev.id)
+        with pytest.raises(ValueError, match="not one of this channel's"):
             channel.channel.destroy(12345)
+        for wrapped in (ev.id + 2**64, ev.id - 2**64):  # taken exactly, never modulo 2**64
+            with pytest.raises(ValueError, match=f"CM id {wrapped} is not one of this channel's"):
+                channel.channel.accept(wrapped, b"", 0, 0)
+        with pytest.raises(TypeError, match="a CM id's channel is a CmChannel"):
+            native.module.destroy_cm_qp(channel, ev.id)  # the Python wrapper, not its native channel
     finally:
         other.close()
-    channel.channel.destroy(child)
-    with pytest.raises(ValueError):  # destroyed: the handle is stale now
-        channel.channel.disconnect(child)
+    assert fakecm.answer(child).state == "pending"
+    native.module.destroy_cm_qp(channel.channel, ev.id)  # found: it has no QP, nothing to do
+    channel.channel.destroy(ev.id)
+    assert fakecm.answer(child).state == "destroyed"
+    with pytest.raises(ValueError, match="not one of this channel's"):  # destroyed: the handle is stale now
+        channel.channel.disconnect(ev.id)
+
+
+def test_a_destroyed_ids_handle_never_names_the_id_made_where_it_was(channel):
+    """librdmacm may put a new id at the address of one destroyed: the old id's handle, which a queue closing
+    late or a late event's handler may still hold, is refused by every call and leaves the new connection alone;
+    the new id has a handle of its own, which works."""
+    from nvmeof_roce.transport.rdma.verbs import QPS_INIT
+    channel.listen(ADDR, PORT)
+    old_id = fakecm.connect(ADDR, PORT, "198.51.100.9", 1, b"")
+    [old] = channel.events()
+    channel.channel.accept(old.id, b"", 0, 0)
+    assert [e.name for e in channel.events()] == ["ESTABLISHED"]
+    channel.channel.destroy(old.id)
+    fakecm.recycle_next_id()
+    new_id = fakecm.connect(ADDR, PORT, "198.51.100.7", 2, b"")
+    assert new_id == old_id  # the new connection's id is where the old one was
+    [new] = channel.events()
+    assert new.peer == "198.51.100.7:2"
+    stale = f"CM id {old.id} is not one of this channel's"
+    for call, args in (("accept", (b"", 0, 0)), ("reject", (b"",)), ("disconnect", ()), ("establish", ()),
+                       ("destroy", ()), ("peer", ()), ("device", ()), ("qp_attr", (QPS_INIT,)),
+                       ("resolve_route", (1000,)), ("connect", (b"", 0, 0)),
+                       ("resolve_addr", (None, ADDR, PORT, 1000))):
+        with pytest.raises(ValueError, match=stale):
+            getattr(channel.channel, call)(old.id, *args)
+    for helper, args in ((native.module.create_cm_qp, (64, 34, 16)), (native.module.destroy_cm_qp, ()),
+                         (native.module.create_host_qp, (64, 32, 32, 64)),
+                         (native.module.destroy_host_qp, (0, 0))):
+        with pytest.raises(ValueError, match=stale):
+            helper(channel.channel, old.id, *args)
+    assert fakecm.answer(new_id).state == "pending" and channel.events() == []  # nothing reached it
+    assert new.id != old.id
+    channel.channel.accept(new.id, b"ok", 0, 4)
+    assert fakecm.answer(new_id) == ("accepted", b"ok", 0, 4, 0)
+    assert channel.stats()["ids"] == 2  # the listener and the new child
 
 
 def test_closing_the_channel_destroys_every_id_and_never_one_with_an_event_unacked(channel):
@@ -104,15 +151,15 @@ def test_a_failure_to_take_an_event_hands_over_the_events_taken_before_it_and_is
     they are returned (a connect request among them dropped would leave its host unanswered and its id kept for
     nobody); the next call meets the failure, then the events behind it come."""
     channel.listen(ADDR, PORT)
-    first = fakecm.connect(ADDR, PORT, "198.51.100.9", 1, b"")
-    second = fakecm.connect(ADDR, PORT, "198.51.100.9", 2, b"")
+    fakecm.connect(ADDR, PORT, "198.51.100.9", 1, b"")
+    fakecm.connect(ADDR, PORT, "198.51.100.9", 2, b"")
     fakecm.fail_get_event(errno.ENOMEM, nth=2)
-    assert [(ev.name, ev.id) for ev in channel.events()] == [("CONNECT_REQUEST", first)]
+    assert [(ev.name, ev.peer) for ev in channel.events()] == [("CONNECT_REQUEST", "198.51.100.9:1")]
     fakecm.fail_get_event(errno.ENOMEM)
     with pytest.raises(OSError, match="rdma_get_cm_event") as raised:
         channel.events()
     assert raised.value.errno == errno.ENOMEM
-    assert [(ev.name, ev.id) for ev in channel.events()] == [("CONNECT_REQUEST", second)]
+    assert [(ev.name, ev.peer) for ev in channel.events()] == [("CONNECT_REQUEST", "198.51.100.9:2")]
     assert channel.stats()["ids"] == 3 and fakecm.counters()["acked"] == fakecm.counters()["posted"]
 
 

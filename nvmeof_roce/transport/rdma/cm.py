@@ -62,7 +62,7 @@ class RdmaListener(Listener):
         self.remote_invalidate = remote_invalidate
         self.queues: Dict[int, RdmaTargetQueue] = {}
         self.limits = limits or ResourceLimits()
-        self.children: Dict[int, "RdmaTargetQueue"] = {}  # rdma_cm_id pointer -> its open queue
+        self.children: Dict[int, "RdmaTargetQueue"] = {}  # child id's handle -> its open queue
         self.cm_ids_created = 0  # child ids made from CONNECT_REQUESTs
         self.cm_ids_destroyed = 0
         self.disconnects_attributed = 0
@@ -191,7 +191,7 @@ class RdmaListener(Listener):
             log.exception("setting up queue %d failed", parsed.qid)
             self._reject(child, cmdata.STS_NO_RESOURCES, f"queue setup failed: {exc}")
             return
-        queue.id_ptr = child.handle
+        queue.cm_handle = child.handle
         self.queues[queue.cq_fd] = queue
         self.children[child.handle] = queue
         self.handler.queue_opened(queue)
@@ -206,12 +206,12 @@ class RdmaListener(Listener):
             elif self.native_memory.pd != pd:
                 raise AcceptRefused(cmdata.STS_NO_RESOURCES, "the CM id's protection domain changed")
             return self.native_memory
-        return RdmaNativeQueue(native.module, self, child, child.handle, request, memory_of)
+        return RdmaNativeQueue(native.module, self, child, request, memory_of)
 
     def forget(self, queue: "RdmaTargetQueue") -> None:
         self.queues.pop(queue.cq_fd, None)
-        if queue.id_ptr:
-            self.children.pop(queue.id_ptr, None)
+        if queue.cm_handle:
+            self.children.pop(queue.cm_handle, None)
         self._destroy_id(queue.cm_id)
 
     def status(self) -> dict:

@@ -83,7 +83,9 @@ class CmChannel:
 
 
 class CmId:
-    """One id of a `CmChannel`: `handle` is what the native queues take (create_cm_qp, create_host_qp)."""
+    """One id of a `CmChannel`: `handle` names it on that channel only, and never another id, even after it is
+    destroyed; the native queues' QP helpers take both (create_cm_qp(channel.channel, handle, ...),
+    create_host_qp)."""
 
     def __init__(self, channel: CmChannel, handle: int):
         self.channel = channel

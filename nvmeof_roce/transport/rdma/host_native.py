@@ -57,13 +57,12 @@ class NativeHostQueue(RdmaHostQueue):
         self.native = None
         where = self._resolve()
         try:
-            self.id_ptr = self.cm_id.handle
             _, _ = connector._device(self.cm_id.dev_name)  # the device's limits (RDMA READ resources)
             depth = hsqsize + 1
             sq_size = 2 * depth + 2  # unsignaled SENDs hold their entries until a later signaled one completes
             self.capsule_size = ADMIN_CAPSULE + connector.max_in_capsule
-            self.objects = module.create_host_qp(self.id_ptr, hrqsize + sq_size + 4, sq_size, hrqsize,
-                                                 INLINE_CAPSULE)
+            self.objects = module.create_host_qp(self.cm_id.channel.channel, self.cm_id.handle,
+                                                 hrqsize + sq_size + 4, sq_size, hrqsize, INLINE_CAPSULE)
             self.inline_max = self.objects["max_inline"]
             recv_addr, recv_lkey = self._memory(hrqsize * RESPONSE_SIZE, IBV_ACCESS_LOCAL_WRITE)
             send_addr, send_lkey = self._memory(depth * self.capsule_size, IBV_ACCESS_LOCAL_WRITE)
@@ -146,7 +145,8 @@ class NativeHostQueue(RdmaHostQueue):
         self.native = None
         if self.objects is not None:
             try:
-                self.module.destroy_host_qp(self.id_ptr, self.objects["cq"], self.objects["channel"])
+                self.module.destroy_host_qp(self.cm_id.channel.channel, self.cm_id.handle, self.objects["cq"],
+                                            self.objects["channel"])
             except OSError:
                 pass
             self.objects = None

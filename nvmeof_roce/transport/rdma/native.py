@@ -146,10 +146,10 @@ def _address(mapping) -> int:
 class RdmaNativeQueue(NativeTargetQueue):
     """One accepted I/O queue on the native data path."""
 
-    def __init__(self, module, listener, cm_id, id_ptr: int, request, memory_of):
+    def __init__(self, module, listener, cm_id, request, memory_of):
         self.listener = listener
-        self.cm_id = cm_id
-        self.id_ptr = id_ptr
+        self.cm_id = cm_id  # cmchannel.CmId: create_cm_qp and destroy_cm_qp find the id through its channel
+        self.cm_handle = cm_id.handle
         self.module = module
         self.peer_gone = False
         self.recv_mr = None
@@ -160,7 +160,8 @@ class RdmaNativeQueue(NativeTargetQueue):
         in_capsule = listener.in_capsule_size if request.qid else 0
         recv_size, recv_count = 64 + in_capsule, depth + 2
         send_queue = 4 * depth + 8
-        self.objects = module.create_cm_qp(id_ptr, send_queue, recv_count, RESPONSE_SIZE)
+        self.objects = module.create_cm_qp(cm_id.channel.channel, cm_id.handle, send_queue, recv_count,
+                                           RESPONSE_SIZE)
         try:
             memory: NativePortMemory = memory_of(self.objects["pd"])
             self.memory = memory
@@ -267,7 +268,7 @@ class RdmaNativeQueue(NativeTargetQueue):
             return
         self.released = True
         try:
-            self.module.destroy_cm_qp(self.id_ptr)
+            self.module.destroy_cm_qp(self.cm_id.channel.channel, self.cm_id.handle)
         except Exception as exc:
             log.warning("destroying the native queue's QP failed: %s", exc)
         for name in ("recv_mr",):

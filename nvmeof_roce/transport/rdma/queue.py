@@ -136,7 +136,7 @@ class RdmaTargetQueue(TargetQueue):
     def __init__(self, listener: "RdmaListener", cm_id, request: ConnectRequest):
         self.listener = listener
         self.cm_id = cm_id
-        self.id_ptr: Optional[int] = None
+        self.cm_handle: Optional[int] = None
         self.request = request
         self.closed = False
         self.closing = False  # closed for new commands; the QP stays until the responses already made have left
