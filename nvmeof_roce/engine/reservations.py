@@ -174,6 +174,24 @@ def _reservation(t: "Target", req: Request, data_len: int) -> Optional[Reservati
     return resv
 
 
+def _keyed(t: "Target", req: Request, key: int, iekey: bool = False,
+           unregistered_ok: bool = False) -> Optional[Reservation]:
+    """The check Register, Acquire and Release make when their data has arrived: the namespace's reservation if
+    the command's host is registered with `key` (with any key under IEKEY; or not registered at all, for
+    Register's register action), else None after answering: Invalid Namespace for a namespace removed since the
+    command started, Reservation Conflict for a host not registered or registered with another key."""
+    ns = req.ns
+    if ns.removed:
+        t.complete(req, S.INVALID_NS | S.DNR)
+        return None
+    current = ns.resv.registrants.get(req.queue.ctrl.hostid)
+    allowed = unregistered_ok if current is None else iekey or current == key
+    if not allowed:
+        t.complete(req, CONFLICT)
+        return None
+    return ns.resv
+
+
 @COMMANDS.handles(NVM_RESV_REGISTER)
 def _register(t: "Target", req: Request) -> Outcome:
     if _reservation(t, req, R.KEY_DATA_SIZE) is None:
@@ -189,22 +207,17 @@ def _register(t: "Target", req: Request) -> Outcome:
 
 
 def _register_data(t: "Target", req: Request, data) -> Outcome:
-    ns = req.ns
-    if ns.removed:
-        return t.complete(req, S.INVALID_NS | S.DNR)
-    resv = ns.resv
     crkey, nrkey = R.KEYS.unpack(bytes(data[:R.KEY_DATA_SIZE]))
-    hostid = req.queue.ctrl.hostid
     action, iekey, cptpl = req.cdw10 & 7, bool(req.cdw10 & R.IEKEY), req.cdw10 >> R.CPTPL_SHIFT
+    # Register: a host registered already may only repeat its key (Replace changes it)
+    resv = _keyed(t, req, nrkey, unregistered_ok=True) if action == R.REGISTER else _keyed(t, req, crkey, iekey)
+    if resv is None:
+        return COMPLETED
+    hostid = req.queue.ctrl.hostid
     before = resv.snapshot()
     notices: List[Tuple[bytes, int]] = []
-    current = resv.registrants.get(hostid)
     if action == R.REGISTER:
-        if current is not None and current != nrkey:
-            return t.complete(req, CONFLICT)  # registered with another key: Replace changes it
         resv.registrants[hostid] = nrkey
-    elif current is None or not (iekey or current == crkey):
-        return t.complete(req, CONFLICT)  # not registered, or the wrong current key
     elif action == R.UNREGISTER:
         notices = resv.unregister(hostid)
     else:
@@ -229,15 +242,12 @@ def _acquire(t: "Target", req: Request) -> Outcome:
 
 
 def _acquire_data(t: "Target", req: Request, data) -> Outcome:
-    ns = req.ns
-    if ns.removed:
-        return t.complete(req, S.INVALID_NS | S.DNR)
-    resv = ns.resv
     crkey, prkey = R.KEYS.unpack(bytes(data[:R.KEY_DATA_SIZE]))
-    hostid = req.queue.ctrl.hostid
+    resv = _keyed(t, req, crkey)
+    if resv is None:
+        return COMPLETED
+    ns, hostid = req.ns, req.queue.ctrl.hostid
     action, rtype = req.cdw10 & 7, (req.cdw10 >> 8) & 0xFF
-    if resv.registrants.get(hostid) != crkey:  # not registered, or not with this key
-        return t.complete(req, CONFLICT)
     before = resv.snapshot()
     if action == R.ACQUIRE:
         if resv.holder is not None:
@@ -341,15 +351,11 @@ def _release(t: "Target", req: Request) -> Outcome:
 
 
 def _release_data(t: "Target", req: Request, data) -> Outcome:
-    ns = req.ns
-    if ns.removed:
-        return t.complete(req, S.INVALID_NS | S.DNR)
-    resv = ns.resv
-    crkey = int.from_bytes(bytes(data[:8]), "little")
+    resv = _keyed(t, req, int.from_bytes(bytes(data[:8]), "little"))
+    if resv is None:
+        return COMPLETED
     hostid = req.queue.ctrl.hostid
     action, rtype = req.cdw10 & 7, (req.cdw10 >> 8) & 0xFF
-    if resv.registrants.get(hostid) != crkey:  # not registered, or not with this key
-        return t.complete(req, CONFLICT)
     before = resv.snapshot()
     if action == R.CLEAR:
         notices = [(h, R.LOG_RESERVATION_PREEMPTED) for h in resv.registrants if h != hostid]

@@ -230,6 +230,51 @@ def test_release_and_clear(hosts):
     assert run(c, NVM_READ) == 0
 
 
+def test_all_registrants_every_registrant_holds_acquires_and_releases_it(hosts):
+    """Under an All Registrants type each registrant is a reservation holder: a second registrant acquiring the
+    same type succeeds and changes nothing, and any of them releases it (kernel nvmet answers the first Reservation
+    Conflict and takes the second as a no-op: docs/reservations.md, "Compared with kernel nvmet")."""
+    a, b = hosts.a, hosts.b
+    a.resv_register(1, nrkey=KEY_A)
+    b.resv_register(1, nrkey=KEY_B)
+    a.resv_acquire(1, R.WRITE_EXCLUSIVE_ALL_REGS, KEY_A)
+    gen = a.resv_report(1).generation
+    assert status_of(b.resv_acquire, 1, R.WRITE_EXCLUSIVE_ALL_REGS, KEY_B) == 0
+    assert status_of(b.resv_acquire, 1, R.EXCLUSIVE_ACCESS_ALL_REGS, KEY_B) == CONFLICT  # another type
+    report = a.resv_report(1)
+    assert (report.rtype, report.generation, [r.holds for r in report.registrants]) == (
+        R.WRITE_EXCLUSIVE_ALL_REGS, gen, [True, True])
+    assert status_of(b.resv_release, 1, R.WRITE_EXCLUSIVE_ALL_REGS, KEY_B) == 0
+    report = a.resv_report(1)
+    assert report.rtype == 0 and [r.holds for r in report.registrants] == [False, False]
+    assert a.resv_notification().log_type == R.LOG_RESERVATION_RELEASED  # the other registrant is told
+    assert status_of(a.resv_release, 1, R.WRITE_EXCLUSIVE_ALL_REGS, KEY_A) == 0  # nothing left to release
+
+
+def test_the_holder_preempting_another_hosts_key_unregisters_it_and_keeps_its_type(hosts):
+    """A PRKEY that is neither the holder's key nor 0 unregisters the registrants with that key and leaves the
+    reservation as it is, also when the holder itself preempts (kernel nvmet changes the type instead)."""
+    a, b = hosts.a, hosts.b
+    a.resv_register(1, nrkey=KEY_A)
+    b.resv_register(1, nrkey=KEY_B)
+    a.resv_acquire(1, R.WRITE_EXCLUSIVE, KEY_A)
+    gen = a.resv_report(1).generation
+    assert status_of(a.resv_acquire, 1, R.EXCLUSIVE_ACCESS, KEY_A, action=R.PREEMPT, prkey=KEY_B) == 0
+    report = a.resv_report(1)
+    assert (report.rtype, report.generation, [(r.rkey, r.holds) for r in report.registrants]) == (
+        R.WRITE_EXCLUSIVE, gen + 1, [(KEY_A, True)])
+    assert run(b, NVM_WRITE) == CONFLICT and run(b, NVM_READ) == 0
+    # its own key changes the type
+    assert status_of(a.resv_acquire, 1, R.EXCLUSIVE_ACCESS, KEY_A, action=R.PREEMPT, prkey=KEY_A) == 0
+    assert a.resv_report(1).rtype == R.EXCLUSIVE_ACCESS and run(b, NVM_READ) == CONFLICT
+
+
+def test_a_reserved_release_action_is_an_invalid_field(hosts):
+    a = hosts.a
+    a.resv_register(1, nrkey=KEY_A)
+    assert status_of(a.resv_release, 1, 0, KEY_A, action=2) == S.INVALID_FIELD | S.DNR  # nvmet: Invalid Opcode
+
+
 def test_report_needs_the_extended_structure_and_may_be_cut_short(hosts):
     a, b = hosts.a, hosts.b
     a.resv_register(1, nrkey=KEY_A)
