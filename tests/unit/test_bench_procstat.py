@@ -58,7 +58,7 @@ def test_memory_of_a_job_is_its_last_rss_the_highest_sampled_and_the_process_pea
 def test_proc_stat_of_the_lab_guest():
     # cpu  795 0 786 1326 7 0 6 0 0 0: user nice system idle iowait irq softirq steal guest guest_nice
     s = procstat.parse_proc_stat((PROC / "lab-guest.proc-stat").read_text())
-    assert s == SystemCpu(busy_ticks=795 + 0 + 786 + 0 + 6 + 0, idle_ticks=1326 + 7)
+    assert s == SystemCpu(busy_ticks=795 + 0 + 786 + 0 + 6 + 0, idle_ticks=1326 + 7, softirq_ticks=6)
     assert s.total_ticks == 795 + 786 + 6 + 1326 + 7
     with pytest.raises(ValueError, match="no aggregate"):
         procstat.parse_proc_stat("cpu0 1 2 3 4\nintr 5\n")
