@@ -927,7 +927,8 @@ int nq_arm(struct nq_queue *q)
  * more soon (at QD1: the next command, one round trip after the response), and finding it by polling saves the
  * wake-up of a sleeping thread, which on a loaded machine waits for a CPU.  The spin is bounded from the last
  * completion found, so an idle queue costs at most one bound of CPU before it sleeps. */
-int nq_poll_adaptive(struct nq_queue *q, int budget, uint64_t spin_ns, int *armed, int *arm_rc)
+__attribute__((noinline)) int nq_poll_adaptive(struct nq_queue *q, int budget, uint64_t spin_ns, int *armed,
+                                               int *arm_rc)
 {
     *armed = 0;
     *arm_rc = 0;

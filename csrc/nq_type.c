@@ -843,7 +843,8 @@ static PyObject *NativeQueue_stats(NativeQueue *self, PyObject *noargs)
     struct nq_queue *q = &self->nq;
     nq_lock(self);
     uint32_t busy = q->nreqs - q->nfree;
-    PyObject *res = Py_BuildValue("{sKsKsKsKsKsIsIsIsIsisIsIsIsKsKsKsisIsIsIsKsKsKsK}", "native_commands", q->native_commands,
+    PyObject *res = Py_BuildValue("{sKsKsKsKsKsIsIsIsIsisIsIsIsKsKsKsisIsIsIsKsKsKsK}",
+                                  "native_commands", q->native_commands,
                                   "python_commands", q->python_commands, "doorbells", q->doorbells,
                                   "recv_doorbells", q->recv_doorbells, "polls", q->polls, "native_in_flight", busy,
                                   "native_send_free", q->native_slots, "reads_free", q->reads_free,

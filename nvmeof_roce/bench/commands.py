@@ -78,11 +78,11 @@ def build_targets(args, out_dir: Path) -> List[TargetUnderTest]:
     if bad or not names:
         raise NvmeofError(f"--targets {args.targets!r}: unknown target {', '.join(bad) or '(none)'}",
                           "--targets kernel,userspace[,userspace-py][,baseline][,userspace-2w][,kernel@iwarp,"
-                          "userspace@iwarp,kernel@tcp][,native,native-busy,native-busy-2c,native-adaptive[-500us]] (any of them, in the "
-                          "order to interleave; userspace-py: our target on its Python data path; userspace-Nw: our "
-                          "target with N workers; NAME@FABRIC: over iWARP or NVMe/TCP instead of RoCE v2; native...: "
-                          "our target on the native data path, interrupt, busy or adaptively polled (a spin of US µs), on N "
-                          "poll-group threads)")
+                          "userspace@iwarp,kernel@tcp][,native,native-busy,native-busy-2c,native-adaptive[-500us]] "
+                          "(any of them, in the order to interleave; userspace-py: our target on its Python data "
+                          "path; userspace-Nw: our target with N workers; NAME@FABRIC: over iWARP or NVMe/TCP instead "
+                          "of RoCE v2; native...: our target on the native data path, interrupt, busy or adaptively "
+                          "polled (a spin of US µs), on N poll-group threads)")
     if len(set(names)) != len(names):
         raise NvmeofError(f"--targets {args.targets!r} names a target twice", "name each target once")
     multi = [n for n in names if WORKERS_TARGET.fullmatch(n)]

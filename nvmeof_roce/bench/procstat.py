@@ -260,7 +260,8 @@ def cpu_cost(before: Sample, after: Sample, ios: Optional[int], ios_source: str 
     (target_run_delay_us_per_io, target_wakeups_per_io: timeslices; guest_run_delay_us_per_io) and the guest's
     softirq time per I/O say where the time went (docs/native.md, "A loaded host")."""
     wall = after.t - before.t
-    out: Dict[str, object] = {"wall_s": round(wall, 3), "start_unix": round(before.unix, 1), "ios": ios, "ios_source": ios_source,
+    out: Dict[str, object] = {"wall_s": round(wall, 3), "start_unix": round(before.unix, 1), "ios": ios,
+                              "ios_source": ios_source,
                               "target_user_s": None, "target_system_s": None, "target_cpu_s": None,
                               "target_us_per_io": None, "target_cpu_percent": None,
                               "guest_busy_s": None, "guest_us_per_io": None, "guest_busy_percent": None}
@@ -392,5 +393,6 @@ class Sampler:
         return self.sample()
 
 
-__all__ = ["ProcessCpu", "SystemCpu", "SchedStat", "Sample", "parse_task_schedstat", "parse_proc_schedstat", "Sampler", "parse_pid_stat", "parse_vmrss", "parse_proc_stat",
+__all__ = ["ProcessCpu", "SystemCpu", "SchedStat", "Sample", "parse_task_schedstat", "parse_proc_schedstat",
+           "Sampler", "parse_pid_stat", "parse_vmrss", "parse_proc_stat",
            "parse_block_stat", "cpu_cost", "linear_fit", "memory", "rss_growth", "block_device_ios", "take_sample"]

@@ -45,7 +45,7 @@ class ListenOptions:
     data_path: str = "python"  # RDMA I/O queues: "native" runs them in C (transport/rdma/native.py, docs/native.md)
     poll_mode: str = "interrupt"  # native queues: sleep on completion channels, or "busy" (tunables.POLL)
     poll_groups: object = None  # transport/rdma/pollgroups.py PollGroups (--cores > 1): threads poll native queues
-    poll_spin_us: int = POLL_SPIN_US.default  # native queues with poll_mode "adaptive": the spin's bound (tunables.POLL_SPIN_US)
+    poll_spin_us: int = POLL_SPIN_US.default  # poll_mode "adaptive": the spin's bound (tunables.POLL_SPIN_US)
 
 
 @dataclass(frozen=True)
