@@ -230,5 +230,6 @@ bench-qd1-load: lab
 	  for i in $$(seq 1 $(BENCH_QD1_HOG)); do sh -c "while :; do :; done" & hogs="$$hogs $$!"; done; \
 	  $(NVMEOF) lab run --timeout $(LAB_TIMEOUT) -- python3 -m nvmeof_roce bench \
 	    --targets kernel,userspace,native-adaptive,native-adaptive-1000us \
-	    --jobs randread-4k-qd1,uinit-randread-4k-qd1 --repeats 5 --no-perftest --no-plots --out $(BENCH_QD1_OUT); \
+	    --jobs randread-4k-qd1,uinit-randread-4k-qd1 --repeats 5 --runtime 6 --ramp 1 --no-perftest --no-plots \
+	    --out $(BENCH_QD1_OUT); \
 	  rc=$$?; [ -z "$$hogs" ] || kill $$hogs; exit $$rc'

@@ -151,8 +151,10 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
           listen_portids: Optional[List[int]] = None, path_groups: Optional[List[str]] = None,
           rpc_socket: Optional[str] = "", metrics: Optional[str] = None, persist: Optional[bool] = None,
           data_path: Optional[str] = None, poll: str = POLL.default, cores: int = CORES.default,
-          trace: str = TRACE.default, poll_spin_us: Optional[int] = None) -> int:
+          trace: str = TRACE.default, poll_spin_us: Optional[int] = None, cpus: Optional[str] = None) -> int:
     config = load_userspace_config(path)  # the same loader and checks as `target check`
+    if worker is None:  # a worker of `serve --workers` is pinned by its supervisor
+        pin_process(cpus, config)
     for warning in keys.inline_secret_warnings(config, path):
         log.warning("%s (fix: %s)", warning.message, warning.fix)
     refuse_kernel_ports(config, listen_portids)
@@ -279,6 +281,26 @@ def check_poll_spin(spin_us: Optional[int], poll: str) -> int:
     return spin_us
 
 
+def pin_process(cpus: Optional[str], config) -> Optional[List[int]]:
+    """`serve --cpus LIST` (else the config's nvmeof_roce.cpus) without --workers: this process - its event loop
+    and any poll-group threads - runs on those CPUs only (docs/native.md, "A loaded host"); every CPU of the list
+    must be one it may run on.  Returns the CPUs, or None (unpinned)."""
+    from ..config import parse_cpus
+    from .worker_configs import config_workers
+    chosen = parse_cpus(cpus) if cpus else config_workers(config)[1]
+    if not chosen:
+        return None
+    allowed = os.sched_getaffinity(0)
+    missing = sorted(set(chosen) - allowed)
+    if missing:
+        raise NvmeofError(f"--cpus {','.join(map(str, chosen))}: this process may not run on CPU(s) "
+                          f"{','.join(map(str, missing))}",
+                          f"use CPUs of {','.join(map(str, sorted(allowed)))}")
+    os.sched_setaffinity(0, set(chosen))
+    log.info("serving on CPU(s) %s only (--cpus)", ",".join(map(str, sorted(set(chosen)))))
+    return sorted(set(chosen))
+
+
 def check_trace(trace: str, data_path: str) -> str:
     """--trace, or a clear error: it is the native data path's (the Python data path logs its own at -vv)."""
     TRACE.check_option(trace)
@@ -351,7 +373,7 @@ def _cmd_serve(args) -> int:
                  listen_portids=args.listen_port, path_groups=args.path_group,
                  rpc_socket=None if args.no_rpc_socket else (args.rpc_socket or ""), metrics=args.metrics,
                  persist=args.persist, data_path=args.data_path, poll=args.poll, cores=args.cores,
-                 trace=args.trace, poll_spin_us=args.poll_spin_us)
+                 trace=args.trace, poll_spin_us=args.poll_spin_us, cpus=args.cpus)
 
 
 def register_serve(commands) -> None:

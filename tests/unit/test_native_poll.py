@@ -247,6 +247,32 @@ def test_serve_takes_poll_spin_us_only_with_poll_adaptive():
     assert native_poll_text("adaptive", 1, 50) == " (adaptive poll, spin 50 µs)"
 
 
+def test_serve_cpus_without_workers_pins_the_process(tmp_path):
+    # `serve --cpus` was taken and ignored without --workers; it pins the one process now (and its threads)
+    import os
+    from types import SimpleNamespace
+    from nvmeof_roce.errors import NvmeofError
+    from nvmeof_roce.service.serve import pin_process
+    allowed = os.sched_getaffinity(0)
+    first = min(allowed)
+    config = SimpleNamespace(userspace={}, source="t.json")
+    try:
+        assert pin_process(str(first), config) == [first]
+        assert os.sched_getaffinity(0) == {first}
+        os.sched_setaffinity(0, allowed)
+        assert pin_process(None, SimpleNamespace(userspace={"cpus": [first]}, source="t.json")) == [first]
+        assert os.sched_getaffinity(0) == {first}  # the config's nvmeof_roce.cpus alike
+        os.sched_setaffinity(0, allowed)
+        assert pin_process(None, config) is None and os.sched_getaffinity(0) == allowed
+        outside = max(allowed) + 1
+        with pytest.raises(NvmeofError, match=f"may not run on CPU\\(s\\) {outside}") as err:
+            pin_process(f"{first},{outside}", config)
+        assert os.sched_getaffinity(0) == allowed  # refused whole, nothing pinned
+        assert str(first) in err.value.fix
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
 def test_serve_takes_poll_busy_only_with_the_native_data_path():
     from nvmeof_roce.cli import build_parser
     from nvmeof_roce.errors import NvmeofError
