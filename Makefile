@@ -14,7 +14,7 @@ APT_PACKAGES := qemu-system-x86 debootstrap e2fsprogs cpio xz-utils zstd fio gcc
 	python3-dev libibverbs-dev librdmacm-dev liburing-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: dist demo test test-extended test-unit test-lab test-long test-quick test-two-node test-reload-fuzz test-auth-rotation test-trixie test-blktests deps venv lab clean-lab help bench-transport bench-native test-native test-native-fuzz soak
+.PHONY: dist demo test test-extended test-unit test-lab test-long test-quick test-two-node test-reload-fuzz test-auth-rotation test-trixie test-blktests deps venv lab clean-lab help bench-transport bench-native bench-qd1-load test-native test-native-fuzz soak
 
 # A wheel of this checkout in dist/ (pip install dist/nvmeof_roce-*.whl gives the `nvmeof-roce` command).
 dist: venv
@@ -34,6 +34,7 @@ help:
 	@echo "make test-blktests - blktests' nvme group, kernel nvmet vs the userspace target (6.1 and 6.12; >1 h each)"
 	@echo "make bench-transport - Python µs per 4 KiB read through the RDMA transport (lab, fake device)"
 	@echo "make bench-native - instructions and allocations per 4 KiB I/O, native vs Python data path (callgrind)"
+	@echo "make bench-qd1-load - QD1 latency, ours (interrupt, adaptive) vs nvmet, BENCH_QD1_HOG busy loops beside (lab)"
 	@echo "make test-native - the native data path's tests under ASan/UBSan, TSan (poll groups) and valgrind memcheck"
 	@echo "make test-native-fuzz - the differential fuzz of the native data path: corpus, NATIVE_FUZZ_CAPSULES (100,000) capsules under ASan/UBSan, a TSan pass on poll-group threads"
 	@echo "make soak   - bench --jobs soak in the lab: SOAK_IOS (default 10^7) verified 4 KiB commands on the native path, a live change every 3 s; RSS growth per 10^6 commands"
@@ -216,3 +217,19 @@ soak: lab
 	flock /tmp/nvmeof-lab.lock $(NVMEOF) lab run --timeout $$(( $(SOAK_IOS) / 1000 + 1800 )) -- python3 -m nvmeof_roce \
 	  bench --targets userspace --jobs soak --no-perftest --no-plots --ns-size 128M --size 64M \
 	  --soak-ios $(SOAK_IOS) --soak-change-interval $(SOAK_CHANGE_INTERVAL) --soak-timeout 14400 --out $(SOAK_OUT)
+
+# QD1 latency on a loaded host (docs/benchmarks.md, "QD1 on a loaded host"): BENCH_QD1_HOG busy loops (0: an idle
+# machine) run on this machine, started before the guest boots and stopped after it, through every target's turns;
+# the kernel target, ours in interrupt mode and ours with --poll adaptive (200 and 1000 µs spins), 5 repeats of
+# QD1 random reads (fio through nvme-rdma, and our initiator).  It holds the lab lock, and the CPU lock exclusively
+# so that no unit tier runs beside it.
+BENCH_QD1_HOG ?= 1
+BENCH_QD1_OUT ?= results/qd1-hog$(BENCH_QD1_HOG)
+bench-qd1-load: lab
+	flock /tmp/nvmeof-lab.lock flock -x /tmp/nvmeof-cpu.lock sh -c 'hogs=""; \
+	  for i in $$(seq 1 $(BENCH_QD1_HOG)); do sh -c "while :; do :; done" & hogs="$$hogs $$!"; done; \
+	  $(NVMEOF) lab run --timeout $(LAB_TIMEOUT) -- python3 -m nvmeof_roce bench \
+	    --targets kernel,userspace,native-adaptive,native-adaptive-1000us \
+	    --jobs randread-4k-qd1,uinit-randread-4k-qd1 --repeats 5 --runtime 6 --ramp 1 --no-perftest --no-plots \
+	    --out $(BENCH_QD1_OUT); \
+	  rc=$$?; [ -z "$$hogs" ] || kill $$hogs; exit $$rc'

@@ -249,6 +249,10 @@ struct nq_queue {
 
     /* figures */
     uint64_t native_commands, python_commands, doorbells, recv_doorbells, polls;
+    /* adaptive polling (nq_poll_adaptive): the spins that found a completion before their bound, the times the
+     * CQs were armed, and the completions the poll after arming found (they raise no event of their own) */
+    uint64_t spin_hits, arms, arm_catches;
+    int hook_error;          /* the owner's hook failed during this poll (its error is kept): stop spinning */
 
     /* a poll group's queue (csrc/pollgroup.c): its thread polls under `lock`, the Python side's calls take it
      * too; what needs Python goes on `mail` instead of being called */
@@ -285,6 +289,15 @@ int nq_enable_files(struct nq_queue *q, char *base, uint32_t lkey, uint32_t len,
 
 /* One poll: up to `budget` completions, then one doorbell for what they post; the number handled. */
 int nq_poll(struct nq_queue *q, int budget);
+/* Request a completion event on both CQs (the next completion after this writes the completion channel).  0, or
+ * the ibv_req_notify_cq's error. */
+int nq_arm(struct nq_queue *q);
+/* Adaptive polling (`--poll adaptive`, docs/native.md): poll; after a poll that found work keep polling until
+ * `spin_ns` pass without a completion; then arm the CQs and poll once more, since a completion that arrived
+ * between the last poll and the arm raises no event (the verbs contract).  Returns the completions handled;
+ * *armed is 1 when the CQs were armed (the caller sleeps on the channels), 0 when `budget` was spent first (the
+ * caller polls again before sleeping) or the queue closed or failed; *arm_rc the arm's error, if any. */
+int nq_poll_adaptive(struct nq_queue *q, int budget, uint64_t spin_ns, int *armed, int *arm_rc);
 /* Post what is batched (receives first, then every send). */
 void nq_flush(struct nq_queue *q);
 

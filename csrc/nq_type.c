@@ -39,6 +39,7 @@ static void nq_view_free(struct nq_view *view)
 
 static void nq_keep_error(NativeQueue *self)
 {
+    self->nq.hook_error = 1; /* an adaptive poll stops spinning */
     if (self->error_type) { /* the first one is what the caller sees */
         PyErr_Clear();
         return;
@@ -448,14 +449,51 @@ static PyObject *NativeQueue_poll(NativeQueue *self, PyObject *const *args, Py_s
     return PyLong_FromLong(done);
 }
 
+/* poll_adaptive(budget, spin_us) -> (handled, armed): `--poll adaptive` (nq_poll_adaptive).  armed False: the
+ * budget was spent before the CQs were armed, call again (the caller's loop, before it sleeps). */
+static PyObject *NativeQueue_poll_adaptive(NativeQueue *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    struct nq_queue *q = &self->nq;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "poll_adaptive(budget, spin_us) takes two arguments");
+        return NULL;
+    }
+    long budget = PyLong_AsLong(args[0]);
+    if (budget == -1 && PyErr_Occurred())
+        return NULL;
+    double spin_us = PyFloat_AsDouble(args[1]);
+    if (spin_us == -1.0 && PyErr_Occurred())
+        return NULL;
+    if (budget < 1 || budget > INT32_MAX || !(spin_us >= 0 && spin_us <= 1e6)) {
+        PyErr_SetString(PyExc_ValueError, "poll_adaptive: budget must be at least 1 and spin_us 0..1000000");
+        return NULL;
+    }
+    if (q->threaded) {
+        PyErr_SetString(PyExc_RuntimeError, "a poll group's thread polls this queue: drain() its mailbox");
+        return NULL;
+    }
+    if (q->in_poll) {
+        PyErr_SetString(PyExc_RuntimeError, "poll_adaptive() called from inside a poll");
+        return NULL;
+    }
+    int done = 0, armed = 0, arm_rc = 0;
+    if (!q->closed)
+        done = nq_poll_adaptive(q, (int)budget, (uint64_t)(spin_us * 1000.0), &armed, &arm_rc);
+    if (self->error_type)
+        return nq_reraise(self);
+    if (arm_rc) {
+        errno = arm_rc;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return Py_BuildValue("(iO)", done, armed ? Py_True : Py_False);
+}
+
 static PyObject *NativeQueue_arm(NativeQueue *self, PyObject *noargs)
 {
     struct nq_queue *q = &self->nq;
     if (q->closed || q->threaded) /* a poll group's queue is polled, never armed */
         Py_RETURN_NONE;
-    int rc = ibv_req_notify_cq(q->recv_cq, 0);
-    if (!rc && q->send_cq != q->recv_cq)
-        rc = ibv_req_notify_cq(q->send_cq, 0);
+    int rc = nq_arm(q);
     if (rc) {
         errno = rc;
         return PyErr_SetFromErrno(PyExc_OSError);
@@ -805,7 +843,8 @@ static PyObject *NativeQueue_stats(NativeQueue *self, PyObject *noargs)
     struct nq_queue *q = &self->nq;
     nq_lock(self);
     uint32_t busy = q->nreqs - q->nfree;
-    PyObject *res = Py_BuildValue("{sKsKsKsKsKsIsIsIsIsisIsIsIsKsKsKsisIsIsIsK}", "native_commands", q->native_commands,
+    PyObject *res = Py_BuildValue("{sKsKsKsKsKsIsIsIsIsisIsIsIsKsKsKsisIsIsIsKsKsKsK}",
+                                  "native_commands", q->native_commands,
                                   "python_commands", q->python_commands, "doorbells", q->doorbells,
                                   "recv_doorbells", q->recv_doorbells, "polls", q->polls, "native_in_flight", busy,
                                   "native_send_free", q->native_slots, "reads_free", q->reads_free,
@@ -815,7 +854,8 @@ static PyObject *NativeQueue_stats(NativeQueue *self, PyObject *noargs)
                                   "file_commands", q->file_ios, "file_handed_back", q->file_handed_back,
                                   "ring_submits", q->ring_submits, "threaded", q->threaded,
                                   "mailed", q->threaded ? q->mail.count : 0, "bounce_chunks", q->nchunks,
-                                  "bounce_chunks_free", q->nchunks_free, "chunk_waits", q->chunk_waits);
+                                  "bounce_chunks_free", q->nchunks_free, "chunk_waits", q->chunk_waits,
+                                  "spin_hits", q->spin_hits, "arms", q->arms, "arm_catches", q->arm_catches);
     nq_unlock(self);
     return res;
 }
@@ -890,6 +930,9 @@ static PyMethodDef NativeQueue_methods[] = {
     {"poll", (PyCFunction)(void (*)(void))NativeQueue_poll, METH_FASTCALL,
      "poll(budget=256) -> completions handled; receives re-posted and sends posted once at the end."},
     {"arm", (PyCFunction)NativeQueue_arm, METH_NOARGS, "Request a completion event on the CQs."},
+    {"poll_adaptive", (PyCFunction)(void (*)(void))NativeQueue_poll_adaptive, METH_FASTCALL,
+     "poll_adaptive(budget, spin_us) -> (handled, armed): poll, spin up to spin_us after the last completion, "
+     "arm the CQs and poll once more (--poll adaptive)."},
     {"post_read", (PyCFunction)NativeQueue_post_read, METH_VARARGS,
      "post_read(tag, local_addr, lkey, length, remote_addr, rkey): an RDMA READ for the Python side."},
     {"post_response", (PyCFunction)NativeQueue_post_response, METH_VARARGS,

@@ -111,10 +111,15 @@ WORKERS = Tunable("workers", int, None, 1, 64, "serve with N worker processes, o
 QID_MAX = Tunable("qid_max", int, None, 1, 65535, "the most I/O queues a controller of the subsystem may have")
 
 # `target serve --poll`: how the native data path's queues learn of completions (docs/native.md).
-POLL = Choice("poll", ("interrupt", "busy"), "interrupt",
+POLL = Choice("poll", ("interrupt", "adaptive", "busy"), "interrupt",
               "how native I/O queues find their completions: interrupt sleeps on the completion channels (the "
-              "default), busy polls every native queue on each event-loop pass without sleeping (lower latency, "
+              "default), adaptive keeps polling a queue up to --poll-spin-us after its last completion before it "
+              "sleeps, busy polls every native queue on each event-loop pass without sleeping (lower latency, "
               "one core kept busy); needs --data-path native")
+
+# `target serve --poll adaptive --poll-spin-us N`: the bound of an adaptive poll's spin (docs/native.md).
+POLL_SPIN_US = Tunable("poll_spin_us", int, 200, 1, 100000, "with --poll adaptive: µs a native queue keeps "
+                       "polling after its last completion before it arms its CQs and sleeps", metavar="US")
 
 # `target serve --cores N`: poll-group threads of the native data path (docs/native.md, "Poll groups").
 CORES = Tunable("cores", int, 1, 1, 64, "poll native I/O queues on N threads without the GIL, each queue on one "
@@ -127,4 +132,5 @@ TRACE = Choice("trace", ("off", "on"), "off",
                "ring and the lines are logged at debug level (-vv), as the Python data path's; the RPC "
                "trace_enable_tpoint_group turns it on while serving; needs --data-path native")
 
-ALL: Tuple[Tunable, ...] = (*RESOURCE_LIMITS.values(), *TARGET_SETTINGS.values(), WORKERS, QID_MAX, CORES)
+ALL: Tuple[Tunable, ...] = (*RESOURCE_LIMITS.values(), *TARGET_SETTINGS.values(), WORKERS, QID_MAX, CORES,
+                            POLL_SPIN_US)

@@ -24,18 +24,23 @@ LAB_TRADDR = "10.99.0.1"
 LAB_IWARP_TRADDR = "10.98.0.1"  # the lab's siw0, when a test or script adds it (docs/lab.md)
 TARGET_NAMES = ("kernel", "userspace", "userspace-py", "baseline")  # and userspace-Nw, native... (NATIVE_TARGET)
 WORKERS_TARGET = re.compile(r"userspace-(\d+)w")  # our target with `serve --workers N` (docs/multipath.md)
-# our target with `serve --data-path native` [--poll busy [--cores N]] (docs/native.md)
-NATIVE_TARGET = re.compile(r"native(-busy)?(?:-(\d+)c)?")
+# our target with `serve --data-path native` [--poll busy [--cores N] | --poll adaptive [--poll-spin-us US]]
+# (docs/native.md)
+NATIVE_TARGET = re.compile(r"native(?:-(busy)|-(adaptive)(?:-(\d+)us)?)?(?:-(\d+)c)?")
 
 
 def native_serve_args(name: str) -> list:
     """The poll options `target serve --data-path native` gets for a native... target: native, native-busy,
-    native-busy-2c."""
+    native-busy-2c, native-adaptive, native-adaptive-500us."""
     m = NATIVE_TARGET.fullmatch(name)
-    busy, cores = m.group(1), m.group(2)
+    busy, adaptive, spin, cores = m.groups()
     if cores and not busy:
         raise NvmeofError(f"--targets {name}: poll-group threads poll continuously", f"--targets native-busy-{cores}c")
-    return (["--poll", "busy"] if busy else []) + (["--cores", cores] if cores else [])
+    if busy:
+        return ["--poll", "busy"] + (["--cores", cores] if cores else [])
+    if adaptive:
+        return ["--poll", "adaptive"] + (["--poll-spin-us", spin] if spin else [])
+    return []
 
 
 def _size_mb(text: str) -> int:
@@ -73,10 +78,11 @@ def build_targets(args, out_dir: Path) -> List[TargetUnderTest]:
     if bad or not names:
         raise NvmeofError(f"--targets {args.targets!r}: unknown target {', '.join(bad) or '(none)'}",
                           "--targets kernel,userspace[,userspace-py][,baseline][,userspace-2w][,kernel@iwarp,"
-                          "userspace@iwarp,kernel@tcp][,native,native-busy,native-busy-2c] (any of them, in the "
-                          "order to interleave; userspace-py: our target on its Python data path; userspace-Nw: our "
-                          "target with N workers; NAME@FABRIC: over iWARP or NVMe/TCP instead of RoCE v2; native...: "
-                          "our target on the native data path, interrupt or busy polled, on N poll-group threads)")
+                          "userspace@iwarp,kernel@tcp][,native,native-busy,native-busy-2c,native-adaptive[-500us]] "
+                          "(any of them, in the order to interleave; userspace-py: our target on its Python data "
+                          "path; userspace-Nw: our target with N workers; NAME@FABRIC: over iWARP or NVMe/TCP instead "
+                          "of RoCE v2; native...: our target on the native data path, interrupt, busy or adaptively "
+                          "polled (a spin of US µs), on N poll-group threads)")
     if len(set(names)) != len(names):
         raise NvmeofError(f"--targets {args.targets!r} names a target twice", "name each target once")
     multi = [n for n in names if WORKERS_TARGET.fullmatch(n)]

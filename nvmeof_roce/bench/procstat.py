@@ -8,7 +8,11 @@ Sources (proc(5), the kernel's Documentation/block/stat.rst):
   (it runs in softirq and kworkers), so for it only the guest's total busy time says what a job cost; that
   total includes fio and the kernel host, on every target alike;
 - `/sys/block/DEV/stat`: read and write I/Os completed on the kernel host's block device: the exact number
-  of commands in a sampling window (fio's own count leaves out its ramp, the CPU window does not).
+  of commands in a sampling window (fio's own count leaves out its ramp, the CPU window does not);
+- `/proc/PID/task/*/schedstat` and `/proc/schedstat` (the kernel's Documentation/scheduler/sched-stats.rst): the
+  target's threads' time on a CPU, their run delay (runnable, waiting for a CPU: a wake-up's latency, which under
+  a hypervisor that does not run the vCPU includes the host's delay) and their timeslices (one per wake-up of a
+  sleeping thread); the whole guest's run delay per CPU. Where the target's time goes under load, not only how much.
 
 A `Sample` is one reading of all of them at one moment; `cpu_cost()` turns two samples into seconds and
 µs per I/O; `memory()` says what the target held during a job (its RSS at the end, the highest of the job's
@@ -64,6 +68,7 @@ def parse_vmrss(text: str, field: str = "VmRSS") -> int:
 class SystemCpu:
     busy_ticks: int  # user + nice + system + irq + softirq + steal (guest time is already in user)
     idle_ticks: int  # idle + iowait
+    softirq_ticks: int = 0  # of busy_ticks: softirq (rxe's receive path and completions run there)
 
     @property
     def total_ticks(self) -> int:
@@ -77,8 +82,40 @@ def parse_proc_stat(text: str) -> SystemCpu:
         if parts and parts[0] == "cpu":
             v = [int(x) for x in parts[1:]] + [0] * 8
             user, nice, system, idle, iowait, irq, softirq, steal = v[:8]
-            return SystemCpu(busy_ticks=user + nice + system + irq + softirq + steal, idle_ticks=idle + iowait)
+            return SystemCpu(busy_ticks=user + nice + system + irq + softirq + steal, idle_ticks=idle + iowait,
+                             softirq_ticks=softirq)
     raise ValueError("no aggregate 'cpu' line in /proc/stat")
+
+
+@dataclass(frozen=True)
+class SchedStat:
+    on_cpu_ns: int  # time on a CPU
+    run_delay_ns: int  # time runnable, waiting for a CPU
+    timeslices: int  # times it was put on a CPU
+
+
+def parse_task_schedstat(text: str) -> SchedStat:
+    """/proc/PID/task/TID/schedstat: on-CPU ns, run-delay ns, timeslices."""
+    fields = text.split()
+    if len(fields) < 3:
+        raise ValueError(f"/proc/PID/schedstat has {len(fields)} fields, expected 3")
+    return SchedStat(int(fields[0]), int(fields[1]), int(fields[2]))
+
+
+def parse_proc_schedstat(text: str) -> SchedStat:
+    """/proc/schedstat (version 15 and later): every CPU's running ns, run-delay ns and timeslices, summed (the
+    7th to 9th numbers of each cpuN line)."""
+    lines = text.splitlines()
+    version = next((line.split()[1] for line in lines if line.startswith("version ")), None)
+    if version is None or not version.isdigit() or int(version) < 15:
+        raise ValueError(f"/proc/schedstat version {version}: expected 15 or later")
+    total = [0, 0, 0]
+    for line in lines:
+        parts = line.split()
+        if parts and re.fullmatch(r"cpu\d+", parts[0]) and len(parts) >= 10:
+            for i in range(3):
+                total[i] += int(parts[7 + i])
+    return SchedStat(*total)
 
 
 def parse_block_stat(text: str) -> int:
@@ -127,6 +164,29 @@ def process_memory(pid: int, proc: str = "/proc") -> Tuple[Optional[int], Option
     return rss, max(rss, hwm) if hwm is not None else None
 
 
+def process_sched(pid: int, proc: str = "/proc") -> Optional[SchedStat]:
+    """Every thread's schedstat of a process, summed (None where the kernel keeps none)."""
+    total, seen = [0, 0, 0], False
+    for path in glob.glob(f"{proc}/{pid}/task/*/schedstat"):
+        text = _read(path)
+        try:
+            one = parse_task_schedstat(text) if text else None
+        except ValueError:
+            one = None
+        if one is not None:
+            seen = True
+            total = [total[0] + one.on_cpu_ns, total[1] + one.run_delay_ns, total[2] + one.timeslices]
+    return SchedStat(*total) if seen else None
+
+
+def system_sched(proc: str = "/proc") -> Optional[SchedStat]:
+    text = _read(f"{proc}/schedstat")
+    try:
+        return parse_proc_schedstat(text) if text else None
+    except ValueError:
+        return None
+
+
 def system_cpu(proc: str = "/proc") -> Optional[SystemCpu]:
     text = _read(f"{proc}/stat")
     return parse_proc_stat(text) if text else None
@@ -168,6 +228,9 @@ class Sample:
     system: Optional[SystemCpu] = None
     ios: Optional[int] = None
     procs: Optional[Dict[str, ProcessCpu]] = None  # each process of a target (a supervisor and its workers)
+    sched: Optional[SchedStat] = None  # the target process's threads' schedstat, summed
+    system_sched: Optional[SchedStat] = None  # every CPU's (/proc/schedstat)
+    unix: float = 0.0  # time.time(): to line a job up with what was measured outside the guest
 
 
 def take_sample(pid: Optional[int], io_counter: Optional[Callable[[], Optional[int]]] = None,
@@ -182,7 +245,8 @@ def take_sample(pid: Optional[int], io_counter: Optional[Callable[[], Optional[i
                              sum(c.stime_ticks for c in procs.values())) if procs else None
     rss, hwm = process_memory(pid) if pid else (None, None)
     return Sample(t=time.monotonic(), pid_cpu=pid_cpu, rss_bytes=rss, hwm_bytes=hwm,
-                  system=system_cpu(), ios=io_counter() if io_counter else None, procs=procs)
+                  system=system_cpu(), ios=io_counter() if io_counter else None, procs=procs,
+                  sched=process_sched(pid) if pid else None, system_sched=system_sched(), unix=time.time())
 
 
 # --- what two samples say ---------------------------------------------------------------------------------
@@ -192,9 +256,12 @@ def cpu_cost(before: Sample, after: Sample, ios: Optional[int], ios_source: str 
     """The JSON record of a job's CPU cost between two samples.
 
     target_*: the userspace target process (None for a target without one); guest_*: the whole machine
-    (every CPU, every process, the kernel). µs per I/O are None when no I/O completed."""
+    (every CPU, every process, the kernel). µs per I/O are None when no I/O completed. The schedstat figures
+    (target_run_delay_us_per_io, target_wakeups_per_io: timeslices; guest_run_delay_us_per_io) and the guest's
+    softirq time per I/O say where the time went (docs/native.md, "A loaded host")."""
     wall = after.t - before.t
-    out: Dict[str, object] = {"wall_s": round(wall, 3), "ios": ios, "ios_source": ios_source,
+    out: Dict[str, object] = {"wall_s": round(wall, 3), "start_unix": round(before.unix, 1), "ios": ios,
+                              "ios_source": ios_source,
                               "target_user_s": None, "target_system_s": None, "target_cpu_s": None,
                               "target_us_per_io": None, "target_cpu_percent": None,
                               "guest_busy_s": None, "guest_us_per_io": None, "guest_busy_percent": None}
@@ -210,6 +277,17 @@ def cpu_cost(before: Sample, after: Sample, ios: Optional[int], ios_source: str 
         total = (after.system.total_ticks - before.system.total_ticks) / clk_tck
         out.update(guest_busy_s=round(busy, 3), guest_us_per_io=_round(per_io(busy)),
                    guest_busy_percent=_round(100.0 * busy / total) if total > 0 else None)
+    if before.system and after.system:
+        softirq = (after.system.softirq_ticks - before.system.softirq_ticks) / clk_tck
+        out["guest_softirq_us_per_io"] = _round(per_io(softirq))
+    if before.sched and after.sched:
+        out["target_run_delay_us_per_io"] = _round(per_io((after.sched.run_delay_ns - before.sched.run_delay_ns) / 1e9))
+        out["target_on_cpu_us_per_io"] = _round(per_io((after.sched.on_cpu_ns - before.sched.on_cpu_ns) / 1e9))
+        out["target_wakeups_per_io"] = _round((after.sched.timeslices - before.sched.timeslices) / ios, 2) \
+            if ios else None
+    if before.system_sched and after.system_sched:
+        out["guest_run_delay_us_per_io"] = _round(per_io(
+            (after.system_sched.run_delay_ns - before.system_sched.run_delay_ns) / 1e9))
     if before.procs and after.procs:  # per process: is each worker busy (100 % is its one core)?
         out["processes"] = {}
         for name in before.procs:
@@ -315,5 +393,6 @@ class Sampler:
         return self.sample()
 
 
-__all__ = ["ProcessCpu", "SystemCpu", "Sample", "Sampler", "parse_pid_stat", "parse_vmrss", "parse_proc_stat",
+__all__ = ["ProcessCpu", "SystemCpu", "SchedStat", "Sample", "parse_task_schedstat", "parse_proc_schedstat",
+           "Sampler", "parse_pid_stat", "parse_vmrss", "parse_proc_stat",
            "parse_block_stat", "cpu_cost", "linear_fit", "memory", "rss_growth", "block_device_ios", "take_sample"]

@@ -16,7 +16,7 @@ from ..engine.reservations import file_for as reservation_file_for
 from ..transport import registry
 from ..transport.rdma.native_trace import TRACING, printed as trace_printed
 from ..transport.resources import ResourceLimits
-from ..tunables import CORES, POLL, RESOURCE_LIMITS, TRACE
+from ..tunables import CORES, POLL, POLL_SPIN_US, RESOURCE_LIMITS, TRACE
 from .ops import Operations, bind_control_socket, persist_changes
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ class TargetServer:
                  remote_invalidate: bool = True, listen_portids: Optional[List[int]] = None,
                  file_lock: str = "exclusive", data_path: Optional[str] = None, worker: Optional[int] = None,
                  poll: str = POLL.default, cores: int = CORES.default, trace: str = TRACE.default,
-                 reservation_file: Optional[str] = None):
+                 reservation_file: Optional[str] = None, poll_spin_us: Optional[int] = None):
         from ..engine.core import Target
 
         served = [p for p in config.ports if registry.serves(p.trtype)]  # transport/registry.py
@@ -57,6 +57,7 @@ class TargetServer:
         check_file_buffers(self.limits.queue_file_buffers, self.data_path)
         self.poll = check_poll(poll, self.data_path)  # how native queues find completions (tunables.POLL)
         self.cores = check_cores(cores, self.data_path, self.poll)  # poll-group threads (tunables.CORES)
+        self.poll_spin_us = check_poll_spin(poll_spin_us, self.poll)  # an adaptive poll's bound (tunables.POLL_SPIN_US)
         self.trace = check_trace(trace, self.data_path)  # the native queues' per-command trace (tunables.TRACE)
         # reservations kept through power loss (engine/reservations.py), read back here
         self.target = Target(config, file_lock=file_lock, limits=self.limits, reservation_file=reservation_file)
@@ -75,7 +76,8 @@ class TargetServer:
         # what every listener is given, those of ports added live too (service/ops.py)
         self.listen_options = registry.ListenOptions(max_transfer=self.target.max_transfer, limits=self.limits,
                                                      remote_invalidate=remote_invalidate, data_path=self.data_path,
-                                                     poll_mode=self.poll, poll_groups=self.poll_groups)
+                                                     poll_mode=self.poll, poll_groups=self.poll_groups,
+                                                     poll_spin_us=self.poll_spin_us)
         try:
             for port in served:
                 if not port.subsystems:  # it listens once a subsystem is linked to it (control/live.py, Link)
@@ -107,7 +109,8 @@ class TargetServer:
         longest = self.loop.longest_pass_recent if recent else self.loop.longest_pass
         # the line starts with the target's counts, which scripts and the lab tests parse; the data path after
         return ("status: " + "; ".join([t.status()] + [lst.status_line() for lst in self.listeners])
-                + f"; data path {self.data_path}" + (native_poll_text(self.poll, self.cores)
+                + f"; data path {self.data_path}" + (native_poll_text(self.poll, self.cores,
+                                                                      self.poll_spin_us)
                                                      if self.data_path == "native" else "")
                 + f"; {t.in_flight()} command(s) in flight, longest loop pass {longest * 1000:.1f} ms"
                 + (f" (last {STATUS_INTERVAL:.0f} s; {self.loop.longest_pass * 1000:.1f} ms since start)"
@@ -148,8 +151,10 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
           listen_portids: Optional[List[int]] = None, path_groups: Optional[List[str]] = None,
           rpc_socket: Optional[str] = "", metrics: Optional[str] = None, persist: Optional[bool] = None,
           data_path: Optional[str] = None, poll: str = POLL.default, cores: int = CORES.default,
-          trace: str = TRACE.default) -> int:
+          trace: str = TRACE.default, poll_spin_us: Optional[int] = None, cpus: Optional[str] = None) -> int:
     config = load_userspace_config(path)  # the same loader and checks as `target check`
+    if worker is None:  # a worker of `serve --workers` is pinned by its supervisor
+        pin_process(cpus, config)
     for warning in keys.inline_secret_warnings(config, path):
         log.warning("%s (fix: %s)", warning.message, warning.fix)
     refuse_kernel_ports(config, listen_portids)
@@ -160,7 +165,7 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
         server = TargetServer(config, limits=limits, remote_invalidate=remote_invalidate,
                               listen_portids=listen_portids,
                               file_lock="exclusive" if worker is None else "shared", data_path=data_path,
-                              worker=worker, poll=poll, cores=cores, trace=trace,
+                              worker=worker, poll=poll, cores=cores, trace=trace, poll_spin_us=poll_spin_us,
                               reservation_file=reservation_file_for(path) if worker is None else None)
     except BaseException:
         if bound is not None:
@@ -264,6 +269,38 @@ def check_poll(poll: str, data_path: str) -> str:
     return poll
 
 
+def check_poll_spin(spin_us: Optional[int], poll: str) -> int:
+    """An adaptive poll's bound in µs (None: the default), or a clear error: it means nothing to the other modes
+    (never accepted and ignored)."""
+    if spin_us is None:
+        return POLL_SPIN_US.default
+    POLL_SPIN_US.check_option(spin_us)
+    if poll != "adaptive":
+        raise NvmeofError(f"{POLL_SPIN_US.option} {spin_us} bounds an adaptive poll's spin ({POLL.option} {poll} "
+                          "does not spin)", f"add {POLL.option} adaptive, or leave {POLL_SPIN_US.option} out")
+    return spin_us
+
+
+def pin_process(cpus: Optional[str], config) -> Optional[List[int]]:
+    """`serve --cpus LIST` (else the config's nvmeof_roce.cpus) without --workers: this process - its event loop
+    and any poll-group threads - runs on those CPUs only (docs/native.md, "A loaded host"); every CPU of the list
+    must be one it may run on.  Returns the CPUs, or None (unpinned)."""
+    from ..config import parse_cpus
+    from .worker_configs import config_workers
+    chosen = parse_cpus(cpus) if cpus else config_workers(config)[1]
+    if not chosen:
+        return None
+    allowed = os.sched_getaffinity(0)
+    missing = sorted(set(chosen) - allowed)
+    if missing:
+        raise NvmeofError(f"--cpus {','.join(map(str, chosen))}: this process may not run on CPU(s) "
+                          f"{','.join(map(str, missing))}",
+                          f"use CPUs of {','.join(map(str, sorted(allowed)))}")
+    os.sched_setaffinity(0, set(chosen))
+    log.info("serving on CPU(s) %s only (--cpus)", ",".join(map(str, sorted(set(chosen)))))
+    return sorted(set(chosen))
+
+
 def check_trace(trace: str, data_path: str) -> str:
     """--trace, or a clear error: it is the native data path's (the Python data path logs its own at -vv)."""
     TRACE.check_option(trace)
@@ -286,9 +323,11 @@ def check_file_buffers(queue_file_buffers: int, data_path: str) -> None:
                           f"add --data-path native, or leave {option.option} out")
 
 
-def native_poll_text(poll: str, cores: int) -> str:
-    """How the native queues are polled, for the status line: " (busy poll, 2 poll-group threads)"."""
-    return f" ({poll} poll" + (f", {cores} poll-group threads" if cores > 1 else "") + ")"
+def native_poll_text(poll: str, cores: int, spin_us: int = POLL_SPIN_US.default) -> str:
+    """How the native queues are polled, for the status line: " (busy poll, 2 poll-group threads)",
+    " (adaptive poll, spin 200 µs)"."""
+    return (f" ({poll} poll" + (f", {cores} poll-group threads" if cores > 1 else "")
+            + (f", spin {spin_us} µs" if poll == "adaptive" else "") + ")")
 
 
 def check_cores(cores: int, data_path: str, poll: str) -> int:
@@ -324,6 +363,7 @@ def _cmd_serve(args) -> int:
         check_poll(args.poll, args.data_path or "python")  # workers run the Python path
         check_file_buffers(args.queue_file_buffers, args.data_path or "python")
         check_cores(args.cores, args.data_path or "python", args.poll)
+        check_poll_spin(args.poll_spin_us, args.poll)
         check_trace(args.trace, args.data_path or "python")
         return supervise(args)
     # Connects, disconnects and rejects are logged at INFO: show them unless the user asked for less.
@@ -333,7 +373,7 @@ def _cmd_serve(args) -> int:
                  listen_portids=args.listen_port, path_groups=args.path_group,
                  rpc_socket=None if args.no_rpc_socket else (args.rpc_socket or ""), metrics=args.metrics,
                  persist=args.persist, data_path=args.data_path, poll=args.poll, cores=args.cores,
-                 trace=args.trace)
+                 trace=args.trace, poll_spin_us=args.poll_spin_us, cpus=args.cpus)
 
 
 def register_serve(commands) -> None:
@@ -357,6 +397,8 @@ def register_serve(commands) -> None:
                         "reference; the default with --workers); docs/native.md")
     p.add_argument(POLL.option, choices=POLL.choices, default=POLL.default,
                    help=f"{POLL.help} (default {POLL.default})")
+    p.add_argument(POLL_SPIN_US.option, type=POLL_SPIN_US.type, default=None, metavar=POLL_SPIN_US.metavar,
+                   help=f"{POLL_SPIN_US.help} (default {POLL_SPIN_US.default:g})")
     p.add_argument(CORES.option, type=CORES.type, default=CORES.default, metavar=CORES.metavar,
                    help=f"{CORES.help} (default {CORES.default:g})")
     p.add_argument(TRACE.option, choices=TRACE.choices, default=TRACE.default,

@@ -58,8 +58,9 @@ WORKER_RPC_TIMEOUT = 60.0  # one forwarded call to one worker
 
 def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=WORKERS.type, metavar=WORKERS.metavar, help=WORKERS.help)
-    p.add_argument("--cpus", metavar="LIST", help="pin worker i to CPU LIST[i %% len] (e.g. 0,1); "
-                                                  "default: the config's nvmeof_roce.cpus, else unpinned")
+    p.add_argument("--cpus", metavar="LIST", help="pin worker i to CPU LIST[i %% len] (e.g. 0,1); without "
+                                                  "--workers, the process to the CPUs of LIST; default: the "
+                                                  "config's nvmeof_roce.cpus, else unpinned")
     p.add_argument("--run-dir", metavar="DIR",
                    help="where serve --workers keeps its pid and the workers' configs and sockets "
                         "(default /run/nvmeof-roce as root)")

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
 
 from ..errors import NvmeofError
+from ..tunables import POLL_SPIN_US
 from ..nvme import cm
 from ..nvme import status as S
 from ..nvme.command import SQE_SIZE, is_write_direction
@@ -44,6 +45,7 @@ class ListenOptions:
     data_path: str = "python"  # RDMA I/O queues: "native" runs them in C (transport/rdma/native.py, docs/native.md)
     poll_mode: str = "interrupt"  # native queues: sleep on completion channels, or "busy" (tunables.POLL)
     poll_groups: object = None  # transport/rdma/pollgroups.py PollGroups (--cores > 1): threads poll native queues
+    poll_spin_us: int = POLL_SPIN_US.default  # poll_mode "adaptive": the spin's bound (tunables.POLL_SPIN_US)
 
 
 @dataclass(frozen=True)
@@ -148,7 +150,8 @@ def _rdma_listen(loop, port, handler, options: ListenOptions):
     return RdmaListener(loop, port.traddr, port.trsvcid, handler=handler, port_id=port.portid,
                         max_transfer=options.max_transfer, limits=options.limits,
                         remote_invalidate=options.remote_invalidate, data_path=options.data_path,
-                        poll_mode=options.poll_mode, poll_groups=options.poll_groups)
+                        poll_mode=options.poll_mode, poll_groups=options.poll_groups,
+                        poll_spin_us=options.poll_spin_us)
 
 
 def _rdma_require():

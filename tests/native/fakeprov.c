@@ -15,7 +15,9 @@
  * (fakehost_release), which opens the window between a post and its completion.  fakehost_fail_post makes the
  * Nth post_send or post_recv from now return an errno with *bad set, as a provider whose queue is full does;
  * fakehost_qp_error moves the QP to the error state: every work request on the wire and every posted receive
- * completes with IBV_WC_WR_FLUSH_ERR, and so does every later post.
+ * completes with IBV_WC_WR_FLUSH_ERR, and so does every later post.  fakehost_stage holds one capsule back until
+ * a chosen moment: the Nth poll_cq from now (a host's next command arriving while the target polls), or the next
+ * req_notify_cq (one arriving between the target's last poll and its arm, which raises no event).
  *
  * The provider's entry points are fake_post_send, fake_post_recv, fake_poll_cq and fake_req_notify_cq:
  * nvmeof_roce/bench/cost/native.py excludes them from the target's instructions; what the tests call is fakehost_*.
@@ -93,6 +95,10 @@ struct fake_dev {
     uint64_t flushed, post_faults;
     uint64_t post_send_calls, post_recv_calls, poll_calls, arm_calls, wrs_posted, rnr, reads, writes;
     uint64_t bytes_read, bytes_written;
+    /* fakehost_stage: a capsule delivered at the `stage_polls`th poll_cq from now, or at the next arm (0) */
+    uint8_t stage[8192];
+    uint32_t stage_len, stage_polls;
+    int staged;
 };
 
 #define DEV(c) ((struct fake_dev *)(c))
@@ -123,6 +129,7 @@ static struct fake_mr *fake_find(struct fake_mr *table, int n, uint32_t key, uin
 }
 
 static void fake_generate(struct fake_dev *d, uint32_t n);
+static int fakehost_deliver_locked(void *dev, const void *capsule, uint32_t len);
 
 static int fake_poll_cq_locked(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 {
@@ -130,6 +137,10 @@ static int fake_poll_cq_locked(struct ibv_cq *cq, int n, struct ibv_wc *wc)
     struct fake_ring *ring = cq == &d->send_cq ? &d->scq : &d->rcq;
     int got = 0;
     d->poll_calls++;
+    if (d->staged && d->stage_polls && !--d->stage_polls) {
+        d->staged = 0;
+        fakehost_deliver_locked(d, d->stage, d->stage_len);
+    }
     if (!d->hold)
         fake_generate(d, UINT32_MAX); /* everything on the wire completes before the poll reaps */
     while (got < n && ring->count) {
@@ -151,7 +162,12 @@ static int fake_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 
 static int fake_req_notify_cq_locked(struct ibv_cq *cq, int solicited_only)
 {
-    DEV(cq->context)->arm_calls++;
+    struct fake_dev *d = DEV(cq->context);
+    d->arm_calls++;
+    if (d->staged && !d->stage_polls) { /* it completes just before the arm takes effect: no event */
+        d->staged = 0;
+        fakehost_deliver_locked(d, d->stage, d->stage_len);
+    }
     return 0;
 }
 
@@ -549,6 +565,35 @@ void fakehost_fail_post(void *dev, int recv, int err, uint32_t nth)
     fault->err = err;
     fault->countdown = nth;
     pthread_mutex_unlock(&d->lock);
+}
+
+/* Hold `capsule` back: delivered (as fakehost_deliver) at the `polls`th poll_cq from now, or at the next
+ * req_notify_cq when `polls` is 0.  -2: longer than the stage; -1: one is staged already. */
+int fakehost_stage(void *dev, const void *capsule, uint32_t len, uint32_t polls)
+{
+    struct fake_dev *d = dev;
+    if (len > sizeof d->stage)
+        return -2;
+    pthread_mutex_lock(&d->lock);
+    int rc = -1;
+    if (!d->staged) {
+        memcpy(d->stage, capsule, len);
+        d->stage_len = len;
+        d->stage_polls = polls;
+        d->staged = 1;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&d->lock);
+    return rc;
+}
+
+/* 1 while a staged capsule waits for its moment. */
+int fakehost_staged(void *dev)
+{
+    pthread_mutex_lock(&DEV(dev)->lock);
+    int staged = DEV(dev)->staged;
+    pthread_mutex_unlock(&DEV(dev)->lock);
+    return staged;
 }
 
 /* Move the QP to the error state (a link down, a retry count exceeded): everything outstanding is flushed. */

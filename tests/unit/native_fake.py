@@ -55,7 +55,9 @@ def fake_library() -> ctypes.CDLL:
                             ("fakehost_responses", u32, [vp, vp, u32]), ("fakehost_counters", None, [vp, vp]),
                             ("fakehost_hold", None, [vp, ctypes.c_int]), ("fakehost_release", u32, [vp, u32]),
                             ("fakehost_fail_post", None, [vp, ctypes.c_int, ctypes.c_int, u32]),
-                            ("fakehost_qp_error", None, [vp])):
+                            ("fakehost_qp_error", None, [vp]),
+                            ("fakehost_stage", ctypes.c_int, [vp, ctypes.c_char_p, u32, u32]),
+                            ("fakehost_staged", ctypes.c_int, [vp])):
         fn = getattr(lib, name)
         fn.restype = res
         fn.argtypes = args
@@ -156,6 +158,14 @@ class FakeDevice:
         if which not in ("send", "recv"):
             raise ValueError(f"which must be 'send' or 'recv', not {which!r}")
         self.lib.fakehost_fail_post(self.dev, 1 if which == "recv" else 0, err, nth)
+
+    def stage(self, capsule: bytes, polls: int = 0) -> None:
+        """Hold `capsule` back until the `polls`th poll_cq from now, or (0) the next arm of a CQ: a completion
+        that lands between the target's last poll and its arm."""
+        assert self.lib.fakehost_stage(self.dev, capsule, len(capsule), polls) == 0
+
+    def staged(self) -> bool:
+        return bool(self.lib.fakehost_staged(self.dev))
 
     def qp_error(self) -> None:
         """Move the QP to the error state: every work request on the wire and every posted receive completes

@@ -58,7 +58,7 @@ def test_memory_of_a_job_is_its_last_rss_the_highest_sampled_and_the_process_pea
 def test_proc_stat_of_the_lab_guest():
     # cpu  795 0 786 1326 7 0 6 0 0 0: user nice system idle iowait irq softirq steal guest guest_nice
     s = procstat.parse_proc_stat((PROC / "lab-guest.proc-stat").read_text())
-    assert s == SystemCpu(busy_ticks=795 + 0 + 786 + 0 + 6 + 0, idle_ticks=1326 + 7)
+    assert s == SystemCpu(busy_ticks=795 + 0 + 786 + 0 + 6 + 0, idle_ticks=1326 + 7, softirq_ticks=6)
     assert s.total_ticks == 795 + 786 + 6 + 1326 + 7
     with pytest.raises(ValueError, match="no aggregate"):
         procstat.parse_proc_stat("cpu0 1 2 3 4\nintr 5\n")
@@ -122,6 +122,40 @@ def test_cpu_cost_without_a_process_or_without_io():
     cost = procstat.cpu_cost(before, after, None)
     assert cost["target_cpu_s"] is None and cost["target_us_per_io"] is None
     assert cost["guest_busy_s"] == 9.94 and cost["guest_us_per_io"] is None
+
+
+def test_schedstat_of_a_task_and_a_process_s_threads_summed(tmp_path):
+    # a capture of /proc/PID/task/TID/schedstat: on-CPU ns, run-delay ns, timeslices
+    one = procstat.parse_task_schedstat((PROC / "shell-task.schedstat").read_text())
+    assert one == procstat.SchedStat(424662616, 1481080484, 986)
+    with pytest.raises(ValueError, match="expected 3"):
+        procstat.parse_task_schedstat("12 34\n")
+    for tid, text in (("10", "100 20 3\n"), ("11", "1000 200 30\n"), ("12", "")):  # 12: it ended while read
+        (tmp_path / "10" / "task" / tid).mkdir(parents=True)
+        (tmp_path / "10" / "task" / tid / "schedstat").write_text(text)
+    assert procstat.process_sched(10, proc=str(tmp_path)) == procstat.SchedStat(1100, 220, 33)
+    assert procstat.process_sched(99, proc=str(tmp_path)) is None
+
+
+def test_schedstat_of_the_lab_guest_every_cpu_summed():
+    # cpuN: 6 counters, then running ns, run-delay ns, timeslices (version 15); domain lines are not CPUs
+    s = procstat.parse_proc_schedstat((PROC / "lab-guest.schedstat").read_text())
+    assert s == procstat.SchedStat(7330756914 + 6781932931, 629965750 + 435452689, 1129 + 1020)
+    with pytest.raises(ValueError, match="version 14: expected 15 or later"):
+        procstat.parse_proc_schedstat("version 14\ncpu0 1 2 3 4 5 6 7 8 9\n")
+
+
+def test_where_the_time_went_per_io():
+    before = Sample(t=0.0, sched=procstat.SchedStat(1_000_000, 2_000_000, 10),
+                    system_sched=procstat.SchedStat(0, 5_000_000, 0), system=SystemCpu(100, 100, 10))
+    after = Sample(t=1.0, sched=procstat.SchedStat(3_000_000, 6_000_000, 1010),
+                   system_sched=procstat.SchedStat(0, 13_000_000, 0), system=SystemCpu(150, 150, 12))
+    cost = procstat.cpu_cost(before, after, 1000, clk_tck=100)
+    assert cost["target_on_cpu_us_per_io"] == 2.0 and cost["target_run_delay_us_per_io"] == 4.0
+    assert cost["target_wakeups_per_io"] == 1.0  # one timeslice per I/O: woken for each
+    assert cost["guest_run_delay_us_per_io"] == 8.0 and cost["guest_softirq_us_per_io"] == 20.0
+    cost = procstat.cpu_cost(before, after, None, clk_tck=100)
+    assert cost["target_run_delay_us_per_io"] is None and cost["target_wakeups_per_io"] is None
 
 
 # --- the fit --------------------------------------------------------------------------------------------

@@ -154,6 +154,125 @@ def test_interrupt_mode_arms_the_cqs_and_waits_for_their_channel(busy_ep):
     assert ep.device.responses() == [] and ep.timeouts == [0.01]  # nothing polls without a channel event
 
 
+def _cids(ep) -> dict:
+    return {int.from_bytes(c[12:14], "little"): _status(c) for c, _inv in ep.device.responses()}
+
+
+def test_adaptive_poll_arms_the_cqs_once_its_spin_finds_nothing(busy_ep):
+    ep = busy_ep
+    before, arms, polls = ep.queue.stats(), ep.device.counters()["arms"], ep.device.counters()["polls"]
+    ep.device.deliver(io_capsule(ep, READ, 1, 0, 7, 4096, offset=0, cid=2))
+    done, armed = ep.queue.poll_adaptive(spin_us=200)
+    assert done >= 1 and armed
+    assert _cids(ep) == {2: 0}
+    after = ep.queue.stats()
+    assert ep.device.counters()["arms"] - arms == after["arms"] - before["arms"] == 1  # one CQ (shared), armed once
+    assert ep.device.counters()["polls"] - polls > 3  # it kept polling before it armed
+    assert after["arm_catches"] == before["arm_catches"]  # the spin found everything there was
+    # nothing came: an event with no completion (a spurious one) arms at once, without spinning
+    polls = ep.device.counters()["polls"]
+    assert ep.queue.poll_adaptive(spin_us=100000) == (0, True)
+    assert ep.device.counters()["polls"] - polls == 2  # one poll, the arm, the poll after the arm
+
+
+def test_adaptive_poll_serves_the_next_command_it_finds_while_spinning(busy_ep):
+    ep = busy_ep
+    before, arms = ep.queue.stats(), ep.device.counters()["arms"]
+    ep.device.deliver(io_capsule(ep, WRITE, 1, 0, 7, 4096, offset=8192, cid=1))
+    ep.device.stage(io_capsule(ep, READ, 1, 0, 7, 4096, offset=0, cid=2), polls=6)  # lands during the spin
+    done, armed = ep.queue.poll_adaptive(spin_us=100000)  # a bound far longer than six polls take
+    assert armed and not ep.device.staged()
+    assert _cids(ep) == {1: 0, 2: 0}  # both answered in the one call, the second without an event
+    assert ep.host_bytes()[:4096] == ep.host_bytes()[8192:8192 + 4096]
+    after = ep.queue.stats()
+    assert after["spin_hits"] - before["spin_hits"] >= 1
+    assert ep.device.counters()["arms"] - arms == 1  # armed once, after the second command's spin
+
+
+def test_adaptive_poll_never_loses_a_completion_that_lands_just_before_the_arm(busy_ep):
+    ep = busy_ep
+    before = ep.queue.stats()
+    ep.device.deliver(io_capsule(ep, READ, 1, 0, 7, 4096, offset=0, cid=5))
+    ep.device.stage(io_capsule(ep, READ, 1, 0, 7, 4096, offset=4096, cid=6), polls=0)  # at the arm: no event
+    done, armed = ep.queue.poll_adaptive(spin_us=1)
+    assert armed and not ep.device.staged()
+    ep.device.release()  # the wire delivers the response that poll posted
+    assert _cids(ep) == {5: 0, 6: 0}  # the poll after the arm found it
+    assert ep.queue.stats()["arm_catches"] - before["arm_catches"] == 1
+
+
+def test_adaptive_poll_does_not_arm_before_its_budget_is_spent(busy_ep):
+    ep = busy_ep
+    arms = ep.device.counters()["arms"]
+    for cid in range(4):
+        ep.device.deliver(io_capsule(ep, READ, 1, 0, 7, 4096, offset=0, cid=cid))
+    done, armed = ep.queue.poll_adaptive(spin_us=100000, budget=2)
+    assert done >= 2 and not armed  # the caller polls again before it sleeps
+    assert ep.device.counters()["arms"] == arms
+    while not armed:
+        _done, armed = ep.queue.poll_adaptive(spin_us=1, budget=2)
+    ep.env.fabric.pump()
+    assert _cids(ep) == {0: 0, 1: 0, 2: 0, 3: 0}
+    with pytest.raises(ValueError, match="budget must be at least 1"):
+        ep.queue.native.poll_adaptive(0, 10)
+
+
+def test_adaptive_mode_arms_and_watches_the_channels_as_interrupt_mode(busy_ep):
+    ep, loop = busy_ep, busy_ep.loop
+    arms = ep.device.counters()["arms"]
+    ep.queue.start_polling(loop, "adaptive", channels=())
+    assert ep.device.counters()["arms"] > arms and ep.queue.poll_mode == "adaptive"
+    ep.device.deliver(io_capsule(ep, READ, 1, 0, 7, 4096, offset=0, cid=2))
+    loop.run_once(0.01)
+    assert ep.device.responses() == [] and ep.timeouts == [0.01]  # asleep until a channel event, as interrupt
+
+
+def test_serve_takes_poll_spin_us_only_with_poll_adaptive():
+    from nvmeof_roce.cli import build_parser
+    from nvmeof_roce.errors import NvmeofError
+    from nvmeof_roce.service.serve import check_poll, check_poll_spin, native_poll_text
+    from nvmeof_roce.tunables import POLL_SPIN_US
+    assert check_poll("adaptive", "native") == "adaptive"
+    with pytest.raises(NvmeofError, match="--poll adaptive needs the native data path"):
+        check_poll("adaptive", "python")
+    assert check_poll_spin(None, "interrupt") == POLL_SPIN_US.default
+    assert check_poll_spin(50, "adaptive") == 50
+    with pytest.raises(NvmeofError, match="--poll-spin-us 50 bounds an adaptive poll's spin") as err:
+        check_poll_spin(50, "busy")
+    assert "--poll adaptive" in err.value.fix
+    with pytest.raises(NvmeofError, match="--poll-spin-us 0: out of range"):
+        check_poll_spin(0, "adaptive")
+    args = build_parser().parse_args(["target", "serve", "x.json", "--poll", "adaptive", "--poll-spin-us", "50"])
+    assert (args.poll, args.poll_spin_us) == ("adaptive", 50)
+    assert native_poll_text("adaptive", 1, 50) == " (adaptive poll, spin 50 µs)"
+
+
+def test_serve_cpus_without_workers_pins_the_process(tmp_path):
+    # `serve --cpus` was taken and ignored without --workers; it pins the one process now (and its threads)
+    import os
+    from types import SimpleNamespace
+    from nvmeof_roce.errors import NvmeofError
+    from nvmeof_roce.service.serve import pin_process
+    allowed = os.sched_getaffinity(0)
+    first = min(allowed)
+    config = SimpleNamespace(userspace={}, source="t.json")
+    try:
+        assert pin_process(str(first), config) == [first]
+        assert os.sched_getaffinity(0) == {first}
+        os.sched_setaffinity(0, allowed)
+        assert pin_process(None, SimpleNamespace(userspace={"cpus": [first]}, source="t.json")) == [first]
+        assert os.sched_getaffinity(0) == {first}  # the config's nvmeof_roce.cpus alike
+        os.sched_setaffinity(0, allowed)
+        assert pin_process(None, config) is None and os.sched_getaffinity(0) == allowed
+        outside = max(allowed) + 1
+        with pytest.raises(NvmeofError, match=f"may not run on CPU\\(s\\) {outside}") as err:
+            pin_process(f"{first},{outside}", config)
+        assert os.sched_getaffinity(0) == allowed  # refused whole, nothing pinned
+        assert str(first) in err.value.fix
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
 def test_serve_takes_poll_busy_only_with_the_native_data_path():
     from nvmeof_roce.cli import build_parser
     from nvmeof_roce.errors import NvmeofError
@@ -179,11 +298,13 @@ def test_target_status_and_the_status_line_say_busy_poll(busy_ep):
     assert _data_path(status) == "native, busy poll"
     assert _data_path({"data_path": "python", "poll": "interrupt"}) == "python"
     server = SimpleNamespace(target=busy_ep.env.target, loop=busy_ep.loop, listeners=[], data_path="native",
-                             poll="busy", cores=1)
+                             poll="busy", cores=1, poll_spin_us=200)
     line = TargetServer.status_line(server)
     assert line.startswith("status: ") and "; data path native (busy poll); " in line
     server.cores = 2
     assert "; data path native (busy poll, 2 poll-group threads); " in TargetServer.status_line(server)
+    server.poll, server.cores = "adaptive", 1
+    assert "; data path native (adaptive poll, spin 200 µs); " in TargetServer.status_line(server)
     assert _data_path({"data_path": "native", "poll": "busy", "cores": 2}) == "native, busy poll, 2 poll-group threads"
 
 
@@ -343,6 +464,10 @@ def test_the_bench_measures_the_native_poll_modes_side_by_side(tmp_path):
     assert [t.trsvcid for t in (interrupt, busy, cores)] == [4490, 4491, 4492]
     assert len({t.subnqn for t in (kernel, interrupt, busy, cores)}) == 4
     assert "--poll busy --cores 2" in cores.kind
+    args.targets = "native,native-adaptive,native-adaptive-500us"
+    interrupt, adaptive, spin500 = build_targets(args, tmp_path)
+    assert (adaptive.serve_args, spin500.serve_args) == (["--poll", "adaptive"],
+                                                         ["--poll", "adaptive", "--poll-spin-us", "500"])
     from nvmeof_roce.errors import NvmeofError
     with pytest.raises(NvmeofError, match="poll-group threads poll continuously"):
         build_targets(argparse.Namespace(**{**vars(args), "targets": "native-2c"}), tmp_path)

@@ -1,7 +1,8 @@
 """Instructions and heap allocations per 4 KiB I/O of the native data path, beside the Python data path, through
 the fake verbs provider (tests/native/fakeprov.c).  A benchmark, not a test: it prints figures, asserts nothing.
 
-    python3 -m nvmeof_roce.bench.cost.native [--ios N] [--json] [--trace | --reservations]   (make bench-native)
+    python3 -m nvmeof_roce.bench.cost.native [--ios N] [--json] [--trace | --reservations | --adaptive]
+    (make bench-native)
 
 Each case drives one I/O queue of a real Target (admin queue over loopback, the I/O queue through the C queue on
 the fake provider): QD capsules are delivered into the queue's receives, then the queue is polled until idle.
@@ -9,7 +10,10 @@ native: the C queue serves the reads and writes itself.  python: the same queue 
 every capsule goes to the Python core, which answers through the same C queue: the Python data path's cost in
 the same harness (its RequestBook and the core; the pyverbs transport's own cost is measured by
 nvmeof_roce.bench.cost.transport).  traced (`--trace`, in place of python): native with the per-command trace on
-(csrc/trace.c; its records taken after each poll, outside what is counted, and not printed).
+(csrc/trace.c; its records taken after each poll, outside what is counted, and not printed).  adaptive
+(`--adaptive`, in place of python): native polled as `--poll adaptive` does (csrc/nq_hot.c nq_poll_adaptive: the
+polls, the arm, the poll after the arm), with a spin bound of 0, so what is counted is the mode's fixed cost per
+wake-up; the spin itself costs what its bound says, in time (one empty poll per pass).
 
 instructions: callgrind, collecting only under the queue's poll (`--toggle-collect=nq_poll`) and not inside the
 fake provider's entry points (post_send, post_recv, poll_cq, req_notify_cq, toggled off again): the target's
@@ -39,6 +43,7 @@ MODULE = "nvmeof_roce.bench.cost.native"  # run again in child processes (under 
 PROVIDER_ENTRIES = ("fake_post_send", "fake_post_recv", "fake_poll_cq", "fake_req_notify_cq")
 CASES = [(path, op, qd) for path in ("native", "python") for op in ("read", "write") for qd in (1, 32)]
 TRACE_CASES = [(path, op, qd) for path in ("native", "traced") for op in ("read", "write") for qd in (1, 32)]
+ADAPTIVE_CASES = [(path, op, qd) for path in ("native", "adaptive") for op in ("read", "write") for qd in (1, 32)]
 # --reservations: the namespace with reservations enabled and unused, held by this host (Write Exclusive), and held
 # by another host (this host's reads, which its Write Exclusive allows: served by the core)
 RESV_CASES = [(path, op, qd) for path in ("native", "resv-unused", "resv-held") for op in ("read", "write")
@@ -88,8 +93,12 @@ def drive(path: str, op: str, qd: int, ios: int, count_mallocs: bool) -> dict:
         for capsule in capsules:
             device.deliver(capsule)
         start = counter.value if counter is not None else 0
-        while queue.poll():
-            pass
+        if path == "adaptive":
+            while not queue.poll_adaptive(0, budget=256)[1]:
+                pass
+        else:
+            while queue.poll():
+                pass
         if counter is not None:
             mallocs += counter.value - start - overhead
         answered = device.responses()
@@ -114,7 +123,9 @@ def child_env(**extra: str) -> dict:
 
 def callgrind_total(path: str, op: str, qd: int, ios: int, workdir: Path) -> int:
     out = workdir / f"cg.{path}.{op}.{qd}.{ios}"
-    cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=nq_poll",
+    # the adaptive poll's own function is collected whole (its nq_poll calls inside: a second toggle would stop it)
+    entry = "nq_poll_adaptive" if path == "adaptive" else "nq_poll"
+    cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", f"--toggle-collect={entry}",
            *[f"--toggle-collect={f}" for f in PROVIDER_ENTRIES], f"--callgrind-out-file={out}",
            sys.executable, "-m", MODULE, "--drive", path, op, str(qd), str(ios)]
     subprocess.run(cmd, env=child_env(), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -132,6 +143,8 @@ def main() -> int:
     ap.add_argument("--reservations", action="store_true",
                     help="native beside a namespace with reservations enabled and unused, held by this host, and "
                          "held by another (in place of native and python)")
+    ap.add_argument("--adaptive", action="store_true",
+                    help="native polled as --poll adaptive does, spin bound 0 (in place of python)")
     ap.add_argument("--drive", nargs=4, metavar=("PATH", "OP", "QD", "IOS"), help=argparse.SUPPRESS)
     ap.add_argument("--count-mallocs", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -150,7 +163,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         counter = build(NATIVE_TESTS / "malloc_count.c", workdir / "malloc_count.so")
-        for path, op, qd in TRACE_CASES if args.trace else RESV_CASES if args.reservations else CASES:
+        for path, op, qd in (TRACE_CASES if args.trace else RESV_CASES if args.reservations
+                             else ADAPTIVE_CASES if args.adaptive else CASES):
             n = max(args.ios // qd * qd, qd)
             short = callgrind_total(path, op, qd, n, workdir)
             long = callgrind_total(path, op, qd, 2 * n, workdir)

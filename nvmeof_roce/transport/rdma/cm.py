@@ -22,6 +22,7 @@ from typing import Dict, Optional
 
 from ...errors import NvmeofError
 from ...output import address
+from ...tunables import POLL_SPIN_US
 from ...nvme import cm as cmdata
 from ..base import ConnectRequest, Listener, QueueHandler, TransportError
 from ..eventloop import EventLoop
@@ -46,11 +47,13 @@ class RdmaListener(Listener):
     def __init__(self, loop: EventLoop, traddr: str, trsvcid: int = 4420, *, handler: Optional[QueueHandler] = None,
                  port_id: int = 0, in_capsule_size: Optional[int] = None, max_transfer: int = 128 * 1024,
                  limits: Optional[ResourceLimits] = None, remote_invalidate: bool = True,
-                 data_path: str = "python", poll_mode: str = "interrupt", poll_groups=None):
+                 data_path: str = "python", poll_mode: str = "interrupt", poll_groups=None,
+                 poll_spin_us: int = POLL_SPIN_US.default):
         require_pyverbs()
         self.data_path = data_path  # "native": I/O queues run the C data path (transport/rdma/native.py)
         self.poll_mode = poll_mode  # native queues: "interrupt" (completion channels) or "busy" (tunables.POLL)
         self.poll_groups = poll_groups  # pollgroups.PollGroups: threads poll the native queues (--cores)
+        self.poll_spin_us = poll_spin_us  # "adaptive": µs a native queue polls after its last completion
         self.native_memory = None  # rdma_native.NativePortMemory, made with the first native queue
         self.loop = loop
         self.handler = handler or loop.handler

@@ -187,7 +187,7 @@ class RdmaNativeQueue(NativeTargetQueue):
                          watch=self._watch, unwatch=listener.loop.unwatch,
                          on_released=lambda queue: queue._give_back_bounce())
         self.cq_fd = self.objects["recv_fd"]
-        if listener.poll_mode == "interrupt" and listener.poll_groups is None:
+        if listener.poll_mode in ("interrupt", "adaptive") and listener.poll_groups is None:
             self.watched = [self.objects["recv_fd"], self.objects["send_fd"]]
         self.start_polling(listener.loop, listener.poll_mode, self.watched, self._on_cq_event,
                            poll_groups=listener.poll_groups)
@@ -223,8 +223,17 @@ class RdmaNativeQueue(NativeTargetQueue):
         module, objects = self.module, self.objects
         module.cq_events(objects["recv_channel"])
         module.cq_events(objects["send_channel"])
+        if self.poll_mode == "adaptive":
+            return self._poll_adaptive()
         self.native.arm()  # re-armed before polling, so no completion is missed
         return self._poll_more()
+
+    def _poll_adaptive(self):
+        """--poll adaptive (NativeTargetQueue.poll_adaptive): until the CQs are armed the loop calls again."""
+        if self.closed:
+            return None
+        _done, armed = self.poll_adaptive(self.listener.poll_spin_us)
+        return None if armed or self.closed else self._poll_adaptive
 
     def _poll_more(self):
         if self.closed:

@@ -155,7 +155,7 @@ class NativeTargetQueue(TargetQueue):
         self.view_ready = False
         self.drain_check: Optional[Callable[[], None]] = None  # while its subsystem is paused: set_view
         self.native_commands_seen = 0  # the C queue's native_commands at the last native_traffic()
-        self.poll_mode = None  # "interrupt" or "busy" once start_polling ran (a test may poll by hand)
+        self.poll_mode = None  # "interrupt", "adaptive" or "busy" once start_polling ran (a test may poll by hand)
         self.poll_group = None  # the _native.PollGroup whose thread polls it (--cores), or None
         self.tracing = False  # the per-command trace is on: its records are taken at each poll and tick
         TRACING.attach(self)
@@ -206,18 +206,38 @@ class NativeTargetQueue(TargetQueue):
             done = self.native.drain() if self.poll_group is not None else self.native.poll(budget)
         finally:
             self.in_poll = False
+        self.after_poll(done)
+        return done
+
+    def poll_adaptive(self, spin_us: float, budget: int = POLL_BUDGET) -> tuple:
+        """`--poll adaptive` (csrc/nq_hot.c nq_poll_adaptive): poll, keep polling up to `spin_us` after the last
+        completion, then arm the CQs and poll once more.  (handled, armed); not armed: `budget` was spent first,
+        call again before sleeping on the channels."""
+        if self.closed:
+            return 0, False
+        self.in_poll = True  # as poll(): a close from a completion of this poll sends what the poll made first
+        try:
+            done, armed = self.native.poll_adaptive(budget, spin_us)
+        finally:
+            self.in_poll = False
+        self.after_poll(done)
+        return done, armed
+
+    def after_poll(self, done: int) -> None:
+        """What follows every poll of the C queue (`done` completions handled): the trace, a paused subsystem's
+        drain check, the teardown of a closing queue whose last response has left."""
         if self.tracing:
             self.log_trace()
         if done and self.drain_check is not None:
             self.drain_check()  # its subsystem is paused: these may have been the last of its commands
         if self.closing and not self.closed and self.native.close_ready:
             self._teardown(None)  # the last response of a closing queue has left
-        return done
 
     def start_polling(self, loop, mode: str, channels=(), on_channel_event: Optional[Callable] = None,
                       poll_groups=None) -> None:
         """Have `loop` (transport/eventloop.py) drive this queue: "interrupt" arms the CQs and watches their
-        completion channels' fds (`on_channel_event` reads the events, re-arms and polls); "busy" never arms
+        completion channels' fds (`on_channel_event` reads the events, re-arms and polls; "adaptive" the same,
+        its event handler spinning a bounded time before it re-arms: native.py); "busy" never arms
         them and polls the queue on every loop pass instead, until it closes (tunables.POLL).  With
         `poll_groups` (transport/rdma/pollgroups.py, `--cores`) a poll group's thread busy-polls it without the GIL
         and the loop watches its mailbox's eventfd instead, draining what needs Python."""

@@ -1,0 +1,18 @@
+#!/bin/sh
+# On the host, holding the lab lock and the CPU lock exclusively: start the hog, boot the guest; stop the hog when
+# the guest asks for an idle host.
+out=/tmp/qd1/both
+cd /work/wt-qd1-load
+date -u +%s > $out/begin
+/work/main/.venv/bin/python /tmp/qd1/hostsample.py $out/host.jsonl & samp=$!
+sh -c "while :; do :; done" & hog=$!
+echo $hog > $out/hog.pid
+( while [ ! -e $out/want-idle ]; do sleep 1; done
+  kill $hog; date -u +%s > $out/hog-stop; sleep 2; touch $out/idle-on ) & watcher=$!
+env PYTHONPATH=$PWD /work/main/.venv/bin/python -m nvmeof_roce lab run --kernel 6.1 --timeout 3300 --share $out -- \
+  sh /mnt/share/guest.sh > $out/lab.log 2>&1
+echo $? > $out/rc
+kill $samp
+kill $watcher 2>/dev/null
+kill $hog 2>/dev/null
+date -u +%s > $out/end
