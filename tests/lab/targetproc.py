@@ -74,14 +74,14 @@ def namespaces_of(nqn: str, expect: int = 1, timeout: float = 15.0):
                     continue
             disks = [os.path.basename(p) for p in glob.glob(f"{subsys}/nvme*n*")]
             if len(disks) >= expect:
-                disks.sort(key=_nsid_of)
+                disks.sort(key=nsid_of)
                 return ["/dev/" + d for d in disks]
         if time.monotonic() > deadline:
             raise AssertionError(f"{expect} namespace(s) of {nqn} did not appear")
         time.sleep(0.1)
 
 
-def _nsid_of(disk: str) -> int:
+def nsid_of(disk: str) -> int:
     """The namespace ID of /dev/DISK from the driver itself (NVME_IOCTL_ID): the disk numbers follow the
     order the kernel finished scanning, which 6.12's asynchronous scan does not keep."""
     import fcntl

@@ -15,18 +15,17 @@ is printed and the memory must stay flat once warm (see RSS_BOUND_MIB).
 `make test-extended` runs it (a few minutes in the guest); NVMEOF_LIVE_RESIZE_ROUNDS sets the number of rounds
 (`nvmeof-roce lab run --env NVMEOF_LIVE_RESIZE_ROUNDS=10 -- ...`).
 """
-import glob
 import json
 import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 
 from nvmeof_roce.control import client
+from livechecks import LoopProbe, controller_of, fio_result, memory_mib
 from targetproc import LAB_IP, ServedTarget, config, disconnect_all_quietly, namespaces_of, nvme, ram_namespace
 
 pytestmark = [pytest.mark.lab, pytest.mark.extended]
@@ -52,39 +51,9 @@ def fio_args(device, seed):
             "--output-format=json"]
 
 
-def fio_result(proc, out, err, what):
-    assert proc.returncode == 0, f"fio {what} failed ({proc.returncode}): {err}\n{out[-3000:]}"
-    job = json.loads(out[out.index("{"):])["jobs"][0]
-    assert job["error"] == 0, f"fio {what}: error {job['error']}: {err}"
-    return job
-
-
-def memory_mib(pid):
-    """VmRSS and VmPin of process `pid`, in MiB."""
-    fields = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            name, _, value = line.partition(":")
-            if name in ("VmRSS", "VmPin"):
-                fields[name] = int(value.split()[0]) / 1024  # kB
-    return fields["VmRSS"], fields.get("VmPin", 0.0)
-
-
 def host_size_bytes(device):
     with open(f"/sys/block/{os.path.basename(device)}/size") as f:
         return int(f.read()) * 512
-
-
-def controller_of(nqn):
-    """/dev/nvmeX, the host's controller of subsystem `nqn`."""
-    for ctrl in glob.glob("/sys/class/nvme/nvme*"):
-        try:
-            with open(f"{ctrl}/subsysnqn") as f:
-                if f.read().strip() == nqn:
-                    return "/dev/" + os.path.basename(ctrl)
-        except OSError:
-            pass
-    raise AssertionError(f"no controller of {nqn}")
 
 
 def wait_for_host_size(device, size, timeout=10.0):
@@ -107,42 +76,6 @@ def namespace_status(sock):
     status = client.call(sock, "nvmeof_get_status")
     ns = next(n for s in status["subsystems"] if s["nqn"] == NQN for n in s["namespaces"] if n["nsid"] == 1)
     return status, ns
-
-
-class LoopProbe:
-    """Asks the control socket for its method list (answered on the event loop, as the I/O is) every 10 ms on a
-    thread, and keeps the longest round trip: how long the loop kept a client waiting while it ran.  It includes
-    the scheduling of this process on the guest's busy vCPUs, so it bounds the loop's stall from above."""
-
-    def __init__(self, sock):
-        self.sock = sock
-        self.longest_ms = 0.0
-        self.error = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self._stop.is_set():
-            t0 = time.monotonic()
-            try:
-                client.call(self.sock, "rpc_get_methods")
-            except Exception as exc:  # noqa: BLE001 -- reported by __exit__, in the test's thread
-                self.error = exc
-                return
-            self.longest_ms = max(self.longest_ms, (time.monotonic() - t0) * 1000)
-            self._stop.wait(0.01)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(timeout=120)
-        if exc[0] is not None:
-            return  # the round's own failure is the one to report
-        assert not self._thread.is_alive(), "the control socket stopped answering"
-        assert self.error is None, f"the control socket failed while probed: {self.error!r}"
 
 
 @pytest.fixture
