@@ -29,7 +29,7 @@ from . import image as lab_image
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 UNIT_TIER = ('python3 setup.py -q build_ext --inplace && python3 setup.py -q egg_info && '
-             'python3 -m pytest -p no:cacheprovider --durations=12 -m "not lab" tests/unit')
+             'python3 -m pytest -p no:cacheprovider -rs --durations=12 -m "not lab" tests/unit')
 
 
 def _mount(args: List[str]) -> None:
