@@ -14,7 +14,7 @@ APT_PACKAGES := qemu-system-x86 debootstrap e2fsprogs cpio xz-utils zstd fio gcc
 	python3-dev libibverbs-dev librdmacm-dev liburing-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: dist demo test test-extended test-unit test-lab test-long test-quick test-two-node test-reload-fuzz test-auth-rotation test-trixie test-blktests deps venv lab clean-lab help bench-transport bench-native bench-qd1-load test-native test-native-fuzz soak
+.PHONY: dist demo test test-extended test-unit test-lab test-long test-quick test-two-node test-reload-fuzz test-auth-rotation test-trixie test-unit-py313 test-blktests deps venv lab clean-lab help bench-transport bench-native bench-qd1-load test-native test-native-fuzz soak
 
 # A wheel of this checkout in dist/ (pip install dist/nvmeof_roce-*.whl gives the `nvmeof-roce` command).
 dist: venv
@@ -29,6 +29,7 @@ help:
 	@echo "make test-extended - iWARP, systemd workers, QoS/visibility/persist, initiator bench, a live RAM resize in the lab (about 16 min)"
 	@echo "make test-long - the long lab scenarios (16-vCPU guest), not part of make test or CI"
 	@echo "make test-trixie - the Debian 13 lab tier: trixie's kernel host (nvme-cli 2.13) against our native target and nvmet"
+	@echo "make test-unit-py313 - the unit tier on Debian 13's Python 3.13, in a chroot of the trixie lab image (no guest)"
 	@echo "make test-auth-rotation - rotate a host key by reload and by RPC under fio verify (6.12 lab guest)"
 	@echo "make test-reload-fuzz - 10,000 broken configs reloaded into a running loopback target (about a minute)"
 	@echo "make test-blktests - blktests' nvme group, kernel nvmet vs the userspace target (6.1 and 6.12; >1 h each)"
@@ -101,6 +102,11 @@ test-extended: lab
 test-trixie: deps venv
 	$(NVMEOF) lab build --kernel trixie
 	$(VENV)/bin/python tests/tiers.py $(VENV)/bin/python $(LAB_TIMEOUT) trixie
+
+# The unit tier on Python 3.13 without a guest: a chroot of the trixie image's rootfs (read-only, under an
+# overlay), a copy of this checkout built there for its Python (nvmeof_roce/lab/chroot.py).  Needs root.
+test-unit-py313: deps venv
+	$(VENV)/bin/python -m nvmeof_roce.lab.chroot --kernel trixie
 
 # A host's DH-HMAC-CHAP key rotated by SIGHUP, by RPC and by its key file replaced while a second kernel host runs
 # fio verify (6.12 guest; tests/lab/test_auth.py, marked long: over a minute under emulation, so not in `make test`).

@@ -50,10 +50,11 @@ def lab_tier(venv_python, lab_timeout, kernel, tests):
             "python3", "-m", "pytest", "-p", "no:cacheprovider", "--durations=12", "-m", "lab and not long and not extended", *tests]
 
 
-def trixie_tier(venv_python, lab_timeout, tests=LAB_TRIXIE_TESTS):
+def trixie_tier(venv_python, lab_timeout, tests=LAB_TRIXIE_TESTS, kernel="trixie"):
+    """A Debian 13 guest (`trixie`, or `unstable`: the same userland on Debian unstable's kernel)."""
     pytest = ("python3 -m pytest -p no:cacheprovider --durations=12 -m 'lab and not long and not extended' "
               + " ".join(tests))
-    return [venv_python, "-m", "nvmeof_roce", "lab", "run", "--kernel", "trixie", "--timeout", lab_timeout, "--",
+    return [venv_python, "-m", "nvmeof_roce", "lab", "run", "--kernel", kernel, "--timeout", lab_timeout, "--",
             "sh", "-c", f"{NATIVE_FIRST} && {pytest}"]
 
 
@@ -61,6 +62,9 @@ def main():
     venv_python, lab_timeout = sys.argv[1], sys.argv[2]
     only = sys.argv[3] if len(sys.argv) > 3 else None  # `make test-trixie`: that tier alone
     trixie = ("lab tier (guest, Debian 13 trixie)", trixie_tier(venv_python, lab_timeout))
+    # Debian unstable's newest kernel (docs/lab.md): the 6.12 subset on it, by hand (`tests/tiers.py PY 3000 unstable`)
+    unstable = ("lab tier (guest, Debian 13 on unstable's kernel)",
+                trixie_tier(venv_python, lab_timeout, LAB_612_TESTS, kernel="unstable"))
     tiers = [
         ("unit tier (host)", [venv_python, "-m", "pytest", "--durations=12", "-m", "not lab", "tests/unit"]),
         ("lab tier (guest, kernel 6.1)", lab_tier(venv_python, lab_timeout, "6.1", ["tests/lab"])),
@@ -68,8 +72,10 @@ def main():
     ]
     if only == "trixie":
         tiers = [trixie]
+    elif only == "unstable":
+        tiers = [unstable]
     elif only:
-        sys.exit(f"tests/tiers.py: unknown tier {only!r} (trixie)")
+        sys.exit(f"tests/tiers.py: unknown tier {only!r} (trixie, unstable)")
     results = []
     for name, argv in tiers:
         started = time.monotonic()

@@ -304,7 +304,10 @@ class Controller:
                 raise HostError(f"{self.subnqn}: queue {q.qid}: the target requires DH-HMAC-CHAP authentication",
                                 "give the host key: --dhchap-secret DHHC-1:NN:...: (the target's hosts[].dhchap.key)")
             self._authenticate(q)
-        elif self.dhchap_ctrl_secret is not None:
+        elif self.dhchap_ctrl_secret is not None and q.qid == 0:
+            # An I/O queue the target lets in without authentication is fine once the admin queue proved the
+            # controller's key, as the Linux host takes it (nvmf_connect_io_queue): Linux 7.2's nvmet asks on the
+            # admin queue only.
             raise HostError(f"{self.subnqn}: queue {q.qid}: the target does not authenticate this host, so it "
                             "cannot prove its controller key", "configure hosts[].dhchap on the target, or drop "
                             "--dhchap-ctrl-secret")

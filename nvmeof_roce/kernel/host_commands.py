@@ -214,11 +214,14 @@ def cmd_host_disconnect_all(args):
 
 def nvme_list_document(namespaces) -> dict:
     """`nvme list -o json`'s document for these namespaces: nvme-cli 2.x's "Devices" list, field for field as
-    Debian 12's nvme-cli prints it (tests/unit/fixtures/nvme-cli-2.3/list.json, recorded in the lab guest)."""
-    return {"Devices": [{"NameSpace": n["nsid"], "DevicePath": n["device"], "Firmware": n["firmware"],
-                         "ModelNumber": n["model"], "SerialNumber": n["serial"], "UsedBytes": n["used_bytes"],
-                         "MaximumLBA": n["max_lba"], "PhysicalSize": n["size_bytes"], "SectorSize": n["sector_size"]}
-                        for n in namespaces]}
+    the installed nvme-cli prints it: Debian 12's 2.3 (tests/unit/fixtures/nvme-cli-2.3/list.json) or, with the
+    namespace's character device as "GenericPath", Debian 13's 2.13 (fixtures/nvme-cli-recorded/trixie-2.13)."""
+    def device(n):
+        generic = {"GenericPath": n["generic"]} if n.get("generic") else {}
+        return {"NameSpace": n["nsid"], "DevicePath": n["device"], **generic, "Firmware": n["firmware"],
+                "ModelNumber": n["model"], "SerialNumber": n["serial"], "UsedBytes": n["used_bytes"],
+                "MaximumLBA": n["max_lba"], "PhysicalSize": n["size_bytes"], "SectorSize": n["sector_size"]}
+    return {"Devices": [device(n) for n in namespaces]}
 
 
 def cmd_host_list(args):

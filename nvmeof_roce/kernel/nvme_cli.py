@@ -276,7 +276,7 @@ def _paths(items) -> List[dict]:
 
 
 def parse_list(text: str) -> List[dict]:
-    """`nvme list -o json` (plain or -v) -> [{"device", "nsid", "controller", "subsystem", "subnqn", "serial",
+    """`nvme list -o json` (plain or -v) -> [{"device", "generic", "nsid", "controller", "subsystem", "subnqn", "serial",
     "model", "firmware", "size_bytes", "used_bytes", "sector_size", "max_lba"}] (unknown fields None)."""
     data = _loads(text, "list")
     if data is None:
@@ -324,6 +324,10 @@ def _ns_entry(ns: dict, ctrl: dict, subsys: dict) -> dict:
     dev = str(dev) if dev is not None else None
     if dev and not dev.startswith("/"):
         dev = "/dev/" + dev
+    generic = _g(ns, "GenericPath", "Generic")  # the namespace's character device, nvme-cli 2.4+ (ngXnY)
+    generic = str(generic) if generic else None
+    if generic and not generic.startswith("/"):
+        generic = "/dev/" + generic
     nsid = _g(ns, "NSID", "Nsid")
     if nsid is None and isinstance(_g(ns, "NameSpace"), int):
         nsid = _g(ns, "NameSpace")
@@ -337,7 +341,7 @@ def _ns_entry(ns: dict, ctrl: dict, subsys: dict) -> dict:
     if ctrl_name is None and dev:
         m = re.match(r"/dev/(nvme\d+)n\d+$", dev)
         ctrl_name = m.group(1) if m else None
-    return {"device": dev, "nsid": _int(nsid), "controller": ctrl_name,
+    return {"device": dev, "generic": generic, "nsid": _int(nsid), "controller": ctrl_name,
             "subsystem": _g(subsys, "Subsystem", "Name"), "subnqn": _g(subsys, "SubsystemNQN", "NQN"),
             "serial": (str(_g(ctrl, "SerialNumber", default="") or "").strip() or None),
             "model": (str(_g(ctrl, "ModelNumber", default="") or "").strip() or None),

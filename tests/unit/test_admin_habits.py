@@ -184,22 +184,27 @@ def test_verbose_and_output_format_after_the_command(tmp_path, capsys, monkeypat
 
 # ---------------------------------------------------------------------------- host list -o json
 
-FIX = Path(__file__).parent / "fixtures" / "nvme-cli-2.3"  # recorded in the lab guest (docs/kernel.md)
+FIXTURES = Path(__file__).parent / "fixtures"  # recorded in the lab guests (docs/kernel.md)
+# nvme-cli 2.3 (Debian 12) and 2.13 (Debian 13, which adds each namespace's character device: GenericPath)
+LISTINGS = {"nvme-cli-2.3": "nqn.2024-01.io.example:cap1",
+            "nvme-cli-recorded/trixie-2.13": "nqn.2024-01.io.nvmeof-roce:record"}
 
 
+@pytest.mark.parametrize("version", sorted(LISTINGS))
 @pytest.mark.parametrize("listing", ["list-verbose.json", "list.json"])
-def test_host_list_o_json_is_nvme_list_o_json(monkeypatch, tmp_path, capsys, listing):
+def test_host_list_o_json_is_nvme_list_o_json(monkeypatch, tmp_path, capsys, listing, version):
+    fix = FIXTURES / version
     (tmp_path / "hostnqn").write_text(HOST_A + "\n")
-    answers = {"list-subsys": (FIX / "list-subsys.json").read_text(), "list": (FIX / listing).read_text()}
+    answers = {"list-subsys": (fix / "list-subsys.json").read_text(), "list": (fix / listing).read_text()}
     monkeypatch.setattr(host_commands, "_cli", lambda args=None: nvme_cli.NvmeCli(
         runner=lambda tool, args, package, timeout=None: ToolResult(["nvme"], 0, answers[args[0]], ""),
         load_modules=False, etc_dir=str(tmp_path), kernel_log=lambda: ""))
     code, out, _ = run(capsys, "host", "list", "-o", "json")
-    want = json.loads((FIX / "list.json").read_text())  # what `nvme list -o json` printed
+    want = json.loads((fix / "list.json").read_text())  # what `nvme list -o json` printed
     by_path = lambda doc: sorted(doc["Devices"], key=lambda d: d["DevicePath"])
     assert code == 0 and list(json.loads(out)) == ["Devices"] and by_path(json.loads(out)) == by_path(want)
     code, out, _ = run(capsys, "host", "list", "--json")  # this tool's own: subsystems with paths
-    assert json.loads(out)["subsystems"][0]["nqn"] == "nqn.2024-01.io.example:cap1"
+    assert json.loads(out)["subsystems"][0]["nqn"] == LISTINGS[version]
 
 
 # ------------------------------------------------------------------------------ rpc.py's forms

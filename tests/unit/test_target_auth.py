@@ -82,6 +82,27 @@ def test_bidirectional_authentication(make_env, dhgroup, caplog):
     ctrl.close()
 
 
+def test_a_target_that_authenticates_the_admin_queue_only_lets_bidirectional_hosts_in(make_env, monkeypatch):
+    """As Linux 7.2's nvmet does: AUTHREQ.ATR on the admin queue's Connect only, its I/O queues open without
+    authentication.  The controller's key was proved on the admin queue, so the host goes on (as Linux's does)."""
+    from nvmeof_roce.engine import fabrics as target_fabrics
+    install = target_fabrics._install_queue
+
+    def admin_only(qs, ctrl, sqsize, cattr):
+        install(qs, ctrl, sqsize, cattr)
+        if qs.qid:
+            qs.auth = None
+    monkeypatch.setattr(target_fabrics, "_install_queue", admin_only)
+    result = target_fabrics._connect_result
+    monkeypatch.setattr(target_fabrics, "_connect_result",
+                        lambda ctrl: result(ctrl) if not ctrl.io_queues else ctrl.cntlid)
+    env = make_env({"ctrl_key": CTRL_KEY})
+    ctrl = env.connect(SUB, dhchap_secret=KEY, dhchap_ctrl_secret=CTRL_KEY, num_io_queues=2)
+    assert ctrl.authenticated_queues == [0]
+    _io_round_trip(ctrl)
+    ctrl.close()
+
+
 def test_no_key_is_refused_and_the_target_says_so(make_env, caplog):
     env = make_env()
     with caplog.at_level(logging.WARNING):
