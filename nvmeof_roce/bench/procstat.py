@@ -136,6 +136,16 @@ def _read(path: str) -> Optional[str]:
         return None
 
 
+def _parsed(path: str, parse):
+    """`parse` of a file's text; None where the file cannot be read or does not parse (a thread that ended, a
+    kernel without that file)."""
+    text = _read(path)
+    try:
+        return parse(text) if text else None
+    except ValueError:
+        return None
+
+
 def process_cpu(pid: int, proc: str = "/proc") -> Optional[ProcessCpu]:
     text = _read(f"{proc}/{pid}/stat")
     return parse_pid_stat(text) if text else None
@@ -168,11 +178,7 @@ def process_sched(pid: int, proc: str = "/proc") -> Optional[SchedStat]:
     """Every thread's schedstat of a process, summed (None where the kernel keeps none)."""
     total, seen = [0, 0, 0], False
     for path in glob.glob(f"{proc}/{pid}/task/*/schedstat"):
-        text = _read(path)
-        try:
-            one = parse_task_schedstat(text) if text else None
-        except ValueError:
-            one = None
+        one = _parsed(path, parse_task_schedstat)
         if one is not None:
             seen = True
             total = [total[0] + one.on_cpu_ns, total[1] + one.run_delay_ns, total[2] + one.timeslices]
@@ -180,11 +186,7 @@ def process_sched(pid: int, proc: str = "/proc") -> Optional[SchedStat]:
 
 
 def system_sched(proc: str = "/proc") -> Optional[SchedStat]:
-    text = _read(f"{proc}/schedstat")
-    try:
-        return parse_proc_schedstat(text) if text else None
-    except ValueError:
-        return None
+    return _parsed(f"{proc}/schedstat", parse_proc_schedstat)
 
 
 def system_cpu(proc: str = "/proc") -> Optional[SystemCpu]:
@@ -209,11 +211,7 @@ def block_device_ios(device: str, sysfs: str = "/sys") -> Optional[int]:
     None if unknown."""
     total = None
     for path in stat_files(device, sysfs):
-        text = _read(path)
-        try:
-            n = parse_block_stat(text) if text else None
-        except ValueError:
-            n = None
+        n = _parsed(path, parse_block_stat)
         if n is not None:
             total = (total or 0) + n
     return total
