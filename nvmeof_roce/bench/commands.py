@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import os
 import re
 import signal
 import sys
@@ -41,6 +42,24 @@ def native_serve_args(name: str) -> list:
     if adaptive:
         return ["--poll", "adaptive"] + (["--poll-spin-us", spin] if spin else [])
     return []
+
+
+def cpu_list(option: str, text: str, *, here: bool = False) -> List[int]:
+    """A CPU list option of the bench (--userspace-cpus, --host-cpus); `here`: every CPU must be one this process
+    may run on (the children it pins run where it does; serve checks its own --cpus where it runs)."""
+    from ..config import parse_cpus
+    try:
+        cpus = parse_cpus(text)
+    except NvmeofError:
+        raise NvmeofError(f"{option} {text!r}: not a list of CPU numbers", f"e.g. {option} 0,1")
+    if not here:
+        return cpus
+    allowed = os.sched_getaffinity(0)
+    outside = [c for c in cpus if c not in allowed]
+    if outside:
+        raise NvmeofError(f"{option} {text!r}: CPU {', '.join(map(str, outside))} is not one this process may run on",
+                          f"pick from {','.join(map(str, sorted(allowed)))} (taskset or a cgroup limits the bench)")
+    return cpus
 
 
 def _size_mb(text: str) -> int:
@@ -95,14 +114,11 @@ def build_targets(args, out_dir: Path) -> List[TargetUnderTest]:
                           "multi-worker target serves the generated RAM namespace on its own ports)",
                           "drop --userspace-config, or measure userspace-Nw in a run of its own")
     if cpus is not None:
-        from ..config import parse_cpus
-        try:
-            parse_cpus(cpus)
-        except NvmeofError:
-            raise NvmeofError(f"--userspace-cpus {cpus!r}: not a list of CPU numbers", "e.g. --userspace-cpus 2,3")
-        if not multi:
-            raise NvmeofError("--userspace-cpus pins the workers of a userspace-Nw target, and --targets has none",
-                              "add e.g. userspace-2w to --targets, or drop --userspace-cpus")
+        cpu_list("--userspace-cpus", cpus)
+        if not any(n in ("userspace", "userspace-py") or WORKERS_TARGET.fullmatch(n) or NATIVE_TARGET.fullmatch(n)
+                   for n in names):
+            raise NvmeofError("--userspace-cpus pins our target (serve --cpus), and --targets has none of ours",
+                              "add e.g. userspace or native-busy to --targets, or drop --userspace-cpus")
     size_mb = _size_mb(args.ns_size)
     device = DeviceModel.parse(getattr(args, "device", None) or "ram")
     kernel_backend = getattr(args, "kernel_backend", None)
@@ -126,17 +142,18 @@ def build_targets(args, out_dir: Path) -> List[TargetUnderTest]:
                                            workers=int(WORKERS_TARGET.fullmatch(name).group(1)), cpus=cpus))
         elif name == "userspace":
             targets.append(UserspaceTarget(args.traddr, args.userspace_port, size_mb=size_mb, work_dir=out_dir,
-                                           config_path=args.userspace_config, device=device))
+                                           config_path=args.userspace_config, device=device, cpus=cpus))
         elif name == "userspace-py":  # the same target on its Python data path (the reference), own port and NQN
             targets.append(UserspaceTarget(args.traddr, getattr(args, "userspace_py_port",
                                                                 DEFAULT_PORTS["userspace-py"]),
                                            size_mb=size_mb, work_dir=out_dir, name=name, device=device,
-                                           data_path="python"))
+                                           data_path="python", cpus=cpus))
         elif NATIVE_TARGET.fullmatch(name):  # the k-th native target: port 4490 + k
             natives = [n for n in names if NATIVE_TARGET.fullmatch(n)]
             targets.append(UserspaceTarget(args.traddr, DEFAULT_PORTS["native"] + natives.index(name),
                                            size_mb=size_mb, work_dir=out_dir, name=name, device=device,
-                                           data_path="native", serve_args=tuple(native_serve_args(name))))
+                                           data_path="native", serve_args=tuple(native_serve_args(name)),
+                                           cpus=cpus))
         else:
             if not args.baseline_checkout:
                 raise NvmeofError("--targets baseline needs --baseline-checkout DIR (the checkout whose target "
@@ -249,7 +266,9 @@ def cmd_bench(args) -> int:
                          rdma_device=args.rdma_device or (rdma_device_for(twonode.HOST_NODE) if remote else None),
                          topology=twonode.topology() if remote else None, soak_ios=args.soak_ios,
                          soak_interval=args.soak_interval, soak_timeout=args.soak_timeout,
-                         soak_skip=args.soak_skip, soak_change_interval=args.soak_change_interval, ratio=ratio)
+                         soak_skip=args.soak_skip, soak_change_interval=args.soak_change_interval, ratio=ratio,
+                         host_cpus=cpu_list("--host-cpus", args.host_cpus, here=True) if getattr(args, "host_cpus", None)
+                         else None)
     if not remote and args.node is None:
         missing = [r for r in ratio if r not in [t.name for t in targets]]
         if missing and args.ratio:  # the default ratio is simply left out when a target is not measured
@@ -333,7 +352,12 @@ def register(subparsers) -> None:
                    help=f"first trsvcid of a userspace-Nw target (worker i listens on N + i; default "
                         f"{DEFAULT_PORTS['workers']})")
     p.add_argument("--userspace-cpus", metavar="LIST",
-                   help="pin a userspace-Nw target's worker i to CPU LIST[i %% len] (its serve --cpus), e.g. 2,3")
+                   help="pin our targets to CPUs (their serve --cpus): a userspace-Nw target's worker i to CPU "
+                        "LIST[i %% len], the single-process ones (userspace, userspace-py, native...) to LIST; "
+                        "e.g. 2,3")
+    p.add_argument("--host-cpus", metavar="LIST",
+                   help="run the host's load (fio, our initiator's perf) on these CPUs only, for every target "
+                        "alike; e.g. 0 (with --userspace-cpus 1: the target on a CPU of its own)")
     p.add_argument("--kernel-backend", choices=("null_blk", "file"),
                    help="with the default --device ram: the kernel namespace on a memory-backed null_blk "
                         "(default) or a file on tmpfs (buffered_io)")

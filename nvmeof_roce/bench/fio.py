@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Union
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from .. import shipped
 from ..errors import NvmeofError, ToolMissing
@@ -242,14 +242,24 @@ def _stderr_summary(stderr: str, limit: int = 6) -> str:
     return "; ".join(lines[-limit:])
 
 
+def pinned_to(cpus: Optional[Sequence[int]]) -> Optional[Callable[[], None]]:
+    """A child's preexec_fn that runs it on `cpus` only (None: where the bench itself may run)."""
+    if not cpus:
+        return None
+    allowed = set(cpus)
+    return lambda: os.sched_setaffinity(0, allowed)
+
+
 def run_fio(job: Union[FioJobFile, str, Path], device: str, runtime: float, size: str, ramp: float = 0,
             *, output_path: Union[str, Path, None] = None, fio: str = "fio",
-            extra_env: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None) -> FioResult:
+            extra_env: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None,
+            cpus: Optional[Sequence[int]] = None) -> FioResult:
     """Run one job file against `device` and return its parsed result.
 
     The raw JSON is written to `output_path` (kept with the results) or a temporary file. An I/O or verify
     error inside the run is reported in the result (`errors`, `error_text`), not raised; a run that produced
-    no JSON at all (fio could not start, a bad job file, a timeout) raises NvmeofError.
+    no JSON at all (fio could not start, a bad job file, a timeout) raises NvmeofError. `cpus` pins fio
+    (`bench --host-cpus`).
     """
     if not isinstance(job, FioJobFile):
         job = FioJobFile.load(job)
@@ -275,7 +285,7 @@ def run_fio(job: Union[FioJobFile, str, Path], device: str, runtime: float, size
         try:
             # cwd: fio may leave files behind (verify state, logs): next to the results, not wherever we are
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
-                                  cwd=str(output_path.parent))
+                                  cwd=str(output_path.parent), preexec_fn=pinned_to(cpus))
         except subprocess.TimeoutExpired as exc:
             raise NvmeofError(f"fio {job.name} on {device} did not finish within {timeout:.0f} s",
                               "check that the device still answers (dmesg), or raise --runtime limits") from exc
@@ -317,4 +327,4 @@ def _num(value: float) -> str:
 
 
 __all__: List[str] = ["FioJobFile", "FioResult", "DirectionStats", "PERCENTILES", "default_jobs_dir",
-                      "list_job_files", "parse_fio_json", "run_fio", "fio_version", "fio_binary"]
+                      "list_job_files", "parse_fio_json", "run_fio", "fio_version", "fio_binary", "pinned_to"]

@@ -360,11 +360,13 @@ class Sampler:
     """Samples in the background every `interval` seconds (for the soak's RSS curve), plus on demand."""
 
     def __init__(self, pid: Optional[int], io_counter: Optional[Callable[[], Optional[int]]] = None,
-                 interval: float = 2.0, processes: Optional[Dict[str, int]] = None):
+                 interval: float = 2.0, processes: Optional[Dict[str, int]] = None,
+                 on_sample: Optional[Callable[["Sample"], None]] = None):
         self.pid = pid
         self.processes = processes
         self.io_counter = io_counter
         self.interval = interval
+        self.on_sample = on_sample  # told of every background sample (the soak's progress line)
         self.samples: List[Sample] = []
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -382,7 +384,9 @@ class Sampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            self.sample()
+            s = self.sample()
+            if self.on_sample is not None:
+                self.on_sample(s)
 
     def stop(self) -> Sample:
         self._stop.set()

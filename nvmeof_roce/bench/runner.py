@@ -42,9 +42,10 @@ from typing import Callable, Dict, List, Optional, Sequence
 from ..errors import NvmeofError
 from ..output import progress as _progress
 from . import report
-from .fio import FioJobFile, FioResult, default_jobs_dir, fio_binary, fio_version, list_job_files, run_fio
+from .fio import (FioJobFile, FioResult, default_jobs_dir, fio_binary, fio_version, list_job_files, pinned_to,
+                  run_fio)
 from . import procstat
-from .soak import LiveChanges
+from .soak import LiveChanges, SoakProgress
 from .perftest import (DEFAULT_TESTS, PerftestResult, perftest_binary, perftest_version, rdma_device_for,
                        run_perftest)
 from .targets import Host, TargetUnderTest
@@ -167,6 +168,7 @@ class BenchConfig:
     soak_timeout: float = 7200.0
     soak_skip: Optional[int] = None
     soak_change_interval: float = 3.0  # s between the soak's live changes (0: none)
+    host_cpus: Optional[Sequence[int]] = None  # bench --host-cpus: fio and our initiator run on these CPUs only
 
 
 def _read(path: str) -> str:
@@ -242,7 +244,8 @@ def initiator_perf_command(target: TargetUnderTest, params: Dict[str, object], r
 
 def run_initiator_perf(job: JobSpec, target: TargetUnderTest, config: BenchConfig, raw: Path) -> dict:
     cmd = initiator_perf_command(target, job.params, config.runtime, config.ramp)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=2 * (config.runtime + config.ramp) + 120)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=2 * (config.runtime + config.ramp) + 120,
+                          preexec_fn=pinned_to(config.host_cpus))
     raw.parent.mkdir(parents=True, exist_ok=True)
     raw.write_text(proc.stdout + ("\n" + proc.stderr if proc.stderr else ""))
     return parse_initiator_perf(proc.stdout, proc.returncode, proc.stderr, raw)
@@ -348,6 +351,7 @@ class BenchRunner:
                     "repeats": cfg.repeats, "runtime_s": cfg.runtime, "ramp_s": cfg.ramp, "size": cfg.size,
                     "traddr": cfg.traddr, "host": self.host.name if self.host else None,
                     "soak_ios": cfg.soak_ios if any(j.kind == "soak" for j in self.jobs) else None,
+                    "host_cpus": list(cfg.host_cpus) if cfg.host_cpus else None,
                     "clk_tck": procstat.CLK_TCK,
                     "order": "for each repeat, for each job, each target in turn (interleaved)"},
             targets={t.name: t.describe() for t in self.targets}, ratio=cfg.ratio)
@@ -437,13 +441,15 @@ class BenchRunner:
                 if prefill is not None:
                     return report.repeat_record(repeat, iops=None, bw_bytes=None, lat_us={}, errors=1,
                                                 error_text=prefill, raw=rel, device=device)
-            sampler = procstat.Sampler(target.pid, lambda: procstat.block_device_ios(device),
-                                       interval=cfg.soak_interval if soak else MEMORY_INTERVAL,
-                                       processes=target.processes())
-            multipath = len(target.trsvcids) > 1
-            paths_before = self.host.path_ios(device) if multipath else {}
             if soak and cfg.soak_change_interval > 0 and target.rpc_socket:
                 changes = LiveChanges(target.rpc_socket, target.subnqn, cfg.soak_change_interval)
+            sampler = procstat.Sampler(target.pid, lambda: procstat.block_device_ios(device),
+                                       interval=cfg.soak_interval if soak else MEMORY_INTERVAL,
+                                       processes=target.processes(),
+                                       on_sample=SoakProgress(target.name, cfg.soak_ios, self.progress, changes)
+                                       if soak else None)
+            multipath = len(target.trsvcids) > 1
+            paths_before = self.host.path_ios(device) if multipath else {}
             sampler.start()  # RSS every soak_interval (or MEMORY_INTERVAL) seconds
             if changes is not None:
                 changes.start()
@@ -451,9 +457,10 @@ class BenchRunner:
                 if soak:
                     res = self.fio_runner(job.fio_job, device, cfg.soak_timeout, cfg.size, 0, output_path=raw,
                                           extra_env={"SOAK_BYTES": str(cfg.soak_ios * SOAK_BLOCK)},
-                                          timeout=cfg.soak_timeout + 120)
+                                          timeout=cfg.soak_timeout + 120, cpus=cfg.host_cpus)
                 else:
-                    res = self.fio_runner(job.fio_job, device, cfg.runtime, cfg.size, cfg.ramp, output_path=raw)
+                    res = self.fio_runner(job.fio_job, device, cfg.runtime, cfg.size, cfg.ramp, output_path=raw,
+                                          cpus=cfg.host_cpus)
             except NvmeofError as exc:  # fio could not run at all: record it, go on with the next job
                 return report.repeat_record(repeat, iops=None, bw_bytes=None, lat_us={}, errors=1,
                                             error_text=exc.message, raw=rel, device=device)

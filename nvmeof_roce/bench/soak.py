@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from ..control import client
 from ..control.client import RpcError
@@ -134,3 +134,33 @@ def _message(exc: Exception) -> str:
 
 
 __all__ = ["LiveChanges", "cycle", "SCRATCH_NSID", "SCRATCH_SIZES"]
+
+
+class SoakProgress:
+    """The soak's progress line, at most once every `every` seconds of the samples' clock: commands done of the
+    count, their rate and the time left at that rate, the target's RSS, the live changes made so far.  It is the
+    Sampler's `on_sample`; the first sample it sees is the start."""
+
+    def __init__(self, target: str, total: int, progress: Callable[[str], None],
+                 changes: Optional[LiveChanges] = None, every: float = 60.0):
+        self.target, self.total, self.progress, self.changes, self.every = target, total, progress, changes, every
+        self._start = None  # (t, ios) of the first sample
+        self._last = 0.0
+
+    def __call__(self, sample) -> None:
+        if sample.ios is None:
+            return
+        if self._start is None:
+            self._start = (sample.t, sample.ios)
+            self._last = sample.t
+            return
+        if sample.t - self._last < self.every:
+            return
+        self._last = sample.t
+        done = sample.ios - self._start[1]
+        rate = done / max(sample.t - self._start[0], 1e-9)
+        left = f", about {max(self.total - done, 0) / rate / 60:.0f} min left" if rate > 0 else ""
+        rss = f", target RSS {sample.rss_bytes / 2**20:.1f} MiB" if sample.rss_bytes is not None else ""
+        made = f", {self.changes.made} live changes ({self.changes.refused} refused)" if self.changes else ""
+        self.progress(f"bench: soak on {self.target}: {done:,} of {self.total:,} commands "
+                      f"({100 * done / self.total:.0f}%), {rate:,.0f}/s{left}{rss}{made}")

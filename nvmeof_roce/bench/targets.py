@@ -383,6 +383,7 @@ class UserspaceTarget(TargetUnderTest):
         if self.workers > 1:
             d["workers"] = self.workers
             d["trsvcids"] = [str(p) for p in self.trsvcids]
+        if self.cpus:
             d["cpus"] = self.cpus
         return d
 
@@ -432,8 +433,8 @@ class UserspaceTarget(TargetUnderTest):
         cmd = _cli() + ["target", "serve", str(config)] + self.serve_args
         if self.workers > 1:  # its own run directory: two targets' ANA state and pid files must not meet
             cmd += ["--workers", str(self.workers), "--run-dir", str(self.work_dir / f"{self.name}-run")]
-            if self.cpus:
-                cmd += ["--cpus", self.cpus]
+        if self.cpus:  # worker i on CPU i % len, or the single process on the list (bench --userspace-cpus)
+            cmd += ["--cpus", self.cpus]
         if self.data_path:
             cmd += ["--data-path", self.data_path]
         if self.workers == 1 and self.checkout is None:  # the soak's live changes (a socket path is short)

@@ -280,6 +280,55 @@ def test_initiator_perf_jobs_go_through_the_hook(work):
     assert result["jobs"]["uinit-randread-4k-qd1"]["ratio"]["iops"] == pytest.approx(1.0)
 
 
+# --- bench --host-cpus: the host's load on chosen CPUs, the same for every target ----------------------------
+
+AFFINITY = ("import json, os; print(json.dumps({'iops': len(os.sched_getaffinity(0)), 'errors': 0,"
+            " 'latency_us': {'p50': min(os.sched_getaffinity(0))}}))")
+
+
+def test_pinned_to_runs_a_child_on_those_cpus_only():
+    import subprocess
+    cpu = max(os.sched_getaffinity(0))
+    out = subprocess.run([sys.executable, "-c", AFFINITY], preexec_fn=runner_mod.pinned_to([cpu]),
+                         capture_output=True, text=True, check=True).stdout
+    assert json.loads(out)["iops"] == 1 and json.loads(out)["latency_us"]["p50"] == cpu
+    assert runner_mod.pinned_to(None) is None and runner_mod.pinned_to([]) is None
+
+
+@needs_fio
+def test_host_cpus_reach_fio_and_our_initiator_and_the_record(work, monkeypatch):
+    cpu = max(os.sched_getaffinity(0))
+    events, seen = [], []
+
+    def fio(job, device, *a, **k):
+        seen.append(k.get("cpus"))
+        return runner_mod.run_fio(job, device, *a, **k)
+
+    # our initiator's perf replaced by a child that reports the CPUs it may run on
+    monkeypatch.setattr(runner_mod, "initiator_perf_command", lambda *a, **k: [sys.executable, "-c", AFFINITY])
+    targets = [FileTarget("kernel", work, events)]
+    runner = BenchRunner(_config(work / "out", host_cpus=[cpu]), targets,
+                         select_jobs("randread-4k-qd1,uinit-randread-4k-qd1"), FileHost(events),
+                         progress=lambda m: None, machine=MACHINE, fio_runner=fio)
+    runner.preflight = lambda: None
+    result = runner.run()
+    assert seen == [[cpu]]
+    uinit = result["jobs"]["uinit-randread-4k-qd1"]["results"]["kernel"]["repeats"][0]
+    assert (uinit["iops"], uinit["lat_us"]["p50"]) == (1, cpu)  # the child ran on that one CPU
+    assert result["params"]["host_cpus"] == [cpu]
+    assert result["jobs"]["randread-4k-qd1"]["results"]["kernel"]["repeats"][0]["errors"] == 0
+
+
+def test_host_cpus_outside_the_bench_s_affinity_are_refused():
+    from nvmeof_roce.bench.commands import cpu_list
+    with pytest.raises(NvmeofError, match="CPU 4095 is not one this process may run on") as err:
+        cpu_list("--host-cpus", "0,4095", here=True)
+    assert "pick from" in err.value.fix
+    with pytest.raises(NvmeofError, match="--host-cpus 'x': not a list of CPU numbers"):
+        cpu_list("--host-cpus", "x", here=True)
+    assert cpu_list("--userspace-cpus", "4095") == [4095]  # serve checks its own where it runs
+
+
 def test_initiator_perf_command_and_output(work):
     t = FileTarget("userspace", work, [])
     cmd = runner_mod.initiator_perf_command(t, {"rw": "randwrite", "bs": 4096, "qd": 32}, 5, 1.5)

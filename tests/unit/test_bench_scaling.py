@@ -154,12 +154,21 @@ def test_build_targets_with_a_two_worker_target(tmp_path):
     assert (a.trsvcids, b.trsvcids) == ([4424, 4425], [4440, 4441, 4442])
 
 
+def test_userspace_cpus_pin_every_target_of_ours_and_not_the_kernel_s(tmp_path):
+    kernel, user, busy, py = build_targets(_args(tmp_path, "kernel,userspace,native-busy,userspace-py",
+                                                 userspace_cpus="1"), tmp_path)
+    assert [t.cpus for t in (user, busy, py)] == ["1", "1", "1"]
+    assert [t.describe()["cpus"] for t in (user, busy, py)] == ["1", "1", "1"]
+    assert not hasattr(kernel, "cpus") or kernel.cpus is None
+    assert "cpus" not in build_targets(_args(tmp_path, "native"), tmp_path)[0].describe()
+
+
 @pytest.mark.parametrize("targets, kw, message", [
     ("kernel,userspace-1w", {}, "worker count must be 2..16"),
     ("kernel,userspace-x", {}, "unknown target userspace-x"),
     ("kernel,userspace-Nw", {}, "unknown target userspace-Nw"),
     ("userspace,userspace", {}, "names a target twice"),
-    ("kernel,userspace", {"userspace_cpus": "0,1"}, "--userspace-cpus pins the workers of a userspace-Nw"),
+    ("kernel", {"userspace_cpus": "0,1"}, "--userspace-cpus pins our target .serve --cpus., and --targets has none"),
     ("userspace-2w", {"userspace_cpus": "a,b"}, "--userspace-cpus 'a,b': not a list of CPU numbers"),
     ("userspace,userspace-2w", {"userspace_config": Path("x.json")}, "--userspace-config is for the single"),
 ])

@@ -88,3 +88,27 @@ def test_the_scratch_namespace_is_known_absent_only_between_a_removal_and_the_ne
     assert not any(changes.absent_at(t) for t in marks[1:5])  # added, resized three times
     assert changes.absent_at(marks[5])  # removed
     assert not changes.absent_at(marks[6])  # added again
+
+
+def test_the_progress_line_says_commands_rate_time_left_rss_and_changes():
+    """Once a minute of the samples' clock: commands done of the count, the rate and what is left at it."""
+    from nvmeof_roce.bench.procstat import Sample
+    from nvmeof_roce.bench.soak import SoakProgress
+
+    class Made:
+        made, refused = 12, 1
+
+    lines = []
+    p = SoakProgress("userspace", 10_000_000, lines.append, Made(), every=60)
+    p(Sample(t=100.0, ios=500, rss_bytes=300 << 20))  # the start
+    p(Sample(t=130.0, ios=120_500, rss_bytes=301 << 20))  # within the minute: nothing
+    p(Sample(t=160.5, ios=240_500, rss_bytes=302 << 20))
+    p(Sample(t=170.0, ios=None))  # a sample without a count says nothing
+    assert lines == ["bench: soak on userspace: 240,000 of 10,000,000 commands (2%), 3,967/s, about 41 min left, "
+                     "target RSS 302.0 MiB, 12 live changes (1 refused)"]
+    p(Sample(t=221.0, ios=480_500))
+    assert len(lines) == 2 and lines[1].startswith("bench: soak on userspace: 480,000 of") and "RSS" not in lines[1]
+    quiet = SoakProgress("kernel", 1000, lines.append)
+    quiet(Sample(t=0.0, ios=0))
+    quiet(Sample(t=61.0, ios=0))  # nothing done yet: no time left to give, and no live changes to count
+    assert lines[-1] == "bench: soak on kernel: 0 of 1,000 commands (0%), 0/s"
