@@ -112,3 +112,39 @@ def test_the_progress_line_says_commands_rate_time_left_rss_and_changes():
     quiet(Sample(t=0.0, ios=0))
     quiet(Sample(t=61.0, ios=0))  # nothing done yet: no time left to give, and no live changes to count
     assert lines[-1] == "bench: soak on kernel: 0 of 1,000 commands (0%), 0/s"
+
+
+def test_a_removed_or_resized_namespace_s_memory_goes_at_once_not_at_the_next_full_collection(served):
+    """The soak's RSS once grew in steps of the scratch namespace's size: every live change that paused its
+    subsystem left a reference cycle (the drain's closure naming itself) holding the changes, and with them the
+    old namespace and its memory, until the garbage collector's next full pass, which may be minutes away on a
+    busy target.  Without the collector, each namespace the cycle replaced or removed must be gone once the
+    change is applied."""
+    import gc
+    import weakref
+
+    env, control = served
+
+    def scratch_memory(env):  # a weak reference to the scratch namespace's memory, None while it is out
+        ns = env.target.subsystem(SUB_RAM).namespaces.get(SCRATCH_NSID)
+        return None if ns is None else weakref.ref(ns.backend._memory)
+
+    changes = LiveChanges("/run/x.sock", SUB_RAM, 3.0, call=lambda path, method, params: control.call(method, params))
+    ctrl = env.connect(SUB_RAM)
+    gone = []
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(2 * len(cycle(SUB_RAM))):
+            memory = scratch_memory(env)
+            changes.step()
+            env.fabric.pump()
+            ctrl.write(1, 8, bytes(4096))  # the soak's namespace serves between the changes
+            if memory is not None and scratch_memory(env) is not memory:
+                gone.append(memory() is None)
+    finally:
+        gc.enable()
+        ctrl.close()
+    assert changes.made == 10 and changes.refused == 0
+    # a resize within the reservation keeps the memory (no copy); the removals let it go
+    assert gone == [True, True], gone
