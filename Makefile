@@ -214,8 +214,8 @@ test-native-fuzz: venv
 # The soak (docs/benchmarks.md): our target alone in the lab guest, SOAK_IOS 4 KiB commands at QD32 (random writes
 # read back and verified by fio) on the native data path while a scratch namespace is added, resized and removed by
 # RPC every SOAK_CHANGE_INTERVAL seconds; bench.json under SOAK_OUT has the RSS growth per 10^6 commands, the verify
-# errors, the live changes and the event loop's longest pass.  10^7 commands is about an hour under emulation on
-# 2 cores (SOAK_IOS=1000000 for a first look); it holds the lab lock.
+# errors, the live changes and the event loop's longest pass, and a progress line a minute.  10^7 commands took
+# 40-45 minutes under emulation on this 2-core machine (SOAK_IOS=1000000 for a first look); it holds the lab lock.
 SOAK_IOS ?= 10000000
 SOAK_CHANGE_INTERVAL ?= 3
 SOAK_OUT ?= results/soak-$(SOAK_IOS)
