@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import os
 import re
 import signal
 import sys
@@ -47,19 +46,12 @@ def native_serve_args(name: str) -> list:
 def cpu_list(option: str, text: str, *, here: bool = False) -> List[int]:
     """A CPU list option of the bench (--userspace-cpus, --host-cpus); `here`: every CPU must be one this process
     may run on (the children it pins run where it does; serve checks its own --cpus where it runs)."""
-    from ..config import parse_cpus
+    from ..config import parse_cpus, usable_cpus
     try:
         cpus = parse_cpus(text)
     except NvmeofError:
         raise NvmeofError(f"{option} {text!r}: not a list of CPU numbers", f"e.g. {option} 0,1")
-    if not here:
-        return cpus
-    allowed = os.sched_getaffinity(0)
-    outside = [c for c in cpus if c not in allowed]
-    if outside:
-        raise NvmeofError(f"{option} {text!r}: CPU {', '.join(map(str, outside))} is not one this process may run on",
-                          f"pick from {','.join(map(str, sorted(allowed)))} (taskset or a cgroup limits the bench)")
-    return cpus
+    return usable_cpus(option, cpus) if here else cpus
 
 
 def _size_mb(text: str) -> int:
@@ -267,8 +259,8 @@ def cmd_bench(args) -> int:
                          topology=twonode.topology() if remote else None, soak_ios=args.soak_ios,
                          soak_interval=args.soak_interval, soak_timeout=args.soak_timeout,
                          soak_skip=args.soak_skip, soak_change_interval=args.soak_change_interval, ratio=ratio,
-                         host_cpus=cpu_list("--host-cpus", args.host_cpus, here=True) if getattr(args, "host_cpus", None)
-                         else None)
+                         host_cpus=cpu_list("--host-cpus", args.host_cpus, here=True)
+                         if getattr(args, "host_cpus", None) else None)
     if not remote and args.node is None:
         missing = [r for r in ratio if r not in [t.name for t in targets]]
         if missing and args.ratio:  # the default ratio is simply left out when a target is not measured

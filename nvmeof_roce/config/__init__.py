@@ -35,7 +35,7 @@ from .model import (ADRFAMS, ANA_GRPID_MAX, ANA_STATES, BACKENDS, BLOCK_SIZES, C
                     NS_QUEUE_DEPTHS, NSID_MAX, PORTID_MAX, QOS_LIMITS, QOS_MAX, TREQS, TRTYPES, USERSPACE_KEY,
                     UUID_RE, WORKER_KEYS, AnaGroupConfig, HostConfig, NamespaceConfig, PortConfig, ReferralConfig,
                     SubsystemConfig, TargetConfig, TargetSettings, host_nqn_problem, namespace_uuid, nqn_problem,
-                    parse_cpus,
+                    parse_cpus, usable_cpus,
                     parse_flag, parse_size, subsystem_nqn_problem, subsystem_serial, userspace_only_keys,
                     validate_host_nqn, validate_nqn, validate_subsystem_nqn)
 from .loader import (MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, check_depth, load_config, load_config_collect,

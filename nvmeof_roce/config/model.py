@@ -6,6 +6,7 @@ Each dataclass keeps the object it was parsed from (`raw`) and gives it back wit
 shape with the generated values filled in."""
 import copy
 import hashlib
+import os
 import re
 import uuid as uuidlib
 from dataclasses import dataclass, field
@@ -370,6 +371,17 @@ def parse_cpus(text: str) -> List[int]:
         cpus = []
     if not cpus or any(c < 0 for c in cpus):
         raise NvmeofError(f"--cpus {text!r}: not a list of CPU numbers", "e.g. --cpus 0,1")
+    return cpus
+
+
+def usable_cpus(option: str, cpus: List[int]) -> List[int]:
+    """`cpus` when this process may run on every one of them (what it pins, itself or a child, can run nowhere
+    else), or the error naming those it may not and those it may."""
+    allowed = os.sched_getaffinity(0)
+    missing = sorted(set(cpus) - allowed)
+    if missing:
+        raise NvmeofError(f"{option} {','.join(map(str, cpus))}: this process may not run on CPU(s) "
+                          f"{','.join(map(str, missing))}", f"use CPUs of {','.join(map(str, sorted(allowed)))}")
     return cpus
 
 

@@ -285,17 +285,12 @@ def pin_process(cpus: Optional[str], config) -> Optional[List[int]]:
     """`serve --cpus LIST` (else the config's nvmeof_roce.cpus) without --workers: this process - its event loop
     and any poll-group threads - runs on those CPUs only (docs/native.md, "A loaded host"); every CPU of the list
     must be one it may run on.  Returns the CPUs, or None (unpinned)."""
-    from ..config import parse_cpus
+    from ..config import parse_cpus, usable_cpus
     from .worker_configs import config_workers
     chosen = parse_cpus(cpus) if cpus else config_workers(config)[1]
     if not chosen:
         return None
-    allowed = os.sched_getaffinity(0)
-    missing = sorted(set(chosen) - allowed)
-    if missing:
-        raise NvmeofError(f"--cpus {','.join(map(str, chosen))}: this process may not run on CPU(s) "
-                          f"{','.join(map(str, missing))}",
-                          f"use CPUs of {','.join(map(str, sorted(allowed)))}")
+    usable_cpus("--cpus", chosen)
     os.sched_setaffinity(0, set(chosen))
     log.info("serving on CPU(s) %s only (--cpus)", ",".join(map(str, sorted(set(chosen)))))
     return sorted(set(chosen))
