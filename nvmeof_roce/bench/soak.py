@@ -133,9 +133,6 @@ def _message(exc: Exception) -> str:
     return getattr(exc, "message", None) or str(exc)
 
 
-__all__ = ["LiveChanges", "cycle", "SCRATCH_NSID", "SCRATCH_SIZES"]
-
-
 class SoakProgress:
     """The soak's progress line, at most once every `every` seconds of the samples' clock: commands done of the
     count, their rate and the time left at that rate, the target's RSS, the live changes made so far.  It is the
@@ -164,3 +161,6 @@ class SoakProgress:
         made = f", {self.changes.made} live changes ({self.changes.refused} refused)" if self.changes else ""
         self.progress(f"bench: soak on {self.target}: {done:,} of {self.total:,} commands "
                       f"({100 * done / self.total:.0f}%), {rate:,.0f}/s{left}{rss}{made}")
+
+
+__all__ = ["LiveChanges", "SoakProgress", "cycle", "SCRATCH_NSID", "SCRATCH_SIZES"]
