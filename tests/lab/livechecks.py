@@ -63,28 +63,29 @@ def controller_of(nqn):
     raise AssertionError(f"no controller of {nqn}")
 
 
-class LoopProbe:
-    """Asks the control socket for its method list (answered on the event loop, as the I/O is) every 10 ms on a
-    thread, and keeps the longest round trip: how long the loop kept a client waiting while it ran.  It includes
-    the scheduling of this process on the guest's busy vCPUs, so it bounds the loop's stall from above."""
+class Repeating:
+    """`step()` over and over on a thread, `pause` seconds apart, from the start of a `with` block to its end (or
+    until a step returns False); the end waits up to `join_timeout` seconds for the step under way, then
+    `check()` says what the steps found, unless the block's own failure is already on its way."""
 
-    def __init__(self, sock):
-        self.sock = sock
-        self.longest_ms = 0.0
-        self.error = None
+    pause = 0.0
+    join_timeout = 120.0
+
+    def __init__(self):
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
+    def step(self):
+        raise NotImplementedError
+
+    def check(self, ended: bool):
+        """After the thread was joined (`ended`: it did end): assert on what the steps recorded."""
+
     def _run(self):
         while not self._stop.is_set():
-            t0 = time.monotonic()
-            try:
-                client.call(self.sock, "rpc_get_methods")
-            except Exception as exc:  # noqa: BLE001 -- reported by __exit__, in the test's thread
-                self.error = exc
+            if self.step() is False:
                 return
-            self.longest_ms = max(self.longest_ms, (time.monotonic() - t0) * 1000)
-            self._stop.wait(0.01)
+            self._stop.wait(self.pause)
 
     def __enter__(self):
         self._thread.start()
@@ -92,8 +93,33 @@ class LoopProbe:
 
     def __exit__(self, *exc):
         self._stop.set()
-        self._thread.join(timeout=120)
-        if exc[0] is not None:
-            return  # the round's own failure is the one to report
-        assert not self._thread.is_alive(), "the control socket stopped answering"
+        self._thread.join(timeout=self.join_timeout)
+        if exc[0] is None:
+            self.check(not self._thread.is_alive())
+
+
+class LoopProbe(Repeating):
+    """Asks the control socket for its method list (answered on the event loop, as the I/O is) every 10 ms on a
+    thread, and keeps the longest round trip: how long the loop kept a client waiting while it ran.  It includes
+    the scheduling of this process on the guest's busy vCPUs, so it bounds the loop's stall from above."""
+
+    pause = 0.01
+
+    def __init__(self, sock):
+        super().__init__()
+        self.sock = sock
+        self.longest_ms = 0.0
+        self.error = None
+
+    def step(self):
+        t0 = time.monotonic()
+        try:
+            client.call(self.sock, "rpc_get_methods")
+        except Exception as exc:  # noqa: BLE001 -- reported by check, in the test's thread
+            self.error = exc
+            return False
+        self.longest_ms = max(self.longest_ms, (time.monotonic() - t0) * 1000)
+
+    def check(self, ended):
+        assert ended, "the control socket stopped answering"
         assert self.error is None, f"the control socket failed while probed: {self.error!r}"

@@ -36,13 +36,12 @@ import json
 import os
 import statistics
 import subprocess
-import threading
 import time
 
 import pytest
 
 from nvmeof_roce.control import client
-from livechecks import LoopProbe, controller_of, fio_job, fio_result, memory_mib, open_descriptors
+from livechecks import LoopProbe, Repeating, controller_of, fio_job, fio_result, memory_mib, open_descriptors
 from targetproc import LAB_IP, ServedTarget, nsid_of, config, disconnect_all_quietly, file_namespace, nvme
 
 pytestmark = [pytest.mark.lab, pytest.mark.extended]
@@ -111,40 +110,34 @@ def wait_for_host_device(nsid, present, timeout=10.0):
                          f"{host_device(nsid)}")
 
 
-class VerifiedWriter:
+class VerifiedWriter(Repeating):
     """fio writing and reading back NSID 1 in a loop on a thread (each run 8 MiB of 4-128 KiB at QD32, a new
     seed), until stopped: it must never fail while NSID 2 changes beside it."""
 
+    join_timeout = 600.0
+
     def __init__(self, device, workdir):
+        super().__init__()
         self.device, self.workdir = device, workdir
         self.runs, self.failures = 0, []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self):
-        while not self._stop.is_set():
-            proc = subprocess.run(
-                ["fio", "--name=beside", f"--filename={self.device}", "--ioengine=libaio", "--direct=1",
-                 "--rw=randwrite", "--bsrange=4k-128k", "--iodepth=32", f"--size={NS_MIB}M", "--io_size=8M",
-                 f"--randseed={0xB5D0000 + self.runs}", "--verify=crc32c", "--do_verify=1", "--verify_fatal=1",
-                 "--verify_state_save=0", "--output-format=json"],
-                capture_output=True, text=True, timeout=600, cwd=self.workdir)
-            self.runs += 1
-            try:
-                error = fio_job(proc.stdout, proc.stderr, "beside")["error"]
-            except (AssertionError, ValueError) as exc:
-                error = exc
-            if proc.returncode != 0 or error != 0:
-                self.failures.append(f"run {self.runs}: exit {proc.returncode}, error {error}: {proc.stderr[-2000:]}")
+    def step(self):
+        proc = subprocess.run(
+            ["fio", "--name=beside", f"--filename={self.device}", "--ioengine=libaio", "--direct=1",
+             "--rw=randwrite", "--bsrange=4k-128k", "--iodepth=32", f"--size={NS_MIB}M", "--io_size=8M",
+             f"--randseed={0xB5D0000 + self.runs}", "--verify=crc32c", "--do_verify=1", "--verify_fatal=1",
+             "--verify_state_save=0", "--output-format=json"],
+            capture_output=True, text=True, timeout=600, cwd=self.workdir)
+        self.runs += 1
+        try:
+            error = fio_job(proc.stdout, proc.stderr, "beside")["error"]
+        except (AssertionError, ValueError) as exc:
+            error = exc
+        if proc.returncode != 0 or error != 0:
+            self.failures.append(f"run {self.runs}: exit {proc.returncode}, error {error}: {proc.stderr[-2000:]}")
 
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(timeout=600)
-        assert not self._thread.is_alive(), "fio on NSID 1 did not end"
+    def check(self, ended):
+        assert ended, "fio on NSID 1 did not end"
 
 
 @pytest.fixture
