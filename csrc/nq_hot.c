@@ -25,6 +25,7 @@
 #include "trace.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -926,7 +927,9 @@ int nq_arm(struct nq_queue *q)
 /* The kernel's hybrid polling and SPDK's interrupt mode do the same: a queue that just had work is likely to have
  * more soon (at QD1: the next command, one round trip after the response), and finding it by polling saves the
  * wake-up of a sleeping thread, which on a loaded machine waits for a CPU.  The spin is bounded from the last
- * completion found, so an idle queue costs at most one bound of CPU before it sleeps. */
+ * completion found, so an idle queue costs at most one bound of CPU before it sleeps.  An empty poll in the spin
+ * yields the CPU: where the target shares a CPU with the work it waits for (the host's submitter, the softirq that
+ * delivers the next capsule, another queue's thread), a spin that kept the CPU would delay that very work. */
 __attribute__((noinline)) int nq_poll_adaptive(struct nq_queue *q, int budget, uint64_t spin_ns, int *armed,
                                                int *arm_rc)
 {
@@ -944,6 +947,9 @@ __attribute__((noinline)) int nq_poll_adaptive(struct nq_queue *q, int budget, u
             last = now;
         } else if (now - last >= spin_ns) {
             break;
+        } else {
+            q->spin_yields++;
+            sched_yield(); /* cheap when nothing else of this CPU is runnable */
         }
     }
     if (done >= budget || q->closed || q->failed)

@@ -249,9 +249,10 @@ struct nq_queue {
 
     /* figures */
     uint64_t native_commands, python_commands, doorbells, recv_doorbells, polls;
-    /* adaptive polling (nq_poll_adaptive): the spins that found a completion before their bound, the times the
-     * CQs were armed, and the completions the poll after arming found (they raise no event of their own) */
-    uint64_t spin_hits, arms, arm_catches;
+    /* adaptive polling (nq_poll_adaptive): the spins that found a completion before their bound, the empty polls
+     * of a spin (each yielded the CPU), the times the CQs were armed, and the completions the poll after arming
+     * found (they raise no event of their own) */
+    uint64_t spin_hits, spin_yields, arms, arm_catches;
     int hook_error;          /* the owner's hook failed during this poll (its error is kept): stop spinning */
 
     /* a poll group's queue (csrc/pollgroup.c): its thread polls under `lock`, the Python side's calls take it

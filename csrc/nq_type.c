@@ -843,7 +843,7 @@ static PyObject *NativeQueue_stats(NativeQueue *self, PyObject *noargs)
     struct nq_queue *q = &self->nq;
     nq_lock(self);
     uint32_t busy = q->nreqs - q->nfree;
-    PyObject *res = Py_BuildValue("{sKsKsKsKsKsIsIsIsIsisIsIsIsKsKsKsisIsIsIsKsKsKsK}",
+    PyObject *res = Py_BuildValue("{sKsKsKsKsKsIsIsIsIsisIsIsIsKsKsKsisIsIsIsKsKsKsKsK}",
                                   "native_commands", q->native_commands,
                                   "python_commands", q->python_commands, "doorbells", q->doorbells,
                                   "recv_doorbells", q->recv_doorbells, "polls", q->polls, "native_in_flight", busy,
@@ -855,7 +855,7 @@ static PyObject *NativeQueue_stats(NativeQueue *self, PyObject *noargs)
                                   "ring_submits", q->ring_submits, "threaded", q->threaded,
                                   "mailed", q->threaded ? q->mail.count : 0, "bounce_chunks", q->nchunks,
                                   "bounce_chunks_free", q->nchunks_free, "chunk_waits", q->chunk_waits,
-                                  "spin_hits", q->spin_hits, "arms", q->arms, "arm_catches", q->arm_catches);
+                                  "spin_hits", q->spin_hits, "spin_yields", q->spin_yields, "arms", q->arms, "arm_catches", q->arm_catches);
     nq_unlock(self);
     return res;
 }

@@ -168,6 +168,8 @@ def test_adaptive_poll_arms_the_cqs_once_its_spin_finds_nothing(busy_ep):
     after = ep.queue.stats()
     assert ep.device.counters()["arms"] - arms == after["arms"] - before["arms"] == 1  # one CQ (shared), armed once
     assert ep.device.counters()["polls"] - polls > 3  # it kept polling before it armed
+    # each empty poll of the spin gave the CPU away (a submitter sharing it must not wait for the bound)
+    assert 0 < after["spin_yields"] - before["spin_yields"] < ep.device.counters()["polls"] - polls
     assert after["arm_catches"] == before["arm_catches"]  # the spin found everything there was
     # nothing came: an event with no completion (a spurious one) arms at once, without spinning
     polls = ep.device.counters()["polls"]
