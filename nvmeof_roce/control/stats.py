@@ -78,8 +78,12 @@ def namespace_status(nqn: str, ns, sampler: Optional[Sampler]) -> dict:
 
 
 def queue_status(qs) -> dict:
-    return {"qid": qs.qid, "depth": qs.depth, "sqsize": qs.sqsize, "active": qs.active,
-            "peer": qs.transport.request.peer or ""}
+    status = {"qid": qs.qid, "depth": qs.depth, "sqsize": qs.sqsize, "active": qs.active,
+              "peer": qs.transport.request.peer or ""}
+    polling = getattr(qs.transport, "polling_status", None)  # a native queue's (transport/rdma/native_queue.py)
+    if polling is not None:
+        status["polling"] = polling()
+    return status
 
 
 def controller_status(ctrl) -> dict:

@@ -122,3 +122,39 @@ def test_kernel_host_fio_verify_with_busy_poll_on_two_poll_groups(tmp_path):
     assert "polled by poll group 1 of 2" in out and "polled by poll group 2 of 2" in out
     assert "data path native (busy poll, 2 poll-group threads)" in out  # the status line logged at stop
     assert "Traceback" not in out
+
+
+def test_kernel_host_fio_verify_with_adaptive_poll(tmp_path):
+    """`--poll adaptive`: fio's verify at QD1 and QD32 over real rxe, and each I/O queue's polling status (`target
+    status --json`): the spin found commands without a channel event (spin_hits), the CQs were armed between
+    bursts (arms) and every empty poll of a spin yielded (spin_yields)."""
+    pytest.importorskip("nvmeof_roce._native")
+    nqn, port = NQN + "-adaptive", 4433
+    sock = str(tmp_path / "adaptive.sock")
+    cfg = config([{"nqn": nqn, "attr": {"allow_any_host": "1"}, "namespaces": [ram_namespace(1, "64M", 512)]}],
+                 port=port)
+    target = ServedTarget(cfg, str(tmp_path / "adaptive.json"),
+                          args=["--data-path", "native", "--poll", "adaptive", "--poll-spin-us", "1000",
+                                "--rpc-socket", sock]).start(timeout=240)
+    try:
+        nvme("connect", "-t", "rdma", "-a", LAB_IP, "-s", str(port), "-n", nqn, "-i", "2")
+        device = namespaces_of(nqn, expect=1)[0]
+        for depth in (1, 32):
+            job = fio(device, "--rw=randrw", "--verify=crc32c", "--verify_fatal=1", "--bsrange=4k-64k",
+                      f"--iodepth={depth}", "--size=8M")
+            assert job["error"] == 0
+        out = subprocess.run([sys.executable, "-m", "nvmeof_roce", "target", "status", "--json", "--socket", sock],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        queues = [q for c in json.loads(out.stdout)["subsystems"][0]["controllers"] for q in c["queues"] if q["qid"]]
+        print(f"I/O queues' polling: {[q['polling'] for q in queues]}")
+        assert len(queues) == 2 and all(q["polling"]["mode"] == "adaptive" for q in queues)
+        assert sum(q["polling"]["spin_hits"] for q in queues) > 0
+        assert sum(q["polling"]["spin_yields"] for q in queues) > 0
+        assert all(q["polling"]["arms"] > 0 for q in queues)
+    finally:
+        disconnect_all_quietly()
+        assert target.stop() == 0, target.output()
+    out = target.output()
+    assert "data path native (adaptive poll, spin 1000 µs)" in out  # the status line logged at stop
+    assert "Traceback" not in out

@@ -362,6 +362,16 @@ class NativeTargetQueue(TargetQueue):
     def stats(self) -> dict:
         return self.native.stats()
 
+    def polling_status(self) -> dict:
+        """How the C queue is polled and what its polls found, for `target status --json` (each I/O queue's
+        "polling"): with --poll adaptive, spin_hits against arms says whether the spin catches the next command."""
+        if self.closed:
+            return {}
+        s = self.native.stats()
+        return {"mode": self.poll_mode, "poll_group": self.poll_group is not None, "polls": s["polls"],
+                "spin_hits": s["spin_hits"], "spin_yields": s["spin_yields"], "arms": s["arms"],
+                "arm_catches": s["arm_catches"]}
+
     # -- the book's Poster: everything goes through the C queue
 
     # A poll group's thread may fail the queue (a failed work completion) before the loop has drained that
