@@ -7,12 +7,16 @@
  * is produced at the host's next poll, into the receive the host posted first, with a status the test may inject
  * every Nth command; after `fail_after` commands a completion fails (connection lost) and the QP flushes.  A
  * hostile target is one call away (fake_misbehave): command N's response arrives 15 bytes long, or names a CID no
- * command has, or comes twice (the copy at the next poll, after the host may have reused the CID).
+ * command has, or comes twice (the copy at the next poll, after the host may have reused the CID).  With a
+ * completion channel (fake_channel: a pipe nobody writes, so a sleep on it ends only at its timeout), the responses
+ * may be held back until the host arms the CQ (fake_respond_at_arm): each lands just before the arm takes effect,
+ * which raises no event, as on a real device when it completes between the host's last poll and its arm.
  * Built by the tests into a small .so (tests/unit/hostq_fake.py), never into the product.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <infiniband/verbs.h>
 
 #define RING 8192
@@ -20,7 +24,7 @@
 enum stat {
     ST_COMMANDS, ST_READS, ST_WRITES, ST_BAD, ST_CID_REUSE, ST_ERRORS_SENT, ST_RNR, ST_POST_SEND_CALLS,
     ST_POST_RECV_CALLS, ST_SENDS, ST_SIGNALED, ST_INLINE, ST_MAX_OUTSTANDING, ST_OUTSTANDING, ST_OTHER, ST_POLLS,
-    ST_RECVS_POSTED, ST_COUNT
+    ST_RECVS_POSTED, ST_ARMS, ST_COUNT
 };
 
 struct fake {
@@ -47,6 +51,9 @@ struct fake {
     uint64_t misbehave_at;
     uint8_t stale[16];  /* a response already sent, sent again at the next poll */
     int stale_pending;
+    struct ibv_comp_channel channel; /* fd: the read end of a pipe nobody writes (-1 until fake_channel) */
+    int channel_write_fd;
+    int respond_at_arm; /* responses are produced at req_notify_cq instead of at poll_cq */
 };
 
 enum misbehave { BEHAVE, SHORT_RESPONSE, FOREIGN_CID, DUPLICATE_RESPONSE };
@@ -235,7 +242,8 @@ static int fake_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc)
 {
     struct fake *f = (struct fake *)cq->context;
     f->stats[ST_POLLS]++;
-    respond(f);
+    if (!f->respond_at_arm)
+        respond(f);
     int n = 0;
     while (n < num && f->wc_count) {
         wc[n++] = f->wc[f->wc_head];
@@ -243,6 +251,15 @@ static int fake_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc)
         f->wc_count--;
     }
     return n;
+}
+
+static int fake_req_notify_cq(struct ibv_cq *cq, int solicited_only)
+{
+    struct fake *f = (struct fake *)cq->context;
+    f->stats[ST_ARMS]++;
+    if (f->respond_at_arm)
+        respond(f); /* completed just before the arm took effect: no event */
+    return 0;
 }
 
 struct fake *fake_new(void)
@@ -253,13 +270,39 @@ struct fake *fake_new(void)
     f->ctx.ops.post_send = fake_post_send;
     f->ctx.ops.post_recv = fake_post_recv;
     f->ctx.ops.poll_cq = fake_poll_cq;
+    f->ctx.ops.req_notify_cq = fake_req_notify_cq;
+    f->channel.fd = f->channel_write_fd = -1;
     f->qp.context = &f->ctx;
     f->qp.qp_num = 17;
     f->cq.context = &f->ctx;
     return f;
 }
 
-void fake_free(struct fake *f) { free(f); }
+void fake_free(struct fake *f)
+{
+    if (f->channel.fd >= 0) {
+        close(f->channel.fd);
+        close(f->channel_write_fd);
+    }
+    free(f);
+}
+
+/* The CQ's completion channel, made on first use; NULL if no pipe could be made. */
+void *fake_channel(struct fake *f)
+{
+    int fds[2];
+    if (f->channel.fd < 0) {
+        if (pipe(fds))
+            return NULL;
+        f->channel.fd = fds[0];
+        f->channel_write_fd = fds[1];
+        f->channel.context = &f->ctx;
+        f->cq.channel = &f->channel;
+    }
+    return &f->channel;
+}
+
+void fake_respond_at_arm(struct fake *f, int on) { f->respond_at_arm = on; }
 void *fake_qp(struct fake *f) { return &f->qp; }
 void *fake_cq(struct fake *f) { return &f->cq; }
 

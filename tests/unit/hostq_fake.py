@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "tests" / "native" / "hostq_fake.c"
 STATS = ("commands", "reads", "writes", "bad", "cid_reuse", "errors_sent", "rnr", "post_send_calls",
          "post_recv_calls", "sends", "signaled", "inline", "max_outstanding", "outstanding", "other", "polls",
-         "recvs_posted")
+         "recvs_posted", "arms")
 RKEY = 0x1234
 MISBEHAVIOURS = ("short", "foreign_cid", "duplicate")
 
@@ -29,16 +29,17 @@ def library() -> ctypes.CDLL:
         subprocess.run(["gcc", "-O1", "-g", "-shared", "-fPIC", "-Wall", "-o", str(tmp), str(SOURCE)], check=True)
         tmp.rename(out)
     lib = ctypes.CDLL(str(out))
-    for name in ("fake_new", "fake_qp", "fake_cq"):
+    for name in ("fake_new", "fake_qp", "fake_cq", "fake_channel"):
         getattr(lib, name).restype = ctypes.c_void_p
     for name in ("fake_qp", "fake_cq", "fake_free", "fake_stat", "fake_first_bad", "fake_bad_reason",
-                 "fake_expect", "fake_inject", "fake_misbehave"):
+                 "fake_expect", "fake_inject", "fake_misbehave", "fake_channel", "fake_respond_at_arm"):
         getattr(lib, name).argtypes = [ctypes.c_void_p] + {
             "fake_stat": [ctypes.c_int],
             "fake_expect": [ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_uint64,
                             ctypes.c_uint64, ctypes.c_uint32],
             "fake_inject": [ctypes.c_uint32, ctypes.c_uint16, ctypes.c_uint32],
-            "fake_misbehave": [ctypes.c_int, ctypes.c_uint64]}.get(name, [])
+            "fake_misbehave": [ctypes.c_int, ctypes.c_uint64],
+            "fake_respond_at_arm": [ctypes.c_int]}.get(name, [])
     lib.fake_stat.restype = ctypes.c_uint64
     lib.fake_first_bad.restype = ctypes.c_uint64
     return lib
@@ -56,14 +57,20 @@ class FakeHost:
     """A HostQueue of `slots` slots on the fake; `data` is the registered data buffer of `depth` blocks."""
 
     def __init__(self, module, *, slots: int = 64, recv_count: int = 64, inline_max: int = 64, interval: int = 16,
-                 slot_size: int = 64 + 1024, sq_size: int = 0):
+                 slot_size: int = 64 + 1024, sq_size: int = 0, channel: bool = False):
         self.lib = library()
         self.fake = self.lib.fake_new()
         self.recv = mmap.mmap(-1, recv_count * 16)
         self.send = mmap.mmap(-1, slots * slot_size)
+        # with a completion channel, perf sleeps on it after its empty polls (a sleep ends only at its timeout)
+        extra = (self.lib.fake_channel(self.fake),) if channel else ()
         self.queue = module.HostQueue(self.lib.fake_qp(self.fake), self.lib.fake_cq(self.fake), _address(self.recv),
                                       1, recv_count, _address(self.send), 2, slots, slot_size, inline_max,
-                                      sq_size or 2 * slots + 2, interval)
+                                      sq_size or 2 * slots + 2, interval, *extra)
+
+    def respond_at_arm(self) -> None:
+        """Hold every response back until the host arms the CQ: it lands just before the arm, raising no event."""
+        self.lib.fake_respond_at_arm(self.fake, 1)
 
     def expect(self, *, nsid: int, nlb: int, block_size: int, nblocks: int, depth: int) -> dict:
         self.data = mmap.mmap(-1, depth * block_size)

@@ -143,3 +143,17 @@ def test_a_short_response_on_the_slow_path_fails_the_queue(host):
     with pytest.raises(ConnectionError, match=r"a response of 15 bytes"):
         host.queue.poll(1.0)
     assert host.queue.stats()["short_responses"] == 1
+
+
+def test_perf_polls_once_more_after_arming_so_a_completion_before_the_arm_never_waits_out_the_sleep():
+    """Every response lands just before the host's arm, which raises no event (the verbs contract); a host that
+    slept right after arming would wait its whole sleep (100 ms) for each.  It must poll once more and find it."""
+    h = FakeHost(native.module, channel=True)
+    try:
+        h.respond_at_arm()
+        r = run(h, depth=1, read_percent=100, ios=40)
+        assert r["ios"] == 40 and r["errors"] == 0
+        assert h.stats()["arms"] == r["arms"] >= 40  # each response came only with an arm
+        assert r["sleeps"] == 0  # and the poll after each arm found it
+    finally:
+        h.close()
