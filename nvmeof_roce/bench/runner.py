@@ -22,7 +22,9 @@ Every job also records what it cost (procstat.py): the userspace target process'
 and CPU µs per I/O, and the whole machine's busy CPU per I/O (the only figure the kernel target, which has
 no process, has), sampled just before and just after the job's fio or perf run; and the target's resident
 memory (`memory`: its RSS at the end, the highest sampled during the job, its VmHWM), sampled every
-MEMORY_INTERVAL seconds while the job runs.
+MEMORY_INTERVAL seconds while the job runs. A fio job on our native target also records how its I/O queues were
+polled (`polling`, from `target status` before the host disconnects: polls, spin hits, spin yields, arms), so an
+adaptive target's record says whether its spin caught the next command or it slept per I/O.
 """
 from __future__ import annotations
 
@@ -39,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
+from ..control import client
+from ..control.client import RpcError
 from ..errors import NvmeofError
 from ..output import progress as _progress
 from . import report
@@ -265,6 +269,31 @@ def parse_initiator_perf(stdout: str, returncode: int = 0, stderr: str = "", raw
             "errors": errors, "error_text": stderr.strip()[-300:] if errors else ""}
 
 
+POLLING_COUNTS = ("polls", "spin_hits", "spin_yields", "arms", "arm_catches")
+
+
+def queue_polling(status: dict, nqn: Optional[str]) -> Optional[dict]:
+    """The native I/O queues' polling figures of subsystem `nqn` in a `target status --json` answer, summed over
+    its queues (control/stats.py `queue_status`); None when it has none (the Python data path, the kernel)."""
+    totals = dict.fromkeys(POLLING_COUNTS, 0)
+    modes, queues = set(), 0
+    for sub in status.get("subsystems", []):
+        if nqn and sub.get("nqn") != nqn:
+            continue
+        for ctrl in sub.get("controllers", []):
+            for queue in ctrl.get("queues", []):
+                polling = queue.get("polling")
+                if not queue.get("qid") or not polling:
+                    continue
+                queues += 1
+                modes.add(str(polling.get("mode")))
+                for key in POLLING_COUNTS:
+                    totals[key] += int(polling.get(key) or 0)
+    if not queues:
+        return None
+    return {"mode": ",".join(sorted(modes)), "queues": queues, **totals}
+
+
 def _num(v: float) -> str:
     v = float(v)
     return str(int(v)) if v.is_integer() else f"{v:g}"
@@ -279,7 +308,8 @@ class BenchRunner:
                  host: Optional[Host] = None, *, fio_runner: Callable[..., FioResult] = run_fio,
                  perftest_runner: Callable[..., PerftestResult] = run_perftest,
                  initiator_perf: Callable[..., dict] = run_initiator_perf,
-                 progress: Callable[[str], None] = _progress, machine: Optional[dict] = None):
+                 progress: Callable[[str], None] = _progress, machine: Optional[dict] = None,
+                 status_call: Callable[..., dict] = client.call):
         if not targets:
             raise NvmeofError("no target to measure", "--targets kernel,userspace")
         names = [t.name for t in targets]
@@ -296,6 +326,7 @@ class BenchRunner:
         self.initiator_perf = initiator_perf
         self.progress = progress
         self.machine = machine
+        self.status_call = status_call  # the target's `nvmeof_get_status` (a test passes its own)
         self.raw_dir = Path(config.out_dir) / "raw"
         soak = next((j for j in self.jobs if j.kind == "soak" and j.fio_job), None)
         prefill = soak.fio_job.path.parent / PREFILL_FILE if soak else None
@@ -471,9 +502,12 @@ class BenchRunner:
             if multipath:  # what each worker's path carried: both must, or the figure is not scaling
                 after = self.host.path_ios(device)
                 extra_paths = {svc: after[svc] - paths_before.get(svc, 0) for svc in sorted(after)}
+            polling = self._polling(target)  # before the disconnect: the queues' figures go with them
         finally:
             self.host.disconnect(target)
         extra = {}
+        if polling is not None:
+            extra["polling"] = polling
         errors, error_text = res.errors, res.error_text
         if multipath:
             extra["paths"] = extra_paths
@@ -495,6 +529,16 @@ class BenchRunner:
             errors=errors, error_text=error_text, raw=rel, device=device, headline=res.report,
             directions={d: {"iops": s.iops, "bw_bytes": s.bw_bytes, "lat_us": s.clat_us}
                         for d, s in res.directions.items() if s.total_ios}, **extra)
+
+    def _polling(self, target: TargetUnderTest) -> Optional[dict]:
+        """How the target's native I/O queues were polled since the host connected (queue_polling), or None."""
+        if not target.rpc_socket:
+            return None
+        try:
+            status = self.status_call(target.rpc_socket, "nvmeof_get_status", {}, timeout=10.0)
+        except (RpcError, OSError, NvmeofError) as exc:
+            return {"error": f"target status: {exc}"}
+        return queue_polling(status, target.subnqn)
 
     def _soak_prefill(self, device: str, target: TargetUnderTest) -> Optional[str]:
         """Write the soak's region once, sequentially, before anything is sampled: the RAM namespace's pages
@@ -569,6 +613,11 @@ def _summary(rec: dict) -> str:
         text += f", target CPU {cpu['target_us_per_io']:.0f} µs/IO"
     if cpu.get("guest_us_per_io") is not None:
         text += f", guest CPU {cpu['guest_us_per_io']:.0f} µs/IO"
+    polling = rec.get("polling") or {}
+    ios = cpu.get("ios")
+    if polling.get("polls") is not None and ios:
+        text += (f", {polling['mode']} poll: {polling['spin_hits'] / ios:.2f} spin hits and "
+                 f"{polling['arms'] / ios:.2f} arms per I/O")
     memory = rec.get("memory") or {}
     if memory.get("rss_end_bytes") is not None:
         text += (f", target RSS {report.fmt_bytes(memory['rss_end_bytes'])} at the end "

@@ -569,3 +569,41 @@ def test_iwarp_device_is_found_by_its_netdevs_address(tmp_path, monkeypatch):
     with pytest.raises(NvmeofError, match="no iWARP device has the address 10.99.0.1") as ei:
         perftest.iwarp_device_for("10.99.0.1", sysfs=tmp_path)  # rxe0 holds it, but rxe0 is RoCE
     assert "add-siw" in ei.value.fix
+
+
+class StatusTarget(FileTarget):
+    """Our target as the bench sees it: a control socket whose `target status` lists native I/O queues."""
+
+    @property
+    def rpc_socket(self):
+        return str(self.path) + ".sock"
+
+
+@needs_fio
+def test_a_native_target_s_polling_is_read_before_the_disconnect_and_recorded(work):
+    events, lines, asked = [], [], []
+    host = FileHost(events)
+
+    def status_call(path, method, params, timeout):
+        asked.append((path, method, sorted(host.connected_to)))  # its queues exist only while connected
+        if len(asked) == 2:
+            raise ConnectionRefusedError("no socket")  # a target that cannot answer: said in the record
+        queues = [{"qid": 0}] + [{"qid": q, "polling": {"mode": "adaptive", "polls": 500, "spin_hits": 90,
+                                                         "spin_yields": 400, "arms": 10, "arm_catches": 1}}
+                                 for q in (1, 2)]
+        return {"subsystems": [{"nqn": "nqn.other", "controllers": [{"queues": queues}]},
+                               {"nqn": target.subnqn, "controllers": [{"queues": queues}]}]}
+
+    target = StatusTarget("userspace", work, events)
+    result = _runner(work, events, targets=[target], host=host, lines=lines, repeats=2, jobs="randread-4k-qd1",
+                     status_call=status_call).run()
+    assert asked == [(target.rpc_socket, "nvmeof_get_status", ["userspace"])] * 2
+    first, second = result["jobs"]["randread-4k-qd1"]["results"]["userspace"]["repeats"]
+    # the subsystem's own I/O queues summed, the admin queue and another subsystem's left out
+    assert first["polling"] == {"mode": "adaptive", "queues": 2, "polls": 1000, "spin_hits": 180,
+                                "spin_yields": 800, "arms": 20, "arm_catches": 2}
+    assert second["polling"] == {"error": "target status: no socket"}
+    ios = first["cpu"]["ios"]
+    job_lines = [ln for ln in lines if ln.startswith("bench [")]
+    assert f"adaptive poll: {180 / ios:.2f} spin hits and {20 / ios:.2f} arms per I/O" in job_lines[0]
+    assert "poll:" not in job_lines[1]

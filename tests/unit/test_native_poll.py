@@ -587,3 +587,20 @@ def test_a_disconnect_on_a_thread_polled_queue_sends_its_poll_s_responses_then_c
     assert ep.queue.poll_group is None
     eps.remove(ep)
     ep.close()
+
+
+def test_the_bench_reads_a_native_queue_s_polling_from_the_target_s_status(busy_ep):
+    """What `bench` records per job (bench/runner.py queue_polling) is what the queue counted, through the real
+    `nvmeof_get_status` method: the I/O queue only, of the subsystem asked for."""
+    from nvmeof_roce.bench.runner import POLLING_COUNTS, queue_polling
+    from nvmeof_roce.control.methods import Control
+    ep = busy_ep
+    ep.queue.start_polling(ep.loop, "adaptive", channels=())
+    ep.device.deliver(io_capsule(ep, READ, 1, 0, 7, 4096, offset=0, cid=2))
+    ep.queue.poll_adaptive(spin_us=200)
+    status = Control(ep.env.target).call("nvmeof_get_status", {})
+    stats = ep.queue.stats()
+    assert queue_polling(status, SUB_RAM) == {"mode": "adaptive", "queues": 1,
+                                              **{k: stats[k] for k in POLLING_COUNTS}}
+    assert stats["spin_yields"] > 0 and stats["arms"] == 2  # armed when polling started, and after the spin
+    assert queue_polling(status, "nqn.2024-01.io.test:none") is None
