@@ -616,7 +616,7 @@ def _summary(rec: dict) -> str:
     polling = rec.get("polling") or {}
     ios = cpu.get("ios")
     if polling.get("polls") is not None and ios:
-        text += (f", {polling['mode']} poll: {polling['spin_hits'] / ios:.2f} spin hits and "
+        text += (f", polled {polling['mode']}: {polling['spin_hits'] / ios:.2f} spin hits and "
                  f"{polling['arms'] / ios:.2f} arms per I/O")
     memory = rec.get("memory") or {}
     if memory.get("rss_end_bytes") is not None:

@@ -605,5 +605,5 @@ def test_a_native_target_s_polling_is_read_before_the_disconnect_and_recorded(wo
     assert second["polling"] == {"error": "target status: no socket"}
     ios = first["cpu"]["ios"]
     job_lines = [ln for ln in lines if ln.startswith("bench [")]
-    assert f"adaptive poll: {180 / ios:.2f} spin hits and {20 / ios:.2f} arms per I/O" in job_lines[0]
-    assert "poll:" not in job_lines[1]
+    assert f"polled adaptive: {180 / ios:.2f} spin hits and {20 / ios:.2f} arms per I/O" in job_lines[0]
+    assert "polled" not in job_lines[1]
