@@ -281,7 +281,9 @@ def test_a_killed_userspace_host_is_reclaimed_and_its_buffers_return(served):
         killed = time.monotonic()
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        st, _ = wait_status(served, lambda s: s.queues == 0 and s.controllers == 0 and s.port_queues == 0, KATO + 5)
+        # every queue, the controller and the CM ids: the admin queue's id goes just after its controller
+        st, _ = wait_status(served, lambda s: s.queues == 0 and s.controllers == 0 and s.port_queues == 0
+                            and s.cm_ids == 0, KATO + 5)
         took = time.monotonic() - killed
         print(f"host killed: queues and controller reclaimed in {took:.2f} s: {st}")
         assert st.free == base.free == st.total and st.guaranteed == 0 and st.cm_ids == 0, \
