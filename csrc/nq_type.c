@@ -855,7 +855,8 @@ static PyObject *NativeQueue_stats(NativeQueue *self, PyObject *noargs)
                                   "ring_submits", q->ring_submits, "threaded", q->threaded,
                                   "mailed", q->threaded ? q->mail.count : 0, "bounce_chunks", q->nchunks,
                                   "bounce_chunks_free", q->nchunks_free, "chunk_waits", q->chunk_waits,
-                                  "spin_hits", q->spin_hits, "spin_yields", q->spin_yields, "arms", q->arms, "arm_catches", q->arm_catches);
+                                  "spin_hits", q->spin_hits, "spin_yields", q->spin_yields, "arms", q->arms,
+                                  "arm_catches", q->arm_catches);
     nq_unlock(self);
     return res;
 }

@@ -171,8 +171,8 @@ def test_adaptive_poll_arms_the_cqs_once_its_spin_finds_nothing(busy_ep):
     # each empty poll of the spin gave the CPU away (a submitter sharing it must not wait for the bound)
     assert 0 < after["spin_yields"] - before["spin_yields"] < ep.device.counters()["polls"] - polls
     polling = ep.queue.polling_status()  # what `target status --json` shows for the queue
-    assert {k: polling[k] for k in ("spin_hits", "spin_yields", "arms", "arm_catches", "polls")} == {
-        k: after[k] for k in ("spin_hits", "spin_yields", "arms", "arm_catches", "polls")}
+    counts = ("spin_hits", "spin_yields", "arms", "arm_catches", "polls")
+    assert {k: polling[k] for k in counts} == {k: after[k] for k in counts}
     assert polling["mode"] is None and polling["poll_group"] is False  # polled by hand here, not by a loop
     assert after["arm_catches"] == before["arm_catches"]  # the spin found everything there was
     # nothing came: an event with no completion (a spurious one) arms at once, without spinning
