@@ -98,6 +98,9 @@ static struct nq_ns *nq_lookup(struct nq_view *view, uint32_t nsid)
     return NULL;
 }
 
+static inline uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline uint64_t rd64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+
 /* ------------------------------------------------------------------ latency */
 
 /* The bucket bounds in ns, floor(1000 * 2^(i/4)): latency <= bound[i] us  <=>  ns <= this (ns is an integer).
@@ -256,35 +259,19 @@ static inline void nq_chunk_take(struct nq_queue *q, struct nq_req *r)
     r->local = q->bounce_base + (size_t)r->chunk * q->bounce_chunk;
 }
 
-/* A file/block Read or Write onto the ring when its namespace has room (its depth); submitted at the poll's end. */
-static inline int nq_file_start(struct nq_queue *q, uint32_t idx)
+/* A staged command onto its backend (csrc/backend.h), in the state NQ_NEED_FILE: 1 when it started (NQ_FILE_IO), 0
+ * when its backend has no room now (it waits in file_wait). */
+static inline int nq_backend_start(struct nq_queue *q, uint32_t idx)
 {
     struct nq_req *r = &q->reqs[idx];
-    struct nq_file *f = r->file;
-    /* Full: wait for a completion on this queue's ring, which wakes this queue (its eventfd).  A queue with
-     * nothing on its ring would wait for other queues' completions, which do not wake it: it starts one anyway,
-     * so a namespace has at most depth + (queues - 1) commands on the device. */
-    if (__atomic_load_n(&f->in_flight, __ATOMIC_RELAXED) >= f->depth && nr_uring_in_flight(q->ring))
+    const struct nq_backend_ops *ops = r->ops;
+    nq_be_op op = r->opc == OPC_READ    ? ops->submit_read
+                  : r->opc == OPC_WRITE ? ops->submit_write
+                  : r->opc == OPC_FLUSH ? ops->flush
+                  : (rd32(r->sqe + 48) & CDW12_DEAC) ? ops->discard
+                                                       : ops->write_zeroes;
+    if (op(q, NULL, r, idx) != NQ_BE_STARTED)
         return 0;
-    int rc;
-    if (r->opc == OPC_READ)
-        rc = nr_uring_read(q->ring, f->fd, r->local, r->len, r->offset, idx);
-    else if (r->fua)
-        rc = nr_uring_write_fua(q->ring, f->fd, r->local, r->len, r->offset, idx);
-    else
-        rc = nr_uring_write(q->ring, f->fd, r->local, r->len, r->offset, idx);
-    if (rc < 0)
-        return 0; /* -EBUSY cannot happen (the ring has a place per slot): wait, as for a full namespace */
-    q->ring_queued++;
-    __atomic_fetch_add(&f->submitted, 1, __ATOMIC_RELAXED);
-    uint32_t now = __atomic_add_fetch(&f->in_flight, 1, __ATOMIC_RELAXED);
-    uint32_t most = __atomic_load_n(&f->most_in_flight, __ATOMIC_RELAXED);
-    while (now > most && !__atomic_compare_exchange_n(&f->most_in_flight, &most, now, 1, __ATOMIC_RELAXED,
-                                                       __ATOMIC_RELAXED))
-        ;
-    unsigned on_ring = nr_uring_in_flight(q->ring);
-    if (on_ring > q->ring_most_in_flight)
-        q->ring_most_in_flight = on_ring;
     nq_move(q, r, NQ_FILE_IO);
     return 1;
 }
@@ -346,8 +333,8 @@ static inline int nq_process(struct nq_queue *q, uint32_t idx)
 {
     struct nq_req *r = &q->reqs[idx];
     switch (r->state) {
-    case NQ_NEED_FILE: /* room in its namespace's depth: onto the ring */
-        return nq_file_start(q, idx);
+    case NQ_NEED_FILE: /* room on its staged backend (its namespace's depth): started */
+        return nq_backend_start(q, idx);
     case NQ_NEED_READ: { /* a READ credit and a send-queue entry: its RDMA READ */
         if (__builtin_expect(r->view_seq != q->view_seq, 0) && nq_check_write_target(q, r)) {
             /* now it waits for its response's one entry only, behind the responses waiting (no recursion through
@@ -526,8 +513,6 @@ static void nq_to_python(struct nq_queue *q, uint32_t slot, uint32_t len)
 
 /* ------------------------------------------------------------------ per command */
 
-static inline uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
-static inline uint64_t rd64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 
 /* A capsule arrived in receive slot `slot`: the whole command here, or handed to Python. */
 static void nq_capsule(struct nq_queue *q, uint32_t slot, uint32_t len)
@@ -555,51 +540,34 @@ static void nq_capsule(struct nq_queue *q, uint32_t slot, uint32_t len)
         if (at > q->recv_size || end > q->recv_size - NQ_SQE_SIZE || NQ_SQE_SIZE + end > len)
             goto python;
     }
-    char *local = NULL;
-    uint32_t lkey = 0;
+    /* The namespace's backend entry (csrc/backend.h): an operation it has no entry for is the core's. */
+    const struct nq_backend_ops *ops = ns->ops;
+    nq_be_op op;
     uint64_t offset = 0;
-    if (opc == OPC_FLUSH) {
-        /* A file/block Flush goes to the core (its namespace's fdatasync, one at a time per namespace).  Every
-         * Write this queue acknowledged before the Flush arrived had completed on the ring before its response
-         * was posted, so it is in the file (page cache or device) by then, and the core's fdatasync on the same
-         * file covers it. */
-        if (sgl_len || ns->kind == NQ_FILE)
-            goto python;
-    } else {
+    if (opc == OPC_READ || opc == OPC_WRITE) {
         uint32_t nlb = (rd32(sqe + 48) & 0xFFFF) + 1;
         uint64_t slba = rd64(sqe + 40);
         if (sgl_len != ((uint64_t)nlb << ns->lbads) || sgl_len > view->max_transfer ||
             slba >= ns->num_blocks || nlb > ns->num_blocks - slba)
             goto python;
         offset = slba << ns->lbads;
-        if (ns->kind == NQ_RAM) {
-            local = ns->base + offset;
-            lkey = ns->lkey;
-        } else if (ns->kind == NQ_FILE) {
-            /* in-capsule data is copied into a chunk now (its receive is re-posted at the poll's end): with every
-             * chunk taken, the core takes the command */
-            if (!q->ring || sgl_len > q->bounce_chunk || (in_capsule && !q->nchunks_free))
-                goto python;
-            lkey = q->bounce_lkey; /* a bounce chunk, taken below or once one is free */
-        } else if (opc == OPC_READ) {
-            if (sgl_len > q->zero_len)
-                goto python;
-            local = q->zero_base;
-            lkey = q->zero_lkey;
-        } else {
-            if (sgl_len > q->sink_len)
-                goto python;
-            local = q->sink_base;
-            lkey = q->sink_lkey;
-        }
+        op = opc == OPC_READ ? ops->submit_read : ops->submit_write;
+        /* a staged backend's data goes through a bounce chunk; in-capsule data is copied into one now (its receive
+         * is re-posted at the poll's end): with every chunk taken, the core takes the command */
+        if ((ops->flags & NQ_BE_STAGED) &&
+            (!q->bounce_base || sgl_len > q->bounce_chunk || (in_capsule && !q->nchunks_free)))
+            goto python;
+    } else { /* Flush (Write Zeroes and deallocate are the core's for now: the entries' write_zeroes and discard
+              * wait for the queue to route them, docs/native.md) */
+        /* A staged backend without a flush entry (uring: the core's fdatasync, one per namespace at a time): every
+         * Write this queue acknowledged before the Flush arrived had completed on its backend before its response
+         * was posted, so the core's flush of the same storage covers it. */
+        if (sgl_len)
+            goto python;
+        op = ops->flush;
     }
-    if (in_capsule && ns->kind != NQ_FILE) { /* data in the capsule: copied now, answered without a transfer */
-        if (ns->kind == NQ_RAM)
-            memcpy(local, sqe + NQ_SQE_SIZE + rd64(sqe + 24), sgl_len);
-        ns->writes++;
-        ns->bytes_written += sgl_len;
-        sgl_len = 0; /* its response carries no data */
-    }
+    if (!op)
+        goto python;
     uint32_t idx = q->free_stack[--q->nfree];
     struct nq_req *r = &q->reqs[idx];
     r->opc = opc;
@@ -609,22 +577,26 @@ static void nq_capsule(struct nq_queue *q, uint32_t slot, uint32_t len)
     r->raddr = rd64(sqe + 24);
     r->rkey = rd32(sqe + 35);
     r->invalidate = sgl_id == SGL_KEYED_INVALIDATE && sgl_len;
-    r->local = local;
-    r->lkey = lkey;
     r->nsid = ns->nsid;
     r->ns_gen = ns->gen;
     r->view_seq = q->view_seq;
     r->received_ns = q->polled_ns;
     r->chunk = NQ_NO_CHUNK;
-    q->native_commands++;
-    if (ns->kind == NQ_FILE) {
+    r->offset = offset;
+    r->op_len = 0;
+    r->ops = ops;
+    if (ops->flags & NQ_BE_STAGED) {
+        q->native_commands++;
+        r->lkey = q->bounce_lkey; /* a bounce chunk, taken below or once one is free */
         r->file = nq_file_get(ns->file);
-        r->offset = offset;
         r->fua = opc == OPC_WRITE && (rd32(sqe + 48) & CDW12_FUA);
         r->icd_len = 0;
         memcpy(r->sqe, sqe, NQ_SQE_SIZE);
         q->file_ios++;
-        if (in_capsule) { /* into a bounce chunk: the receive buffer is re-posted at the poll's end */
+        if (opc != OPC_READ && opc != OPC_WRITE) { /* no data: onto the backend */
+            r->local = NULL;
+            nq_move(q, r, NQ_NEED_FILE);
+        } else if (in_capsule) { /* into a bounce chunk: the receive buffer is re-posted at the poll's end */
             nq_chunk_take(q, r);
             r->icd_len = sgl_len;
             memcpy(r->local, sqe + NQ_SQE_SIZE + rd64(sqe + 24), sgl_len);
@@ -647,17 +619,30 @@ static void nq_capsule(struct nq_queue *q, uint32_t slot, uint32_t len)
         nq_advance(q, idx);
         return;
     }
-    if (opc == OPC_WRITE && !in_capsule) {
-        nq_move(q, r, NQ_NEED_READ);
-    } else {
-        if (opc == OPC_READ) {
-            ns->reads++;
-            ns->bytes_read += sgl_len;
-        } else if (opc == OPC_FLUSH) {
-            ns->flushes++;
-        }
-        nq_move(q, r, NQ_NEED_RESPONSE);
+    /* in place: the backend says where the data is (a Read, a Write) or does the command now */
+    if (op(q, ns, r, idx) != NQ_BE_DONE) {
+        q->nfree++; /* the slot back, untouched since it was taken */
+        goto python;
     }
+    q->native_commands++;
+    if (opc == OPC_WRITE) {
+        if (!in_capsule) {
+            nq_move(q, r, NQ_NEED_READ);
+            nq_advance(q, idx);
+            return;
+        }
+        /* data in the capsule: copied now, answered without a transfer */
+        memcpy(r->local, sqe + NQ_SQE_SIZE + rd64(sqe + 24), sgl_len);
+        ns->writes++;
+        ns->bytes_written += sgl_len;
+        r->len = 0; /* its response carries no data */
+    } else if (opc == OPC_READ) {
+        ns->reads++;
+        ns->bytes_read += sgl_len;
+    } else if (opc == OPC_FLUSH) {
+        ns->flushes++;
+    }
+    nq_move(q, r, NQ_NEED_RESPONSE);
     nq_advance(q, idx);
     return;
 python:
@@ -756,8 +741,8 @@ static void nq_file_hand_back(struct nq_queue *q, uint32_t idx)
     nq_capsule_to_owner(q, capsule, len, 1);
 }
 
-/* The ring finished a file/block command: its response, or the core takes it over. */
-static void nq_file_done(struct nq_queue *q, uint32_t idx, int res)
+/* A staged backend finished a command (its `reap`, csrc/backend.h): its response, or the core takes it over. */
+void nq_backend_done(struct nq_queue *q, uint32_t idx, int res)
 {
     if (q->closed || idx >= q->nreqs || q->reqs[idx].state != NQ_FILE_IO)
         return; /* closed by a callback during this reap (the ring is gone), or not ours (cookies are slots) */
@@ -766,7 +751,7 @@ static void nq_file_done(struct nq_queue *q, uint32_t idx, int res)
     __atomic_fetch_sub(&r->file->in_flight, 1, __ATOMIC_RELAXED);
     nq_file_put(r->file);
     r->file = NULL;
-    if (res < 0 || (uint32_t)res != r->len) {
+    if (res < 0 || (uint32_t)res != r->len) { /* r->len: 0 for a command without data */
         nq_file_hand_back(q, idx);
         return;
     }
@@ -778,41 +763,16 @@ static void nq_file_done(struct nq_queue *q, uint32_t idx, int res)
         }
     } else if (!ns) {
         r->status = SC_INVALID_NS | SC_DNR; /* removed while it was written: as io._write_done */
-    } else {
+    } else if (r->opc == OPC_WRITE) {
         ns->writes++;
         ns->bytes_written += r->len;
+    } else if (r->opc == OPC_FLUSH) {
+        ns->flushes++;
     }
     if (r->icd_len)
         r->len = 0; /* a Write's response carries no data */
     nq_move(q, r, NQ_NEED_RESPONSE);
     nq_advance(q, idx);
-}
-
-/* Every completion the ring has: the number. */
-static int nq_ring_reap(struct nq_queue *q)
-{
-    if (!q->ring)
-        return 0;
-    int total = 0, n;
-    do {
-        n = nr_uring_reap(q->ring, q->ring_done, (int)q->nreqs);
-        for (int i = 0; i < n; i++)
-            nq_file_done(q, (uint32_t)q->ring_done[i].cookie, q->ring_done[i].res);
-        total += n > 0 ? n : 0;
-    } while (n == (int)q->nreqs && q->ring && !q->closed);
-    return total;
-}
-
-/* One io_uring_enter for everything queued on the ring this poll.  A failed submit (the kernel short of memory)
- * leaves them queued: the next poll tries again. */
-static void nq_ring_submit(struct nq_queue *q)
-{
-    if (!q->ring_queued)
-        return;
-    int n = nr_uring_submit(q->ring);
-    q->ring_submits++;
-    if (n > 0)
-        q->ring_queued = (uint32_t)n >= q->ring_queued ? 0 : q->ring_queued - (uint32_t)n;
 }
 
 /* A signaled send completion: it and everything posted before it are done (RC completes in order). */
@@ -869,8 +829,8 @@ __attribute__((noinline)) int nq_poll(struct nq_queue *q, int budget)
     int done = 0;
     q->in_poll = 1;
     q->polls++;
-    if (q->ring && !q->closed && !q->failed)
-        done += nq_ring_reap(q); /* file/block commands the device finished: their responses */
+    for (uint32_t i = 0; i < q->nstaged && !q->closed && !q->failed; i++)
+        done += q->staged[i]->reap(q); /* staged commands the device finished: their responses */
     while (done < budget && !q->closed && !q->failed) {
         int n = ibv_poll_cq(q->recv_cq, NQ_POLL_BATCH, q->wc);
         if (n < 0) {
@@ -897,15 +857,19 @@ __attribute__((noinline)) int nq_poll(struct nq_queue *q, int budget)
     }
     if (!q->closed && !q->failed)
         nq_resume(q);
-    /* One submission for the file/block commands this poll started; a read the page cache holds completes
-     * inside it, so its response joins this batch instead of waiting for the eventfd (a few rounds at most). */
-    for (int round = 0; round < 4 && q->ring_queued && !q->closed && !q->failed; round++) {
-        nq_ring_submit(q);
-        int n = nq_ring_reap(q);
-        if (!n)
-            break;
-        done += n;
-        nq_resume(q);
+    /* One submission for the staged commands this poll started; a read the page cache holds completes inside
+     * it, so its response joins this batch instead of waiting for the eventfd (a few rounds at most). */
+    for (uint32_t i = 0; i < q->nstaged; i++) {
+        const struct nq_backend_ops *ops = q->staged[i];
+        for (int round = 0; round < 4 && !q->closed && !q->failed; round++) {
+            if (!ops->submit(q)) /* nothing was queued */
+                break;
+            int n = ops->reap(q);
+            if (!n)
+                break;
+            done += n;
+            nq_resume(q);
+        }
     }
     nq_flush(q);
     q->in_poll = 0;

@@ -3,6 +3,7 @@
 #ifndef NVMEOF_ROCE_NQ_HOT_H
 #define NVMEOF_ROCE_NQ_HOT_H
 
+#include "backend.h"
 #include "mailbox.h"
 #include "uring.h"
 
@@ -16,6 +17,7 @@ struct nt_ring;
 #define NQ_SIGNAL_EVERY 16    /* at most this many responses retired by one send completion */
 #define NQ_CQE_SIZE 16
 #define NQ_SQE_SIZE 64
+#define NQ_STAGED_MAX 4  /* staged backend entries one queue serves */
 
 /* wr_id: a receive slot; a native request slot; a work request of the Python side (its book's index). */
 #define NQ_TAG_RECV (1ULL << 62)
@@ -27,6 +29,8 @@ struct nt_ring;
 #define OPC_FLUSH 0x00
 #define OPC_WRITE 0x01
 #define OPC_READ 0x02
+#define OPC_WRITE_ZEROES 0x08
+#define CDW12_DEAC (1u << 25)
 #define FLAGS_FUSE_MASK 0x03
 #define FLAGS_PSDT_MASK 0xC0
 #define PSDT_SGL_CONTIG 0x40
@@ -45,25 +49,23 @@ struct nt_ring;
 #define NQ_LAT_BUCKETS (NQ_LAT_BOUNDS + 1)
 enum nq_lat_kind { NQ_LAT_READ = 0, NQ_LAT_WRITE = 1 };
 
-enum nq_kind { NQ_RAM = 1, NQ_NULL = 2, NQ_FILE = 3 };
-
 enum nq_state {
     NQ_FREE = 0,
     NQ_NEED_READ,     /* a Write waits for a send-queue entry and an RDMA READ credit (read_wait) */
     NQ_READING,       /* its RDMA READ is posted */
     NQ_NEED_RESPONSE, /* waits for the send-queue entries of its (WRITE and) SEND (send_wait) */
     NQ_COMPLETING,    /* posted; FREE once a send completion retires it */
-    NQ_NEED_CHUNK,    /* a file/block Read or Write waits for one of the queue's bounce chunks */
-    NQ_NEED_FILE,     /* a file/block Read or Write waits for room in its namespace's depth (file_wait) */
-    NQ_FILE_IO,       /* its read or write is on the queue's io_uring */
+    NQ_NEED_CHUNK,    /* a staged backend's Read or Write waits for one of the queue's bounce chunks */
+    NQ_NEED_FILE,     /* a staged backend's command waits for room in its namespace's depth (file_wait) */
+    NQ_FILE_IO,       /* on its staged backend (the queue's io_uring): nq_backend_done finishes it */
     NQ_HANDED_BACK,   /* a poll group's file command mailed to the core: its slot and chunk kept until drained */
 };
 
 #define NQ_STATES (NQ_HANDED_BACK + 1)
 #define NQ_TO(s) (1u << (s))
 
-/* A file or block namespace's descriptor (a dup of the backend's, so the core closing its own never pulls it
- * from under a command on the ring) and the commands it has on the rings of every queue, bounded by its depth
+/* A staged namespace's handle (csrc/backend.h): for the uring entry its descriptor (a dup of the backend's, so
+ * the core closing its own never pulls it from under a command on the ring) and the commands it has on the rings of every queue, bounded by its depth
  * (the namespace's io engine depth).  Reference counted: the Python File object holds one, and so does every
  * request between taking its slot and leaving the ring; the descriptor is closed with the last one. */
 struct nq_file {
@@ -86,12 +88,12 @@ void nq_file_put(struct nq_file *f);
 
 struct nq_ns {
     uint32_t nsid;
-    uint8_t kind;
     uint8_t lbads;
+    const struct nq_backend_ops *ops; /* its backend's entry (csrc/backend.c), named by the view */
     uint64_t num_blocks;
     char *base; /* RAM: the registered memory; NULL: unused */
     uint32_t lkey;
-    struct nq_file *file; /* file/block: its descriptor and depth (the view's File object keeps it) */
+    struct nq_file *file; /* a staged backend's handle: descriptor and depth (the view's File object keeps it) */
     uint64_t gen; /* the namespace's generation (engine/subsystem.py): a new one when it is installed, replaced
                      or its memory changes; a Write whose namespace's generation left the view answers Invalid
                      Namespace, as the Python path */
@@ -126,7 +128,9 @@ struct nq_req {
     uint64_t view_seq; /* the queue's view_seq when it arrived: unchanged, so is its namespace */
     uint32_t nsid;
     uint32_t pending_next;
-    uint32_t chunk;  /* the bounce chunk it holds (file/block namespaces), NQ_NO_CHUNK if none */
+    uint32_t chunk;  /* the bounce chunk it holds (staged backends), NQ_NO_CHUNK if none */
+    uint32_t op_len; /* Write Zeroes / deallocate: the bytes from `offset` */
+    const struct nq_backend_ops *ops; /* its namespace's backend entry when it arrived */
     /* file/block namespaces: the descriptor (a reference), where, FUA, and the SQE (and the in-capsule data's
      * length) to hand the command to the core when the device fails it */
     struct nq_file *file;
@@ -237,6 +241,10 @@ struct nq_queue {
     uint32_t chunk_wait_head, chunk_wait_tail;
     uint64_t chunk_waits;       /* file commands that found every chunk taken */
     uint32_t ring_queued;       /* on the ring, not yet submitted: one nr_uring_submit per poll */
+    /* the staged backends of the namespaces this queue served (csrc/backend.h): their completions reaped and their
+     * queued commands submitted by every poll */
+    const struct nq_backend_ops *staged[NQ_STAGED_MAX];
+    uint32_t nstaged;
     uint32_t ring_most_in_flight;
     char *rebuild;              /* a failed in-capsule write's capsule, made again for the core */
     uint64_t file_ios, file_handed_back, ring_submits;
@@ -264,6 +272,19 @@ struct nq_queue {
     struct nq_mail *drained; /* drain's copy of the mailbox, mail.size entries */
     struct nt_ring *trace;   /* the per-command trace (csrc/trace.h), NULL while it is off */
 };
+
+/* A staged backend entry joins the queue's (its completions reaped by every poll): 0, or -1 when it has
+ * NQ_STAGED_MAX already. */
+static inline int nq_staged_add(struct nq_queue *q, const struct nq_backend_ops *ops)
+{
+    for (uint32_t i = 0; i < q->nstaged; i++)
+        if (q->staged[i] == ops)
+            return 0;
+    if (q->nstaged == NQ_STAGED_MAX)
+        return -1;
+    q->staged[q->nstaged++] = ops;
+    return 0;
+}
 
 /* The queue's arrays, made once (no allocation per command); every receive posted.  0, or -errno (-ENOMEM, or the
  * ibv_post_recv's). */

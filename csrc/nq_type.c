@@ -620,7 +620,7 @@ static PyObject *NativeQueue_flush(NativeQueue *self, PyObject *noargs)
 }
 
 /* set_view(ready, max_transfer, namespaces, sq_entries=0, sq_head=0, sqflow_disabled=False, paused=False): the
- * one call that changes what the queue serves natively.  namespaces: (nsid, kind "ram"|"null", lbads, num_blocks, addr, lkey,
+ * one call that changes what the queue serves natively.  namespaces: (nsid, backend entry name (csrc/backend.c: "ram", "null", "file"), lbads, num_blocks, addr, lkey,
  * generation, owner) each; owner is kept alive while the view is.  paused: the subsystem is paused, its new
  * commands go to Python (the commands in flight finish against this view).  Returns the outgoing view's figures:
  * {nsid: (reads, writes, flushes, bytes_read, bytes_written, read_latency, write_latency)}, a latency being
@@ -721,14 +721,15 @@ static PyObject *NativeQueue_set_view(NativeQueue *self, PyObject *args, PyObjec
                               "num_blocks, addr, lkey, generation, owner[, file])", &nsid, &kind, &lbads,
                               &num_blocks, &addr, &lkey, &gen, &owner, &file))
             goto bad;
-        if (!strcmp(kind, "ram"))
-            ns->kind = NQ_RAM;
-        else if (!strcmp(kind, "null"))
-            ns->kind = NQ_NULL;
-        else if (!strcmp(kind, "file")) {
-            ns->kind = NQ_FILE;
+        ns->ops = nq_backend_find(kind); /* its backend's entry (csrc/backend.c) */
+        if (!ns->ops) {
+            PyErr_Format(PyExc_ValueError, "namespace %u: kind %s is served by Python, not the native view (its "
+                         "entries, csrc/backend.c: %s)", nsid, kind, nq_backend_names());
+            goto bad;
+        }
+        if (ns->ops->flags & NQ_BE_NEEDS_FILE) {
             if (!PyObject_TypeCheck(file, &NativeFileType)) {
-                PyErr_Format(PyExc_ValueError, "namespace %u: a file namespace needs its _native.File", nsid);
+                PyErr_Format(PyExc_ValueError, "namespace %u: a %s namespace needs its _native.File", nsid, kind);
                 goto bad;
             }
             if (!q->ring || max_transfer > q->bounce_chunk) {
@@ -738,12 +739,8 @@ static PyObject *NativeQueue_set_view(NativeQueue *self, PyObject *args, PyObjec
             }
             ns->file = ((NativeFile *)file)->file;
             owner = file; /* the File keeps the descriptor: it lives as long as the view */
-        } else {
-            PyErr_Format(PyExc_ValueError, "namespace %u: kind %s is served by Python, not the native view", nsid,
-                         kind);
-            goto bad;
         }
-        if (lbads < 9 || lbads > 16 || !nsid || (ns->kind == NQ_RAM && !addr)) {
+        if (lbads < 9 || lbads > 16 || !nsid || ((ns->ops->flags & NQ_BE_NEEDS_ADDR) && !addr)) {
             PyErr_Format(PyExc_ValueError, "namespace %u: lbads %u (9..16) and a RAM namespace's address", nsid,
                          lbads);
             goto bad;
@@ -777,6 +774,14 @@ static PyObject *NativeQueue_set_view(NativeQueue *self, PyObject *args, PyObjec
         nq_view_free(view);
         return NULL;
     }
+    for (int i = 0; i < view->count; i++) /* a staged backend's completions are reaped by every poll from now on */
+        if ((view->ns[i].ops->flags & NQ_BE_STAGED) && nq_staged_add(q, view->ns[i].ops) < 0) {
+            nq_unlock(self);
+            Py_DECREF(stats);
+            nq_view_free(view);
+            PyErr_SetString(PyExc_ValueError, "more staged backends in one view than a queue serves (NQ_STAGED_MAX)");
+            return NULL;
+        }
     struct nq_view *old = q->view;
     q->view = view;
     q->view_seq++;

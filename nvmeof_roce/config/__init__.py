@@ -30,7 +30,7 @@ it) and `errors`.  The names are re-exported here: `from nvmeof_roce.config impo
 """
 
 from .errors import ConfigError, ConfigErrors, raise_all
-from .model import (ADRFAMS, ANA_GRPID_MAX, ANA_STATES, BACKENDS, BLOCK_SIZES, CNTLID_MAX, DEFAULT_MODEL,
+from .model import (ADRFAMS, ANA_GRPID_MAX, ANA_STATES, BLOCK_SIZES, CNTLID_MAX, DEFAULT_MODEL,
                     DEFAULT_TRSVCID, DISCOVERY_NQN, MAX_BLOCKS, MAX_INLINE_DATA_SIZE, NQN_MAX_BYTES, NS_IO_ENGINES,
                     NS_QUEUE_DEPTHS, NSID_MAX, PORTID_MAX, QOS_LIMITS, QOS_MAX, TREQS, TRTYPES, USERSPACE_KEY,
                     UUID_RE, WORKER_KEYS, AnaGroupConfig, HostConfig, NamespaceConfig, PortConfig, ReferralConfig,

@@ -16,7 +16,8 @@ from .. import shipped
 from ..tunables import QID_MAX, TARGET_SETTINGS
 from .errors import ConfigError, raise_all
 from .keys import KEYRING, check_keyring
-from .model import (ADRFAMS, ANA_GRPID_MAX, ANA_STATES, BACKENDS, BLOCK_SIZES, CNTLID_MAX, DEFAULT_MODEL,
+from .backends import KINDS, kind_of, names as backend_names
+from .model import (ADRFAMS, ANA_GRPID_MAX, ANA_STATES, BLOCK_SIZES, CNTLID_MAX, DEFAULT_MODEL,
                     DEFAULT_TRSVCID, DISCOVERY_NQN, MAX_BLOCKS, MAX_INLINE_DATA_SIZE, NSID_MAX, NS_IO_ENGINES,
                     NS_QUEUE_DEPTHS, PORTID_MAX, QOS_LIMITS, QOS_MAX, TREQS, TRTYPES, USERSPACE_KEY, UUID_RE,
                     WORKER_KEYS, AnaGroupConfig, HostConfig, NamespaceConfig, PortConfig, ReferralConfig,
@@ -470,9 +471,10 @@ def _parse_namespace(ctx: _Ctx, n: Any, where: str, subsys_nqn: str) -> Namespac
     ctx.unknown(us, _NS_US_KEYS, f"{where}.{USERSPACE_KEY}")
 
     backend = us.get("backend", "file")
-    if backend not in BACKENDS:
-        raise ctx.err(f"{where}.{USERSPACE_KEY}.backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}",
-                      "ram keeps data in memory, null discards writes and reads zeros, file uses device.path")
+    kind = kind_of(backend) if isinstance(backend, str) else None
+    if kind is None:
+        raise ctx.err(f"{where}.{USERSPACE_KEY}.backend", f"must be one of {', '.join(backend_names())}, got "
+                      f"{backend!r}", "; ".join(k.describe() for k in KINDS.values()))
     block_size = 512
     if "block_size" in us:
         bw = f"{where}.{USERSPACE_KEY}.block_size"
@@ -499,14 +501,14 @@ def _parse_namespace(ctx: _Ctx, n: Any, where: str, subsys_nqn: str) -> Namespac
     queue_depth = None
     if "queue_depth" in us:
         qw = f"{where}.{USERSPACE_KEY}.queue_depth"
-        if backend != "file":
+        if not kind.engine:
             raise ctx.err(qw, f"is for file and block namespaces, not {backend!r} ones (served inline)",
                           "remove queue_depth")
         queue_depth = ctx.int_at(us["queue_depth"], qw, *NS_QUEUE_DEPTHS)
     io_engine = None
     if "io_engine" in us:
         ew = f"{where}.{USERSPACE_KEY}.io_engine"
-        if backend != "file":
+        if not kind.engine:
             raise ctx.err(ew, f"is for file and block namespaces, not {backend!r} ones (served inline)",
                           "remove io_engine")
         io_engine = us["io_engine"]
@@ -517,7 +519,7 @@ def _parse_namespace(ctx: _Ctx, n: Any, where: str, subsys_nqn: str) -> Namespac
     path = dev.get("path")
     if path is not None:
         path = ctx.str_at(path, f"{where}.device.path")
-    if backend in ("ram", "null"):
+    if not kind.path:
         if size is None:
             raise ctx.err(f"{where}.{USERSPACE_KEY}.size", f"is required for a {backend} namespace",
                           'add "size": "64M" (bytes or K/M/G/T)')
@@ -527,7 +529,7 @@ def _parse_namespace(ctx: _Ctx, n: Any, where: str, subsys_nqn: str) -> Namespac
     else:
         if not path:
             if us:
-                raise ctx.err(f"{where}.device.path", "is required for a file namespace",
+                raise ctx.err(f"{where}.device.path", f"is required for a {backend} namespace",
                               'set device.path to a file or block device, or use "backend": "ram" with a "size"')
             raise ctx.err(f"{where}.device.path", "is required (a file or block device)",
                           'set device.path, or add "nvmeof_roce": {"backend": "ram", "size": "64M"} '
@@ -582,7 +584,7 @@ def _parse_namespace(ctx: _Ctx, n: Any, where: str, subsys_nqn: str) -> Namespac
     buffered = None
     if "buffered_io" in n:
         buffered = ctx.flag_at(n["buffered_io"], f"{where}.buffered_io")
-    return NamespaceConfig(nsid=nsid, enabled=enabled, backend=backend, path=path if backend == "file" else None,
+    return NamespaceConfig(nsid=nsid, enabled=enabled, backend=backend, path=path if kind.path else None,
                            size_bytes=size, block_size=block_size, uuid=uuid, nguid=nguid, eui64=eui64,
                            ana_grpid=ana_grpid, buffered_io=buffered, queue_depth=queue_depth, io_engine=io_engine,
                            userspace=us, visible_hosts=visible_hosts, qos=qos,

@@ -26,7 +26,6 @@ DEFAULT_MODEL = "nvmeof-roce"
 BLOCK_SIZES = (512, 4096)
 MAX_INLINE_DATA_SIZE = 16384  # nvmet_rdma's NVMET_RDMA_MAX_INLINE_DATA_SIZE (with 4 KiB pages)
 MAX_BLOCKS = (1 << 64) - 1    # NSZE is a 64-bit block count
-BACKENDS = ("ram", "file", "null")
 USERSPACE_KEY = "nvmeof_roce"
 
 TRTYPES = tuple(FABRICS)  # rdma, tcp, loop, fc, pcie (transport/registry.py)
@@ -277,7 +276,7 @@ class PortConfig:
 class NamespaceConfig:
     nsid: int
     enabled: bool = True
-    backend: str = "file"               # 'ram' | 'file' | 'null'
+    backend: str = "file"               # a kind of the backend registry (config/backends.py)
     path: Optional[str] = None
     size_bytes: Optional[int] = None    # ram/null: required; file: size to create if missing
     block_size: int = 512

@@ -7,6 +7,7 @@ import stat
 from typing import Any, Dict, List, Optional
 
 from ..transport.registry import served_labels, serves
+from .backends import facts
 from .errors import ConfigError, raise_all
 from .loader import load_config_collect
 from .model import DISCOVERY_NQN, USERSPACE_KEY, TargetConfig, parse_flag
@@ -155,7 +156,7 @@ def validate_for_userspace(cfg: TargetConfig, memory: Optional[int] = None) -> L
                 refuse(f"{nw}.p2pmem", "peer-to-peer memory")
             if not n.enabled:
                 continue
-            if n.backend == "file" and n.path:
+            if facts(n.backend).path and n.path:
                 ident = backing_identity(n.path)
                 if ident in paths:
                     errors.append(ConfigError(cfg.source, f"{nw}.device.path",
@@ -164,7 +165,7 @@ def validate_for_userspace(cfg: TargetConfig, memory: Optional[int] = None) -> L
                                               "file would corrupt each other)"))
                 else:
                     paths[ident] = nw
-            if n.backend == "ram" and n.size_bytes:
+            if facts(n.backend).memory and n.size_bytes:
                 ram_total += n.size_bytes
                 if memory and ram_total > memory:
                     errors.append(ConfigError(

@@ -13,6 +13,7 @@ import socket
 from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import NvmeofError
+from ..config.backends import facts
 from .protocol import RequestFramer, RpcError, answer_framed, handle_request
 
 
@@ -64,7 +65,7 @@ class SupervisorControl:
             raise RpcError(f"{method} is not available under serve --workers: {REFUSED[method]}", "method",
                            "edit CONFIG and run 'nvmeof-roce target reload' (every worker applies it)")
         if method == "nvmf_subsystem_add_ns" and isinstance(params, dict) and \
-                (params.get("namespace") or {}).get("backend") == "ram":
+                facts((params.get("namespace") or {}).get("backend", "file")).memory:
             raise RpcError("a RAM namespace added live would be a separate RAM disk in each worker, not one "
                            "namespace", "namespace.backend",
                            "add it to CONFIG and run 'nvmeof-roce target reload' (the workers then share one RAM "

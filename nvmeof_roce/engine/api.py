@@ -29,6 +29,7 @@ import logging
 from typing import Callable, Dict, List, Optional
 
 from ..config import ConfigError, NamespaceConfig, PortConfig, SubsystemConfig, TargetConfig
+from ..config.backends import facts
 from ..nvme import admin as A
 from ..transport.lifecycle import FREE, move
 from ..errors import NvmeofError
@@ -82,7 +83,7 @@ class EngineApi:
         except BackendError as exc:
             raise exc.config_error(config.source, where, ns_config) from None
         except OSError as exc:  # what the backend does not name itself: ENOTDIR, ELOOP, ENAMETOOLONG, EIO...
-            field = f"{where}.device.path" if ns_config.backend == "file" else where
+            field = f"{where}.device.path" if facts(ns_config.backend).path else where
             raise ConfigError(config.source, field, f"{ns_config.path}: cannot open: {exc.strerror or exc}",
                               "give the path of a file or block device") from None
 
@@ -92,6 +93,18 @@ class EngineApi:
         ns.generation = next_generation()
         self.subsystems[nqn].add_namespace(ns)
         self.qos.configure(ns)
+        ns.backend.watch_resize(lambda _backend, size: self.storage_resized(nqn, ns, size))
+
+    def storage_resized(self, nqn: str, ns: Namespace, size_bytes: int) -> None:
+        """A backend's resize notice: its storage has `size_bytes` now, changed outside the target (a file grown,
+        an image resized).  The namespace keeps its size (hosts see no change) until a resize makes it so
+        (prepare_resize / resize_namespace: `target resize-ns`); `storage_size` records it for status."""
+        if ns.removed:
+            return
+        ns.storage_size = size_bytes
+        log.warning("%s namespace %d: its storage is %d bytes now, the namespace %d: resize the namespace to "
+                    "serve the new size (nvmeof-roce target resize-ns)", nqn, ns.nsid, size_bytes,
+                    ns.num_blocks * ns.block_size)
 
     def retire_namespace(self, nqn: str, nsid: int) -> Namespace:
         """Namespace `nsid` leaves subsystem `nqn` (nvmet_ns_disable): commands for it answer Invalid Namespace;
@@ -130,6 +143,7 @@ class EngineApi:
         ns.num_blocks = ns.backend.num_blocks
         ns.direct_view = ns.backend.buffer
         ns.config = resize.ns_config
+        ns.storage_size = None
 
     def namespace_changed(self, nqn: str, nsid: int) -> None:
         """Tell the controllers of subsystem `nqn` that namespace `nsid` changed (Namespace Attribute Changed,

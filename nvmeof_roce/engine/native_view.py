@@ -6,7 +6,7 @@ lists a namespace only when every check of `Target._start` that does not depend 
 controller is ready, the queue is an authenticated I/O queue, the namespace is attached, not removed, its ANA group
 is optimized or non-optimized on the controller's port, its reservation (if it has reservations) lets the
 controller's host read and write, and it is RAM (registered with the device), null, or a file
-or block namespace on the io_uring engine (given as a `_native.File`: a dup of its descriptor and its depth) on a
+or block namespace on the io_uring engine (given as its backend's native handle, a `_native.File`: a dup of its descriptor and its depth) on a
 queue that serves them.  Each namespace is given with its generation (Namespace.generation), its identity for the
 C queue: a command whose namespace's generation left the view answers Invalid Namespace.  A paused subsystem's
 view says so: its new commands come to the core, which holds them until the resume.  The core calls `refresh` after anything that can change one of those (a capsule it handled,
@@ -44,37 +44,35 @@ def view_of(target: "Target", qs: "QueueState") -> tuple:
             continue  # a QoS limit or per-host visibility: the core enforces them (engine/qos.py, core._start)
         if ns.resv is not None and not ns.resv.may_read_write(ctrl.hostid):
             continue  # a reservation restricts this host: the core answers its conflicts (engine/reservations.py)
-        kind = ns.backend.kind
+        backend = ns.backend
+        entry = backend.native  # its C entry (csrc/backend.c), or None: the core serves it
+        if entry is None:
+            continue
         addr = lkey = 0
-        if kind == "ram":
-            region = qs.transport.region_of(ns.backend)
+        if backend.addressable:  # the device reads and writes its memory in place
+            region = qs.transport.region_of(backend)
             if region is None:
                 continue  # not registered with the device: the core serves it (staged through chunks)
             addr, lkey = region
-        elif kind == "file":
+        elif backend.blocking:  # staged: through the queue's bounce chunks and the entry's completions
             if not qs.transport.serves_files:
                 continue
-            file = file_of(ns)
-            if file is None:
+            handle = handle_of(ns)
+            if handle is None:
                 continue  # the thread engine was chosen (or forced): the core serves it
-            namespaces.append((ns.nsid, kind, ns.lbads, ns.num_blocks, 0, 0, ns.generation, ns, file))
+            namespaces.append((ns.nsid, entry, ns.lbads, ns.num_blocks, 0, 0, ns.generation, ns, handle))
             continue
-        elif kind != "null":
-            continue
-        namespaces.append((ns.nsid, kind, ns.lbads, ns.num_blocks, addr, lkey, ns.generation, ns))
+        namespaces.append((ns.nsid, entry, ns.lbads, ns.num_blocks, addr, lkey, ns.generation, ns))
     return True, namespaces
 
 
-def file_of(ns):
-    """The namespace's `_native.File` (made once), or None when its Reads and Writes stay with the core: an engine
-    other than io_uring (nvmeof_roce.io_engine "threads", or io_uring unavailable), or its backend closed."""
+def handle_of(ns):
+    """The namespace's native handle (made once by its backend: a `_native.File` for the uring entry), or None when
+    its commands stay with the core: an engine the entry does not share (nvmeof_roce.io_engine "threads", or
+    io_uring unavailable), or its backend closed."""
     if ns.native_file is None:
         choice = ns.engine_choice
-        fd = getattr(ns.backend, "io_fd", -1)
-        if choice is None or choice.name != "io_uring" or fd < 0:
-            return None
-        from .. import native
-        ns.native_file = native.module.File(fd, ns.queue_depth)
+        ns.native_file = ns.backend.native_handle(choice.name if choice is not None else None, ns.queue_depth)
     return ns.native_file
 
 

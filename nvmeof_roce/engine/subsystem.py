@@ -66,10 +66,11 @@ class Namespace:
         self.lbads = backend.block_size.bit_length() - 1
         self.num_blocks = backend.num_blocks
         self.uuid = uuidlib.UUID(config.uuid).bytes if config.uuid else uuidlib.uuid4().bytes
-        self.nguid = _hex_bytes(config.nguid, 16)
+        self.nguid = _hex_bytes(config.nguid, 16) or backend.nguid()  # the config's, else its storage's
         self.eui64 = _hex_bytes(config.eui64, 8)
         self.ana_grpid = config.ana_grpid
         self.removed = False
+        self.storage_size: Optional[int] = None  # a resize notice's size, until the namespace is resized
         # Its identity in the native queues' views: a new one when it is installed, replaced or its memory
         # changes (a resize), so a native command of the old one never completes into the new one.
         self.generation = next_generation()
@@ -88,7 +89,7 @@ class Namespace:
             backend.close()  # io_uring forced where it cannot run: the namespace does not open
             raise
         self.io: Optional[IoEngine] = None
-        # The native data path's handle on the descriptor (native_view.file_of: a `_native.File`, made when a native
+        # The native data path's handle on the descriptor (native_view.handle_of: a `_native.File`, made when a native
         # queue first lists the namespace); the C queues hold it while their commands are on their rings.
         self.native_file = None
         # SMART counters (bytes and commands)

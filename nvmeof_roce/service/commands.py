@@ -24,6 +24,7 @@ from ..engine.backends import BackendError, open_backend
 from ..engine.ioengine import choose_engine
 from ..config.devices import in_system_tree
 from ..config import ConfigError, ConfigErrors, TargetConfig, keys, load_userspace_config, raise_all
+from ..config.backends import facts
 from ..systemd import DEFAULT_DEST, SHIPPED_EXECUTABLE, render
 from ..systemd.sandbox import TARGET_UNIT, load_sandbox, problems as sandbox_problems
 from .serve import register_serve
@@ -81,11 +82,11 @@ def _open_namespace(config: TargetConfig, where: str, ns) -> dict:
     if not ns.enabled:
         info["note"] = "disabled"
         return info
-    if ns.backend in ("ram", "null"):
+    if not facts(ns.backend).path:
         # the loader checked the size against the block count and the machine's memory; never allocate here
         info["blocks"] = ns.size_bytes // ns.block_size
         return info
-    if (ns.backend == "file" and ns.path and not os.path.exists(ns.path) and ns.size_bytes
+    if (facts(ns.backend).path and ns.path and not os.path.exists(ns.path) and ns.size_bytes
             and not in_system_tree(ns.path)):  # a missing device is never created: opening it says so
         info["note"] = f"will be created ({ns.size_bytes} bytes)"  # check never creates files
         info["blocks"] = ns.size_bytes // ns.block_size
@@ -98,7 +99,7 @@ def _open_namespace(config: TargetConfig, where: str, ns) -> dict:
         info["size_bytes"] = backend.size_bytes
         info["blocks"] = backend.num_blocks
         info["block_size"] = backend.block_size  # a block device's own unless the config sets one
-        if ns.backend == "file":
+        if backend.blocking:
             engine = choose_engine(backend, ns.io_engine)  # io_uring forced where it cannot run: refused
             info["note"] = ("O_DIRECT" if backend.direct else "page cache (buffered)") + f", {engine.name}"
     except BackendError as exc:

@@ -19,6 +19,7 @@ import os
 from typing import Dict, List, Optional, Tuple
 
 from ..config import USERSPACE_KEY, ConfigError, TargetConfig
+from ..config.backends import facts
 from ..config.keys import KEYRING
 from ..engine.backends import open_backend
 from ..errors import NvmeofError
@@ -103,7 +104,7 @@ def worker_configs(config: TargetConfig, n: int, run_dir: str) -> Tuple[List[dic
     for s in base["subsystems"]:
         for ns in s.get("namespaces", []):
             us = ns.get(USERSPACE_KEY) or {}
-            if us.get("backend") == "ram" and ns.get("enable", 1):
+            if facts(us.get("backend", "file")).memory and ns.get("enable", 1):
                 path = shm_path(run_dir, s["nqn"], ns["nsid"])
                 # one file in shared memory that every worker maps: the same data through every path
                 ns["device"]["path"] = path
@@ -140,7 +141,7 @@ def config_from_worker(running: dict, config: TargetConfig, run_dir: str) -> dic
         user_ns = {int(str(n["nsid"]), 0): n for n in u.get("namespaces", [])}
         for n in s.get("namespaces", []):
             un = user_ns.get(int(str(n["nsid"]), 0))
-            if un is None or (un.get(USERSPACE_KEY) or {}).get("backend") != "ram":
+            if un is None or not facts((un.get(USERSPACE_KEY) or {}).get("backend", "file")).memory:
                 continue
             if (n.get("device") or {}).get("path") != shm_path(run_dir, s["nqn"], int(str(n["nsid"]), 0)):
                 continue
@@ -162,9 +163,9 @@ def create_shared_files(config: TargetConfig, run_dir: str, keep_existing: bool 
     created = []
     for s in config.subsystems:
         for ns in s.namespaces:
-            if ns.backend == "file" and ns.enabled and ns.path and not os.path.exists(ns.path):
+            if facts(ns.backend).path and ns.enabled and ns.path and not os.path.exists(ns.path):
                 open_backend(ns).close()
-            if ns.backend == "ram" and ns.enabled:
+            if facts(ns.backend).memory and ns.enabled:
                 path = shm_path(run_dir, s.nqn, ns.nsid)
                 if keep_existing and os.path.exists(path):
                     continue

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from ..config import TargetConfig, keys
+from ..config.backends import facts
 
 TARGET_UNIT = "nvmeof-roce-target@.service"
 DROP_IN = "nvmeof-roce-paths.conf"  # the drop-in install-units writes for an instance's config
@@ -175,7 +176,7 @@ def namespace_paths(config: TargetConfig) -> List[Tuple[str, str]]:
     out = []
     for i, sub in enumerate(config.subsystems):
         for j, ns in enumerate(sub.namespaces):
-            if ns.enabled and ns.backend == "file" and ns.path:
+            if ns.enabled and facts(ns.backend).path and ns.path:
                 out.append((f"subsystems[{i}].namespaces[{j}].device.path", ns.path))
     return out
 

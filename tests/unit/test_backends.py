@@ -213,7 +213,7 @@ def test_a_ram_resize_keeps_the_data_in_place_and_gives_back_the_pages_past_a_sm
 
 
 def test_a_ram_resize_past_its_reservation_copies_into_a_new_one(monkeypatch):
-    from nvmeof_roce.engine import backends
+    from nvmeof_roce.engine.backends import ram as backends  # the RAM backend's module (engine/backends/ram.py)
     monkeypatch.setattr(backends, "RAM_RESERVE", 0)  # the reservation is the namespace's own size
     ram = RamBackend(8192)
     ram.write(0, b"\x11" * 8192)

@@ -299,9 +299,10 @@ class NativeTargetQueue(TargetQueue):
         if self.closed:
             return {}
         self.drain_check = drain_check
-        # The core serves file and block namespaces where the queue cannot: no ring or bounce memory.
-        if any(entry[1] == "file" for entry in namespaces) and not self._enable_files():
-            namespaces = [entry for entry in namespaces if entry[1] != "file"]
+        # The core serves staged namespaces (file, block: an entry with a handle) where the queue cannot: no ring
+        # or bounce memory.
+        if any(len(entry) > 8 for entry in namespaces) and not self._enable_files():
+            namespaces = [entry for entry in namespaces if len(entry) <= 8]
         self.view_ready = ready
         return self.native.set_view(ready, self.max_transfer, namespaces, sq_entries=sq_entries, sq_head=sq_head,
                                     sqflow_disabled=sqflow_disabled, paused=paused)
