@@ -93,6 +93,9 @@ class EngineApi:
         ns.generation = next_generation()
         self.subsystems[nqn].add_namespace(ns)
         self.qos.configure(ns)
+        self._watch_storage(nqn, ns)
+
+    def _watch_storage(self, nqn: str, ns: Namespace) -> None:
         ns.backend.watch_resize(lambda _backend, size: self.storage_resized(nqn, ns, size))
 
     def storage_resized(self, nqn: str, ns: Namespace, size_bytes: int) -> None:
@@ -167,6 +170,7 @@ class EngineApi:
                 ns = self.prepare_namespace(sub_config.nqn, ns_config, config)
                 if ns is not None:
                     sub.add_namespace(ns)
+                    self._watch_storage(sub_config.nqn, ns)
                     self.qos.configure(ns)
         except BaseException:
             sub.close()

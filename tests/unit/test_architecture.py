@@ -289,3 +289,56 @@ def test_the_cost_benchmarks_are_left_out_of_the_wheel():
     find = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
     packages = find_packages(str(REPO), include=find["include"], exclude=find.get("exclude", ()))
     assert "nvmeof_roce.bench" in packages and "nvmeof_roce.bench.cost" not in packages
+
+
+# -- the backend seam (docs/architecture.md "The backend seam"): a backend is its Python module
+# (engine/backends/<kind>.py), its C file (csrc/be_<kind>.c), and two registry entries: config/backends.py `KINDS`
+# and csrc/backend.c `nq_backends[]`.  Nothing else names a kind.
+BACKEND_PY = ("engine/backends/", "config/backends.py")
+TARGET_ROOMS = ("config/", "engine/", "control/", "service/", "transport/", "systemd/")  # the bench's devices are its own
+KIND_BRANCH = re.compile(r"""\b(?:backend|kind)(?:\.kind)?\s*(?:==|!=|\bnot in\b|\bin\b)\s*\(?\s*["'](ram|null|file|block)["']""")
+C_ENTRY = re.compile(r"\bnq_backend_(\w+)\b")
+
+
+def test_no_module_outside_the_backends_and_their_registry_branches_on_a_backend_kind():
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel.startswith(BACKEND_PY) or not rel.startswith(TARGET_ROOMS):
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if KIND_BRANCH.search(line):
+                offenders.append(f"{rel}:{n}: {line.strip()}")
+    assert not offenders, "ask the backend registry (config/backends.py facts) or the backend, not the kind's " \
+                          "name:\n" + "\n".join(offenders)
+
+
+def test_every_registry_entry_names_a_module_of_engine_backends():
+    from nvmeof_roce.config.backends import KINDS
+    for kind in KINDS.values():
+        module, _, cls = kind.implementation.partition(":")
+        assert module.startswith("nvmeof_roce.engine.backends.") and cls, kind
+        assert (PACKAGE / (module.replace("nvmeof_roce.", "").replace(".", "/") + ".py")).is_file(), kind
+
+
+def test_each_c_backend_entry_is_its_own_file_and_one_line_of_the_c_registry():
+    csrc = REPO / "csrc"
+    registry = (csrc / "backend.c").read_text()
+    table = registry[registry.index("nq_backends[] = {"):]
+    table = table[:table.index("};")]
+    listed = set(C_ENTRY.findall(table))
+    defined = {}
+    for path in sorted(csrc.glob("be_*.c")):
+        names = re.findall(r"const struct nq_backend_ops nq_backend_(\w+) = \{", path.read_text())
+        assert len(names) == 1, f"{path.name} defines one entry"
+        defined[names[0]] = path.name
+    assert listed == set(defined), f"csrc/backend.c nq_backends[] lists {sorted(listed)}, csrc/be_*.c define " \
+                                   f"{sorted(defined)}"
+    # the queue and the rest of the module name no entry and no kind: they call through the table
+    for path in sorted(csrc.glob("*.[ch]")):
+        if path.name.startswith("be_") or path.name in ("backend.c", "backend.h"):
+            continue
+        text = path.read_text()
+        used = set(C_ENTRY.findall(text)) & set(defined)
+        assert not used, f"{path.name} names the backend entries {sorted(used)}"
+        assert not re.search(r"\bNQ_(RAM|NULL|FILE)\b|strcmp\(kind", text), f"{path.name} branches on a kind"

@@ -5,6 +5,7 @@ it).  Write Zeroes and deallocate give whole pages back to the kernel while no r
 import ctypes
 import logging
 import mmap
+import os
 from typing import Optional
 
 from .base import Backend, BackendError, check_new_size
