@@ -26,6 +26,7 @@ namespace as it is.
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Callable, Dict, List, Optional
 
 from ..config import ConfigError, NamespaceConfig, PortConfig, SubsystemConfig, TargetConfig
@@ -96,7 +97,15 @@ class EngineApi:
         self._watch_storage(nqn, ns)
 
     def _watch_storage(self, nqn: str, ns: Namespace) -> None:
-        ns.backend.watch_resize(lambda _backend, size: self.storage_resized(nqn, ns, size))
+        # the listener holds the namespace weakly: its backend holds the listener, and a cycle would keep a removed
+        # namespace's memory until the collector's next full pass
+        ref = weakref.ref(ns)
+
+        def listener(_backend, size: int) -> None:
+            live = ref()
+            if live is not None:
+                self.storage_resized(nqn, live, size)
+        ns.backend.watch_resize(listener)
 
     def storage_resized(self, nqn: str, ns: Namespace, size_bytes: int) -> None:
         """A backend's resize notice: its storage has `size_bytes` now, changed outside the target (a file grown,
