@@ -29,7 +29,7 @@ help:
 	@echo "make demo   - set up everything, build the lab if needed, run the main job"
 	@echo "make test   - set up everything, run unit tests and the lab tests"
 	@echo "make dist   - build a wheel into dist/ (installs only the build dependencies)"
-	@echo "make test-extended - iWARP, systemd workers, QoS/visibility/persist, initiator bench, a live RAM resize in the lab (about 16 min)"
+	@echo "make test-extended - iWARP, systemd workers, QoS/visibility/persist, initiator bench, live namespace changes in the lab (about 25 min)"
 	@echo "make test-long - the long lab scenarios (16-vCPU guest), not part of make test or CI"
 	@echo "make test-trixie - the Debian 13 lab tier: trixie's kernel host (nvme-cli 2.13) against our native target and nvmet"
 	@echo "make test-unit-py313 - the unit tier on Debian 13's Python 3.13, in a chroot of the trixie lab image (no guest)"
@@ -100,7 +100,7 @@ test-long: lab
 # unit's commands with --workers 2 (tests/lab/test_systemd_workers.py), the QoS cap under fio, per-host visibility
 # and --persist across a restart (tests/lab/test_service_features.py), and the initiator's native/Python/fio
 # bench (tests/lab/test_initiator_native.py), ANA inaccessible moving I/O between multipath paths and the
-# workers' scaling bench.  About 15 minutes in one boot.
+# workers' scaling bench, live namespace resizes and replacements.  About 25 minutes in one boot (tests/README.md).
 test-extended: lab
 	$(NVMEOF) lab run --timeout $(LAB_TIMEOUT) -- python3 -m pytest -p no:cacheprovider -m "lab and extended" tests/lab
 
