@@ -190,10 +190,94 @@ def _read_json(path):
     return parse_json_text(text, source)
 
 
+class _DuplicateKey(Exception):
+    """A JSON object with a key twice (json.loads would keep the last silently); located afterwards."""
+
+
+def _refuse_duplicate_keys(pairs):
+    """json's object_pairs_hook: the object as a dict, unless one of its keys appears twice."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise _DuplicateKey()
+    return obj
+
+
+_JSON_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def find_duplicate_key(text: str):
+    """(JSON path of the key, line of its first and second appearance) of the first key that appears twice in
+    one object of `text`, a valid JSON document; None if there is none.  The path is the loader's
+    (`subsystems[0].namespaces[1].nsid`)."""
+    from json.decoder import scanstring
+    scan = json.JSONDecoder().scan_once
+
+    def space(pos):
+        return _JSON_SPACE.match(text, pos).end()
+
+    def line(pos):
+        return text.count("\n", 0, pos) + 1
+
+    def value(pos, path):  # the position after the value at `pos`; a duplicate found is returned as a tuple
+        if text[pos] == "{":
+            seen = {}
+            pos = space(pos + 1)
+            if text[pos] == "}":
+                return pos + 1
+            while True:
+                key, after = scanstring(text, pos + 1)
+                where = f"{path}.{key}" if path else key
+                if key in seen:
+                    return where, seen[key], line(pos)
+                seen[key] = line(pos)
+                end = value(space(space(after) + 1), where)  # past the ':'
+                if isinstance(end, tuple):
+                    return end
+                pos = space(end)
+                if text[pos] == "}":
+                    return pos + 1
+                pos = space(pos + 1)  # past the ','
+        if text[pos] == "[":
+            pos, index = space(pos + 1), 0
+            if text[pos] == "]":
+                return pos + 1
+            while True:
+                end = value(pos, f"{path}[{index}]")
+                if isinstance(end, tuple):
+                    return end
+                pos, index = space(end), index + 1
+                if text[pos] == "]":
+                    return pos + 1
+                pos = space(pos + 1)
+        return scan(text, pos)[1]
+
+    found = value(space(0), "")
+    return found if isinstance(found, tuple) else None
+
+
 def parse_json_text(text: str, source: str):
-    """A JSON document from text, with its nesting bounded: ConfigError naming the line for anything else."""
+    """A JSON document from text, with its nesting bounded and no key twice in an object: ConfigError naming the
+    line (and for a duplicate key its path) for anything else."""
     try:
-        data = json.loads(text)
+        data = _decode(text, source, _refuse_duplicate_keys)
+    except _DuplicateKey:
+        _decode(text, source)  # a syntax error further on is reported first, as such
+        try:
+            where, first, second = find_duplicate_key(text)
+        except (TypeError, ValueError, RecursionError):  # not found where json found it: say what is known
+            raise ConfigError(source, "", "a key appears twice in one object (JSON would keep the last "
+                              "silently)", "keep one of them") from None
+        raise ConfigError(source, where, f"appears twice in its object, on lines {first} and {second} (JSON "
+                          "would keep the last silently)",
+                          f"keep one of them: delete line {first} or line {second}, after merging what they "
+                          "say") from None
+    check_depth(data, source)
+    return data
+
+
+def _decode(text: str, source: str, object_pairs_hook=None):
+    try:
+        return json.loads(text, object_pairs_hook=object_pairs_hook)
     except json.JSONDecodeError as exc:
         raise ConfigError(source, f"line {exc.lineno} column {exc.colno}", f"invalid JSON: {exc.msg}",
                           "fix the JSON syntax (python3 -m json.tool FILE shows the error)") from None
@@ -202,8 +286,6 @@ def parse_json_text(text: str, source: str):
                           "a config is a few levels deep: check the file's brackets") from None
     except ValueError as exc:  # e.g. an integer of more digits than Python converts
         raise ConfigError(source, "", f"invalid JSON: {exc}", "fix the value") from None
-    check_depth(data, source)
-    return data
 
 
 def check_depth(data: Any, source: str, limit: int = MAX_CONFIG_DEPTH) -> None:

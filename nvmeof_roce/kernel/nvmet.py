@@ -23,7 +23,7 @@ import stat
 import tempfile
 from typing import List, Optional
 
-from ..config.devices import in_system_tree, missing_device
+from ..config.devices import create_file_command, in_system_tree, missing_device
 from ..errors import NvmeofError
 from ..nvme.command import NSID_MAX
 from ..transport.registry import FABRICS, fabric
@@ -211,7 +211,7 @@ def _enable_failure(root: "Root", nsdir: str, exc: OSError, field: str) -> Nvmet
         return NvmetError(f"{what}: cannot enable, {problem}{where}", fix)
     if exc.errno == errno.ENOENT or not os.path.exists(path):
         return NvmetError(f"{what}: cannot enable, {path} does not exist{where}",
-                          f"create it (truncate -s 1G {path}, or a loop/null_blk device) or fix device.path")
+                          f"create it ({create_file_command(path)}, or a loop/null_blk device) or fix device.path")
     buffered = root._read_int(nsdir + "/buffered_io")
     if exc.errno == errno.EINVAL and fs_type(path) == "tmpfs" and not buffered:
         return NvmetError(f"{what}: cannot enable, {path} is on tmpfs, which refuses the O_DIRECT nvmet "
