@@ -12,8 +12,11 @@ LAB_TIMEOUT ?= 3000
 # (lab run --siw, lab/siw.py); the -dev packages build the native data path (csrc/, setup.py, docs/native.md).
 # BUILD_PACKAGES alone build a wheel (`make dist`: pip, and what setup.py compiles the native module with).
 BUILD_PACKAGES := python3-pip gcc python3-dev libibverbs-dev librdmacm-dev liburing-dev
+# Ceph (ceph-mon, ceph-osd, ceph-common, python3-rbd, python3-rados, librbd-dev) runs the RBD tests' development
+# cluster (nvmeof_roce/ceph/devcluster.py).
 APT_PACKAGES := qemu-system-x86 debootstrap e2fsprogs cpio xz-utils zstd fio gcc make \
-	python3-dev libibverbs-dev librdmacm-dev liburing-dev
+	python3-dev libibverbs-dev librdmacm-dev liburing-dev \
+	ceph-mon ceph-osd ceph-common python3-rbd python3-rados librbd-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: dist deps-build demo test test-extended test-unit test-lab test-long test-quick test-two-node test-reload-fuzz test-auth-rotation test-trixie test-unit-py313 test-blktests deps venv lab clean-lab help bench-transport bench-native bench-qd1-load test-native test-native-fuzz soak
