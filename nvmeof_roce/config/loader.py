@@ -16,7 +16,7 @@ from .. import shipped
 from ..tunables import QID_MAX, TARGET_SETTINGS
 from .errors import ConfigError, raise_all
 from .keys import KEYRING, check_keyring
-from .model import (ADRFAMS, ANA_GRPID_MAX, ANA_STATES, BACKENDS, BLOCK_SIZES, CNTLID_MAX, DEFAULT_MODEL,
+from .model import (ADRFAMS, ANA_GRPID_MAX, ANA_STATES, BACKENDS, BLOCK_SIZES, CNTLID_MAX, DEFAULT_MODEL, DEFAULT_TRTYPE,
                     DEFAULT_TRSVCID, DISCOVERY_NQN, MAX_BLOCKS, MAX_INLINE_DATA_SIZE, NSID_MAX, NS_IO_ENGINES,
                     NS_QUEUE_DEPTHS, PORTID_MAX, QOS_LIMITS, QOS_MAX, TREQS, TRTYPES, USERSPACE_KEY, UUID_RE,
                     WORKER_KEYS, AnaGroupConfig, HostConfig, NamespaceConfig, PortConfig, ReferralConfig,
@@ -681,7 +681,7 @@ def _check_addr(ctx: _Ctx, where: str, trtype: str, adrfam: str, traddr: str, tr
     """trtype/adrfam/traddr/trsvcid consistency; returns trsvcid as int (0 if not applicable)."""
     if trtype not in TRTYPES:
         raise ctx.err(f"{where}.trtype", f"must be one of {', '.join(TRTYPES)}, got {trtype!r}",
-                      'NVMe over RoCE uses "rdma"')
+                      f'NVMe over RoCE uses "{DEFAULT_TRTYPE}"')
     if adrfam not in ADRFAMS:
         raise ctx.err(f"{where}.adrfam", f"must be one of {', '.join(a for a in ADRFAMS if a)}, got {adrfam!r}",
                       'RoCE over IPv4 uses "ipv4"')
@@ -720,7 +720,7 @@ def _parse_port(ctx: _Ctx, p: Any, where: str, subsystems: Optional[set]) -> Por
     portid = soft(ctx.int_at, p["portid"], f"{where}.portid", 0, PORTID_MAX, default=0)
     addr = soft(ctx.dict_at, p.get("addr"), f"{where}.addr", default={})
     soft(ctx.unknown, addr, _ADDR_KEYS, f"{where}.addr")
-    trtype = soft(ctx.str_at, addr.get("trtype", "rdma"), f"{where}.addr.trtype", default="rdma")
+    trtype = soft(ctx.str_at, addr.get("trtype", DEFAULT_TRTYPE), f"{where}.addr.trtype", default=DEFAULT_TRTYPE)
     adrfam = soft(ctx.str_at, addr.get("adrfam", fabric(trtype).adrfams[0] if _ip_service(trtype) else ""),
                   f"{where}.addr.adrfam", default="ipv4")
     traddr = soft(ctx.str_at, addr.get("traddr", ""), f"{where}.addr.traddr", default="")
@@ -800,7 +800,7 @@ def _parse_referral(ctx: _Ctx, r: Any, rw: str, names: set) -> ReferralConfig:
     names.add(name)
     ra = ctx.dict_at(r.get("addr"), f"{rw}.addr")
     ctx.unknown(ra, _ADDR_KEYS, f"{rw}.addr")
-    rt = ctx.str_at(ra.get("trtype", "rdma"), f"{rw}.addr.trtype")
+    rt = ctx.str_at(ra.get("trtype", DEFAULT_TRTYPE), f"{rw}.addr.trtype")
     rf = ctx.str_at(ra.get("adrfam", "ipv4"), f"{rw}.addr.adrfam")
     rtraddr = ctx.str_at(ra.get("traddr", ""), f"{rw}.addr.traddr")
     rsvc = ra.get("trsvcid", DEFAULT_TRSVCID)

@@ -233,10 +233,14 @@ class AnaGroupConfig:
         return d
 
 
+# A port that names no trtype is an RDMA port (nvmetcli's default, and what this project serves).
+DEFAULT_TRTYPE = "rdma"
+
+
 @dataclass
 class PortConfig:
     portid: int
-    trtype: str = "rdma"
+    trtype: str = DEFAULT_TRTYPE
     adrfam: str = "ipv4"
     traddr: str = ""
     trsvcid: int = DEFAULT_TRSVCID      # 0 where the transport has no service id (loop, fc)

@@ -6,10 +6,10 @@ import os
 import stat
 from typing import Any, Dict, List, Optional
 
-from ..transport.registry import served_labels, serves
+from ..transport.registry import served_labels, served_quoted, serves
 from .errors import ConfigError, raise_all
 from .loader import load_config_collect
-from .model import DISCOVERY_NQN, USERSPACE_KEY, TargetConfig, parse_flag
+from .model import DEFAULT_TRTYPE, DISCOVERY_NQN, USERSPACE_KEY, TargetConfig, parse_flag
 
 
 USERSPACE_FIX = "remove it, or serve this config with the kernel target: `nvmeof-roce nvmet apply`"
@@ -87,11 +87,11 @@ def validate_for_userspace(cfg: TargetConfig, memory: Optional[int] = None) -> L
             continue
         where = f"ports[{i}]"
         addr = p.get("addr") if isinstance(p.get("addr"), dict) else {}
-        trtype = addr.get("trtype", "rdma")
+        trtype = addr.get("trtype", DEFAULT_TRTYPE)
         if not serves(trtype):
             errors.append(ConfigError(cfg.source, f"{where}.addr.trtype",
                                       f"{trtype!r}: the userspace target serves {served_labels()} only",
-                                      f'use "rdma", or {USERSPACE_FIX}'))
+                                      f"use {served_quoted()}, or {USERSPACE_FIX}"))
         traddr = str(addr.get("traddr", "") or "").strip()
         if serves(trtype) and traddr in WILDCARD_TRADDRS:
             # rdma_cm binds a wildcard to no device, so `target serve` cannot listen there (transport/rdma/cm.py)

@@ -527,8 +527,10 @@ def _listener_options(p) -> None:
     """nvme-cli's letters for a listener's address, as in `host connect`."""
     p.add_argument("-a", "--traddr", dest="traddr_opt", metavar="TRADDR", help="the address, as nvme-cli's -a")
     p.add_argument("-s", "--trsvcid", default="4420", help="the service (port) number (default 4420)")
-    p.add_argument("-t", "--transport", type=str.lower, choices=("rdma",), default="rdma",
-                   help="the transport: rdma, the one the userspace target serves")
+    from ..transport import registry
+    served = registry.served_trtypes()  # the transports `target serve` serves (transport/registry.py)
+    p.add_argument("-t", "--transport", type=str.lower, choices=served, default=served[0],
+                   help=f"the transport: {', '.join(served)}, what the userspace target serves")
     p.add_argument("--adrfam", choices=("ipv4", "ipv6"), help="the address family (default: from the address)")
 
 

@@ -257,7 +257,7 @@ def test_a_port_listens_only_while_it_exports_a_subsystem(env, control):
     """Port 2 exports SUB_RAM alone: once SUB_RAM is deleted nothing listens there, so a host's reconnect is
     refused by the transport (and retried), not answered by an NVMe Connect error with DNR; the subsystem made
     again and linked, the port listens again."""
-    from nvmeof_roce.transport.base import TransportError
+    from nvmeof_roce.transport.contracts import TransportError
     ctrl = env.connect(SUB_RAM, address=ADDR2)
     control.call("nvmf_delete_subsystem", {"nqn": SUB_RAM})
     env.fabric.pump()
