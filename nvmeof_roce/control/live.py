@@ -32,7 +32,7 @@ After the commit the hosts are told (NVMe 2.0 base spec §5.2 Asynchronous Event
 from __future__ import annotations
 
 import logging
-from typing import Callable, ClassVar, Dict, List, Optional, Tuple
+from typing import ClassVar, Dict, List, Optional, Tuple
 
 from ..config import ConfigError, NamespaceConfig, PortConfig, SubsystemConfig, TargetConfig
 from ..engine import auth

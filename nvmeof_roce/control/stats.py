@@ -11,7 +11,7 @@ from collections import deque
 from typing import Deque, Dict, List, Optional, Tuple
 
 from ..engine.latency import NamespaceStats
-from ..transport.rdma.native_queue import closing_queues
+from ..transport.registry import closing_queues
 
 
 def ns_counters(ns) -> Tuple[int, int, int, int]:

@@ -23,7 +23,7 @@ them imports this module, so the registry can import them without a circle.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from ..errors import NvmeofError
 from ..tunables import POLL_SPIN_US
@@ -225,3 +225,19 @@ def served_trtypes() -> Tuple[str, ...]:
 def served_labels() -> str:
     """What `target serve` serves, for messages: "RDMA (RoCE)"."""
     return " and ".join(_REGISTRY[t].label or t for t in served_trtypes())
+
+
+# Read-only queries of what the transports keep, for the control plane (which imports no transport module).
+
+def trace_switches() -> Dict[str, object]:
+    """{SPDK tracepoint group: its switch (`set_enabled(bool)`)} of the per-command traces the transports keep:
+    the native RDMA queues' (transport/rdma/native_trace.py), what trace_enable_tpoint_group turns on."""
+    from .rdma.native_trace import GROUP, TRACING
+    return {GROUP: TRACING}
+
+
+def closing_queues() -> List[dict]:
+    """The transports' queues still closing (commands still on a device; transport/rdma/native_queue.py), for
+    `target status`."""
+    from .rdma.native_queue import closing_queues as native_closing
+    return native_closing()
