@@ -36,10 +36,8 @@ from typing import ClassVar, Dict, List, Optional, Tuple
 
 from ..config import ConfigError, NamespaceConfig, PortConfig, SubsystemConfig, TargetConfig
 from ..engine import auth
-from ..engine.ana import DEFAULT_GRPID, set_ana_state
-from ..engine.api import DRAIN_TIMEOUT, Applying, PreparedResize, namespace_where  # noqa: F401 (re-exported)
-from ..engine.limits import MAX_NSID
-from ..engine.subsystem import Namespace, Subsystem
+from ..engine.api import (DEFAULT_GRPID, DRAIN_TIMEOUT, MAX_NSID, Applying, Namespace,  # noqa: F401 (DRAIN_TIMEOUT
+                          PreparedResize, Subsystem, namespace_where)                   # and Applying re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -409,7 +407,7 @@ class AnaState(Change):
         self.grpid, self.state = grpid, state
 
     def commit(self, run):
-        set_ana_state(run.target, self.portid, self.grpid, self.state)
+        run.target.set_ana_state(self.portid, self.grpid, self.state)
 
 
 class HostKey(Change):

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 class DeferredAnswer:
     """The result of a method whose answer comes later: a live change whose commit waits for its subsystems'
-    commands in flight to drain (control/live.py Applying).  The server answers the request when it settles.
+    commands in flight to drain (engine/api.py Applying).  The server answers the request when it settles.
     Not the Applying itself: that is the change's outcome, for any caller; this is the answer Control.call makes
     from it (the config saved, the result computed or the error as an RpcError), sent once on one connection."""
 

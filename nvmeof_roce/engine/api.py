@@ -12,7 +12,8 @@ called on the target itself: `target.install_namespace(nqn, ns)`.
                  installed), prepare_resize + resize_namespace, namespace_changed (the hosts' notice)
     subsystems   prepare_subsystem + add_subsystem, remove_subsystem, pause / resume, when_drained (pause, commit
                  once drained, or give up after DRAIN_TIMEOUT: an `Applying` says which)
-    ports        open_port / close_port: the port's queue handler (the listener is the caller's, live.Listeners)
+    ports        open_port / close_port: the port's queue handler (the listener is the caller's, live.Listeners);
+                 set_ana_state (a port's ANA group, its controllers told)
     config       rebind (running objects follow a new config), discovery_views + discovery_changed (genctr, notices)
     controllers  end_controller (engine/core.py): end one now; end_controllers_without_access: after a change, the
                  engine decides whose host lost its way to a subsystem (allow-list, port, export) and ends them
@@ -37,6 +38,7 @@ from ..nvme import admin as A
 from ..transport.lifecycle import FREE, move
 from ..errors import NvmeofError
 from . import native_view, reservations
+from .ana import DEFAULT_GRPID, set_ana_state as _set_ana_state  # noqa: F401 (DEFAULT_GRPID: for the control plane)
 from .backends import BackendError, open_backend
 from .discovery import discovery_entries
 from .limits import MAX_NSID
@@ -452,6 +454,12 @@ class EngineApi:
     def close_port(self, portid: int) -> None:
         """Forget port `portid`'s queue handler (its listener is closed by the caller, its controllers ended)."""
         self._port_handlers.pop(portid, None)
+
+    # -------------------------------------------------------------------------------------------- ANA
+    def set_ana_state(self, portid: int, grpid: int, state: str) -> bool:
+        """ANA group `grpid` of port `portid` is now `state`: the port's controllers get the ANA change notice
+        (engine/ana.py); False when it already was."""
+        return _set_ana_state(self, portid, grpid, state)
 
     # -------------------------------------------------------------------------------------------- config, discovery
     def rebind(self, config: TargetConfig, host_auth: dict) -> None:

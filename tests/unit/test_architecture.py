@@ -289,3 +289,13 @@ def test_the_cost_benchmarks_are_left_out_of_the_wheel():
     find = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
     packages = find_packages(str(REPO), include=find["include"], exclude=find.get("exclude", ()))
     assert "nvmeof_roce.bench" in packages and "nvmeof_roce.bench.cost" not in packages
+
+
+def test_the_control_plane_touches_the_engine_through_its_api_and_host_settings_and_asks_the_transport_registry():
+    """docs/architecture.md "Control plane ⇄ engine": control/ imports engine/api.py (the verbs, mixed into
+    Target) and engine/auth.py (host_settings, the keys a reload reads) and nothing else of the engine; of the
+    transports it asks only transport/registry.py (no transport module, no `transport.rdma`)."""
+    allowed = {"nvmeof_roce.engine.api", "nvmeof_roce.engine.auth", "nvmeof_roce.transport.registry"}
+    reach = sorted((m, t) for m, ts in import_graph().items() if m.startswith("nvmeof_roce.control.") for t in ts
+                   if t.startswith(("nvmeof_roce.engine", "nvmeof_roce.transport")) and t not in allowed)
+    assert not reach, f"the control plane reaches past the engine's API or the transport registry: {reach}"
