@@ -539,6 +539,22 @@ def _parse_subsystem(ctx: _Ctx, s: Any, where: str, hosts: set, errors: Optional
     return sub
 
 
+def parse_namespace(data: Any, config: TargetConfig, nqn: str, index: Optional[int] = None) -> NamespaceConfig:
+    """One namespace of subsystem `nqn` of the running `config` (an RPC's), parsed with the rules of a file: the
+    problem names the place it takes, `subsystems[i].namespaces[j]` (j: `index` for a namespace that replaces
+    one, else after the last).  A new namespace's NSID must be free in the subsystem."""
+    i, sub = next((i, s) for i, s in enumerate(config.subsystems) if s.nqn == nqn)
+    j = len(sub.namespaces) if index is None else index
+    where = f"subsystems[{i}].namespaces[{j}]"
+    ctx = _Ctx(config.source)
+    ns = _parse_namespace(ctx, data, where, nqn)
+    for k, other in enumerate(sub.namespaces):
+        if k != j and other.nsid == ns.nsid:
+            raise ctx.err(f"{where}.nsid", f"duplicate nsid {ns.nsid} (also namespaces[{k}])",
+                          "give each namespace of a subsystem its own nsid")
+    return ns
+
+
 def _parse_namespace(ctx: _Ctx, n: Any, where: str, subsys_nqn: str) -> NamespaceConfig:
     n = ctx.dict_at(n, where, optional=False)
     ctx.unknown(n, _NS_KEYS, where)

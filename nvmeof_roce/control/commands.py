@@ -35,6 +35,7 @@ from typing import Any, Dict, Optional
 from ..config import NS_IO_ENGINES
 from ..errors import NvmeofError
 from ..output import address, emit, table
+from ..transport import registry
 from .client import call, find_socket
 from .protocol import RpcError
 
@@ -329,6 +330,8 @@ def _listen_address(args) -> dict:
         raise NvmeofError(f"{args.target_command}: no address given",
                           f"e.g. nvmeof-roce target {args.target_command} {args.nqn} 10.0.0.1 -s 4420 "
                           "(or -a 10.0.0.1)")
+    if args.transport is None:  # the target serves several transports
+        raise NvmeofError(f"{args.target_command}: no transport given", "give it with -t TRTYPE")
     adrfam = args.adrfam or ("ipv6" if ":" in args.traddr else "ipv4")
     return {"trtype": args.transport.upper(), "adrfam": adrfam, "traddr": args.traddr, "trsvcid": str(args.trsvcid)}
 
@@ -527,10 +530,10 @@ def _listener_options(p) -> None:
     """nvme-cli's letters for a listener's address, as in `host connect`."""
     p.add_argument("-a", "--traddr", dest="traddr_opt", metavar="TRADDR", help="the address, as nvme-cli's -a")
     p.add_argument("-s", "--trsvcid", default="4420", help="the service (port) number (default 4420)")
-    from ..transport import registry
     served = registry.served_trtypes()  # the transports `target serve` serves (transport/registry.py)
-    p.add_argument("-t", "--transport", type=str.lower, choices=served, default=served[0],
-                   help=f"the transport: {', '.join(served)}, what the userspace target serves")
+    p.add_argument("-t", "--transport", type=str.lower, choices=served,
+                   default=served[0] if len(served) == 1 else None,
+                   help=f"the transport: {' or '.join(served)}, what the userspace target serves")
     p.add_argument("--adrfam", choices=("ipv4", "ipv6"), help="the address family (default: from the address)")
 
 

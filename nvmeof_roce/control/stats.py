@@ -10,7 +10,6 @@ import time
 from collections import deque
 from typing import Deque, Dict, List, Optional, Protocol, Tuple
 
-from ..engine.latency import NamespaceStats
 from ..transport import registry
 from ..transport.contracts import Listener, Loop
 from ..tunables import CORES, POLL
@@ -62,7 +61,7 @@ class Sampler:
 # ------------------------------------------------------------------------------------------- status
 
 def namespace_status(nqn: str, ns, sampler: Optional[Sampler]) -> dict:
-    stats: NamespaceStats = ns.stats
+    stats = ns.stats  # engine/latency.py NamespaceStats
     d = {
         "nsid": ns.nsid, "backend": ns.config.backend, "path": ns.config.path, "block_size": ns.block_size,
         "blocks": ns.num_blocks, "size_bytes": ns.num_blocks * ns.block_size, "uuid": ns.config.uuid,

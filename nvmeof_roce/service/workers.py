@@ -341,7 +341,7 @@ class Supervisor:
             return None
         from ..control.server import SocketInUse
         try:
-            return ControlSocket(bind_unix_socket(self.rpc_socket), self.control.handle)
+            return ControlSocket(bind_unix_socket(self.rpc_socket), self.control.call)
         except SocketInUse:
             raise
         except NvmeofError as exc:

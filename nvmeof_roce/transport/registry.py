@@ -13,7 +13,7 @@ the userspace target those with a registry entry).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from ..errors import NvmeofError
 from .contracts import ListenOptions, TransportOps, TransportSettings  # noqa: F401  (the entry's vocabulary)
@@ -106,3 +106,19 @@ def figures() -> Dict[str, object]:
     for ops in _REGISTRY.values():
         merged.update(ops.figures())
     return merged
+
+
+# Read-only queries of what the transports keep, for the control plane (which imports no transport module).
+
+def trace_switches() -> Dict[str, object]:
+    """{SPDK tracepoint group: its switch (`set_enabled(bool)`)} of the per-command traces the transports keep:
+    the native RDMA queues' (transport/rdma/native_trace.py), what trace_enable_tpoint_group turns on."""
+    from .rdma.native_trace import GROUP, TRACING
+    return {GROUP: TRACING}
+
+
+def closing_queues() -> List[dict]:
+    """The transports' queues still closing (commands still on a device; transport/rdma/native_queue.py), for
+    `target status`."""
+    from .rdma.native_queue import closing_queues as native_closing
+    return native_closing()

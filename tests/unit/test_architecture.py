@@ -298,7 +298,7 @@ def test_the_cost_benchmarks_are_left_out_of_the_wheel():
 ABOVE_TRANSPORT = ("engine", "control", "service", "config")
 # control/methods.py and control/live.py are the control plane's half of issue 46 (their transport settings
 # emulation names RDMA): that change removes their "rdma" strings and transport.rdma import, then this goes.
-CONTROL_PLANE_NOT_YET = {"control.methods", "control.live"}
+CONTROL_PLANE_NOT_YET: set = set()
 TRANSPORTS = ("transport.rdma", "transport.loopback")  # the built-in transports: a package, a module
 # Who may import a transport besides its own modules, and why.  A new transport's row is the registry alone.
 TRANSPORT_USERS = {
@@ -352,3 +352,15 @@ def test_the_layers_above_transport_name_rdma_at_most_three_times():
 def test_the_string_finder_sees_the_string_and_not_a_longer_one_or_a_name():
     # the checker itself
     assert _string_constants('x = "rdma"\ny = f"{x}RDMA"\nz = "use rdma"\nrdma = 1\n', "rdma") == [1, 2]
+
+
+def test_the_control_plane_touches_the_engine_through_its_api_and_host_settings_and_asks_the_transport_registry():
+    """docs/architecture.md "Control plane ⇄ engine": control/ imports engine/api.py (the verbs, mixed into
+    Target) and engine/auth.py (host_settings, the keys a reload reads) and nothing else of the engine; of the
+    transports it asks only transport/registry.py and reads them through transport/contracts.py (no transport
+    module, no `transport.rdma`)."""
+    allowed = {"nvmeof_roce.engine.api", "nvmeof_roce.engine.auth", "nvmeof_roce.transport.registry",
+               "nvmeof_roce.transport.contracts"}
+    reach = sorted((m, t) for m, ts in import_graph().items() if m.startswith("nvmeof_roce.control.") for t in ts
+                   if t.startswith(("nvmeof_roce.engine", "nvmeof_roce.transport")) and t not in allowed)
+    assert not reach, f"the control plane reaches past the engine's API or the transport registry: {reach}"
