@@ -84,6 +84,7 @@ class Backend:
     path: Optional[str] = None
     buffer: Optional[memoryview] = None  # the whole namespace in memory (ram): reads are served from it directly
     direct = False  # the file backend opened it with O_DIRECT
+    io_fd = -1  # the descriptor an I/O engine that makes the calls itself (io_uring) uses; -1: none
     _resize_listener: Optional[Callable[["Backend", int], None]] = None
 
     # -- open

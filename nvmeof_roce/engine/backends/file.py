@@ -23,7 +23,7 @@ from typing import Optional
 
 from ... import native
 from ...config import NamespaceConfig
-from ...config.devices import empty_block_device, in_system_tree, missing_device
+from ...config.devices import create_file_command, empty_block_device, in_system_tree, missing_device
 from .base import Backend, BackendError, check_new_size
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class FileBackend(Backend):
                 raise BackendError(*missing_device(path)) from None
             if create_size is None:
                 raise BackendError(f"{path}: no such file",
-                                   f"create it (truncate -s 1G {path}), or set nvmeof_roce.size so the "
+                                   f"create it ({create_file_command(path)}), or set nvmeof_roce.size so the "
                                    "target creates it") from None
             self._create(path, create_size)
             st = os.stat(path)
