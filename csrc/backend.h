@@ -18,6 +18,10 @@
  *   `submit` hands what was queued in this poll to the device, once per poll; `fd` is the descriptor the event
  *   loop watches for completions.
  *
+ * An in-place entry with NQ_BE_MEMORY is not called for a Read or a Write: the queue sets r->local = addr + offset
+ * and r->lkey itself (RAM).  r->offset, r->op_len and r->ops are set for the commands that go through an entry
+ * (nq_capsule_entry), not on that path.
+ *
  * flush, write_zeroes (r->offset, r->op_len) and discard (the same range) answer NQ_BE_DONE, NQ_BE_STARTED,
  * NQ_BE_WAIT or NQ_BE_CORE, as above.  Nothing here allocates per command.  A backend's handle on its storage (a
  * descriptor, an image) is the namespace's `nq_file` (csrc/nq_hot.h): reference counted by the view and by every
@@ -45,6 +49,11 @@ enum nq_be_result {
 #define NQ_BE_STAGED 0x2u     /* through the queue's bounce chunks, completed by reap */
 #define NQ_BE_NEEDS_ADDR 0x4u /* the view gives its registered memory (addr, lkey) */
 #define NQ_BE_NEEDS_FILE 0x8u /* the view gives its handle (a _native.File) */
+/* in place, and the namespace is its registered memory (NQ_BE_NEEDS_ADDR: addr, lkey): a Read is sent from, and a
+ * Write lands at, addr + offset.  The queue computes that itself on its hot path instead of calling submit_read /
+ * submit_write (which say the same, for a caller off that path): a 4 KiB I/O's budget has no room for an indirect
+ * call (docs/native.md "Backends: one ops table per kind"). */
+#define NQ_BE_MEMORY 0x10u
 
 typedef int (*nq_be_op)(struct nq_queue *q, struct nq_ns *ns, struct nq_req *r, uint32_t idx);
 

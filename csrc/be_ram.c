@@ -7,6 +7,7 @@
 
 #include <string.h>
 
+/* What the queue computes inline for an NQ_BE_MEMORY entry (csrc/nq_hot.c nq_capsule); here for any other caller. */
 static int ram_map(struct nq_queue *q, struct nq_ns *ns, struct nq_req *r, uint32_t idx)
 {
     r->local = ns->base + r->offset;
@@ -27,7 +28,7 @@ static int ram_zero(struct nq_queue *q, struct nq_ns *ns, struct nq_req *r, uint
 
 const struct nq_backend_ops nq_backend_ram = {
     .name = "ram",
-    .flags = NQ_BE_IN_PLACE | NQ_BE_NEEDS_ADDR,
+    .flags = NQ_BE_IN_PLACE | NQ_BE_NEEDS_ADDR | NQ_BE_MEMORY,
     .submit_read = ram_map,
     .submit_write = ram_map,
     .flush = ram_flush,

@@ -514,6 +514,126 @@ static void nq_to_python(struct nq_queue *q, uint32_t slot, uint32_t len)
 /* ------------------------------------------------------------------ per command */
 
 
+/* A free request slot for a command served natively, with what every such command carries; its index. */
+static inline __attribute__((always_inline)) uint32_t nq_req_take(struct nq_queue *q, const struct nq_ns *ns,
+                                                                  const uint8_t *sqe, uint8_t opc, uint8_t sgl_id,
+                                                                  uint32_t sgl_len, char *local, uint32_t lkey)
+{
+    uint32_t idx = q->free_stack[--q->nfree];
+    struct nq_req *r = &q->reqs[idx];
+    r->opc = opc;
+    r->cid = sqe[2] | (sqe[3] << 8);
+    r->status = 0;
+    r->len = sgl_len;
+    r->raddr = rd64(sqe + 24);
+    r->rkey = rd32(sqe + 35);
+    r->invalidate = sgl_id == SGL_KEYED_INVALIDATE && sgl_len;
+    r->local = local;
+    r->lkey = lkey;
+    r->nsid = ns->nsid;
+    r->ns_gen = ns->gen;
+    r->view_seq = q->view_seq;
+    r->received_ns = q->polled_ns;
+    r->chunk = NQ_NO_CHUNK;
+    q->native_commands++;
+    return idx;
+}
+
+/* An in-place command whose data is where r->local says (or a Flush with nothing to do): its RDMA READ next (a
+ * Write), or its response (a Read; a Write whose data came in the capsule, copied here; a Flush). */
+static inline __attribute__((always_inline)) void nq_in_place(struct nq_queue *q, struct nq_ns *ns, uint32_t idx,
+                                                              const uint8_t *sqe, int in_capsule)
+{
+    struct nq_req *r = &q->reqs[idx];
+    if (in_capsule) { /* a Write's data in the capsule: copied now, answered without a transfer */
+        memcpy(r->local, sqe + NQ_SQE_SIZE + rd64(sqe + 24), r->len);
+        ns->writes++;
+        ns->bytes_written += r->len;
+        r->len = 0; /* its response carries no data */
+    } else if (r->opc == OPC_WRITE) {
+        nq_move(q, r, NQ_NEED_READ);
+        nq_advance(q, idx);
+        return;
+    } else if (r->opc == OPC_READ) {
+        ns->reads++;
+        ns->bytes_read += r->len;
+    } else {
+        ns->flushes++;
+    }
+    nq_move(q, r, NQ_NEED_RESPONSE);
+    nq_advance(q, idx);
+}
+
+/* A command served through its namespace's entry (csrc/backend.h), off nq_capsule's RAM path: a staged backend's
+ * (onto a bounce chunk, then the entry), or in place through the table (a Flush; a Read or Write of an entry
+ * without NQ_BE_MEMORY: null).  0 when served or queued; -1 when the core takes it (no slot was kept). */
+static __attribute__((noinline)) int nq_capsule_entry(struct nq_queue *q, struct nq_ns *ns, const uint8_t *sqe,
+                                                      uint8_t opc, uint8_t sgl_id, uint32_t sgl_len, int in_capsule,
+                                                      uint64_t offset)
+{
+    const struct nq_backend_ops *ops = ns->ops;
+    const unsigned be = ns->be_flags;
+    nq_be_op op = opc == OPC_READ ? ops->submit_read : opc == OPC_WRITE ? ops->submit_write : ops->flush;
+    if (!op)
+        return -1;
+    if (opc == OPC_FLUSH) { /* (Write Zeroes and deallocate are the core's for now: the entries' write_zeroes and
+                             * discard wait for the queue to route them, docs/native.md) */
+        /* A staged backend without a flush entry (uring: the core's fdatasync, one per namespace at a time): every
+         * Write this queue acknowledged before the Flush arrived had completed on its backend before its response
+         * was posted, so the core's flush of the same storage covers it. */
+        if (sgl_len)
+            return -1;
+    } else if ((be & NQ_BE_STAGED) &&
+               (!q->bounce_base || sgl_len > q->bounce_chunk || (in_capsule && !q->nchunks_free))) {
+        /* a staged backend's data goes through a bounce chunk; in-capsule data is copied into one now (its
+         * receive is re-posted at the poll's end): with every chunk taken, the core takes the command */
+        return -1;
+    }
+    uint32_t idx = nq_req_take(q, ns, sqe, opc, sgl_id, sgl_len, NULL, 0);
+    struct nq_req *r = &q->reqs[idx];
+    r->ops = ops;
+    r->offset = offset;
+    r->op_len = 0;
+    if (!(be & NQ_BE_STAGED)) { /* in place: the entry says where the data is, or does the command now */
+        if (op(q, ns, r, idx) != NQ_BE_DONE) {
+            q->nfree++; /* the slot back, untouched since it was taken */
+            q->native_commands--;
+            return -1;
+        }
+        nq_in_place(q, ns, idx, sqe, in_capsule);
+        return 0;
+    }
+    r->lkey = q->bounce_lkey; /* a bounce chunk, taken below or once one is free */
+    r->file = nq_file_get(ns->file);
+    r->fua = opc == OPC_WRITE && (rd32(sqe + 48) & CDW12_FUA);
+    r->icd_len = 0;
+    memcpy(r->sqe, sqe, NQ_SQE_SIZE);
+    q->file_ios++;
+    if (opc == OPC_FLUSH) { /* no data: onto the backend */
+        nq_move(q, r, NQ_NEED_FILE);
+    } else if (in_capsule) { /* into a bounce chunk: the receive buffer is re-posted at the poll's end */
+        nq_chunk_take(q, r);
+        r->icd_len = sgl_len;
+        memcpy(r->local, sqe + NQ_SQE_SIZE + rd64(sqe + 24), sgl_len);
+        nq_move(q, r, NQ_NEED_FILE);
+    } else if (q->nchunks_free) {
+        nq_chunk_take(q, r);
+        nq_move(q, r, opc == OPC_WRITE ? NQ_NEED_READ : NQ_NEED_FILE);
+    } else { /* every chunk taken: the next one given back is its (nq_release_slot) */
+        nq_move(q, r, NQ_NEED_CHUNK);
+        r->pending_next = UINT32_MAX;
+        if (q->chunk_wait_tail == UINT32_MAX)
+            q->chunk_wait_head = idx;
+        else
+            q->reqs[q->chunk_wait_tail].pending_next = idx;
+        q->chunk_wait_tail = idx;
+        q->chunk_waits++;
+        return 0;
+    }
+    nq_advance(q, idx);
+    return 0;
+}
+
 /* A capsule arrived in receive slot `slot`: the whole command here, or handed to Python. */
 static void nq_capsule(struct nq_queue *q, uint32_t slot, uint32_t len)
 {
@@ -540,111 +660,24 @@ static void nq_capsule(struct nq_queue *q, uint32_t slot, uint32_t len)
         if (at > q->recv_size || end > q->recv_size - NQ_SQE_SIZE || NQ_SQE_SIZE + end > len)
             goto python;
     }
-    /* The namespace's backend entry (csrc/backend.h): an operation it has no entry for is the core's. */
-    const struct nq_backend_ops *ops = ns->ops;
-    nq_be_op op;
+    /* A Read or Write of a memory entry (RAM) is served here: its data is at the namespace's registered memory +
+     * offset, no call (csrc/backend.h NQ_BE_MEMORY).  Everything else goes through its entry: nq_capsule_entry. */
     uint64_t offset = 0;
-    if (opc == OPC_READ || opc == OPC_WRITE) {
+    if (opc != OPC_FLUSH) { /* a Read or a Write (opc <= OPC_READ) */
         uint32_t nlb = (rd32(sqe + 48) & 0xFFFF) + 1;
         uint64_t slba = rd64(sqe + 40);
         if (sgl_len != ((uint64_t)nlb << ns->lbads) || sgl_len > view->max_transfer ||
             slba >= ns->num_blocks || nlb > ns->num_blocks - slba)
             goto python;
         offset = slba << ns->lbads;
-        op = opc == OPC_READ ? ops->submit_read : ops->submit_write;
-        /* a staged backend's data goes through a bounce chunk; in-capsule data is copied into one now (its receive
-         * is re-posted at the poll's end): with every chunk taken, the core takes the command */
-        if ((ops->flags & NQ_BE_STAGED) &&
-            (!q->bounce_base || sgl_len > q->bounce_chunk || (in_capsule && !q->nchunks_free)))
-            goto python;
-    } else { /* Flush (Write Zeroes and deallocate are the core's for now: the entries' write_zeroes and discard
-              * wait for the queue to route them, docs/native.md) */
-        /* A staged backend without a flush entry (uring: the core's fdatasync, one per namespace at a time): every
-         * Write this queue acknowledged before the Flush arrived had completed on its backend before its response
-         * was posted, so the core's flush of the same storage covers it. */
-        if (sgl_len)
-            goto python;
-        op = ops->flush;
-    }
-    if (!op)
-        goto python;
-    uint32_t idx = q->free_stack[--q->nfree];
-    struct nq_req *r = &q->reqs[idx];
-    r->opc = opc;
-    r->cid = sqe[2] | (sqe[3] << 8);
-    r->status = 0;
-    r->len = sgl_len;
-    r->raddr = rd64(sqe + 24);
-    r->rkey = rd32(sqe + 35);
-    r->invalidate = sgl_id == SGL_KEYED_INVALIDATE && sgl_len;
-    r->nsid = ns->nsid;
-    r->ns_gen = ns->gen;
-    r->view_seq = q->view_seq;
-    r->received_ns = q->polled_ns;
-    r->chunk = NQ_NO_CHUNK;
-    r->offset = offset;
-    r->op_len = 0;
-    r->ops = ops;
-    if (ops->flags & NQ_BE_STAGED) {
-        q->native_commands++;
-        r->lkey = q->bounce_lkey; /* a bounce chunk, taken below or once one is free */
-        r->file = nq_file_get(ns->file);
-        r->fua = opc == OPC_WRITE && (rd32(sqe + 48) & CDW12_FUA);
-        r->icd_len = 0;
-        memcpy(r->sqe, sqe, NQ_SQE_SIZE);
-        q->file_ios++;
-        if (opc != OPC_READ && opc != OPC_WRITE) { /* no data: onto the backend */
-            r->local = NULL;
-            nq_move(q, r, NQ_NEED_FILE);
-        } else if (in_capsule) { /* into a bounce chunk: the receive buffer is re-posted at the poll's end */
-            nq_chunk_take(q, r);
-            r->icd_len = sgl_len;
-            memcpy(r->local, sqe + NQ_SQE_SIZE + rd64(sqe + 24), sgl_len);
-            nq_move(q, r, NQ_NEED_FILE);
-        } else if (q->nchunks_free) {
-            nq_chunk_take(q, r);
-            nq_move(q, r, opc == OPC_WRITE ? NQ_NEED_READ : NQ_NEED_FILE);
-        } else { /* every chunk taken: the next one given back is its (nq_release_slot) */
-            r->local = NULL;
-            nq_move(q, r, NQ_NEED_CHUNK);
-            r->pending_next = UINT32_MAX;
-            if (q->chunk_wait_tail == UINT32_MAX)
-                q->chunk_wait_head = idx;
-            else
-                q->reqs[q->chunk_wait_tail].pending_next = idx;
-            q->chunk_wait_tail = idx;
-            q->chunk_waits++;
+        if (__builtin_expect(ns->be_flags & NQ_BE_MEMORY, 1)) {
+            uint32_t idx = nq_req_take(q, ns, sqe, opc, sgl_id, sgl_len, ns->base + offset, ns->lkey);
+            nq_in_place(q, ns, idx, sqe, in_capsule);
             return;
         }
-        nq_advance(q, idx);
+    }
+    if (nq_capsule_entry(q, ns, sqe, opc, sgl_id, sgl_len, in_capsule, offset) == 0)
         return;
-    }
-    /* in place: the backend says where the data is (a Read, a Write) or does the command now */
-    if (op(q, ns, r, idx) != NQ_BE_DONE) {
-        q->nfree++; /* the slot back, untouched since it was taken */
-        goto python;
-    }
-    q->native_commands++;
-    if (opc == OPC_WRITE) {
-        if (!in_capsule) {
-            nq_move(q, r, NQ_NEED_READ);
-            nq_advance(q, idx);
-            return;
-        }
-        /* data in the capsule: copied now, answered without a transfer */
-        memcpy(r->local, sqe + NQ_SQE_SIZE + rd64(sqe + 24), sgl_len);
-        ns->writes++;
-        ns->bytes_written += sgl_len;
-        r->len = 0; /* its response carries no data */
-    } else if (opc == OPC_READ) {
-        ns->reads++;
-        ns->bytes_read += sgl_len;
-    } else if (opc == OPC_FLUSH) {
-        ns->flushes++;
-    }
-    nq_move(q, r, NQ_NEED_RESPONSE);
-    nq_advance(q, idx);
-    return;
 python:
     NT_TRACE(q->trace, nt_record_capsule, NT_TO_CORE, sqe, len);
     nq_to_python(q, slot, len);

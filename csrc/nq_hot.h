@@ -89,6 +89,7 @@ void nq_file_put(struct nq_file *f);
 struct nq_ns {
     uint32_t nsid;
     uint8_t lbads;
+    uint8_t be_flags; /* ops->flags (NQ_BE_*), read by the per-command path without going through ops */
     const struct nq_backend_ops *ops; /* its backend's entry (csrc/backend.c), named by the view */
     uint64_t num_blocks;
     char *base; /* RAM: the registered memory; NULL: unused */
@@ -129,10 +130,11 @@ struct nq_req {
     uint32_t nsid;
     uint32_t pending_next;
     uint32_t chunk;  /* the bounce chunk it holds (staged backends), NQ_NO_CHUNK if none */
-    uint32_t op_len; /* Write Zeroes / deallocate: the bytes from `offset` */
-    const struct nq_backend_ops *ops; /* its namespace's backend entry when it arrived */
-    /* file/block namespaces: the descriptor (a reference), where, FUA, and the SQE (and the in-capsule data's
-     * length) to hand the command to the core when the device fails it */
+    uint32_t op_len; /* Write Zeroes / deallocate through an entry: the bytes from `offset` */
+    /* a command served through its entry (not a memory entry's Read or Write, which never reads these): the entry
+     * when it arrived; a staged one's also the handle (a reference), where, FUA, and the SQE (and the in-capsule
+     * data's length) to hand the command to the core when the device fails it */
+    const struct nq_backend_ops *ops;
     struct nq_file *file;
     uint64_t offset;
     uint8_t fua;

@@ -727,6 +727,7 @@ static PyObject *NativeQueue_set_view(NativeQueue *self, PyObject *args, PyObjec
                          "entries, csrc/backend.c: %s)", nsid, kind, nq_backend_names());
             goto bad;
         }
+        ns->be_flags = (uint8_t)ns->ops->flags;
         if (ns->ops->flags & NQ_BE_NEEDS_FILE) {
             if (!PyObject_TypeCheck(file, &NativeFileType)) {
                 PyErr_Format(PyExc_ValueError, "namespace %u: a %s namespace needs its _native.File", nsid, kind);

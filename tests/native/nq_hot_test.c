@@ -100,7 +100,8 @@ static void env_open(struct env *e, uint32_t reads)
         .python_send = DEPTH + 2, .reads = reads, .remote_invalidate = 1, .hooks = &hooks, .tell_send_done = 1};
     int rc = nq_queue_init(&e->q, &p);
     CHECK(rc == 0, "nq_queue_init: %d", rc);
-    e->ns = (struct nq_ns){.nsid = 1, .ops = &nq_backend_ram, .lbads = 9, .num_blocks = NS_BYTES >> 9, .base = e->ram,
+    e->ns = (struct nq_ns){.nsid = 1, .ops = &nq_backend_ram, .be_flags = (uint8_t)nq_backend_ram.flags, .lbads = 9,
+                           .num_blocks = NS_BYTES >> 9, .base = e->ram,
                            .lkey = fakehost_reg_local(e->dev, (uintptr_t)e->ram, NS_BYTES), .gen = 1};
     e->view = (struct nq_view){.ready = 1, .max_transfer = 128 * 1024, .count = 1, .ns = &e->ns};
     e->q.view = &e->view;
