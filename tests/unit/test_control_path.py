@@ -29,10 +29,11 @@ from loopback_env import SUB_RAM
 # What an RPC that changes one namespace does not need: the whole-config round trip of a reload.
 NOT_ON_THE_PATH = {"control.live", "engine.auth", "config.keys", "engine.discovery", "transport.registry"}
 # The control plane's and the config's part of the path: the socket, the dispatch, the parameters, the
-# namespace parsed and checked as the loader does, the config written back (persist).
+# namespace parsed and checked as the loader does (its backend's rules asked of the backend registry,
+# config/backends.py), the config written back (persist).
 CONTROL_SIDE = {"control.commands", "control.client", "control.server", "control.protocol", "control.methods",
                 "control.rpc.params", "control.rpc.namespaces", "config.model", "config.loader", "config.userspace",
-                "config.errors"}
+                "config.errors", "config.backends"}
 
 
 def modules_entered(env, tmp_path, client_call):
@@ -109,7 +110,10 @@ def test_add_ns_goes_from_the_client_to_the_engine_verb_without_the_config_round
     control_side = {m for m in seen if m.startswith(("control.", "config."))}
     assert control_side <= CONTROL_SIDE, sorted(control_side - CONTROL_SIDE)
     assert "engine.api" in seen and "securefile" in seen
-    assert len(seen) <= 24, sorted(seen)  # 29 before (the module docstring)
+    # 29 before (the module docstring); 24 with engine/backends.py one module.  The backend seam (issue 46) makes it
+    # a package, so opening the namespace's backend enters three of its modules (open_backend in __init__, the
+    # contract base.py, the kind's ram.py), and the loader asks the registry of kinds (config/backends.py): 27.
+    assert len(seen) <= 27, sorted(seen)
     saved = (tmp_path / "t.json").read_text()
     assert '"nsid": 3' in saved  # the persisted config is the engine's
 
