@@ -29,6 +29,15 @@ class BackendKind:
     memory: bool = False         # it is the target's memory: counted against the machine's (config/userspace.py)
     block_device_only: bool = False  # device.path must be a block device
     summary: str = ""            # one line for the error that lists the kinds
+    # The key of the namespace's nvmeof_roce section that holds the kind's own settings, and the function that
+    # parses it ("module:function", called (value, source, where) -> settings, raising ConfigError): the
+    # loader keeps what it returns as NamespaceConfig.backend_settings.  None: the kind has no settings object.
+    settings_key: Optional[str] = None
+    settings_parser: str = ""
+    sized_by_storage: bool = False  # its size comes from the storage (an image): nvmeof_roce.size is refused
+    # What `target check` checks without opening it ("module:function", called (settings) ->
+    # ([(settings key, problem, fix)], note of what it cannot check)); "": it is opened
+    offline_check: str = ""
 
     def describe(self) -> str:
         return f"{self.name} {self.summary}".strip()
@@ -66,6 +75,10 @@ register(BackendKind("null", f"{_PKG}.null:NullBackend", path=False, size_requir
                      summary="discards writes and reads zeros"))
 register(BackendKind("block", f"{_PKG}.file:BlockBackend", path=True, size_required=False, engine=True,
                      block_device_only=True, summary="uses device.path, a block device"))
+register(BackendKind("rbd", f"{_PKG}.rbd:RbdBackend", path=False, size_required=False, engine=True,
+                     settings_key="rbd", settings_parser="nvmeof_roce.config.rbd:parse_rbd", sized_by_storage=True,
+                     offline_check="nvmeof_roce.config.rbd:offline_problems",
+                     summary='is an RBD image of a Ceph cluster ("rbd": {"pool": ..., "image": ...})'))
 
 
 _UNKNOWN = BackendKind("?", "", path=False, size_required=False)

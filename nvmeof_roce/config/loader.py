@@ -4,6 +4,7 @@ problem of every host, subsystem and port reported at once, each naming its JSON
 The file is read with bounds (size, nesting) before it is parsed; the `*_collect` forms give the config that
 parsed together with the problems, for `target check` to list them all."""
 import copy
+import importlib
 import ipaddress
 import json
 import os
@@ -566,13 +567,23 @@ def _parse_namespace(ctx: _Ctx, n: Any, where: str, subsys_nqn: str) -> Namespac
     dev = ctx.dict_at(n.get("device"), f"{where}.device")
     ctx.unknown(dev, _DEVICE_KEYS, f"{where}.device")
     us = ctx.dict_at(n.get(USERSPACE_KEY), f"{where}.{USERSPACE_KEY}")
-    ctx.unknown(us, _NS_US_KEYS, f"{where}.{USERSPACE_KEY}")
-
     backend = us.get("backend", "file")
     kind = kind_of(backend) if isinstance(backend, str) else None
+    ctx.unknown(us, _NS_US_KEYS | ({kind.settings_key} if kind and kind.settings_key else set()),
+                f"{where}.{USERSPACE_KEY}")
     if kind is None:
         raise ctx.err(f"{where}.{USERSPACE_KEY}.backend", f"must be one of {', '.join(backend_names())}, got "
                       f"{backend!r}", "; ".join(k.describe() for k in KINDS.values()))
+    backend_settings = None
+    if kind.settings_key:
+        sk = f"{where}.{USERSPACE_KEY}.{kind.settings_key}"
+        if kind.settings_key not in us:
+            raise ctx.err(sk, f"is required for a {backend} namespace", kind.summary)
+        module, _, function = kind.settings_parser.partition(":")
+        backend_settings = getattr(importlib.import_module(module), function)(us[kind.settings_key], ctx.source, sk)
+    if kind.sized_by_storage and "size" in us:
+        raise ctx.err(f"{where}.{USERSPACE_KEY}.size", f"is not for a {backend} namespace: its size is its "
+                      "storage's", "remove size (resize the storage, or the namespace by RPC)")
     block_size = 512
     if "block_size" in us:
         bw = f"{where}.{USERSPACE_KEY}.block_size"
@@ -618,7 +629,7 @@ def _parse_namespace(ctx: _Ctx, n: Any, where: str, subsys_nqn: str) -> Namespac
     if path is not None:
         path = ctx.str_at(path, f"{where}.device.path")
     if not kind.path:
-        if size is None:
+        if size is None and not kind.sized_by_storage:
             raise ctx.err(f"{where}.{USERSPACE_KEY}.size", f"is required for a {backend} namespace",
                           'add "size": "64M" (bytes or K/M/G/T)')
         if path:
@@ -685,7 +696,7 @@ def _parse_namespace(ctx: _Ctx, n: Any, where: str, subsys_nqn: str) -> Namespac
     return NamespaceConfig(nsid=nsid, enabled=enabled, backend=backend, path=path if kind.path else None,
                            size_bytes=size, block_size=block_size, uuid=uuid, nguid=nguid, eui64=eui64,
                            ana_grpid=ana_grpid, buffered_io=buffered, queue_depth=queue_depth, io_engine=io_engine,
-                           userspace=us, visible_hosts=visible_hosts, qos=qos,
+                           userspace=us, visible_hosts=visible_hosts, qos=qos, backend_settings=backend_settings,
                            raw=copy.deepcopy(n))
 
 

@@ -297,6 +297,7 @@ class NamespaceConfig:
     visible_hosts: Optional[List[str]] = None
     qos: Dict[str, int] = field(default_factory=dict)  # nvmeof_roce.qos: QOS_LIMITS -> limit (engine/qos.py)
     userspace: dict = field(default_factory=dict)   # the namespace's "nvmeof_roce" key
+    backend_settings: Any = None  # the backend kind's own settings object, parsed (config/backends.py settings_key)
     raw: dict = field(default_factory=dict)
 
     @property

@@ -48,7 +48,8 @@ def device_status(exc: BaseException, opc: int):
     """(status, error location) for a device error, as nvmet's errno_to_nvme_status (io-cmd-file.c and, for
     block devices, blk_to_nvme_status): ENOSPC Capacity Exceeded, EREMOTEIO LBA Out of Range, EOPNOTSUPP not
     supported, ENODATA (a medium error) Access Denied, anything else (EIO, a short read or write) Internal
-    Error with DNR."""
+    Error with DNR; and for a networked store (RBD), ETIMEDOUT ANA Transition and ESHUTDOWN (fenced) ANA
+    Inaccessible."""
     code = getattr(exc, "errno", None)
     if code == errno.ENOSPC:
         return S.CAP_EXCEEDED | S.DNR, LOC_CDW12
@@ -60,6 +61,13 @@ def device_status(exc: BaseException, opc: int):
         return S.INVALID_OPCODE | S.DNR, LOC_OPCODE
     if code == errno.ENODATA:
         return S.ACCESS_DENIED, LOC_NSID
+    # A store behind the namespace that did not answer within its bound (an RBD cluster gone: librados's op
+    # timeout) or that fenced this target (librados: ESHUTDOWN to a blocklisted client): path errors without
+    # DNR, which the Linux host's multipath retries on another path (nvme_is_path_error).
+    if code == errno.ETIMEDOUT:
+        return S.ANA_TRANSITION, LOC_NSID
+    if code == errno.ESHUTDOWN:
+        return S.ANA_INACCESSIBLE, LOC_NSID
     return S.INTERNAL | S.DNR, LOC_OPCODE
 
 

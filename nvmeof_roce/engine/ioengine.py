@@ -23,6 +23,11 @@ One interface, `IoEngine`; `choose_engine` picks the one that runs and says why 
   flush never waits for another's.  Consecutive flushes waiting on a lane are served by one fdatasync (each
   of them arrived before it started, so it covers every write completed before each of them).
 
+- `AsyncEngine` ("async"), for a backend that completes on its own (`asynchronous = True`: librbd's aio, an
+  RBD namespace): each read, write, flush and zeroing is `backend.submit`ted and returns at once; the backend
+  makes its `completion_fd` readable when completions wait, the loop watches it and `reap` runs each
+  completion on the loop.  No thread of ours; the same back-pressure as below.
+
 A namespace's `nvmeof_roce.io_engine` ("io_uring" or "threads") forces one: "threads" always works;
 "io_uring" where it does not is refused when the namespace opens, with the reason.
 
@@ -57,11 +62,11 @@ from typing import Callable, Deque, Dict, List, NamedTuple, Optional, Tuple
 
 from .. import native
 from ..config import NS_IO_ENGINES
-from .backends import BackendError
+from .backends import BackendError, Op
 
 log = logging.getLogger(__name__)
 
-__all__ = ["IoEngine", "ThreadEngine", "UringEngine", "EngineChoice", "choose_engine", "make_engine",
+__all__ = ["IoEngine", "ThreadEngine", "UringEngine", "AsyncEngine", "EngineChoice", "choose_engine", "make_engine",
            "uring_unavailable", "DEFAULT_QUEUE_DEPTH", "MAX_QUEUE_DEPTH"]
 
 DEFAULT_QUEUE_DEPTH = 128  # commands on the device per namespace: what an NVMe SSD needs for its rated IOPS
@@ -109,6 +114,12 @@ def choose_engine(backend, forced: Optional[str] = None) -> EngineChoice:
     pool; `forced` (the namespace's nvmeof_roce.io_engine) picks one, and io_uring forced where it does not
     work is refused (BackendError naming the key), never served by the other."""
     assert forced in (None,) + NS_IO_ENGINES
+    if backend.asynchronous:
+        if forced:
+            raise BackendError(f"{backend.describe()}: nvmeof_roce.io_engine is for file and block namespaces; "
+                               f"a {backend.kind} namespace completes through its own asynchronous calls",
+                               "remove io_engine", field="nvmeof_roce.io_engine")
+        return EngineChoice("async", f"{backend.kind}: its own asynchronous calls (submit, completion fd, reap)")
     if forced == "threads":
         return EngineChoice("threads", 'thread pool: nvmeof_roce.io_engine is "threads" (io_uring not used)')
     missing = uring_unavailable()
@@ -124,6 +135,8 @@ def choose_engine(backend, forced: Optional[str] = None) -> EngineChoice:
 
 
 def make_engine(choice: EngineChoice, backend, depth: int, channel) -> "IoEngine":
+    if choice.name == "async":
+        return AsyncEngine(backend, depth, channel, choice.reason)
     if choice.name == "io_uring":
         return UringEngine(backend, depth, channel, choice.reason)
     return ThreadEngine(backend, depth, channel, choice.reason)
@@ -598,6 +611,79 @@ class UringEngine(_QueuedEngine):
             return
         self.ring.close()
         self._buffers.close()
+
+
+class AsyncEngine(_QueuedEngine):
+    """A backend that completes on its own (the module's docstring): submit, completion fd, reap on the loop."""
+
+    name = "async"
+
+    def __init__(self, backend, depth: int, channel, reason: str = ""):
+        super().__init__(backend, depth, channel, reason)
+        self._long_in_flight = 0
+        self._fd = backend.completion_fd()
+        if channel.attached and self._fd is not None:
+            channel.watch(self._fd, backend.reap)
+
+    def _dispatch(self, op: _Op) -> None:
+        view = memoryview(op.buf)[:op.length]
+
+        def done(exc, op=op, view=view):
+            view.release()
+            op.exc = exc
+            self._complete(op)
+        self.backend.submit(Op("write" if op.write else "read", op.offset, op.length, view, op.fua), done)
+
+    def _long(self, op: Op, done: Done) -> None:
+        if not self.channel.attached:  # no loop: the backend's blocking calls
+            self.backend.complete_inline(op, done)
+            return
+        self._long_in_flight += 1
+
+        def finished(exc):
+            self._long_in_flight -= 1
+            done(exc)
+        self.backend.submit(op, finished)
+
+    def flush(self, done):
+        try:
+            self._long(Op("flush"), done)
+        except Exception as exc:
+            done(exc)
+
+    def zero(self, ranges, deallocate, done):
+        """Every range at once; done(the first error, or None) after the last."""
+        if not ranges:
+            done(None)
+            return
+        left = [len(ranges)]
+        first: List[Optional[BaseException]] = [None]
+
+        def one(exc):
+            if exc is not None and first[0] is None:
+                first[0] = exc
+            left[0] -= 1
+            if left[0] == 0:
+                done(first[0])
+        what = "discard" if deallocate else "write_zeroes"
+        for offset, length in ranges:
+            try:
+                self._long(Op(what, offset, length), one)
+            except Exception as exc:
+                one(exc)
+
+    @property
+    def lane_in_flight(self) -> int:
+        return self._long_in_flight
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop watching; completions still due are reaped by the backend's close (their commands' queues have
+        gone or go with the target)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._fd is not None:
+            self.channel.unwatch(self._fd)
 
 
 def _call(fn: Callable[[], None]) -> Optional[BaseException]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import NvmeofError
 from ..output import emit, progress
-from . import aptconfig
+from . import aptconfig, ceph_commands
 from . import image as lab_image
 from .vm import LabRun, run_in_guest
 
@@ -81,7 +81,7 @@ def _lab_run(args, interactive: bool) -> int:
     run = LabRun(command=command, project=Path(args.project).resolve() if args.project else project_root(),
                  share=Path(args.share).resolve() if args.share else None, timeout=args.timeout,
                  memory_mb=args.memory, cpus=args.cpus, kvm=args.kvm, interactive=interactive,
-                 rxe=not args.no_rxe, env=env, modules=modules, missing_modules=missing)
+                 rxe=not args.no_rxe, env=env, modules=modules, missing_modules=missing, ceph=args.ceph)
     progress(f"lab: booting guest ({'KVM' if args.kvm else 'TCG'}, {args.cpus} vCPU, {args.memory} MB, "
              f"timeout {args.timeout:.0f} s)" + (f": {' '.join(command)}" if command else ""))
     started = time.monotonic()
@@ -126,7 +126,7 @@ def _lab_run_two(args, interactive: bool) -> int:
         share = Path(args.share).resolve() if args.share else Path(tmp_share)
         base = LabRun(command=[], project=Path(args.project).resolve() if args.project else project_root(),
                       share=share, timeout=args.timeout, memory_mb=args.memory, cpus=cpus, kvm=args.kvm,
-                      rxe=not args.no_rxe, env=env, modules=modules, missing_modules=missing)
+                      rxe=not args.no_rxe, env=env, modules=modules, missing_modules=missing, ceph=args.ceph)
         progress(f"lab: booting two guests ({'KVM' if args.kvm else 'TCG'}, {cpus} vCPU and {args.memory} MB each, "
                  f"timeout {args.timeout:.0f} s): target 10.99.1.1, host 10.99.1.2 on a virtual wire")
         started = time.monotonic()
@@ -259,6 +259,9 @@ def _add_run_options(p) -> None:
     p.add_argument("--siw", action="store_true", help="give the guest Soft-iWARP (siw.ko, built for the image's "
                    "kernel on first use and cached; 'nvmeof-roce rdma add-siw' then works in it)")
     p.add_argument("--env", action="append", metavar="NAME=VALUE", help="environment variable for the command")
+    p.add_argument("--ceph", action="store_true", help="start a development Ceph cluster (one monitor, one memstore "
+                   "OSD, pool 'rbd'; CEPH_CONF is set for the command) before the command; with --nodes 2, on the "
+                   "target node's address")
     _add_two_node_options(p)
 
 
@@ -332,6 +335,7 @@ def register(subparsers) -> None:
     p.add_argument("--all", action="store_true")
     p.set_defaults(func=cmd_clean)
 
+    ceph_commands.register(sub)
     lab.set_defaults(func=lambda args: (lab.print_help(), 2)[1])
     register_demo(subparsers)
 

@@ -34,6 +34,9 @@ GUEST_PACKAGES = [
     "kmod", "iproute2", "rdma-core", "ibverbs-utils", "ibverbs-providers", "rdmacm-utils", "perftest",
     "nvme-cli", "fio", "python3", "python3-pyverbs", "util-linux", "procps", "busybox-static",
     "e2fsprogs", "bash", "less", "strace", "ethtool", "nftables", "iptables", "tcpdump",
+    # Ceph for RBD namespaces: the development cluster (`lab run --ceph`, ceph/devcluster.py) and librbd's
+    # Python binding for the reference path (fio's rbd engine comes with fio's own librbd1)
+    "ceph-mon", "ceph-osd", "ceph-common", "python3-rbd", "python3-rados",
 ]
 
 # The trixie guest also builds the native extension and the wheel with its own compiler, headers and pip

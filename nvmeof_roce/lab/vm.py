@@ -38,6 +38,7 @@ class LabRun:
     kvm: bool = False
     interactive: bool = False
     rxe: bool = True
+    ceph: bool = False  # start the development Ceph cluster before the command (lab run --ceph)
     env: Dict[str, str] = field(default_factory=dict)
     cmdline: str = ""                                     # extra kernel parameters (two-node: nvmeof.node=...)
     extra_args: List[str] = field(default_factory=list)   # extra QEMU arguments (two-node: the NIC)
@@ -65,7 +66,8 @@ def qemu_args(image: LabImage, run: LabRun, ctl: Path) -> List[str]:
 
 
 def _write_ctl(ctl: Path, run: LabRun) -> None:
-    env_lines = [f"LAB_MODE={'shell' if run.interactive else 'run'}", f"LAB_RXE={1 if run.rxe else 0}"]
+    env_lines = [f"LAB_MODE={'shell' if run.interactive else 'run'}", f"LAB_RXE={1 if run.rxe else 0}",
+                 f"LAB_CEPH={1 if run.ceph else 0}"]
     env_lines += [f"export {k}={shlex.quote(v)}" for k, v in run.env.items()]
     # The guest's init installs these before anything runs; a test that needs a missing one skips with the reason.
     if run.modules:

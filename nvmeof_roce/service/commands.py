@@ -13,6 +13,7 @@ sandbox of the unit that serves the config as NAME (systemd/sandbox.py).
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from typing import Optional
@@ -81,6 +82,14 @@ def _open_namespace(config: TargetConfig, where: str, ns) -> dict:
             "note": ""}
     if not ns.enabled:
         info["note"] = "disabled"
+        return info
+    kind = facts(ns.backend)
+    if kind.offline_check:  # a store `target check` does not connect to (an RBD cluster): what it can see
+        module, _, function = kind.offline_check.partition(":")
+        problems, info["note"] = getattr(importlib.import_module(module), function)(ns.backend_settings)
+        errors = [ConfigError(config.source, f"{where}.nvmeof_roce.{kind.settings_key}.{key}", problem, fix)
+                  for key, problem, fix in problems]
+        raise_all(errors)
         return info
     if not facts(ns.backend).path:
         # the loader checked the size against the block count and the machine's memory; never allocate here

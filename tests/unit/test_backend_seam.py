@@ -120,9 +120,9 @@ def test_the_config_takes_the_kinds_of_the_registry(test_kind, tmp_path):
     with pytest.raises(ConfigError, match="size.*is required for a test-bytes namespace"):
         parse_config(seam_config({"nsid": 1, "nvmeof_roce": {"backend": "test-bytes"}}), "t")
     unregister("test-bytes")
-    with pytest.raises(ConfigError, match="must be one of ram, file, null, block, got 'test-bytes'"):
+    with pytest.raises(ConfigError, match="must be one of ram, file, null, block, rbd, got 'test-bytes'"):
         parse_config(seam_config({"nsid": 1, "nvmeof_roce": {"backend": "test-bytes", "size": "64K"}}), "t")
-    assert set(KINDS) == {"ram", "file", "null", "block"}
+    assert set(KINDS) == {"ram", "file", "null", "block", "rbd"}
 
 
 def test_a_block_namespace_takes_a_block_device_only(tmp_path):

@@ -107,6 +107,10 @@ class Backend:
     def submit(self, op: Op, done: Callable[[Optional[BaseException]], None]) -> None:
         """Start `op`; `done(exc)` is called on the loop from `reap` once it completes.  A synchronous backend
         completes it here."""
+        self.complete_inline(op, done)
+
+    def complete_inline(self, op: Op, done: Callable[[Optional[BaseException]], None]) -> None:
+        """`op` through the blocking calls, `done(exc)` before returning (a target without a loop)."""
         exc = None
         try:
             if op.what == "read":

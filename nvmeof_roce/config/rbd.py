@@ -1,0 +1,125 @@
+"""An RBD namespace's settings: the `rbd` object of a namespace's `nvmeof_roce` section, with the names of rbd's
+own CLI (`--pool`, `--namespace`, `--image`, `-c/--conf`, `--id`, `--keyring`):
+
+    "nvmeof_roce": {"backend": "rbd",
+                    "rbd": {"pool": "rbd", "image": "ns1", "conf": "/etc/ceph/ceph.conf", "id": "admin",
+                            "namespace": "", "keyring": "/etc/ceph/ceph.client.admin.keyring",
+                            "create": {"size": "1G"}}}
+
+`pool` and `image` are required; `conf` defaults to /etc/ceph/ceph.conf, `id` to admin.  A `keyring` holds the
+client's secret: it must be a 0600 file of root's (as every key file of the target).  `create` makes the image
+with that size when it does not exist (and only then).  Size, block count and the NGUID come from the image,
+not from the config: the namespace's `size` is refused for an rbd namespace.  Checked offline here; what only
+the cluster can tell (the pool, the image, the key) is said by `target check` as not checked.
+"""
+from __future__ import annotations
+
+import os
+import re
+import stat
+from dataclasses import dataclass
+from typing import Any, List, Optional, Tuple
+
+from .errors import ConfigError
+from .model import parse_size
+
+DEFAULT_CONF = "/etc/ceph/ceph.conf"
+DEFAULT_ID = "admin"
+RBD_KEYS = {"pool", "image", "conf", "id", "namespace", "keyring", "create"}
+# RADOS pool, namespace and image names: what rbd's CLI takes without quoting surprises
+_NAME = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.+-]{0,253}")
+
+
+@dataclass(frozen=True)
+class RbdSettings:
+    pool: str
+    image: str
+    conf: str = DEFAULT_CONF
+    client_id: str = DEFAULT_ID
+    namespace: str = ""
+    keyring: Optional[str] = None
+    create_size: Optional[int] = None  # bytes: create the image at this size when it does not exist
+
+    def spec(self) -> str:
+        """pool[/namespace]/image, as rbd's CLI names an image."""
+        return "/".join(p for p in (self.pool, self.namespace, self.image) if p)
+
+    def to_dict(self) -> dict:
+        d = {"pool": self.pool, "image": self.image, "conf": self.conf, "id": self.client_id}
+        if self.namespace:
+            d["namespace"] = self.namespace
+        if self.keyring:
+            d["keyring"] = self.keyring
+        if self.create_size is not None:
+            d["create"] = {"size": self.create_size}
+        return d
+
+
+def parse_rbd(value: Any, source: str, where: str) -> RbdSettings:
+    """The `rbd` object at `where` (NAMESPACE.nvmeof_roce.rbd) -> RbdSettings, or a ConfigError naming the key."""
+    def err(key: str, problem: str, fix: str) -> ConfigError:
+        return ConfigError(source, f"{where}.{key}" if key else where, problem, fix)
+
+    example = '"rbd": {"pool": "rbd", "image": "ns1"}'
+    if not isinstance(value, dict):
+        raise err("", f"must be an object, got {value!r}", f"write it as {example}")
+    unknown = sorted(set(value) - RBD_KEYS)
+    if unknown:
+        raise err(unknown[0], "is not a key of an rbd namespace", f"use {', '.join(sorted(RBD_KEYS))}")
+    for key in ("pool", "image"):
+        if key not in value:
+            raise err(key, "is required", f"write {example}")
+    names = {}
+    for key in ("pool", "image", "namespace", "id"):
+        v = value.get(key, {"namespace": "", "id": DEFAULT_ID}.get(key))
+        if not isinstance(v, str) or (v and not _NAME.fullmatch(v)) or (not v and key != "namespace"):
+            raise err(key, f"is not a RADOS name: {v!r}", "letters, digits, '_', '.', '+', '-' (as rbd's CLI takes)")
+        names[key] = v
+    conf = value.get("conf", DEFAULT_CONF)
+    if not isinstance(conf, str) or not os.path.isabs(conf):
+        raise err("conf", f"must be an absolute path to a ceph.conf, got {conf!r}", f'e.g. "conf": "{DEFAULT_CONF}"')
+    keyring = value.get("keyring")
+    if keyring is not None and (not isinstance(keyring, str) or not os.path.isabs(keyring)):
+        raise err("keyring", f"must be an absolute path to a keyring file, got {keyring!r}",
+                  '"keyring": "/etc/ceph/ceph.client.admin.keyring" (a 0600 file of root\'s)')
+    create_size = None
+    if "create" in value:
+        create = value["create"]
+        if not isinstance(create, dict) or set(create) != {"size"}:
+            raise err("create", f"must be {{\"size\": SIZE}}, got {create!r}", '"create": {"size": "1G"}')
+        try:
+            create_size = parse_size(create["size"])
+        except ValueError:
+            raise err("create.size", f"is not a size: {create['size']!r}", 'use bytes or K/M/G/T, e.g. "1G"') from None
+        if create_size <= 0:
+            raise err("create.size", "must be more than 0", 'e.g. "1G"')
+    return RbdSettings(pool=names["pool"], image=names["image"], conf=conf, client_id=names["id"],
+                       namespace=names["namespace"], keyring=keyring, create_size=create_size)
+
+
+# What `target check` cannot know without the cluster (it never connects to one).
+UNCHECKED = "offline: the cluster, the pool, the image and the client's key are checked when target serve opens it"
+
+
+def offline_problems(settings: RbdSettings) -> Tuple[List[Tuple[str, str, str]], str]:
+    """What can be checked of an rbd namespace without its cluster: the conf file is readable, a keyring is a
+    regular 0600 file of root's.  ([(key, problem, fix)], the note of what was not checked)."""
+    problems = []
+    if not os.path.isfile(settings.conf) or not os.access(settings.conf, os.R_OK):
+        problems.append(("conf", f"{settings.conf} is not a readable file",
+                         "give the cluster's ceph.conf (its mon host line is what the client needs)"))
+    if settings.keyring:
+        try:
+            st = os.stat(settings.keyring)
+        except OSError as exc:
+            problems.append(("keyring", f"{settings.keyring}: {exc.strerror}",
+                             f"give client.{settings.client_id}'s keyring file (ceph auth get client."
+                             f"{settings.client_id} -o FILE; chmod 600 FILE)"))
+        else:
+            if not stat.S_ISREG(st.st_mode):
+                problems.append(("keyring", f"{settings.keyring} is not a regular file", "give the keyring file"))
+            elif st.st_mode & 0o077 or st.st_uid != os.geteuid():
+                problems.append(("keyring", f"{settings.keyring} holds a secret but is mode "
+                                 f"{stat.S_IMODE(st.st_mode):04o} owned by uid {st.st_uid}",
+                                 f"chmod 600 {settings.keyring}; chown {os.geteuid()} {settings.keyring}"))
+    return problems, UNCHECKED

@@ -1,0 +1,72 @@
+"""An RBD namespace's config (config/rbd.py, the rbd entry of config/backends.py): refusals naming the field,
+and what `target check` says of it without the cluster."""
+import json
+import os
+
+import pytest
+
+from loopback_env import ADDR1, HOST_A, port
+from nvmeof_roce.config import ConfigError, parse_config
+from nvmeof_roce.service.commands import check_config
+
+SUB = "nqn.2024-01.io.test:rbd"
+
+
+def config(namespaces):
+    return {"hosts": [{"nqn": HOST_A}], "ports": [port(1, ADDR1, [SUB])],
+            "subsystems": [{"nqn": SUB, "namespaces": namespaces}]}
+
+
+@pytest.mark.parametrize("rbd, field, words", [
+    ({"image": "x"}, "rbd.pool", "is required"),
+    ({"pool": "rbd"}, "rbd.image", "is required"),
+    ({"pool": "rbd", "image": "a b"}, "rbd.image", "not a RADOS name"),
+    ({"pool": "rbd", "image": "x", "conf": "ceph.conf"}, "rbd.conf", "absolute path"),
+    ({"pool": "rbd", "image": "x", "create": {"size": "big"}}, "rbd.create.size", "not a size"),
+    ({"pool": "rbd", "image": "x", "cache": True}, "rbd.cache", "not a key"),
+])
+def test_a_broken_rbd_setting_is_refused_naming_the_field(rbd, field, words):
+    cfg = config([{"nsid": 1, "nvmeof_roce": {"backend": "rbd", "rbd": rbd}}])
+    with pytest.raises(ConfigError) as err:
+        parse_config(cfg, "t.json")
+    assert f"nvmeof_roce.{field}" in str(err.value) and words in str(err.value)
+
+
+def test_an_rbd_namespace_takes_no_size_and_needs_its_settings():
+    for ns, field in (({"backend": "rbd", "size": "1G", "rbd": {"pool": "rbd", "image": "x"}}, "nvmeof_roce.size"),
+                      ({"backend": "rbd"}, "nvmeof_roce.rbd")):
+        with pytest.raises(ConfigError) as err:
+            parse_config(config([{"nsid": 1, "nvmeof_roce": ns}]), "t.json")
+        assert field in str(err.value)
+
+
+def write_config(tmp_path, rbd):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(config([{"nsid": 1, "nvmeof_roce": {"backend": "rbd", "rbd": rbd}}])))
+    return str(path)
+
+
+def test_target_check_says_what_it_cannot_check_without_the_cluster(tmp_path):
+    conf = tmp_path / "ceph.conf"
+    conf.write_text("[global]\nmon host = 192.0.2.1:6789\n")  # an address nothing answers on: never asked
+    keyring = tmp_path / "client.keyring"
+    keyring.write_text("[client.admin]\nkey = AQ==\n")
+    os.chmod(keyring, 0o600)
+    summary = check_config(write_config(tmp_path, {"pool": "rbd", "image": "x", "conf": str(conf),
+                                                   "keyring": str(keyring)}))
+    ns = summary["subsystems"][0]["namespaces"][0]
+    assert ns["backend"] == "rbd" and "checked when target serve opens it" in ns["note"]
+
+
+def test_target_check_refuses_a_missing_conf_and_an_open_keyring(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        check_config(write_config(tmp_path, {"pool": "rbd", "image": "x", "conf": str(tmp_path / "none.conf")}))
+    assert "nvmeof_roce.rbd.conf" in str(err.value) and "not a readable file" in str(err.value)
+    conf = tmp_path / "ceph.conf"
+    conf.write_text("[global]\n")
+    keyring = tmp_path / "k"
+    keyring.write_text("[client.admin]\nkey = AQ==\n")
+    os.chmod(keyring, 0o644)
+    with pytest.raises(ConfigError) as err:
+        check_config(write_config(tmp_path, {"pool": "rbd", "image": "x", "conf": str(conf), "keyring": str(keyring)}))
+    assert "nvmeof_roce.rbd.keyring" in str(err.value) and "0644" in str(err.value) and "chmod 600" in str(err.value)
