@@ -75,6 +75,9 @@ class DevCluster:
             "osd pool default size = 1", "osd pool default min size = 1",
             "osd objectstore = memstore", f"memstore device bytes = {self.memstore_bytes}",
             "osd crush chooseleaf type = 0", "mon allow pool size one = true",
+            # the OSD's own crush updates at start race its first monitor session on a slow (emulated) machine
+            # ("wrong fsid"); the crush entry is made here instead
+            "osd crush update on start = false", "osd class update on start = false",
             "mon allow pool delete = true", "mon warn on pool no redundancy = false",
             f"run dir = {d / 'run'}", f"log file = {d / 'log' / '$name.log'}",
             f"pid file = {d / 'run' / '$name.pid'}", f"admin socket = {d / 'run' / '$name.asok'}",
