@@ -14,13 +14,14 @@ Everything is unmounted and removed afterwards.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import List
+from typing import Iterator, List
 
 from ..errors import NvmeofError
 from ..output import progress
@@ -48,11 +49,12 @@ def _copy_checkout(dest: Path) -> None:
     subprocess.run(["tar", "-xf", "-", "-C", str(dest)], input=tar, check=True)
 
 
-def run(kernel: str, command: str) -> int:
-    """`command` (a shell line) in /src of a chroot of the `kernel` generation's image; its exit code."""
+@contextlib.contextmanager
+def image_root(image: lab_image.LabImage) -> Iterator[Path]:
+    """The image's root disk, loop-mounted read-only under a writable overlay, with /proc, /sys, /dev and a
+    /tmp of its own mounted inside: a root to `chroot` into.  Everything is unmounted and removed afterwards."""
     if os.geteuid() != 0:
         raise NvmeofError("the chroot needs root (mount, chroot)", "run it as root or with sudo")
-    image = lab_image.build(kernel=kernel)  # a no-op when the image of these inputs is there
     work = Path(tempfile.mkdtemp(prefix="nvmeof-roce-chroot-", dir="/var/tmp"))
     lower, upper, scratch, root = (work / name for name in ("lower", "upper", "scratch", "root"))
     for d in (lower, upper, scratch, root):
@@ -68,12 +70,7 @@ def run(kernel: str, command: str) -> int:
             _mount(["--rbind", f"/{fs}", str(root / fs)])
             _mount(["--make-rslave", str(root / fs)])
         _mount(["-t", "tmpfs", "tmpfs", str(root / "tmp")])
-        (root / "src").mkdir()
-        _copy_checkout(root / "src")
-        progress(f"lab chroot: {image.directory.name} ({kernel}): {command}")
-        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
-               "LANG": "C.UTF-8", "PYTHONPATH": "/src"}
-        return subprocess.run(["chroot", str(root), "sh", "-c", f"cd /src && {command}"], env=env).returncode
+        yield root
     finally:
         for point in reversed(mounted):
             subprocess.run(["umount", "-R", str(point)], check=False)
@@ -81,6 +78,25 @@ def run(kernel: str, command: str) -> int:
             progress(f"lab chroot: {work} is still mounted; left in place")  # never remove through a bind of /dev
         else:
             subprocess.run(["rm", "-rf", "--one-file-system", str(work)], check=False)
+
+
+def in_chroot(root: Path, command: str, **kw) -> subprocess.CompletedProcess:
+    """`command` (a shell line) in /src of `root` under chroot, with a plain root environment."""
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
+           "LANG": "C.UTF-8", "PYTHONPATH": "/src"}
+    return subprocess.run(["chroot", str(root), "sh", "-c", f"cd /src && {command}"], env=env, **kw)
+
+
+def run(kernel: str, command: str) -> int:
+    """`command` (a shell line) in /src of a chroot of the `kernel` generation's image; its exit code."""
+    if os.geteuid() != 0:
+        raise NvmeofError("the chroot needs root (mount, chroot)", "run it as root or with sudo")
+    image = lab_image.build(kernel=kernel)  # a no-op when the image of these inputs is there
+    with image_root(image) as root:
+        (root / "src").mkdir()
+        _copy_checkout(root / "src")
+        progress(f"lab chroot: {image.directory.name} ({kernel}): {command}")
+        return in_chroot(root, command).returncode
 
 
 def main(argv: List[str]) -> int:
