@@ -8,8 +8,8 @@ PYTEST    := $(VENV)/bin/python -m pytest
 LAB_TIMEOUT ?= 3000
 
 # Host packages: QEMU (software emulation), debootstrap, e2fsprogs, cpio and zstd (6.12 kernel) build the lab image;
-# fio runs the benchmark job files in the unit tests; gcc and make build the lab's siw.ko (lab/siw.py); the -dev
-# packages build the native data path (csrc/, setup.py, docs/native.md).
+# fio runs the benchmark job files in the unit tests; gcc and make build the lab's siw.ko when a run asks for it
+# (lab run --siw, lab/siw.py); the -dev packages build the native data path (csrc/, setup.py, docs/native.md).
 APT_PACKAGES := qemu-system-x86 debootstrap e2fsprogs cpio xz-utils zstd fio gcc make \
 	python3-dev libibverbs-dev librdmacm-dev liburing-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -93,7 +93,7 @@ test-long: lab
 # bench (tests/lab/test_initiator_native.py), ANA inaccessible moving I/O between multipath paths and the
 # workers' scaling bench.  About 15 minutes in one boot.
 test-extended: lab
-	$(NVMEOF) lab run --timeout $(LAB_TIMEOUT) -- python3 -m pytest -p no:cacheprovider -m "lab and extended" tests/lab
+	$(NVMEOF) lab run --siw --timeout $(LAB_TIMEOUT) -- python3 -m pytest -p no:cacheprovider -m "lab and extended" tests/lab
 
 # Debian 13 (trixie's 6.12 kernel, nvme-cli 2.13, rdma-core 56, Python 3.13): `lab run` builds the native module
 # for its Python (once per image and sources, in a chroot of the image), then the kernel host runs against our target on the native data path (fio crc32c verify,

@@ -14,9 +14,10 @@ import os
 import re
 import subprocess
 from dataclasses import dataclass
-from typing import Iterator, List, Optional
+from typing import Iterator, List
 
 from ..errors import NvmeofError
+from .aptresolve import AptArchive, KernelPlan, kernel_plan
 from .cache import cache_root
 
 GUEST_SUITE = "bookworm"  # the default lab guest is Debian 12 with its 6.1 kernel (or the 6.12 one it also ships)
@@ -150,36 +151,29 @@ def _apt(args: List[str]) -> str:
         raise NvmeofError(f"{' '.join(args)} failed: {exc.stderr.strip()}", "run 'apt-get update' and retry")
 
 
-def kernel_package(meta: str = "linux-image-amd64", suite: str = GUEST_SUITE) -> Optional[str]:
-    """Resolve Debian's kernel meta package to the concrete image package (linux-image-6.1.0-NN-amd64)."""
-    out = _apt(["apt-cache", *apt_options(suite), "depends", meta])
-    for line in out.splitlines():
-        m = re.match(r"\s*Depends:\s*(linux-image-[0-9][\w.+-]*-amd64)\s*$", line)
-        if m:
-            return m.group(1)
-    return None
+def archive(suite: str = GUEST_SUITE) -> AptArchive:
+    """What apt offers of `suite` (the machine's own apt state for bookworm, a private one otherwise)."""
+    return AptArchive(apt_options(suite))
 
 
 def kernel_meta_package(kernel: str) -> str:
     return generation(kernel).kernel_meta
 
 
-def resolve_kernel_package(kernel: str = DEFAULT_KERNEL) -> str:
+def resolve_kernel(kernel: str = DEFAULT_KERNEL) -> KernelPlan:
+    """The kernel of a generation as the archive has it today: the image package the meta package depends on,
+    at the version it names, with the packages that hold its parts (aptresolve.kernel_plan)."""
     gen = generation(kernel)
-    meta = gen.kernel_meta
-    if gen.kernel_suite == GUEST_SUITE:  # the machine's own apt, as before
-        pkg = kernel_package(meta)
-    else:
-        pkg = kernel_package(meta, gen.kernel_suite)
-    if pkg is None:  # empty package lists on a fresh machine
+    offered = archive(gen.kernel_suite)
+    if not offered.versions(gen.kernel_meta):  # empty package lists on a fresh machine
         subprocess.run(["apt-get", *apt_options(gen.kernel_suite), "update", "-qq"], check=False)
-        pkg = kernel_package(meta) if gen.kernel_suite == GUEST_SUITE else kernel_package(meta, gen.kernel_suite)
-    if pkg is None:
+        offered = archive(gen.kernel_suite)
+    if not offered.versions(gen.kernel_meta):
         raise NvmeofError(
-            f"apt cannot resolve {meta} to a kernel package",
+            f"apt offers no {gen.kernel_meta} (the kernel of --kernel {kernel}) from Debian {gen.kernel_suite}",
             "run 'apt-get update' (the lab needs Debian's linux-image-*-amd64 from the machine's apt sources)",
         )
-    return pkg
+    return kernel_plan(gen.kernel_meta, offered)
 
 
 def kernel_generation(release: str) -> str:

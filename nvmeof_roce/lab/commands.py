@@ -46,6 +46,19 @@ def cpu_count(text: str) -> int:
     return n
 
 
+def run_modules(image: lab_image.LabImage, siw_wanted: bool):
+    """The out-of-tree modules a run asked for (--siw), built now or from the cache, and those that cannot be
+    had with the reason: the run goes on without them (the iWARP tests skip, saying why)."""
+    if not siw_wanted:
+        return {}, {}
+    from . import siw
+    try:
+        return {"siw": siw.for_image(image)}, {}
+    except NvmeofError as exc:
+        progress(f"lab: no siw.ko for this run: {exc.message} (iWARP tests will skip)")
+        return {}, {"siw": exc.message}
+
+
 def _lab_run(args, interactive: bool) -> int:
     if args.nodes == 2 or getattr(args, "node", None):
         return _lab_run_two(args, interactive)
@@ -67,10 +80,11 @@ def _lab_run(args, interactive: bool) -> int:
     image = lab_image.build(force=False, kernel=args.kernel)  # the image for the current inputs, built first if needed
     project = Path(args.project).resolve() if args.project else project_root()
     guest_native.ensure(image, project)  # Python 3.13 guests: the native module for their Python, cached
+    modules, missing = run_modules(image, args.siw)
     run = LabRun(command=command, project=project,
                  share=Path(args.share).resolve() if args.share else None, timeout=args.timeout,
                  memory_mb=args.memory, cpus=args.cpus, kvm=args.kvm, interactive=interactive,
-                 rxe=not args.no_rxe, env=env)
+                 rxe=not args.no_rxe, env=env, modules=modules, missing_modules=missing)
     progress(f"lab: booting guest ({'KVM' if args.kvm else 'TCG'}, {args.cpus} vCPU, {args.memory} MB, "
              f"timeout {args.timeout:.0f} s)" + (f": {' '.join(command)}" if command else ""))
     started = time.monotonic()
@@ -109,12 +123,13 @@ def _lab_run_two(args, interactive: bool) -> int:
     if shell_node:
         specs[shell_node].command = []
     image = lab_image.build(force=False)
+    modules, missing = run_modules(image, args.siw)
     cpus = args.cpus or 1
     with tempfile.TemporaryDirectory(prefix="nvmeof-lab-share-") as tmp_share:
         share = Path(args.share).resolve() if args.share else Path(tmp_share)
         base = LabRun(command=[], project=Path(args.project).resolve() if args.project else project_root(),
                       share=share, timeout=args.timeout, memory_mb=args.memory, cpus=cpus, kvm=args.kvm,
-                      rxe=not args.no_rxe, env=env)
+                      rxe=not args.no_rxe, env=env, modules=modules, missing_modules=missing)
         progress(f"lab: booting two guests ({'KVM' if args.kvm else 'TCG'}, {cpus} vCPU and {args.memory} MB each, "
                  f"timeout {args.timeout:.0f} s): target 10.99.1.1, host 10.99.1.2 on a virtual wire")
         started = time.monotonic()
@@ -244,6 +259,8 @@ def _add_run_options(p) -> None:
                         "host's cores, so more is slower)")
     p.add_argument("--kvm", action="store_true", help="use KVM instead of TCG emulation (hangs on some VMs)")
     p.add_argument("--no-rxe", action="store_true", help="do not bring up Soft-RoCE (rxe0)")
+    p.add_argument("--siw", action="store_true", help="give the guest Soft-iWARP (siw.ko, built for the image's "
+                   "kernel on first use and cached; 'nvmeof-roce rdma add-siw' then works in it)")
     p.add_argument("--env", action="append", metavar="NAME=VALUE", help="environment variable for the command")
     _add_two_node_options(p)
 

@@ -25,7 +25,7 @@ from typing import Dict, List, Optional
 
 from ..errors import NvmeofError, ToolMissing
 from ..output import progress
-from . import aptconfig, siw
+from . import aptconfig, aptresolve
 from .cache import cache_root
 
 BUILD_FORMAT = 3  # bump when the build steps change in a way the inputs don't show
@@ -37,7 +37,8 @@ GUEST_PACKAGES = [
 ]
 
 # The trixie guest also builds the native extension and the wheel with its own compiler, headers and pip
-# (Python 3.13; `pip wheel --no-build-isolation`, the guest has no network), and compiles siw.ko for its kernel in a chroot (the kernel was built with trixie's gcc 14).
+# (Python 3.13; `pip wheel --no-build-isolation`, the guest has no network); siw.ko for its kernel is compiled
+# in a chroot of this rootfs (the kernel was built with trixie's gcc 14; lab/siw.py).
 TRIXIE_BUILD_PACKAGES = ["gcc", "make", "libc6-dev", "python3-dev", "python3-setuptools", "python3-pip",
                          "libibverbs-dev", "librdmacm-dev", "liburing-dev"]
 
@@ -117,14 +118,16 @@ def guest_packages(suite: str) -> List[str]:
 
 def image_inputs(kernel: str = aptconfig.DEFAULT_KERNEL) -> Dict[str, object]:
     # The kernel generation shows in the bookworm inputs only through its package, so the 6.1 and 6.12 images
-    # keep their keys; the other generations add their suites and Python.
+    # differ by it; the other generations add their suites and Python.  `kernel_parts` holds the versions the
+    # archive resolves today (aptresolve), so a new upload of the kernel builds a new image.
     gen = aptconfig.generation(kernel)
-    kernel_pkg = aptconfig.resolve_kernel_package(kernel)
+    plan = aptconfig.resolve_kernel(kernel)
     guest_files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(GUEST_DIR.iterdir())}
     inputs = {
         "format": BUILD_FORMAT,
         "suite": gen.suite,
-        "kernel_package": kernel_pkg,
+        "kernel_package": plan.package,
+        "kernel_parts": dict(plan.parts),
         "packages": guest_packages(gen.suite),
         "python_requirements": python_requirements(),
         "guest_files": guest_files,
@@ -132,6 +135,17 @@ def image_inputs(kernel: str = aptconfig.DEFAULT_KERNEL) -> Dict[str, object]:
     if gen.suite != aptconfig.GUEST_SUITE:
         inputs.update(kernel_suite=gen.kernel_suite, python=gen.python)
     return inputs
+
+
+def kernel_plan_of(image: "LabImage") -> aptresolve.KernelPlan:
+    """The kernel an image was built from (its manifest), as a plan siw.ko can be resolved against."""
+    inputs = image.manifest().get("inputs") or {}
+    package = str(inputs.get("kernel_package", ""))
+    parts = dict(inputs.get("kernel_parts") or {})
+    if package not in parts:
+        raise NvmeofError(f"image {image.directory.name} does not record its kernel's version",
+                          "rebuild it: nvmeof-roce lab build --force")
+    return aptresolve.KernelPlan(meta="", package=package, version=parts[package], parts=parts)
 
 
 def inputs_key(inputs: Dict[str, object]) -> str:
@@ -264,19 +278,17 @@ def _install_guest_files(rootfs: Path) -> None:
     (rootfs / "etc/nvme/hostid").write_text(host_uuid + "\n")
 
 
-def kernel_parts(kernel_pkg: str, apt: List[str]) -> List[str]:
-    """The packages that hold the kernel: the image package itself (bookworm, trixie), plus the
-    linux-base-RELEASE (config, System.map, modules.builtin), linux-binary-RELEASE (vmlinuz) and
-    linux-modules-RELEASE it depends on where Debian splits them (unstable)."""
-    release = aptconfig.kernel_release(kernel_pkg)
-    out = _run(["apt-cache", *apt, "show", "--no-all-versions", kernel_pkg], f"apt-cache show {kernel_pkg}").stdout
-    depends = re.search(r"^Depends:(.*)$", out, re.M)
-    parts = [kernel_pkg]
-    for dep in (depends.group(1).split(",") if depends else []):
-        name = dep.split("(")[0].strip().split("|")[0].strip()
-        if name in (f"linux-base-{release}", f"linux-binary-{release}", f"linux-modules-{release}"):
-            parts.append(name)
-    return parts
+def download(package: str, version: str, debs: Path, apt: List[str]) -> Path:
+    """The .deb of `package` at `version` from the cache of downloads, fetched with apt-get first if missing."""
+    pattern = f"{package}_{version.replace(':', '%3a')}_*.deb"
+    found = sorted(debs.glob(pattern))
+    if not found:
+        _run(["apt-get", *apt, "download", "-q", f"{package}={version}"], f"apt-get download {package}={version}",
+             cwd=debs)
+        found = sorted(debs.glob(pattern))
+    if not found:
+        raise NvmeofError(f"apt-get download {package}={version} left no .deb in {debs}", "run 'apt-get update'")
+    return found[-1]
 
 
 def _dir_size(path: Path) -> int:
@@ -320,23 +332,19 @@ def _build_locked(inputs: Dict[str, object], image: LabImage, root: Path) -> Lab
         shutil.rmtree(work)
     work.mkdir(parents=True)
     suite = str(inputs["suite"])
-    kernel_suite = str(inputs.get("kernel_suite", suite))
     python = str(inputs.get("python", "3.11"))
     packages = list(inputs["packages"])
     mirror = aptconfig.debian_mirror(suite=suite)
-    kernel_apt = aptconfig.apt_options(kernel_suite)
+    kernel_apt = aptconfig.apt_options(str(inputs.get("kernel_suite", suite)))
     kernel_pkg = str(inputs["kernel_package"])
     release = aptconfig.kernel_release(kernel_pkg)
 
     progress(f"lab build [1/6]: downloading {kernel_pkg}")
     kdir = work / "kernel"
     kdir.mkdir()
-    for part in kernel_parts(kernel_pkg, kernel_apt):
-        existing = sorted(debs.glob(f"{part}_*.deb"))
-        if not existing:
-            _run(["apt-get", *kernel_apt, "download", "-q", part], f"apt-get download {part}", cwd=debs)
-            existing = sorted(debs.glob(f"{part}_*.deb"))
-        _run(["dpkg-deb", "-x", str(existing[-1]), str(kdir)], f"dpkg-deb -x ({part})")
+    for part, version in dict(inputs["kernel_parts"]).items():
+        deb = download(part, version, debs, kernel_apt)
+        _run(["dpkg-deb", "-x", str(deb), str(kdir)], f"dpkg-deb -x ({part})")
 
     progress(f"lab build [2/6]: debootstrap {suite} rootfs ({len(packages)} packages; 1-2 min)")
     rootfs = work / "rootfs"
@@ -360,16 +368,7 @@ def _build_locked(inputs: Dict[str, object], image: LabImage, root: Path) -> Lab
     mod_dst = rootfs / "lib/modules" / release
     shutil.rmtree(mod_dst, ignore_errors=True)
     shutil.copytree(mod_src, mod_dst, symlinks=True)
-    # Soft-iWARP is not in Debian's kernels: built out of tree for this release (lab/siw.py), loaded by modprobe siw.
-    (mod_dst / "extra").mkdir(exist_ok=True)
-    # bookworm's kernels are built with the host's gcc 12; the others with their own suite's compiler, which
-    # the trixie rootfs carries: there siw.ko is made in a chroot.
-    chroot = None if suite == aptconfig.GUEST_SUITE else rootfs
-    if kernel_suite == suite:
-        shutil.copy2(siw.build_module(kernel_pkg, root, debs, work, apt=kernel_apt, chroot=chroot),
-                     mod_dst / "extra" / "siw.ko")
-    else:  # unstable's kernel is built with a newer gcc than the trixie rootfs has (gcc 16 against 14)
-        progress(f"lab build: no siw.ko for {release}: its compiler is not in the {suite} rootfs (no iWARP there)")
+    # Soft-iWARP (not in Debian's kernels) is not part of the image: lab/siw.py builds it when a run asks for it.
     _run(["chroot", str(rootfs), "depmod", "-a", release], "depmod")
 
     progress("lab build [4/6]: project Python dependencies (pinned, same as the venv)")

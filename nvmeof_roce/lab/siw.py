@@ -1,25 +1,34 @@
-"""Soft-iWARP (siw) for the lab: Debian's 6.1 and 6.12 kernels are built without CONFIG_RDMA_SIW, so the lab
-builds `siw.ko` out of tree for the exact kernel of the image.
+"""Soft-iWARP (siw) for the lab, built when a run asks for it (`lab run --siw`, `lab shell --siw`,
+`make test-extended`): Debian's 6.1 and 6.12 kernels are built without CONFIG_RDMA_SIW, so `siw.ko` is
+compiled out of tree for the exact kernel of an image.  It is not part of the image: an image builds and boots
+whether or not siw's inputs can be had today.
 
-Inputs, all Debian packages of the same kernel build, taken with `apt-get download` from the machine's own apt
-sources: `linux-headers-RELEASE` (the kernel's .config and Module.symvers), its `-common` headers, the
-`linux-kbuild-*` tools, and `linux-source-X.Y` at the kernel's version (only `drivers/infiniband/sw/siw/` is
-unpacked from it). The module is compiled with the host's gcc (Debian 12's gcc 12, the compiler these kernels
-were built with); a trixie guest's kernel (built with gcc 14, and its kbuild tools linked against trixie's
-libc) is compiled inside the trixie rootfs with `chroot`, with the compiler that image carries. It is cached per kernel release under the lab cache (`siw/RELEASE/siw.ko`); the image build
-copies it to `/lib/modules/RELEASE/extra/` before `depmod`. It is unsigned: the kernel loads it and marks
-itself tainted (`module.sig_enforce` is off in the lab).
+Inputs (aptresolve.siw_plan), Debian packages resolved by the relations they state, taken with `apt-get
+download` from the machine's own apt sources: `linux-headers-RELEASE` at the image's version (the kernel's
+.config and Module.symvers), the `-common` headers and `linux-kbuild-*` tools it depends on, at the versions
+its Depends accept, and `linux-source-X.Y` (only `drivers/infiniband/sw/siw/` is unpacked from it).  The module
+is compiled with the host's gcc (Debian 12's gcc 12, the compiler these kernels were built with); a trixie
+kernel (built with gcc 14, its kbuild tools linked against trixie's libc) is compiled in a chroot of the trixie
+image (lab/chroot.py), with the compiler that image carries; unstable's kernel needs a compiler no lab rootfs
+has, so there is no siw for it.  The module is cached per kernel release under the lab cache
+(`siw/RELEASE/siw.ko`, its inputs in `siw.json` beside it); a run that asks for it gets it through its control
+share, and the guest's init installs it under `/lib/modules/RELEASE/extra/` before `depmod`.  It is unsigned:
+the kernel loads it and marks itself tainted (`module.sig_enforce` is off in the lab).
 """
 from __future__ import annotations
 
-import re
+import json
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 from ..errors import NvmeofError
 from ..output import progress
+from . import aptconfig, chroot as lab_chroot
+from . import image as lab_image
+from .aptresolve import AptArchive, KernelPlan, siw_plan
+from .cache import cache_root
 
 SIW_SOURCE_DIR = "drivers/infiniband/sw/siw"
 
@@ -35,64 +44,34 @@ def _run(args: List[str], what: str, **kw) -> str:
                           "check the machine's apt sources (the kernel's headers and source must be downloadable)")
 
 
-def package_version(package: str, apt: Optional[List[str]] = None) -> str:
-    """The candidate version apt would download of `package` (the one the lab's kernel image comes in)."""
-    out = _run(["apt-cache", *(apt or []), "show", "--no-all-versions", package], f"apt-cache show {package}")
-    m = re.search(r"^Version:\s*(\S+)", out, re.M)
-    if not m:
-        raise NvmeofError(f"apt knows no version of {package}", "run 'apt-get update'")
-    return m.group(1)
-
-
-def build_inputs(kernel_package: str, apt: Optional[List[str]] = None) -> Dict[str, str]:
-    """The packages (name -> version) that siw.ko for this kernel image is built from.
-
-    linux-image-6.1.0-56-amd64 6.1.192-2 -> linux-headers-6.1.0-56-amd64, linux-headers-6.1.0-56-common,
-    linux-kbuild-6.1 (as the headers package depends on it) and linux-source-6.1, all at 6.1.192-2."""
-    release = kernel_package[len("linux-image-"):]
-    version = package_version(kernel_package, apt)
-    headers = f"linux-headers-{release}"
-    depends = _run(["apt-cache", *(apt or []), "show", "--no-all-versions", headers], f"apt-cache show {headers}")
-    line = re.search(r"^Depends:(.*)$", depends, re.M)
-    needed = {headers: version}
-    for dep in (line.group(1).split(",") if line else []):
-        name = dep.split("(")[0].strip().split("|")[0].strip()
-        if name.startswith(("linux-headers-", "linux-kbuild-")):
-            needed[name] = version
-    generation = ".".join(version.split(".")[:2])  # 6.1.192-2 -> 6.1
-    needed[f"linux-source-{generation}"] = version
-    return needed
-
-
 def module_path(cache: Path, release: str) -> Path:
     return cache / "siw" / release / "siw.ko"
 
 
-def build_module(kernel_package: str, cache: Path, debs: Path, work: Path, apt: Optional[List[str]] = None,
+def build_module(kernel: KernelPlan, cache: Path, debs: Path, work: Path, apt: Optional[List[str]] = None,
                  chroot: Optional[Path] = None) -> Path:
-    """siw.ko for `kernel_package`, from the cache or built now (about 10 s of compiling after the downloads).
+    """siw.ko for `kernel`, from the cache or built now (about 10 s of compiling after the downloads).
     `apt`: options selecting the kernel's suite (aptconfig.apt_options); `chroot`: a rootfs with the compiler
-    the kernel was built with, to compile in (the host's own gcc otherwise)."""
-    release = kernel_package[len("linux-image-"):]
+    the kernel was built with, to compile in (the host's own gcc otherwise).  InputUnavailable when the
+    archive lacks an input at every version its relation accepts."""
+    release = kernel.release
     out = module_path(cache, release)
     if out.exists():
         return out
-    packages = build_inputs(kernel_package, apt)
-    progress(f"lab build: siw.ko for {release} (out of tree: {', '.join(sorted(packages))})")
+    plan = siw_plan(kernel, AptArchive(apt))
+    packages = plan.inputs
+    progress(f"lab: siw.ko for {release} (out of tree: "
+             f"{', '.join(f'{name} {version}' for name, version in sorted(packages.items()))})")
+    for note in plan.notes:
+        progress(f"lab: siw.ko: {note}")
     if chroot is not None:  # the tree must be inside the rootfs: paths below are the chroot's
         work = chroot / "tmp"
     root = work / "siw-root"
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     for name, version in packages.items():
-        found = sorted(debs.glob(f"{name}_{version.replace(':', '%3a')}_*.deb"))
-        if not found:
-            _run(["apt-get", *(apt or []), "download", "-q", f"{name}={version}"], f"apt-get download {name}={version}",
-                 cwd=debs)
-            found = sorted(debs.glob(f"{name}_*.deb"))
-        if not found:
-            raise NvmeofError(f"apt-get download {name}={version} left no .deb in {debs}", "run 'apt-get update'")
-        _run(["dpkg-deb", "-x", str(found[-1]), str(root)], f"dpkg-deb -x {found[-1].name}")
+        deb = lab_image.download(name, version, debs, apt or [])
+        _run(["dpkg-deb", "-x", str(deb), str(root)], f"dpkg-deb -x {deb.name}")
     headers = root / "usr/src" / f"linux-headers-{release}"
     # The flavour's Makefile includes the -common tree by its installed path; point it into our unpacked root.
     makefile = headers / "Makefile"
@@ -117,6 +96,35 @@ def build_module(kernel_package: str, cache: Path, debs: Path, work: Path, apt: 
     _run(make, f"make siw.ko for {release}")
     out.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(src / "siw.ko", out)
+    (out.parent / "siw.json").write_text(json.dumps({"inputs": packages, "notes": plan.notes}, indent=2) + "\n")
     shutil.rmtree(root, ignore_errors=True)
     shutil.rmtree(src, ignore_errors=True)
     return out
+
+
+def for_image(image: "lab_image.LabImage") -> Path:
+    """siw.ko for the kernel `image` boots, from the cache or built now.  NvmeofError saying why where it
+    cannot be had (an input gone from the archive, no compiler for that kernel in the lab)."""
+    kernel = lab_image.kernel_plan_of(image)
+    cached = module_path(cache_root(), kernel.release)
+    if cached.exists():
+        return cached
+    inputs = image.manifest().get("inputs") or {}
+    suite = str(inputs.get("suite", aptconfig.GUEST_SUITE))
+    kernel_suite = str(inputs.get("kernel_suite", suite))
+    if kernel_suite != suite:  # unstable's kernel is built with a newer gcc than the trixie rootfs has
+        raise NvmeofError(f"no siw.ko for {kernel.release}: the compiler its kernel was built with is not in the "
+                          f"{suite} rootfs", "use --kernel 6.1, 6.12 or trixie for iWARP")
+    root = cache_root()
+    debs = root / "debs"
+    debs.mkdir(parents=True, exist_ok=True)
+    apt = aptconfig.apt_options(kernel_suite)
+    if suite == aptconfig.GUEST_SUITE:
+        work = root / "siw-work"
+        work.mkdir(parents=True, exist_ok=True)
+        try:
+            return build_module(kernel, root, debs, work, apt=apt)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    with lab_chroot.image_root(image) as rootfs:
+        return build_module(kernel, root, debs, rootfs / "tmp", apt=apt, chroot=rootfs)

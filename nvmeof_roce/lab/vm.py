@@ -41,6 +41,8 @@ class LabRun:
     env: Dict[str, str] = field(default_factory=dict)
     cmdline: str = ""                                     # extra kernel parameters (two-node: nvmeof.node=...)
     extra_args: List[str] = field(default_factory=list)   # extra QEMU arguments (two-node: the NIC)
+    modules: Dict[str, Path] = field(default_factory=dict)  # kernel modules built for this run (--siw): name -> .ko
+    missing_modules: Dict[str, str] = field(default_factory=dict)  # asked for but not to be had: name -> why
 
 
 def qemu_args(image: LabImage, run: LabRun, ctl: Path) -> List[str]:
@@ -65,6 +67,12 @@ def qemu_args(image: LabImage, run: LabRun, ctl: Path) -> List[str]:
 def _write_ctl(ctl: Path, run: LabRun) -> None:
     env_lines = [f"LAB_MODE={'shell' if run.interactive else 'run'}", f"LAB_RXE={1 if run.rxe else 0}"]
     env_lines += [f"export {k}={shlex.quote(v)}" for k, v in run.env.items()]
+    # The guest's init installs these before anything runs; a test that needs a missing one skips with the reason.
+    if run.modules:
+        (ctl / "modules").mkdir(exist_ok=True)
+        for name, ko in run.modules.items():
+            shutil.copy2(ko, ctl / "modules" / f"{name}.ko")
+    env_lines += [f"export NVMEOF_LAB_NO_{name.upper()}={shlex.quote(why)}" for name, why in run.missing_modules.items()]
     (ctl / "env").write_text("\n".join(env_lines) + "\n")
     (ctl / "cmd.sh").write_text("exec " + " ".join(shlex.quote(c) for c in run.command) + "\n" if run.command else "true\n")
 

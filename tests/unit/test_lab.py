@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from nvmeof_roce.errors import NvmeofError
-from nvmeof_roce.lab import aptconfig, image as lab_image
+from nvmeof_roce.lab import aptconfig, aptresolve, image as lab_image
 
 
 def test_mirror_from_deb822_sources(tmp_path):
@@ -48,8 +48,12 @@ def test_kernel_release_from_package():
     assert aptconfig.kernel_release("linux-image-6.1.0-56-amd64") == "6.1.0-56-amd64"
 
 
+def plan_of(package, version="1"):
+    return aptresolve.KernelPlan("linux-image-amd64", package, version, {package: version})
+
+
 def test_image_inputs_key_changes_with_guest_packages(monkeypatch):
-    monkeypatch.setattr(aptconfig, "resolve_kernel_package", lambda kernel="6.1": "linux-image-6.1.0-56-amd64")
+    monkeypatch.setattr(aptconfig, "resolve_kernel", lambda kernel="6.1": plan_of("linux-image-6.1.0-56-amd64"))
     base = lab_image.image_inputs()
     monkeypatch.setattr(lab_image, "GUEST_PACKAGES", lab_image.GUEST_PACKAGES + ["tcpdump"])
     changed = lab_image.image_inputs()
@@ -60,7 +64,8 @@ def test_image_inputs_key_changes_with_guest_packages(monkeypatch):
 def test_kernel_generations_resolve_to_their_own_package_and_key(monkeypatch):
     packages = {"linux-image-amd64": "linux-image-6.1.0-56-amd64",
                 "linux-image-6.12-amd64": "linux-image-6.12.117+deb12-amd64"}
-    monkeypatch.setattr(aptconfig, "kernel_package", lambda meta: packages[meta])
+    monkeypatch.setattr(aptconfig, "resolve_kernel",
+                        lambda kernel: plan_of(packages[aptconfig.kernel_meta_package(kernel)]))
     old = lab_image.image_inputs("6.1")
     new = lab_image.image_inputs("6.12")
     assert old["kernel_package"] == "linux-image-6.1.0-56-amd64"
@@ -72,7 +77,7 @@ def test_kernel_generations_resolve_to_their_own_package_and_key(monkeypatch):
 
 def test_unknown_kernel_generation_names_the_choices():
     with pytest.raises(NvmeofError) as err:
-        aptconfig.resolve_kernel_package("5.10")
+        aptconfig.resolve_kernel("5.10")
     assert "6.1" in str(err.value) and "6.12" in str(err.value)
 
 
@@ -112,18 +117,24 @@ def test_trixie_generation_is_read_from_the_bookworm_mirror_through_a_private_ap
     assert updates and updates[0][-2:] == ["update", "-qq"]
 
 
-def test_bookworm_image_inputs_stay_as_they_were_and_trixie_has_its_own(monkeypatch):
-    """The 6.1 and 6.12 images keep their cache keys: their inputs have exactly the keys and packages they had
-    before trixie was added (a new key or package would rebuild every cached bookworm image)."""
+def test_bookworm_image_inputs_hold_the_kernel_versions_and_trixie_has_its_own(monkeypatch):
+    """The bookworm images' inputs: the guest's packages and Python pins, the kernel package and every part of
+    it at the version the archive resolved (a new upload builds a new image); trixie and unstable add their
+    suites and Python."""
     packages = {("linux-image-amd64", "bookworm"): "linux-image-6.1.0-56-amd64",
                 ("linux-image-6.12-amd64", "bookworm"): "linux-image-6.12.117+deb12-amd64",
                 ("linux-image-amd64", "trixie"): "linux-image-6.12.117+deb13-amd64",
                 ("linux-image-amd64", "sid"): "linux-image-7.2.13+deb14-amd64"}
-    monkeypatch.setattr(aptconfig, "kernel_package", lambda meta, suite="bookworm": packages[meta, suite])
+
+    def resolve(kernel):
+        gen = aptconfig.generation(kernel)
+        return plan_of(packages[gen.kernel_meta, gen.kernel_suite])
+    monkeypatch.setattr(aptconfig, "resolve_kernel", resolve)
     for kernel in ("6.1", "6.12"):
         inputs = lab_image.image_inputs(kernel)
-        assert sorted(inputs) == ["format", "guest_files", "kernel_package", "packages", "python_requirements",
-                                  "suite"]
+        assert sorted(inputs) == ["format", "guest_files", "kernel_package", "kernel_parts", "packages",
+                                  "python_requirements", "suite"]
+        assert inputs["kernel_parts"] == {inputs["kernel_package"]: "1"}
         assert inputs["suite"] == "bookworm" and inputs["packages"] == sorted(lab_image.GUEST_PACKAGES)
     trixie, unstable = lab_image.image_inputs("trixie"), lab_image.image_inputs("unstable")
     assert trixie["suite"] == unstable["suite"] == "trixie" and trixie["python"] == "3.13"
@@ -238,23 +249,3 @@ def test_lab_run_memory_and_cpus_reach_qemu(tmp_path):
     assert args[args.index("-m") + 1] == "2048M"
 
 
-def test_a_split_kernel_package_brings_its_binary_and_modules(monkeypatch):
-    """Debian unstable splits the kernel: linux-image-RELEASE only depends on linux-base-RELEASE (config,
-    modules.builtin), linux-binary-RELEASE (vmlinuz) and linux-modules-RELEASE; bookworm's and trixie's image package holds both itself."""
-    shows = {
-        "linux-image-7.2.13+deb14-amd64": "Package: linux-image-7.2.13+deb14-amd64\nDepends: dracut | "
-        "initramfs-tools (>= 0.120+deb8u2) | linux-initramfs-tool, linux-base-7.2.13+deb14-amd64 (= 7.2.13-1), "
-        "linux-binary-7.2.13+deb14-amd64 (= 7.2.13-1), linux-modules-7.2.13+deb14-amd64 (= 7.2.13-1)\n",
-        "linux-image-6.12.117+deb13-amd64": "Package: linux-image-6.12.117+deb13-amd64\nDepends: kmod, "
-        "linux-base (>= 4.12~), initramfs-tools (>= 0.120+deb8u2) | linux-initramfs-tool\n"}
-    asked = []
-
-    def fake_run(args, what, **kw):
-        asked.append(args)
-        return subprocess.CompletedProcess(args, 0, stdout=shows[args[-1]], stderr="")
-    monkeypatch.setattr(lab_image, "_run", fake_run)
-    assert lab_image.kernel_parts("linux-image-7.2.13+deb14-amd64", ["-oX=1"]) == [
-        "linux-image-7.2.13+deb14-amd64", "linux-base-7.2.13+deb14-amd64", "linux-binary-7.2.13+deb14-amd64",
-        "linux-modules-7.2.13+deb14-amd64"]
-    assert asked[0][:2] == ["apt-cache", "-oX=1"]
-    assert lab_image.kernel_parts("linux-image-6.12.117+deb13-amd64", []) == ["linux-image-6.12.117+deb13-amd64"]
