@@ -223,10 +223,12 @@ def kernel_config(image: lab_image.LabImage) -> Path:
     if out.exists():
         return out
     debs_dir = lab_image.cache_root() / "debs"
+    versions = dict((image.manifest().get("inputs") or {}).get("kernel_parts") or {})  # the versions it was built from
     looked = []
     for package, place in KERNEL_CONFIG_PLACES:
         package, place = package.format(release=release), place.format(release=release)
-        debs = sorted(debs_dir.glob(f"{package}_*.deb"))
+        version = versions.get(package)
+        debs = sorted(debs_dir.glob(f"{package}_{version.replace(':', '%3a') if version else '*'}_*.deb"))
         looked.append(f"{place} in {debs[-1].name if debs else package + ' (not downloaded)'}")
         if not debs:
             continue
