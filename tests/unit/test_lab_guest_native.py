@@ -172,8 +172,8 @@ def test_lab_run_builds_the_module_before_the_guest_boots(cache, tmp_path, monke
         order.append(("boot", (run.project / "nvmeof_roce" / SO_313).exists()))
         return 0
     monkeypatch.setattr(commands, "run_in_guest", boot)
-    args = argparse.Namespace(nodes=1, target_cmd=None, host_cmd=None, cpus=None, command=["--", "true"], env=None,
-                              kernel="trixie", project=str(project), share=None, timeout=60, memory=1024,
-                              kvm=False, no_rxe=False)
-    assert commands.cmd_run(args) == 0
+    parser = argparse.ArgumentParser()
+    commands.register(parser.add_subparsers())
+    args = parser.parse_args(["lab", "run", "--kernel", "trixie", "--project", str(project), "--", "true"])
+    assert args.func(args) == 0
     assert order == ["ensure", ("boot", True)] and len(build.calls) == 1
