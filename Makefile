@@ -10,23 +10,29 @@ LAB_TIMEOUT ?= 3000
 # Host packages: QEMU (software emulation), debootstrap, e2fsprogs, cpio and zstd (6.12 kernel) build the lab image;
 # fio runs the benchmark job files in the unit tests; gcc and make build the lab's siw.ko when a run asks for it
 # (lab run --siw, lab/siw.py); the -dev packages build the native data path (csrc/, setup.py, docs/native.md).
+# BUILD_PACKAGES alone build a wheel (`make dist`: pip, and what setup.py compiles the native module with).
+BUILD_PACKAGES := python3-pip gcc python3-dev libibverbs-dev librdmacm-dev liburing-dev
+# Ceph (ceph-mon, ceph-osd, ceph-common, python3-rbd, python3-rados, librbd-dev) runs the RBD tests' development
+# cluster (nvmeof_roce/ceph/devcluster.py).
 APT_PACKAGES := qemu-system-x86 debootstrap e2fsprogs cpio xz-utils zstd fio gcc make \
-	python3-dev libibverbs-dev librdmacm-dev liburing-dev
+	python3-dev libibverbs-dev librdmacm-dev liburing-dev \
+	ceph-mon ceph-osd ceph-common python3-rbd python3-rados librbd-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: dist demo test test-extended test-unit test-lab test-long test-quick test-two-node test-reload-fuzz test-auth-rotation test-trixie test-unit-py313 test-blktests deps venv lab clean-lab help bench-transport bench-native bench-qd1-load test-native test-native-fuzz soak
+.PHONY: dist deps-build demo test test-extended test-unit test-lab test-long test-quick test-two-node test-reload-fuzz test-auth-rotation test-trixie test-unit-py313 test-blktests deps venv lab clean-lab help bench-transport bench-native bench-qd1-load test-native test-native-fuzz soak
 
-# A wheel of this checkout in dist/ (pip install dist/nvmeof_roce-*.whl gives the `nvmeof-roce` command).
-dist: venv
+# A wheel of this checkout in dist/ (pip install dist/nvmeof_roce-*.whl gives the `nvmeof-roce` command): only the
+# build dependencies, no venv, no lab tools, no plot extras (a production host builds it as it is).
+dist: deps-build
 	rm -rf dist build
-	$(VENV)/bin/python -m pip wheel -q --no-deps -w dist .
+	$(PYTHON) -m pip wheel -q --no-deps -w dist .
 	@ls dist/*.whl
 
 help:
 	@echo "make demo   - set up everything, build the lab if needed, run the main job"
 	@echo "make test   - set up everything, run unit tests and the lab tests"
-	@echo "make dist   - build a wheel into dist/"
-	@echo "make test-extended - iWARP, systemd workers, QoS/visibility/persist, initiator bench, a live RAM resize in the lab (about 16 min)"
+	@echo "make dist   - build a wheel into dist/ (installs only the build dependencies)"
+	@echo "make test-extended - iWARP, systemd workers, QoS/visibility/persist, initiator bench, live namespace changes in the lab (about 25 min)"
 	@echo "make test-long - the long lab scenarios (16-vCPU guest), not part of make test or CI"
 	@echo "make test-trixie - the Debian 13 lab tier: trixie's kernel host (nvme-cli 2.13) against our native target and nvmet"
 	@echo "make test-unit-py313 - the unit tier on Debian 13's Python 3.13, in a chroot of the trixie lab image (no guest)"
@@ -40,13 +46,19 @@ help:
 	@echo "make test-native-fuzz - the differential fuzz of the native data path: corpus, NATIVE_FUZZ_CAPSULES (100,000) capsules under ASan/UBSan, a TSan pass on poll-group threads"
 	@echo "make soak   - bench --jobs soak in the lab: SOAK_IOS (default 10^7) verified 4 KiB commands on the native path, a live change every 3 s; RSS growth per 10^6 commands"
 
-deps:
-	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+# The host packages of a list not yet installed, installed (apt-get, once).
+install_missing = @missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "[nvmeof-roce] installing host packages:$$missing"; \
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
+
+deps:
+	$(call install_missing,$(APT_PACKAGES))
+
+deps-build:
+	$(call install_missing,$(BUILD_PACKAGES))
 
 $(VENV)/.installed: pyproject.toml constraints.txt | deps
 	@echo "[nvmeof-roce] creating $(VENV)"
@@ -91,7 +103,7 @@ test-long: lab
 # unit's commands with --workers 2 (tests/lab/test_systemd_workers.py), the QoS cap under fio, per-host visibility
 # and --persist across a restart (tests/lab/test_service_features.py), and the initiator's native/Python/fio
 # bench (tests/lab/test_initiator_native.py), ANA inaccessible moving I/O between multipath paths and the
-# workers' scaling bench.  About 15 minutes in one boot.
+# workers' scaling bench, live namespace resizes and replacements.  About 25 minutes in one boot (tests/README.md).
 test-extended: lab
 	$(NVMEOF) lab run --siw --timeout $(LAB_TIMEOUT) -- python3 -m pytest -p no:cacheprovider -m "lab and extended" tests/lab
 

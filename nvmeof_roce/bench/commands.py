@@ -12,6 +12,7 @@ from typing import List, Optional
 from ..errors import NvmeofError
 from ..output import emit, progress, table
 from . import report
+from .fio import default_jobs_dir
 from .perftest import DEFAULT_TESTS
 from .runner import BenchConfig, BenchRunner, available_jobs, qd_sweep_jobs, select_jobs
 from . import twonode
@@ -396,7 +397,9 @@ def register(subparsers) -> None:
     p.add_argument("--timeout", type=float, default=3600, metavar="S",
                    help="with --two-node: lab time limit in seconds (default 3600)")
     p.add_argument("--node", choices=("target", "host"), help=argparse.SUPPRESS)  # inside the two-node lab
-    p.add_argument("--jobs-dir", type=Path, metavar="DIR", help="fio job files (default: the checkout's fio-jobs/)")
+    p.add_argument("--jobs-dir", type=Path, metavar="DIR",
+                   help=f"fio job files (default: {default_jobs_dir()}, the checkout's fio-jobs/ or the copy an "
+                        "installed package carries)")
     p.add_argument("--list-jobs", action="store_true", help="list the jobs and exit")
     p.add_argument("--from", dest="from_result", metavar="RESULT",
                    help="re-print an earlier run's table and re-draw its plots (bench.json or its directory)")

@@ -32,7 +32,9 @@ def _pyplot():
         import matplotlib
     except ImportError:
         raise NvmeofError("matplotlib is not installed, so no PNG charts",
-                          "pip install -e '.[plot]' (or re-draw later: nvmeof-roce bench --from RESULT.json)")
+                          "pip install 'nvmeof-roce[plot]' (from a checkout: pip install -e '.[plot]'; Debian's "
+                          "own: apt-get install python3-matplotlib), then re-draw: nvmeof-roce bench --from "
+                          "RESULT.json")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt

@@ -39,9 +39,9 @@ from .model import (ADRFAMS, ANA_GRPID_MAX, ANA_STATES, BACKENDS, BLOCK_SIZES, C
                     parse_flag, parse_size, subsystem_nqn_problem, subsystem_serial, userspace_only_keys,
                     validate_host_nqn, validate_nqn, validate_subsystem_nqn)
 from .loader import (MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, check_depth, load_config, load_config_collect,
-                     parse_config, parse_config_collect, parse_json_text)
+                     parse_config, parse_config_collect, parse_json_text, parse_namespace)
 from .userspace import (USERSPACE_FIX, USERSPACE_MAX_NSID, USERSPACE_QUEUE_SIZES, backing_identity,
-                        load_userspace_config, passthru_configured, validate_for_userspace)
+                        load_userspace_config, namespace_problems, passthru_configured, validate_for_userspace)
 
 __all__ = [
     "ConfigError", "TargetConfig", "PortConfig", "SubsystemConfig", "NamespaceConfig",

@@ -1,11 +1,15 @@
 """Device paths: /dev, /sys and /proc hold what the kernel provides, so nothing is ever created in them (a file
 made there is a RAM file on devtmpfs, gone at reboot with the data on it).  A device path that does not exist
 is an error that says which devices do exist (by id, as an admin names a disk that must not change its name at
-the next boot) and the likely typo."""
+the next boot) and the likely typo.
+
+A file namespace's file, where it is not there yet: the command that creates it (its directory too, where that
+is missing), and whether the filesystem it would be made on can hold the size asked."""
 import difflib
 import os
 import stat
-from typing import List, Tuple
+import shlex
+from typing import List, Optional, Tuple
 
 SYSTEM_TREES = ("/dev", "/sys", "/proc")
 BY_ID_DIR = "/dev/disk/by-id"
@@ -62,3 +66,44 @@ def empty_block_device(path: str) -> Tuple[str, str]:
     """The problem and the fix for a block device of 0 bytes: a loop device with no file, a drive with no medium."""
     return (f"{path}: is a block device of 0 bytes (a loop device with no file attached, or no medium)",
             f"attach a file to it (losetup {path} FILE), or name another device")
+
+
+def existing_parent(path: str) -> str:
+    """The nearest directory above `path` (made absolute) that exists: where a file made at `path` would live."""
+    d = os.path.dirname(os.path.abspath(path))
+    while not os.path.isdir(d):
+        d = os.path.dirname(d)
+    return d
+
+
+def create_file_command(path: str, size: str = "1G") -> str:
+    """The shell command that creates `path` as a file of `size`: `mkdir -p` first when its directory is missing
+    (a bare `truncate -s` fails there: "No such file or directory")."""
+    directory = os.path.dirname(os.path.abspath(path))
+    truncate = f"truncate -s {size} {shlex.quote(path)}"
+    return truncate if os.path.isdir(directory) else f"mkdir -p {shlex.quote(directory)} && {truncate}"
+
+
+def _size_text(n: int) -> str:
+    for unit, shift in (("P", 50), ("T", 40), ("G", 30), ("M", 20), ("K", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.3g}{unit}"
+    return f"{n} bytes"
+
+
+def filesystem_too_small(path: str, size: int) -> Optional[Tuple[str, str]]:
+    """The problem and the fix when a file of `size` bytes made at `path` would not fit on the filesystem that
+    would hold it (the nearest existing directory's, by os.statvfs: its whole size, not what is free, as a sparse
+    file takes room only when written); None when it fits or the filesystem cannot be asked."""
+    where = existing_parent(path)
+    try:
+        vfs = os.statvfs(where)
+    except OSError:
+        return None
+    total = vfs.f_blocks * vfs.f_frsize
+    if size <= total:
+        return None
+    return (f"{size} bytes ({_size_text(size)}) asked for {path}, but the filesystem holding {where} is only "
+            f"{total} bytes ({_size_text(total)})",
+            f"give a size of at most {_size_text(total)} (nvmeof_roce.size), or put device.path on a filesystem "
+            "that holds it")

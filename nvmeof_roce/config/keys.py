@@ -9,6 +9,11 @@ A host's `dhchap.key` and `dhchap.ctrl_key` (hosts[]) take one of three forms:
 - the name of a key in the config's keyring, `"nvmeof_roce": {"keyring": {NAME: PATH}}` (SPDK's
   `keyring_file_add_key` name and path; the userspace target's RPCs keep it).
 
+A key file given through a symbolic link (a secret volume's `..data/` links, /etc/alternatives-style
+indirection) is followed once, up front: the file actually opened is the link's target, its mode and owner are
+checked on that real file (0600 or 0400, as securefile.py writes secrets), and every message and the key's
+origin name both, `key file LINK (a link to TARGET)`, with a fix (chmod, chown) aimed at the target.
+
 Files are read when the config is loaded (start, reload, every change by RPC), so a key is rotated by
 replacing its file (write a new one, `mv` it over the old) and reloading.  No message here shows key
 material: they name the field, the file and its mode.
@@ -63,15 +68,19 @@ def check_keyring(ring, source: str) -> Dict[str, str]:
 
 
 def read_key_file(path: str, source: str, where: str) -> str:
-    """The text of key file `path` (stripped), refused unless a regular file only its owner may access."""
+    """The text of key file `path` (stripped), refused unless a regular file only its owner may access.  A link
+    is resolved first: the real file is opened and checked, and messages name the link and its target."""
     def bad(problem: str, fix: str) -> ConfigError:
-        return ConfigError(source, where, f"key file {path}: {problem}", fix)
+        return ConfigError(source, where, f"key file {shown}: {problem}", fix)
 
+    shown = path
     if not path.startswith("/"):
         raise bad("is not an absolute path", "give the key file's full path (the target's working directory "
                   "is not yours)")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not block the loop
+    # the file that holds the key: opened (never through a link again: O_NOFOLLOW), checked, named in every fix
+    shown, path = key_file_name(path), os.path.realpath(path)
+    try:  # O_NONBLOCK: a FIFO must not block the loop
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError as exc:
         raise bad(exc.strerror or str(exc), "create it (nvmeof-roce gen-dhchap-key ... > FILE; chmod 600 FILE) "
                   "or fix the path") from None
@@ -102,6 +111,12 @@ def read_key_file(path: str, source: str, where: str) -> str:
     return text
 
 
+def key_file_name(path: str) -> str:
+    """How messages name key file `path`: itself, or `LINK (a link to TARGET)` when it goes through a link."""
+    real = os.path.realpath(path)
+    return path if real == path else f"{path} (a link to {real})"
+
+
 def secret_text(value: str, ring: Dict[str, str], source: str, where: str) -> Tuple[str, str]:
     """(the DHHC-1 text, where it came from) for a config key value in any of its forms.  The origin is
     "inline", "key file PATH" or "keyring key NAME (PATH)": safe to print."""
@@ -109,7 +124,7 @@ def secret_text(value: str, ring: Dict[str, str], source: str, where: str) -> Tu
     if form == "inline":
         return value, "inline"
     if form == "file":
-        return read_key_file(value, source, where), f"key file {value}"
+        return read_key_file(value, source, where), f"key file {key_file_name(value)}"
     if form == "keyring":
         path = ring.get(value)
         if path is None:
@@ -117,7 +132,7 @@ def secret_text(value: str, ring: Dict[str, str], source: str, where: str) -> Tu
             raise ConfigError(source, where, f"no key {value!r} in the keyring (keys: {known})",
                               f"add it: keyring_file_add_key {{\"name\": \"{value}\", \"path\": ...}} (or "
                               f"{USERSPACE_KEY}.{KEYRING} in the config), or give the key file's path")
-        return read_key_file(path, source, where), f"keyring key {value} ({path})"
+        return read_key_file(path, source, where), f"keyring key {value} ({key_file_name(path)})"
     raise ConfigError(source, where, f"is not {_FORMS}", "give one of those (nvmeof-roce gen-dhchap-key makes a key)")
 
 

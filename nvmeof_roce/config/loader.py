@@ -16,7 +16,7 @@ from .. import shipped
 from ..tunables import QID_MAX, TARGET_SETTINGS
 from .errors import ConfigError, raise_all
 from .keys import KEYRING, check_keyring
-from .model import (ADRFAMS, ANA_GRPID_MAX, ANA_STATES, BACKENDS, BLOCK_SIZES, CNTLID_MAX, DEFAULT_MODEL,
+from .model import (ADRFAMS, ANA_GRPID_MAX, ANA_STATES, BACKENDS, BLOCK_SIZES, CNTLID_MAX, DEFAULT_MODEL, DEFAULT_TRTYPE,
                     DEFAULT_TRSVCID, DISCOVERY_NQN, MAX_BLOCKS, MAX_INLINE_DATA_SIZE, NSID_MAX, NS_IO_ENGINES,
                     NS_QUEUE_DEPTHS, PORTID_MAX, QOS_LIMITS, QOS_MAX, TREQS, TRTYPES, USERSPACE_KEY, UUID_RE,
                     WORKER_KEYS, AnaGroupConfig, HostConfig, NamespaceConfig, PortConfig, ReferralConfig,
@@ -190,10 +190,94 @@ def _read_json(path):
     return parse_json_text(text, source)
 
 
+class _DuplicateKey(Exception):
+    """A JSON object with a key twice (json.loads would keep the last silently); located afterwards."""
+
+
+def _refuse_duplicate_keys(pairs):
+    """json's object_pairs_hook: the object as a dict, unless one of its keys appears twice."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise _DuplicateKey()
+    return obj
+
+
+_JSON_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def find_duplicate_key(text: str):
+    """(JSON path of the key, line of its first and second appearance) of the first key that appears twice in
+    one object of `text`, a valid JSON document; None if there is none.  The path is the loader's
+    (`subsystems[0].namespaces[1].nsid`)."""
+    from json.decoder import scanstring
+    scan = json.JSONDecoder().scan_once
+
+    def space(pos):
+        return _JSON_SPACE.match(text, pos).end()
+
+    def line(pos):
+        return text.count("\n", 0, pos) + 1
+
+    def value(pos, path):  # the position after the value at `pos`; a duplicate found is returned as a tuple
+        if text[pos] == "{":
+            seen = {}
+            pos = space(pos + 1)
+            if text[pos] == "}":
+                return pos + 1
+            while True:
+                key, after = scanstring(text, pos + 1)
+                where = f"{path}.{key}" if path else key
+                if key in seen:
+                    return where, seen[key], line(pos)
+                seen[key] = line(pos)
+                end = value(space(space(after) + 1), where)  # past the ':'
+                if isinstance(end, tuple):
+                    return end
+                pos = space(end)
+                if text[pos] == "}":
+                    return pos + 1
+                pos = space(pos + 1)  # past the ','
+        if text[pos] == "[":
+            pos, index = space(pos + 1), 0
+            if text[pos] == "]":
+                return pos + 1
+            while True:
+                end = value(pos, f"{path}[{index}]")
+                if isinstance(end, tuple):
+                    return end
+                pos, index = space(end), index + 1
+                if text[pos] == "]":
+                    return pos + 1
+                pos = space(pos + 1)
+        return scan(text, pos)[1]
+
+    found = value(space(0), "")
+    return found if isinstance(found, tuple) else None
+
+
 def parse_json_text(text: str, source: str):
-    """A JSON document from text, with its nesting bounded: ConfigError naming the line for anything else."""
+    """A JSON document from text, with its nesting bounded and no key twice in an object: ConfigError naming the
+    line (and for a duplicate key its path) for anything else."""
     try:
-        data = json.loads(text)
+        data = _decode(text, source, _refuse_duplicate_keys)
+    except _DuplicateKey:
+        _decode(text, source)  # a syntax error further on is reported first, as such
+        try:
+            where, first, second = find_duplicate_key(text)
+        except (TypeError, ValueError, RecursionError):  # not found where json found it: say what is known
+            raise ConfigError(source, "", "a key appears twice in one object (JSON would keep the last "
+                              "silently)", "keep one of them") from None
+        raise ConfigError(source, where, f"appears twice in its object, on lines {first} and {second} (JSON "
+                          "would keep the last silently)",
+                          f"keep one of them: delete line {first} or line {second}, after merging what they "
+                          "say") from None
+    check_depth(data, source)
+    return data
+
+
+def _decode(text: str, source: str, object_pairs_hook=None):
+    try:
+        return json.loads(text, object_pairs_hook=object_pairs_hook)
     except json.JSONDecodeError as exc:
         raise ConfigError(source, f"line {exc.lineno} column {exc.colno}", f"invalid JSON: {exc.msg}",
                           "fix the JSON syntax (python3 -m json.tool FILE shows the error)") from None
@@ -202,8 +286,6 @@ def parse_json_text(text: str, source: str):
                           "a config is a few levels deep: check the file's brackets") from None
     except ValueError as exc:  # e.g. an integer of more digits than Python converts
         raise ConfigError(source, "", f"invalid JSON: {exc}", "fix the value") from None
-    check_depth(data, source)
-    return data
 
 
 def check_depth(data: Any, source: str, limit: int = MAX_CONFIG_DEPTH) -> None:
@@ -457,6 +539,22 @@ def _parse_subsystem(ctx: _Ctx, s: Any, where: str, hosts: set, errors: Optional
     return sub
 
 
+def parse_namespace(data: Any, config: TargetConfig, nqn: str, index: Optional[int] = None) -> NamespaceConfig:
+    """One namespace of subsystem `nqn` of the running `config` (an RPC's), parsed with the rules of a file: the
+    problem names the place it takes, `subsystems[i].namespaces[j]` (j: `index` for a namespace that replaces
+    one, else after the last).  A new namespace's NSID must be free in the subsystem."""
+    i, sub = next((i, s) for i, s in enumerate(config.subsystems) if s.nqn == nqn)
+    j = len(sub.namespaces) if index is None else index
+    where = f"subsystems[{i}].namespaces[{j}]"
+    ctx = _Ctx(config.source)
+    ns = _parse_namespace(ctx, data, where, nqn)
+    for k, other in enumerate(sub.namespaces):
+        if k != j and other.nsid == ns.nsid:
+            raise ctx.err(f"{where}.nsid", f"duplicate nsid {ns.nsid} (also namespaces[{k}])",
+                          "give each namespace of a subsystem its own nsid")
+    return ns
+
+
 def _parse_namespace(ctx: _Ctx, n: Any, where: str, subsys_nqn: str) -> NamespaceConfig:
     n = ctx.dict_at(n, where, optional=False)
     ctx.unknown(n, _NS_KEYS, where)
@@ -599,7 +697,7 @@ def _check_addr(ctx: _Ctx, where: str, trtype: str, adrfam: str, traddr: str, tr
     """trtype/adrfam/traddr/trsvcid consistency; returns trsvcid as int (0 if not applicable)."""
     if trtype not in TRTYPES:
         raise ctx.err(f"{where}.trtype", f"must be one of {', '.join(TRTYPES)}, got {trtype!r}",
-                      'NVMe over RoCE uses "rdma"')
+                      f'NVMe over RoCE uses "{DEFAULT_TRTYPE}"')
     if adrfam not in ADRFAMS:
         raise ctx.err(f"{where}.adrfam", f"must be one of {', '.join(a for a in ADRFAMS if a)}, got {adrfam!r}",
                       'RoCE over IPv4 uses "ipv4"')
@@ -638,7 +736,7 @@ def _parse_port(ctx: _Ctx, p: Any, where: str, subsystems: Optional[set]) -> Por
     portid = soft(ctx.int_at, p["portid"], f"{where}.portid", 0, PORTID_MAX, default=0)
     addr = soft(ctx.dict_at, p.get("addr"), f"{where}.addr", default={})
     soft(ctx.unknown, addr, _ADDR_KEYS, f"{where}.addr")
-    trtype = soft(ctx.str_at, addr.get("trtype", "rdma"), f"{where}.addr.trtype", default="rdma")
+    trtype = soft(ctx.str_at, addr.get("trtype", DEFAULT_TRTYPE), f"{where}.addr.trtype", default=DEFAULT_TRTYPE)
     adrfam = soft(ctx.str_at, addr.get("adrfam", fabric(trtype).adrfams[0] if _ip_service(trtype) else ""),
                   f"{where}.addr.adrfam", default="ipv4")
     traddr = soft(ctx.str_at, addr.get("traddr", ""), f"{where}.addr.traddr", default="")
@@ -718,7 +816,7 @@ def _parse_referral(ctx: _Ctx, r: Any, rw: str, names: set) -> ReferralConfig:
     names.add(name)
     ra = ctx.dict_at(r.get("addr"), f"{rw}.addr")
     ctx.unknown(ra, _ADDR_KEYS, f"{rw}.addr")
-    rt = ctx.str_at(ra.get("trtype", "rdma"), f"{rw}.addr.trtype")
+    rt = ctx.str_at(ra.get("trtype", DEFAULT_TRTYPE), f"{rw}.addr.trtype")
     rf = ctx.str_at(ra.get("adrfam", "ipv4"), f"{rw}.addr.adrfam")
     rtraddr = ctx.str_at(ra.get("traddr", ""), f"{rw}.addr.traddr")
     rsvc = ra.get("trsvcid", DEFAULT_TRSVCID)

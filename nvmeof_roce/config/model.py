@@ -5,6 +5,7 @@ flags, CPU lists), the derived identities (serial, namespace UUID) and the datac
 Each dataclass keeps the object it was parsed from (`raw`) and gives it back with `to_dict()`, in nvmetcli's
 shape with the generated values filled in."""
 import copy
+import dataclasses
 import hashlib
 import os
 import re
@@ -233,10 +234,14 @@ class AnaGroupConfig:
         return d
 
 
+# A port that names no trtype is an RDMA port (nvmetcli's default, and what this project serves).
+DEFAULT_TRTYPE = "rdma"
+
+
 @dataclass
 class PortConfig:
     portid: int
-    trtype: str = "rdma"
+    trtype: str = DEFAULT_TRTYPE
     adrfam: str = "ipv4"
     traddr: str = ""
     trsvcid: int = DEFAULT_TRSVCID      # 0 where the transport has no service id (loop, fc)
@@ -412,6 +417,13 @@ class TargetConfig:
 
     def port(self, portid: int) -> Optional[PortConfig]:
         return next((p for p in self.ports if p.portid == portid), None)
+
+    def with_namespaces(self, nqn: str, namespaces: List[NamespaceConfig]) -> "TargetConfig":
+        """This config with subsystem `nqn`'s namespaces replaced by `namespaces` (one namespace added, resized or
+        removed by an RPC); every other part is shared, the config itself is not changed."""
+        subsystems = [dataclasses.replace(s, namespaces=list(namespaces)) if s.nqn == nqn else s
+                      for s in self.subsystems]
+        return dataclasses.replace(self, subsystems=subsystems)
 
     def to_dict(self) -> dict:
         d = {k: copy.deepcopy(v) for k, v in self.raw.items()

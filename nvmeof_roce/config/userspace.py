@@ -4,12 +4,12 @@ those checks, as `target check` and `target serve` read a config.  The kernel pa
 keys and does not call them."""
 import os
 import stat
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
-from ..transport.registry import served_labels, serves
+from ..transport.registry import served_labels, served_quoted, serves
 from .errors import ConfigError, raise_all
 from .loader import load_config_collect
-from .model import DISCOVERY_NQN, USERSPACE_KEY, TargetConfig, parse_flag
+from .model import DEFAULT_TRTYPE, DISCOVERY_NQN, USERSPACE_KEY, SubsystemConfig, TargetConfig, parse_flag
 
 
 USERSPACE_FIX = "remove it, or serve this config with the kernel target: `nvmeof-roce nvmet apply`"
@@ -68,10 +68,6 @@ def validate_for_userspace(cfg: TargetConfig, memory: Optional[int] = None) -> L
     def refuse(where: str, what: str, fix: str = USERSPACE_FIX) -> None:
         errors.append(ConfigError(cfg.source, where, f"{what}: the userspace target does not implement it", fix))
 
-    def truthy(v: Any) -> bool:
-        f = parse_flag(v)
-        return bool(v) if f is None else f
-
     discovery_nqn = (raw.get("discovery") or {}).get("nqn") if isinstance(raw.get("discovery"), dict) else None
     if discovery_nqn not in (None, "", DISCOVERY_NQN):
         errors.append(ConfigError(cfg.source, "discovery.nqn",
@@ -87,11 +83,11 @@ def validate_for_userspace(cfg: TargetConfig, memory: Optional[int] = None) -> L
             continue
         where = f"ports[{i}]"
         addr = p.get("addr") if isinstance(p.get("addr"), dict) else {}
-        trtype = addr.get("trtype", "rdma")
+        trtype = addr.get("trtype", DEFAULT_TRTYPE)
         if not serves(trtype):
             errors.append(ConfigError(cfg.source, f"{where}.addr.trtype",
                                       f"{trtype!r}: the userspace target serves {served_labels()} only",
-                                      f'use "rdma", or {USERSPACE_FIX}'))
+                                      f"use {served_quoted()}, or {USERSPACE_FIX}"))
         traddr = str(addr.get("traddr", "") or "").strip()
         if serves(trtype) and traddr in WILDCARD_TRADDRS:
             # rdma_cm binds a wildcard to no device, so `target serve` cannot listen there (transport/rdma/cm.py)
@@ -111,7 +107,7 @@ def validate_for_userspace(cfg: TargetConfig, memory: Optional[int] = None) -> L
         for k, v in params.items():
             if k not in _US_PORT_PARAMS:
                 refuse(f"{where}.param.{k}", f"port parameter {k!r}")
-            elif k == "pi_enable" and truthy(v):
+            elif k == "pi_enable" and _truthy(v):
                 refuse(f"{where}.param.pi_enable", "protection information")
         lo, hi = USERSPACE_QUEUE_SIZES
         try:
@@ -128,9 +124,7 @@ def validate_for_userspace(cfg: TargetConfig, memory: Optional[int] = None) -> L
             refuse(f"{where}.{USERSPACE_KEY}.{k}", f"port setting {k!r}",
                    "remove it (no port settings exist; target settings go in the top-level \"nvmeof_roce\")")
 
-    paths: Dict[tuple, str] = {}
-    ram_total = 0
-    memory = _physical_memory() if memory is None else memory
+    namespaces_of = _namespace_checker(cfg, memory)
     for i, s in enumerate(cfg.subsystems):
         where = f"subsystems[{i}]"
         for k, v in (s.raw.get("attr") or {}).items():
@@ -138,21 +132,44 @@ def validate_for_userspace(cfg: TargetConfig, memory: Optional[int] = None) -> L
                 refuse(f"{where}.attr.{k}", f"subsystem attribute {k!r}",
                        f"remove it (known: {', '.join(sorted(_US_SUBSYS_ATTRS))}), or serve this config with the "
                        "kernel target: `nvmeof-roce nvmet apply`")
-            elif k == "pi_enable" and truthy(v):
+            elif k == "pi_enable" and _truthy(v):
                 refuse(f"{where}.attr.pi_enable", "protection information")
         if passthru_configured(s.raw.get("passthru")):
             refuse(f"{where}.passthru", "passthru (a subsystem that forwards to a local NVMe controller)")
         for k in s.userspace:
             refuse(f"{where}.{USERSPACE_KEY}.{k}", f"subsystem setting {k!r}", "remove it")
+        errors += namespaces_of(i, s)
+    return errors
+
+
+def namespace_problems(cfg: TargetConfig, memory: Optional[int] = None) -> List[ConfigError]:
+    """What the userspace target cannot serve of `cfg`'s namespaces (part of validate_for_userspace; an RPC that
+    adds or resizes one namespace checks the config it makes with this): an NSID above USERSPACE_MAX_NSID,
+    p2pmem, two namespaces on one backing, RAM namespaces larger than the machine's memory."""
+    check = _namespace_checker(cfg, memory)
+    return [e for i, s in enumerate(cfg.subsystems) for e in check(i, s)]
+
+
+def _namespace_checker(cfg: TargetConfig,
+                       memory: Optional[int]) -> Callable[[int, SubsystemConfig], List[ConfigError]]:
+    """namespace_problems one subsystem at a time, in order (a backing or the RAM total counts across them)."""
+    paths: Dict[tuple, str] = {}
+    ram_total = 0
+    memory = _physical_memory() if memory is None else memory
+
+    def check(i: int, s: SubsystemConfig) -> List[ConfigError]:
+        nonlocal ram_total
+        errors: List[ConfigError] = []
         for j, n in enumerate(s.namespaces):
-            nw = f"{where}.namespaces[{j}]"
+            nw = f"subsystems[{i}].namespaces[{j}]"
             if n.nsid > USERSPACE_MAX_NSID:
                 errors.append(ConfigError(cfg.source, f"{nw}.nsid",
                                           f"{n.nsid} is above {USERSPACE_MAX_NSID}, the highest NSID the userspace "
                                           "target serves", f"use an NSID in 1..{USERSPACE_MAX_NSID}"))
             # "resv": {"enable": "1"} (nvmet's resv_enable) is served: engine/reservations.py
-            if truthy(n.raw.get("p2pmem", 0) or 0):
-                refuse(f"{nw}.p2pmem", "peer-to-peer memory")
+            if _truthy(n.raw.get("p2pmem", 0) or 0):
+                errors.append(ConfigError(cfg.source, f"{nw}.p2pmem", "peer-to-peer memory: the userspace target "
+                                          "does not implement it", USERSPACE_FIX))
             if not n.enabled:
                 continue
             if n.backend == "file" and n.path:
@@ -172,7 +189,13 @@ def validate_for_userspace(cfg: TargetConfig, memory: Optional[int] = None) -> L
                         f"the RAM namespaces come to {ram_total} bytes with this one, more than the "
                         f"{memory} bytes of memory this machine has",
                         "make the RAM namespaces smaller, or use a file namespace"))
-    return errors
+        return errors
+    return check
+
+
+def _truthy(v: Any) -> bool:
+    f = parse_flag(v)
+    return bool(v) if f is None else f
 
 
 def load_userspace_config(path) -> TargetConfig:

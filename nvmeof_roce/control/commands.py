@@ -20,18 +20,22 @@
     nvmeof-roce target reload [--dry-run] [CONFIG]
 
 Every command takes `-S PATH` / `--socket PATH` (default: the only socket under /run/nvmeof-roce); `-s` is
-nvme-cli's service id (trsvcid) here as in every command.
+nvme-cli's service id (trsvcid) here as in every command.  The one exception is rpc.py's own: in `rpc
+nvmf_subsystem_add_listener ...` -S is rpc.py's --sock-impl (refused: RDMA listeners have none), --socket the
+control socket.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any, Dict, Optional
 
 from ..config import NS_IO_ENGINES
 from ..errors import NvmeofError
 from ..output import address, emit, table
+from ..transport import registry
 from .client import call, find_socket
 from .protocol import RpcError
 
@@ -79,11 +83,25 @@ def parse_params(pairs, json_text: Optional[str]) -> Optional[Dict[str, Any]]:
     return params if (params or json_text) else None
 
 
-# rpc.py's command lines for the methods this target answers (SPDK's python/spdk/cli/nvmf.py): METHOD ->
-# (positionals, options), an option as (flags, parameter, argparse keywords). `rpc METHOD ARGS...` reads ARGS as
-# rpc.py does for METHOD, its letters included (rpc.py's -s of nvmf_create_subsystem is the serial number); a
-# JSON object or --param after METHOD is the generic form. A parameter this target does not take is sent as
-# given, so the method names it in its refusal.
+class _NoSockImpl(argparse.Action):
+    """rpc.py's -S/--sock-impl of nvmf_subsystem_add_listener (a TCP listener's socket implementation: posix, uring,
+    ssl): nothing here honours it, so it is refused, and a path given to it is named as the control socket."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        socket = (f" {values!r} looks like a control socket's path: give it as --socket {values} (in this "
+                  "subcommand, as in rpc.py, -S is --sock-impl)." if "/" in values or values.endswith(".sock")
+                  else " In this subcommand, as in rpc.py, -S is --sock-impl; the control socket is --socket PATH.")
+        parser.error(f"{option_string} {values}: rpc.py's --sock-impl picks a TCP listener's socket implementation "
+                     "(posix, uring, ssl); this target's listeners are RDMA and have none, so it is not taken: "
+                     f"leave it out.{socket}")
+
+
+# rpc.py's command lines for the methods this target answers (SPDK's python/spdk/cli/nvmf.py and keyring.py):
+# METHOD -> (positionals, options), an option as (flags, parameter, argparse keywords). `rpc METHOD ARGS...` reads
+# ARGS as rpc.py does for METHOD, its letters included (rpc.py's -s of nvmf_create_subsystem is the serial number);
+# every long option is also taken spelled as its JSON parameter (--serial_number beside --serial-number,
+# --min_cntlid as older rpc.py spelled it); a JSON object or --param after METHOD is the generic form. A parameter
+# this target does not take is sent as given, so the method names it in its refusal.
 _FLAG = {"action": "store_true"}
 _INT = {"type": int}
 _TGT = (("-t", "--tgt-name"), "tgt_name", {})
@@ -99,12 +117,12 @@ RPC_FORMS: Dict[str, tuple] = {
     "nvmf_create_subsystem": ([_NQN], [
         _TGT, (("-s", "--serial-number"), "serial_number", {}), (("-d", "--model-number"), "model_number", {}),
         (("-a", "--allow-any-host"), "allow_any_host", _FLAG), (("-m", "--max-namespaces"), "max_namespaces", _INT),
-        (("-r", "--ana-reporting"), "ana_reporting", _FLAG), (("-i", "--min_cntlid"), "min_cntlid", _INT),
-        (("-I", "--max_cntlid"), "max_cntlid", _INT)]),
+        (("-r", "--ana-reporting"), "ana_reporting", _FLAG), (("-i", "--min-cntlid"), "min_cntlid", _INT),
+        (("-I", "--max-cntlid"), "max_cntlid", _INT)]),
     "nvmf_delete_subsystem": ([_NQN], [_TGT]),
     "nvmf_subsystem_add_listener": ([_NQN], _LISTEN + [
         (("-k", "--secure-channel"), "secure_channel", _FLAG), (("-n", "--ana-state"), "ana_state", {}),
-        (("-S", "--sock-impl"), "sock_impl", {})]),
+        (("-S", "--sock-impl"), "sock_impl", {"action": _NoSockImpl})]),
     "nvmf_subsystem_remove_listener": ([_NQN], _LISTEN),
     "nvmf_subsystem_listener_set_ana_state": ([_NQN], _LISTEN + [
         (("-n", "--ana-state"), "ana_state", {"required": True}), (("-g", "--anagrpid"), "anagrpid", _INT)]),
@@ -124,6 +142,8 @@ RPC_FORMS: Dict[str, tuple] = {
     "nvmf_subsystem_get_controllers": ([_NQN], [_TGT]),
     "nvmf_subsystem_get_qpairs": ([_NQN], [_TGT]),
     "nvmf_get_stats": ([], [_TGT]),
+    "keyring_file_add_key": ([("name", {}), ("path", {})], []),
+    "keyring_file_remove_key": ([("name", {})], []),
     "nvmf_create_transport": ([], [
         (("-t", "--trtype"), "trtype", {"required": True}), (("-g", "--tgt-name"), "tgt_name", {}),
         (("-q", "--max-queue-depth"), "max_queue_depth", _INT),
@@ -154,9 +174,25 @@ def _form_parser(method: str) -> argparse.ArgumentParser:
     for name, kwargs in positionals:
         p.add_argument(name, **kwargs)
     for flags, dest, kwargs in options:
+        as_parameter = f"--{dest}"  # the JSON parameter's spelling: --serial_number, --no_auto_visible
+        flags = flags + ((as_parameter,) if as_parameter not in flags else ())
         p.add_argument(*flags, dest=dest, **kwargs)
     socket_options(p, short="-S" not in p._option_string_actions)
     return p
+
+
+def _namespace_source(name: str) -> dict:
+    """rpc.py's bdev_name positional of nvmf_subsystem_add_ns: here a file or block device (a relative path made
+    absolute: the target's working directory is not the caller's); a bdev name (SPDK's Malloc0, Nvme0n1) is
+    refused saying how this target makes such a namespace, as it has no bdev layer."""
+    if name.startswith("/") or "/" in name or os.path.exists(name):
+        return {"path": os.path.abspath(name)}
+    raise NvmeofError(
+        f"nvmf_subsystem_add_ns (namespace.bdev_name): {name!r} is neither a file nor a block device, and this "
+        "target has no bdevs (nothing like SPDK's bdev_malloc_create makes one)",
+        "give the path of a file or block device; for a RAM namespace (SPDK's malloc bdev): nvmeof-roce target "
+        "add-ns NQN --ram 64M, or rpc nvmf_subsystem_add_ns '{\"nqn\": \"NQN\", \"namespace\": {\"backend\": "
+        "\"ram\", \"size\": \"64M\"}}'")
 
 
 def form_params(method: str, argv) -> tuple:
@@ -165,12 +201,13 @@ def form_params(method: str, argv) -> tuple:
     given = {k: values.pop(k) for k in ("socket", "timeout") if k in values}
     if method == "nvmf_subsystem_add_ns":  # rpc.py groups these as "namespace"; a bdev name here is a path
         ns = {k: values.pop(k) for k in _NS_FORM_KEYS if k in values}
-        name = ns.pop("bdev_name")
-        ns["path" if name.startswith("/") else "bdev_name"] = name
+        ns.update(_namespace_source(ns.pop("bdev_name")))
         values["namespace"] = ns
     elif "traddr" in values:  # rpc.py groups the address as "listen_address"
         values["listen_address"] = {k: values.pop(k) for k in ("trtype", "traddr", "trsvcid", "adrfam")
                                     if k in values}
+    elif method == "keyring_file_add_key":  # the caller's relative path, as the target (elsewhere) must read it
+        values["path"] = os.path.abspath(values["path"])
     elif method == "nvmf_subsystem_allow_any_host":  # as rpc.py: on unless --disable
         values.pop("enable", None)
         values["allow_any_host"] = not values.pop("disable", False)
@@ -293,6 +330,8 @@ def _listen_address(args) -> dict:
         raise NvmeofError(f"{args.target_command}: no address given",
                           f"e.g. nvmeof-roce target {args.target_command} {args.nqn} 10.0.0.1 -s 4420 "
                           "(or -a 10.0.0.1)")
+    if args.transport is None:  # the target serves several transports
+        raise NvmeofError(f"{args.target_command}: no transport given", "give it with -t TRTYPE")
     adrfam = args.adrfam or ("ipv6" if ":" in args.traddr else "ipv4")
     return {"trtype": args.transport.upper(), "adrfam": adrfam, "traddr": args.traddr, "trsvcid": str(args.trsvcid)}
 
@@ -491,8 +530,10 @@ def _listener_options(p) -> None:
     """nvme-cli's letters for a listener's address, as in `host connect`."""
     p.add_argument("-a", "--traddr", dest="traddr_opt", metavar="TRADDR", help="the address, as nvme-cli's -a")
     p.add_argument("-s", "--trsvcid", default="4420", help="the service (port) number (default 4420)")
-    p.add_argument("-t", "--transport", type=str.lower, choices=("rdma",), default="rdma",
-                   help="the transport: rdma, the one the userspace target serves")
+    served = registry.served_trtypes()  # the transports `target serve` serves (transport/registry.py)
+    p.add_argument("-t", "--transport", type=str.lower, choices=served,
+                   default=served[0] if len(served) == 1 else None,
+                   help=f"the transport: {' or '.join(served)}, what the userspace target serves")
     p.add_argument("--adrfam", choices=("ipv4", "ipv6"), help="the address family (default: from the address)")
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import copy
 import json
 import socket
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List
 
 from ..errors import NvmeofError
-from .protocol import RequestFramer, RpcError, answer_framed, handle_request
+from .protocol import RequestFramer, RpcError, answer_framed
 
 
 # How the supervisor answers a control call: methods whose answers are joined from every worker; methods it
@@ -48,9 +48,6 @@ class SupervisorControl:
         self._metrics_text = metrics_text
         self._saved = saved  # after a change: the supervisor keeps worker i's running config for its restart
         self._changed = changed  # after a change every worker made: CONFIG is written once (--persist)
-
-    def handle(self, request: Any) -> Optional[dict]:
-        return handle_request(self.call, request)
 
     def call(self, method: str, params: Any = None) -> Any:
         if method == "nvmeof_reload_config":
@@ -145,9 +142,9 @@ def _sum_namespaces(per_worker: List[List[dict]]) -> List[dict]:
 class ControlSocket:
     """The supervisor's Unix socket: one request at a time, answered before the next is read."""
 
-    def __init__(self, sock: socket.socket, handle: Callable[[Any], Optional[dict]]):
+    def __init__(self, sock: socket.socket, call: Callable[[str, Any], Any]):
         self.sock = sock
-        self.handle = handle
+        self.call = call  # SupervisorControl.call: the one dispatch of a request
         self.sock.setblocking(False)
 
     def serve_one(self) -> None:
@@ -165,7 +162,7 @@ class ControlSocket:
                     if not chunk:
                         return
                     items = framer.feed(chunk)
-                response = answer_framed(self.handle, items[0])
+                response = answer_framed(self.call, items[0])
             except OSError:
                 return
             if response is not None:

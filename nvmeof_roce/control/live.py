@@ -1,41 +1,43 @@
 """Live changes to a running userspace target: plan the difference between two configs, then apply it.
 
-Every change -- an RPC on the control socket, or a reload of the config file (SIGHUP) -- is expressed as a
-new `TargetConfig`, validated by the one config loader (config/), and applied here:
+A reload of the config file (SIGHUP, `nvmeof_reload_config`) and the RPCs that edit more than one namespace are
+expressed as a new `TargetConfig`, validated by the one config loader (config/), and applied here (an RPC that
+adds, resizes or removes one namespace calls the engine's verb for it instead: control/rpc/namespaces.py):
 
-    plan(old, new)        the list of `Change`s, or ConfigError for a difference that cannot be made live
+    plan_change(target, new)  the hosts' keys read once (engine/auth.py host_settings) and `plan` run once:
+                          the list of `Change`s, or ConfigError for a difference that cannot be made live
                           (a port's queue size, a subsystem's serial...: those need a restart)
     apply(target, new)    prepare every change that can fail (open backends, check a resized RAM
                           namespace, open listeners), and only when all are ready commit them; a failure
                           undoes what was prepared, so the running target stays as it was.  The commit
-                          waits for the changed subsystems' commands in flight to drain (`Applying`)
+                          waits for the changed subsystems' commands in flight to drain (the engine's
+                          `when_drained`; the `Applying` says when)
 
 Each kind of change is a small `Change` subclass: what it acts on, its text for a person, and its steps
 (`prepare` / `undo` / `commit` / `install`); `apply` runs the steps in order and does what is common to
-every change after them (controllers that lost access, namespace and discovery notices).  This module only
-plans and calls the engine's verbs (engine/api.py): it never changes the engine's objects itself.  The commit
-of namespace changes is bracketed by pause and resume of the subsystems they change, and made from the pause's
-callback, once their commands in flight (the native data path's too) have drained.
+every change after them (namespace and discovery notices).  This module only plans and calls the engine's
+verbs (engine/api.py): it never changes the engine's objects itself, and which controllers lose access is the
+engine's decision (`end_controllers_without_access`).  The commit of namespace changes is bracketed by pause
+and resume of the subsystems they change, and made once their commands in flight (the native data path's too)
+have drained.
 
 After the commit the hosts are told (NVMe 2.0 base spec §5.2 Asynchronous Event Request):
   - Namespace Attribute Changed notices with the Changed Namespace List log (0x04) when a namespace is added,
     removed or resized (nvmet_ns_changed);
   - Discovery Log Page Change notices for discovery controllers whose log changed and that enabled the event
     (persistent discovery controllers; nvmet_port_disc_changed);
-  - controllers of a host that lost access (allow-list, subsystem removed from its port, subsystem deleted)
-    are ended, as nvmet does when a host is unlinked from a subsystem.
+  - controllers of a host that lost access (allow-list, subsystem removed from its port, subsystem deleted,
+    port closed) are ended, as nvmet does when a host is unlinked from a subsystem.
 """
 from __future__ import annotations
 
 import logging
-from typing import Callable, ClassVar, Dict, List, Optional, Tuple
+from typing import ClassVar, Dict, List, Optional, Tuple
 
 from ..config import ConfigError, NamespaceConfig, PortConfig, SubsystemConfig, TargetConfig
 from ..engine import auth
-from ..engine.ana import DEFAULT_GRPID, set_ana_state
-from ..engine.api import PreparedResize, namespace_where
-from ..engine.limits import MAX_NSID
-from ..engine.subsystem import Namespace, Subsystem
+from ..engine.api import (DEFAULT_GRPID, DRAIN_TIMEOUT, MAX_NSID, Applying, Namespace,  # noqa: F401 (DRAIN_TIMEOUT
+                          PreparedResize, Subsystem, namespace_where)                   # and Applying re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -306,10 +308,7 @@ class RemovePort(Change):
     def __init__(self, port: PortConfig):
         super().__init__(portid=port.portid, text=f"close port {port.portid} ({port.traddr}:{port.trsvcid_str})")
 
-    def commit(self, run):
-        for ctrl in run.target.controllers():
-            if getattr(ctrl.port, "portid", None) == self.portid:
-                run.ended.append((ctrl, f"port {self.portid} removed"))
+    def commit(self, run):  # its controllers are ended after the commit (Target.end_controllers_without_access)
         if run.listeners is not None:
             run.listeners.close(self.portid)
         run.target.close_port(self.portid)
@@ -408,7 +407,7 @@ class AnaState(Change):
         self.grpid, self.state = grpid, state
 
     def commit(self, run):
-        set_ana_state(run.target, self.portid, self.grpid, self.state)
+        run.target.set_ana_state(self.portid, self.grpid, self.state)
 
 
 class HostKey(Change):
@@ -624,30 +623,11 @@ class _Apply:
 _INSTALL_ORDER = {AddNamespace: 0, ReplaceNamespace: 0, ResizeNamespace: 1}
 
 
-class Applying:
-    """A live change under way: `done` once it was committed (`error` None) or given up (`error` says why).  The
-    commit of namespace changes waits for the native and Python commands of their subsystems to drain (the
-    engine's pause); that is at once when none is in flight, the common case.  `then(fn)` calls `fn(error)`
-    when it is done (at once if it is).
-    Not server.py's DeferredAnswer: this is the change's own outcome, for every caller (an RPC, a reload, tests);
-    that is one request's JSON-RPC answer, which Control.call makes from this outcome once the config is saved."""
-
-    def __init__(self):
-        self.done = False
-        self.error: Optional[Exception] = None
-        self._then: List[Callable[[Optional[Exception]], None]] = []
-
-    def then(self, fn: Callable[[Optional[Exception]], None]) -> None:
-        if self.done:
-            fn(self.error)
-        else:
-            self._then.append(fn)
-
-    def finish(self, error: Optional[Exception] = None) -> None:
-        self.done, self.error = True, error
-        callbacks, self._then = self._then, []
-        for fn in callbacks:
-            fn(error)
+def plan_change(target, new: TargetConfig) -> Tuple[List[Change], dict]:
+    """(the changes that make the running `target` serve `new`, the hosts' DH-HMAC-CHAP settings of `new`): each
+    computed once, the keys read first (a ConfigError naming a key before anything is planned)."""
+    host_auth = auth.host_settings(new)
+    return plan(target.config, new, target.host_auth, host_auth), host_auth
 
 
 def apply(target, new: TargetConfig, listeners: Optional[Listeners] = None,
@@ -656,11 +636,12 @@ def apply(target, new: TargetConfig, listeners: Optional[Listeners] = None,
     """Make the running `target` serve `new`; returns the changes.  A failure to prepare raises and changes
     nothing.  The commit follows once the subsystems whose namespaces change have drained (at once when nothing
     is in flight); `applying` is told when it is made, or that it was given up after DRAIN_TIMEOUT (the
-    subsystems resumed, nothing changed).  `host_auth`: auth.host_settings(new), when the caller has it."""
+    subsystems resumed, nothing changed).  `changes` and `host_auth`: plan_change(target, new), when the caller
+    has them (computed here otherwise, once)."""
     applying = applying or Applying()
     if changes is None:
-        changes = plan(target.config, new)
-    if host_auth is None:
+        changes, host_auth = plan_change(target, new)
+    elif host_auth is None:
         host_auth = auth.host_settings(new)  # ConfigError naming the key before anything changes
     if not changes:
         target.rebind(new, host_auth)
@@ -687,77 +668,29 @@ def apply(target, new: TargetConfig, listeners: Optional[Listeners] = None,
     # -- commit, once the subsystems whose namespaces change are paused and drained: no command, native or
     # Python, still uses a namespace as it was (a Write's RDMA READ still lands in the memory it was given).
     paused = sorted({ch.nqn for ch in changes if ch.pauses})
+    commit = _Commit(run, changes, paused, host_auth, disc_before)
     if not paused:
-        _commit(run, changes, paused, host_auth, disc_before)
+        commit()
         applying.finish()
         return changes
-    drain = _Drain(run, changes, paused, host_auth, disc_before, applying)
-    target.tick_hooks.append(drain.watch)
-    for nqn in paused:
-        target.pause(nqn, lambda nqn=nqn: drain.drained(nqn))
+    target.when_drained(paused, commit, commit.undo, applying, new.source)
     return changes
 
 
-class _Drain:
-    """An apply waiting for its paused subsystems to drain: the commit once the last one has, or the give-up
-    after DRAIN_TIMEOUT (the subsystems resumed, every change undone).  An object, not closures: a nested
-    function that removes itself from the tick hooks names itself, a reference cycle that would keep the changes -
-    a resized or removed namespace's memory, pinned by its registration - until the garbage collector's next full
-    pass (the soak's RSS grew in steps of the scratch namespace's size)."""
+class _Commit:
+    """The commit of a prepared plan, and its undo when the drain is given up.  An object, not closures (see
+    engine/api.py _Drain: a resized or removed namespace's memory must not be kept by a reference cycle)."""
 
-    def __init__(self, run: "_Apply", changes: List[Change], paused: List[str], host_auth: dict, disc_before,
-                 applying: Applying):
-        self.run, self.changes, self.paused, self.host_auth = run, changes, paused, host_auth
-        self.disc_before, self.applying = disc_before, applying
-        self.draining = set(paused)
-        self.deadline = run.target.clock() + DRAIN_TIMEOUT
+    def __init__(self, run: "_Apply", changes: List[Change], paused: List[str], host_auth: dict, disc_before):
+        self.run, self.changes, self.paused, self.host_auth, self.disc_before = \
+            run, changes, paused, host_auth, disc_before
 
-    def drained(self, nqn: str) -> None:
-        self.draining.discard(nqn)
-        if self.draining or self.applying.done:
-            return
-        self.run.target.tick_hooks.remove(self.watch)
+    def __call__(self) -> None:
         _commit(self.run, self.changes, self.paused, self.host_auth, self.disc_before)
-        self.applying.finish()
 
-    def watch(self, now: float) -> None:
-        if now < self.deadline or self.applying.done:
-            return
-        target = self.run.target
-        target.tick_hooks.remove(self.watch)
-        error = _drain_timeout(target, self.run.new, sorted(self.draining))
-        _resume(target, self.paused)
+    def undo(self) -> None:
         for ch in self.changes:
             ch.undo(self.run)
-        log.error("live change given up: %s", error)
-        self.applying.finish(error)
-
-
-# A drain that has not ended after this many seconds (a device that does not answer) is given up: the subsystems
-# resume as they were and the change is refused, naming the namespaces and their commands in flight.
-DRAIN_TIMEOUT = 30.0
-
-
-def _drain_timeout(target, new: TargetConfig, nqns: List[str]) -> ConfigError:
-    busy = []
-    for nqn in nqns:
-        per_ns = target.native_in_flight(nqn)
-        busy += [f"{nqn}: namespace {nsid}: {n} native command{'s' if n != 1 else ''} in flight"
-                 for nsid, n in sorted(per_ns.items())]
-        running = target.commands_running(nqn) - sum(per_ns.values())
-        if running > 0:
-            busy.append(f"{nqn}: {running} command{'s' if running != 1 else ''} in flight in the core")
-    return ConfigError(new.source, "", f"not applied: still waiting after {DRAIN_TIMEOUT:g} s for "
-                       f"{'; '.join(busy) or ', '.join(nqns)}",
-                       "a device that does not complete its commands holds the change: check the namespace's "
-                       "device, then send the change again")
-
-
-def _resume(target, nqns: List[str]) -> None:
-    """Resume the subsystems an apply paused that still exist and still hold their commands."""
-    for nqn in nqns:
-        if nqn in target.subsystems and target.subsystems[nqn].holding:
-            target.resume(nqn)
 
 
 def _commit(run: _Apply, changes: List[Change], paused: List[str], host_auth: dict, disc_before) -> None:
@@ -771,20 +704,10 @@ def _commit(run: _Apply, changes: List[Change], paused: List[str], host_auth: di
             ch.install(run)
         target.rebind(new, host_auth)  # a namespace's visibility and QoS limits come with its new config
     finally:  # a bug above must not leave their commands waiting for good
-        _resume(target, paused)
+        target.resume_held(paused)
 
-    # access: hosts that may no longer reach a subsystem through the port they came in on
-    ended = run.ended
-    for ctrl in target.controllers():
-        sub = ctrl.subsystem
-        if sub.is_discovery or ctrl.dead or any(c is ctrl for c, _ in ended):
-            continue
-        if not sub.host_allowed(ctrl.hostnqn):
-            ended.append((ctrl, f"host {ctrl.hostnqn} is no longer allowed"))
-        elif not ctrl.port.exports(sub.nqn):
-            ended.append((ctrl, f"{sub.nqn} is no longer exported on port {ctrl.port.portid}"))
-    for ctrl, reason in ended:
-        target.end_controller(ctrl, reason)
+    # access: the engine ends the controllers whose hosts may no longer reach their subsystem
+    target.end_controllers_without_access(run.ended)
 
     for nqn, nsids in run.ns_changed.items():
         for nsid in sorted(nsids):

@@ -169,9 +169,9 @@ def error_response(why: str, code: int = PARSE_ERROR) -> dict:
             "error": RpcError(why, "", "send one JSON-RPC 2.0 object per request", code).to_dict()}
 
 
-def answer_framed(handle: Callable[[Any], Optional[dict]], item: tuple) -> Optional[dict]:
-    """The response to one item of `RequestFramer.feed`: an error item's, or `handle(request)` for a value
-    that decodes (None for a notification)."""
+def answer_framed(call: Callable[[str, Any], Any], item: tuple) -> Optional[dict]:
+    """The response to one item of `RequestFramer.feed`: an error item's, or `handle_request(call, request)` for
+    a value that decodes (None for a notification): `call(method, params)` is the one dispatch."""
     if item[0] == "error":
         _, why, fatal = item
         return error_response(why, INVALID_REQUEST if fatal else PARSE_ERROR)
@@ -181,4 +181,4 @@ def answer_framed(handle: Callable[[Any], Optional[dict]], item: tuple) -> Optio
         return error_response("request is not UTF-8")
     except ValueError as exc:
         return error_response(f"invalid JSON: {exc}")
-    return handle(request)
+    return handle_request(call, request)

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 class DeferredAnswer:
     """The result of a method whose answer comes later: a live change whose commit waits for its subsystems'
-    commands in flight to drain (control/live.py Applying).  The server answers the request when it settles.
+    commands in flight to drain (engine/api.py Applying).  The server answers the request when it settles.
     Not the Applying itself: that is the change's outcome, for any caller; this is the answer Control.call makes
     from it (the config saved, the result computed or the error as an RpcError), sent once on one connection."""
 
@@ -58,7 +58,7 @@ class _Conn:
 
 
 class RpcServer:
-    """Serves a `Control` (control.py) on a Unix socket from an event loop with watch(fd, cb) / unwatch(fd)."""
+    """Serves a `Control` (methods.py) on a Unix socket from an event loop with watch(fd, cb) / unwatch(fd)."""
 
     def __init__(self, control, path: str, loop, sock: Optional[socket.socket] = None):
         self.control = control
@@ -97,7 +97,7 @@ class RpcServer:
             self._close(conn)
             return
         for item in conn.framer.feed(data):
-            response = answer_framed(self.control.handle, item)
+            response = answer_framed(self.control.call, item)
             if response is not None and isinstance(response.get("result"), DeferredAnswer):
                 deferred = response.pop("result")
                 deferred.when_done(lambda part, conn=conn, head=response: self._answer_later(conn, dict(head, **part)))

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Deque, Dict, List, Optional, Tuple
+from typing import Deque, Dict, List, Optional, Protocol, Tuple
 
-from ..engine.latency import NamespaceStats
-from ..transport.rdma.native_queue import closing_queues
+from ..transport import registry
+from ..transport.contracts import Listener, Loop
+from ..tunables import CORES, POLL
 
 
 def ns_counters(ns) -> Tuple[int, int, int, int]:
@@ -60,7 +61,7 @@ class Sampler:
 # ------------------------------------------------------------------------------------------- status
 
 def namespace_status(nqn: str, ns, sampler: Optional[Sampler]) -> dict:
-    stats: NamespaceStats = ns.stats
+    stats = ns.stats  # engine/latency.py NamespaceStats
     d = {
         "nsid": ns.nsid, "backend": ns.config.backend, "path": ns.config.path, "block_size": ns.block_size,
         "blocks": ns.num_blocks, "size_bytes": ns.num_blocks * ns.block_size, "uuid": ns.config.uuid,
@@ -80,9 +81,9 @@ def namespace_status(nqn: str, ns, sampler: Optional[Sampler]) -> dict:
 def queue_status(qs) -> dict:
     status = {"qid": qs.qid, "depth": qs.depth, "sqsize": qs.sqsize, "active": qs.active,
               "peer": qs.transport.request.peer or ""}
-    polling = getattr(qs.transport, "polling_status", None)  # a native queue's (transport/rdma/native_queue.py)
+    polling = qs.transport.polling_status()  # a queue that polls (transport/contracts.py TargetQueue)
     if polling is not None:
-        status["polling"] = polling()
+        status["polling"] = polling
     return status
 
 
@@ -93,16 +94,27 @@ def controller_status(ctrl) -> dict:
             "num_io_qpairs": len(ctrl.io_queues), "queues": queues}
 
 
-def transport_status(server) -> dict:
-    """The event loop's longest pass, and each listener's figures (transport/base.py `Listener.status`)."""
+class Served(Protocol):
+    """What `target status` reads of the service that runs the target (service/serve.py `TargetServer`)."""
+
+    loop: Loop
+    listeners: List[Listener]
+    data_path: str  # the I/O queues' data path (docs/native.md)
+    data_path_reason: str  # why that one
+    poll: str  # how queues that poll find completions (tunables.POLL)
+    cores: int  # poll-group threads (tunables.CORES)
+
+    def transport_options(self) -> dict:
+        """The served transports' options (each entry's `dump_opts`), merged."""
+
+
+def transport_status(server: Optional[Served]) -> dict:
+    """The event loop's longest pass, each listener's figures (transport/contracts.py `Listener.status`) and
+    the figures of every registered transport (`TransportOps.figures`)."""
     if server is None:
         return {"loop": {}, "listeners": []}
-    loop = getattr(server, "loop", None)
-    longest = getattr(loop, "longest_pass", None)
-    return {"loop": {"longest_pass_s": longest if isinstance(longest, (int, float)) else None},
-            "listeners": [lst.status() for lst in getattr(server, "listeners", [])],
-            # native queues closed while their backend still held commands (docs/native.md, "Closing a queue")
-            "closing_queues": closing_queues()}
+    return {"loop": {"longest_pass_s": server.loop.longest_pass},
+            "listeners": [lst.status() for lst in server.listeners], **registry.figures()}
 
 
 def port_status(target) -> List[dict]:
@@ -115,7 +127,8 @@ def port_status(target) -> List[dict]:
             for p in target.config.ports]
 
 
-def target_status(target, sampler: Optional[Sampler] = None, server=None, socket_path: str = "") -> dict:
+def target_status(target, sampler: Optional[Sampler] = None, server: Optional[Served] = None,
+                  socket_path: str = "") -> dict:
     subsystems = []
     for nqn, sub in target.subsystems.items():
         ports = [p.portid for p in target.config.ports if nqn in p.subsystems]
@@ -136,9 +149,10 @@ def target_status(target, sampler: Optional[Sampler] = None, server=None, socket
         "subsystems": subsystems, "hosts": list(hosts.values()), "ports": port_status(target),
         "discovery_controllers": [controller_status(c) for c in target.discovery.controllers.values()],
         "transport": transport_status(server),
-        "data_path": getattr(server, "data_path", "python"),  # the I/O queues' (docs/native.md)
-        "data_path_reason": getattr(server, "data_path_reason", ""),  # why that one (service/serve.py)
-        "poll": getattr(server, "poll", "interrupt"),  # how native queues find completions (tunables.POLL)
-        "cores": getattr(server, "cores", 1),  # poll-group threads (tunables.CORES)
-        "poll_groups": server.poll_groups.status() if getattr(server, "poll_groups", None) is not None else [],
+        # without a service (the unit tests' loopback target): the Python data path, nothing polled
+        "data_path": server.data_path if server is not None else "python",  # the I/O queues' (docs/native.md)
+        "data_path_reason": server.data_path_reason if server is not None else "",  # why (service/serve.py)
+        "poll": server.poll if server is not None else POLL.default,
+        "cores": server.cores if server is not None else CORES.default,
+        "poll_groups": server.transport_options().get("poll_groups", []) if server is not None else [],
     }

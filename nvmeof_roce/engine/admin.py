@@ -40,33 +40,28 @@ CMIC = I.CMIC_MULTI_PORT | I.CMIC_MULTI_CTRL | I.CMIC_ANA
 COMMANDS = CommandTable("admin")  # each handler below declares its opcode and effects
 
 
-def sgls_for(ops, in_capsule_size: int) -> int:
-    """Identify's SGLS: what the queue's transport takes (its registry entry's flags; None: keyed and
-    in-capsule, as RDMA)."""
-    sgls = I.SGLS_SUPPORTED
-    if ops is None or ops.keyed_sgls:
-        sgls |= I.SGLS_KEYED
-    if in_capsule_size and (ops is None or ops.in_capsule_data):
-        sgls |= I.SGLS_OFFSET
-    return sgls
+def sgls_for(queue, in_capsule_size: int) -> int:
+    """Identify's SGLS: the SGL kinds the transport of the queue the command came on takes (its registry
+    entry's `sgls`), for a port with `in_capsule_size` bytes of in-capsule data."""
+    return queue.ops.sgls(in_capsule_size)
 
 
 def firmware_revision(sub) -> str:
     """FR of Identify Controller: the subsystem's attr firmware (nvmet's attr_firmware), else our version."""
-    config = getattr(sub, "config", None)
+    config = sub.config
     return (config.attrs.get("firmware") if config is not None else None) or FIRMWARE_REVISION
 
 
 def ieee_oui(sub) -> bytes:
     """IEEE of Identify Controller: attr ieee_oui (nvmet's attr_ieee_oui), least significant byte first as
     nvmet_execute_identify_ctrl puts it (put_unaligned_le24); zero when not given."""
-    config = getattr(sub, "config", None)
+    config = sub.config
     value = (config.attrs.get("ieee_oui") if config is not None else None) or "0"
     return int(str(value), 0).to_bytes(3, "little")
 
 
-def identify_controller(ctrl) -> bytes:
-    """Identify Controller as the Linux host wants it (§5.2, §8.1 item 8)."""
+def identify_controller(ctrl, queue) -> bytes:
+    """Identify Controller as the Linux host wants it (§5.2, §8.1 item 8), asked on `queue`."""
     sub = ctrl.subsystem
     port = ctrl.port
     mqes = port.mqes
@@ -76,7 +71,7 @@ def identify_controller(ctrl) -> bytes:
         cntrltype=I.CNTRLTYPE_IO, acl=3, aerl=MAX_AER - 1, frmw=0x03, lpa=0x07, elpe=ERROR_LOG_ENTRIES - 1,
         kas=KAS, anatt=ANATT_SECONDS, anacap=ANACAP, anagrpmax=ANA_GRPID_MAX, nanagrpid=ANA_GRPID_MAX,
         mnan=MAX_NSID, sqes=0x66, cqes=0x44, maxcmd=mqes + 1, nn=MAX_NSID, oncs=ONCS, vwc=1,
-        sgls=sgls_for(ctrl.admin_queue.ops if ctrl.admin_queue else None, port.in_capsule_size), subnqn=sub.nqn,
+        sgls=sgls_for(queue, port.in_capsule_size), subnqn=sub.nqn,
         ioccsz=(64 + port.in_capsule_size) // 16,
         iorcsz=1, icdoff=0, msdbd=1, psd0_max_power=0x09C4, psd0_entry_lat=0x10, psd0_exit_lat=0x4,
     ).pack()
@@ -120,7 +115,7 @@ def _identify(t: Target, req: Request) -> Outcome:
         data = (identify_namespace(ns, t.ana.state(ctrl.port.portid, ns.ana_grpid), reservations.rescap(t, ns)) if ns
                 else bytes(I.IDENTIFY_SIZE))  # inactive (or not visible to this host): all zero (NCAP 0)
     elif cns == A.CNS_CONTROLLER:
-        data = identify_controller(ctrl)
+        data = identify_controller(ctrl, req.queue)
     elif cns == A.CNS_ACTIVE_NS_LIST:
         if nsid >= NSID_ALL - 1:
             return t.complete(req, S.INVALID_NS | S.DNR, location=LOC_NSID)

@@ -5,13 +5,18 @@ nvmet_ns_enable()/nvmet_ns_disable() and SPDK's RPCs call spdk_nvmf_subsystem_ad
 spdk_nvmf_subsystem_pause() and resume().  `EngineApi` is mixed into `Target` (engine/core.py), so each verb is
 called on the target itself: `target.install_namespace(nqn, ns)`.
 
-    namespaces   prepare_namespace (opens the backend: the only place an open error becomes the ConfigError naming
+    namespaces   add_namespace, remove_namespace, set_namespace_size: one whole change each (an RPC's), the
+                 running config updated with it; and the steps they and a reload's plan are made of:
+                 prepare_namespace (opens the backend: the only place an open error becomes the ConfigError naming
                  the config field), install_namespace, retire_namespace, discard_namespace (prepared, never
                  installed), prepare_resize + resize_namespace, namespace_changed (the hosts' notice)
-    subsystems   prepare_subsystem + add_subsystem, remove_subsystem, pause / resume
-    ports        open_port / close_port: the port's queue handler (the listener is the caller's, live.Listeners)
+    subsystems   prepare_subsystem + add_subsystem, remove_subsystem, pause / resume, when_drained (pause, commit
+                 once drained, or give up after DRAIN_TIMEOUT: an `Applying` says which)
+    ports        open_port / close_port: the port's queue handler (the listener is the caller's, live.Listeners);
+                 set_ana_state (a port's ANA group, its controllers told)
     config       rebind (running objects follow a new config), discovery_views + discovery_changed (genctr, notices)
-    controllers  end_controller (engine/core.py): end one now
+    controllers  end_controller (engine/core.py): end one now; end_controllers_without_access: after a change, the
+                 engine decides whose host lost its way to a subsystem (allow-list, port, export) and ends them
 
 Pause and resume fence a change per subsystem: a paused subsystem's new I/O commands wait (never failed, never
 dropped) and start on resume in arrival order; `pause`'s callback fires once its commands in flight have drained.
@@ -26,13 +31,14 @@ namespace as it is.
 from __future__ import annotations
 
 import logging
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from ..config import ConfigError, NamespaceConfig, PortConfig, SubsystemConfig, TargetConfig
 from ..nvme import admin as A
 from ..transport.lifecycle import FREE, move
 from ..errors import NvmeofError
 from . import native_view, reservations
+from .ana import DEFAULT_GRPID, set_ana_state as _set_ana_state  # noqa: F401 (DEFAULT_GRPID: for the control plane)
 from .backends import BackendError, open_backend
 from .discovery import discovery_entries
 from .limits import MAX_NSID
@@ -52,6 +58,37 @@ def namespace_where(config: TargetConfig, nqn: str, nsid: int) -> str:
     return "subsystems"
 
 
+# A drain that has not ended after this many seconds (a device that does not answer) is given up: the subsystems
+# resume as they were and the change is refused, naming the namespaces and their commands in flight.
+DRAIN_TIMEOUT = 30.0
+
+
+class Applying:
+    """A live change under way: `done` once it was committed (`error` None) or given up (`error` says why).  The
+    commit of namespace changes waits for the native and Python commands of their subsystems to drain (the
+    engine's pause); that is at once when none is in flight, the common case.  `then(fn)` calls `fn(error)`
+    when it is done (at once if it is).
+    Not control/server.py's DeferredAnswer: this is the change's own outcome, for every caller (an RPC, a reload,
+    tests); that is one request's JSON-RPC answer, made from this outcome once the config is saved."""
+
+    def __init__(self):
+        self.done = False
+        self.error: Optional[Exception] = None
+        self._then: List[Callable[[Optional[Exception]], None]] = []
+
+    def then(self, fn: Callable[[Optional[Exception]], None]) -> None:
+        if self.done:
+            fn(self.error)
+        else:
+            self._then.append(fn)
+
+    def finish(self, error: Optional[Exception] = None) -> None:
+        self.done, self.error = True, error
+        callbacks, self._then = self._then, []
+        for fn in callbacks:
+            fn(error)
+
+
 class PreparedResize:
     """A namespace's new size, allocated by prepare_resize and not yet in use."""
 
@@ -63,6 +100,77 @@ class EngineApi:
     """The verbs, mixed into Target (module docstring); they use the target's own state, defined in core.py."""
 
     # -------------------------------------------------------------------------------------------- namespaces
+    def add_namespace(self, nqn: str, ns_config: NamespaceConfig, applying: Optional[Applying] = None) -> Applying:
+        """Add namespace `ns_config` to running subsystem `nqn` (nvmf_subsystem_add_ns; the caller parsed and checked
+        it as the config loader does): its backend opens now (a ConfigError naming its field, and nothing
+        changed), then, with the subsystem paused and drained, it is installed, the running config takes it
+        and the hosts are told.  The returned `Applying` says when that is done."""
+        sub = self.config.subsystem(nqn)
+        new = self.config.with_namespaces(nqn, sub.namespaces + [ns_config])
+        self._refuse_while_holding(new)
+        ns = self.prepare_namespace(nqn, ns_config, new)
+        if ns is None:  # configured disabled: nothing to serve
+            return self._namespace_change(nqn, ns_config.nsid, new, None, None, applying, "add")
+        return self._namespace_change(nqn, ns_config.nsid, new, lambda: self.install_namespace(nqn, ns),
+                                      lambda: self.discard_namespace(ns), applying, "add")
+
+    def remove_namespace(self, nqn: str, nsid: int, applying: Optional[Applying] = None) -> Applying:
+        """Remove namespace `nsid` from subsystem `nqn` and from the running config (nvmf_subsystem_remove_ns): with
+        the subsystem paused and drained, it is retired (commands for it answer Invalid Namespace) and the hosts
+        are told.  A namespace configured disabled only leaves the config."""
+        sub = self.config.subsystem(nqn)
+        new = self.config.with_namespaces(nqn, [n for n in sub.namespaces if n.nsid != nsid])
+        self._refuse_while_holding(new)
+        running = nsid in self.subsystems[nqn].namespaces
+        return self._namespace_change(nqn, nsid, new, (lambda: self.retire_namespace(nqn, nsid)) if running else None,
+                                      None, applying, "remove")
+
+    def set_namespace_size(self, nqn: str, ns_config: NamespaceConfig,
+                           applying: Optional[Applying] = None) -> Applying:
+        """Running namespace `ns_config.nsid` of subsystem `nqn` takes `ns_config`, which differs by its size
+        (nvmf_subsystem_resize_ns): the new size is allocated now (a ConfigError naming the size field), and put
+        in use with the subsystem paused and drained; the hosts are told.  The same size changes nothing."""
+        sub = self.config.subsystem(nqn)
+        new = self.config.with_namespaces(nqn, [ns_config if n.nsid == ns_config.nsid else n for n in sub.namespaces])
+        self._refuse_while_holding(new)
+        if sub.namespace(ns_config.nsid).size_bytes == ns_config.size_bytes or ns_config.size_bytes is None:
+            return self._namespace_change(nqn, ns_config.nsid, new, None, None, applying, "")
+        resize = self.prepare_resize(nqn, ns_config, new)
+        return self._namespace_change(nqn, ns_config.nsid, new, lambda: self.resize_namespace(nqn, resize), None,
+                                      applying, f"resize namespace {ns_config.nsid} to {ns_config.size_bytes} bytes")
+
+    def _refuse_while_holding(self, new: TargetConfig) -> None:
+        """A change is refused while another one waits for its commands in flight (it was made against a config
+        that is about to change)."""
+        waiting = [sub.nqn for sub in self.subsystems.values() if sub.holding]
+        if waiting:
+            raise ConfigError(new.source, "", f"a live change to {waiting[0]} is still waiting for its commands in "
+                              "flight to finish", "send this change again once that one is applied")
+
+    def _namespace_change(self, nqn: str, nsid: int, new: TargetConfig, step: Optional[Callable[[], None]],
+                          undo: Optional[Callable[[], None]], applying: Optional[Applying], verb: str) -> Applying:
+        """Make one prepared namespace change: with subsystem `nqn` paused and drained, `step`, the running config
+        becomes `new`, resume, the hosts told (Namespace Attribute Changed).  Without a step only the config
+        changes, at once."""
+        applying = applying or Applying()
+        if step is None:
+            self.rebind(new, self.host_auth)
+            applying.finish()
+            return applying
+
+        def commit() -> None:
+            try:
+                step()
+                self.rebind(new, self.host_auth)
+            finally:  # a bug above must not leave the subsystem's commands waiting for good
+                if nqn in self.subsystems and self.subsystems[nqn].holding:
+                    self.resume(nqn)
+            self.namespace_changed(nqn, nsid)
+            log.warning("applied: %s: %s", nqn, verb if " " in verb else f"{verb} namespace {nsid}")
+
+        self.when_drained([nqn], commit, undo or (lambda: None), applying, new.source)
+        return applying
+
     def prepare_namespace(self, nqn: str, ns_config: NamespaceConfig, config: Optional[TargetConfig] = None,
                           replaces: Optional[Namespace] = None) -> Optional[Namespace]:
         """Open namespace `ns_config` of subsystem `nqn`, not yet seen by any host (None when it is configured
@@ -224,6 +332,38 @@ class EngineApi:
             if callback is not None:
                 callback()
 
+    def when_drained(self, nqns: List[str], commit: Callable[[], None], undo: Callable[[], None],
+                     applying: Applying, source: str = "") -> None:
+        """Pause subsystems `nqns` and, once none of them has a command in flight (at once when none has), call
+        `commit` (which resumes them) and finish `applying`.  After DRAIN_TIMEOUT without that, the subsystems
+        resume as they were, `undo` gives back what was prepared, and `applying` finishes with the ConfigError
+        naming what was still in flight (`source`: the config's file, for it)."""
+        drain = _Drain(self, nqns, commit, undo, applying, source)
+        self.tick_hooks.append(drain.watch)
+        for nqn in nqns:
+            self.pause(nqn, lambda nqn=nqn: drain.drained(nqn))
+
+    def drain_timeout_error(self, nqns: List[str], source: str = "") -> ConfigError:
+        """Why a drain of subsystems `nqns` was given up: their commands still in flight, native and in the core."""
+        busy = []
+        for nqn in nqns:
+            per_ns = self.native_in_flight(nqn)
+            busy += [f"{nqn}: namespace {nsid}: {n} native command{'s' if n != 1 else ''} in flight"
+                     for nsid, n in sorted(per_ns.items())]
+            running = self.commands_running(nqn) - sum(per_ns.values())
+            if running > 0:
+                busy.append(f"{nqn}: {running} command{'s' if running != 1 else ''} in flight in the core")
+        return ConfigError(source, "", f"not applied: still waiting after {DRAIN_TIMEOUT:g} s for "
+                           f"{'; '.join(busy) or ', '.join(nqns)}",
+                           "a device that does not complete its commands holds the change: check the namespace's "
+                           "device, then send the change again")
+
+    def resume_held(self, nqns: Iterable[str]) -> None:
+        """Resume those of subsystems `nqns` that still exist and still hold their commands (after a change)."""
+        for nqn in nqns:
+            if nqn in self.subsystems and self.subsystems[nqn].holding:
+                self.resume(nqn)
+
     def commands_running(self, nqn: str) -> int:
         """I/O commands of subsystem `nqn` started and not yet answered, with their responses still leaving (a
         RAM read's data is sent from the namespace's memory), the native data path's included (a Write's RDMA
@@ -315,6 +455,12 @@ class EngineApi:
         """Forget port `portid`'s queue handler (its listener is closed by the caller, its controllers ended)."""
         self._port_handlers.pop(portid, None)
 
+    # -------------------------------------------------------------------------------------------- ANA
+    def set_ana_state(self, portid: int, grpid: int, state: str) -> bool:
+        """ANA group `grpid` of port `portid` is now `state`: the port's controllers get the ANA change notice
+        (engine/ana.py); False when it already was."""
+        return _set_ana_state(self, portid, grpid, state)
+
     # -------------------------------------------------------------------------------------------- config, discovery
     def rebind(self, config: TargetConfig, host_auth: dict) -> None:
         """Serve `config` from now on: the running subsystems, namespaces and ports follow its parts (by NQN,
@@ -337,6 +483,28 @@ class EngineApi:
             port = config.port(portid)
             if port is not None:
                 handler.ctx.port = port
+
+    def end_controllers_without_access(self, also: Iterable[Tuple[object, str]] = ()) -> None:
+        """After a change: end the controllers `also` names ((controller, reason): those the change itself ends,
+        such as a new qid_max's), and every controller whose host may no longer reach its subsystem through the
+        port it came in on: the port was closed, the host left the allow-list, or the port stopped exporting the
+        subsystem (as nvmet ends a host's controllers when it is unlinked)."""
+        ended = list(also)
+        for ctrl in self.controllers():
+            sub = ctrl.subsystem
+            if ctrl.dead or any(c is ctrl for c, _ in ended):
+                continue
+            portid = ctrl.port.portid
+            if portid is not None and self.config.port(portid) is None:  # discovery controllers too
+                ended.append((ctrl, f"port {portid} removed"))
+            elif sub.is_discovery:
+                continue
+            elif not sub.host_allowed(ctrl.hostnqn):
+                ended.append((ctrl, f"host {ctrl.hostnqn} is no longer allowed"))
+            elif not ctrl.port.exports(sub.nqn):
+                ended.append((ctrl, f"{sub.nqn} is no longer exported on port {ctrl.port.portid}"))
+        for ctrl, reason in ended:
+            self.end_controller(ctrl, reason)
 
     def discovery_views(self) -> Dict[int, List[bytes]]:
         """What the discovery log of each connected discovery controller lists now, for discovery_changed."""
@@ -372,3 +540,37 @@ def _retire_quietly(nqn: str, ns: Namespace) -> None:
 
 def _discovery_view(target, ctrl) -> List[bytes]:
     return [e.pack() for e in discovery_entries(target, ctrl)]
+
+
+class _Drain:
+    """A change waiting for its paused subsystems to drain (EngineApi.when_drained): the commit once the last one
+    has, or the give-up after DRAIN_TIMEOUT (the subsystems resumed, the change undone).  An object, not closures:
+    a nested function that removes itself from the tick hooks names itself, a reference cycle that would keep the
+    change - a resized or removed namespace's memory, pinned by its registration - until the garbage collector's
+    next full pass (the soak's RSS grew in steps of the scratch namespace's size)."""
+
+    def __init__(self, target, nqns: List[str], commit: Callable[[], None], undo: Callable[[], None],
+                 applying: Applying, source: str):
+        self.target, self.nqns, self.commit, self.undo = target, list(nqns), commit, undo
+        self.applying, self.source = applying, source
+        self.draining = set(nqns)
+        self.deadline = target.clock() + DRAIN_TIMEOUT
+
+    def drained(self, nqn: str) -> None:
+        self.draining.discard(nqn)
+        if self.draining or self.applying.done:
+            return
+        self.target.tick_hooks.remove(self.watch)
+        self.commit()
+        self.applying.finish()
+
+    def watch(self, now: float) -> None:
+        if now < self.deadline or self.applying.done:
+            return
+        target = self.target
+        target.tick_hooks.remove(self.watch)
+        error = target.drain_timeout_error(sorted(self.draining), self.source)
+        target.resume_held(self.nqns)
+        self.undo()
+        log.error("live change given up: %s", error)
+        self.applying.finish(error)

@@ -32,7 +32,7 @@ from typing import Iterator, Optional
 
 from ..errors import NvmeofError
 from ..config import ConfigError, NamespaceConfig
-from ..config.devices import empty_block_device, in_system_tree, missing_device
+from ..config.devices import create_file_command, empty_block_device, in_system_tree, missing_device
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,7 @@ class Backend:
     path: Optional[str] = None
     buffer: Optional[memoryview] = None  # the whole namespace in memory (ram): reads are served from it directly
     direct = False  # the file backend opened it with O_DIRECT
+    io_fd = -1  # the descriptor an I/O engine that makes the calls itself (io_uring) uses; -1: none
 
     @property
     def size_bytes(self) -> int:
@@ -389,7 +390,7 @@ class FileBackend(Backend):
                 raise BackendError(*missing_device(path)) from None
             if create_size is None:
                 raise BackendError(f"{path}: no such file",
-                                   f"create it (truncate -s 1G {path}), or set nvmeof_roce.size so the "
+                                   f"create it ({create_file_command(path)}), or set nvmeof_roce.size so the "
                                    "target creates it") from None
             self._create(path, create_size)
             st = os.stat(path)

@@ -1,6 +1,6 @@
 """The userspace NVMe-oF target core: transport independent, single threaded, never blocking.
 
-`Target` implements transport/base.py's `QueueHandler`.  A transport calls it
+`Target` implements transport/contracts.py's `QueueHandler`.  A transport calls it
 from its event loop; every capsule becomes a `Request` that runs through the
 lifecycle of transport/lifecycle.py (each change checked by `move`):
 
@@ -35,13 +35,12 @@ import time
 from collections import Counter, OrderedDict
 from typing import Callable, Dict, List, Optional
 
-from ..nvme import cm
 from ..nvme import fabrics as F
 from ..nvme import status as S
 from ..nvme.command import (CQE_STRUCT, FABRICS_OPCODE, FLAGS_FUSE_MASK, FLAGS_PSDT_MASK, PSDT_SGL_MPTR_CONTIG,
                             PSDT_SGL_MPTR_SGL, SQE_SIZE)
 from ..transport import registry
-from ..transport.base import Refusal, TransportError
+from ..transport.contracts import Refusal, TransportError
 from ..transport.lifecycle import EXECUTING, FREE, HELD, NEXT, TRANSFERRING_HOST_TO_CONTROLLER, IllegalTransition, move
 from ..transport.resources import ResourceLimits
 from .backends import BackendError
@@ -56,7 +55,7 @@ from .limits import (DEFAULT_IN_CAPSULE_SIZE, DEFAULT_QUEUE_SIZE, MAX_CONTROLLER
                      MAX_DISCOVERY_CONTROLLERS_PER_HOST, MAX_QUEUE_SIZE, MAX_QUEUES, MIN_QUEUE_SIZE)
 from .request import (COMPLETED, DEFERRED, FETCHING, HELD_OUTCOME, LOC_DPTR, LOC_FLAGS, LOC_NSID, LOC_OPCODE,
                       NO_LOCATION, Outcome, Request)
-from .queue import QueueLifecycle, QueueState
+from .queue import QueueLifecycle, QueueState, max_queue_entries
 from .subsystem import DiscoverySubsystem, Subsystem, SubsystemState
 from .work import Work
 from .qos import QosScheduler
@@ -121,7 +120,7 @@ class PortHandler:
     def in_capsule_size(self) -> int:
         return self.ctx.in_capsule_size
 
-    def check_connect(self, request) -> Optional[Refusal]:
+    def check_connect(self, request) -> Optional[object]:
         return self.target._check_connect(self.ctx, request)
 
     def queue_opened(self, queue) -> None:
@@ -278,7 +277,7 @@ class Target(EngineApi):
             sub.close()
 
     # ------------------------------------------------------------------ QueueHandler
-    def check_connect(self, request) -> Optional[Refusal]:
+    def check_connect(self, request) -> Optional[object]:
         return self._check_connect(self._any_port, request)
 
     def queue_opened(self, queue) -> None:
@@ -377,13 +376,14 @@ class Target(EngineApi):
                 self.end_controller(ctrl, "keep-alive timeout")
 
     # ------------------------------------------------------------------ connection management
-    def _check_connect(self, ctx: PortContext, request) -> Optional[Refusal]:
-        """May a queue open: the transport's own checks of its connection request (its registry entry), then the
-        target's (nvmet_rdma_parse_cm_connect_req; docs/protocol.md §1.3): resources, QID, queue sizes against
-        MQES.  None, or the Refusal the transport words on its wire."""
+    def _check_connect(self, ctx: PortContext, request) -> Optional[object]:
+        """May a queue open: the transport's own checks of its connection request (its registry entry: what it
+        carries, and a queue size it asks for against the most entries such a queue may have here), then the
+        target's (docs/protocol.md §1.3): resources, QID.  None, or the refusal the transport words on its wire
+        (a `Refusal`, or the transport's own)."""
         if self.closed or len(self._queues) >= MAX_QUEUES:
             return Refusal.NO_RESOURCES
-        refusal = registry.get(request.trtype).check_request(request)
+        refusal = registry.get(request.trtype).check_request(request, max_queue_entries(ctx, request.qid))
         if refusal is not None:
             return refusal
         address = request.peer_address
@@ -397,8 +397,6 @@ class Target(EngineApi):
                             self.limits.connecting_per_address)
             return Refusal.NO_RESOURCES
         if request.qid == 0:
-            if request.hsqsize + 1 > cm.ADMIN_QUEUE_DEPTH:
-                return Refusal.INVALID_HSQSIZE
             io_ctrls = sum(len(s.controllers) for s in self.subsystems.values())
             if io_ctrls >= self.limits.max_controllers and \
                     len(self.discovery.controllers) >= MAX_DISCOVERY_CONTROLLERS:
@@ -409,8 +407,6 @@ class Target(EngineApi):
             max_qid = max([s.max_qid for s in self.subsystems.values()] or [0])
             if request.qid > max_qid:
                 return Refusal.INVALID_QID
-            if request.hsqsize > ctx.mqes:
-                return Refusal.INVALID_HSQSIZE
         return None
 
     def _queue_opened(self, ctx: PortContext, queue) -> None:

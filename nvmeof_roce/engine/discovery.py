@@ -34,12 +34,12 @@ COMMANDS.handles(ADMIN_KEEP_ALIVE)(keep_alive)
 _TREQ = {"not specified": L.TREQ_NOT_SPECIFIED, "required": L.TREQ_REQUIRED, "not required": L.TREQ_NOT_REQUIRED}
 
 
-def identify_discovery_controller(ctrl) -> bytes:
+def identify_discovery_controller(ctrl, queue) -> bytes:
     sub = ctrl.subsystem
     return I.IdentifyController(
         sn=sub.serial, mn=sub.model, fr=__version__[:8], rab=6, mdts=0, cntlid=ctrl.cntlid, ver=sub.version,
         cntrltype=I.CNTRLTYPE_DISCOVERY, aerl=MAX_AER - 1, lpa=0x04, elpe=0, kas=KAS, sqes=0x66, cqes=0x44,
-        maxcmd=32, sgls=sgls_for(ctrl.admin_queue.ops if ctrl.admin_queue else None, ctrl.port.in_capsule_size),
+        maxcmd=32, sgls=sgls_for(queue, ctrl.port.in_capsule_size),
         subnqn=DISCOVERY_NQN, ioccsz=4, iorcsz=1, icdoff=0, msdbd=1, dctype=1,
     ).pack()
 
@@ -84,7 +84,7 @@ def _identify(t: Target, req: Request) -> Outcome:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
     if req.cdw10 & 0xFF != A.CNS_CONTROLLER:
         return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
-    return t.complete(req, 0, data=identify_discovery_controller(req.queue.ctrl))
+    return t.complete(req, 0, data=identify_discovery_controller(req.queue.ctrl, req.queue))
 
 
 @COMMANDS.handles(ADMIN_GET_LOG_PAGE)

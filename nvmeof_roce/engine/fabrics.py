@@ -12,7 +12,6 @@ import re
 from typing import TYPE_CHECKING
 
 from ..config import NQN_MAX_BYTES
-from ..nvme import cm
 from ..nvme import fabrics as F
 from ..nvme import status as S
 from . import auth
@@ -93,7 +92,7 @@ def _connect_with_data(t: Target, req: Request, data) -> Outcome:
             log.warning("Connect to %s from %s with KATO %d ms, above the target's max_kato of %d s",
                         sub.nqn, d.hostnqn, kato, max_kato)
             return invalid(F.iattr_sqe(F.CONNECT_SQE_OFF_KATO))
-        if sqsize > cm.ADMIN_QUEUE_DEPTH - 1:
+        if sqsize > F.ADMIN_QUEUE_DEPTH - 1:
             return invalid(F.iattr_sqe(F.CONNECT_SQE_OFF_SQSIZE))
         refusal = t.controller_cap(sub, d.hostnqn)
         if refusal:
@@ -157,7 +156,7 @@ def _connect_result(ctrl: Controller) -> int:
 
 def _install_queue(qs: QueueState, ctrl: Controller, sqsize: int, cattr: int) -> None:
     qs.ctrl = ctrl
-    qs.sqsize = sqsize
+    qs.install(sqsize)
     qs.sqhd = 0
     qs.sqflow_disabled = bool(cattr & F.CATTR_DISABLE_SQFLOW)
     if ctrl.auth is not None:

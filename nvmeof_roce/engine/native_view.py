@@ -35,7 +35,7 @@ def view_of(target: "Target", qs: "QueueState") -> tuple:
     if (qs.closed or ctrl is None or ctrl.dead or ctrl.is_discovery or not ctrl.ready or qs.qid == 0
             or (qs.auth is not None and not qs.auth.authenticated)):
         return False, []
-    portid = getattr(ctrl.port, "portid", None)
+    portid = ctrl.port.portid
     namespaces = []
     for ns in ctrl.subsystem.namespaces.values():
         if ns.removed or target.ana.io_status(portid, ns.ana_grpid):
@@ -70,7 +70,7 @@ def file_of(ns):
     other than io_uring (nvmeof_roce.io_engine "threads", or io_uring unavailable), or its backend closed."""
     if ns.native_file is None:
         choice = ns.engine_choice
-        fd = getattr(ns.backend, "io_fd", -1)
+        fd = ns.backend.io_fd
         if choice is None or choice.name != "io_uring" or fd < 0:
             return None
         from .. import native

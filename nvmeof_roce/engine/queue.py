@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 from typing import List, Optional
 
+from ..nvme.fabrics import ADMIN_QUEUE_DEPTH
 from ..transport import registry
 from ..transport.lifecycle import FREE, NEXT, IllegalTransition
 from .request import Request
@@ -40,6 +41,12 @@ class IllegalQueueTransition(RuntimeError):
     """A queue was moved along no edge of its lifecycle."""
 
 
+def max_queue_entries(port, qid: int) -> int:
+    """The most entries a queue may have on `port` (engine/core.py PortContext) until its Connect says: the admin
+    queue's fixed depth, an I/O queue's MQES + 1.  A transport checks a size its connection asks for against it."""
+    return ADMIN_QUEUE_DEPTH if qid == 0 else port.mqes + 1
+
+
 class QueueState:
     """The target's view of one queue: its transport end, its controller once connected, its requests."""
 
@@ -53,12 +60,13 @@ class QueueState:
         self.port = port
         self.target = target
         self.ctrl = None
-        self.sqsize = request.hsqsize  # replaced by Connect's SQSIZE
+        # Until the Connect gives SQSIZE (install), the most the port allows; the transport bounds what its
+        # host can send meanwhile (RDMA: the receives it posted for the CM's HSQSIZE).
+        self.depth = max_queue_entries(port, self.qid)
+        self.sqsize = self.depth - 1
         self.sqhd = 0
         self.sqflow_disabled = False
-        # The host may have HSQSIZE + 1 commands outstanding (held AERs included).
-        self.depth = request.hsqsize + 1
-        self.free: List[Request] = [Request(self, target) for _ in range(min(self.depth, 64))]
+        self.free: List[Request] = [Request(self, target)]  # the Connect's; install() adds the queue's
         self.active = 0
         self.state = QueueLifecycle.CONNECTING
         self.closed = False  # state is CLOSED (kept as a flag: the hot path reads it)
@@ -66,6 +74,13 @@ class QueueState:
         self.auth = None  # engine/auth.py's QueueAuth when the host must authenticate this queue
         self.ops = registry.get(transport.trtype)  # what its transport does (transport/registry.py)
         self.map_sgl = self.ops.map_sgl
+
+    def install(self, sqsize: int) -> None:
+        """The Connect's SQSIZE (nvmet_install_queue): the host may have SQSIZE + 1 commands outstanding (held
+        AERs included)."""
+        self.sqsize = sqsize
+        self.depth = sqsize + 1
+        self.free.extend(Request(self, self.target) for _ in range(min(self.depth, 64) - len(self.free)))
 
     def enter(self, new: "QueueLifecycle") -> None:
         """Move to `new`; IllegalQueueTransition if the lifecycle has no such edge (a bug in the core)."""

@@ -188,6 +188,9 @@ def run_simulate(args: argparse.Namespace) -> int:
                           stagger_us=int(args.stagger), marking=args.marking, seed=args.seed)
     ring = RingConfig(switches=args.switches, speed_gbps=link.speed_mbps / 1000, xoff=args.xoff, xon=xon,
                       pause_delay_us=pause_delay)
+    if args.plot:  # before the simulations: a missing matplotlib is said now, not after them
+        from .plot import require_matplotlib
+        require_matplotlib()
     result: dict = {"inputs": {"pause_delay_us": pause_delay, "line_bytes_per_us": line_bytes_per_us}}
     incast_runs, ring_runs = [], []
     if args.scenario in ("all", "incast"):

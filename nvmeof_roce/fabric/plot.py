@@ -16,12 +16,23 @@ from .simulate import IncastResult, RingResult
 COLOURS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000"]
 
 
-def _pyplot():
+# How to get matplotlib, installed or from a checkout
+INSTALL_MATPLOTLIB = ("pip install 'nvmeof-roce[plot]' (from a checkout: pip install -e '.[plot]'; Debian's own: "
+                      "apt-get install python3-matplotlib)")
+
+
+def require_matplotlib():
+    """matplotlib, or NvmeofError saying how to install it: `fabric simulate --plot` asks before it simulates."""
     try:
         import matplotlib
     except ImportError:
-        raise NvmeofError("matplotlib is not installed, so no PNG charts",
-                          "pip install -e '.[plot]' (or run without --plot)")
+        raise NvmeofError("--plot: matplotlib is not installed, so no PNG charts",
+                          f"{INSTALL_MATPLOTLIB}, or run without --plot") from None
+    return matplotlib
+
+
+def _pyplot():
+    matplotlib = require_matplotlib()
     matplotlib.use("Agg")  # headless: no display needed
     import matplotlib.pyplot as plt
     return plt

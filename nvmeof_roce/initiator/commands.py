@@ -20,7 +20,7 @@ from ..errors import NvmeofError
 from ..nvme.log import (ADRFAM_IPV4, ADRFAM_IPV6, SUBTYPE_NVME, SUBTYPE_REFERRAL, TRTYPE_RDMA)
 from ..nvme.status import NvmeStatusError
 from ..output import emit, progress, table
-from ..transport.base import ConnectRejected, TransportError
+from ..transport.contracts import ConnectRejected, TransportError
 
 TRTYPES = {TRTYPE_RDMA: "rdma", 2: "fc", 3: "tcp", 254: "loop"}
 ADRFAMS = {ADRFAM_IPV4: "ipv4", ADRFAM_IPV6: "ipv6", 3: "ib", 4: "fc"}

@@ -38,7 +38,7 @@ from ..nvme.command import (CQE_STRUCT, FLAGS_SGL, NSID_ALL, NVM_DSM, NVM_FLUSH,
 from ..nvme.nvm import DSM_AD, DsmRange, pack_dsm_ranges
 from ..nvme.sgl import ID_IN_CAPSULE, ID_KEYED
 from ..nvme.status import NvmeStatusError
-from ..transport.base import Connector, HostQueue, TransportError
+from ..transport.contracts import Connector, HostQueue, TransportError
 from .auth import RECEIVE_LENGTH, HostAuthenticator, HostAuthError
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from ..errors import NvmeofError
 from ..nvme import admin as A
 from ..nvme.fabrics import DISCOVERY_NQN
 from ..nvme.log import DISC_ENTRY_SIZE, DISC_HEADER_SIZE, DiscoveryLogEntry, DiscoveryLogHeader
-from ..transport.base import Connector
+from ..transport.contracts import Connector
 from .controller import DEFAULT_TIMEOUT, Controller
 
 log = logging.getLogger(__name__)

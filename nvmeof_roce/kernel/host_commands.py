@@ -52,7 +52,13 @@ def _tuning_opts(p):
     p.add_argument("-W", "--nr-write-queues", type=int, help="number of I/O queues for writes only")
     p.add_argument("-D", "--duplicate-connect", action="store_true",
                    help="allow a second controller to the same subsystem and address")
-    p.add_argument("--disable-sqflow", action="store_true", help="ask the target for SQ flow control off")
+    p.add_argument("-d", "--disable-sqflow", action="store_true",
+                   help="ask the target for SQ flow control off (-d as nvme-cli 2.3, Debian 12's; 2.13 has the "
+                        "long option only)")
+    p.add_argument("-g", "--hdr-digest", action="store_true",
+                   help="NVMe/TCP PDU header digest (tcp only: RDMA has no PDUs to digest, RoCE's ICRC checks "
+                        "every packet)")
+    p.add_argument("-G", "--data-digest", action="store_true", help="NVMe/TCP PDU data digest (tcp only, as -g)")
 
 
 def _auth_opts(p):
@@ -99,9 +105,16 @@ def _tuning(args):
     if args.fast_io_fail_tmo is not None and args.fast_io_fail_tmo < -1:
         raise NvmeofError(f"--fast_io_fail_tmo {args.fast_io_fail_tmo}: must be -1 (off) or >= 0 seconds",
                           "give -1 or more")
+    for name, letter in (("hdr_digest", "-g"), ("data_digest", "-G")):
+        if getattr(args, name) and args.transport != "tcp":  # the kernel's nvme-rdma refuses the option
+            raise NvmeofError(f"{letter}/--{name.replace('_', '-')}: NVMe/TCP's PDU digest; the {args.transport} "
+                              "transport has no such option (the kernel refuses it: invalid parameter "
+                              f"'{name}'); RDMA's data integrity is the link's (RoCE's ICRC on every packet)",
+                              f"leave {letter} out for {args.transport}; it applies with -t tcp only")
     return {k: getattr(args, k) for k in ("nr_io_queues", "queue_size", "keep_alive_tmo", "ctrl_loss_tmo",
                                           "reconnect_delay", "tos", "nr_poll_queues", "nr_write_queues",
-                                          "duplicate_connect", "disable_sqflow", "fast_io_fail_tmo")}
+                                          "duplicate_connect", "disable_sqflow", "fast_io_fail_tmo",
+                                          "hdr_digest", "data_digest")}
 
 
 def _check_svc(args):
@@ -141,7 +154,8 @@ def cmd_host_discover(args):
             r = cli.discover(e["traddr"], e.get("trsvcid", "4420"), e.get("transport", "rdma"),
                              e.get("hostnqn", args.hostnqn), e.get("hostid", args.hostid), e.get("host_traddr"),
                              persistent=args.persistent or e.get("persistent", False),
-                             host_iface=e.get("host_iface", args.host_iface), quiet=args.quiet)
+                             host_iface=e.get("host_iface", args.host_iface), quiet=args.quiet,
+                             nqn=e.get("nqn", args.nqn))
             r.update(traddr=e["traddr"], trsvcid=str(e.get("trsvcid", "4420")))
             results.append(r)
         emit(results, args.json, lambda rs: [_print_discovery(r) for r in rs])
@@ -149,7 +163,7 @@ def cmd_host_discover(args):
     _check_svc(args)
     r = cli.discover(args.traddr, args.trsvcid, args.transport, args.hostnqn, args.hostid, args.host_traddr,
                      persistent=args.persistent, host_iface=args.host_iface, device=args.device, raw=args.raw,
-                     quiet=args.quiet)
+                     quiet=args.quiet, nqn=args.nqn)
     r.update(traddr=args.traddr, trsvcid=str(args.trsvcid))
     emit(r, args.json, _print_discovery)
     return 0
@@ -207,8 +221,9 @@ def cmd_host_disconnect(args):
 
 
 def cmd_host_disconnect_all(args):
-    r = _cli().disconnect_all()
-    emit(r, args.json, lambda r: print(f"disconnected {len(r['disconnected'])} controller(s)"))
+    r = _cli().disconnect_all(args.transport)
+    of = f" over {args.transport}" if args.transport else ""
+    emit(r, args.json, lambda r: print(f"disconnected {len(r['disconnected'])} controller(s){of}"))
     return 0
 
 
@@ -329,6 +344,8 @@ def register(subparsers) -> None:
     hs.required = True
     x = hs.add_parser("discover", help="read a discovery controller's log")
     _addr_opts(x, traddr_required=False)
+    x.add_argument("-n", "--nqn", help="the discovery controller's NQN, as nvme-cli's -n (default: the well-known "
+                                       "nqn.2014-08.org.nvmexpress.discovery)")
     x.add_argument("-p", "--persistent", action="store_true",
                    help="keep the discovery controller connected (Discovery Log Change events)")
     x.add_argument("-d", "--device", metavar="DEV",
@@ -356,7 +373,9 @@ def register(subparsers) -> None:
     x.add_argument("-d", "--device", help="controller, e.g. nvme0")
     _add_json(x)
     x.set_defaults(func=cmd_host_disconnect)
-    x = hs.add_parser("disconnect-all", help="disconnect every NVMe-oF controller")
+    x = hs.add_parser("disconnect-all", help="disconnect every NVMe-oF controller (never a PCIe one)")
+    x.add_argument("-r", "--transport", choices=["rdma", "tcp", "fc", "loop"],
+                   help="only the controllers of this transport (nvme-cli's -r)")
     _add_json(x)
     x.set_defaults(func=cmd_host_disconnect_all)
     x = hs.add_parser("list", help="connected subsystems, their paths and namespaces",

@@ -492,7 +492,8 @@ class NvmeCli:
     def _tuning_args(nr_io_queues=None, queue_size=None, keep_alive_tmo=None, ctrl_loss_tmo=None,
                      reconnect_delay=None, tos=None, nr_poll_queues=None, nr_write_queues=None,
                      duplicate_connect=False, disable_sqflow=False, persistent=False,
-                     dhchap_secret=None, dhchap_ctrl_secret=None, fast_io_fail_tmo=None):
+                     dhchap_secret=None, dhchap_ctrl_secret=None, fast_io_fail_tmo=None,
+                     hdr_digest=False, data_digest=False):
         args = []
         for flag, v in (("--nr-io-queues", nr_io_queues), ("--queue-size", queue_size),
                         ("--keep-alive-tmo", keep_alive_tmo), ("--ctrl-loss-tmo", ctrl_loss_tmo),
@@ -503,7 +504,7 @@ class NvmeCli:
             if v is not None:
                 args += [flag, str(v)]
         for flag, on in (("--duplicate-connect", duplicate_connect), ("--disable-sqflow", disable_sqflow),
-                         ("--persistent", persistent)):
+                         ("--persistent", persistent), ("--hdr-digest", hdr_digest), ("--data-digest", data_digest)):
             if on:
                 args.append(flag)
         return args
@@ -535,15 +536,18 @@ class NvmeCli:
 
     def discover(self, traddr: str, trsvcid=4420, transport="rdma", hostnqn=None, hostid=None,
                  host_traddr=None, persistent: bool = False, host_iface=None, device: Optional[str] = None,
-                 raw: Optional[str] = None, quiet: bool = False) -> dict:
+                 raw: Optional[str] = None, quiet: bool = False, nqn: Optional[str] = None) -> dict:
         """nvme discover.  `device`: an existing (persistent) discovery controller, nvmeN or /dev/nvmeN, that
         nvme-cli reads the log through instead of connecting anew ("none": not one); `raw`: nvme-cli saves the
         log page to that file (and prints nothing: the records are read back from it); `quiet`: nvme-cli's
-        --quiet (no "already connected" errors)."""
+        --quiet (no "already connected" errors); `nqn`: the discovery controller's NQN (nvme-cli's -n/--nqn; by
+        default the well-known nqn.2014-08.org.nvmexpress.discovery)."""
         ident = self.identity(hostnqn, hostid)
         self._ensure_transport(transport)
         args = ["discover", *self._addr_args(transport, traddr, trsvcid, host_traddr, ident, host_iface),
                 *self._config_args()]
+        if nqn:
+            args += ["--nqn", nqn]
         if device:
             if device != "none" and not re.fullmatch(r"(/dev/)?nvme\d+", device):
                 raise NvmeCliError(f"--device {device!r}: not a controller device",
@@ -631,12 +635,17 @@ class NvmeCli:
                                "nvmeof-roce host list shows what is connected")
         return {"disconnected": n, "nqn": nqn, "device": device}
 
-    def disconnect_all(self) -> dict:
+    def disconnect_all(self, transport: Optional[str] = None) -> dict:
+        """nvme disconnect-all: every fabrics controller (never a PCIe one), or those of `transport` only
+        (nvme-cli's -r/--transport); the report lists the controllers so disconnected."""
         before = self.list_subsystems()
-        res = self._nvme(["disconnect-all"])
+        res = self._nvme(["disconnect-all"] + (["--transport", transport] if transport else []))
         if not res.ok:
             raise self._fail("nvme disconnect-all", res)
-        return {"disconnected": [{"nqn": s["nqn"], "controller": p["name"]} for s in before for p in s["paths"]]}
+        return {"disconnected": [{"nqn": s["nqn"], "controller": p["name"], "transport": p["transport"]}
+                                 for s in before for p in s["paths"]
+                                 if p["transport"] != "pcie" and (transport is None or p["transport"] == transport)],
+                "transport": transport}
 
     def _no_fabrics(self, res) -> bool:
         """nvme-cli cannot scan the topology because no NVMe-oF host module is loaded: nothing is connected."""

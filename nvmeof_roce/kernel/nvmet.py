@@ -20,12 +20,12 @@ import json
 import logging
 import os
 import stat
-import tempfile
 from typing import List, Optional
 
-from ..config.devices import in_system_tree, missing_device
+from ..config.devices import create_file_command, in_system_tree, missing_device
 from ..errors import NvmeofError
 from ..nvme.command import NSID_MAX
+from ..securefile import write_file
 from ..transport.registry import FABRICS, fabric
 from . import modules
 
@@ -211,7 +211,7 @@ def _enable_failure(root: "Root", nsdir: str, exc: OSError, field: str) -> Nvmet
         return NvmetError(f"{what}: cannot enable, {problem}{where}", fix)
     if exc.errno == errno.ENOENT or not os.path.exists(path):
         return NvmetError(f"{what}: cannot enable, {path} does not exist{where}",
-                          f"create it (truncate -s 1G {path}, or a loop/null_blk device) or fix device.path")
+                          f"create it ({create_file_command(path)}, or a loop/null_blk device) or fix device.path")
     buffered = root._read_int(nsdir + "/buffered_io")
     if exc.errno == errno.EINVAL and fs_type(path) == "tmpfs" and not buffered:
         return NvmetError(f"{what}: cannot enable, {path} is on tmpfs, which refuses the O_DIRECT nvmet "
@@ -781,36 +781,14 @@ class Root(CFSNode):
 
 
 def save_json(data: dict, path: str) -> None:
-    """Write atomically: a temp file in the same directory, fsync, rename, fsync the directory."""
+    """Write nvmetcli's JSON to `path` with securefile's writer (atomic, 0600: it may hold DH-HMAC-CHAP secrets,
+    fsynced); the directory is made if missing."""
     path = os.path.abspath(os.path.expanduser(path))
-    d = os.path.dirname(path)
     try:
-        os.makedirs(d, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".nvmet-", suffix=".tmp", dir=d)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_file(path, json.dumps(data, sort_keys=True, indent=2) + "\n")
     except OSError as exc:
         raise NvmetError(f"{path}: cannot write: {exc.strerror}", "pick a writable directory, or run as root") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            os.fchmod(f.fileno(), 0o600)   # may hold DH-HMAC-CHAP secrets
-            f.write(json.dumps(data, sort_keys=True, indent=2))
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:
-        dfd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
 
 
 # --------------------------------------------------------------------------- beside the userspace target

@@ -8,6 +8,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from .fabrics import ADMIN_QUEUE_DEPTH  # noqa: F401  (the CM private data's default sizes; importers use it here)
+
 # Reject STS values (§1.5)
 STS_INVALID_LEN = 1
 STS_INVALID_RECFMT = 2
@@ -31,7 +33,7 @@ STS_NAMES = {
     STS_INVALID_CNTLID: "invalid controller ID",
 }
 
-# The CM reject STS for each reason the target refuses a queue (transport/base.py Refusal, by its value).
+# The CM reject STS for each reason the target refuses a queue (transport/contracts.py Refusal and transport/rdma/connect.py CmRefusal, by value).
 REJECT_STATUS = {
     "invalid_recfmt": STS_INVALID_RECFMT,
     "invalid_qid": STS_INVALID_QID,
@@ -45,7 +47,6 @@ REQUEST_PARSED = 10  # RECFMT, QID, HRQSIZE, HSQSIZE, CNTLID
 ACCEPT_SIZE = 32
 REJECT_SIZE = 4
 
-ADMIN_QUEUE_DEPTH = 32  # NVME_AQ_DEPTH: the admin queue is always 32 entries (HSQSIZE 31)
 
 _REQUEST = struct.Struct("<HHHHH22x")
 _REQUEST_HEAD = struct.Struct("<HHHHH")

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from .command import FABRICS_OPCODE, FLAGS_SGL, SQE, Command
 from .sgl import SglDescriptor
 
+ADMIN_QUEUE_DEPTH = 32  # NVME_AQ_DEPTH: the admin queue is always 32 entries (SQSIZE 31)
+
 FCTYPE_PROPERTY_SET = 0x00
 FCTYPE_CONNECT = 0x01
 FCTYPE_PROPERTY_GET = 0x04

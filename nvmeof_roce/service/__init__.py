@@ -1,2 +1,3 @@
-"""The daemon around the protocol engine (target/): `target serve` and its workers, the control socket, live
-changes, metrics, the target CLI."""
+"""The daemon around the protocol engine (engine/): `target serve` and its workers, live changes applied to the
+running server (ops.py), metrics, the run directory, the target CLI; the control socket's server and methods are
+control/'s."""

@@ -22,7 +22,7 @@ from ..output import address, emit, table
 from ..engine import auth
 from ..engine.backends import BackendError, open_backend
 from ..engine.ioengine import choose_engine
-from ..config.devices import in_system_tree
+from ..config.devices import filesystem_too_small, in_system_tree
 from ..config import ConfigError, ConfigErrors, TargetConfig, keys, load_userspace_config, raise_all
 from ..systemd import DEFAULT_DEST, SHIPPED_EXECUTABLE, render
 from ..systemd.sandbox import TARGET_UNIT, load_sandbox, problems as sandbox_problems
@@ -87,6 +87,9 @@ def _open_namespace(config: TargetConfig, where: str, ns) -> dict:
         return info
     if (ns.backend == "file" and ns.path and not os.path.exists(ns.path) and ns.size_bytes
             and not in_system_tree(ns.path)):  # a missing device is never created: opening it says so
+        too_small = filesystem_too_small(ns.path, ns.size_bytes)
+        if too_small:
+            raise ConfigError(config.source, f"{where}.nvmeof_roce.size", *too_small)
         info["note"] = f"will be created ({ns.size_bytes} bytes)"  # check never creates files
         info["blocks"] = ns.size_bytes // ns.block_size
         return info

@@ -41,18 +41,19 @@ class ServiceControl(Control):
         return self._metrics().text()
 
 
-class RdmaListeners(live.Listeners):
-    """Opens an RDMA listener for a port added while the target runs (nvmf_subsystem_add_listener, reload)."""
+class ServedListeners(live.Listeners):
+    """Opens a listener for a port added while the target runs (nvmf_subsystem_add_listener, reload)."""
 
     def __init__(self, server):
         self.server = server
 
     def open(self, target, port):
         if not registry.serves(port.trtype):
+            served = " or ".join('"trtype": "%s"' % t for t in registry.served_trtypes())
             raise ConfigError("", f"port {port.portid}", f"trtype {port.trtype!r} is not served by the "
-                              "userspace target", 'use "trtype": "rdma"')
+                              "userspace target", f"use {served}")
         listener = registry.get(port.trtype).listen(self.server.loop, port, target.port(port.portid),
-                                                    self.server.listen_options)
+                                                    self.server.listen_options(port.trtype))
         self.server.listeners.append(listener)
 
     def close(self, portid):
@@ -96,12 +97,13 @@ class Operations:
         self.server = server
         self.target = server.target
         self.config_path = config_path
-        self.control = ServiceControl(self.target, RdmaListeners(server), config_path=config_path, server=server,
+        self.control = ServiceControl(self.target, ServedListeners(server), config_path=config_path, server=server,
                                       metrics=self._metrics, persist=persist)
         self.rpc = None
         self.metrics = None
         self.metrics_url = ""
         self._reload_pending = False
+        self._previous_hup = None  # SIGHUP's handler before ours, set once the rest is up (close() restores it)
         try:
             if rpc_socket is not None:
                 self.rpc = RpcServer(self.control, rpc_socket or default_socket_path(config_path), server.loop,
@@ -162,7 +164,7 @@ class Operations:
         notify("STOPPING=1", "STATUS=stopping: finishing in-flight commands")
 
     def close(self) -> None:
-        if getattr(self, "_previous_hup", None) is not None:
+        if self._previous_hup is not None:
             signal.signal(signal.SIGHUP, self._previous_hup)
             self._previous_hup = None
         if self.rpc is not None:

@@ -1,4 +1,4 @@
-"""`nvmeof-roce target serve`: the userspace target on the RDMA transport, in the foreground."""
+"""`nvmeof-roce target serve`: the userspace target on the transports of its config's ports, in the foreground."""
 from __future__ import annotations
 
 import faulthandler
@@ -6,7 +6,7 @@ import logging
 import os
 import signal
 import time
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from ..errors import NvmeofError
 from ..output import address
@@ -14,7 +14,7 @@ from ..securefile import write_file
 from ..config import TargetConfig, keys, load_userspace_config
 from ..engine.reservations import file_for as reservation_file_for
 from ..transport import registry
-from ..transport.rdma.native_trace import TRACING, printed as trace_printed
+from ..transport.contracts import Listener, ListenOptions, Loop, TransportSettings
 from ..transport.resources import ResourceLimits
 from ..tunables import CORES, POLL, POLL_SPIN_US, RESOURCE_LIMITS, TRACE
 from .ops import Operations, bind_control_socket, persist_changes
@@ -26,7 +26,7 @@ STATUS_INTERVAL = 60.0  # seconds between status lines in the log
 
 
 class TargetServer:
-    """A Target plus one RDMA listener per configured port, on one event loop."""
+    """A Target plus one listener per configured port its transports serve, on one event loop."""
 
     def __init__(self, config: TargetConfig, *, limits: Optional[ResourceLimits] = None,
                  remote_invalidate: bool = True, listen_portids: Optional[List[int]] = None,
@@ -41,16 +41,17 @@ class TargetServer:
         for trtype in sorted({p.trtype for p in served}):
             registry.get(trtype).require()
         if not served:
-            raise NvmeofError(f"{config.source}: no port with trtype 'rdma'",
-                              "add a port like {\"portid\": 1, \"addr\": {\"trtype\": \"rdma\", \"adrfam\": \"ipv4\", "
-                              "\"traddr\": \"10.99.0.1\", \"trsvcid\": \"4420\"}, \"subsystems\": [...]}")
+            trtype = registry.served_trtypes()[0]
+            raise NvmeofError(f"{config.source}: no port with trtype {' or '.join(map(repr, registry.served_trtypes()))}",
+                              f"add a port like {{\"portid\": 1, \"addr\": {{\"trtype\": \"{trtype}\", "
+                              "\"adrfam\": \"ipv4\", \"traddr\": \"10.99.0.1\", \"trsvcid\": \"4420\"}, "
+                              "\"subsystems\": [...]}")
         for port in config.ports:
             if not registry.serves(port.trtype):
                 log.warning("port %d: trtype %r is not served by the userspace target (%s only); skipped",
                             port.portid, port.trtype, registry.served_labels())
         self.config = config
         self.limits = limits or ResourceLimits()
-        self.remote_invalidate = remote_invalidate  # for ports added live (service/ops.py)
         # the I/O queues' data path: "python" or "native" (docs/native.md); None: native when it is built
         self.data_path = check_data_path(data_path, worker)
         self.data_path_reason = data_path_reason(data_path, self.data_path, worker)  # said at start and in status
@@ -61,33 +62,41 @@ class TargetServer:
         self.trace = check_trace(trace, self.data_path)  # the native queues' per-command trace (tunables.TRACE)
         # reservations kept through power loss (engine/reservations.py), read back here
         self.target = Target(config, file_lock=file_lock, limits=self.limits, reservation_file=reservation_file)
-        self.loop = registry.get(served[0].trtype).event_loop(self.target)
+        self.loop: Loop = registry.get(served[0].trtype).event_loop(self.target)
         self.target.attach_loop(self.loop)  # fdatasync and long commands stay off the loop
         self.next_status = time.monotonic() + STATUS_INTERVAL
-        self.listeners = []
-        self.poll_groups = None
-        if self.cores > 1:  # threads polling the native queues (transport/rdma/pollgroups.py)
-            from .. import native
-            from ..transport.rdma.pollgroups import PollGroups
-            self.poll_groups = PollGroups(native.module, self.cores)
+        self.listeners: List[Listener] = []
         self.stopping = False
-        if self.trace == "on":
-            TRACING.set_enabled(True)
-        # what every listener is given, those of ports added live too (service/ops.py)
-        self.listen_options = registry.ListenOptions(max_transfer=self.target.max_transfer, limits=self.limits,
-                                                     remote_invalidate=remote_invalidate, data_path=self.data_path,
-                                                     poll_mode=self.poll, poll_groups=self.poll_groups,
-                                                     poll_spin_us=self.poll_spin_us)
+        # what each transport makes of the service's settings (its entry's opts_init: RDMA's poll-group threads
+        # and trace), given to every listener of its ports, those added live too (service/ops.py)
+        self.settings = TransportSettings(remote_invalidate=remote_invalidate, data_path=self.data_path,
+                                          poll=self.poll, cores=self.cores, poll_spin_us=self.poll_spin_us,
+                                          trace=self.trace)
+        self._options: Dict[str, object] = {}
         try:
             for port in served:
                 if not port.subsystems:  # it listens once a subsystem is linked to it (control/live.py, Link)
                     log.info("port %d exports no subsystem: not listening until one is linked", port.portid)
                     continue
                 self.listeners.append(registry.get(port.trtype).listen(
-                    self.loop, port, self.target.port(port.portid), self.listen_options))
+                    self.loop, port, self.target.port(port.portid), self.listen_options(port.trtype)))
         except BaseException:
             self.close()  # a listener that failed (e.g. memory registration) leaves none behind
             raise
+
+    def listen_options(self, trtype: str) -> ListenOptions:
+        """What a listener of `trtype` is given: the engine's limits and its entry's options (made once)."""
+        if trtype not in self._options:
+            self._options[trtype] = registry.get(trtype).opts_init(self.settings)
+        return ListenOptions(max_transfer=self.target.max_transfer, limits=self.limits,
+                             transport=self._options[trtype])
+
+    def transport_options(self) -> dict:
+        """The options of the transports serving now (each entry's `dump_opts`), for `target status`."""
+        merged: dict = {}
+        for trtype, opts in self._options.items():
+            merged.update(registry.get(trtype).dump_opts(opts))
+        return merged
 
     def addresses(self) -> List[str]:
         return [f"{address(lst.traddr, lst.trsvcid)} ({lst.device_name})" for lst in self.listeners]
@@ -138,11 +147,9 @@ class TargetServer:
         for listener in self.listeners:
             listener.close()
         self.listeners = []
-        if self.poll_groups is not None:  # after the listeners: their queues left their groups as they closed
-            self.poll_groups.close()
-            self.poll_groups = None
-        if self.trace == "on":
-            TRACING.set_enabled(False)
+        options, self._options = self._options, {}
+        for trtype, opts in options.items():  # after the listeners: what their queues used
+            registry.get(trtype).close_opts(opts)
         self.target.close()  # flushes and closes the namespaces
 
 
@@ -303,9 +310,7 @@ def check_trace(trace: str, data_path: str) -> str:
         raise NvmeofError(f"{TRACE.option} {trace} traces the native data path (the Python data path logs its "
                           "per-command trace at -vv without it)",
                           f"add --data-path native, or leave {TRACE.option} out")
-    if trace == "on" and not trace_printed():
-        log.warning("%s on: the trace lines are logged at debug level only; add -vv to see them", TRACE.option)
-    return trace
+    return trace  # the transport that traces says whether its lines are printed (its opts_init)
 
 
 def check_file_buffers(queue_file_buffers: int, data_path: str) -> None:

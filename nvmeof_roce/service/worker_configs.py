@@ -19,6 +19,7 @@ import os
 from typing import Dict, List, Optional, Tuple
 
 from ..config import USERSPACE_KEY, ConfigError, TargetConfig
+from ..config.model import DEFAULT_TRTYPE
 from ..config.keys import KEYRING
 from ..engine.backends import open_backend
 from ..errors import NvmeofError
@@ -72,16 +73,17 @@ def worker_configs(config: TargetConfig, n: int, run_dir: str) -> Tuple[List[dic
     ring = (base.pop(USERSPACE_KEY, None) or {}).get(KEYRING)
     if ring:  # the hosts' keys may name its keys
         base[USERSPACE_KEY] = {KEYRING: ring}
-    rdma = [p for p in base["ports"] if registry.serves(p.get("addr", {}).get("trtype", "rdma"))]
-    if not rdma:
-        raise NvmeofError(f"{config.source}: no port with trtype 'rdma' to give the workers",
-                          "add an rdma port; each worker listens on its trsvcid + worker index")
+    served = [p for p in base["ports"] if registry.serves(p.get("addr", {}).get("trtype", DEFAULT_TRTYPE))]
+    if not served:
+        trtypes = " or ".join(map(repr, registry.served_trtypes()))
+        raise NvmeofError(f"{config.source}: no port with trtype {trtypes} to give the workers",
+                          f"add a port of trtype {trtypes}; each worker listens on its trsvcid + worker index")
     next_portid = max(p["portid"] for p in base["ports"]) + 1
     listen: Dict[int, List[int]] = {i: [] for i in range(n)}
     groups: List[List[int]] = []
     ports = []
     for p in base["ports"]:
-        if p not in rdma:
+        if p not in served:
             ports.append(p)
             continue
         svc = int(p["addr"]["trsvcid"])

@@ -341,7 +341,7 @@ class Supervisor:
             return None
         from ..control.server import SocketInUse
         try:
-            return ControlSocket(bind_unix_socket(self.rpc_socket), self.control.handle)
+            return ControlSocket(bind_unix_socket(self.rpc_socket), self.control.call)
         except SocketInUse:
             raise
         except NvmeofError as exc:
@@ -424,9 +424,10 @@ def _close_socket(sock: socket.socket, path: str) -> None:
 
 
 def supervise(args) -> int:
-    from ..transport.rdma.verbs import require_pyverbs
+    from ..transport import registry
     from ..control.protocol import default_socket_path
-    require_pyverbs()  # one clear error here rather than one per worker
+    for trtype in registry.served_trtypes():  # one clear error here rather than one per worker
+        registry.get(trtype).require()
     n = workers_requested(args)
     cpus = parse_cpus(args.cpus) if args.cpus else None
     worker_args = []

@@ -11,7 +11,7 @@ import selectors
 import time
 from typing import Callable, List
 
-from .base import QueueHandler
+from .contracts import QueueHandler
 
 log = logging.getLogger(__name__)
 

@@ -33,10 +33,12 @@ import time
 from collections import deque
 from typing import Callable, Dict, List, Optional
 
-from ..nvme.cm import REJECT_STATUS, CmConnectRequest, PrivateDataError
+from ..nvme.cm import CmConnectRequest, PrivateDataError
 from .resources import BufferPool
-from .base import (ConnectRejected, ConnectRequest, Connector, HostBuffer, HostQueue, Listener, QueueHandler,
-                   RemoteAccessError, TargetQueue, TransportError)
+from .contracts import (ConnectRejected, Connector, HostBuffer, HostQueue, ListenOptions, Listener, QueueHandler,
+                        RemoteAccessError, TargetQueue, TransportError, TransportOps)
+from .rdma.connect import RdmaConnectRequest, check_cm_request, reject_status
+from .rdma.sgl import keyed_or_in_capsule_sgls, map_keyed_or_in_capsule
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +123,7 @@ class _Connection:
     """One queue: the two ends and the connection state."""
 
     def __init__(self, fabric: "LoopbackFabric", listener: "LoopbackListener", pd: _ProtectionDomain,
-                 request: ConnectRequest):
+                 request: RdmaConnectRequest):
         self.fabric = fabric
         self.listener = listener
         self.pd = pd
@@ -360,6 +362,7 @@ class LoopbackListener(Listener):
         self.address = address
         self.port_id = port_id
         self.traddr = address.rsplit(":", 1)[0].strip("[]")
+        self.trsvcid = address.rsplit(":", 1)[1] if ":" in address else ""
         self.handler = handler
         self.in_capsule_size = in_capsule_size
         self.connections = set()
@@ -390,7 +393,8 @@ class LoopbackConnector(Connector):
         self.peer = f"192.0.2.{LoopbackConnector._next_port % 250 + 1}:{LoopbackConnector._next_port}"
 
     def connect(self, qid: int, hrqsize: int, hsqsize: int, cntlid: int = 0) -> LoopbackHostQueue:
-        return self._establish(ConnectRequest(0, qid, hrqsize, hsqsize, cntlid, self.peer, trtype="loopback"))
+        return self._establish(RdmaConnectRequest(qid=qid, hrqsize=hrqsize, hsqsize=hsqsize, cntlid=cntlid,
+                                                  peer=self.peer, trtype="loopback"))
 
     def connect_raw(self, private_data: bytes) -> LoopbackHostQueue:
         """Loopback extra: connect with arbitrary CM private data (parsed as the RDMA transport does)."""
@@ -398,16 +402,17 @@ class LoopbackConnector(Connector):
             req = CmConnectRequest.unpack(private_data)
         except PrivateDataError as exc:
             raise ConnectRejected(exc.sts, f"connection rejected: {exc}") from None
-        return self._establish(ConnectRequest(req.recfmt, req.qid, req.hrqsize, req.hsqsize, req.cntlid, self.peer,
-                                              trtype="loopback"))
+        return self._establish(RdmaConnectRequest(recfmt=req.recfmt, qid=req.qid, hrqsize=req.hrqsize,
+                                                  hsqsize=req.hsqsize, cntlid=req.cntlid, peer=self.peer,
+                                                  trtype="loopback"))
 
-    def _establish(self, request: ConnectRequest) -> LoopbackHostQueue:
+    def _establish(self, request: RdmaConnectRequest) -> LoopbackHostQueue:
         listener = self.fabric._listeners.get(self.address)
         if listener is None:
             raise TransportError(f"{self.address}: no listener (connection refused)")
         refusal = listener.handler.check_connect(request)
         if refusal is not None:  # worded as the RDMA CM would (the rules loopback keeps)
-            raise ConnectRejected(REJECT_STATUS[refusal.value])
+            raise ConnectRejected(reject_status(refusal))
         conn = _Connection(self.fabric, listener, self.pd, request)
         listener.connections.add(conn)
         listener.handler.queue_opened(conn.target)
@@ -427,6 +432,12 @@ class LoopbackFabric:
         self._last_tick = clock()
         self.ops_run = 0
         self._watched: Dict[int, Callable[[], None]] = {}  # fd -> callback, like EventLoop.watch
+        # contracts.Loop: pumped by its hosts, it does not time passes
+        self.longest_pass = self.longest_pass_recent = None
+
+    @property
+    def listeners(self) -> List[LoopbackListener]:
+        return list(self._listeners.values())
 
     def _new_key(self) -> int:
         self._next_key = (self._next_key + 0x1F3) & 0xFFFFFFFF  # keys that are not simply 1, 2, 3
@@ -513,3 +524,20 @@ class LoopbackFabric:
                 listener.handler.tick(now)
         if self._ops and not self._pumping:
             self.pump()
+
+
+def _loop(handler) -> LoopbackFabric:
+    return LoopbackFabric()
+
+
+def _listen(loop: LoopbackFabric, port, handler, options: ListenOptions) -> LoopbackListener:
+    limits = options.limits
+    pool = BufferPool(limits.data_buffers, limits.queue_min_buffers) if limits is not None else None
+    return loop.listen(f"{port.traddr}:{port.trsvcid}", handler, pool=pool, port_id=port.portid)
+
+
+# Its entry in transport/registry.py: RDMA's SGL kinds and connect rules, its own loop (pumped, not run).
+LOOPBACK = TransportOps(
+    trtype="loopback", description="in-process fabric with RDMA's rules (unit tests, demos)",
+    sgls=keyed_or_in_capsule_sgls, map_sgl=map_keyed_or_in_capsule, check_request=check_cm_request,
+    reject_status=reject_status, event_loop=_loop, listen=_listen, served_by_target=False)

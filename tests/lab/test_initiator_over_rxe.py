@@ -101,7 +101,7 @@ def test_malformed_capsule_sweep_while_a_kernel_host_verifies_another_controller
     from nvmeof_roce.nvme import status as S
     from nvmeof_roce.nvme.command import SQE
     from nvmeof_roce.nvme.sgl import SglDescriptor
-    from nvmeof_roce.transport.base import TransportError
+    from nvmeof_roce.transport.contracts import TransportError
     from nvmeof_roce.transport.rdma.host import RdmaConnector
 
     nvme("connect", "-t", "rdma", "-a", LAB_IP, "-s", "4420", "-n", NQN_CLEAN, "-i", "2")

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from nvmeof_roce.transport.base import Refusal
+from nvmeof_roce.transport.contracts import Refusal
 
 pytestmark = pytest.mark.lab
 
@@ -160,7 +160,7 @@ def test_more_commands_than_data_buffers_wait_for_one_and_all_complete(target):
 
 
 def test_reject_carries_the_nvmeof_status(target):
-    from nvmeof_roce.transport.base import ConnectRejected
+    from nvmeof_roce.transport.contracts import ConnectRejected
     from nvmeof_roce.transport.rdma.host import RdmaConnector
     conn = RdmaConnector(LAB_IP, PORT)
     with pytest.raises(ConnectRejected) as err:
@@ -170,7 +170,7 @@ def test_reject_carries_the_nvmeof_status(target):
 
 
 def test_wrong_key_is_a_transfer_error_and_other_queues_go_on(target):
-    from nvmeof_roce.transport.base import TransportError
+    from nvmeof_roce.transport.contracts import TransportError
     from nvmeof_roce.transport.rdma.host import RdmaConnector
     conn = RdmaConnector(LAB_IP, PORT)
     good = conn.connect(qid=1, hrqsize=32, hsqsize=31)

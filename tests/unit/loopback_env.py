@@ -126,12 +126,18 @@ class Env:
 
 
 class LoopbackServer:
-    """What the service's Operations needs of serve.py's TargetServer, on the loopback fabric."""
+    """What the service's Operations needs of serve.py's TargetServer, on the loopback fabric (control/stats.py
+    `Served` included: the Python data path, nothing polled)."""
+
+    data_path, data_path_reason, poll, cores = "python", "", "interrupt", 1
 
     def __init__(self, env: Env):
         self.target = env.target
         self.loop = env.fabric
         self.listeners = []
+
+    def transport_options(self) -> dict:
+        return {}
 
     def addresses(self):
         return ["loopback"]

@@ -19,7 +19,7 @@ from typing import List, Optional, Tuple
 import pytest
 
 from nvmeof_roce import native
-from nvmeof_roce.transport.base import ConnectRequest
+from nvmeof_roce.transport.rdma.connect import RdmaConnectRequest
 from nvmeof_roce.transport.rdma.native_queue import ChunkPool, NativeTargetQueue, NativeVerbs, Region
 from nvmeof_roce.transport.resources import BufferPool
 
@@ -188,7 +188,7 @@ def native_queue(device: FakeDevice, handler, qid: int = 1, depth: int = 32, in_
                  max_transfer: int = 128 * 1024, chunks: int = 64, max_reads: int = 16,
                  region_of=None, files: bool = True, file_buffers: int = 32) -> NativeTargetQueue:
     """A NativeTargetQueue on the fake device, as the RDMA transport would make it."""
-    request = ConnectRequest(recfmt=0, qid=qid, hrqsize=depth, hsqsize=depth - 1, cntlid=0, peer="fake")
+    request = RdmaConnectRequest(recfmt=0, qid=qid, hrqsize=depth, hsqsize=depth - 1, cntlid=0, peer="fake")
     recv = device.local((depth + 1) * (64 + in_capsule_size))
     pool_region = device.local(chunks * max_transfer)
     pool = BufferPool(chunks, 4)

@@ -71,7 +71,7 @@ from nvmeof_roce import native
 from nvmeof_roce.config import parse_config
 from nvmeof_roce.control import live
 from nvmeof_roce.nvme import auth as A
-from nvmeof_roce.transport.base import TransportError
+from nvmeof_roce.transport.contracts import TransportError
 
 HOST_BUFFER = 4 << 20
 SLOTS = 32

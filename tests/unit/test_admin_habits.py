@@ -229,6 +229,7 @@ def test_rpc_takes_rpc_py_positional_forms(env, tmp_path, capsys):
         assert env.target.config.subsystem(NQN).namespaces[0].path == str(img)
         code, out, err = rpc("nvmf_subsystem_add_ns", NQN, "Malloc0")  # a bdev name: none here, said so
         assert code == 1 and "namespace.bdev_name" in err and "no bdevs" in err
+        assert "target add-ns NQN --ram 64M" in err and '"backend": "ram"' in err, err
         code, _, err = rpc("nvmf_subsystem_add_listener", NQN, "-t", "rdma", "-a", "10.99.0.2", "-s", "4420")
         assert code == 0, err
         sub = next(s for s in json.loads(rpc("nvmf_get_subsystems", NQN)[1]) if s["nqn"] == NQN)
@@ -248,6 +249,65 @@ def test_rpc_takes_rpc_py_positional_forms(env, tmp_path, capsys):
         assert code == 0 and json.loads(out)[0]["namespaces"] == []
     finally:
         server.close()
+
+
+def test_rpc_py_spellings_of_today_and_of_the_json_parameters(env, tmp_path, capsys, monkeypatch):
+    """rpc.py's current --min-cntlid/--max-cntlid, the JSON parameters' spellings (--serial_number,
+    --no_auto_visible), keyring_file_add_key NAME PATH, a relative path for add_ns, and Malloc0 refused before
+    anything is sent, saying how this target makes a RAM namespace."""
+    import os
+    from test_target_control import LoopListeners, _serve_while
+    from nvmeof_roce.control.server import RpcServer
+    from nvmeof_roce.nvme.auth import generate_secret
+    path = str(tmp_path / "rpc.sock")
+    server = RpcServer(Control(env.target, LoopListeners(env)), path, env.fabric)
+    (tmp_path / "ns.img").write_bytes(bytes(1 << 20))
+    key = tmp_path / "host.key"
+    key.write_text(generate_secret(1, 32) + "\n")
+    key.chmod(0o600)
+    monkeypatch.chdir(tmp_path)  # the relative paths below are the caller's
+
+    def rpc(*argv):
+        code = _serve_while(env, lambda: cli.main(["rpc", "-S", path] + [str(a) for a in argv]))
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    try:
+        code, _, err = rpc("nvmf_create_subsystem", NQN, "--serial_number", "SN7", "--min-cntlid", "5",
+                           "--max-cntlid", "9")
+        assert code == 0, err
+        sub = env.target.config.subsystem(NQN)
+        assert (sub.serial, sub.cntlid_min, sub.cntlid_max) == ("SN7", 5, 9)
+        code, out, err = rpc("nvmf_subsystem_add_ns", NQN, "ns.img", "--no_auto_visible")
+        assert code == 0, err
+        ns = env.target.config.subsystem(NQN).namespaces[0]
+        assert ns.path == str(tmp_path / "ns.img") and ns.visible_hosts == []  # no host sees it yet
+        code, _, err = rpc("keyring_file_add_key", "key0", "host.key")
+        assert code == 0, err
+        assert env.target.config.userspace["keyring"] == {"key0": str(key)}
+        assert rpc("keyring_file_remove_key", "key0")[0] == 0
+    finally:
+        server.close()
+    # refused here, before a socket is looked for: nothing of it is sent
+    monkeypatch.setattr("nvmeof_roce.control.commands.find_socket", lambda *a: pytest.fail("sent"))
+    code, _, err = run(capsys, "rpc", "nvmf_subsystem_add_ns", NQN, "Malloc0")
+    assert code == 1 and "'Malloc0' is neither a file nor a block device" in err and "--ram 64M" in err, err
+    assert not os.path.exists(tmp_path / "Malloc0")
+
+
+def test_rpc_add_listener_s_is_rpc_py_s_sock_impl_and_is_refused_not_dropped(capsys):
+    """In rpc.py's nvmf_subsystem_add_listener -S is --sock-impl, elsewhere here -S is the control socket: the
+    subcommand takes rpc.py's meaning, refuses it (RDMA listeners have no socket implementation, and a setting
+    this target does not honour is never taken), and a path given to it is named as the control socket's."""
+    base = ["rpc", "nvmf_subsystem_add_listener", NQN, "-t", "rdma", "-a", "10.0.0.1", "-s", "4420"]
+    for argv, says in ((["-S", "/run/nvmeof-roce/t.sock"], "give it as --socket /run/nvmeof-roce/t.sock"),
+                       (["--sock-impl", "uring"], "the control socket is --socket PATH"),
+                       (["--sock_impl", "posix"], "leave it out")):
+        with pytest.raises(SystemExit) as exc:
+            cli.main(base + argv)
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and "--sock-impl picks a TCP listener's socket implementation" in err, err
+        assert says in err, err
 
 
 # ------------------------------------------------------------------------------ nvmf_create_transport

@@ -289,3 +289,78 @@ def test_the_cost_benchmarks_are_left_out_of_the_wheel():
     find = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
     packages = find_packages(str(REPO), include=find["include"], exclude=find.get("exclude", ()))
     assert "nvmeof_roce.bench" in packages and "nvmeof_roce.bench.cost" not in packages
+
+
+# The transport seam (docs/architecture.md "Adding a transport"): a transport is its own package or module under
+# transport/ and one entry in transport/registry.py (`BUILT_IN`); the layers above transport/ reach it through the
+# registry and transport/contracts.py only, and never name it.
+
+ABOVE_TRANSPORT = ("engine", "control", "service", "config")
+# control/methods.py and control/live.py are the control plane's half of issue 46 (their transport settings
+# emulation names RDMA): that change removes their "rdma" strings and transport.rdma import, then this goes.
+CONTROL_PLANE_NOT_YET: set = set()
+TRANSPORTS = ("transport.rdma", "transport.loopback")  # the built-in transports: a package, a module
+# Who may import a transport besides its own modules, and why.  A new transport's row is the registry alone.
+TRANSPORT_USERS = {
+    "transport.registry": "its entry in BUILT_IN",
+    "transport.loopback": "the in-process fabric keeps RDMA's rules: its connect checks and SGL kinds",
+    "initiator.commands": "the host side: `host connect` opens RDMA host queues",
+    "doctor.discovery_probe": "the host side: the doctor's discovery probe over RDMA",
+    "bench.cost.native": "the maintainers' cost benchmarks measure the transports from inside",
+    "bench.cost.transport": "the maintainers' cost benchmarks measure the transports from inside",
+    "bench.cost.initiator": "the maintainers' cost benchmarks measure the transports from inside",
+}
+
+
+def _above_transport(relative: str) -> bool:
+    return relative.split(".")[0] in ABOVE_TRANSPORT and relative not in CONTROL_PLANE_NOT_YET
+
+
+def test_a_transport_is_touched_outside_its_package_by_its_registry_entry_only():
+    graph = import_graph()
+    users = {}
+    for module, targets in graph.items():
+        importer = _relative(module)
+        for transport in TRANSPORTS:
+            if _covers(transport, importer):
+                continue
+            if any(_covers(transport, _relative(t)) for t in targets):
+                users.setdefault(importer, set()).add(transport)
+    above = sorted(m for m in users if _above_transport(m))
+    assert not above, f"the layers above transport/ import a transport itself (use transport/registry.py): {above}"
+    unexplained = sorted(set(users) - set(TRANSPORT_USERS) - CONTROL_PLANE_NOT_YET)
+    assert not unexplained, f"modules that import a transport besides its registry entry: {unexplained}"
+
+
+def _string_constants(source: str, value: str):
+    """The lines where `source` has the string constant `value` (any case), f-string parts included."""
+    return sorted(node.lineno for node in ast.walk(ast.parse(source))
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.lower() == value)
+
+
+def test_the_layers_above_transport_name_rdma_at_most_three_times():
+    # the config's default trtype (config/model.py DEFAULT_TRTYPE) is RDMA: a port without one is served by it
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = _module_name(path).partition(".")[2]
+        if _above_transport(relative):
+            for line in _string_constants(path.read_text(), "rdma"):
+                found.setdefault(str(path.relative_to(PACKAGE)), []).append(line)
+    assert sum(map(len, found.values())) <= 3, f'"rdma" above transport/ (ask transport/registry.py): {found}'
+
+
+def test_the_string_finder_sees_the_string_and_not_a_longer_one_or_a_name():
+    # the checker itself
+    assert _string_constants('x = "rdma"\ny = f"{x}RDMA"\nz = "use rdma"\nrdma = 1\n', "rdma") == [1, 2]
+
+
+def test_the_control_plane_touches_the_engine_through_its_api_and_host_settings_and_asks_the_transport_registry():
+    """docs/architecture.md "Control plane ⇄ engine": control/ imports engine/api.py (the verbs, mixed into
+    Target) and engine/auth.py (host_settings, the keys a reload reads) and nothing else of the engine; of the
+    transports it asks only transport/registry.py and reads them through transport/contracts.py (no transport
+    module, no `transport.rdma`)."""
+    allowed = {"nvmeof_roce.engine.api", "nvmeof_roce.engine.auth", "nvmeof_roce.transport.registry",
+               "nvmeof_roce.transport.contracts"}
+    reach = sorted((m, t) for m, ts in import_graph().items() if m.startswith("nvmeof_roce.control.") for t in ts
+                   if t.startswith(("nvmeof_roce.engine", "nvmeof_roce.transport")) and t not in allowed)
+    assert not reach, f"the control plane reaches past the engine's API or the transport registry: {reach}"

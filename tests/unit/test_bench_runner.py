@@ -607,3 +607,17 @@ def test_a_native_target_s_polling_is_read_before_the_disconnect_and_recorded(wo
     job_lines = [ln for ln in lines if ln.startswith("bench [")]
     assert f"polled adaptive: {180 / ios:.2f} spin hits and {20 / ios:.2f} arms per I/O" in job_lines[0]
     assert "polled" not in job_lines[1]
+
+
+def test_jobs_dir_help_names_the_directory_used_not_the_checkout(monkeypatch, capsys):
+    """Under an installed wheel the job files are the package's copy (nvmeof_roce/share/fio-jobs): --jobs-dir's
+    help names the directory the default really is, wherever the package runs from."""
+    from pathlib import Path
+    from nvmeof_roce.bench import fio
+    packaged = Path("/usr/lib/python3/dist-packages/nvmeof_roce/share/fio-jobs")
+    monkeypatch.setattr(fio, "shipped", lambda name: packaged if name == "fio-jobs" else None)
+    monkeypatch.setenv("COLUMNS", "500")  # argparse wraps its help at the terminal's width (and at hyphens)
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"--jobs-dir DIR fio job files (default: {packaged}," in help_text, help_text

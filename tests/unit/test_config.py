@@ -266,6 +266,37 @@ def test_load_config_file_errors(tmp_path):
         load_config(tmp_path)
 
 
+def test_a_key_twice_in_one_object_is_refused_naming_its_path_and_lines(tmp_path):
+    """Duplicate keys: json.loads keeps the last one silently (a namespace's second "device" wins); refused with
+    the key's JSON path and both lines, in a file and in a text with a later syntax error (reported first)."""
+    text = json.dumps(minimal(), indent=2).replace(
+        '"nsid": 1,', '"nsid": 1,\n          "device": {"path": "/srv/a.img"},\n          "device": {"path": "/srv/b.img"},')
+    path = tmp_path / "dup.json"
+    path.write_text(text)
+    lines = text.splitlines()
+    first, second = [i + 1 for i, line in enumerate(lines) if '"device"' in line]
+    with pytest.raises(ConfigError) as ei:
+        load_config(path)
+    err = ei.value
+    assert err.where == "subsystems[0].namespaces[0].device", err
+    assert f"appears twice in its object, on lines {first} and {second}" in err.problem, err
+    assert f"delete line {first} or line {second}" in err.fix, err
+    # at the top level, and in a list of objects
+    path.write_text('{"hosts": [],\n "ports": [],\n "hosts": []}')
+    with pytest.raises(ConfigError, match=r"dup.json: hosts: appears twice in its object, on lines 1 and 3"):
+        load_config(path)
+    path.write_text('{"hosts": [{"nqn": "a"},\n {"nqn": "b", "nqn": "c"}]}')
+    with pytest.raises(ConfigError, match=r"hosts\[1\]\.nqn: appears twice .* on lines 2 and 2"):
+        load_config(path)
+    # a syntax error after the duplicate is what is reported: the file is not JSON at all
+    path.write_text('{"hosts": [], "hosts": [],\n "ports": [,]}')
+    with pytest.raises(ConfigError, match=r"dup.json: line 2 column 12: invalid JSON"):
+        load_config(path)
+    # the same key in two different objects is no duplicate
+    path.write_text(json.dumps(minimal()))
+    assert load_config(path).subsystems[0].namespaces[0].nsid == 1
+
+
 def test_real_kernel_dump_loads_unchanged():
     # `nvmet show --json` on the lab's 6.1 kernel (nvmetcli's shape: discovery, dhchap, ana, resv groups)
     raw = json.loads((FIXTURES / "nvmet-show-6.1.json").read_text())

@@ -3,6 +3,8 @@
 The trees under fixtures/doctor/ hold sysfs/procfs/configfs files as the kernel prints them
 and tool outputs as the tools print them (fixtures/doctor/README.md says where each comes from).
 """
+import json
+
 import pytest
 
 from doctor_fixtures import build_tree, diagnose, sleep_then_apply, status_of
@@ -497,7 +499,9 @@ def test_the_native_module_check_says_whether_the_fast_path_and_the_cm_are_built
     from nvmeof_roce.doctor.checks.stack import check_native_module
     from nvmeof_roce.doctor.context import Context
     from nvmeof_roce.doctor.machine import Machine
+    from nvmeof_roce.transport.rdma import verbs
     ctx = Context(Machine("/"))
+    monkeypatch.setattr(verbs, "PYVERBS_ERROR", None)  # pyverbs importable: the RDMA transport can run
     monkeypatch.setattr(native, "module", type("M", (), {"__file__": "/x/_native.so"})())
     result = check_native_module(ctx)
     assert result.status is Status.OK and result.details["path"] == "/x/_native.so"
@@ -507,3 +511,30 @@ def test_the_native_module_check_says_whether_the_fast_path_and_the_cm_are_built
     assert result.status is Status.FAIL and "cannot listen on RDMA" in result.summary
     assert "gcc python3-dev libibverbs-dev librdmacm-dev liburing-dev" in result.fix
     assert result.evidence == ["the native data path is not built (No module named x)"]
+
+
+def test_the_native_check_fails_where_pyverbs_cannot_be_imported_as_target_serve_would(monkeypatch, tmp_path):
+    """The native module built but pyverbs not importable (a venv without --system-site-packages, no
+    python3-pyverbs): `target serve` refuses its RDMA port, so doctor must not say ok; its fix is serve's."""
+    from nvmeof_roce import native
+    from nvmeof_roce.config import load_config
+    from nvmeof_roce.doctor.checks.stack import check_native_module
+    from nvmeof_roce.doctor.context import Context
+    from nvmeof_roce.doctor.machine import Machine
+    from nvmeof_roce.errors import NvmeofError
+    from nvmeof_roce.service.serve import TargetServer
+    from nvmeof_roce.transport.rdma import verbs
+    monkeypatch.setattr(native, "module", type("M", (), {"__file__": "/x/_native.so"})())
+    monkeypatch.setattr(verbs, "PYVERBS_ERROR", ImportError("No module named 'pyverbs'"))
+    result = check_native_module(Context(Machine("/")))
+    assert result.status is Status.FAIL, result
+    assert "No module named 'pyverbs'" in result.summary and "target serve" in result.summary
+    assert "python3-pyverbs" in result.fix and "--system-site-packages" in result.fix
+    # the very refusal serve gives for the same machine
+    config = tmp_path / "t.json"
+    config.write_text(json.dumps({"ports": [{"portid": 1, "addr": {"trtype": "rdma", "adrfam": "ipv4",
+                                             "traddr": "10.99.0.1", "trsvcid": "4420"}, "subsystems": []}],
+                                  "subsystems": []}))
+    with pytest.raises(NvmeofError) as refused:
+        TargetServer(load_config(str(config)))
+    assert refused.value.fix == result.fix

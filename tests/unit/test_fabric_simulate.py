@@ -135,3 +135,20 @@ def test_cli_plots(tmp_path, capsys):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
         assert f"plot: {png}" in out
     assert "deadlocked" in out and "drained" in out
+
+
+def test_plot_without_matplotlib_is_said_before_the_simulation_with_the_installed_package_s_fix(
+        monkeypatch, tmp_path, capsys):
+    """No matplotlib: `fabric simulate --plot` refuses before it simulates (not after minutes of it), naming the
+    extra of the installed package and the distribution's package, not a command that works in a checkout only."""
+    import sys
+    from nvmeof_roce.fabric import commands
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    ran = []
+    monkeypatch.setattr(commands, "run_incast", lambda *a, **k: ran.append("incast"))
+    monkeypatch.setattr(commands, "run_ring", lambda *a, **k: ran.append("ring"))
+    assert main(["fabric", "simulate", "--duration", "10", "--plot", str(tmp_path / "png")]) == 1
+    err = capsys.readouterr().err
+    assert ran == [] and not (tmp_path / "png").exists()
+    assert "matplotlib is not installed" in err and "pip install 'nvmeof-roce[plot]'" in err, err
+    assert "apt-get install python3-matplotlib" in err and "or run without --plot" in err

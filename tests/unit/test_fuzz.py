@@ -32,7 +32,7 @@ from loopback_env import Env, add_namespace, null_ns, port, ram_ns, remove_names
 from nvmeof_roce.nvme import fabrics as F
 from nvmeof_roce.nvme.command import CQE_STRUCT, SQE_STRUCT
 from nvmeof_roce.nvme.sgl import ID_IN_CAPSULE, ID_KEYED
-from nvmeof_roce.transport.base import TransportError
+from nvmeof_roce.transport.contracts import TransportError
 from nvmeof_roce.transport.loopback import SendQueueFull
 
 pytestmark = pytest.mark.fuzz

@@ -170,6 +170,44 @@ def test_host_nvme_cli_habits(monkeypatch, tmp_path, capsys):
     assert code == 1 and "discovery.conf:1: unknown option '--colour'" in err
 
 
+def test_host_nvme_cli_letters_verified_in_its_fabrics_c(monkeypatch, tmp_path, capsys):
+    """nvme-cli's letters as its fabrics.c defines them (2.3, Debian 12's; 2.13 the same but -d): connect -d is
+    --disable-sqflow; -g/-G are NVMe/TCP's digests, passed for tcp and refused for rdma (the kernel's nvme-rdma
+    takes no hdr_digest/data_digest); discover -n names the discovery controller's NQN; disconnect-all -r keeps
+    to one transport and never counts a PCIe controller."""
+    ok = lambda name: ToolResult(["nvme"], 0, (FIX / name).read_text(), "")
+    subsystems = json.loads((FIX / "list-subsys.json").read_text())  # the recorded rdma path, and a local drive
+    subsystems[0]["Subsystems"].append({"Name": "nvme-subsys1", "NQN": "nqn.2014.08.org.nvmexpress:local-drive",
+                                        "Paths": [{"Name": "nvme1", "Transport": "pcie", "Address": "0000:01:00.0",
+                                                   "State": "live"}]})
+    calls = fake_cli(monkeypatch, {"discover": ok("discover.json"), "connect": ok("connect.json"),
+                                   "disconnect-all": ToolResult(["nvme"], 0, "", ""),
+                                   "list-subsys": ToolResult(["nvme"], 0, json.dumps(subsystems), "")}, tmp_path)
+    code, _, err = run(capsys, "host", "connect", "-a", "10.99.0.1", "-n", S1, "-d")
+    assert code == 0 and "--disable-sqflow" in calls[-1] and "--duplicate-connect" not in calls[-1], err
+    before = len(calls)
+    for letter, name in (("-g", "hdr_digest"), ("-G", "data_digest")):
+        code, _, err = run(capsys, "host", "connect", "-a", "10.99.0.1", "-n", S1, letter)
+        assert code == 1 and f"{letter}/--{name.replace('_', '-')}: NVMe/TCP's PDU digest" in err, err
+        assert f"invalid parameter '{name}'" in err and "-t tcp only" in err
+    assert len(calls) == before  # refused before nvme-cli ran
+    code, _, err = run(capsys, "host", "connect", "-t", "tcp", "-a", "10.99.0.1", "-n", S1, "-g", "-G")
+    assert code == 0 and "--hdr-digest" in calls[-1] and "--data-digest" in calls[-1], err
+    unique = "nqn.2014-08.org.example:discovery-a"
+    code, out, err = run(capsys, "host", "discover", "-a", "10.99.0.1", "-n", unique, "--json")
+    assert code == 0, err
+    assert calls[-1][0] == "discover" and calls[-1][calls[-1].index("--nqn") + 1] == unique
+    code, out, err = run(capsys, "host", "disconnect-all", "-r", "rdma", "--json")
+    assert code == 0 and calls[-1] == ["disconnect-all", "--transport", "rdma"], (calls[-1], err)
+    result = json.loads(out)
+    assert result["transport"] == "rdma" and result["disconnected"]
+    assert all(c["transport"] == "rdma" for c in result["disconnected"])
+    code, out, _ = run(capsys, "host", "disconnect-all", "-r", "tcp", "--json")
+    assert code == 0 and json.loads(out)["disconnected"] == []  # the recorded host has no tcp path
+    code, out, _ = run(capsys, "host", "disconnect-all")  # nvme-cli leaves PCIe controllers alone: so says the count
+    assert code == 0 and calls[-1] == ["disconnect-all"] and out.strip() == "disconnected 1 controller(s)", out
+
+
 def test_host_connect_failure_message(monkeypatch, tmp_path, capsys):
     fake_cli(monkeypatch, {"connect": ToolResult(["nvme"], 1, "", "already connected\n")}, tmp_path)
     code, _, err = run(capsys, "host", "connect", "-a", "10.99.0.1", "-n", S1)

@@ -376,3 +376,30 @@ def test_target_check_unit_names_a_key_file_the_unit_would_not_see(tmp_path, cap
                                "hides from the unit"}
     assert "/etc/nvmeof-roce/keys/" in result["errors"][0]["fix"]
     assert cli.main(["target", "check", conf]) == 0  # served by hand, the same files are fine
+
+
+# ------------------------------------------------------------------------------ a key file through a link
+
+def test_a_linked_key_file_is_checked_on_its_target_and_every_message_names_link_and_target(tmp_path):
+    """The policy (config/keys.py): a link is followed once; the mode and owner are those of the real file, and a
+    refusal names the link and the file it points to, with the chmod aimed at that file."""
+    (tmp_path / "secrets").mkdir()
+    real = key_file(tmp_path / "secrets" / "host-a.key", KEY, 0o644)
+    link = tmp_path / "host-a.key"
+    link.symlink_to(real)
+    with pytest.raises(ConfigError) as ei:
+        auth.host_settings(parse_config(config(str(link)), "c.json"))
+    err = ei.value
+    assert err.where == "hosts[0].dhchap.key"
+    assert f"key file {link} (a link to {real}): is mode 0644: others may access it" in err.problem, err.problem
+    assert err.fix == f"chmod 600 {real}"
+    assert KEY not in str(err)
+    # the link's own mode (0777) is not what counts: a private target is taken, its origin names both
+    os.chmod(real, 0o600)
+    settings = auth.host_settings(parse_config(config(str(link)), "c.json"))[HOST_A]
+    assert settings.key_origin == f"key file {link} (a link to {real})"
+    # a dangling link names the target that is missing
+    os.unlink(real)
+    with pytest.raises(ConfigError) as ei:
+        auth.host_settings(parse_config(config(str(link)), "c.json"))
+    assert f"key file {link} (a link to {real}): No such file or directory" in ei.value.problem

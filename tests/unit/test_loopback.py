@@ -2,7 +2,7 @@
 import pytest
 
 from nvmeof_roce.nvme import cm
-from nvmeof_roce.transport.base import ConnectRejected, Refusal, RemoteAccessError, TransportError
+from nvmeof_roce.transport.contracts import ConnectRejected, Refusal, RemoteAccessError, TransportError
 from nvmeof_roce.transport.loopback import FakeClock, LoopbackFabric, SendQueueFull
 
 ADDR = "10.0.0.1:4420"
@@ -14,7 +14,7 @@ class Recorder:
     in_capsule_size = 128
 
     def __init__(self, reject=None):
-        self.reject = reject  # a transport.base.Refusal, or None to accept
+        self.reject = reject  # a transport.contracts.Refusal, or None to accept
         self.queues = []
         self.capsules = []
         self.closed = []

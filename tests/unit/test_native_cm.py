@@ -8,7 +8,7 @@ import pytest
 
 from nvmeof_roce import native
 from nvmeof_roce.nvme import cm as cmdata
-from nvmeof_roce.transport.base import TransportError
+from nvmeof_roce.transport.contracts import TransportError
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="the native extension is not built")
 

@@ -299,7 +299,9 @@ def test_target_status_and_the_status_line_say_busy_poll(busy_ep):
     from types import SimpleNamespace
     from nvmeof_roce.control.commands import _data_path
     from nvmeof_roce.service.serve import TargetServer
-    status = target_status(busy_ep.env.target, server=SimpleNamespace(data_path="native", poll="busy", listeners=[]))
+    served = SimpleNamespace(data_path="native", data_path_reason="", poll="busy", cores=1, listeners=[],
+                             loop=SimpleNamespace(longest_pass=0.0), transport_options=dict)  # stats.Served
+    status = target_status(busy_ep.env.target, server=served)
     assert (status["data_path"], status["poll"]) == ("native", "busy")
     assert _data_path(status) == "native, busy poll"
     assert _data_path({"data_path": "python", "poll": "interrupt"}) == "python"

@@ -301,7 +301,9 @@ def test_target_status_says_which_data_path_runs(native_ep):
     from nvmeof_roce.control.stats import target_status
     target = native_ep.env.target
     assert target_status(target)["data_path"] == "python"  # no server: the loopback target's own path
-    assert target_status(target, server=SimpleNamespace(data_path="native", listeners=[]))["data_path"] == "native"
+    server = SimpleNamespace(data_path="native", data_path_reason="", poll="interrupt", cores=1, listeners=[],
+                             loop=SimpleNamespace(longest_pass=0.0), transport_options=dict)  # stats.Served
+    assert target_status(target, server=server)["data_path"] == "native"
 
 
 # ---------------------------------------------------------------------------------------------- file and block

@@ -20,8 +20,8 @@ def run(capsys, *argv):
 
 
 def relocated(name: str, tmp_path: Path) -> Path:
-    """The example with its /dev/nvme0n1 replaced by a file here (this machine has no such SSD).  nvmetcli has
-    no TCP example: "tcp" is rdma.json with a tcp port."""
+    """The example with its /dev/nvme0n1 replaced by a file here (this machine has no such SSD).  nvmetcli's TCP
+    example is outside examples/ (its top-level tcp.json): "tcp" is rdma.json with a tcp port."""
     data = json.loads((EXAMPLES / f"{'rdma' if name == 'tcp' else name}.json").read_text())
     if name == "tcp":
         data["ports"][0]["addr"]["trtype"] = "tcp"

@@ -5,12 +5,13 @@ initiator.
 It differs from loopback on purpose, so the core is seen asking the entry rather than assuming RDMA: no
 in-capsule data (its SGL mapping takes keyed descriptors only, and Identify says so), no remote invalidation,
 and its own words for a refused queue.  Its data movement is what any transport owes the core
-(transport/base.py): `read_host` fetches host memory later and calls back, `complete` writes the data then
+(transport/contracts.py): `read_host` fetches host memory later and calls back, `complete` writes the data then
 delivers the CQE, `close` reports `queue_closed` once.
 """
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 import pytest
 
@@ -23,13 +24,31 @@ from nvmeof_roce.nvme.command import CQE, NVM_WRITE, SQE
 from nvmeof_roce.nvme.sgl import SUBTYPE_ADDRESS, SUBTYPE_INVALIDATE_KEY, TYPE_KEYED_DATA_BLOCK
 from nvmeof_roce.engine.core import Target
 from nvmeof_roce.transport import registry
-from nvmeof_roce.transport.base import (ConnectRejected, ConnectRequest, Connector, HostBuffer, HostQueue, Refusal,
+from nvmeof_roce.transport.contracts import (ConnectRejected, ConnectRequest, Connector, HostBuffer, HostQueue, Refusal,
                                         TargetQueue, TransportError)
 
 HOST = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000e1e01"
 SUB = "nqn.2024-01.io.test:pipe"
-PIPE_REJECT = {Refusal.INVALID_RECFMT: 101, Refusal.INVALID_QID: 102, Refusal.INVALID_HSQSIZE: 103,
-               Refusal.INVALID_HRQSIZE: 104, Refusal.NO_RESOURCES: 105}  # the pipe's own words
+# The pipe's own words for a refusal: the engine's (Refusal) and the pipe's own checks of its request.
+PIPE_REJECT = {"recfmt": 101, Refusal.INVALID_QID: 102, "sqsize": 103, Refusal.NO_RESOURCES: 105}
+
+
+@dataclass(frozen=True)
+class PipeConnectRequest(ConnectRequest):
+    """What the pipe's connection carries besides what the engine reads: a format and the host's queue size."""
+
+    trtype: str = "pipe"
+    recfmt: int = 0
+    hsqsize: int = 0
+
+
+def pipe_check_request(request: PipeConnectRequest, max_entries: int):
+    """The pipe's own checks of its connection request: its format, and the queue size against the engine's."""
+    if request.recfmt:
+        return "recfmt"
+    if request.hsqsize + 1 > max_entries:
+        return "sqsize"
+    return None
 
 
 # ---------------------------------------------------------------------- the transport
@@ -142,7 +161,7 @@ class PipeConnector(Connector):
 
     def connect(self, qid, hrqsize, hsqsize, cntlid=0) -> PipeHostQueue:
         listener = self.fabric.listeners[self.address]
-        request = ConnectRequest(0, qid, hrqsize, hsqsize, cntlid, peer="pipe-host:1", trtype="pipe")
+        request = PipeConnectRequest(qid=qid, hsqsize=hsqsize, peer="pipe-host:1")
         refusal = listener.handler.check_connect(request)
         if refusal is not None:
             raise ConnectRejected(PIPE.reject_status(refusal))
@@ -162,9 +181,9 @@ def pipe_map_sgl(req) -> int:
 
 
 PIPE = registry.TransportOps(
-    trtype="pipe", description="the unit tests' tiny in-process transport", in_capsule_data=False,
-    keyed_sgls=True, remote_invalidate=False, map_sgl=pipe_map_sgl,
-    check_request=lambda request: Refusal.INVALID_RECFMT if request.recfmt else None,
+    trtype="pipe", description="the unit tests' tiny in-process transport",
+    sgls=lambda in_capsule_size: I.SGLS_SUPPORTED | I.SGLS_KEYED,  # keyed only: no in-capsule data
+    map_sgl=pipe_map_sgl, check_request=pipe_check_request,
     reject_status=PIPE_REJECT.__getitem__, event_loop=PipeFabric,
     listen=lambda loop, port, handler, options: loop.listen(f"{port.traddr}:{port.trsvcid}", handler),
     served_by_target=False)
@@ -234,7 +253,7 @@ def test_a_refused_queue_is_worded_by_the_transport(pipe):
     _target, _loop, connector = pipe
     with pytest.raises(ConnectRejected) as exc:
         connector.connect(0, 64, 63)  # an admin queue deeper than 32
-    assert exc.value.status == PIPE_REJECT[Refusal.INVALID_HSQSIZE]
+    assert exc.value.status == PIPE_REJECT["sqsize"]
 
 
 def test_the_core_maps_sgls_with_the_transport_entry(pipe):

@@ -165,7 +165,7 @@ print("ok")
 
 
 def test_the_listener_reports_its_queues_and_pool_in_target_status():
-    """`target status` shows each RDMA listener's figures (transport/base.py Listener.status)."""
+    """`target status` shows each RDMA listener's figures (transport/contracts.py Listener.status)."""
     run_child(STATUS)
 
 

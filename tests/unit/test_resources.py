@@ -8,7 +8,7 @@ from nvmeof_roce.nvme import fabrics as F
 from nvmeof_roce.nvme import status as S
 from nvmeof_roce.nvme.status import NvmeStatusError
 from nvmeof_roce.engine.core import Target
-from nvmeof_roce.transport.base import ConnectRejected
+from nvmeof_roce.transport.contracts import ConnectRejected
 from nvmeof_roce.transport.loopback import FakeClock, LoopbackFabric
 from nvmeof_roce.transport.resources import BufferPool, ResourceLimits
 
@@ -139,7 +139,7 @@ def test_the_loopback_listener_reports_its_queues_and_pool_in_target_status():
     env = PooledEnv(ResourceLimits(data_buffers=64, queue_min_buffers=2))
     ctrl = env.connect(num_io_queues=1, kato_ms=0)
     listener = env.fabric._listeners[ADDR1]
-    assert transport_status(SimpleNamespace(listeners=[listener]))["listeners"] == [
+    assert transport_status(SimpleNamespace(loop=SimpleNamespace(longest_pass=0.0), listeners=[listener]))["listeners"] == [
         {"address": ADDR1, "portid": None, "queues": 2, "wc_errors": None,
          "pool": {"chunks": 64, "free": 64, "in_use": 0, "guaranteed": 4}}]
     ctrl.close()

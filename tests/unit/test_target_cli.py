@@ -132,3 +132,45 @@ def test_serve_and_status_say_which_data_path_runs_and_why(monkeypatch):
             == "python: --data-path python")
     assert (_data_path({"data_path": "native", "poll": "interrupt", "data_path_reason": "the native module is "
                         "built: the default"}) == "native, interrupt poll: the native module is built: the default")
+
+
+def test_check_refuses_a_file_to_create_larger_than_its_filesystem(tmp_path, capsys):
+    """A file namespace of 100P on a filesystem of a few GiB: the field, the size asked, what the filesystem holds
+    (its whole size, by os.statvfs of the directory that exists), and the fix."""
+    import os
+    disk = tmp_path / "not-yet" / "ns.img"  # its directory is not there either: the filesystem above it counts
+    path = write(tmp_path, base_config([{"nsid": 1, "device": {"path": str(disk)},
+                                         "nvmeof_roce": {"backend": "file", "size": "100P"}}]))
+    assert cli.main(["target", "check", path, "--json"]) == 1
+    result = json.loads(capsys.readouterr().out)
+    vfs = os.statvfs(tmp_path)
+    assert result["field"] == "subsystems[0].namespaces[0].nvmeof_roce.size", result
+    assert str(100 << 50) in result["error"] and str(vfs.f_blocks * vfs.f_frsize) in result["error"], result
+    assert str(disk) in result["error"] and str(tmp_path) in result["error"], result
+    assert "nvmeof_roce.size" in result["fix"] and "filesystem" in result["fix"], result
+    assert not disk.parent.exists()
+    # a size the filesystem holds is fine (the file is sparse: its whole size counts, not what is free)
+    path = write(tmp_path, base_config([{"nsid": 1, "device": {"path": str(disk)},
+                                         "nvmeof_roce": {"backend": "file", "size": "1M"}}]))
+    assert cli.main(["target", "check", path, "--json"]) == 0
+
+
+def test_the_fix_for_a_missing_file_creates_its_directory_when_that_is_missing_too(tmp_path, capsys):
+    """both.json's /var/lib/nvmeof-roce/both-ns1.img where /var/lib/nvmeof-roce is not there: a bare
+    `truncate -s 1G PATH` fails; the fix makes the directory first, and works when run."""
+    import subprocess
+    disk = tmp_path / "var-lib" / "both-ns1.img"
+    path = write(tmp_path, base_config([{"nsid": 1, "device": {"path": str(disk)}}]))
+    assert cli.main(["target", "check", path, "--json"]) == 1
+    fix = json.loads(capsys.readouterr().out)["fix"]
+    assert f"mkdir -p {disk.parent} && truncate -s 1G {disk}" in fix, fix
+    command = fix[fix.index("mkdir -p"):fix.index(disk.name) + len(disk.name)]
+    subprocess.run(command, shell=True, check=True)
+    assert disk.stat().st_size == 1 << 30
+    assert cli.main(["target", "check", path, "--json"]) == 0
+    capsys.readouterr()
+    # the directory there: the plain truncate
+    other = write(tmp_path, base_config([{"nsid": 1, "device": {"path": str(tmp_path / "b.img")}}]), "b.json")
+    assert cli.main(["target", "check", other, "--json"]) == 1
+    fix = json.loads(capsys.readouterr().out)["fix"]
+    assert f"create it (truncate -s 1G {tmp_path / 'b.img'})" in fix, fix

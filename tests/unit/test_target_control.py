@@ -15,7 +15,7 @@ from nvmeof_roce.nvme import status as S
 from nvmeof_roce.control import live
 from nvmeof_roce.control.methods import Control
 from nvmeof_roce.control.client import call
-from nvmeof_roce.control.protocol import INVALID_PARAMS, METHOD_NOT_FOUND, RpcError
+from nvmeof_roce.control.protocol import INVALID_PARAMS, METHOD_NOT_FOUND, RpcError, handle_request
 from nvmeof_roce.control.server import RpcServer
 from nvmeof_roce.errors import NvmeofError
 
@@ -257,7 +257,7 @@ def test_a_port_listens_only_while_it_exports_a_subsystem(env, control):
     """Port 2 exports SUB_RAM alone: once SUB_RAM is deleted nothing listens there, so a host's reconnect is
     refused by the transport (and retried), not answered by an NVMe Connect error with DNR; the subsystem made
     again and linked, the port listens again."""
-    from nvmeof_roce.transport.base import TransportError
+    from nvmeof_roce.transport.contracts import TransportError
     ctrl = env.connect(SUB_RAM, address=ADDR2)
     control.call("nvmf_delete_subsystem", {"nqn": SUB_RAM})
     env.fabric.pump()
@@ -460,14 +460,17 @@ def test_rates_come_from_samples(env, control):
 
 
 def test_unknown_method_and_bad_requests(control):
-    assert control.handle({"jsonrpc": "2.0", "method": "nope", "id": 4})["error"]["code"] == METHOD_NOT_FOUND
-    bad = control.handle({"method": "nvmf_get_stats", "id": 5})
+    def handle(request):  # what the server does with each request: the one dispatch, Control.call
+        return handle_request(control.call, request)
+
+    assert handle({"jsonrpc": "2.0", "method": "nope", "id": 4})["error"]["code"] == METHOD_NOT_FOUND
+    bad = handle({"method": "nvmf_get_stats", "id": 5})
     assert bad["error"]["code"] == -32600 and bad["id"] == 5
-    err = control.handle({"jsonrpc": "2.0", "method": "nvmf_get_subsystems", "params": [1], "id": 6})["error"]
+    err = handle({"jsonrpc": "2.0", "method": "nvmf_get_subsystems", "params": [1], "id": 6})["error"]
     assert err["code"] == INVALID_PARAMS and err["data"]["field"] == "params"
-    err = control.handle({"jsonrpc": "2.0", "method": "nvmf_get_subsystems", "params": {"tgt_name": "t"}, "id": 7})
+    err = handle({"jsonrpc": "2.0", "method": "nvmf_get_subsystems", "params": {"tgt_name": "t"}, "id": 7})
     assert err["error"]["data"]["field"] == "tgt_name"
-    assert control.handle({"jsonrpc": "2.0", "method": "nvmf_get_stats"}) is None  # a notification
+    assert handle({"jsonrpc": "2.0", "method": "nvmf_get_stats"}) is None  # a notification
     assert "nvmf_subsystem_resize_ns" in control.call("rpc_get_methods")
 
 

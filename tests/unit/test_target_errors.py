@@ -15,7 +15,7 @@ from nvmeof_roce.nvme import nvm
 from nvmeof_roce.nvme import status as S
 from nvmeof_roce.nvme.command import SQE
 from nvmeof_roce.nvme.sgl import SglDescriptor
-from nvmeof_roce.transport.base import ConnectRejected, TransportError
+from nvmeof_roce.transport.contracts import ConnectRejected, TransportError
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from nvmeof_roce.nvme import status as S
 from nvmeof_roce.nvme.status import NvmeStatusError
 from nvmeof_roce.config import parse_config
 from nvmeof_roce.engine.core import Target
-from nvmeof_roce.transport.base import TransportError
+from nvmeof_roce.transport.contracts import TransportError
 from nvmeof_roce.transport.loopback import LoopbackFabric
 
 

@@ -122,3 +122,15 @@ def test_a_build_without_the_native_module_fails_and_names_the_packages_unless_o
                            str(tmp_path / "tmp")], capture_output=True, text=True, timeout=300, env=env, cwd=source)
     assert proc.returncode == 0, proc.stderr
     assert not list(tmp_path.glob("lib/**/_native*.so"))
+
+
+def test_make_dist_installs_only_the_build_dependencies(tmp_path):
+    """`make dist` on a production host: the wheel's build dependencies, never the lab's QEMU and debootstrap, nor
+    a dev venv with the plot extras (a dry run, VENV pointed at a venv that is not there)."""
+    proc = subprocess.run(["make", "-n", "-C", str(ROOT), "dist", f"VENV={tmp_path / 'venv'}"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    for unwanted in ("qemu-system-x86", "debootstrap", "-m venv", "plot]", "build_ext --inplace"):
+        assert unwanted not in proc.stdout, (unwanted, proc.stdout)
+    for needed in ("python3-dev", "libibverbs-dev", "librdmacm-dev", "liburing-dev", "gcc", "-m pip wheel"):
+        assert needed in proc.stdout, (needed, proc.stdout)

@@ -227,7 +227,7 @@ class _Workers:
 
     def serve_control(self) -> str:
         """The supervisor's own control socket, answered while `run` runs; its path."""
-        self.control = ControlSocket(bind_unix_socket(self.sup.rpc_socket), self.sup.control.handle)
+        self.control = ControlSocket(bind_unix_socket(self.sup.rpc_socket), self.sup.control.call)
         return self.sup.rpc_socket
 
     def close(self):
@@ -367,7 +367,7 @@ def test_supervisor_reload_applies_on_every_worker_or_none(two_workers):
 def test_supervisor_control_socket_round_trip(two_workers, tmp_path):
     w = two_workers
     sock = bind_unix_socket(str(tmp_path / "s.sock"))
-    server = ControlSocket(sock, w.sup.control.handle)
+    server = ControlSocket(sock, w.sup.control.call)
     out = {}
 
     def client():

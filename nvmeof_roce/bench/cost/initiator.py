@@ -24,7 +24,7 @@ import time
 import types
 
 from nvmeof_roce.nvme.command import CQE_STRUCT
-from nvmeof_roce.transport.base import HostBuffer, HostQueue
+from nvmeof_roce.transport.contracts import HostBuffer, HostQueue
 
 CID = __import__("struct").Struct("<H")
 

@@ -115,12 +115,12 @@ def _instrumentation_overhead(n: int = 200_000) -> float:
 # --- the RDMA transport on the fake device ------------------------------------------------------------------
 
 class FakeHostQueue:
-    """A HostQueue (transport/base.py) on the fake device, for the project's initiator; poll() runs the
+    """A HostQueue (transport/contracts.py) on the fake device, for the project's initiator; poll() runs the
     target's event loop, since both ends live in this process."""
 
     def __init__(self, loop, qid: int, hrqsize: int, hsqsize: int, cntlid: int):
         from nvmeof_roce.nvme import cm
-        from nvmeof_roce.transport.base import ConnectRejected, TransportError
+        from nvmeof_roce.transport.contracts import ConnectRejected, TransportError
         self.loop = loop
         self.qid = qid
         self.buffers = []
@@ -136,7 +136,7 @@ class FakeHostQueue:
         self.crqsize = cm.CmAccept.unpack(self.end.accept_data).crqsize
 
     def register(self, size: int):
-        from nvmeof_roce.transport.base import HostBuffer
+        from nvmeof_roce.transport.contracts import HostBuffer
         buf, addr, key = fakeverbs.register_host_memory(size)
         self.buffers.append(buf)
         return HostBuffer(addr, key, memoryview(buf).cast("B")[:size])

@@ -240,20 +240,38 @@ def check_memlock_limit(ctx: Context) -> CheckResult:
 
 
 def check_native_module(ctx: Context) -> CheckResult:
-    """Whether this installation has its native module (nvmeof_roce._native, built from csrc/): the RDMA CM of the
-    userspace target and initiator and their fast data path.  Without it `target serve` cannot listen on RDMA;
-    a build without a compiler or a -dev package fails unless NVMEOF_ROCE_PURE_PYTHON=1 asked for that."""
+    """Whether this installation can serve RDMA as `target serve` does: its native module (nvmeof_roce._native,
+    built from csrc/: the RDMA CM of the userspace target and initiator and their fast data path), and what the
+    RDMA transport itself requires before it listens (the same call serve makes: pyverbs, Debian's
+    python3-pyverbs, seen from this Python).  Either missing, serve cannot listen on RDMA; a build without a
+    compiler or a -dev package fails unless NVMEOF_ROCE_PURE_PYTHON=1 asked for that."""
     from ... import native
+    from ...errors import NvmeofError
+    from ...transport import registry
     if not ctx.machine.is_live:
         return skipped("stack.native", "", "a captured tree: this check is about the installation running doctor")
-    if native.available():
-        where = getattr(native.module, "__file__", "") or "nvmeof_roce._native"
-        return ok("stack.native", "", "built: target serve runs the native data path and the RDMA CM in C",
-                  [f"loaded {where}"], path=where)
-    return fail("stack.native", "", "not built: the userspace target cannot listen on RDMA (kernel nvmet and "
-                "the tools still work)", [native.missing_reason or ""],
-                "apt-get install gcc python3-dev libibverbs-dev librdmacm-dev liburing-dev, then reinstall the "
-                "package (pip install --force-reinstall --no-deps, or make venv)", reason=native.missing_reason)
+    try:
+        registry.get("rdma").require()  # what TargetServer checks for each RDMA port before it listens
+        rdma_problem = None
+    except NvmeofError as exc:
+        rdma_problem = exc
+    if not native.available():
+        evidence = [native.missing_reason or ""]
+        if rdma_problem is not None:
+            evidence.append(rdma_problem.message)
+        return fail("stack.native", "", "not built: the userspace target cannot listen on RDMA (kernel nvmet and "
+                    "the tools still work)", evidence,
+                    "apt-get install gcc python3-dev libibverbs-dev librdmacm-dev liburing-dev, then reinstall the "
+                    "package (pip install --force-reinstall --no-deps, or make venv)"
+                    + (f"; and {rdma_problem.fix}" if rdma_problem is not None and rdma_problem.fix else ""),
+                    reason=native.missing_reason)
+    where = getattr(native.module, "__file__", "") or "nvmeof_roce._native"
+    if rdma_problem is not None:
+        return fail("stack.native", "", "built, but the RDMA transport cannot run: target serve fails on an RDMA "
+                    f"port ({rdma_problem.message})", [f"loaded {where}", rdma_problem.message],
+                    rdma_problem.fix or "apt-get install python3-pyverbs", path=where, reason=rdma_problem.message)
+    return ok("stack.native", "", "built: target serve runs the native data path and the RDMA CM in C",
+              [f"loaded {where}", "the RDMA transport's requirements (pyverbs) are met"], path=where)
 
 
 AUTH_OPTIONS = {"CONFIG_NVME_HOST_AUTH": "host", "CONFIG_NVME_TARGET_AUTH": "target"}

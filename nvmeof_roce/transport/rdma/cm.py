@@ -24,10 +24,11 @@ from ...errors import NvmeofError
 from ...output import address
 from ...tunables import POLL_SPIN_US
 from ...nvme import cm as cmdata
-from ..base import ConnectRequest, Listener, QueueHandler, TransportError
+from ..contracts import Listener, QueueHandler, TransportError
 from ..eventloop import EventLoop
 from ..resources import ResourceLimits, registered_region
 from .cmchannel import CmChannel, CmEvent, CmId
+from .connect import RdmaConnectRequest, reject_status
 from .memory import DataPool, MappedRegion, data_buffer_access
 from .queue import AcceptRefused, RdmaTargetQueue
 from .verbs import PYVERBS_ERROR, is_iwarp, require_pyverbs
@@ -172,11 +173,12 @@ class RdmaListener(Listener):
         except cmdata.PrivateDataError as exc:
             self._reject(child, exc.sts, str(exc))
             return
-        request = ConnectRequest(parsed.recfmt, parsed.qid, parsed.hrqsize, parsed.hsqsize, parsed.cntlid,
-                                 peer=event.peer, port_id=self.port_id)
+        request = RdmaConnectRequest(qid=parsed.qid, recfmt=parsed.recfmt, hrqsize=parsed.hrqsize,
+                                     hsqsize=parsed.hsqsize, cntlid=parsed.cntlid, peer=event.peer,
+                                     port_id=self.port_id)
         refusal = self.handler.check_connect(request)
         if refusal is not None:
-            self._reject(child, cmdata.REJECT_STATUS[refusal.value],
+            self._reject(child, reject_status(refusal),
                          f"QID {parsed.qid} HSQSIZE {parsed.hsqsize} HRQSIZE {parsed.hrqsize}")
             return
         # Nothing but the receive and response rings is committed here: data buffers are guaranteed to a
@@ -199,7 +201,7 @@ class RdmaListener(Listener):
         self.children[child.handle] = queue
         self.handler.queue_opened(queue)
 
-    def _native_queue(self, child: CmId, request: ConnectRequest):
+    def _native_queue(self, child: CmId, request: RdmaConnectRequest):
         from ... import native
         from .native import NativePortMemory, RdmaNativeQueue
 

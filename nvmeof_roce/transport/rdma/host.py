@@ -16,7 +16,7 @@ from collections import deque
 from typing import List, Optional
 
 from ...nvme import cm as cmdata
-from ..base import ConnectRejected, Connector, HostBuffer, HostQueue, TransportError
+from ..contracts import ConnectRejected, Connector, HostBuffer, HostQueue, TransportError
 from .cmchannel import CmChannel
 from .memory import RegisteredMemory
 from .verbs import (ADMIN_CAPSULE, CM_TIMEOUT_MS, PYVERBS_ERROR, QPS_INIT, QPS_RTR, QPS_RTS, RESPONSE_SIZE,

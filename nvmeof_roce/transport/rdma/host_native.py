@@ -16,7 +16,7 @@ from typing import List, Optional
 
 from ... import native
 from ...nvme import cm as cmdata
-from ..base import HostBuffer, TransportError
+from ..contracts import HostBuffer, TransportError
 from .verbs import ADMIN_CAPSULE, RESPONSE_SIZE
 from .host import INLINE_CAPSULE, SIGNAL_INTERVAL, RdmaConnector, RdmaHostQueue
 

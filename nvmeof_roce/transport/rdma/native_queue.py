@@ -23,7 +23,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
-from ..base import ConnectRequest, QueueHandler, RemoteAccessError, TargetQueue, TransportError
+from ..contracts import QueueHandler, RemoteAccessError, TargetQueue, TransportError
+from .connect import RdmaConnectRequest
 from .native_trace import TRACING, log_lines
 from .requests import RequestBook, TxRequest
 from ..resources import PoolShare, ResourceLimits
@@ -86,9 +87,10 @@ class ChunkPool:
 class NativeTargetQueue(TargetQueue):
     """One NVMe queue served by the C data path, with the Python core behind it for everything else."""
 
+    trtype = "rdma"
     data_path = "native"
 
-    def __init__(self, module, handler: QueueHandler, request: ConnectRequest, verbs: NativeVerbs, *,
+    def __init__(self, module, handler: QueueHandler, request: RdmaConnectRequest, verbs: NativeVerbs, *,
                  in_capsule_size: int, recv: Region, chunks: ChunkPool, share: PoolShare, max_transfer: int,
                  zero: Optional[Region] = None, sink: Optional[Region] = None,
                  on_close: Callable[["NativeTargetQueue"], None],

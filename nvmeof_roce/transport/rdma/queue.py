@@ -19,8 +19,9 @@ import logging
 from typing import TYPE_CHECKING, List, Optional
 
 from ...nvme import cm as cmdata
-from ..base import ConnectRequest, ReadDone, RemoteAccessError, TargetQueue, TransportError
+from ..contracts import ReadDone, RemoteAccessError, TargetQueue, TransportError
 from ..resources import PoolShare
+from .connect import RdmaConnectRequest
 from .memory import RegisteredMemory
 from .requests import RequestBook, TxRequest
 from .verbs import (ADMIN_CAPSULE, PYVERBS_ERROR, QPS_INIT, QPS_RTR, QPS_RTS, RESPONSE_SIZE, SEND_WR_BASE,
@@ -133,7 +134,9 @@ class RdmaTargetQueue(TargetQueue):
     (no req_notify), and a target must sleep until work arrives.
     """
 
-    def __init__(self, listener: "RdmaListener", cm_id, request: ConnectRequest):
+    trtype = "rdma"
+
+    def __init__(self, listener: "RdmaListener", cm_id, request: RdmaConnectRequest):
         self.listener = listener
         self.cm_id = cm_id
         self.cm_handle: Optional[int] = None

@@ -33,7 +33,7 @@ from typing import Callable, Deque, Dict, List, Optional, Protocol
 
 from ..lifecycle import (COMPLETING, EXECUTING, FREE, NEED_BUFFER, NEED_READ_CREDIT, NEW, READY_TO_COMPLETE,
                          TRANSFERRING_HOST_TO_CONTROLLER, RequestState, move)
-from ..base import TransportError
+from ..contracts import TransportError
 from ..resources import PoolShare
 
 log = logging.getLogger(__name__)

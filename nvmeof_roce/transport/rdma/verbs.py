@@ -17,7 +17,7 @@ import os
 from typing import Callable
 
 from ...errors import NvmeofError
-from ..base import TransportError
+from ..contracts import TransportError
 
 # The pyverbs names the target side uses: its modules import them from here (after checking PYVERBS_ERROR), so a
 # pyverbs without one of them is found missing in one place.

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Second lab boot, the final code: the lab test, then the QD sweeps again (2 ms and 20 us first: the goals).
-#   flock /tmp/nvmeof-lab.lock .venv/bin/nvmeof-roce lab run --timeout 1800 -- sh results/devices/run-lab2.sh
+#   flock /tmp/nvmeof-lab.lock .venv/bin/nvmeof-roce lab run --timeout 1800 -- sh tools/lab-runs/devices/run-lab2.sh
 cd /mnt/project || exit 1
 OUT=results/devices
 python3 -m pytest -p no:cacheprovider -q -s tests/lab/test_devices.py > $OUT/lab-test2.txt 2>&1

@@ -1,6 +1,6 @@
 #!/bin/sh
 # RoCE v2 (rxe), iWARP (siw) and NVMe/TCP side by side in one lab boot (docs/fabric.md "Choosing a fabric"):
-#   flock /tmp/nvmeof-lab.lock .venv/bin/nvmeof-roce lab run --timeout 2400 -- sh results/fabrics/run-lab.sh
+#   flock /tmp/nvmeof-lab.lock .venv/bin/nvmeof-roce lab run --timeout 2400 -- sh tools/lab-runs/fabrics/run-lab.sh
 cd /mnt/project || exit 1
 ip link add siwnet0 type dummy && ip addr add 10.98.0.1/24 dev siwnet0 && ip link set siwnet0 up || exit 1
 python3 -m nvmeof_roce rdma add-siw siwnet0 || exit 1

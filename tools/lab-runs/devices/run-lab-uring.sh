@@ -3,9 +3,9 @@
 # userspace (io_uring) against the kernel target in the same run. With no argument, the QD sweep into
 # results/devices/uring; with "quick", 4 KiB random read QD1 and QD32 only, into results/devices/uring2; with
 # "native", the same jobs with the native data path's target too (and its lab test), into results/devices/native:
-#   flock /tmp/nvmeof-lab.lock .venv/bin/nvmeof-roce lab run --timeout 2400 -- sh results/devices/run-lab-uring.sh
-#   flock /tmp/nvmeof-lab.lock .venv/bin/nvmeof-roce lab run --timeout 1500 -- sh results/devices/run-lab-uring.sh quick
-#   flock /tmp/nvmeof-lab.lock .venv/bin/nvmeof-roce lab run --timeout 1800 -- sh results/devices/run-lab-uring.sh native
+#   flock /tmp/nvmeof-lab.lock .venv/bin/nvmeof-roce lab run --timeout 2400 -- sh tools/lab-runs/devices/run-lab-uring.sh
+#   flock /tmp/nvmeof-lab.lock .venv/bin/nvmeof-roce lab run --timeout 1500 -- sh tools/lab-runs/devices/run-lab-uring.sh quick
+#   flock /tmp/nvmeof-lab.lock .venv/bin/nvmeof-roce lab run --timeout 1800 -- sh tools/lab-runs/devices/run-lab-uring.sh native
 cd /mnt/project || exit 1
 TARGETS=kernel,userspace
 LABTEST=tests/lab/test_devices.py

@@ -1,4 +1,7 @@
-"""The queue contract every transport implements (loopback, RDMA; transport/registry.py lists them).
+"""The contracts every transport implements (loopback, RDMA; transport/registry.py lists them): the queues
+(`TargetQueue`, `HostQueue`), the listener of a config port (`Listener`), the event loop the listeners and the
+service share (`Loop`), and what the engine gives a transport (`QueueHandler`).  The layers above transport/
+use these declared members only, never a probe.
 
 One NVMe queue (admin or I/O) is one reliable connection.  The target sees a
 `TargetQueue`; the host (initiator) sees a `HostQueue`.  Both are driven by a
@@ -16,7 +19,9 @@ from __future__ import annotations
 import abc
 import enum
 from dataclasses import dataclass
-from typing import Callable, Optional, Protocol
+from typing import Callable, List, Optional, Protocol
+
+from ..tunables import POLL_SPIN_US
 
 
 class TransportError(Exception):
@@ -36,28 +41,25 @@ class ConnectRejected(TransportError):
 
 
 class Refusal(enum.Enum):
-    """Why the target refuses to open a queue, in no transport's words: each transport says it on its wire
-    (transport/registry.py `TransportOps.reject_status`; RDMA: the CM reject STS of nvme/cm.py)."""
+    """Why the engine refuses to open a queue, in no transport's words: each transport says it on its wire
+    (`TransportOps.reject_status`).  A transport's own checks of its connection request (`check_request`) refuse
+    with reasons of its own (RDMA: transport/rdma/connect.py `CmRefusal`), which the engine passes on unread."""
 
-    INVALID_RECFMT = "invalid_recfmt"
     INVALID_QID = "invalid_qid"
-    INVALID_HSQSIZE = "invalid_hsqsize"
-    INVALID_HRQSIZE = "invalid_hrqsize"
     NO_RESOURCES = "no_resources"
 
 
 @dataclass(frozen=True)
 class ConnectRequest:
-    """What the host asked for when it opened a queue (the RDMA CM private data)."""
+    """What the engine needs to know of a queue the host opens, before its NVMe Connect: which queue, from
+    where, on which transport.  A transport's connection request carries more (RDMA's CM private data:
+    transport/rdma/connect.py `RdmaConnectRequest`); the transport checks that itself (`check_request`), and
+    the queue's size is the Connect's SQSIZE (engine/fabrics.py), as nvmet_install_queue learns it."""
 
-    recfmt: int
     qid: int
-    hrqsize: int  # host receive queue size, 1's based
-    hsqsize: int  # host send queue size, 0's based
-    cntlid: int  # controller ID for I/O queues on recent kernels, else 0
+    trtype: str  # the transport it came on (its transport/registry.py entry)
     peer: str = ""  # the host's "address:port" ("[address]:port" for IPv6), for logs and per-address limits
     port_id: int = 0  # the config port (portid) whose listener accepted it
-    trtype: str = "rdma"  # the transport it came on (its transport/registry.py entry)
 
     @property
     def peer_address(self) -> str:
@@ -72,7 +74,7 @@ ReadDone = Callable[[Optional[memoryview], Optional[TransportError]], None]
 class TargetQueue(abc.ABC):
     """The target's end of one NVMe queue."""
 
-    trtype = "rdma"  # its transport's registry entry (transport/registry.py): the core asks it how to map SGLs
+    trtype: str  # its transport's registry entry (transport/registry.py), set by each queue class
     request: ConnectRequest
     in_capsule_size: int  # bytes of in-capsule data accepted after the 64-byte SQE (0 on admin queues)
     local_address = ""  # the address the host connected to, where the transport knows it (discovery log entries)
@@ -149,9 +151,23 @@ class TargetQueue(abc.ABC):
         """Whether the queue served a command itself since the last call (keep-alive traffic for the core)."""
         return False
 
+    def polling_status(self) -> Optional[dict]:
+        """How a queue that polls for its completions is polled, for `target status --json` (each queue's
+        "polling"); None for a queue driven by events only."""
+        return None
+
 
 class Listener(abc.ABC):
     """A transport's end of one config port: it accepts the port's queues (transport/registry.py `listen`)."""
+
+    traddr: str  # the address it listens on (the config port's)
+    trsvcid: object  # its service (port number) as the transport takes it
+    port_id: Optional[int]  # the config port (portid) it serves
+
+    @property
+    def device_name(self) -> str:
+        """What it listens through, for `target serve`'s start line (an RDMA device; "" where none)."""
+        return ""
 
     @abc.abstractmethod
     def status(self) -> dict:
@@ -159,9 +175,41 @@ class Listener(abc.ABC):
         "wc_errors" (failed work completions, flushes not counted; None where the transport does not count them),
         and "pool" where it has a data-buffer pool (transport/resources.py `BufferPool.figures`)."""
 
+    def status_line(self) -> str:
+        """One line of its figures for `target serve`'s status log."""
+        figures = self.status()
+        return f"{figures['address']}: {figures['queues']} queues"
+
     @abc.abstractmethod
     def close(self) -> None:
         """Close its queues and stop listening."""
+
+
+class Loop(Protocol):
+    """The event loop a transport's entry makes (`TransportOps.event_loop`): its listeners and queues watch fds
+    on it, and the service runs it (transport/eventloop.py `EventLoop` is the shared one)."""
+
+    listeners: List[Listener]  # the listeners made on it
+    longest_pass: Optional[float]  # seconds: the longest pass since start (None: it does not time its passes)
+    longest_pass_recent: Optional[float]  # ... since the service last reset it
+
+    def watch(self, fd: int, callback: Callable[[], None]) -> None:
+        """Call `callback` on the loop whenever `fd` is readable."""
+
+    def unwatch(self, fd: int) -> None:
+        """Stop watching `fd` (nothing if it is not watched)."""
+
+    def keep_polling(self, poller: Callable[[], bool]) -> None:
+        """Run `poller` in every pass until it returns False (busy polling)."""
+
+    def run_once(self, timeout: float) -> int:
+        """One pass: wait up to `timeout`, run what is ready; how many handlers ran."""
+
+    def run(self, should_stop: Callable[[], bool]) -> None:
+        """Passes and the handler's ticks until `should_stop()`."""
+
+    def close(self) -> None:
+        """Close its listeners and stop."""
 
 
 class QueueHandler(Protocol):
@@ -184,6 +232,52 @@ class QueueHandler(Protocol):
 
     def tick(self, now: float) -> None:
         """Called periodically (about every 100 ms) for timers such as keep-alive expiry."""
+
+
+@dataclass(frozen=True)
+class TransportSettings:
+    """The service's settings a transport may take (target serve's options); each entry makes its own options
+    of them (`TransportOps.opts_init`) and ignores what it has no use for."""
+
+    remote_invalidate: bool = True  # a response may invalidate the host's key (--no-remote-invalidate)
+    data_path: str = "python"  # "native": queues that can serve commands without Python do (docs/native.md)
+    poll: str = "interrupt"  # how such queues find completions (tunables.POLL)
+    cores: int = 1  # threads that poll them (tunables.CORES)
+    poll_spin_us: int = POLL_SPIN_US.default  # poll "adaptive": the spin's bound (tunables.POLL_SPIN_US)
+    trace: str = "off"  # their per-command trace (tunables.TRACE)
+
+
+@dataclass(frozen=True)
+class ListenOptions:
+    """What the service gives every listener it makes: the engine's limits and the entry's own options."""
+
+    max_transfer: int = 128 * 1024
+    limits: object = None  # transport/resources.py ResourceLimits, or None for the defaults
+    transport: object = None  # what the entry's opts_init made (None: its defaults)
+
+
+@dataclass(frozen=True)
+class TransportOps:
+    """One transport's entry in transport/registry.py, as nvmet's `struct nvmet_fabrics_ops` and SPDK's
+    `spdk_nvmf_transport_ops`: everything the engine, the service and the config ask of a transport."""
+
+    trtype: str
+    description: str
+    sgls: Callable[[int], int]  # (in-capsule bytes of the port) -> Identify's SGLS: the SGL kinds it takes
+    map_sgl: Callable[[object], int]  # (engine Request) -> 0 or an NVMe status; called once per command
+    # (request, the most entries the engine allows such a queue) -> None, or the transport's own refusal: its
+    # checks of what its connection request carries
+    check_request: Callable[[ConnectRequest, int], Optional[object]]
+    reject_status: Callable[[object], int]  # a refusal (the engine's Refusal or its own) as its wire says it
+    event_loop: Callable[[object], object]  # (QueueHandler for tick) -> the `Loop` listeners and Work watch fds on
+    listen: Callable[..., "Listener"]  # (loop, PortConfig, QueueHandler, ListenOptions) -> a Listener
+    require: Callable[[], None] = lambda: None  # raises NvmeofError naming the fix if it cannot run here
+    opts_init: Callable[[TransportSettings], object] = lambda settings: None  # its options (ListenOptions.transport)
+    dump_opts: Callable[[object], dict] = lambda opts: {}  # its options as `target status` shows them
+    close_opts: Callable[[object], None] = lambda opts: None  # release what opts_init made, its listeners closed
+    figures: Callable[[], dict] = dict  # transport-wide figures for `target status`'s "transport"
+    served_by_target: bool = True  # config ports of this trtype are served by `target serve`
+    label: str = ""  # how messages name it ("RDMA (RoCE)"); the trtype if empty
 
 
 @dataclass

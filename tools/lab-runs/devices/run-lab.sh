@@ -1,6 +1,6 @@
 #!/bin/sh
 # The device measurements of docs/devices.md, in one lab boot:
-#   flock /tmp/nvmeof-lab.lock .venv/bin/nvmeof-roce lab run --timeout 3000 -- sh results/devices/run-lab.sh
+#   flock /tmp/nvmeof-lab.lock .venv/bin/nvmeof-roce lab run --timeout 3000 -- sh tools/lab-runs/devices/run-lab.sh
 cd /mnt/project || exit 1
 OUT=results/devices
 python3 -m pytest -p no:cacheprovider -q -s tests/lab/test_devices.py 2>&1 | tail -5 > $OUT/lab-test.txt
