@@ -137,7 +137,7 @@ def ensure(image: LabImage, project: Path,
         if not cached.exists():
             progress(f"lab: building the native module for the guest's Python {python} (image "
                      f"{image.directory.name}, sources {digest}: csrc/, setup.py) in a chroot of the image; "
-                     f"once per image and sources, about a minute")
+                     f"once per image and sources, seconds")
             started = time.monotonic()
             build(image, project, cached)
             progress(f"lab: native module for Python {python} built in {time.monotonic() - started:.0f} s, "
