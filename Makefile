@@ -107,8 +107,8 @@ test-long: lab
 test-extended: lab
 	$(NVMEOF) lab run --siw --timeout $(LAB_TIMEOUT) -- python3 -m pytest -p no:cacheprovider -m "lab and extended" tests/lab
 
-# Debian 13 (trixie's 6.12 kernel, nvme-cli 2.13, rdma-core 56, Python 3.13): the guest builds the native module
-# for its Python, then the kernel host runs against our target on the native data path (fio crc32c verify,
+# Debian 13 (trixie's 6.12 kernel, nvme-cli 2.13, rdma-core 56, Python 3.13): `lab run` builds the native module
+# for its Python (once per image and sources, in a chroot of the image), then the kernel host runs against our target on the native data path (fio crc32c verify,
 # discovery, DH-HMAC-CHAP, multipath failover with --workers), the `host` wrapper's commands, and nvmet
 # (tests/tiers.py LAB_TRIXIE_TESTS).  Its own image, built here on first use.
 test-trixie: deps venv

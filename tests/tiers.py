@@ -17,12 +17,13 @@ LAB_612_TESTS = ["tests/lab/test_auth.py", "tests/lab/test_kernel_host_userspace
 
 # Debian 13 (trixie: its 6.12 kernel, nvme-cli 2.13, rdma-core 56, Python 3.13): the kernel host against our
 # target on the native data path (fio crc32c verify, discovery, DH-HMAC-CHAP, multipath failover with --workers),
-# the `host` wrapper's commands, and nvmet.  The guest builds the native module for its Python first (in place:
-# _native.cpython-313-*.so beside the host's), and the tier fails if it does not import.
+# the `host` wrapper's commands, and nvmet.  `lab run` puts the native module for the guest's Python in the
+# checkout before the boot (lab/guest_native.py: _native.cpython-313-*.so beside the host's, built once per image
+# and sources in a chroot), and the tier fails if it does not import.
 LAB_TRIXIE_TESTS = ["tests/lab/test_kernel_host_userspace_target.py", "tests/lab/test_native_data_path.py",
                     "tests/lab/test_auth.py", "tests/lab/test_multipath.py", "tests/lab/test_kernel_host.py",
                     "tests/lab/test_nvmet_configfs.py", "tests/lab/test_host_identity_nvme_cli.py"]
-NATIVE_FIRST = "python3 setup.py -q build_ext --inplace && python3 -c 'import nvmeof_roce._native'"
+NATIVE_FIRST = "python3 -c 'import nvmeof_roce._native'"
 
 SUMMARY = re.compile(r"^=+ (.*(passed|failed|error|skipped|no tests ran).*) =+$")
 

@@ -4,11 +4,14 @@ userspace target through its NVME_TARGET_CONTROL script, then the two side by si
 blktests is taken at a pinned upstream revision into the lab's cache, never into the repository.  Debian does not
 package blktests, and the lab machines reach no other source, so the cache is seeded once from a copy of
 upstream's repository (`--source`: a git directory or a checkout, `BLKTESTS_SRC` for `make test-blktests`);
-later runs use the cache.  Its C helpers (src/) are built on this machine with its compiler (the guest has
-none; both are Debian 12): none of the nvme tests that can run over RDMA uses them.
+later runs use the cache.  Its C helpers (src/) are built on this machine with its compiler (the bookworm
+guests have none; what Debian 12 builds runs on Debian 13 too): none of the nvme tests that can run over RDMA
+uses them.
 
-The guest gets, for this run only: xfsprogs and bsdextrautils (.debs fetched with apt-get download, installed
-at boot), the kernel's config (from the kernel package the image was built from) at /boot, and a scratch disk
+The guest gets, for this run only: xfsprogs, bsdextrautils and gawk with what they need that the image lacks
+(.debs of the guest's own suite, resolved by apt against the image's installed packages and installed at boot),
+the kernel's config (from the kernel packages the image was built from: linux-image-RELEASE, or linux-base-RELEASE
+where Debian splits the kernel) at /boot, and a scratch disk
 for blktests' images (ext4: nvmet's file backend opens with O_DIRECT, which tmpfs refuses before 6.6).  The boot
 adds `tsc=reliable`: under TCG the clocksource watchdog can mark the TSC unstable mid-run, and the text poke
 that follows has crashed the 6.12 guest.
@@ -28,15 +31,19 @@ from typing import Dict, List, Optional
 
 from ..errors import NvmeofError
 from ..output import progress
+from . import aptconfig, guest_native
 from . import image as lab_image
 from .vm import LabRun, run_in_guest
 
 BLKTESTS_REVISION = "a608cb56341e0f4cacf473f5e0ac6052f1f12de9"  # upstream master, 2026-08-21
-EXTRA_DEBS = ["xfsprogs", "libinih1", "liburcu8", "bsdextrautils", "gawk", "libmpfr6", "libsigsegv2"]  # + missing deps
+# What blktests needs that the image lacks (mkfs.xfs: nvme/012, 047; column: ./check's summary; gawk); apt adds
+# the libraries they need from the guest's own suite (bookworm or trixie: their names differ, libicu72 and 76)
+EXTRA_PACKAGES = ["xfsprogs", "bsdextrautils", "gawk"]
 MODES = ("kernel", "ours")
 BOOT_CMDLINE = "tsc=reliable"
 SCRATCH_BYTES = 8 << 30  # a sparse file: blktests' images and mkfs targets
 GUEST_SCRIPT = Path(__file__).with_name("blktests-guest.sh")
+PROJECT = Path(__file__).resolve().parents[2]  # the checkout mounted at /mnt/project
 
 # A test that passes on nvmet and not on ours is a defect of ours unless it is listed here with the reason it
 # cannot pass against an external target, quoting blktests' own lines (docs/conformance.md has the longer form).
@@ -116,38 +123,126 @@ def blktests_tree(source: Optional[str]) -> Path:
     return tree
 
 
-def extra_debs() -> List[Path]:
-    """The .debs the guest installs for blktests, downloaded once into the cache."""
-    debs = blktests_cache() / "debs"
-    debs.mkdir(parents=True, exist_ok=True)
-    found = []
-    for name in EXTRA_DEBS:
-        have = sorted(debs.glob(f"{name}_*.deb"))
-        if not have:
-            progress(f"blktests: apt-get download {name}")
-            run = subprocess.run(["apt-get", "download", "-q", name], cwd=debs, capture_output=True, text=True)
-            if run.returncode != 0:
-                raise NvmeofError(f"apt-get download {name} failed: {run.stderr.strip()}",
-                                  "run 'apt-get update' (the lab takes Debian packages from this machine's apt)")
-            have = sorted(debs.glob(f"{name}_*.deb"))
-        found.append(have[-1])
+def image_dpkg_status(image: lab_image.LabImage, out: Path) -> Path:
+    """The image's /var/lib/dpkg/status (what its guest has installed), read off its root disk with debugfs:
+    nothing is mounted."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.unlink(missing_ok=True)
+    try:
+        run = subprocess.run(["debugfs", "-R", f"dump /var/lib/dpkg/status {out}", str(image.disk)],
+                             capture_output=True, text=True)
+    except FileNotFoundError:
+        raise NvmeofError("debugfs: command not found", "install the Debian package 'e2fsprogs'") from None
+    if run.returncode != 0 or not out.exists() or out.stat().st_size == 0:
+        raise NvmeofError(f"cannot read /var/lib/dpkg/status from the image's disk {image.disk}: "
+                          f"{run.stderr.strip()}", "rebuild the image: nvmeof-roce lab build --force --kernel "
+                          f"{lab_image.image_kernel(image)}")
+    return out
+
+
+def extra_debs(image: lab_image.LabImage) -> List[Path]:
+    """The .debs the guest installs for blktests (EXTRA_PACKAGES and what they need that the image lacks), from
+    the guest's own Debian suite (bookworm, or trixie for the Debian 13 guests): apt resolves them against the
+    image's installed packages.  Downloaded once per image into the cache."""
+    inputs = image.manifest().get("inputs") or {}
+    suite = str(inputs.get("suite") or aptconfig.GUEST_SUITE)
+    debs = blktests_cache() / "debs" / image.directory.name
+    done = debs / ".resolved"
+    if done.exists():
+        have = [debs / name for name in done.read_text().split()]
+        if all(p.exists() for p in have):
+            return have
+    shutil.rmtree(debs, ignore_errors=True)
+    (debs / "partial").mkdir(parents=True)
+    status = image_dpkg_status(image, debs / "partial" / "status")
+    progress(f"blktests: apt-get install --download-only {' '.join(EXTRA_PACKAGES)} (Debian {suite}, "
+             f"against the image's installed packages)")
+    # the suite's apt state (the machine's own for bookworm, the lab's private one for trixie), with the
+    # image's status file in place of the machine's: apt adds just what the guest lacks, from the guest's suite
+    args = ["apt-get", *aptconfig.apt_options(suite), f"-oDir::State::Status={status}",
+            f"-oDir::Cache::Archives={debs}", "-oDebug::NoLocking=1", "-oAPT::Install-Recommends=false",
+            "-q", "-y", "--download-only", "install", *EXTRA_PACKAGES]
+    run = subprocess.run(args, capture_output=True, text=True)
+    if run.returncode != 0:
+        tail = "\n".join((run.stderr or run.stdout).strip().splitlines()[-12:])
+        raise NvmeofError(f"apt-get cannot download blktests' extra packages for the {suite} guest "
+                          f"({', '.join(EXTRA_PACKAGES)}):\n{tail}",
+                          "run 'apt-get update' (and 'rm -r " + str(lab_image.cache_root() / "apt") + "' to "
+                          "refresh the lab's private apt states)")
+    have = sorted(debs.glob("*.deb"))
+    missing = [name for name in EXTRA_PACKAGES if not any(p.name.startswith(f"{name}_") for p in have)
+               and not _installed(status, name)]
+    if missing:
+        raise NvmeofError(f"apt-get downloaded no {', '.join(missing)} for the {suite} guest ({debs})",
+                          "run 'apt-get update' and 'nvmeof-roce lab blktests' again")
+    done.write_text("\n".join(p.name for p in have) + "\n")
+    return have
+
+
+def _installed(status: Path, package: str) -> bool:
+    for stanza in status.read_text(errors="replace").split("\n\n"):
+        if re.search(rf"^Package: {re.escape(package)}$", stanza, re.M) and \
+                re.search(r"^Status: install ok installed$", stanza, re.M):
+            return True
+    return False
+
+
+# Where the kernel's config is in its packages: /boot/config-RELEASE in the image package (bookworm, trixie);
+# /usr/lib/modules/RELEASE/config in linux-base-RELEASE where Debian splits the kernel (unstable).
+KERNEL_CONFIG_PLACES = [("linux-image-{release}", "boot/config-{release}"),
+                        ("linux-image-{release}", "usr/lib/modules/{release}/config"),
+                        ("linux-base-{release}", "usr/lib/modules/{release}/config"),
+                        ("linux-base-{release}", "boot/config-{release}")]
+
+
+def _deb_member(deb: Path, member: str) -> Optional[bytes]:
+    """One file of a .deb's data, or None if the package does not hold it."""
+    tar = subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(deb)], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE)
+    found = None
+    try:
+        with tarfile.open(fileobj=tar.stdout, mode="r|") as archive:
+            for info in archive:
+                if info.name.removeprefix("./") == member and info.isfile():
+                    found = archive.extractfile(info).read()
+                    break
+    except tarfile.TarError as exc:
+        raise NvmeofError(f"{deb}: cannot read its files: {exc}", f"remove {deb} and rebuild the image "
+                          "(nvmeof-roce lab build --force)") from None
+    finally:
+        tar.kill()
+        tar.wait()
     return found
 
 
 def kernel_config(image: lab_image.LabImage) -> Path:
-    """/boot/config-RELEASE from the kernel package the image was built from (blktests' _have_kernel_option)."""
+    """config-RELEASE from the kernel packages the image was built from (blktests' _have_kernel_option reads
+    /boot/config-RELEASE)."""
     release = image.manifest()["kernel_release"]
     out = blktests_cache() / f"config-{release}"
     if out.exists():
         return out
-    debs = sorted((lab_image.cache_root() / "debs").glob(f"linux-image-{release}_*.deb"))
-    if not debs:
-        raise NvmeofError(f"the kernel package of {release} is not in the lab cache",
-                          "rebuild the image: nvmeof-roce lab build --force")
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(["dpkg-deb", "-x", str(debs[-1]), tmp], check=True)
-        shutil.copy2(Path(tmp) / "boot" / f"config-{release}", out)
-    return out
+    debs_dir = lab_image.cache_root() / "debs"
+    versions = dict((image.manifest().get("inputs") or {}).get("kernel_parts") or {})  # the versions it was built from
+    looked = []
+    for package, place in KERNEL_CONFIG_PLACES:
+        package, place = package.format(release=release), place.format(release=release)
+        version = versions.get(package)
+        debs = sorted(debs_dir.glob(f"{package}_{version.replace(':', '%3a') if version else '*'}_*.deb"))
+        looked.append(f"{place} in {debs[-1].name if debs else package + ' (not downloaded)'}")
+        if not debs:
+            continue
+        data = _deb_member(debs[-1], place)
+        if data is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_name(out.name + ".tmp")
+            tmp.write_bytes(data)
+            tmp.replace(out)
+            return out
+    raise NvmeofError(f"no kernel config for {release} in the lab's packages ({debs_dir}): looked for "
+                      + "; ".join(dict.fromkeys(looked)),
+                      f"rebuild the image, which downloads its kernel packages again: nvmeof-roce lab build "
+                      f"--force --kernel {lab_image.image_kernel(image)}")
 
 
 @dataclass
@@ -236,8 +331,9 @@ def run(kernel: str, modes: List[str], tests: List[str], source: Optional[str], 
     """Boot once, run the modes, write OUT/table.md and OUT/table.json; exit code 1 if a test passed on nvmet
     and not on ours without a reason listed."""
     tree = blktests_tree(source)
-    debs = extra_debs()
     image = lab_image.build(force=False, kernel=kernel)
+    debs = extra_debs(image)
+    guest_native.ensure(image, PROJECT)  # our target's native data path for a Python 3.13 guest
     config = kernel_config(image)
     out.mkdir(parents=True, exist_ok=True)
     (out / "kernel.release").write_text(image.manifest()["kernel_release"] + "\n")
@@ -255,7 +351,7 @@ def run(kernel: str, modes: List[str], tests: List[str], source: Optional[str], 
     try:
         code = run_in_guest(image, LabRun(
             command=["bash", "nvmeof_roce/lab/blktests-guest.sh", "/mnt/share", " ".join(modes), *tests],
-            project=Path(__file__).resolve().parents[2], share=out, timeout=timeout, memory_mb=memory_mb,
+            project=PROJECT, share=out, timeout=timeout, memory_mb=memory_mb,
             cmdline=BOOT_CMDLINE,
             extra_args=["-drive", f"file={scratch},if=virtio,format=raw,cache=unsafe"]))
     finally:

@@ -80,6 +80,13 @@ def image_root(image: lab_image.LabImage) -> Iterator[Path]:
             subprocess.run(["rm", "-rf", "--one-file-system", str(work)], check=False)
 
 
+def in_chroot(root: Path, command: str, **kw) -> subprocess.CompletedProcess:
+    """`command` (a shell line) in /src of `root` under chroot, with a plain root environment."""
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
+           "LANG": "C.UTF-8", "PYTHONPATH": "/src"}
+    return subprocess.run(["chroot", str(root), "sh", "-c", f"cd /src && {command}"], env=env, **kw)
+
+
 def run(kernel: str, command: str) -> int:
     """`command` (a shell line) in /src of a chroot of the `kernel` generation's image; its exit code."""
     image = lab_image.build(kernel=kernel)  # a no-op when the image of these inputs is there
@@ -87,9 +94,7 @@ def run(kernel: str, command: str) -> int:
         (root / "src").mkdir()
         _copy_checkout(root / "src")
         progress(f"lab chroot: {image.directory.name} ({kernel}): {command}")
-        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
-               "LANG": "C.UTF-8", "PYTHONPATH": "/src"}
-        return subprocess.run(["chroot", str(root), "sh", "-c", f"cd /src && {command}"], env=env).returncode
+        return in_chroot(root, command).returncode
 
 
 def main(argv: List[str]) -> int:

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..errors import NvmeofError
 from ..output import emit, progress
 from . import aptconfig, ceph_commands
+from . import guest_native
 from . import image as lab_image
 from .vm import LabRun, run_in_guest
 
@@ -77,8 +78,10 @@ def _lab_run(args, interactive: bool) -> int:
             raise NvmeofError(f"--env {item!r}: expected NAME=VALUE", "e.g. --env RUNTIME=5")
         env[key] = value
     image = lab_image.build(force=False, kernel=args.kernel)  # the image for the current inputs, built first if needed
+    project = Path(args.project).resolve() if args.project else project_root()
+    guest_native.ensure(image, project)  # Python 3.13 guests: the native module for their Python, cached
     modules, missing = run_modules(image, args.siw)
-    run = LabRun(command=command, project=Path(args.project).resolve() if args.project else project_root(),
+    run = LabRun(command=command, project=project,
                  share=Path(args.share).resolve() if args.share else None, timeout=args.timeout,
                  memory_mb=args.memory, cpus=args.cpus, kvm=args.kvm, interactive=interactive,
                  rxe=not args.no_rxe, env=env, modules=modules, missing_modules=missing, ceph=args.ceph)
