@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from nvmeof_roce.ceph.bindings import rados_and_rbd
+from nvmeof_roce.ceph import devcluster
 from nvmeof_roce.ceph.devcluster import DevCluster
 from targetproc import LAB_IP, ServedTarget, config, disconnect_all_quietly, namespaces_of, nvme, ram_namespace
 
@@ -25,6 +26,9 @@ SIZE = "32M"
 
 @pytest.fixture(scope="module")
 def cluster():
+    missing = devcluster.missing_tools()
+    if missing:
+        pytest.skip(f"this lab image has no Ceph ({', '.join(missing)}): rebuild it (nvmeof-roce lab build --force)")
     c = DevCluster(Path("/run/nvmeof-roce/ceph-test"), memstore_bytes=1 << 30)
     with c:
         os.environ["CEPH_CONF"] = str(c.conf)  # fio's rbd engine and librados find the cluster by it
