@@ -453,3 +453,11 @@ def test_the_lookup_counter_counts_getattr_and_hasattr_calls_only():
     # the checker itself
     source = 'a = getattr(x, "y", None)\nb = hasattr(x, "y")\nc = x.getattr("y")\ngetattr = 1\nd = setattr(x, "y", 1)\n'
     assert dynamic_lookups(source) == [1, 2]
+
+
+MOST_MODULE_LINES = 900  # a module over this is more than one room: move a coherent part into a module of its own
+
+
+def test_no_module_of_the_package_is_over_900_lines():
+    long = {m: n for m in package_modules() if (n := len((PACKAGE / m).read_text().splitlines())) > MOST_MODULE_LINES}
+    assert not long, f"modules over {MOST_MODULE_LINES} lines (split them by what they do): {long}"
