@@ -1,9 +1,10 @@
-/* The CPython type `_native.Queue` (and `_native.File`): the owner of a native queue's hot path (csrc/nq_hot.c).
+/* The CPython type `_native.Queue` (its views' `_native.File`: csrc/nq_file.c): the owner of a native queue's hot path (csrc/nq_hot.c).
  * It parses the Python side's calls, installs the view, and turns what the hot path hands over (struct nq_hooks)
  * into calls of on_capsule / on_send_done / on_failure - or, for a poll group's queue, into the mailbox the event
  * loop drains (csrc/mailbox.c).  docs/native.md.
  */
 #include "native.h"
+#include "nq_file.h"
 #include "nq_hot.h"
 #include "pollgroup.h"
 #include "trace.h"
@@ -219,79 +220,6 @@ static PyObject *NativeQueue_drain(NativeQueue *self, PyObject *noargs)
 
 
 /* ------------------------------------------------------------------ the Python types */
-
-/* _native.File(fd, depth): a file or block namespace's descriptor for the native view (a dup, closed with the
- * last reference) and its depth; in_flight / most_in_flight are its commands on the queues' rings. */
-typedef struct {
-    PyObject_HEAD
-    struct nq_file *file;
-} NativeFile;
-
-static int NativeFile_init(NativeFile *self, PyObject *args, PyObject *kwds)
-{
-    static char *kwlist[] = {"fd", "depth", NULL};
-    int fd;
-    unsigned int depth;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iI", kwlist, &fd, &depth))
-        return -1;
-    if (self->file) {
-        PyErr_SetString(PyExc_RuntimeError, "a File is initialised once");
-        return -1;
-    }
-    if (fd < 0 || depth == 0 || depth > 4096) {
-        PyErr_Format(PyExc_ValueError, "File(fd, depth): fd %d must be open, depth %u 1..4096", fd, depth);
-        return -1;
-    }
-    struct nq_file *f = calloc(1, sizeof *f); /* freed by nq_file_put */
-    if (!f) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    f->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-    if (f->fd < 0) {
-        free(f);
-        PyErr_SetFromErrno(PyExc_OSError);
-        return -1;
-    }
-    f->refs = 1;
-    f->depth = depth;
-    self->file = f;
-    return 0;
-}
-
-static void NativeFile_dealloc(NativeFile *self)
-{
-    nq_file_put(self->file);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static PyObject *NativeFile_status(NativeFile *self, PyObject *noargs)
-{
-    struct nq_file *f = self->file;
-    if (!f)
-        return PyDict_New();
-    return Py_BuildValue("{sIsIsIsK}", "depth", f->depth, "in_flight", __atomic_load_n(&f->in_flight,
-                         __ATOMIC_RELAXED), "most_in_flight", __atomic_load_n(&f->most_in_flight, __ATOMIC_RELAXED),
-                         "submitted", (unsigned long long)__atomic_load_n(&f->submitted, __ATOMIC_RELAXED));
-}
-
-static PyMethodDef NativeFile_methods[] = {
-    {"status", (PyCFunction)NativeFile_status, METH_NOARGS,
-     "{depth, in_flight, most_in_flight, submitted}: its commands on the native queues' rings."},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyTypeObject NativeFileType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "nvmeof_roce._native.File",
-    .tp_basicsize = sizeof(NativeFile),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A file or block namespace's descriptor and depth, for the native view (docs/native.md).",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)NativeFile_init,
-    .tp_dealloc = (destructor)NativeFile_dealloc,
-    .tp_methods = NativeFile_methods,
-};
 
 static int nq_ptr(PyObject *obj, void **out)
 {
@@ -729,7 +657,7 @@ static PyObject *NativeQueue_set_view(NativeQueue *self, PyObject *args, PyObjec
         }
         ns->be_flags = (uint8_t)ns->ops->flags;
         if (ns->ops->flags & NQ_BE_NEEDS_FILE) {
-            if (!PyObject_TypeCheck(file, &NativeFileType)) {
+            if (!native_file_check(file)) {
                 PyErr_Format(PyExc_ValueError, "namespace %u: a %s namespace needs its _native.File", nsid, kind);
                 goto bad;
             }
@@ -738,7 +666,7 @@ static PyObject *NativeQueue_set_view(NativeQueue *self, PyObject *args, PyObjec
                              "bounce chunks of max_transfer (%u) bytes", nsid, max_transfer);
                 goto bad;
             }
-            ns->file = ((NativeFile *)file)->file;
+            ns->file = native_file_of(file);
             owner = file; /* the File keeps the descriptor: it lives as long as the view */
         }
         if (lbads < 9 || lbads > 16 || !nsid || ((ns->ops->flags & NQ_BE_NEEDS_ADDR) && !addr)) {
@@ -1016,21 +944,17 @@ static PyMethodDef nq_module_functions[] = {
 
 int native_cm_register(PyObject *module); /* csrc/cm.c: the verbs objects of a native queue */
 int native_pollgroup_register(PyObject *module); /* csrc/pollgroup.c */
+int native_file_register(PyObject *module); /* csrc/nq_file.c: _native.File */
 
 int native_queue_register(PyObject *module)
 {
     if (native_cm_register(module) < 0 || native_pollgroup_register(module) < 0)
         return -1;
-    if (PyType_Ready(&NativeQueueType) < 0 || PyType_Ready(&NativeFileType) < 0)
+    if (PyType_Ready(&NativeQueueType) < 0 || native_file_register(module) < 0)
         return -1;
     nq_lat_init();
     if (PyModule_AddFunctions(module, nq_module_functions) < 0)
         return -1;
-    Py_INCREF(&NativeFileType);
-    if (PyModule_AddObject(module, "File", (PyObject *)&NativeFileType) < 0) {
-        Py_DECREF(&NativeFileType);
-        return -1;
-    }
     Py_INCREF(&NativeQueueType);
     if (PyModule_AddObject(module, "Queue", (PyObject *)&NativeQueueType) < 0) {
         Py_DECREF(&NativeQueueType);

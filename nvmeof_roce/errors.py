@@ -2,7 +2,10 @@
 
 
 class NvmeofError(Exception):
-    """A failure the user can act on. `fix` names what to do about it."""
+    """A failure the user can act on. `fix` names what to do about it; `field`, the config key or parameter at
+    fault when a subclass knows it (BackendError), else empty."""
+
+    field: "str | None" = ""
 
     def __init__(self, message: str, fix: str = ""):
         super().__init__(message)

@@ -15,6 +15,10 @@ class ConfigError(NvmeofError):
         self.where = where
         self.problem = problem
 
+    def every(self) -> List["ConfigError"]:
+        """Each problem this error reports: itself (ConfigErrors: all of its problems)."""
+        return [self]
+
 
 class ConfigErrors(ConfigError):
     """Several problems in one config, all reported at once (the first one's fields are the attributes)."""
@@ -25,6 +29,9 @@ class ConfigErrors(ConfigError):
         self.errors = list(errors)
         self.message = "\n".join(str(e) for e in errors)
         self.args = (self.message,)
+
+    def every(self) -> List[ConfigError]:
+        return list(self.errors)
 
     def __str__(self) -> str:
         return self.message + f"\n({len(self.errors)} problems)"

@@ -24,7 +24,7 @@ import stat
 from typing import Dict, List, Optional, Tuple
 
 from .errors import ConfigError
-from .model import USERSPACE_KEY
+from .model import USERSPACE_KEY, TargetConfig
 
 SECRET_PREFIX = "DHHC-1:"
 KEYRING = "keyring"                       # the key of the keyring under the top-level "nvmeof_roce"
@@ -45,9 +45,9 @@ def kind(value: str) -> str:
     return "bad"
 
 
-def keyring_of(config) -> Dict[str, str]:
+def keyring_of(config: TargetConfig) -> Dict[str, str]:
     """The config's keyring, name -> key file path (the loader checked its shape)."""
-    ring = (getattr(config, "userspace", None) or {}).get(KEYRING) or {}
+    ring = (config.userspace or {}).get(KEYRING) or {}
     return dict(ring) if isinstance(ring, dict) else {}
 
 

@@ -90,7 +90,7 @@ class _Problems:
         self.errors: List[ConfigError] = []
 
     def add(self, exc: ConfigError) -> None:
-        self.errors.extend(getattr(exc, "errors", None) or [exc])
+        self.errors.extend(exc.every())
 
     def soft(self, fn, *args, default=None):
         try:
@@ -331,7 +331,7 @@ def parse_config_collect(data: dict, source: str = "<config>"):
         try:
             return fn(*args)
         except ConfigError as exc:
-            errors.extend(getattr(exc, "errors", None) or [exc])  # every problem of that object
+            errors.extend(exc.every())  # every problem of that object
             return None
 
     attempt(ctx.unknown, data, _TOP_KEYS, "")
@@ -533,7 +533,7 @@ def _parse_subsystem(ctx: _Ctx, s: Any, where: str, hosts: set, errors: Optional
         except ConfigError as exc:
             if errors is None:
                 raise
-            errors.extend(getattr(exc, "errors", None) or [exc])  # the other namespaces are still checked
+            errors.extend(exc.every())  # the other namespaces are still checked
             continue
         seen[ns.nsid] = j
         sub.namespaces.append(ns)

@@ -41,7 +41,7 @@ from .protocol import RpcError
 
 
 def _call(args, method: str, params: Optional[dict] = None) -> Any:
-    path = find_socket(getattr(args, "socket", None))
+    path = find_socket(args.socket)
     try:
         return call(path, method, params, timeout=args.timeout)
     except RpcError as exc:
@@ -268,9 +268,9 @@ def _cmd_add_ns(args) -> int:
         ns["queue_depth"] = args.queue_depth
     if args.io_engine:
         ns["io_engine"] = args.io_engine
-    for key in ("uuid", "nguid", "eui64"):
-        if getattr(args, key):
-            ns[key] = getattr(args, key)
+    for key, value in (("uuid", args.uuid), ("nguid", args.nguid), ("eui64", args.eui64)):
+        if value:
+            ns[key] = value
     if args.no_auto_visible:
         ns["no_auto_visible"] = True
     nsid = _call(args, "nvmf_subsystem_add_ns", {"nqn": args.nqn, "namespace": ns})
@@ -316,7 +316,7 @@ def _cmd_delete_subsystem(args) -> int:
 
 def _listen_address(args) -> dict:
     """The listener's address from TRADDR or nvme-cli's -a, -s and -t; the address family from the address."""
-    if getattr(args, "rest", None) is not None:  # listener-ana-state: [TRADDR] STATE
+    if args.rest is not None:  # listener-ana-state: [TRADDR] STATE
         if len(args.rest) > 2 or len(args.rest) < (1 if args.traddr_opt else 2):
             raise NvmeofError(f"{args.target_command}: give TRADDR STATE, or -a TRADDR and STATE",
                               f"e.g. nvmeof-roce target {args.target_command} {args.nqn} 10.0.0.1 optimized")
@@ -627,7 +627,7 @@ def register_target_verbs(commands) -> None:
         p.add_argument("traddr", nargs="?", metavar="TRADDR", help="the IP address of an RDMA netdev")
         _listener_options(p)
         _common(p)
-        p.set_defaults(func=fn)
+        p.set_defaults(func=fn, rest=None)  # _listen_address: no [TRADDR] STATE here
 
     p = commands.add_parser("listener-ana-state", help="set the ANA state of a listener's groups (running target)",
                             description="SPDK's nvmf_subsystem_listener_set_ana_state: the ANA state of group "

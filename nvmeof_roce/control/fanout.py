@@ -80,9 +80,9 @@ class SupervisorControl:
             except (RpcError, NvmeofError) as exc:
                 if i == 0:
                     raise
-                fix = getattr(exc, "fix", "")
+                fix = exc.fix
                 raise RpcError(f"applied by worker(s) 0..{i - 1}, refused by worker {i}: {exc.message}",
-                               getattr(exc, "field", ""), f"{fix}; then 'nvmeof-roce target reload' makes the "
+                               exc.field, f"{fix}; then 'nvmeof-roce target reload' makes the "
                                "workers agree again with CONFIG".lstrip("; ")) from None
             self._saved(i)
         self._changed()

@@ -38,11 +38,22 @@ from ..config import ConfigError, NamespaceConfig, PortConfig, SubsystemConfig, 
 from ..engine import auth
 from ..engine.api import (DEFAULT_GRPID, DRAIN_TIMEOUT, MAX_NSID, Applying, Namespace,  # noqa: F401 (DRAIN_TIMEOUT
                           PreparedResize, Subsystem, namespace_where)                   # and Applying re-exported)
+from ..errors import NvmeofError
+from .protocol import RpcError
 
 log = logging.getLogger(__name__)
 
 # Subsystem attributes a running controller has already reported (Identify): changing them needs a restart.
 _FIXED_SUBSYSTEM_ATTRS = ("serial", "model", "version", "cntlid_min", "cntlid_max", "pi_enable")
+
+
+def _fixed_attr(s: SubsystemConfig, attr: str):
+    """One of _FIXED_SUBSYSTEM_ATTRS of `s`: serial and model are fields of their own, the others attrs."""
+    if attr == "serial":
+        return s.serial
+    if attr == "model":
+        return s.model
+    return s.attrs.get(attr)
 
 
 class Listeners:
@@ -298,7 +309,8 @@ def _listen(run, port: PortConfig) -> None:
         raise ConfigError(run.new.source, _port_where(run.new, port.portid), exc.problem, exc.fix) from None
     except Exception as exc:
         raise ConfigError(run.new.source, _port_where(run.new, port.portid), f"cannot listen: {exc}",
-                          getattr(exc, "fix", "") or "check the address (nvmeof-roce rdma status)") from None
+                          (exc.fix if isinstance(exc, (NvmeofError, RpcError)) else "")
+                          or "check the address (nvmeof-roce rdma status)") from None
 
 
 class RemovePort(Change):
@@ -494,8 +506,7 @@ def _plan_subsystems(old: TargetConfig, new: TargetConfig) -> List[Change]:
             continue
         o = old_subs[nqn]
         for attr in _FIXED_SUBSYSTEM_ATTRS:
-            before = o.attrs.get(attr) if attr not in ("serial", "model") else getattr(o, attr)
-            after = s.attrs.get(attr) if attr not in ("serial", "model") else getattr(s, attr)
+            before, after = _fixed_attr(o, attr), _fixed_attr(s, attr)
             if before != after:
                 raise ConfigError(new.source, f"{_sub_where(new, nqn)}.attr.{attr}",
                                   f"changes from {before!r} to {after!r}, which connected hosts have already read",

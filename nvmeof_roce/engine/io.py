@@ -50,7 +50,7 @@ def device_status(exc: BaseException, opc: int):
     supported, ENODATA (a medium error) Access Denied, anything else (EIO, a short read or write) Internal
     Error with DNR; and for a networked store (RBD), ETIMEDOUT ANA Transition and ESHUTDOWN (fenced) ANA
     Inaccessible."""
-    code = getattr(exc, "errno", None)
+    code = exc.errno if isinstance(exc, (OSError, BackendError)) else None
     if code == errno.ENOSPC:
         return S.CAP_EXCEEDED | S.DNR, LOC_CDW12
     if code == errno.EREMOTEIO:

@@ -154,8 +154,8 @@ class Limiter:
 
 def _gone(req) -> bool:
     """Its queue closed or its namespace was removed: `start` drops or answers it at no cost."""
-    queue, ns = getattr(req, "queue", None), req.ns
-    return (queue is not None and queue.closed) or (ns is not None and getattr(ns, "removed", False))
+    queue, ns = req.queue, req.ns
+    return (queue is not None and queue.closed) or (ns is not None and ns.removed)
 
 
 def _bytes(req) -> int:
@@ -223,7 +223,7 @@ class QosScheduler:
     def configure(self, ns) -> None:
         """Give `ns` the limiter its config asks for (or none); commands it held start if it has no limit now."""
         limits = dict(ns.config.qos or {})
-        current = getattr(ns, "qos", None)
+        current = ns.qos
         if not limits:
             if current is not None:
                 ns.qos = None

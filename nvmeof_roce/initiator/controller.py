@@ -38,8 +38,9 @@ from ..nvme.command import (CQE_STRUCT, FLAGS_SGL, NSID_ALL, NVM_DSM, NVM_FLUSH,
 from ..nvme.nvm import DSM_AD, DsmRange, pack_dsm_ranges
 from ..nvme.sgl import ID_IN_CAPSULE, ID_KEYED
 from ..nvme.status import NvmeStatusError
-from ..transport.contracts import Connector, HostQueue, TransportError
+from ..transport.contracts import Connector, TransportError
 from .auth import RECEIVE_LENGTH, HostAuthenticator, HostAuthError
+from .queue import CommandTimeout, Completion, HostError, QueueFull, SlotQueue
 
 log = logging.getLogger(__name__)
 
@@ -51,18 +52,6 @@ DEFAULT_IO_SLOT_SIZE = 128 * 1024
 
 Callback = Callable[["Completion"], None]
 IN_CAPSULE_WORD = ID_IN_CAPSULE << 56  # an in-capsule data SGL's word, less its length (docs/protocol.md §2.2)
-
-
-class HostError(NvmeofError):
-    """The initiator cannot continue: a protocol violation by the target, a timeout, a bad argument."""
-
-
-class CommandTimeout(HostError):
-    pass
-
-
-class QueueFull(HostError):
-    """No free command slot on the queue (only raised when submitting with block=False)."""
 
 
 # ---------------------------------------------------------------------- host identity
@@ -103,116 +92,6 @@ def _hostid_bytes(hostid) -> bytes:
     return hostid
 
 
-# ---------------------------------------------------------------------- completions and queues
-
-class Completion:
-    """One finished command.  For asynchronous reads `data` is a view valid only during the callback."""
-
-    __slots__ = ("qid", "cid", "status", "result", "dw1", "data", "name")
-
-    def __init__(self, qid: int, cid: int, status: int, result: int, dw1: int, data, name: str):
-        self.qid = qid
-        self.cid = cid
-        self.status = status
-        self.result = result
-        self.dw1 = dw1
-        self.data = data
-        self.name = name
-
-    @property
-    def ok(self) -> bool:
-        return self.status == 0
-
-    @property
-    def status_name(self) -> str:
-        return S.status_name(self.status)
-
-    @property
-    def result64(self) -> int:
-        return self.result | (self.dw1 << 32)
-
-    def raise_for_status(self) -> "Completion":
-        if self.status:
-            raise NvmeStatusError(self.status, self.name, self.result)
-        return self
-
-    def __repr__(self) -> str:
-        return f"<Completion {self.name} qid={self.qid} cid={self.cid:#x} {S.describe(self.status)}>"
-
-
-MAX_SLOTS = 1 << 12  # a CID is the slot in its low 12 bits and a 4-bit generation above them
-
-
-class _Queue:
-    """The host's side of one NVMe queue: a preallocated table of command slots, each with a slice of one
-    registered buffer.  A command's CID is (generation << 12) | slot, so a completion finds its slot without a
-    lookup and a stale or forged CID is recognised (its slot is free or carries another generation).  Nothing
-    is allocated per command: the per-slot fields are lists indexed by slot."""
-
-    def __init__(self, transport: HostQueue, qid: int, depth: int, slot_size: int, in_capsule_max: int):
-        if not 0 < depth <= MAX_SLOTS:
-            raise HostError(f"queue {qid}: {depth} command slots; the CID layout allows 1 to {MAX_SLOTS}")
-        self.transport = transport
-        # a host queue that does not derive from HostQueue may lack these (they are optional there)
-        self.defer_sends = getattr(transport, "defer_sends", None)
-        self.flush = getattr(transport, "flush", None)
-        self.qid = qid
-        self.depth = depth
-        self.slot_size = slot_size
-        self.in_capsule_max = in_capsule_max
-        self.memory = transport.register(depth * slot_size)  # registered once, sliced per command
-        self.keyed_word = (self.memory.key << 24) | (ID_KEYED << 56)  # a keyed SGL's word, less its length
-        self.slot_addrs = [self.memory.addr + slot * slot_size for slot in range(depth)]
-        self.free: List[int] = list(range(depth - 1, -1, -1))
-        self.generation = [0] * depth
-        self.cids = [-1] * depth  # the CID a busy slot's command carries; -1 when free
-        self.callbacks: List[Optional[Callable]] = [None] * depth
-        self.tags: List[Optional[int]] = [None] * depth  # a tagged command's tag (None: a Completion callback)
-        self.data_lens = [0] * depth
-        self.names = [""] * depth
-        self.bigs: list = [None] * depth  # the big buffer a command's data uses instead of its slot
-        self.big = None  # a larger registration for the occasional big synchronous transfer
-        self.dead: Optional[str] = None
-
-    @property
-    def outstanding(self) -> int:
-        return self.depth - len(self.free)
-
-    def take(self) -> Tuple[int, int]:
-        """A free slot and the CID of the command that gets it (raises IndexError when none is free)."""
-        slot = self.free.pop()
-        gen = self.generation[slot] = (self.generation[slot] + 1) & 0xF
-        cid = self.cids[slot] = (gen << 12) | slot
-        return slot, cid
-
-    def slot_of(self, cid: int) -> int:
-        """The slot of the outstanding command `cid`, or -1 if no such command is outstanding."""
-        slot = cid & 0xFFF
-        return slot if slot < self.depth and self.cids[slot] == cid else -1
-
-    def release(self, slot: int) -> None:
-        self.cids[slot] = -1
-        self.callbacks[slot] = self.bigs[slot] = None
-        self.free.append(slot)
-
-    def release_all(self) -> None:
-        for slot in range(self.depth):
-            if self.cids[slot] != -1:
-                self.release(slot)
-
-    def slot_addr(self, slot: int) -> int:
-        return self.slot_addrs[slot]
-
-    def slot_view(self, slot: int) -> memoryview:
-        start = slot * self.slot_size
-        return self.memory.view[start:start + self.slot_size]
-
-    def big_buffer(self, size: int):
-        if self.big is None or len(self.big.view) < size:
-            self.big = self.transport.register(max(size, 2 * self.slot_size))
-        return self.big
-
-
 class Controller:
     """A connected NVMe-oF controller (admin queue + I/O queues).  Use `Controller.connect(...)`."""
 
@@ -237,8 +116,8 @@ class Controller:
         self.vs = 0
         self.cc = 0
         self.id_ctrl: Optional[I.IdentifyController] = None
-        self.admin: Optional[_Queue] = None
-        self.io_queues: List[_Queue] = []
+        self.admin: Optional[SlotQueue] = None
+        self.io_queues: List[SlotQueue] = []
         self.events: List[Tuple[int, int, int]] = []  # (type, info, log page) of completed AERs
         self.namespaces_changed = False
         self.ana_changed = False  # an ANA change notice arrived; ana_log() clears it
@@ -288,11 +167,11 @@ class Controller:
     def _connect_admin(self) -> None:
         transport = self.connector.connect(0, ADMIN_QUEUE_DEPTH, ADMIN_QUEUE_DEPTH - 1, 0)
         # 31 outstanding at most, like Linux (30 tags + the AER); never in-capsule data on admin
-        self.admin = _Queue(transport, 0, ADMIN_QUEUE_DEPTH - 1, ADMIN_SLOT_SIZE, 0)
+        self.admin = SlotQueue(transport, 0, ADMIN_QUEUE_DEPTH - 1, ADMIN_SLOT_SIZE, 0)
         self.cntlid = self._fabrics_connect(self.admin, ADMIN_QUEUE_DEPTH - 1, F.DYNAMIC_CNTLID, self.kato_ms)
         log.debug("connected to %s as controller %d", self.subnqn, self.cntlid)
 
-    def _fabrics_connect(self, q: _Queue, sqsize: int, cntlid: int, kato_ms: int) -> int:
+    def _fabrics_connect(self, q: SlotQueue, sqsize: int, cntlid: int, kato_ms: int) -> int:
         data = F.ConnectData(self.hostid, cntlid, self.subnqn, self.hostnqn).pack()
         sqe = F.ConnectCommand(qid=q.qid, sqsize=sqsize, kato=kato_ms).to_sqe()
         comp = self._sync(q, sqe, data_out=data, name="Connect")
@@ -313,11 +192,11 @@ class Controller:
                             "--dhchap-ctrl-secret")
         return comp.result & 0xFFFF
 
-    def _auth_command(self, q: _Queue, fctype: int, length: int, data_out=None, name: str = "") -> Completion:
+    def _auth_command(self, q: SlotQueue, fctype: int, length: int, data_out=None, name: str = "") -> Completion:
         sqe = SQE(opc=F.FABRICS_OPCODE, nsid=fctype, cdw10=auth_proto.auth_cdw10(), cdw11=length)
         return self._sync(q, sqe, data_out=data_out, data_in_len=0 if data_out is not None else length, name=name)
 
-    def _authenticate(self, q: _Queue) -> None:
+    def _authenticate(self, q: SlotQueue) -> None:
         """DH-HMAC-CHAP on one queue (NVMe Base 2.0 §8.13.5; nvme_auth_negotiate and its work function)."""
         chap = HostAuthenticator(self.dhchap_secret, self.dhchap_ctrl_secret, self.hostnqn, self.subnqn, q.qid)
         send, recv = F.FCTYPE_AUTH_SEND, F.FCTYPE_AUTH_RECV
@@ -401,7 +280,7 @@ class Controller:
         slot_size = min(slot_size, max_transfer)
         for qid in range(1, count + 1):
             transport = self.connector.connect(qid, size, size - 1, self.cntlid)
-            q = _Queue(transport, qid, size, slot_size, in_capsule)
+            q = SlotQueue(transport, qid, size, slot_size, in_capsule)
             self.io_queues.append(q)
             self._fabrics_connect(q, size - 1, self.cntlid, 0)
 
@@ -433,7 +312,7 @@ class Controller:
             self._close_transport(q)
 
     @staticmethod
-    def _close_transport(q: _Queue) -> None:
+    def _close_transport(q: SlotQueue) -> None:
         try:
             q.transport.close()
         except TransportError:
@@ -447,7 +326,7 @@ class Controller:
         self.close()
 
     # ------------------------------------------------------------------ submitting and completing
-    def _submit(self, q: _Queue, sqe: SQE, data_out=None, data_in_len: int = 0,
+    def _submit(self, q: SlotQueue, sqe: SQE, data_out=None, data_in_len: int = 0,
                 callback: Optional[Callback] = None, name: str = "", block: bool = True,
                 allow_big: bool = False) -> int:
         """Queue one command on `q`; returns its CID.  Data goes through the command's slot."""
@@ -495,7 +374,7 @@ class Controller:
             raise
         return cid
 
-    def submit_tagged(self, q: _Queue, write: bool, nsid: int, slba: int, nlb: int, length: int,
+    def submit_tagged(self, q: SlotQueue, write: bool, nsid: int, slba: int, nlb: int, length: int,
                       on_done: Callable[[int, int], None], tag: int, data=None) -> None:
         """The load generator's path: one NVM Read or Write of `length` bytes (`nlb` blocks, 1's based) on
         I/O queue `q` with nothing built per command but its capsule.  When it completes `on_done(tag,
@@ -529,7 +408,7 @@ class Controller:
             q.release(slot)
             raise
 
-    def _process_queue(self, q: _Queue, timeout: float = 0.0) -> int:
+    def _process_queue(self, q: SlotQueue, timeout: float = 0.0) -> int:
         """Poll one queue and run the callbacks of what completed."""
         try:
             cqes = q.transport.poll(timeout)
@@ -550,7 +429,7 @@ class Controller:
         return len(cqes)
 
     @staticmethod
-    def _complete(q: _Queue, cqes: list) -> None:
+    def _complete(q: SlotQueue, cqes: list) -> None:
         unpack = CQE_STRUCT.unpack
         cids, tags, callbacks = q.cids, q.tags, q.callbacks
         for raw in cqes:
@@ -580,7 +459,7 @@ class Controller:
             finally:
                 q.release(slot)
 
-    def _wait(self, q: _Queue, done: Callable[[], bool], what: str, timeout: Optional[float] = None) -> None:
+    def _wait(self, q: SlotQueue, done: Callable[[], bool], what: str, timeout: Optional[float] = None) -> None:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while not done():
             self._process_queue(q, 0.01)
@@ -588,7 +467,7 @@ class Controller:
                 raise CommandTimeout(f"timed out waiting for {what} on queue {q.qid}",
                                      "the target did not answer; check it and the connection")
 
-    def _sync(self, q: _Queue, sqe: SQE, data_out=None, data_in_len: int = 0, name: str = "") -> Completion:
+    def _sync(self, q: SlotQueue, sqe: SQE, data_out=None, data_in_len: int = 0, name: str = "") -> Completion:
         box: List[Completion] = []
 
         def keep(comp: Completion) -> None:
@@ -743,7 +622,7 @@ class Controller:
                 raise NvmeStatusError(S.INVALID_NS | S.DNR, f"namespace {nsid} is not active")
         return ns.block_size
 
-    def _pick_queue(self, qid: Optional[int]) -> _Queue:
+    def _pick_queue(self, qid: Optional[int]) -> SlotQueue:
         if not self.io_queues:
             raise HostError(f"{self.subnqn}: no I/O queues", "connect with num_io_queues >= 1")
         if qid is not None:

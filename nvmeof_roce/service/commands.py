@@ -45,7 +45,7 @@ def check_config(path: str, unit: Optional[str] = None, unit_dir: str = DEFAULT_
     try:
         summary = summarize(config)
     except ConfigError as exc:
-        raise_all(sandbox_errors + list(getattr(exc, "errors", None) or [exc]))
+        raise_all(sandbox_errors + exc.every())
     raise_all(sandbox_errors)
     summary["warnings"] = [{"warning": w.problem, "field": w.where, "fix": w.fix}
                            for w in keys.inline_secret_warnings(config, path)]

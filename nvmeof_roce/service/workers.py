@@ -157,7 +157,7 @@ class Supervisor:
             new = parse_config(data, self.config_path)
             write_file(self.config_path, json.dumps(data, indent=2) + "\n")
         except (RpcError, NvmeofError, ConfigError, OSError) as exc:
-            why = getattr(exc, "strerror", None) or getattr(exc, "message", None) or str(exc)
+            why = (exc.strerror if isinstance(exc, OSError) else exc.message) or str(exc)
             log.error("persist: the change is applied on every worker but could not be saved to %s: %s",
                       self.config_path, why)
             raise RpcError(f"the change is applied on every worker but could not be saved to {self.config_path}: "
@@ -193,8 +193,8 @@ class Supervisor:
             configs = self._derive(new)
         except (NvmeofError, ConfigError) as exc:
             self.listen, self.groups = saved
-            raise RpcError(getattr(exc, "problem", None) or exc.message, getattr(exc, "where", "") or "path",
-                           exc.fix) from None
+            problem, where = (exc.problem, exc.where) if isinstance(exc, ConfigError) else (None, "")
+            raise RpcError(problem or exc.message, where or "path", exc.fix) from None
         if (self.listen, self.groups) != saved:
             self.listen, self.groups = saved
             raise RpcError("the reload changes the ports the workers listen on", "ports",

@@ -417,3 +417,47 @@ def test_the_control_plane_touches_the_engine_through_its_api_and_host_settings_
     reach = sorted((m, t) for m, ts in import_graph().items() if m.startswith("nvmeof_roce.control.") for t in ts
                    if t.startswith(("nvmeof_roce.engine", "nvmeof_roce.transport")) and t not in allowed)
     assert not reach, f"the control plane reaches past the engine's API or the transport registry: {reach}"
+
+
+# Contracts, not probes (issue 46): the engine, control plane, service and config read declared attributes
+# (Protocols in transport/contracts.py, attributes of base classes, argparse defaults, exception classes that
+# declare theirs).  What is left are dynamic lookups that are not probes of a contract, each counted here:
+# the registries' "module:function" strings (config/loader.py, service/commands.py), the RPC table built from
+# Control's rpc_ methods (control/methods.py), the option tables of the resource limits, QoS limits and
+# transport port settings (service/serve.py, service/workers.py, control/commands.py, control/rpc/transports.py),
+# the native module built with or without io_uring (engine/ioengine.py), a foreign library's errno (engine/
+# backends/rbd.py) and the name of any callable in a message (engine/core.py).
+PROBE_ROOMS = ("engine", "control", "service", "config")
+MOST_DYNAMIC_LOOKUPS = 10
+
+
+def dynamic_lookups(source: str):
+    """The lines of the calls to getattr or hasattr in `source`."""
+    return sorted(node.lineno for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+                  and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"))
+
+
+def test_the_engine_control_service_and_config_read_declared_attributes_not_probes():
+    found = {}
+    for room in PROBE_ROOMS:
+        for path in sorted((PACKAGE / room).rglob("*.py")):
+            lines = dynamic_lookups(path.read_text())
+            if lines:
+                found[str(path.relative_to(PACKAGE))] = lines
+    count = sum(map(len, found.values()))
+    assert count <= MOST_DYNAMIC_LOOKUPS, (f"{count} getattr/hasattr calls in {PROBE_ROOMS} (at most "
+                                           f"{MOST_DYNAMIC_LOOKUPS}: declare the attribute instead): {found}")
+
+
+def test_the_lookup_counter_counts_getattr_and_hasattr_calls_only():
+    # the checker itself
+    source = 'a = getattr(x, "y", None)\nb = hasattr(x, "y")\nc = x.getattr("y")\ngetattr = 1\nd = setattr(x, "y", 1)\n'
+    assert dynamic_lookups(source) == [1, 2]
+
+
+MOST_MODULE_LINES = 900  # a module over this is more than one room: move a coherent part into a module of its own
+
+
+def test_no_module_of_the_package_is_over_900_lines():
+    long = {m: n for m in package_modules() if (n := len((PACKAGE / m).read_text().splitlines())) > MOST_MODULE_LINES}
+    assert not long, f"modules over {MOST_MODULE_LINES} lines (split them by what they do): {long}"

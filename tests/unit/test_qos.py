@@ -15,9 +15,12 @@ SUB = "nqn.2024-01.io.test:qos"
 
 class _Ns:
     block_size = 512
+    removed = False
 
 
 class _Req:
+    queue = None
+
     def __init__(self, opc=NVM_READ, nlb=1):
         self.opc = opc
         self.cdw12 = nlb - 1

@@ -56,9 +56,9 @@ class InstantQueue(HostQueue):
 
 
 def _queue_of(transport, depth: int):
-    from nvmeof_roce.initiator.controller import Controller, _Queue
+    from nvmeof_roce.initiator.controller import Controller, SlotQueue
     ctrl = Controller.__new__(Controller)
-    ctrl.io_queues = [_Queue(transport, 1, depth, 4096, 0)]
+    ctrl.io_queues = [SlotQueue(transport, 1, depth, 4096, 0)]
     return ctrl, ctrl.io_queues[0]
 
 

@@ -42,6 +42,16 @@ _ZERO_CHUNK = 1 << 20
 _libc = None
 
 
+def _close_quietly(fd: int) -> int:
+    """Close `fd` if it is open (an error closing it is of no use to anyone); -1, what the backend keeps."""
+    if fd >= 0:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    return -1
+
+
 def _fallocate(fd: int, mode: int, offset: int, length: int) -> bool:
     """fallocate(2) with flags; False if the filesystem does not support that mode."""
     global _libc
@@ -60,6 +70,7 @@ class FileBackend(Backend):
     kind = "file"
     blocking = True  # every call may wait for the device: the I/O engine runs them (engine/ioengine.py)
     native = "file"  # the C entry (csrc/be_uring.c): the C queue's io_uring, through its bounce chunks (csrc/be_uring.c)
+    _fd = _dfd = _lock_fd = -1  # the open descriptors (-1: none); close() closes what is open
 
     @classmethod
     def open(cls, ns: NamespaceConfig, lock: Optional[str] = None, inherit: Optional[Backend] = None):
@@ -369,14 +380,9 @@ class FileBackend(Backend):
             raise self._io_error("discard", offset, length, exc) from None
 
     def close(self):
-        for name in ("_dfd", "_fd", "_lock_fd"):
-            fd = getattr(self, name, -1)
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-                setattr(self, name, -1)
+        self._dfd = _close_quietly(self._dfd)
+        self._fd = _close_quietly(self._fd)
+        self._lock_fd = _close_quietly(self._lock_fd)
 
 
 class BlockBackend(FileBackend):
