@@ -34,10 +34,14 @@ GUEST_PACKAGES = [
     "kmod", "iproute2", "rdma-core", "ibverbs-utils", "ibverbs-providers", "rdmacm-utils", "perftest",
     "nvme-cli", "fio", "python3", "python3-pyverbs", "util-linux", "procps", "busybox-static",
     "e2fsprogs", "bash", "less", "strace", "ethtool", "nftables", "iptables", "tcpdump",
-    # Ceph for RBD namespaces: the development cluster (`lab run --ceph`, ceph/devcluster.py) and librbd's
-    # Python binding for the reference path (fio's rbd engine comes with fio's own librbd1)
-    "ceph-mon", "ceph-osd", "ceph-common", "python3-rbd", "python3-rados",
 ]
+
+# Ceph for RBD namespaces in the bookworm guests: the development cluster (`lab run --ceph`, ceph/devcluster.py)
+# and librbd's Python binding for the reference path (fio's rbd engine comes with fio's own librbd1).  Not in the
+# trixie guests yet: trixie's Ceph pulls in systemd, which debootstrap's first pass cannot set up there (systemd's
+# pre-dependency libsystemd-shared is unpacked, not configured), so those images carry no Ceph and the RBD lab
+# tests skip there, saying so.
+CEPH_PACKAGES = ["ceph-mon", "ceph-osd", "ceph-common", "python3-rbd", "python3-rados"]
 
 # The trixie guest also builds the native extension and the wheel with its own compiler, headers and pip
 # (Python 3.13; `pip wheel --no-build-isolation`, the guest has no network); siw.ko for its kernel is compiled
@@ -116,7 +120,7 @@ def python_requirements() -> List[str]:
 
 
 def guest_packages(suite: str) -> List[str]:
-    return sorted(GUEST_PACKAGES + (TRIXIE_BUILD_PACKAGES if suite != aptconfig.GUEST_SUITE else []))
+    return sorted(GUEST_PACKAGES + (TRIXIE_BUILD_PACKAGES if suite != aptconfig.GUEST_SUITE else CEPH_PACKAGES))
 
 
 def image_inputs(kernel: str = aptconfig.DEFAULT_KERNEL) -> Dict[str, object]:
