@@ -144,8 +144,7 @@ def extra_debs(image: lab_image.LabImage) -> List[Path]:
     """The .debs the guest installs for blktests (EXTRA_PACKAGES and what they need that the image lacks), from
     the guest's own Debian suite (bookworm, or trixie for the Debian 13 guests): apt resolves them against the
     image's installed packages.  Downloaded once per image into the cache."""
-    inputs = image.manifest().get("inputs") or {}
-    suite = str(inputs.get("suite") or aptconfig.GUEST_SUITE)
+    suite, _ = image.suites()
     debs = blktests_cache() / "debs" / image.directory.name
     done = debs / ".resolved"
     if done.exists():
@@ -223,7 +222,7 @@ def kernel_config(image: lab_image.LabImage) -> Path:
     if out.exists():
         return out
     debs_dir = lab_image.cache_root() / "debs"
-    versions = dict((image.manifest().get("inputs") or {}).get("kernel_parts") or {})  # the versions it was built from
+    versions = dict(image.inputs().get("kernel_parts") or {})  # the versions it was built from
     looked = []
     for package, place in KERNEL_CONFIG_PLACES:
         package, place = package.format(release=release), place.format(release=release)

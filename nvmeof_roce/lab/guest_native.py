@@ -34,10 +34,9 @@ KEEP_PER_IMAGE = 3  # source versions kept per image (a branch switch back and f
 def guest_python(image: LabImage) -> Optional[str]:
     """The guest's Python version where it differs from the bookworm guests' (whose module the host builds);
     None for a bookworm image."""
-    inputs = image.manifest().get("inputs") or {}
-    if inputs.get("suite", aptconfig.GUEST_SUITE) == aptconfig.GUEST_SUITE:
+    if image.suites()[0] == aptconfig.GUEST_SUITE:
         return None
-    return str(inputs.get("python") or "") or None
+    return str(image.inputs().get("python") or "") or None
 
 
 def module_name(python: str) -> str:

@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from ..errors import NvmeofError, ToolMissing
 from ..output import progress
@@ -89,6 +89,17 @@ class LabImage:
     def manifest(self) -> dict:
         return json.loads(self.manifest_path.read_text())
 
+    def inputs(self) -> dict:
+        """The inputs it was built from (image_inputs), as its manifest records them."""
+        return self.manifest().get("inputs") or {}
+
+    def suites(self) -> Tuple[str, str]:
+        """(the guest's Debian suite, the suite its kernel came from): bookworm for both in the 6.1 and 6.12
+        images, ("trixie", "sid") in the unstable one."""
+        inputs = self.inputs()
+        suite = str(inputs.get("suite") or aptconfig.GUEST_SUITE)
+        return suite, str(inputs.get("kernel_suite") or suite)
+
     def complete(self) -> bool:
         return self.manifest_path.exists() and all(p.exists() for p in (self.kernel, self.initrd, self.disk))
 
@@ -146,7 +157,7 @@ def image_inputs(kernel: str = aptconfig.DEFAULT_KERNEL) -> Dict[str, object]:
 
 def kernel_plan_of(image: "LabImage") -> aptresolve.KernelPlan:
     """The kernel an image was built from (its manifest), as a plan siw.ko can be resolved against."""
-    inputs = image.manifest().get("inputs") or {}
+    inputs = image.inputs()
     package = str(inputs.get("kernel_package", ""))
     parts = dict(inputs.get("kernel_parts") or {})
     if package not in parts:
@@ -161,13 +172,11 @@ def inputs_key(inputs: Dict[str, object]) -> str:
 
 def image_kernel(image: LabImage) -> str:
     """The --kernel generation an image was built with (6.1, 6.12, trixie, unstable)."""
-    manifest = image.manifest()
-    inputs = manifest.get("inputs") or {}
-    suite = inputs.get("suite", aptconfig.GUEST_SUITE)
+    suite, kernel_suite = image.suites()
     if suite == aptconfig.GUEST_SUITE:
-        return aptconfig.kernel_generation(manifest.get("kernel_release", ""))
+        return aptconfig.kernel_generation(image.manifest().get("kernel_release", ""))
     for gen in aptconfig.GENERATIONS.values():
-        if gen.suite == suite and gen.kernel_suite == inputs.get("kernel_suite", suite):
+        if gen.suite == suite and gen.kernel_suite == kernel_suite:
             return gen.name
     return suite
 

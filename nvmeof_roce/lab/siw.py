@@ -109,9 +109,7 @@ def for_image(image: "lab_image.LabImage") -> Path:
     cached = module_path(cache_root(), kernel.release)
     if cached.exists():
         return cached
-    inputs = image.manifest().get("inputs") or {}
-    suite = str(inputs.get("suite", aptconfig.GUEST_SUITE))
-    kernel_suite = str(inputs.get("kernel_suite", suite))
+    suite, kernel_suite = image.suites()
     if kernel_suite != suite:  # unstable's kernel is built with a newer gcc than the trixie rootfs has
         raise NvmeofError(f"no siw.ko for {kernel.release}: the compiler its kernel was built with is not in the "
                           f"{suite} rootfs", "use --kernel 6.1, 6.12 or trixie for iWARP")
