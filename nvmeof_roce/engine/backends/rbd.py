@@ -59,7 +59,7 @@ def rbd_error(settings: RbdSettings, what: str, exc: BaseException) -> BackendEr
     }
     return BackendError(f"rbd {settings.spec()}: {what}: {exc}",
                         fixes.get(code, f"check {settings.conf} and the cluster (ceph -s)"), errno=code,
-                        field=f"nvmeof_roce.rbd")
+                        field="nvmeof_roce.rbd")
 
 
 class RbdBackend(Backend):
@@ -269,24 +269,16 @@ class RbdBackend(Backend):
     def close(self):
         """Close the image (librbd waits for its aio calls) and the client; completions still queued run, so
         every command submitted is answered (or its queue has gone)."""
-        if self.image is not None and self.client is not None:
-            try:
-                self.image.close()
-            except Exception as exc:
-                log.warning("%s: closing the image: %s", self.describe(), exc)
-        self.image = None
-        if self.ioctx is not None:
-            try:
-                self.ioctx.close()
-            except Exception as exc:
-                log.warning("%s: closing the pool: %s", self.describe(), exc)
-            self.ioctx = None
-        if self.client is not None:
-            try:
-                self.client.shutdown()
-            except Exception as exc:
-                log.warning("%s: shutting the client down: %s", self.describe(), exc)
-            self.client = None
+        # a stand-in image (no client: the unit tests') is the caller's to close
+        image = self.image if self.client is not None else None
+        for what, close in (("the image", image and image.close), ("the pool", self.ioctx and self.ioctx.close),
+                            ("the client", self.client and self.client.shutdown)):
+            if close:
+                try:
+                    close()
+                except Exception as exc:
+                    log.warning("%s: closing %s: %s", self.describe(), what, exc)
+        self.image = self.ioctx = self.client = None
         if self._efd >= 0:
             self.reap()
             os.close(self._efd)
