@@ -7,7 +7,7 @@
 #include "nq_file.h"
 #include "nq_hot.h"
 #include "nq_view.h"
-#include "pollgroup.h"
+#include "nq_threaded.h"
 #include "trace.h"
 
 #include <errno.h>
@@ -807,12 +807,11 @@ static PyMethodDef nq_module_functions[] = {
 };
 
 int native_cm_register(PyObject *module); /* csrc/cm.c: the verbs objects of a native queue */
-int native_pollgroup_register(PyObject *module); /* csrc/pollgroup.c */
 int native_file_register(PyObject *module); /* csrc/nq_file.c: _native.File */
 
 int native_queue_register(PyObject *module)
 {
-    if (native_cm_register(module) < 0 || native_pollgroup_register(module) < 0)
+    if (native_cm_register(module) < 0)
         return -1;
     if (PyType_Ready(&NativeQueueType) < 0 || native_file_register(module) < 0)
         return -1;
