@@ -453,6 +453,8 @@ static inline __attribute__((always_inline)) uint32_t nq_req_take(struct nq_queu
     r->lkey = lkey;
     r->nsid = ns->nsid;
     r->ns_gen = ns->gen;
+    r->ref = ns->ref; /* held until its slot is freed: a change to the namespace waits for it (csrc/nq_ref.h) */
+    nq_ref_take(ns->ref);
     r->view_seq = q->view_seq;
     r->received_ns = q->polled_ns;
     r->chunk = NQ_NO_CHUNK;
@@ -519,6 +521,7 @@ static __attribute__((noinline)) int nq_capsule_entry(struct nq_queue *q, struct
         if (op(q, ns, r, idx) != NQ_BE_DONE) {
             q->nfree++; /* the slot back, untouched since it was taken */
             q->native_commands--;
+            nq_let_go(r);
             return -1;
         }
         nq_in_place(q, ns, idx, sqe, in_capsule);
@@ -562,7 +565,7 @@ static void nq_capsule(struct nq_queue *q, uint32_t slot, uint32_t len)
     NT_TRACE(q->trace, nt_record_capsule, NT_RECEIVED, sqe, len);
     q->repost[q->nrepost++] = slot;
     struct nq_view *view = q->view;
-    if (len < NQ_SQE_SIZE || !view || !view->ready || view->paused || !q->nfree)
+    if (len < NQ_SQE_SIZE || !view || !view->ready || !q->nfree)
         goto python;
     uint8_t opc = sqe[0], flags = sqe[1];
     if (opc > OPC_READ || (flags & FLAGS_FUSE_MASK) ||
@@ -573,7 +576,7 @@ static void nq_capsule(struct nq_queue *q, uint32_t slot, uint32_t len)
     if (sgl_id != SGL_KEYED && sgl_id != SGL_KEYED_INVALIDATE && !(in_capsule && opc == OPC_WRITE))
         goto python;
     struct nq_ns *ns = nq_lookup(view, rd32(sqe + 4));
-    if (!ns)
+    if (!ns || ns->paused)
         goto python;
     uint32_t sgl_len = in_capsule ? rd32(sqe + 32) : (uint32_t)(sqe[32] | (sqe[33] << 8) | (sqe[34] << 16));
     if (in_capsule) { /* the data came with the capsule: within this queue's in-capsule size and what arrived */
@@ -610,6 +613,7 @@ static inline void nq_release_slot(struct nq_queue *q, uint32_t idx)
     uint32_t chunk = r->chunk;
     r->chunk = NQ_NO_CHUNK;
     nq_move(q, r, NQ_FREE);
+    nq_let_go(r); /* nothing of it reaches the namespace any more */
     q->free_stack[q->nfree++] = idx;
     if (chunk == NQ_NO_CHUNK)
         return;
@@ -850,11 +854,14 @@ unsigned nq_closed_reap(struct nq_queue *q)
                 nq_file_put(r->file);
                 r->file = NULL;
                 nq_move(q, r, NQ_FREE);
+                nq_let_go(r);
             }
         }
         unsigned left = nr_uring_in_flight(q->ring);
-        if (left)
+        if (left) {
+            nq_let_go_off_ring(q); /* the QP is gone: only what the kernel still has can reach a namespace */
             return left;
+        }
         nr_uring_destroy(q->ring); /* nothing in flight: it does not wait */
         q->ring = NULL;
     }
@@ -864,6 +871,7 @@ unsigned nq_closed_reap(struct nq_queue *q)
             q->reqs[i].file = NULL;
         }
     }
+    nq_let_go_off_ring(q);
     q->ring_queued = 0;
     return 0;
 }

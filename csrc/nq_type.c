@@ -539,24 +539,23 @@ static PyObject *NativeQueue_flush(NativeQueue *self, PyObject *noargs)
     Py_RETURN_NONE;
 }
 
-/* set_view(ready, max_transfer, namespaces, sq_entries=0, sq_head=0, sqflow_disabled=False, paused=False): the
- * one call that changes what the queue serves natively.  namespaces: (nsid, backend entry name (csrc/backend.c: "ram", "null", "file"), lbads, num_blocks, addr, lkey,
- * generation, owner) each; owner is kept alive while the view is.  paused: the subsystem is paused, its new
- * commands go to Python (the commands in flight finish against this view).  Returns the outgoing view's figures:
+/* set_view(ready, max_transfer, namespaces, sq_entries=0, sq_head=0, sqflow_disabled=False): the one call that
+ * changes what the queue serves natively.  namespaces: (nsid, backend entry name (csrc/backend.c: "ram", "null",
+ * "file"), lbads, num_blocks, addr, lkey, generation, owner, reference, paused[, file]) each (csrc/nq_view.c);
+ * owner is kept alive while the view is.  Returns the outgoing view's figures:
  * {nsid: (reads, writes, flushes, bytes_read, bytes_written, read_latency, write_latency)}, a latency being
  * (sum_ns, ((bucket, count), ...)) with engine/latency.py's buckets. */
 static PyObject *NativeQueue_set_view(NativeQueue *self, PyObject *args, PyObject *kwds)
 {
     struct nq_queue *q = &self->nq;
-    static char *kwlist[] = {"ready", "max_transfer", "namespaces", "sq_entries", "sq_head", "sqflow_disabled",
-                             "paused", NULL};
-    int ready, sqflow_disabled = 0, paused = 0;
+    static char *kwlist[] = {"ready", "max_transfer", "namespaces", "sq_entries", "sq_head", "sqflow_disabled", NULL};
+    int ready, sqflow_disabled = 0;
     unsigned int max_transfer, sq_entries = 0, sq_head = 0;
     PyObject *list;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "pIO|IIpp", kwlist, &ready, &max_transfer, &list, &sq_entries,
-                                     &sq_head, &sqflow_disabled, &paused))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "pIO|IIp", kwlist, &ready, &max_transfer, &list, &sq_entries,
+                                     &sq_head, &sqflow_disabled))
         return NULL;
-    struct nq_view *view = nq_view_build(q, ready, paused, max_transfer, list);
+    struct nq_view *view = nq_view_build(q, ready, max_transfer, list);
     if (!view)
         return NULL;
     if (ready && !sqflow_disabled && !sq_entries) {
@@ -625,6 +624,19 @@ static PyObject *NativeQueue_in_flight(NativeQueue *self, PyObject *noargs)
     }
     nq_unlock(self);
     return out;
+}
+
+/* holding(ref) -> the commands holding namespace reference `ref` (a _native.Ref): a fence's bound tears the queue
+ * down when it has some (engine/fencing.py); a closed queue's until its QP is gone and its slots let go. */
+static PyObject *NativeQueue_holding(NativeQueue *self, PyObject *arg)
+{
+    struct nq_ref *ref = native_ref_of(arg);
+    if (!ref)
+        return NULL;
+    nq_lock(self);
+    uint32_t n = nq_holding(&self->nq, ref);
+    nq_unlock(self);
+    return PyLong_FromUnsignedLong(n);
 }
 
 static PyObject *NativeQueue_take_stats(NativeQueue *self, PyObject *noargs)
@@ -740,10 +752,12 @@ static PyMethodDef NativeQueue_methods[] = {
     {"enable_files", (PyCFunction)NativeQueue_enable_files, METH_VARARGS,
      "enable_files(bounce, chunk) -> eventfd of the queue's io_uring (file and block namespaces in the view)."},
     {"set_view", (PyCFunction)(void (*)(void))NativeQueue_set_view, METH_VARARGS | METH_KEYWORDS,
-     "set_view(ready, max_transfer, namespaces, sq_entries=0, sq_head=0, sqflow_disabled=False, paused=False) -> "
+     "set_view(ready, max_transfer, namespaces, sq_entries=0, sq_head=0, sqflow_disabled=False) -> "
      "old figures."},
     {"in_flight", (PyCFunction)NativeQueue_in_flight, METH_NOARGS,
      "in_flight() -> {generation: commands}: native commands in flight per namespace generation."},
+    {"holding", (PyCFunction)NativeQueue_holding, METH_O,
+     "holding(ref) -> the commands holding namespace reference `ref` (a _native.Ref)."},
     {"take_stats", (PyCFunction)NativeQueue_take_stats, METH_NOARGS,
      "{nsid: (reads, writes, flushes, bytes_read, bytes_written, read_latency, write_latency)} since the last "
      "call; zeroed.  A latency: (sum_ns, ((bucket, count), ...)), buckets as engine/latency.py."},

@@ -14,6 +14,9 @@ void nq_view_free(struct nq_view *view)
     if (!view)
         return;
     Py_XDECREF((PyObject *)view->keep);
+    for (int i = 0; view->ns && i < view->count; i++)
+        if (view->ns[i].ref)
+            nq_ref_unhold(view->ns[i].ref);
     PyMem_Free(view->ns);
     PyMem_Free(view);
 }
@@ -81,7 +84,7 @@ static int nq_ns_cmp(const void *a, const void *b)
 
 /* set_view's namespaces as a new view (csrc/nq_type.c installs it), checked and sorted by nsid; NULL with a
  * Python error. */
-struct nq_view *nq_view_build(struct nq_queue *q, int ready, int paused, unsigned int max_transfer, PyObject *list)
+struct nq_view *nq_view_build(struct nq_queue *q, int ready, unsigned int max_transfer, PyObject *list)
 {
     PyObject *seq = PySequence_Fast(list, "namespaces must be a sequence of tuples");
     if (!seq)
@@ -94,7 +97,6 @@ struct nq_view *nq_view_build(struct nq_queue *q, int ready, int paused, unsigne
         return (struct nq_view *)PyErr_NoMemory();
     }
     view->ready = ready;
-    view->paused = paused;
     view->max_transfer = max_transfer;
     view->count = (int)n;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -102,11 +104,17 @@ struct nq_view *nq_view_build(struct nq_queue *q, int ready, int paused, unsigne
         const char *kind;
         unsigned int nsid, lbads, lkey;
         unsigned long long num_blocks, addr, gen;
-        PyObject *owner, *file = Py_None;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "IsIKKIKO|O;namespace (nsid, kind, lbads, "
-                              "num_blocks, addr, lkey, generation, owner[, file])", &nsid, &kind, &lbads,
-                              &num_blocks, &addr, &lkey, &gen, &owner, &file))
+        PyObject *owner, *ref, *file = Py_None;
+        int paused;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "IsIKKIKOOp|O;namespace (nsid, kind, lbads, "
+                              "num_blocks, addr, lkey, generation, owner, reference, paused[, file])", &nsid, &kind,
+                              &lbads, &num_blocks, &addr, &lkey, &gen, &owner, &ref, &paused, &file))
             goto bad;
+        ns->paused = (uint8_t)paused;
+        ns->ref = native_ref_of(ref); /* held by the view from here (nq_view_free lets it go) */
+        if (!ns->ref)
+            goto bad;
+        nq_ref_hold(ns->ref);
         ns->ops = nq_backend_find(kind); /* its backend's entry (csrc/backend.c) */
         if (!ns->ops) {
             PyErr_Format(PyExc_ValueError, "namespace %u: kind %s is served by Python, not the native view (its "
