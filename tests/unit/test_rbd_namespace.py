@@ -3,12 +3,15 @@
 target and, directly, from the image through librbd; Flush, FUA, Write Zeroes and Deallocate; the size and the
 NGUID from the image; a resize by the engine resizes the image; config refusals name the field."""
 import json
+import time
 
 import pytest
 
 from loopback_env import ADDR1, HOST_A, Env, port, ram_ns
 from nvmeof_roce.ceph import devcluster
 from nvmeof_roce.ceph.bindings import rados_and_rbd
+from nvmeof_roce.nvme.status import NvmeStatusError
+from nvmeof_roce.nvme import admin as A
 
 pytestmark = pytest.mark.skipif(devcluster.missing_tools() != [],
                                 reason=f"Ceph is not installed: apt-get install {' '.join(devcluster.missing_tools())} "
@@ -103,5 +106,47 @@ def test_a_resize_by_the_engine_resizes_the_image(cluster):
         assert json.loads(cluster.rbd("info", "--format", "json", "rbd/grow"))["size"] == 6 << 20
         cluster.rbd("resize", "--size", "8M", "rbd/grow")  # outside: the backend reads it back
         assert ns.backend.storage_size() == 8 << 20
+    finally:
+        env.close()
+
+
+def pump_until(env, done, timeout=15.0):
+    """Run the loop (the loopback fabric's watched fds, where the target's completions come back) until
+    `done()`, waiting in real time for Ceph's threads: nothing else polls."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        env.fabric.run_watched(0.05)
+        env.fabric.pump()
+    return True
+
+
+def test_a_resize_made_outside_reaches_the_host_from_the_watch_alone(cluster):
+    cluster.rbd("create", "--size", "4M", "rbd/outside")
+    env = Env(config([rbd_ns(1, cluster, "outside"), ram_ns(2, "1M")]))
+    try:
+        ctrl = env.connect(SUB, num_io_queues=1)
+        ns = env.target.subsystem(SUB).namespaces[1]
+        rados, rbd = rados_and_rbd()
+        with rados.Rados(conffile=str(cluster.conf)) as client, client.open_ioctx("rbd") as ioctx, \
+                rbd.Image(ioctx, "outside") as image:
+            image.resize(6 << 20)  # another client: the target is told only by the image's header watch
+            assert pump_until(env, lambda: ns.num_blocks == (6 << 20) // 512)
+            ctrl.poll_admin()
+            assert ctrl.events == [(A.AER_TYPE_NOTICE, A.AER_NOTICE_NS_CHANGED, A.LID_CHANGED_NS)]
+            assert ctrl.changed_namespaces() == [1]
+            assert ctrl.identify_namespace(1).nsze == (6 << 20) // 512
+            ctrl.write(1, (5 << 20) // 512, b"\x42" * 512)  # past the old end
+            assert image.read(5 << 20, 512) == b"\x42" * 512
+            image.resize(3 << 20)  # a shrink: the namespace follows, the blocks past the end are gone
+            assert pump_until(env, lambda: ns.num_blocks == (3 << 20) // 512)
+            ctrl.poll_admin()
+            assert len(ctrl.events) == 2 and ctrl.identify_namespace(1).nsze == (3 << 20) // 512
+            with pytest.raises(NvmeStatusError):
+                ctrl.read(1, (5 << 20) // 512, 1)
+        assert ns.storage_size is None and ns.backend.storage_size() == 3 << 20
+        ctrl.close()
+        assert env.target.internal_errors == 0
     finally:
         env.close()
