@@ -319,11 +319,17 @@ class EngineApi:
     # -------------------------------------------------------------------------------------------- subsystems
     def prepare_subsystem(self, sub_config: SubsystemConfig, config: Optional[TargetConfig] = None) -> Subsystem:
         """A subsystem with its enabled namespaces open, not yet reachable (add_subsystem makes it so); on an
-        error what it opened is closed."""
+        error what it opened is closed.  A namespace whose storage does not answer now (a Ceph cluster down) is
+        left pending, tried again in the background (engine/pending.py)."""
         sub = Subsystem(sub_config)
         try:
             for ns_config in sub_config.namespaces:
-                ns = self.prepare_namespace(sub_config.nqn, ns_config, config)
+                try:
+                    ns = self.prepare_namespace(sub_config.nqn, ns_config, config)
+                except ConfigError as exc:  # a storage not reachable now waits in the background (pending.py)
+                    if not self.pending.defer(sub_config.nqn, ns_config, exc):
+                        raise
+                    continue
                 if ns is not None:
                     sub.add_namespace(ns)
                     self._watch_storage(sub_config.nqn, ns)

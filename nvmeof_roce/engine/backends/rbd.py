@@ -398,8 +398,13 @@ class RbdBackend(Backend):
                 os.close(efd)
             return
         watch, watcher, image, ioctx, shared = self._watch, self._watcher, self.image, self.ioctx, self._shared
+        # the watcher thread holds the watch too when it re-registers: it is stopped (joined) before the pool closes
         self._watch = self._watcher = self.image = self.ioctx = self.client = self._shared = None
-        steps = [("the header watch", watch and watch.close), ("the watcher", watcher and (lambda: watcher.join(5))),
+        held = [watch] if watch is not None else []
+
+        def unwatch():  # the closer holds it no longer: a failed close is tried once more by its dealloc, now,
+            held.pop().close()  # while the client is still connected (not after its shutdown)
+        steps = [("the header watch", held and unwatch), ("the watcher", watcher and (lambda: watcher.join(5))),
                  ("the image", image and image.close), ("the pool", ioctx and ioctx.close),
                  ("the client", shared and (lambda: clients.release(shared)))]
 
