@@ -5,7 +5,8 @@ serves the block device it gives (`nvmeof-roce nvmet apply`, kernel/apply.py).
     rbd showmapped --format json                                             -> what is mapped already
     rbd unmap /dev/rbdN
 
-Mapping is idempotent: an image already mapped (same pool, RADOS namespace and image, no snapshot) is reused.
+Without udevd (no /run/udev/control: the lab's guest) map and unmap take `--options noudev`, else rbd waits for
+an event no one sends.  Mapping is idempotent: an image already mapped (same pool, RADOS namespace and image, no snapshot) is reused.
 The namespace's device_path is the stable udev link /dev/rbd/POOL[/NS]/IMAGE when it exists and leads to that
 device (ceph-common's udev rule makes it), else /dev/rbdN.
 """
@@ -23,16 +24,22 @@ from .nvmet import NvmetError
 PACKAGE = "ceph-common"
 Runner = Callable[..., tool.ToolResult]
 _DEVICE = re.compile(r"/dev/rbd\d+")
+UDEV_CONTROL = "/run/udev/control"  # udevd's socket: udevd runs
 
 
 class RbdTool:
     """`rbd` run through `runner(tool, args, package=..., timeout=...)` (tool.run; tests pass a fake)."""
 
     def __init__(self, runner: Optional[Runner] = None, exists: Callable[[str], bool] = os.path.exists,
-                 realpath: Callable[[str], str] = os.path.realpath):
+                 realpath: Callable[[str], str] = os.path.realpath, udev: Optional[bool] = None):
         self.runner = runner or tool.run
         self.exists = exists
         self.realpath = realpath
+        # without udevd (the lab's guest: devtmpfs only) `rbd map` would wait for its event: -o noudev
+        self.udev = os.path.exists(UDEV_CONTROL) if udev is None else udev
+
+    def _options(self) -> List[str]:
+        return [] if self.udev else ["--options", "noudev"]
 
     def _run(self, args: List[str], timeout: float = 60) -> tool.ToolResult:
         return self.runner("rbd", args, package=PACKAGE, timeout=timeout)
@@ -67,7 +74,7 @@ class RbdTool:
             args += ["--namespace", settings.namespace]
         if settings.keyring:
             args += ["--keyring", settings.keyring]
-        res = self._run(args + [settings.image], timeout=120)
+        res = self._run(args + self._options() + [settings.image], timeout=120)
         device = res.stdout.strip().splitlines()[-1].strip() if res.ok and res.stdout.strip() else ""
         if not res.ok or not _DEVICE.fullmatch(device):
             err = (res.stderr or res.stdout).strip()
@@ -79,7 +86,7 @@ class RbdTool:
         return device
 
     def unmap(self, device: str) -> None:
-        res = self._run(["unmap", device])
+        res = self._run(["unmap", *self._options(), device])
         if not res.ok:
             raise NvmetError(f"rbd unmap {device}: {(res.stderr or res.stdout).strip()}",
                              "something still holds the device open (lsof, or an nvmet namespace): close it, "

@@ -34,13 +34,14 @@ class FakeRbd:
             if self.refuse:
                 return ToolResult(["rbd"] + args, 6, "", self.refuse)
             opts = dict(zip(args[1:-1:2], args[2:-1:2]))
+            self.options = opts.get("--options")
             device = f"/dev/rbd{self.next}"
             self.next += 1
             self.mapped.append({"id": str(self.next - 1), "pool": opts["--pool"], "namespace": opts.get("--namespace", ""),
                                 "name": args[-1], "snap": "-", "device": device})
             return ToolResult(["rbd"] + args, 0, device + "\n", "")
         if args[0] == "unmap":
-            self.mapped = [m for m in self.mapped if m["device"] != args[1]]
+            self.mapped = [m for m in self.mapped if m["device"] != args[-1]]
             return ToolResult(["rbd"] + args, 0, "", "")
         raise AssertionError(args)
 
@@ -70,7 +71,7 @@ def device_path(root, nsid):
 
 def test_an_rbd_namespace_is_mapped_with_krbd_and_nvmet_serves_the_device(kernel, tmp_path):
     rbd = FakeRbd()
-    tool = RbdTool(rbd, exists=lambda p: False)
+    tool = RbdTool(rbd, exists=lambda p: False, udev=True)
     steps = applymod.apply(kernel, config(tmp_path, [{"nsid": 1, "image": "img1", "rbd": {"namespace": "ns",
                                                                                           "keyring": "/k"}}]),
                            rbd=tool)
@@ -88,9 +89,9 @@ def test_an_rbd_namespace_is_mapped_with_krbd_and_nvmet_serves_the_device(kernel
 def test_the_stable_udev_path_is_preferred_when_it_leads_to_the_device(kernel, tmp_path):
     rbd = FakeRbd()
     tool = RbdTool(rbd, exists=lambda p: p == "/dev/rbd/rbd/img1",
-                   realpath=lambda p: "/dev/rbd0" if p == "/dev/rbd/rbd/img1" else p)
+                   realpath=lambda p: "/dev/rbd0" if p == "/dev/rbd/rbd/img1" else p, udev=True)
     applymod.apply(kernel, config(tmp_path), rbd=tool)
-    assert device_path(kernel, 1) == ("/dev/rbd/rbd/img1", 1)
+    assert device_path(kernel, 1) == ("/dev/rbd/rbd/img1", 1) and rbd.options is None
     # the namespace leaves the config: nvmet's namespace goes, then the image is unmapped
     steps = applymod.apply(kernel, config(tmp_path, []), rbd=tool)
     assert [s.op for s in steps][-1] == "rbd_unmap" and ["unmap", "/dev/rbd0"] in rbd.calls
@@ -111,13 +112,14 @@ def test_a_dry_run_plans_the_map_and_the_unmap_and_runs_neither(kernel, tmp_path
 
 def test_two_images_and_a_clear_unmaps_both(kernel, tmp_path, monkeypatch):
     rbd = FakeRbd()
-    tool = RbdTool(rbd, exists=lambda p: False)
+    tool = RbdTool(rbd, exists=lambda p: False, udev=False)  # no udevd (the lab's guest): -o noudev
     cfg = config(tmp_path, [{"nsid": 1, "image": "img1"}, {"nsid": 2, "image": "img2"}])
     applymod.apply(kernel, cfg, rbd=tool)
-    assert device_path(kernel, 2) == ("/dev/rbd1", 1)
+    assert device_path(kernel, 2) == ("/dev/rbd1", 1) and rbd.options == "noudev"
     monkeypatch.setattr(applymod.rbd_map, "RbdTool", lambda: tool)  # what remove() and the CLI make
     gone = applymod.remove(kernel, cfg)
     assert "/dev/rbd0" in gone and "/dev/rbd1" in gone and rbd.mapped == []
+    assert ["unmap", "--options", "noudev", "/dev/rbd1"] in rbd.calls
 
 
 def test_what_the_kernel_cannot_take_of_an_rbd_namespace_is_refused_before_mapping(kernel, tmp_path):
