@@ -31,6 +31,7 @@ namespace as it is.
 from __future__ import annotations
 
 import logging
+import threading
 import weakref
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
@@ -214,8 +215,10 @@ class EngineApi:
             if live is not None:
                 self.storage_resized(nqn, live, size)
 
+        loop_thread = threading.get_ident()  # the engine's: where namespaces are installed
+
         def listener(_backend, size: int) -> None:  # any thread (an RBD watch's): brought to the loop
-            if self.work.attached:
+            if threading.get_ident() != loop_thread and self.work.attached:
                 self.work.post(lambda: on_loop(size))
             else:
                 on_loop(size)

@@ -22,6 +22,7 @@ import threading
 from typing import Dict, List, Optional, Tuple
 
 from ..config import ConfigError, NamespaceConfig
+from ..errors import NvmeofError
 from .backends import open_backend
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ class PendingNamespaces:
     def defer(self, nqn: str, ns_config: NamespaceConfig, error: ConfigError) -> bool:
         """Keep namespace `ns_config` of subsystem `nqn` pending when `error` (its open's) says its storage is
         not reachable now; False (the caller raises `error`) for any other failure."""
-        if not getattr(error, "transient", False) or self.closed:
+        if not error.transient or self.closed:
             return False
         entry = PendingNamespace(nqn, ns_config, error, self.target.clock())
         self.entries[(nqn, ns_config.nsid)] = entry
@@ -132,8 +133,8 @@ class PendingNamespaces:
         now = self.target.clock()
         if error is not None:
             entry.attempts += 1
-            entry.reason = getattr(error, "message", None) or str(error)
-            entry.fix = getattr(error, "fix", "") or entry.fix
+            entry.reason = error.message if isinstance(error, NvmeofError) else str(error)
+            entry.fix = (error.fix if isinstance(error, NvmeofError) else "") or entry.fix
             entry.delay = min(entry.delay * 2, RETRY_MAX)
             entry.next_try = now + entry.delay
             log.info("%s namespace %d: still not served (attempt %d): %s; next attempt in %.0f s", entry.nqn,

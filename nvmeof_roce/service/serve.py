@@ -153,9 +153,9 @@ class TargetServer:
         for trtype, opts in options.items():  # after the listeners: what their queues used
             registry.get(trtype).close_opts(opts)
         self.target.close()  # flushes and closes the namespaces
-        if "nvmeof_roce.ceph.clients" in sys.modules:  # rbd namespaces close on threads of their own
-            from ..ceph import clients
-            if not clients.wait_closed(CEPH_CLOSE_SECONDS):
+        if "nvmeof_roce.engine.backends.rbd" in sys.modules:  # rbd namespaces close on threads of their own
+            from ..engine.backends.rbd import wait_closed
+            if not wait_closed(CEPH_CLOSE_SECONDS):
                 log.warning("Ceph clients still closing after %d s (a cluster that does not answer): exiting "
                             "without them", CEPH_CLOSE_SECONDS)
 

@@ -45,7 +45,7 @@ from .base import Backend, BackendError, Op
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RbdBackend", "RBD_OP_TIMEOUT", "EBLOCKLISTED"]
+__all__ = ["RbdBackend", "RBD_OP_TIMEOUT", "EBLOCKLISTED", "wait_closed"]
 
 RBD_OP_TIMEOUT = 10  # seconds: an OSD or monitor operation that takes longer fails (ETIMEDOUT)
 RBD_CONNECT_TIMEOUT = 10  # seconds to reach the monitors when the namespace opens
@@ -417,3 +417,9 @@ class RbdBackend(Backend):
             if efd >= 0:
                 os.close(efd)
         clients.close_off_loop(self.describe(), [(n, c) for n, c in steps if c], finished)
+
+
+def wait_closed(timeout: float) -> bool:
+    """Wait up to `timeout` seconds for the rbd namespaces closing on their threads (the service's stop); True
+    when none is left."""
+    return clients.wait_closed(timeout)
