@@ -204,6 +204,7 @@ def test_a_missing_image_still_fails_the_start_and_is_not_left_pending(cluster):
 
 
 def test_namespaces_of_one_cluster_share_one_client_and_close_off_the_loop(cluster):
+    assert clients.wait_closed(30)  # the namespaces of the tests before have let their clients go
     cluster.rbd("create", "--size", "4M", "rbd/share-a")
     cluster.rbd("create", "--size", "4M", "rbd/share-b")
     env = Env(config([rbd_ns(1, cluster, "share-a"), rbd_ns(2, cluster, "share-b")]))

@@ -95,6 +95,7 @@ class RbdBackend(Backend):
         self.client = self.ioctx = None
         self._shared: Optional[clients.ClusterClient] = None
         self._watch = None  # the RADOS watch on the image's header
+        self._watch_ioctx = None
         self._watcher: Optional[threading.Thread] = None
         self._wake = threading.Event()
         self._stopping = False
@@ -162,6 +163,7 @@ class RbdBackend(Backend):
     # -- the header watch: a resize made outside
     def _start_watch(self) -> None:
         self._header = f"rbd_header.{self.image.id()}"
+        self._watch_ioctx = self.ioctx  # the watcher's own reference: the pool closes after it stopped
         try:
             self._watch = self.ioctx.watch(self._header, self._on_notify, self._on_watch_error)
         except Exception as exc:  # the namespace serves; only an outside resize goes unseen until the next one
@@ -195,7 +197,7 @@ class RbdBackend(Backend):
                 except Exception:
                     pass
                 try:
-                    self._watch = self.ioctx.watch(self._header, self._on_notify, self._on_watch_error)
+                    self._watch = self._watch_ioctx.watch(self._header, self._on_notify, self._on_watch_error)
                     self._rewatch, delay = False, 1.0
                 except Exception as exc:
                     self._watch, delay = None, min(delay * 2, 30.0)
@@ -232,7 +234,7 @@ class RbdBackend(Backend):
     def header_size(self) -> Optional[int]:
         """The image's size as its header says (the OSD's answer), or None when the cluster did not give it."""
         try:
-            ret, out = self.ioctx.execute(self._header, "rbd", "get_size", struct.pack("<Q", CEPH_NOSNAP), 16)
+            ret, out = self._watch_ioctx.execute(self._header, "rbd", "get_size", struct.pack("<Q", CEPH_NOSNAP), 16)
             if ret >= 9:
                 return struct.unpack("<BQ", bytes(out[:9]))[1]
         except Exception as exc:
@@ -397,16 +399,21 @@ class RbdBackend(Backend):
             if efd >= 0:
                 os.close(efd)
             return
-        watch, watcher, image, ioctx, shared = self._watch, self._watcher, self.image, self.ioctx, self._shared
-        # the watcher thread holds the watch too when it re-registers: it is stopped (joined) before the pool closes
-        self._watch = self._watcher = self.image = self.ioctx = self.client = self._shared = None
-        held = [watch] if watch is not None else []
+        watcher, image, ioctx, shared = self._watcher, self.image, self.ioctx, self._shared
+        self._watcher = self.image = self.ioctx = self.client = self._shared = None
 
-        def unwatch():  # the closer holds it no longer: a failed close is tried once more by its dealloc, now,
-            held.pop().close()  # while the client is still connected (not after its shutdown)
-        steps = [("the header watch", held and unwatch), ("the watcher", watcher and (lambda: watcher.join(5))),
-                 ("the image", image and image.close), ("the pool", ioctx and ioctx.close),
-                 ("the client", shared and (lambda: clients.release(shared)))]
+        def stop_watching():
+            # the watcher first (it may be reading the size, or registering the watch again: never under a
+            # closing image), then the watch it leaves; the closer holds it no longer while closing it, so a
+            # failed close is tried once more by its dealloc now, while the client is still connected
+            if watcher is not None:
+                watcher.join()
+            held = [self._watch] if self._watch is not None else []
+            self._watch = None
+            if held:
+                held.pop().close()
+        steps = [("the header watch", stop_watching), ("the image", image and image.close),
+                 ("the pool", ioctx and ioctx.close), ("the client", shared and (lambda: clients.release(shared)))]
 
         def finished():
             with self._lock:
