@@ -4,8 +4,9 @@
 is native, opens each I/O queue here instead of as an `RdmaTargetQueue` (admin queues stay on the Python path).
 `_native.create_cm_qp` makes the QP with a send and a receive CQ on their own completion channels, on the PD
 librdmacm keeps for the device (`id->pd`); the memory the C queue uses is registered on that PD
-(`NativePortMemory`: the port's data pool a second time, zero and sink buffers, RAM namespaces); pyverbs'
-`rdma_accept` moves the QP to RTR and RTS.  The CQ channels' fds are watched by the event loop (`--poll interrupt`),
+(`NativePortMemory`: the port's data pool a second time, zero and sink buffers, RAM namespaces);
+`CmId.accept_rts` moves the QP to RTR and RTS with a bounded RNR retry count and ACK timeout (as the Python data
+path does), then accepts.  The CQ channels' fds are watched by the event loop (`--poll interrupt`),
 or the queue is polled on every loop pass (`--poll busy`: `NativeTargetQueue.start_polling`), or by a poll
 group's thread (`--cores N`, transport/rdma/pollgroups.py).
 """
@@ -18,7 +19,7 @@ from typing import Dict, Optional
 
 from ...nvme import cm as cmdata
 from .native_queue import ChunkPool, NativeTargetQueue, NativeVerbs, Region
-from .verbs import QPS_RTS
+from .verbs import ACK_TIMEOUT, QPS_RTS, RNR_RETRY
 from ..resources import registered_region
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,6 @@ IBV_ACCESS_LOCAL_WRITE = 1
 # kept, so a burst of queues does not stay pinned.
 SPARE_BOUNCE = 16
 RESPONSE_SIZE = 16
-ACK_TIMEOUT = 19  # as transport/rdma/queue.py: rdma_cm's value, bounded
 
 
 class NativePortMemory:
@@ -191,7 +191,10 @@ class RdmaNativeQueue(NativeTargetQueue):
             self.watched = [self.objects["recv_fd"], self.objects["send_fd"]]
         self.start_polling(listener.loop, listener.poll_mode, self.watched, self._on_cq_event,
                            poll_groups=listener.poll_groups)
-        cm_id.accept(cmdata.CmAccept(0, depth).pack(), 0, max_reads, self.objects["qp_num"])
+        # RTR and RTS here, not by rdma_accept: its RTS would take the host's RNR retry count (7: for ever)
+        rts = cm_id.accept_rts(cmdata.CmAccept(0, depth).pack(), 0, max_reads, RNR_RETRY, ACK_TIMEOUT)
+        log.debug("queue %d RTS: local ack timeout %d, retry %d, rnr retry %d", request.qid, rts["timeout"],
+                  rts["retry_cnt"], rts["rnr_retry"])
         log.info("queue %d accepted on %s:%d (native data path): depth %d, in-capsule %d B, %d RDMA READs in "
                  "flight", request.qid, listener.traddr, listener.trsvcid, depth, in_capsule, max_reads)
 
