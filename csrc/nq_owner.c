@@ -36,7 +36,7 @@ __attribute__((noinline)) int nq_poll_adaptive(struct nq_queue *q, int budget, u
     q->hook_error = 0;
     int done = nq_poll(q, budget);
     uint64_t last = done ? nq_now_ns() : 0;
-    while (done && done < budget && !q->closed && !q->failed && !q->closing && !q->hook_error) {
+    while (done && done < budget && q->state == NQ_Q_SERVING && !q->hook_error) {
         int n = nq_poll(q, budget - done);
         uint64_t now = nq_now_ns();
         if (n) {
@@ -50,7 +50,7 @@ __attribute__((noinline)) int nq_poll_adaptive(struct nq_queue *q, int budget, u
             sched_yield(); /* cheap when nothing else of this CPU is runnable */
         }
     }
-    if (done >= budget || q->closed || q->failed)
+    if (done >= budget || !nq_q_live(q))
         return done;
     *arm_rc = nq_arm(q);
     if (*arm_rc)
@@ -101,16 +101,17 @@ int nq_post_owner_response(struct nq_queue *q, uint32_t tag, const uint8_t *cqe,
 
 int nq_begin_close(struct nq_queue *q)
 {
-    if (q->closed || q->failed || q->stopped)
+    if (!nq_q_live(q))
         return 0;
-    q->closing = 1;
+    if (q->state == NQ_Q_SERVING)
+        nq_qmove(&q->state, NQ_Q_CLOSING, q->qid);
     nq_flush(q);
-    return !q->failed && q->sq_count > 0;
+    return nq_q_live(q) && q->sq_count > 0;
 }
 
 int nq_close_ready(const struct nq_queue *q)
 {
-    return q->closed || q->failed || q->stopped || (q->closing && !q->sq_count && !q->nbatch);
+    return !nq_q_live(q) || (q->state != NQ_Q_SERVING && !q->sq_count && !q->nbatch);
 }
 
 /* ------------------------------------------------------------------ a poll group's queue */
@@ -119,13 +120,13 @@ int nq_poll_threaded(struct nq_queue *q, int budget)
 {
     int done = 0;
     pthread_mutex_lock(&q->lock);
-    if (!q->stopped && !q->closed && !q->failed)
+    if (nq_q_live(q))
         done = nq_poll(q, budget);
-    if (q->closing && !q->close_mailed && !q->sq_count && !q->stopped) { /* the mailbox keeps a place for it */
-        q->close_mailed = 1;
+    if (q->state == NQ_Q_CLOSING && !q->sq_count) { /* the mailbox keeps a place for it (once: CLOSE_READY) */
+        nq_qmove(&q->state, NQ_Q_CLOSE_READY, q->qid);
         nq_mailbox_push(&q->mail, NQ_MAIL_CLOSE_READY, 0, 0);
     }
-    if (!q->stopped)
+    if (q->state < NQ_Q_STOPPED)
         nq_mailbox_wake(&q->mail);
     pthread_mutex_unlock(&q->lock);
     return done;
