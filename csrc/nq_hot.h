@@ -267,6 +267,7 @@ struct nq_queue {
      * of a spin (each yielded the CPU), the times the CQs were armed, and the completions the poll after arming
      * found (they raise no event of their own) */
     uint64_t spin_hits, spin_yields, arms, arm_catches;
+    uint64_t flushed; /* completions nq_reap_flushed took off the CQs */
     int hook_error;          /* the owner's hook failed during this poll (its error is kept): stop spinning */
 
     /* a poll group's queue (csrc/pollgroup.c): its thread polls under `lock`, the Python side's calls take it
@@ -379,6 +380,9 @@ void nq_release(struct nq_queue *q, uint32_t idx);
 /* Closing: the responses batched posted now, no new command taken; 1 while posted work has to complete. */
 int nq_begin_close(struct nq_queue *q);
 int nq_close_ready(const struct nq_queue *q);
+/* After the owner put the QP in the error state: what it flushed taken off the CQs, the queue failed; the send
+ * work requests not seen within spin_ns (0: all reaped). */
+uint32_t nq_reap_flushed(struct nq_queue *q, uint64_t spin_ns);
 /* A closed queue's ring without waiting: the commands still in the kernel (the ring freed at 0).  Called once its QP
  * is gone: every command not on the ring lets go of its namespace's reference (nothing of it can move data any
  * more), those on the ring when they come back. */

@@ -114,6 +114,52 @@ int nq_close_ready(const struct nq_queue *q)
     return !nq_q_live(q) || (q->state != NQ_Q_SERVING && !q->sq_count && !q->nbatch);
 }
 
+/* The owner put the QP in the error state (rdma_disconnect, before it destroys the QP): every work request still
+ * on it completes, flushed.  The queue fails first if it had not (nothing more is posted; the owner is not told:
+ * it knows), then the flushed completions are taken off both CQs and dropped: nothing of them is delivered, and
+ * their slots are let go by close once the QP is gone.  Polls until every send work request of the send-queue
+ * log has come back, or `spin_ns` passed (a device flushes at once or soon); receives are taken as found.
+ * Returns the send work requests not seen (0: all reaped).  Not for a poll group's queue still in its group. */
+uint32_t nq_reap_flushed(struct nq_queue *q, uint64_t spin_ns)
+{
+    if (q->state >= NQ_Q_CLOSED)
+        return 0;
+    if (nq_q_live(q)) {
+        q->fail_status = IBV_WC_WR_FLUSH_ERR;
+        nq_qmove(&q->state, NQ_Q_FAILED, q->qid);
+    }
+    q->nbatch = q->nbatch_resp = q->nrepost = 0;
+    uint32_t total = 0, sends;
+    for (uint32_t i = 0; i < q->sq_count; i++)
+        total += q->sq_log[(q->sq_head + i) % q->sq_size].wrs;
+    sends = total;
+    struct ibv_cq *cqs[2] = {q->recv_cq, q->send_cq != q->recv_cq ? q->send_cq : NULL};
+    uint64_t start = nq_now_ns();
+    for (;;) {
+        int found = 0;
+        for (int c = 0; c < 2; c++) {
+            int n;
+            while (cqs[c] && (n = ibv_poll_cq(cqs[c], NQ_POLL_BATCH, q->wc)) > 0) {
+                found += n;
+                q->flushed += (uint32_t)n;
+                for (int i = 0; i < n; i++)
+                    if ((q->wc[i].wr_id & (NQ_TAG_RECV | NQ_TAG_PY)) != NQ_TAG_RECV && sends)
+                        sends--; /* a send's (a data WRITE's, NQ_TAG_RECV | NQ_TAG_PY, among them) */
+            }
+        }
+        if (!sends || nq_now_ns() - start >= spin_ns)
+            break;
+        if (!found)
+            sched_yield();
+    }
+    /* the entries whose work requests all came back leave the send-queue log (in post order, as they flush) */
+    for (uint32_t seen = total - sends; q->sq_count && q->sq_log[q->sq_head].wrs <= seen; q->sq_count--) {
+        seen -= q->sq_log[q->sq_head].wrs;
+        q->sq_head = (q->sq_head + 1) % q->sq_size;
+    }
+    return sends;
+}
+
 /* ------------------------------------------------------------------ a poll group's queue */
 
 int nq_poll_threaded(struct nq_queue *q, int budget)

@@ -654,7 +654,7 @@ static PyObject *NativeQueue_stats(NativeQueue *self, PyObject *noargs)
     struct nq_queue *q = &self->nq;
     nq_lock(self);
     uint32_t busy = q->nreqs - q->nfree;
-    PyObject *res = Py_BuildValue("{sKsKsKsKsKsIsIsIsIsisIsIsIsKsKsKsisIsIsIsKsKsKsKsK}",
+    PyObject *res = Py_BuildValue("{sKsKsKsKsKsIsIsIsIsisIsIsIsKsKsKsisIsIsIsKsKsKsKsKsK}",
                                   "native_commands", q->native_commands,
                                   "python_commands", q->python_commands, "doorbells", q->doorbells,
                                   "recv_doorbells", q->recv_doorbells, "polls", q->polls, "native_in_flight", busy,
@@ -667,7 +667,7 @@ static PyObject *NativeQueue_stats(NativeQueue *self, PyObject *noargs)
                                   "mailed", q->threaded ? q->mail.count : 0, "bounce_chunks", q->nchunks,
                                   "bounce_chunks_free", q->nchunks_free, "chunk_waits", q->chunk_waits,
                                   "spin_hits", q->spin_hits, "spin_yields", q->spin_yields, "arms", q->arms,
-                                  "arm_catches", q->arm_catches);
+                                  "arm_catches", q->arm_catches, "flushed", q->flushed);
     nq_unlock(self);
     return res;
 }
@@ -690,6 +690,24 @@ static PyObject *NativeQueue_close(NativeQueue *self, PyObject *noargs)
     nq_unlock(self);
     nq_view_free(old);
     return PyLong_FromUnsignedLong(held);
+}
+
+/* reap_flushed(spin_us=2000) -> the send work requests not seen: after the owner put the QP in the error state
+ * (rdma_disconnect) and before it destroys it, the flushed completions taken off the CQs (nq_reap_flushed). */
+static PyObject *NativeQueue_reap_flushed(NativeQueue *self, PyObject *args)
+{
+    double spin_us = 2000.0;
+    if (!PyArg_ParseTuple(args, "|d", &spin_us))
+        return NULL;
+    struct nq_queue *q = &self->nq;
+    if (q->threaded && q->state < NQ_Q_STOPPED) {
+        PyErr_SetString(PyExc_RuntimeError, "the queue's poll group still polls it: remove it first");
+        return NULL;
+    }
+    nq_lock(self);
+    uint32_t left = nq_reap_flushed(q, spin_us > 0 ? (uint64_t)(spin_us * 1000.0) : 0);
+    nq_unlock(self);
+    return PyLong_FromUnsignedLong(left);
 }
 
 /* reap_closed() -> the commands still in the kernel: a closed queue's ring reaped without waiting (on its
@@ -781,6 +799,9 @@ static PyMethodDef NativeQueue_methods[] = {
     {"close", (PyCFunction)NativeQueue_close, METH_NOARGS,
      "Stop posting (after the QP is gone); never waits: the ring's commands still in the kernel, cancelled where "
      "they can be."},
+    {"reap_flushed", (PyCFunction)NativeQueue_reap_flushed, METH_VARARGS,
+     "reap_flushed(spin_us=2000) -> send work requests not seen: after the QP was put in the error state, what it "
+     "flushed taken off the CQs (the queue failed, nothing delivered), before the owner destroys the QP."},
     {"reap_closed", (PyCFunction)NativeQueue_reap_closed, METH_NOARGS,
      "A closed queue's ring reaped without waiting: the commands still in the kernel (the ring freed at 0)."},
     {"begin_close", (PyCFunction)NativeQueue_begin_close, METH_NOARGS,

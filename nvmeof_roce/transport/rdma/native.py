@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Dict, Optional
 
 from ...nvme import cm as cmdata
-from .native_queue import ChunkPool, NativeTargetQueue, NativeVerbs, Region
+from .native_queue import ChunkPool, NativeTargetQueue, NativeVerbs, QueueLife, Region
 from .verbs import ACK_TIMEOUT, QPS_RTS, RNR_RETRY
 from ..resources import registered_region
 
@@ -30,6 +30,9 @@ IBV_ACCESS_LOCAL_WRITE = 1
 # kept, so a burst of queues does not stay pinned.
 SPARE_BOUNCE = 16
 RESPONSE_SIZE = 16
+# How long a torn-down queue waits for its QP's flushed work requests (after rdma_disconnect put it in the error
+# state) before destroying it: a device flushes at once or within its own tasklet (rxe), so this bounds a stuck one.
+FLUSH_WAIT_US = 20_000
 
 
 class NativePortMemory:
@@ -151,7 +154,6 @@ class RdmaNativeQueue(NativeTargetQueue):
         self.cm_id = cm_id  # cmchannel.CmId: create_cm_qp and destroy_cm_qp find the id through its channel
         self.cm_handle = cm_id.handle
         self.module = module
-        self.peer_gone = False
         self.recv_mr = None
         self.bounce_memory: Optional[Bounce] = None  # file and block namespaces' bounce memory, the port's
         self.released = False
@@ -266,7 +268,7 @@ class RdmaNativeQueue(NativeTargetQueue):
             super()._teardown(error)  # destroys the QP (on_close) before the requests and buffers are let go
         finally:
             self._release()
-            if not self.held:  # else when the ring's last command is back (reap_closed)
+            if self.life is not QueueLife.HELD:  # else when the ring's last command is back (reap_closed)
                 self._give_back_bounce()
             try:
                 listener.forget(self)
@@ -275,10 +277,22 @@ class RdmaNativeQueue(NativeTargetQueue):
             log.info("queue %d closed", self.qid)
 
     def _release(self) -> None:
-        """The QP (and its CQs) first: nothing may write our buffers afterwards."""
+        """The QP (and its CQs) first: nothing may write our buffers afterwards.  A torn-down queue's QP was put in
+        the error state by rdma_disconnect (_teardown): the work requests it flushed are reaped first, by the C
+        queue (reap_flushed: the queue failed, nothing delivered, a bounded wait), then the QP is destroyed, and
+        the CM id only after (listener.forget)."""
         if self.released:
             return
         self.released = True
+        native = getattr(self, "native", None)
+        if native is not None and self.closed:
+            try:
+                left = native.reap_flushed(FLUSH_WAIT_US)
+                if left:
+                    log.warning("queue %d: %d work requests not flushed within %d ms of the disconnect: its QP is "
+                                "destroyed anyway", self.qid, left, FLUSH_WAIT_US // 1000)
+            except Exception as exc:
+                log.warning("queue %d: reaping what its QP flushed failed: %s", self.qid, exc)
         try:
             self.module.destroy_cm_qp(self.cm_id.channel.channel, self.cm_id.handle)
         except Exception as exc:
