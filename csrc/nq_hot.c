@@ -386,7 +386,7 @@ void nq_flush(struct nq_queue *q)
             q->unsignaled = 0;
         }
     }
-    if (__builtin_expect(q->state != NQ_Q_SERVING, 0)) /* closing: its completion tells the owner the send queue emptied */
+    if (__builtin_expect(q->state != NQ_Q_SERVING, 0)) /* closing: its completion says the send queue emptied */
         q->batch[q->nbatch - 1].send_flags |= IBV_SEND_SIGNALED;
     for (uint32_t i = 0; i + 1 < q->nbatch; i++)
         q->batch[i].next = &q->batch[i + 1];

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Dict, Optional
 
 from ...nvme import cm as cmdata
+from ..contracts import TransportError
 from .native_queue import ChunkPool, NativeTargetQueue, NativeVerbs, QueueLife, Region
 from .verbs import ACK_TIMEOUT, QPS_RTS, RNR_RETRY
 from ..resources import registered_region
@@ -194,11 +195,30 @@ class RdmaNativeQueue(NativeTargetQueue):
         self.start_polling(listener.loop, listener.poll_mode, self.watched, self._on_cq_event,
                            poll_groups=listener.poll_groups)
         # RTR and RTS here, not by rdma_accept: its RTS would take the host's RNR retry count (7: for ever)
-        rts = cm_id.accept_rts(cmdata.CmAccept(0, depth).pack(), 0, max_reads, RNR_RETRY, ACK_TIMEOUT)
+        try:
+            rts = cm_id.accept_rts(cmdata.CmAccept(0, depth).pack(), 0, max_reads, RNR_RETRY, ACK_TIMEOUT)
+        except Exception:
+            self._abandon()  # the listener rejects, then destroys the id: its QP must be gone first
+            raise
         log.debug("queue %d RTS: local ack timeout %d, retry %d, rnr retry %d", request.qid, rts["timeout"],
                   rts["retry_cnt"], rts["rnr_retry"])
         log.info("queue %d accepted on %s:%d (native data path): depth %d, in-capsule %d B, %d RDMA READs in "
                  "flight", request.qid, listener.traddr, listener.trsvcid, depth, in_capsule, max_reads)
+
+    def _abandon(self) -> None:
+        """A queue whose accept failed, never handed to the core: out of the loop and its poll group, its QP
+        destroyed, the C queue closed and its memory let go."""
+        self._move(QueueLife.CLOSED)
+        for fd in self.watched:
+            self.listener.loop.unwatch(fd)
+        self.watched = []
+        self._leave_poll_group()
+        self._release()
+        self.native.close()
+        self.book.close(TransportError(f"queue {self.qid}: the accept failed"))
+        self.share.close()
+        self._move(QueueLife.RELEASED)
+        self._give_back_bounce()
 
     def _bounce_of(self, size: int) -> Region:
         """The file and block namespaces' bounce chunks: page-aligned (O_DIRECT), registered on the QP's PD."""
