@@ -352,7 +352,7 @@ static inline void nq_record_latency(struct nq_queue *q, const struct nq_req *r,
  * send-queue entries run low). */
 void nq_flush(struct nq_queue *q)
 {
-    if (q->closed || q->failed) {
+    if (!nq_q_live(q)) {
         q->nrepost = q->nbatch = q->nbatch_resp = 0;
         return;
     }
@@ -386,7 +386,7 @@ void nq_flush(struct nq_queue *q)
             q->unsignaled = 0;
         }
     }
-    if (__builtin_expect(q->closing, 0)) /* its completion tells the owner the send queue has emptied */
+    if (__builtin_expect(q->state != NQ_Q_SERVING, 0)) /* closing: its completion says the send queue emptied */
         q->batch[q->nbatch - 1].send_flags |= IBV_SEND_SIGNALED;
     for (uint32_t i = 0; i + 1 < q->nbatch; i++)
         q->batch[i].next = &q->batch[i + 1];
@@ -402,9 +402,10 @@ void nq_flush(struct nq_queue *q)
 
 static void nq_fail(struct nq_queue *q, int status, uint64_t wr_id)
 {
-    if (q->failed)
+    if (!nq_q_live(q))
         return;
-    q->failed = status ? status : -1;
+    q->fail_status = status ? status : -1;
+    nq_qmove(&q->state, NQ_Q_FAILED, q->qid);
     if (q->threaded) /* the mailbox keeps a place for it */
         nq_mailbox_push(&q->mail, NQ_MAIL_FAILURE, (uint32_t)status, wr_id);
     else if (q->hooks->failure)
@@ -702,7 +703,7 @@ static void nq_file_hand_back(struct nq_queue *q, uint32_t idx)
 /* A staged backend finished a command (its `reap`, csrc/backend.h): its response, or the core takes it over. */
 void nq_backend_done(struct nq_queue *q, uint32_t idx, int res)
 {
-    if (q->closed || idx >= q->nreqs || q->reqs[idx].state != NQ_FILE_IO)
+    if (q->state >= NQ_Q_CLOSED || idx >= q->nreqs || q->reqs[idx].state != NQ_FILE_IO)
         return; /* closed by a callback during this reap (the ring is gone), or not ours (cookies are slots) */
     struct nq_req *r = &q->reqs[idx];
     NT_TRACE(q->trace, nt_record, NT_DATA_DONE, r->cid, r->opc, r->nsid, 0, (uint32_t)res, 0, 0, NT_FLAG_FILE);
@@ -774,7 +775,7 @@ static void nq_completion(struct nq_queue *q, struct ibv_wc *wc)
         return;
     }
     if ((wc->wr_id & (NQ_TAG_RECV | NQ_TAG_PY)) == NQ_TAG_RECV) {
-        if (!q->closing) /* a closing queue takes no new command, nor re-posts its receive */
+        if (q->state == NQ_Q_SERVING) /* a closing queue takes no new command, nor re-posts its receive */
             nq_capsule(q, (uint32_t)(wc->wr_id & NQ_TAG_MASK), wc->byte_len);
     }
     else
@@ -787,9 +788,9 @@ __attribute__((noinline)) int nq_poll(struct nq_queue *q, int budget)
     int done = 0;
     q->in_poll = 1;
     q->polls++;
-    for (uint32_t i = 0; i < q->nstaged && !q->closed && !q->failed; i++)
+    for (uint32_t i = 0; i < q->nstaged && nq_q_live(q); i++)
         done += q->staged[i]->reap(q); /* staged commands the device finished: their responses */
-    while (done < budget && !q->closed && !q->failed) {
+    while (done < budget && nq_q_live(q)) {
         int n = ibv_poll_cq(q->recv_cq, NQ_POLL_BATCH, q->wc);
         if (n < 0) {
             nq_fail(q, n, 0);
@@ -797,29 +798,29 @@ __attribute__((noinline)) int nq_poll(struct nq_queue *q, int budget)
         }
         if (n)
             q->polled_ns = nq_now_ns(); /* once per batch: the receives' arrival, for the latency histograms */
-        for (int i = 0; i < n && !q->closed && !q->failed; i++)
+        for (int i = 0; i < n && nq_q_live(q); i++)
             nq_completion(q, &q->wc[i]);
         int m = 0;
-        if (q->send_cq != q->recv_cq && !q->closed && !q->failed) {
+        if (q->send_cq != q->recv_cq && nq_q_live(q)) {
             m = ibv_poll_cq(q->send_cq, NQ_POLL_BATCH, q->wc);
             if (m < 0) {
                 nq_fail(q, m, 0);
                 break;
             }
-            for (int i = 0; i < m && !q->closed && !q->failed; i++)
+            for (int i = 0; i < m && nq_q_live(q); i++)
                 nq_completion(q, &q->wc[i]);
         }
         done += n + m;
         if (n < NQ_POLL_BATCH && m < NQ_POLL_BATCH)
             break;
     }
-    if (!q->closed && !q->failed)
+    if (nq_q_live(q))
         nq_resume(q);
     /* One submission for the staged commands this poll started; a read the page cache holds completes inside
      * it, so its response joins this batch instead of waiting for the eventfd (a few rounds at most). */
     for (uint32_t i = 0; i < q->nstaged; i++) {
         const struct nq_backend_ops *ops = q->staged[i];
-        for (int round = 0; round < 4 && !q->closed && !q->failed; round++) {
+        for (int round = 0; round < 4 && nq_q_live(q); round++) {
             if (!ops->submit(q)) /* nothing was queued */
                 break;
             int n = ops->reap(q);

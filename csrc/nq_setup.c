@@ -65,7 +65,7 @@ int nq_queue_init(struct nq_queue *q, const struct nq_params *p)
     /* every receive posted (one doorbell) before the connection is accepted */
     q->nrepost = q->recv_count;
     nq_flush(q);
-    return q->failed ? (q->failed < 0 ? q->failed : -EIO) : 0;
+    return q->fail_status ? (q->fail_status < 0 ? q->fail_status : -EIO) : 0;
 }
 
 int nq_enable_files(struct nq_queue *q, char *base, uint32_t lkey, uint32_t len, uint32_t chunk)

@@ -15,6 +15,7 @@ addresses and keys (`NativeVerbs`), by the RDMA transport on a real device or by
 """
 from __future__ import annotations
 
+import enum
 import errno
 import logging
 import os
@@ -43,6 +44,33 @@ def closing_queues() -> List[dict]:
     now = time.monotonic()
     return [{"qid": q.qid, "peer": q.request.peer, "held_commands": q.held, "closed_s": round(now - q.closed_at, 1)}
             for q in CLOSING.values()]
+
+
+class QueueLife(enum.Enum):
+    """A native queue's lifetime on the Python side; the C queue's follows it (csrc/nq_life.h, `Queue.state`)."""
+
+    SERVING = "serving"
+    CLOSING = "closing"  # no new command; the responses already made still leave, the QP stays until they have
+    PEER_GONE = "peer gone"  # the host disconnected (the CM said so): nothing more leaves, torn down at once
+    CLOSED = "closed"  # torn down: the owner destroyed the QP (on_close), the core told, the C queue's slots let go
+    HELD = "held"  # closed with commands still on the device: its bounce memory theirs until they come back
+    RELEASED = "released"  # the ring's last command back: everything given back
+
+
+# For each state, the states a queue may enter it from (as engine/queue.py ALLOWED_FROM).
+ALLOWED_FROM = {
+    QueueLife.SERVING: set(),
+    QueueLife.CLOSING: {QueueLife.SERVING},
+    QueueLife.PEER_GONE: {QueueLife.SERVING, QueueLife.CLOSING},
+    QueueLife.CLOSED: {QueueLife.SERVING, QueueLife.CLOSING, QueueLife.PEER_GONE},
+    QueueLife.HELD: {QueueLife.CLOSED},
+    QueueLife.RELEASED: {QueueLife.CLOSED, QueueLife.HELD},
+}
+_TORN_DOWN = frozenset({QueueLife.CLOSED, QueueLife.HELD, QueueLife.RELEASED})
+
+
+class IllegalQueueMove(RuntimeError):
+    """A native queue was moved along no edge of its lifetime (ALLOWED_FROM)."""
 
 
 @dataclass
@@ -124,15 +152,13 @@ class NativeTargetQueue(TargetQueue):
         self.watch = watch
         self.unwatch = unwatch
         self._on_released = on_released  # the bounce memory is the owner's again: the ring's last command is back
-        self.held = 0  # closed with this many commands still in the kernel (CLOSING), reaped on the ring's eventfd
+        self.life = QueueLife.SERVING  # moved by _move only (ALLOWED_FROM)
+        self.held = 0  # HELD: this many commands still in the kernel (CLOSING), reaped on the ring's eventfd
         self.closed_at = 0.0
         self.serves_files = bounce_of is not None
         self.bounce: Optional[Region] = None
         self.ring_fd: Optional[int] = None
-        self.closed = False
-        self.closing = False  # closed for new commands; the QP stays until the responses already made have left
         self.in_poll = False
-        self.peer_gone = getattr(self, "peer_gone", False)  # the host disconnected (set by the CM): nothing leaves
         self.refused_post: Optional[ConnectionError] = None  # the C queue refused a post: it failed (flush closes)
         # Send queue as the RDMA transport sizes it (transport/rdma/queue.py): per command a READ, or a WRITE and a SEND,
         # twice over; the Python side's book gets a quarter of it (its commands are the rare ones).
@@ -161,10 +187,37 @@ class NativeTargetQueue(TargetQueue):
         self.tracing = False  # the per-command trace is on: its records are taken at each poll and tick
         TRACING.attach(self)
 
+    # -- the lifetime
+
+    def _move(self, new: QueueLife) -> None:
+        if self.life not in ALLOWED_FROM[new]:
+            raise IllegalQueueMove(f"queue {self.qid}: {self.life.value} -> {new.value}")
+        self.life = new
+
+    @property
+    def closed(self) -> bool:
+        """Torn down (CLOSED, HELD, RELEASED): nothing of it is served any more."""
+        return self.life in _TORN_DOWN
+
+    @property
+    def closing(self) -> bool:
+        """Closed for new commands, its last responses still leaving."""
+        return self.life is QueueLife.CLOSING
+
+    @property
+    def peer_gone(self) -> bool:
+        return self.life is QueueLife.PEER_GONE
+
+    @peer_gone.setter
+    def peer_gone(self, gone: bool) -> None:
+        """The CM's word that the host disconnected (RdmaListener): the close that follows sends nothing more."""
+        if gone and self.life in ALLOWED_FROM[QueueLife.PEER_GONE]:
+            self._move(QueueLife.PEER_GONE)
+
     # -- the C queue's callbacks (during poll(); through _weak)
 
     def _on_capsule(self, capsule: bytes, handed_back: bool = False) -> None:
-        if self.closed or self.closing:
+        if self.life is not QueueLife.SERVING:
             return  # no new command on a closing queue
         if len(capsule) < SQE_SIZE:
             log.warning("queue %d: capsule of %d bytes (< 64): closing the queue", self.qid, len(capsule))
@@ -231,7 +284,7 @@ class NativeTargetQueue(TargetQueue):
             self.log_trace()
         if done and self.drain_check is not None:
             self.drain_check()  # a change waits for commands in flight: these may have been the last
-        if self.closing and not self.closed and self.native.close_ready:
+        if self.life is QueueLife.CLOSING and self.native.close_ready:
             self._teardown(None)  # the last response of a closing queue has left
 
     def start_polling(self, loop, mode: str, channels=(), on_channel_event: Optional[Callable] = None,
@@ -264,7 +317,7 @@ class NativeTargetQueue(TargetQueue):
                 self.in_poll = False
             if self.tracing:
                 self.log_trace()
-            if self.closing and not self.closed and self.native.close_ready:
+            if self.life is QueueLife.CLOSING and self.native.close_ready:
                 self._teardown(None)
 
     # -- the per-command trace (transport/rdma/native_trace.py)
@@ -462,9 +515,9 @@ class NativeTargetQueue(TargetQueue):
         a keep-alive's expiry: nothing is batched then) ends it at once."""
         if self.closed:
             return
-        if (error is None and self.in_poll and not self.peer_gone and not self.closing and
+        if (error is None and self.in_poll and self.life is QueueLife.SERVING and
                 self._send_responses_before_close()):
-            self.closing = True
+            self._move(QueueLife.CLOSING)
             log.info("queue %d closing: its last responses are still to leave", self.qid)
             return
         self._teardown(error)
@@ -478,7 +531,7 @@ class NativeTargetQueue(TargetQueue):
     def _teardown(self, error: Optional[TransportError]) -> None:
         if self.closed:
             return
-        self.closed = True
+        self._move(QueueLife.CLOSED)
         self._leave_poll_group()  # first: no thread polls or posts on the queue from here on
         try:
             # The owner destroys the QP (or puts it in the error state) before the core hears of the close: from
@@ -501,6 +554,7 @@ class NativeTargetQueue(TargetQueue):
         self.book.close(error or TransportError("queue closed"))
         self.share.close()
         if self.held:
+            self._move(QueueLife.HELD)
             self.closed_at = time.monotonic()
             CLOSING[id(self)] = self
             log.warning("queue %d closed with %d commands still on the device: its bounce memory is kept until "
@@ -527,6 +581,7 @@ class NativeTargetQueue(TargetQueue):
         self._released()
 
     def _released(self) -> None:
+        self._move(QueueLife.RELEASED)
         self.bounce = None
         self.ring_fd = None
         self._on_released(self)

@@ -24,8 +24,8 @@ from ..resources import PoolShare
 from .connect import RdmaConnectRequest, queue_resources
 from .memory import RegisteredMemory
 from .requests import RequestBook, TxRequest
-from .verbs import (ADMIN_CAPSULE, PYVERBS_ERROR, QPS_INIT, QPS_RTR, QPS_RTS, RESPONSE_SIZE, SEND_WR_BASE,
-                    create_with_fd, eagain, qp_attr)
+from .verbs import (ACK_TIMEOUT, ADMIN_CAPSULE, PYVERBS_ERROR, QPS_INIT, QPS_RTR, QPS_RTS, RESPONSE_SIZE, RNR_RETRY,
+                    SEND_WR_BASE, create_with_fd, eagain, qp_attr)
 
 if PYVERBS_ERROR is None:
     from .verbs import (CQ, QP, SGE, CompChannel, PyverbsRDMAError, QPCap, QPEx, QPInitAttr, QPInitAttrEx, RecvWR,
@@ -40,9 +40,6 @@ log = logging.getLogger(__name__)
 wire_log = logging.getLogger(__name__ + ".wire")
 
 WRITE_WR_ID = SEND_WR_BASE + (1 << 31)  # the unsignaled data WRITEs (SEND_WR_BASE + n: request n)
-# QP local ACK timeout exponent, at most (4.096 us << 19 = 2.1 s): what rdma_cm computes for RoCE here and what
-# the Linux host asks for in its REQ, so the target retransmits no sooner than nvmet_rdma or the host do.
-ACK_TIMEOUT = 19
 POLL_BATCH = 32  # completions asked of one CQ.poll
 CQ_BUDGET = 64  # completions one queue handles per loop pass before the others get their turn
 
@@ -206,8 +203,12 @@ class RdmaTargetQueue(TargetQueue):
             self._release_rings()
             raise AcceptRefused(cmdata.STS_INVALID_IRD, "host offers no RDMA READ resources (responder_resources 0)")
         attr.max_rd_atomic = self.max_reads
-        log.debug("queue %d RTS: local ack timeout %d, retry %d, rnr retry %d", request.qid, attr.timeout,
-                  attr.retry_cnt, attr.rnr_retry)
+        log.debug("queue %d RTS: local ack timeout %d, retry %d, rnr retry %d (the host's; %d here)", request.qid,
+                  attr.timeout, attr.retry_cnt, attr.rnr_retry, RNR_RETRY)
+        # Finite (verbs.RNR_RETRY): the CM gives the host's REQ's count, 7 (for ever) from a Linux host, and a host
+        # that stopped posting receives would then hold our responses for ever.  The CM's RTS mask has
+        # IBV_QP_RNR_RETRY on RoCE and InfiniBand; iWARP has no RNR NAK (nor the bit), and then this is unused.
+        attr.rnr_retry = RNR_RETRY
         # rdma_cm's ACK timeout, as nvmet_rdma keeps it, bounded: 0 (infinite) would leave a work request to a
         # vanished host pending for ever.  A shorter one (14, 67 ms) retransmitted WRITEs the host had already
         # acknowledged whenever an emulated CPU delayed the ACK (docs/two-node.md, lossy link).
