@@ -10,6 +10,7 @@ int native_queue_register(PyObject *module);
 int native_uring_register(PyObject *module);
 int native_hostq_register(PyObject *module);
 int native_cm_channel_register(PyObject *module); /* csrc/cm_channel.c: the RDMA CM */
+int native_rbd_register(PyObject *module);        /* csrc/nq_rbd.c: _native.RbdImage */
 struct rdma_cm_id;
 /* The id a CmChannel's handle names (csrc/cm_channel.c), or NULL with TypeError or ValueError */
 struct rdma_cm_id *native_cm_id(PyObject *channel, PyObject *handle);

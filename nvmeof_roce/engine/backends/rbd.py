@@ -68,6 +68,8 @@ class RbdBackend(Backend):
     kind = "rbd"
     blocking = True
     asynchronous = True
+    native = "rbd"  # the C entry (csrc/be_rbd.c): librbd's C API through the native queue's bounce chunks
+    _native_refused = False  # the image did not open in C once: the core serves the namespace from then on
 
     @classmethod
     def open(cls, ns: NamespaceConfig, lock: Optional[str] = None, inherit: Optional[Backend] = None) -> "RbdBackend":
@@ -222,6 +224,29 @@ class RbdBackend(Backend):
             except Exception:
                 log.exception("%s: a completion failed", self.describe())
         return len(ready)
+
+    # -- the native data path (docs/rbd.md "The native path")
+    def native_handle(self, engine, depth):
+        """The C queue's `_native.RbdImage` (csrc/nq_rbd.c): a RADOS client and image of its own, opened in C
+        through the dlopen'd librbd (ceph/bindings.py LIBRADOS, LIBRBD) with this client's settings, cache off and
+        timeouts; None when the core serves the namespace (no native module, closed, or it did not open: said
+        once, not tried again on every view)."""
+        from ... import native
+        from ...ceph import bindings
+        if native.module is None or self.image is None or self._native_refused:
+            return None
+        s = self.settings
+        options = [("rbd_cache", "false"), ("rados_osd_op_timeout", str(RBD_OP_TIMEOUT)),
+                   ("rados_mon_op_timeout", str(RBD_OP_TIMEOUT)), ("client_mount_timeout", str(RBD_CONNECT_TIMEOUT))]
+        if s.keyring:
+            options.append(("keyring", s.keyring))
+        try:
+            return native.module.RbdImage(bindings.LIBRADOS, bindings.LIBRBD, s.conf, f"client.{s.client_id}",
+                                          s.pool, s.namespace, s.image, options, depth)
+        except OSError as exc:
+            self._native_refused = True
+            log.warning("%s: the native data path cannot open it (%s): the core serves it", self.describe(), exc)
+            return None
 
     # -- the blocking calls (a Target without a loop)
     def _call(self, what: str, fn: Callable, *args):
