@@ -1079,6 +1079,8 @@ unsigned nq_closed_reap(struct nq_queue *q)
     }
     for (uint32_t i = 0; q->reqs && i < q->nreqs; i++) { /* the requests not on the ring */
         if (q->reqs[i].file) {
+            if (q->reqs[i].state == NQ_FILE_IO) /* another staged entry's, back from its device now */
+                __atomic_fetch_sub(&q->reqs[i].file->in_flight, 1, __ATOMIC_RELAXED);
             nq_file_put(q->reqs[i].file);
             q->reqs[i].file = NULL;
         }

@@ -5,9 +5,10 @@ serves Read, Write and Flush of the namespaces listed here itself; everything el
 lists a namespace only when every check of `Target._start` that does not depend on the command passes for it: the
 controller is ready, the queue is an authenticated I/O queue, the namespace is attached, not removed, its ANA group
 is optimized or non-optimized on the controller's port, its reservation (if it has reservations) lets the
-controller's host read and write, and it is RAM (registered with the device), null, or a file
-or block namespace on the io_uring engine (given as its backend's native handle, a `_native.File`: a dup of its descriptor and its depth) on a
-queue that serves them.  Each namespace is given with its generation (Namespace.generation), its identity for the
+controller's host read and write, and it is RAM (registered with the device), null, a file
+or block namespace on the io_uring engine (given as its backend's native handle, a `_native.File`: a dup of its descriptor and its depth), or an
+RBD namespace whose image opened in C (its handle a `_native.RbdImage`: its own client and image, docs/rbd.md), on a
+queue that serves staged namespaces (bounce chunks and a ring).  Each namespace is given with its generation (Namespace.generation), its identity for the
 C queue: a command whose namespace's generation left the view answers Invalid Namespace.  A paused subsystem's
 view says so: its new commands come to the core, which holds them until the resume.  The core calls `refresh` after anything that can change one of those (a capsule it handled,
 a namespace change, an ANA change, a reservation change) and before the event loop polls again, so a live change never races a command.
@@ -67,9 +68,10 @@ def view_of(target: "Target", qs: "QueueState") -> tuple:
 
 
 def handle_of(ns):
-    """The namespace's native handle (made once by its backend: a `_native.File` for the uring entry), or None when
-    its commands stay with the core: an engine the entry does not share (nvmeof_roce.io_engine "threads", or
-    io_uring unavailable), or its backend closed."""
+    """The namespace's native handle (made once by its backend: a `_native.File` for the uring entry, a
+    `_native.RbdImage` for the rbd entry), or None when its commands stay with the core: an engine the entry does
+    not share (nvmeof_roce.io_engine "threads", or io_uring unavailable), an image that did not open in C, or its
+    backend closed."""
     if ns.native_file is None:
         choice = ns.engine_choice
         ns.native_file = ns.backend.native_handle(choice.name if choice is not None else None, ns.queue_depth)

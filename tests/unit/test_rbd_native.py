@@ -75,7 +75,7 @@ def test_reads_writes_flush_and_write_zeroes_go_through_librbd_in_c(rbd):
     assert fake.conf("rados_mon_op_timeout") == "10" and fake.conf("name") == "client.admin"
     assert fake.conf("pool") == "rbd"
     # the figures reach the namespace, the native handle's status with them
-    ns = ep.env.target.subsystem(ep.subnqn if hasattr(ep, "subnqn") else "nqn.2024-01.io.test:rbd-native").namespaces[1]
+    ns = ep.env.target.subsystem("nqn.2024-01.io.test:rbd-native").namespaces[1]
     ep.env.target.tick(ep.env.clock())
     assert ns.read_commands == 1 and ns.write_commands == 1 and ns.bytes_written == 8192
     assert ns.engine_status()["native_in_flight"] == 0
@@ -177,6 +177,8 @@ def test_a_queue_closed_with_a_stalled_completion_keeps_its_memory_until_librbd_
     fake.release()
     queue.reap_closed()
     assert queue.held == 0 and queue.bounce is None
+    ns = ep.env.target.subsystem("nqn.2024-01.io.test:rbd-native").namespaces[1]
+    assert ns.native_file.status()["in_flight"] == 0  # the namespace's depth is whole again
     assert image(fake, 0, 4096) == data[:4096]  # acknowledged before the close
     assert image(fake, 64 * 512, 4096) == data[4096:]  # completed after it, from its kept chunk
     ep.env.close()
