@@ -257,3 +257,66 @@ def test_the_module_loads_without_librbd_and_names_what_is_missing():
     with pytest.raises(OSError, match="cannot load /nonexistent/librados.so.2"):
         native.module.RbdImage("/nonexistent/librados.so.2", "/nonexistent/librbd.so.1", None, "client.admin",
                                "rbd", "", "img", [], 32)
+
+
+def test_poll_group_threads_serve_rbd_namespaces_while_librbd_completes_on_its_own_thread(monkeypatch):
+    """Two queues on poll-group threads (--cores) and librbd's completions from the fake's thread at the same
+    time (make test-native runs this under TSan): every write in the image, every read back, a path error
+    answered on the thread, an EIO mailed to the core."""
+    import threading
+    from nvmeof_roce import native
+    from nvmeof_roce.transport.eventloop import EventLoop
+    from nvmeof_roce.transport.rdma.pollgroups import PollGroups
+    from test_native_poll import _await
+    fake = use_fake_rbd(monkeypatch, {"img0": SIZE, "img1": SIZE})
+    eps = [rbd_endpoint([rbd_ns(1, f"img{i}")], depth=64, file_buffers=8) for i in range(2)]
+    loop = EventLoop(eps[0].env.target)
+    groups = PollGroups(native.module, 2)
+    stop = threading.Event()
+
+    def librbd():  # completes what is held, one call at a time, while the groups' threads poll
+        while not stop.is_set():
+            if not fake.release(1):
+                stop.wait(0.0005)
+    completer = threading.Thread(target=librbd)
+    try:
+        for ep in eps:
+            ep.queue.start_polling(loop, "busy", poll_groups=groups)
+        fake.hold()
+        completer.start()
+        count = 24
+        for i, ep in enumerate(eps):
+            ep.buf.view[:count * 4096] = pattern(count * 4096, seed=50 + i)
+            for k in range(count):
+                assert ep.device.deliver(write(ep, 8 * k, 8, 4096 * k, cid=k)) == 0
+        got = _await(loop, eps, {ep: count for ep in eps})
+        assert all(status_of(c) == 0 for ep in eps for c in got[ep])
+        for i, ep in enumerate(eps):
+            assert bytes(fake.images[f"img{i}"][:count * 4096]) == pattern(count * 4096, seed=50 + i)
+            for k in range(count):
+                assert ep.device.deliver(read(ep, 8 * k, 8, 524288 + 4096 * k, cid=100 + k)) == 0
+        got = _await(loop, eps, {ep: count for ep in eps})
+        assert all(status_of(c) == 0 for ep in eps for c in got[ep])
+        for i, ep in enumerate(eps):
+            assert ep.host_bytes()[524288:524288 + count * 4096] == pattern(count * 4096, seed=50 + i)
+        for ep in eps:  # one at a time: which call the fake fails is then known
+            fake.fail(errno.ETIMEDOUT)
+            assert ep.device.deliver(read(ep, 0, 8, 0, cid=900)) == 0
+            (c,) = _await(loop, [ep], {ep: 1})[ep]
+            assert status_of(c) == S.ANA_TRANSITION
+            fake.fail(errno.EIO)
+            assert ep.device.deliver(read(ep, 0, 8, 0, cid=901)) == 0
+            (c,) = _await(loop, [ep], {ep: 1})[ep]
+            assert status_of(c) == 0  # the core did it again, through the stand-in
+            stats = ep.queue.stats()
+            assert stats["threaded"] == 1 and stats["file_handed_back"] == 1 and stats["file_commands"] == 2 * count + 2
+    finally:
+        stop.set()
+        if completer.is_alive():
+            completer.join()
+        fake.hold(False)
+        fake.release()
+        for ep in eps:
+            ep.close()
+        groups.close()
+        loop.close()
