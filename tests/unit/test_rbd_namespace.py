@@ -138,3 +138,29 @@ def test_the_native_data_path_serves_an_rbd_namespace_through_librbd_in_c(cluste
         assert stats["file_commands"] == 5 and stats["file_handed_back"] == 0 and stats["python_commands"] == 1
     finally:
         ep.close()
+
+
+def test_the_native_path_answers_a_cluster_that_does_not_answer_with_ana_transition(cluster):
+    """The cluster frozen (SIGSTOP) under a native Read: librados's op timeout (10 s) fails it with ETIMEDOUT,
+    answered in C with ANA Transition, no DNR; the loop was never held (the queue polled all along), and once the
+    cluster is back the next command is served."""
+    from native_diff import io_capsule
+    from native_fake import needs_native
+    from rbd_fake import collect, rbd_endpoint, rbd_ns as fake_rbd_ns, status_of
+    from nvmeof_roce.nvme import status as S
+    if needs_native.args[0]:
+        pytest.skip(needs_native.kwargs["reason"])
+    cluster.rbd("create", "--size", "4M", "rbd/frozen")
+    ep = rbd_endpoint([fake_rbd_ns(1, "frozen", conf=str(cluster.conf))])
+    try:
+        cluster.pause()
+        try:
+            assert ep.device.deliver(io_capsule(ep, 0x02, 1, 0, 7, 4096, cid=1)) == 0
+            (c,) = collect(ep, 1, timeout=40)
+        finally:
+            cluster.resume()
+        assert status_of(c) == S.ANA_TRANSITION and not status_of(c) & S.DNR
+        assert ep.device.deliver(io_capsule(ep, 0x02, 1, 0, 7, 4096, cid=2)) == 0
+        assert [status_of(c) for c in collect(ep, 1, timeout=40)] == [0]
+    finally:
+        ep.close()
