@@ -40,6 +40,7 @@ def fake_lib() -> ctypes.CDLL:
         for name, res, args in (("fakerbd_create", ctypes.c_void_p, [cp, u64]), ("fakerbd_reset", None, []),
                                 ("fakerbd_hold", None, [i]), ("fakerbd_fail", None, [i, i]),
                                 ("fakerbd_refuse", None, [i, i]), ("fakerbd_connect_error", None, [i]),
+                                ("fakerbd_hold_connect", None, [i]),
                                 ("fakerbd_held", u32, []), ("fakerbd_counter", u64, [cp]),
                                 ("fakerbd_conf", cp, [cp]), ("fakerbd_release", u32, [u32, i])):
             fn = getattr(lib, name)
@@ -83,6 +84,10 @@ class FakeRbd:
 
     def connect_error(self, err: int) -> None:
         self.lib.fakerbd_connect_error(-err if err else 0)
+
+    def hold_connect(self, on: bool = True) -> None:
+        """rados_connect waits until hold_connect(False): a cluster slow to answer."""
+        self.lib.fakerbd_hold_connect(1 if on else 0)
 
     def counter(self, what: str) -> int:
         return self.lib.fakerbd_counter(what.encode())
@@ -186,8 +191,24 @@ def rbd_config(namespaces: list, subnqn: str = SUB) -> dict:
             "subsystems": [{"nqn": subnqn, "namespaces": namespaces}]}
 
 
-def rbd_endpoint(namespaces: list, depth: int = 32, file_buffers: int = 32, subnqn: str = SUB) -> NativeEndpoint:
-    return NativeEndpoint(rbd_config(namespaces, subnqn), subnqn, depth=depth, file_buffers=file_buffers)
+def rbd_endpoint(namespaces: list, depth: int = 32, file_buffers: int = 32, subnqn: str = SUB,
+                 wait: bool = True) -> NativeEndpoint:
+    ep = NativeEndpoint(rbd_config(namespaces, subnqn), subnqn, depth=depth, file_buffers=file_buffers)
+    if wait:
+        wait_native(ep, subnqn)
+    return ep
+
+
+def wait_native(ep: NativeEndpoint, subnqn: str = SUB, timeout: float = 30.0) -> None:
+    """The rbd namespaces' native handles opened (RbdBackend.native_opening, off the loop), then the views
+    refreshed, as the core's next capsule would."""
+    from nvmeof_roce.engine import native_view
+    for ns in ep.env.target.subsystem(subnqn).namespaces.values():
+        thread = getattr(ns.backend, "native_opening", None)
+        if thread is not None:
+            thread.join(timeout)
+            assert not thread.is_alive(), f"namespace {ns.nsid}'s image did not open in C in {timeout} s"
+    native_view.refresh_all(ep.env.target)
 
 
 def collect(ep: NativeEndpoint, n: int, timeout: float = 15.0) -> List[bytes]:
@@ -226,5 +247,5 @@ def cid_of(cqe: bytes) -> int:
     return int.from_bytes(cqe[12:14], "little")
 
 
-__all__ = ["FakeRbd", "StandInImage", "use_fake_rbd", "rbd_ns", "rbd_config", "rbd_endpoint", "collect",
+__all__ = ["FakeRbd", "StandInImage", "use_fake_rbd", "rbd_ns", "rbd_config", "rbd_endpoint", "wait_native", "collect",
            "status_of", "cid_of", "SUB", "errno"]

@@ -320,3 +320,31 @@ def test_poll_group_threads_serve_rbd_namespaces_while_librbd_completes_on_its_o
             ep.close()
         groups.close()
         loop.close()
+
+
+def test_the_image_opens_in_c_off_the_loop_and_the_core_serves_it_meanwhile(monkeypatch):
+    """A cluster slow to answer the C entry's connect: the view refresh does not wait for it (a thread opens the
+    image); the namespace's commands are the core's until the handle is there, then the C queue's."""
+    import time
+    from nvmeof_roce.engine import native_view
+    fake = use_fake_rbd(monkeypatch, {"img": SIZE})
+    fake.hold_connect()
+    started = time.monotonic()
+    ep = rbd_endpoint([rbd_ns(1, "img")], wait=False)
+    try:
+        assert time.monotonic() - started < 5
+        ns = ep.env.target.subsystem("nqn.2024-01.io.test:rbd-native").namespaces[1]
+        assert ns.backend.native_opening.is_alive() and ns.native_file is None
+        ep.buf.view[:4096] = pattern(4096, seed=61)
+        (w,) = exchange(ep, write(ep, 8, 8, 0, cid=1))
+        assert status_of(w) == 0 and image(fake, 8 * 512, 4096) == pattern(4096, seed=61)
+        assert ep.queue.stats()["file_commands"] == 0  # the core's, through the reference path
+        fake.hold_connect(False)
+        ns.backend.native_opening.join(10)
+        native_view.refresh_all(ep.env.target)  # as the core's next capsule does
+        (r,) = exchange(ep, read(ep, 8, 8, 65536, cid=2))
+        assert status_of(r) == 0 and ep.host_bytes()[65536:65536 + 4096] == pattern(4096, seed=61)
+        assert ep.queue.stats()["file_commands"] == 1 and ns.native_file is not None
+    finally:
+        fake.hold_connect(False)
+        ep.close()

@@ -77,6 +77,8 @@ def drive(path: str, op: str, qd: int, ios: int, count_mallocs: bool) -> dict:
               "subsystems": [{"nqn": SUB_RAM, "namespaces": [ns]}]}
     ep = NativeEndpoint(config, SUB_RAM, depth=32)
     if path == "rbd":
+        from rbd_fake import wait_native  # noqa: E402
+        wait_native(ep, SUB_RAM)
         assert ep.env.target.subsystem(SUB_RAM).namespaces[1].native_file is not None
     if path in ("resv-held", "resv-other"):
         from loopback_env import RAW_HOSTID  # noqa: E402

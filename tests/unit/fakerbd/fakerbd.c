@@ -52,7 +52,8 @@ static struct fcomp comps[FAKE_COMPS];
 static struct fcomp *free_comps, *held_head, *held_tail;
 static int comps_ready;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static int hold_mode, fail_err, fail_n, refuse_err, refuse_n, connect_err;
+static int hold_mode, fail_err, fail_n, refuse_err, refuse_n, connect_err, connect_held;
+static pthread_cond_t connect_cond = PTHREAD_COND_INITIALIZER;
 static uint64_t calls[K_KINDS], completions, opens, closes, shutdowns, connects;
 static char conf_keys[FAKE_CONFS][64], conf_vals[FAKE_CONFS][64];
 static int nconfs;
@@ -97,7 +98,7 @@ char *fakerbd_create(const char *name, uint64_t size)
 void fakerbd_reset(void)
 {
     pthread_mutex_lock(&lock);
-    hold_mode = fail_err = fail_n = refuse_err = refuse_n = connect_err = 0;
+    hold_mode = fail_err = fail_n = refuse_err = refuse_n = connect_err = connect_held = 0;
     memset(calls, 0, sizeof calls);
     completions = opens = closes = shutdowns = connects = 0;
     nconfs = 0;
@@ -108,6 +109,15 @@ void fakerbd_hold(int on) { pthread_mutex_lock(&lock); hold_mode = on; pthread_m
 void fakerbd_fail(int err, int n) { pthread_mutex_lock(&lock); fail_err = err; fail_n = n; pthread_mutex_unlock(&lock); }
 void fakerbd_refuse(int err, int n) { pthread_mutex_lock(&lock); refuse_err = err; refuse_n = n; pthread_mutex_unlock(&lock); }
 void fakerbd_connect_error(int err) { pthread_mutex_lock(&lock); connect_err = err; pthread_mutex_unlock(&lock); }
+
+/* 1: rados_connect waits (a cluster slow to answer) until fakerbd_hold_connect(0). */
+void fakerbd_hold_connect(int on)
+{
+    pthread_mutex_lock(&lock);
+    connect_held = on;
+    pthread_cond_broadcast(&connect_cond);
+    pthread_mutex_unlock(&lock);
+}
 
 uint32_t fakerbd_held(void)
 {
@@ -249,6 +259,8 @@ int rados_conf_set(void *cluster, const char *key, const char *value)
 int rados_connect(void *cluster)
 {
     pthread_mutex_lock(&lock);
+    while (connect_held)
+        pthread_cond_wait(&connect_cond, &lock);
     int err = connect_err;
     connects++;
     pthread_mutex_unlock(&lock);
