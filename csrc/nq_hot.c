@@ -8,7 +8,8 @@
  * the inline response SEND, or RDMA READ straight into it and then the response (a file or block namespace's
  * through its io_uring and a bounce chunk).  Everything else - admin, fabrics, other namespaces, and every command a
  * check fails for (so the error status and the error log entry are the core's own) - is handed to the owner with
- * the capsule, and the owner answers through nq_post_owner_read / nq_post_owner_response here: one poster on the QP.
+ * the capsule, and the owner answers through nq_post_owner_read / nq_post_owner_response (csrc/nq_owner.c, on the
+ * batch this file posts): one poster on the QP.
  *
  * A request's life is one checked state machine: the table nq_next lists the moves each state allows, every move
  * goes through nq_move (an abort on any other with -DNQ_CHECKED, the test builds), and nq_process is the one step
@@ -22,6 +23,7 @@
  * counts the instructions under it.
  */
 #include "nq_hot.h"
+#include "nq_inline.h"
 #include "trace.h"
 
 #include <errno.h>
@@ -120,13 +122,6 @@ void nq_lat_init(void)
                                         (double)(1ULL << (i / NQ_LAT_STEPS_PER_OCTAVE)));
 }
 
-static inline uint64_t nq_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
-}
-
 /* The first bucket whose bound is >= ns, or +Inf. */
 static inline uint32_t nq_lat_bucket(uint64_t ns)
 {
@@ -169,67 +164,6 @@ static inline void nq_fifo_unpop(struct nq_queue *q, struct nq_fifo *f, uint32_t
     f->head = idx;
     if (f->tail == UINT32_MAX)
         f->tail = idx;
-}
-
-static inline void nq_sq_push(struct nq_queue *q, uint64_t wr_id, uint32_t wrs, uint32_t python)
-{
-    struct nq_sq_entry *e = &q->sq_log[(q->sq_head + q->sq_count) % q->sq_size];
-    e->wr_id = wr_id;
-    e->wrs = wrs;
-    e->python = python;
-    q->sq_count++;
-}
-
-static inline struct ibv_send_wr *nq_batch_wr(struct nq_queue *q, uint64_t wr_id, enum ibv_wr_opcode op, int flags,
-                                              uint64_t laddr, uint32_t len, uint32_t lkey)
-{
-    uint32_t i = q->nbatch++;
-    struct ibv_send_wr *wr = &q->batch[i];
-    struct ibv_sge *sge = &q->batch_sges[i];
-    sge->addr = laddr;
-    sge->length = len;
-    sge->lkey = lkey;
-    wr->wr_id = wr_id;
-    wr->next = NULL;
-    wr->sg_list = sge;
-    wr->num_sge = 1;
-    wr->opcode = op;
-    wr->send_flags = flags;
-    return wr;
-}
-
-static inline void nq_stamp_sqhd(struct nq_queue *q, uint8_t *cqe)
-{
-    if (!q->sqhd_on)
-        return;
-    uint16_t head = 0xFFFF;
-    if (!q->sqflow_disabled) {
-        q->sqhd = (uint16_t)((q->sqhd + 1) % q->sq_entries);
-        head = q->sqhd;
-    }
-    cqe[8] = head & 0xFF;
-    cqe[9] = head >> 8;
-}
-
-/* Queue the SEND of a CQE (preceded by its data WRITE when len): the caller counted the entries. */
-static inline void nq_batch_response(struct nq_queue *q, uint64_t wr_id, const uint8_t *cqe, uint64_t laddr,
-                                     uint32_t lkey, uint32_t len, uint64_t raddr, uint32_t rkey, int invalidate,
-                                     uint32_t invalidate_rkey)
-{
-    NT_TRACE(q->trace, nt_record_response, cqe, len, raddr, rkey, invalidate, invalidate_rkey);
-    if (len) {
-        struct ibv_send_wr *w = nq_batch_wr(q, NQ_WRITE_WR_ID, IBV_WR_RDMA_WRITE, 0, laddr, len, lkey);
-        w->wr.rdma.remote_addr = raddr;
-        w->wr.rdma.rkey = rkey;
-    }
-    uint32_t i = q->nbatch;
-    memcpy(q->batch_cqe[i], cqe, NQ_CQE_SIZE);
-    nq_stamp_sqhd(q, q->batch_cqe[i]);
-    struct ibv_send_wr *s = nq_batch_wr(q, wr_id, invalidate ? IBV_WR_SEND_WITH_INV : IBV_WR_SEND, IBV_SEND_INLINE,
-                                        (uintptr_t)q->batch_cqe[i], NQ_CQE_SIZE, 0);
-    if (invalidate)
-        s->invalidate_rkey = invalidate_rkey;
-    q->batch_resp[q->nbatch_resp++] = i;
 }
 
 /* A native request's response: its CQE built here (success, or the status it carries). */
@@ -301,19 +235,6 @@ static __attribute__((cold, noinline)) int nq_check_write_target(struct nq_queue
     r->status = SC_INVALID_NS | SC_DNR;
     nq_move(q, r, NQ_NEED_RESPONSE);
     return 1;
-}
-
-/* A Python side's RDMA READ onto this batch, with one of the queue's READ credits. */
-static inline void nq_post_py_read(struct nq_queue *q, const struct nq_py_read *p)
-{
-    q->reads_free--;
-    nq_sq_push(q, NQ_TAG_PY | p->tag, 1, NQ_OWN_PYTHON_READ);
-    struct ibv_send_wr *w = nq_batch_wr(q, NQ_TAG_PY | p->tag, IBV_WR_RDMA_READ, IBV_SEND_SIGNALED, p->laddr,
-                                        p->length, p->lkey);
-    w->wr.rdma.remote_addr = p->raddr;
-    w->wr.rdma.rkey = p->rkey;
-    NT_TRACE(q->trace, nt_record, NT_DATA_POSTED, NT_NO_CID, 0, 0, 0, p->length, p->raddr, p->rkey,
-             NT_FLAG_RDMA_READ);
 }
 
 /* The Python side's READs that waited for a credit, oldest first (they go before the native ones waiting). */
@@ -536,6 +457,8 @@ static inline __attribute__((always_inline)) uint32_t nq_req_take(struct nq_queu
     r->lkey = lkey;
     r->nsid = ns->nsid;
     r->ns_gen = ns->gen;
+    r->ref = ns->ref; /* held until its slot is freed: a change to the namespace waits for it (csrc/nq_ref.h) */
+    nq_ref_take(ns->ref);
     r->view_seq = q->view_seq;
     r->received_ns = q->polled_ns;
     r->chunk = NQ_NO_CHUNK;
@@ -609,6 +532,7 @@ static __attribute__((noinline)) int nq_capsule_entry(struct nq_queue *q, struct
         if (op(q, ns, r, idx) != NQ_BE_DONE) {
             q->nfree++; /* the slot back, untouched since it was taken */
             q->native_commands--;
+            nq_let_go(r);
             return -1;
         }
         nq_in_place(q, ns, idx, sqe, in_capsule);
@@ -652,7 +576,7 @@ static void nq_capsule(struct nq_queue *q, uint32_t slot, uint32_t len)
     NT_TRACE(q->trace, nt_record_capsule, NT_RECEIVED, sqe, len);
     q->repost[q->nrepost++] = slot;
     struct nq_view *view = q->view;
-    if (len < NQ_SQE_SIZE || !view || !view->ready || view->paused || !q->nfree)
+    if (len < NQ_SQE_SIZE || !view || !view->ready || !q->nfree)
         goto python;
     uint8_t opc = sqe[0], flags = sqe[1];
     if ((opc > OPC_READ && opc != OPC_WRITE_ZEROES) || (flags & FLAGS_FUSE_MASK) ||
@@ -663,7 +587,7 @@ static void nq_capsule(struct nq_queue *q, uint32_t slot, uint32_t len)
     if (sgl_id != SGL_KEYED && sgl_id != SGL_KEYED_INVALIDATE && !(in_capsule && opc == OPC_WRITE))
         goto python;
     struct nq_ns *ns = nq_lookup(view, rd32(sqe + 4));
-    if (!ns)
+    if (!ns || ns->paused)
         goto python;
     uint32_t sgl_len = in_capsule ? rd32(sqe + 32) : (uint32_t)(sqe[32] | (sqe[33] << 8) | (sqe[34] << 16));
     if (in_capsule) { /* the data came with the capsule: within this queue's in-capsule size and what arrived */
@@ -708,6 +632,7 @@ static inline void nq_release_slot(struct nq_queue *q, uint32_t idx)
     uint32_t chunk = r->chunk;
     r->chunk = NQ_NO_CHUNK;
     nq_move(q, r, NQ_FREE);
+    nq_let_go(r); /* nothing of it reaches the namespace any more */
     q->free_stack[q->nfree++] = idx;
     if (chunk == NQ_NO_CHUNK)
         return;
@@ -943,169 +868,7 @@ __attribute__((noinline)) int nq_poll(struct nq_queue *q, int budget)
     return done;
 }
 
-/* ------------------------------------------------------------------ adaptive polling */
-
-int nq_arm(struct nq_queue *q)
-{
-    int rc = ibv_req_notify_cq(q->recv_cq, 0);
-    if (!rc && q->send_cq != q->recv_cq)
-        rc = ibv_req_notify_cq(q->send_cq, 0);
-    if (!rc)
-        q->arms++;
-    return rc;
-}
-
-/* The kernel's hybrid polling and SPDK's interrupt mode do the same: a queue that just had work is likely to have
- * more soon (at QD1: the next command, one round trip after the response), and finding it by polling saves the
- * wake-up of a sleeping thread, which on a loaded machine waits for a CPU.  The spin is bounded from the last
- * completion found, so an idle queue costs at most one bound of CPU before it sleeps.  An empty poll in the spin
- * yields the CPU: where the target shares a CPU with the work it waits for (the host's submitter, the softirq that
- * delivers the next capsule, another queue's thread), a spin that kept the CPU would delay that very work. */
-__attribute__((noinline)) int nq_poll_adaptive(struct nq_queue *q, int budget, uint64_t spin_ns, int *armed,
-                                               int *arm_rc)
-{
-    *armed = 0;
-    *arm_rc = 0;
-    q->hook_error = 0;
-    int done = nq_poll(q, budget);
-    uint64_t last = done ? nq_now_ns() : 0;
-    while (done && done < budget && !q->closed && !q->failed && !q->closing && !q->hook_error) {
-        int n = nq_poll(q, budget - done);
-        uint64_t now = nq_now_ns();
-        if (n) {
-            q->spin_hits++;
-            done += n;
-            last = now;
-        } else if (now - last >= spin_ns) {
-            break;
-        } else {
-            q->spin_yields++;
-            sched_yield(); /* cheap when nothing else of this CPU is runnable */
-        }
-    }
-    if (done >= budget || q->closed || q->failed)
-        return done;
-    *arm_rc = nq_arm(q);
-    if (*arm_rc)
-        return done;
-    *armed = 1;
-    int caught = nq_poll(q, budget - done); /* what arrived between the last poll and the arm */
-    if (caught)
-        q->arm_catches++;
-    if (done + caught >= budget)
-        *armed = 0; /* more may wait that arrived before the arm, which no event announces: poll again */
-    return done + caught;
-}
-
-/* ------------------------------------------------------------------ the owner's posts */
-
-int nq_post_owner_read(struct nq_queue *q, const struct nq_py_read *p)
-{
-    if (q->sq_count + q->py_reads_count >= q->sq_size || q->nbatch >= q->sq_size ||
-        (q->py_reads_count == q->py_reads_size && !q->reads_free))
-        return -EOVERFLOW;
-    if (q->reads_free && !q->py_reads_count) {
-        nq_post_py_read(q, p);
-        if (!q->in_poll)
-            nq_flush(q);
-    } else {
-        q->py_reads[(q->py_reads_head + q->py_reads_count++) % q->py_reads_size] = *p;
-    }
-    return 0;
-}
-
-int nq_post_owner_response(struct nq_queue *q, uint32_t tag, const uint8_t *cqe, int signaled, uint64_t laddr,
-                           uint32_t lkey, uint32_t length, uint64_t raddr, uint32_t rkey, long long invalidate)
-{
-    uint32_t wrs = length ? 2 : 1;
-    if (q->sq_count >= q->sq_size || q->nbatch + wrs > q->sq_size)
-        return -EOVERFLOW;
-    nq_sq_push(q, NQ_TAG_PY | tag, wrs, NQ_OWN_PYTHON);
-    nq_batch_response(q, NQ_TAG_PY | tag, cqe, laddr, lkey, length, raddr, rkey,
-                      invalidate >= 0 && q->remote_invalidate, (uint32_t)invalidate);
-    if (signaled)
-        q->batch[q->nbatch - 1].send_flags |= IBV_SEND_SIGNALED;
-    if (!q->in_poll)
-        nq_flush(q);
-    return 0;
-}
-
-/* ------------------------------------------------------------------ closing */
-
-int nq_begin_close(struct nq_queue *q)
-{
-    if (q->closed || q->failed || q->stopped)
-        return 0;
-    q->closing = 1;
-    nq_flush(q);
-    return !q->failed && q->sq_count > 0;
-}
-
-int nq_close_ready(const struct nq_queue *q)
-{
-    return q->closed || q->failed || q->stopped || (q->closing && !q->sq_count && !q->nbatch);
-}
-
-/* A closed queue's ring, without waiting: what the kernel finished is reaped (its requests let go of their files),
- * what it still holds is cancelled where it can be; once nothing is left the ring is freed.  Returns the commands
- * still in the kernel: until they come back the kernel may write the bounce chunks, which the owner keeps. */
-unsigned nq_closed_reap(struct nq_queue *q)
-{
-    /* the other staged entries' commands (librbd's): their completions touch nothing of the queue from now on;
-     * the ring (its eventfd wakes the owner for them too) and the bounce chunks stay until they are back */
-    unsigned staged_left = nq_staged_closed(q, 0);
-    if (q->ring) {
-        nr_uring_cancel(q->ring);
-        int n;
-        while ((n = nr_uring_reap(q->ring, q->ring_done, (int)q->nreqs)) > 0) {
-            for (int i = 0; i < n; i++) {
-                uint64_t idx = q->ring_done[i].cookie;
-                if (idx >= q->nreqs || q->reqs[idx].state != NQ_FILE_IO)
-                    continue; /* the cancel's own completion */
-                struct nq_req *r = &q->reqs[idx];
-                __atomic_fetch_sub(&r->file->in_flight, 1, __ATOMIC_RELAXED);
-                nq_file_put(r->file);
-                r->file = NULL;
-                nq_move(q, r, NQ_FREE);
-            }
-        }
-        unsigned left = nr_uring_in_flight(q->ring) + staged_left;
-        if (left)
-            return left;
-        nr_uring_destroy(q->ring); /* nothing in flight: it does not wait */
-        q->ring = NULL;
-    } else if (staged_left) {
-        return staged_left;
-    }
-    for (uint32_t i = 0; q->reqs && i < q->nreqs; i++) { /* the requests not on the ring */
-        if (q->reqs[i].file) {
-            if (q->reqs[i].state == NQ_FILE_IO) /* another staged entry's, back from its device now */
-                __atomic_fetch_sub(&q->reqs[i].file->in_flight, 1, __ATOMIC_RELAXED);
-            nq_file_put(q->reqs[i].file);
-            q->reqs[i].file = NULL;
-        }
-    }
-    q->ring_queued = 0;
-    return 0;
-}
-
 /* ------------------------------------------------------------------ a poll group's queue */
-
-int nq_poll_threaded(struct nq_queue *q, int budget)
-{
-    int done = 0;
-    pthread_mutex_lock(&q->lock);
-    if (!q->stopped && !q->closed && !q->failed)
-        done = nq_poll(q, budget);
-    if (q->closing && !q->close_mailed && !q->sq_count && !q->stopped) { /* the mailbox keeps a place for it */
-        q->close_mailed = 1;
-        nq_mailbox_push(&q->mail, NQ_MAIL_CLOSE_READY, 0, 0);
-    }
-    if (!q->stopped)
-        nq_mailbox_wake(&q->mail);
-    pthread_mutex_unlock(&q->lock);
-    return done;
-}
 
 uint32_t nq_latency_bucket(uint64_t ns)
 {

@@ -5,6 +5,7 @@
 
 #include "backend.h"
 #include "mailbox.h"
+#include "nq_ref.h"
 #include "uring.h"
 
 #include <pthread.h>
@@ -91,6 +92,8 @@ struct nq_ns {
     uint32_t nsid;
     uint8_t lbads;
     uint8_t be_flags; /* ops->flags (NQ_BE_*), read by the per-command path without going through ops */
+    uint8_t paused;   /* a change to it waits (engine/api.py): its new commands go to Python, which holds them; it
+                         stays listed so the commands in flight still find it */
     const struct nq_backend_ops *ops; /* its backend's entry (csrc/backend.c), named by the view */
     uint64_t num_blocks;
     char *base; /* RAM: the registered memory; NULL: unused */
@@ -99,6 +102,8 @@ struct nq_ns {
     uint64_t gen; /* the namespace's generation (engine/subsystem.py): a new one when it is installed, replaced
                      or its memory changes; a Write whose namespace's generation left the view answers Invalid
                      Namespace, as the Python path */
+    struct nq_ref *ref; /* its epoch's reference (csrc/nq_ref.h), which every command served here takes; the view
+                           holds it */
     uint64_t reads, writes, flushes, bytes_read, bytes_written;
     uint64_t lat[2][NQ_LAT_BUCKETS]; /* successful reads' and writes' latencies (nq_lat_bucket) */
     uint64_t lat_sum_ns[2];
@@ -107,7 +112,6 @@ struct nq_ns {
 /* The read-only view Python installs with set_view; replaced whole, never edited in place. */
 struct nq_view {
     int ready;
-    int paused;           /* its subsystem is paused (engine/api.py): new commands go to Python, which holds them */
     uint32_t max_transfer;
     int count;
     struct nq_ns *ns;     /* sorted by nsid */
@@ -127,6 +131,7 @@ struct nq_req {
     char *local;     /* data source (Read) or destination (Write) */
     uint32_t lkey;
     uint64_t ns_gen;
+    struct nq_ref *ref; /* its namespace's reference, held from its parse until its slot is freed */
     uint64_t view_seq; /* the queue's view_seq when it arrived: unchanged, so is its namespace */
     uint32_t nsid;
     uint32_t pending_next;
@@ -277,6 +282,33 @@ struct nq_queue {
     struct nt_ring *trace;   /* the per-command trace (csrc/trace.h), NULL while it is off */
 };
 
+/* A request lets go of its namespace's reference: when its slot is freed, or when its queue's QP is gone. */
+static inline void nq_let_go(struct nq_req *r)
+{
+    struct nq_ref *ref = r->ref;
+    if (ref) {
+        r->ref = NULL;
+        nq_ref_put(ref);
+    }
+}
+
+/* Every request not on the ring lets go (a closed queue's, once its QP is gone: none of them can move data). */
+static inline void nq_let_go_off_ring(struct nq_queue *q)
+{
+    for (uint32_t i = 0; q->reqs && i < q->nreqs; i++)
+        if (q->reqs[i].state != NQ_FILE_IO || !q->ring)
+            nq_let_go(&q->reqs[i]);
+}
+
+/* Requests holding namespace reference `ref` (a fence's bound tears down the queues that have some). */
+static inline uint32_t nq_holding(const struct nq_queue *q, const struct nq_ref *ref)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; q->reqs && i < q->nreqs; i++)
+        n += q->reqs[i].ref == ref;
+    return n;
+}
+
 /* A staged backend entry joins the queue's (its completions reaped by every poll): 0, -ENOSPC when it has
  * NQ_STAGED_MAX already, or its `attach`'s -errno. */
 static inline int nq_staged_add(struct nq_queue *q, const struct nq_backend_ops *ops)
@@ -295,7 +327,7 @@ static inline int nq_staged_add(struct nq_queue *q, const struct nq_backend_ops 
     return 0;
 }
 
-/* Every staged entry's `closed`: the commands still on their devices (csrc/nq_hot.c nq_closed_reap, csrc/nq_setup.c
+/* Every staged entry's `closed`: the commands still on their devices (csrc/nq_owner.c nq_closed_reap, csrc/nq_setup.c
  * nq_queue_free with `final`). */
 static inline unsigned nq_staged_closed(struct nq_queue *q, int final)
 {
@@ -361,7 +393,9 @@ void nq_release(struct nq_queue *q, uint32_t idx);
 /* Closing: the responses batched posted now, no new command taken; 1 while posted work has to complete. */
 int nq_begin_close(struct nq_queue *q);
 int nq_close_ready(const struct nq_queue *q);
-/* A closed queue's ring without waiting: the commands still in the kernel (the ring freed at 0). */
+/* A closed queue's ring without waiting: the commands still in the kernel (the ring freed at 0).  Called once its QP
+ * is gone: every command not on the ring lets go of its namespace's reference (nothing of it can move data any
+ * more), those on the ring when they come back. */
 unsigned nq_closed_reap(struct nq_queue *q);
 
 /* A poll group's thread: poll under the queue's mutex, mail what needs the owner, wake it. */

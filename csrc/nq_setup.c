@@ -113,6 +113,7 @@ void nq_queue_free(struct nq_queue *q)
             nq_file_put(q->reqs[i].file);
             q->reqs[i].file = NULL;
         }
+        nq_let_go(&q->reqs[i]); /* its owner closed the QP first (a queue freed unclosed: its last chance) */
     }
     free(q->ring_done);
     free(q->rebuild);

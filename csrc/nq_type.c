@@ -6,7 +6,8 @@
 #include "native.h"
 #include "nq_file.h"
 #include "nq_hot.h"
-#include "pollgroup.h"
+#include "nq_view.h"
+#include "nq_threaded.h"
 #include "trace.h"
 
 #include <errno.h>
@@ -25,15 +26,6 @@ typedef struct {
 } NativeQueue;
 
 #define NQ_SELF(q) ((NativeQueue *)((char *)(q) - offsetof(NativeQueue, nq)))
-
-static void nq_view_free(struct nq_view *view)
-{
-    if (!view)
-        return;
-    Py_XDECREF((PyObject *)view->keep);
-    PyMem_Free(view->ns);
-    PyMem_Free(view);
-}
 
 
 /* ------------------------------------------------------------------ the hooks: to Python */
@@ -547,150 +539,25 @@ static PyObject *NativeQueue_flush(NativeQueue *self, PyObject *noargs)
     Py_RETURN_NONE;
 }
 
-/* set_view(ready, max_transfer, namespaces, sq_entries=0, sq_head=0, sqflow_disabled=False, paused=False): the
- * one call that changes what the queue serves natively.  namespaces: (nsid, backend entry name (csrc/backend.c: "ram", "null", "file"), lbads, num_blocks, addr, lkey,
- * generation, owner) each; owner is kept alive while the view is.  paused: the subsystem is paused, its new
- * commands go to Python (the commands in flight finish against this view).  Returns the outgoing view's figures:
+/* set_view(ready, max_transfer, namespaces, sq_entries=0, sq_head=0, sqflow_disabled=False): the one call that
+ * changes what the queue serves natively.  namespaces: (nsid, backend entry name (csrc/backend.c: "ram", "null",
+ * "file"), lbads, num_blocks, addr, lkey, generation, owner, reference, paused[, file]) each (csrc/nq_view.c);
+ * owner is kept alive while the view is.  Returns the outgoing view's figures:
  * {nsid: (reads, writes, flushes, bytes_read, bytes_written, read_latency, write_latency)}, a latency being
  * (sum_ns, ((bucket, count), ...)) with engine/latency.py's buckets. */
-/* (sum_ns, ((bucket, count), ...)) of one histogram's non-empty buckets, zeroed; buckets as engine/latency.py. */
-static PyObject *nq_drain_latency(struct nq_ns *ns, int kind)
-{
-    Py_ssize_t used = 0;
-    for (int i = 0; i < NQ_LAT_BUCKETS; i++)
-        used += ns->lat[kind][i] != 0;
-    PyObject *buckets = PyTuple_New(used);
-    if (!buckets)
-        return NULL;
-    Py_ssize_t at = 0;
-    for (int i = 0; i < NQ_LAT_BUCKETS; i++) {
-        if (!ns->lat[kind][i])
-            continue;
-        PyObject *pair = Py_BuildValue("(iK)", i, (unsigned long long)ns->lat[kind][i]);
-        if (!pair) {
-            Py_DECREF(buckets);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(buckets, at++, pair);
-    }
-    PyObject *out = Py_BuildValue("(KN)", (unsigned long long)ns->lat_sum_ns[kind], buckets);
-    if (out) {
-        memset(ns->lat[kind], 0, sizeof ns->lat[kind]);
-        ns->lat_sum_ns[kind] = 0;
-    }
-    return out;
-}
-
-static PyObject *nq_drain_stats(struct nq_view *view)
-{
-    PyObject *out = PyDict_New();
-    if (!out || !view)
-        return out;
-    for (int i = 0; i < view->count; i++) {
-        struct nq_ns *ns = &view->ns[i];
-        PyObject *key = PyLong_FromUnsignedLong(ns->nsid);
-        PyObject *read_lat = nq_drain_latency(ns, NQ_LAT_READ), *write_lat = nq_drain_latency(ns, NQ_LAT_WRITE);
-        PyObject *val = read_lat && write_lat ? Py_BuildValue("(KKKKKOO)", ns->reads, ns->writes, ns->flushes,
-                                                              ns->bytes_read, ns->bytes_written, read_lat,
-                                                              write_lat) : NULL;
-        Py_XDECREF(read_lat);
-        Py_XDECREF(write_lat);
-        if (!key || !val || PyDict_SetItem(out, key, val) < 0) {
-            Py_XDECREF(key);
-            Py_XDECREF(val);
-            Py_DECREF(out);
-            return NULL;
-        }
-        Py_DECREF(key);
-        Py_DECREF(val);
-        ns->reads = ns->writes = ns->flushes = ns->bytes_read = ns->bytes_written = 0;
-    }
-    return out;
-}
-
-static int nq_ns_cmp(const void *a, const void *b)
-{
-    uint32_t x = ((const struct nq_ns *)a)->nsid, y = ((const struct nq_ns *)b)->nsid;
-    return x < y ? -1 : x > y;
-}
-
 static PyObject *NativeQueue_set_view(NativeQueue *self, PyObject *args, PyObject *kwds)
 {
     struct nq_queue *q = &self->nq;
-    static char *kwlist[] = {"ready", "max_transfer", "namespaces", "sq_entries", "sq_head", "sqflow_disabled",
-                             "paused", NULL};
-    int ready, sqflow_disabled = 0, paused = 0;
+    static char *kwlist[] = {"ready", "max_transfer", "namespaces", "sq_entries", "sq_head", "sqflow_disabled", NULL};
+    int ready, sqflow_disabled = 0;
     unsigned int max_transfer, sq_entries = 0, sq_head = 0;
     PyObject *list;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "pIO|IIpp", kwlist, &ready, &max_transfer, &list, &sq_entries,
-                                     &sq_head, &sqflow_disabled, &paused))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "pIO|IIp", kwlist, &ready, &max_transfer, &list, &sq_entries,
+                                     &sq_head, &sqflow_disabled))
         return NULL;
-    PyObject *seq = PySequence_Fast(list, "namespaces must be a sequence of tuples");
-    if (!seq)
+    struct nq_view *view = nq_view_build(q, ready, max_transfer, list);
+    if (!view)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    struct nq_view *view = PyMem_Calloc(1, sizeof *view);
-    if (!view || !(view->ns = PyMem_Calloc(n ? n : 1, sizeof *view->ns)) || !(view->keep = PyTuple_New(n))) {
-        Py_DECREF(seq);
-        nq_view_free(view);
-        return PyErr_NoMemory();
-    }
-    view->ready = ready;
-    view->paused = paused;
-    view->max_transfer = max_transfer;
-    view->count = (int)n;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        struct nq_ns *ns = &view->ns[i];
-        const char *kind;
-        unsigned int nsid, lbads, lkey;
-        unsigned long long num_blocks, addr, gen;
-        PyObject *owner, *file = Py_None;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "IsIKKIKO|O;namespace (nsid, kind, lbads, "
-                              "num_blocks, addr, lkey, generation, owner[, file])", &nsid, &kind, &lbads,
-                              &num_blocks, &addr, &lkey, &gen, &owner, &file))
-            goto bad;
-        ns->ops = nq_backend_find(kind); /* its backend's entry (csrc/backend.c) */
-        if (!ns->ops) {
-            PyErr_Format(PyExc_ValueError, "namespace %u: kind %s is served by Python, not the native view (its "
-                         "entries, csrc/backend.c: %s)", nsid, kind, nq_backend_names());
-            goto bad;
-        }
-        ns->be_flags = (uint8_t)ns->ops->flags;
-        if (ns->ops->flags & NQ_BE_NEEDS_FILE) {
-            if (!native_file_check(file)) {
-                PyErr_Format(PyExc_ValueError, "namespace %u: a %s namespace needs its _native.File", nsid, kind);
-                goto bad;
-            }
-            if (!q->ring || max_transfer > q->bounce_chunk) {
-                PyErr_Format(PyExc_ValueError, "namespace %u: file namespaces need enable_files() first, with "
-                             "bounce chunks of max_transfer (%u) bytes", nsid, max_transfer);
-                goto bad;
-            }
-            ns->file = native_file_of(file);
-            owner = file; /* the File keeps the descriptor: it lives as long as the view */
-        }
-        if (lbads < 9 || lbads > 16 || !nsid || ((ns->ops->flags & NQ_BE_NEEDS_ADDR) && !addr)) {
-            PyErr_Format(PyExc_ValueError, "namespace %u: lbads %u (9..16) and a RAM namespace's address", nsid,
-                         lbads);
-            goto bad;
-        }
-        ns->nsid = nsid;
-        ns->lbads = (uint8_t)lbads;
-        ns->num_blocks = num_blocks;
-        ns->base = (char *)(uintptr_t)addr;
-        ns->lkey = lkey;
-        ns->gen = gen;
-        Py_INCREF(owner);
-        PyTuple_SET_ITEM(view->keep, i, owner);
-    }
-    Py_DECREF(seq);
-    qsort(view->ns, n, sizeof *view->ns, nq_ns_cmp);
-    for (Py_ssize_t i = 1; i < n; i++)
-        if (view->ns[i].nsid == view->ns[i - 1].nsid) {
-            PyErr_Format(PyExc_ValueError, "namespace %u appears twice in the view", view->ns[i].nsid);
-            nq_view_free(view);
-            return NULL;
-        }
     if (ready && !sqflow_disabled && !sq_entries) {
         PyErr_SetString(PyExc_ValueError, "a ready view needs sq_entries (the SQ size, for SQHD)");
         nq_view_free(view);
@@ -732,10 +599,6 @@ static PyObject *NativeQueue_set_view(NativeQueue *self, PyObject *args, PyObjec
      * code). */
     nq_view_free(old);
     return stats;
-bad:
-    Py_DECREF(seq);
-    nq_view_free(view);
-    return NULL;
 }
 
 /* in_flight() -> {generation: commands}: the native commands in flight per namespace generation, from taking a
@@ -767,6 +630,19 @@ static PyObject *NativeQueue_in_flight(NativeQueue *self, PyObject *noargs)
     }
     nq_unlock(self);
     return out;
+}
+
+/* holding(ref) -> the commands holding namespace reference `ref` (a _native.Ref): a fence's bound tears the queue
+ * down when it has some (engine/fencing.py); a closed queue's until its QP is gone and its slots let go. */
+static PyObject *NativeQueue_holding(NativeQueue *self, PyObject *arg)
+{
+    struct nq_ref *ref = native_ref_of(arg);
+    if (!ref)
+        return NULL;
+    nq_lock(self);
+    uint32_t n = nq_holding(&self->nq, ref);
+    nq_unlock(self);
+    return PyLong_FromUnsignedLong(n);
 }
 
 static PyObject *NativeQueue_take_stats(NativeQueue *self, PyObject *noargs)
@@ -882,10 +758,12 @@ static PyMethodDef NativeQueue_methods[] = {
     {"enable_files", (PyCFunction)NativeQueue_enable_files, METH_VARARGS,
      "enable_files(bounce, chunk) -> eventfd of the queue's io_uring (file and block namespaces in the view)."},
     {"set_view", (PyCFunction)(void (*)(void))NativeQueue_set_view, METH_VARARGS | METH_KEYWORDS,
-     "set_view(ready, max_transfer, namespaces, sq_entries=0, sq_head=0, sqflow_disabled=False, paused=False) -> "
+     "set_view(ready, max_transfer, namespaces, sq_entries=0, sq_head=0, sqflow_disabled=False) -> "
      "old figures."},
     {"in_flight", (PyCFunction)NativeQueue_in_flight, METH_NOARGS,
      "in_flight() -> {generation: commands}: native commands in flight per namespace generation."},
+    {"holding", (PyCFunction)NativeQueue_holding, METH_O,
+     "holding(ref) -> the commands holding namespace reference `ref` (a _native.Ref)."},
     {"take_stats", (PyCFunction)NativeQueue_take_stats, METH_NOARGS,
      "{nsid: (reads, writes, flushes, bytes_read, bytes_written, read_latency, write_latency)} since the last "
      "call; zeroed.  A latency: (sum_ns, ((bucket, count), ...)), buckets as engine/latency.py."},
@@ -949,12 +827,11 @@ static PyMethodDef nq_module_functions[] = {
 };
 
 int native_cm_register(PyObject *module); /* csrc/cm.c: the verbs objects of a native queue */
-int native_pollgroup_register(PyObject *module); /* csrc/pollgroup.c */
 int native_file_register(PyObject *module); /* csrc/nq_file.c: _native.File */
 
 int native_queue_register(PyObject *module)
 {
-    if (native_cm_register(module) < 0 || native_pollgroup_register(module) < 0)
+    if (native_cm_register(module) < 0)
         return -1;
     if (PyType_Ready(&NativeQueueType) < 0 || native_file_register(module) < 0)
         return -1;

@@ -10,7 +10,7 @@
  * caller destroys its QP.  Lock order: group, then queue; the Python side never holds both.
  */
 #include "native.h"
-#include "pollgroup.h"
+#include "nq_threaded.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -99,6 +99,9 @@ TARGET_SETTINGS: Dict[str, Tunable] = _declare(
             "idle limit of an I/O controller connected with KATO 0"),
     Tunable("discovery_idle_limit", int, 120, 1, 3600,
             "seconds a discovery controller with KATO 0 may stay idle (nvmet: 120)"),
+    Tunable("drain_timeout", int, 10, 1, 600, "seconds a change to a namespace (a live change, a Preempt and Abort) "
+            "waits for the commands in flight on it before their queues are torn down (their hosts reconnect and "
+            "retry); at twice this the change is given up. Under the Linux host's 30 s I/O timeout"),
     Tunable("persist", int, 0, 0, 1, "1: write every accepted live change to the config file, atomically; "
             "`serve --persist` / `--no-persist` override it, the systemd unit passes --persist"),
 )

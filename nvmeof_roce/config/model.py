@@ -398,6 +398,7 @@ WORKER_KEYS = {"workers", "cpus"}
 class TargetSettings:
     max_kato: int = TARGET_SETTINGS["max_kato"].default
     discovery_idle_limit: int = TARGET_SETTINGS["discovery_idle_limit"].default
+    drain_timeout: int = TARGET_SETTINGS["drain_timeout"].default
     persist: int = TARGET_SETTINGS["persist"].default
 
 

@@ -10,7 +10,7 @@ adds, resizes or removes one namespace calls the engine's verb for it instead: c
     apply(target, new)    prepare every change that can fail (open backends, check a resized RAM
                           namespace, open listeners), and only when all are ready commit them; a failure
                           undoes what was prepared, so the running target stays as it was.  The commit
-                          waits for the changed subsystems' commands in flight to drain (the engine's
+                          waits for the changed namespaces' commands in flight (the engine's
                           `when_drained`; the `Applying` says when)
 
 Each kind of change is a small `Change` subclass: what it acts on, its text for a person, and its steps
@@ -18,8 +18,8 @@ Each kind of change is a small `Change` subclass: what it acts on, its text for 
 every change after them (namespace and discovery notices).  This module only plans and calls the engine's
 verbs (engine/api.py): it never changes the engine's objects itself, and which controllers lose access is the
 engine's decision (`end_controllers_without_access`).  The commit of namespace changes is bracketed by pause
-and resume of the subsystems they change, and made once their commands in flight (the native data path's too)
-have drained.
+and resume of the namespaces they change, and made once their commands from before (the native data path's too)
+are gone; a change that ends controllers is done once their commands can no longer land (engine/fencing.py).
 
 After the commit the hosts are told (NVMe 2.0 base spec §5.2 Asynchronous Event Request):
   - Namespace Attribute Changed notices with the Changed Namespace List log (0x04) when a namespace is added,
@@ -78,7 +78,7 @@ class Change:
     action: ClassVar[str] = ""
     # the discovery log of some host may change, even if no discovery controller is connected to see it
     changes_discovery: ClassVar[bool] = False
-    # changes the namespaces of a running subsystem: committed while that subsystem is paused
+    # changes a namespace of a running subsystem: committed while that namespace is paused
     pauses: ClassVar[bool] = False
 
     def __init__(self, nqn: str = "", nsid: int = 0, portid: int = -1, host: str = "", text: str = ""):
@@ -252,7 +252,7 @@ class NamespaceQos(Change):
 
 
 class NamespaceReservations(Change):
-    """"resv": {"enable": ...} of a running namespace (nvmet's resv_enable), with its subsystem paused: refused
+    """"resv": {"enable": ...} of a running namespace (nvmet's resv_enable), with the namespace paused: refused
     while hosts are registered (their registrations would vanish), as nvmet refuses it on an enabled namespace."""
     action = "namespace-reservations"
     pauses = True
@@ -645,9 +645,9 @@ def apply(target, new: TargetConfig, listeners: Optional[Listeners] = None,
           changes: Optional[List[Change]] = None, host_auth: Optional[dict] = None,
           applying: Optional[Applying] = None) -> List[Change]:
     """Make the running `target` serve `new`; returns the changes.  A failure to prepare raises and changes
-    nothing.  The commit follows once the subsystems whose namespaces change have drained (at once when nothing
-    is in flight); `applying` is told when it is made, or that it was given up after DRAIN_TIMEOUT (the
-    subsystems resumed, nothing changed).  `changes` and `host_auth`: plan_change(target, new), when the caller
+    nothing.  The commit follows once the namespaces that change have no command from before in flight (at once
+    when nothing is in flight); `applying` is told when it is made, or that it was given up after twice the
+    drain_timeout (the namespaces resumed, nothing changed).  `changes` and `host_auth`: plan_change(target, new), when the caller
     has them (computed here otherwise, once)."""
     applying = applying or Applying()
     if changes is None:
@@ -658,7 +658,7 @@ def apply(target, new: TargetConfig, listeners: Optional[Listeners] = None,
         target.rebind(new, host_auth)
         applying.finish()
         return changes
-    waiting = [sub.nqn for sub in target.subsystems.values() if sub.holding]
+    waiting = target.changing()
     if waiting:  # planned against a config that is about to change
         raise ConfigError(new.source, "", f"a live change to {waiting[0]} is still waiting for its commands in "
                           "flight to finish", "send this change again once that one is applied")
@@ -676,13 +676,13 @@ def apply(target, new: TargetConfig, listeners: Optional[Listeners] = None,
             ch.undo(run)
         raise
 
-    # -- commit, once the subsystems whose namespaces change are paused and drained: no command, native or
-    # Python, still uses a namespace as it was (a Write's RDMA READ still lands in the memory it was given).
-    paused = sorted({ch.nqn for ch in changes if ch.pauses})
-    commit = _Commit(run, changes, paused, host_auth, disc_before)
+    # -- commit, once the namespaces that change are paused and their commands from before are gone: no command,
+    # native or Python, still uses a namespace as it was (a Write's RDMA READ still lands in the memory it was
+    # given).  Other namespaces go on meanwhile.
+    paused = sorted({(ch.nqn, ch.nsid) for ch in changes if ch.pauses})
+    commit = _Commit(run, changes, host_auth, disc_before)
     if not paused:
-        commit()
-        applying.finish()
+        target.finish_after_fence(commit() or [], applying, new.source)
         return changes
     target.when_drained(paused, commit, commit.undo, applying, new.source)
     return changes
@@ -692,33 +692,30 @@ class _Commit:
     """The commit of a prepared plan, and its undo when the drain is given up.  An object, not closures (see
     engine/api.py _Drain: a resized or removed namespace's memory must not be kept by a reference cycle)."""
 
-    def __init__(self, run: "_Apply", changes: List[Change], paused: List[str], host_auth: dict, disc_before):
-        self.run, self.changes, self.paused, self.host_auth, self.disc_before = \
-            run, changes, paused, host_auth, disc_before
+    def __init__(self, run: "_Apply", changes: List[Change], host_auth: dict, disc_before):
+        self.run, self.changes, self.host_auth, self.disc_before = run, changes, host_auth, disc_before
 
-    def __call__(self) -> None:
-        _commit(self.run, self.changes, self.paused, self.host_auth, self.disc_before)
+    def __call__(self) -> list:
+        return _commit(self.run, self.changes, self.host_auth, self.disc_before)
 
     def undo(self) -> None:
         for ch in self.changes:
             ch.undo(self.run)
 
 
-def _commit(run: _Apply, changes: List[Change], paused: List[str], host_auth: dict, disc_before) -> None:
-    """Commit the prepared changes (nothing here fails on a user's input), resume the paused subsystems, then
-    tell the hosts."""
+def _commit(run: _Apply, changes: List[Change], host_auth: dict, disc_before) -> list:
+    """Commit the prepared changes (nothing here fails on a user's input; the caller resumes the paused
+    namespaces), then tell the hosts.  Returns the namespaces the controllers it ended may still have commands
+    in flight on (the change is done once they are gone: EngineApi.finish_after_fence)."""
     target, new = run.target, run.new
-    try:
-        for ch in changes:
-            ch.commit(run)
-        for ch in sorted(changes, key=lambda c: _INSTALL_ORDER.get(type(c), 0)):
-            ch.install(run)
-        target.rebind(new, host_auth)  # a namespace's visibility and QoS limits come with its new config
-    finally:  # a bug above must not leave their commands waiting for good
-        target.resume_held(paused)
+    for ch in changes:
+        ch.commit(run)
+    for ch in sorted(changes, key=lambda c: _INSTALL_ORDER.get(type(c), 0)):
+        ch.install(run)
+    target.rebind(new, host_auth)  # a namespace's visibility and QoS limits come with its new config
 
     # access: the engine ends the controllers whose hosts may no longer reach their subsystem
-    target.end_controllers_without_access(run.ended)
+    fence = target.end_controllers_without_access(run.ended)
 
     for nqn, nsids in run.ns_changed.items():
         for nsid in sorted(nsids):
@@ -729,3 +726,4 @@ def _commit(run: _Apply, changes: List[Change], paused: List[str], host_auth: di
 
     for ch in changes:
         log.warning("applied: %s", ch.text)
+    return fence

@@ -10,23 +10,24 @@ called on the target itself: `target.install_namespace(nqn, ns)`.
                  prepare_namespace (opens the backend: the only place an open error becomes the ConfigError naming
                  the config field), install_namespace, retire_namespace, discard_namespace (prepared, never
                  installed), prepare_resize + resize_namespace, namespace_changed (the hosts' notice)
-    subsystems   prepare_subsystem + add_subsystem, remove_subsystem, pause / resume, when_drained (pause, commit
-                 once drained, or give up after DRAIN_TIMEOUT: an `Applying` says which)
+    subsystems   prepare_subsystem + add_subsystem, remove_subsystem
+    fences       pause_namespaces / resume_namespaces, fence (engine/fencing.py), when_drained (pause the
+                 namespaces changed, commit once their commands from before are gone, or give up: an `Applying`
+                 says which)
     ports        open_port / close_port: the port's queue handler (the listener is the caller's, live.Listeners);
                  set_ana_state (a port's ANA group, its controllers told)
     config       rebind (running objects follow a new config), discovery_views + discovery_changed (genctr, notices)
     controllers  end_controller (engine/core.py): end one now; end_controllers_without_access: after a change, the
                  engine decides whose host lost its way to a subsystem (allow-list, port, export) and ends them
 
-Pause and resume fence a change per subsystem: a paused subsystem's new I/O commands wait (never failed, never
-dropped) and start on resume in arrival order; `pause`'s callback fires once its commands in flight have drained.
-The drain counts the commands the Python engine runs and those of the native data path: a paused subsystem's
-native queues hand its new commands to the core (their view says paused, engine/native_view.py), which holds
-them, and count their own commands in flight until their responses completed (`native_in_flight`); the drain is
-checked after each completion, each native poll that completed something while paused, and each tick, never by
-waiting on the loop.  A namespace's identity for the native queues is its generation (subsystem.next_generation),
-new when it is installed or resized, so a native command of the namespace as it was never completes into the
-namespace as it is.
+A change fences only the namespaces it changes: they are paused (their new I/O commands wait, never failed,
+never dropped, and start on resume in arrival order) and the change commits once the commands that started
+before it have let go of their references (engine/subsystem.py "references", engine/fencing.py), whichever queue they are on,
+a closing queue of an ended controller included, and whichever data path runs them.  Other namespaces, and other
+hosts' commands on them, go on meanwhile.  The wait is checked after each completion, each native poll that
+completed something while a fence waits, each queue closed and each tick, never by waiting on the loop.  A
+namespace's identity for the native queues is its generation (subsystem.next_generation), new when it is
+installed or resized, so a native command of the namespace as it was never completes into the namespace as it is.
 """
 from __future__ import annotations
 
@@ -37,14 +38,16 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 from ..config import ConfigError, NamespaceConfig, PortConfig, SubsystemConfig, TargetConfig
 from ..config.backends import facts
 from ..nvme import admin as A
-from ..transport.lifecycle import FREE, move
+from ..transport.lifecycle import FREE
 from ..errors import NvmeofError
+from ..tunables import TARGET_SETTINGS
 from . import native_view, reservations
 from .ana import DEFAULT_GRPID, set_ana_state as _set_ana_state  # noqa: F401 (DEFAULT_GRPID: for the control plane)
 from .backends import BackendError, open_backend
 from .discovery import discovery_entries
 from .limits import MAX_NSID
-from .subsystem import Namespace, Subsystem, SubsystemState, next_generation
+from .fencing import Fence
+from .subsystem import Namespace, NamespaceState, Subsystem, SubsystemState, next_generation
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +63,8 @@ def namespace_where(config: TargetConfig, nqn: str, nsid: int) -> str:
     return "subsystems"
 
 
-# A drain that has not ended after this many seconds (a device that does not answer) is given up: the subsystems
-# resume as they were and the change is refused, naming the namespaces and their commands in flight.
-DRAIN_TIMEOUT = 30.0
+# The bound of a change's wait for the commands in flight on its namespaces (a target setting: engine/fencing.py)
+DRAIN_TIMEOUT = TARGET_SETTINGS["drain_timeout"].default
 
 
 class Applying:
@@ -144,16 +146,16 @@ class EngineApi:
     def _refuse_while_holding(self, new: TargetConfig) -> None:
         """A change is refused while another one waits for its commands in flight (it was made against a config
         that is about to change)."""
-        waiting = [sub.nqn for sub in self.subsystems.values() if sub.holding]
+        waiting = self.changing()
         if waiting:
             raise ConfigError(new.source, "", f"a live change to {waiting[0]} is still waiting for its commands in "
                               "flight to finish", "send this change again once that one is applied")
 
     def _namespace_change(self, nqn: str, nsid: int, new: TargetConfig, step: Optional[Callable[[], None]],
                           undo: Optional[Callable[[], None]], applying: Optional[Applying], verb: str) -> Applying:
-        """Make one prepared namespace change: with subsystem `nqn` paused and drained, `step`, the running config
-        becomes `new`, resume, the hosts told (Namespace Attribute Changed).  Without a step only the config
-        changes, at once."""
+        """Make one prepared namespace change: with the namespace paused and its commands from before gone, `step`,
+        the running config becomes `new`, resume, the hosts told (Namespace Attribute Changed).  Without a step
+        only the config changes, at once."""
         applying = applying or Applying()
         if step is None:
             self.rebind(new, self.host_auth)
@@ -161,16 +163,12 @@ class EngineApi:
             return applying
 
         def commit() -> None:
-            try:
-                step()
-                self.rebind(new, self.host_auth)
-            finally:  # a bug above must not leave the subsystem's commands waiting for good
-                if nqn in self.subsystems and self.subsystems[nqn].holding:
-                    self.resume(nqn)
+            step()
+            self.rebind(new, self.host_auth)
             self.namespace_changed(nqn, nsid)
             log.warning("applied: %s: %s", nqn, verb if " " in verb else f"{verb} namespace {nsid}")
 
-        self.when_drained([nqn], commit, undo or (lambda: None), applying, new.source)
+        self.when_drained([(nqn, nsid)], commit, undo or (lambda: None), applying, new.source)
         return applying
 
     def prepare_namespace(self, nqn: str, ns_config: NamespaceConfig, config: Optional[TargetConfig] = None,
@@ -305,111 +303,120 @@ class EngineApi:
         after their background jobs)."""
         sub = self.subsystems.pop(nqn)
         sub.enter(SubsystemState.REMOVED)
-        sub.on_drained = None  # a pause that never completes: nothing is left to resume
-        if sub in self._pausing:
-            self._pausing.remove(sub)
         for ns in sub.namespaces.values():
-            ns.removed = True  # a command still running on one answers Invalid Namespace
+            ns.enter(NamespaceState.REMOVED)  # a command still running on one answers Invalid Namespace
         for ctrl in list(sub.controllers.values()):
             self.end_controller(ctrl, reason)
-        while sub.held:  # waiting for a resume that will not come: their queues closed with their controllers
-            req, _ = sub.held.popleft()
-            if req.state != FREE:
-                move(req, FREE)
+        for ns in sub.namespaces.values():
+            while ns.held:  # waiting for a resume that will not come: their queues closed with their controllers
+                req, _ = ns.held.popleft()
+                if req.state != FREE:
+                    req.queue.discard(req)
         for ns in sub.namespaces.values():
             _retire_quietly(nqn, ns)
         return sub
 
-    def pause(self, nqn: str, on_drained: Optional[Callable[[], None]] = None) -> bool:
-        """Pause subsystem `nqn` (spdk_nvmf_subsystem_pause): from now on its new I/O commands wait for resume.
-        `on_drained` is called once none of its I/O commands is running any more (the subsystem is then PAUSED):
-        at once if none is, and then True is returned.  Pausing a subsystem that is not ACTIVE raises
-        IllegalSubsystemTransition."""
-        sub = self.subsystems[nqn]
-        sub.enter(SubsystemState.PAUSING)
-        sub.on_drained = on_drained
-        self._pausing.append(sub)
-        self._refresh_native(sub)  # the C queues hand its new commands to the core, which holds them
-        self.check_drained()
-        return sub.state is SubsystemState.PAUSED
+    # -------------------------------------------------------------------------------------------- fences
+    def pause_namespaces(self, targets: Iterable[Tuple[str, int]]) -> List[Tuple[str, Namespace]]:
+        """Pause the namespaces `targets` names ((nqn, nsid); those that do not exist are skipped): from now on
+        their new I/O commands wait, in arrival order, for resume_namespaces (SPDK pauses one namespace of a
+        subsystem the same way).  Their native queues hand those commands to the core, which holds them.
+        Returns what was paused, for resume_namespaces."""
+        paused = []
+        for nqn, nsid in targets:
+            sub = self.subsystems.get(nqn)
+            ns = sub.namespaces.get(nsid) if sub is not None else None
+            if ns is not None and not ns.removed and not ns.paused:
+                ns.enter(NamespaceState.PAUSED)
+                paused.append((nqn, ns))
+        for nqn in {nqn for nqn, _ns in paused}:
+            self._refresh_native(self.subsystems[nqn])
+        return paused
 
-    def resume(self, nqn: str) -> None:
-        """Resume subsystem `nqn` (spdk_nvmf_subsystem_resume): the commands that waited start, in the order
-        they arrived.  Resumed before it drained (PAUSING), its pause's callback is not called.  Resuming a
-        subsystem that is not paused raises IllegalSubsystemTransition."""
-        sub = self.subsystems[nqn]
-        sub.enter(SubsystemState.ACTIVE)
-        sub.on_drained = None
-        if sub in self._pausing:
-            self._pausing.remove(sub)
-        self._refresh_native(sub)
-        while sub.held and not sub.holding:  # a callback run meanwhile may pause it again
-            req, capsule = sub.held.popleft()
-            self._start_held(req, capsule)
+    def resume_namespaces(self, paused: Iterable[Tuple[str, Namespace]]) -> None:
+        """Resume what pause_namespaces paused: the commands that waited start, in the order they arrived, from
+        their checks again (the namespace may have been replaced or removed meanwhile)."""
+        for nqn, ns in paused:
+            if ns.paused:
+                ns.enter(NamespaceState.ACTIVE)
+            if nqn in self.subsystems:
+                self._refresh_native(self.subsystems[nqn])
+        for _nqn, ns in paused:
+            while ns.held and not ns.paused:  # a callback run meanwhile may pause it again
+                req, capsule = ns.held.popleft()
+                self._start_held(req, capsule)
 
-    def check_drained(self) -> None:
-        """PAUSING subsystems with no I/O command running become PAUSED, and their pause's callback is called
-        (after each completion while one is pausing, and each tick for the responses still leaving)."""
-        for sub in list(self._pausing):
-            if sub not in self._pausing or self.commands_running(sub.nqn):
-                continue  # resumed by a callback run meanwhile, or still draining
-            self._pausing.remove(sub)
-            sub.enter(SubsystemState.PAUSED)
-            callback, sub.on_drained = sub.on_drained, None
-            if callback is not None:
-                callback()
+    def fence(self, namespaces: List[Tuple[str, Namespace]], done: Callable[[Optional[Exception]], None],
+              what: str, source: str = "") -> None:
+        """Call `done(None)` once no command started before now on `namespaces` ((nqn, ns)) can touch them any
+        more, on either data path and on any queue, an ended controller's included (engine/fencing.py); at once
+        when none is in flight.  After the drain_timeout the queues still holding such commands are torn down;
+        after twice that, `done(error)`."""
+        fence = Fence(self, namespaces, done, self.config.settings.drain_timeout, what, source)
+        self.fences.append(fence)  # it leaves the list when it finishes
+        for nqn in {nqn for nqn, _ns in namespaces}:
+            if nqn in self.subsystems:
+                self._refresh_native(self.subsystems[nqn])  # the native queues take the new epochs
+        fence.check(self.clock())
 
-    def when_drained(self, nqns: List[str], commit: Callable[[], None], undo: Callable[[], None],
-                     applying: Applying, source: str = "") -> None:
-        """Pause subsystems `nqns` and, once none of them has a command in flight (at once when none has), call
-        `commit` (which resumes them) and finish `applying`.  After DRAIN_TIMEOUT without that, the subsystems
-        resume as they were, `undo` gives back what was prepared, and `applying` finishes with the ConfigError
-        naming what was still in flight (`source`: the config's file, for it)."""
-        drain = _Drain(self, nqns, commit, undo, applying, source)
-        self.tick_hooks.append(drain.watch)
-        for nqn in nqns:
-            self.pause(nqn, lambda nqn=nqn: drain.drained(nqn))
+    @property
+    def fencing(self) -> bool:
+        """A change is waiting for commands in flight (the native queues then ask after each poll)."""
+        return bool(self.fences)
 
-    def drain_timeout_error(self, nqns: List[str], source: str = "") -> ConfigError:
-        """Why a drain of subsystems `nqns` was given up: their commands still in flight, native and in the core."""
-        busy = []
-        for nqn in nqns:
-            per_ns = self.native_in_flight(nqn)
-            busy += [f"{nqn}: namespace {nsid}: {n} native command{'s' if n != 1 else ''} in flight"
-                     for nsid, n in sorted(per_ns.items())]
-            running = self.commands_running(nqn) - sum(per_ns.values())
-            if running > 0:
-                busy.append(f"{nqn}: {running} command{'s' if running != 1 else ''} in flight in the core")
-        return ConfigError(source, "", f"not applied: still waiting after {DRAIN_TIMEOUT:g} s for "
-                           f"{'; '.join(busy) or ', '.join(nqns)}",
-                           "a device that does not complete its commands holds the change: check the namespace's "
-                           "device, then send the change again")
+    def check_fences(self) -> None:
+        """The fences whose old references are all let go are done (after each completion while one waits, each
+        native poll that completed something, each queue closed, each tick)."""
+        if not self.fences:
+            return
+        now = self.clock()
+        for fence in list(self.fences):
+            fence.check(now)
 
-    def resume_held(self, nqns: Iterable[str]) -> None:
-        """Resume those of subsystems `nqns` that still exist and still hold their commands (after a change)."""
-        for nqn in nqns:
-            if nqn in self.subsystems and self.subsystems[nqn].holding:
-                self.resume(nqn)
+    def when_drained(self, targets: List[Tuple[str, int]], commit: Callable[[], Optional[list]],
+                     undo: Callable[[], None], applying: Applying, source: str = "") -> None:
+        """Pause the namespaces `targets` names ((nqn, nsid)) and, once none of their commands from before is in
+        flight (at once when none is), call `commit`, resume them and finish `applying` (once the namespaces
+        `commit` returns are fenced too: those of controllers it ended, finish_after_fence).  Given up (engine/
+        fencing.py's bound), they resume as they were, `undo` gives back what was prepared, and `applying`
+        finishes with the ConfigError naming what was still in flight (`source`: the config's file)."""
+        paused = self.pause_namespaces(targets)
+
+        def drained(error: Optional[Exception]) -> None:
+            if applying.done:
+                return
+            if error is not None:
+                self.resume_namespaces(paused)
+                undo()
+                log.error("live change given up: %s", error)
+                applying.finish(error)
+                return
+            try:
+                after = commit()
+            finally:  # a bug above must not leave their commands waiting for good
+                self.resume_namespaces(paused)
+            self.finish_after_fence(after or [], applying, source)
+
+        what = "a change to " + (", ".join(f"{nqn} namespace {nsid}" for nqn, nsid in targets) or "no namespace")
+        self.fence(paused, drained, what, source)
+
+    def finish_after_fence(self, namespaces: List[Tuple[str, Namespace]], applying: Applying,
+                           source: str = "") -> None:
+        """Finish `applying` once the commands in flight on `namespaces` are gone (at once without any): a change
+        that ended controllers (a host removed, a port unlinked) is done when their I/O can no longer land."""
+        if not namespaces:
+            applying.finish()
+            return
+        self.fence(namespaces, applying.finish, "the end of controllers that lost their access", source)
+
+    def changing(self) -> List[str]:
+        """The namespaces a change is waiting for ("nqn namespace N"): another change is refused meanwhile."""
+        return [f"{sub.nqn} namespace {ns.nsid}" for sub in self.subsystems.values()
+                for ns in sub.namespaces.values() if ns.paused]
 
     def commands_running(self, nqn: str) -> int:
-        """I/O commands of subsystem `nqn` started and not yet answered, with their responses still leaving (a
-        RAM read's data is sent from the namespace's memory), the native data path's included (a Write's RDMA
-        READ still landing in the namespace's memory); those waiting for resume have not started."""
-        sub = self.subsystems[nqn]
-        running = 0
-        for ctrl in sub.controllers.values():
-            for qs in ctrl.io_queues.values():
-                # A queue the core closed (a Disconnect, a fatal capsule) is its transport's until queue_closed:
-                # the responses it still sends (a RAM Read's data from the namespace's memory, work requests on
-                # the wire) count until then; its commands' answers are dropped, so they no longer do.
-                running += (0 if qs.closed else qs.active) + qs.transport.responses_in_flight()
-        waiting = sum(1 for req, _ in sub.held if not req.queue.closed)
-        # Commands over a QoS limit have not touched their namespace yet and start from their checks again
-        # (core._resume_held): they wait like held ones, and a QoS change may be what lets them go.
-        for ns in sub.namespaces.values():
-            if ns.qos is not None:
-                waiting += sum(1 for req, _ in ns.qos.held if not req.queue.closed)
-        return running - waiting
+        """Commands in flight on subsystem `nqn`'s namespaces, both data paths, by their references."""
+        return sum(ns.ref.count for ns in self.subsystems[nqn].namespaces.values())
 
     def native_in_flight(self, nqn: str) -> Dict[int, int]:
         """{nsid: commands} the native queues of subsystem `nqn` have in flight, found by the namespaces'
@@ -417,11 +424,12 @@ class EngineApi:
         sub = self.subsystems[nqn]
         nsid_of = {ns.generation: ns.nsid for ns in sub.namespaces.values()}
         counts: Dict[int, int] = {}
-        for ctrl in sub.controllers.values():
-            for qs in native_view.native_queues(ctrl):  # a closed one's until its transport is gone (above)
-                for generation, n in qs.transport.native_in_flight().items():
-                    nsid = nsid_of.get(generation, 0)
-                    counts[nsid] = counts.get(nsid, 0) + n
+        for qs in self.queue_states():  # a closing one's too, an ended controller's included
+            if qs.ctrl is None or qs.ctrl.subsystem is not sub:
+                continue
+            for generation, n in qs.transport.native_in_flight().items():
+                nsid = nsid_of.get(generation, 0)
+                counts[nsid] = counts.get(nsid, 0) + n
         return counts
 
     def _refresh_native(self, sub: Subsystem) -> None:
@@ -511,11 +519,12 @@ class EngineApi:
             if port is not None:
                 handler.ctx.port = port
 
-    def end_controllers_without_access(self, also: Iterable[Tuple[object, str]] = ()) -> None:
+    def end_controllers_without_access(self, also: Iterable[Tuple[object, str]] = ()) -> List[Tuple[str, Namespace]]:
         """After a change: end the controllers `also` names ((controller, reason): those the change itself ends,
         such as a new qid_max's), and every controller whose host may no longer reach its subsystem through the
         port it came in on: the port was closed, the host left the allow-list, or the port stopped exporting the
-        subsystem (as nvmet ends a host's controllers when it is unlinked)."""
+        subsystem (as nvmet ends a host's controllers when it is unlinked).  Returns the namespaces their commands
+        may still be in flight on, for finish_after_fence."""
         ended = list(also)
         for ctrl in self.controllers():
             sub = ctrl.subsystem
@@ -532,6 +541,10 @@ class EngineApi:
                 ended.append((ctrl, f"{sub.nqn} is no longer exported on port {ctrl.port.portid}"))
         for ctrl, reason in ended:
             self.end_controller(ctrl, reason)
+        # their commands in flight may still land: the change is done once they are gone (finish_after_fence)
+        subs = {id(c.subsystem): c.subsystem for c, _ in ended if not c.subsystem.is_discovery}
+        return [(sub.nqn, ns) for sub in subs.values() if self.subsystems.get(sub.nqn) is sub
+                for ns in sub.namespaces.values()]
 
     def discovery_views(self) -> Dict[int, List[bytes]]:
         """What the discovery log of each connected discovery controller lists now, for discovery_changed."""
@@ -567,37 +580,3 @@ def _retire_quietly(nqn: str, ns: Namespace) -> None:
 
 def _discovery_view(target, ctrl) -> List[bytes]:
     return [e.pack() for e in discovery_entries(target, ctrl)]
-
-
-class _Drain:
-    """A change waiting for its paused subsystems to drain (EngineApi.when_drained): the commit once the last one
-    has, or the give-up after DRAIN_TIMEOUT (the subsystems resumed, the change undone).  An object, not closures:
-    a nested function that removes itself from the tick hooks names itself, a reference cycle that would keep the
-    change - a resized or removed namespace's memory, pinned by its registration - until the garbage collector's
-    next full pass (the soak's RSS grew in steps of the scratch namespace's size)."""
-
-    def __init__(self, target, nqns: List[str], commit: Callable[[], None], undo: Callable[[], None],
-                 applying: Applying, source: str):
-        self.target, self.nqns, self.commit, self.undo = target, list(nqns), commit, undo
-        self.applying, self.source = applying, source
-        self.draining = set(nqns)
-        self.deadline = target.clock() + DRAIN_TIMEOUT
-
-    def drained(self, nqn: str) -> None:
-        self.draining.discard(nqn)
-        if self.draining or self.applying.done:
-            return
-        self.target.tick_hooks.remove(self.watch)
-        self.commit()
-        self.applying.finish()
-
-    def watch(self, now: float) -> None:
-        if now < self.deadline or self.applying.done:
-            return
-        target = self.target
-        target.tick_hooks.remove(self.watch)
-        error = target.drain_timeout_error(sorted(self.draining), self.source)
-        target.resume_held(self.nqns)
-        self.undo()
-        log.error("live change given up: %s", error)
-        self.applying.finish(error)

@@ -56,7 +56,8 @@ from .limits import (DEFAULT_IN_CAPSULE_SIZE, DEFAULT_QUEUE_SIZE, MAX_CONTROLLER
 from .request import (COMPLETED, DEFERRED, FETCHING, HELD_OUTCOME, LOC_DPTR, LOC_FLAGS, LOC_NSID, LOC_OPCODE,
                       NO_LOCATION, Outcome, Request)
 from .queue import QueueLifecycle, QueueState, max_queue_entries
-from .subsystem import DiscoverySubsystem, Subsystem, SubsystemState
+from .fencing import Fence
+from .subsystem import DiscoverySubsystem, Subsystem
 from .work import Work
 from .qos import QosScheduler
 
@@ -177,7 +178,7 @@ class Target(EngineApi):
         self.tick_hooks: List[Callable[[float], None]] = []  # e.g. the control socket's (control/methods.py)
         self.qos = QosScheduler(clock)  # per-namespace limits: held commands start from the tick or its waker
         self.tick_hooks.append(self.qos.release)
-        self._pausing: List[Subsystem] = []  # paused subsystems whose commands in flight are draining (api.py)
+        self.fences: List[Fence] = []  # changes waiting for their namespaces' commands from before (api.py)
         try:
             for sub_cfg in config.subsystems:
                 self.add_subsystem(self.prepare_subsystem(sub_cfg))
@@ -317,7 +318,7 @@ class Target(EngineApi):
         qs = req.queue
         if qs.closed:
             if req.state != FREE:
-                move(req, FREE)
+                qs.discard(req)
             return
         req.capsule = capsule
         self._begin(qs, req)
@@ -342,8 +343,8 @@ class Target(EngineApi):
         elif ctrl.io_queues.get(qs.qid) is qs:
             del ctrl.io_queues[qs.qid]
             log.info("controller %d: I/O queue %d disconnected", ctrl.cntlid, qs.qid)
-        if self._pausing:
-            self.check_drained()  # its commands no longer count
+        if self.fences:
+            self.check_fences()  # its commands may have let go of their references with it
 
     def tick(self, now: float) -> None:
         if self.native_data_path:
@@ -357,8 +358,8 @@ class Target(EngineApi):
             self.end_controller(ctrl, reason)
         for hook in list(self.tick_hooks):  # a hook may remove itself
             hook(now)
-        if self._pausing:
-            self.check_drained()  # responses the transport has seen leave since the last completion
+        if self.fences:
+            self.check_fences()  # the bounds, and responses the transport has seen leave since the last completion
         for ctrl in self.controllers():
             if ctrl.auth is not None:
                 for qs in ctrl.queues():
@@ -508,6 +509,15 @@ class Target(EngineApi):
         except Exception:
             log.exception("queue %d: transport close failed", qs.qid)
 
+    def tear_down_queue(self, qs: QueueState, reason: str) -> None:
+        """Tear queue `qs` down now, a closing one included (a second close ends it at once: its QP destroyed, its
+        work requests flushed), so its commands let go of what they hold; its host reconnects."""
+        self._close_queue(qs, reason)
+        try:
+            qs.transport.close()
+        except Exception:
+            log.exception("queue %d: transport close failed", qs.qid)
+
     def fail_controller(self, ctrl: Controller, reason: str) -> None:
         """A fatal error (nvmet_ctrl_fatal_error): CSTS.CFS at once, the controller and its queues deleted
         shortly after (end_controller), once the response that reported the error has left."""
@@ -577,16 +587,15 @@ class Target(EngineApi):
             if qs.qid == 0:
                 table = self.discovery_commands if ctrl.is_discovery else self.admin_commands
             else:
-                sub = ctrl.subsystem
-                # Paused (api.py): it starts on resume; its capsule is valid only during this call.  A command the
-                # native data path hands back (its device failed it) was running before the pause began: while
-                # the pause drains it runs now, and the drain waits for it, as for the Python path's own.
-                if sub.holding and not (req.handed_back and sub.state is SubsystemState.PAUSING):
-                    sub.held.append((req, bytes(req.capsule)))
-                    return
-                ns = sub.namespaces.get(req.nsid)
+                ns = ctrl.subsystem.namespaces.get(req.nsid)
                 if ns is None or not ns.visible_to(ctrl.hostnqn):  # invisible to this host: as if inactive
                     return self.complete(req, S.INVALID_NS | S.DNR, location=LOC_NSID)
+                # Paused (api.py): it starts on resume; its capsule is valid only during this call.  A command the
+                # native data path hands back (its device failed it) was running before the pause began: it runs
+                # now, its native slot still holding the reference the change waits for.
+                if ns.paused and not req.handed_back:
+                    ns.held.append((req, bytes(req.capsule)))
+                    return
                 req.ns = ns
                 ana_status = self.ana.io_status(ctrl.port.portid, ns.ana_grpid)
                 if ana_status:  # this path cannot serve the namespace now (nvmet_check_ana_state)
@@ -608,6 +617,9 @@ class Target(EngineApi):
         if ns is not None and ns.qos is not None and opc not in reservations.COMMANDS.handlers and \
                 not self.qos.admit(ns, req, lambda r: self._resume_held(r, handler)):
             return  # over its namespace's QoS limit: held (EXECUTING), started when the tokens come back (engine/qos.py)
+        if ns is not None and opc in reservations.ACCESS_OF:  # it reaches the medium: it holds the namespace
+            req.ref = ref = ns.ref  # until nothing of it can touch it any more (subsystem.py "references")
+            ref.take()
         if handler(self, req) is None:
             self._missing_outcome(req, handler)
 
@@ -615,7 +627,7 @@ class Target(EngineApi):
         """A command QoS held gets its turn: its queue may have closed, its namespace been removed since."""
         if req.queue.closed or req.state != EXECUTING:
             if req.state != FREE:
-                move(req, FREE)
+                req.queue.discard(req)
             return
         if req.ns is None or req.ns.removed:
             self.complete(req, S.INVALID_NS | S.DNR, location=LOC_NSID)
@@ -623,6 +635,9 @@ class Target(EngineApi):
         if req.ns.resv is not None and reservations.conflict_status(req.ns, req.queue.ctrl, req.opc):
             self.complete(req, reservations.CONFLICT, location=LOC_OPCODE)  # reserved meanwhile
             return
+        if req.opc in reservations.ACCESS_OF:
+            req.ref = ref = req.ns.ref
+            ref.take()
         try:
             if handler(self, req) is None:
                 self._missing_outcome(req, handler)
@@ -652,7 +667,7 @@ class Target(EngineApi):
         if req.state != TRANSFERRING_HOST_TO_CONTROLLER:
             return
         if qs.closed:
-            move(req, FREE)
+            qs.discard(req)
             return
         if error is not None:
             self.complete(req, S.DATA_XFER_ERROR, location=LOC_DPTR)
@@ -714,7 +729,7 @@ class Target(EngineApi):
         (RAM backend, offset) when `data` is the namespace's own memory (TargetQueue.complete)."""
         qs = req.queue
         if qs.closed:
-            move(req, FREE)
+            qs.discard(req)
             return COMPLETED
         transport = qs.transport
         if status:
@@ -730,6 +745,8 @@ class Target(EngineApi):
         invalidate = req.invalidate_key  # the transport's map_sgl set it when the host asked (keyed 0x4F)
         tx = req.tx
         addr, key = req.sgl_addr, req.sgl_key
+        if source is not None:  # sent from the namespace's memory: the transport lets go of the reference
+            source, req.ref = (source[0], source[1], req.ref), None
         qs.release(req)
         # Data, CQE and invalidate key go to the transport in one call (TargetQueue.complete).
         try:
@@ -738,6 +755,9 @@ class Target(EngineApi):
                                                    (status << 1) & 0xFFFF), data, addr, key, invalidate, tx,
                                    source)
             except TransportError as exc:
+                if source is not None and source[2] is not None:
+                    source[2].put()  # refused before sending anything: the reference did not pass to it
+                    source = None
                 if data is None:
                     raise
                 # e.g. data longer than the transport can send: report it instead of sending data
@@ -749,8 +769,8 @@ class Target(EngineApi):
             self._close_queue(qs, f"cannot send a completion: {exc}")
         if status and qs.ctrl is None and req.opc == FABRICS_OPCODE and req.fctype == F.FCTYPE_CONNECT:
             self._connect_failed(qs)
-        if self._pausing:
-            self.check_drained()  # this may have been the last command of a paused subsystem
+        if self.fences:
+            self.check_fences()  # this may have been the last command a change waits for
         return COMPLETED
 
     def _internal_error(self, req: Request, exc: Optional[BaseException] = None) -> Outcome:

@@ -8,9 +8,11 @@ is optimized or non-optimized on the controller's port, its reservation (if it h
 controller's host read and write, and it is RAM (registered with the device), null, a file
 or block namespace on the io_uring engine (given as its backend's native handle, a `_native.File`: a dup of its descriptor and its depth), or an
 RBD namespace whose image opened in C (its handle a `_native.RbdImage`: its own client and image, docs/rbd.md), on a
-queue that serves staged namespaces (bounce chunks and a ring).  Each namespace is given with its generation (Namespace.generation), its identity for the
-C queue: a command whose namespace's generation left the view answers Invalid Namespace.  A paused subsystem's
-view says so: its new commands come to the core, which holds them until the resume.  The core calls `refresh` after anything that can change one of those (a capsule it handled,
+queue that serves staged namespaces (bounce chunks and a ring).  Each namespace is given with its generation (Namespace.generation), its
+identity for the C queue: a command whose namespace's generation left the view answers Invalid Namespace; and with
+its reference (`Namespace.ref`, engine/subsystem.py "references"), which each native command takes when it is
+parsed and lets go of when its slot is freed; and whether it is paused: its new commands then come to the core, which holds
+them until the resume (it stays listed, so the commands in flight still find it).  The core calls `refresh` after anything that can change one of those (a capsule it handled,
 a namespace change, an ANA change, a reservation change) and before the event loop polls again, so a live change never races a command.
 The native counters and latency histograms are folded into the namespaces' own figures (`Namespace.bytes_read`, ...,
 `ns.stats`' histograms) when the view is replaced and at each tick.
@@ -61,9 +63,10 @@ def view_of(target: "Target", qs: "QueueState") -> tuple:
             handle = handle_of(ns)
             if handle is None:
                 continue  # the thread engine was chosen (or forced): the core serves it
-            namespaces.append((ns.nsid, entry, ns.lbads, ns.num_blocks, 0, 0, ns.generation, ns, handle))
+            namespaces.append((ns.nsid, entry, ns.lbads, ns.num_blocks, 0, 0, ns.generation, ns, ns.ref, ns.paused,
+                               handle))
             continue
-        namespaces.append((ns.nsid, entry, ns.lbads, ns.num_blocks, addr, lkey, ns.generation, ns))
+        namespaces.append((ns.nsid, entry, ns.lbads, ns.num_blocks, addr, lkey, ns.generation, ns, ns.ref, ns.paused))
     return True, namespaces
 
 
@@ -92,12 +95,11 @@ def _fold(ctrl: "Controller", figures: dict) -> None:
 
 def refresh_queue(target: "Target", qs: "QueueState") -> None:
     ready, namespaces = view_of(target, qs)
-    # A paused subsystem (engine/api.py): its new commands go to the core, which holds them; those in flight
-    # finish natively, and each poll that completes some asks the engine whether the pause has drained.
-    paused = qs.ctrl is not None and qs.ctrl.subsystem.holding
+    # While a change waits for commands in flight (engine/fencing.py), each poll that completes some asks the
+    # engine whether they were the last.
     figures = qs.transport.set_view(ready, namespaces, sq_entries=qs.sqsize + 1, sq_head=qs.sqhd,
-                                    sqflow_disabled=qs.sqflow_disabled, paused=paused,
-                                    drain_check=target.check_drained if paused else None)
+                                    sqflow_disabled=qs.sqflow_disabled,
+                                    drain_check=target.check_fences if target.fencing else None)
     if qs.ctrl is not None:
         _fold(qs.ctrl, figures)
 

@@ -17,7 +17,7 @@ from typing import List, Optional
 
 from ..nvme.fabrics import ADMIN_QUEUE_DEPTH
 from ..transport import registry
-from ..transport.lifecycle import FREE, NEXT, IllegalTransition
+from ..transport.lifecycle import FREE, NEXT, IllegalTransition, move
 from .request import Request
 
 
@@ -51,7 +51,7 @@ class QueueState:
     """The target's view of one queue: its transport end, its controller once connected, its requests."""
 
     __slots__ = ("transport", "qid", "port", "target", "ctrl", "sqsize", "sqhd", "sqflow_disabled", "depth",
-                 "free", "active", "state", "closed", "in_capsule_size", "auth", "ops", "map_sgl")
+                 "free", "active", "state", "closed", "in_capsule_size", "auth", "ops", "map_sgl", "requests")
 
     def __init__(self, transport, port, target):
         self.transport = transport
@@ -67,6 +67,7 @@ class QueueState:
         self.sqhd = 0
         self.sqflow_disabled = False
         self.free: List[Request] = [Request(self, target)]  # the Connect's; install() adds the queue's
+        self.requests: List[Request] = list(self.free)  # every one made, free or not (holds(): a fence's bound)
         self.active = 0
         self.state = QueueLifecycle.CONNECTING
         self.closed = False  # state is CLOSED (kept as a flag: the hot path reads it)
@@ -80,7 +81,9 @@ class QueueState:
         AERs included)."""
         self.sqsize = sqsize
         self.depth = sqsize + 1
-        self.free.extend(Request(self, self.target) for _ in range(min(self.depth, 64) - len(self.free)))
+        more = [Request(self, self.target) for _ in range(min(self.depth, 64) - len(self.free))]
+        self.free.extend(more)
+        self.requests.extend(more)
 
     def enter(self, new: "QueueLifecycle") -> None:
         """Move to `new`; IllegalQueueTransition if the lifecycle has no such edge (a bug in the core)."""
@@ -95,18 +98,38 @@ class QueueState:
         self.active += 1
         if self.free:
             return self.free.pop()
-        return Request(self, self.target)  # deeper than the preallocated pool: grow it
+        req = Request(self, self.target)  # deeper than the preallocated pool: grow it
+        self.requests.append(req)
+        return req
 
     def release(self, req: Request) -> None:
         if FREE not in NEXT[req.state]:  # lifecycle.move, inlined: once per command (a double completion raises)
             raise IllegalTransition(req, FREE)
         req.state = FREE
+        ref = req.ref
+        if ref is not None:  # the namespace reference it held (engine/subsystem.py "references")
+            req.ref = None
+            ref.put()
         req.capsule = None
         req.ns = None
         req.next_step = None
         req.tx = None
         self.active -= 1
         self.free.append(req)
+
+    def discard(self, req: Request) -> None:
+        """Free a request whose queue closed or which will not be answered (no response), letting go of its
+        namespace reference."""
+        ref = req.ref
+        if ref is not None:
+            req.ref = None
+            ref.put()
+        move(req, FREE)
+
+    def holds(self, ref) -> int:
+        """Commands of this queue holding namespace reference `ref`: the core's and its transport's."""
+        return (sum(1 for req in self.requests if req.ref is ref and req.state != FREE)
+                + self.transport.references_held(ref))
 
     def next_sqhd(self) -> int:
         """SQ head after consuming one entry (0xFFFF when the host disabled SQ flow control)."""

@@ -33,7 +33,7 @@ from ..nvme.command import (NSID_ALL, NVM_DSM, NVM_FLUSH, NVM_READ, NVM_RESV_ACQ
                             NVM_RESV_RELEASE, NVM_RESV_REPORT, NVM_WRITE, NVM_WRITE_ZEROES)
 from ..securefile import write_file
 from .handlers import CommandTable
-from .request import (COMPLETED, LOC_CDW10, LOC_CDW11, LOC_DPTR, LOC_NSID, LOC_OPCODE, NO_LOCATION, Outcome,
+from .request import (COMPLETED, DEFERRED, LOC_CDW10, LOC_CDW11, LOC_DPTR, LOC_NSID, LOC_OPCODE, NO_LOCATION, Outcome,
                       Request)
 
 if TYPE_CHECKING:
@@ -312,23 +312,22 @@ def _unregister_all(resv: Reservation, hosts: List[bytes], sender: bytes) -> Lis
 
 def _abort_waiting(t: "Target", ns, hosts: List[bytes]) -> None:
     """Preempt and abort: the preempted hosts' commands for the namespace that wait in the core (a paused
-    subsystem's, those over a QoS limit) are answered Command Aborted due to Preempt and Abort now.  Commands
-    already with the device complete; a Write whose data is still arriving is checked again when it arrives
-    (conflict_status), and every later command of theirs conflicts."""
+    namespace's, those over a QoS limit) are answered Command Aborted due to Preempt and Abort now.  Those already
+    started are fenced (_changed): the preempt is answered once they are gone; a Write whose data is still
+    arriving by the Python path is checked again when it arrives (conflict_status), and every later command of
+    theirs conflicts."""
     if not hosts:
         return
     gone = set(hosts)
-    sub = next((s for s in t.subsystems.values() if s.namespaces.get(ns.nsid) is ns), None)
-    if sub is not None:
-        keep = []
-        for req, capsule in sub.held:
-            ctrl = req.queue.ctrl
-            if req.nsid == ns.nsid and ctrl is not None and ctrl.hostid in gone and not req.queue.closed:
-                t.complete(req, S.PREEMPT_ABORT)
-            else:
-                keep.append((req, capsule))
-        sub.held.clear()
-        sub.held.extend(keep)
+    keep = []
+    for req, capsule in ns.held:
+        ctrl = req.queue.ctrl
+        if ctrl is not None and ctrl.hostid in gone and not req.queue.closed:
+            t.complete(req, S.PREEMPT_ABORT)
+        else:
+            keep.append((req, capsule))
+    ns.held.clear()
+    ns.held.extend(keep)
     limiter = ns.qos
     if limiter is not None:
         waiting = list(limiter.held)
@@ -395,7 +394,11 @@ def report(resv: Reservation) -> R.ReservationStatus:
 
 def _changed(t: "Target", req: Request, before: dict, notices: List[Tuple[bytes, int]]) -> Outcome:
     """A reservation changed: kept (PTPL), every native queue of the subsystem given its new view, the hosts
-    told; then the command completes, so no command the host sends after this answer meets the old state."""
+    told; then the command completes, so no command the host sends after this answer meets the old state.  A
+    change that takes an access away from a host (a preempt, an acquire by another host, a clear) is fenced
+    first: it is answered once every command started before it on the namespace is gone (engine/fencing.py),
+    so a preempted host's Write whose data is still landing never lands after the answer, on either data path,
+    as nvmet completes a Preempt and Abort only after the preempted controllers' commands."""
     ns = req.ns
     resv = ns.resv
     if resv.ptpl or before.get("ptpl"):
@@ -407,9 +410,29 @@ def _changed(t: "Target", req: Request, before: dict, notices: List[Tuple[bytes,
                       t.reservation_file, exc)
             return t.complete(req, S.INTERNAL | S.DNR)
     sub = req.queue.ctrl.subsystem
-    t._refresh_native(sub)
-    notify(t, sub, ns, notices)
-    return t.complete(req, 0)
+    if not _access_taken(t, sub, ns, before):
+        t._refresh_native(sub)
+        notify(t, sub, ns, notices)
+        return t.complete(req, 0)
+
+    def fenced(error) -> None:
+        if error is not None:  # the queues holding them were torn down, and a device still has some
+            log.error("%s namespace %d: the reservation change is answered with commands from before it still on "
+                      "the device: %s", sub.nqn, ns.nsid, error)
+        notify(t, sub, ns, notices)
+        t.complete(req, 0)
+
+    t.fence([(sub.nqn, ns)], fenced, f"a reservation change on {sub.nqn} namespace {ns.nsid}")
+    return DEFERRED
+
+
+def _access_taken(t: "Target", sub, ns, before: dict) -> bool:
+    """Whether the change from `before` took an access away from a host with a queue on the subsystem (one of
+    an ended controller included: its commands may still be in flight)."""
+    old = Reservation()
+    old.restore(before)
+    hosts = {qs.ctrl.hostid for qs in t.queue_states() if qs.ctrl is not None and qs.ctrl.subsystem is sub}
+    return any(old.allowed(h) - ns.resv.allowed(h) for h in hosts)
 
 
 def notify(t: "Target", sub, ns, notices: List[Tuple[bytes, int]]) -> None:

@@ -1,15 +1,15 @@
 """Subsystems and namespaces of the userspace target (built from the config: nvmeof_roce/config/).
 
-A subsystem has a lifecycle, as SPDK's `spdk_nvmf_subsystem_state`, checked like the controller's and the queue's
-(every change goes through `Subsystem.enter`, which raises on an edge the table does not have):
+A subsystem and a namespace each have a lifecycle, checked like the controller's and the queue's (every change
+goes through `enter`, which raises on an edge the table does not have):
 
-    ACTIVE     its I/O commands start as they arrive
-    PAUSING    paused (Target.pause): new I/O commands wait, those already started are draining
-    PAUSED     drained: none of its I/O commands is running; the waiting ones start on resume, in arrival order
-    REMOVED    deleted from the target (Target.remove_subsystem): its controllers are ended
-
-    ACTIVE -> PAUSING -> PAUSED -> ACTIVE (resume); PAUSING -> ACTIVE (resumed before it drained);
-    ACTIVE | PAUSING | PAUSED -> REMOVED
+    subsystem  ACTIVE -> REMOVED (Target.remove_subsystem: its controllers are ended)
+    namespace  ACTIVE  its I/O commands start as they arrive
+               PAUSED  a change to it is waiting (Target.pause_namespaces, SPDK's pause of one namespace): its new
+                       I/O commands wait, in arrival order, and start on resume; its commands in flight are the
+                       change's fence's (engine/fencing.py)
+               REMOVED retired from its subsystem: commands for it answer Invalid Namespace
+               ACTIVE -> PAUSED -> ACTIVE (resume); ACTIVE | PAUSED -> REMOVED
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import uuid as uuidlib
 from collections import deque
 from typing import Callable, Deque, Dict, List, Optional
 
+from .. import native
 from ..nvme.fabrics import DISCOVERY_NQN, MAX_CNTLID, MIN_CNTLID, make_version
 from .backends import Backend
 from .ioengine import DEFAULT_QUEUE_DEPTH, IoEngine, choose_engine, make_engine
@@ -55,6 +56,65 @@ def next_generation() -> int:
     return next(_generations)
 
 
+# ---------------------------------------------------------------------------------------------- references
+# What a command holds on its namespace while it may touch it: a reference (docs/native.md "References and
+# fencing"), as nvmet's per-namespace percpu_ref and SPDK's per-queue namespace channel.
+#
+# A command of either data path takes its namespace's current `Reference` when it is parsed and checked, and lets
+# it go when nothing of it can reach the namespace any more: the Python path when the core frees the request, or,
+# when the response's data is sent from the namespace's own memory (a RAM Read), when the transport's WRITE has
+# completed; the native path (csrc/nq_hot.c) when the request's slot is freed, i.e. after its last work request
+# completed or flushed, a queue of an ended controller included.
+#
+# A namespace's references are counted per epoch: `Namespace.fence()` starts a new `Reference` for the commands
+# that arrive from now on and returns the old one, whose count only goes down.  A change to the namespace (a
+# resize, a removal, a reservation taking a host's access away) waits until the old count is 0 (engine/fencing.py
+# `Fence`): no command started before the change can still move data into or out of the namespace as it was.
+#
+# With the native module built the reference is its `_native.Ref` (an atomic count the C queues change without
+# Python, and poll-group threads without the GIL); without it, `Reference` below, the same three members.
+
+
+class Reference:
+    """A namespace epoch's count of commands in flight (the Python build's; `_native.Ref` otherwise)."""
+
+    __slots__ = ("count",)
+
+    def __init__(self):
+        self.count = 0
+
+    def take(self) -> None:
+        self.count += 1
+
+    def put(self) -> None:
+        if self.count <= 0:
+            raise RuntimeError("a namespace reference was let go more often than it was taken")
+        self.count -= 1
+
+
+def new_reference():
+    """A reference for a namespace's new epoch: the native module's when it is built (its queues take it)."""
+    return native.module.Ref() if native.module is not None else Reference()
+
+
+class NamespaceState(enum.Enum):
+    ACTIVE = "active"
+    PAUSED = "paused"
+    REMOVED = "removed"
+
+
+# For each state, the states a namespace may enter it from (module docstring).
+NAMESPACE_ALLOWED_FROM = {
+    NamespaceState.ACTIVE: {NamespaceState.PAUSED},
+    NamespaceState.PAUSED: {NamespaceState.ACTIVE},
+    NamespaceState.REMOVED: {NamespaceState.ACTIVE, NamespaceState.PAUSED},
+}
+
+
+class IllegalNamespaceTransition(RuntimeError):
+    """A namespace was moved along no edge of its lifecycle (pausing a paused one, resuming an active one...)."""
+
+
 class Namespace:
     """One namespace: its backend and the identifiers the host sees."""
 
@@ -69,7 +129,13 @@ class Namespace:
         self.nguid = _hex_bytes(config.nguid, 16) or backend.nguid()  # the config's, else its storage's
         self.eui64 = _hex_bytes(config.eui64, 8)
         self.ana_grpid = config.ana_grpid
-        self.removed = False
+        self.state = NamespaceState.ACTIVE
+        self.removed = False  # REMOVED, and paused PAUSED (kept as flags: each I/O command reads them)
+        self.paused = False
+        self.held: Deque = deque()  # (request, its capsule) of each I/O command that arrived while PAUSED, in order
+        # The commands in flight on it hold `ref`, this epoch's reference ("references" above); fence() starts the
+        # next epoch
+        self.ref = new_reference()
         self.storage_size: Optional[int] = None  # a resize notice's size, until the namespace is resized
         # Its identity in the native queues' views: a new one when it is installed, replaced or its memory
         # changes (a resize), so a native command of the old one never completes into the new one.
@@ -101,6 +167,23 @@ class Namespace:
         self.qos = None  # qos.Limiter when the config limits the namespace (QosScheduler.configure)
         # Its reservation state when the config enables reservations (engine/reservations.py), else None
         self.resv = Reservation() if config.resv_enabled else None
+
+    def enter(self, new: NamespaceState) -> None:
+        """Move to `new`; IllegalNamespaceTransition if the lifecycle has no such edge."""
+        if self.state is new and new is NamespaceState.REMOVED:
+            return  # retired twice (a subsystem removed with it): already so
+        if self.state not in NAMESPACE_ALLOWED_FROM[new]:
+            raise IllegalNamespaceTransition(f"namespace {self.nsid}: illegal transition {self.state.value} -> "
+                                             f"{new.value}")
+        self.state = new
+        self.paused = new is NamespaceState.PAUSED
+        self.removed = new is NamespaceState.REMOVED
+
+    def fence(self):
+        """Start a new epoch of references: commands from now on take the new one.  Returns the old one, whose
+        count now only goes down (engine/fencing.py waits for it to reach 0)."""
+        old, self.ref = self.ref, new_reference()
+        return old
 
     def visible_to(self, hostnqn: str) -> bool:
         """Whether host `hostnqn` sees the namespace (config nvmeof_roce.visible_hosts; SPDK's no_auto_visible
@@ -145,7 +228,7 @@ class Namespace:
         """Removed from its subsystem: no new commands reach it; close the backend now, or when its last
         background job completes (job_done).  As nvmet_ns_disable waits for the I/O in flight before
         closing the device."""
-        self.removed = True
+        self.enter(NamespaceState.REMOVED)
         if self.jobs:
             self._close_when_idle = True
         else:
@@ -167,22 +250,18 @@ class Namespace:
 
 class SubsystemState(enum.Enum):
     ACTIVE = "active"
-    PAUSING = "pausing"
-    PAUSED = "paused"
     REMOVED = "removed"
 
 
 # For each state, the states a subsystem may enter it from (module docstring).
 ALLOWED_FROM = {
-    SubsystemState.ACTIVE: {SubsystemState.PAUSING, SubsystemState.PAUSED},
-    SubsystemState.PAUSING: {SubsystemState.ACTIVE},
-    SubsystemState.PAUSED: {SubsystemState.PAUSING},
-    SubsystemState.REMOVED: {SubsystemState.ACTIVE, SubsystemState.PAUSING, SubsystemState.PAUSED},
+    SubsystemState.ACTIVE: set(),
+    SubsystemState.REMOVED: {SubsystemState.ACTIVE},
 }
 
 
 class IllegalSubsystemTransition(RuntimeError):
-    """A subsystem was moved along no edge of its lifecycle (pausing a paused one, resuming an active one...)."""
+    """A subsystem was moved along no edge of its lifecycle (removing a removed one)."""
 
     def __init__(self, nqn: str, old: SubsystemState, new: SubsystemState):
         super().__init__(f"subsystem {nqn}: illegal transition {old.value} -> {new.value}")
@@ -210,9 +289,6 @@ class Subsystem:
         self._active_nsids: Optional[List[int]] = None
         self._next_cntlid = self.cntlid_min
         self.state = SubsystemState.ACTIVE
-        self.holding = False  # PAUSING or PAUSED (kept as a flag: each I/O command reads it)
-        self.held: Deque = deque()  # (request, its capsule) of each I/O command that arrived while paused, in order
-        self.on_drained: Optional[Callable[[], None]] = None  # the pause's callback, while PAUSING
 
     def enter(self, new: SubsystemState) -> None:
         """Move to `new`; IllegalSubsystemTransition if the lifecycle has no such edge."""
@@ -220,7 +296,6 @@ class Subsystem:
             raise IllegalSubsystemTransition(self.nqn, self.state, new)
         log.debug("subsystem %s: %s -> %s", self.nqn, self.state.value, new.value)
         self.state = new
-        self.holding = new in (SubsystemState.PAUSING, SubsystemState.PAUSED)
 
     def rebind(self, config: SubsystemConfig) -> None:
         """Take the access settings and qid_max of a new config of the same subsystem (the attributes a host has

@@ -94,9 +94,12 @@ class TargetQueue(abc.ABC):
         """The end of a command in one call: RDMA WRITE `data` (if any; only borrowed for this call) to
         (addr, key), ordered before the SEND of the 16-byte CQE, with remote invalidation of `invalidate_key`
         if given.  `tx` is the transport's request of the capsule (capsule_received).  `source` =
-        (backend, offset) says `data` is that RAM backend's memory at offset (RamBackend.pin): a transport that
-        registers it sends from there.  Raises TransportError, before sending anything, when the data cannot
-        be sent (too long): the caller then answers without it."""
+        (backend, offset, reference) says `data` is that RAM backend's memory at offset (RamBackend.pin): a
+        transport that registers it sends from there.  The command's namespace reference (engine/subsystem.py "references")
+        passes to the transport with it: it calls `reference.put()` once nothing reads that memory any more (its
+        WRITE completed or flushed; at once when it copies the data).  Raises TransportError, before sending
+        anything, when the data cannot be sent (too long): the caller then answers without it, and keeps the
+        reference."""
 
     def data_buffer(self, length: int, tx=None) -> Optional[memoryview]:
         """A buffer for controller-to-host data that complete() then sends without a copy (an RDMA transport's
@@ -105,6 +108,11 @@ class TargetQueue(abc.ABC):
 
     def responses_in_flight(self) -> int:
         """Commands the core completed whose data or response has not yet left (a graceful stop waits)."""
+        return 0
+
+    def references_held(self, reference) -> int:
+        """Commands of this queue that hold namespace `reference` in the transport (responses sent from the
+        namespace's memory, the native data path's commands): a fence's bound tears down the queues that do."""
         return 0
 
     @abc.abstractmethod
@@ -131,11 +139,10 @@ class TargetQueue(abc.ABC):
         return None
 
     def set_view(self, ready: bool, namespaces, sq_entries: int = 0, sq_head: int = 0,
-                 sqflow_disabled: bool = False, paused: bool = False,
-                 drain_check: Optional[Callable[[], None]] = None) -> dict:
-        """Replace what the queue serves itself (built by engine/native_view.py).  `paused`: new commands go to
-        the core; `drain_check` is called after each poll that completed commands meanwhile.  Returns the
-        figures of the commands it served since they were last taken, as `take_native_stats`."""
+                 sqflow_disabled: bool = False, drain_check: Optional[Callable[[], None]] = None) -> dict:
+        """Replace what the queue serves itself (built by engine/native_view.py).  `drain_check` is called after
+        each poll that completed commands meanwhile (a change waits for them).  Returns the figures of the
+        commands it served since they were last taken, as `take_native_stats`."""
         return {}
 
     def native_in_flight(self) -> dict:

@@ -256,7 +256,9 @@ class LoopbackTargetQueue(TargetQueue):
     def complete(self, cqe: bytes, data=None, addr: int = 0, key: int = 0, invalidate_key: Optional[int] = None,
                  tx=None, source=None) -> None:
         if data is not None and len(data):
-            self.write_host(addr, key, data)
+            self.write_host(addr, key, data)  # copied now
+        if source is not None and source[2] is not None:
+            source[2].put()  # nothing reads the namespace's memory after this call
         self.respond(cqe, invalidate_key)
 
     def close(self) -> None:

@@ -533,6 +533,21 @@ void fakehost_counters(void *dev, uint64_t *out)
     pthread_mutex_unlock(&d->lock);
 }
 
+/* Work requests on the wire whose local memory overlaps [addr, addr + len): their completion would move data there
+ * (the native fuzz's guard of memory a live change lets go). */
+uint32_t fakehost_on_wire_into(void *dev, uint64_t addr, uint64_t len)
+{
+    struct fake_dev *d = dev;
+    uint32_t n = 0;
+    pthread_mutex_lock(&d->lock);
+    for (uint32_t i = 0; i < d->wire_count; i++) {
+        const struct fake_wire_wr *w = &d->wire[(d->wire_head + i) % FAKE_RING];
+        n += w->length && w->local_addr < addr + len && addr < w->local_addr + w->length;
+    }
+    pthread_mutex_unlock(&d->lock);
+    return n;
+}
+
 /* ------------------------------------------------------------------ the fault model (what the tests call) */
 
 /* Hold the wire (1): posted work requests stay on it, no completion and no data movement, until released.

@@ -102,7 +102,10 @@ static void env_open(struct env *e, uint32_t reads)
     CHECK(rc == 0, "nq_queue_init: %d", rc);
     e->ns = (struct nq_ns){.nsid = 1, .ops = &nq_backend_ram, .be_flags = (uint8_t)nq_backend_ram.flags, .lbads = 9,
                            .num_blocks = NS_BYTES >> 9, .base = e->ram,
-                           .lkey = fakehost_reg_local(e->dev, (uintptr_t)e->ram, NS_BYTES), .gen = 1};
+                           .lkey = fakehost_reg_local(e->dev, (uintptr_t)e->ram, NS_BYTES), .gen = 1,
+                           .ref = calloc(1, sizeof(struct nq_ref))};
+    CHECK(e->ns.ref, "calloc");
+    e->ns.ref->word = NQ_REF_HOLDER; /* the test's, as the view's would be */
     e->view = (struct nq_view){.ready = 1, .max_transfer = 128 * 1024, .count = 1, .ns = &e->ns};
     e->q.view = &e->view;
     e->host_key = fakehost_reg_remote(e->dev, (uintptr_t)e->host, HOST_BYTES);
@@ -112,6 +115,9 @@ static void env_close(struct env *e)
 {
     e->q.view = NULL;
     nq_queue_free(&e->q);
+    CHECK(nq_ref_commands(e->ns.ref) == 0, "every command let go of its namespace reference: %u still hold it",
+          nq_ref_commands(e->ns.ref));
+    nq_ref_unhold(e->ns.ref);
     fakehost_free(e->dev);
     free(e->recv);
     free(e->ram);

@@ -84,6 +84,14 @@ def add_namespace(target, nqn: str, ns_config):
     return ns
 
 
+def pause_and_fence(target, nqn: str, nsid: int, on_drained=lambda: None) -> list:
+    """Pause namespace `nsid` of `nqn` and fence it, as a live change does (engine/api.py when_drained, without the
+    commit): `on_drained()` once no command from before can touch it.  Returns what resume_namespaces takes."""
+    paused = target.pause_namespaces([(nqn, nsid)])
+    target.fence(paused, lambda error: on_drained(), "a test's change")
+    return paused
+
+
 def remove_namespace(target, nqn: str, nsid: int) -> None:
     """Remove a namespace through the engine's verbs (closed now or after its jobs), and tell the hosts."""
     target.retire_namespace(nqn, nsid)

@@ -57,7 +57,8 @@ def fake_library() -> ctypes.CDLL:
                             ("fakehost_fail_post", None, [vp, ctypes.c_int, ctypes.c_int, u32]),
                             ("fakehost_qp_error", None, [vp]),
                             ("fakehost_stage", ctypes.c_int, [vp, ctypes.c_char_p, u32, u32]),
-                            ("fakehost_staged", ctypes.c_int, [vp])):
+                            ("fakehost_staged", ctypes.c_int, [vp]),
+                            ("fakehost_on_wire_into", u32, [vp, u64, u64])):
         fn = getattr(lib, name)
         fn.restype = res
         fn.argtypes = args
@@ -151,6 +152,11 @@ class FakeDevice:
 
     def on_wire(self) -> int:
         return self.counters()["on_wire"]
+
+    def on_wire_into(self, addr: int, length: int) -> int:
+        """Work requests on the wire whose local memory overlaps [addr, addr + length): completing them would
+        move data there."""
+        return self.lib.fakehost_on_wire_into(self.dev, addr, length)
 
     def fail_post(self, which: str, err: int, nth: int = 1) -> None:
         """The `nth` ibv_post_send (`which` "send") or ibv_post_recv ("recv") from now returns `err` (an

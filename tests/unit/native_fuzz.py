@@ -72,6 +72,7 @@ from nvmeof_roce.config import parse_config
 from nvmeof_roce.control import live
 from nvmeof_roce.nvme import auth as A
 from nvmeof_roce.transport.contracts import TransportError
+from nvmeof_roce.transport.rdma import native as rdma_native
 
 HOST_BUFFER = 4 << 20
 SLOTS = 32
@@ -421,14 +422,26 @@ class NativeSide(Side):
             if quiet >= 3:
                 return got
 
-    def guard(self, applying, change) -> None:
-        """A change is never committed while work requests of the queue are on the wire: their DMA would reach
-        the memory the change let go (the fake moves data when a request completes, so it would write there)."""
-        on_wire = self.ep.device.on_wire()
-        if applying is not None and applying.done and on_wire and change[0] in ("resize", "remove", "replace"):
+    def memory_of(self, change) -> Optional[Tuple[int, int]]:
+        """(address, length) of the RAM memory a resize, removal or replacement lets go, or None."""
+        if change is None or change[0] not in ("resize", "remove", "replace"):
+            return None
+        ns = self.ep.env.target.subsystem(SUB_RAM).namespaces.get(change[1])
+        if ns is None or ns.backend.kind != "ram":
+            return None  # staged namespaces' data is in the queue's own bounce chunks
+        return rdma_native._address(ns.backend.buffer.obj), ns.num_blocks * ns.block_size
+
+    def guard(self, applying, change, memory) -> None:
+        """A change is never committed while work requests of the queue that reach the memory it lets go are on
+        the wire (the fake moves data when a request completes, so it would write there).  Other namespaces'
+        work goes on meanwhile: only the namespace changed is paused."""
+        if applying is None or not applying.done or memory is None:
+            return
+        on_wire = self.ep.device.on_wire_into(*memory)
+        if on_wire:
             raise Divergence(f"{self.where}: the live change {change} was committed with {on_wire} work requests "
-                             f"still on the wire of the native queue (closed: {self.ep.queue.closed}); completing "
-                             f"them would move data into the memory it let go")
+                             f"into its memory still on the wire of the native queue (closed: "
+                             f"{self.ep.queue.closed}); completing them would move data into the memory it let go")
 
     def deliver(self, capsules: List[bytes]) -> None:
         for capsule in capsules:
@@ -458,9 +471,10 @@ class NativeSide(Side):
             ep.queue.poll()
         else:
             self.loop.run_once(0.002)
+        memory = self.memory_of(change) if mid is not None else None
         if mid is not None:
             applying = mid()
-            self.guard(applying, change)
+            self.guard(applying, change, memory)
         if kind == "qp_error":
             if arg:
                 device.release(arg)
@@ -475,7 +489,7 @@ class NativeSide(Side):
             step = arg if kind == "hold" else 3
             while device.release(step):
                 ep.queue.poll()
-                self.guard(applying, change)
+                self.guard(applying, change, memory)
         if hold:
             device.hold(False)
         try:

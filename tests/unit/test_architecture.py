@@ -461,3 +461,69 @@ MOST_MODULE_LINES = 900  # a module over this is more than one room: move a cohe
 def test_no_module_of_the_package_is_over_900_lines():
     long = {m: n for m in package_modules() if (n := len((PACKAGE / m).read_text().splitlines())) > MOST_MODULE_LINES}
     assert not long, f"modules over {MOST_MODULE_LINES} lines (split them by what they do): {long}"
+
+
+# The native module's C (csrc/): small files, and one-way dependencies between them, as the Python modules above.
+CSRC = REPO / "csrc"
+C_MAX_LINES = 900
+_C_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"', re.M)
+# a function defined at file scope, not static: its name, then its parameters and the opening brace
+_C_DEFINITION = re.compile(r"^(?!static\b|typedef\b)[A-Za-z_][\w \t*]*?\b(\w+)[ \t]*\([^;{}]*?\)[ \t\n]*\{", re.M)
+
+
+def _c_code(text: str) -> str:
+    """The C text without its comments and string literals (a name in them is no use of it)."""
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    text = re.sub(r"//[^\n]*", " ", text)
+    return re.sub(r'"(?:\\.|[^"\\\n])*"', '""', text)
+
+
+def c_dependency_graph(files: dict[str, str]) -> dict[str, set[str]]:
+    """{file: the files of `files` it depends on}: its `#include "..."` lines; for a .c file, also the .c file
+    whose header (x.h for x.c) it includes and every .c file that defines a (non-static) function it names."""
+    defined_in = {}
+    for name, text in files.items():
+        if name.endswith(".c"):
+            for function in _C_DEFINITION.findall(_c_code(text)):
+                defined_in.setdefault(function, name)
+    graph = {}
+    for name, text in files.items():
+        deps = {h for h in _C_INCLUDE.findall(text) if h in files}
+        if name.endswith(".c"):
+            deps |= {h[:-2] + ".c" for h in deps if h.endswith(".h") and h[:-2] + ".c" in files}
+            deps |= {defined_in[w] for w in set(re.findall(r"\b\w+\b", _c_code(text))) if w in defined_in}
+        graph[name] = deps - {name}
+    return graph
+
+
+def _csrc_files() -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(CSRC.glob("*.[ch]"))}
+
+
+def test_no_c_file_of_the_native_module_is_over_900_lines():
+    long = {name: text.count("\n") for name, text in _csrc_files().items() if text.count("\n") > C_MAX_LINES}
+    assert not long, (f"csrc/ files over {C_MAX_LINES} lines (split them by concern, docs/architecture.md "
+                      f"'Every module'): {long}")
+
+
+def test_no_c_file_of_the_native_module_depends_on_another_in_a_circle():
+    circles = import_circles(c_dependency_graph(_csrc_files()))
+    assert not circles, "csrc/ files that depend on each other (directly or around a circle): " + "; ".join(
+        " <-> ".join(c) for c in circles)
+
+
+def test_the_c_dependency_finder_sees_includes_headers_and_calls():
+    files = {
+        "a.h": "int a_run(void);\n",
+        "a.c": '#include "a.h"\n#include "b.h"\nint a_run(void)\n{\n    return b_count(); /* c_gone() */\n}\n',
+        "b.h": "int b_count(void);\n",
+        "b.c": '#include "b.h"\nstatic int b_helper(int x) { return x; }\nint b_count(void)\n{\n    return 1;\n}\n',
+        "c.c": 'int c_gone(void)\n{\n    return a_run() + (int)sizeof("b_count");\n}\n',
+    }
+    graph = c_dependency_graph(files)
+    assert graph["a.c"] == {"a.h", "b.h", "b.c"}  # b.c: its header, and b_count; not c.c: c_gone is in a comment
+    assert graph["b.c"] == {"b.h"}  # b_helper is static: defines nothing for others
+    assert graph["c.c"] == {"a.c"}  # a_run; b_count only in a string
+    assert import_circles(graph) == []
+    files["b.c"] += "int b_more(void)\n{\n    return a_run();\n}\n"
+    assert import_circles(c_dependency_graph(files)) == [["a.c", "b.c"]]

@@ -1,5 +1,5 @@
-"""The engine's administrative verbs (engine/api.py): pause and resume of a subsystem, its lifecycle, and the
-namespace verbs as a connected host sees them over the loopback fabric."""
+"""The engine's administrative verbs (engine/api.py): pause and resume of a namespace, fences (engine/fencing.py),
+the lifecycles, and the namespace verbs as a connected host sees them over the loopback fabric."""
 import pytest
 
 from loopback_env import SUB_4K, SUB_RAM, Env, RawQueue, ram_ns, standard_config
@@ -10,7 +10,8 @@ from nvmeof_roce.nvme import nvm
 from nvmeof_roce.nvme import status as S
 from nvmeof_roce.nvme.sgl import SglDescriptor
 from nvmeof_roce.nvme.status import NvmeStatusError
-from nvmeof_roce.engine.subsystem import IllegalSubsystemTransition, SubsystemState
+from nvmeof_roce.engine.subsystem import (IllegalNamespaceTransition, IllegalSubsystemTransition, NamespaceState,
+                                          SubsystemState)
 
 
 @pytest.fixture
@@ -52,123 +53,122 @@ def new_namespace(nsid: int, size: str = "1M"):
         .subsystems[0].namespaces[0]
 
 
-# ---------------------------------------------------------------------------------------------- pause, resume
+# ---------------------------------------------------------------------------------------------- pause, fence
 
 def test_pause_holds_new_commands_and_resume_starts_them_in_order(env, ctrl):
     q = io(ctrl)
-    drained = []
-    assert env.target.pause(SUB_RAM, lambda: drained.append(True))  # nothing running: paused at once
-    assert drained == [True]
-    sub = env.target.subsystem(SUB_RAM)
-    assert sub.state is SubsystemState.PAUSED
+    paused = env.target.pause_namespaces([(SUB_RAM, 1)])
+    ns = env.target.subsystem(SUB_RAM).namespaces[1]
+    assert paused == [(SUB_RAM, ns)] and ns.state is NamespaceState.PAUSED
     for cid, fill in ((0x10, b"a"), (0x11, b"b"), (0x12, b"c")):  # the same block: the last one must win
         q.send(in_capsule_write(q, cid, fill * 512))
     env.fabric.pump()
     assert completions(q) == []  # waiting, not failed
-    assert len(sub.held) == 3
-    env.target.resume(SUB_RAM)
+    assert len(ns.held) == 3
+    env.target.resume_namespaces(paused)
     env.fabric.pump()
     got = completions(q)
     assert cids(got) == [0x10, 0x11, 0x12] and statuses(got) == [0, 0, 0]
-    assert sub.state is SubsystemState.ACTIVE and not sub.held
+    assert ns.state is NamespaceState.ACTIVE and not ns.held
     assert ctrl.read(1, 0, 1) == b"c" * 512
     assert env.target.internal_errors == 0
 
 
-def test_the_pause_callback_waits_for_the_commands_in_flight(env, ctrl):
-    """A RAM Write Zeroes runs in slices on later loop passes (engine/work.py): started before the pause, it
-    drains before the callback fires; a Write sent meanwhile waits for resume."""
+def test_a_fence_waits_for_the_commands_in_flight_and_not_for_later_ones(env, ctrl):
+    """A RAM Write Zeroes runs in slices on later loop passes (engine/work.py): started before the fence, the fence
+    is done once it completed; a Write sent meanwhile (not paused) takes the new reference and is not waited for."""
     q = io(ctrl)
     q.send(nvm.write_zeroes_command(0, 1, 0, 7).pack())
     env.fabric.pump(max_ops=1)  # the capsule is in and its job queued
     assert env.target.work.pending == 1
-    drained = []
-    assert not env.target.pause(SUB_RAM, lambda: drained.append(env.target.work.pending))
-    sub = env.target.subsystem(SUB_RAM)
-    assert sub.state is SubsystemState.PAUSING and drained == []
-    q.send(in_capsule_write(q, 0x20, b"w" * 512))
+    ns = env.target.subsystem(SUB_RAM).namespaces[1]
+    old = ns.ref
+    assert old.count == 1
+    fenced = []
+    env.target.fence([(SUB_RAM, ns)], lambda error: fenced.append((error, env.target.work.pending)), "a test")
+    assert fenced == [] and ns.ref is not old and env.target.fencing
     env.fabric.pump()
     env.fabric.tick()
-    assert drained == [0]  # called once the zeroing completed, not before
-    assert sub.state is SubsystemState.PAUSED
-    got = completions(q)
-    assert statuses(got) == [0] and 0x20 not in cids(got)  # the zeroing answered, the Write still waits
-    env.target.resume(SUB_RAM)
-    env.fabric.pump()
-    assert cids(completions(q)) == [0x20]
-    assert ctrl.read(1, 0, 1) == b"w" * 512
-
-
-def test_resumed_before_it_drained_the_pause_callback_never_fires(env, ctrl):
-    q = io(ctrl)
-    q.send(nvm.write_zeroes_command(0, 1, 0, 7).pack())
-    env.fabric.pump(max_ops=1)
-    drained = []
-    assert not env.target.pause(SUB_RAM, lambda: drained.append(True))
-    env.target.resume(SUB_RAM)
-    env.fabric.pump()
-    env.fabric.tick()
-    assert drained == [] and env.target.subsystem(SUB_RAM).state is SubsystemState.ACTIVE
+    assert fenced == [(None, 0)]  # done once the zeroing completed, not before
+    assert old.count == 0 and ns.ref.count == 0 and not env.target.fencing
     assert statuses(completions(q)) == [0]
 
 
-def test_pausing_one_subsystem_leaves_the_others_running(env):
+def test_a_fence_on_one_namespace_does_not_wait_for_another(env, ctrl):
+    q = io(ctrl)
+    q.send(nvm.write_zeroes_command(0, 1, 0, 7).pack())  # on namespace 1
+    env.fabric.pump(max_ops=1)
+    fenced = []
+    env.target.fence([(SUB_RAM, env.target.subsystem(SUB_RAM).namespaces[2])], fenced.append, "a test")
+    assert fenced == [None]  # nothing of namespace 2's was in flight
+    env.fabric.pump()
+
+
+def test_pausing_one_namespace_leaves_the_others_running(env, ctrl):
     other = env.connect(SUB_4K, num_io_queues=1)
-    env.target.pause(SUB_RAM)
-    other.write(1, 0, b"x" * 4096)
+    paused = env.target.pause_namespaces([(SUB_RAM, 1)])
+    ctrl.write(2, 0, b"y" * 512)  # the other namespace of the same subsystem
+    assert ctrl.read(2, 0, 1) == b"y" * 512
+    other.write(1, 0, b"x" * 4096)  # and another subsystem
     assert other.read(1, 0, 1) == b"x" * 4096
-    env.target.resume(SUB_RAM)
+    env.target.resume_namespaces(paused)
     other.close()
 
 
 def test_commands_held_on_a_queue_that_closed_are_freed_on_resume(env, ctrl):
     q = io(ctrl)
-    env.target.pause(SUB_RAM)
+    paused = env.target.pause_namespaces([(SUB_RAM, 1)])
     q.send(in_capsule_write(q, 0x30, b"z" * 512))
     env.fabric.pump()
     ctrl.close()
     env.fabric.pump()
-    env.target.resume(SUB_RAM)  # its queue is gone: nothing to answer, nothing leaked
-    assert not env.target.subsystem(SUB_RAM).held
+    env.target.resume_namespaces(paused)  # its queue is gone: nothing to answer, nothing leaked
+    ns = env.target.subsystem(SUB_RAM).namespaces[1]
+    assert not ns.held and ns.ref.count == 0
     assert env.target.internal_errors == 0
 
 
-def test_illegal_subsystem_moves_raise(env):
-    with pytest.raises(IllegalSubsystemTransition, match="active -> active"):
-        env.target.resume(SUB_RAM)
-    env.target.pause(SUB_RAM)
-    with pytest.raises(IllegalSubsystemTransition, match="paused -> pausing"):
-        env.target.pause(SUB_RAM)
-    env.target.resume(SUB_RAM)
+def test_illegal_namespace_and_subsystem_moves_raise(env):
+    ns = env.target.subsystem(SUB_RAM).namespaces[1]
+    with pytest.raises(IllegalNamespaceTransition, match="active -> active"):
+        ns.enter(NamespaceState.ACTIVE)
+    paused = env.target.pause_namespaces([(SUB_RAM, 1)])
+    with pytest.raises(IllegalNamespaceTransition, match="paused -> paused"):
+        ns.enter(NamespaceState.PAUSED)
+    assert env.target.pause_namespaces([(SUB_RAM, 1)]) == []  # already paused: not twice
+    env.target.resume_namespaces(paused)
     sub = env.target.remove_subsystem(SUB_RAM)
     assert sub.state is SubsystemState.REMOVED and SUB_RAM not in env.target.subsystems
-    for state in (SubsystemState.ACTIVE, SubsystemState.PAUSING, SubsystemState.PAUSED):
-        with pytest.raises(IllegalSubsystemTransition, match=f"removed -> {state.value}"):
-            sub.enter(state)
+    assert ns.state is NamespaceState.REMOVED
+    with pytest.raises(IllegalSubsystemTransition, match="removed -> removed"):
+        sub.enter(SubsystemState.REMOVED)
+    for state in (NamespaceState.ACTIVE, NamespaceState.PAUSED):
+        with pytest.raises(IllegalNamespaceTransition, match=f"removed -> {state.value}"):
+            ns.enter(state)
 
 
-def test_removing_a_paused_subsystem_ends_its_controllers_and_drops_what_waited(env, ctrl):
+def test_removing_a_subsystem_with_a_paused_namespace_ends_its_controllers_and_drops_what_waited(env, ctrl):
     q = io(ctrl)
-    env.target.pause(SUB_RAM)
+    env.target.pause_namespaces([(SUB_RAM, 1)])
     q.send(in_capsule_write(q, 0x40, b"r" * 512))
     env.fabric.pump()
     sub = env.target.remove_subsystem(SUB_RAM, "subsystem deleted")
     env.fabric.pump()
-    assert not sub.held and not sub.controllers
+    assert not sub.namespaces[1].held and not sub.controllers
     assert all(ns.removed for ns in sub.namespaces.values())
     assert env.target.internal_errors == 0
 
 
-def test_removing_a_subsystem_while_it_drains_forgets_its_pause(env, ctrl):
+def test_removing_a_subsystem_while_a_fence_waits_ends_the_fence_once_its_commands_are_gone(env, ctrl):
     q = io(ctrl)
     q.send(nvm.write_zeroes_command(0, 1, 0, 7).pack())
-    env.fabric.pump(max_ops=1)  # a sliced job in flight: the pause cannot complete yet
-    drained = []
-    assert not env.target.pause(SUB_RAM, lambda: drained.append(True))
+    env.fabric.pump(max_ops=1)  # a sliced job in flight: the fence cannot complete yet
+    fenced = []
+    env.target.fence([(SUB_RAM, env.target.subsystem(SUB_RAM).namespaces[1])], fenced.append, "a test")
     sub = env.target.remove_subsystem(SUB_RAM)
     env.fabric.pump()
     env.fabric.tick()
-    assert sub.state is SubsystemState.REMOVED and drained == []
+    assert sub.state is SubsystemState.REMOVED and fenced == [None]
     assert env.target.internal_errors == 0
 
 
@@ -234,19 +234,20 @@ def test_a_namespace_that_cannot_open_names_its_config_field(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- live.apply
 
-def test_a_live_change_commits_namespace_changes_while_their_subsystem_is_paused(env, ctrl):
-    """control/live.py brackets the commit in pause and resume of the subsystems whose namespaces change (and of
-    no other), and leaves them active."""
+def test_a_live_change_commits_namespace_changes_while_their_namespaces_are_paused(env, ctrl):
+    """control/live.py brackets the commit in pause and resume of the namespaces that change (and of no other),
+    and leaves them active."""
     seen = []
-    pause, resume, install = env.target.pause, env.target.resume, env.target.install_namespace
-    env.target.pause = lambda nqn, *a: seen.append(("pause", nqn)) or pause(nqn, *a)
-    env.target.resume = lambda nqn: seen.append(("resume", nqn)) or resume(nqn)
-    env.target.install_namespace = lambda nqn, ns: seen.append(
-        ("install", nqn, env.target.subsystem(nqn).state)) or install(nqn, ns)
+    pause, resume, install = env.target.pause_namespaces, env.target.resume_namespaces, env.target.install_namespace
+    env.target.pause_namespaces = lambda targets: seen.append(("pause", list(targets))) or pause(targets)
+    env.target.resume_namespaces = lambda paused: seen.append(("resume", [(n, ns.nsid) for n, ns in paused])) \
+        or resume(paused)
+    env.target.install_namespace = lambda nqn, ns: seen.append(("install", nqn, ns.nsid)) or install(nqn, ns)
     control = Control(env.target)
     nsid = control.call("nvmf_subsystem_add_ns", {"nqn": SUB_RAM, "namespace": {"backend": "ram", "size": "1M"}})
-    assert seen == [("pause", SUB_RAM), ("install", SUB_RAM, SubsystemState.PAUSED), ("resume", SUB_RAM)]
-    assert env.target.subsystem(SUB_RAM).state is SubsystemState.ACTIVE
+    # a new NSID: nothing to pause, nothing in flight for it; the install comes between
+    assert seen == [("pause", [(SUB_RAM, nsid)]), ("install", SUB_RAM, nsid), ("resume", [])]
+    assert all(ns.state is NamespaceState.ACTIVE for ns in env.target.subsystem(SUB_RAM).namespaces.values())
     ctrl.poll_admin()
     assert ctrl.changed_namespaces() == [nsid]
     ctrl.write(nsid, 0, b"l" * 512)

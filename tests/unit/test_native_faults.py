@@ -6,13 +6,14 @@ error state.  The io_uring test hook (`_native.uring_inject`, csrc/uring.c) fail
 Each test checks what the host was told against where the data is.
 """
 import errno
+from typing import Tuple
 import logging
 import select
 import time
 
 import pytest
 
-from loopback_env import HOST_A, RAW_HOSTID, SUB_FILE, SUB_RAM, ram_ns, standard_config
+from loopback_env import HOST_A, RAW_HOSTID, SUB_FILE, SUB_RAM, pause_and_fence, ram_ns, standard_config
 from native_diff import LoopbackEndpoint, NativeEndpoint, close_all, io_capsule, pattern
 from native_fake import FakeDevice, native_queue, needs_native, pump
 from nvmeof_roce import native
@@ -131,13 +132,14 @@ def read_held_on_the_wire(ep) -> None:
     assert ep.device.on_wire() == 2
 
 
-def pause_behind_a_read_on_the_wire(ep) -> list:
-    """read_held_on_the_wire, then a pause of SUB_RAM, which waits for it: the list gets the count of work requests
-    on the wire when the pause drains."""
+def pause_behind_a_read_on_the_wire(ep) -> Tuple[list, list]:
+    """read_held_on_the_wire, then a pause of its namespace, whose fence waits for it: (the list that gets the count
+    of work requests on the wire when the fence is done, what to resume)."""
     read_held_on_the_wire(ep)
     on_wire_when_drained = []
-    assert not ep.env.target.pause(SUB_RAM, on_drained=lambda: on_wire_when_drained.append(ep.device.on_wire()))
-    return on_wire_when_drained
+    paused = pause_and_fence(ep.env.target, SUB_RAM, 1, lambda: on_wire_when_drained.append(ep.device.on_wire()))
+    assert on_wire_when_drained == []
+    return on_wire_when_drained, paused
 
 
 # ------------------------------------------------------------------------------------------ DMA at completion
@@ -301,14 +303,14 @@ def test_a_queue_a_failed_post_closes_is_off_the_wire_before_a_pending_pause_can
     drain then and its change let the old memory go: by then nothing of the queue may be left on the wire."""
     ep = ram_ep
     target = ep.env.target
-    on_wire_when_drained = pause_behind_a_read_on_the_wire(ep)
+    on_wire_when_drained, paused = pause_behind_a_read_on_the_wire(ep)
     ep.device.fail_post("recv", errno.EINVAL)  # the next capsule's receive is re-posted: refused
     assert ep.device.deliver(io_capsule(ep, READ, 1, 0, 7, 4096, cid=6)) == 0
     ep.queue.poll()
     assert ep.queue.closed and ep.device.counters()["post_faults"] == 1
     assert on_wire_when_drained == [0]  # drained once the QP was gone, not while its work requests were on the wire
     assert ep.device.responses() == []  # flushed: nothing moved or answered after the close
-    target.resume(SUB_RAM)
+    target.resume_namespaces(paused)
 
 
 def test_a_queue_closing_on_a_disconnect_counts_its_work_on_the_wire_for_a_pending_pause(ram_ep):
@@ -316,7 +318,7 @@ def test_a_queue_closing_on_a_disconnect_counts_its_work_on_the_wire_for_a_pendi
     Read's data from the namespace's memory): a pause waiting meanwhile drains only when that has left."""
     ep = ram_ep
     target = ep.env.target
-    on_wire_when_drained = pause_behind_a_read_on_the_wire(ep)
+    on_wire_when_drained, paused = pause_behind_a_read_on_the_wire(ep)
     assert ep.device.deliver(F.DisconnectCommand(cid=100).to_sqe().pack()) == 0
     ep.queue.poll()
     assert ep.queue.closing and on_wire_when_drained == []  # the Read's data and response still on the wire
@@ -325,7 +327,7 @@ def test_a_queue_closing_on_a_disconnect_counts_its_work_on_the_wire_for_a_pendi
     pump(ep.queue)
     assert ep.queue.closed and on_wire_when_drained == [0]
     assert sorted(cid_of(cqe) for cqe, _ in ep.device.responses()) == [5, 100]
-    target.resume(SUB_RAM)
+    target.resume_namespaces(paused)
 
 
 # ------------------------------------------------------------------------------------------ QP in error
@@ -420,15 +422,17 @@ def test_a_write_the_device_fails_while_a_pause_drains_is_answered_with_the_devi
     ep.queue.poll()  # taken: its data's RDMA READ posted, the ring's write and its completion to come
     assert ep.queue.stats()["native_in_flight"] == 1 and ep.queue.stats()["file_handed_back"] == 0
     drained = []
-    assert not target.pause(SUB_FILE, on_drained=lambda: drained.append(ep.device.responses()))
+    paused = pause_and_fence(target, SUB_FILE, 1, lambda: drained.append(ep.queue.stats()["python_commands"]))
+    assert drained == []
+    python_before = ep.queue.stats()["python_commands"]
     ep.settle()
     assert ep.queue.stats()["file_handed_back"] == 1
     assert native.module.uring_faults()["remaining"] == 0  # the core did it again and met the device's error
-    assert len(drained) == 1, "the pause drained the handed-back Write"
-    ((cqe, _),) = drained[0]  # answered before the pause completed: nothing was held
+    assert drained == [python_before + 1], "the fence waited for the handed-back Write, which the core ran"
+    ((cqe, _),) = ep.device.responses()  # answered while paused: it was not held for the resume
     assert cid_of(cqe) == 7 and status_of(cqe) == INTERNAL_ERROR_DNR
-    assert not target.subsystem(SUB_FILE).held
-    target.resume(SUB_FILE)
+    assert not target.subsystem(SUB_FILE).namespaces[1].held
+    target.resume_namespaces(paused)
     ep.settle()
     assert ep.device.responses() == []  # nothing more: it was answered once
 

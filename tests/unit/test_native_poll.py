@@ -545,7 +545,7 @@ def test_a_response_in_the_window_after_a_poll_group_thread_failed_the_queue_clo
     eps, loop, groups = grouped
     ep = eps[1]
     target = ep.env.target
-    assert target.pause(SUB_RAM)
+    paused = target.pause_namespaces([(SUB_RAM, 1)])
     ep.device.deliver(io_capsule(ep, 0x08, 1, 0, 7, 0, cid=7))  # Write Zeroes: the core's, held by the pause
     deadline = time.monotonic() + 60
     while target.in_flight() == 0:  # the loop drained it to the core, which holds it
@@ -559,7 +559,7 @@ def test_a_response_in_the_window_after_a_poll_group_thread_failed_the_queue_clo
         time.sleep(0.001)
     assert not ep.queue.closed  # the failure is in the mailbox: the loop has not drained it
     internal = target.internal_errors
-    target.resume(SUB_RAM)  # the held Write Zeroes runs and answers now, in the window
+    target.resume_namespaces(paused)  # the held Write Zeroes runs and answers now, in the window
     ep.env.fabric.pump()  # (its slices run on the loopback's loop)
     assert target.internal_errors == internal
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text

@@ -18,6 +18,7 @@ from loopback_env import (SUB_4K, SUB_FILE, SUB_NULL, SUB_RAM, file_ns, null_ns,
                            standard_config)
 from native_diff import HOST_BUFFER, LoopbackEndpoint, NativeEndpoint, close_all, io_capsule, pattern
 from native_fake import needs_native, pump
+from nvmeof_roce import native
 
 pytestmark = needs_native
 
@@ -193,12 +194,18 @@ def test_responses_wait_for_send_queue_entries_and_none_is_lost():
 
 
 def test_the_view_refuses_kinds_it_does_not_serve(native_ep):
+    ref = native.module.Ref()
     with pytest.raises(ValueError, match="kind tape is served by Python"):
-        native_ep.queue.native.set_view(True, 4096, [(1, "tape", 9, 100, 0, 0, 1, None)], sq_entries=32)
+        native_ep.queue.native.set_view(True, 4096, [(1, "tape", 9, 100, 0, 0, 1, None, ref, False)], sq_entries=32)
     with pytest.raises(ValueError, match="needs its _native.File"):
-        native_ep.queue.native.set_view(True, 4096, [(1, "file", 9, 100, 0, 0, 1, None)], sq_entries=32)
+        native_ep.queue.native.set_view(True, 4096, [(1, "file", 9, 100, 0, 0, 1, None, ref, False)], sq_entries=32)
     with pytest.raises(ValueError, match="appears twice"):
-        native_ep.queue.native.set_view(True, 4096, [(1, "null", 9, 100, 0, 0, 1, None)] * 2, sq_entries=32)
+        native_ep.queue.native.set_view(True, 4096, [(1, "null", 9, 100, 0, 0, 1, None, ref, False)] * 2,
+                                        sq_entries=32)
+    with pytest.raises(TypeError, match="must be a _native.Ref"):
+        native_ep.queue.native.set_view(True, 4096, [(1, "null", 9, 100, 0, 0, 1, None, object(), False)],
+                                        sq_entries=32)
+    assert ref.count == 0  # no view took a command on it, and the refused views let it go
 
 
 # ---------------------------------------------------------------------------------------------- differential

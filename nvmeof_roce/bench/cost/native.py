@@ -11,7 +11,7 @@ every capsule goes to the Python core, which answers through the same C queue: t
 the same harness (its RequestBook and the core; the pyverbs transport's own cost is measured by
 nvmeof_roce.bench.cost.transport).  traced (`--trace`, in place of python): native with the per-command trace on
 (csrc/trace.c; its records taken after each poll, outside what is counted, and not printed).  adaptive
-(`--adaptive`, in place of python): native polled as `--poll adaptive` does (csrc/nq_hot.c nq_poll_adaptive: the
+(`--adaptive`, in place of python): native polled as `--poll adaptive` does (csrc/nq_owner.c nq_poll_adaptive: the
 polls, the arm, the poll after the arm), with a spin bound of 0, so what is counted is the mode's fixed cost per
 wake-up; the spin itself costs what its bound says, in time (one empty poll per pass).  rbd (`--rbd`, in place of
 python): an RBD namespace on the native path (csrc/be_rbd.c) over the fake librbd (tests/unit/fakerbd/), which

@@ -155,7 +155,7 @@ class NativeTargetQueue(TargetQueue):
             on_failure=_weak(self._on_failure), zero=zero.spec() if zero else None,
             sink=sink.spec() if sink else None, remote_invalidate=verbs.remote_invalidate)
         self.view_ready = False
-        self.drain_check: Optional[Callable[[], None]] = None  # while its subsystem is paused: set_view
+        self.drain_check: Optional[Callable[[], None]] = None  # while a change waits for commands: set_view
         self.native_commands_seen = 0  # the C queue's native_commands at the last native_traffic()
         self.poll_mode = None  # "interrupt", "adaptive" or "busy" once start_polling ran (a test may poll by hand)
         self.poll_group = None  # the _native.PollGroup whose thread polls it (--cores), or None
@@ -226,12 +226,12 @@ class NativeTargetQueue(TargetQueue):
         return done, armed
 
     def after_poll(self, done: int) -> None:
-        """What follows every poll of the C queue (`done` completions handled): the trace, a paused subsystem's
-        drain check, the teardown of a closing queue whose last response has left."""
+        """What follows every poll of the C queue (`done` completions handled): the trace, the
+        fences' check, the teardown of a closing queue whose last response has left."""
         if self.tracing:
             self.log_trace()
         if done and self.drain_check is not None:
-            self.drain_check()  # its subsystem is paused: these may have been the last of its commands
+            self.drain_check()  # a change waits for commands in flight: these may have been the last
         if self.closing and not self.closed and self.native.close_ready:
             self._teardown(None)  # the last response of a closing queue has left
 
@@ -295,19 +295,18 @@ class NativeTargetQueue(TargetQueue):
         return not self.closed
 
     def set_view(self, ready: bool, namespaces, sq_entries: int = 0, sq_head: int = 0,
-                 sqflow_disabled: bool = False, paused: bool = False,
-                 drain_check: Optional[Callable[[], None]] = None) -> dict:
+                 sqflow_disabled: bool = False, drain_check: Optional[Callable[[], None]] = None) -> dict:
         """The one call that changes what the C queue serves itself (engine/native_view.py builds it)."""
         if self.closed:
             return {}
         self.drain_check = drain_check
         # The core serves staged namespaces (file, block: an entry with a handle) where the queue cannot: no ring
         # or bounce memory.
-        if any(len(entry) > 8 for entry in namespaces) and not self._enable_files():
-            namespaces = [entry for entry in namespaces if len(entry) <= 8]
+        if any(len(entry) > 10 for entry in namespaces) and not self._enable_files():
+            namespaces = [entry for entry in namespaces if len(entry) <= 10]
         self.view_ready = ready
         return self.native.set_view(ready, self.max_transfer, namespaces, sq_entries=sq_entries, sq_head=sq_head,
-                                    sqflow_disabled=sqflow_disabled, paused=paused)
+                                    sqflow_disabled=sqflow_disabled)
 
     def native_in_flight(self) -> dict:
         return {} if self.closed else self.native.in_flight()
@@ -438,8 +437,15 @@ class NativeTargetQueue(TargetQueue):
         if self.closed:
             if tx is not None:
                 self.book.dropped(tx)
+            if source is not None and source[2] is not None:
+                source[2].put()  # nothing is sent: nothing reads the namespace's memory
             return
         self.book.respond(tx, cqe, data, addr, key, invalidate_key, source, self.region_of, self.max_transfer)
+
+    def references_held(self, reference) -> int:
+        """Its responses sent from a namespace's memory and its C queue's commands holding `reference` (a closed
+        queue's until its slots are let go: native.close, after the QP is gone)."""
+        return self.book.holding(reference) + self.native.holding(reference)
 
     def responses_in_flight(self) -> int:
         if self.closed:
@@ -477,7 +483,7 @@ class NativeTargetQueue(TargetQueue):
         self._leave_poll_group()  # first: no thread polls or posts on the queue from here on
         try:
             # The owner destroys the QP (or puts it in the error state) before the core hears of the close: from
-            # then on the core no longer counts this queue's commands, and a paused subsystem's drain may commit
+            # then on the core no longer counts this queue's commands, and a change's fence may commit
             # a live change at once, letting go of memory its work requests still on the wire would write.
             self._on_close(self)
         finally:

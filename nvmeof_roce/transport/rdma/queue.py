@@ -430,6 +430,9 @@ class RdmaTargetQueue(TargetQueue):
     def responses_in_flight(self) -> int:
         return 0 if self.closed else self.book.completing()
 
+    def references_held(self, reference) -> int:
+        return self.book.holding(reference)
+
     # -- the TargetQueue contract --
 
     def read_host(self, addr: int, key: int, length: int, done: ReadDone, tx=None) -> None:
@@ -454,6 +457,8 @@ class RdmaTargetQueue(TargetQueue):
         if self.closed:
             if tx is not None:
                 self.book.dropped(tx)
+            if source is not None and source[2] is not None:
+                source[2].put()  # nothing is sent: nothing reads the namespace's memory
             return
         self.book.respond(tx, cqe, data, addr, key, invalidate_key, source, self.listener.region,
                           self.listener.max_transfer)

@@ -56,7 +56,7 @@ class TxRequest:
     """One command's transport state: the typed work-request context (no tuples; its `index` is the wr_id)."""
 
     __slots__ = ("index", "state", "chunk", "in_chunk", "length", "addr", "key", "done", "data", "external",
-                 "cqe", "invalidate", "signaled", "wrs", "parked")
+                 "cqe", "invalidate", "signaled", "wrs", "parked", "hold")
 
     def __init__(self, index: int):
         self.index = index
@@ -73,6 +73,7 @@ class TxRequest:
         self.done: Optional[ReadDone] = None  # the READ's callback
         self.data = None  # data not yet in a chunk (copied when the response must wait)
         self.external = None  # (addr, lkey) of data already in registered memory: WRITE straight from it
+        self.hold = None  # the namespace reference of that memory, let go when the request is freed
         self.cqe = b""
         self.invalidate: Optional[int] = None
         self.signaled = False
@@ -139,6 +140,10 @@ class RequestBook:
         """Requests the core is done with whose response has not yet left (a graceful stop waits for them)."""
         return (len(self.pending[READY_TO_COMPLETE]) + len(self.queued)
                 + sum(1 for r in self.posted if r.cqe))
+
+    def holding(self, reference) -> int:
+        """Requests whose WRITE from a namespace's memory holds `reference`."""
+        return sum(1 for req in self.requests if req.hold is reference)
 
     def count(self, state: State) -> int:
         return sum(1 for r in self.requests if r.state == state)
@@ -209,10 +214,13 @@ class RequestBook:
             req = self.received()
             self.delivered(req)
         external = None
-        if source is not None and data is not None:
-            region = region_of(source[0])
-            if region is not None:
+        if source is not None:
+            region = region_of(source[0]) if data is not None else None
+            if region is not None:  # sent from the namespace's memory: its reference held until freed
                 external = (region[0] + source[1], region[1])
+                req.hold = source[2]
+            elif source[2] is not None:
+                source[2].put()  # copied: nothing of it reads that memory after this call
         self.complete(req, cqe, data, addr, key, invalidate, external)
 
     def buffer(self, req: TxRequest) -> bool:
@@ -384,7 +392,10 @@ class RequestBook:
         if req.state == FREE:
             return
         self._give(req)
+        hold = req.hold
         req._clear()
+        if hold is not None:  # its WRITE from the namespace's memory completed or flushed
+            hold.put()
         move(req, FREE)
         req.parked = False
         self.busy -= 1

@@ -1,7 +1,9 @@
-/* Poll groups (csrc/pollgroup.c): threads that poll native queues without the GIL (docs/native.md, "Poll groups");
- * what such a queue hands to the event loop goes through its mailbox (csrc/mailbox.h). */
-#ifndef NVMEOF_ROCE_POLLGROUP_H
-#define NVMEOF_ROCE_POLLGROUP_H
+/* What a poll group's thread (csrc/pollgroup.c: threads that poll native queues without the GIL, docs/native.md,
+ * "Poll groups") may do with a native queue: the contract csrc/nq_type.c provides.  What such a queue hands to the
+ * event loop goes through its mailbox (csrc/mailbox.h).  One way: pollgroup.c calls nq_type.c, never the other way
+ * (the module registers _native.PollGroup itself, csrc/module.c); tests/unit/test_architecture.py checks it. */
+#ifndef NVMEOF_ROCE_NQ_THREADED_H
+#define NVMEOF_ROCE_NQ_THREADED_H
 
 #include <stdint.h>
 
