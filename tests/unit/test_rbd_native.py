@@ -348,3 +348,32 @@ def test_the_image_opens_in_c_off_the_loop_and_the_core_serves_it_meanwhile(monk
     finally:
         fake.hold_connect(False)
         ep.close()
+
+
+def test_a_namespace_removed_with_calls_on_librbd_keeps_its_image_until_they_complete(rbd):
+    """The namespace retired while reads are held on librbd: they were accepted before the removal and complete as
+    nvmet's would; the image stays open under them (the fake aborts on an rbd_close under held calls) and closes
+    once the last is back and the namespace is gone."""
+    from loopback_env import remove_namespace
+    fake, ep = rbd
+    stored = pattern(4 * 4096, seed=71)
+    fake.images["img"][:len(stored)] = stored
+    fake.hold()
+    for i in range(4):
+        assert ep.device.deliver(read(ep, 8 * i, 8, 4096 * i, cid=i)) == 0
+    collect(ep, 0)
+    assert fake.held() == 4
+    remove_namespace(ep.env.target, "nqn.2024-01.io.test:rbd-native", 1)
+    gc.collect()
+    assert fake.counter("open_images") == 1  # the C side's image is still open under its calls
+    fake.release()
+    answers = collect(ep, 4)
+    assert sorted(cid_of(c) for c in answers) == [0, 1, 2, 3] and not any(map(status_of, answers))
+    assert ep.host_bytes()[:len(stored)] == stored
+    gc.collect()
+    for _ in range(200):  # the last reference went with the last command: closed (a thread if calls were out)
+        if fake.counter("open_images") == 0:
+            break
+        import time
+        time.sleep(0.01)
+    assert fake.counter("open_images") == 0
