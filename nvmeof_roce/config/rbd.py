@@ -98,7 +98,9 @@ def parse_rbd(value: Any, source: str, where: str) -> RbdSettings:
 
 
 # What `target check` cannot know without the cluster (it never connects to one).
-UNCHECKED = "offline: the cluster, the pool, the image and the client's key are checked when target serve opens it"
+UNCHECKED = ("offline: the cluster, the pool, the image and the client's key are checked when target serve opens it "
+             "(a cluster that does not answer then leaves this namespace pending, retried in the background, while "
+             "the others serve; a missing image or a refused key stops the start)")
 
 
 def offline_problems(settings: RbdSettings) -> Tuple[List[Tuple[str, str, str]], str]:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Dict, Optional
 
 from ...nvme import cm as cmdata
+from ...nvme.command import SQE_SIZE
+from .connect import queue_resources
 from .native_queue import ChunkPool, NativeTargetQueue, NativeVerbs, Region
 from .verbs import QPS_RTS
 from ..resources import registered_region
@@ -158,8 +160,8 @@ class RdmaNativeQueue(NativeTargetQueue):
         self.watched = []
         depth = request.hsqsize + 1
         in_capsule = listener.in_capsule_size if request.qid else 0
-        recv_size, recv_count = 64 + in_capsule, depth + 2
-        send_queue = 4 * depth + 8
+        recv_count, send_queue = queue_resources(depth)
+        recv_size = SQE_SIZE + in_capsule
         self.objects = module.create_cm_qp(cm_id.channel.channel, cm_id.handle, send_queue, recv_count,
                                            RESPONSE_SIZE)
         try:

@@ -24,14 +24,14 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
 from ..contracts import QueueHandler, RemoteAccessError, TargetQueue, TransportError
-from .connect import RdmaConnectRequest
+from ...nvme.command import SQE_SIZE
+from .connect import RdmaConnectRequest, queue_resources
 from .native_trace import TRACING, log_lines
 from .requests import RequestBook, TxRequest
 from ..resources import PoolShare, ResourceLimits
 
 log = logging.getLogger(__name__)
 
-SQE_SIZE = 64
 
 # Queues closed while their ring still had commands in the kernel (a backend I/O that does not come back): each
 # holds its own bounce memory only, until reap_closed finds the last one back.  `target status` lists them.
@@ -105,7 +105,7 @@ class NativeTargetQueue(TargetQueue):
         self.in_capsule_size = in_capsule_size
         self.depth = request.hsqsize + 1
         self.recv_size = SQE_SIZE + in_capsule_size
-        self.recv_count = self.depth + 1
+        self.recv_count, self.send_queue = queue_resources(self.depth)
         if recv.length < self.recv_count * self.recv_size:
             raise ValueError(f"receive region of {recv.length} bytes; {self.recv_count} x {self.recv_size} needed")
         self.chunks = chunks
@@ -136,7 +136,6 @@ class NativeTargetQueue(TargetQueue):
         self.refused_post: Optional[ConnectionError] = None  # the C queue refused a post: it failed (flush closes)
         # Send queue as the RDMA transport sizes it (transport/rdma/queue.py): per command a READ, or a WRITE and a SEND,
         # twice over; the Python side's book gets a quarter of it (its commands are the rare ones).
-        self.send_queue = 4 * self.depth + 8
         python_send = max(8, self.send_queue // 4)
         # The host's RDMA READ credits are the C queue's: it counts every READ posted on the QP, its own and the
         # Python side's (post_read takes one, or waits in the C queue for the next one given back), so together

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, List, Optional
 from ...nvme import cm as cmdata
 from ..contracts import ReadDone, RemoteAccessError, TargetQueue, TransportError
 from ..resources import PoolShare
-from .connect import RdmaConnectRequest
+from .connect import RdmaConnectRequest, queue_resources
 from .memory import RegisteredMemory
 from .requests import RequestBook, TxRequest
 from .verbs import (ADMIN_CAPSULE, PYVERBS_ERROR, QPS_INIT, QPS_RTR, QPS_RTS, RESPONSE_SIZE, SEND_WR_BASE,
@@ -150,8 +150,8 @@ class RdmaTargetQueue(TargetQueue):
         pd, ctx = listener.pd, listener.context
         local = e.IBV_ACCESS_LOCAL_WRITE
 
-        # Receive slots: at least HSQSIZE + 1 posted at all times (§1.6), one spare.
-        self.recv_count = self.depth + 1
+        # Receive slots and send-queue entries: connect.queue_resources says why these numbers.
+        self.recv_count, self.max_send_wr = queue_resources(self.depth)
         self.recv_mem = RegisteredMemory(pd, self.recv_count * self.recv_size, local)
         self.recv_wrs = [RecvWR(wr_id=i, num_sge=1, sg=[SGE(self.recv_mem.addr + i * self.recv_size,
                                                               self.recv_size, self.recv_mem.lkey)])
@@ -163,10 +163,7 @@ class RdmaTargetQueue(TargetQueue):
         self.sge = SGE(0, 0, 0)  # the one scatter entry every data work request is built from
 
         self.comp_channel, self.cq_fd = create_with_fd(lambda: CompChannel(ctx))
-        # Send queue: per command a READ, or a WRITE and a SEND.  Twice that, so that a whole queue's responses
-        # in one poll leave it at least half free: their SENDs are then signaled selectively, not all
-        # (RequestBook.flush signals every one once under a quarter is free).
-        self.max_send_wr = 4 * self.depth + 8
+        # (RequestBook.flush signals every SEND once under a quarter of the send queue is free.)
         self.cq = CQ(ctx, self.recv_count + self.max_send_wr, None, self.comp_channel, 0)
         self.cq.req_notify()
         cap = QPCap(max_send_wr=self.max_send_wr, max_recv_wr=self.recv_count, max_send_sge=1, max_recv_sge=1,
