@@ -195,7 +195,8 @@ test-native: venv
 	$(NATIVE_ASAN_ENV) \
 	  $(PYTEST) -q -p no:cacheprovider tests/unit/test_native_queue.py tests/unit/test_native_poll.py \
 	  tests/unit/test_native_faults.py tests/unit/test_native_trace.py tests/unit/test_native_hostq.py \
-	  tests/unit/test_native_live.py tests/unit/test_native_cm.py tests/unit/test_rbd_native.py
+	  tests/unit/test_native_live.py tests/unit/test_native_cm.py tests/unit/test_fencing.py \
+	  tests/unit/test_native_reservations.py tests/unit/test_rbd_native.py
 	$(call native_san_build,$(NATIVE_TSAN_FLAGS),_native_tsan.so)
 	$(NATIVE_TSAN_ENV) \
 	  $(PYTEST) -q -s -p no:cacheprovider tests/unit/test_native_poll.py tests/unit/test_native_trace.py \
@@ -204,7 +205,7 @@ test-native: venv
 	  --leak-check=full --show-leak-kinds=definite --suppressions=tests/native/python.supp \
 	  $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit/test_native_queue.py tests/unit/test_native_poll.py \
 	  tests/unit/test_native_faults.py tests/unit/test_native_trace.py tests/unit/test_native_live.py \
-	  tests/unit/test_native_cm.py tests/unit/test_rbd_native.py -k "not identically"
+	  tests/unit/test_native_cm.py tests/unit/test_fencing.py tests/unit/test_rbd_native.py -k "not identically"
 
 # The differential fuzz of the native data path (tests/unit/native_fuzz.py, docs/native.md): seeded batches of
 # 8-32 capsules, live changes and injected faults, every CQE and byte compared with the Python path.  The
