@@ -196,15 +196,16 @@ test-native: venv
 	  $(PYTEST) -q -p no:cacheprovider tests/unit/test_native_queue.py tests/unit/test_native_poll.py \
 	  tests/unit/test_native_faults.py tests/unit/test_native_trace.py tests/unit/test_native_hostq.py \
 	  tests/unit/test_native_live.py tests/unit/test_native_cm.py tests/unit/test_fencing.py \
-	  tests/unit/test_native_reservations.py
+	  tests/unit/test_native_reservations.py tests/unit/test_rbd_native.py
 	$(call native_san_build,$(NATIVE_TSAN_FLAGS),_native_tsan.so)
 	$(NATIVE_TSAN_ENV) \
-	  $(PYTEST) -q -s -p no:cacheprovider tests/unit/test_native_poll.py tests/unit/test_native_trace.py
+	  $(PYTEST) -q -s -p no:cacheprovider tests/unit/test_native_poll.py tests/unit/test_native_trace.py \
+	  tests/unit/test_rbd_native.py
 	PYTHONMALLOC=malloc valgrind --tool=memcheck --error-exitcode=99 --errors-for-leak-kinds=definite \
 	  --leak-check=full --show-leak-kinds=definite --suppressions=tests/native/python.supp \
 	  $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit/test_native_queue.py tests/unit/test_native_poll.py \
 	  tests/unit/test_native_faults.py tests/unit/test_native_trace.py tests/unit/test_native_live.py \
-	  tests/unit/test_native_cm.py tests/unit/test_fencing.py -k "not identically"
+	  tests/unit/test_native_cm.py tests/unit/test_fencing.py tests/unit/test_rbd_native.py -k "not identically"
 
 # The differential fuzz of the native data path (tests/unit/native_fuzz.py, docs/native.md): seeded batches of
 # 8-32 capsules, live changes and injected faults, every CQE and byte compared with the Python path.  The

@@ -12,6 +12,7 @@ int native_hostq_register(PyObject *module);
 int native_cm_channel_register(PyObject *module); /* csrc/cm_channel.c: the RDMA CM */
 int native_pollgroup_register(PyObject *module); /* csrc/pollgroup.c: _native.PollGroup */
 int native_ref_register(PyObject *module); /* csrc/nq_ref.c: _native.Ref */
+int native_rbd_register(PyObject *module); /* csrc/nq_rbd.c: _native.RbdImage */
 struct nq_ref;
 /* The reference a _native.Ref holds (csrc/nq_ref.c), or NULL with TypeError */
 struct nq_ref *native_ref_of(PyObject *obj);

@@ -79,6 +79,10 @@ static __attribute__((cold, noinline, noreturn)) void nq_illegal_move(uint32_t i
 void nq_file_put(struct nq_file *f)
 {
     if (f && __atomic_sub_fetch(&f->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+        if (f->release) {
+            f->release(f);
+            return;
+        }
         close(f->fd);
         free(f);
     }
@@ -493,15 +497,22 @@ static inline __attribute__((always_inline)) void nq_in_place(struct nq_queue *q
  * without NQ_BE_MEMORY: null).  0 when served or queued; -1 when the core takes it (no slot was kept). */
 static __attribute__((noinline)) int nq_capsule_entry(struct nq_queue *q, struct nq_ns *ns, const uint8_t *sqe,
                                                       uint8_t opc, uint8_t sgl_id, uint32_t sgl_len, int in_capsule,
-                                                      uint64_t offset)
+                                                      uint64_t offset, uint32_t op_len)
 {
     const struct nq_backend_ops *ops = ns->ops;
     const unsigned be = ns->be_flags;
-    nq_be_op op = opc == OPC_READ ? ops->submit_read : opc == OPC_WRITE ? ops->submit_write : ops->flush;
+    nq_be_op op = opc == OPC_READ    ? ops->submit_read
+                  : opc == OPC_WRITE ? ops->submit_write
+                  : opc == OPC_FLUSH ? ops->flush
+                  : (rd32(sqe + 48) & CDW12_DEAC) ? ops->discard
+                                                   : ops->write_zeroes;
     if (!op)
         return -1;
-    if (opc == OPC_FLUSH) { /* (Write Zeroes and deallocate are the core's for now: the entries' write_zeroes and
-                             * discard wait for the queue to route them, docs/native.md) */
+    if (opc == OPC_WRITE_ZEROES) { /* a staged entry's (RBD's): no data; an in-place entry's stays the core's
+                                    * (Dataset Management is the core's: its ranges come as data) */
+        if (sgl_len || !(be & NQ_BE_STAGED))
+            return -1;
+    } else if (opc == OPC_FLUSH) {
         /* A staged backend without a flush entry (uring: the core's fdatasync, one per namespace at a time): every
          * Write this queue acknowledged before the Flush arrived had completed on its backend before its response
          * was posted, so the core's flush of the same storage covers it. */
@@ -517,7 +528,7 @@ static __attribute__((noinline)) int nq_capsule_entry(struct nq_queue *q, struct
     struct nq_req *r = &q->reqs[idx];
     r->ops = ops;
     r->offset = offset;
-    r->op_len = 0;
+    r->op_len = op_len;
     if (!(be & NQ_BE_STAGED)) { /* in place: the entry says where the data is, or does the command now */
         if (op(q, ns, r, idx) != NQ_BE_DONE) {
             q->nfree++; /* the slot back, untouched since it was taken */
@@ -534,7 +545,7 @@ static __attribute__((noinline)) int nq_capsule_entry(struct nq_queue *q, struct
     r->icd_len = 0;
     memcpy(r->sqe, sqe, NQ_SQE_SIZE);
     q->file_ios++;
-    if (opc == OPC_FLUSH) { /* no data: onto the backend */
+    if (opc == OPC_FLUSH || opc == OPC_WRITE_ZEROES) { /* no data: onto the backend */
         nq_move(q, r, NQ_NEED_FILE);
     } else if (in_capsule) { /* into a bounce chunk: the receive buffer is re-posted at the poll's end */
         nq_chunk_take(q, r);
@@ -569,7 +580,7 @@ static void nq_capsule(struct nq_queue *q, uint32_t slot, uint32_t len)
     if (len < NQ_SQE_SIZE || !view || !view->ready || !q->nfree)
         goto python;
     uint8_t opc = sqe[0], flags = sqe[1];
-    if (opc > OPC_READ || (flags & FLAGS_FUSE_MASK) ||
+    if ((opc > OPC_READ && opc != OPC_WRITE_ZEROES) || (flags & FLAGS_FUSE_MASK) ||
         ((flags & FLAGS_PSDT_MASK) != PSDT_SGL_CONTIG && (flags & FLAGS_PSDT_MASK) != PSDT_SGL_SGL))
         goto python;
     uint8_t sgl_id = sqe[39];
@@ -588,7 +599,15 @@ static void nq_capsule(struct nq_queue *q, uint32_t slot, uint32_t len)
     /* A Read or Write of a memory entry (RAM) is served here: its data is at the namespace's registered memory +
      * offset, no call (csrc/backend.h NQ_BE_MEMORY).  Everything else goes through its entry: nq_capsule_entry. */
     uint64_t offset = 0;
-    if (opc != OPC_FLUSH) { /* a Read or a Write (opc <= OPC_READ) */
+    uint32_t op_len = 0;
+    if (__builtin_expect(opc == OPC_WRITE_ZEROES, 0)) { /* in range, else the core answers its error */
+        uint32_t nlb = (rd32(sqe + 48) & 0xFFFF) + 1;
+        uint64_t slba = rd64(sqe + 40);
+        if (slba >= ns->num_blocks || nlb > ns->num_blocks - slba || ((uint64_t)nlb << ns->lbads) > UINT32_MAX)
+            goto python;
+        offset = slba << ns->lbads;
+        op_len = nlb << ns->lbads;
+    } else if (opc != OPC_FLUSH) { /* a Read or a Write (opc <= OPC_READ) */
         uint32_t nlb = (rd32(sqe + 48) & 0xFFFF) + 1;
         uint64_t slba = rd64(sqe + 40);
         if (sgl_len != ((uint64_t)nlb << ns->lbads) || sgl_len > view->max_transfer ||
@@ -601,7 +620,7 @@ static void nq_capsule(struct nq_queue *q, uint32_t slot, uint32_t len)
             return;
         }
     }
-    if (nq_capsule_entry(q, ns, sqe, opc, sgl_id, sgl_len, in_capsule, offset) == 0)
+    if (nq_capsule_entry(q, ns, sqe, opc, sgl_id, sgl_len, in_capsule, offset, op_len) == 0)
         return;
 python:
     NT_TRACE(q->trace, nt_record_capsule, NT_TO_CORE, sqe, len);
@@ -734,6 +753,21 @@ void nq_backend_done(struct nq_queue *q, uint32_t idx, int res)
     nq_advance(q, idx);
 }
 
+/* A staged backend answered a command with a status of its own (csrc/backend.h): its response, no data. */
+void nq_backend_answer(struct nq_queue *q, uint32_t idx, uint16_t status)
+{
+    if (q->closed || idx >= q->nreqs || q->reqs[idx].state != NQ_FILE_IO)
+        return;
+    struct nq_req *r = &q->reqs[idx];
+    NT_TRACE(q->trace, nt_record, NT_DATA_DONE, r->cid, r->opc, r->nsid, status, 0, 0, 0, NT_FLAG_FILE);
+    __atomic_fetch_sub(&r->file->in_flight, 1, __ATOMIC_RELAXED);
+    nq_file_put(r->file);
+    r->file = NULL;
+    r->status = status;
+    nq_move(q, r, NQ_NEED_RESPONSE);
+    nq_advance(q, idx);
+}
+
 /* A signaled send completion: it and everything posted before it are done (RC completes in order). */
 static void nq_send_done(struct nq_queue *q, uint64_t wr_id)
 {
@@ -833,48 +867,6 @@ __attribute__((noinline)) int nq_poll(struct nq_queue *q, int budget)
     nq_flush(q);
     q->in_poll = 0;
     return done;
-}
-
-/* ------------------------------------------------------------------ closing */
-
-/* A closed queue's ring, without waiting: what the kernel finished is reaped (its requests let go of their files),
- * what it still holds is cancelled where it can be; once nothing is left the ring is freed.  Returns the commands
- * still in the kernel: until they come back the kernel may write the bounce chunks, which the owner keeps. */
-unsigned nq_closed_reap(struct nq_queue *q)
-{
-    if (q->ring) {
-        nr_uring_cancel(q->ring);
-        int n;
-        while ((n = nr_uring_reap(q->ring, q->ring_done, (int)q->nreqs)) > 0) {
-            for (int i = 0; i < n; i++) {
-                uint64_t idx = q->ring_done[i].cookie;
-                if (idx >= q->nreqs || q->reqs[idx].state != NQ_FILE_IO)
-                    continue; /* the cancel's own completion */
-                struct nq_req *r = &q->reqs[idx];
-                __atomic_fetch_sub(&r->file->in_flight, 1, __ATOMIC_RELAXED);
-                nq_file_put(r->file);
-                r->file = NULL;
-                nq_move(q, r, NQ_FREE);
-                nq_let_go(r);
-            }
-        }
-        unsigned left = nr_uring_in_flight(q->ring);
-        if (left) {
-            nq_let_go_off_ring(q); /* the QP is gone: only what the kernel still has can reach a namespace */
-            return left;
-        }
-        nr_uring_destroy(q->ring); /* nothing in flight: it does not wait */
-        q->ring = NULL;
-    }
-    for (uint32_t i = 0; q->reqs && i < q->nreqs; i++) { /* the requests not on the ring */
-        if (q->reqs[i].file) {
-            nq_file_put(q->reqs[i].file);
-            q->reqs[i].file = NULL;
-        }
-    }
-    nq_let_go_off_ring(q);
-    q->ring_queued = 0;
-    return 0;
 }
 
 /* ------------------------------------------------------------------ a poll group's queue */

@@ -73,6 +73,7 @@ enum nq_state {
 struct nq_file {
     int fd;
     uint32_t refs;
+    void (*release)(struct nq_file *f); /* the last reference let go: this instead of close(fd) + free (RBD) */
     uint32_t depth, in_flight, most_in_flight;
     uint64_t submitted;
 };
@@ -250,6 +251,7 @@ struct nq_queue {
     /* the staged backends of the namespaces this queue served (csrc/backend.h): their completions reaped and their
      * queued commands submitted by every poll */
     const struct nq_backend_ops *staged[NQ_STAGED_MAX];
+    void *staged_state[NQ_STAGED_MAX]; /* each one's per-queue state (its `attach`), NULL if none */
     uint32_t nstaged;
     uint32_t ring_most_in_flight;
     char *rebuild;              /* a failed in-capsule write's capsule, made again for the core */
@@ -312,17 +314,33 @@ static inline uint32_t nq_holding(const struct nq_queue *q, const struct nq_ref 
     return n;
 }
 
-/* A staged backend entry joins the queue's (its completions reaped by every poll): 0, or -1 when it has
- * NQ_STAGED_MAX already. */
+/* A staged backend entry joins the queue's (its completions reaped by every poll): 0, -ENOSPC when it has
+ * NQ_STAGED_MAX already, or its `attach`'s -errno. */
 static inline int nq_staged_add(struct nq_queue *q, const struct nq_backend_ops *ops)
 {
     for (uint32_t i = 0; i < q->nstaged; i++)
         if (q->staged[i] == ops)
             return 0;
     if (q->nstaged == NQ_STAGED_MAX)
-        return -1;
+        return -28; /* -ENOSPC */
+    if (ops->attach) {
+        int rc = ops->attach(q, &q->staged_state[q->nstaged]);
+        if (rc < 0)
+            return rc;
+    }
     q->staged[q->nstaged++] = ops;
     return 0;
+}
+
+/* Every staged entry's `closed`: the commands still on their devices (csrc/nq_owner.c nq_closed_reap, csrc/nq_setup.c
+ * nq_queue_free with `final`). */
+static inline unsigned nq_staged_closed(struct nq_queue *q, int final)
+{
+    unsigned left = 0;
+    for (uint32_t i = 0; i < q->nstaged; i++)
+        if (q->staged[i]->closed && q->staged_state[i])
+            left += q->staged[i]->closed(q, &q->staged_state[i], final);
+    return left;
 }
 
 /* The queue's arrays, made once (no allocation per command); every receive posted.  0, or -errno (-ENOMEM, or the

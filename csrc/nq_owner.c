@@ -1,6 +1,7 @@
 /* A native queue's entries for its owner (csrc/nq_type.c, tests/native/nq_hot_test.c) beside the poll itself
  * (csrc/nq_hot.c, nq_poll): adaptive polling (arm, poll_adaptive), the owner's posts (its READs and responses on the
- * queue's one poster), the start of a close, and a poll group's poll under the queue's mutex.  Plain C, no Python;
+ * queue's one poster), the start of a close and a closed queue's reap of its devices, and a poll group's poll
+ * under the queue's mutex.  Plain C, no Python;
  * none of it is on the per-command path of a native Read or Write (docs/native.md). */
 #include "nq_hot.h"
 #include "nq_inline.h"
@@ -176,4 +177,53 @@ int nq_poll_threaded(struct nq_queue *q, int budget)
         nq_mailbox_wake(&q->mail);
     pthread_mutex_unlock(&q->lock);
     return done;
+}
+
+/* ------------------------------------------------------------------ a closed queue's devices */
+
+/* A closed queue's ring, without waiting: what the kernel finished is reaped (its requests let go of their files),
+ * what it still holds is cancelled where it can be; once nothing is left the ring is freed.  Returns the commands
+ * still in the kernel: until they come back the kernel may write the bounce chunks, which the owner keeps. */
+unsigned nq_closed_reap(struct nq_queue *q)
+{
+    /* the other staged entries' commands (librbd's): their completions touch nothing of the queue from now on;
+     * the ring (its eventfd wakes the owner for them too) and the bounce chunks stay until they are back */
+    unsigned staged_left = nq_staged_closed(q, 0);
+    if (q->ring) {
+        nr_uring_cancel(q->ring);
+        int n;
+        while ((n = nr_uring_reap(q->ring, q->ring_done, (int)q->nreqs)) > 0) {
+            for (int i = 0; i < n; i++) {
+                uint64_t idx = q->ring_done[i].cookie;
+                if (idx >= q->nreqs || q->reqs[idx].state != NQ_FILE_IO)
+                    continue; /* the cancel's own completion */
+                struct nq_req *r = &q->reqs[idx];
+                __atomic_fetch_sub(&r->file->in_flight, 1, __ATOMIC_RELAXED);
+                nq_file_put(r->file);
+                r->file = NULL;
+                r->state = NQ_FREE; /* NQ_FILE_IO -> NQ_FREE: csrc/nq_hot.c nq_next allows it */
+                nq_let_go(r);
+            }
+        }
+        unsigned left = nr_uring_in_flight(q->ring) + staged_left;
+        if (left) {
+            nq_let_go_off_ring(q); /* the QP is gone: only what the devices still have can reach a namespace */
+            return left;
+        }
+        nr_uring_destroy(q->ring); /* nothing in flight: it does not wait */
+        q->ring = NULL;
+    } else if (staged_left) {
+        return staged_left;
+    }
+    for (uint32_t i = 0; q->reqs && i < q->nreqs; i++) { /* the requests not on the ring */
+        if (q->reqs[i].file) {
+            if (q->reqs[i].state == NQ_FILE_IO) /* another staged entry's, back from its device now */
+                __atomic_fetch_sub(&q->reqs[i].file->in_flight, 1, __ATOMIC_RELAXED);
+            nq_file_put(q->reqs[i].file);
+            q->reqs[i].file = NULL;
+        }
+    }
+    nq_let_go_off_ring(q);
+    q->ring_queued = 0;
+    return 0;
 }

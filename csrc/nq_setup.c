@@ -101,6 +101,7 @@ void nq_queue_free(struct nq_queue *q)
 {
     /* The ring's commands complete first (nr_uring_destroy waits: the kernel may write the bounce chunks until
      * then), then the requests' references to their files are let go. */
+    nq_staged_closed(q, 1); /* librbd's completions still out let go of their state themselves (csrc/be_rbd.c) */
     if (q->ring) {
         nr_uring_destroy(q->ring);
         q->ring = NULL;

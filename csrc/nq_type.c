@@ -571,14 +571,20 @@ static PyObject *NativeQueue_set_view(NativeQueue *self, PyObject *args, PyObjec
         nq_view_free(view);
         return NULL;
     }
-    for (int i = 0; i < view->count; i++) /* a staged backend's completions are reaped by every poll from now on */
-        if ((view->ns[i].ops->flags & NQ_BE_STAGED) && nq_staged_add(q, view->ns[i].ops) < 0) {
+    for (int i = 0; i < view->count; i++) { /* a staged backend's completions are reaped by every poll from now on */
+        int rc = (view->ns[i].ops->flags & NQ_BE_STAGED) ? nq_staged_add(q, view->ns[i].ops) : 0;
+        if (rc < 0) {
             nq_unlock(self);
             Py_DECREF(stats);
             nq_view_free(view);
-            PyErr_SetString(PyExc_ValueError, "more staged backends in one view than a queue serves (NQ_STAGED_MAX)");
+            if (rc == -ENOSPC)
+                PyErr_SetString(PyExc_ValueError, "more staged backends in one view than a queue serves (NQ_STAGED_MAX)");
+            else
+                PyErr_Format(PyExc_OSError, "the %s entry cannot join the queue: %s", view->ns[i].ops->name,
+                             strerror(-rc));
             return NULL;
         }
+    }
     struct nq_view *old = q->view;
     q->view = view;
     q->view_seq++;

@@ -5,9 +5,10 @@ serves Read, Write and Flush of the namespaces listed here itself; everything el
 lists a namespace only when every check of `Target._start` that does not depend on the command passes for it: the
 controller is ready, the queue is an authenticated I/O queue, the namespace is attached, not removed, its ANA group
 is optimized or non-optimized on the controller's port, its reservation (if it has reservations) lets the
-controller's host read and write, and it is RAM (registered with the device), null, or a file
-or block namespace on the io_uring engine (given as its backend's native handle, a `_native.File`: a dup of its descriptor and its depth) on a
-queue that serves them.  Each namespace is given with its generation (Namespace.generation), its
+controller's host read and write, and it is RAM (registered with the device), null, a file
+or block namespace on the io_uring engine (given as its backend's native handle, a `_native.File`: a dup of its descriptor and its depth), or an
+RBD namespace whose image opened in C (its handle a `_native.RbdImage`: its own client and image, docs/rbd.md), on a
+queue that serves staged namespaces (bounce chunks and a ring).  Each namespace is given with its generation (Namespace.generation), its
 identity for the C queue: a command whose namespace's generation left the view answers Invalid Namespace; and with
 its reference (`Namespace.ref`, engine/subsystem.py "references"), which each native command takes when it is
 parsed and lets go of when its slot is freed; and whether it is paused: its new commands then come to the core, which holds
@@ -70,9 +71,10 @@ def view_of(target: "Target", qs: "QueueState") -> tuple:
 
 
 def handle_of(ns):
-    """The namespace's native handle (made once by its backend: a `_native.File` for the uring entry), or None when
-    its commands stay with the core: an engine the entry does not share (nvmeof_roce.io_engine "threads", or
-    io_uring unavailable), or its backend closed."""
+    """The namespace's native handle (made once by its backend: a `_native.File` for the uring entry, a
+    `_native.RbdImage` for the rbd entry), or None when its commands stay with the core: an engine the entry does
+    not share (nvmeof_roce.io_engine "threads", or io_uring unavailable), an image that did not open in C, or its
+    backend closed."""
     if ns.native_file is None:
         choice = ns.engine_choice
         ns.native_file = ns.backend.native_handle(choice.name if choice is not None else None, ns.queue_depth)

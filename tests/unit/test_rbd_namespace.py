@@ -1,7 +1,8 @@
 """An RBD namespace served end to end over the loopback fabric, against a real development Ceph cluster
 (ceph/devcluster.py: one monitor, one memstore OSD, started once for this module): writes read back through the
 target and, directly, from the image through librbd; Flush, FUA, Write Zeroes and Deallocate; the size and the
-NGUID from the image; a resize by the engine resizes the image; config refusals name the field."""
+NGUID from the image; a resize by the engine resizes the image; config refusals name the field; and the native
+data path (csrc/be_rbd.c) on the same cluster, read back with the Python binding."""
 import json
 import socket
 import time
@@ -220,3 +221,61 @@ def test_namespaces_of_one_cluster_share_one_client_and_close_off_the_loop(clust
     finally:
         cluster.resume()
     assert clients.wait_closed(30) and key not in clients.held()
+
+
+def test_the_native_data_path_serves_an_rbd_namespace_through_librbd_in_c(cluster):
+    """The C queue (fake verbs provider) on a real image: its own client opened in C (csrc/be_rbd.c, Debian's
+    librbd by dlopen), librbd's completions on librbd's thread; what it wrote is read back with the Python binding."""
+    from native_diff import io_capsule, pattern
+    from native_fake import needs_native
+    from rbd_fake import collect, rbd_endpoint, rbd_ns as fake_rbd_ns, status_of
+    if needs_native.args[0]:
+        pytest.skip(needs_native.kwargs["reason"])
+    cluster.rbd("create", "--size", "8M", "rbd/native")
+    ep = rbd_endpoint([fake_rbd_ns(1, "native", conf=str(cluster.conf))])
+    try:
+        data = pattern(16384, seed=41)
+        ep.buf.view[:16384] = data
+        for capsule in (io_capsule(ep, 0x01, 1, 64, 31, 16384, offset=0, cid=1),
+                        io_capsule(ep, 0x01, 1, 200, 7, 4096, offset=0, cid=2, cdw12_hi=0x4000)):  # FUA
+            assert ep.device.deliver(capsule) == 0
+        assert [status_of(c) for c in collect(ep, 2)] == [0, 0]
+        assert image_bytes(cluster, "native", 64 * 512, 16384) == data  # in Ceph, through librbd in C
+        assert image_bytes(cluster, "native", 200 * 512, 4096) == data[:4096]
+        assert ep.device.deliver(io_capsule(ep, 0x02, 1, 64, 31, 16384, offset=65536, cid=3)) == 0
+        assert [status_of(c) for c in collect(ep, 1)] == [0]
+        assert ep.host_bytes()[65536:65536 + 16384] == data
+        for capsule in (io_capsule(ep, 0x00, 1, 0, 0, 0, cid=4), io_capsule(ep, 0x08, 1, 64, 15, 0, cid=5)):
+            assert ep.device.deliver(capsule) == 0
+        assert [status_of(c) for c in collect(ep, 2)] == [0, 0]
+        assert image_bytes(cluster, "native", 64 * 512, 16384) == bytes(8192) + data[8192:]
+        stats = ep.queue.stats()
+        assert stats["file_commands"] == 5 and stats["file_handed_back"] == 0 and stats["python_commands"] == 1
+    finally:
+        ep.close()
+
+
+def test_the_native_path_answers_a_cluster_that_does_not_answer_with_ana_transition(cluster):
+    """The cluster frozen (SIGSTOP) under a native Read: librados's op timeout (10 s) fails it with ETIMEDOUT,
+    answered in C with ANA Transition, no DNR; the loop was never held (the queue polled all along), and once the
+    cluster is back the next command is served."""
+    from native_diff import io_capsule
+    from native_fake import needs_native
+    from rbd_fake import collect, rbd_endpoint, rbd_ns as fake_rbd_ns, status_of
+    from nvmeof_roce.nvme import status as S
+    if needs_native.args[0]:
+        pytest.skip(needs_native.kwargs["reason"])
+    cluster.rbd("create", "--size", "4M", "rbd/frozen")
+    ep = rbd_endpoint([fake_rbd_ns(1, "frozen", conf=str(cluster.conf))])
+    try:
+        cluster.pause()
+        try:
+            assert ep.device.deliver(io_capsule(ep, 0x02, 1, 0, 7, 4096, cid=1)) == 0
+            (c,) = collect(ep, 1, timeout=40)
+        finally:
+            cluster.resume()
+        assert status_of(c) == S.ANA_TRANSITION and not status_of(c) & S.DNR
+        assert ep.device.deliver(io_capsule(ep, 0x02, 1, 0, 7, 4096, cid=2)) == 0
+        assert [status_of(c) for c in collect(ep, 1, timeout=40)] == [0]
+    finally:
+        ep.close()

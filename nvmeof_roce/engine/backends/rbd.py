@@ -82,6 +82,9 @@ class RbdBackend(Backend):
     kind = "rbd"
     blocking = True
     asynchronous = True
+    native = "rbd"  # the C entry (csrc/be_rbd.c): librbd's C API through the native queue's bounce chunks
+    native_opening: Optional[threading.Thread] = None  # opens the native handle off the loop (native_handle)
+    _native_result = None  # what that thread made: the _native.RbdImage until handed over, or the OSError
 
     @classmethod
     def open(cls, ns: NamespaceConfig, lock: Optional[str] = None, inherit: Optional[Backend] = None) -> "RbdBackend":
@@ -339,6 +342,44 @@ class RbdBackend(Backend):
             except Exception:
                 log.exception("%s: a completion failed", self.describe())
         return len(ready)
+
+    # -- the native data path (docs/rbd.md "The native path")
+    def native_handle(self, engine, depth):
+        """The C queue's `_native.RbdImage` (csrc/nq_rbd.c): a RADOS client and image of its own, opened in C
+        through the dlopen'd librbd (ceph/bindings.py LIBRADOS, LIBRBD) with this client's settings, cache off and
+        timeouts, by a thread (`native_opening`: librados waits for the cluster up to its mount timeout, never on
+        the loop).  None until it has opened (the core serves the namespace meanwhile; the view takes the handle
+        at a later refresh), when it did not (said once, not tried again), or with no native module or once
+        closed.  Handed over once: the namespace holds it (Namespace.native_file)."""
+        from ... import native
+        from ...ceph import bindings
+        if native.module is None or self.image is None:
+            return None
+        if self.native_opening is None:
+            s = self.settings
+            options = [("rbd_cache", "false"), ("rados_osd_op_timeout", str(RBD_OP_TIMEOUT)),
+                       ("rados_mon_op_timeout", str(RBD_OP_TIMEOUT)),
+                       ("client_mount_timeout", str(RBD_CONNECT_TIMEOUT))]
+            if s.keyring:
+                options.append(("keyring", s.keyring))
+            args = (bindings.LIBRADOS, bindings.LIBRBD, s.conf, f"client.{s.client_id}", s.pool, s.namespace,
+                    s.image, options, depth)
+
+            def open_native():
+                try:
+                    self._native_result = native.module.RbdImage(*args)
+                except OSError as exc:
+                    self._native_result = exc
+                    log.warning("%s: the native data path cannot open it (%s): the core serves it",
+                                self.describe(), exc)
+            self.native_opening = threading.Thread(target=open_native, name=f"rbd-native-open {s.spec()}",
+                                                   daemon=True)
+            self.native_opening.start()
+        handle = self._native_result
+        if handle is None or handle is False or isinstance(handle, BaseException):
+            return None
+        self._native_result = False  # handed over (not None: the thread ran)
+        return handle
 
     # -- the blocking calls (a Target without a loop)
     def _call(self, what: str, fn: Callable, *args):
