@@ -488,7 +488,7 @@ static int rbd_reap(struct nq_queue *q)
     memcpy(rq->take_res, rq->done_res, n * sizeof *rq->take_res);
     __atomic_store_n(&rq->count, 0, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&rq->lock);
-    for (uint32_t i = 0; i < n && !q->closed; i++) {
+    for (uint32_t i = 0; i < n && q->state < NQ_Q_CLOSED; i++) {
         uint32_t idx = rq->take_idx[i];
         int32_t res = rq->take_res[i];
         if (idx >= q->nreqs)

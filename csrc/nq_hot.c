@@ -756,7 +756,7 @@ void nq_backend_done(struct nq_queue *q, uint32_t idx, int res)
 /* A staged backend answered a command with a status of its own (csrc/backend.h): its response, no data. */
 void nq_backend_answer(struct nq_queue *q, uint32_t idx, uint16_t status)
 {
-    if (q->closed || idx >= q->nreqs || q->reqs[idx].state != NQ_FILE_IO)
+    if (q->state >= NQ_Q_CLOSED || idx >= q->nreqs || q->reqs[idx].state != NQ_FILE_IO)
         return;
     struct nq_req *r = &q->reqs[idx];
     NT_TRACE(q->trace, nt_record, NT_DATA_DONE, r->cid, r->opc, r->nsid, status, 0, 0, 0, NT_FLAG_FILE);
