@@ -15,6 +15,29 @@ for the Python path, the C queue on the fake verbs provider for the native one) 
   QP moved to the error state with work on the wire; io_uring completions failing (EIO, ECANCELED, EAGAIN) or
   stalled and released (`_native.uring_inject`; the Python path's engine meets the same errors).
 
+The widened cases (`Case(seed, wide=True)`; the unit tier's second sample and `make test-native-fuzz` at scale)
+add, from a second random stream so a narrow case stays what it was:
+
+- hosts and controllers: besides the differential queue (host A), host A's second controller (the same host
+  identifier: one registrant with it) and host B's, over loopback on both sides (their commands take the Python
+  path in both runs, so their answers compare); host A's admin queue asks for a KATO;
+- reservations on namespaces 1 (RAM) and 5 (file): Register, Unregister, Acquire, Preempt, Preempt and Abort,
+  Release and Clear by either loopback controller, between batches, and one while a batch is in flight (a Preempt
+  and Abort of host A by host B most often) with the wire held and released one work request at a time, so the
+  change meets host A's native Writes with their READs still on it.  Answers, whether the change was fenced (it
+  took an access away) and the reservation states are compared between the paths.  At a fenced answer the native
+  side checks that no work request of host A's queue into the namespace's memory is on the wire
+  (`device.on_wire_into`), and the host that made the change writes over the blocks of the batch's first Write to
+  that namespace: started before the change, that Write must land before this one on both paths (the namespaces
+  are compared byte for byte; the oracle applies the write after the batch's commands);
+- host A's controller ended in a case's last batch with its work on the wire (`END_KINDS`: keep-alive expiry, the
+  fake clock moved past KATO; a Disconnect of the I/O queue; the admin queue gone; both; host A removed from the
+  allowed hosts), then namespace 1 resized, removed or added, or the file namespace resized, guarded as a
+  mid-batch change is: never committed with work into the memory it lets go on the wire;
+- host B removed from the subsystem's allowed hosts (its controller ended: checked) and allowed again (connected
+  again), before a batch or during one; the file namespace resized or replaced by a new file, before or during.
+  A block namespace would need a device the target can resize (a loop device of the lab): the file stands in.
+
 The comparator's rules (`check_batch`):
 
 1. Commands of one batch never share memory where one of them writes (a namespace's blocks, the host's buffer):
@@ -36,11 +59,17 @@ The comparator's rules (`check_batch`):
 5. A queue that ends without a fault or a fatal capsule, or one path's queue ending while the other's lives on
    without a fault or a fatal capsule that explains it, is a divergence.  After a batch compared by the oracle
    the case ends: the two paths may have run different commands, so nothing after it compares.
+6. When host A's controller ended in the batch (a wide case's last), a command both paths answered may differ
+   only in the native answer being Invalid Namespace (`ENDED_STATUSES`): the native command finished after the
+   end, when its namespace had left the queue's view; the loopback's Python path moved its data and answered
+   before.  The oracle holds its data to "as it was or as written" then.
 
 Known divergences stay out of the at-scale run (`KNOWN`: the combinations that reproduce them are made
 differently) and are replayed as strict xfails from the corpus (tests/unit/fixtures/native_fuzz/corpus.json),
 until fixed.  None is known now; the last two, fixed (corpus seeds 133 and 150), were a ring error and a queue
-ending while a live change was in flight.
+ending while a live change was in flight; the widened fuzz's first runs found two more, fixed (corpus seeds 4 and
+40, wide): a reservation change that took host A's access answered its native Writes in flight Invalid Namespace,
+and a file command the device failed, handed back to the core, escaped the fence of a live change.
   So in a batch with an io_uring error, a failed post or a capsule that ends the queue, the step's live change
   is made before the batch, not while it is in flight.
 
@@ -48,7 +77,8 @@ With the native queue on a poll-group thread, every live change is made before i
 capsules in its own time, so a change made after the first loop pass may precede them (they then meet the changed
 namespace, rightly) where the Python path has started them all.
 
-`run(seeds)` returns a `Tally` (capsules, batches, changes and faults by kind, divergences).  A failure raises
+`run(seeds)` returns a `Tally` (capsules, batches, changes and faults by kind, divergences; for wide cases hosts,
+controllers, reservation commands by outcome, fenced answers, controllers ended by kind).  A failure raises
 `Divergence` naming the seed, the step and what differed; the seed alone replays it.
 """
 from __future__ import annotations
