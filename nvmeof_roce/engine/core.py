@@ -623,6 +623,13 @@ class Target(EngineApi):
         if ns is not None and opc in reservations.ACCESS_OF:  # it reaches the medium: it holds the namespace
             req.ref = ref = ns.ref  # until nothing of it can touch it any more (subsystem.py "references")
             ref.take()
+            if req.handed_back and self.fences:
+                # The native path started it before a fence on its namespace may have begun, and its slot let go of
+                # the epoch it started in when it handed it back: it holds the epochs the fences on the namespace
+                # wait for too (one of them is its own), so none commits while it runs again
+                req.fence_refs = olds = [old for fence in self.fences for _nqn, fns, old in fence.olds if fns is ns]
+                for old in olds:
+                    old.take()
         if handler(self, req) is None:
             self._missing_outcome(req, handler)
 
