@@ -153,6 +153,8 @@ class NativeTargetQueue(TargetQueue):
         self.unwatch = unwatch
         self._on_released = on_released  # the bounce memory is the owner's again: the ring's last command is back
         self.life = QueueLife.SERVING  # moved by _move only (ALLOWED_FROM)
+        self.closed = False  # torn down (CLOSED, HELD, RELEASED): nothing of it is served any more (_move sets it)
+        self.closing = False  # closed for new commands, its last responses still leaving (CLOSING; _move sets it)
         self.held = 0  # HELD: this many commands still in the kernel (CLOSING), reaped on the ring's eventfd
         self.closed_at = 0.0
         self.serves_files = bounce_of is not None
@@ -193,16 +195,10 @@ class NativeTargetQueue(TargetQueue):
         if self.life not in ALLOWED_FROM[new]:
             raise IllegalQueueMove(f"queue {self.qid}: {self.life.value} -> {new.value}")
         self.life = new
-
-    @property
-    def closed(self) -> bool:
-        """Torn down (CLOSED, HELD, RELEASED): nothing of it is served any more."""
-        return self.life in _TORN_DOWN
-
-    @property
-    def closing(self) -> bool:
-        """Closed for new commands, its last responses still leaving."""
-        return self.life is QueueLife.CLOSING
+        # Read on every poll: plain attributes.  An Enum member's hash and lookup are Python calls that allocate
+        # (make bench-native counted 6 mallocs per poll with them).
+        self.closed = new in _TORN_DOWN
+        self.closing = new is QueueLife.CLOSING
 
     @property
     def peer_gone(self) -> bool:
@@ -284,7 +280,7 @@ class NativeTargetQueue(TargetQueue):
             self.log_trace()
         if done and self.drain_check is not None:
             self.drain_check()  # a change waits for commands in flight: these may have been the last
-        if self.life is QueueLife.CLOSING and self.native.close_ready:
+        if self.closing and self.native.close_ready:
             self._teardown(None)  # the last response of a closing queue has left
 
     def start_polling(self, loop, mode: str, channels=(), on_channel_event: Optional[Callable] = None,
@@ -317,7 +313,7 @@ class NativeTargetQueue(TargetQueue):
                 self.in_poll = False
             if self.tracing:
                 self.log_trace()
-            if self.life is QueueLife.CLOSING and self.native.close_ready:
+            if self.closing and self.native.close_ready:
                 self._teardown(None)
 
     # -- the per-command trace (transport/rdma/native_trace.py)
