@@ -39,9 +39,10 @@ def cluster():
         yield c
 
 
-def rbd_namespace(nsid, cluster, image):
+def rbd_namespace(nsid, cluster, image, native=False):
     return {"nsid": nsid, "enable": 1,
-            "nvmeof_roce": {"backend": "rbd", "rbd": {"pool": "rbd", "image": image, "conf": str(cluster.conf)}}}
+            "nvmeof_roce": {"backend": "rbd", "rbd": {"pool": "rbd", "image": image, "conf": str(cluster.conf),
+                                                      "native": native}}}
 
 
 def fio(*args, timeout=900):
@@ -56,15 +57,17 @@ WRITE_JOB = ["--name=rbd", "--rw=randwrite", "--bsrange=4k-128k", "--iodepth=32"
              "--verify=crc32c", "--verify_fatal=1", "--verify_state_save=0", "--randseed=4242", "--norandommap"]
 
 
-def served(cluster, tmp_path, image):
+def served(cluster, tmp_path, image, native=False):
     cluster.rbd("create", "--size", SIZE, f"rbd/{image}")
     cfg = config([{"nqn": NQN, "attr": {"allow_any_host": "1"}, "allowed_hosts": [],
-                   "namespaces": [rbd_namespace(1, cluster, image), ram_namespace(2, "16M")]}])
+                   "namespaces": [rbd_namespace(1, cluster, image, native), ram_namespace(2, "16M")]}])
     return ServedTarget(cfg, str(tmp_path / "target.json")).start(timeout=120)
 
 
-def test_the_kernel_host_writes_an_rbd_namespace_and_ceph_holds_what_fio_verified(cluster, tmp_path):
-    target = served(cluster, tmp_path, "verified")
+@pytest.mark.parametrize("native", [False, True], ids=["python", "native"])
+def test_the_kernel_host_writes_an_rbd_namespace_and_ceph_holds_what_fio_verified(cluster, tmp_path, native):
+    image = f"verified-{'native' if native else 'python'}"
+    target = served(cluster, tmp_path, image, native)
     try:
         nvme("connect", "-t", "rdma", "-a", LAB_IP, "-s", "4420", "-n", NQN)
         rbd_dev, ram_dev = namespaces_of(NQN, expect=2)
@@ -77,15 +80,16 @@ def test_the_kernel_host_writes_an_rbd_namespace_and_ceph_holds_what_fio_verifie
                                            text=True, timeout=60).stdout)
         ns = status["subsystems"][0]["namespaces"][0]
         assert ns["io"]["engine"] == "async", ns
-        # the native data path served it in C (csrc/be_rbd.c: the namespace's handle counts its calls on librbd)
-        assert ns["io"].get("native_most_in_flight", 0) > 0, ns
+        # "native": true: the native data path served it in C (csrc/be_rbd.c: the handle counts its calls on
+        # librbd); by default the core did
+        assert (ns["io"].get("native_most_in_flight", 0) > 0) == native, ns
         nvme("disconnect", "-n", NQN)
     finally:
         disconnect_all_quietly()
         code = target.stop()
     assert code == 0 and "Traceback" not in target.output(), target.output()[-3000:]
     # Read back from Ceph itself, with fio's rbd engine: no target in between
-    proc, job = fio("--ioengine=rbd", "--clientname=admin", "--pool=rbd", "--rbdname=verified", "--verify_only",
+    proc, job = fio("--ioengine=rbd", "--clientname=admin", "--pool=rbd", f"--rbdname={image}", "--verify_only",
                     *WRITE_JOB, timeout=600)
     assert proc.returncode == 0 and job["error"] == 0, proc.stderr + proc.stdout[-2000:]
     assert job["read"]["io_bytes"] == verified  # Ceph itself holds every block fio verified through the target

@@ -181,7 +181,8 @@ def use_fake_rbd(monkeypatch, images: dict) -> FakeRbd:
 
 
 def rbd_ns(nsid: int, image: str, conf: str = "/etc/ceph/ceph.conf", **extra) -> dict:
-    ns = {"nsid": nsid, "nvmeof_roce": {"backend": "rbd", "rbd": {"pool": "rbd", "image": image, "conf": conf}}}
+    ns = {"nsid": nsid, "nvmeof_roce": {"backend": "rbd", "rbd": {"pool": "rbd", "image": image, "conf": conf,
+                                                                  "native": True}}}
     ns["nvmeof_roce"].update(extra)
     return ns
 

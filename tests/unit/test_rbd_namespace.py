@@ -232,7 +232,7 @@ def test_the_native_data_path_serves_an_rbd_namespace_through_librbd_in_c(cluste
     if needs_native.args[0]:
         pytest.skip(needs_native.kwargs["reason"])
     cluster.rbd("create", "--size", "8M", "rbd/native")
-    ep = rbd_endpoint([fake_rbd_ns(1, "native", conf=str(cluster.conf))])
+    ep = rbd_endpoint([fake_rbd_ns(1, "native", conf=str(cluster.conf))])  # "native": true (rbd_fake.rbd_ns)
     try:
         data = pattern(16384, seed=41)
         ep.buf.view[:16384] = data
