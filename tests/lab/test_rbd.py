@@ -228,6 +228,7 @@ class Stamped:
                 if read(o, self.chunk) not in {st * (self.chunk // 512) for st in stamps}]
 
 
+@pytest.mark.extended  # minutes of its own: make test-extended (make test stays under 30 minutes)
 def test_a_cluster_gone_under_io_stalls_only_its_namespace_and_loses_nothing_acknowledged(cluster, tmp_path):
     """Kernel host writers on both namespaces (RAM, verified by reading each write back; RBD, stamped); the
     cluster frozen (SIGSTOP) for 15 s, then thawed: the RAM namespace keeps completing writes throughout, the rbd
@@ -277,6 +278,7 @@ def test_a_cluster_gone_under_io_stalls_only_its_namespace_and_loses_nothing_ack
 KNQN = "nqn.2024-01.io.nvmeof-roce:krbd"
 
 
+@pytest.mark.extended  # minutes of its own: make test-extended (make test stays under 30 minutes)
 def test_nvmet_apply_maps_an_rbd_namespace_with_krbd_and_the_kernel_target_serves_it(cluster, tmp_path):
     """The same rbd namespace config, applied to the kernel target: `nvmet apply` maps the image with krbd and
     points nvmet's namespace at it; the kernel host writes it with fio crc32c verify; fio's rbd engine reads it
