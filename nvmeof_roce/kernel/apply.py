@@ -467,12 +467,7 @@ def map_rbd(cfg: TargetConfig, dry_run: bool = False, rbd: Optional[rbd_map.RbdT
     if not wanted:
         return [], {}
     rbd = rbd or rbd_map.RbdTool()
-    try:
-        mapped = rbd.showmapped()
-    except NvmeofError:
-        if not dry_run:
-            raise
-        mapped = []  # the offline check: nothing mapped here
+    mapped = _showmapped(rbd, dry_run)
     steps, devices = [], {}
     for (nqn, nsid), settings in wanted.items():
         device = rbd.mapped_device(settings, mapped)
@@ -490,6 +485,16 @@ def map_rbd(cfg: TargetConfig, dry_run: bool = False, rbd: Optional[rbd_map.RbdT
     return steps, devices
 
 
+def _showmapped(rbd: "rbd_map.RbdTool", dry_run: bool) -> list:
+    """`rbd showmapped`; a dry run where the tool cannot answer (the offline check) plans as if nothing is mapped."""
+    try:
+        return rbd.showmapped()
+    except NvmeofError:
+        if not dry_run:
+            raise
+        return []
+
+
 def _device_paths(d: dict) -> set:
     return {(n.get("device") or {}).get("path") or "" for s in d.get("subsystems") or []
             for n in s.get("namespaces") or []} - {""}
@@ -503,12 +508,7 @@ def unmap_released(before: dict, after: dict, dry_run: bool = False,
     if not gone:
         return []
     rbd = rbd or rbd_map.RbdTool()
-    try:
-        mapped = rbd.showmapped()
-    except NvmeofError:
-        if not dry_run:
-            raise
-        return []
+    mapped = _showmapped(rbd, dry_run)
     kept = {rbd.is_mapped_device(p, mapped) for p in _device_paths(after)}
     steps = []
     for device in sorted({rbd.is_mapped_device(p, mapped) for p in gone} - kept - {None}):
