@@ -63,6 +63,7 @@ struct rbd_lib {
     int (*rados_ioctx_create)(rados_t, const char *, rados_ioctx_t *);
     void (*rados_ioctx_destroy)(rados_ioctx_t);
     void (*rados_ioctx_set_namespace)(rados_ioctx_t, const char *);
+    int (*rados_getaddrs)(rados_t, char **); /* optional: this client's addresses, for a gateway group's fencing */
     int (*rbd_open)(rados_ioctx_t, const char *, rbd_image_t *, const char *);
     int (*rbd_close)(rbd_image_t);
     int (*rbd_get_size)(rbd_image_t, uint64_t *);
@@ -133,6 +134,7 @@ static const struct rbd_lib *rbd_lib_load(const char *rados_path, const char *rb
     SYM(hb, rbd_aio_discard);
 #undef SYM
     *(void **)&lib.rbd_aio_write_zeroes = dlsym(hb, "rbd_aio_write_zeroes"); /* librbd 15 (Octopus) on */
+    *(void **)&lib.rados_getaddrs = dlsym(hr, "rados_getaddrs");             /* librados 14 (Nautilus) on */
     if (missing) {
         snprintf(err, errlen, "%s has no %s", strncmp(missing, "rados", 5) ? rbd_path : rados_path, missing);
         pthread_mutex_unlock(&rbd_libs_lock);
@@ -252,6 +254,20 @@ uint64_t nq_rbd_size(struct nq_file *f)
     struct nq_rbd *h = (struct nq_rbd *)f;
     uint64_t size = 0;
     return h->lib->rbd_get_size(h->image, &size) < 0 ? 0 : size;
+}
+
+int nq_rbd_addrs(struct nq_file *f, char *buf, size_t len)
+{
+    struct nq_rbd *h = (struct nq_rbd *)f;
+    char *addrs = NULL;
+    if (!h->lib->rados_getaddrs)
+        return -ENOSYS;
+    int rc = h->lib->rados_getaddrs(h->cluster, &addrs);
+    if (rc < 0)
+        return rc;
+    snprintf(buf, len, "%s", addrs ? addrs : "");
+    free(addrs); /* librados strdup'ed it */
+    return 0;
 }
 
 uint32_t nq_rbd_aio_outstanding(struct nq_file *f)
@@ -493,10 +509,13 @@ static int rbd_reap(struct nq_queue *q)
         int32_t res = rq->take_res[i];
         if (idx >= q->nreqs)
             continue;
-        if (res == -ETIMEDOUT) /* the cluster did not answer within rados_osd_op_timeout */
+        if (res == -ETIMEDOUT) { /* the cluster did not answer within rados_osd_op_timeout */
+            __atomic_fetch_add(&q->reqs[idx].file->timed_out, 1, __ATOMIC_RELAXED); /* logged by Python */
             nq_backend_answer(q, idx, SC_ANA_TRANSITION);
-        else if (res == -ESHUTDOWN) /* the cluster blocklisted (fenced) this client */
+        } else if (res == -ESHUTDOWN) { /* the cluster blocklisted (fenced) this client */
+            __atomic_fetch_add(&q->reqs[idx].file->fenced, 1, __ATOMIC_RELAXED);
             nq_backend_answer(q, idx, SC_ANA_INACCESSIBLE);
+        }
         else /* librbd's value for a write, flush or zeroing is 0 (or the bytes): done is the command's length */
             nq_backend_done(q, idx, res >= 0 && q->reqs[idx].opc != OPC_READ ? (int)q->reqs[idx].len : res);
     }

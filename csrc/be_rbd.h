@@ -26,5 +26,8 @@ int nq_rbd_open(const struct nq_rbd_params *p, struct nq_file **out, char *err, 
 uint64_t nq_rbd_size(struct nq_file *f);
 /* librbd's aio calls this handle has outstanding, every queue's. */
 uint32_t nq_rbd_aio_outstanding(struct nq_file *f);
+/* The handle's RADOS client addresses as librados gives them ("[v2:IP:PORT/NONCE,v1:...]"), into buf; -ENOSYS
+ * when the library has no rados_getaddrs. */
+int nq_rbd_addrs(struct nq_file *f, char *buf, size_t len);
 
 #endif

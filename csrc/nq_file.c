@@ -58,14 +58,17 @@ static PyObject *NativeFile_status(NativeFile *self, PyObject *noargs)
     struct nq_file *f = self->file;
     if (!f)
         return PyDict_New();
-    return Py_BuildValue("{sIsIsIsK}", "depth", f->depth, "in_flight", __atomic_load_n(&f->in_flight,
+    return Py_BuildValue("{sIsIsIsKsKsK}", "depth", f->depth, "in_flight", __atomic_load_n(&f->in_flight,
                          __ATOMIC_RELAXED), "most_in_flight", __atomic_load_n(&f->most_in_flight, __ATOMIC_RELAXED),
-                         "submitted", (unsigned long long)__atomic_load_n(&f->submitted, __ATOMIC_RELAXED));
+                         "submitted", (unsigned long long)__atomic_load_n(&f->submitted, __ATOMIC_RELAXED),
+                         "timed_out", (unsigned long long)__atomic_load_n(&f->timed_out, __ATOMIC_RELAXED),
+                         "fenced", (unsigned long long)__atomic_load_n(&f->fenced, __ATOMIC_RELAXED));
 }
 
 static PyMethodDef NativeFile_methods[] = {
     {"status", (PyCFunction)NativeFile_status, METH_NOARGS,
-     "{depth, in_flight, most_in_flight, submitted}: its commands on the native queues' rings."},
+     "{depth, in_flight, most_in_flight, submitted, timed_out, fenced}: its commands on the native queues' rings "
+     "(timed_out, fenced: answered with a path status because a networked store did not answer or refused)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -76,6 +76,7 @@ struct nq_file {
     void (*release)(struct nq_file *f); /* the last reference let go: this instead of close(fd) + free (RBD) */
     uint32_t depth, in_flight, most_in_flight;
     uint64_t submitted;
+    uint64_t timed_out, fenced; /* networked stores (RBD): commands the store did not answer in time / refused */
 };
 
 /* The counts are atomic: poll groups' threads (queues of one namespace on several) and the Python side (the

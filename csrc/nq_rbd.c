@@ -83,7 +83,17 @@ static PyObject *NativeRbd_aio_outstanding(NativeRbd *self, PyObject *noargs)
     return PyLong_FromUnsignedLong(self->file ? nq_rbd_aio_outstanding(self->file) : 0);
 }
 
+static PyObject *NativeRbd_addrs(NativeRbd *self, PyObject *noargs)
+{
+    char buf[512];
+    if (!self->file || nq_rbd_addrs(self->file, buf, sizeof buf) < 0)
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(buf);
+}
+
 static PyMethodDef NativeRbd_methods[] = {
+    {"addrs", (PyCFunction)NativeRbd_addrs, METH_NOARGS,
+     "Its RADOS client's addresses (rados_getaddrs), what a gateway group blocklists to fence it; None if unknown."},
     {"size", (PyCFunction)NativeRbd_size, METH_NOARGS, "The image's size in bytes (rbd_get_size), 0 if unknown."},
     {"aio_outstanding", (PyCFunction)NativeRbd_aio_outstanding, METH_NOARGS,
      "librbd's calls out on this image, every native queue's."},

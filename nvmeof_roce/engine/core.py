@@ -176,6 +176,7 @@ class Target(EngineApi):
         self.work = Work()  # device completions and sliced jobs, back on the loop (work.py)
         self.host_auth = auth.host_settings(config)  # DH-HMAC-CHAP keys by host NQN
         self.native_data_path = False  # a queue of the native data path was opened (engine/native_view.py)
+        self._next_store_errors_log = 0.0  # when tick next logs the native path's store errors
         self.tick_hooks: List[Callable[[float], None]] = []  # e.g. the control socket's (control/methods.py)
         self.qos = QosScheduler(clock)  # per-namespace limits: held commands start from the tick or its waker
         self.tick_hooks.append(self.qos.release)
@@ -352,6 +353,11 @@ class Target(EngineApi):
     def tick(self, now: float) -> None:
         if self.native_data_path:
             native_view.collect(self)  # native commands count as keep-alive traffic before expiry is checked
+            if now >= self._next_store_errors_log:  # what the C path answered with a path status, once a second
+                self._next_store_errors_log = now + 1.0
+                for sub in self.subsystems.values():
+                    for ns in sub.namespaces.values():
+                        ns.log_store_errors()
         self._close_unconnected(now)
         while self._ending:
             ctrl, (deadline, reason) = next(iter(self._ending.items()))

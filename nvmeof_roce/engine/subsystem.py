@@ -158,6 +158,7 @@ class Namespace:
         # The native data path's handle on the descriptor (native_view.handle_of: a `_native.File`, made when a native
         # queue first lists the namespace); the C queues hold it while their commands are on their rings.
         self.native_file = None
+        self._store_errors_seen = (0, 0)  # (timed out, fenced) of the native path already logged
         # SMART counters (bytes and commands)
         self.bytes_read = 0
         self.bytes_written = 0
@@ -212,6 +213,25 @@ class Namespace:
             status["native_in_flight"] = native["in_flight"]
             status["native_most_in_flight"] = native["most_in_flight"]
         return status
+
+    def log_store_errors(self) -> None:
+        """Say what the native data path answered with a path status since the last call: commands a networked
+        store (RBD) did not answer within its op timeout, or refused because it fenced this target.  The C path
+        only counts them (no Python per command); the words are the reference path's (engine/io.py)."""
+        if self.native_file is None:
+            return
+        status = self.native_file.status()
+        seen = (status.get("timed_out", 0), status.get("fenced", 0))
+        timed_out, fenced = (now - before for now, before in zip(seen, self._store_errors_seen))
+        self._store_errors_seen = seen
+        if timed_out or fenced:
+            self.stats.errors += timed_out + fenced
+        if timed_out:
+            log.error("namespace %d: %d command(s) timed out on the native data path (the store did not answer "
+                      "within its op timeout): answered ANA Transition, the host retries them", self.nsid, timed_out)
+        if fenced:
+            log.error("namespace %d: %d command(s) refused by the store on the native data path (this target's "
+                      "client is fenced: blocklisted): answered ANA Inaccessible", self.nsid, fenced)
 
     def close(self) -> None:
         # The native queues' commands on their rings keep their own descriptor (a dup) until they complete; the

@@ -229,12 +229,14 @@ class Stamped:
 
 
 @pytest.mark.extended  # minutes of its own: make test-extended (make test stays under 30 minutes)
-def test_a_cluster_gone_under_io_stalls_only_its_namespace_and_loses_nothing_acknowledged(cluster, tmp_path):
+@pytest.mark.parametrize("native", [False, True], ids=["python", "native"])
+def test_a_cluster_gone_under_io_stalls_only_its_namespace_and_loses_nothing_acknowledged(cluster, tmp_path, native):
     """Kernel host writers on both namespaces (RAM, verified by reading each write back; RBD, stamped); the
     cluster frozen (SIGSTOP) for 15 s, then thawed: the RAM namespace keeps completing writes throughout, the rbd
     namespace's commands fail with a path status within RBD_OP_TIMEOUT (the target's log says so) and the host
     retries them; they succeed once the cluster is back, and every acknowledged write is in the image."""
-    target = served(cluster, tmp_path, "paused")
+    image = f"paused-{'native' if native else 'python'}"
+    target = served(cluster, tmp_path, image, native)
     pause_s = 15.0
     try:
         nvme("connect", "-t", "rdma", "-a", LAB_IP, "-s", "4420", "-n", NQN)
@@ -270,7 +272,7 @@ def test_a_cluster_gone_under_io_stalls_only_its_namespace_and_loses_nothing_ack
     assert code == 0, target.output()[-3000:]
     rados, rbd = rados_and_rbd()
     with rados.Rados(conffile=str(cluster.conf)) as client, client.open_ioctx("rbd") as ioctx, \
-            rbd.Image(ioctx, "paused", read_only=True) as image:
+            rbd.Image(ioctx, image, read_only=True) as image:
         lost = rbd_io.lost(image.read)
     assert not lost, f"{len(lost)} of {len(rbd_io.possible)} blocks lost acknowledged writes: {sorted(lost)[:8]}"
 

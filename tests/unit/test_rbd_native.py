@@ -11,7 +11,7 @@ import pytest
 
 from native_diff import io_capsule, pattern
 from native_fake import needs_native
-from rbd_fake import collect, cid_of, rbd_endpoint, rbd_ns, status_of, use_fake_rbd
+from rbd_fake import SUB, collect, cid_of, rbd_endpoint, rbd_ns, status_of, use_fake_rbd
 from nvmeof_roce.nvme import status as S
 from nvmeof_roce.transport.rdma import native_queue as nq_module
 
@@ -115,9 +115,10 @@ def test_a_reads_data_is_what_the_image_holds_when_librbd_completes_it(rbd):
 
 @pytest.mark.parametrize("err, status", [(errno.ETIMEDOUT, S.ANA_TRANSITION), (errno.ESHUTDOWN, S.ANA_INACCESSIBLE)])
 @pytest.mark.parametrize("opc", [READ, WRITE, FLUSH, WRITE_ZEROES])
-def test_a_cluster_that_times_out_or_fenced_us_is_a_path_error_answered_in_c(rbd, err, status, opc):
+def test_a_cluster_that_times_out_or_fenced_us_is_a_path_error_answered_in_c(rbd, err, status, opc, caplog):
     """As engine/io.py device_status: ANA Transition (ETIMEDOUT) and ANA Inaccessible (ESHUTDOWN), no DNR, so the
-    host's multipath retries elsewhere; answered at once, not done again (the Python path would wait again)."""
+    host's multipath retries elsewhere; answered at once, not done again (the Python path would wait again); the
+    C path counts it and the namespace logs it (Namespace.log_store_errors, from the target's tick), once."""
     fake, ep = rbd
     ep.buf.view[:4096] = pattern(4096, seed=2)
     before = image(fake, 0, 4096)
@@ -130,6 +131,14 @@ def test_a_cluster_that_times_out_or_fenced_us_is_a_path_error_answered_in_c(rbd
     assert status_of(c) == status and not status_of(c) & S.DNR
     assert image(fake, 0, 4096) == before  # a failed write moved nothing
     assert ep.queue.stats()["file_handed_back"] == 0 and fake.stand_ins["img"].calls == 0
+    ns = ep.env.target.subsystem(SUB).namespaces[1]
+    counted = ns.native_file.status()
+    assert (counted["timed_out"], counted["fenced"]) == ((1, 0) if err == errno.ETIMEDOUT else (0, 1))
+    with caplog.at_level(logging.ERROR, logger="nvmeof_roce.engine.subsystem"):
+        ns.log_store_errors()
+        ns.log_store_errors()  # nothing new: said once
+    said = [r.getMessage() for r in caplog.records if "native data path" in r.getMessage()]
+    assert len(said) == 1 and ("timed out" if err == errno.ETIMEDOUT else "fenced") in said[0], said
     fake.hold(False)
     (again,) = exchange(ep, read(ep, 0, 8, 0, cid=6))  # the queue goes on
     assert status_of(again) == 0
@@ -377,3 +386,11 @@ def test_a_namespace_removed_with_calls_on_librbd_keeps_its_image_until_they_com
         import time
         time.sleep(0.01)
     assert fake.counter("open_images") == 0
+
+
+def test_the_native_handle_names_its_rados_clients_address_for_fencing(rbd):
+    """A gateway group fences a gateway by blocklisting every RADOS client it serves through, the native
+    handle's own client too: the handle gives its address as librados words it (rados_getaddrs)."""
+    fake, ep = rbd
+    ns = ep.env.target.subsystem(SUB).namespaces[1]
+    assert ns.native_file.addrs() == "[v2:127.0.0.1:0/4242,v1:127.0.0.1:0/4242]"

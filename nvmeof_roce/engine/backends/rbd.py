@@ -182,7 +182,7 @@ class RbdBackend(Backend):
         """librados' thread: wake the watcher (never a cluster call here: librbd's own watch waits behind us)."""
         self._wake.set()
 
-    def _on_watch_error(self, code) -> None:
+    def _on_watch_error(self, _watch_id, code) -> None:
         """The watch was lost (the cluster went away, a blocklist): the watcher registers it again."""
         log.warning("%s: the watch on %s was lost (%s): watching again", self.describe(), self._header, code)
         self._rewatch = True
