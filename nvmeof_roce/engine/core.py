@@ -5,12 +5,13 @@ from its event loop; every capsule becomes a `Request` that runs through the
 lifecycle of transport/lifecycle.py (each change checked by `move`):
 
     parse (FREE -> NEW)  ->  checks (flags, connected?, enabled?, NSID, opcode)
-           ->  SGL mapping by the queue's transport entry (transport/registry.py)  ->  EXECUTING
+           ->  SGL mapping by the queue's transport entry (transport/registry.py: the transfer length and the
+               transport's own data descriptor, `req.desc`, carried unread)  ->  EXECUTING
            ->  command handler: validates its fields and lengths, then returns one Outcome (request.py):
                  COMPLETED at once; FETCHING host data (in-capsule at once, or read_host: the request waits in
                  TRANSFERRING_HOST_TO_CONTROLLER, then its next step runs); HELD (the AER); DEFERRED (its device
                  call or slices run, and their completion answers it)
-           ->  complete: controller-to-host data + CQE + invalidate key, one call  ->  FREE
+           ->  complete: controller-to-host data + CQE + the data descriptor, one call  ->  FREE
 
 A handler that returns no Outcome is a missing branch: answered Internal Error
 and counted, never left holding its request.  Every malformed input ends in an
@@ -610,7 +611,7 @@ class Target(EngineApi):
             if handler is None:
                 return self.complete(req, S.INVALID_OPCODE | S.DNR, location=LOC_OPCODE)
 
-        status = qs.map_sgl(req)  # the transport's: in-capsule or keyed (transport/registry.py)
+        status = qs.map_sgl(req)  # the transport's: its data descriptor or in-capsule data (transport/registry.py)
         if status:
             return self.complete(req, status, location=LOC_DPTR)
         if EXECUTING not in NEXT[req.state]:  # lifecycle.move, inlined: once per command
@@ -662,17 +663,17 @@ class Target(EngineApi):
     def fetch(self, req: Request, length: int, next_step: Callable) -> Outcome:
         """Get `length` bytes of host data, then call next_step(target, req, data), which returns an Outcome:
         in-capsule data at once (its outcome is returned), else TRANSFERRING_HOST_TO_CONTROLLER until the
-        transport has read it (FETCHING)."""
+        transport has read it from where the command's data descriptor says (FETCHING)."""
         if req.inline_offset >= 0:
             start = SQE_SIZE + req.inline_offset
             return next_step(self, req, req.capsule[start:start + length])
         move(req, TRANSFERRING_HOST_TO_CONTROLLER)
         req.next_step = next_step
-        req.queue.transport.read_host(req.sgl_addr, req.sgl_key, length, req.read_done, req.tx)
+        req.queue.transport.read_host(req.desc, length, req.read_done, req.tx)
         return FETCHING
 
     def _host_data_arrived(self, req: Request, data, error) -> None:
-        """The RDMA READ of a request finished (called by the transport)."""
+        """The transport's read_host of a request's host data finished (called by the transport)."""
         qs = req.queue
         if req.state != TRANSFERRING_HOST_TO_CONTROLLER:
             return
@@ -752,18 +753,16 @@ class Target(EngineApi):
         elif data is not None and not len(data):
             data = None
         sqhd = qs.next_sqhd()
-        invalidate = req.invalidate_key  # the transport's map_sgl set it when the host asked (keyed 0x4F)
+        desc = req.desc  # the transport's map_sgl made it (None before that, or for in-capsule data)
         tx = req.tx
-        addr, key = req.sgl_addr, req.sgl_key
         if source is not None:  # sent from the namespace's memory: the transport lets go of the reference
             source, req.ref = (source[0], source[1], req.ref), None
         qs.release(req)
-        # Data, CQE and invalidate key go to the transport in one call (TargetQueue.complete).
+        # Data, CQE and the data descriptor go to the transport in one call (TargetQueue.complete).
         try:
             try:
                 transport.complete(CQE_STRUCT.pack(result & 0xFFFFFFFF, dw1 & 0xFFFFFFFF, sqhd, qs.qid, req.cid,
-                                                   (status << 1) & 0xFFFF), data, addr, key, invalidate, tx,
-                                   source)
+                                                   (status << 1) & 0xFFFF), data, desc, tx, source)
             except TransportError as exc:
                 if source is not None and source[2] is not None:
                     source[2].put()  # refused before sending anything: the reference did not pass to it
@@ -774,7 +773,7 @@ class Target(EngineApi):
                 log.warning("queue %d cid %#x: RDMA WRITE not possible: %s", qs.qid, req.cid, exc)
                 status = S.DATA_XFER_ERROR
                 transport.complete(CQE_STRUCT.pack(0, 0, sqhd, qs.qid, req.cid, (status << 1) & 0xFFFF),
-                                   None, addr, key, invalidate, tx)
+                                   None, desc, tx)
         except TransportError as exc:
             self._close_queue(qs, f"cannot send a completion: {exc}")
         if status and qs.ctrl is None and req.opc == FABRICS_OPCODE and req.fctype == F.FCTYPE_CONNECT:

@@ -168,7 +168,7 @@ def _reservation(t: "Target", req: Request, data_len: int) -> Optional[Reservati
     if resv is None:
         t.complete(req, S.INVALID_OPCODE | S.DNR, location=LOC_OPCODE)
         return None
-    if req.sgl_len != data_len:
+    if req.transfer_len != data_len:
         t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
         return None
     return resv

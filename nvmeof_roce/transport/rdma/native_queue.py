@@ -29,6 +29,7 @@ from ...nvme.command import SQE_SIZE
 from .connect import RdmaConnectRequest, queue_resources
 from .native_trace import TRACING, log_lines
 from .requests import RequestBook, TxRequest
+from .sgl import NO_DATA, KeyedData
 from ..resources import PoolShare, ResourceLimits
 
 log = logging.getLogger(__name__)
@@ -463,7 +464,7 @@ class NativeTargetQueue(TargetQueue):
 
     # -- the TargetQueue contract (the Python core's side)
 
-    def read_host(self, addr: int, key: int, length: int, done, tx=None) -> None:
+    def read_host(self, desc: KeyedData, length: int, done, tx=None) -> None:
         if self.closed:
             done(None, TransportError("queue is closed"))
             return
@@ -473,22 +474,22 @@ class NativeTargetQueue(TargetQueue):
         if tx is None:
             tx = self.book.received()
             self.book.delivered(tx)
-        self.book.read(tx, addr, key, length, done)
+        self.book.read(tx, desc[0], desc[1], length, done)
 
     def data_buffer(self, length: int, tx=None) -> Optional[memoryview]:
         if tx is None or length > self.max_transfer or not self.book.buffer(tx):
             return None
         return self.chunks.view(tx.chunk, length)
 
-    def complete(self, cqe: bytes, data=None, addr: int = 0, key: int = 0, invalidate_key: Optional[int] = None,
-                 tx=None, source=None) -> None:
+    def complete(self, cqe: bytes, data=None, desc: Optional[KeyedData] = None, tx=None, source=None) -> None:
         if self.closed:
             if tx is not None:
                 self.book.dropped(tx)
             if source is not None and source[2] is not None:
                 source[2].put()  # nothing is sent: nothing reads the namespace's memory
             return
-        self.book.respond(tx, cqe, data, addr, key, invalidate_key, source, self.region_of, self.max_transfer)
+        addr, key, invalidate = desc if desc is not None else NO_DATA
+        self.book.respond(tx, cqe, data, addr, key, invalidate, source, self.region_of, self.max_transfer)
 
     def references_held(self, reference) -> int:
         """Its responses sent from a namespace's memory and its C queue's commands holding `reference` (a closed
