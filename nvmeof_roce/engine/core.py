@@ -47,7 +47,7 @@ from ..transport.resources import ResourceLimits
 from .backends import BackendError
 from ..config import PortConfig, TargetConfig
 from . import auth
-from . import native_view
+from . import fast_path_view
 from .api import EngineApi
 from .controller import Controller, CtrlState
 from .ana import AnaTable
@@ -176,7 +176,7 @@ class Target(EngineApi):
         self.discovery_siblings: Dict[int, List[int]] = {}  # portid -> the portids of one path group (workers.py)
         self.work = Work()  # device completions and sliced jobs, back on the loop (work.py)
         self.host_auth = auth.host_settings(config)  # DH-HMAC-CHAP keys by host NQN
-        self.native_data_path = False  # a queue of the native data path was opened (engine/native_view.py)
+        self.has_fast_path = False  # a queue with a fast path of its own was opened (engine/fast_path_view.py)
         self.tick_hooks: List[Callable[[float], None]] = []  # e.g. the control socket's (control/methods.py)
         self.qos = QosScheduler(clock)  # per-namespace limits: held commands start from the tick or its waker
         self.tick_hooks.append(self.qos.release)
@@ -313,8 +313,8 @@ class Target(EngineApi):
             self._internal_error(req)
         finally:
             req.capsule = None  # valid only during this call
-            if self.native_data_path and qs.ctrl is not None:
-                native_view.refresh(self, qs.ctrl)  # what the command changed, before the next poll
+            if self.has_fast_path and qs.ctrl is not None:
+                fast_path_view.refresh(self, qs.ctrl)  # what the command changed, before the next poll
 
     def _start_held(self, req: Request, capsule: bytes) -> None:
         """A command that waited while its subsystem was paused starts (resume): from its checks again, since
@@ -351,8 +351,8 @@ class Target(EngineApi):
             self.check_fences()  # its commands may have let go of their references with it
 
     def tick(self, now: float) -> None:
-        if self.native_data_path:
-            native_view.collect(self)  # native commands count as keep-alive traffic before expiry is checked
+        if self.has_fast_path:
+            fast_path_view.collect(self)  # fast-path commands count as keep-alive traffic before expiry is checked
         self._close_unconnected(now)
         while self._ending:
             ctrl, (deadline, reason) = next(iter(self._ending.items()))
@@ -418,8 +418,8 @@ class Target(EngineApi):
         qs = self._queues[queue] = QueueState(queue, ctx, self)
         self._awaiting_connect[qs] = self.clock() + self.limits.connect_timeout
         self._unconnected_by_address[queue.request.peer_address] += 1
-        if queue.data_path == "native":
-            self.native_data_path = True
+        if queue.fast_path:
+            self.has_fast_path = True
         log.debug("queue %d opened from %s", queue.request.qid, queue.request.peer or "?")
 
     # -- resources (transport/resources.py): queues without a Connect, grants, counts
@@ -594,9 +594,9 @@ class Target(EngineApi):
                 ns = ctrl.subsystem.namespaces.get(req.nsid)
                 if ns is None or not ns.visible_to(ctrl.hostnqn):  # invisible to this host: as if inactive
                     return self.complete(req, S.INVALID_NS | S.DNR, location=LOC_NSID)
-                # Paused (api.py): it starts on resume; its capsule is valid only during this call.  A command the
-                # native data path hands back (its device failed it) was running before the pause began: it runs
-                # now, its native slot still holding the reference the change waits for.
+                # Paused (api.py): it starts on resume; its capsule is valid only during this call.  A command a
+                # transport's fast path hands back (its device failed it) was running before the pause began: it
+                # runs now, its fast-path slot still holding the reference the change waits for.
                 if ns.paused and not req.handed_back:
                     ns.held.append((req, bytes(req.capsule)))
                     return
@@ -625,7 +625,7 @@ class Target(EngineApi):
             req.ref = ref = ns.ref  # until nothing of it can touch it any more (subsystem.py "references")
             ref.take()
             if req.handed_back and self.fences:
-                # The native path started it before a fence on its namespace may have begun, and its slot let go of
+                # The fast path started it before a fence on its namespace may have begun, and its slot let go of
                 # the epoch it started in when it handed it back: it holds the epochs the fences on the namespace
                 # wait for too (one of them is its own), so none commits while it runs again
                 req.fence_refs = olds = [old for fence in self.fences for _nqn, fns, old in fence.olds if fns is ns]
@@ -692,8 +692,8 @@ class Target(EngineApi):
         except Exception:
             self._internal_error(req)
         finally:
-            if self.native_data_path and qs.ctrl is not None:
-                native_view.refresh(self, qs.ctrl)  # e.g. an I/O queue's Connect, whose data came by RDMA READ
+            if self.has_fast_path and qs.ctrl is not None:
+                fast_path_view.refresh(self, qs.ctrl)  # e.g. an I/O queue's Connect, whose data came by RDMA READ
 
     # A namespace may be removed while its command waits for its I/O engine or for its next slice: the command
     # then answers Invalid Namespace (as a Write whose data arrives after the removal, io._write_data), and the

@@ -80,7 +80,7 @@ class Request:
         self.read_done = self._on_read_done  # bound once, handed to read_host
         self.started_ns = 0  # perf_counter_ns() when an I/O command started (stats.py latency)
         self.tx = None  # the transport's request for this command (TargetQueue.read_host / complete)
-        self.handed_back = False  # the native data path's device failed it: the core does it again (core._start)
+        self.handed_back = False  # its transport's fast path failed it on its device: the core does it again
 
     def parse(self, capsule) -> None:
         (self.opc, self.flags, self.cid, self.nsid, self.cdw2, self.cdw3, self.mptr, self.dptr1, self.dptr2,

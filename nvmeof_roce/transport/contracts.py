@@ -132,10 +132,11 @@ class TargetQueue(abc.ABC):
         """How many more queues this queue's port can guarantee their data buffers (None: unbounded)."""
         return None
 
-    # -- the native data path (docs/native.md): a queue that serves some I/O commands itself, without the core.
-    # The core keeps such a queue's view current (engine/native_view.py); on any other queue these do nothing.
+    # -- a fast path of the transport's own (RDMA's C queue, docs/native.md): a queue that serves some I/O commands
+    # itself, without the core.  The core keeps such a queue's view current (engine/fast_path_view.py); on any
+    # other queue these do nothing.
 
-    data_path = "python"  # "native": the queue may serve commands itself, as its view allows
+    fast_path = False  # True: the queue may serve commands itself, as its view allows
     serves_files = False  # its view may list file and block namespaces (on its own io_uring)
 
     def region_of(self, backend) -> Optional[tuple]:
@@ -144,21 +145,21 @@ class TargetQueue(abc.ABC):
 
     def set_view(self, ready: bool, namespaces, sq_entries: int = 0, sq_head: int = 0,
                  sqflow_disabled: bool = False, drain_check: Optional[Callable[[], None]] = None) -> dict:
-        """Replace what the queue serves itself (built by engine/native_view.py).  `drain_check` is called after
-        each poll that completed commands meanwhile (a change waits for them).  Returns the figures of the
-        commands it served since they were last taken, as `take_native_stats`."""
+        """Replace what the queue serves itself (built by engine/fast_path_view.py).  `drain_check` is called
+        after each poll that completed commands meanwhile (a change waits for them).  Returns the figures of the
+        commands it served since they were last taken, as `take_fast_path_stats`."""
         return {}
 
     def native_in_flight(self) -> dict:
         """{namespace generation: commands} the queue serves itself and has in flight."""
         return {}
 
-    def take_native_stats(self) -> dict:
+    def take_fast_path_stats(self) -> dict:
         """The figures of the commands the queue served itself since the last call, per namespace: {nsid: (reads,
         writes, flushes, bytes read, bytes written, read latency buckets, write latency buckets)}."""
         return {}
 
-    def native_traffic(self) -> bool:
+    def fast_path_traffic(self) -> bool:
         """Whether the queue served a command itself since the last call (keep-alive traffic for the core)."""
         return False
 

@@ -117,7 +117,7 @@ class NativeTargetQueue(TargetQueue):
     """One NVMe queue served by the C data path, with the Python core behind it for everything else."""
 
     trtype = "rdma"
-    data_path = "native"
+    fast_path = True  # its C queue serves the commands its view lists (TargetQueue)
 
     def __init__(self, module, handler: QueueHandler, request: RdmaConnectRequest, verbs: NativeVerbs, *,
                  in_capsule_size: int, recv: Region, chunks: ChunkPool, share: PoolShare, max_transfer: int,
@@ -184,7 +184,7 @@ class NativeTargetQueue(TargetQueue):
             sink=sink.spec() if sink else None, remote_invalidate=verbs.remote_invalidate)
         self.view_ready = False
         self.drain_check: Optional[Callable[[], None]] = None  # while a change waits for commands: set_view
-        self.native_commands_seen = 0  # the C queue's native_commands at the last native_traffic()
+        self.native_commands_seen = 0  # the C queue's native_commands at the last fast_path_traffic()
         self.poll_mode = None  # "interrupt", "adaptive" or "busy" once start_polling ran (a test may poll by hand)
         self.poll_group = None  # the _native.PollGroup whose thread polls it (--cores), or None
         self.tracing = False  # the per-command trace is on: its records are taken at each poll and tick
@@ -345,7 +345,7 @@ class NativeTargetQueue(TargetQueue):
 
     def set_view(self, ready: bool, namespaces, sq_entries: int = 0, sq_head: int = 0,
                  sqflow_disabled: bool = False, drain_check: Optional[Callable[[], None]] = None) -> dict:
-        """The one call that changes what the C queue serves itself (engine/native_view.py builds it)."""
+        """The one call that changes what the C queue serves itself (engine/fast_path_view.py builds it)."""
         if self.closed:
             return {}
         self.drain_check = drain_check
@@ -396,14 +396,14 @@ class NativeTargetQueue(TargetQueue):
         self.poll()
         return None
 
-    def take_native_stats(self) -> dict:
+    def take_fast_path_stats(self) -> dict:
         if self.closed:
             return {}
         if self.tracing:  # a poll group's thread records without mailing anything: taken at the tick
             self.log_trace()
         return self.native.take_stats()
 
-    def native_traffic(self) -> bool:
+    def fast_path_traffic(self) -> bool:
         seen = self.native.stats()["native_commands"]
         if seen == self.native_commands_seen:
             return False
