@@ -176,9 +176,11 @@ class Stamped:
         return self
 
     def join(self, timeout=180):
+        """Stop the writers; False when one is still blocked after `timeout` seconds in all."""
         self.stop.set()
+        deadline = time.monotonic() + timeout
         for t in self.threads:
-            t.join(timeout)
+            t.join(max(0.0, deadline - time.monotonic()))
         return not any(t.is_alive() for t in self.threads)
 
     def _run(self, k):
@@ -254,7 +256,10 @@ def test_a_cluster_gone_under_io_stalls_only_its_namespace_and_loses_nothing_ack
         time.sleep(25)  # the cluster's sessions come back; the host's retries go through
         acked_before_end = rbd_io.acked
         after = [s for s in rbd_io.spans if s[0] > resumed_at + 10 and s[2]]
-        assert rbd_io.join() and ram_io.join(), "a writer is still blocked"
+        if not (rbd_io.join() and ram_io.join()):
+            target.proc.send_signal(signal.SIGABRT)  # its faulthandler writes every thread's stack to its output
+            target.proc.wait(30)
+            raise AssertionError(f"a writer is still blocked; the target's threads:\n{target.output()[-12000:]}")
         end = time.monotonic()
         assert not ram_io.errors and not ram_io.mismatches, (ram_io.errors[:3], ram_io.mismatches[:3])
         gap = ram_io.longest_gap(paused_at - 2, end - 1)
