@@ -159,6 +159,27 @@ def test_a_resize_made_outside_reaches_the_host_from_the_watch_alone(cluster):
         env.close()
 
 
+def test_a_lost_watch_is_registered_again_and_the_namespace_keeps_reading_its_size_and_serving(cluster):
+    """librados reports a lost watch (a cluster that went away, a blocklist) with (watch id, error); the watcher
+    closes the old watch and registers a new one, and the namespace keeps reading its size and serving."""
+    cluster.rbd("create", "--size", "4M", "rbd/rewatched")
+    env = Env(config([rbd_ns(1, cluster, "rewatched")]))
+    try:
+        ctrl = env.connect(SUB, num_io_queues=1)
+        ns = env.target.subsystem(SUB).namespaces[1]
+        first = ns.backend._watch
+        ns.backend._on_watch_error(0, -107)  # as librados calls it: (watch id, error)
+        assert pump_until(env, lambda: ns.backend._watch is not None and ns.backend._watch is not first)
+        assert ns.backend.header_size() == 4 << 20  # its pool context still open
+        cluster.rbd("resize", "--size", "6M", "rbd/rewatched")  # seen through the new watch
+        assert pump_until(env, lambda: ns.num_blocks == (6 << 20) // 512)
+        ctrl.write(1, 0, b"\x17" * 512)
+        assert image_bytes(cluster, "rewatched", 0, 512) == b"\x17" * 512
+        ctrl.close()
+    finally:
+        env.close()
+
+
 def test_a_cluster_unreachable_at_start_leaves_its_namespace_pending_and_it_comes_in_once_it_answers(
         cluster, tmp_path, monkeypatch):
     monkeypatch.setattr(rbd_backend, "RBD_CONNECT_TIMEOUT", 1)  # a monitor that does not answer: 1 s, not 10
