@@ -156,9 +156,7 @@ class GroupMember:
             ana = self.store.read().ana_groups.get(grpid)
             if ana is None or ana.home != s.gateway:
                 g.set_home(self.store, grpid, s.gateway, now=self.wall)
-        self.store.join(s.gateway, self.client.rados, self._port_records(), started=self.started) \
-            if _accepts_started(self.store.join) else self.store.join(s.gateway, self.client.rados,
-                                                                      self._port_records())
+        self.store.join(s.gateway, self.client.rados, self._port_records(), now=lambda: self.started)
         for grpid in self.home:
             snapshot = self.store.read()
             ana = snapshot.ana_groups.get(grpid)
@@ -458,6 +456,21 @@ class GroupMember:
             if self._changes.locked():
                 self._changes.release()
 
+    def off_loop(self, fn: Callable[[], Any], answer, field: str) -> None:
+        """Run the blocking `fn()` on a thread; `answer` settles on the loop with its result or its error."""
+        from ..control.protocol import RpcError
+
+        def run() -> None:
+            try:
+                result = fn()
+            except Exception as exc:
+                error = RpcError(getattr(exc, "message", str(exc)), field,
+                                 getattr(exc, "fix", "") or "see nvmeof_group_status")
+                self._post(lambda: answer.fail(error))
+                return
+            self._post(lambda: answer.settle(result))
+        threading.Thread(target=run, name="group rpc", daemon=True).start()
+
     def request_failback(self, grpid: int) -> dict:
         """An admin asks for ANA group `grpid` to go back to its home gateway (blocking: the RPC's thread)."""
         g = _group()
@@ -465,6 +478,23 @@ class GroupMember:
         ana = snap.ana_groups.get(grpid)
         return {"ana_group": grpid, "home": ana.home if ana else None,
                 "owner": ana.owner.gateway if ana and ana.owner else None, "requested": grpid in snap.failbacks}
+
+    def shares(self, method: str) -> bool:
+        """The RPC changes the group's shared sections (run_change), not only this gateway."""
+        return method in SHARED_CHANGES
+
+    def config_with(self, path: str):
+        """A reload (SIGHUP, nvmeof_reload_config): this gateway's file read again, with the group's sections."""
+        from ..config import load_userspace_config
+        self.local = load_userspace_config(path).to_dict()
+        return self.parse(merged_config(self.local, self.snapshot, self.serving, self.home), path)
+
+    @staticmethod
+    def parse(data: dict, source: str):
+        from ..config import parse_config, raise_all, validate_for_userspace
+        config = parse_config(data, source)
+        raise_all(validate_for_userspace(config))
+        return config
 
     # ---------------------------------------------------------------------------------------- status, end
     def status(self) -> dict:
@@ -502,7 +532,3 @@ class GroupMember:
             from ..ceph import clients
             clients.release(self.client)
 
-
-def _accepts_started(join) -> bool:
-    import inspect
-    return "started" in inspect.signature(join).parameters

@@ -1,0 +1,184 @@
+"""Gateways of a group (service/group.py) against a real development Ceph cluster (ceph/devcluster.py): each
+gateway a Target on the loopback fabric with its own RADOS client, in one process.  The group's subsystems come
+from RADOS; each ANA group is optimized on the gateway that holds its lease and inaccessible on the other; a change
+by RPC on one gateway reaches the other; a gateway that stops renewing stops serving before its lease ends and the
+survivor takes its group only after blocklisting its client (whose writes the cluster then refuses); failback
+moves the group home when the admin asks."""
+import errno
+import time
+
+import pytest
+
+from loopback_env import ADDR1, ADDR2, Env, port, ram_ns
+from nvmeof_roce.ceph import devcluster
+from nvmeof_roce.config import parse_config
+from nvmeof_roce.control.methods import Control
+from nvmeof_roce.service import group as member_module
+from nvmeof_roce.service.group import GroupMember
+
+pytestmark = pytest.mark.skipif(devcluster.missing_tools() != [],
+                                reason=f"Ceph is not installed: apt-get install {' '.join(devcluster.missing_tools())} "
+                                       "(make deps installs it)")
+
+SUB = "nqn.2024-01.io.test:group"
+LEASE = 3  # seconds: the shortest the config takes
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = devcluster.DevCluster(tmp_path_factory.mktemp("ceph") / "c", port=0)
+    with c:
+        yield c
+
+
+class FakeServer:
+    """What the member asks of serve.py's TargetServer."""
+
+    def __init__(self, env):
+        self.target = env.target
+        self.loop = env.fabric
+        self.listeners = []
+        self.exit_code = 0
+        self.stop_requested = False
+
+    def request_stop(self):
+        self.stop_requested = True
+
+
+class Gateway:
+    """One gateway: its own file (a port, the group settings, maybe a seed), its own RADOS client id (so the
+    cluster sees distinct clients, as on distinct machines)."""
+
+    def __init__(self, cluster, group, name, home, address, seed=None, client_id=None):
+        local = {"ports": [port(1, address, [])],
+                 "nvmeof_roce": {"group": {"name": group, "gateway": name, "ana_groups": home,
+                                           "conf": str(cluster.conf), "id": client_id or name, "lease": LEASE}}}
+        if seed:
+            local["subsystems"] = seed
+        config = parse_config(local, f"{name}.json")
+        self.member = GroupMember(config.group, config.to_dict())
+        self.member.connect()
+        merged = self.member.join()
+        self.env = Env(merged)
+        self.control = Control(self.env.target, config_path=f"/nonexistent/{name}.json")
+        self.control.group = self.member
+        self.server = FakeServer(self.env)
+        self.member.attach(self.server, self.control)
+
+    def state(self, grpid):
+        return self.env.target.ana.state(1, grpid)
+
+    def pump(self):
+        self.env.fabric.run_watched(0.01)
+        self.env.fabric.pump()
+        self.member.tick(time.monotonic())
+
+    def kill(self):
+        """As SIGKILL to the keeper: no more renewals, no release; the loop side still runs (a hung gateway)."""
+        self.member._stop.set()
+        self.member._keeper.join(10)
+        self.member._watch.close()
+
+    def close(self):
+        self.member.close()
+        self.env.close()
+
+
+def run(gateways, until, timeout=20.0, what="the condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for gw in gateways:
+            gw.pump()
+        if until():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{what} did not happen in {timeout} s")
+
+
+def call(gw, others, method, params):
+    """An RPC on `gw`: its answer (the change is published before it is answered)."""
+    answer = gw.control.call(method, params)
+    run([gw] + others, lambda: answer.part is not None, what=f"the answer to {method}")
+    assert "result" in answer.part, answer.part
+    return answer.part["result"]
+
+
+def seed():
+    return [{"nqn": SUB, "attr": {"allow_any_host": "1"},
+             "namespaces": [ram_ns(1, ana_grpid=2), ram_ns(2, ana_grpid=3)]}]
+
+
+def test_two_gateways_serve_the_groups_state_each_optimized_for_its_own_ana_group(cluster):
+    a = Gateway(cluster, "g1", "gw-a", [2], ADDR1, seed=seed())
+    b = Gateway(cluster, "g1", "gw-b", [3], ADDR2)  # no subsystems in its file: it takes the group's
+    try:
+        assert set(b.env.target.subsystems[SUB].namespaces) == {1, 2}
+        run([a, b], lambda: (a.state(2), a.state(3), b.state(2), b.state(3)) ==
+            ("optimized", "inaccessible", "inaccessible", "optimized"), what="each gateway optimized for its own")
+        # a namespace added by RPC on B is served by A too (the group's change, through the watch)
+        call(b, [a], "nvmf_subsystem_add_ns",
+             {"nqn": SUB, "namespace": {"nsid": 3, "backend": "ram", "size": "1M", "anagrpid": 2}})
+        run([a, b], lambda: 3 in a.env.target.subsystems[SUB].namespaces, what="A serving B's new namespace")
+        status = a.member.status()
+        assert status["members"] == ["gw-a", "gw-b"]
+        assert {g["ana_group"]: g["owner"] for g in status["ana_groups"]} == {2: "gw-a", 3: "gw-b"}
+    finally:
+        b.close()
+        a.close()
+
+
+def blocklisted(cluster):
+    out = cluster.ceph("osd", "blocklist", "ls")
+    return [line.split()[0] for line in out.splitlines() if line.strip() and not line.startswith("listed")]
+
+
+def test_a_gateway_that_stops_renewing_stops_serving_before_the_survivor_fences_it_and_takes_its_group(cluster):
+    a = Gateway(cluster, "g2", "gw-a", [2], ADDR1, seed=seed())
+    b = Gateway(cluster, "g2", "gw-b", [3], ADDR2)
+    try:
+        run([a, b], lambda: b.state(3) == "optimized" and a.state(2) == "optimized", what="both serving")
+        b_addr = b.member.lease(3).member.addr
+        b.kill()  # B's keeper gone: no renewals; its loop still runs (it must stop serving by itself)
+        run([a, b], lambda: a.state(3) == "optimized", timeout=4 * LEASE, what="A taking ANA group 3 over")
+        # B stopped serving before A took the group (both clocks are this process's monotonic clock)
+        stopped = [e for e in b.member.history if e["event"] == "stopped" and e["ana_group"] == 3]
+        took = [e for e in a.member.history if e["event"] == "took_over" and e["ana_group"] == 3]
+        assert stopped and took and stopped[0]["at"] < took[0]["at"], (b.member.history, a.member.history)
+        assert b.state(3) == "inaccessible" and took[0]["previous"] == "gw-b"
+        # B's client was blocklisted before A owned the group, and the cluster refuses its writes now
+        assert b_addr in blocklisted(cluster), (b_addr, blocklisted(cluster))
+        with pytest.raises(Exception) as refused:
+            b.member.ioctx.write_full("late-write-from-b", b"stale")
+        assert getattr(refused.value, "errno", None) in (errno.ESHUTDOWN, errno.EBLOCKLISTED
+                                                         if hasattr(errno, "EBLOCKLISTED") else errno.ESHUTDOWN), \
+            refused.value
+        status = a.member.status()
+        assert {g["ana_group"]: g["owner"] for g in status["ana_groups"]} == {2: "gw-a", 3: "gw-a"}
+    finally:
+        b.member.fenced = True  # its client is blocklisted: nothing to release
+        b.close()
+        a.close()
+
+
+def test_failback_moves_the_group_home_when_the_admin_asks(cluster):
+    a = Gateway(cluster, "g3", "gw-a", [2], ADDR1, seed=seed())
+    b = Gateway(cluster, "g3", "gw-b", [3], ADDR2)
+    try:
+        run([a, b], lambda: b.state(3) == "optimized", what="B serving group 3")
+        b.kill()
+        run([a, b], lambda: a.state(3) == "optimized", timeout=4 * LEASE, what="A taking group 3 over")
+        b.member.fenced = True
+        b.close()
+        b = Gateway(cluster, "g3", "gw-b", [3], ADDR2, client_id="gw-b-restarted")  # the restarted gateway
+        run([a, b], lambda: b.member.snapshot is not None, what="B rejoined")
+        assert b.state(3) == "inaccessible" and a.state(3) == "optimized"  # manual failback: it waits
+        answer = b.control.call("nvmeof_group_failback", {"ana_group": 3})
+        run([a, b], lambda: answer.part is not None, what="the failback request")
+        assert answer.part.get("result", {}).get("requested"), answer.part
+        run([a, b], lambda: b.state(3) == "optimized" and a.state(3) == "inaccessible", timeout=4 * LEASE,
+            what="group 3 back on B")
+        assert any(e["event"] == "handed_back" for e in a.member.history)
+        assert not any(e["event"] == "took_over" for e in b.member.history)  # a clean handover: no blocklist
+    finally:
+        b.close()
+        a.close()
