@@ -46,6 +46,15 @@ _clients: Dict[Key, ClusterClient] = {}
 _connecting: Dict[Key, threading.Lock] = {}
 _failed: Dict[Key, Tuple[float, BaseException]] = {}
 _closers: List[threading.Thread] = []
+# Called with every new RADOS client's addresses before it serves (a gateway of a group publishes them, so a
+# survivor fences them all: service/group.py); one that raises keeps the client from serving.
+announce_hooks: List[Callable[[str], None]] = []
+
+
+def announce(addrs: str) -> None:
+    """A new client of this process (`Rados.get_addrs()`, a native handle's `addrs()`): tell the hooks first."""
+    for hook in list(announce_hooks):
+        hook(addrs)
 
 
 def acquire(key: Key, conf: Dict[str, str], timeout: float) -> ClusterClient:
@@ -72,6 +81,11 @@ def acquire(key: Key, conf: Dict[str, str], timeout: float) -> ClusterClient:
         except BaseException as exc:
             with _lock:
                 _failed[key] = (time.monotonic(), exc)
+            _shutdown(r, key)
+            raise
+        try:
+            announce(r.get_addrs())
+        except BaseException:
             _shutdown(r, key)
             raise
         client = ClusterClient(key, r)

@@ -23,6 +23,7 @@ EXIT_FENCED: its clients are of no use any more, and a restart joins with new on
 from __future__ import annotations
 
 import copy
+import dataclasses
 import errno
 import json
 import logging
@@ -113,8 +114,9 @@ class GroupMember:
     def connect(self) -> None:
         from ..ceph import clients
         s = self.settings
-        timeout = str(max(1, s.lease // 3))  # a RADOS call never outlasts a renew interval
-        conf = {"rados_osd_op_timeout": timeout, "rados_mon_op_timeout": timeout,
+        # A renew (an OSD op) never outlasts a renew interval; the monitor's commands (a blocklist entry waits
+        # for a new OSD map, about a second each) are a take-over's, which may take longer.
+        conf = {"rados_osd_op_timeout": str(max(1, s.lease // 3)), "rados_mon_op_timeout": str(s.lease),
                 "client_mount_timeout": str(CONNECT_TIMEOUT)}
         try:
             self.client = clients.acquire((s.conf, s.client_id, s.keyring), conf, CONNECT_TIMEOUT)
@@ -167,7 +169,26 @@ class GroupMember:
             self._acquire_home(grpid)
         self.snapshot = self.store.read()
         self.applied_epoch = self.snapshot.epoch
+        from ..ceph import clients
+        clients.announce_hooks.append(self._announce)  # the rbd namespaces' clients, before they serve
         return merged_config(self.local, self.snapshot, self._owned(), self.home)
+
+    def _announce(self, addrs: str) -> None:
+        """Another RADOS client of this gateway (an rbd namespace's on the native data path, or one of another
+        cluster key): in its member record before it serves, so a survivor's take-over fences it too.
+        Blocking (a RADOS update): called on the thread that opened the client."""
+        from ..ceph.group.records import blocklist_address
+        addr = blocklist_address(addrs)
+        if not addr:
+            raise GroupMemberError("a RADOS client with no address", "check librados (rados_getaddrs)")
+        gateway = self.settings.gateway
+
+        def add(state) -> None:
+            member = state.members.get(gateway)
+            if member is not None and addr != member.addr and addr not in member.fence_addrs:
+                state.members[gateway] = dataclasses.replace(member, fence_addrs=member.fence_addrs + [addr])
+        self.store.update(add, f"member {gateway} client")
+        log.info("gateway group %s: client %s announced (fenced with this gateway)", self.settings.name, addr)
 
     def _acquire_home(self, grpid: int) -> bool:
         g = _group()
@@ -177,7 +198,7 @@ class GroupMember:
         except g.LeaseBusy as exc:
             log.info("gateway group %s: ANA group %d: %s", self.settings.name, grpid, exc.message)
             return False
-        g.record_owner(self.store, lease, now=self.wall)
+        self.snapshot = g.record_owner(self.store, lease, now=self.wall)
         self._note("acquired", grpid)
         return True
 
@@ -311,7 +332,7 @@ class GroupMember:
         g = _group()
         started = self.clock()
         try:
-            take()
+            self.snapshot = take()  # the state with this gateway as the owner
         except g.LeaseBusy:
             return  # another gateway was first
         took = self.clock() - started
@@ -515,6 +536,9 @@ class GroupMember:
                 "events": list(self.history)}
 
     def close(self) -> None:
+        from ..ceph import clients
+        if self._announce in clients.announce_hooks:
+            clients.announce_hooks.remove(self._announce)
         self._stop.set()
         if self._watch is not None:
             self._watch.close()

@@ -182,3 +182,30 @@ def test_failback_moves_the_group_home_when_the_admin_asks(cluster):
     finally:
         b.close()
         a.close()
+
+
+def test_every_client_a_gateway_serves_through_is_announced_before_it_serves_and_fenced_on_take_over(cluster):
+    """The native data path opens a RADOS client of its own per rbd namespace: it is announced (in the member
+    record) before the handle is handed over, and a take-over blocklists it with the gateway's own client."""
+    from nvmeof_roce.ceph import clients
+    from nvmeof_roce.ceph.bindings import rados_and_rbd
+    a = Gateway(cluster, "g4", "gw-a", [2], ADDR1, seed=seed())
+    b = Gateway(cluster, "g4", "gw-b", [3], ADDR2)
+    rados, _ = rados_and_rbd()
+    extra = rados.Rados(conffile=str(cluster.conf), rados_id="gw-b-native")  # stands for B's native handle
+    extra.connect()
+    try:
+        clients.announce(extra.get_addrs())  # what RbdBackend.native_handle does before handing the handle over
+        record = a.member.store.read().members["gw-b"]
+        assert len(record.fence_addrs) == 1 and record.fence_addrs[0] != record.addr
+        b.kill()
+        run([a, b], lambda: a.state(3) == "optimized", timeout=4 * LEASE, what="A taking ANA group 3 over")
+        assert set([record.addr] + record.fence_addrs) <= set(blocklisted(cluster))
+        with extra.open_ioctx("rbd") as ioctx, pytest.raises(Exception) as refused:
+            ioctx.write_full("late-write-from-b-native", b"stale")
+        assert getattr(refused.value, "errno", None) == errno.ESHUTDOWN, refused.value
+    finally:
+        extra.shutdown()
+        b.member.fenced = True
+        b.close()
+        a.close()

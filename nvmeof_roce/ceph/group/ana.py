@@ -182,7 +182,8 @@ class AnaLease:
                                          "(the OSD's clock)", "wait for it to expire (it may still serve), or "
                                          "force the take-over (it is fenced first)")
             if previous is not None:
-                self._fence(previous.addr)
+                for addr in [previous.addr] + list(getattr(previous, "fence_addrs", [])):
+                    self._fence(addr)  # every client it served through: the native path's too
             if holder is not None:
                 self._break(holder)
             started = self.machine.begin()

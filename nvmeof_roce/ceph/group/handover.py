@@ -58,7 +58,11 @@ def record_owner(store: GroupStore, lease: AnaLease, now: Now = time.time) -> Gr
 
 def fail_over(store: GroupStore, lease: AnaLease, force: bool = False, now: Now = time.time) -> GroupSnapshot:
     """Take the ANA group from its recorded owner: fence it, break its lock, own it, record it."""
-    previous = _ana(store.read().editable(), lease.grpid, store.group).owner
+    snapshot = store.read()
+    previous = _ana(snapshot.editable(), lease.grpid, store.group).owner
+    member = snapshot.members.get(previous.gateway) if previous is not None else None
+    if member is not None and member.instance_id == previous.instance_id:
+        previous = member  # its record now: every client it announced since it took the group (fence_addrs)
     lease.take_over(previous, force=force)
     return record_owner(store, lease, now)
 

@@ -80,6 +80,9 @@ class Member:
     instance_id: int
     ports: List[Any] = field(default_factory=list)
     started: float = 0.0  # wall-clock time the gateway joined (time.time())
+    # The gateway's other RADOS clients (the native data path's, one per rbd namespace): fenced with `addr`,
+    # published before they serve (service/group.py, ceph/clients.py announce)
+    fence_addrs: List[str] = field(default_factory=list)
 
     @classmethod
     def of(cls, gateway: str, cluster, ports: Optional[List[Any]] = None, started: float = 0.0) -> "Member":
@@ -93,7 +96,7 @@ class Member:
     @classmethod
     def from_json(cls, value: Dict[str, Any]) -> "Member":
         return cls(value["gateway"], value["addr"], int(value["instance_id"]), list(value.get("ports", [])),
-                   float(value.get("started", 0.0)))
+                   float(value.get("started", 0.0)), list(value.get("fence_addrs", [])))
 
 
 @dataclass(frozen=True)

@@ -369,7 +369,12 @@ class RbdBackend(Backend):
 
             def open_native():
                 try:
-                    self._native_result = native.module.RbdImage(*args)
+                    handle = native.module.RbdImage(*args)
+                    try:
+                        clients.announce(handle.addrs() or "")  # a gateway group fences this client too
+                    except Exception as exc:
+                        raise OSError(errno.EPERM, f"its RADOS client could not be announced: {exc}") from None
+                    self._native_result = handle
                 except OSError as exc:
                     self._native_result = exc
                     log.warning("%s: the native data path cannot open it (%s): the core serves it",
