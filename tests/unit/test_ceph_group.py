@@ -163,6 +163,26 @@ def test_without_a_watch_the_poll_finds_the_change(gateways, group):
         watch.close()
 
 
+@needs_ceph
+def test_a_lost_watch_is_registered_again_and_the_change_made_meanwhile_is_read(gateways, group, monkeypatch):
+    a, b = gateways("gwA"), gateways("gwB")
+    monkeypatch.setattr(store_module, "WATCH_RETRY", 0.2)
+    seen, arrived = [], threading.Event()
+    watch = b.store(group).watch(lambda s: (seen.append(s), arrived.set()), poll_interval=60)
+    try:
+        watch._on_error(0, -107)  # what librados reports when the watch's session is lost (ENOTCONN)
+        assert not watch.watching
+        a.store(group).update(lambda s: s.config.__setitem__("ports", [{"portid": 1}]))  # nobody watching
+        assert arrived.wait(5), "the change made while the watch was lost was not read"
+        assert seen[-1].config == {"ports": [{"portid": 1}]}
+        assert wait_for(lambda: watch.watching, timeout=3), "the watch was not registered again"
+        arrived.clear()
+        a.store(group).update(lambda s: s.config.__setitem__("ports", []))
+        assert arrived.wait(5) and watch.notifications >= 1
+    finally:
+        watch.close()
+
+
 @pytest.mark.parametrize("first", ["object missing", "object present"])
 @needs_ceph
 def test_an_update_that_meets_another_gateways_change_is_done_again_and_neither_is_lost(gateways, group, first):
@@ -297,6 +317,10 @@ def test_a_silent_owner_stops_serving_before_its_lease_ends_and_the_survivor_fen
     assert err.value.errno in (108, -108)  # ESHUTDOWN: the cluster refuses the fenced client
     with pytest.raises(LeaseLost):
         lease_a.renew()
+    with pytest.raises(IllegalLeaseTransition):
+        lease_a.acquire()  # LOST ends the ownership: release first
+    lease_a.release()  # the fenced client's unlock fails; the lease is STANDBY all the same
+    assert lease_a.state is LeaseState.STANDBY
 
 
 @needs_ceph

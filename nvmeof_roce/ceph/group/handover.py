@@ -19,7 +19,7 @@ Each step is a blocking call: off the event loop.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, Mapping
 
 from .ana import AnaLease
 from .errors import GroupError
@@ -29,8 +29,8 @@ from .store import GroupSnapshot, GroupState, GroupStore
 Now = Callable[[], float]
 
 
-def _ana(state: GroupState, grpid: int, group: str) -> AnaGroup:
-    ana = state.ana_groups.get(grpid)
+def _ana(ana_groups: Mapping[int, AnaGroup], grpid: int, group: str) -> AnaGroup:
+    ana = ana_groups.get(grpid)
     if ana is None:
         raise GroupError(f"gateway group {group}: ANA group {grpid} has no record (no home gateway)",
                          "give the ANA group a home first (an `ana.<grpid>` record with its home gateway)")
@@ -50,7 +50,7 @@ def record_owner(store: GroupStore, lease: AnaLease, now: Now = time.time) -> Gr
     member = lease.member
 
     def change(state: GroupState) -> None:
-        ana = _ana(state, lease.grpid, store.group)
+        ana = _ana(state.ana_groups, lease.grpid, store.group)
         if ana.owner != member:
             state.ana_groups[lease.grpid] = AnaGroup(lease.grpid, ana.home, member, now())
     return store.update(change, f"ana {lease.grpid} owner")
@@ -58,7 +58,7 @@ def record_owner(store: GroupStore, lease: AnaLease, now: Now = time.time) -> Gr
 
 def fail_over(store: GroupStore, lease: AnaLease, force: bool = False, now: Now = time.time) -> GroupSnapshot:
     """Take the ANA group from its recorded owner: fence it, break its lock, own it, record it."""
-    previous = _ana(store.read().editable(), lease.grpid, store.group).owner
+    previous = _ana(store.read().ana_groups, lease.grpid, store.group).owner
     lease.take_over(previous, force=force)
     return record_owner(store, lease, now)
 
@@ -66,7 +66,7 @@ def fail_over(store: GroupStore, lease: AnaLease, force: bool = False, now: Now 
 def request_failback(store: GroupStore, grpid: int, reason: str = "admin", now: Now = time.time) -> GroupSnapshot:
     """Ask the ANA group's owner to hand it back to its home gateway."""
     def change(state: GroupState) -> None:
-        ana = _ana(state, grpid, store.group)
+        ana = _ana(state.ana_groups, grpid, store.group)
         if ana.owner is not None and ana.owner.gateway == ana.home:
             return  # at home already
         if ana.home not in state.members:
@@ -96,7 +96,7 @@ def hand_back(store: GroupStore, lease: AnaLease, now: Now = time.time) -> Group
     lease.release()
 
     def change(state: GroupState) -> None:
-        ana = _ana(state, lease.grpid, store.group)
+        ana = _ana(state.ana_groups, lease.grpid, store.group)
         if ana.owner is not None and ana.owner.gateway == lease.gateway:
             state.ana_groups[lease.grpid] = AnaGroup(lease.grpid, ana.home, None, now())
     return store.update(change, f"ana {lease.grpid} handed back")
@@ -114,7 +114,7 @@ def take_back(store: GroupStore, lease: AnaLease, now: Now = time.time) -> Group
     member = lease.member
 
     def change(state: GroupState) -> None:
-        ana = _ana(state, lease.grpid, store.group)
+        ana = _ana(state.ana_groups, lease.grpid, store.group)
         state.ana_groups[lease.grpid] = AnaGroup(lease.grpid, ana.home, member, now())
         state.failbacks.pop(lease.grpid, None)
     return store.update(change, f"ana {lease.grpid} back home")
