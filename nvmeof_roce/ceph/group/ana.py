@@ -28,7 +28,7 @@ from typing import Optional, Protocol
 
 from . import clslock
 from .errors import CephCallFailed, Fenced, GroupError, LeaseBusy, LeaseLost, LeaseStillHeld, call_failed, errno_of
-from .lease import SERVING, Clock, LeaseMachine, LeaseState, LeaseTiming
+from .lease import SERVING, Clock, IllegalLeaseTransition, LeaseMachine, LeaseState, LeaseTiming
 from .records import Member, blocklist_address, check_name, lease_object
 from .store import rados_module
 
@@ -92,6 +92,10 @@ class AnaLease:
 
     def acquire(self) -> None:
         """Take the lease (STANDBY -> OWNER).  LeaseBusy when another client holds it."""
+        state = self.machine.state
+        if state not in (LeaseState.STANDBY, *SERVING):
+            raise IllegalLeaseTransition(f"{self.what}: acquire while the lease is {state.value}",
+                                         "release() first (after LOST: once the engine stopped serving)")
         rados = rados_module()
         started = self.machine.begin()
         try:

@@ -19,7 +19,7 @@ Each step is a blocking call: off the event loop.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, Mapping
 
 from .ana import AnaLease
 from .errors import GroupError
@@ -29,8 +29,8 @@ from .store import GroupSnapshot, GroupState, GroupStore
 Now = Callable[[], float]
 
 
-def _ana(state: GroupState, grpid: int, group: str) -> AnaGroup:
-    ana = state.ana_groups.get(grpid)
+def _ana(ana_groups: Mapping[int, AnaGroup], grpid: int, group: str) -> AnaGroup:
+    ana = ana_groups.get(grpid)
     if ana is None:
         raise GroupError(f"gateway group {group}: ANA group {grpid} has no record (no home gateway)",
                          "give the ANA group a home first (an `ana.<grpid>` record with its home gateway)")
@@ -50,7 +50,7 @@ def record_owner(store: GroupStore, lease: AnaLease, now: Now = time.time) -> Gr
     member = lease.member
 
     def change(state: GroupState) -> None:
-        ana = _ana(state, lease.grpid, store.group)
+        ana = _ana(state.ana_groups, lease.grpid, store.group)
         if ana.owner != member:
             state.ana_groups[lease.grpid] = AnaGroup(lease.grpid, ana.home, member, now())
     return store.update(change, f"ana {lease.grpid} owner")
@@ -59,7 +59,7 @@ def record_owner(store: GroupStore, lease: AnaLease, now: Now = time.time) -> Gr
 def fail_over(store: GroupStore, lease: AnaLease, force: bool = False, now: Now = time.time) -> GroupSnapshot:
     """Take the ANA group from its recorded owner: fence it, break its lock, own it, record it."""
     snapshot = store.read()
-    previous = _ana(snapshot.editable(), lease.grpid, store.group).owner
+    previous = _ana(snapshot.ana_groups, lease.grpid, store.group).owner
     member = snapshot.members.get(previous.gateway) if previous is not None else None
     if member is not None and member.instance_id == previous.instance_id:
         previous = member  # its record now: every client it announced since it took the group (fence_addrs)
@@ -70,7 +70,7 @@ def fail_over(store: GroupStore, lease: AnaLease, force: bool = False, now: Now 
 def request_failback(store: GroupStore, grpid: int, reason: str = "admin", now: Now = time.time) -> GroupSnapshot:
     """Ask the ANA group's owner to hand it back to its home gateway."""
     def change(state: GroupState) -> None:
-        ana = _ana(state, grpid, store.group)
+        ana = _ana(state.ana_groups, grpid, store.group)
         if ana.owner is not None and ana.owner.gateway == ana.home:
             return  # at home already
         if ana.home not in state.members:
@@ -100,7 +100,7 @@ def hand_back(store: GroupStore, lease: AnaLease, now: Now = time.time) -> Group
     lease.release()
 
     def change(state: GroupState) -> None:
-        ana = _ana(state, lease.grpid, store.group)
+        ana = _ana(state.ana_groups, lease.grpid, store.group)
         if ana.owner is not None and ana.owner.gateway == lease.gateway:
             state.ana_groups[lease.grpid] = AnaGroup(lease.grpid, ana.home, None, now())
     return store.update(change, f"ana {lease.grpid} handed back")
@@ -118,7 +118,7 @@ def take_back(store: GroupStore, lease: AnaLease, now: Now = time.time) -> Group
     member = lease.member
 
     def change(state: GroupState) -> None:
-        ana = _ana(state, lease.grpid, store.group)
+        ana = _ana(state.ana_groups, lease.grpid, store.group)
         state.ana_groups[lease.grpid] = AnaGroup(lease.grpid, ana.home, member, now())
         state.failbacks.pop(lease.grpid, None)
     return store.update(change, f"ana {lease.grpid} back home")

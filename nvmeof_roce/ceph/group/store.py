@@ -7,8 +7,8 @@
 - `update(change)`: read, let `change(state)` edit a `GroupState` copy, write what differs in one write op that
   compares `epoch` first (`omap_cmp`) and bumps it; when another gateway changed the object in between, the
   OSD refuses the op (ECANCELED) and the whole read-change-write is done again (`change` may run several
-  times: no side effects in it).  Then the object's watchers are notified (`Ioctx.aio_notify`, not waited for:
-  a dead gateway's watch must not hold a live one's change).
+  times: no side effects in it).  Then the object's watchers are notified (`Ioctx.notify`, acks awaited at most
+  NOTIFY_TIMEOUT_MS).
 - `watch(callback)` -> `GroupWatch`: a thread that reads the object when a notify comes (`Ioctx.watch`) and at
   least every `poll_interval` (the fallback: a watch lost, or none possible), and calls `callback(snapshot)`
   when it differs from the last one; never on the target's event loop.
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 UPDATE_ATTEMPTS = 32  # read-change-write rounds before GroupConflict
 READ_PAGE = 512  # omap values per read op; more than one page is checked against the epoch
 POLL_INTERVAL = 5.0  # seconds between the watch thread's reads when nothing notified it
-NOTIFY_TIMEOUT_MS = 3000
+NOTIFY_TIMEOUT_MS = 1000  # a watcher acks at once (its callback only wakes its thread)
 WATCH_RETRY = 2.0  # seconds before registering a lost watch again
 
 
@@ -108,8 +108,6 @@ class GroupStore:
         self.ioctx = ioctx
         self.group = R.check_name("group", group)
         self.object = R.group_object(group)
-        self._notifies: List[Any] = []  # aio_notify completions in flight (kept referenced until done)
-        self._lock = threading.Lock()
 
     # -- reading -------------------------------------------------------------------------------------------
 
@@ -200,20 +198,14 @@ class GroupStore:
                 raise call_failed(f"group {self.group}: creating {self.object}", exc)
 
     def notify(self, message: str) -> None:
-        """Tell the object's watchers it changed, without waiting for their acks."""
-        def done(completion, *_):
-            with self._lock:
-                if completion in self._notifies:
-                    self._notifies.remove(completion)
-            ret = completion.get_return_value()
-            if ret < 0:
-                log.debug("group %s: notify %r: %d (a watcher did not ack in time)", self.group, message, ret)
-
+        """Tell the object's watchers it changed: waits for their acks, at most NOTIFY_TIMEOUT_MS (a watch of a
+        gateway that died without being fenced lingers until the OSD's watch timeout; a fenced one's is dropped
+        with the blocklist).  Synchronous on purpose: Ceph 16.2's `Ioctx.aio_notify` followed by the ioctx's
+        close and the client's shutdown crashes librados (SIGSEGV in its io_context_pool thread)."""
         try:
-            with self._lock:
-                self._notifies.append(self.ioctx.aio_notify(self.object, done, message, NOTIFY_TIMEOUT_MS))
-        except Exception as exc:  # the change is written: a watcher's poll finds it anyway
-            log.warning("group %s: notify %r: %s", self.group, message, exc)
+            self.ioctx.notify(self.object, message, NOTIFY_TIMEOUT_MS)
+        except Exception as exc:  # the change is written: a watcher that missed it finds it at its next poll
+            log.info("group %s: notify %r: %s (a watcher did not ack in time)", self.group, message, exc)
 
     # -- members -------------------------------------------------------------------------------------------
 
@@ -273,9 +265,10 @@ class GroupWatch:
         self.notifications += 1
         self._wake.set()
 
-    def _on_error(self, error: int) -> None:
-        log.warning("group %s: the watch on %s failed (%d); registering it again", self.store.group,
-                    self.store.object, error)
+    def _on_error(self, *args) -> None:
+        # Ceph 16.2's binding calls it with (watch id, error), though its docstring says (error)
+        log.warning("group %s: the watch on %s failed (%s); registering it again", self.store.group,
+                    self.store.object, args[-1] if args else "?")
         handle, self._handle = self._handle, None
         self._next_register = time.monotonic() + WATCH_RETRY
         self._wake.set()
