@@ -31,6 +31,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Set
 
+from ..ceph.group.errors import errno_of
 from ..config.group import GroupSettings
 from ..errors import NvmeofError
 
@@ -52,6 +53,11 @@ SHARED_CHANGES = frozenset({
 
 class GroupMemberError(NvmeofError):
     pass
+
+
+def words(exc: BaseException) -> str:
+    """What went wrong, in a log line: an NvmeofError's message, else the exception itself."""
+    return exc.message if isinstance(exc, NvmeofError) else str(exc)
 
 
 def _group():
@@ -284,10 +290,10 @@ class GroupMember:
                 self._keep_once()
             except Exception as exc:
                 g = _group()
-                if isinstance(exc, g.Fenced) or getattr(exc, "errno", None) == errno.ESHUTDOWN:
+                if isinstance(exc, g.Fenced) or errno_of(exc) == errno.ESHUTDOWN:
                     self._post(self._fenced)
                     return
-                log.warning("gateway group %s: %s", self.settings.name, getattr(exc, "message", exc))
+                log.warning("gateway group %s: %s", self.settings.name, words(exc))
 
     def _keep_once(self) -> None:
         g = _group()
@@ -358,7 +364,7 @@ class GroupMember:
                                 grpid)
                 except Exception as exc:
                     log.error("gateway group %s: ANA group %d: hand back: %s", self.settings.name, grpid,
-                              getattr(exc, "message", exc))
+                              words(exc))
                 finally:
                     self._handing_back.discard(grpid)
             threading.Thread(target=run, name=f"hand back {grpid}", daemon=True).start()
@@ -392,7 +398,7 @@ class GroupMember:
             changes = self.control._apply_dict(merged_config(self.local, snapshot, self.serving, self.home))
         except Exception as exc:
             log.error("gateway group %s: the group's change (epoch %d) is not served here: %s",
-                      self.settings.name, snapshot.epoch, getattr(exc, "message", exc))
+                      self.settings.name, snapshot.epoch, words(exc))
             return
         self.applied_epoch = snapshot.epoch
         log.info("gateway group %s: epoch %d applied: %s", self.settings.name, snapshot.epoch,
@@ -402,6 +408,7 @@ class GroupMember:
         """A change by RPC (`call()` on the loop, its result or a DeferredAnswer): under the group's config lock,
         on the group's latest state, published to the group before `answer` settles."""
         from ..control.protocol import RpcError
+        from ..control.server import DeferredAnswer
 
         def fail(message: str, fix: str) -> None:
             self._post(lambda: answer.fail(RpcError(message, "group", fix)))
@@ -412,7 +419,7 @@ class GroupMember:
                 snapshot = self.store.read()
             except Exception as exc:
                 self._changes.release()
-                fail(f"gateway group {self.settings.name}: the change is not made: {getattr(exc, 'message', exc)}",
+                fail(f"gateway group {self.settings.name}: the change is not made: {words(exc)}",
                      "check the cluster (ceph -s) and try again")
                 return
             self._post(lambda: on_loop(snapshot))
@@ -426,7 +433,7 @@ class GroupMember:
                 threading.Thread(target=self._unlock_config, daemon=True).start()
                 answer.fail(exc if isinstance(exc, RpcError) else RpcError(str(exc), "group", "see the log"))
                 return
-            if hasattr(result, "when_done"):
+            if isinstance(result, DeferredAnswer):
                 result.when_done(lambda part: publish(part))
             else:
                 publish({"result": result})
@@ -444,9 +451,9 @@ class GroupMember:
                     self._post(lambda: answer._finish(part))
                 except Exception as exc:
                     log.error("gateway group %s: a change made here was not published: %s", self.settings.name,
-                              getattr(exc, "message", exc))
+                              words(exc))
                     fail(f"the change is made on {self.settings.gateway} but not published to the group: "
-                         f"{getattr(exc, 'message', exc)}", "check the cluster (ceph -s), then make it again")
+                         f"{words(exc)}", "check the cluster (ceph -s), then make it again")
                 finally:
                     self._unlock_config()
             threading.Thread(target=run, name="group publish", daemon=True).start()
@@ -464,7 +471,7 @@ class GroupMember:
                                           desc="a change by RPC", duration=CONFIG_LOCK_SECONDS)
                 return
             except Exception as exc:
-                if getattr(exc, "errno", None) not in (errno.EBUSY, errno.EEXIST) or self.clock() > deadline:
+                if errno_of(exc) not in (errno.EBUSY, errno.EEXIST) or self.clock() > deadline:
                     raise
                 time.sleep(0.1)
 
@@ -485,8 +492,8 @@ class GroupMember:
             try:
                 result = fn()
             except Exception as exc:
-                error = RpcError(getattr(exc, "message", str(exc)), field,
-                                 getattr(exc, "fix", "") or "see nvmeof_group_status")
+                error = RpcError(words(exc), field, (exc.fix if isinstance(exc, NvmeofError) else "")
+                                 or "see nvmeof_group_status")
                 self._post(lambda: answer.fail(error))
                 return
             self._post(lambda: answer.settle(result))
