@@ -110,6 +110,7 @@ class GroupMember:
         self.fenced = False
         self.started = wall()
         self.history: List[dict] = []  # take-overs, hand-backs, losses: for status (the last few)
+        self.event_counts: Dict[str, int] = {}  # ... counted since start (metrics)
         self._handing_back: Set[int] = set()
         self._stop = threading.Event()
         self._keeper: Optional[threading.Thread] = None
@@ -281,6 +282,7 @@ class GroupMember:
 
     def _note(self, what: str, grpid: int, **more) -> None:
         self.history = (self.history + [{"event": what, "ana_group": grpid, "at": self.wall(), **more}])[-20:]
+        self.event_counts[what] = self.event_counts.get(what, 0) + 1
 
     # ---------------------------------------------------------------------------------------- the keeper
     def _keep(self) -> None:
@@ -540,7 +542,7 @@ class GroupMember:
         return {"group": self.settings.name, "gateway": self.settings.gateway, "epoch": self.applied_epoch,
                 "lease_seconds": self.settings.lease, "failback": self.settings.failback, "fenced": self.fenced,
                 "members": sorted(snapshot.members) if snapshot else [], "ana_groups": groups,
-                "events": list(self.history)}
+                "events": list(self.history), "event_counts": dict(self.event_counts)}
 
     def close(self) -> None:
         from ..ceph import clients

@@ -211,6 +211,8 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
         raise
     if member is not None:
         ops.control.group = member
+        if ops.metrics is not None:
+            ops.metrics.group = member
         member.attach(server, ops.control)
     server.on_stop, server.should_stop_hook = ops.stopping, ops.should_stop_hook
     previous = {sig: signal.signal(sig, server.request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -12,7 +12,9 @@ import pytest
 from loopback_env import ADDR1, ADDR2, Env, port, ram_ns
 from nvmeof_roce.ceph import devcluster
 from nvmeof_roce.config import parse_config
+from nvmeof_roce.control.commands import _print_group
 from nvmeof_roce.control.methods import Control
+from nvmeof_roce.service.metrics import Metrics
 from nvmeof_roce.service import group as member_module
 from nvmeof_roce.service.group import GroupMember
 
@@ -108,7 +110,7 @@ def seed():
              "namespaces": [ram_ns(1, ana_grpid=2), ram_ns(2, ana_grpid=3)]}]
 
 
-def test_two_gateways_serve_the_groups_state_each_optimized_for_its_own_ana_group(cluster):
+def test_two_gateways_serve_the_groups_state_each_optimized_for_its_own_ana_group(cluster, capsys):
     a = Gateway(cluster, "g1", "gw-a", [2], ADDR1, seed=seed())
     b = Gateway(cluster, "g1", "gw-b", [3], ADDR2)  # no subsystems in its file: it takes the group's
     try:
@@ -122,6 +124,17 @@ def test_two_gateways_serve_the_groups_state_each_optimized_for_its_own_ana_grou
         status = a.member.status()
         assert status["members"] == ["gw-a", "gw-b"]
         assert {g["ana_group"]: g["owner"] for g in status["ana_groups"]} == {2: "gw-a", 3: "gw-b"}
+        # `target status` and the metrics show it
+        _print_group(status)
+        shown = capsys.readouterr().out
+        assert "gateway group g1: this gateway gw-a" in shown and "ANA GROUP" in shown, shown
+        metrics = Metrics(a.env.target)
+        metrics.group = a.member
+        metrics.tick()
+        text = metrics.text()
+        assert 'nvmeof_roce_group_ana_optimized{ana_group="2",group="g1",owner="gw-a"} 1.0' in text, text
+        assert 'nvmeof_roce_group_ana_optimized{ana_group="3",group="g1",owner="gw-b"} 0.0' in text, text
+        assert 'nvmeof_roce_group_fenced{group="g1"} 0.0' in text
     finally:
         b.close()
         a.close()
