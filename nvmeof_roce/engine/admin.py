@@ -102,7 +102,7 @@ def ns_descriptors(ns) -> bytes:
 
 @COMMANDS.handles(ADMIN_IDENTIFY)
 def _identify(t: Target, req: Request) -> Outcome:
-    if req.sgl_len != I.IDENTIFY_SIZE:
+    if req.transfer_len != I.IDENTIFY_SIZE:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
     ctrl = req.queue.ctrl
     sub = ctrl.subsystem
@@ -137,7 +137,7 @@ def _identify(t: Target, req: Request) -> Outcome:
 def log_page_request(t: Target, req: Request) -> Optional[A.GetLogPageCommand]:
     """A Get Log Page's fields, or None after completing it with an error (bad length or offset)."""
     cmd = A.GetLogPageCommand.from_dwords(req.cdw10, req.cdw11, req.cdw12, req.cdw13, req.cdw14)
-    if req.sgl_len != cmd.length:
+    if req.transfer_len != cmd.length:
         t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
         return None
     if cmd.length > t.max_transfer:
@@ -243,7 +243,7 @@ def get_feature_common(t: Target, req: Request, fid: int) -> Optional[Outcome]:
 
 @COMMANDS.handles(ADMIN_SET_FEATURES)
 def _set_features(t: Target, req: Request) -> Outcome:
-    if req.sgl_len:
+    if req.transfer_len:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
     fid = req.cdw10 & 0xFF
     outcome = set_feature_common(t, req, fid)
@@ -277,10 +277,10 @@ def _get_features(t: Target, req: Request) -> Outcome:
     if fid == A.FEAT_HOST_ID:
         if not req.cdw11 & 1:  # only the 128-bit host identifier exists on fabrics
             return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW11)
-        if req.sgl_len != 16:
+        if req.transfer_len != 16:
             return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
         return t.complete(req, 0, data=ctrl.hostid)
-    if req.sgl_len:
+    if req.transfer_len:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
     outcome = get_feature_common(t, req, fid)
     if outcome is not None:
@@ -301,7 +301,7 @@ def _get_features(t: Target, req: Request) -> Outcome:
 
 @COMMANDS.handles(ADMIN_ASYNC_EVENT)
 def async_event(t: Target, req: Request) -> Outcome:
-    if req.sgl_len:
+    if req.transfer_len:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
     ctrl = req.queue.ctrl
     if len(ctrl.aers) >= MAX_AER:
@@ -314,7 +314,7 @@ def async_event(t: Target, req: Request) -> Outcome:
 
 @COMMANDS.handles(ADMIN_KEEP_ALIVE)
 def keep_alive(t: Target, req: Request) -> Outcome:
-    if req.sgl_len:
+    if req.transfer_len:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
     ctrl = req.queue.ctrl
     if not ctrl.kato_ms:
@@ -328,7 +328,7 @@ def abort(t: Target, req: Request) -> Outcome:
     """Abort: answered as nvmet_execute_abort does, success with DW0 bit 0 set, "command not aborted".  A
     command here is either answered soon or is an AER (which the host frees itself at reset); the Linux host
     sends Abort after an I/O timeout and then resets the controller whatever the answer."""
-    if req.sgl_len:
+    if req.transfer_len:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
     return t.complete(req, 0, result=1)
 

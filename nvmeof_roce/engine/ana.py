@@ -29,7 +29,7 @@ from ..nvme import admin as A
 from ..nvme import identify as I
 from ..nvme import log as L
 from ..nvme import status as S
-from . import native_view
+from . import fast_path_view
 
 if TYPE_CHECKING:
     from .core import Target
@@ -141,8 +141,8 @@ def set_ana_state(target: "Target", portid: int, grpid: int, state: str) -> bool
             continue
         ctrl.add_event(A.AEN_CFG_ANA_CHANGE, ANA_AER_RESULT)
         target.deliver_events(ctrl)
-    if target.native_data_path:
-        native_view.refresh_all(target)  # before any native queue polls again
+    if target.has_fast_path:
+        fast_path_view.refresh_all(target)  # before any fast-path queue polls again
     return True
 
 

@@ -24,10 +24,11 @@ A change fences only the namespaces it changes: they are paused (their new I/O c
 never dropped, and start on resume in arrival order) and the change commits once the commands that started
 before it have let go of their references (engine/subsystem.py "references", engine/fencing.py), whichever queue they are on,
 a closing queue of an ended controller included, and whichever data path runs them.  Other namespaces, and other
-hosts' commands on them, go on meanwhile.  The wait is checked after each completion, each native poll that
+hosts' commands on them, go on meanwhile.  The wait is checked after each completion, each fast-path poll that
 completed something while a fence waits, each queue closed and each tick, never by waiting on the loop.  A
-namespace's identity for the native queues is its generation (subsystem.next_generation), new when it is
-installed or resized, so a native command of the namespace as it was never completes into the namespace as it is.
+namespace's identity for the fast-path queues (engine/fast_path_view.py) is its generation
+(subsystem.next_generation), new when it is installed or resized, so a fast-path command of the namespace as it
+was never completes into the namespace as it is.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ from ..nvme import admin as A
 from ..transport.lifecycle import FREE
 from ..errors import NvmeofError
 from ..tunables import TARGET_SETTINGS
-from . import native_view, reservations
+from . import fast_path_view, reservations
 from .ana import DEFAULT_GRPID, set_ana_state as _set_ana_state  # noqa: F401 (DEFAULT_GRPID: for the control plane)
 from .backends import BackendError, open_backend
 from .discovery import discovery_entries
@@ -70,7 +71,7 @@ DRAIN_TIMEOUT = TARGET_SETTINGS["drain_timeout"].default
 
 class Applying:
     """A live change under way: `done` once it was committed (`error` None) or given up (`error` says why).  The
-    commit of namespace changes waits for the native and Python commands of their subsystems to drain (the
+    commit of namespace changes waits for the fast paths' and the core's commands of their subsystems to drain (the
     engine's pause); that is at once when none is in flight, the common case.  `then(fn)` calls `fn(error)`
     when it is done (at once if it is).
     Not control/server.py's DeferredAnswer: this is the change's own outcome, for every caller (an RPC, a reload,
@@ -308,8 +309,8 @@ class EngineApi:
         if sub is None:
             return
         for ctrl in list(sub.controllers.values()):
-            if self.native_data_path:
-                native_view.refresh(self, ctrl)
+            if self.has_fast_path:
+                fast_path_view.refresh(self, ctrl)
             ctrl.ns_changed(nsid)
             self.deliver_events(ctrl)
 
@@ -364,7 +365,7 @@ class EngineApi:
     def pause_namespaces(self, targets: Iterable[Tuple[str, int]]) -> List[Tuple[str, Namespace]]:
         """Pause the namespaces `targets` names ((nqn, nsid); those that do not exist are skipped): from now on
         their new I/O commands wait, in arrival order, for resume_namespaces (SPDK pauses one namespace of a
-        subsystem the same way).  Their native queues hand those commands to the core, which holds them.
+        subsystem the same way).  Their fast-path queues hand those commands to the core, which holds them.
         Returns what was paused, for resume_namespaces."""
         paused = []
         for nqn, nsid in targets:
@@ -374,7 +375,7 @@ class EngineApi:
                 ns.enter(NamespaceState.PAUSED)
                 paused.append((nqn, ns))
         for nqn in {nqn for nqn, _ns in paused}:
-            self._refresh_native(self.subsystems[nqn])
+            self._refresh_views(self.subsystems[nqn])
         return paused
 
     def resume_namespaces(self, paused: Iterable[Tuple[str, Namespace]]) -> None:
@@ -384,7 +385,7 @@ class EngineApi:
             if ns.paused:
                 ns.enter(NamespaceState.ACTIVE)
             if nqn in self.subsystems:
-                self._refresh_native(self.subsystems[nqn])
+                self._refresh_views(self.subsystems[nqn])
         for _nqn, ns in paused:
             while ns.held and not ns.paused:  # a callback run meanwhile may pause it again
                 req, capsule = ns.held.popleft()
@@ -400,17 +401,17 @@ class EngineApi:
         self.fences.append(fence)  # it leaves the list when it finishes
         for nqn in {nqn for nqn, _ns in namespaces}:
             if nqn in self.subsystems:
-                self._refresh_native(self.subsystems[nqn])  # the native queues take the new epochs
+                self._refresh_views(self.subsystems[nqn])  # the fast-path queues take the new epochs
         fence.check(self.clock())
 
     @property
     def fencing(self) -> bool:
-        """A change is waiting for commands in flight (the native queues then ask after each poll)."""
+        """A change is waiting for commands in flight (the fast-path queues then ask after each poll)."""
         return bool(self.fences)
 
     def check_fences(self) -> None:
         """The fences whose old references are all let go are done (after each completion while one waits, each
-        native poll that completed something, each queue closed, each tick)."""
+        fast-path poll that completed something, each queue closed, each tick)."""
         if not self.fences:
             return
         now = self.clock()
@@ -463,8 +464,9 @@ class EngineApi:
         return sum(ns.ref.count for ns in self.subsystems[nqn].namespaces.values())
 
     def native_in_flight(self, nqn: str) -> Dict[int, int]:
-        """{nsid: commands} the native queues of subsystem `nqn` have in flight, found by the namespaces'
-        generations (NSID 0: a generation none of its namespaces has any more, a namespace already gone)."""
+        """{nsid: commands} the fast-path queues of subsystem `nqn` serve themselves and have in flight, found by
+        the namespaces' generations (NSID 0: a generation none of its namespaces has any more, a namespace already
+        gone)."""
         sub = self.subsystems[nqn]
         nsid_of = {ns.generation: ns.nsid for ns in sub.namespaces.values()}
         counts: Dict[int, int] = {}
@@ -476,10 +478,10 @@ class EngineApi:
                 counts[nsid] = counts.get(nsid, 0) + n
         return counts
 
-    def _refresh_native(self, sub: Subsystem) -> None:
-        if self.native_data_path:
+    def _refresh_views(self, sub: Subsystem) -> None:
+        if self.has_fast_path:
             for ctrl in list(sub.controllers.values()):
-                native_view.refresh(self, ctrl)
+                fast_path_view.refresh(self, ctrl)
 
     # -------------------------------------------------------------------------------------------- reservations
     def save_reservations(self) -> None:
@@ -512,7 +514,7 @@ class EngineApi:
             except OSError as exc:
                 log.error("%s: cannot forget the reservation of %s namespace %d: %s", self.reservation_file, nqn,
                           nsid, exc)
-        self._refresh_native(self.subsystems[nqn])
+        self._refresh_views(self.subsystems[nqn])
 
     def reservation_status(self, nqn: str, nsid: int) -> dict:
         """A namespace's reservation state (the RPC and `target status`); KeyError if there is no such namespace,

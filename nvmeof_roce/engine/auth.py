@@ -356,7 +356,7 @@ def _check_command(t, req, length: int) -> bool:
     if length == 0 or length > MAX_MESSAGE:
         t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW11)
         return False
-    if req.sgl_len != length:  # nvmet_check_transfer_len
+    if req.transfer_len != length:  # nvmet_check_transfer_len
         t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
         return False
     return True

@@ -5,12 +5,13 @@ from its event loop; every capsule becomes a `Request` that runs through the
 lifecycle of transport/lifecycle.py (each change checked by `move`):
 
     parse (FREE -> NEW)  ->  checks (flags, connected?, enabled?, NSID, opcode)
-           ->  SGL mapping by the queue's transport entry (transport/registry.py)  ->  EXECUTING
+           ->  SGL mapping by the queue's transport entry (transport/registry.py: the transfer length and the
+               transport's own data descriptor, `req.desc`, carried unread)  ->  EXECUTING
            ->  command handler: validates its fields and lengths, then returns one Outcome (request.py):
                  COMPLETED at once; FETCHING host data (in-capsule at once, or read_host: the request waits in
                  TRANSFERRING_HOST_TO_CONTROLLER, then its next step runs); HELD (the AER); DEFERRED (its device
                  call or slices run, and their completion answers it)
-           ->  complete: controller-to-host data + CQE + invalidate key, one call  ->  FREE
+           ->  complete: controller-to-host data + CQE + the data descriptor, one call  ->  FREE
 
 A handler that returns no Outcome is a missing branch: answered Internal Error
 and counted, never left holding its request.  Every malformed input ends in an
@@ -46,7 +47,7 @@ from ..transport.resources import ResourceLimits
 from .backends import BackendError
 from ..config import PortConfig, TargetConfig
 from . import auth
-from . import native_view
+from . import fast_path_view
 from .api import EngineApi
 from .controller import Controller, CtrlState
 from .ana import AnaTable
@@ -175,8 +176,8 @@ class Target(EngineApi):
         self.discovery_siblings: Dict[int, List[int]] = {}  # portid -> the portids of one path group (workers.py)
         self.work = Work()  # device completions and sliced jobs, back on the loop (work.py)
         self.host_auth = auth.host_settings(config)  # DH-HMAC-CHAP keys by host NQN
-        self.native_data_path = False  # a queue of the native data path was opened (engine/native_view.py)
-        self._next_store_errors_log = 0.0  # when tick next logs the native path's store errors
+        self.has_fast_path = False  # a queue with a fast path of its own was opened (engine/fast_path_view.py)
+        self._next_store_errors_log = 0.0  # when tick next logs the fast path's store errors
         self.tick_hooks: List[Callable[[float], None]] = []  # e.g. the control socket's (control/methods.py)
         self.qos = QosScheduler(clock)  # per-namespace limits: held commands start from the tick or its waker
         self.tick_hooks.append(self.qos.release)
@@ -313,8 +314,8 @@ class Target(EngineApi):
             self._internal_error(req)
         finally:
             req.capsule = None  # valid only during this call
-            if self.native_data_path and qs.ctrl is not None:
-                native_view.refresh(self, qs.ctrl)  # what the command changed, before the next poll
+            if self.has_fast_path and qs.ctrl is not None:
+                fast_path_view.refresh(self, qs.ctrl)  # what the command changed, before the next poll
 
     def _start_held(self, req: Request, capsule: bytes) -> None:
         """A command that waited while its subsystem was paused starts (resume): from its checks again, since
@@ -351,9 +352,9 @@ class Target(EngineApi):
             self.check_fences()  # its commands may have let go of their references with it
 
     def tick(self, now: float) -> None:
-        if self.native_data_path:
-            native_view.collect(self)  # native commands count as keep-alive traffic before expiry is checked
-            if now >= self._next_store_errors_log:  # what the C path answered with a path status, once a second
+        if self.has_fast_path:
+            fast_path_view.collect(self)  # fast-path commands count as keep-alive traffic before expiry is checked
+            if now >= self._next_store_errors_log:  # what the fast path answered with a path status, once a second
                 self._next_store_errors_log = now + 1.0
                 for sub in self.subsystems.values():
                     for ns in sub.namespaces.values():
@@ -423,8 +424,8 @@ class Target(EngineApi):
         qs = self._queues[queue] = QueueState(queue, ctx, self)
         self._awaiting_connect[qs] = self.clock() + self.limits.connect_timeout
         self._unconnected_by_address[queue.request.peer_address] += 1
-        if queue.data_path == "native":
-            self.native_data_path = True
+        if queue.fast_path:
+            self.has_fast_path = True
         log.debug("queue %d opened from %s", queue.request.qid, queue.request.peer or "?")
 
     # -- resources (transport/resources.py): queues without a Connect, grants, counts
@@ -599,9 +600,9 @@ class Target(EngineApi):
                 ns = ctrl.subsystem.namespaces.get(req.nsid)
                 if ns is None or not ns.visible_to(ctrl.hostnqn):  # invisible to this host: as if inactive
                     return self.complete(req, S.INVALID_NS | S.DNR, location=LOC_NSID)
-                # Paused (api.py): it starts on resume; its capsule is valid only during this call.  A command the
-                # native data path hands back (its device failed it) was running before the pause began: it runs
-                # now, its native slot still holding the reference the change waits for.
+                # Paused (api.py): it starts on resume; its capsule is valid only during this call.  A command a
+                # transport's fast path hands back (its device failed it) was running before the pause began: it
+                # runs now, its fast-path slot still holding the reference the change waits for.
                 if ns.paused and not req.handed_back:
                     ns.held.append((req, bytes(req.capsule)))
                     return
@@ -616,7 +617,7 @@ class Target(EngineApi):
             if handler is None:
                 return self.complete(req, S.INVALID_OPCODE | S.DNR, location=LOC_OPCODE)
 
-        status = qs.map_sgl(req)  # the transport's: in-capsule or keyed (transport/registry.py)
+        status = qs.map_sgl(req)  # the transport's: its data descriptor or in-capsule data (transport/registry.py)
         if status:
             return self.complete(req, status, location=LOC_DPTR)
         if EXECUTING not in NEXT[req.state]:  # lifecycle.move, inlined: once per command
@@ -630,7 +631,7 @@ class Target(EngineApi):
             req.ref = ref = ns.ref  # until nothing of it can touch it any more (subsystem.py "references")
             ref.take()
             if req.handed_back and self.fences:
-                # The native path started it before a fence on its namespace may have begun, and its slot let go of
+                # The fast path started it before a fence on its namespace may have begun, and its slot let go of
                 # the epoch it started in when it handed it back: it holds the epochs the fences on the namespace
                 # wait for too (one of them is its own), so none commits while it runs again
                 req.fence_refs = olds = [old for fence in self.fences for _nqn, fns, old in fence.olds if fns is ns]
@@ -668,17 +669,17 @@ class Target(EngineApi):
     def fetch(self, req: Request, length: int, next_step: Callable) -> Outcome:
         """Get `length` bytes of host data, then call next_step(target, req, data), which returns an Outcome:
         in-capsule data at once (its outcome is returned), else TRANSFERRING_HOST_TO_CONTROLLER until the
-        transport has read it (FETCHING)."""
+        transport has read it from where the command's data descriptor says (FETCHING)."""
         if req.inline_offset >= 0:
             start = SQE_SIZE + req.inline_offset
             return next_step(self, req, req.capsule[start:start + length])
         move(req, TRANSFERRING_HOST_TO_CONTROLLER)
         req.next_step = next_step
-        req.queue.transport.read_host(req.sgl_addr, req.sgl_key, length, req.read_done, req.tx)
+        req.queue.transport.read_host(req.desc, length, req.read_done, req.tx)
         return FETCHING
 
     def _host_data_arrived(self, req: Request, data, error) -> None:
-        """The RDMA READ of a request finished (called by the transport)."""
+        """The transport's read_host of a request's host data finished (called by the transport)."""
         qs = req.queue
         if req.state != TRANSFERRING_HOST_TO_CONTROLLER:
             return
@@ -697,8 +698,8 @@ class Target(EngineApi):
         except Exception:
             self._internal_error(req)
         finally:
-            if self.native_data_path and qs.ctrl is not None:
-                native_view.refresh(self, qs.ctrl)  # e.g. an I/O queue's Connect, whose data came by RDMA READ
+            if self.has_fast_path and qs.ctrl is not None:
+                fast_path_view.refresh(self, qs.ctrl)  # e.g. an I/O queue's Connect, whose data came by RDMA READ
 
     # A namespace may be removed while its command waits for its I/O engine or for its next slice: the command
     # then answers Invalid Namespace (as a Write whose data arrives after the removal, io._write_data), and the
@@ -758,18 +759,16 @@ class Target(EngineApi):
         elif data is not None and not len(data):
             data = None
         sqhd = qs.next_sqhd()
-        invalidate = req.invalidate_key  # the transport's map_sgl set it when the host asked (keyed 0x4F)
+        desc = req.desc  # the transport's map_sgl made it (None before that, or for in-capsule data)
         tx = req.tx
-        addr, key = req.sgl_addr, req.sgl_key
         if source is not None:  # sent from the namespace's memory: the transport lets go of the reference
             source, req.ref = (source[0], source[1], req.ref), None
         qs.release(req)
-        # Data, CQE and invalidate key go to the transport in one call (TargetQueue.complete).
+        # Data, CQE and the data descriptor go to the transport in one call (TargetQueue.complete).
         try:
             try:
                 transport.complete(CQE_STRUCT.pack(result & 0xFFFFFFFF, dw1 & 0xFFFFFFFF, sqhd, qs.qid, req.cid,
-                                                   (status << 1) & 0xFFFF), data, addr, key, invalidate, tx,
-                                   source)
+                                                   (status << 1) & 0xFFFF), data, desc, tx, source)
             except TransportError as exc:
                 if source is not None and source[2] is not None:
                     source[2].put()  # refused before sending anything: the reference did not pass to it
@@ -780,7 +779,7 @@ class Target(EngineApi):
                 log.warning("queue %d cid %#x: RDMA WRITE not possible: %s", qs.qid, req.cid, exc)
                 status = S.DATA_XFER_ERROR
                 transport.complete(CQE_STRUCT.pack(0, 0, sqhd, qs.qid, req.cid, (status << 1) & 0xFFFF),
-                                   None, addr, key, invalidate, tx)
+                                   None, desc, tx)
         except TransportError as exc:
             self._close_queue(qs, f"cannot send a completion: {exc}")
         if status and qs.ctrl is None and req.opc == FABRICS_OPCODE and req.fctype == F.FCTYPE_CONNECT:

@@ -80,7 +80,7 @@ def discovery_log(t: Target, ctrl) -> bytes:
 
 @COMMANDS.handles(ADMIN_IDENTIFY)
 def _identify(t: Target, req: Request) -> Outcome:
-    if req.sgl_len != I.IDENTIFY_SIZE:
+    if req.transfer_len != I.IDENTIFY_SIZE:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
     if req.cdw10 & 0xFF != A.CNS_CONTROLLER:
         return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
@@ -102,7 +102,7 @@ def _get_log_page(t: Target, req: Request) -> Outcome:
 
 @COMMANDS.handles(ADMIN_SET_FEATURES)
 def _set_features(t: Target, req: Request) -> Outcome:
-    if req.sgl_len:
+    if req.transfer_len:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
     outcome = set_feature_common(t, req, req.cdw10 & 0xFF)
     if outcome is None:
@@ -112,7 +112,7 @@ def _set_features(t: Target, req: Request) -> Outcome:
 
 @COMMANDS.handles(ADMIN_GET_FEATURES)
 def _get_features(t: Target, req: Request) -> Outcome:
-    if req.sgl_len:
+    if req.transfer_len:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
     outcome = get_feature_common(t, req, req.cdw10 & 0xFF)
     if outcome is None:

@@ -37,7 +37,7 @@ def escape_controls(text: str) -> str:
 
 def connect(t: Target, req: Request) -> Outcome:
     """Connect on a queue without a controller: its 1024 bytes of data, then `_connect_with_data`."""
-    if req.sgl_len != F.CONNECT_DATA_SIZE:
+    if req.transfer_len != F.CONNECT_DATA_SIZE:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
     return t.fetch(req, F.CONNECT_DATA_SIZE, _connect_with_data)
 
@@ -165,7 +165,7 @@ def _install_queue(qs: QueueState, ctrl: Controller, sqsize: int, cattr: int) ->
 
 
 def _property_get(t: Target, req: Request) -> Outcome:
-    if req.sgl_len:
+    if req.transfer_len:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
     ctrl = req.queue.ctrl
     offset = req.cdw11
@@ -185,7 +185,7 @@ def _property_get(t: Target, req: Request) -> Outcome:
 
 
 def _property_set(t: Target, req: Request) -> Outcome:
-    if req.sgl_len:
+    if req.transfer_len:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
     if req.cdw10 & 1 or req.cdw11 != F.PROP_CC:  # only CC is writable, as a 4-byte property
         return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10 if req.cdw10 & 1 else LOC_CDW11)
@@ -203,7 +203,7 @@ def _property_set(t: Target, req: Request) -> Outcome:
 
 def _disconnect(t: Target, req: Request) -> Outcome:
     """Disconnect (I/O queues only): complete, then close the queue."""
-    if req.sgl_len:
+    if req.transfer_len:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
     if req.cdw10 & 0xFFFF:
         return t.complete(req, S.CONNECT_FORMAT | S.DNR, location=LOC_CDW10)

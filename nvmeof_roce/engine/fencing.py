@@ -8,7 +8,7 @@ no command from before can move data into or out of the namespace as it was, and
 shrink its memory, answer a Preempt and Abort, or tell the host that an access was taken away.  Only the
 namespaces changed are waited for: other namespaces, and other hosts' commands on them, go on.
 
-Waiting is never done on the loop: the target checks its fences after each completion, after each native poll
+Waiting is never done on the loop: the target checks its fences after each completion, after each fast-path poll
 that completed something while a fence waits, when a queue closes and at each tick.  A command that has not come
 back within the bound (`drain_timeout`, a target setting) gets its queue torn down: the queue's work requests
 flush, which lets go of its references, and its host reconnects and retries.  Twice the bound without that (a

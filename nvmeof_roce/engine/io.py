@@ -87,7 +87,7 @@ def _rw_checks(t: Target, req: Request):
     ns = req.ns
     nlb = (req.cdw12 & 0xFFFF) + 1
     length = nlb << ns.lbads
-    if req.sgl_len != length:
+    if req.transfer_len != length:
         t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
         return None
     if length > t.max_transfer:
@@ -194,7 +194,7 @@ def _write_done(t: Target, req: Request, ns, length: int, exc) -> None:
 
 @COMMANDS.handles(NVM_FLUSH)
 def _flush(t: Target, req: Request) -> Outcome:
-    if req.sgl_len:
+    if req.transfer_len:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
     ns = req.ns
     if not ns.backend.blocking:
@@ -250,7 +250,7 @@ def flush_namespaces(t: Target, namespaces, done) -> None:
 
 @COMMANDS.handles(NVM_WRITE_ZEROES, EFFECT_CSUPP | EFFECT_LBCC)
 def _write_zeroes(t: Target, req: Request) -> Outcome:
-    if req.sgl_len:
+    if req.transfer_len:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
     ns = req.ns
     nlb = (req.cdw12 & 0xFFFF) + 1
@@ -292,7 +292,7 @@ def merge_ranges(ranges):
 def _dsm(t: Target, req: Request) -> Outcome:
     ranges_len = ((req.cdw10 & 0xFF) + 1) * DSM_RANGE_SIZE
     # The Linux host always sends a 4096-byte buffer: only "at least NR+1 ranges" is required.
-    if req.sgl_len < ranges_len:
+    if req.transfer_len < ranges_len:
         return t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
     if not req.cdw11 & DSM_AD:
         return t.complete(req, 0)  # IDR/IDW hints only: nothing to do

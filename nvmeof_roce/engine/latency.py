@@ -36,7 +36,7 @@ class LatencyHistogram:
 
     def add_buckets(self, sum_ns: int, buckets) -> None:
         """Fold in counts kept elsewhere in the same buckets: (bucket index, count) pairs and their latencies' sum
-        (the native data path's, csrc/nq_hot.c)."""
+        (a transport's fast path's: the RDMA C queue's, csrc/nq_hot.c)."""
         for i, n in buckets:
             self.counts[i] += n
             self.total += n

@@ -115,7 +115,7 @@ class QueueState:
         req.capsule = None
         req.ns = None
         req.next_step = None
-        req.tx = None
+        req.tx = req.desc = None  # the transport's: nothing of them kept past the command
         self.active -= 1
         self.free.append(req)
 

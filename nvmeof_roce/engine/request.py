@@ -22,7 +22,6 @@ import enum
 from typing import Callable, Optional
 
 from ..nvme.command import SQE_STRUCT
-from ..nvme.sgl import TYPE_KEYED_DATA_BLOCK
 from ..transport.lifecycle import FREE, NEW, NEXT, IllegalTransition, RequestState
 
 # SQE byte offsets reported as the error location (like nvmet's error_loc)
@@ -55,11 +54,14 @@ _unpack_sqe = SQE_STRUCT.unpack_from
 
 
 class Request:
-    """One command in flight: the SQE fields, its SGL, and where it is in the state machine."""
+    """One command in flight: the SQE fields, its data as the transport mapped it, and where it is in the state
+    machine.  The SQE's DPTR (`dptr1`, `dptr2`) is the transport's to read: its `map_sgl` sets `transfer_len`
+    (the bytes the command moves) and either `desc` (its data descriptor, handed back to its read_host and
+    complete, never read here) or `inline_offset` (the data came in the capsule)."""
 
     __slots__ = ("queue", "state", "opc", "flags", "cid", "nsid", "cdw2", "cdw3", "mptr",
-                 "sgl_addr", "sgl_id", "sgl_len", "sgl_key", "cdw10", "cdw11", "cdw12", "cdw13", "cdw14", "cdw15",
-                 "inline_offset", "invalidate_key", "capsule", "ns", "next_step", "buf", "read_done", "_target",
+                 "dptr1", "dptr2", "transfer_len", "cdw10", "cdw11", "cdw12", "cdw13", "cdw14", "cdw15",
+                 "inline_offset", "desc", "capsule", "ns", "next_step", "buf", "read_done", "_target",
                  "started_ns", "tx", "handed_back", "ref", "fence_refs")
 
     def __init__(self, queue: "QueueState", target):
@@ -72,26 +74,21 @@ class Request:
         self.next_step: Optional[Callable] = None
         self.capsule = None
         self.inline_offset = -1  # >= 0: the data is in the capsule at 64 + this offset
-        self.invalidate_key = None  # the host's key the response invalidates (set by the transport's map_sgl)
+        self.transfer_len = 0  # the bytes its SGL describes (set by the transport's map_sgl)
+        self.desc = None  # the transport's data descriptor (set by its map_sgl; TargetQueue.read_host / complete)
         self.buf = bytearray(0)  # reused buffer for controller-to-host data
         self.read_done = self._on_read_done  # bound once, handed to read_host
         self.started_ns = 0  # perf_counter_ns() when an I/O command started (stats.py latency)
         self.tx = None  # the transport's request for this command (TargetQueue.read_host / complete)
-        self.handed_back = False  # the native data path's device failed it: the core does it again (core._start)
+        self.handed_back = False  # its transport's fast path failed it on its device: the core does it again
 
     def parse(self, capsule) -> None:
-        (self.opc, self.flags, self.cid, self.nsid, self.cdw2, self.cdw3, self.mptr, self.sgl_addr, word,
+        (self.opc, self.flags, self.cid, self.nsid, self.cdw2, self.cdw3, self.mptr, self.dptr1, self.dptr2,
          self.cdw10, self.cdw11, self.cdw12, self.cdw13, self.cdw14, self.cdw15) = _unpack_sqe(capsule)
-        self.sgl_id = word >> 56
-        if (self.sgl_id >> 4) == TYPE_KEYED_DATA_BLOCK:
-            self.sgl_len = word & 0xFFFFFF
-            self.sgl_key = (word >> 24) & 0xFFFFFFFF
-        else:
-            self.sgl_len = word & 0xFFFFFFFF
-            self.sgl_key = 0
         self.capsule = capsule
+        self.transfer_len = 0
         self.inline_offset = -1
-        self.invalidate_key = None
+        self.desc = None
         self.ns = None
         self.next_step = None
         if NEW not in NEXT[self.state]:  # lifecycle.move, inlined: once per command

@@ -14,9 +14,9 @@ A namespace whose config enables them (nvmet's resv_enable, `"resv": {"enable": 
 `ALLOWED` is the conflict table: what a host may do (read, write) for each type and role (holder, registrant,
 other).  `conflict_status` is the one question the I/O path asks, at the command's start (core._start) and again
 when a Write's or a Dataset Management's data arrived (engine/io.py), so a command that started before a
-reservation changed never reaches the medium after it in conflict.  The native data path serves a namespace for a
-controller only where its host may both read and write (`may_read_write`, engine/native_view.py); each change
-replaces the views of the subsystem's native queues before the command that made it completes.
+reservation changed never reaches the medium after it in conflict.  A transport's fast path serves a namespace for
+a controller only where its host may both read and write (`may_read_write`, engine/fast_path_view.py); each change
+replaces the views of the subsystem's fast-path queues before the command that made it completes.
 """
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ class Reservation:
         return ALLOWED[(self.rtype, self.role(hostid))]
 
     def may_read_write(self, hostid: bytes) -> bool:
-        """Whether the host may read and write: the native data path serves the namespace for it then."""
+        """Whether the host may read and write: a fast path serves the namespace for it then."""
         return self.holder is None or self.allowed(hostid) == _RW
 
     def holds(self, hostid: bytes) -> bool:
@@ -168,7 +168,7 @@ def _reservation(t: "Target", req: Request, data_len: int) -> Optional[Reservati
     if resv is None:
         t.complete(req, S.INVALID_OPCODE | S.DNR, location=LOC_OPCODE)
         return None
-    if req.sgl_len != data_len:
+    if req.transfer_len != data_len:
         t.complete(req, S.SGL_INVALID_DATA | S.DNR, location=LOC_DPTR)
         return None
     return resv
@@ -393,7 +393,7 @@ def report(resv: Reservation) -> R.ReservationStatus:
 
 
 def _changed(t: "Target", req: Request, before: dict, notices: List[Tuple[bytes, int]]) -> Outcome:
-    """A reservation changed: kept (PTPL), every native queue of the subsystem given its new view, the hosts
+    """A reservation changed: kept (PTPL), every fast-path queue of the subsystem given its new view, the hosts
     told; then the command completes, so no command the host sends after this answer meets the old state.  A
     change that takes an access away from a host (a preempt, an acquire by another host, a clear) is fenced
     first: it is answered once every command started before it on the namespace is gone (engine/fencing.py),
@@ -411,7 +411,7 @@ def _changed(t: "Target", req: Request, before: dict, notices: List[Tuple[bytes,
             return t.complete(req, S.INTERNAL | S.DNR)
     sub = req.queue.ctrl.subsystem
     if not _access_taken(t, sub, ns, before):
-        t._refresh_native(sub)
+        t._refresh_views(sub)
         notify(t, sub, ns, notices)
         return t.complete(req, 0)
 

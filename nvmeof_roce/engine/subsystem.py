@@ -47,7 +47,7 @@ def _hex_bytes(text: Optional[str], size: int) -> Optional[bytes]:
     return raw if len(raw) == size else None
 
 
-# Namespace generations: one counter for the engine, never reused while it runs (native_view's identity of a
+# Namespace generations: one counter for the engine, never reused while it runs (fast_path_view's identity of a
 # namespace: an address or NSID can come back, a generation cannot).
 _generations = itertools.count(1)
 
@@ -137,8 +137,8 @@ class Namespace:
         # next epoch
         self.ref = new_reference()
         self.storage_size: Optional[int] = None  # a resize notice's size, until the namespace is resized
-        # Its identity in the native queues' views: a new one when it is installed, replaced or its memory
-        # changes (a resize), so a native command of the old one never completes into the new one.
+        # Its identity in the fast-path queues' views: a new one when it is installed, replaced or its memory
+        # changes (a resize), so a fast-path command of the old one never completes into the new one.
         self.generation = next_generation()
         # Blocking calls and sliced jobs on the backend not yet completed (engine/work.py): a removed namespace
         # closes its backend only after the last one, never under a call running on the worker thread.
@@ -155,8 +155,8 @@ class Namespace:
             backend.close()  # io_uring forced where it cannot run: the namespace does not open
             raise
         self.io: Optional[IoEngine] = None
-        # The native data path's handle on the descriptor (native_view.handle_of: a `_native.File`, made when a native
-        # queue first lists the namespace); the C queues hold it while their commands are on their rings.
+        # The fast path's handle on the descriptor (fast_path_view.handle_of: the C queue's `_native.File`, made when
+        # a fast-path queue first lists the namespace); the C queues hold it while their commands are on their rings.
         self.native_file = None
         self._store_errors_seen = (0, 0)  # (timed out, fenced) of the native path already logged
         # SMART counters (bytes and commands)

@@ -8,11 +8,13 @@ One NVMe queue (admin or I/O) is one reliable connection.  The target sees a
 single-threaded event loop: no call here blocks, results arrive as callbacks
 (target) or through `poll()` (host).
 
-Data movement follows RDMA's rules: the host registers memory and advertises
-(addr, key, length) in a keyed SGL; the *target* moves the data with
-`read_host` (RDMA READ) and `complete` (RDMA WRITE, then the response SEND).  A bad key, an
-out-of-bounds range or a missing access right is a `RemoteAccessError`, and on
-RDMA it also kills the connection (the QP goes to the error state).
+Data movement, as nvmet's `nvmet_fabrics_ops`: the transport's entry maps the command's SGL
+(`TransportOps.map_sgl`) into a data descriptor of its own (`req.desc`; on RDMA the keyed SGL's address, key
+and the key to invalidate, transport/rdma/sgl.py), which the engine carries on its request without reading it
+and hands back to `read_host` (host data for the target) and `complete` (data for the host, then the
+response), where the transport decides how to move it.  A transfer the host's memory refuses (on RDMA: a bad
+key, an out-of-bounds range or a missing access right) is a `RemoteAccessError`, and on RDMA it also kills the
+connection (the QP goes to the error state).
 """
 from __future__ import annotations
 
@@ -67,7 +69,7 @@ class ConnectRequest:
         return self.peer.rsplit(":", 1)[0] if ":" in self.peer else self.peer
 
 
-# Completion callback for RDMA READ: data is valid only during the call.
+# Completion callback of read_host: data is valid only during the call.
 ReadDone = Callable[[Optional[memoryview], Optional[TransportError]], None]
 
 
@@ -84,22 +86,24 @@ class TargetQueue(abc.ABC):
         return self.request.qid
 
     @abc.abstractmethod
-    def read_host(self, addr: int, key: int, length: int, done: ReadDone, tx=None) -> None:
-        """RDMA READ `length` bytes of host memory; `done(data, None)` or `done(None, error)` later.
-        `tx`: the transport's request handed over with the capsule (capsule_received), if any."""
+    def read_host(self, desc, length: int, done: ReadDone, tx=None) -> None:
+        """Fetch `length` bytes of host data from where `desc` says (the data descriptor the transport's
+        `map_sgl` made for the command: an RDMA READ of a keyed SGL); `done(data, None)` or `done(None, error)`
+        later.  `tx`: the transport's request handed over with the capsule (capsule_received), if any."""
 
     @abc.abstractmethod
-    def complete(self, cqe: bytes, data=None, addr: int = 0, key: int = 0, invalidate_key: Optional[int] = None,
-                 tx=None, source=None) -> None:
-        """The end of a command in one call: RDMA WRITE `data` (if any; only borrowed for this call) to
-        (addr, key), ordered before the SEND of the 16-byte CQE, with remote invalidation of `invalidate_key`
-        if given.  `tx` is the transport's request of the capsule (capsule_received).  `source` =
-        (backend, offset, reference) says `data` is that RAM backend's memory at offset (RamBackend.pin): a
-        transport that registers it sends from there.  The command's namespace reference (engine/subsystem.py "references")
-        passes to the transport with it: it calls `reference.put()` once nothing reads that memory any more (its
-        WRITE completed or flushed; at once when it copies the data).  Raises TransportError, before sending
-        anything, when the data cannot be sent (too long): the caller then answers without it, and keeps the
-        reference."""
+    def complete(self, cqe: bytes, data=None, desc=None, tx=None, source=None) -> None:
+        """The end of a command in one call: `data` (if any; only borrowed for this call) moved to the host
+        where `desc` says, ordered before the 16-byte CQE (RDMA: a WRITE to the keyed SGL, then the SEND, with
+        Invalidate of the host's key when the descriptor asks for it).  `desc` is the data descriptor the
+        transport's `map_sgl` made for the command, or None when none was mapped (a command answered before its
+        SGL was, or one whose data came in the capsule).  `tx` is the transport's request of the capsule
+        (capsule_received).  `source` = (backend, offset, reference) says `data` is that RAM backend's memory at
+        offset (RamBackend.pin): a transport that registers it sends from there.  The command's namespace
+        reference (engine/subsystem.py "references") passes to the transport with it: it calls
+        `reference.put()` once nothing reads that memory any more (its WRITE completed or flushed; at once when
+        it copies the data).  Raises TransportError, before sending anything, when the data cannot be sent (too
+        long): the caller then answers without it, and keeps the reference."""
 
     def data_buffer(self, length: int, tx=None) -> Optional[memoryview]:
         """A buffer for controller-to-host data that complete() then sends without a copy (an RDMA transport's
@@ -128,10 +132,11 @@ class TargetQueue(abc.ABC):
         """How many more queues this queue's port can guarantee their data buffers (None: unbounded)."""
         return None
 
-    # -- the native data path (docs/native.md): a queue that serves some I/O commands itself, without the core.
-    # The core keeps such a queue's view current (engine/native_view.py); on any other queue these do nothing.
+    # -- a fast path of the transport's own (RDMA's C queue, docs/native.md): a queue that serves some I/O commands
+    # itself, without the core.  The core keeps such a queue's view current (engine/fast_path_view.py); on any
+    # other queue these do nothing.
 
-    data_path = "python"  # "native": the queue may serve commands itself, as its view allows
+    fast_path = False  # True: the queue may serve commands itself, as its view allows
     serves_files = False  # its view may list file and block namespaces (on its own io_uring)
 
     def region_of(self, backend) -> Optional[tuple]:
@@ -140,21 +145,21 @@ class TargetQueue(abc.ABC):
 
     def set_view(self, ready: bool, namespaces, sq_entries: int = 0, sq_head: int = 0,
                  sqflow_disabled: bool = False, drain_check: Optional[Callable[[], None]] = None) -> dict:
-        """Replace what the queue serves itself (built by engine/native_view.py).  `drain_check` is called after
-        each poll that completed commands meanwhile (a change waits for them).  Returns the figures of the
-        commands it served since they were last taken, as `take_native_stats`."""
+        """Replace what the queue serves itself (built by engine/fast_path_view.py).  `drain_check` is called
+        after each poll that completed commands meanwhile (a change waits for them).  Returns the figures of the
+        commands it served since they were last taken, as `take_fast_path_stats`."""
         return {}
 
     def native_in_flight(self) -> dict:
         """{namespace generation: commands} the queue serves itself and has in flight."""
         return {}
 
-    def take_native_stats(self) -> dict:
+    def take_fast_path_stats(self) -> dict:
         """The figures of the commands the queue served itself since the last call, per namespace: {nsid: (reads,
         writes, flushes, bytes read, bytes written, read latency buckets, write latency buckets)}."""
         return {}
 
-    def native_traffic(self) -> bool:
+    def fast_path_traffic(self) -> bool:
         """Whether the queue served a command itself since the last call (keep-alive traffic for the core)."""
         return False
 
@@ -271,7 +276,10 @@ class TransportOps:
     trtype: str
     description: str
     sgls: Callable[[int], int]  # (in-capsule bytes of the port) -> Identify's SGLS: the SGL kinds it takes
-    map_sgl: Callable[[object], int]  # (engine Request) -> 0 or an NVMe status; called once per command
+    # (engine Request) -> 0 or an NVMe status; called once per command, after the engine's checks: from the SQE's
+    # DPTR (`req.dptr1`, `req.dptr2`) it sets `req.transfer_len`, and `req.desc` (its own data descriptor, handed
+    # back to read_host and complete) or `req.inline_offset` (the data is in the capsule at 64 + that offset)
+    map_sgl: Callable[[object], int]
     # (request, the most entries the engine allows such a queue) -> None, or the transport's own refusal: its
     # checks of what its connection request carries
     check_request: Callable[[ConnectRequest, int], Optional[object]]

@@ -39,7 +39,7 @@ from .resources import BufferPool
 from .contracts import (ConnectRejected, Connector, HostBuffer, HostQueue, ListenOptions, Listener, QueueHandler,
                         RemoteAccessError, TargetQueue, TransportError, TransportOps)
 from .rdma.connect import RdmaConnectRequest, check_cm_request, reject_status
-from .rdma.sgl import keyed_or_in_capsule_sgls, map_keyed_or_in_capsule
+from .rdma.sgl import NO_DATA, keyed_or_in_capsule_sgls, map_keyed_or_in_capsule
 
 log = logging.getLogger(__name__)
 
@@ -192,10 +192,13 @@ class LoopbackTargetQueue(TargetQueue):
     def receive_size(self) -> int:
         return SQE_SIZE + self.in_capsule_size
 
-    def read_host(self, addr: int, key: int, length: int, done, tx=None) -> None:
+    def read_host(self, desc, length: int, done, tx=None) -> None:
+        """RDMA READ from the keyed SGL `desc` (transport/rdma/sgl.py KeyedData: the loopback takes RDMA's SGL
+        kinds)."""
         conn = self._conn
         if conn.state == "closed":
             return  # flushed: a dead QP completes nothing useful
+        addr, key, _ = desc
 
         def op():
             if conn.state == "closed":
@@ -253,8 +256,10 @@ class LoopbackTargetQueue(TargetQueue):
 
         conn.fabric._post(op)
 
-    def complete(self, cqe: bytes, data=None, addr: int = 0, key: int = 0, invalidate_key: Optional[int] = None,
-                 tx=None, source=None) -> None:
+    def complete(self, cqe: bytes, data=None, desc=None, tx=None, source=None) -> None:
+        """RDMA WRITE of `data` to the keyed SGL `desc` (KeyedData), then the response, with Invalidate of the
+        key `desc` names for it."""
+        addr, key, invalidate_key = desc if desc is not None else NO_DATA
         if data is not None and len(data):
             self.write_host(addr, key, data)  # copied now
         if source is not None and source[2] is not None:

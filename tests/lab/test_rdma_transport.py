@@ -8,6 +8,7 @@ import time
 import pytest
 
 from nvmeof_roce.transport.contracts import Refusal
+from nvmeof_roce.transport.rdma.sgl import keyed_data
 
 pytestmark = pytest.mark.lab
 
@@ -41,9 +42,10 @@ class EchoHandler:
         addr, = struct.unpack_from("<Q", capsule, 24)
         length = int.from_bytes(capsule[32:35], "little")
         key, = struct.unpack_from("<I", capsule, 35)
+        desc = keyed_data(addr, key)  # the RDMA transport's data descriptor of a keyed SGL
 
         def respond(status=0, data=None):
-            queue.complete(struct.pack("<IIHHHH", 0, 0, 0, queue.qid, cid, status << 1), data, addr, key, tx=tx)
+            queue.complete(struct.pack("<IIHHHH", 0, 0, 0, queue.qid, cid, status << 1), data, desc, tx=tx)
 
         if opc == 1:
             def done(data, error):
@@ -52,7 +54,7 @@ class EchoHandler:
                     return
                 self.stored = bytes(data)
                 respond()
-            queue.read_host(addr, key, length, done, tx)
+            queue.read_host(desc, length, done, tx)
         elif opc == 2:
             respond(0, self.stored[:length])
         else:

@@ -203,13 +203,13 @@ def rbd_endpoint(namespaces: list, depth: int = 32, file_buffers: int = 32, subn
 def wait_native(ep: NativeEndpoint, subnqn: str = SUB, timeout: float = 30.0) -> None:
     """The rbd namespaces' native handles opened (RbdBackend.native_opening, off the loop), then the views
     refreshed, as the core's next capsule would."""
-    from nvmeof_roce.engine import native_view
+    from nvmeof_roce.engine import fast_path_view
     for ns in ep.env.target.subsystem(subnqn).namespaces.values():
         thread = getattr(ns.backend, "native_opening", None)
         if thread is not None:
             thread.join(timeout)
             assert not thread.is_alive(), f"namespace {ns.nsid}'s image did not open in C in {timeout} s"
-    native_view.refresh_all(ep.env.target)
+    fast_path_view.refresh_all(ep.env.target)
 
 
 def collect(ep: NativeEndpoint, n: int, timeout: float = 15.0) -> List[bytes]:

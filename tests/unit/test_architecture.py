@@ -407,6 +407,55 @@ def test_the_string_finder_sees_the_string_and_not_a_longer_one_or_a_name():
     assert _string_constants('x = "rdma"\ny = f"{x}RDMA"\nz = "use rdma"\nrdma = 1\n', "rdma") == [1, 2]
 
 
+# The data seam (docs/architecture.md "Adding a transport"): the transport's map_sgl makes a data descriptor of its
+# own, which the engine carries unread to read_host and complete, as nvmet's nvmet_req and queue_response.  The
+# keyed SGL's address, key and the key a response invalidates are the RDMA transport's (and the loopback
+# fabric's, which takes its SGL kinds); the engine names none, nor the SGL's keyed type.  Nor does it know that a
+# transport's fast data path is the native C queue (engine/fast_path_view.py, `TargetQueue.fast_path`).
+KEYED_SGL_NAMES = {"sgl_addr", "sgl_key", "sgl_id", "invalidate_key", "invalidate", "rkey", "TYPE_KEYED_DATA_BLOCK",
+                   "SUBTYPE_ADDRESS", "SUBTYPE_INVALIDATE_KEY", "ID_KEYED", "ID_KEYED_INVALIDATE", "SglDescriptor"}
+
+
+def keyed_sgl_names(source: str):
+    """(line, name) of every name, attribute, argument or import of `source` in KEYED_SGL_NAMES."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = []
+        if isinstance(node, ast.Name):
+            names = [node.id]
+        elif isinstance(node, ast.Attribute):
+            names = [node.attr]
+        elif isinstance(node, ast.arg):
+            names = [node.arg]
+        elif isinstance(node, ast.keyword) and node.arg:
+            names = [node.arg]
+        elif isinstance(node, ast.ImportFrom):
+            names = [a.name for a in node.names]
+        found += [(node.lineno, n) for n in names if n in KEYED_SGL_NAMES]
+    return sorted(found)
+
+
+def test_the_engine_carries_the_transports_data_descriptor_unread_and_names_no_keyed_sgl_field():
+    found, native = {}, {}
+    for path in sorted((PACKAGE / "engine").rglob("*.py")):
+        source = path.read_text()
+        rel = str(path.relative_to(PACKAGE))
+        if names := keyed_sgl_names(source):
+            found[rel] = names
+        if lines := _string_constants(source, "native"):
+            native[rel] = lines
+    assert not found, f"the engine reads keyed-SGL fields (the transport's map_sgl makes `req.desc`): {found}"
+    assert not native, f'the engine names the "native" data path (ask TargetQueue.fast_path): {native}'
+
+
+def test_the_keyed_sgl_finder_sees_names_attributes_arguments_and_imports():
+    # the checker itself
+    source = ("from x import SglDescriptor, other\na = req.sgl_key\ndef f(invalidate_key=None): pass\n"
+              "g(invalidate=1)\nrkey = 2\nreservation_rkey = 3\n")
+    assert keyed_sgl_names(source) == [(1, "SglDescriptor"), (2, "sgl_key"), (3, "invalidate_key"), (4, "invalidate"),
+                                       (5, "rkey")]
+
+
 def test_the_control_plane_touches_the_engine_through_its_api_and_host_settings_and_asks_the_transport_registry():
     """docs/architecture.md "Control plane ⇄ engine": control/ imports engine/api.py (the verbs, mixed into
     Target) and engine/auth.py (host_settings, the keys a reload reads) and nothing else of the engine; of the

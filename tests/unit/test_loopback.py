@@ -4,6 +4,7 @@ import pytest
 from nvmeof_roce.nvme import cm
 from nvmeof_roce.transport.contracts import ConnectRejected, Refusal, RemoteAccessError, TransportError
 from nvmeof_roce.transport.loopback import FakeClock, LoopbackFabric, SendQueueFull
+from nvmeof_roce.transport.rdma.sgl import keyed_data
 
 ADDR = "10.0.0.1:4420"
 
@@ -99,11 +100,25 @@ def test_rdma_read_and_write_with_keys(setup):
     buf = host.register(4096)
     buf.view[:5] = b"hello"
     got = []
-    target.read_host(buf.addr, buf.key, 5, lambda data, err: got.append((bytes(data), err)))
+    target.read_host(keyed_data(buf.addr, buf.key), 5, lambda data, err: got.append((bytes(data), err)))
     target.write_host(buf.addr + 100, buf.key, b"world")
     target.respond(b"\x01" * 16)
     assert got == [] and host.poll(0) == [b"\x01" * 16]  # poll pumps; WRITE lands before the CQE
     assert got == [(b"hello", None)] and bytes(buf.view[100:105]) == b"world"
+
+
+def test_complete_writes_where_the_data_descriptor_says_then_invalidates_the_key_it_names(setup):
+    fabric, handler, _ = setup
+    host, target = open_queue(fabric, handler)
+    frwr = host.register_with_access(4096, invalidatable=True)
+    target.complete(b"\x05" * 16, b"data", keyed_data(frwr.addr + 8, frwr.key, frwr.key))
+    assert host.poll(0) == [b"\x05" * 16] and bytes(frwr.view[8:12]) == b"data"
+    target.complete(b"\x06" * 16, b"more", keyed_data(frwr.addr, frwr.key))  # the key is gone: fatal
+    fabric.pump()
+    assert handler.closed == [target]
+    host2, target2 = open_queue(fabric, handler)
+    target2.complete(b"\x07" * 16)  # no descriptor (none mapped, or in-capsule data): the response alone
+    assert host2.poll(0) == [b"\x07" * 16]
 
 
 @pytest.mark.parametrize("bad", ["key", "bounds", "right", "deregistered"])
@@ -123,7 +138,7 @@ def test_remote_access_errors_tear_the_queue_down(setup, bad):
     else:
         host.deregister(buf)
     errors = []
-    target.read_host(addr, key, length, lambda data, err: errors.append(err))
+    target.read_host(keyed_data(addr, key), length, lambda data, err: errors.append(err))
     target.respond(b"\x02" * 16)  # flushed: the QP is in error
     fabric.pump()
     assert len(errors) == 1 and isinstance(errors[0], RemoteAccessError)

@@ -20,7 +20,7 @@ from nvmeof_roce.config import parse_config
 from nvmeof_roce.control import live
 from nvmeof_roce.control.methods import Control
 from nvmeof_roce.control.server import RpcServer
-from nvmeof_roce.engine import native_view
+from nvmeof_roce.engine import fast_path_view
 from nvmeof_roce.engine.subsystem import NamespaceState
 from nvmeof_roce.transport.rdma import native as rdma_native
 from nvmeof_roce.transport.rdma.native import NativePortMemory
@@ -156,9 +156,9 @@ def test_the_resize_is_committed_once_the_native_commands_drained_and_new_ones_w
 def test_a_namespace_removed_and_added_again_at_its_nsid_does_not_take_a_write_in_flight(ep, monkeypatch):
     """The view's identity of a namespace is its generation, not its address: CPython gives a freed object's
     address to the next one, modelled here by an `id` that answers the same for both namespaces."""
-    monkeypatch.setattr(native_view, "id", lambda obj: 0x5EED, raising=False)
+    monkeypatch.setattr(fast_path_view, "id", lambda obj: 0x5EED, raising=False)
     target = ep.env.target
-    native_view.refresh_all(target)
+    fast_path_view.refresh_all(target)
     a, b = pattern(4096, seed=31), pattern(4096, seed=32)
     old = target.subsystem(SUB_RAM).namespaces[1]
     old_memory = old.backend.buffer[0:16384]  # the old memory stays mapped: the device may still reach it

@@ -152,7 +152,7 @@ def test_a_removed_namespace_leaves_the_view_at_once(native_ep):
 def test_a_namespace_with_a_qos_limit_or_per_host_visibility_is_left_to_the_core(native_ep, restriction):
     """The core enforces QoS holds and per-host visibility (engine/qos.py, core._start): the view leaves such
     a namespace out, so its commands reach Python."""
-    from nvmeof_roce.engine import native_view
+    from nvmeof_roce.engine import fast_path_view
     ep = native_ep
     target = ep.env.target
     ns = target.subsystems[SUB_RAM].namespaces[1]
@@ -160,7 +160,7 @@ def test_a_namespace_with_a_qos_limit_or_per_host_visibility_is_left_to_the_core
         ns.qos = object()  # any limiter: the view only asks whether there is one
     else:
         ns.visible_to = lambda hostnqn: False
-    native_view.refresh_all(target)
+    fast_path_view.refresh_all(target)
     python_before = ep.queue.stats()["python_commands"]
     ep.exchange(io_capsule(ep, READ, 1, 0, 0, 512))
     assert ep.queue.stats()["python_commands"] == python_before + 1

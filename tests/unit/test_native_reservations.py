@@ -1,4 +1,4 @@
-"""Reservations on the native data path (engine/native_view.py, engine/reservations.py): the C queue serves a
+"""Reservations on the native data path (engine/fast_path_view.py, engine/reservations.py): the C queue serves a
 namespace for a controller only while its reservation lets that host read and write; a conflicting Write of a
 restricted host reaches the core, which answers Reservation Conflict, and never the namespace's memory."""
 import pytest

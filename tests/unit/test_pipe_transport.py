@@ -4,7 +4,8 @@ initiator.
 
 It differs from loopback on purpose, so the core is seen asking the entry rather than assuming RDMA: no
 in-capsule data (its SGL mapping takes keyed descriptors only, and Identify says so), no remote invalidation,
-and its own words for a refused queue.  Its data movement is what any transport owes the core
+a data descriptor of its own (`PipeData`: the buffer's key and the address in it, which the core carries
+unread), and its own words for a refused queue.  Its data movement is what any transport owes the core
 (transport/contracts.py): `read_host` fetches host memory later and calls back, `complete` writes the data then
 delivers the CQE, `close` reports `queue_closed` once.
 """
@@ -21,7 +22,7 @@ from nvmeof_roce.nvme import fabrics as F
 from nvmeof_roce.nvme import identify as I
 from nvmeof_roce.nvme import status as S
 from nvmeof_roce.nvme.command import CQE, NVM_WRITE, SQE
-from nvmeof_roce.nvme.sgl import SUBTYPE_ADDRESS, SUBTYPE_INVALIDATE_KEY, TYPE_KEYED_DATA_BLOCK
+from nvmeof_roce.nvme.sgl import SUBTYPE_ADDRESS, SUBTYPE_INVALIDATE_KEY, TYPE_KEYED_DATA_BLOCK, SglDescriptor
 from nvmeof_roce.engine.core import Target
 from nvmeof_roce.transport import registry
 from nvmeof_roce.transport.contracts import (ConnectRejected, ConnectRequest, Connector, HostBuffer, HostQueue, Refusal,
@@ -88,24 +89,27 @@ class PipeTargetQueue(TargetQueue):
         self.listener, self.request, self.host = listener, request, host
         self.closing = self.closed = False
 
-    def _bytes(self, addr: int, key: int, length: int) -> memoryview:
-        base, buf = self.listener.fabric.memory[key]
-        return memoryview(buf)[addr - base:addr - base + length]
+    def _bytes(self, desc: "PipeData", length: int) -> memoryview:
+        base, buf = self.listener.fabric.memory[desc.key]
+        return memoryview(buf)[desc.addr - base:desc.addr - base + length]
 
-    def read_host(self, addr, key, length, done, tx=None) -> None:
+    def read_host(self, desc, length, done, tx=None) -> None:
+        assert isinstance(desc, PipeData), f"the core hands back the pipe's own descriptor, got {desc!r}"
+
         def op():
             if not self.closed:
-                done(memoryview(bytes(self._bytes(addr, key, length))), None)
+                done(memoryview(bytes(self._bytes(desc, length))), None)
         self.listener.fabric.ops.append(op)
 
-    def complete(self, cqe, data=None, addr=0, key=0, invalidate_key=None, tx=None, source=None) -> None:
-        assert invalidate_key is None, "the pipe has no remote invalidation: its map_sgl never asks for it"
+    def complete(self, cqe, data=None, desc=None, tx=None, source=None) -> None:
+        assert desc is None or isinstance(desc, PipeData), f"not the pipe's descriptor: {desc!r}"
         payload, cqe = (bytes(data) if data is not None else b""), bytes(cqe)
+        assert not payload or desc is not None, "data for the host, and no descriptor of where it goes"
 
         def op():
             if not self.closed:
                 if payload:
-                    self._bytes(addr, key, len(payload))[:] = payload
+                    self._bytes(desc, len(payload))[:] = payload
                 self.host.cqes.append(cqe)
         self.listener.fabric.ops.append(op)
 
@@ -171,12 +175,24 @@ class PipeConnector(Connector):
         return host
 
 
+@dataclass(frozen=True)
+class PipeData:
+    """The pipe's data descriptor of a command: which registered buffer, and where in it."""
+
+    key: int
+    addr: int
+
+
 def pipe_map_sgl(req) -> int:
-    """Keyed descriptors only (0x40, and 0x4F, whose invalidation the pipe does not do)."""
-    if req.sgl_id >> 4 != TYPE_KEYED_DATA_BLOCK:
+    """Keyed descriptors only (0x40, and 0x4F, whose invalidation the pipe does not do), as the pipe's own
+    descriptor: the buffer's key and the address in it."""
+    sgl = SglDescriptor.from_words(req.dptr1, req.dptr2)
+    if sgl.type != TYPE_KEYED_DATA_BLOCK:
         return S.SGL_INVALID_TYPE | S.DNR
-    if req.sgl_id & 0xF not in (SUBTYPE_ADDRESS, SUBTYPE_INVALIDATE_KEY):
+    if sgl.subtype not in (SUBTYPE_ADDRESS, SUBTYPE_INVALIDATE_KEY):
         return S.INVALID_FIELD | S.DNR
+    req.transfer_len = sgl.length
+    req.desc = PipeData(sgl.key, sgl.addr)
     return 0
 
 

@@ -335,7 +335,7 @@ def test_the_image_opens_in_c_off_the_loop_and_the_core_serves_it_meanwhile(monk
     """A cluster slow to answer the C entry's connect: the view refresh does not wait for it (a thread opens the
     image); the namespace's commands are the core's until the handle is there, then the C queue's."""
     import time
-    from nvmeof_roce.engine import native_view
+    from nvmeof_roce.engine import fast_path_view
     fake = use_fake_rbd(monkeypatch, {"img": SIZE})
     fake.hold_connect()
     started = time.monotonic()
@@ -350,7 +350,7 @@ def test_the_image_opens_in_c_off_the_loop_and_the_core_serves_it_meanwhile(monk
         assert ep.queue.stats()["file_commands"] == 0  # the core's, through the reference path
         fake.hold_connect(False)
         ns.backend.native_opening.join(10)
-        native_view.refresh_all(ep.env.target)  # as the core's next capsule does
+        fast_path_view.refresh_all(ep.env.target)  # as the core's next capsule does
         (r,) = exchange(ep, read(ep, 8, 8, 65536, cid=2))
         assert status_of(r) == 0 and ep.host_bytes()[65536:65536 + 4096] == pattern(4096, seed=61)
         assert ep.queue.stats()["file_commands"] == 1 and ns.native_file is not None

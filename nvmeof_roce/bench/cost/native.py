@@ -82,14 +82,14 @@ def drive(path: str, op: str, qd: int, ios: int, count_mallocs: bool) -> dict:
         assert ep.env.target.subsystem(SUB_RAM).namespaces[1].native_file is not None
     if path in ("resv-held", "resv-other"):
         from loopback_env import RAW_HOSTID  # noqa: E402
-        from nvmeof_roce.engine import native_view
+        from nvmeof_roce.engine import fast_path_view
         resv = ep.env.target.subsystems[SUB_RAM].namespaces[1].resv
         holder = RAW_HOSTID if path == "resv-held" else bytes(16)  # this queue's host, or another one
         resv.registrants[holder] = 1
         resv.holder, resv.rtype = holder, 1  # Write Exclusive
-        native_view.refresh_all(ep.env.target)
+        fast_path_view.refresh_all(ep.env.target)
     if path == "python":
-        ep.env.target.native_data_path = False
+        ep.env.target.has_fast_path = False
         ep.queue.set_view(False, [])
     if path == "traced":
         from nvmeof_roce.transport.rdma.native_trace import RECORDS

@@ -289,8 +289,9 @@ def bench_core(reads: int, rounds: int, depth: int) -> dict:
     capsules = [memoryview(c) for c in read_capsules(depth, buf.addr, buf.key)]
     sent = []
     # the transport does nothing: what remains is the core's own work per command
-    io_queue.complete = lambda cqe, data=None, addr=0, key=0, invalidate_key=None, tx=None, source=None: \
-        sent.append(cqe)
+    # (any signature: a --checkout's complete() took the keyed SGL's address, key and invalidate key, ours the
+    # transport's data descriptor)
+    io_queue.complete = lambda cqe, *args, **kwargs: sent.append(cqe)
     # (a --checkout before complete() existed calls these two instead)
     io_queue.write_host = lambda addr, key, data: None
     io_queue.respond = lambda cqe, invalidate_key=None: sent.append(cqe)

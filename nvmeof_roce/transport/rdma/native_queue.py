@@ -29,6 +29,7 @@ from ...nvme.command import SQE_SIZE
 from .connect import RdmaConnectRequest, queue_resources
 from .native_trace import TRACING, log_lines
 from .requests import RequestBook, TxRequest
+from .sgl import NO_DATA, KeyedData
 from ..resources import PoolShare, ResourceLimits
 
 log = logging.getLogger(__name__)
@@ -116,7 +117,7 @@ class NativeTargetQueue(TargetQueue):
     """One NVMe queue served by the C data path, with the Python core behind it for everything else."""
 
     trtype = "rdma"
-    data_path = "native"
+    fast_path = True  # its C queue serves the commands its view lists (TargetQueue)
 
     def __init__(self, module, handler: QueueHandler, request: RdmaConnectRequest, verbs: NativeVerbs, *,
                  in_capsule_size: int, recv: Region, chunks: ChunkPool, share: PoolShare, max_transfer: int,
@@ -183,7 +184,7 @@ class NativeTargetQueue(TargetQueue):
             sink=sink.spec() if sink else None, remote_invalidate=verbs.remote_invalidate)
         self.view_ready = False
         self.drain_check: Optional[Callable[[], None]] = None  # while a change waits for commands: set_view
-        self.native_commands_seen = 0  # the C queue's native_commands at the last native_traffic()
+        self.native_commands_seen = 0  # the C queue's native_commands at the last fast_path_traffic()
         self.poll_mode = None  # "interrupt", "adaptive" or "busy" once start_polling ran (a test may poll by hand)
         self.poll_group = None  # the _native.PollGroup whose thread polls it (--cores), or None
         self.tracing = False  # the per-command trace is on: its records are taken at each poll and tick
@@ -344,7 +345,7 @@ class NativeTargetQueue(TargetQueue):
 
     def set_view(self, ready: bool, namespaces, sq_entries: int = 0, sq_head: int = 0,
                  sqflow_disabled: bool = False, drain_check: Optional[Callable[[], None]] = None) -> dict:
-        """The one call that changes what the C queue serves itself (engine/native_view.py builds it)."""
+        """The one call that changes what the C queue serves itself (engine/fast_path_view.py builds it)."""
         if self.closed:
             return {}
         self.drain_check = drain_check
@@ -395,14 +396,14 @@ class NativeTargetQueue(TargetQueue):
         self.poll()
         return None
 
-    def take_native_stats(self) -> dict:
+    def take_fast_path_stats(self) -> dict:
         if self.closed:
             return {}
         if self.tracing:  # a poll group's thread records without mailing anything: taken at the tick
             self.log_trace()
         return self.native.take_stats()
 
-    def native_traffic(self) -> bool:
+    def fast_path_traffic(self) -> bool:
         seen = self.native.stats()["native_commands"]
         if seen == self.native_commands_seen:
             return False
@@ -463,7 +464,7 @@ class NativeTargetQueue(TargetQueue):
 
     # -- the TargetQueue contract (the Python core's side)
 
-    def read_host(self, addr: int, key: int, length: int, done, tx=None) -> None:
+    def read_host(self, desc: KeyedData, length: int, done, tx=None) -> None:
         if self.closed:
             done(None, TransportError("queue is closed"))
             return
@@ -473,22 +474,22 @@ class NativeTargetQueue(TargetQueue):
         if tx is None:
             tx = self.book.received()
             self.book.delivered(tx)
-        self.book.read(tx, addr, key, length, done)
+        self.book.read(tx, desc[0], desc[1], length, done)
 
     def data_buffer(self, length: int, tx=None) -> Optional[memoryview]:
         if tx is None or length > self.max_transfer or not self.book.buffer(tx):
             return None
         return self.chunks.view(tx.chunk, length)
 
-    def complete(self, cqe: bytes, data=None, addr: int = 0, key: int = 0, invalidate_key: Optional[int] = None,
-                 tx=None, source=None) -> None:
+    def complete(self, cqe: bytes, data=None, desc: Optional[KeyedData] = None, tx=None, source=None) -> None:
         if self.closed:
             if tx is not None:
                 self.book.dropped(tx)
             if source is not None and source[2] is not None:
                 source[2].put()  # nothing is sent: nothing reads the namespace's memory
             return
-        self.book.respond(tx, cqe, data, addr, key, invalidate_key, source, self.region_of, self.max_transfer)
+        addr, key, invalidate = desc if desc is not None else NO_DATA
+        self.book.respond(tx, cqe, data, addr, key, invalidate, source, self.region_of, self.max_transfer)
 
     def references_held(self, reference) -> int:
         """Its responses sent from a namespace's memory and its C queue's commands holding `reference` (a closed

@@ -24,6 +24,7 @@ from ..resources import PoolShare
 from .connect import RdmaConnectRequest, queue_resources
 from .memory import RegisteredMemory
 from .requests import RequestBook, TxRequest
+from .sgl import NO_DATA, KeyedData
 from .verbs import (ACK_TIMEOUT, ADMIN_CAPSULE, PYVERBS_ERROR, QPS_INIT, QPS_RTR, QPS_RTS, RESPONSE_SIZE, RNR_RETRY,
                     SEND_WR_BASE, create_with_fd, eagain, qp_attr)
 
@@ -433,7 +434,7 @@ class RdmaTargetQueue(TargetQueue):
 
     # -- the TargetQueue contract --
 
-    def read_host(self, addr: int, key: int, length: int, done: ReadDone, tx=None) -> None:
+    def read_host(self, desc: KeyedData, length: int, done: ReadDone, tx=None) -> None:
         if self.closed:
             done(None, TransportError("queue is closed"))
             return
@@ -443,22 +444,22 @@ class RdmaTargetQueue(TargetQueue):
         if tx is None:  # a caller without the request of the capsule (tests): a request of its own
             tx = self.book.received()
             self.book.delivered(tx)
-        self.book.read(tx, addr, key, length, done)
+        self.book.read(tx, desc[0], desc[1], length, done)
 
     def data_buffer(self, length: int, tx=None) -> Optional[memoryview]:
         if tx is None or length > self.listener.max_transfer or not self.book.buffer(tx):
             return None
         return self.listener.pool.view(tx.chunk, length)
 
-    def complete(self, cqe: bytes, data=None, addr: int = 0, key: int = 0, invalidate_key: Optional[int] = None,
-                 tx=None, source=None) -> None:
+    def complete(self, cqe: bytes, data=None, desc: Optional[KeyedData] = None, tx=None, source=None) -> None:
         if self.closed:
             if tx is not None:
                 self.book.dropped(tx)
             if source is not None and source[2] is not None:
                 source[2].put()  # nothing is sent: nothing reads the namespace's memory
             return
-        self.book.respond(tx, cqe, data, addr, key, invalidate_key, source, self.listener.region,
+        addr, key, invalidate = desc if desc is not None else NO_DATA
+        self.book.respond(tx, cqe, data, addr, key, invalidate, source, self.listener.region,
                           self.listener.max_transfer)
 
     def close(self, error: Optional[TransportError] = None) -> None:

@@ -1,24 +1,27 @@
-"""The native data path's read-only view of a queue: what its C queue may serve without Python (docs/native.md).
+"""The view the engine publishes to a queue whose transport has a fast data path of its own: what the queue may serve
+without the engine (docs/native.md: the RDMA transport's C queue).
 
-A queue whose transport runs the native data path (its `data_path` is "native", transport/rdma/native_queue.py)
-serves Read, Write and Flush of the namespaces listed here itself; everything else comes to the core.  The view
-lists a namespace only when every check of `Target._start` that does not depend on the command passes for it: the
-controller is ready, the queue is an authenticated I/O queue, the namespace is attached, not removed, its ANA group
-is optimized or non-optimized on the controller's port, and it is RAM (registered with the device), null, a file
-or block namespace on the io_uring engine (given as its backend's native handle, a `_native.File`: a dup of its
-descriptor and its depth), or an RBD namespace whose image opened in C (its handle a `_native.RbdImage`: its own
-client and image, docs/rbd.md), on a queue that serves staged namespaces (bounce chunks and a ring).  Each
-namespace is given with its generation (Namespace.generation), its
-identity for the C queue: a command whose namespace's generation left the view answers Invalid Namespace; and with
-its reference (`Namespace.ref`, engine/subsystem.py "references"), which each native command takes when it is
-parsed and lets go of when its slot is freed; and whether it is paused: its new commands then come to the core, which holds
-them until the resume (it stays listed, so the commands in flight still find it).  A namespace whose reservation
-does not let the controller's host both read and write is listed the same way, paused for that queue: its new
-commands come to the core, which answers their conflicts, and the commands in flight from before the change
-finish as they started (the change that took the access is answered after them: engine/fencing.py).  The core calls `refresh` after anything that can change one of those (a capsule it handled,
-a namespace change, an ANA change, a reservation change) and before the event loop polls again, so a live change never races a command.
-The native counters and latency histograms are folded into the namespaces' own figures (`Namespace.bytes_read`, ...,
-`ns.stats`' histograms) when the view is replaced and at each tick.
+A queue with a fast path (its `fast_path` is True: transport/contracts.py `TargetQueue`) serves Read, Write and
+Flush of the namespaces listed here itself; everything else comes to the core.  The view lists a namespace only
+when every check of `Target._start` that does not depend on the command passes for it: the controller is ready, the
+queue is an authenticated I/O queue, the namespace is attached, not removed, its ANA group is optimized or
+non-optimized on the controller's port, and its backend names an entry the fast path serves (`Backend.native`):
+memory the transport registered with its device (`region_of`), one without data (null), or a staged one (file,
+block, RBD) with the handle its backend made for the fast path (`Backend.native_handle`: for the RDMA transport's
+C queue a `_native.File`, a dup of its descriptor and its depth, or a `_native.RbdImage`, its own client and image,
+docs/rbd.md), on a queue that serves staged namespaces (`serves_files`: bounce chunks and a ring).  Each namespace
+is given with its generation (Namespace.generation), its identity for the fast path: a command whose namespace's
+generation left the view answers Invalid Namespace; and with its reference (`Namespace.ref`, engine/subsystem.py
+"references"), which each command the fast path serves takes when it is parsed and lets go of when its slot is
+freed; and whether it is paused: its new commands then come to the core, which holds them until the resume (it
+stays listed, so the commands in flight still find it).  A namespace whose reservation does not let the
+controller's host both read and write is listed the same way, paused for that queue: its new commands come to the
+core, which answers their conflicts, and the commands in flight from before the change finish as they started (the
+change that took the access is answered after them: engine/fencing.py).  The core calls `refresh` after anything
+that can change one of those (a capsule it handled, a namespace change, an ANA change, a reservation change) and
+before the event loop polls again, so a live change never races a command.  The fast path's counters and latency
+histograms are folded into the namespaces' own figures (`Namespace.bytes_read`, ..., `ns.stats`' histograms) when
+the view is replaced and at each tick.
 """
 from __future__ import annotations
 
@@ -30,9 +33,9 @@ if TYPE_CHECKING:
     from .request import QueueState
 
 
-def native_queues(ctrl: "Controller"):
-    """The controller's I/O queues whose transport runs the native data path."""
-    return [qs for qs in ctrl.io_queues.values() if qs.transport.data_path == "native"]
+def fast_path_queues(ctrl: "Controller"):
+    """The controller's I/O queues whose transport has a fast path of its own (each takes a view)."""
+    return [qs for qs in ctrl.io_queues.values() if qs.transport.fast_path]
 
 
 def view_of(target: "Target", qs: "QueueState") -> tuple:
@@ -53,7 +56,7 @@ def view_of(target: "Target", qs: "QueueState") -> tuple:
         # access was taken (a preempt's fence waits for them) still find it instead of answering Invalid Namespace
         paused = ns.paused or (ns.resv is not None and not ns.resv.may_read_write(ctrl.hostid))
         backend = ns.backend
-        entry = backend.native  # its C entry (csrc/backend.c), or None: the core serves it
+        entry = backend.native  # the fast path's entry for it (the C queue's: csrc/backend.c), or None: the core
         if entry is None:
             continue
         addr = lkey = 0
@@ -76,10 +79,10 @@ def view_of(target: "Target", qs: "QueueState") -> tuple:
 
 
 def handle_of(ns):
-    """The namespace's native handle (made once by its backend: a `_native.File` for the uring entry, a
-    `_native.RbdImage` for the rbd entry), or None when its commands stay with the core: an engine the entry does
-    not share (nvmeof_roce.io_engine "threads", or io_uring unavailable), an image that did not open in C, or its
-    backend closed."""
+    """The namespace's handle for the fast path (made once by its backend: for the C queue a `_native.File` for the
+    uring entry, a `_native.RbdImage` for the rbd entry), or None when its commands stay with the core: an engine
+    the entry does not share (nvmeof_roce.io_engine "threads", or io_uring unavailable), an image that did not open
+    in C, or its backend closed."""
     if ns.native_file is None:
         choice = ns.engine_choice
         ns.native_file = ns.backend.native_handle(choice.name if choice is not None else None, ns.queue_depth)
@@ -110,7 +113,7 @@ def refresh_queue(target: "Target", qs: "QueueState") -> None:
 
 
 def refresh(target: "Target", ctrl: "Controller") -> None:
-    for qs in native_queues(ctrl):
+    for qs in fast_path_queues(ctrl):
         refresh_queue(target, qs)
 
 
@@ -120,10 +123,11 @@ def refresh_all(target: "Target") -> None:
 
 
 def collect(target: "Target") -> None:
-    """Fold the native counters into the namespaces' figures; a native command counts as keep-alive traffic."""
+    """Fold the fast paths' counters into the namespaces' figures; a command a fast path served counts as
+    keep-alive traffic."""
     now = target.clock()
     for ctrl in target.controllers():
-        for qs in native_queues(ctrl):
-            if qs.transport.native_traffic():
+        for qs in fast_path_queues(ctrl):
+            if qs.transport.fast_path_traffic():
                 ctrl.last_traffic = now  # CTRATT.TBKAS, as Target._start does for every command
-            _fold(ctrl, qs.transport.take_native_stats())
+            _fold(ctrl, qs.transport.take_fast_path_stats())
