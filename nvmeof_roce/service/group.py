@@ -108,6 +108,7 @@ class GroupMember:
         self.control = None
         self.target = None
         self.fenced = False
+        self.instance_id = 0
         self.started = wall()
         self.history: List[dict] = []  # take-overs, hand-backs, losses: for status (the last few)
         self.event_counts: Dict[str, int] = {}  # ... counted since start (metrics)
@@ -136,6 +137,7 @@ class GroupMember:
             self.ioctx.set_namespace(s.namespace)
         g = _group()
         self.store = g.GroupStore(self.ioctx, s.name)
+        self.instance_id = int(self.client.rados.get_instance_id())  # this process's client: its leases' holder
 
     def lease(self, grpid: int):
         if grpid not in self.leases:
@@ -173,7 +175,7 @@ class GroupMember:
                 log.info("gateway group %s: ANA group %d is served by %s: this gateway waits for failback",
                          s.name, grpid, ana.owner.gateway)
                 continue
-            self._acquire_home(grpid)
+            self._acquire(grpid)
         self.snapshot = self.store.read()
         self.applied_epoch = self.snapshot.epoch
         from ..ceph import clients
@@ -197,7 +199,8 @@ class GroupMember:
         self.store.update(add, f"member {gateway} client")
         log.info("gateway group %s: client %s announced (fenced with this gateway)", self.settings.name, addr)
 
-    def _acquire_home(self, grpid: int) -> bool:
+    def _acquire(self, grpid: int) -> bool:
+        """Take a free lease (a home group at start, or one this gateway's lapsed lease left free)."""
         g = _group()
         lease = self.lease(grpid)
         try:
@@ -326,13 +329,22 @@ class GroupMember:
                 continue
             if grpid in self._handing_back:
                 continue
-            if ana.home == s.gateway and request is not None and request.to == s.gateway and ana.owner is None:
+            mine = ana.owner is not None and ana.owner.instance_id == self.instance_id
+            if mine and lease.state == g.LeaseState.LOST and lease.holder() is None:
+                # this gateway's lease lapsed (the cluster slow past the deadline) and nobody took the group:
+                # it stopped serving at the deadline; owning it anew is a new lease, served from its start
+                lease.release()
+                if self._acquire(grpid):
+                    self._post(lambda grpid=grpid: self._serve(grpid))
+            elif ana.home == s.gateway and request is not None and request.to == s.gateway and ana.owner is None:
                 self._take(grpid, lambda: g.take_back(self.store, lease, now=self.wall), "took back")
             elif ana.home == s.gateway and ana.owner is None and request is None:
-                if self._acquire_home(grpid):
+                if self._acquire(grpid):
                     self._post(lambda grpid=grpid: self._serve(grpid))
-            elif ana.owner is not None and ana.owner.gateway != s.gateway and request is None:
-                if lease.holder() is None:  # 3. its owner's lease ended: fence the owner, then take the group
+            elif ana.owner is not None and not mine and request is None:
+                # 3. its owner's lease ended (another gateway's, or this gateway's before a restart): fence the
+                # owner's clients, then take the group
+                if lease.holder() is None:
                     self._take(grpid, lambda: g.fail_over(self.store, lease, now=self.wall), "took over",
                                previous=ana.owner.gateway)
 
