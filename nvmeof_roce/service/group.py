@@ -29,7 +29,7 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Set
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ..ceph.group.errors import errno_of
 from ..config.group import GroupSettings
@@ -38,6 +38,8 @@ from ..errors import NvmeofError
 log = logging.getLogger(__name__)
 
 SHARED_SECTIONS = ("subsystems", "hosts")  # what the group keeps; ports and nvmeof_roce are the gateway's own
+GATEWAY_ATTRS = ("cntlid_min", "cntlid_max")  # subsystem attributes each gateway sets for itself
+CNTLID_SPAN = 511  # controller IDs per gateway: 128 ANA groups' ranges fit under the largest cntlid (0xffef)
 CONNECT_TIMEOUT = 30  # seconds for the group's RADOS client to connect at start
 CONFIG_LOCK = "config"  # the cls_lock name a change by RPC holds on the group's object
 CONFIG_LOCK_SECONDS = 30  # its duration: a gateway that dies holding it blocks changes that long at most
@@ -71,13 +73,35 @@ def ana_grpids(data: dict, snapshot, home: List[int]) -> List[int]:
     return sorted(set(snapshot.ana_groups) | used | set(home))
 
 
+def cntlid_range(home: List[int]) -> Tuple[int, int]:
+    """This gateway's controller IDs: a host connected to two gateways of one subsystem must see two cntlids (the
+    Linux host refuses a duplicate one in a subsystem), so each gateway takes the range of its first home ANA
+    group (as ceph-nvmeof gives each gateway its own range)."""
+    low = (min(home) - 1) * CNTLID_SPAN + 1
+    return low, low + CNTLID_SPAN - 1
+
+
+def shared_sections(running: dict) -> dict:
+    """The group's part of a running config, without what each gateway sets for itself (its cntlid range)."""
+    sections = {k: copy.deepcopy(running[k]) for k in SHARED_SECTIONS if k in running}
+    for sub in sections.get("subsystems", []):
+        attrs = sub.get("attr") or {}
+        for key in GATEWAY_ATTRS:
+            attrs.pop(key, None)
+    return sections
+
+
 def merged_config(local: dict, snapshot, serving: Set[int], home: List[int]) -> dict:
     """This gateway's config (ports, settings) with the group's sections; each port exports every subsystem and
-    gives each ANA group the state this gateway has for it (optimized where it owns the lease)."""
+    gives each ANA group the state this gateway has for it (optimized where it owns the lease); each subsystem
+    gives controller IDs from this gateway's range."""
     data = copy.deepcopy(local)
     for section in SHARED_SECTIONS:
         if section in snapshot.config:
             data[section] = copy.deepcopy(snapshot.config[section])
+    low, high = cntlid_range(home)
+    for sub in data.get("subsystems", []):
+        sub.setdefault("attr", {}).update({"cntlid_min": str(low), "cntlid_max": str(high)})
     nqns = [s["nqn"] for s in data.get("subsystems", [])]
     states = [{"grpid": g, "ana": {"state": "optimized" if g in serving else "inaccessible"}}
               for g in ana_grpids(data, snapshot, home)]
@@ -404,7 +428,7 @@ class GroupMember:
         self._apply(snapshot)
 
     def _apply(self, snapshot) -> None:
-        running = self.target.config.to_dict()
+        running = shared_sections(self.target.config.to_dict())
         if all(running.get(k) == snapshot.config.get(k, running.get(k)) for k in SHARED_SECTIONS):
             self.applied_epoch = snapshot.epoch
             return
@@ -453,7 +477,7 @@ class GroupMember:
                 publish({"result": result})
 
         def publish(part: dict) -> None:
-            sections = {k: v for k, v in self.target.config.to_dict().items() if k in SHARED_SECTIONS}
+            sections = shared_sections(self.target.config.to_dict())
 
             def run() -> None:
                 try:

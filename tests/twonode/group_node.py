@@ -35,6 +35,20 @@ CONF = f"{SHARE}/ceph.conf"
 RESULT = {}
 
 
+def wait(name, timeout):
+    """rendezvous.wait, given up at once when the other node failed (it signals `failed-ROLE`)."""
+    other = "host" if ROLE == "target" else "target"
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return rendezvous.wait(name, 1)
+        except Exception:
+            if (rendezvous.sync_dir() / f"failed-{other}").exists():
+                raise SystemExit(f"the {other} node failed: giving up waiting for {name}")
+            if time.monotonic() > deadline:
+                raise
+
+
 def step(name):
     print(f"[group {ROLE}] {time.strftime('%H:%M:%S')} {name}", flush=True)
 
@@ -213,22 +227,22 @@ def target_kill():
     cluster = start_cluster()
     gw_a = start_gateway("gw-a", TARGET_IP, 2, seed=True)
     rendezvous.signal("gw-a-ready")
-    rendezvous.wait("kill-a", 900)
+    wait("kill-a", 900)
     gw_a.send_signal(signal.SIGKILL)
     RESULT["killed_at"] = time.time()
     gw_a.wait(30)
     step("gw-a killed")
     RESULT["state_before_take_over"] = group_state()
     rendezvous.signal("a-killed")
-    rendezvous.wait("b-took-over", 300)
+    wait("b-took-over", 300)
     RESULT["blocklist"] = blocklist()
     RESULT["state_after_take_over"] = group_state()
-    rendezvous.wait("restart-a", 900)
+    wait("restart-a", 900)
     gw_a = start_gateway("gw-a", TARGET_IP, 2, tag="-restarted")
     rendezvous.signal("a-restarted")
-    rendezvous.wait("failback-asked", 600)
+    wait("failback-asked", 600)
     RESULT["failback"] = rpc("gw-a", "nvmeof_group_failback", {"ana_group": 2})
-    rendezvous.wait("host.done", 1500)
+    wait("host.done", 1500)
     RESULT["state_at_end"] = group_state()
     gw_a.send_signal(signal.SIGTERM)
     RESULT["gw_a_exit"] = gw_a.wait(60)
@@ -238,7 +252,7 @@ def target_kill():
 
 def host_kill():
     RESULT["clock_offset"] = clock_offset()
-    rendezvous.wait("gw-a-ready", 900)
+    wait("gw-a-ready", 900)
     gw_b = start_gateway("gw-b", HOST_IP, 3)
     ns1, ns2 = connect_both()
     RESULT["paths_at_start"] = {"1": wait_for("two paths of ns 1", lambda: len(ana_paths(1)) == 2 and ana_paths(1)),
@@ -247,7 +261,7 @@ def host_kill():
     runs = {"1": fio(ns1, "ns1", 90), "2": fio(ns2, "ns2", 90)}
     time.sleep(20)
     rendezvous.signal("kill-a")
-    rendezvous.wait("a-killed", 120)
+    wait("a-killed", 120)
     RESULT["paths_after_kill"] = {"1": wait_for("ns 1 optimized through gw-b",
                                                 lambda: ana_paths(1).get(f"traddr={HOST_IP}") == "optimized"
                                                 and ana_paths(1), 120)}
@@ -263,7 +277,7 @@ def host_kill():
         int(open(f"/sys/block/{dev2}/size").read()) * 512 == 320 << 20
         and int(open(f"/sys/block/{dev2}/size").read()) * 512), 120)
     rendezvous.signal("restart-a")
-    rendezvous.wait("a-restarted", 300)
+    wait("a-restarted", 300)
     wait_for("gw-a's path back", lambda: len(ana_paths(1)) == 2 and "?" not in ana_paths(1).values(), 180)
     RESULT["path_sizes_ns2"] = {os.path.basename(p): int(open(f"{p}/size").read()) * 512
                                 for p in glob.glob("/sys/class/nvme-subsystem/*/nvme[0-9]*/nvme*c*n*")
@@ -290,7 +304,7 @@ def target_cut():
     cluster = start_cluster()
     gw_a = start_gateway("gw-a", TARGET_IP, 2, seed=True)
     rendezvous.signal("gw-a-ready")
-    rendezvous.wait("host.done", 1500)
+    wait("host.done", 1500)
     RESULT["blocklist"] = blocklist()
     RESULT["state_at_end"] = group_state()
     gw_a.send_signal(signal.SIGTERM)
@@ -301,7 +315,7 @@ def target_cut():
 
 def host_cut():
     RESULT["clock_offset"] = clock_offset()
-    rendezvous.wait("gw-a-ready", 900)
+    wait("gw-a-ready", 900)
     gw_b = start_gateway("gw-b", HOST_IP, 3)
     _ns1, ns2 = connect_both()
     RESULT["paths_at_start"] = {"2": wait_for("two paths of ns 2", lambda: len(ana_paths(2)) == 2 and ana_paths(2))}
@@ -328,4 +342,9 @@ def host_cut():
 
 if __name__ == "__main__":
     ROLE, SCENARIO = sys.argv[1], sys.argv[2]
-    globals()[f"{ROLE}_{SCENARIO}"]()
+    try:
+        globals()[f"{ROLE}_{SCENARIO}"]()
+    except BaseException:
+        rendezvous.signal(f"failed-{ROLE}")  # the other node stops waiting for this one
+        save()
+        raise

@@ -121,6 +121,13 @@ def test_two_gateways_serve_the_groups_state_each_optimized_for_its_own_ana_grou
         call(b, [a], "nvmf_subsystem_add_ns",
              {"nqn": SUB, "namespace": {"nsid": 3, "backend": "ram", "size": "1M", "anagrpid": 2}})
         run([a, b], lambda: 3 in a.env.target.subsystems[SUB].namespaces, what="A serving B's new namespace")
+        # a host connected to both gateways sees two controllers of one subsystem: two controller IDs (the
+        # Linux host refuses a duplicate), from each gateway's own range
+        ctrl_a, ctrl_b = a.env.connect(SUB, ADDR1), b.env.connect(SUB, ADDR2)
+        (a_low, a_high), (b_low, b_high) = member_module.cntlid_range([2]), member_module.cntlid_range([3])
+        assert a_low <= ctrl_a.cntlid <= a_high < b_low <= ctrl_b.cntlid <= b_high, (ctrl_a.cntlid, ctrl_b.cntlid)
+        ctrl_a.close()
+        ctrl_b.close()
         status = a.member.status()
         assert status["members"] == ["gw-a", "gw-b"]
         assert {g["ana_group"]: g["owner"] for g in status["ana_groups"]} == {2: "gw-a", 3: "gw-b"}
