@@ -157,7 +157,7 @@ def conflict_status(ns, ctrl, opc: int) -> int:
 
 
 def rescap(t: "Target", ns) -> int:
-    """Identify Namespace RESCAP: every type and IEKEY, and PTPL when the target has a reservation file."""
+    """Identify Namespace RESCAP: every type and IEKEY, and PTPL when the target offers it (`ptpl_offered`)."""
     if ns.resv is None:
         return 0
     return RESCAP_TYPES | I.RESCAP_IEKEY_13 | (I.RESCAP_PTPL if ptpl_offered(t) else 0)

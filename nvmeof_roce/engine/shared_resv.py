@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Protocol, Tuple
 
 from ..nvme import status as S
-from .request import DEFERRED, Outcome, Request
+from .request import DEFERRED, NO_LOCATION, Outcome, Request
 from .reservations import Decision, Reservation, _abort_waiting, _access_taken, notify
 
 if TYPE_CHECKING:
@@ -230,12 +230,9 @@ class SharedSync:
                   "ANA Inaccessible (this gateway is fenced)" if exc.fenced else "Namespace Not Ready (retry)")
         self._answer(job, FENCED if exc.fenced else NOT_READY)
 
-    def _answer(self, job: Job, status: int, location: Optional[int] = None) -> None:
+    def _answer(self, job: Job, status: int, location: int = NO_LOCATION) -> None:
         job.answered = True
-        if location is None:
-            self.target.complete(job.req, status)
-        else:
-            self.target.complete(job.req, status, location=location)
+        self.target.complete(job.req, status, location=location)
 
     def tick(self, now: float) -> None:
         """A tick hook: the commands whose store call outlived `timeout` are answered Namespace Not Ready."""

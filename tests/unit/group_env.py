@@ -1,7 +1,8 @@
 """Gateways of a group in one process, for the tests against a development Ceph cluster (ceph/devcluster.py):
 each gateway a Target on the loopback fabric (loopback_env.Env) with its own RADOS client and GroupMember
 (service/group.py), as on distinct machines.  Used by test_gateway_group.py and
-test_gateway_group_reservations.py; a test module takes the `cluster` fixture by importing it."""
+test_gateway_group_reservations.py; a test module's `cluster` fixture yields from
+`dev_cluster`."""
 import time
 
 import pytest
@@ -19,8 +20,8 @@ needs_ceph = pytest.mark.skipif(devcluster.missing_tools() != [],
 LEASE = 3  # seconds: the shortest the config takes
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def dev_cluster(tmp_path_factory):
+    """What a test module's `cluster` fixture (module scope) yields from: a development cluster, started once."""
     c = devcluster.DevCluster(tmp_path_factory.mktemp("ceph") / "c", port=0)
     with c:
         yield c

@@ -8,12 +8,17 @@ import errno
 
 import pytest
 
-from group_env import Gateway, LEASE, call, cluster, needs_ceph, run  # noqa: F401 (cluster: the fixture)
+from group_env import Gateway, LEASE, call, dev_cluster, needs_ceph, run
 from loopback_env import ADDR1, ADDR2, ram_ns
 
 pytestmark = needs_ceph
 
 SUB = "nqn.2024-01.io.test:group"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    yield from dev_cluster(tmp_path_factory)
 
 
 def seed():

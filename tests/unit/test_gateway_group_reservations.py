@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from group_env import Gateway, cluster, needs_ceph, run  # noqa: F401 (cluster: the fixture)
+from group_env import Gateway, dev_cluster, needs_ceph, run
 from held import hold
 from loopback_env import ADDR1, ADDR2, HOST_A, HOST_B, file_ns, ram_ns
 from nvmeof_roce.nvme import reservation as R
@@ -27,6 +27,11 @@ HID1, HID2 = (bytes.fromhex(i.replace("-", "")) for i in (ID1, ID2))
 K1, K2 = 0x1111, 0x2222
 RESV = {"enable": "1"}
 NS_RAM, NS_FILE = 1, 3
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    yield from dev_cluster(tmp_path_factory)
 
 
 def seed(tmp_path=None):
