@@ -33,6 +33,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ..ceph.group.errors import errno_of
 from ..config.group import GroupSettings
+from ..engine.shared_resv import StoreError
 from ..errors import NvmeofError
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,55 @@ def merged_config(local: dict, snapshot, serving: Set[int], home: List[int]) -> 
     return data
 
 
+class SharedReservationStore:
+    """The engine's SharedReservations (engine/shared_resv.py) over the group's ReservationStore (ceph/group):
+    the engine's records to and from RADOS's, the group's errors as the engine's StoreError.  `timeout`: how long
+    the engine lets a call run (`reservation_timeout`)."""
+
+    def __init__(self, store, timeout: float):
+        self.store, self.timeout = store, timeout
+
+    @staticmethod
+    def record(resv) -> Optional[dict]:
+        """A ceph.group Reservation as the engine's record (None: none yet)."""
+        if resv.rev == 0 and resv.is_empty():
+            return None
+        return {"registrants": [[h, k] for h, k in resv.registrants.items()], "holder": resv.holder,
+                "rtype": resv.rtype, "generation": resv.generation, "version": resv.rev, "changes": resv.changes}
+
+    def read(self, nqn: str, nsid: int) -> Optional[dict]:
+        return self._call(lambda: self.record(self.store.read(nqn, nsid)))
+
+    def update(self, nqn: str, nsid: int, change) -> Optional[dict]:
+        def edit(resv) -> None:  # the ReservationStore's copy, edited in place (maybe several times)
+            after = change(self.record(resv))
+            if after is not None:
+                resv.registrants = {h: int(k) for h, k in after["registrants"]}
+                resv.holder, resv.rtype, resv.generation = after["holder"], after["rtype"], after["generation"]
+                resv.changes = list(after.get("changes") or [])
+        return self._call(lambda: self.record(self.store.update(nqn, nsid, edit)))
+
+    @staticmethod
+    def _call(fn):
+        g = _group()
+        try:
+            return fn()
+        except g.GroupError as exc:
+            raise StoreError(words(exc), fenced=isinstance(exc, g.Fenced)) from None
+
+
+def osd_op_timeout(settings: GroupSettings) -> int:
+    """The group's RADOS client's OSD op timeout: a lease's renew never outlasts a renew interval."""
+    return max(1, settings.lease // 3)
+
+
+def reservation_timeout(settings: GroupSettings) -> float:
+    """How long a reservation command waits for the group's store before it is answered Namespace Not Ready
+    (engine/shared_resv.py): a round of the store's update (a read and a write, each within the OSD op timeout,
+    then a notify of at most a second) fits, so the store's own error (a timeout) usually answers first."""
+    return 3.0 * osd_op_timeout(settings) + 1.0
+
+
 class GroupMember:
     """This gateway in its group: connect and join (blocking, before serving), then `attach` to the running
     server; `close` leaves (the leases are released, the member record stays for the status)."""
@@ -148,7 +198,7 @@ class GroupMember:
         s = self.settings
         # A renew (an OSD op) never outlasts a renew interval; the monitor's commands (a blocklist entry waits
         # for a new OSD map, about a second each) are a take-over's, which may take longer.
-        conf = {"rados_osd_op_timeout": str(max(1, s.lease // 3)), "rados_mon_op_timeout": str(s.lease),
+        conf = {"rados_osd_op_timeout": str(osd_op_timeout(s)), "rados_mon_op_timeout": str(s.lease),
                 "client_mount_timeout": str(CONNECT_TIMEOUT)}
         try:
             self.client = clients.acquire((s.conf, s.client_id, s.keyring), conf, CONNECT_TIMEOUT)
@@ -249,7 +299,11 @@ class GroupMember:
         self.server, self.control, self.target = server, control, server.target
         self.serving = {g for g in self._owned()}
         self.target.tick_hooks.append(self.tick)
-        self._watch = self.store.watch(lambda snapshot: self._post(lambda: self._apply_snapshot(snapshot)))
+        self._watch = self.store.watch(lambda snapshot: self._post(lambda: self._changed(snapshot)))
+        # The reservations are the group's: kept in RADOS, the state the watch read first is this gateway's now
+        store = SharedReservationStore(_group().ReservationStore(self.ioctx, self.settings.name),
+                                       reservation_timeout(self.settings))
+        self.target.attach_shared_reservations(store, self._reservations(self._watch.last))
         self._keeper = threading.Thread(target=self._keep, name=f"group {self.settings.name}", daemon=True)
         self._keeper.start()
         log.info("gateway group %s: gateway %s serving ANA group(s) %s; home of %s; lease %d s",
@@ -420,6 +474,17 @@ class GroupMember:
             self.server.request_stop()
 
     # ---------------------------------------------------------------------------------------- changes
+    def _changed(self, snapshot) -> None:
+        """On the loop: what the watch read: the group's config, then its reservations (a namespace the config
+        brings gets its record at once)."""
+        self._apply_snapshot(snapshot)
+        if self.target is not None:
+            self.target.shared_reservations_changed(self._reservations(snapshot))
+
+    @staticmethod
+    def _reservations(snapshot) -> Dict[Any, Optional[dict]]:
+        return {key: SharedReservationStore.record(resv) for key, resv in snapshot.reservations.items()}
+
     def _apply_snapshot(self, snapshot) -> None:
         """On the loop: another gateway's change (or ours coming back): the running config follows the group's."""
         if snapshot.epoch <= self.applied_epoch or self.control is None:
@@ -585,6 +650,8 @@ class GroupMember:
         if self._announce in clients.announce_hooks:
             clients.announce_hooks.remove(self._announce)
         self._stop.set()
+        if self.target is not None:  # its store calls finish (within their op timeout) before the ioctx closes
+            self.target.detach_shared_reservations(wait=True)
         if self._watch is not None:
             self._watch.close()
         if self._keeper is not None:

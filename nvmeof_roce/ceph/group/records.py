@@ -138,12 +138,14 @@ class FailbackRequest:
 class Reservation:
     """One namespace's NVMe reservation as every gateway sees it: registrants (host identifier, hex -> key),
     the holder's host identifier, the type (0: none), the generation.  `rev` counts the record's writes, so a
-    compare-and-swap never mistakes a record changed and changed back for the one it read."""
+    compare-and-swap never mistakes a record changed and changed back for the one it read.  `changes`: what
+    the last changes told (the engine's, opaque here: engine/shared_resv.py), written with the state."""
     registrants: Dict[str, int] = field(default_factory=dict)
     holder: Optional[str] = None
     rtype: int = 0
     generation: int = 0
     rev: int = 0
+    changes: List[Any] = field(default_factory=list)
 
     def is_empty(self) -> bool:
         """Nothing registered, held or counted yet: the same as no record (the record is removed)."""
@@ -159,7 +161,8 @@ class Reservation:
     @classmethod
     def from_json(cls, value: Dict[str, Any]) -> "Reservation":
         return cls({str(k): int(v) for k, v in value.get("registrants", {}).items()}, value.get("holder"),
-                   int(value.get("rtype", 0)), int(value.get("generation", 0)), int(value.get("rev", 0)))
+                   int(value.get("rtype", 0)), int(value.get("generation", 0)), int(value.get("rev", 0)),
+                   list(value.get("changes", [])))
 
 
 def blocklist_address(addrs: str) -> str:
