@@ -186,6 +186,13 @@ def connect_both():
     return head(1), head(2)
 
 
+def resv_report(device):
+    """nvme resv-report through the multipath head (the optimized path): holder, type, generation, registrants."""
+    out = json.loads(sh("nvme", "resv-report", device, "--eds", "-o", "json").stdout)
+    return {"gen": out.get("gen"), "rtype": out.get("rtype"),
+            "regctlext": [{k: r.get(k) for k in ("hostid", "rkey", "rcsts")} for r in out.get("regctlext", [])]}
+
+
 def wait_for(what, probe, timeout=120):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -258,6 +265,10 @@ def host_kill():
     RESULT["paths_at_start"] = {"1": wait_for("two paths of ns 1", lambda: len(ana_paths(1)) == 2 and ana_paths(1)),
                                 "2": wait_for("two paths of ns 2", lambda: len(ana_paths(2)) == 2 and ana_paths(2))}
     step(f"paths {RESULT['paths_at_start']}")
+    # a reservation through gw-a (the owner of ns 1's group): Register, then Acquire Write Exclusive
+    sh("nvme", "resv-register", ns1, "--nrkey=0xabc", "--rrega=0")
+    sh("nvme", "resv-acquire", ns1, "--crkey=0xabc", "--rtype=1", "--racqa=0")
+    RESULT["resv_through_a"] = resv_report(ns1)
     runs = {"1": fio(ns1, "ns1", 90), "2": fio(ns2, "ns2", 90)}
     time.sleep(20)
     rendezvous.signal("kill-a")
@@ -267,6 +278,14 @@ def host_kill():
                                                 and ana_paths(1), 120)}
     RESULT["took_over_seen_at"] = time.time()
     rendezvous.signal("b-took-over")
+    # the same reservation reported through gw-b, and enforced there: another host's Write is refused
+    RESULT["resv_through_b"] = resv_report(ns1)
+    other = sh(sys.executable, "-m", "nvmeof_roce", "initiator", "write", "-a", HOST_IP, "-s", "4420", "-n", NQN,
+               "-q", "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000000b2",
+               "-I", "00000000-0000-4000-8000-0000000000b2", "--nsid", "1", "--slba", "0", "--blocks", "1",
+               check=False, timeout=120)
+    RESULT["other_host_write_through_b"] = {"returncode": other.returncode,
+                                            "output": (other.stdout + other.stderr)[-800:]}
     for nsid, proc in runs.items():
         RESULT[f"fio_{nsid}"] = fio_result(proc)
     step(f"fio {RESULT['fio_1']} {RESULT['fio_2']}")

@@ -84,6 +84,16 @@ def test_the_owner_killed_under_verify_its_group_moves_fenced_and_nothing_is_los
     assert target["state_after_take_over"]["owners"]["2"] == "gw-b"
 
 
+def test_a_reservation_made_through_one_gateway_is_reported_and_enforced_through_the_other(kill):
+    _, r = kill
+    host = r["host"]
+    through_a, through_b = host["resv_through_a"], host["resv_through_b"]
+    assert through_a["rtype"] == 1 and through_a["regctlext"] and through_a["regctlext"][0]["rcsts"] == 1, through_a
+    assert through_b == through_a, (through_a, through_b)
+    other = host["other_host_write_through_b"]
+    assert other["returncode"] != 0 and "Reservation Conflict" in other["output"], other
+
+
 def test_a_resize_by_rpc_on_one_gateway_reaches_the_host_on_both_paths(kill):
     _, r = kill
     host = r["host"]
