@@ -148,14 +148,14 @@ test-blktests: lab
 # holds the lab lock and is not part of `make test`.
 test-two-node: lab
 	flock /tmp/nvmeof-lab.lock env NVMEOF_TWO_NODE=1 $(PYTEST) -p no:cacheprovider -m twonode tests/twonode \
-	  --ignore tests/twonode/test_gateway_group.py
+	  --ignore tests/twonode/test_group_two_node.py
 
 # A gateway group on two guests (docs/gateway-group.md): the Ceph cluster and gateway gw-a on one, gw-b and the
 # kernel host on the other; the owner of an ANA group SIGKILLed under fio verify, then the host's link cut for
 # three leases.  Two boots of about 10 minutes each on 2 cores; not part of `make test`.
 test-group: lab
 	flock /tmp/nvmeof-lab.lock env NVMEOF_TWO_NODE=1 $(PYTEST) -p no:cacheprovider -m twonode -s \
-	  tests/twonode/test_gateway_group.py
+	  tests/twonode/test_group_two_node.py
 
 # All tiers always run (unit, lab on 6.1, lab subset on 6.12); their summaries are repeated last; the make
 # fails if any failed.
