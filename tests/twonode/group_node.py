@@ -1,6 +1,6 @@
 """One node's side of the gateway group scenarios: `python3 tests/twonode/group_node.py target|host SCENARIO`.
 
-Two guests of `nvmeof-roce lab run --nodes 2` (test_gateway_group.py starts them).  The *target* node (10.99.1.1)
+Two guests of `nvmeof-roce lab run --nodes 2` (test_group_two_node.py starts them).  The *target* node (10.99.1.1)
 runs the development Ceph cluster and gateway gw-a (home of ANA group 2); the *host* node (10.99.1.2) runs gateway
 gw-b (home of ANA group 3) and the kernel host, connected to both gateways (native multipath: a path through
 each).  One subsystem, two RBD namespaces on the native data path: nsid 1 in ANA group 2, nsid 2 in group 3.
