@@ -19,7 +19,7 @@ APT_PACKAGES := qemu-system-x86 debootstrap e2fsprogs cpio xz-utils zstd fio gcc
 	ceph-mon ceph-osd ceph-common python3-rbd python3-rados librbd-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: dist deps-build demo test test-extended test-unit test-lab test-long test-quick test-two-node test-reload-fuzz test-auth-rotation test-trixie test-unit-py313 test-blktests deps venv lab clean-lab help bench-transport bench-native bench-qd1-load test-native test-native-fuzz soak
+.PHONY: dist deps-build demo test test-extended test-unit test-lab test-long test-quick test-two-node test-group test-reload-fuzz test-auth-rotation test-trixie test-unit-py313 test-blktests deps venv lab clean-lab help bench-transport bench-native bench-qd1-load test-native test-native-fuzz soak
 
 # A wheel of this checkout in dist/ (pip install dist/nvmeof_roce-*.whl gives the `nvmeof-roce` command): only the
 # build dependencies, no venv, no lab tools, no plot extras (a production host builds it as it is).
@@ -39,6 +39,7 @@ help:
 	@echo "make test-auth-rotation - rotate a host key by reload and by RPC under fio verify (6.12 lab guest)"
 	@echo "make test-reload-fuzz - 10,000 broken configs reloaded into a running loopback target (about a minute)"
 	@echo "make test-blktests - blktests' nvme group, kernel nvmet vs the userspace target (6.1 and 6.12; >1 h each)"
+	@echo "make test-group - a gateway group on two lab guests: failover under fio verify, resize, reservation, failback, a cut link"
 	@echo "make bench-transport - Python µs per 4 KiB read through the RDMA transport (lab, fake device)"
 	@echo "make bench-native - instructions and allocations per 4 KiB I/O, native vs Python data path (callgrind)"
 	@echo "make bench-qd1-load - QD1 latency, ours (interrupt, adaptive) vs nvmet, BENCH_QD1_HOG busy loops beside (lab)"
