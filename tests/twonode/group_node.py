@@ -84,7 +84,7 @@ def gateway_config(name, address, home, seed):
                                         "lease": LEASE}}}
     if seed:
         def rbd(nsid, image, grpid):
-            return {"nsid": nsid, "ana_grpid": grpid, "nvmeof_roce": {
+            return {"nsid": nsid, "ana_grpid": grpid, "resv": {"enable": "1"}, "nvmeof_roce": {
                 "backend": "rbd", "rbd": {"pool": "rbd", "image": image, "conf": CONF, "native": True}}}
         config["subsystems"] = [{"nqn": NQN, "attr": {"allow_any_host": "1"},
                                  "namespaces": [rbd(1, "gw1", 2), rbd(2, "gw2", 3)]}]
