@@ -51,6 +51,18 @@ _closers: List[threading.Thread] = []
 announce_hooks: List[Callable[[str], None]] = []
 
 
+# python3-rados objects whose close failed (a blocklisted client: "connection was shutdown"): freeing them later
+# frees librados memory twice (measured: "corrupted double-linked list" at the next collection), so they are kept
+# referenced for the life of the process, which a fenced gateway ends with os._exit (service/serve.py).
+_unclosable: List[object] = []
+
+
+def keep_unclosable(obj) -> None:
+    if obj is not None:
+        with _lock:
+            _unclosable.append(obj)
+
+
 def announce(addrs: str) -> None:
     """A new client of this process (`Rados.get_addrs()`, a native handle's `addrs()`): tell the hooks first."""
     for hook in list(announce_hooks):

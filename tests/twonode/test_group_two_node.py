@@ -1,7 +1,8 @@
 """A gateway group on two lab guests (tests/twonode/group_node.py): the Ceph cluster and gateway gw-a on one, gateway
 gw-b and the kernel host on the other; one subsystem, two RBD namespaces in two ANA groups.
 
-`kill`: the owner of ANA group 2 SIGKILLed under fio verify; `cut`: the host node's link down for three leases.
+`kill`: the owner of ANA group 2 SIGKILLed under fio verify; `cut`: gw-b's node cut from the Ceph cluster (RoCE
+still up) for a few leases.
 The checks read what the nodes left in the share: results, both gateways' logs."""
 import datetime
 import json
@@ -130,6 +131,7 @@ def test_the_isolated_gateway_stops_before_the_survivor_takes_over_and_nothing_i
           f"({stopped - host['cut_at'] + host['clock_offset']:.1f} s after the cut)")
     assert stopped < took, (stopped, took)
     assert host["fio_2"]["error"] == 0 and host["fio_2"]["returncode"] == 0, host["fio_2"]
+    assert two_paths(host["paths_after_cut"]["2"], TARGET_IP), host["paths_after_cut"]
     assert host["gw_b_exit"] == 75, host["gw_b_exit"]  # fenced: EXIT_FENCED, for its unit to restart it
     assert "fenced" in (share / "gw-b.log").read_text()
     assert target["state_at_end"]["owners"]["3"] == "gw-a"

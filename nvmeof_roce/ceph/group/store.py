@@ -280,7 +280,8 @@ class GroupWatch:
         try:
             handle.close()
         except Exception:
-            pass
+            from ..clients import keep_unclosable
+            keep_unclosable(handle)  # freeing a watch whose close failed frees librados memory twice
 
     def _run(self) -> None:
         while not self._closed.is_set():

@@ -200,7 +200,7 @@ class RbdBackend(Backend):
                     if self._watch is not None:
                         self._watch.close()
                 except Exception:
-                    pass
+                    clients.keep_unclosable(self._watch)
                 try:
                     self._watch = self._watch_ioctx.watch(self._header, self._on_notify, self._on_watch_error)
                     self._rewatch, delay = False, 1.0
