@@ -39,7 +39,7 @@ help:
 	@echo "make test-auth-rotation - rotate a host key by reload and by RPC under fio verify (6.12 lab guest)"
 	@echo "make test-reload-fuzz - 10,000 broken configs reloaded into a running loopback target (about a minute)"
 	@echo "make test-blktests - blktests' nvme group, kernel nvmet vs the userspace target (6.1 and 6.12; >1 h each)"
-	@echo "make test-group - a gateway group on two lab guests: failover under fio verify, resize, reservation, failback, a cut link"
+	@echo "make test-group - a gateway group on two lab guests: failover under fio verify, resize, reservation, failback, a gateway cut from the cluster"
 	@echo "make bench-transport - Python µs per 4 KiB read through the RDMA transport (lab, fake device)"
 	@echo "make bench-native - instructions and allocations per 4 KiB I/O, native vs Python data path (callgrind)"
 	@echo "make bench-qd1-load - QD1 latency, ours (interrupt, adaptive) vs nvmet, BENCH_QD1_HOG busy loops beside (lab)"
