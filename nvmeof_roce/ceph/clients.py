@@ -14,6 +14,7 @@ client) on a thread of its own; `wait_closed` joins those threads (at the servic
 from __future__ import annotations
 
 import atexit
+import ctypes
 import logging
 import threading
 import time
@@ -51,16 +52,13 @@ _closers: List[threading.Thread] = []
 announce_hooks: List[Callable[[str], None]] = []
 
 
-# python3-rados objects whose close failed (a blocklisted client: "connection was shutdown"): freeing them later
-# frees librados memory twice (measured: "corrupted double-linked list" at the next collection), so they are kept
-# referenced for the life of the process, which a fenced gateway ends with os._exit (service/serve.py).
-_unclosable: List[object] = []
-
-
 def keep_unclosable(obj) -> None:
+    """A python3-rados object whose close failed (a blocklisted client's watch: "connection was shutdown") is never
+    freed: its dealloc would close it again, and librados frees its memory twice (Ceph 16.2: "corrupted double-linked
+    list", the process aborted; measured with a blocklisted client's watch).  One reference more, never given
+    back, even at the interpreter's exit."""
     if obj is not None:
-        with _lock:
-            _unclosable.append(obj)
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
 
 def announce(addrs: str) -> None:

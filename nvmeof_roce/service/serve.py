@@ -235,12 +235,6 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
     finally:
         ops.close()
         log.info("%s", server.status_line(recent=False))
-        if member is not None and member.fenced:
-            # blocklisted: its RADOS clients' objects fail to close, and librados frees memory twice when they
-            # are freed anyway (Ceph 16.2), so the process ends here; the kernel releases its RDMA resources
-            print("nvmeof-roce target: stopped (fenced by the group)", flush=True)
-            logging.shutdown()
-            os._exit(server.exit_code)
         if member is not None:
             member.close()  # its leases released: a survivor takes the groups at once
         server.close()
