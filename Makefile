@@ -19,7 +19,7 @@ APT_PACKAGES := qemu-system-x86 debootstrap e2fsprogs cpio xz-utils zstd fio gcc
 	ceph-mon ceph-osd ceph-common python3-rbd python3-rados librbd-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: dist deps-build demo test test-extended test-unit test-lab test-long test-quick test-two-node test-reload-fuzz test-auth-rotation test-trixie test-unit-py313 test-blktests deps venv lab clean-lab help bench-transport bench-native bench-qd1-load test-native test-native-fuzz soak
+.PHONY: dist deps-build demo test test-extended test-unit test-lab test-long test-quick test-two-node test-group test-reload-fuzz test-auth-rotation test-trixie test-unit-py313 test-blktests deps venv lab clean-lab help bench-transport bench-native bench-qd1-load test-native test-native-fuzz soak
 
 # A wheel of this checkout in dist/ (pip install dist/nvmeof_roce-*.whl gives the `nvmeof-roce` command): only the
 # build dependencies, no venv, no lab tools, no plot extras (a production host builds it as it is).
@@ -39,6 +39,7 @@ help:
 	@echo "make test-auth-rotation - rotate a host key by reload and by RPC under fio verify (6.12 lab guest)"
 	@echo "make test-reload-fuzz - 10,000 broken configs reloaded into a running loopback target (about a minute)"
 	@echo "make test-blktests - blktests' nvme group, kernel nvmet vs the userspace target (6.1 and 6.12; >1 h each)"
+	@echo "make test-group - a gateway group on two lab guests: failover under fio verify, resize, reservation, failback, a gateway cut from the cluster"
 	@echo "make bench-transport - Python µs per 4 KiB read through the RDMA transport (lab, fake device)"
 	@echo "make bench-native - instructions and allocations per 4 KiB I/O, native vs Python data path (callgrind)"
 	@echo "make bench-qd1-load - QD1 latency, ours (interrupt, adaptive) vs nvmet, BENCH_QD1_HOG busy loops beside (lab)"
@@ -147,7 +148,15 @@ test-blktests: lab
 # capture, a lossy link, an MTU mismatch.  Boots two guests per scenario (about 8 min in all on 2 cores), so it
 # holds the lab lock and is not part of `make test`.
 test-two-node: lab
-	flock /tmp/nvmeof-lab.lock env NVMEOF_TWO_NODE=1 $(PYTEST) -p no:cacheprovider -m twonode tests/twonode
+	flock /tmp/nvmeof-lab.lock env NVMEOF_TWO_NODE=1 $(PYTEST) -p no:cacheprovider -m twonode tests/twonode \
+	  --ignore tests/twonode/test_group_two_node.py
+
+# A gateway group on two guests (docs/gateway-group.md): the Ceph cluster and gateway gw-a on one, gw-b and the
+# kernel host on the other; the owner of an ANA group SIGKILLed under fio verify, then the host's link cut for
+# three leases.  Two boots of about 10 minutes each on 2 cores; not part of `make test`.
+test-group: lab
+	flock /tmp/nvmeof-lab.lock env NVMEOF_TWO_NODE=1 $(PYTEST) -p no:cacheprovider -m twonode -s \
+	  tests/twonode/test_group_two_node.py
 
 # All tiers always run (unit, lab on 6.1, lab subset on 6.12); their summaries are repeated last; the make
 # fails if any failed.

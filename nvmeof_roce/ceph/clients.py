@@ -14,6 +14,7 @@ client) on a thread of its own; `wait_closed` joins those threads (at the servic
 from __future__ import annotations
 
 import atexit
+import ctypes
 import logging
 import threading
 import time
@@ -46,6 +47,24 @@ _clients: Dict[Key, ClusterClient] = {}
 _connecting: Dict[Key, threading.Lock] = {}
 _failed: Dict[Key, Tuple[float, BaseException]] = {}
 _closers: List[threading.Thread] = []
+# Called with every new RADOS client's addresses before it serves (a gateway of a group publishes them, so a
+# survivor fences them all: service/group.py); one that raises keeps the client from serving.
+announce_hooks: List[Callable[[str], None]] = []
+
+
+def keep_unclosable(obj) -> None:
+    """A python3-rados object whose close failed (a blocklisted client's watch: "connection was shutdown") is never
+    freed: its dealloc would close it again, and librados frees its memory twice (Ceph 16.2: "corrupted double-linked
+    list", the process aborted; measured with a blocklisted client's watch).  One reference more, never given
+    back, even at the interpreter's exit."""
+    if obj is not None:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+
+
+def announce(addrs: str) -> None:
+    """A new client of this process (`Rados.get_addrs()`, a native handle's `addrs()`): tell the hooks first."""
+    for hook in list(announce_hooks):
+        hook(addrs)
 
 
 def acquire(key: Key, conf: Dict[str, str], timeout: float) -> ClusterClient:
@@ -72,6 +91,11 @@ def acquire(key: Key, conf: Dict[str, str], timeout: float) -> ClusterClient:
         except BaseException as exc:
             with _lock:
                 _failed[key] = (time.monotonic(), exc)
+            _shutdown(r, key)
+            raise
+        try:
+            announce(r.get_addrs())
+        except BaseException:
             _shutdown(r, key)
             raise
         client = ClusterClient(key, r)

@@ -17,6 +17,7 @@ from .. import shipped
 from ..tunables import QID_MAX, TARGET_SETTINGS
 from .errors import ConfigError, raise_all
 from .keys import KEYRING, check_keyring
+from .group import GROUP_KEY, parse_group
 from .backends import KINDS, kind_of, names as backend_names
 from .model import (ADRFAMS, ANA_GRPID_MAX, ANA_STATES, BLOCK_SIZES, CNTLID_MAX, DEFAULT_MODEL, DEFAULT_TRTYPE,
                     DEFAULT_TRSVCID, DISCOVERY_NQN, MAX_BLOCKS, MAX_INLINE_DATA_SIZE, NSID_MAX, NS_IO_ENGINES,
@@ -337,9 +338,11 @@ def parse_config_collect(data: dict, source: str = "<config>"):
     attempt(ctx.unknown, data, _TOP_KEYS, "")
     attempt(_check_discovery, ctx, data.get("discovery"))
     cfg.userspace = attempt(ctx.dict_at, data.get(USERSPACE_KEY), USERSPACE_KEY) or {}
-    attempt(ctx.unknown, cfg.userspace, set(TARGET_SETTINGS) | WORKER_KEYS | {KEYRING}, USERSPACE_KEY)
+    attempt(ctx.unknown, cfg.userspace, set(TARGET_SETTINGS) | WORKER_KEYS | {KEYRING, GROUP_KEY}, USERSPACE_KEY)
     if KEYRING in cfg.userspace:
         attempt(check_keyring, cfg.userspace[KEYRING], source)
+    if GROUP_KEY in cfg.userspace:  # a gateway of a group (docs/gateway-group.md)
+        cfg.group = attempt(parse_group, cfg.userspace[GROUP_KEY], source)
     for name, setting in TARGET_SETTINGS.items():
         if name in cfg.userspace:
             value = attempt(ctx.int_at, cfg.userspace[name], f"{USERSPACE_KEY}.{name}", setting.low, setting.high)

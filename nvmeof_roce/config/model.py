@@ -11,7 +11,7 @@ import os
 import re
 import uuid as uuidlib
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from ..errors import NvmeofError
 from ..nvme.command import NSID_MAX  # the schema's limit, for the loader and the config's users
@@ -19,6 +19,9 @@ from ..nvme.fabrics import DISCOVERY_NQN, MAX_CNTLID as CNTLID_MAX, NQN_MAX_LENG
 from ..transport.registry import FABRICS
 from ..tunables import TARGET_SETTINGS
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .group import GroupSettings
 
 ANA_GRPID_MAX = 128          # NVMET_MAX_ANAGRPS
 PORTID_MAX = 0xFFFF          # configfs ports/<u16>
@@ -412,6 +415,7 @@ class TargetConfig:
     host_entries: List[HostConfig] = field(default_factory=list)
     userspace: dict = field(default_factory=dict)
     settings: TargetSettings = field(default_factory=TargetSettings)
+    group: Optional["GroupSettings"] = None  # nvmeof_roce.group: a gateway of a group (config/group.py)
 
     def subsystem(self, nqn: str) -> Optional[SubsystemConfig]:
         return next((s for s in self.subsystems if s.nqn == nqn), None)

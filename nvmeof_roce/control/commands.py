@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 import os
 import sys
 from typing import Any, Dict, Optional
@@ -430,6 +431,22 @@ def _data_path(s: dict) -> str:
             + why)
 
 
+def _print_group(g: dict) -> None:
+    """A gateway group as this gateway sees it (service/group.py status)."""
+    print()
+    print(f"gateway group {g['group']}: this gateway {g['gateway']}{' (FENCED)' if g['fenced'] else ''}, members "
+          f"{', '.join(g['members']) or 'none'}, lease {g['lease_seconds']} s, failback {g['failback']}, "
+          f"epoch {g['epoch']}")
+    rows = [[a["ana_group"], a["home"], a["owner"] or "-", a["here"], a["lease"],
+             "-" if a["serving_for"] is None else f"{a['serving_for']:.1f} s", a["failback"] or "-"]
+            for a in g["ana_groups"]]
+    print(table(["ANA GROUP", "HOME", "OWNER", "HERE", "LEASE", "SERVES FOR", "FAILBACK TO"], rows))
+    for e in g["events"][-5:]:
+        when = time.strftime("%H:%M:%S", time.localtime(e["at"]))
+        more = ", ".join(f"{k} {v}" for k, v in e.items() if k not in ("event", "ana_group", "at"))
+        print(f"  {when} ANA group {e['ana_group']}: {e['event'].replace('_', ' ')}{' (' + more + ')' if more else ''}")
+
+
 def _print_status(s: dict) -> None:
     print(f"target {s['config']}  (socket {s['socket']}, discovery generation {s['genctr']}, "
           f"{s['in_flight']} command(s) in flight, {s['internal_errors']} internal error(s), "
@@ -462,6 +479,8 @@ def _print_status(s: dict) -> None:
             print(f"{sub['nqn']} namespace {p['nsid']} ({p['backend']}): not served yet, {p['state']} (attempt "
                   f"{p['attempts']}, next in {p['next_try_s']:g} s): {p['reason']}" + (f"\n  fix: {p['fix']}"
                                                                                      if p.get("fix") else ""))
+    if s.get("group"):
+        _print_group(s["group"])
     resv_rows = []
     for sub in s["subsystems"]:
         for ns in sub["namespaces"]:

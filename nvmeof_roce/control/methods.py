@@ -54,6 +54,7 @@ class Control(SubsystemMethods, NamespaceMethods, HostMethods, TransportMethods,
         target.tick_hooks.append(self.sampler.tick)
         self._applying: Optional[live.Applying] = None  # the change the method being called made, if any
         self.transport_params: Dict[str, int] = {}  # nvmf_create_transport's port parameters, for new listeners
+        self.group = None  # service/group.py GroupMember: this target is a gateway of a group
         self.methods: Dict[str, Callable[[Any], Any]] = {}
         for name in dir(self):
             if name.startswith("rpc_"):
@@ -61,6 +62,14 @@ class Control(SubsystemMethods, NamespaceMethods, HostMethods, TransportMethods,
 
     # -- dispatch: the server's one call per request (protocol.py answers it)
     def call(self, method: str, params: Any = None) -> Any:
+        if self.group is not None and self.group.shares(method):
+            # a gateway of a group: the change is made under the group's lock and published before the answer
+            answer = DeferredAnswer()
+            self.group.run_change(lambda: self._call(method, params), answer)
+            return answer
+        return self._call(method, params)
+
+    def _call(self, method: str, params: Any = None) -> Any:
         fn = self.methods.get(method)
         if fn is None:
             raise RpcError(f"method {method!r} not found", "method",
@@ -156,7 +165,7 @@ class Control(SubsystemMethods, NamespaceMethods, HostMethods, TransportMethods,
 
     def reload(self, path: str, dry_run: bool = False) -> dict:
         try:
-            new = load_userspace_config(path)
+            new = load_userspace_config(path) if self.group is None else self.group.config_with(path)
             host_auth = auth.host_settings(new)
         except ConfigError as exc:
             raise RpcError(exc.problem, exc.where or "path", exc.fix) from None

@@ -19,6 +19,9 @@ called on the target itself: `target.install_namespace(nqn, ns)`.
     config       rebind (running objects follow a new config), discovery_views + discovery_changed (genctr, notices)
     controllers  end_controller (engine/core.py): end one now; end_controllers_without_access: after a change, the
                  engine decides whose host lost its way to a subsystem (allow-list, port, export) and ends them
+    reservations save_reservations / restore_reservations (PTPL), set_reservations, reservation_status; a gateway
+                 of a group: attach_shared_reservations (the group's store, engine/shared_resv.py),
+                 shared_reservations_changed (another gateway's records), detach_shared_reservations
 
 A change fences only the namespaces it changes: they are paused (their new I/O commands wait, never failed,
 never dropped, and start on resume in arrival order) and the change commits once the commands that started
@@ -43,7 +46,7 @@ from ..nvme import admin as A
 from ..transport.lifecycle import FREE
 from ..errors import NvmeofError
 from ..tunables import TARGET_SETTINGS
-from . import fast_path_view, reservations
+from . import fast_path_view, reservations, shared_resv
 from .ana import DEFAULT_GRPID, set_ana_state as _set_ana_state  # noqa: F401 (DEFAULT_GRPID: for the control plane)
 from .backends import BackendError, open_backend
 from .discovery import discovery_entries
@@ -516,6 +519,31 @@ class EngineApi:
                           nsid, exc)
         self._refresh_views(self.subsystems[nqn])
 
+    def attach_shared_reservations(self, store, records) -> None:
+        """A gateway of a group: from now on the reservations are `store`'s (engine/shared_resv.py's
+        SharedReservations), and `records` ({(nqn, nsid): record}, as the store has them now) replace every
+        namespace's state (a namespace without one is cleared)."""
+        self.detach_shared_reservations()
+        self.shared_reservations = store
+        self.resv_sync = shared_resv.SharedSync(self, store)
+        self.tick_hooks.append(self.resv_sync.tick)
+        self.resv_sync.changed(records, force=True)
+
+    def shared_reservations_changed(self, records) -> None:
+        """The group's store has these records ({(nqn, nsid): record}): those newer than this gateway's copy are
+        applied (fenced and told as a change made here is)."""
+        if self.resv_sync is not None:
+            self.resv_sync.changed(records)
+
+    def detach_shared_reservations(self, wait: bool = False) -> None:
+        """The reservations are this target's own again (in memory, as they are now).  `wait`: for the store
+        calls running (blocking, up to their own bound: not on a loop that serves)."""
+        sync, self.resv_sync, self.shared_reservations = self.resv_sync, None, None
+        if sync is not None:
+            if sync.tick in self.tick_hooks:
+                self.tick_hooks.remove(sync.tick)
+            sync.close(wait)
+
     def reservation_status(self, nqn: str, nsid: int) -> dict:
         """A namespace's reservation state (the RPC and `target status`); KeyError if there is no such namespace,
         ValueError if it has no reservations."""
@@ -523,7 +551,10 @@ class EngineApi:
         if ns.resv is None:
             raise ValueError(f"{nqn} namespace {nsid} has no reservations (its config has no \"resv\": "
                              "{\"enable\": \"1\"})")
-        return ns.resv.status()
+        status = ns.resv.status()
+        if self.resv_sync is not None:
+            status["shared"] = self.resv_sync.status(ns)  # the group's record's version here, and in force
+        return status
 
     # -------------------------------------------------------------------------------------------- ports
     def open_port(self, port: PortConfig):

@@ -151,6 +151,10 @@ class Target(EngineApi):
         # Where reservations that persist through power loss are kept (engine/reservations.py); None: a host's
         # PTPL is refused, and a restart clears every reservation
         self.reservation_file = reservation_file
+        # A gateway of a group: the store every gateway keeps the reservations in (engine/shared_resv.py's
+        # SharedReservations), and the engine's side of it; None (a target alone): each in memory, here
+        self.shared_reservations = None
+        self.resv_sync = None
         self.file_lock = file_lock  # "shared" in the workers of `serve --workers` (backends.FileBackend._lock)
         self.clock = clock
         self.limits = limits or ResourceLimits()
@@ -266,6 +270,7 @@ class Target(EngineApi):
             return
         self.closed = True
         self.pending.close()
+        self.detach_shared_reservations()
         for ctrl in self.controllers():
             self.end_controller(ctrl, "target shutting down")
         for qs in list(self._queues.values()):

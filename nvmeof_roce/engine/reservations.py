@@ -17,13 +17,18 @@ when a Write's or a Dataset Management's data arrived (engine/io.py), so a comma
 reservation changed never reaches the medium after it in conflict.  A transport's fast path serves a namespace for
 a controller only where its host may both read and write (`may_read_write`, engine/fast_path_view.py); each change
 replaces the views of the subsystem's fast-path queues before the command that made it completes.
+
+The commands decide on a state alone (`decide_register`, `decide_acquire`, `decide_release`: a `Decision`), so
+that the gateways of a group decide on the state the group's store holds, each change made atomically there and
+applied by every gateway (engine/shared_resv.py; `Target.shared_reservations`, None for a target alone).
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from functools import partial
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from ..nvme import admin as A
 from ..nvme import identify as I
@@ -78,6 +83,8 @@ class Reservation:
         self.rtype = 0
         self.generation = 0
         self.ptpl = False
+        # A gateway group's (engine/shared_resv.py): the version of the group's record this state is (0: none)
+        self.version = 0
 
     # -- the conflict table
     def role(self, hostid: bytes) -> str:
@@ -150,10 +157,16 @@ def conflict_status(ns, ctrl, opc: int) -> int:
 
 
 def rescap(t: "Target", ns) -> int:
-    """Identify Namespace RESCAP: every type and IEKEY, and PTPL when the target has a reservation file."""
+    """Identify Namespace RESCAP: every type and IEKEY, and PTPL when the target offers it (`ptpl_offered`)."""
     if ns.resv is None:
         return 0
-    return RESCAP_TYPES | I.RESCAP_IEKEY_13 | (I.RESCAP_PTPL if t.reservation_file else 0)
+    return RESCAP_TYPES | I.RESCAP_IEKEY_13 | (I.RESCAP_PTPL if ptpl_offered(t) else 0)
+
+
+def ptpl_offered(t: "Target") -> bool:
+    """Whether hosts may ask for PTPL: the target has a reservation file to keep the state in, and is no gateway
+    of a group (whose state lives in RADOS, outliving any one gateway, whatever a host asks)."""
+    return bool(t.reservation_file) and t.resv_sync is None
 
 
 # ---------------------------------------------------------------------------------------------------- commands
@@ -174,22 +187,31 @@ def _reservation(t: "Target", req: Request, data_len: int) -> Optional[Reservati
     return resv
 
 
-def _keyed(t: "Target", req: Request, key: int, iekey: bool = False,
-           unregistered_ok: bool = False) -> Optional[Reservation]:
-    """The check Register, Acquire and Release make when their data has arrived: the namespace's reservation if
-    the command's host is registered with `key` (with any key under IEKEY; or not registered at all, for
-    Register's register action), else None after answering: Invalid Namespace for a namespace removed since the
-    command started, Reservation Conflict for a host not registered or registered with another key."""
-    ns = req.ns
-    if ns.removed:
-        t.complete(req, S.INVALID_NS | S.DNR)
-        return None
-    current = ns.resv.registrants.get(req.queue.ctrl.hostid)
+class Decision:
+    """What a Register, Acquire or Release decided on a reservation state (the `decide_*` functions): a status
+    (0: done; then the state was changed in place if `changed`), the notices to send, and the hosts whose waiting
+    commands a Preempt and Abort aborts.  Computed on the state alone, so that a gateway group computes it again
+    on the state as the group's store has it (engine/shared_resv.py)."""
+
+    __slots__ = ("status", "location", "notices", "aborted", "changed")
+
+    def __init__(self, status: int = 0, location: int = NO_LOCATION, notices: Optional[list] = None,
+                 aborted: Optional[list] = None, changed: bool = False):
+        self.status, self.location, self.changed = status, location, changed
+        self.notices: List[Tuple[bytes, int]] = notices or []
+        self.aborted: List[bytes] = aborted or []
+
+
+UNCHANGED = Decision()
+
+
+def _key_status(resv: Reservation, hostid: bytes, key: int, iekey: bool = False,
+                unregistered_ok: bool = False) -> int:
+    """The check Register, Acquire and Release make on the state: 0 if the host is registered with `key` (with
+    any key under IEKEY; or not registered at all, for Register's register action), else Reservation Conflict."""
+    current = resv.registrants.get(hostid)
     allowed = unregistered_ok if current is None else iekey or current == key
-    if not allowed:
-        t.complete(req, CONFLICT)
-        return None
-    return ns.resv
+    return 0 if allowed else CONFLICT
 
 
 @COMMANDS.handles(NVM_RESV_REGISTER)
@@ -199,22 +221,27 @@ def _register(t: "Target", req: Request) -> Outcome:
     action, cptpl = req.cdw10 & 7, req.cdw10 >> R.CPTPL_SHIFT
     if action > R.REPLACE or cptpl == 1:
         return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
-    if cptpl == R.CPTPL_SET and not t.reservation_file:
+    if cptpl == R.CPTPL_SET and not ptpl_offered(t):
         log.warning("namespace %d: a host asked for PTPL, but the target has no reservation file to keep it in "
-                    "(`target serve` keeps it beside its config)", req.ns.nsid)
+                    "(`target serve` keeps it beside its config; a gateway group keeps the state in RADOS and "
+                    "offers no PTPL)", req.ns.nsid)
         return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
     return t.fetch(req, R.KEY_DATA_SIZE, _register_data)
 
 
 def _register_data(t: "Target", req: Request, data) -> Outcome:
     crkey, nrkey = R.KEYS.unpack(bytes(data[:R.KEY_DATA_SIZE]))
-    action, iekey, cptpl = req.cdw10 & 7, bool(req.cdw10 & R.IEKEY), req.cdw10 >> R.CPTPL_SHIFT
+    return _decide(t, req, partial(decide_register, hostid=req.queue.ctrl.hostid, cdw10=req.cdw10, crkey=crkey,
+                                   nrkey=nrkey))
+
+
+def decide_register(resv: Reservation, hostid: bytes, cdw10: int, crkey: int, nrkey: int) -> Decision:
+    action, iekey, cptpl = cdw10 & 7, bool(cdw10 & R.IEKEY), cdw10 >> R.CPTPL_SHIFT
     # Register: a host registered already may only repeat its key (Replace changes it)
-    resv = _keyed(t, req, nrkey, unregistered_ok=True) if action == R.REGISTER else _keyed(t, req, crkey, iekey)
-    if resv is None:
-        return COMPLETED
-    hostid = req.queue.ctrl.hostid
-    before = resv.snapshot()
+    status = _key_status(resv, hostid, nrkey, unregistered_ok=True) if action == R.REGISTER else \
+        _key_status(resv, hostid, crkey, iekey)
+    if status:
+        return Decision(status)
     notices: List[Tuple[bytes, int]] = []
     if action == R.REGISTER:
         resv.registrants[hostid] = nrkey
@@ -227,7 +254,7 @@ def _register_data(t: "Target", req: Request, data) -> Outcome:
         resv.ptpl = True
     elif cptpl == R.CPTPL_CLEAR:
         resv.ptpl = False
-    return _changed(t, req, before, notices)
+    return Decision(notices=notices, changed=True)
 
 
 @COMMANDS.handles(NVM_RESV_ACQUIRE)
@@ -243,27 +270,28 @@ def _acquire(t: "Target", req: Request) -> Outcome:
 
 def _acquire_data(t: "Target", req: Request, data) -> Outcome:
     crkey, prkey = R.KEYS.unpack(bytes(data[:R.KEY_DATA_SIZE]))
-    resv = _keyed(t, req, crkey)
-    if resv is None:
-        return COMPLETED
-    ns, hostid = req.ns, req.queue.ctrl.hostid
-    action, rtype = req.cdw10 & 7, (req.cdw10 >> 8) & 0xFF
-    before = resv.snapshot()
+    return _decide(t, req, partial(decide_acquire, hostid=req.queue.ctrl.hostid, cdw10=req.cdw10, crkey=crkey,
+                                   prkey=prkey))
+
+
+def decide_acquire(resv: Reservation, hostid: bytes, cdw10: int, crkey: int, prkey: int) -> Decision:
+    status = _key_status(resv, hostid, crkey)
+    if status:
+        return Decision(status)
+    action, rtype = cdw10 & 7, (cdw10 >> 8) & 0xFF
     if action == R.ACQUIRE:
         if resv.holder is not None:
             if resv.holds(hostid) and resv.rtype == rtype:
-                return t.complete(req, 0)  # already held as asked: nothing changes
-            return t.complete(req, CONFLICT)
+                return UNCHANGED  # already held as asked: nothing changes
+            return Decision(CONFLICT)
         resv.holder, resv.rtype = hostid, rtype
-        return _changed(t, req, before, [])
+        return Decision(changed=True)
     outcome = _preempt(resv, hostid, rtype, prkey)
     if isinstance(outcome, int):
-        return t.complete(req, outcome, location=LOC_CDW10 if outcome & ~S.DNR == S.INVALID_FIELD else NO_LOCATION)
+        return Decision(outcome, LOC_CDW10 if outcome & ~S.DNR == S.INVALID_FIELD else NO_LOCATION)
     preempted, notices = outcome
     resv.generation += 1
-    if action == R.PREEMPT_AND_ABORT:
-        _abort_waiting(t, ns, preempted)
-    return _changed(t, req, before, notices)
+    return Decision(notices=notices, aborted=preempted if action == R.PREEMPT_AND_ABORT else [], changed=True)
 
 
 def _preempt(resv: Reservation, hostid: bytes, rtype: int, prkey: int):
@@ -350,28 +378,51 @@ def _release(t: "Target", req: Request) -> Outcome:
 
 
 def _release_data(t: "Target", req: Request, data) -> Outcome:
-    resv = _keyed(t, req, int.from_bytes(bytes(data[:8]), "little"))
-    if resv is None:
-        return COMPLETED
-    hostid = req.queue.ctrl.hostid
-    action, rtype = req.cdw10 & 7, (req.cdw10 >> 8) & 0xFF
-    before = resv.snapshot()
+    crkey = int.from_bytes(bytes(data[:8]), "little")
+    return _decide(t, req, partial(decide_release, hostid=req.queue.ctrl.hostid, cdw10=req.cdw10, crkey=crkey))
+
+
+def decide_release(resv: Reservation, hostid: bytes, cdw10: int, crkey: int) -> Decision:
+    status = _key_status(resv, hostid, crkey)
+    if status:
+        return Decision(status)
+    action, rtype = cdw10 & 7, (cdw10 >> 8) & 0xFF
     if action == R.CLEAR:
         notices = [(h, R.LOG_RESERVATION_PREEMPTED) for h in resv.registrants if h != hostid]
         resv.registrants.clear()
         resv.holder, resv.rtype = None, 0
         resv.generation += 1
-        return _changed(t, req, before, notices)
+        return Decision(notices=notices, changed=True)
     if not resv.holds(hostid):
-        return t.complete(req, 0)  # nothing of this host's to release
+        return UNCHANGED  # nothing of this host's to release
     if rtype != resv.rtype:
-        return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
+        return Decision(S.INVALID_FIELD | S.DNR, LOC_CDW10)
     old = resv.rtype
     resv.holder, resv.rtype = None, 0
     notices = []
     if old not in (R.WRITE_EXCLUSIVE, R.EXCLUSIVE_ACCESS):
         notices = [(h, R.LOG_RESERVATION_RELEASED) for h in resv.registrants if h != hostid]
-    return _changed(t, req, before, notices)
+    return Decision(notices=notices, changed=True)
+
+
+def _decide(t: "Target", req: Request, decide: Callable[[Reservation], Decision]) -> Outcome:
+    """A Register, Acquire or Release whose data arrived: `decide` on the namespace's state, then answer.  In a
+    gateway group (`t.resv_sync`) it is decided on the state as the group's store has it, off the loop
+    (engine/shared_resv.py); here, on the target's own state, and a change goes through `_changed`."""
+    ns = req.ns
+    if ns.removed:  # removed since the command started
+        return t.complete(req, S.INVALID_NS | S.DNR)
+    if t.resv_sync is not None:
+        return t.resv_sync.run(req, decide)
+    resv = ns.resv
+    before = resv.snapshot()
+    decision = decide(resv)
+    if decision.status:
+        return t.complete(req, decision.status, location=decision.location)
+    if not decision.changed:
+        return t.complete(req, 0)
+    _abort_waiting(t, ns, decision.aborted)
+    return _changed(t, req, before, decision.notices)
 
 
 @COMMANDS.handles(NVM_RESV_REPORT)
@@ -383,6 +434,8 @@ def _report(t: "Target", req: Request) -> Outcome:
         return t.complete(req, S.HOST_ID_INCONSISTENT | S.DNR, location=LOC_CDW11)
     if length > t.max_transfer:
         return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW10)
+    if t.resv_sync is not None:  # a gateway group: the state as the group's store has it now
+        return t.resv_sync.report(req, lambda resv: t.complete(req, 0, data=report(resv).pack(length)))
     return t.complete(req, 0, data=report(req.ns.resv).pack(length))
 
 
@@ -469,7 +522,7 @@ def set_feature(t: "Target", req: Request, fid: int) -> Outcome:
         return COMPLETED
     resv = ns.resv
     ptpl = bool(value & 1)
-    if ptpl and not t.reservation_file:
+    if ptpl and not ptpl_offered(t):
         return t.complete(req, S.INVALID_FIELD | S.DNR, location=LOC_CDW11)
     if ptpl != resv.ptpl:
         before = resv.snapshot()

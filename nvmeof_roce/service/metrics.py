@@ -53,6 +53,7 @@ class Metrics:
         self._last = -math.inf
         self.http = None
         self.registry = None
+        self.group = None  # service/group.py GroupMember of a gateway of a group (serve.py sets it)
 
     def tick(self, _now: float = 0.0) -> None:
         now = self.clock()
@@ -78,7 +79,8 @@ class Metrics:
             controllers[key] = controllers.get(key, 0) + 1
             queues[key] = queues.get(key, 0) + len(ctrl.queues())
         return {"namespaces": namespaces, "controllers": controllers, "queues": queues,
-                "internal_errors": self.target.internal_errors, "transport": transport_status(self.server)}
+                "internal_errors": self.target.internal_errors, "transport": transport_status(self.server),
+                "group": self.group.status() if self.group is not None else None}
 
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -142,6 +144,8 @@ class Metrics:
         yield pool_free
         yield pool_used
         yield wc_err
+        if snap.get("group"):
+            yield from group_metrics(snap["group"])
 
     def attach(self):
         """Start taking snapshots on the target's loop; the registry to expose (this, process_*, build info)."""
@@ -168,6 +172,38 @@ class Metrics:
             self.target.tick_hooks.remove(self.tick)
         except ValueError:
             pass
+
+
+def group_metrics(group: dict):
+    """A gateway of a group: per ANA group, whether it is optimized here and how long its lease lets this gateway
+    serve it; the take-overs and hand-backs counted since start (docs/gateway-group.md)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    served = GaugeMetricFamily("nvmeof_roce_group_ana_optimized", "1 when this gateway serves the ANA group",
+                               labels=["group", "ana_group", "owner"])
+    lease = GaugeMetricFamily("nvmeof_roce_group_lease_remaining_seconds",
+                              "How long this gateway may still serve the ANA group without a renew",
+                              labels=["group", "ana_group"])
+    for a in group["ana_groups"]:
+        served.add_metric([group["group"], str(a["ana_group"]), a["owner"] or ""], 1 if a["here"] == "optimized"
+                          else 0)
+        if a["serving_for"] is not None:
+            lease.add_metric([group["group"], str(a["ana_group"])], a["serving_for"])
+    events = CounterMetricFamily("nvmeof_roce_group_events", "Take-overs, hand-backs and stops of ANA groups",
+                                 labels=["group", "event"])
+    for event, n in sorted(group["event_counts"].items()):
+        events.add_metric([group["group"], event], n)
+    yield served
+    yield lease
+    yield events
+    yield _fenced(group)
+
+
+def _fenced(group: dict):
+    from prometheus_client.core import GaugeMetricFamily
+    fam = GaugeMetricFamily("nvmeof_roce_group_fenced", "1 when the group fenced (blocklisted) this gateway",
+                            labels=["group"])
+    fam.add_metric([group["group"]], 1 if group["fenced"] else 0)
+    return fam
 
 
 def _prometheus():

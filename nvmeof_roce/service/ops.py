@@ -85,8 +85,14 @@ def bind_control_socket(config_path: str, rpc_socket: Optional[str]):
 def persist_changes(config, option: Optional[bool], worker: Optional[int] = None) -> bool:
     """Whether live changes are written to the config file: --persist / --no-persist, else the config's
     nvmeof_roce.persist.  A worker of `serve --workers` never writes: its config is derived, its supervisor
-    writes CONFIG once per change."""
+    writes CONFIG once per change.  A gateway of a group never writes either: the group's state in RADOS is
+    what keeps its changes (docs/gateway-group.md)."""
     if worker is not None:
+        return False
+    if config.group is not None:
+        if option:
+            log.warning("--persist: a gateway of a group keeps its changes in the group (RADOS), not in %s",
+                        config.source)
         return False
     return bool(config.settings.persist) if option is None else option
 

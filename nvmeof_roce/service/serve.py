@@ -111,6 +111,7 @@ class TargetServer:
         self.stopping = True
 
     on_stop = None  # ops.py: sd_notify STOPPING=1
+    exit_code = 0  # what serve() returns: service/group.py's EXIT_FENCED when the group fenced this gateway
     should_stop_hook = None  # ops.py: runs a pending SIGHUP reload on the loop
 
     def status_line(self, recent: bool = True) -> str:
@@ -167,6 +168,9 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
           data_path: Optional[str] = None, poll: str = POLL.default, cores: int = CORES.default,
           trace: str = TRACE.default, poll_spin_us: Optional[int] = None, cpus: Optional[str] = None) -> int:
     config = load_userspace_config(path)  # the same loader and checks as `target check`
+    member = None
+    if config.group is not None:  # a gateway of a group: the group's subsystems on this file's ports
+        config, member = join_group(config, path, worker)
     if worker is None:  # a worker of `serve --workers` is pinned by its supervisor
         pin_process(cpus, config)
     for warning in keys.inline_secret_warnings(config, path):
@@ -174,7 +178,12 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
     refuse_kernel_ports(config, listen_portids)
     if worker is not None and not rpc_socket:
         rpc_socket = None  # a worker answers only on the socket its supervisor gives it (RUN_DIR/worker-I.sock)
-    socket_path, bound = bind_control_socket(path, rpc_socket)
+    try:
+        socket_path, bound = bind_control_socket(path, rpc_socket)
+    except BaseException:
+        if member is not None:
+            member.close()
+        raise
     try:
         server = TargetServer(config, limits=limits, remote_invalidate=remote_invalidate,
                               listen_portids=listen_portids,
@@ -185,6 +194,8 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
         if bound is not None:
             bound.close()
             os.unlink(socket_path)
+        if member is not None:
+            member.close()
         raise
     for group in path_groups or ():  # a worker: these ports are one port of the config, one per worker
         ids = [int(x) for x in group.split(",")]
@@ -195,7 +206,14 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
                          bound_socket=bound, persist=persist_changes(config, persist, worker))
     except BaseException:
         server.close()
+        if member is not None:
+            member.close()
         raise
+    if member is not None:
+        ops.control.group = member
+        if ops.metrics is not None:
+            ops.metrics.group = member
+        member.attach(server, ops.control)
     server.on_stop, server.should_stop_hook = ops.stopping, ops.should_stop_hook
     previous = {sig: signal.signal(sig, server.request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     # SIGUSR1 logs a status line (queues, controllers, CM ids kept, free data buffers).  The handler runs
@@ -217,11 +235,29 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
     finally:
         ops.close()
         log.info("%s", server.status_line(recent=False))
+        if member is not None:
+            member.close()  # its leases released: a survivor takes the groups at once
         server.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     print("nvmeof-roce target: stopped", flush=True)
-    return 0
+    return server.exit_code
+
+
+def join_group(config: TargetConfig, path: str, worker: Optional[int]):
+    """Connect to the group's cluster, join it and take the home ANA groups that are free; the config to serve
+    (this file's ports with the group's subsystems) and the member (service/group.py)."""
+    from .group import GroupMember
+    if worker is not None:
+        raise NvmeofError("a gateway of a group runs without --workers", "leave --workers out")
+    member = GroupMember(config.group, config.to_dict())
+    member.connect()
+    try:
+        merged = member.join()
+        return member.parse(merged, path), member
+    except BaseException:
+        member.close()
+        raise
 
 
 def refuse_kernel_ports(config: TargetConfig, listen_portids: Optional[List[int]] = None) -> None:

@@ -4,6 +4,9 @@ target and, directly, from the image through librbd; Flush, FUA, Write Zeroes an
 NGUID from the image; a resize by the engine resizes the image; config refusals name the field; and the native
 data path (csrc/be_rbd.c) on the same cluster, read back with the Python binding."""
 import json
+import subprocess
+import sys
+from pathlib import Path
 import socket
 import time
 
@@ -300,3 +303,53 @@ def test_the_native_path_answers_a_cluster_that_does_not_answer_with_ana_transit
         assert [status_of(c) for c in collect(ep, 1, timeout=40)] == [0]
     finally:
         ep.close()
+
+
+WATCH_CLOSED_TWICE = """
+import gc, json, sys, time
+sys.path.insert(0, sys.argv[2])
+from nvmeof_roce.ceph import clients
+from nvmeof_roce.ceph.bindings import rados_and_rbd
+rados, _ = rados_and_rbd()
+victim = rados.Rados(conffile=sys.argv[1], conf={"rados_osd_op_timeout": "3"})
+victim.connect()
+ioctx = victim.open_ioctx("rbd")
+ioctx.write_full("watched", b"x")
+watch = ioctx.watch("watched", lambda *a: None, lambda *a: None)
+with rados.Rados(conffile=sys.argv[1]) as admin:
+    addr = victim.get_addrs().strip("[]").split(",")[0]
+    addr = addr.split(":", 1)[1] if addr.startswith(("v1:", "v2:", "any:")) else addr
+    admin.mon_command(json.dumps({"prefix": "osd blocklist", "blocklistop": "add", "addr": addr}), b"")
+    admin.wait_for_latest_osdmap()
+try:
+    ioctx.read("watched")  # the client learns it is blocklisted
+except rados.Error:
+    pass
+time.sleep(3)  # and its watch is told (its error callback)
+try:
+    watch.close()
+except rados.Error as exc:
+    print("close failed:", exc)
+    if sys.argv[3] == "keep":
+        clients.keep_unclosable(watch)
+del watch
+gc.collect()
+print("done")
+"""
+
+
+@pytest.mark.parametrize("keep", ["keep", "free"])
+def test_a_watch_whose_close_failed_is_never_freed_for_librados_would_free_it_twice(cluster, tmp_path, keep):
+    """A blocklisted client's watch fails to close; freeing the object closes it again and librados frees its
+    memory twice (the process aborts).  clients.keep_unclosable keeps it: the process ends cleanly.  The "free"
+    case shows the abort the project avoids (if a Ceph release fixes it, that case fails and can go)."""
+    script = tmp_path / "watch.py"
+    script.write_text(WATCH_CLOSED_TWICE)
+    root = str(Path(__file__).resolve().parents[2])
+    proc = subprocess.run([sys.executable, str(script), str(cluster.conf), root, keep], capture_output=True,
+                          text=True, timeout=120)
+    assert "close failed" in proc.stdout, proc.stdout + proc.stderr
+    if keep == "keep":
+        assert proc.returncode == 0 and "done" in proc.stdout, proc.stdout + proc.stderr
+    else:
+        assert proc.returncode != 0, proc.stdout + proc.stderr

@@ -11,6 +11,7 @@ from ...config import DISCOVERY_NQN
 from ...securefile import write_file
 from ...transport import registry
 from ..protocol import RpcError
+from ..server import DeferredAnswer
 from ..stats import controller_status, namespace_status, target_status
 from .params import Params
 from .transports import listen_address
@@ -80,7 +81,32 @@ class StatusMethods:
 
     def rpc_nvmeof_get_status(self, params) -> dict:
         Params("nvmeof_get_status", params, ())
-        return target_status(self.target, self.sampler, self.server, self.socket_path)
+        status = target_status(self.target, self.sampler, self.server, self.socket_path)
+        if self.group is not None:
+            status["group"] = self.group.status()
+        return status
+
+    def rpc_nvmeof_group_status(self, params) -> dict:
+        """A gateway group as this gateway sees it: members, each ANA group's home, owner and lease here, the
+        last take-overs and hand-backs (docs/gateway-group.md)."""
+        Params("nvmeof_group_status", params, ())
+        return self._group_member().status()
+
+    def rpc_nvmeof_group_failback(self, params) -> dict:
+        """Ask the owner of ANA group `ana_group` to hand it back to its home gateway (it stops serving it, its
+        commands drain, it releases the lease, the home takes it)."""
+        p = Params("nvmeof_group_failback", params, ("ana_group",))
+        grpid = p.int("ana_group", required=True)
+        member = self._group_member()
+        answer = DeferredAnswer()  # a RADOS update: off the loop
+        member.off_loop(lambda: member.request_failback(grpid), answer, "ana_group")
+        return answer
+
+    def _group_member(self):
+        if self.group is None:
+            raise RpcError("this target is not a gateway of a group", "method",
+                           'add "group" to the config\'s nvmeof_roce section (docs/gateway-group.md)')
+        return self.group
 
     def rpc_save_config(self, params) -> dict:
         """The running config in the file format (nvmetcli's shape); with `path`, also written there."""

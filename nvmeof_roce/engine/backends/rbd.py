@@ -200,7 +200,7 @@ class RbdBackend(Backend):
                     if self._watch is not None:
                         self._watch.close()
                 except Exception:
-                    pass
+                    clients.keep_unclosable(self._watch)
                 try:
                     self._watch = self._watch_ioctx.watch(self._header, self._on_notify, self._on_watch_error)
                     self._rewatch, delay = False, 1.0
@@ -369,7 +369,12 @@ class RbdBackend(Backend):
 
             def open_native():
                 try:
-                    self._native_result = native.module.RbdImage(*args)
+                    handle = native.module.RbdImage(*args)
+                    try:
+                        clients.announce(handle.addrs() or "")  # a gateway group fences this client too
+                    except Exception as exc:
+                        raise OSError(errno.EPERM, f"its RADOS client could not be announced: {exc}") from None
+                    self._native_result = handle
                 except OSError as exc:
                     self._native_result = exc
                     log.warning("%s: the native data path cannot open it (%s): the core serves it",
@@ -447,14 +452,19 @@ class RbdBackend(Backend):
 
         def stop_watching():
             # the watcher first (it may be reading the size, or registering the watch again: never under a
-            # closing image), then the watch it leaves; the closer holds it no longer while closing it, so a
-            # failed close is tried once more by its dealloc now, while the client is still connected
+            # closing image), then the watch it leaves, closed once: a watch whose close failed is never freed
+            # (clients.keep_unclosable: its dealloc would close it again)
             if watcher is not None:
                 watcher.join()
             held = [self._watch] if self._watch is not None else []
             self._watch = None
             if held:
-                held.pop().close()
+                watch = held.pop()
+                try:
+                    watch.close()
+                except Exception:
+                    clients.keep_unclosable(watch)  # freeing it would close it again: a double free in librados
+                    raise
         steps = [("the header watch", stop_watching), ("the image", image and image.close),
                  ("the pool", ioctx and ioctx.close), ("the client", shared and (lambda: clients.release(shared)))]
 
