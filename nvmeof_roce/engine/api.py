@@ -148,6 +148,25 @@ class EngineApi:
         return self._namespace_change(nqn, ns_config.nsid, new, lambda: self.resize_namespace(nqn, resize), None,
                                       applying, f"resize namespace {ns_config.nsid} to {ns_config.size_bytes} bytes")
 
+    def resize_storage(self, nqn: str, nsid: int, size_bytes: int,
+                       applying: Optional[Applying] = None) -> Applying:
+        """Running namespace `nsid` of subsystem `nqn`, whose size is its storage's (an RBD image), grows or
+        shrinks with it (nvmf_subsystem_resize_ns): the storage is resized now (a ConfigError naming the size if
+        it cannot be), the new size put in use with the namespace paused and drained, the hosts told; the config
+        is unchanged (it has no size for such a namespace)."""
+        self._refuse_while_holding(self.config)
+        ns = self.subsystems[nqn].namespaces[nsid]
+        if ns.num_blocks * ns.block_size == size_bytes:
+            return self._namespace_change(nqn, nsid, self.config, None, None, applying, "")
+        try:
+            install = ns.backend.prepare_resize(size_bytes)
+        except BackendError as exc:
+            raise ConfigError(self.config.source, f"{namespace_where(self.config, nqn, nsid)}.size", exc.message,
+                              exc.fix) from None
+        resize = PreparedResize(ns, ns.config, install)
+        return self._namespace_change(nqn, nsid, self.config, lambda: self.resize_namespace(nqn, resize), None,
+                                      applying, f"resize namespace {nsid}'s storage to {size_bytes} bytes")
+
     def _refuse_while_holding(self, new: TargetConfig) -> None:
         """A change is refused while another one waits for its commands in flight (it was made against a config
         that is about to change)."""

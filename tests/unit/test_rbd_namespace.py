@@ -118,6 +118,31 @@ def test_a_resize_by_the_engine_resizes_the_image(cluster):
         env.close()
 
 
+def test_a_resize_by_rpc_resizes_the_image_and_the_host_is_told(cluster):
+    """nvmf_subsystem_resize_ns on an rbd namespace (whose config has no size: the image's is its size): the
+    image is resized, the namespace takes the size, the host gets the namespace-changed notice."""
+    from nvmeof_roce.control.methods import Control
+    cluster.rbd("create", "--size", "4M", "rbd/by-rpc")
+    env = Env(config([rbd_ns(1, cluster, "by-rpc")]))
+    try:
+        ctrl = env.connect(SUB, num_io_queues=1)
+        control = Control(env.target)
+        answer = control.call("nvmf_subsystem_resize_ns", {"nqn": SUB, "nsid": 1, "size": "6M"})
+        if not isinstance(answer, dict):  # answered once the namespace's commands drained
+            assert pump_until(env, lambda: answer.part is not None)
+            assert "result" in answer.part, answer.part
+            answer = answer.part["result"]
+        assert answer["size_bytes"] == 6 << 20
+        assert json.loads(cluster.rbd("info", "--format", "json", "rbd/by-rpc"))["size"] == 6 << 20
+        assert "size" not in json.dumps(env.target.config.subsystem(SUB).namespaces[0].to_dict().get(
+            "nvmeof_roce", {}))
+        assert pump_until(env, lambda: (ctrl.poll_admin() or True) and ctrl.changed_namespaces() == [1])
+        assert ctrl.identify_namespace(1).nsze == (6 << 20) // 512
+        ctrl.close()
+    finally:
+        env.close()
+
+
 def pump_until(env, done, timeout=15.0, advance=0.0):
     """Run the loop (the loopback fabric's watched fds, where the target's completions come back) until
     `done()`, waiting in real time for Ceph's threads: nothing else polls.  `advance`: seconds the target's

@@ -10,6 +10,7 @@ from typing import Any, Dict
 
 from ...config import (QOS_LIMITS, USERSPACE_KEY, ConfigError, namespace_problems, parse_flag, parse_namespace,
                        parse_size, raise_all)
+from ...config.backends import facts
 from ..protocol import RpcError
 from .params import Params, config_error
 
@@ -106,6 +107,22 @@ class NamespaceMethods:
         config = self.target.config
         namespaces = config.subsystem(nqn).namespaces
         j = next(j for j, n in enumerate(namespaces) if n.nsid == nsid)
+        if facts(namespaces[j].backend).sized_by_storage:  # an RBD image: the image is resized, not the config
+            try:
+                applying = self.target.resize_storage(nqn, nsid, size)
+            except ConfigError as exc:
+                raise config_error(exc, lambda where: "size") from None
+        else:
+            applying = self._resize_configured(config, nqn, namespaces, j, size)
+        self._settle(applying)
+
+        def answer() -> dict:  # the size in use: made once the namespace's commands in flight drained (call())
+            ns = sub.namespaces[nsid]
+            return {"nsid": nsid, "size_bytes": ns.num_blocks * ns.block_size, "blocks": ns.num_blocks}
+        return answer
+
+    def _resize_configured(self, config, nqn: str, namespaces, j: int, size: int):
+        """A namespace whose config gives its size: the config's size changes and the engine follows it."""
         data = namespaces[j].to_dict()  # as the running config has it, with the new size
         data.setdefault(USERSPACE_KEY, {})["size"] = size
         if data[USERSPACE_KEY].get("backend", "file") == "file":
@@ -114,15 +131,9 @@ class NamespaceMethods:
             ns_config = parse_namespace(data, config, nqn, index=j)
             resized = namespaces[:j] + [ns_config] + namespaces[j + 1:]
             raise_all(namespace_problems(config.with_namespaces(nqn, resized)))
-            applying = self.target.set_namespace_size(nqn, ns_config)
+            return self.target.set_namespace_size(nqn, ns_config)
         except ConfigError as exc:
             raise config_error(exc, lambda where: "size" if where.endswith(".size") else ns_field(where)) from None
-        self._settle(applying)
-
-        def answer() -> dict:  # the size in use: made once the namespace's commands in flight drained (call())
-            ns = sub.namespaces[nsid]
-            return {"nsid": nsid, "size_bytes": ns.num_blocks * ns.block_size, "blocks": ns.num_blocks}
-        return answer
 
     def _ns_entry(self, d: dict, nqn: str, nsid: int) -> dict:
         s = d["subsystems"][self._subsystem_index(d, nqn)]
