@@ -453,16 +453,6 @@ def served_by(status: dict, nqn: str, nsid: int = 1) -> Optional[dict]:
     return None
 
 
-def served_label(served: Sequence[Optional[dict]]) -> str:
-    """One line for the repeats' `served`: e.g. "python (queues: native)"."""
-    got = [s for s in served if s]
-    if not got:
-        return "-"
-    rbd = sorted({s["rbd"].split(" ")[0] for s in got})
-    queues = sorted({str(s.get("queues")) for s in got})
-    return f"{'/'.join(rbd)} (queues: {'/'.join(queues)})"
-
-
 __all__ = ["USERSPACE", "KERNEL", "FIO", "TARGET_NAMES", "RATIOS", "JOBS", "RbdImageSpec", "RbdCli", "BenchImage",
            "RbdUserspaceTarget", "KrbdNvmetTarget", "FioRbdTarget", "rbd_engine_job_text", "served_by",
            "client_conf", "ceph_pids"]

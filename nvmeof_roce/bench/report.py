@@ -26,6 +26,12 @@ kernel target); each repeat on it carries `paths` {trsvcid: I/Os the host sent d
 userspace repeat's `cpu` carries `processes` {name: {"user_s", "system_s", "cpu_percent"}} (`target`, or
 `supervisor` and `worker0`..), whose medians are in `median.processes`.
 
+`bench --rbd` (bench/rbd.py) adds `params.rbd` (the image, the data path asked for) and `params.ratios` (more pairs
+than `ratio`); each job then has `ratios`: [{"numerator", "denominator", "iops", "lat_mean_us", "p50", "p99",
+"guest_us_per_io"}], each repeat `served` (our rbd namespace's data path, bench/rbd.py served_by) and `cpu.side`
+({"ceph-osd", "ceph-mon": {"cpu_s", "us_per_io", "cpu_percent"}}), and `median` `lat_mean_us` and
+`side_us_per_io`.
+
 Medians are taken per metric across repeats (the median IOPS and the median p99 may come from different
 repeats). A ratio is numerator/denominator of those medians: above 1 means more IOPS or bandwidth, or a
 higher (worse) latency, for the numerator.

@@ -25,6 +25,11 @@ memory (`memory`: its RSS at the end, the highest sampled during the job, its Vm
 MEMORY_INTERVAL seconds while the job runs. A fio job on our native target also records how its I/O queues were
 polled (`polling`, from `target status` before the host disconnects: polls, spin hits, spin yields, arms), so an
 adaptive target's record says whether its spin caught the next command or it slept per I/O.
+
+`bench --rbd` (rbd.py) adds two things a target may have: `direct_job` (fio-rbd: no host connects, fio runs the
+job as the target turns it, with the target's `fio_env`), and `side_processes` (the Ceph daemons, sampled for their
+CPU on their own: `cpu.side`); a target with `served_by` records which data path served its namespace (`served`,
+from the same `target status` answer as the polling figures).
 """
 from __future__ import annotations
 
