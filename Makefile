@@ -195,33 +195,41 @@ test-native: venv
 	$(NATIVE_ASAN_ENV) \
 	  $(PYTEST) -q -p no:cacheprovider tests/unit/test_native_queue.py tests/unit/test_native_poll.py \
 	  tests/unit/test_native_faults.py tests/unit/test_native_trace.py tests/unit/test_native_hostq.py \
-	  tests/unit/test_native_live.py tests/unit/test_native_cm.py
+	  tests/unit/test_native_live.py tests/unit/test_native_cm.py tests/unit/test_fencing.py \
+	  tests/unit/test_native_reservations.py tests/unit/test_rbd_native.py
 	$(call native_san_build,$(NATIVE_TSAN_FLAGS),_native_tsan.so)
 	$(NATIVE_TSAN_ENV) \
-	  $(PYTEST) -q -s -p no:cacheprovider tests/unit/test_native_poll.py tests/unit/test_native_trace.py
+	  $(PYTEST) -q -s -p no:cacheprovider tests/unit/test_native_poll.py tests/unit/test_native_trace.py \
+	  tests/unit/test_rbd_native.py
 	PYTHONMALLOC=malloc valgrind --tool=memcheck --error-exitcode=99 --errors-for-leak-kinds=definite \
 	  --leak-check=full --show-leak-kinds=definite --suppressions=tests/native/python.supp \
 	  $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/unit/test_native_queue.py tests/unit/test_native_poll.py \
 	  tests/unit/test_native_faults.py tests/unit/test_native_trace.py tests/unit/test_native_live.py \
-	  tests/unit/test_native_cm.py -k "not identically"
+	  tests/unit/test_native_cm.py tests/unit/test_fencing.py tests/unit/test_rbd_native.py -k "not identically"
 
 # The differential fuzz of the native data path (tests/unit/native_fuzz.py, docs/native.md): seeded batches of
 # 8-32 capsules, live changes and injected faults, every CQE and byte compared with the Python path.  The
 # extension built as for test-native (ASan + UBSan): the corpus of cases that once failed and the unit tier's
-# sample, then NATIVE_FUZZ_CAPSULES capsules; then the TSan build with the native queues on two poll-group
-# threads for NATIVE_FUZZ_TSAN_CAPSULES.  Each run prints its counts and time.
+# sample, then NATIVE_FUZZ_CAPSULES capsules of widened cases (hosts A and B, reservations and preempts during
+# batches, ended controllers, host and file namespace changes: tests/unit/native_fuzz.py); then the TSan build with
+# the native queues on two poll-group threads for NATIVE_FUZZ_TSAN_CAPSULES.  Each run prints its counts and time,
+# and both are printed again at the end (NATIVE_FUZZ_SUMMARY).
 NATIVE_FUZZ_CAPSULES ?= 100000
 NATIVE_FUZZ_TSAN_CAPSULES ?= 10000
+NATIVE_FUZZ_SUMMARY := build/native-fuzz-summary.txt
 test-native-fuzz: venv
-	rm -rf $(NATIVE_SAN_DIR) && mkdir -p $(NATIVE_SAN_DIR)
+	rm -rf $(NATIVE_SAN_DIR) $(NATIVE_FUZZ_SUMMARY) && mkdir -p $(NATIVE_SAN_DIR)
 	$(call native_san_build,$(NATIVE_SAN_FLAGS),_native.so)
 	$(NATIVE_ASAN_ENV) \
-	  NATIVE_FUZZ_CAPSULES=$(NATIVE_FUZZ_CAPSULES) \
+	  NATIVE_FUZZ_CAPSULES=$(NATIVE_FUZZ_CAPSULES) NATIVE_FUZZ_SUMMARY=$(NATIVE_FUZZ_SUMMARY) \
 	  $(PYTEST) -q -s -p no:cacheprovider -m "fuzz or not fuzz" tests/unit/test_native_fuzz.py
 	$(call native_san_build,$(NATIVE_TSAN_FLAGS),_native_tsan.so)
 	$(NATIVE_TSAN_ENV) \
 	  NATIVE_FUZZ_CAPSULES=$(NATIVE_FUZZ_TSAN_CAPSULES) NATIVE_FUZZ_GROUPS=2 NATIVE_FUZZ_SEED=500000 \
+	  NATIVE_FUZZ_SUMMARY=$(NATIVE_FUZZ_SUMMARY) \
 	  $(PYTEST) -q -s -p no:cacheprovider -m fuzz tests/unit/test_native_fuzz.py -k scale
+	@echo "[nvmeof-roce] test-native-fuzz summary (ASan/UBSan, then TSan on poll-group threads):"
+	@cat $(NATIVE_FUZZ_SUMMARY)
 
 # The soak (docs/benchmarks.md): our target alone in the lab guest, SOAK_IOS 4 KiB commands at QD32 (random writes
 # read back and verified by fio) on the native data path while a scratch namespace is added, resized and removed by

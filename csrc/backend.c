@@ -5,12 +5,13 @@
 #include <stddef.h>
 #include <string.h>
 
-extern const struct nq_backend_ops nq_backend_ram, nq_backend_null, nq_backend_uring;
+extern const struct nq_backend_ops nq_backend_ram, nq_backend_null, nq_backend_uring, nq_backend_rbd;
 
 static const struct nq_backend_ops *const nq_backends[] = {
     &nq_backend_ram,
     &nq_backend_null,
     &nq_backend_uring,
+    &nq_backend_rbd,
 };
 
 #define NQ_BACKENDS (sizeof nq_backends / sizeof nq_backends[0])

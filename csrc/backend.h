@@ -8,15 +8,20 @@
  *   submit_read sets where a Read's data is sent from (r->local, r->lkey), submit_write where a Write's data lands
  *   (the RDMA READ, or the copy of in-capsule data, is the write); each answers NQ_BE_DONE, or NQ_BE_CORE when the
  *   core must serve the command.
- * - staged (NQ_BE_STAGED: file and block through io_uring, later RBD): the data goes through one of the queue's
+ * - staged (NQ_BE_STAGED: file and block through io_uring, RBD through librbd's aio): the data goes through one of the queue's
  *   bounce chunks (r->local, r->lkey set by the queue).  submit_read is called when the chunk is taken,
  *   submit_write once the data is in it; each answers NQ_BE_STARTED (its completion comes later), NQ_BE_WAIT (no
  *   room now: the queue retries it in arrival order after a completion) or NQ_BE_CORE.  Completions are delivered
  *   to the queue's poll: `reap` takes what the device finished (an io_uring's completion queue; librbd's callbacks
- *   would push to a mailbox and its eventfd) and calls nq_backend_done(q, idx, res) for each, res the bytes moved
- *   or -errno (anything but the command's length hands it to the core, which does it again and words the error);
- *   `submit` hands what was queued in this poll to the device, once per poll; `fd` is the descriptor the event
- *   loop watches for completions.
+ *   push to the entry's per-queue ring and write the queue's ring eventfd, csrc/be_rbd.c) and calls
+ *   nq_backend_done(q, idx, res) for each, res the bytes moved or -errno (anything but the command's length hands
+ *   it to the core, which does it again and words the error), or nq_backend_answer(q, idx, status) for an error
+ *   the entry answers itself (RBD's path errors); `submit` hands what was queued in this poll to the device, once
+ *   per poll, and says how many it started (the poll then reaps once more); `fd` is the descriptor the event
+ *   loop watches for completions.  A staged entry with per-queue state has `attach` (made when its first
+ *   namespace enters the queue's view: no allocation per command) and `closed` (the queue closed: the commands
+ *   still on the device, whose completions must not touch the queue; its state let go once none is left, or,
+ *   `final`, when the queue itself is freed, by the last completion).
  *
  * An in-place entry with NQ_BE_MEMORY is not called for a Read or a Write: the queue sets r->local = addr + offset
  * and r->lkey itself (RAM).  r->offset, r->op_len and r->ops are set for the commands that go through an entry
@@ -68,6 +73,8 @@ struct nq_backend_ops {
     int (*reap)(struct nq_queue *q);       /* staged: completions to nq_backend_done; the number */
     int (*submit)(struct nq_queue *q);     /* staged: what this poll queued, to the device; 0 if nothing was */
     int (*fd)(struct nq_queue *q);         /* staged: the descriptor the loop watches, -1 if none */
+    int (*attach)(struct nq_queue *q, void **state);              /* staged, optional: 0 or -errno */
+    unsigned (*closed)(struct nq_queue *q, void **state, int final); /* staged, optional: commands still out */
 };
 
 /* The entry named `name` (csrc/backend.c), or NULL. */
@@ -78,5 +85,8 @@ const char *nq_backend_names(void);
 /* csrc/nq_hot.c: a staged backend's command `idx` finished with `res` (bytes, 0 for flush/zeroes/discard, or
  * -errno). */
 void nq_backend_done(struct nq_queue *q, uint32_t idx, int res);
+/* csrc/nq_hot.c: a staged backend's command `idx` finished with an NVMe status the entry chose (a path error,
+ * without DNR: csrc/be_rbd.c's ETIMEDOUT and ESHUTDOWN, as engine/io.py device_status): answered with it. */
+void nq_backend_answer(struct nq_queue *q, uint32_t idx, uint16_t status);
 
 #endif

@@ -60,7 +60,7 @@ static int uring_reap(struct nq_queue *q)
         for (int i = 0; i < n; i++)
             nq_backend_done(q, (uint32_t)q->ring_done[i].cookie, q->ring_done[i].res);
         total += n > 0 ? n : 0;
-    } while (n == (int)q->nreqs && q->ring && !q->closed);
+    } while (n == (int)q->nreqs && q->ring && q->state < NQ_Q_CLOSED);
     return total;
 }
 

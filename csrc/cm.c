@@ -2,8 +2,9 @@
  *
  * pyverbs keeps the CM (RdmaListener); it cannot hand its own QPs to C, so for a native queue the QP and its CQs
  * are made here with rdma_create_qp on the child id (id->pd, the device's PD librdmacm keeps, and a send and a
- * receive CQ on their own completion channels), and rdma_accept (pyverbs) moves the QP to RTR and RTS.  Memory the
- * native queue uses is registered on that PD.  None of this is on the per-command path.
+ * receive CQ on their own completion channels); CmChannel.accept_rts (csrc/cm_channel.c) moves the QP to RTR and
+ * RTS, with a bounded RNR retry count, and accepts.  Memory the native queue uses is registered on that PD.  The
+ * owner destroys the QP (destroy_cm_qp) before the CM id.  None of this is on the per-command path.
  */
 #include "native.h"
 
@@ -44,12 +45,12 @@ static PyObject *create_cm_qp(PyObject *self, PyObject *args)
     attr.cap.max_send_sge = 1;
     attr.cap.max_recv_sge = 1;
     attr.cap.max_inline_data = inline_size;
-    if (rdma_create_qp(id, NULL, &attr))
+    if (native_cm_create_qp(id, NULL, &attr))
         return PyErr_SetFromErrno(PyExc_OSError);
     if (!id->send_cq_channel || !id->recv_cq_channel || nonblocking(id->send_cq_channel->fd) ||
         nonblocking(id->recv_cq_channel->fd)) {
         int err = errno;
-        rdma_destroy_qp(id);
+        native_cm_destroy_qp(id);
         errno = err ? err : EINVAL;
         return PyErr_SetFromErrno(PyExc_OSError);
     }
@@ -73,7 +74,7 @@ static PyObject *destroy_cm_qp(PyObject *self, PyObject *args)
     if (!id)
         return NULL;
     if (id->qp)
-        rdma_destroy_qp(id); /* the QP, then the CQs and channels librdmacm made with it */
+        native_cm_destroy_qp(id); /* the QP, then the CQs and channels librdmacm made with it */
     Py_RETURN_NONE;
 }
 

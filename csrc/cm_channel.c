@@ -49,12 +49,17 @@ struct cm_ops {
     int (*connect)(struct rdma_cm_id *, struct rdma_conn_param *);
     int (*init_qp_attr)(struct rdma_cm_id *, struct ibv_qp_attr *, int *);
     int (*establish)(struct rdma_cm_id *);
+    /* the QP librdmacm makes on an id (csrc/cm.c, csrc/hostq.c) and its state changes (accept_rts) */
+    int (*create_qp)(struct rdma_cm_id *, struct ibv_pd *, struct ibv_qp_init_attr *);
+    void (*destroy_qp)(struct rdma_cm_id *);
+    int (*modify_qp)(struct ibv_qp *, struct ibv_qp_attr *, int);
 };
 
 static struct cm_ops ops = {
     rdma_create_event_channel, rdma_destroy_event_channel, rdma_create_id, rdma_destroy_id, rdma_bind_addr,
     rdma_listen, rdma_get_cm_event, rdma_ack_cm_event, rdma_accept, rdma_reject, rdma_disconnect,
     rdma_resolve_addr, rdma_resolve_route, rdma_connect, rdma_init_qp_attr, rdma_establish,
+    rdma_create_qp, rdma_destroy_qp, ibv_modify_qp,
 };
 
 struct cm_entry {
@@ -67,7 +72,7 @@ typedef struct {
     struct rdma_event_channel *channel;
     struct cm_entry *ids; /* every id made on this channel and not destroyed, with its handle */
     Py_ssize_t n_ids, cap_ids;
-    unsigned long long events, created, destroyed;
+    unsigned long long events, created, destroyed, qps_destroyed;
 } CmChannel;
 
 /* The last handle given, of any channel: handles are never reused in the process (2**64 of them; all under the
@@ -260,7 +265,9 @@ static PyObject *CmChannel_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     return (PyObject *)self;
 }
 
-/* Every pending event acked (a pending connect request rejected), then every id destroyed, then the channel. */
+/* Every pending event acked (a pending connect request rejected), then every id destroyed, then the channel.
+ * An id whose QP is still there (its queue was never closed: the owners close theirs first) has the QP destroyed
+ * before it: rdma_destroy_id leaves a QP of librdmacm's in place, holding the device's PD. */
 static void close_channel(CmChannel *self)
 {
     if (!self->channel)
@@ -278,6 +285,10 @@ static void close_channel(CmChannel *self)
     }
     while (self->n_ids) {
         struct rdma_cm_id *id = self->ids[--self->n_ids].id;
+        if (id->qp) {
+            ops.destroy_qp(id);
+            self->qps_destroyed++;
+        }
         ops.destroy_id(id);
         self->destroyed++;
     }
@@ -448,6 +459,94 @@ static PyObject *CmChannel_connect(CmChannel *self, PyObject *args)
     return conn_call(self, args, ops.connect, "rdma_connect");
 }
 
+/* accept_rts(id, private_data, responder_resources, initiator_depth, rnr_retry, max_ack_timeout) -> the RTS
+ * attributes set ({rnr_retry, retry_cnt, timeout, max_rd_atomic, min_rnr_timer, max_dest_rd_atomic}): the id's
+ * QP (librdmacm's, csrc/cm.c create_cm_qp) taken to RTR and RTS here, then the connection accepted.
+ *
+ * rdma_accept would take the QP there itself (librdmacm's ucma_modify_qp_rtr and ucma_modify_qp_rts) with
+ * rdma_init_qp_attr's values, and on the passive side those come from the host's REQ: the kernel CM's
+ * cm_req_handler keeps the REQ's RNR retry count and cm_init_qp_rts_attr sets it as our QP's rnr_retry (the Linux
+ * host asks for 7, infinite); the retry count of our own conn_param only travels in the REP, to the host's QP.  So
+ * the transitions are made here as librdmacm makes them (INIT again, RTR with our responder resources as
+ * max_dest_rd_atomic, RTS with our initiator depth as max_rd_atomic), with rnr_retry and the local ACK timeout
+ * bounded (docs/native.md, "The QP's retries"), and rdma_accept is called with id->qp hidden: librdmacm skips its
+ * own modifies when id->qp is NULL (as for a QP made outside it) and then takes the QP number from the conn_param.
+ * id->qp is put back at once, whatever rdma_accept answered; nothing else looks at it meanwhile (under the GIL). */
+static PyObject *CmChannel_accept_rts(CmChannel *self, PyObject *args)
+{
+    unsigned long long handle;
+    Py_buffer data;
+    long long resources, depth;
+    int rnr_retry, max_timeout;
+    if (!PyArg_ParseTuple(args, "O&y*LLii", handle_arg, &handle, &data, &resources, &depth, &rnr_retry,
+                          &max_timeout))
+        return NULL;
+    PyObject *out = NULL;
+    struct rdma_cm_id *id = id_arg(self, handle);
+    struct rdma_conn_param param;
+    if (!id || conn_param(&param, &data, resources, depth, 0) < 0)
+        goto done;
+    if (!id->qp) {
+        PyErr_Format(PyExc_RuntimeError, "CM id %llu has no QP (create_cm_qp first)", handle);
+        goto done;
+    }
+    if (rnr_retry < 0 || rnr_retry > 7 || max_timeout < 1 || max_timeout > 31) {
+        PyErr_Format(PyExc_ValueError, "rnr_retry %d (0-7), max_ack_timeout %d (1-31)", rnr_retry, max_timeout);
+        goto done;
+    }
+    struct ibv_qp *qp = id->qp;
+    struct ibv_qp_attr attr;
+    static const enum ibv_qp_state states[] = {IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS};
+    uint8_t dest_rd_atomic = 0, min_rnr_timer = 0;
+    for (size_t i = 0; i < sizeof states / sizeof states[0]; i++) {
+        int mask = 0;
+        memset(&attr, 0, sizeof attr);
+        attr.qp_state = states[i];
+        errno = 0;
+        if (ops.init_qp_attr(id, &attr, &mask)) {
+            cm_error("rdma_init_qp_attr");
+            goto done;
+        }
+        if (states[i] == IBV_QPS_RTR) {
+            mask &= ~0xe00000; /* as librdmacm on InfiniBand: bits the kernel once set for RoCE, none of verbs' */
+            attr.max_dest_rd_atomic = param.responder_resources;
+            dest_rd_atomic = attr.max_dest_rd_atomic;
+            min_rnr_timer = attr.min_rnr_timer;
+        } else if (states[i] == IBV_QPS_RTS) {
+            attr.max_rd_atomic = param.initiator_depth;
+            attr.rnr_retry = (uint8_t)rnr_retry;
+            mask |= IBV_QP_RNR_RETRY;
+            if (attr.timeout == 0 || attr.timeout > max_timeout) /* 0: wait for ever for an ACK */
+                attr.timeout = (uint8_t)max_timeout;
+            mask |= IBV_QP_TIMEOUT;
+        }
+        int rc = ops.modify_qp(qp, &attr, mask);
+        if (rc) {
+            errno = rc;
+            cm_error(states[i] == IBV_QPS_INIT ? "ibv_modify_qp (INIT)"
+                     : states[i] == IBV_QPS_RTR ? "ibv_modify_qp (RTR)" : "ibv_modify_qp (RTS)");
+            goto done;
+        }
+    }
+    param.qp_num = qp->qp_num;
+    id->qp = NULL; /* librdmacm's rdma_accept: no modify of its own (ucma_modify_qp_rtr/rts return at once) */
+    errno = 0;
+    int rc = ops.accept(id, &param);
+    int err = errno;
+    id->qp = qp;
+    errno = err;
+    if (rc) {
+        cm_error("rdma_accept");
+        goto done;
+    }
+    out = Py_BuildValue("{sisisisisisi}", "rnr_retry", (int)attr.rnr_retry, "retry_cnt", (int)attr.retry_cnt,
+                        "timeout", (int)attr.timeout, "max_rd_atomic", (int)attr.max_rd_atomic, "min_rnr_timer",
+                        (int)min_rnr_timer, "max_dest_rd_atomic", (int)dest_rd_atomic);
+done:
+    PyBuffer_Release(&data);
+    return out;
+}
+
 /* reject(id, private_data) */
 static PyObject *CmChannel_reject(CmChannel *self, PyObject *args)
 {
@@ -479,7 +578,10 @@ static PyObject *CmChannel_establish(CmChannel *self, PyObject *args)
     return id ? CM_CALL(ops.establish(id), "rdma_establish") : NULL;
 }
 
-/* destroy(id): its events are all acked by now (events() acks each one), so this never waits */
+/* destroy(id): its events are all acked by now (events() acks each one), so this never waits.  An id whose QP is
+ * still there is refused (RuntimeError, the id kept): its owner destroys the QP first (destroy_cm_qp,
+ * destroy_host_qp), once it reaped what the QP flushed; a QP destroyed from here would pull it from under its queue.
+ * close() destroys such a QP before its id, as a last resort. */
 static PyObject *CmChannel_destroy(CmChannel *self, PyObject *args)
 {
     unsigned long long handle;
@@ -488,6 +590,9 @@ static PyObject *CmChannel_destroy(CmChannel *self, PyObject *args)
     struct rdma_cm_id *id = id_arg(self, handle);
     if (!id)
         return NULL;
+    if (id->qp)
+        return PyErr_Format(PyExc_RuntimeError, "CM id %llu still has its QP: its queue destroys the QP first",
+                            handle);
     forget_handle(self, handle);
     return CM_CALL(ops.destroy_id(id), "rdma_destroy_id");
 }
@@ -608,8 +713,8 @@ static PyObject *CmChannel_events(CmChannel *self, PyObject *unused)
 
 static PyObject *CmChannel_stats(CmChannel *self, PyObject *unused)
 {
-    return Py_BuildValue("{snsKsKsK}", "ids", self->n_ids, "created", self->created, "destroyed", self->destroyed,
-                         "events", self->events);
+    return Py_BuildValue("{snsKsKsKsK}", "ids", self->n_ids, "created", self->created, "destroyed", self->destroyed,
+                         "events", self->events, "qps_destroyed", self->qps_destroyed);
 }
 
 static PyMethodDef CmChannel_methods[] = {
@@ -622,6 +727,9 @@ static PyMethodDef CmChannel_methods[] = {
     {"resolve_route", (PyCFunction)CmChannel_resolve_route, METH_VARARGS, "resolve_route(id, timeout_ms)"},
     {"accept", (PyCFunction)CmChannel_accept, METH_VARARGS,
      "accept(id, private_data, responder_resources, initiator_depth, qp_num=0)"},
+    {"accept_rts", (PyCFunction)CmChannel_accept_rts, METH_VARARGS,
+     "accept_rts(id, private_data, responder_resources, initiator_depth, rnr_retry, max_ack_timeout) -> RTS "
+     "attributes: the id's QP taken to RTR and RTS here (rnr_retry and the ACK timeout bounded), then accepted"},
     {"connect", (PyCFunction)CmChannel_connect, METH_VARARGS,
      "connect(id, private_data, responder_resources, initiator_depth, qp_num=0)"},
     {"reject", (PyCFunction)CmChannel_reject, METH_VARARGS, "reject(id, private_data)"},
@@ -660,6 +768,18 @@ struct rdma_cm_id *native_cm_id(PyObject *channel, PyObject *handle)
     return handle_arg(handle, &value) ? id_arg((CmChannel *)channel, value) : NULL;
 }
 
+/* The QP librdmacm makes on an id and its destruction, for csrc/cm.c and csrc/hostq.c: through the table, so the
+ * unit tests' fake librdmacm makes and destroys them too (and records the order against the id's destruction). */
+int native_cm_create_qp(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
+{
+    return ops.create_qp(id, pd, attr);
+}
+
+void native_cm_destroy_qp(struct rdma_cm_id *id)
+{
+    ops.destroy_qp(id);
+}
+
 /* cm_load_library(path): librdmacm's functions from another library with the same names (the unit tests' fake);
  * every name is resolved before any is used, so a library missing one changes nothing. */
 static PyObject *cm_load_library(PyObject *self, PyObject *args)
@@ -674,7 +794,7 @@ static PyObject *cm_load_library(PyObject *self, PyObject *args)
         "rdma_create_event_channel", "rdma_destroy_event_channel", "rdma_create_id", "rdma_destroy_id",
         "rdma_bind_addr", "rdma_listen", "rdma_get_cm_event", "rdma_ack_cm_event", "rdma_accept", "rdma_reject",
         "rdma_disconnect", "rdma_resolve_addr", "rdma_resolve_route", "rdma_connect", "rdma_init_qp_attr",
-        "rdma_establish",
+        "rdma_establish", "rdma_create_qp", "rdma_destroy_qp", "ibv_modify_qp",
     };
     void *fns[sizeof names / sizeof names[0]];
     _Static_assert(sizeof fns == sizeof(struct cm_ops), "one name per function of cm_ops");

@@ -789,7 +789,7 @@ static PyObject *create_host_qp(PyObject *self, PyObject *args)
         attr.cap.max_send_sge = 1;
         attr.cap.max_recv_sge = 1;
         attr.cap.max_inline_data = attempt ? 0 : inline_size;
-        if (!rdma_create_qp(id, NULL, &attr))
+        if (!native_cm_create_qp(id, NULL, &attr))
             break;
         if (attempt || !inline_size) {
             int err = errno;
@@ -816,7 +816,7 @@ static PyObject *destroy_host_qp(PyObject *self, PyObject *args)
     if (!id)
         return NULL;
     if (id->qp)
-        rdma_destroy_qp(id);
+        native_cm_destroy_qp(id);
     if (cq) {
         int rc = ibv_destroy_cq((struct ibv_cq *)(uintptr_t)cq);
         if (rc) {

@@ -16,7 +16,8 @@ PyMODINIT_FUNC PyInit__native(void)
         return NULL;
     if (native_queue_register(module) < 0 || native_pollgroup_register(module) < 0 ||
         native_uring_register(module) < 0 || native_hostq_register(module) < 0 ||
-        native_cm_channel_register(module) < 0 || native_ref_register(module) < 0) {
+        native_cm_channel_register(module) < 0 || native_ref_register(module) < 0 ||
+        native_rbd_register(module) < 0) {
         Py_DECREF(module);
         return NULL;
     }

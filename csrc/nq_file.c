@@ -91,6 +91,11 @@ struct nq_file *native_file_of(PyObject *obj)
     return ((NativeFile *)obj)->file;
 }
 
+PyTypeObject *native_file_type(void)
+{
+    return &NativeFileType;
+}
+
 int native_file_register(PyObject *module)
 {
     if (PyType_Ready(&NativeFileType) < 0)

@@ -79,6 +79,10 @@ static __attribute__((cold, noinline, noreturn)) void nq_illegal_move(uint32_t i
 void nq_file_put(struct nq_file *f)
 {
     if (f && __atomic_sub_fetch(&f->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+        if (f->release) {
+            f->release(f);
+            return;
+        }
         close(f->fd);
         free(f);
     }
@@ -352,7 +356,7 @@ static inline void nq_record_latency(struct nq_queue *q, const struct nq_req *r,
  * send-queue entries run low). */
 void nq_flush(struct nq_queue *q)
 {
-    if (q->closed || q->failed) {
+    if (!nq_q_live(q)) {
         q->nrepost = q->nbatch = q->nbatch_resp = 0;
         return;
     }
@@ -386,7 +390,7 @@ void nq_flush(struct nq_queue *q)
             q->unsignaled = 0;
         }
     }
-    if (__builtin_expect(q->closing, 0)) /* its completion tells the owner the send queue has emptied */
+    if (__builtin_expect(q->state != NQ_Q_SERVING, 0)) /* closing: its completion says the send queue emptied */
         q->batch[q->nbatch - 1].send_flags |= IBV_SEND_SIGNALED;
     for (uint32_t i = 0; i + 1 < q->nbatch; i++)
         q->batch[i].next = &q->batch[i + 1];
@@ -402,9 +406,10 @@ void nq_flush(struct nq_queue *q)
 
 static void nq_fail(struct nq_queue *q, int status, uint64_t wr_id)
 {
-    if (q->failed)
+    if (!nq_q_live(q))
         return;
-    q->failed = status ? status : -1;
+    q->fail_status = status ? status : -1;
+    nq_qmove(&q->state, NQ_Q_FAILED, q->qid);
     if (q->threaded) /* the mailbox keeps a place for it */
         nq_mailbox_push(&q->mail, NQ_MAIL_FAILURE, (uint32_t)status, wr_id);
     else if (q->hooks->failure)
@@ -492,15 +497,22 @@ static inline __attribute__((always_inline)) void nq_in_place(struct nq_queue *q
  * without NQ_BE_MEMORY: null).  0 when served or queued; -1 when the core takes it (no slot was kept). */
 static __attribute__((noinline)) int nq_capsule_entry(struct nq_queue *q, struct nq_ns *ns, const uint8_t *sqe,
                                                       uint8_t opc, uint8_t sgl_id, uint32_t sgl_len, int in_capsule,
-                                                      uint64_t offset)
+                                                      uint64_t offset, uint32_t op_len)
 {
     const struct nq_backend_ops *ops = ns->ops;
     const unsigned be = ns->be_flags;
-    nq_be_op op = opc == OPC_READ ? ops->submit_read : opc == OPC_WRITE ? ops->submit_write : ops->flush;
+    nq_be_op op = opc == OPC_READ    ? ops->submit_read
+                  : opc == OPC_WRITE ? ops->submit_write
+                  : opc == OPC_FLUSH ? ops->flush
+                  : (rd32(sqe + 48) & CDW12_DEAC) ? ops->discard
+                                                   : ops->write_zeroes;
     if (!op)
         return -1;
-    if (opc == OPC_FLUSH) { /* (Write Zeroes and deallocate are the core's for now: the entries' write_zeroes and
-                             * discard wait for the queue to route them, docs/native.md) */
+    if (opc == OPC_WRITE_ZEROES) { /* a staged entry's (RBD's): no data; an in-place entry's stays the core's
+                                    * (Dataset Management is the core's: its ranges come as data) */
+        if (sgl_len || !(be & NQ_BE_STAGED))
+            return -1;
+    } else if (opc == OPC_FLUSH) {
         /* A staged backend without a flush entry (uring: the core's fdatasync, one per namespace at a time): every
          * Write this queue acknowledged before the Flush arrived had completed on its backend before its response
          * was posted, so the core's flush of the same storage covers it. */
@@ -516,7 +528,7 @@ static __attribute__((noinline)) int nq_capsule_entry(struct nq_queue *q, struct
     struct nq_req *r = &q->reqs[idx];
     r->ops = ops;
     r->offset = offset;
-    r->op_len = 0;
+    r->op_len = op_len;
     if (!(be & NQ_BE_STAGED)) { /* in place: the entry says where the data is, or does the command now */
         if (op(q, ns, r, idx) != NQ_BE_DONE) {
             q->nfree++; /* the slot back, untouched since it was taken */
@@ -533,7 +545,7 @@ static __attribute__((noinline)) int nq_capsule_entry(struct nq_queue *q, struct
     r->icd_len = 0;
     memcpy(r->sqe, sqe, NQ_SQE_SIZE);
     q->file_ios++;
-    if (opc == OPC_FLUSH) { /* no data: onto the backend */
+    if (opc == OPC_FLUSH || opc == OPC_WRITE_ZEROES) { /* no data: onto the backend */
         nq_move(q, r, NQ_NEED_FILE);
     } else if (in_capsule) { /* into a bounce chunk: the receive buffer is re-posted at the poll's end */
         nq_chunk_take(q, r);
@@ -568,7 +580,7 @@ static void nq_capsule(struct nq_queue *q, uint32_t slot, uint32_t len)
     if (len < NQ_SQE_SIZE || !view || !view->ready || !q->nfree)
         goto python;
     uint8_t opc = sqe[0], flags = sqe[1];
-    if (opc > OPC_READ || (flags & FLAGS_FUSE_MASK) ||
+    if ((opc > OPC_READ && opc != OPC_WRITE_ZEROES) || (flags & FLAGS_FUSE_MASK) ||
         ((flags & FLAGS_PSDT_MASK) != PSDT_SGL_CONTIG && (flags & FLAGS_PSDT_MASK) != PSDT_SGL_SGL))
         goto python;
     uint8_t sgl_id = sqe[39];
@@ -587,7 +599,15 @@ static void nq_capsule(struct nq_queue *q, uint32_t slot, uint32_t len)
     /* A Read or Write of a memory entry (RAM) is served here: its data is at the namespace's registered memory +
      * offset, no call (csrc/backend.h NQ_BE_MEMORY).  Everything else goes through its entry: nq_capsule_entry. */
     uint64_t offset = 0;
-    if (opc != OPC_FLUSH) { /* a Read or a Write (opc <= OPC_READ) */
+    uint32_t op_len = 0;
+    if (__builtin_expect(opc == OPC_WRITE_ZEROES, 0)) { /* in range, else the core answers its error */
+        uint32_t nlb = (rd32(sqe + 48) & 0xFFFF) + 1;
+        uint64_t slba = rd64(sqe + 40);
+        if (slba >= ns->num_blocks || nlb > ns->num_blocks - slba || ((uint64_t)nlb << ns->lbads) > UINT32_MAX)
+            goto python;
+        offset = slba << ns->lbads;
+        op_len = nlb << ns->lbads;
+    } else if (opc != OPC_FLUSH) { /* a Read or a Write (opc <= OPC_READ) */
         uint32_t nlb = (rd32(sqe + 48) & 0xFFFF) + 1;
         uint64_t slba = rd64(sqe + 40);
         if (sgl_len != ((uint64_t)nlb << ns->lbads) || sgl_len > view->max_transfer ||
@@ -600,7 +620,7 @@ static void nq_capsule(struct nq_queue *q, uint32_t slot, uint32_t len)
             return;
         }
     }
-    if (nq_capsule_entry(q, ns, sqe, opc, sgl_id, sgl_len, in_capsule, offset) == 0)
+    if (nq_capsule_entry(q, ns, sqe, opc, sgl_id, sgl_len, in_capsule, offset, op_len) == 0)
         return;
 python:
     NT_TRACE(q->trace, nt_record_capsule, NT_TO_CORE, sqe, len);
@@ -702,7 +722,7 @@ static void nq_file_hand_back(struct nq_queue *q, uint32_t idx)
 /* A staged backend finished a command (its `reap`, csrc/backend.h): its response, or the core takes it over. */
 void nq_backend_done(struct nq_queue *q, uint32_t idx, int res)
 {
-    if (q->closed || idx >= q->nreqs || q->reqs[idx].state != NQ_FILE_IO)
+    if (q->state >= NQ_Q_CLOSED || idx >= q->nreqs || q->reqs[idx].state != NQ_FILE_IO)
         return; /* closed by a callback during this reap (the ring is gone), or not ours (cookies are slots) */
     struct nq_req *r = &q->reqs[idx];
     NT_TRACE(q->trace, nt_record, NT_DATA_DONE, r->cid, r->opc, r->nsid, 0, (uint32_t)res, 0, 0, NT_FLAG_FILE);
@@ -729,6 +749,21 @@ void nq_backend_done(struct nq_queue *q, uint32_t idx, int res)
     }
     if (r->icd_len)
         r->len = 0; /* a Write's response carries no data */
+    nq_move(q, r, NQ_NEED_RESPONSE);
+    nq_advance(q, idx);
+}
+
+/* A staged backend answered a command with a status of its own (csrc/backend.h): its response, no data. */
+void nq_backend_answer(struct nq_queue *q, uint32_t idx, uint16_t status)
+{
+    if (q->state >= NQ_Q_CLOSED || idx >= q->nreqs || q->reqs[idx].state != NQ_FILE_IO)
+        return;
+    struct nq_req *r = &q->reqs[idx];
+    NT_TRACE(q->trace, nt_record, NT_DATA_DONE, r->cid, r->opc, r->nsid, status, 0, 0, 0, NT_FLAG_FILE);
+    __atomic_fetch_sub(&r->file->in_flight, 1, __ATOMIC_RELAXED);
+    nq_file_put(r->file);
+    r->file = NULL;
+    r->status = status;
     nq_move(q, r, NQ_NEED_RESPONSE);
     nq_advance(q, idx);
 }
@@ -774,7 +809,7 @@ static void nq_completion(struct nq_queue *q, struct ibv_wc *wc)
         return;
     }
     if ((wc->wr_id & (NQ_TAG_RECV | NQ_TAG_PY)) == NQ_TAG_RECV) {
-        if (!q->closing) /* a closing queue takes no new command, nor re-posts its receive */
+        if (q->state == NQ_Q_SERVING) /* a closing queue takes no new command, nor re-posts its receive */
             nq_capsule(q, (uint32_t)(wc->wr_id & NQ_TAG_MASK), wc->byte_len);
     }
     else
@@ -787,9 +822,9 @@ __attribute__((noinline)) int nq_poll(struct nq_queue *q, int budget)
     int done = 0;
     q->in_poll = 1;
     q->polls++;
-    for (uint32_t i = 0; i < q->nstaged && !q->closed && !q->failed; i++)
+    for (uint32_t i = 0; i < q->nstaged && nq_q_live(q); i++)
         done += q->staged[i]->reap(q); /* staged commands the device finished: their responses */
-    while (done < budget && !q->closed && !q->failed) {
+    while (done < budget && nq_q_live(q)) {
         int n = ibv_poll_cq(q->recv_cq, NQ_POLL_BATCH, q->wc);
         if (n < 0) {
             nq_fail(q, n, 0);
@@ -797,29 +832,29 @@ __attribute__((noinline)) int nq_poll(struct nq_queue *q, int budget)
         }
         if (n)
             q->polled_ns = nq_now_ns(); /* once per batch: the receives' arrival, for the latency histograms */
-        for (int i = 0; i < n && !q->closed && !q->failed; i++)
+        for (int i = 0; i < n && nq_q_live(q); i++)
             nq_completion(q, &q->wc[i]);
         int m = 0;
-        if (q->send_cq != q->recv_cq && !q->closed && !q->failed) {
+        if (q->send_cq != q->recv_cq && nq_q_live(q)) {
             m = ibv_poll_cq(q->send_cq, NQ_POLL_BATCH, q->wc);
             if (m < 0) {
                 nq_fail(q, m, 0);
                 break;
             }
-            for (int i = 0; i < m && !q->closed && !q->failed; i++)
+            for (int i = 0; i < m && nq_q_live(q); i++)
                 nq_completion(q, &q->wc[i]);
         }
         done += n + m;
         if (n < NQ_POLL_BATCH && m < NQ_POLL_BATCH)
             break;
     }
-    if (!q->closed && !q->failed)
+    if (nq_q_live(q))
         nq_resume(q);
     /* One submission for the staged commands this poll started; a read the page cache holds completes inside
      * it, so its response joins this batch instead of waiting for the eventfd (a few rounds at most). */
     for (uint32_t i = 0; i < q->nstaged; i++) {
         const struct nq_backend_ops *ops = q->staged[i];
-        for (int round = 0; round < 4 && !q->closed && !q->failed; round++) {
+        for (int round = 0; round < 4 && nq_q_live(q); round++) {
             if (!ops->submit(q)) /* nothing was queued */
                 break;
             int n = ops->reap(q);
@@ -832,48 +867,6 @@ __attribute__((noinline)) int nq_poll(struct nq_queue *q, int budget)
     nq_flush(q);
     q->in_poll = 0;
     return done;
-}
-
-/* ------------------------------------------------------------------ closing */
-
-/* A closed queue's ring, without waiting: what the kernel finished is reaped (its requests let go of their files),
- * what it still holds is cancelled where it can be; once nothing is left the ring is freed.  Returns the commands
- * still in the kernel: until they come back the kernel may write the bounce chunks, which the owner keeps. */
-unsigned nq_closed_reap(struct nq_queue *q)
-{
-    if (q->ring) {
-        nr_uring_cancel(q->ring);
-        int n;
-        while ((n = nr_uring_reap(q->ring, q->ring_done, (int)q->nreqs)) > 0) {
-            for (int i = 0; i < n; i++) {
-                uint64_t idx = q->ring_done[i].cookie;
-                if (idx >= q->nreqs || q->reqs[idx].state != NQ_FILE_IO)
-                    continue; /* the cancel's own completion */
-                struct nq_req *r = &q->reqs[idx];
-                __atomic_fetch_sub(&r->file->in_flight, 1, __ATOMIC_RELAXED);
-                nq_file_put(r->file);
-                r->file = NULL;
-                nq_move(q, r, NQ_FREE);
-                nq_let_go(r);
-            }
-        }
-        unsigned left = nr_uring_in_flight(q->ring);
-        if (left) {
-            nq_let_go_off_ring(q); /* the QP is gone: only what the kernel still has can reach a namespace */
-            return left;
-        }
-        nr_uring_destroy(q->ring); /* nothing in flight: it does not wait */
-        q->ring = NULL;
-    }
-    for (uint32_t i = 0; q->reqs && i < q->nreqs; i++) { /* the requests not on the ring */
-        if (q->reqs[i].file) {
-            nq_file_put(q->reqs[i].file);
-            q->reqs[i].file = NULL;
-        }
-    }
-    nq_let_go_off_ring(q);
-    q->ring_queued = 0;
-    return 0;
 }
 
 /* ------------------------------------------------------------------ a poll group's queue */

@@ -5,6 +5,7 @@
 
 #include "backend.h"
 #include "mailbox.h"
+#include "nq_life.h"
 #include "nq_ref.h"
 #include "uring.h"
 
@@ -72,6 +73,7 @@ enum nq_state {
 struct nq_file {
     int fd;
     uint32_t refs;
+    void (*release)(struct nq_file *f); /* the last reference let go: this instead of close(fd) + free (RBD) */
     uint32_t depth, in_flight, most_in_flight;
     uint64_t submitted;
 };
@@ -179,11 +181,9 @@ struct nq_queue {
     struct ibv_qp *qp;
     struct ibv_cq *send_cq, *recv_cq;
     uint16_t qid;
-    int closed;
-    int closing;             /* begin_close: no new command; what was posted completes, then the owner closes */
-    int close_mailed;        /* a poll group's closing queue told the loop its send queue emptied */
+    int state;               /* enum nq_qstate (csrc/nq_life.h), moved by nq_qmove only */
     int in_poll;
-    int failed;              /* a work completion failed: nothing more is posted */
+    int fail_status;         /* why it failed: -errno of a post, a work completion's status (0: it did not) */
     int remote_invalidate;
 
     /* receives */
@@ -251,6 +251,7 @@ struct nq_queue {
     /* the staged backends of the namespaces this queue served (csrc/backend.h): their completions reaped and their
      * queued commands submitted by every poll */
     const struct nq_backend_ops *staged[NQ_STAGED_MAX];
+    void *staged_state[NQ_STAGED_MAX]; /* each one's per-queue state (its `attach`), NULL if none */
     uint32_t nstaged;
     uint32_t ring_most_in_flight;
     char *rebuild;              /* a failed in-capsule write's capsule, made again for the core */
@@ -268,12 +269,12 @@ struct nq_queue {
      * of a spin (each yielded the CPU), the times the CQs were armed, and the completions the poll after arming
      * found (they raise no event of their own) */
     uint64_t spin_hits, spin_yields, arms, arm_catches;
+    uint64_t flushed; /* completions nq_reap_flushed took off the CQs */
     int hook_error;          /* the owner's hook failed during this poll (its error is kept): stop spinning */
 
     /* a poll group's queue (csrc/pollgroup.c): its thread polls under `lock`, the Python side's calls take it
      * too; what needs Python goes on `mail` instead of being called */
     int threaded;      /* set once, by the Python side, before the thread sees the queue */
-    int stopped;       /* the group let it go: nothing is polled or posted */
     pthread_mutex_t lock;
     struct nq_mailbox mail;
     struct nq_mail *drained; /* drain's copy of the mailbox, mail.size entries */
@@ -288,6 +289,12 @@ static inline void nq_let_go(struct nq_req *r)
         r->ref = NULL;
         nq_ref_put(ref);
     }
+}
+
+/* Polled and posting (SERVING, CLOSING, CLOSE_READY): the per-command path's one compare. */
+static inline int nq_q_live(const struct nq_queue *q)
+{
+    return q->state < NQ_Q_FAILED;
 }
 
 /* Every request not on the ring lets go (a closed queue's, once its QP is gone: none of them can move data). */
@@ -307,17 +314,33 @@ static inline uint32_t nq_holding(const struct nq_queue *q, const struct nq_ref 
     return n;
 }
 
-/* A staged backend entry joins the queue's (its completions reaped by every poll): 0, or -1 when it has
- * NQ_STAGED_MAX already. */
+/* A staged backend entry joins the queue's (its completions reaped by every poll): 0, -ENOSPC when it has
+ * NQ_STAGED_MAX already, or its `attach`'s -errno. */
 static inline int nq_staged_add(struct nq_queue *q, const struct nq_backend_ops *ops)
 {
     for (uint32_t i = 0; i < q->nstaged; i++)
         if (q->staged[i] == ops)
             return 0;
     if (q->nstaged == NQ_STAGED_MAX)
-        return -1;
+        return -28; /* -ENOSPC */
+    if (ops->attach) {
+        int rc = ops->attach(q, &q->staged_state[q->nstaged]);
+        if (rc < 0)
+            return rc;
+    }
     q->staged[q->nstaged++] = ops;
     return 0;
+}
+
+/* Every staged entry's `closed`: the commands still on their devices (csrc/nq_owner.c nq_closed_reap, csrc/nq_setup.c
+ * nq_queue_free with `final`). */
+static inline unsigned nq_staged_closed(struct nq_queue *q, int final)
+{
+    unsigned left = 0;
+    for (uint32_t i = 0; i < q->nstaged; i++)
+        if (q->staged[i]->closed && q->staged_state[i])
+            left += q->staged[i]->closed(q, &q->staged_state[i], final);
+    return left;
 }
 
 /* The queue's arrays, made once (no allocation per command); every receive posted.  0, or -errno (-ENOMEM, or the
@@ -375,6 +398,9 @@ void nq_release(struct nq_queue *q, uint32_t idx);
 /* Closing: the responses batched posted now, no new command taken; 1 while posted work has to complete. */
 int nq_begin_close(struct nq_queue *q);
 int nq_close_ready(const struct nq_queue *q);
+/* After the owner put the QP in the error state: what it flushed taken off the CQs, the queue failed; the send
+ * work requests not seen within spin_ns (0: all reaped). */
+uint32_t nq_reap_flushed(struct nq_queue *q, uint64_t spin_ns);
 /* A closed queue's ring without waiting: the commands still in the kernel (the ring freed at 0).  Called once its QP
  * is gone: every command not on the ring lets go of its namespace's reference (nothing of it can move data any
  * more), those on the ring when they come back. */

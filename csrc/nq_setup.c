@@ -65,7 +65,7 @@ int nq_queue_init(struct nq_queue *q, const struct nq_params *p)
     /* every receive posted (one doorbell) before the connection is accepted */
     q->nrepost = q->recv_count;
     nq_flush(q);
-    return q->failed ? (q->failed < 0 ? q->failed : -EIO) : 0;
+    return q->fail_status ? (q->fail_status < 0 ? q->fail_status : -EIO) : 0;
 }
 
 int nq_enable_files(struct nq_queue *q, char *base, uint32_t lkey, uint32_t len, uint32_t chunk)
@@ -101,6 +101,7 @@ void nq_queue_free(struct nq_queue *q)
 {
     /* The ring's commands complete first (nr_uring_destroy waits: the kernel may write the bounce chunks until
      * then), then the requests' references to their files are let go. */
+    nq_staged_closed(q, 1); /* librbd's completions still out let go of their state themselves (csrc/be_rbd.c) */
     if (q->ring) {
         nr_uring_destroy(q->ring);
         q->ring = NULL;

@@ -108,7 +108,8 @@ void native_queue_stop(void *queue)
 {
     NativeQueue *self = queue;
     nq_lock(self);
-    self->nq.stopped = 1;
+    if (self->nq.state < NQ_Q_STOPPED) /* once: a group's close may stop a queue that left it already */
+        nq_qmove(&self->nq.state, NQ_Q_STOPPED, self->nq.qid);
     nq_unlock(self);
 }
 
@@ -126,7 +127,7 @@ int native_queue_attach(void *queue)
         PyErr_SetString(PyExc_RuntimeError, "the queue already belongs to a poll group");
         return -1;
     }
-    if (q->closed || !q->reqs) {
+    if (q->state >= NQ_Q_CLOSED || !q->reqs) {
         PyErr_SetString(PyExc_ConnectionError, "the native queue is closed");
         return -1;
     }
@@ -157,7 +158,7 @@ static PyObject *NativeQueue_drain(NativeQueue *self, PyObject *noargs)
         return PyLong_FromLong(0);
     nq_lock(self);
     nq_mailbox_clear_wake(&q->mail);
-    uint32_t n = q->stopped || q->closed ? 0 : q->mail.count;
+    uint32_t n = q->state >= NQ_Q_STOPPED ? 0 : q->mail.count;
     PyObject *capsules = PyTuple_New(n);
     if (!capsules) {
         nq_unlock(self);
@@ -326,7 +327,7 @@ static int NativeQueue_init(NativeQueue *self, PyObject *args, PyObject *kwds)
         return -1;
     }
     if (rc) {
-        PyErr_Format(PyExc_OSError, "posting the receives failed (%d)", q->failed);
+        PyErr_Format(PyExc_OSError, "posting the receives failed (%d)", q->fail_status);
         return -1;
     }
     return 0;
@@ -363,7 +364,7 @@ static PyObject *NativeQueue_poll(NativeQueue *self, PyObject *const *args, Py_s
         PyErr_SetString(PyExc_RuntimeError, "poll() called from inside a poll");
         return NULL;
     }
-    int done = q->closed ? 0 : nq_poll(q, budget);
+    int done = q->state >= NQ_Q_CLOSED ? 0 : nq_poll(q, budget);
     if (self->error_type)
         return nq_reraise(self);
     return PyLong_FromLong(done);
@@ -397,7 +398,7 @@ static PyObject *NativeQueue_poll_adaptive(NativeQueue *self, PyObject *const *a
         return NULL;
     }
     int done = 0, armed = 0, arm_rc = 0;
-    if (!q->closed)
+    if (q->state < NQ_Q_CLOSED)
         done = nq_poll_adaptive(q, (int)budget, (uint64_t)(spin_us * 1000.0), &armed, &arm_rc);
     if (self->error_type)
         return nq_reraise(self);
@@ -411,7 +412,7 @@ static PyObject *NativeQueue_poll_adaptive(NativeQueue *self, PyObject *const *a
 static PyObject *NativeQueue_arm(NativeQueue *self, PyObject *noargs)
 {
     struct nq_queue *q = &self->nq;
-    if (q->closed || q->threaded) /* a poll group's queue is polled, never armed */
+    if (q->state >= NQ_Q_CLOSED || q->threaded) /* a poll group's queue is polled, never armed */
         Py_RETURN_NONE;
     int rc = nq_arm(q);
     if (rc) {
@@ -424,7 +425,7 @@ static PyObject *NativeQueue_arm(NativeQueue *self, PyObject *noargs)
 static PyObject *nq_check_posting(NativeQueue *self)
 {
     struct nq_queue *q = &self->nq;
-    if (q->closed || q->failed || q->stopped) {
+    if (!nq_q_live(q)) {
         PyErr_SetString(PyExc_ConnectionError, "the native queue is closed");
         return NULL;
     }
@@ -493,7 +494,7 @@ static PyObject *nq_enable_files_py(NativeQueue *self, PyObject *args)
     unsigned int chunk;
     if (!PyArg_ParseTuple(args, "OI", &bounce, &chunk))
         return NULL;
-    if (q->closed)
+    if (q->state >= NQ_Q_CLOSED)
         return PyErr_Format(PyExc_ConnectionError, "the native queue is closed");
     if (q->ring)
         return PyErr_Format(PyExc_RuntimeError, "enable_files() was called already");
@@ -533,7 +534,7 @@ static PyObject *NativeQueue_flush(NativeQueue *self, PyObject *noargs)
 {
     struct nq_queue *q = &self->nq;
     nq_lock(self);
-    if (!q->in_poll && !q->stopped)
+    if (!q->in_poll && q->state != NQ_Q_STOPPED)
         nq_flush(q);
     nq_unlock(self);
     Py_RETURN_NONE;
@@ -570,14 +571,20 @@ static PyObject *NativeQueue_set_view(NativeQueue *self, PyObject *args, PyObjec
         nq_view_free(view);
         return NULL;
     }
-    for (int i = 0; i < view->count; i++) /* a staged backend's completions are reaped by every poll from now on */
-        if ((view->ns[i].ops->flags & NQ_BE_STAGED) && nq_staged_add(q, view->ns[i].ops) < 0) {
+    for (int i = 0; i < view->count; i++) { /* a staged backend's completions are reaped by every poll from now on */
+        int rc = (view->ns[i].ops->flags & NQ_BE_STAGED) ? nq_staged_add(q, view->ns[i].ops) : 0;
+        if (rc < 0) {
             nq_unlock(self);
             Py_DECREF(stats);
             nq_view_free(view);
-            PyErr_SetString(PyExc_ValueError, "more staged backends in one view than a queue serves (NQ_STAGED_MAX)");
+            if (rc == -ENOSPC)
+                PyErr_SetString(PyExc_ValueError, "more staged backends in one view than a queue serves (NQ_STAGED_MAX)");
+            else
+                PyErr_Format(PyExc_OSError, "the %s entry cannot join the queue: %s", view->ns[i].ops->name,
+                             strerror(-rc));
             return NULL;
         }
+    }
     struct nq_view *old = q->view;
     q->view = view;
     q->view_seq++;
@@ -606,7 +613,7 @@ static PyObject *NativeQueue_in_flight(NativeQueue *self, PyObject *noargs)
     if (!out)
         return NULL;
     nq_lock(self);
-    for (uint32_t i = 0; i < q->nreqs && !q->closed; i++) {
+    for (uint32_t i = 0; i < q->nreqs && q->state < NQ_Q_CLOSED; i++) {
         const struct nq_req *r = &q->reqs[i];
         if (r->state == NQ_FREE)
             continue;
@@ -653,12 +660,12 @@ static PyObject *NativeQueue_stats(NativeQueue *self, PyObject *noargs)
     struct nq_queue *q = &self->nq;
     nq_lock(self);
     uint32_t busy = q->nreqs - q->nfree;
-    PyObject *res = Py_BuildValue("{sKsKsKsKsKsIsIsIsIsisIsIsIsKsKsKsisIsIsIsKsKsKsKsK}",
+    PyObject *res = Py_BuildValue("{sKsKsKsKsKsIsIsIsIsisIsIsIsKsKsKsisIsIsIsKsKsKsKsKsK}",
                                   "native_commands", q->native_commands,
                                   "python_commands", q->python_commands, "doorbells", q->doorbells,
                                   "recv_doorbells", q->recv_doorbells, "polls", q->polls, "native_in_flight", busy,
                                   "native_send_free", q->native_slots, "reads_free", q->reads_free,
-                                  "send_queue_used", q->sq_count, "failed", q->failed,
+                                  "send_queue_used", q->sq_count, "failed", q->fail_status,
                                   "ring_in_flight", q->ring ? nr_uring_in_flight(q->ring) : 0u,
                                   "ring_most_in_flight", q->ring_most_in_flight, "ring_queued", q->ring_queued,
                                   "file_commands", q->file_ios, "file_handed_back", q->file_handed_back,
@@ -666,7 +673,7 @@ static PyObject *NativeQueue_stats(NativeQueue *self, PyObject *noargs)
                                   "mailed", q->threaded ? q->mail.count : 0, "bounce_chunks", q->nchunks,
                                   "bounce_chunks_free", q->nchunks_free, "chunk_waits", q->chunk_waits,
                                   "spin_hits", q->spin_hits, "spin_yields", q->spin_yields, "arms", q->arms,
-                                  "arm_catches", q->arm_catches);
+                                  "arm_catches", q->arm_catches, "flushed", q->flushed);
     nq_unlock(self);
     return res;
 }
@@ -678,8 +685,11 @@ static PyObject *NativeQueue_close(NativeQueue *self, PyObject *noargs)
      * posted from here on; the view is released.  Never waits for the ring: returns its commands still in the
      * kernel (reap_closed() until 0; the bounce chunks are the kernel's until then). */
     nq_lock(self);
-    q->closed = 1;
+    if (q->state < NQ_Q_CLOSED)
+        nq_qmove(&q->state, NQ_Q_CLOSED, q->qid);
     unsigned held = nq_closed_reap(q);
+    if (!held && q->state == NQ_Q_CLOSED)
+        nq_qmove(&q->state, NQ_Q_RELEASED, q->qid);
     struct nq_view *old = q->view;
     q->view = NULL;
     q->nbatch = q->nbatch_resp = q->nrepost = 0;
@@ -688,13 +698,33 @@ static PyObject *NativeQueue_close(NativeQueue *self, PyObject *noargs)
     return PyLong_FromUnsignedLong(held);
 }
 
+/* reap_flushed(spin_us=2000) -> the send work requests not seen: after the owner put the QP in the error state
+ * (rdma_disconnect) and before it destroys it, the flushed completions taken off the CQs (nq_reap_flushed). */
+static PyObject *NativeQueue_reap_flushed(NativeQueue *self, PyObject *args)
+{
+    double spin_us = 2000.0;
+    if (!PyArg_ParseTuple(args, "|d", &spin_us))
+        return NULL;
+    struct nq_queue *q = &self->nq;
+    if (q->threaded && q->state < NQ_Q_STOPPED) {
+        PyErr_SetString(PyExc_RuntimeError, "the queue's poll group still polls it: remove it first");
+        return NULL;
+    }
+    nq_lock(self);
+    uint32_t left = nq_reap_flushed(q, spin_us > 0 ? (uint64_t)(spin_us * 1000.0) : 0);
+    nq_unlock(self);
+    return PyLong_FromUnsignedLong(left);
+}
+
 /* reap_closed() -> the commands still in the kernel: a closed queue's ring reaped without waiting (on its
  * eventfd), freed when none is left. */
 static PyObject *NativeQueue_reap_closed(NativeQueue *self, PyObject *noargs)
 {
     struct nq_queue *q = &self->nq;
     nq_lock(self);
-    unsigned held = q->closed ? nq_closed_reap(q) : 0;
+    unsigned held = q->state >= NQ_Q_CLOSED ? nq_closed_reap(q) : 0;
+    if (!held && q->state == NQ_Q_CLOSED)
+        nq_qmove(&q->state, NQ_Q_RELEASED, q->qid);
     nq_unlock(self);
     return PyLong_FromUnsignedLong(held);
 }
@@ -720,11 +750,21 @@ static PyObject *NativeQueue_close_ready(NativeQueue *self, void *closure)
     return PyBool_FromLong(ready);
 }
 
+/* state -> the queue's lifetime state's name (csrc/nq_life.h): "SERVING" ... "RELEASED" */
+static PyObject *NativeQueue_state(NativeQueue *self, void *closure)
+{
+    struct nq_queue *q = &self->nq;
+    nq_lock(self);
+    int state = q->state;
+    nq_unlock(self);
+    return PyUnicode_FromString((unsigned)state < NQ_QSTATES ? nq_qstate_names[state] : "?");
+}
+
 static PyObject *NativeQueue_closed(NativeQueue *self, void *closure)
 {
     struct nq_queue *q = &self->nq;
     nq_lock(self);
-    int closed = q->closed || q->failed;
+    int closed = q->state >= NQ_Q_CLOSED || q->fail_status;
     nq_unlock(self);
     return PyBool_FromLong(closed);
 }
@@ -765,6 +805,9 @@ static PyMethodDef NativeQueue_methods[] = {
     {"close", (PyCFunction)NativeQueue_close, METH_NOARGS,
      "Stop posting (after the QP is gone); never waits: the ring's commands still in the kernel, cancelled where "
      "they can be."},
+    {"reap_flushed", (PyCFunction)NativeQueue_reap_flushed, METH_VARARGS,
+     "reap_flushed(spin_us=2000) -> send work requests not seen: after the QP was put in the error state, what it "
+     "flushed taken off the CQs (the queue failed, nothing delivered), before the owner destroys the QP."},
     {"reap_closed", (PyCFunction)NativeQueue_reap_closed, METH_NOARGS,
      "A closed queue's ring reaped without waiting: the commands still in the kernel (the ring freed at 0)."},
     {"begin_close", (PyCFunction)NativeQueue_begin_close, METH_NOARGS,
@@ -783,6 +826,7 @@ static PyObject *NativeQueue_ring_unsubmitted(NativeQueue *self, void *closure)
 
 static PyGetSetDef NativeQueue_getset[] = {
     {"closed", (getter)NativeQueue_closed, NULL, "closed, or a work completion failed", NULL},
+    {"state", (getter)NativeQueue_state, NULL, "the lifetime state (csrc/nq_life.h): SERVING ... RELEASED", NULL},
     {"close_ready", (getter)NativeQueue_close_ready, NULL,
      "after begin_close: everything posted has completed (or the queue failed): the owner may close the QP", NULL},
     {"ring_unsubmitted", (getter)NativeQueue_ring_unsubmitted, NULL,

@@ -19,6 +19,11 @@ from ..errors import NvmeofError
 
 DEBIAN_DIST_PACKAGES = Path("/usr/lib/python3/dist-packages")
 PACKAGES = {"rados": "python3-rados", "rbd": "python3-rbd"}
+# The C libraries under those two modules, as their dynamic linker finds them (Debian's librados2 and librbd1):
+# the native data path's RBD entry loads the same ones with dlopen (csrc/be_rbd.c), so the module imports where
+# Ceph is absent, and a test can name a fake in their place (tests/unit/fakerbd/).
+LIBRADOS = "librados.so.2"
+LIBRBD = "librbd.so.1"
 
 
 def _load(name: str) -> ModuleType:

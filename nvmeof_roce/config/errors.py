@@ -6,7 +6,10 @@ from ..errors import NvmeofError
 
 
 class ConfigError(NvmeofError):
-    """A bad target config: the message names the file and the field path."""
+    """A bad target config: the message names the file and the field path.  `transient`: a namespace's storage
+    that did not answer (engine/pending.py tries it again) rather than a mistake in the file."""
+
+    transient = False
 
     def __init__(self, source: str, where: str, problem: str, fix: str = ""):
         location = f"{source}: {where}" if where else source

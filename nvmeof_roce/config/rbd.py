@@ -25,7 +25,7 @@ from .model import parse_size
 
 DEFAULT_CONF = "/etc/ceph/ceph.conf"
 DEFAULT_ID = "admin"
-RBD_KEYS = {"pool", "image", "conf", "id", "namespace", "keyring", "create"}
+RBD_KEYS = {"pool", "image", "conf", "id", "namespace", "keyring", "create", "native"}
 # RADOS pool, namespace and image names: what rbd's CLI takes without quoting surprises
 _NAME = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.+-]{0,253}")
 
@@ -39,6 +39,7 @@ class RbdSettings:
     namespace: str = ""
     keyring: Optional[str] = None
     create_size: Optional[int] = None  # bytes: create the image at this size when it does not exist
+    native: bool = False  # the native data path serves it through librbd in C (docs/rbd.md: opt-in for now)
 
     def spec(self) -> str:
         """pool[/namespace]/image, as rbd's CLI names an image."""
@@ -52,6 +53,8 @@ class RbdSettings:
             d["keyring"] = self.keyring
         if self.create_size is not None:
             d["create"] = {"size": self.create_size}
+        if self.native:
+            d["native"] = True
         return d
 
 
@@ -93,12 +96,18 @@ def parse_rbd(value: Any, source: str, where: str) -> RbdSettings:
             raise err("create.size", f"is not a size: {create['size']!r}", 'use bytes or K/M/G/T, e.g. "1G"') from None
         if create_size <= 0:
             raise err("create.size", "must be more than 0", 'e.g. "1G"')
+    native = value.get("native", False)
+    if not isinstance(native, bool):
+        raise err("native", f"must be true or false, got {native!r}",
+                  '"native": true serves it on the native data path through librbd in C (docs/rbd.md)')
     return RbdSettings(pool=names["pool"], image=names["image"], conf=conf, client_id=names["id"],
-                       namespace=names["namespace"], keyring=keyring, create_size=create_size)
+                       namespace=names["namespace"], keyring=keyring, create_size=create_size, native=native)
 
 
 # What `target check` cannot know without the cluster (it never connects to one).
-UNCHECKED = "offline: the cluster, the pool, the image and the client's key are checked when target serve opens it"
+UNCHECKED = ("offline: the cluster, the pool, the image and the client's key are checked when target serve opens it "
+             "(a cluster that does not answer then leaves this namespace pending, retried in the background, while "
+             "the others serve; a missing image or a refused key stops the start)")
 
 
 def offline_problems(settings: RbdSettings) -> Tuple[List[Tuple[str, str, str]], str]:

@@ -457,6 +457,11 @@ def _print_status(s: dict) -> None:
                       if ns.get("io")})
     for reason in reasons:
         print(f"I/O engine: {reason}")
+    for sub in s["subsystems"]:
+        for p in sub.get("pending_namespaces", []):  # storage not reachable yet (engine/pending.py)
+            print(f"{sub['nqn']} namespace {p['nsid']} ({p['backend']}): not served yet, {p['state']} (attempt "
+                  f"{p['attempts']}, next in {p['next_try_s']:g} s): {p['reason']}" + (f"\n  fix: {p['fix']}"
+                                                                                     if p.get("fix") else ""))
     resv_rows = []
     for sub in s["subsystems"]:
         for ns in sub["namespaces"]:

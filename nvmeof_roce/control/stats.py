@@ -136,6 +136,8 @@ def target_status(target, sampler: Optional[Sampler] = None, server: Optional[Se
             "nqn": nqn, "allow_any_host": sub.allow_any_host, "allowed_hosts": sorted(sub.allowed_hosts),
             "ports": ports,
             "namespaces": [namespace_status(nqn, ns, sampler) for _, ns in sorted(sub.namespaces.items())],
+            # namespaces whose storage did not answer yet (engine/pending.py): not seen by hosts, retried
+            "pending_namespaces": target.pending.status(nqn),
             "controllers": [controller_status(c) for _, c in sorted(sub.controllers.items())],
         })
     hosts: Dict[str, dict] = {}

@@ -32,6 +32,7 @@ installed or resized, so a native command of the namespace as it was never compl
 from __future__ import annotations
 
 import logging
+import threading
 import weakref
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
@@ -207,22 +208,59 @@ class EngineApi:
         # namespace's memory until the collector's next full pass
         ref = weakref.ref(ns)
 
-        def listener(_backend, size: int) -> None:
+        def on_loop(size: int) -> None:
             live = ref()
             if live is not None:
                 self.storage_resized(nqn, live, size)
+
+        loop_thread = threading.get_ident()  # the engine's: where namespaces are installed
+
+        def listener(_backend, size: int) -> None:  # any thread (an RBD watch's): brought to the loop
+            if threading.get_ident() != loop_thread and self.work.attached:
+                self.work.post(lambda: on_loop(size))
+            else:
+                on_loop(size)
         ns.backend.watch_resize(listener)
 
     def storage_resized(self, nqn: str, ns: Namespace, size_bytes: int) -> None:
-        """A backend's resize notice: its storage has `size_bytes` now, changed outside the target (a file grown,
-        an image resized).  The namespace keeps its size (hosts see no change) until a resize makes it so
-        (prepare_resize / resize_namespace: `target resize-ns`); `storage_size` records it for status."""
+        """A backend's resize notice, on the loop: its storage has `size_bytes` now, changed outside the target (a
+        file grown, an image resized).  A backend whose size is its storage's (follow_size: an RBD image) is
+        followed, grown or shrunk, through the resize path (the namespace paused and fenced, resize_namespace, the
+        hosts told: Namespace Attribute Changed); the storage itself is not touched again.  Any other namespace
+        keeps its size (hosts see no change) until `target resize-ns`; `storage_size` records it for status."""
         if ns.removed:
             return
         ns.storage_size = size_bytes
-        log.warning("%s namespace %d: its storage is %d bytes now, the namespace %d: resize the namespace to "
-                    "serve the new size (nvmeof-roce target resize-ns)", nqn, ns.nsid, size_bytes,
-                    ns.num_blocks * ns.block_size)
+        commit = ns.backend.follow_size(size_bytes)
+        if commit is None:
+            log.warning("%s namespace %d: its storage is %d bytes now, the namespace %d: resize the namespace to "
+                        "serve the new size (nvmeof-roce target resize-ns)", nqn, ns.nsid, size_bytes,
+                        ns.num_blocks * ns.block_size)
+            return
+        if size_bytes // ns.block_size == ns.num_blocks:
+            ns.storage_size = None
+            return
+        sub = self.subsystems.get(nqn)
+        if sub is None or sub.namespaces.get(ns.nsid) is not ns:
+            return
+        if ns.paused:  # another change to it is under way: follow once it is applied (the next tick after)
+            def later(_now: float) -> None:
+                if not ns.paused:
+                    self.tick_hooks.remove(later)
+                    if ns.storage_size is not None:
+                        self.storage_resized(nqn, ns, ns.storage_size)
+            self.tick_hooks.append(later)
+            return
+        before = ns.num_blocks * ns.block_size
+
+        def follow() -> None:
+            if not ns.removed:
+                self.resize_namespace(nqn, PreparedResize(ns, ns.config, commit))
+            self.namespace_changed(nqn, ns.nsid)
+            log.warning("%s namespace %d: its storage was resized outside: %d -> %d bytes%s", nqn, ns.nsid, before,
+                        ns.num_blocks * ns.block_size, " (shrunk: the blocks past the end are gone)"
+                        if ns.num_blocks * ns.block_size < before else "")
+        self.when_drained([(nqn, ns.nsid)], follow, lambda: None, Applying(), self.config.source)
 
     def retire_namespace(self, nqn: str, nsid: int) -> Namespace:
         """Namespace `nsid` leaves subsystem `nqn` (nvmet_ns_disable): commands for it answer Invalid Namespace;
@@ -278,11 +316,17 @@ class EngineApi:
     # -------------------------------------------------------------------------------------------- subsystems
     def prepare_subsystem(self, sub_config: SubsystemConfig, config: Optional[TargetConfig] = None) -> Subsystem:
         """A subsystem with its enabled namespaces open, not yet reachable (add_subsystem makes it so); on an
-        error what it opened is closed."""
+        error what it opened is closed.  A namespace whose storage does not answer now (a Ceph cluster down) is
+        left pending, tried again in the background (engine/pending.py)."""
         sub = Subsystem(sub_config)
         try:
             for ns_config in sub_config.namespaces:
-                ns = self.prepare_namespace(sub_config.nqn, ns_config, config)
+                try:
+                    ns = self.prepare_namespace(sub_config.nqn, ns_config, config)
+                except ConfigError as exc:  # a storage not reachable now waits in the background (pending.py)
+                    if not self.pending.defer(sub_config.nqn, ns_config, exc):
+                        raise
+                    continue
                 if ns is not None:
                     sub.add_namespace(ns)
                     self._watch_storage(sub_config.nqn, ns)

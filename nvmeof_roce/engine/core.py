@@ -58,6 +58,7 @@ from .request import (COMPLETED, DEFERRED, FETCHING, HELD_OUTCOME, LOC_DPTR, LOC
 from .queue import QueueLifecycle, QueueState, max_queue_entries
 from .fencing import Fence
 from .subsystem import DiscoverySubsystem, Subsystem
+from .pending import PendingNamespaces
 from .work import Work
 from .qos import QosScheduler
 
@@ -179,6 +180,7 @@ class Target(EngineApi):
         self.qos = QosScheduler(clock)  # per-namespace limits: held commands start from the tick or its waker
         self.tick_hooks.append(self.qos.release)
         self.fences: List[Fence] = []  # changes waiting for their namespaces' commands from before (api.py)
+        self.pending = PendingNamespaces(self)  # namespaces whose storage did not answer yet (engine/pending.py)
         try:
             for sub_cfg in config.subsystems:
                 self.add_subsystem(self.prepare_subsystem(sub_cfg))
@@ -261,6 +263,7 @@ class Target(EngineApi):
         if self.closed:
             return
         self.closed = True
+        self.pending.close()
         for ctrl in self.controllers():
             self.end_controller(ctrl, "target shutting down")
         for qs in list(self._queues.values()):
@@ -620,6 +623,13 @@ class Target(EngineApi):
         if ns is not None and opc in reservations.ACCESS_OF:  # it reaches the medium: it holds the namespace
             req.ref = ref = ns.ref  # until nothing of it can touch it any more (subsystem.py "references")
             ref.take()
+            if req.handed_back and self.fences:
+                # The native path started it before a fence on its namespace may have begun, and its slot let go of
+                # the epoch it started in when it handed it back: it holds the epochs the fences on the namespace
+                # wait for too (one of them is its own), so none commits while it runs again
+                req.fence_refs = olds = [old for fence in self.fences for _nqn, fns, old in fence.olds if fns is ns]
+                for old in olds:
+                    old.take()
         if handler(self, req) is None:
             self._missing_outcome(req, handler)
 

@@ -4,14 +4,18 @@ A queue whose transport runs the native data path (its `data_path` is "native", 
 serves Read, Write and Flush of the namespaces listed here itself; everything else comes to the core.  The view
 lists a namespace only when every check of `Target._start` that does not depend on the command passes for it: the
 controller is ready, the queue is an authenticated I/O queue, the namespace is attached, not removed, its ANA group
-is optimized or non-optimized on the controller's port, its reservation (if it has reservations) lets the
-controller's host read and write, and it is RAM (registered with the device), null, or a file
-or block namespace on the io_uring engine (given as its backend's native handle, a `_native.File`: a dup of its descriptor and its depth) on a
-queue that serves them.  Each namespace is given with its generation (Namespace.generation), its
+is optimized or non-optimized on the controller's port, and it is RAM (registered with the device), null, a file
+or block namespace on the io_uring engine (given as its backend's native handle, a `_native.File`: a dup of its
+descriptor and its depth), or an RBD namespace whose image opened in C (its handle a `_native.RbdImage`: its own
+client and image, docs/rbd.md), on a queue that serves staged namespaces (bounce chunks and a ring).  Each
+namespace is given with its generation (Namespace.generation), its
 identity for the C queue: a command whose namespace's generation left the view answers Invalid Namespace; and with
 its reference (`Namespace.ref`, engine/subsystem.py "references"), which each native command takes when it is
 parsed and lets go of when its slot is freed; and whether it is paused: its new commands then come to the core, which holds
-them until the resume (it stays listed, so the commands in flight still find it).  The core calls `refresh` after anything that can change one of those (a capsule it handled,
+them until the resume (it stays listed, so the commands in flight still find it).  A namespace whose reservation
+does not let the controller's host both read and write is listed the same way, paused for that queue: its new
+commands come to the core, which answers their conflicts, and the commands in flight from before the change
+finish as they started (the change that took the access is answered after them: engine/fencing.py).  The core calls `refresh` after anything that can change one of those (a capsule it handled,
 a namespace change, an ANA change, a reservation change) and before the event loop polls again, so a live change never races a command.
 The native counters and latency histograms are folded into the namespaces' own figures (`Namespace.bytes_read`, ...,
 `ns.stats`' histograms) when the view is replaced and at each tick.
@@ -44,8 +48,10 @@ def view_of(target: "Target", qs: "QueueState") -> tuple:
             continue
         if ns.qos is not None or not ns.visible_to(ctrl.hostnqn):
             continue  # a QoS limit or per-host visibility: the core enforces them (engine/qos.py, core._start)
-        if ns.resv is not None and not ns.resv.may_read_write(ctrl.hostid):
-            continue  # a reservation restricts this host: the core answers its conflicts (engine/reservations.py)
+        # A reservation that restricts this host: its new commands come to the core, which answers their conflicts
+        # (engine/reservations.py); the namespace stays listed, as a paused one, so the commands in flight when the
+        # access was taken (a preempt's fence waits for them) still find it instead of answering Invalid Namespace
+        paused = ns.paused or (ns.resv is not None and not ns.resv.may_read_write(ctrl.hostid))
         backend = ns.backend
         entry = backend.native  # its C entry (csrc/backend.c), or None: the core serves it
         if entry is None:
@@ -62,17 +68,18 @@ def view_of(target: "Target", qs: "QueueState") -> tuple:
             handle = handle_of(ns)
             if handle is None:
                 continue  # the thread engine was chosen (or forced): the core serves it
-            namespaces.append((ns.nsid, entry, ns.lbads, ns.num_blocks, 0, 0, ns.generation, ns, ns.ref, ns.paused,
+            namespaces.append((ns.nsid, entry, ns.lbads, ns.num_blocks, 0, 0, ns.generation, ns, ns.ref, paused,
                                handle))
             continue
-        namespaces.append((ns.nsid, entry, ns.lbads, ns.num_blocks, addr, lkey, ns.generation, ns, ns.ref, ns.paused))
+        namespaces.append((ns.nsid, entry, ns.lbads, ns.num_blocks, addr, lkey, ns.generation, ns, ns.ref, paused))
     return True, namespaces
 
 
 def handle_of(ns):
-    """The namespace's native handle (made once by its backend: a `_native.File` for the uring entry), or None when
-    its commands stay with the core: an engine the entry does not share (nvmeof_roce.io_engine "threads", or
-    io_uring unavailable), or its backend closed."""
+    """The namespace's native handle (made once by its backend: a `_native.File` for the uring entry, a
+    `_native.RbdImage` for the rbd entry), or None when its commands stay with the core: an engine the entry does
+    not share (nvmeof_roce.io_engine "threads", or io_uring unavailable), an image that did not open in C, or its
+    backend closed."""
     if ns.native_file is None:
         choice = ns.engine_choice
         ns.native_file = ns.backend.native_handle(choice.name if choice is not None else None, ns.queue_depth)

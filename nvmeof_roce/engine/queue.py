@@ -110,6 +110,8 @@ class QueueState:
         if ref is not None:  # the namespace reference it held (engine/subsystem.py "references")
             req.ref = None
             ref.put()
+        if req.fence_refs:
+            _let_go_fence_refs(req)
         req.capsule = None
         req.ns = None
         req.next_step = None
@@ -124,11 +126,13 @@ class QueueState:
         if ref is not None:
             req.ref = None
             ref.put()
+        if req.fence_refs:
+            _let_go_fence_refs(req)
         move(req, FREE)
 
     def holds(self, ref) -> int:
         """Commands of this queue holding namespace reference `ref`: the core's and its transport's."""
-        return (sum(1 for req in self.requests if req.ref is ref and req.state != FREE)
+        return (sum(1 for req in self.requests if (req.ref is ref or ref in req.fence_refs) and req.state != FREE)
                 + self.transport.references_held(ref))
 
     def next_sqhd(self) -> int:
@@ -137,3 +141,10 @@ class QueueState:
             return 0xFFFF
         self.sqhd = (self.sqhd + 1) % (self.sqsize + 1)
         return self.sqhd
+
+
+def _let_go_fence_refs(req) -> None:
+    """A handed-back command's older epochs (core._start) let go with its own reference."""
+    olds, req.fence_refs = req.fence_refs, ()
+    for old in olds:
+        old.put()

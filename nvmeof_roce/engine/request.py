@@ -60,7 +60,7 @@ class Request:
     __slots__ = ("queue", "state", "opc", "flags", "cid", "nsid", "cdw2", "cdw3", "mptr",
                  "sgl_addr", "sgl_id", "sgl_len", "sgl_key", "cdw10", "cdw11", "cdw12", "cdw13", "cdw14", "cdw15",
                  "inline_offset", "invalidate_key", "capsule", "ns", "next_step", "buf", "read_done", "_target",
-                 "started_ns", "tx", "handed_back", "ref")
+                 "started_ns", "tx", "handed_back", "ref", "fence_refs")
 
     def __init__(self, queue: "QueueState", target):
         self.queue = queue
@@ -68,6 +68,7 @@ class Request:
         self._target = target
         self.ns = None
         self.ref = None  # its namespace's reference while it may touch it (engine/subsystem.py "references")
+        self.fence_refs = ()  # a handed-back command's: the older epochs that fences on its namespace wait for
         self.next_step: Optional[Callable] = None
         self.capsule = None
         self.inline_offset = -1  # >= 0: the data is in the capsule at 64 + this offset

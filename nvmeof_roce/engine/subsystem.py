@@ -220,7 +220,8 @@ class Namespace:
         try:
             if self.io is not None:
                 self.io.close()  # the calls running finish before the file closes
-            self.backend.flush()
+            if not self.backend.asynchronous:  # an asynchronous one flushes in its close, off the loop (librbd's)
+                self.backend.flush()
         finally:
             self.backend.close()
 

@@ -11,11 +11,14 @@ is linked (unlink, change, relink); a namespace's device_*/buffered_io only whil
 before allowing any host; clear allow_any_host before linking hosts).
 """
 import logging
+import re
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..config import DISCOVERY_NQN, TargetConfig, keys, passthru_configured
-from . import modules
+from ..config.model import USERSPACE_KEY
+from ..errors import NvmeofError
+from . import modules, rbd_map
 from .nvmet import NvmetError, Root, TRANSPORT_MODULES, ANA_DEFAULT_GROUP
 
 log = logging.getLogger(__name__)
@@ -40,7 +43,7 @@ _DEFAULT_MINUS_ONE = {("param", "inline_data_size"), ("param", "max_queue_size")
 
 @dataclass
 class Step:
-    op: str                      # mkdir | rmdir | write | symlink | unlink | module
+    op: str                      # mkdir | rmdir | write | symlink | unlink | module | rbd_map | rbd_unmap
     rel: str                     # path under the nvmet root (module: the module name)
     value: Any = None            # write: the value
     target: str = ""             # symlink: the path it points to (under the nvmet root)
@@ -394,16 +397,20 @@ def execute(root: Root, steps: List[Step]) -> List[Step]:
     return done
 
 
-def kernel_dict(cfg: TargetConfig) -> dict:
-    """The config for the kernel: refuses keys only the userspace target understands."""
-    keys = cfg.userspace_only_keys()
+def kernel_dict(cfg: TargetConfig, rbd_devices: Optional[Dict[tuple, str]] = None) -> dict:
+    """The config for the kernel: refuses keys only the userspace target understands.  An rbd namespace
+    (nvmeof_roce.backend "rbd") is the kernel's too: krbd maps it (kernel/rbd_map.py) and its device.path is the
+    device `rbd_devices` names for it ((nqn, nsid) -> path; without it, the udev link it would have)."""
+    keys = [k for k in cfg.userspace_only_keys() if not _rbd_key(cfg, k)]
+    keys += _rbd_extra_keys(cfg)
     if keys:
         raise NvmetError(
             f"{cfg.source}: {keys[0]}: only the userspace target (nvmeof-roce target serve) understands "
             f"\"nvmeof_roce\" keys; the kernel nvmet would ignore them"
             + (f" (also: {', '.join(keys[1:])})" if len(keys) > 1 else ""),
             "for the kernel, remove the \"nvmeof_roce\" keys and give each namespace a device.path (a file, "
-            "a loop device or null_blk /dev/nullb0); or serve this file with nvmeof-roce target serve")
+            "a loop device or null_blk /dev/nullb0), or an rbd namespace (\"backend\": \"rbd\", \"rbd\": {...}, "
+            "mapped with krbd); or serve this file with nvmeof-roce target serve")
     for i, s in enumerate(cfg.subsystems):
         if s.allow_any_host and s.allowed_hosts:
             raise NvmetError(f"{cfg.source}: subsystems[{i}].attr.allow_any_host: is 1 while allowed_hosts lists "
@@ -412,7 +419,103 @@ def kernel_dict(cfg: TargetConfig) -> dict:
         if passthru_configured(s.raw.get("passthru")):
             raise NvmetError(f"{cfg.source}: subsystems[{i}].passthru: passthru subsystems are not supported by "
                              "nvmeof-roce nvmet apply", "use nvmetcli for passthru subsystems")
-    return _read_key_files(cfg, cfg.to_dict())
+    d = cfg.to_dict()
+    for s, sd in zip(cfg.subsystems, d["subsystems"]):
+        for ns, nd in zip(s.namespaces, sd.get("namespaces") or []):
+            if ns.backend == "rbd":
+                nd.pop(USERSPACE_KEY, None)
+                path = (rbd_devices or {}).get((s.nqn, ns.nsid)) or rbd_map.stable_path(ns.backend_settings)
+                nd.setdefault("device", {})["path"] = path if ns.enabled else ""
+    return _read_key_files(cfg, d)
+
+
+# What the kernel path takes of an rbd namespace's nvmeof_roce section (block_size: krbd's is 512)
+_RBD_KERNEL_KEYS = {"backend", "rbd", "block_size"}
+_NS_KEY = re.compile(r"subsystems\[(\d+)\]\.namespaces\[(\d+)\]\.nvmeof_roce")
+
+
+def _rbd_namespace_raw(cfg: TargetConfig, path: str) -> Optional[dict]:
+    m = _NS_KEY.fullmatch(path)
+    if not m:
+        return None
+    ns = cfg.subsystems[int(m.group(1))].namespaces[int(m.group(2))]
+    return ns.raw.get(USERSPACE_KEY) if ns.backend == "rbd" else None
+
+
+def _rbd_key(cfg: TargetConfig, path: str) -> bool:
+    return _rbd_namespace_raw(cfg, path) is not None
+
+
+def _rbd_extra_keys(cfg: TargetConfig) -> List[str]:
+    """The keys of rbd namespaces' nvmeof_roce sections the kernel cannot take."""
+    out = []
+    for path in cfg.userspace_only_keys():
+        raw = _rbd_namespace_raw(cfg, path)
+        if raw is None:
+            continue
+        out += [f"{path}.{k}" for k in sorted(set(raw) - _RBD_KERNEL_KEYS)]
+        if raw.get("block_size", 512) not in (512, "512"):
+            out.append(f"{path}.block_size (krbd's logical block is 512 bytes)")
+    return out
+
+
+def map_rbd(cfg: TargetConfig, dry_run: bool = False, rbd: Optional[rbd_map.RbdTool] = None
+            ) -> Tuple[List[Step], Dict[tuple, str]]:
+    """Map the config's rbd namespaces with krbd (an image already mapped is reused): the steps that mapped
+    one (dry_run: that would) and {(nqn, nsid): the device path nvmet is given}.  No rbd namespace: no call."""
+    wanted = rbd_map.rbd_namespaces(cfg)
+    if not wanted:
+        return [], {}
+    rbd = rbd or rbd_map.RbdTool()
+    mapped = _showmapped(rbd, dry_run)
+    steps, devices = [], {}
+    for (nqn, nsid), settings in wanted.items():
+        device = rbd.mapped_device(settings, mapped)
+        if device is None:
+            desc = f"+ map rbd image {settings.spec()} with krbd (rbd map) for namespace {nsid} of {nqn}"
+            if dry_run:
+                devices[(nqn, nsid)] = rbd_map.stable_path(settings)
+                steps.append(Step(op="rbd_map", rel=settings.spec(), desc=desc))
+                continue
+            device = rbd.map(settings)
+            mapped.append({"pool": settings.pool, "namespace": settings.namespace, "name": settings.image,
+                           "snap": "-", "device": device})
+            steps.append(Step(op="rbd_map", rel=settings.spec(), value=device, desc=f"{desc}: {device}"))
+        devices[(nqn, nsid)] = rbd.device_path(settings, device)
+    return steps, devices
+
+
+def _showmapped(rbd: "rbd_map.RbdTool", dry_run: bool) -> list:
+    """`rbd showmapped`; a dry run where the tool cannot answer (the offline check) plans as if nothing is mapped."""
+    try:
+        return rbd.showmapped()
+    except NvmeofError:
+        if not dry_run:
+            raise
+        return []
+
+
+def _device_paths(d: dict) -> set:
+    return {(n.get("device") or {}).get("path") or "" for s in d.get("subsystems") or []
+            for n in s.get("namespaces") or []} - {""}
+
+
+def unmap_released(before: dict, after: dict, dry_run: bool = False,
+                   rbd: Optional[rbd_map.RbdTool] = None) -> List[Step]:
+    """`rbd unmap` each krbd device a namespace of `before` (a Root.dump()) used and none of `after` does (the
+    apply removed the namespace or moved it to another device); the steps (dry_run: planned)."""
+    gone = {p for p in _device_paths(before) - _device_paths(after) if p.startswith("/dev/rbd")}
+    if not gone:
+        return []
+    rbd = rbd or rbd_map.RbdTool()
+    mapped = _showmapped(rbd, dry_run)
+    kept = {rbd.is_mapped_device(p, mapped) for p in _device_paths(after)}
+    steps = []
+    for device in sorted({rbd.is_mapped_device(p, mapped) for p in gone} - kept - {None}):
+        if not dry_run:
+            rbd.unmap(device)
+        steps.append(Step(op="rbd_unmap", rel=device, desc=f"- unmap {device} (rbd unmap): no namespace uses it"))
+    return steps
 
 
 def _read_key_files(cfg: TargetConfig, d: dict) -> dict:
@@ -432,13 +535,27 @@ def _read_key_files(cfg: TargetConfig, d: dict) -> dict:
     return d
 
 
-def apply(root: Root, cfg: TargetConfig, dry_run: bool = False, prune: bool = True) -> List[Step]:
-    """Reconcile the kernel with `cfg`; returns the steps run (or, with dry_run, planned)."""
-    desired = kernel_dict(cfg)
-    steps = plan(root.dump(), desired, prune)
+def apply(root: Root, cfg: TargetConfig, dry_run: bool = False, prune: bool = True,
+          rbd: Optional[rbd_map.RbdTool] = None) -> List[Step]:
+    """Reconcile the kernel with `cfg`; returns the steps run (or, with dry_run, planned): rbd images mapped
+    first, the configfs steps, then the krbd devices no namespace uses any more unmapped."""
+    kernel_dict(cfg)  # its refusals before anything is mapped
+    current = root.dump()
+    mapped, devices = map_rbd(cfg, dry_run, rbd)
+    desired = kernel_dict(cfg, devices)
+    steps = plan(current, desired, prune)
     if dry_run:
-        return steps
-    return execute(root, steps)
+        return mapped + steps + unmap_released(current, _planned_after(current, desired, prune), True, rbd)
+    done = mapped + execute(root, steps)
+    return done + unmap_released(current, root.dump(), rbd=rbd)
+
+
+def _planned_after(current: dict, desired: dict, prune: bool) -> dict:
+    """The namespaces' devices once `desired` is applied (for the dry run's unmaps): the desired subsystems',
+    and without prune the other current ones too."""
+    names = {s["nqn"] for s in desired.get("subsystems") or []}
+    kept = [] if prune else [s for s in current.get("subsystems") or [] if s["nqn"] not in names]
+    return {"subsystems": list(desired.get("subsystems") or []) + kept}
 
 
 def remove(root: Root, cfg: TargetConfig) -> List[str]:
@@ -448,10 +565,12 @@ def remove(root: Root, cfg: TargetConfig) -> List[str]:
         if root.fs.isdir(root.abspath(f"ports/{p.portid}")):
             root.port(p.portid).delete()
             gone.append(f"port {p.portid}")
+    before = root.dump()
     for s in cfg.subsystems:
         if root.fs.isdir(root.abspath(f"subsystems/{s.nqn}")):
             root.subsystem(s.nqn).delete()
             gone.append(f"subsystem {s.nqn}")
+    gone += [s.rel for s in unmap_released(before, root.dump())]
     for h in cfg.hosts:
         if root.fs.isdir(root.abspath(f"hosts/{h}")) and \
                 not any(h in s.allowed_hosts for s in root.subsystems):

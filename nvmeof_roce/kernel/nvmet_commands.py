@@ -28,7 +28,7 @@ def _missing_devices(cfg) -> list:
 
 def cmd_nvmet_apply(args):
     cfg = load_config(args.file)
-    desired = applymod.kernel_dict(cfg)
+    applymod.kernel_dict(cfg)  # its refusals before anything is mapped or changed
     offline = ""
     try:
         root = _root(args)
@@ -38,9 +38,13 @@ def cmd_nvmet_apply(args):
             raise
         # the offline check of a kernel config: no kernel target here, so the plan is against an empty one
         offline, current = exc.message, {"hosts": [], "ports": [], "subsystems": []}
+    mapped, devices = applymod.map_rbd(cfg, dry_run=args.dry_run)  # rbd namespaces: krbd devices
+    desired = applymod.kernel_dict(cfg, devices)
     steps = applymod.plan(current, desired, prune=args.prune)
     if args.dry_run:
         warnings = _missing_devices(cfg)
+        steps = mapped + steps + applymod.unmap_released(
+            current, applymod._planned_after(current, desired, args.prune), dry_run=True)
 
         def text(_r):
             if offline:
@@ -51,7 +55,8 @@ def cmd_nvmet_apply(args):
         emit({"file": args.file, "dry_run": True, "offline": bool(offline), "offline_reason": offline,
               "warnings": warnings, "steps": [s.to_dict() for s in steps]}, args.json, text)
         return 0
-    done = applymod.execute(root, steps)
+    done = mapped + applymod.execute(root, steps)
+    done += applymod.unmap_released(current, root.dump())
     emit({"file": args.file, "dry_run": False, "steps": [s.to_dict() for s in done]}, args.json,
          lambda r: print("\n".join(str(s) for s in done) if done else "nothing to change"))
     return 0
@@ -66,7 +71,7 @@ def cmd_nvmet_restore(args):
         return 0
     cfg = load_config(path)
     root = _root(args)
-    done = applymod.execute(root, applymod.plan(root.dump(), applymod.kernel_dict(cfg), prune=True))
+    done = applymod.apply(root, cfg)
     emit({"file": path, "restored": True, "steps": [s.to_dict() for s in done]}, args.json,
          lambda r: print(f"restored {len(cfg.subsystems)} subsystem(s), {len(cfg.ports)} port(s) from {path}"
                          f" ({len(done)} change(s))"))
@@ -88,6 +93,7 @@ def cmd_nvmet_clear(args):
     root = _root(args)
     before = root.dump()
     root.clear()
+    applymod.unmap_released(before, {})  # krbd devices its namespaces used (nvmet apply of rbd namespaces)
     emit({"removed": {"subsystems": [s["nqn"] for s in before["subsystems"]],
                       "ports": [p["portid"] for p in before["ports"]],
                       "hosts": [h["nqn"] for h in before["hosts"]]}}, args.json,

@@ -5,6 +5,7 @@ import faulthandler
 import logging
 import os
 import signal
+import sys
 import time
 from typing import Dict, List, Optional
 
@@ -22,6 +23,7 @@ from .ops import Operations, bind_control_socket, persist_changes
 log = logging.getLogger(__name__)
 
 DRAIN_SECONDS = 5.0  # how long a stop waits for in-flight commands
+CEPH_CLOSE_SECONDS = 15  # how long a stop waits for rbd images to close (a cluster gone: RBD_OP_TIMEOUT and more)
 STATUS_INTERVAL = 60.0  # seconds between status lines in the log
 
 
@@ -151,6 +153,11 @@ class TargetServer:
         for trtype, opts in options.items():  # after the listeners: what their queues used
             registry.get(trtype).close_opts(opts)
         self.target.close()  # flushes and closes the namespaces
+        if "nvmeof_roce.engine.backends.rbd" in sys.modules:  # rbd namespaces close on threads of their own
+            from ..engine.backends.rbd import wait_closed
+            if not wait_closed(CEPH_CLOSE_SECONDS):
+                log.warning("Ceph clients still closing after %d s (a cluster that does not answer): exiting "
+                            "without them", CEPH_CLOSE_SECONDS)
 
 
 def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[ResourceLimits] = None,

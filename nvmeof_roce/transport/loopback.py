@@ -34,6 +34,7 @@ from collections import deque
 from typing import Callable, Dict, List, Optional
 
 from ..nvme.cm import CmConnectRequest, PrivateDataError
+from ..nvme.command import SQE_SIZE
 from .resources import BufferPool
 from .contracts import (ConnectRejected, Connector, HostBuffer, HostQueue, ListenOptions, Listener, QueueHandler,
                         RemoteAccessError, TargetQueue, TransportError, TransportOps)
@@ -42,7 +43,6 @@ from .rdma.sgl import keyed_or_in_capsule_sgls, map_keyed_or_in_capsule
 
 log = logging.getLogger(__name__)
 
-SQE_SIZE = 64
 CQE_SIZE = 16
 DEFAULT_IN_CAPSULE_SIZE = 4096
 TICK_INTERVAL = 0.1

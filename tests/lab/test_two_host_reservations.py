@@ -496,3 +496,79 @@ def _wait_live(dev: str, timeout: float = 60.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"{dev} did not reconnect in {timeout} s")
         time.sleep(0.2)
+
+
+# --------------------------------------------------------------------------------------- fencing (docs/native.md)
+
+PREEMPT_ROUNDS = int(os.environ.get("NVMEOF_PREEMPT_ROUNDS", "20"))
+FENCED_RANGE = 2 << 20  # bytes both hosts write, from LBA 0
+CHUNK = 128 << 10
+
+
+def _write_range_as(dev: str, fill: int) -> None:
+    """Write FENCED_RANGE bytes of `fill` through this controller, 128 KiB per command."""
+    with open("/var/tmp/nvmeof-roce-fill.bin", "wb") as f:
+        f.write(bytes([fill]) * CHUNK)
+    for off in range(0, FENCED_RANGE, CHUNK):
+        nvme("io-passthru", dev, "--namespace-id=1", "--opcode=0x01", "--write", f"--data-len={CHUNK}",
+             f"--cdw10={off // 512}", f"--cdw12={CHUNK // 512 - 1}", "--input-file=/var/tmp/nvmeof-roce-fill.bin")
+
+
+def _blocks_not(head: str, fill: int) -> list:
+    """The 512-byte blocks of FENCED_RANGE that do not hold `fill`, read back with O_DIRECT through the multipath
+    head (a host that lost its registration may still read under Write Exclusive)."""
+    data = subprocess.run(["dd", f"if={head}", f"bs={CHUNK}", f"count={FENCED_RANGE // CHUNK}", "iflag=direct",
+                           "status=none"], capture_output=True, check=True).stdout
+    assert len(data) == FENCED_RANGE, len(data)
+    return [i for i in range(FENCED_RANGE // 512) if data[i * 512:(i + 1) * 512] != bytes([fill]) * 512]
+
+
+@pytest.fixture
+def served_ram(tmp_path):
+    """Our target with a RAM namespace (reservations on), served by the native data path."""
+    ns = {"nsid": 1, "nvmeof_roce": {"backend": "ram", "size": "64M", "block_size": 512}, "resv": {"enable": "1"}}
+    target = ServedTarget(_two_port_config(ns), str(tmp_path / "resv-ram.json"))
+    target.start()
+    try:
+        yield target
+    finally:
+        disconnect_all_quietly()
+        target.stop()
+
+
+def test_after_a_preempt_and_abort_every_block_holds_the_preempting_hosts_data(served_ram):
+    """Issue 47's lab sequence: host A holds Write Exclusive and writes a 2 MiB range at QD32 in 64-128 KiB blocks;
+    host B preempts and aborts A and, once answered, writes the same range; after A's I/O has failed, every block
+    holds B's data: none of A's Writes in flight at the preempt landed after it.  PREEMPT_ROUNDS rounds."""
+    a = connect(HOST_A)  # first: the multipath head's I/O goes down A's path
+    b = connect(HOST_B)
+    (head,) = namespaces_of(NQN)
+    CLI.resv_register(b, nrkey=KEY_B, nsid=1)
+    answered = []
+    for round_ in range(PREEMPT_ROUNDS):
+        CLI.resv_register(a, nrkey=KEY_A, nsid=1)  # preempted last round: registered again
+        if round_:
+            CLI.resv_release(b, WE, KEY_B, nsid=1)
+        CLI.resv_acquire(a, WE, KEY_A, nsid=1)
+        fio = subprocess.Popen(["fio", "--name=holder", f"--filename={head}", "--rw=randwrite", "--bsrange=64k-128k",
+                                f"--size={FENCED_RANGE}", "--iodepth=32", "--ioengine=libaio", "--direct=1",
+                                "--time_based", "--runtime=60", f"--randseed={round_ + 1}"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            time.sleep(1.5)
+            assert fio.poll() is None, fio.stdout.read()
+            t0 = time.monotonic()
+            CLI.resv_acquire(b, WE, KEY_B, racqa=2, prkey=KEY_A, nsid=1)  # preempt and abort
+            answered.append(time.monotonic() - t0)
+            fill = 0x40 + round_
+            _write_range_as(b, fill)
+            out, _ = fio.communicate(timeout=90)
+        finally:
+            if fio.poll() is None:
+                fio.kill()
+        assert fio.returncode != 0, out  # A's writes failed once it was preempted
+        bad = _blocks_not(head, fill)
+        assert bad == [], f"round {round_}: {len(bad)} blocks do not hold B's data (first {bad[:8]})"
+        assert served_ram.proc.poll() is None
+    print(f"preempt and abort: {PREEMPT_ROUNDS} rounds, every block B's; the preempt answered in "
+          f"{min(answered) * 1000:.0f}-{max(answered) * 1000:.0f} ms (nvme-cli's run included)")

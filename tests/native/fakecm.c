@@ -15,6 +15,13 @@
  * (`destroy_unacked`), and the tests require 0.  Ids are never freed (a destroyed id stays readable for the test),
  * only marked destroyed; `fakecm_recycle_next_id` makes the next id take the struct of the id destroyed last, as
  * librdmacm's allocator may put a new id at a destroyed one's address.
+ *
+ * QPs: rdma_create_qp makes a QP on an id (at INIT, as librdmacm leaves it, with CQs on completion channels whose fds
+ * are eventfds) and ibv_modify_qp checks each transition as a device would (INIT to INIT or RTR, RTR to RTS, any to
+ * ERR; anything else EINVAL) and keeps what RTR and RTS set.  rdma_accept on an id that has a QP does what
+ * librdmacm's does: INIT, RTR and RTS with rdma_init_qp_attr's values (the REQ's RNR retry count, 7) before it
+ * accepts.  Each destroy, of a QP or of an id, takes the next number of one sequence, so the test sees which came
+ * first (`fakecm_qp`); destroying an id whose QP is still there is counted (`destroy_with_qp`).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -25,6 +32,12 @@
 #include <arpa/inet.h>
 #include <sys/eventfd.h>
 #include <rdma/rdma_cma.h>
+
+struct fake_qp {
+    struct ibv_qp qp; /* first */
+    struct ibv_qp_attr rtr, rts;
+    int modifies;
+};
 
 struct fake_event {
     struct rdma_cm_event ev;
@@ -48,11 +61,15 @@ struct fake_id {
     int data_len, resources, depth;
     int resources_offered; /* the connect request's responder resources (a child id) */
     uint32_t qp_num;
+    struct fake_qp *qp_kept;  /* its QP, kept readable once destroyed */
+    long qp_destroyed_at, destroyed_at; /* the destroys' places in one sequence (0: not destroyed) */
 };
 
 static struct fake_id *all_ids;
-/* ids live, ids destroyed, events posted, events acked, destroy_unacked, rejects, blocking_waits */
-static long counters[7];
+/* ids live, ids destroyed, events posted, events acked, destroy_unacked, rejects, blocking_waits, destroy_with_qp,
+ * QPs made, QPs destroyed */
+static long counters[10];
+static long destroys; /* the sequence of destroys, of QPs and of ids */
 static int next_channel_fd_bad; /* fakecm_bad_channel_fd */
 static struct fake_id *last_destroyed, *recycle; /* fakecm_recycle_next_id: the next new id is `recycle` */
 
@@ -142,6 +159,9 @@ int rdma_destroy_id(struct rdma_cm_id *id)
     }
     if (f->unacked)
         counters[4]++;
+    if (id->qp)
+        counters[7]++;
+    f->destroyed_at = ++destroys;
     f->destroyed = 1;
     f->listening = 0;
     if (f->peer)
@@ -245,6 +265,8 @@ static void record(struct fake_id *f, struct rdma_conn_param *param)
     f->qp_num = param ? param->qp_num : 0;
 }
 
+static int modify_as_librdmacm(struct rdma_cm_id *id, const struct rdma_conn_param *param);
+
 int rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *param)
 {
     struct fake_id *f = fid(id);
@@ -252,7 +274,11 @@ int rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *param)
         errno = EINVAL;
         return -1;
     }
+    if (id->qp && modify_as_librdmacm(id, param)) /* librdmacm's ucma_modify_qp_rtr and ucma_modify_qp_rts */
+        return -1;
     record(f, param);
+    if (id->qp)
+        f->qp_num = id->qp->qp_num; /* librdmacm takes the QP's number over the conn_param's */
     f->state = 1;
     if (f->peer && f->peer->qp_num) { /* the host's QP is its own: it answers with rdma_establish */
         f->peer->state = 5;
@@ -430,6 +456,31 @@ void fakecm_fail_get_event(int nth, int err)
     get_event_errno = err;
 }
 
+/* An id's QP as it is (or was when destroyed): its state (-1: it never had one), what RTR and RTS set, the modifies
+ * made, and where its destroy and the id's fell in the sequence of destroys (0: not yet).  out: state, modifies,
+ * rtr max_dest_rd_atomic, rtr min_rnr_timer, rts rnr_retry, rts retry_cnt, rts timeout, rts max_rd_atomic, qp
+ * destroyed at, id destroyed at, qp_num. */
+int fakecm_qp(void *id, long *out)
+{
+    struct fake_id *f = id;
+    struct fake_qp *q = f->qp_kept;
+    memset(out, 0, 11 * sizeof *out);
+    out[8] = f->qp_destroyed_at;
+    out[9] = f->destroyed_at;
+    if (!q)
+        return -1;
+    out[0] = q->qp.state;
+    out[1] = q->modifies;
+    out[2] = q->rtr.max_dest_rd_atomic;
+    out[3] = q->rtr.min_rnr_timer;
+    out[4] = q->rts.rnr_retry;
+    out[5] = q->rts.retry_cnt;
+    out[6] = q->rts.timeout;
+    out[7] = q->rts.max_rd_atomic;
+    out[10] = q->qp.qp_num;
+    return 0;
+}
+
 void fakecm_counters(long *out)
 {
     memcpy(out, counters, sizeof counters);
@@ -486,6 +537,104 @@ int rdma_establish(struct rdma_cm_id *id)
     f->state = 1;
     if (f->peer) {
         post(f->peer, RDMA_CM_EVENT_ESTABLISHED, 0, NULL, 0, 0, 0);
+    }
+    return 0;
+}
+
+/* --- QPs ------------------------------------------------------------------------------------------------------ */
+
+static struct ibv_pd fake_pd;
+
+static struct ibv_comp_channel *new_channel(void)
+{
+    struct ibv_comp_channel *c = calloc(1, sizeof *c);
+    c->fd = eventfd(0, EFD_CLOEXEC);
+    return c;
+}
+
+/* librdmacm's: a QP on the id with a send and a receive CQ on their own channels, moved to INIT. */
+int rdma_create_qp(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
+{
+    static uint32_t next_qpn = 0x100;
+    struct fake_id *f = fid(id);
+    if (id->qp || f->destroyed) {
+        errno = EINVAL;
+        return -1;
+    }
+    struct fake_qp *q = calloc(1, sizeof *q);
+    q->qp.qp_num = next_qpn++;
+    q->qp.qp_type = IBV_QPT_RC;
+    q->qp.state = IBV_QPS_INIT;
+    q->qp.pd = pd ? pd : &fake_pd;
+    id->send_cq_channel = new_channel();
+    id->recv_cq_channel = new_channel();
+    id->send_cq = calloc(1, sizeof *id->send_cq);
+    id->recv_cq = calloc(1, sizeof *id->recv_cq);
+    id->send_cq->channel = id->send_cq_channel;
+    id->recv_cq->channel = id->recv_cq_channel;
+    id->pd = q->qp.pd;
+    id->qp = &q->qp;
+    f->qp_kept = q;
+    counters[8]++;
+    return 0;
+}
+
+void rdma_destroy_qp(struct rdma_cm_id *id)
+{
+    struct fake_id *f = fid(id);
+    if (!id->qp)
+        return;
+    id->qp->state = IBV_QPS_RESET; /* the kept copy reads as destroyed */
+    id->qp = NULL;
+    f->qp_destroyed_at = ++destroys;
+    close(id->send_cq_channel->fd);
+    close(id->recv_cq_channel->fd);
+    free(id->send_cq_channel);
+    free(id->recv_cq_channel);
+    free(id->send_cq);
+    free(id->recv_cq);
+    id->send_cq_channel = id->recv_cq_channel = NULL;
+    id->send_cq = id->recv_cq = NULL;
+    counters[9]++;
+}
+
+/* A device's checks of a state change: INIT to INIT or RTR, RTR to RTS, RTS to RTS, anything to ERR or RESET. */
+int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
+{
+    struct fake_qp *q = (struct fake_qp *)qp;
+    enum ibv_qp_state from = qp->state, to = (mask & IBV_QP_STATE) ? attr->qp_state : from;
+    int ok = to == IBV_QPS_ERR || to == IBV_QPS_RESET || (from == IBV_QPS_INIT && to == IBV_QPS_INIT) ||
+             (from == IBV_QPS_INIT && to == IBV_QPS_RTR) || (from == IBV_QPS_RTR && to == IBV_QPS_RTS) ||
+             (from == IBV_QPS_RTS && to == IBV_QPS_RTS);
+    if (!ok)
+        return EINVAL; /* as ibv_modify_qp: the error number, not -1 */
+    if (to == IBV_QPS_RTR)
+        q->rtr = *attr;
+    if (to == IBV_QPS_RTS && from == IBV_QPS_RTR)
+        q->rts = *attr;
+    qp->state = to;
+    q->modifies++;
+    return 0;
+}
+
+static int modify_as_librdmacm(struct rdma_cm_id *id, const struct rdma_conn_param *param)
+{
+    static const enum ibv_qp_state states[] = {IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS};
+    for (int i = 0; i < 3; i++) {
+        struct ibv_qp_attr attr;
+        int mask;
+        memset(&attr, 0, sizeof attr);
+        attr.qp_state = states[i];
+        rdma_init_qp_attr(id, &attr, &mask);
+        if (states[i] == IBV_QPS_RTR && param)
+            attr.max_dest_rd_atomic = param->responder_resources;
+        if (states[i] == IBV_QPS_RTS && param)
+            attr.max_rd_atomic = param->initiator_depth;
+        int rc = ibv_modify_qp(id->qp, &attr, mask);
+        if (rc) {
+            errno = rc;
+            return -1;
+        }
     }
     return 0;
 }

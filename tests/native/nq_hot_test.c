@@ -226,7 +226,7 @@ static void test_one_read_credit_is_never_used_twice(void)
     CHECK(responses(&e, cids, 64) == 4, "the 4 Writes answered");
     CHECK(owner.send_done == 1, "the owner's READ completed");
     CHECK(!memcmp(e.ram + 128 * 4096, e.host + 4096, 4096), "the owner's READ moved its data");
-    CHECK(e.q.reads_free == 1 && !e.q.failed && owner.failures == 0, "the credit back, nothing failed");
+    CHECK(e.q.reads_free == 1 && !e.q.fail_status && owner.failures == 0, "the credit back, nothing failed");
     env_close(&e);
 }
 
@@ -286,7 +286,28 @@ static void test_a_close_sends_what_was_batched_first(void)
     uint16_t cids[8];
     CHECK(responses(&e, cids, 8) == 5, "the 4 Reads and the Disconnect answered, the capsule behind it not");
     CHECK(e.q.native_commands == 4 && owner.capsules == 1, "nothing taken after the close");
+    CHECK(e.q.state == NQ_Q_CLOSING, "closing until its owner closes it: %s", nq_qstate_names[e.q.state]);
     env_close(&e);
+}
+
+/* The queue's lifetime (csrc/nq_life.h): the per-command compares rest on the order of the states, and every path
+ * from SERVING ends in RELEASED through CLOSED, never back. */
+static void test_the_queue_lifetime_table(void)
+{
+    for (int s = 0; s < NQ_QSTATES; s++) {
+        for (int t = 0; t < NQ_QSTATES; t++) {
+            int edge = (nq_qnext[s] & NQ_QTO(t)) != 0;
+            CHECK(!edge || t > s, "%s -> %s goes back", nq_qstate_names[s], nq_qstate_names[t]);
+            CHECK(!edge || t < NQ_Q_RELEASED || s == NQ_Q_CLOSED, "%s -> RELEASED skips CLOSED", nq_qstate_names[s]);
+        }
+        CHECK(s == NQ_Q_RELEASED || (nq_qnext[s] & (NQ_QTO(NQ_Q_CLOSED) | NQ_QTO(NQ_Q_RELEASED))),
+              "%s cannot close", nq_qstate_names[s]);
+    }
+    CHECK(nq_qnext[NQ_Q_RELEASED] == 0, "RELEASED is the end");
+    int st = NQ_Q_SERVING;
+    CHECK(nq_qmove(&st, NQ_Q_CLOSING, 1) == 0 && nq_qmove(&st, NQ_Q_FAILED, 1) == 0 &&
+          nq_qmove(&st, NQ_Q_STOPPED, 1) == 0 && nq_qmove(&st, NQ_Q_CLOSED, 1) == 0 &&
+          nq_qmove(&st, NQ_Q_RELEASED, 1) == 0 && st == NQ_Q_RELEASED, "the longest way, step by step");
 }
 
 int main(void)
@@ -297,6 +318,7 @@ int main(void)
     test_a_read_never_waits_behind_a_write_waiting_for_a_credit();
     test_a_capsule_the_view_does_not_serve_goes_to_the_owner();
     test_a_close_sends_what_was_batched_first();
+    test_the_queue_lifetime_table();
     if (failures) {
         fprintf(stderr, "%d checks failed\n", failures);
         return 1;

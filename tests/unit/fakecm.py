@@ -17,11 +17,29 @@ from native_fake import compiled_fake
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "tests" / "native" / "fakecm.c"
-COUNTERS = ("ids", "destroyed", "posted", "acked", "destroy_unacked", "rejects", "blocking_waits")
+COUNTERS = ("ids", "destroyed", "posted", "acked", "destroy_unacked", "rejects", "blocking_waits", "destroy_with_qp",
+            "qps_made", "qps_destroyed")
+QP_STATES = {0: "RESET", 1: "INIT", 2: "RTR", 3: "RTS", 6: "ERR"}
 STATES = {0: "pending", 1: "accepted", 2: "rejected", 3: "disconnected", 4: "connecting", 5: "responded",
           -1: "destroyed"}
 
 _LIB: Optional[ctypes.CDLL] = None
+
+
+class Qp(NamedTuple):
+    """An id's QP in the fake (rdma_create_qp's): its state ("RESET" once destroyed), the modifies made, what RTR
+    and RTS set, and where its destroy and its id's fell in the fake's one sequence of destroys (0: not yet)."""
+    state: str
+    modifies: int
+    max_dest_rd_atomic: int
+    min_rnr_timer: int
+    rnr_retry: int
+    retry_cnt: int
+    timeout: int
+    max_rd_atomic: int
+    qp_destroyed_at: int
+    id_destroyed_at: int
+    qp_num: int
 
 
 class Answer(NamedTuple):
@@ -46,6 +64,7 @@ def load(module) -> ctypes.CDLL:
     lib.fakecm_answer.argtypes = [vp, ctypes.c_char_p, ctypes.POINTER(i), ctypes.POINTER(i), ctypes.POINTER(i),
                                   ctypes.POINTER(ctypes.c_uint32)]
     lib.fakecm_counters.argtypes = [vp]
+    lib.fakecm_qp.argtypes = [vp, vp]
     lib.fakecm_fail_get_event.argtypes = [i, i]
     module.cm_load_library(str(out))
     _LIB = lib
@@ -90,6 +109,21 @@ def answer(fake_id: int) -> Answer:
     state = _LIB.fakecm_answer(fake_id, data, ctypes.byref(n), ctypes.byref(res), ctypes.byref(depth),
                                ctypes.byref(qpn))
     return Answer(STATES[state], data.raw[:n.value], res.value, depth.value, qpn.value)
+
+
+def qp(fake_id: int) -> Optional[Qp]:
+    """The QP made on an id of the fake (`connect`'s), destroyed or not; None if it never had one."""
+    out = (ctypes.c_long * 11)()
+    if _LIB.fakecm_qp(fake_id, out) < 0:
+        return None
+    return Qp(QP_STATES.get(out[0], str(out[0])), *out[1:])
+
+
+def destroy_order(fake_id: int) -> tuple:
+    """(where the id's QP's destroy fell, where the id's did) in the fake's sequence of destroys; 0: not yet."""
+    out = (ctypes.c_long * 11)()
+    _LIB.fakecm_qp(fake_id, out)
+    return out[8], out[9]
 
 
 def counters() -> dict:

@@ -438,6 +438,8 @@ class QP:
     # legacy verbs
     def modify(self, attr, mask=0):
         self.qp_state = getattr(attr, "qp_state", self.qp_state)
+        self.modified = getattr(self, "modified", {})
+        self.modified[self.qp_state] = (dict(vars(attr)), mask)  # what each state was reached with
 
     def to_init(self, *a, **kw):
         pass

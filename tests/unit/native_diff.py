@@ -57,10 +57,10 @@ class Endpoint:
 
 
 class LoopbackEndpoint(Endpoint):
-    def __init__(self, config: dict, subnqn: str, host_buffer: int = HOST_BUFFER):
+    def __init__(self, config: dict, subnqn: str, host_buffer: int = HOST_BUFFER, kato: int = 0):
         self.host_buffer = host_buffer
         self.env = Env(config)
-        admin, cqe = raw_connect(self.env.connector(ADDR1), subnqn, HOST_A)
+        admin, cqe = raw_connect(self.env.connector(ADDR1), subnqn, HOST_A, kato=kato)
         assert cqe.status == 0
         raw_enable(admin)
         self.admin = admin
@@ -106,10 +106,11 @@ def namespace_bytes(env, subnqn: str, nsid: int) -> bytes:
 
 class NativeEndpoint(Endpoint):
     def __init__(self, config: dict, subnqn: str, depth: int = 32, file_buffers: int = 32, max_reads: int = 16,
-                 region_of=None, host_buffer: int = HOST_BUFFER):
+                 region_of=None, host_buffer: int = HOST_BUFFER, kato: int = 0):
+        """`kato`: the admin queue's keep-alive timeout in ms (0: none asked for, the target's max_kato)."""
         self.host_buffer = host_buffer
         self.env = Env(config)
-        admin, cqe = raw_connect(self.env.connector(ADDR1), subnqn, HOST_A)
+        admin, cqe = raw_connect(self.env.connector(ADDR1), subnqn, HOST_A, kato=kato)
         assert cqe.status == 0
         raw_enable(admin)
         self.admin = admin

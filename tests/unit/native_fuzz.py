@@ -15,6 +15,29 @@ for the Python path, the C queue on the fake verbs provider for the native one) 
   QP moved to the error state with work on the wire; io_uring completions failing (EIO, ECANCELED, EAGAIN) or
   stalled and released (`_native.uring_inject`; the Python path's engine meets the same errors).
 
+The widened cases (`Case(seed, wide=True)`; the unit tier's second sample and `make test-native-fuzz` at scale)
+add, from a second random stream so a narrow case stays what it was:
+
+- hosts and controllers: besides the differential queue (host A), host A's second controller (the same host
+  identifier: one registrant with it) and host B's, over loopback on both sides (their commands take the Python
+  path in both runs, so their answers compare); host A's admin queue asks for a KATO;
+- reservations on namespaces 1 (RAM) and 5 (file): Register, Unregister, Acquire, Preempt, Preempt and Abort,
+  Release and Clear by either loopback controller, between batches, and one while a batch is in flight (a Preempt
+  and Abort of host A by host B most often) with the wire held and released one work request at a time, so the
+  change meets host A's native Writes with their READs still on it.  Answers, whether the change was fenced (it
+  took an access away) and the reservation states are compared between the paths.  At a fenced answer the native
+  side checks that no work request of host A's queue into the namespace's memory is on the wire
+  (`device.on_wire_into`), and the host that made the change writes over the blocks of the batch's first Write to
+  that namespace: started before the change, that Write must land before this one on both paths (the namespaces
+  are compared byte for byte; the oracle applies the write after the batch's commands);
+- host A's controller ended in a case's last batch with its work on the wire (`END_KINDS`: keep-alive expiry, the
+  fake clock moved past KATO; a Disconnect of the I/O queue; the admin queue gone; both; host A removed from the
+  allowed hosts), then namespace 1 resized, removed or added, or the file namespace resized, guarded as a
+  mid-batch change is: never committed with work into the memory it lets go on the wire;
+- host B removed from the subsystem's allowed hosts (its controller ended: checked) and allowed again (connected
+  again), before a batch or during one; the file namespace resized or replaced by a new file, before or during.
+  A block namespace would need a device the target can resize (a loop device of the lab): the file stands in.
+
 The comparator's rules (`check_batch`):
 
 1. Commands of one batch never share memory where one of them writes (a namespace's blocks, the host's buffer):
@@ -36,11 +59,17 @@ The comparator's rules (`check_batch`):
 5. A queue that ends without a fault or a fatal capsule, or one path's queue ending while the other's lives on
    without a fault or a fatal capsule that explains it, is a divergence.  After a batch compared by the oracle
    the case ends: the two paths may have run different commands, so nothing after it compares.
+6. When host A's controller ended in the batch (a wide case's last), a command both paths answered may differ
+   only in the native answer being Invalid Namespace (`ENDED_STATUSES`): the native command finished after the
+   end, when its namespace had left the queue's view; the loopback's Python path moved its data and answered
+   before.  The oracle holds its data to "as it was or as written" then.
 
 Known divergences stay out of the at-scale run (`KNOWN`: the combinations that reproduce them are made
 differently) and are replayed as strict xfails from the corpus (tests/unit/fixtures/native_fuzz/corpus.json),
 until fixed.  None is known now; the last two, fixed (corpus seeds 133 and 150), were a ring error and a queue
-ending while a live change was in flight.
+ending while a live change was in flight; the widened fuzz's first runs found two more, fixed (corpus seeds 4 and
+40, wide): a reservation change that took host A's access answered its native Writes in flight Invalid Namespace,
+and a file command the device failed, handed back to the core, escaped the fence of a live change.
   So in a batch with an io_uring error, a failed post or a capsule that ends the queue, the step's live change
   is made before the batch, not while it is in flight.
 
@@ -48,7 +77,8 @@ With the native queue on a poll-group thread, every live change is made before i
 capsules in its own time, so a change made after the first loop pass may precede them (they then meet the changed
 namespace, rightly) where the Python path has started them all.
 
-`run(seeds)` returns a `Tally` (capsules, batches, changes and faults by kind, divergences).  A failure raises
+`run(seeds)` returns a `Tally` (capsules, batches, changes and faults by kind, divergences; for wide cases hosts,
+controllers, reservation commands by outcome, fenced answers, controllers ended by kind).  A failure raises
 `Divergence` naming the seed, the step and what differed; the seed alone replays it.
 """
 from __future__ import annotations
@@ -93,33 +123,46 @@ class Divergence(AssertionError):
 
 @dataclass
 class Model:
-    """What the generator knows of the running config: namespaces (size, block size, visibility), the key."""
-    sizes: Dict[int, Optional[str]] = field(default_factory=lambda: {1: "1M", 4: "256K"})  # None: removed
+    """What the generator knows of the running config: namespaces (size, block size, visibility), the key, the
+    file namespace's size and file, which hosts the subsystem allows."""
+    sizes: Dict[int, Optional[str]] = field(default_factory=lambda: {1: "1M", 4: "256K", 5: "1M"})  # None: removed
     uuid2: int = 0
     hidden: Dict[int, bool] = field(default_factory=lambda: {1: False, 5: False})
     key: bool = False
+    file_gen: int = 0  # namespace 5's file: ns5.img, then ns5-1.img, ... (each replace a new file)
+    allowed: Dict[str, bool] = field(default_factory=lambda: {"A": True, "B": True})
 
     def blocks(self, nsid: int) -> Tuple[int, int]:
         """(blocks, LBA data size shift) of namespace `nsid` as configured now; (0, 9) if there is none."""
-        if nsid in (1, 4):
+        if nsid in (1, 4, 5):
             size = self.sizes[nsid]
             return (_bytes(size) >> 9, 9) if size else (0, 9)
-        return {2: (256, 12), 3: (1 << 21, 9), 5: (2048, 9)}.get(nsid, (0, 9))
+        return {2: (256, 12), 3: (1 << 21, 9)}.get(nsid, (0, 9))
+
+    def copy(self) -> "Model":
+        return Model(dict(self.sizes), self.uuid2, dict(self.hidden), self.key, self.file_gen, dict(self.allowed))
 
     def config(self, directory: Path) -> dict:
         def visible(nsid, ns):
             if self.hidden.get(nsid):
                 ns["nvmeof_roce"]["visible_hosts"] = [HOST_B]
             return ns
-        namespaces = [visible(1, ram_ns(1, self.sizes[1]))] if self.sizes[1] else []
+        # Reservations on namespaces 1 (RAM) and 5 (file): host A (the differential queue and a loopback
+        # controller of the same host identifier) and host B (loopback) register, acquire and preempt there
+        namespaces = [visible(1, ram_ns(1, self.sizes[1], resv={"enable": "1"}))] if self.sizes[1] else []
         namespaces += [ram_ns(2, "1M", 4096, device={"uuid": UUIDS[self.uuid2]}), null_ns(3, "1G")]
         if self.sizes[4]:
             namespaces.append(ram_ns(4, self.sizes[4]))
-        namespaces.append(visible(5, file_ns(5, directory / "ns5.img", "1M")))
-        hosts = [{"nqn": HOST_A, "dhchap": {"key": KEY, "hash": "hmac(sha256)", "dhgroup": "null"}}] if self.key \
-            else []
-        return {"hosts": hosts, "ports": [port(1, "10.99.0.1:4420", [SUB_RAM, SUB_4K, SUB_NULL])],
-                "subsystems": [{"nqn": SUB_RAM, "namespaces": namespaces},
+        name = "ns5.img" if not self.file_gen else f"ns5-{self.file_gen}.img"
+        ns5 = file_ns(5, directory / name, self.sizes[5])
+        ns5["resv"] = {"enable": "1"}
+        namespaces.append(visible(5, ns5))
+        host_a = {"nqn": HOST_A, "dhchap": {"key": KEY, "hash": "hmac(sha256)", "dhgroup": "null"}} if self.key \
+            else {"nqn": HOST_A}
+        allowed = [nqn for who, nqn in (("A", HOST_A), ("B", HOST_B)) if self.allowed[who]]
+        return {"hosts": [host_a, {"nqn": HOST_B}], "ports": [port(1, "10.99.0.1:4420", [SUB_RAM, SUB_4K, SUB_NULL])],
+                "subsystems": [{"nqn": SUB_RAM, "attr": {"allow_any_host": "0"}, "allowed_hosts": allowed,
+                                "namespaces": namespaces},
                                {"nqn": SUB_4K, "namespaces": [ram_ns(1, "4M", 4096)]},
                                {"nqn": SUB_NULL, "namespaces": [null_ns(1)]}]}
 
@@ -153,11 +196,31 @@ class Command:
 
 
 @dataclass
+class Resv:
+    """A reservation command of one of the loopback controllers (host A's second controller "A", host B's "B")."""
+    actor: str
+    name: str  # register, unregister, acquire, release, clear, preempt, preempt-and-abort
+    nsid: int
+    opc: int
+    cdw10: int
+    data: bytes
+
+    def __repr__(self) -> str:
+        return f"Resv({self.actor} {self.name} ns {self.nsid} cdw10 {self.cdw10:#x} data {self.data.hex()})"
+
+
+@dataclass
 class Step:
     commands: List[Command]
     change: Optional[Tuple[str, int, object]] = None  # (kind, nsid, value)
     change_mid: bool = False  # made while the batch is in flight (after the first poll), not before it
     fault: Optional[Tuple[str, object]] = None
+    # the widened fuzz (Case(wide=True)): reservation commands before the batch and one while it is in flight;
+    # host A's controller ended in the last step (END_KINDS), then a live change with its work still on the wire
+    resv_before: List[Resv] = field(default_factory=list)
+    resv_mid: Optional[Resv] = None
+    end: Optional[str] = None
+    end_change: Optional[Tuple[str, int, object]] = None
 
 
 def gen_command(rng: random.Random, model: Model, i: int, n: int) -> Command:
@@ -274,14 +337,123 @@ def gen_change(rng: random.Random, model: Model) -> Optional[Tuple[str, int, obj
     return ("key", 0, model.key)
 
 
-class Case:
-    """The steps of seed `seed`: 2-10 batches, the model of the config advanced by each change."""
+# ------------------------------------------------------------------------------------------------ the widened fuzz
 
-    def __init__(self, seed: int):
+RESV_NVM = {"register": 0x0D, "unregister": 0x0D, "acquire": 0x11, "preempt": 0x11, "preempt-and-abort": 0x11,
+            "release": 0x15, "clear": 0x15}
+RESV_KEYS = {"A": 0xA, "B": 0xB}
+END_KINDS = ("kato", "disconnect", "admin", "disconnect+admin", "host")
+KATO_MS = 4000  # host A's admin queue asks for it in a wide case; "kato" moves the fake clock past it
+ID_A = "00010203-0405-0607-0809-0a0b0c0d0e0f"  # RAW_HOSTID: the differential queue's host identifier
+ID_B = "00000000-0000-4000-8000-0000000000bb"
+FILE_SIZES = ("1M", "2M", "512K")
+
+
+def gen_resv(rng: random.Random, actor: Optional[str] = None, name: Optional[str] = None,
+             nsid: Optional[int] = None, rtype: Optional[int] = None) -> Resv:
+    """A reservation command: mostly the right keys, so registrations, holds and preempts happen; sometimes a
+    wrong one (a conflict both paths answer alike)."""
+    from nvmeof_roce.nvme import reservation as R
+    actor = actor or rng.choice(["A", "B", "B"])
+    me, other = RESV_KEYS[actor], RESV_KEYS["B" if actor == "A" else "A"]
+    crkey = me if rng.random() < 0.9 else 0x77
+    rtype = rtype or rng.choice(R.TYPES)
+    name = name or rng.choice(["register"] * 3 + ["acquire"] * 3 + ["preempt"] * 2 + ["preempt-and-abort"] * 4 +
+                              ["release"] * 2 + ["clear", "unregister"])
+    nsid = nsid or rng.choice([1, 1, 1, 5])
+    if name == "register":
+        cdw10, data = R.register_cdw10(R.REGISTER), R.KEYS.pack(0, me)
+    elif name == "unregister":
+        cdw10, data = R.register_cdw10(R.UNREGISTER), R.KEYS.pack(crkey, 0)
+    elif name in ("acquire", "preempt", "preempt-and-abort"):
+        action = {"acquire": R.ACQUIRE, "preempt": R.PREEMPT, "preempt-and-abort": R.PREEMPT_AND_ABORT}[name]
+        cdw10, data = R.acquire_cdw10(action, rtype), R.KEYS.pack(crkey, 0 if action == R.ACQUIRE else other)
+    else:
+        cdw10 = R.release_cdw10(R.RELEASE if name == "release" else R.CLEAR, rtype)
+        data = crkey.to_bytes(8, "little")
+    return Resv(actor, name, nsid, RESV_NVM[name], cdw10, data)
+
+
+def gen_wide_change(rng: random.Random, model: Model) -> Optional[Tuple[str, int, object]]:
+    """A change of the widened fuzz: host B removed from the subsystem's allowed hosts (its controller ended) or
+    allowed again, the file namespace resized or replaced by a new file."""
+    kind = rng.choice(["hosts", "hosts", "file-resize", "file-resize", "file-replace"])
+    if kind == "hosts":
+        model.allowed["B"] = not model.allowed["B"]
+        return ("hosts", 0, model.allowed["B"])
+    if kind == "file-resize":
+        size = rng.choice([s for s in FILE_SIZES if s != model.sizes[5]])
+        model.sizes[5] = size
+        return ("resize", 5, size)
+    model.file_gen += 1
+    return ("replace-file", 5, model.file_gen)
+
+
+def gen_end_change(rng: random.Random, model: Model, kind: str) -> Optional[Tuple[str, int, object]]:
+    """The change made once host A's controller ended, its work still on the wire: namespace 1 resized or removed,
+    the file namespace resized; "host": host A itself removed from the allowed hosts (the change that ends it)."""
+    if kind == "host":
+        model.allowed["A"] = False
+        return ("hosts-a", 0, False)
+    what = rng.choice(["resize", "resize", "remove", "file"])
+    if what == "file":
+        size = rng.choice([s for s in FILE_SIZES if s != model.sizes[5]])
+        model.sizes[5] = size
+        return ("resize", 5, size)
+    if not model.sizes[1]:
+        model.sizes[1] = RAM_SIZES[1][0]
+        return ("add", 1, model.sizes[1])
+    if what == "remove":
+        model.sizes[1] = None
+        return ("remove", 1, None)
+    size = rng.choice([s for s in RAM_SIZES[1] if s != model.sizes[1]])
+    model.sizes[1] = size
+    return ("resize", 1, size)
+
+
+def gen_wide(rng: random.Random, model: Model, step: Step, first: bool, last: bool) -> None:
+    """The widened fuzz's events of `step`, from their own random stream (the narrow case's draws are unchanged)."""
+    if first and rng.random() < 0.6:  # both hosts registered on a namespace, host A holding it: preempts can act
+        nsid, rtype = rng.choice([1, 1, 5]), rng.choice([1, 1, 2, 3, 4])
+        step.resv_before = [gen_resv(rng, "A", "register", nsid), gen_resv(rng, "B", "register", nsid),
+                            gen_resv(rng, "A", "acquire", nsid, rtype)]
+    elif rng.random() < 0.35:
+        step.resv_before = [gen_resv(rng) for _ in range(rng.randint(1, 3))]
+    if step.change is None and rng.random() < 0.2:
+        step.change = gen_wide_change(rng, model)
+        step.change_mid = rng.random() < 0.5
+    quiet = step.fault is None or step.fault[0] == "hold"
+    if last and rng.random() < 0.3:
+        step.end = rng.choice(END_KINDS)
+        step.change_mid = False  # the step's own change, if any, before the batch
+        if not quiet:
+            step.fault = None
+        step.end_change = gen_end_change(rng, model, step.end)
+    elif not step.change_mid and rng.random() < 0.45:
+        # a preempt and abort of host A by host B most often: the fence's window
+        step.resv_mid = gen_resv(rng, "B", "preempt-and-abort") if rng.random() < 0.5 else gen_resv(rng)
+        if not quiet:
+            step.fault = None
+
+
+class Case:
+    """The steps of seed `seed`: 2-10 batches, the model of the config advanced by each change.  `wide`: with
+    the widened fuzz's events (host B and a second controller of host A, reservations, ended controllers, host
+    and file namespace changes), drawn from a second stream so the narrow case's steps are the same."""
+
+    def __init__(self, seed: int, wide: bool = False):
         self.seed = seed
+        self.wide = wide
         rng = random.Random(seed)
+        wide_rng = random.Random(f"wide-{seed}")
         self.model = Model()
-        self.steps = [gen_step(rng, self.model) for _ in range(rng.randint(2, 10))]
+        self.steps = []
+        count = rng.randint(2, 10)
+        for i in range(count):
+            step = gen_step(rng, self.model)
+            if wide:
+                gen_wide(wide_rng, self.model, step, i == 0, i == count - 1)
+            self.steps.append(step)
 
 
 # ------------------------------------------------------------------------------------------------ running
@@ -296,12 +468,30 @@ class Tally:
     fatal: Counter = field(default_factory=Counter)
     degraded: int = 0
     native_answers: int = 0
+    # the widened fuzz
+    wide_cases: int = 0
+    hosts: int = 0  # hosts with a controller on the subsystem, summed over cases
+    controllers: int = 0  # controllers connected (host A's differential one, its loopback one, host B's), reconnects
+    resv: Counter = field(default_factory=Counter)  # reservation commands by name and outcome
+    fenced: int = 0  # reservation changes answered after a fence (an access taken away)
+    fenced_on_wire: int = 0  # ... issued while host A's native work into the namespace's memory was on the wire
+    overwrites: int = 0  # a write by the changing host right after such an answer, over host A's batch's blocks
+    ended: Counter = field(default_factory=Counter)  # host A's controller ended mid-flight, by kind
 
     def summary(self) -> str:
-        return (f"{self.cases} cases, {self.batches} batches, {self.capsules} capsules "
+        resv = dict(sorted(self.resv.items()))
+        text = (f"{self.cases} cases, {self.batches} batches, {self.capsules} capsules "
                 f"({self.native_answers} native answers), live changes {dict(self.changes)}, faults "
                 f"{dict(self.faults)}, queues ended by {dict(self.fatal)}, {self.degraded} batches compared by the "
-                f"acknowledged-data oracle, 0 divergences")
+                f"acknowledged-data oracle")
+        if self.wide_cases:
+            text += (f"; widened: {self.wide_cases} cases, {self.hosts} hosts and {self.controllers} controllers "
+                     f"connected, preempts {self.resv['preempt ok']}, preempt-and-aborts "
+                     f"{self.resv['preempt-and-abort ok']}, {self.fenced} reservation changes answered after a fence "
+                     f"({self.fenced_on_wire} issued with host A's work into the namespace on the wire, "
+                     f"{self.overwrites} followed by a write over host A's blocks), reservation commands {resv}, "
+                     f"controllers ended mid-flight {dict(self.ended)}")
+        return text + ", 0 divergences"
 
 
 class Side:
@@ -332,8 +522,157 @@ class Side:
         live.apply(self.ep.env.target, new, applying=applying)
         return applying
 
+    # -- the widened fuzz: the other controllers (loopback, on both sides), reservations, ended controllers
+
+    ctrls: Dict[str, object]
+    where = ""
+
+    def connect(self, who: str):
+        """Host A's second controller ("A", host A's host identifier: one registrant with the differential queue)
+        or host B's ("B"), over loopback: KATO 0 (the target's max_kato), so moving the clock past host A's
+        differential controller's KATO ends only that one."""
+        hostnqn, hostid = (HOST_A, ID_A) if who == "A" else (HOST_B, ID_B)
+        self.ctrls[who] = self.ep.env.connect(SUB_RAM, hostnqn=hostnqn, hostid=hostid, num_io_queues=1, kato_ms=0)
+        return self.ctrls[who]
+
+    def poll_hosts(self) -> None:
+        env = self.ep.env
+        env.fabric.pump()
+        for who, ctrl in list(self.ctrls.items()):
+            if ctrl is None:
+                continue
+            try:
+                ctrl.poll_completions()
+            except Exception:  # its controller was ended (a host removed): nothing of it is pending
+                self.ctrls[who] = None
+
+    def host_controllers(self, hostnqn: str) -> int:
+        return sum(1 for c in self.ep.env.target.subsystem(SUB_RAM).controllers.values() if c.hostnqn == hostnqn)
+
+    def wait(self, more) -> None:
+        settle(self.ep.env, more=lambda: not self.tick() and more())
+
+    wide = False
+
+    def tick(self) -> None:
+        """In a wide case, the target's tick while a batch settles (a real event loop ticks every second): a
+        change that ends controllers is finished by a fence that may be checked only there."""
+        if self.wide:
+            self.ep.env.target.tick(self.ep.env.clock())
+
+    def send_raw(self, capsule: bytes) -> None:
+        raise NotImplementedError
+
+    def end_controller(self, kind: str) -> None:
+        """End host A's differential controller (or its I/O queue) as `kind` says, its batch in flight."""
+        env = self.ep.env
+        if kind == "kato":
+            for _ in range(2):  # twice: native commands count as traffic at the first tick after them
+                env.clock.advance(KATO_MS / 1000 + 1)
+                env.target.tick(env.clock())
+                env.fabric.pump()
+        if kind in ("disconnect", "disconnect+admin"):
+            self.send_raw(Command(cid=0x99, opc=FABRICS, nsid=FCTYPE_DISCONNECT).capsule(self.ep))
+        if kind in ("admin", "disconnect+admin"):
+            self.ep.admin.transport.close()
+            env.fabric.pump()
+
+    def resv_state(self) -> Dict[int, Optional[dict]]:
+        out = {}
+        for nsid, ns in self.ep.env.target.subsystem(SUB_RAM).namespaces.items():
+            out[nsid] = ns.resv.snapshot() if ns.resv is not None else None
+        return out
+
+    def access_taken(self, nsid: int, before: Optional[dict]) -> bool:
+        """Whether the reservation change from `before` took an access away from a host with a queue on the
+        subsystem: the target answers it only after a fence then (engine/reservations.py _changed)."""
+        from nvmeof_roce.engine.reservations import Reservation
+        target = self.ep.env.target
+        sub = target.subsystem(SUB_RAM)
+        ns = sub.namespaces.get(nsid)
+        if before is None or ns is None or ns.resv is None:
+            return False
+        old = Reservation()
+        old.restore(before)
+        hosts = {qs.ctrl.hostid for qs in target.queue_states() if qs.ctrl is not None and qs.ctrl.subsystem is sub}
+        return any(old.allowed(h) - ns.resv.allowed(h) for h in hosts)
+
+    def on_wire_into_ns(self, nsid: int) -> int:
+        return 0
+
+    def wire_check(self, pending: "Pending") -> None:
+        pass
+
+
+class Pending:
+    """A reservation command of a loopback controller, in flight; `done` (polled by the batch's loops) once it
+    and the write it may be followed by are answered.  At its answer, if the change took an access away (the
+    target fenced it), the native side checks that no work request of host A's queue into the namespace's
+    memory is on the wire (`Side.wire_check`), and the controller that made it writes over the blocks of the
+    batch's first Write to the namespace: that Write started before the change, so on both paths it must land
+    before this one (the namespace's bytes are compared, and the oracle knows of the write)."""
+
+    def __init__(self, side: Side, op: Resv, region: Optional[Tuple[int, int]] = None):
+        from nvmeof_roce.nvme.command import SQE
+        self.side, self.op, self.region = side, op, region
+        self.status: Optional[int] = None
+        self.write_status: Optional[int] = None
+        self.fenced = False
+        self.violation: Optional[str] = None
+        self.overlay: Optional[Tuple[int, int, bytes]] = None
+        self.checked = self.finished = False
+        self.error = None
+        ns = side.ep.env.target.subsystem(SUB_RAM).namespaces.get(op.nsid)
+        self.before = ns.resv.snapshot() if ns is not None and ns.resv is not None else None
+        self.window = side.on_wire_into_ns(op.nsid)
+        ctrl = side.ctrls.get(op.actor)
+        if ctrl is None:  # the host is not allowed now (the model says so on both sides)
+            self.status = -1
+            self.checked = self.finished = True
+            return
+        ctrl.submit_io(SQE(opc=op.opc, nsid=op.nsid, cdw10=op.cdw10), self._answer, data_out=op.data,
+                       name=op.name)
+
+    def _answer(self, comp) -> None:
+        self.status = comp.status
+
+    def _written(self, comp) -> None:
+        self.write_status = comp.status
+
+    @property
+    def done(self) -> bool:
+        if self.finished:
+            return True
+        self.side.poll_hosts()
+        if self.status is None:
+            return False
+        if not self.checked:
+            self.checked = True
+            self.fenced = self.status == 0 and self.side.access_taken(self.op.nsid, self.before)
+            if self.fenced:
+                self.side.wire_check(self)
+            ctrl = self.side.ctrls.get(self.op.actor)
+            if self.fenced and self.region is not None and ctrl is not None:
+                slba, n = self.region
+                data = pattern(n, seed=0xB7)
+                self.overlay = (self.op.nsid, slba << 9, data)
+                ctrl.submit_write(self.op.nsid, slba, data, self._written, block_size=512)
+        if self.overlay is not None and self.write_status is None:
+            return False
+        self.finished = True
+        return True
+
+    def outcome(self) -> tuple:
+        return self.status, self.fenced, self.write_status
+
 
 class PythonSide(Side):
+    def send_raw(self, capsule: bytes) -> None:
+        if not self.ep.transport.closed:
+            self.ep.transport._outstanding = 0
+            self.ep.transport.send(capsule)
+        self.ep.env.fabric.pump()
+
     def batch(self, capsules: List[bytes], mid=None) -> Tuple[Dict[int, bytes], Optional[live.Applying]]:
         """Send every capsule, then run the target until it is idle (`mid`: called once they all started)."""
         transport = self.ep.transport
@@ -344,7 +683,7 @@ class PythonSide(Side):
         if mid is not None:
             self.ep.env.fabric.pump()  # every capsule received and started
             applying = mid()
-        settle(self.ep.env, more=lambda: applying is not None and not applying.done)
+        settle(self.ep.env, more=lambda: applying is not None and not (self.tick() or applying.done))
         return collect(lambda: _poll(transport)), applying
 
 
@@ -401,6 +740,7 @@ class NativeSide(Side):
         if self.loop is None:
             for _ in range(100):
                 ep.settle()
+                self.reap_closed()
                 take()
                 if not more():
                     return got
@@ -422,6 +762,34 @@ class NativeSide(Side):
             if quiet >= 3:
                 return got
 
+    def reap_closed(self) -> None:
+        """A closed queue whose ring still has commands in the kernel: what the transport's loop does on the ring's
+        eventfd (NativeTargetQueue.reap_closed; the fake has no loop).  Their namespace references go with them."""
+        queue = self.ep.queue
+        if queue.closed and getattr(queue, "held", 0) and queue.ring_fd is not None:
+            select.select([queue.ring_fd], [], [], 0.05)
+            queue.reap_closed()
+
+    def send_raw(self, capsule: bytes) -> None:
+        if self.ep.device.deliver(capsule) == 0 and not self.ep.queue.closed:
+            self.ep.queue.poll()
+
+    def wait(self, more) -> None:
+        self.settle(more=more)
+
+    def on_wire_into_ns(self, nsid: int) -> int:
+        memory = self.memory_of(("resize", nsid, None))
+        return self.ep.device.on_wire_into(*memory) if memory else 0
+
+    def wire_check(self, pending: Pending) -> None:
+        """A fenced reservation change was answered: none of host A's work into the namespace is on the wire."""
+        on_wire = self.on_wire_into_ns(pending.op.nsid)
+        if on_wire:
+            pending.violation = (f"{self.where}: {pending.op} took an access away and was answered with {on_wire} "
+                                 f"work requests of host A's native queue into namespace {pending.op.nsid}'s memory "
+                                 f"still on the wire (issued with {pending.window} on it); completing them would "
+                                 f"land host A's data after the answer")
+
     def memory_of(self, change) -> Optional[Tuple[int, int]]:
         """(address, length) of the RAM memory a resize, removal or replacement lets go, or None."""
         if change is None or change[0] not in ("resize", "remove", "replace"):
@@ -435,6 +803,10 @@ class NativeSide(Side):
         """A change is never committed while work requests of the queue that reach the memory it lets go are on
         the wire (the fake moves data when a request completes, so it would write there).  Other namespaces'
         work goes on meanwhile: only the namespace changed is paused."""
+        if isinstance(applying, Pending):  # a reservation change: checked at its answer (wire_check)
+            if applying.done and applying.violation:
+                raise Divergence(applying.violation)
+            return
         if applying is None or not applying.done or memory is None:
             return
         on_wire = self.ep.device.on_wire_into(*memory)
@@ -450,7 +822,9 @@ class NativeSide(Side):
                 return  # the QP is in error: the host cannot send either
             assert rc == 0, f"deliver: {rc}"
 
-    def batch(self, capsules: List[bytes], fault, expect: int, mid=None, change=None):
+    def batch(self, capsules: List[bytes], fault, expect: int, mid=None, change=None, stepwise: bool = False):
+        """`stepwise`: with `mid`, the wire is released one work request at a time, the guard checked after each
+        poll (the widened fuzz's mid-batch reservation changes and ended controllers)."""
         ep, device = self.ep, self.ep.device
         kind, arg = fault if fault else (None, None)
         got: Dict[int, bytes] = {}
@@ -486,7 +860,7 @@ class NativeSide(Side):
             native.module.uring_inject("none")
             native.module.uring_release()
         elif hold and not threaded:
-            step = arg if kind == "hold" else 3
+            step = arg if kind == "hold" else 1 if stepwise else 3
             while device.release(step):
                 ep.queue.poll()
                 self.guard(applying, change, memory)
@@ -519,13 +893,16 @@ def _regions(c: Command, shift: int) -> Tuple[Optional[Tuple[int, int]], Optiona
 
 
 SQ_ENTRIES = 32  # both queues: sqsize 31
+# What a native command in flight when its controller ended may be answered (its namespace left the queue's view
+# with the controller): Invalid Namespace, DNR.  The loopback's Python path moved its data and answered before.
+ENDED_STATUSES = {0x400B}
 
 
 def check_sqhd(where: str, name: str, answers: Dict[int, bytes], completions_before: int) -> None:
     """Rule 2: the batch's completions carry the SQ heads after `completions_before`, one each, in some order."""
-    heads = sorted((int.from_bytes(cqe[8:10], "little") - completions_before - 1) % SQ_ENTRIES
-                   for cqe in answers.values())
-    if heads != list(range(len(answers))):
+    heads = sorted(int.from_bytes(cqe[8:10], "little") for cqe in answers.values())
+    # (a wide case's last batch may have 33: its 32 commands and a Disconnect)
+    if heads != sorted((completions_before + 1 + k) % SQ_ENTRIES for k in range(len(answers))):
         got = sorted(int.from_bytes(c[8:10], "little") for c in answers.values())
         raise Divergence(f"{where}: {name}: SQ heads {got} after {completions_before} completions")
 
@@ -556,6 +933,9 @@ def check_batch(seed: int, index: int, step: Step, model: Model, py: Dict[int, b
     else:
         for cid in set(py) & set(nat):
             if py[cid] != nat[cid]:
+                if step.end and nat[cid][:14] == py[cid][:14] and \
+                        int.from_bytes(nat[cid][14:16], "little") >> 1 in ENDED_STATUSES:
+                    continue  # answered after host A's controller ended, the Python path's before (rule 6)
                 raise Divergence(f"{where}: CID {cid}: python {py[cid].hex()}, native {nat[cid].hex()}; step {step}")
     oracle(where, step, model, nat, nat_side, before)
 
@@ -608,6 +988,9 @@ def oracle(where: str, step: Step, model: Model, answers: Dict[int, bytes], side
     for off, _, n, data in may_host:
         if host_now[off:off + n] == data:
             host_expect[off:off + n] = data
+    for nsid, start, data in before.get("overlay", ()):  # written after the batch's commands, by a fence's order
+        if nsid in ns_expect and start + len(data) <= len(ns_expect[nsid]):
+            ns_expect[nsid][start:start + len(data)] = data
     if bytes(host_expect) != host_now:
         bad = next(i for i in range(len(host_now)) if host_now[i] != host_expect[i])
         raise Divergence(f"{where}: native host buffer at {bad} (slot {bad // SLOT}) is not what the answers say; "
@@ -632,9 +1015,68 @@ def _statuses(answers: Dict[int, bytes]) -> Dict[int, int]:
 KNOWN: set = set()
 
 
-def run_case(seed: int, tally: Tally, groups=None, known: bool = False) -> None:
-    """Case `seed` on both paths; `known`: reproduce the known divergences too (a corpus entry's replay)."""
-    case = Case(seed)
+def _label(change) -> str:
+    kind, nsid, _ = change
+    return {"resize": "file-resize" if nsid == 5 else "resize", "hosts": "host-b-allowed" if change[2] else
+            "host-b-removed", "hosts-a": "host-a-removed"}.get(kind, kind)
+
+
+def _write_region(commands: List[Command], nsid: int, model: Model) -> Optional[Tuple[int, int]]:
+    """(slba, bytes) of the batch's first keyed Write to `nsid` that fits the namespace: the blocks the host that
+    changed a reservation writes over once the change is answered (Pending)."""
+    blocks = model.blocks(nsid)[0]
+    for c in commands:
+        if c.opc == WRITE and c.nsid == nsid and c.sgl_id == 0x40 and c.flags == 0x40 and not c.bad_key \
+                and not c.fatal and c.slba + c.nlb < blocks and c.length == (c.nlb + 1) << 9:
+            return c.slba, (c.nlb + 1) << 9
+    return None
+
+
+def run_resv(seed: int, index: int, sides, op: Resv, tally: Tally) -> None:
+    """One reservation command between batches, on both sides; their answers and states compared."""
+    outcomes = []
+    for side in sides:
+        pending = Pending(side, op)
+        side.wait(lambda: not pending.done)
+        if pending.violation:
+            raise Divergence(pending.violation)
+        outcomes.append(pending)
+    _compare_resv(seed, index, op, outcomes, tally)
+
+
+def _compare_resv(seed: int, index: int, op: Resv, outcomes: List[Pending], tally: Tally) -> None:
+    py, nat = outcomes
+    if py.outcome() != nat.outcome():
+        raise Divergence(f"seed {seed}, step {index}: {op}: python (status, fenced, write) {py.outcome()}, native "
+                         f"{nat.outcome()}")
+    if py.status == -1:
+        tally.resv[f"{op.name} (host not allowed)"] += 1
+        return
+    tally.resv[f"{op.name} {'ok' if py.status == 0 else f'{py.status:#x}'}"] += 1
+    tally.fenced += py.fenced
+    tally.fenced_on_wire += bool(py.fenced and nat.window)
+    tally.overwrites += py.overlay is not None and py.write_status == 0
+
+
+def _reconcile_hosts(seed: int, index: int, model: Model, sides, tally: Tally) -> None:
+    """Host B's loopback controller: gone once the subsystem no longer allows it (the target ended it: checked),
+    connected again once it does."""
+    for side in sides:
+        if not model.allowed["B"]:
+            side.poll_hosts()
+            if side.host_controllers(HOST_B):
+                raise Divergence(f"seed {seed}, step {index}: {side.name}: host B was removed from the subsystem's "
+                                 f"allowed hosts and still has a controller")
+            side.ctrls["B"] = None
+        elif side.ctrls.get("B") is None:
+            side.connect("B")
+            tally.controllers += side is sides[0]
+
+
+def run_case(seed: int, tally: Tally, groups=None, known: bool = False, wide: bool = False) -> None:
+    """Case `seed` on both paths; `known`: reproduce the known divergences too (a corpus entry's replay); `wide`:
+    the widened fuzz's events too (Case)."""
+    case = Case(seed, wide=wide)
     directory = Path(tempfile.mkdtemp(prefix="native-fuzz-"))
     py_ep = nat_ep = nat = None
     try:
@@ -643,14 +1085,28 @@ def run_case(seed: int, tally: Tally, groups=None, known: bool = False) -> None:
         for name in ("python", "native"):
             os.mkdir(directory / name)
             config = model.config(directory / name)
-            sides[name] = (LoopbackEndpoint if name == "python" else NativeEndpoint)(config, SUB_RAM,
-                                                                                      host_buffer=HOST_BUFFER)
+            sides[name] = (LoopbackEndpoint if name == "python" else NativeEndpoint)(
+                config, SUB_RAM, host_buffer=HOST_BUFFER, kato=KATO_MS if wide else 0)
         py_ep, nat_ep = sides["python"], sides["native"]
         py = PythonSide("python", py_ep, directory / "python")
         nat = NativeSide("native", nat_ep, directory / "native", groups=groups)
+        both = (py, nat)
+        for side in both:
+            side.ctrls = {}
+            side.wide = wide
+            if wide:
+                side.connect("A")
+                side.connect("B")
+        if wide:
+            tally.wide_cases += 1
+            tally.hosts += 2
+            tally.controllers += 3
         tally.cases += 1
         answered = {"python": 1, "native": 1}  # completions on the I/O queue, its Connect's the first
         for index, step in enumerate(case.steps):
+            py.where = nat.where = f"seed {seed}, step {index}"
+            for op in step.resv_before:
+                run_resv(seed, index, both, op, tally)
             after = _advanced(model, step.change)
             fatal = [c for c in step.commands if c.fatal]
             change_mid = step.change_mid
@@ -666,36 +1122,77 @@ def run_case(seed: int, tally: Tally, groups=None, known: bool = False) -> None:
                     if side is nat:
                         nat.settle(more=lambda: not applying.done)
                     else:
-                        settle(py_ep.env, more=lambda: not applying.done)
+                        settle(py_ep.env, more=lambda: not (py.tick() or applying.done))
                     if not applying.done or applying.error:
                         raise Divergence(f"seed {seed}, step {index}: {side.name}: the change {step.change} was "
                                          f"not made: {applying.error}")
-                tally.changes[step.change[0]] += 1
+                tally.changes[_label(step.change)] += 1
+                if wide:
+                    _reconcile_hosts(seed, index, after, both, tally)
             model.__dict__.update(after.__dict__)
             mid = step.change if step.change and change_mid else None
+            resv_mid = step.resv_mid if groups is None else None
+            end = step.end if groups is None else None
+            end_change = step.end_change if end else None
+            after_end = _advanced(model, end_change)
+            if resv_mid is not None and (fatal or ring_error):
+                run_resv(seed, index, both, resv_mid, tally)  # a queue may end in the batch: before it instead
+                resv_mid = None
             before = {"host": nat_ep.host_bytes(), "ns": nat.namespaces(), "null": nat.null_namespaces(),
                       "python_answers": answered["python"], "native_answers": answered["native"],
-                      "replaced": mid[1] if mid and mid[0] == "replace" else None}
+                      "replaced": mid[1] if mid and mid[0] in ("replace", "replace-file") else
+                      end_change[1] if end_change and end_change[0] == "replace-file" else None}
             capsules = [(c.capsule(py_ep), c.capsule(nat_ep)) for c in step.commands]
             fault = step.fault
             if fault and fault[0] == "stall" and groups is not None:
                 fault = None  # a stall is released by the main thread at once under a poll group: no window
+            region = _write_region(step.commands, resv_mid.nsid, model) if resv_mid else None
+            pendings = {}
+
+            def mid_of(side):
+                if mid:
+                    return lambda: side.apply(after)
+                if resv_mid:
+                    def start():
+                        pendings[side.name] = Pending(side, resv_mid, region)
+                        return pendings[side.name]
+                    return start
+                if end:
+                    def finish():
+                        side.end_controller(end)
+                        return side.apply(after_end) if end_change else None
+                    return finish
+                return None
+
             if fault and fault[0] == "uring":
                 native.module.uring_inject(fault[1], 100000)
             try:
-                got_py, py_applying = py.batch([p for p, _ in capsules],
-                                               mid=(lambda: py.apply(after)) if mid else None)
+                got_py, py_applying = py.batch([p for p, _ in capsules], mid=mid_of(py))
             finally:
                 native.module.uring_inject("none")
-            nat.where = f"seed {seed}, step {index}"
-            got_nat, nat_applying = nat.batch([n for _, n in capsules], fault, len(got_py),
-                                              mid=(lambda: nat.apply(after)) if mid else None, change=mid)
-            if mid:
+            got_nat, nat_applying = nat.batch([n for _, n in capsules], fault, len(got_py), mid=mid_of(nat),
+                                              change=mid or end_change, stepwise=bool(resv_mid or end))
+            if mid or end_change:
                 for side, applying in (("python", py_applying), ("native", nat_applying)):
                     if not applying.done or applying.error:
-                        raise Divergence(f"seed {seed}, step {index}: {side}: the change {mid} made while the batch "
-                                         f"was in flight was not made: {applying.error}")
-                tally.changes[mid[0] + " (mid-batch)"] += 1
+                        raise Divergence(f"seed {seed}, step {index}: {side}: the change {mid or end_change} made "
+                                         f"while the batch was in flight was not made: {applying.error}")
+                tally.changes[_label(mid or end_change) + (" (mid-batch)" if mid else " (after an end)")] += 1
+            if resv_mid:
+                if pendings["native"].violation:
+                    raise Divergence(pendings["native"].violation)
+                _compare_resv(seed, index, resv_mid, [pendings["python"], pendings["native"]], tally)
+                tally.resv["(mid-batch)"] += 1
+                overlay = pendings["native"].overlay
+                if overlay is not None and pendings["native"].write_status == 0:
+                    before["overlay"] = [overlay]
+            if wide and mid:
+                _reconcile_hosts(seed, index, after, both, tally)
+            if wide:
+                py_resv, nat_resv = py.resv_state(), nat.resv_state()
+                if py_resv != nat_resv:
+                    raise Divergence(f"seed {seed}, step {index}: reservation states differ: python {py_resv}, "
+                                     f"native {nat_resv}")
             tally.batches += 1
             tally.capsules += len(capsules)
             answered["python"] += len(got_py)
@@ -706,17 +1203,26 @@ def run_case(seed: int, tally: Tally, groups=None, known: bool = False) -> None:
             ends = fault is not None and fault[0] in ("post", "qp_error") and not nat.alive
             if fault and fault[0] == "post" and nat.alive:  # the failing post was not reached: disarmed
                 nat_ep.device.fail_post(fault[1][0], 0, 0)
-            degraded = bool(fatal) or ends or not (py.alive and nat.alive)
+            if end:
+                model.__dict__.update(after_end.__dict__)
+                if py.alive or nat.alive:
+                    raise Divergence(f"seed {seed}, step {index}: host A's controller ended ({end}) and its queue "
+                                     f"lives on: python {'lives' if py.alive else 'ended'}, native "
+                                     f"{'lives' if nat.alive else 'ended'}")
+            degraded = bool(fatal) or ends or bool(end) or not (py.alive and nat.alive)
             if py.alive != nat.alive and not ends and not fatal:
                 raise Divergence(f"seed {seed}, step {index}: the python queue {'lives' if py.alive else 'ended'}, the "
                                  f"native one {'lives' if nat.alive else 'ended'}; answers python "
                                  f"{_statuses(got_py)}, native {_statuses(got_nat)}; step {step}")
-            if not (py.alive and nat.alive) and not fatal and not ends:
+            if not (py.alive and nat.alive) and not fatal and not ends and not end:
                 raise Divergence(f"seed {seed}, step {index}: a queue ended with no fault and no fatal capsule; "
                                  f"python {_statuses(got_py)}, native {_statuses(got_nat)}")
             tally.degraded += degraded
             check_batch(seed, index, step, model, got_py, got_nat, py, nat, before, degraded)
             if degraded:  # the two paths did not run the same commands: nothing after it compares
+                if end:
+                    tally.ended[end] += 1
+                    break
                 if py.alive and nat.alive:
                     tally.fatal["nothing (ended after a degraded batch)"] += 1
                     break
@@ -734,7 +1240,7 @@ def run_case(seed: int, tally: Tally, groups=None, known: bool = False) -> None:
 
 def _advanced(model: Model, change) -> Model:
     """The model once `change` (already applied to `model` by the generator's replay) is made."""
-    after = Model(dict(model.sizes), model.uuid2, dict(model.hidden), model.key)
+    after = model.copy()
     if change is None:
         return after
     kind, nsid, value = change
@@ -748,17 +1254,23 @@ def _advanced(model: Model, change) -> Model:
         after.hidden[nsid] = value
     elif kind == "key":
         after.key = value
+    elif kind == "hosts":
+        after.allowed["B"] = value
+    elif kind == "hosts-a":
+        after.allowed["A"] = value
+    elif kind == "replace-file":
+        after.file_gen = value
     return after
 
 
 def run(seeds, tally: Optional[Tally] = None, groups=None, capsules: Optional[int] = None,
-        known: bool = False) -> Tally:
-    """Run the cases of `seeds` in order (until `capsules` were sent, if given)."""
+        known: bool = False, wide: bool = False) -> Tally:
+    """Run the cases of `seeds` in order (until `capsules` were sent, if given); `wide`: the widened cases."""
     tally = tally or Tally()
     for seed in seeds:
         if capsules is not None and tally.capsules >= capsules:
             break
-        run_case(seed, tally, groups=groups, known=known)
+        run_case(seed, tally, groups=groups, known=known, wide=wide)
     return tally
 
 

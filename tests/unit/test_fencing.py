@@ -98,8 +98,10 @@ def test_preempt_and_abort_completes_after_the_fenced_hosts_native_write_and_its
         assert [c.status for c in answers] == [0]
         if not b_wrote:
             b.write(1, 0, b_data)  # the preempt answered only now: B's write comes after it
-        # A's Write was answered (before the preempt's answer), and B's acknowledged data is what the medium holds
-        assert [cid_of(c) for c, _ in ep.device.responses()] == [1]
+        # A's Write was answered (before the preempt's answer), success: it started before the preempt and its
+        # namespace stayed in A's native view (paused for A) - not Invalid Namespace; and B's acknowledged data is
+        # what the medium holds
+        assert [(cid_of(c), status_of(c)) for c, _ in ep.device.responses()] == [(1, 0)]
         assert bytes(ns.direct_view[:4096]) == b_data
         assert b.read(1, 0, 8) == b_data
     finally:

@@ -319,3 +319,79 @@ def test_a_completion_channels_fd_is_found_without_proc_and_never_guessed():
     with pytest.raises(TransportError, match="not the anonymous-inode file"):
         create_with_fd(lambda: made.append(_Opens(lambda: os.open(os.devnull, os.O_RDONLY))) or made[-1])
     assert made[0].closed  # not left open behind the error
+
+
+def _native_child(channel, port):
+    """A connect request taken, and librdmacm's QP made on its id as the native data path makes it (create_cm_qp):
+    (the fake's id, the CmId, the QP's objects)."""
+    from nvmeof_roce.transport.rdma.cmchannel import CmId
+    fake = fakecm.connect(ADDR, PORT, "198.51.100.9", port, b"", responder_resources=4, initiator_depth=16)
+    [ev] = [e for e in channel.events() if e.name == "CONNECT_REQUEST"]
+    objects = native.module.create_cm_qp(channel.channel, ev.id, 64, 34, 16)
+    return fake, CmId(channel, ev.id), objects
+
+
+def test_the_native_path_takes_its_qp_to_rts_itself_with_a_finite_rnr_retry(channel):
+    """rdma_accept would take the QP to RTR and RTS with rdma_init_qp_attr's values, whose RNR retry count is the
+    host's REQ's (7, for ever, from a Linux host: the fake's too); accept_rts makes the transitions itself with
+    verbs.RNR_RETRY (6) and the ACK timeout bounded, and hides the QP from rdma_accept, which then modifies
+    nothing (a second RTR from RTS would fail, as on a device) and sends the QP's number in the REP."""
+    from nvmeof_roce.transport.rdma.verbs import ACK_TIMEOUT, RNR_RETRY
+    channel.listen(ADDR, PORT)
+    fake, child, objects = _native_child(channel, 1)
+    assert fakecm.qp(fake).state == "INIT"  # librdmacm leaves a QP it made at INIT
+    rts = child.accept_rts(cmdata.CmAccept(0, 32).pack(), 0, 4, RNR_RETRY, ACK_TIMEOUT)
+    qp = fakecm.qp(fake)
+    assert qp.state == "RTS" and qp.rnr_retry == RNR_RETRY == 6 and rts["rnr_retry"] == 6
+    assert qp.modifies == 3  # INIT, RTR, RTS: ours only, rdma_accept made none
+    assert qp.max_rd_atomic == 4 and qp.max_dest_rd_atomic == 0  # our initiator depth; no READs served to the host
+    assert 0 < qp.timeout <= ACK_TIMEOUT and qp.retry_cnt == 7
+    answer = fakecm.answer(fake)
+    assert answer.state == "accepted" and answer.qp_num == objects["qp_num"] == qp.qp_num
+    native.module.destroy_cm_qp(channel.channel, child.handle)  # the QP is back on its id: found and destroyed
+    assert fakecm.qp(fake).state == "RESET"
+
+    # the reason: librdmacm's own transitions (plain rdma_accept with the QP on the id) take the host's count
+    fake2, child2, _ = _native_child(channel, 2)
+    child2.accept(cmdata.CmAccept(0, 32).pack(), 0, 4)
+    assert fakecm.qp(fake2).state == "RTS" and fakecm.qp(fake2).rnr_retry == 7
+    native.module.destroy_cm_qp(channel.channel, child2.handle)
+
+
+def test_accept_rts_checks_its_arguments_and_needs_a_qp(channel):
+    from nvmeof_roce.transport.rdma.cmchannel import CmId
+    channel.listen(ADDR, PORT)
+    fakecm.connect(ADDR, PORT, "198.51.100.9", 1, b"")
+    [ev] = channel.events()
+    with pytest.raises(RuntimeError, match="no QP"):
+        CmId(channel, ev.id).accept_rts(b"", 0, 4, 6, 19)
+    native.module.create_cm_qp(channel.channel, ev.id, 64, 34, 16)
+    for rnr, timeout in ((8, 19), (-1, 19), (6, 0), (6, 32)):
+        with pytest.raises(ValueError):
+            CmId(channel, ev.id).accept_rts(b"", 0, 4, rnr, timeout)
+    native.module.destroy_cm_qp(channel.channel, ev.id)
+
+
+def test_a_qp_is_destroyed_before_its_cm_id_on_every_path(channel):
+    """The owner's order (the QP, once what it flushed was reaped, then the id) holds, and no path of the channel
+    breaks it: destroy() refuses an id whose QP is still there (the id is kept, its queue's to close), and
+    close() destroys such a QP before its id."""
+    channel.listen(ADDR, PORT)
+    before = fakecm.counters()
+    fake, child, _ = _native_child(channel, 1)
+    child.accept_rts(b"", 0, 4, 6, 19)
+    native.module.destroy_cm_qp(channel.channel, child.handle)
+    child.close()
+    qp_at, id_at = fakecm.destroy_order(fake)
+    assert 0 < qp_at < id_at
+
+    fake2, child2, _ = _native_child(channel, 2)
+    with pytest.raises(RuntimeError, match="still has its QP"):
+        channel.channel.destroy(child2.handle)
+    assert fakecm.answer(fake2).state != "destroyed" and fakecm.qp(fake2).state == "INIT"  # nothing was destroyed
+    channel.close()  # the last resort: the QP, then the id
+    qp_at, id_at = fakecm.destroy_order(fake2)
+    assert 0 < qp_at < id_at
+    after = fakecm.counters()
+    assert after["destroy_with_qp"] == before["destroy_with_qp"] == 0
+    assert after["qps_destroyed"] - before["qps_destroyed"] == 2

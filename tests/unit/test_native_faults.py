@@ -437,6 +437,30 @@ def test_a_write_the_device_fails_while_a_pause_drains_is_answered_with_the_devi
     assert ep.device.responses() == []  # nothing more: it was answered once
 
 
+def test_a_fence_waits_for_the_cores_redo_of_a_handed_back_write_not_only_for_its_native_slot(file_ep, tmp_path):
+    """The C queue frees a failed file command's slot, letting go of the epoch it started in, before the core does
+    it again; the core's redo takes the namespace's current reference, a newer epoch than the fence's.  The redo
+    holds the fenced epoch too (Request.fence_refs), so the fence is drained only once the redo is done: the change
+    (here a test's; a replacement or a shrink in the fuzz, corpus seed 40) never commits under it."""
+    ep = file_ep
+    target = ep.env.target
+    ns = target.subsystem(SUB_FILE).namespaces[1]
+    ep.buf.view[:4096] = pattern(4096, seed=97)
+    native.module.uring_inject("eio", 2)  # the native ring's attempt and the core's
+    assert ep.device.deliver(io_capsule(ep, WRITE, 1, 16, 7, 4096, cid=7)) == 0
+    ep.queue.poll()  # taken: its data's RDMA READ posted, the ring's write and its completion to come
+    seen = []
+    paused = pause_and_fence(target, SUB_FILE, 1, lambda: seen.append((ns.jobs, ns.ref.count)))
+    assert seen == []
+    ep.settle()
+    assert ep.queue.stats()["file_handed_back"] == 1
+    assert native.module.uring_faults()["remaining"] == 0  # the core did it again and met the device's error
+    assert seen == [(0, 0)], "the fence was drained while the core's redo of the handed-back Write was running"
+    ((cqe, _),) = ep.device.responses()
+    assert cid_of(cqe) == 7 and status_of(cqe) == INTERNAL_ERROR_DNR
+    target.resume_namespaces(paused)
+
+
 def test_a_ring_error_the_cores_own_attempt_does_not_meet_is_answered_with_the_data(file_ep, tmp_path):
     ep = file_ep
     stored = pattern(4096, seed=83)

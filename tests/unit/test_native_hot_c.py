@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CSRC = ROOT / "csrc"
 SOURCES = [ROOT / "tests" / "native" / "nq_hot_test.c", CSRC / "nq_setup.c", CSRC / "nq_owner.c", CSRC / "mailbox.c",
            CSRC / "uring.c", CSRC / "trace.c",
-           CSRC / "backend.c", CSRC / "be_ram.c", CSRC / "be_null.c", CSRC / "be_uring.c",
+           CSRC / "backend.c", CSRC / "be_ram.c", CSRC / "be_null.c", CSRC / "be_uring.c", CSRC / "be_rbd.c",
            ROOT / "tests" / "native" / "fakeprov.c"]
 FLAGS = ["-std=gnu11", "-O1", "-g", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror", "-DNQ_CHECKED",
          "-DNATIVE_PLAIN_C", "-fno-omit-frame-pointer", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]

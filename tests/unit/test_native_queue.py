@@ -672,3 +672,57 @@ def test_a_closed_native_queue_is_freed_with_its_memory():
     del ep
     gc.collect()
     assert queue() is None and device() is None
+
+
+def test_a_native_queue_lives_through_one_checked_lifetime_on_both_sides():
+    """SERVING -> CLOSING (a Disconnect's response still leaving) -> CLOSED -> RELEASED on the Python side, the C
+    queue's state following it (csrc/nq_life.h); a move along no edge is refused on both sides."""
+    from nvmeof_roce.nvme import fabrics as F
+    from nvmeof_roce.transport.rdma.native_queue import IllegalQueueMove, QueueLife
+    ep = NativeEndpoint(standard_config(), SUB_RAM)
+    try:
+        q = ep.queue
+        assert q.life is QueueLife.SERVING and q.native.state == "SERVING"
+        ep.device.hold(True)
+        assert ep.device.deliver(F.DisconnectCommand(cid=100).to_sqe().pack()) == 0
+        q.poll()
+        assert q.life is QueueLife.CLOSING and q.closing and not q.closed and q.native.state == "CLOSING"
+        q.peer_gone = True  # the host went meanwhile: nothing more leaves
+        assert q.life is QueueLife.PEER_GONE
+        with pytest.raises(IllegalQueueMove, match="peer gone -> closing"):
+            q._move(QueueLife.CLOSING)
+        ep.device.hold(False)
+        q.close()
+        assert q.life is QueueLife.RELEASED and q.closed and q.native.state == "RELEASED"
+        q.peer_gone = True  # too late to matter: ignored
+        assert q.life is QueueLife.RELEASED
+        with pytest.raises(IllegalQueueMove):
+            q._move(QueueLife.SERVING)
+    finally:
+        ep.close()
+
+
+def test_the_flush_of_a_queue_whose_qp_went_to_error_is_reaped_before_the_qp_goes():
+    """What the RDMA transport does between rdma_disconnect (the QP in the error state) and destroy_cm_qp: every
+    work request on the wire flushes, and reap_flushed takes those completions off the CQs, delivering nothing;
+    the C queue is FAILED (nothing more is posted), then close lets go of the slots."""
+    ep = NativeEndpoint(standard_config(), SUB_RAM)
+    try:
+        q = ep.queue
+        ep.device.hold(True)
+        for i in range(4):
+            assert ep.device.deliver(io_capsule(ep, READ, 1, 8 * i, 7, 4096, offset=4096 * i, cid=i)) == 0
+        q.poll()
+        assert q.native.stats()["send_queue_used"] == 4  # four WRITE + SEND pairs on the wire
+        ep.device.qp_error()
+        assert q.native.reap_flushed(0) == 0  # all of them came back, flushed
+        stats = q.native.stats()
+        assert q.native.state == "FAILED" and stats["flushed"] >= 8 and stats["failed"] == 5  # IBV_WC_WR_FLUSH_ERR
+        with pytest.raises(ConnectionError):
+            q.native.post_response(0, bytes(16), True, 0, 0, 0, 0, 0, -1)
+        assert q.native.reap_flushed(0) == 0  # again: nothing left
+        ep.device.hold(False)
+        q.close()
+        assert q.native.state == "RELEASED" and ep.device.responses() == []  # none of the flushed ones reached it
+    finally:
+        ep.close()

@@ -24,6 +24,7 @@ def config(namespaces):
     ({"pool": "rbd", "image": "x", "conf": "ceph.conf"}, "rbd.conf", "absolute path"),
     ({"pool": "rbd", "image": "x", "create": {"size": "big"}}, "rbd.create.size", "not a size"),
     ({"pool": "rbd", "image": "x", "cache": True}, "rbd.cache", "not a key"),
+    ({"pool": "rbd", "image": "x", "native": "yes"}, "rbd.native", "true or false"),
 ])
 def test_a_broken_rbd_setting_is_refused_naming_the_field(rbd, field, words):
     cfg = config([{"nsid": 1, "nvmeof_roce": {"backend": "rbd", "rbd": rbd}}])
@@ -70,3 +71,12 @@ def test_target_check_refuses_a_missing_conf_and_an_open_keyring(tmp_path):
     with pytest.raises(ConfigError) as err:
         check_config(write_config(tmp_path, {"pool": "rbd", "image": "x", "conf": str(conf), "keyring": str(keyring)}))
     assert "nvmeof_roce.rbd.keyring" in str(err.value) and "0644" in str(err.value) and "chmod 600" in str(err.value)
+
+
+def test_the_native_data_path_is_opt_in_for_an_rbd_namespace():
+    plain, native = parse_config(config([
+        {"nsid": 1, "nvmeof_roce": {"backend": "rbd", "rbd": {"pool": "rbd", "image": "a"}}},
+        {"nsid": 2, "nvmeof_roce": {"backend": "rbd", "rbd": {"pool": "rbd", "image": "b", "native": True}}}]),
+        "t.json").subsystems[0].namespaces
+    assert not plain.backend_settings.native and native.backend_settings.native
+    assert "native" not in plain.backend_settings.to_dict() and native.backend_settings.to_dict()["native"] is True

@@ -1,14 +1,22 @@
 """An RBD namespace served end to end over the loopback fabric, against a real development Ceph cluster
 (ceph/devcluster.py: one monitor, one memstore OSD, started once for this module): writes read back through the
 target and, directly, from the image through librbd; Flush, FUA, Write Zeroes and Deallocate; the size and the
-NGUID from the image; a resize by the engine resizes the image; config refusals name the field."""
+NGUID from the image; a resize by the engine resizes the image; config refusals name the field; and the native
+data path (csrc/be_rbd.c) on the same cluster, read back with the Python binding."""
 import json
+import socket
+import time
 
 import pytest
 
 from loopback_env import ADDR1, HOST_A, Env, port, ram_ns
 from nvmeof_roce.ceph import devcluster
+from nvmeof_roce.ceph import clients
 from nvmeof_roce.ceph.bindings import rados_and_rbd
+from nvmeof_roce.control.stats import target_status
+from nvmeof_roce.engine.backends import rbd as rbd_backend
+from nvmeof_roce.nvme.status import NvmeStatusError
+from nvmeof_roce.nvme import admin as A
 
 pytestmark = pytest.mark.skipif(devcluster.missing_tools() != [],
                                 reason=f"Ceph is not installed: apt-get install {' '.join(devcluster.missing_tools())} "
@@ -105,3 +113,169 @@ def test_a_resize_by_the_engine_resizes_the_image(cluster):
         assert ns.backend.storage_size() == 8 << 20
     finally:
         env.close()
+
+
+def pump_until(env, done, timeout=15.0, advance=0.0):
+    """Run the loop (the loopback fabric's watched fds, where the target's completions come back) until
+    `done()`, waiting in real time for Ceph's threads: nothing else polls.  `advance`: seconds the target's
+    clock moves on each pass (its ticks: the retries of a pending namespace)."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        env.clock.advance(advance)
+        env.fabric.run_watched(0.05)
+        env.fabric.pump()
+    return True
+
+
+def test_a_resize_made_outside_reaches_the_host_from_the_watch_alone(cluster):
+    cluster.rbd("create", "--size", "4M", "rbd/outside")
+    env = Env(config([rbd_ns(1, cluster, "outside"), ram_ns(2, "1M")]))
+    try:
+        ctrl = env.connect(SUB, num_io_queues=1)
+        ns = env.target.subsystem(SUB).namespaces[1]
+        rados, rbd = rados_and_rbd()
+        with rados.Rados(conffile=str(cluster.conf)) as client, client.open_ioctx("rbd") as ioctx, \
+                rbd.Image(ioctx, "outside") as image:
+            image.resize(6 << 20)  # another client: the target is told only by the image's header watch
+            assert pump_until(env, lambda: ns.num_blocks == (6 << 20) // 512)
+            ctrl.poll_admin()
+            assert ctrl.events == [(A.AER_TYPE_NOTICE, A.AER_NOTICE_NS_CHANGED, A.LID_CHANGED_NS)]
+            assert ctrl.changed_namespaces() == [1]
+            assert ctrl.identify_namespace(1).nsze == (6 << 20) // 512
+            ctrl.write(1, (5 << 20) // 512, b"\x42" * 512)  # past the old end
+            assert image.read(5 << 20, 512) == b"\x42" * 512
+            image.resize(3 << 20)  # a shrink: the namespace follows, the blocks past the end are gone
+            assert pump_until(env, lambda: ns.num_blocks == (3 << 20) // 512)
+            ctrl.poll_admin()
+            assert len(ctrl.events) == 2 and ctrl.identify_namespace(1).nsze == (3 << 20) // 512
+            with pytest.raises(NvmeStatusError):
+                ctrl.read(1, (5 << 20) // 512, 1)
+        assert ns.storage_size is None and ns.backend.storage_size() == 3 << 20
+        ctrl.close()
+        assert env.target.internal_errors == 0
+    finally:
+        env.close()
+
+
+def test_a_cluster_unreachable_at_start_leaves_its_namespace_pending_and_it_comes_in_once_it_answers(
+        cluster, tmp_path, monkeypatch):
+    monkeypatch.setattr(rbd_backend, "RBD_CONNECT_TIMEOUT", 1)  # a monitor that does not answer: 1 s, not 10
+    monkeypatch.setattr(clients, "FAILED_HOLD", 0.0)
+    conf = tmp_path / "ceph.conf"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]  # nothing listens there once the socket closes
+    conf.write_text(f"[global]\nmon host = 127.0.0.1:{dead}\nauth client required = none\n")
+    cluster.rbd("create", "--size", "4M", "rbd/late")
+    ns1 = rbd_ns(1, cluster, "late")
+    ns1["nvmeof_roce"]["rbd"]["conf"] = str(conf)
+    env = Env(config([ns1, ram_ns(2, "1M")]))  # serves: the RAM namespace now, the rbd one once it opens
+    try:
+        sub = env.target.subsystem(SUB)
+        assert list(sub.namespaces) == [2]
+        pending = target_status(env.target)["subsystems"][0]["pending_namespaces"]
+        assert [p["nsid"] for p in pending] == [1] and pending[0]["backend"] == "rbd"
+        assert "timed out" in pending[0]["reason"] and "ceph -s" in pending[0]["fix"]
+        ctrl = env.connect(SUB, num_io_queues=1, kato_ms=300_000)  # the test clock runs fast: no expiry
+        assert ctrl.active_namespaces() == [2]  # the host does not see it meanwhile
+        ctrl.write(2, 0, b"\x11" * 512)
+        # the retries back off, on a thread of their own: the loop keeps serving meanwhile
+        assert pump_until(env, lambda: env.target.pending.entries[(SUB, 1)].attempts >= 2, advance=0.2)
+        assert ctrl.read(2, 0, 1) == b"\x11" * 512 and list(sub.namespaces) == [2]
+        conf.write_text(cluster.conf.read_text())  # the cluster answers now
+        assert pump_until(env, lambda: 1 in sub.namespaces, timeout=30, advance=0.2)
+        assert target_status(env.target)["subsystems"][0]["pending_namespaces"] == []
+        ctrl.poll_admin()
+        assert (A.AER_TYPE_NOTICE, A.AER_NOTICE_NS_CHANGED, A.LID_CHANGED_NS) in ctrl.events
+        assert ctrl.changed_namespaces() == [1] and ctrl.active_namespaces() == [1, 2]
+        ctrl.write(1, 8, b"\x5e" * 512)
+        assert image_bytes(cluster, "late", 8 * 512, 512) == b"\x5e" * 512
+        ctrl.close()
+        assert env.target.internal_errors == 0
+    finally:
+        env.close()
+
+
+def test_a_missing_image_still_fails_the_start_and_is_not_left_pending(cluster):
+    with pytest.raises(Exception) as err:
+        Env(config([rbd_ns(1, cluster, "never-there"), ram_ns(2, "1M")]))
+    assert "rbd create" in str(err.value)
+
+
+def test_namespaces_of_one_cluster_share_one_client_and_close_off_the_loop(cluster):
+    assert clients.wait_closed(30)  # the namespaces of the tests before have let their clients go
+    cluster.rbd("create", "--size", "4M", "rbd/share-a")
+    cluster.rbd("create", "--size", "4M", "rbd/share-b")
+    env = Env(config([rbd_ns(1, cluster, "share-a"), rbd_ns(2, cluster, "share-b")]))
+    sub = env.target.subsystem(SUB)
+    a, b = sub.namespaces[1].backend, sub.namespaces[2].backend
+    assert a.client is b.client and clients.held()[a.cluster_key()] == 2
+    key = a.cluster_key()
+    cluster.pause()  # a cluster that went away: closing its images waits for it, the loop does not
+    try:
+        started = time.monotonic()
+        env.close()
+        assert time.monotonic() - started < 1.0
+    finally:
+        cluster.resume()
+    assert clients.wait_closed(30) and key not in clients.held()
+
+
+def test_the_native_data_path_serves_an_rbd_namespace_through_librbd_in_c(cluster):
+    """The C queue (fake verbs provider) on a real image: its own client opened in C (csrc/be_rbd.c, Debian's
+    librbd by dlopen), librbd's completions on librbd's thread; what it wrote is read back with the Python binding."""
+    from native_diff import io_capsule, pattern
+    from native_fake import needs_native
+    from rbd_fake import collect, rbd_endpoint, rbd_ns as fake_rbd_ns, status_of
+    if needs_native.args[0]:
+        pytest.skip(needs_native.kwargs["reason"])
+    cluster.rbd("create", "--size", "8M", "rbd/native")
+    ep = rbd_endpoint([fake_rbd_ns(1, "native", conf=str(cluster.conf))])  # "native": true (rbd_fake.rbd_ns)
+    try:
+        data = pattern(16384, seed=41)
+        ep.buf.view[:16384] = data
+        for capsule in (io_capsule(ep, 0x01, 1, 64, 31, 16384, offset=0, cid=1),
+                        io_capsule(ep, 0x01, 1, 200, 7, 4096, offset=0, cid=2, cdw12_hi=0x4000)):  # FUA
+            assert ep.device.deliver(capsule) == 0
+        assert [status_of(c) for c in collect(ep, 2)] == [0, 0]
+        assert image_bytes(cluster, "native", 64 * 512, 16384) == data  # in Ceph, through librbd in C
+        assert image_bytes(cluster, "native", 200 * 512, 4096) == data[:4096]
+        assert ep.device.deliver(io_capsule(ep, 0x02, 1, 64, 31, 16384, offset=65536, cid=3)) == 0
+        assert [status_of(c) for c in collect(ep, 1)] == [0]
+        assert ep.host_bytes()[65536:65536 + 16384] == data
+        for capsule in (io_capsule(ep, 0x00, 1, 0, 0, 0, cid=4), io_capsule(ep, 0x08, 1, 64, 15, 0, cid=5)):
+            assert ep.device.deliver(capsule) == 0
+        assert [status_of(c) for c in collect(ep, 2)] == [0, 0]
+        assert image_bytes(cluster, "native", 64 * 512, 16384) == bytes(8192) + data[8192:]
+        stats = ep.queue.stats()
+        assert stats["file_commands"] == 5 and stats["file_handed_back"] == 0 and stats["python_commands"] == 1
+    finally:
+        ep.close()
+
+
+def test_the_native_path_answers_a_cluster_that_does_not_answer_with_ana_transition(cluster):
+    """The cluster frozen (SIGSTOP) under a native Read: librados's op timeout (10 s) fails it with ETIMEDOUT,
+    answered in C with ANA Transition, no DNR; the loop was never held (the queue polled all along), and once the
+    cluster is back the next command is served."""
+    from native_diff import io_capsule
+    from native_fake import needs_native
+    from rbd_fake import collect, rbd_endpoint, rbd_ns as fake_rbd_ns, status_of
+    from nvmeof_roce.nvme import status as S
+    if needs_native.args[0]:
+        pytest.skip(needs_native.kwargs["reason"])
+    cluster.rbd("create", "--size", "4M", "rbd/frozen")
+    ep = rbd_endpoint([fake_rbd_ns(1, "frozen", conf=str(cluster.conf))])
+    try:
+        cluster.pause()
+        try:
+            assert ep.device.deliver(io_capsule(ep, 0x02, 1, 0, 7, 4096, cid=1)) == 0
+            (c,) = collect(ep, 1, timeout=40)
+        finally:
+            cluster.resume()
+        assert status_of(c) == S.ANA_TRANSITION and not status_of(c) & S.DNR
+        assert ep.device.deliver(io_capsule(ep, 0x02, 1, 0, 7, 4096, cid=2)) == 0
+        assert [status_of(c) for c in collect(ep, 1, timeout=40)] == [0]
+    finally:
+        ep.close()

@@ -164,6 +164,20 @@ print("ok")
 """
 
 
+def test_the_python_paths_qp_reaches_rts_with_a_finite_rnr_retry():
+    """The CM's RTS attributes carry the host's REQ's RNR retry count (7, for ever: the fake CM's, as a Linux
+    host's); the Python data path's QP is its own and reaches RTS with verbs.RNR_RETRY (6) instead, the ACK
+    timeout bounded and the rest as the CM computed it."""
+    run_child(CONNECT + r"""from nvmeof_roce.transport.rdma.verbs import ACK_TIMEOUT, QPS_RTS, RNR_RETRY
+attr, mask = queue.qp.modified[QPS_RTS]
+assert attr["rnr_retry"] == RNR_RETRY == 6, attr
+assert mask & (1 << 11)  # IBV_QP_RNR_RETRY: the CM's mask sets it
+assert queue.cm_id.qp_attr(QPS_RTS)[0]["rnr_retry"] == 7  # what the CM would have set
+assert 0 < attr["timeout"] <= ACK_TIMEOUT and attr["max_rd_atomic"] == queue.max_reads
+print("ok")
+""")
+
+
 def test_the_listener_reports_its_queues_and_pool_in_target_status():
     """`target status` shows each RDMA listener's figures (transport/contracts.py Listener.status)."""
     run_child(STATUS)

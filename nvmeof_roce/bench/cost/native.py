@@ -1,7 +1,7 @@
 """Instructions and heap allocations per 4 KiB I/O of the native data path, beside the Python data path, through
 the fake verbs provider (tests/native/fakeprov.c).  A benchmark, not a test: it prints figures, asserts nothing.
 
-    python3 -m nvmeof_roce.bench.cost.native [--ios N] [--json] [--trace | --reservations | --adaptive]
+    python3 -m nvmeof_roce.bench.cost.native [--ios N] [--json] [--trace | --reservations | --adaptive | --rbd]
     (make bench-native)
 
 Each case drives one I/O queue of a real Target (admin queue over loopback, the I/O queue through the C queue on
@@ -13,7 +13,11 @@ nvmeof_roce.bench.cost.transport).  traced (`--trace`, in place of python): nati
 (csrc/trace.c; its records taken after each poll, outside what is counted, and not printed).  adaptive
 (`--adaptive`, in place of python): native polled as `--poll adaptive` does (csrc/nq_owner.c nq_poll_adaptive: the
 polls, the arm, the poll after the arm), with a spin bound of 0, so what is counted is the mode's fixed cost per
-wake-up; the spin itself costs what its bound says, in time (one empty poll per pass).
+wake-up; the spin itself costs what its bound says, in time (one empty poll per pass).  rbd (`--rbd`, in place of
+python): an RBD namespace on the native path (csrc/be_rbd.c) over the fake librbd (tests/unit/fakerbd/), which
+completes each call inside it and calls our callback there: librbd's own cost is left out (the fake's entry points
+are toggled off, our callback `rbd_cb` inside them toggled on again), what is counted is our side: the entry, the
+completion handoff (the callback's lock, array and eventfd write; the poll's take), the bounce chunk's RDMA.
 
 instructions: callgrind, collecting only under the queue's poll (`--toggle-collect=nq_poll`) and not inside the
 fake provider's entry points (post_send, post_recv, poll_cq, req_notify_cq, toggled off again): the target's
@@ -44,6 +48,10 @@ PROVIDER_ENTRIES = ("fake_post_send", "fake_post_recv", "fake_poll_cq", "fake_re
 CASES = [(path, op, qd) for path in ("native", "python") for op in ("read", "write") for qd in (1, 32)]
 TRACE_CASES = [(path, op, qd) for path in ("native", "traced") for op in ("read", "write") for qd in (1, 32)]
 ADAPTIVE_CASES = [(path, op, qd) for path in ("native", "adaptive") for op in ("read", "write") for qd in (1, 32)]
+RBD_CASES = [(path, op, qd) for path in ("native", "rbd") for op in ("read", "write") for qd in (1, 32)]
+# the fake librbd's calls (librbd's cost, not ours), and our callback that runs inside them (ours again)
+FAKE_RBD_ENTRIES = ("rbd_aio_create_completion", "rbd_aio_read", "rbd_aio_write", "rbd_aio_get_return_value",
+                    "rbd_aio_release", "rbd_cb")
 # --reservations: the namespace with reservations enabled and unused, held by this host (Write Exclusive), and held
 # by another host (this host's reads, which its Write Exclusive allows: served by the core)
 RESV_CASES = [(path, op, qd) for path in ("native", "resv-unused", "resv-held") for op in ("read", "write")
@@ -56,11 +64,22 @@ def drive(path: str, op: str, qd: int, ios: int, count_mallocs: bool) -> dict:
     from loopback_env import SUB_RAM, ram_ns, port  # noqa: E402
     from native_diff import NativeEndpoint, io_capsule  # noqa: E402
     ns = ram_ns(1, "16M", 512)
+    if path == "rbd":
+        from rbd_fake import rbd_ns, use_fake_rbd  # noqa: E402
+
+        class Patch:  # pytest's monkeypatch, for good: this process ends with the run
+            setattr = staticmethod(setattr)
+        use_fake_rbd(Patch, {"bench": 16 << 20})
+        ns = rbd_ns(1, "bench")
     if path.startswith("resv"):
         ns["resv"] = {"enable": "1"}
     config = {"hosts": [], "ports": [port(1, "10.99.0.1:4420", [SUB_RAM])],
               "subsystems": [{"nqn": SUB_RAM, "namespaces": [ns]}]}
     ep = NativeEndpoint(config, SUB_RAM, depth=32)
+    if path == "rbd":
+        from rbd_fake import wait_native  # noqa: E402
+        wait_native(ep, SUB_RAM)
+        assert ep.env.target.subsystem(SUB_RAM).namespaces[1].native_file is not None
     if path in ("resv-held", "resv-other"):
         from loopback_env import RAW_HOSTID  # noqa: E402
         from nvmeof_roce.engine import native_view
@@ -125,8 +144,9 @@ def callgrind_total(path: str, op: str, qd: int, ios: int, workdir: Path) -> int
     out = workdir / f"cg.{path}.{op}.{qd}.{ios}"
     # the adaptive poll's own function is collected whole (its nq_poll calls inside: a second toggle would stop it)
     entry = "nq_poll_adaptive" if path == "adaptive" else "nq_poll"
+    fake = FAKE_RBD_ENTRIES if path == "rbd" else ()
     cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", f"--toggle-collect={entry}",
-           *[f"--toggle-collect={f}" for f in PROVIDER_ENTRIES], f"--callgrind-out-file={out}",
+           *[f"--toggle-collect={f}" for f in PROVIDER_ENTRIES + fake], f"--callgrind-out-file={out}",
            sys.executable, "-m", MODULE, "--drive", path, op, str(qd), str(ios)]
     subprocess.run(cmd, env=child_env(), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     text = out.read_text()
@@ -145,6 +165,8 @@ def main() -> int:
                          "held by another (in place of native and python)")
     ap.add_argument("--adaptive", action="store_true",
                     help="native polled as --poll adaptive does, spin bound 0 (in place of python)")
+    ap.add_argument("--rbd", action="store_true",
+                    help="an RBD namespace on the native path over the fake librbd (in place of python)")
     ap.add_argument("--drive", nargs=4, metavar=("PATH", "OP", "QD", "IOS"), help=argparse.SUPPRESS)
     ap.add_argument("--count-mallocs", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -164,7 +186,7 @@ def main() -> int:
         workdir = Path(tmp)
         counter = build(NATIVE_TESTS / "malloc_count.c", workdir / "malloc_count.so")
         for path, op, qd in (TRACE_CASES if args.trace else RESV_CASES if args.reservations
-                             else ADAPTIVE_CASES if args.adaptive else CASES):
+                             else ADAPTIVE_CASES if args.adaptive else RBD_CASES if args.rbd else CASES):
             n = max(args.ios // qd * qd, qd)
             short = callgrind_total(path, op, qd, n, workdir)
             long = callgrind_total(path, op, qd, 2 * n, workdir)

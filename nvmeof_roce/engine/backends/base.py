@@ -25,8 +25,9 @@ The contract, in the order of a namespace's life:
   in place (`pin()` gives it to register: RAM).  A staged backend (neither addressable nor null) gives the C queue
   a handle (`native_handle`): its reads and writes go through the queue's bounce chunks.
 - **resize**: `prepare_resize(size)` for a resize the target makes; a size changed outside (a file grown, an RBD
-  image resized) is the backend's **resize notice**: it calls `notice_resize(size)`, which tells the listener the
-  engine set with `watch_resize` (engine/api.py: the namespace's owner decides what follows).
+  image resized) is the backend's **resize notice**: it calls `notice_resize(size)` (from any thread), which tells
+  the listener the engine set with `watch_resize` (engine/api.py: on the loop, the namespace follows when the
+  backend's `follow_size` says its size is its storage's, and the hosts are told).
 - **close**: `close()`; every descriptor and mapping let go (a registration not yet released keeps its own).
 """
 import logging
@@ -45,7 +46,11 @@ _ZERO_CHUNK = 1 << 20
 
 class BackendError(NvmeofError):
     """A namespace backend failed; the message names the path (or backend) and the fix.  `errno`: the
-    device's error number when there is one (the NVMe status follows from it, engine/io.py)."""
+    device's error number when there is one (the NVMe status follows from it, engine/io.py).  `transient`: the
+    storage is not reachable now (a Ceph cluster that does not answer): an open that fails so at start is
+    tried again in the background (engine/pending.py) instead of failing the target."""
+
+    transient = False
 
     def __init__(self, message: str, fix: str = "", errno: Optional[int] = None, field: Optional[str] = None):
         super().__init__(message, fix)
@@ -57,7 +62,9 @@ class BackendError(NvmeofError):
         namespace."""
         kind = kind_of(ns.backend)
         field = f"{where}.{self.field}" if self.field else f"{where}.device.path" if kind and kind.path else where
-        return ConfigError(source, field, self.message, self.fix)
+        err = ConfigError(source, field, self.message, self.fix)
+        err.transient = self.transient
+        return err
 
 
 
@@ -150,9 +157,16 @@ class Backend:
 
     def notice_resize(self, size_bytes: int) -> None:
         """The storage now has `size_bytes` (seen by the backend: an update watch, a size check): the listener is
-        told; the namespace keeps its size until the engine resizes it (prepare_resize)."""
+        told, on whatever thread saw it (the engine's listener brings it to the loop); the namespace keeps its
+        size until the engine resizes it (follow_size, prepare_resize)."""
         if size_bytes != self.size_bytes and self._resize_listener is not None:
             self._resize_listener(self, size_bytes)
+
+    def follow_size(self, size_bytes: int) -> Optional[Callable[[], None]]:
+        """A backend whose size is its storage's (an RBD image) follows a resize made outside: `commit()`, as
+        prepare_resize's, which takes `size_bytes` (in whole blocks) without changing the storage; None: the
+        namespace keeps its size until resized (a file, whose size the config gives)."""
+        return None
 
     def storage_size(self) -> Optional[int]:
         """The storage's size now, read from it (None: only the target sizes it).  `check_size` compares."""

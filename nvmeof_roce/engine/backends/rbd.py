@@ -17,7 +17,13 @@ Bounds: `rados_osd_op_timeout` and `rados_mon_op_timeout` (RBD_OP_TIMEOUT, under
 io_timeout) make an operation on a cluster that went away fail with ETIMEDOUT instead of hanging; a client the
 cluster has blocklisted gets ESHUTDOWN.  engine/io.py answers both with a path-related status (ANA Transition,
 ANA Inaccessible: no DNR) so the host's multipath can act.  The image's size is read by `storage_size` (the
-Python binding has no update watch): a resize made outside reaches the engine through `check_size`.
+Python binding of Ceph 16 has no `update_watch`): a resize made outside is seen by a RADOS watch on the image's
+header object (`rbd_header.<id>`, which librbd notifies on every header change); the watch's callback only wakes
+the namespace's watcher thread, which reads the size from the header (the `rbd.get_size` class method: the OSD's
+answer, not librbd's cached one) and gives the resize notice (`notice_resize`); the engine brings it to the loop.
+
+One RADOS client per cluster (ceph/clients.py), shared by its namespaces.  Closing waits for the cluster (librbd
+finishes its aio calls, releases its lock, unwatches): it runs on a thread of its own, never on the loop.
 """
 from __future__ import annotations
 
@@ -25,10 +31,13 @@ import collections
 import errno
 import logging
 import os
+import struct
 import threading
+import time
 import uuid
 from typing import Callable, Deque, Optional, Tuple
 
+from ...ceph import clients
 from ...ceph.bindings import rados_and_rbd
 from ...config import NamespaceConfig
 from ...config.rbd import RbdSettings
@@ -36,11 +45,14 @@ from .base import Backend, BackendError, Op
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RbdBackend", "RBD_OP_TIMEOUT", "EBLOCKLISTED"]
+__all__ = ["RbdBackend", "RBD_OP_TIMEOUT", "EBLOCKLISTED", "wait_closed"]
 
 RBD_OP_TIMEOUT = 10  # seconds: an OSD or monitor operation that takes longer fails (ETIMEDOUT)
 RBD_CONNECT_TIMEOUT = 10  # seconds to reach the monitors when the namespace opens
 EBLOCKLISTED = errno.ESHUTDOWN  # what librados returns to a client the cluster has blocklisted (fenced)
+# errors of a cluster that is not there (yet): an open that fails so is tried again (engine/pending.py)
+UNREACHABLE = {errno.ETIMEDOUT, errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ENOTCONN}
+CEPH_NOSNAP = (1 << 64) - 2  # the image's head, for the rbd class methods
 
 Done = Callable[[Optional[BaseException]], None]
 
@@ -57,9 +69,11 @@ def rbd_error(settings: RbdSettings, what: str, exc: BaseException) -> BackendEr
         errno.EACCES: f"check client.{settings.client_id}'s caps and keyring",
         errno.EPERM: f"check client.{settings.client_id}'s caps and keyring",
     }
-    return BackendError(f"rbd {settings.spec()}: {what}: {exc}",
-                        fixes.get(code, f"check {settings.conf} and the cluster (ceph -s)"), errno=code,
-                        field="nvmeof_roce.rbd")
+    err = BackendError(f"rbd {settings.spec()}: {what}: {exc}",
+                       fixes.get(code, f"check {settings.conf} and the cluster (ceph -s)"), errno=code,
+                       field="nvmeof_roce.rbd")
+    err.transient = code in UNREACHABLE
+    return err
 
 
 class RbdBackend(Backend):
@@ -68,6 +82,9 @@ class RbdBackend(Backend):
     kind = "rbd"
     blocking = True
     asynchronous = True
+    native = "rbd"  # the C entry (csrc/be_rbd.c): librbd's C API through the native queue's bounce chunks
+    native_opening: Optional[threading.Thread] = None  # opens the native handle off the loop (native_handle)
+    _native_result = None  # what that thread made: the _native.RbdImage until handed over, or the OSError
 
     @classmethod
     def open(cls, ns: NamespaceConfig, lock: Optional[str] = None, inherit: Optional[Backend] = None) -> "RbdBackend":
@@ -76,9 +93,18 @@ class RbdBackend(Backend):
     def __init__(self, settings: RbdSettings, block_size: int = 512, image=None):
         """`image`: an object with librbd's Image calls to use instead of opening one (the unit tests')."""
         self.settings = settings
+        if not settings.native:  # opt-in for now (docs/rbd.md "The native data path"): the core serves it
+            self.native = None
         self.block_size = block_size
         self.path = settings.spec()
         self.client = self.ioctx = None
+        self._shared: Optional[clients.ClusterClient] = None
+        self._watch = None  # the RADOS watch on the image's header
+        self._watch_ioctx = None
+        self._watcher: Optional[threading.Thread] = None
+        self._wake = threading.Event()
+        self._stopping = False
+        self._rewatch = False
         self._done: Deque[Tuple[Done, Optional[BaseException]]] = collections.deque()
         self._lock = threading.Lock()
         self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -103,15 +129,15 @@ class RbdBackend(Backend):
                                f"{block_size}", f"resize it to whole blocks (rbd resize --size {size - size % block_size}B "
                                f"{settings.spec()}), or use block_size 512", field="nvmeof_roce.block_size")
         self.num_blocks = size // block_size
+        if self.ioctx is not None:
+            self._start_watch()
 
     def _connect(self) -> None:
-        rados, rbd = rados_and_rbd()
+        _, rbd = rados_and_rbd()
         conf = {"rbd_cache": "false", "rados_osd_op_timeout": str(RBD_OP_TIMEOUT),
                 "rados_mon_op_timeout": str(RBD_OP_TIMEOUT), "client_mount_timeout": str(RBD_CONNECT_TIMEOUT)}
-        if self.settings.keyring:
-            conf["keyring"] = self.settings.keyring
-        self.client = rados.Rados(conffile=self.settings.conf, rados_id=self.settings.client_id, conf=conf)
-        self.client.connect(timeout=RBD_CONNECT_TIMEOUT)
+        self._shared = clients.acquire(self.cluster_key(), conf, RBD_CONNECT_TIMEOUT)
+        self.client = self._shared.rados
         self.ioctx = self.client.open_ioctx(self.settings.pool)
         if self.settings.namespace:
             self.ioctx.set_namespace(self.settings.namespace)
@@ -134,6 +160,100 @@ class RbdBackend(Backend):
         fsid = self.client.get_fsid()
         name = f"{fsid}/{self.ioctx.get_pool_id()}/{self.settings.namespace}/{self.image.id()}"
         self._nguid = uuid.uuid5(uuid.NAMESPACE_URL, f"rbd:{name}").bytes
+
+    def cluster_key(self) -> clients.Key:
+        """What one shared RADOS client serves: the conf, the client's id, its keyring."""
+        return (self.settings.conf, self.settings.client_id, self.settings.keyring)
+
+    # -- the header watch: a resize made outside
+    def _start_watch(self) -> None:
+        self._header = f"rbd_header.{self.image.id()}"
+        self._watch_ioctx = self.ioctx  # the watcher's own reference: the pool closes after it stopped
+        try:
+            self._watch = self.ioctx.watch(self._header, self._on_notify, self._on_watch_error)
+        except Exception as exc:  # the namespace serves; only an outside resize goes unseen until the next one
+            log.warning("%s: cannot watch %s (a resize made outside will not be seen): %s", self.describe(),
+                        self._header, exc)
+            self._rewatch = True
+        self._watcher = threading.Thread(target=self._watch_loop, name=f"rbd watch {self.path}"[:60], daemon=True)
+        self._watcher.start()
+
+    def _on_notify(self, notify_id, notifier_id, watch_id, data) -> None:
+        """librados' thread: wake the watcher (never a cluster call here: librbd's own watch waits behind us)."""
+        self._wake.set()
+
+    def _on_watch_error(self, code) -> None:
+        """The watch was lost (the cluster went away, a blocklist): the watcher registers it again."""
+        log.warning("%s: the watch on %s was lost (%s): watching again", self.describe(), self._header, code)
+        self._rewatch = True
+        self._wake.set()
+
+    def _watch_loop(self) -> None:
+        delay = 1.0
+        while True:
+            self._wake.wait(delay if self._rewatch else None)
+            self._wake.clear()
+            if self._stopping:
+                return
+            if self._rewatch:
+                try:
+                    if self._watch is not None:
+                        self._watch.close()
+                except Exception:
+                    pass
+                try:
+                    self._watch = self._watch_ioctx.watch(self._header, self._on_notify, self._on_watch_error)
+                    self._rewatch, delay = False, 1.0
+                except Exception as exc:
+                    self._watch, delay = None, min(delay * 2, 30.0)
+                    log.debug("%s: watching %s again: %s", self.describe(), self._header, exc)
+                    continue
+            size = self._settled_size()
+            if size is not None:
+                self.notice_resize(size)  # a resize missed while the watch was lost is seen here too
+
+    def _settled_size(self) -> Optional[int]:
+        """The image's size once librbd's own view agrees with its header's (on the watcher thread).  librbd's
+        watch refreshes it on the same notification, maybe after ours, and librbd refuses I/O past the end it
+        knows; the header is read again each time (a notification may come before the change it announces: a
+        lock request).  None when the namespace closes meanwhile or they do not agree within RBD_OP_TIMEOUT."""
+        deadline = time.monotonic() + RBD_OP_TIMEOUT
+        while not self._stopping:
+            image, header = self.image, self.header_size()
+            if image is None or header is None:
+                return None
+            try:
+                seen = image.size()
+            except Exception as exc:
+                log.warning("%s: reading librbd's size: %s", self.describe(), exc)
+                return None
+            if seen == header:
+                return header
+            if time.monotonic() > deadline:
+                log.warning("%s: the header says %d bytes, librbd still %d after %d s: the resize is not followed",
+                            self.describe(), header, seen, RBD_OP_TIMEOUT)
+                return None
+            time.sleep(0.05)
+        return None
+
+    def header_size(self) -> Optional[int]:
+        """The image's size as its header says (the OSD's answer), or None when the cluster did not give it."""
+        try:
+            ret, out = self._watch_ioctx.execute(self._header, "rbd", "get_size", struct.pack("<Q", CEPH_NOSNAP), 16)
+            if ret >= 9:
+                return struct.unpack("<BQ", bytes(out[:9]))[1]
+        except Exception as exc:
+            log.warning("%s: reading its size from %s: %s", self.describe(), self._header, exc)
+        return None
+
+    def follow_size(self, size_bytes: int):
+        """The namespace takes the image's new size `size_bytes` (resized outside), in whole blocks, without
+        resizing the image: `commit()`, as prepare_resize's."""
+        blocks = size_bytes // self.block_size
+
+        def commit():
+            self.num_blocks = blocks
+        return commit
 
     # -- geometry
     def identity(self) -> Optional[tuple]:
@@ -190,6 +310,8 @@ class RbdBackend(Backend):
             self._completed(done, rbd_error(self.settings, f"submit {op.what}", exc))
 
     def _failed(self, what: str, code: int) -> BackendError:
+        if -code == EBLOCKLISTED and self._shared is not None:
+            self._shared.broken = True  # the next namespace opened on this cluster connects a new client
         return rbd_error(self.settings, what, OSError(-code, os.strerror(-code)))
 
     def _on_complete(self, what: str, done: Done):
@@ -222,6 +344,44 @@ class RbdBackend(Backend):
             except Exception:
                 log.exception("%s: a completion failed", self.describe())
         return len(ready)
+
+    # -- the native data path (docs/rbd.md "The native path")
+    def native_handle(self, engine, depth):
+        """The C queue's `_native.RbdImage` (csrc/nq_rbd.c): a RADOS client and image of its own, opened in C
+        through the dlopen'd librbd (ceph/bindings.py LIBRADOS, LIBRBD) with this client's settings, cache off and
+        timeouts, by a thread (`native_opening`: librados waits for the cluster up to its mount timeout, never on
+        the loop).  None until it has opened (the core serves the namespace meanwhile; the view takes the handle
+        at a later refresh), when it did not (said once, not tried again), or with no native module or once
+        closed.  Handed over once: the namespace holds it (Namespace.native_file)."""
+        from ... import native
+        from ...ceph import bindings
+        if native.module is None or self.image is None:
+            return None
+        if self.native_opening is None:
+            s = self.settings
+            options = [("rbd_cache", "false"), ("rados_osd_op_timeout", str(RBD_OP_TIMEOUT)),
+                       ("rados_mon_op_timeout", str(RBD_OP_TIMEOUT)),
+                       ("client_mount_timeout", str(RBD_CONNECT_TIMEOUT))]
+            if s.keyring:
+                options.append(("keyring", s.keyring))
+            args = (bindings.LIBRADOS, bindings.LIBRBD, s.conf, f"client.{s.client_id}", s.pool, s.namespace,
+                    s.image, options, depth)
+
+            def open_native():
+                try:
+                    self._native_result = native.module.RbdImage(*args)
+                except OSError as exc:
+                    self._native_result = exc
+                    log.warning("%s: the native data path cannot open it (%s): the core serves it",
+                                self.describe(), exc)
+            self.native_opening = threading.Thread(target=open_native, name=f"rbd-native-open {s.spec()}",
+                                                   daemon=True)
+            self.native_opening.start()
+        handle = self._native_result
+        if handle is None or handle is False or isinstance(handle, BaseException):
+            return None
+        self._native_result = False  # handed over (not None: the thread ran)
+        return handle
 
     # -- the blocking calls (a Target without a loop)
     def _call(self, what: str, fn: Callable, *args):
@@ -267,19 +427,49 @@ class RbdBackend(Backend):
         return commit
 
     def close(self):
-        """Close the image (librbd waits for its aio calls) and the client; completions still queued run, so
-        every command submitted is answered (or its queue has gone)."""
-        # a stand-in image (no client: the unit tests') is the caller's to close
-        image = self.image if self.client is not None else None
-        for what, close in (("the image", image and image.close), ("the pool", self.ioctx and self.ioctx.close),
-                            ("the client", self.client and self.client.shutdown)):
-            if close:
-                try:
-                    close()
-                except Exception as exc:
-                    log.warning("%s: closing %s: %s", self.describe(), what, exc)
-        self.image = self.ioctx = self.client = None
+        """Close the image, its pool and its hold on the cluster's client on a thread of their own (librbd waits
+        for its aio calls and the cluster: up to RBD_OP_TIMEOUT on one that went away), never on the loop.
+        Completions already queued run now, on the caller's thread (the loop's); a command still with librbd
+        belongs to a queue that has gone (a namespace is closed once drained, or with its controllers ended):
+        its completion is counted and dropped once the image closed."""
+        self._stopping = True
+        self._wake.set()
         if self._efd >= 0:
             self.reap()
-            os.close(self._efd)
-            self._efd = -1
+        efd, self._efd = self._efd, -1  # a completion from now on queues without waking anyone
+        if self.client is None:  # a stand-in image (the unit tests'): the caller's to close
+            self.image = None
+            if efd >= 0:
+                os.close(efd)
+            return
+        watcher, image, ioctx, shared = self._watcher, self.image, self.ioctx, self._shared
+        self._watcher = self.image = self.ioctx = self.client = self._shared = None
+
+        def stop_watching():
+            # the watcher first (it may be reading the size, or registering the watch again: never under a
+            # closing image), then the watch it leaves; the closer holds it no longer while closing it, so a
+            # failed close is tried once more by its dealloc now, while the client is still connected
+            if watcher is not None:
+                watcher.join()
+            held = [self._watch] if self._watch is not None else []
+            self._watch = None
+            if held:
+                held.pop().close()
+        steps = [("the header watch", stop_watching), ("the image", image and image.close),
+                 ("the pool", ioctx and ioctx.close), ("the client", shared and (lambda: clients.release(shared)))]
+
+        def finished():
+            with self._lock:
+                late, self._done = self._done, collections.deque()
+            if late:
+                log.info("%s: %d command(s) completed after the namespace closed (their queues had gone)",
+                         self.describe(), len(late))
+            if efd >= 0:
+                os.close(efd)
+        clients.close_off_loop(self.describe(), [(n, c) for n, c in steps if c], finished)
+
+
+def wait_closed(timeout: float) -> bool:
+    """Wait up to `timeout` seconds for the rbd namespaces closing on their threads (the service's stop); True
+    when none is left."""
+    return clients.wait_closed(timeout)

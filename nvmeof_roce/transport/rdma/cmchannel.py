@@ -103,6 +103,14 @@ class CmId:
     def accept(self, private_data: bytes, responder_resources: int, initiator_depth: int, qp_num: int = 0) -> None:
         self.channel.channel.accept(self.handle, private_data, responder_resources, initiator_depth, qp_num)
 
+    def accept_rts(self, private_data: bytes, responder_resources: int, initiator_depth: int, rnr_retry: int,
+                   max_ack_timeout: int) -> dict:
+        """Accept on an id whose QP librdmacm made (create_cm_qp): the QP is taken to RTR and RTS here, its RNR
+        retry count `rnr_retry` and its ACK timeout at most `max_ack_timeout`, before rdma_accept (which then
+        leaves it alone); the RTS attributes set."""
+        return self.channel.channel.accept_rts(self.handle, private_data, responder_resources, initiator_depth,
+                                               rnr_retry, max_ack_timeout)
+
     def connect(self, private_data: bytes, responder_resources: int, initiator_depth: int, qp_num: int = 0) -> None:
         self.channel.channel.connect(self.handle, private_data, responder_resources, initiator_depth, qp_num)
 

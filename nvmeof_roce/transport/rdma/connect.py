@@ -5,10 +5,19 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 from ...nvme import cm
 from ..contracts import ConnectRequest, Refusal
+
+
+def queue_resources(depth: int) -> Tuple[int, int]:
+    """(receives, send-queue entries) of a target queue of `depth` commands (HSQSIZE + 1), both data paths, the
+    one home of these sizes: a receive per command the host may have outstanding (docs/protocol.md §1.6: HSQSIZE + 1
+    posted at all times) and one spare; per command a READ, or a WRITE and a SEND, twice over so that a whole
+    queue's responses in one poll leave the send queue at least half free (their SENDs are then signaled
+    selectively, not each one), and 8 more for the core's own posts."""
+    return depth + 1, 4 * depth + 8
 
 
 class CmRefusal(enum.Enum):

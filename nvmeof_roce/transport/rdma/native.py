@@ -4,8 +4,9 @@
 is native, opens each I/O queue here instead of as an `RdmaTargetQueue` (admin queues stay on the Python path).
 `_native.create_cm_qp` makes the QP with a send and a receive CQ on their own completion channels, on the PD
 librdmacm keeps for the device (`id->pd`); the memory the C queue uses is registered on that PD
-(`NativePortMemory`: the port's data pool a second time, zero and sink buffers, RAM namespaces); pyverbs'
-`rdma_accept` moves the QP to RTR and RTS.  The CQ channels' fds are watched by the event loop (`--poll interrupt`),
+(`NativePortMemory`: the port's data pool a second time, zero and sink buffers, RAM namespaces);
+`CmId.accept_rts` moves the QP to RTR and RTS with a bounded RNR retry count and ACK timeout (as the Python data
+path does), then accepts.  The CQ channels' fds are watched by the event loop (`--poll interrupt`),
 or the queue is polled on every loop pass (`--poll busy`: `NativeTargetQueue.start_polling`), or by a poll
 group's thread (`--cores N`, transport/rdma/pollgroups.py).
 """
@@ -17,8 +18,11 @@ from dataclasses import dataclass
 from typing import Dict, Optional
 
 from ...nvme import cm as cmdata
-from .native_queue import ChunkPool, NativeTargetQueue, NativeVerbs, Region
-from .verbs import QPS_RTS
+from ...nvme.command import SQE_SIZE
+from ..contracts import TransportError
+from .connect import queue_resources
+from .native_queue import ChunkPool, NativeTargetQueue, NativeVerbs, QueueLife, Region
+from .verbs import ACK_TIMEOUT, QPS_RTS, RNR_RETRY
 from ..resources import registered_region
 
 log = logging.getLogger(__name__)
@@ -29,7 +33,9 @@ IBV_ACCESS_LOCAL_WRITE = 1
 # kept, so a burst of queues does not stay pinned.
 SPARE_BOUNCE = 16
 RESPONSE_SIZE = 16
-ACK_TIMEOUT = 19  # as transport/rdma/queue.py: rdma_cm's value, bounded
+# How long a torn-down queue waits for its QP's flushed work requests (after rdma_disconnect put it in the error
+# state) before destroying it: a device flushes at once or within its own tasklet (rxe), so this bounds a stuck one.
+FLUSH_WAIT_US = 20_000
 
 
 class NativePortMemory:
@@ -151,15 +157,14 @@ class RdmaNativeQueue(NativeTargetQueue):
         self.cm_id = cm_id  # cmchannel.CmId: create_cm_qp and destroy_cm_qp find the id through its channel
         self.cm_handle = cm_id.handle
         self.module = module
-        self.peer_gone = False
         self.recv_mr = None
         self.bounce_memory: Optional[Bounce] = None  # file and block namespaces' bounce memory, the port's
         self.released = False
         self.watched = []
         depth = request.hsqsize + 1
         in_capsule = listener.in_capsule_size if request.qid else 0
-        recv_size, recv_count = 64 + in_capsule, depth + 2
-        send_queue = 4 * depth + 8
+        recv_count, send_queue = queue_resources(depth)
+        recv_size = SQE_SIZE + in_capsule
         self.objects = module.create_cm_qp(cm_id.channel.channel, cm_id.handle, send_queue, recv_count,
                                            RESPONSE_SIZE)
         try:
@@ -191,9 +196,31 @@ class RdmaNativeQueue(NativeTargetQueue):
             self.watched = [self.objects["recv_fd"], self.objects["send_fd"]]
         self.start_polling(listener.loop, listener.poll_mode, self.watched, self._on_cq_event,
                            poll_groups=listener.poll_groups)
-        cm_id.accept(cmdata.CmAccept(0, depth).pack(), 0, max_reads, self.objects["qp_num"])
+        # RTR and RTS here, not by rdma_accept: its RTS would take the host's RNR retry count (7: for ever)
+        try:
+            rts = cm_id.accept_rts(cmdata.CmAccept(0, depth).pack(), 0, max_reads, RNR_RETRY, ACK_TIMEOUT)
+        except Exception:
+            self._abandon()  # the listener rejects, then destroys the id: its QP must be gone first
+            raise
+        log.debug("queue %d RTS: local ack timeout %d, retry %d, rnr retry %d", request.qid, rts["timeout"],
+                  rts["retry_cnt"], rts["rnr_retry"])
         log.info("queue %d accepted on %s:%d (native data path): depth %d, in-capsule %d B, %d RDMA READs in "
                  "flight", request.qid, listener.traddr, listener.trsvcid, depth, in_capsule, max_reads)
+
+    def _abandon(self) -> None:
+        """A queue whose accept failed, never handed to the core: out of the loop and its poll group, its QP
+        destroyed, the C queue closed and its memory let go."""
+        self._move(QueueLife.CLOSED)
+        for fd in self.watched:
+            self.listener.loop.unwatch(fd)
+        self.watched = []
+        self._leave_poll_group()
+        self._release()
+        self.native.close()
+        self.book.close(TransportError(f"queue {self.qid}: the accept failed"))
+        self.share.close()
+        self._move(QueueLife.RELEASED)
+        self._give_back_bounce()
 
     def _bounce_of(self, size: int) -> Region:
         """The file and block namespaces' bounce chunks: page-aligned (O_DIRECT), registered on the QP's PD."""
@@ -263,7 +290,7 @@ class RdmaNativeQueue(NativeTargetQueue):
             super()._teardown(error)  # destroys the QP (on_close) before the requests and buffers are let go
         finally:
             self._release()
-            if not self.held:  # else when the ring's last command is back (reap_closed)
+            if self.life is not QueueLife.HELD:  # else when the ring's last command is back (reap_closed)
                 self._give_back_bounce()
             try:
                 listener.forget(self)
@@ -272,10 +299,22 @@ class RdmaNativeQueue(NativeTargetQueue):
             log.info("queue %d closed", self.qid)
 
     def _release(self) -> None:
-        """The QP (and its CQs) first: nothing may write our buffers afterwards."""
+        """The QP (and its CQs) first: nothing may write our buffers afterwards.  A torn-down queue's QP was put in
+        the error state by rdma_disconnect (_teardown): the work requests it flushed are reaped first, by the C
+        queue (reap_flushed: the queue failed, nothing delivered, a bounded wait), then the QP is destroyed, and
+        the CM id only after (listener.forget)."""
         if self.released:
             return
         self.released = True
+        native = getattr(self, "native", None)
+        if native is not None and self.closed:
+            try:
+                left = native.reap_flushed(FLUSH_WAIT_US)
+                if left:
+                    log.warning("queue %d: %d work requests not flushed within %d ms of the disconnect: its QP is "
+                                "destroyed anyway", self.qid, left, FLUSH_WAIT_US // 1000)
+            except Exception as exc:
+                log.warning("queue %d: reaping what its QP flushed failed: %s", self.qid, exc)
         try:
             self.module.destroy_cm_qp(self.cm_id.channel.channel, self.cm_id.handle)
         except Exception as exc:

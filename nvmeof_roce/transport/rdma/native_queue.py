@@ -15,6 +15,7 @@ addresses and keys (`NativeVerbs`), by the RDMA transport on a real device or by
 """
 from __future__ import annotations
 
+import enum
 import errno
 import logging
 import os
@@ -24,14 +25,14 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
 from ..contracts import QueueHandler, RemoteAccessError, TargetQueue, TransportError
-from .connect import RdmaConnectRequest
+from ...nvme.command import SQE_SIZE
+from .connect import RdmaConnectRequest, queue_resources
 from .native_trace import TRACING, log_lines
 from .requests import RequestBook, TxRequest
 from ..resources import PoolShare, ResourceLimits
 
 log = logging.getLogger(__name__)
 
-SQE_SIZE = 64
 
 # Queues closed while their ring still had commands in the kernel (a backend I/O that does not come back): each
 # holds its own bounce memory only, until reap_closed finds the last one back.  `target status` lists them.
@@ -43,6 +44,33 @@ def closing_queues() -> List[dict]:
     now = time.monotonic()
     return [{"qid": q.qid, "peer": q.request.peer, "held_commands": q.held, "closed_s": round(now - q.closed_at, 1)}
             for q in CLOSING.values()]
+
+
+class QueueLife(enum.Enum):
+    """A native queue's lifetime on the Python side; the C queue's follows it (csrc/nq_life.h, `Queue.state`)."""
+
+    SERVING = "serving"
+    CLOSING = "closing"  # no new command; the responses already made still leave, the QP stays until they have
+    PEER_GONE = "peer gone"  # the host disconnected (the CM said so): nothing more leaves, torn down at once
+    CLOSED = "closed"  # torn down: the owner destroyed the QP (on_close), the core told, the C queue's slots let go
+    HELD = "held"  # closed with commands still on the device: its bounce memory theirs until they come back
+    RELEASED = "released"  # the ring's last command back: everything given back
+
+
+# For each state, the states a queue may enter it from (as engine/queue.py ALLOWED_FROM).
+ALLOWED_FROM = {
+    QueueLife.SERVING: set(),
+    QueueLife.CLOSING: {QueueLife.SERVING},
+    QueueLife.PEER_GONE: {QueueLife.SERVING, QueueLife.CLOSING},
+    QueueLife.CLOSED: {QueueLife.SERVING, QueueLife.CLOSING, QueueLife.PEER_GONE},
+    QueueLife.HELD: {QueueLife.CLOSED},
+    QueueLife.RELEASED: {QueueLife.CLOSED, QueueLife.HELD},
+}
+_TORN_DOWN = frozenset({QueueLife.CLOSED, QueueLife.HELD, QueueLife.RELEASED})
+
+
+class IllegalQueueMove(RuntimeError):
+    """A native queue was moved along no edge of its lifetime (ALLOWED_FROM)."""
 
 
 @dataclass
@@ -105,7 +133,7 @@ class NativeTargetQueue(TargetQueue):
         self.in_capsule_size = in_capsule_size
         self.depth = request.hsqsize + 1
         self.recv_size = SQE_SIZE + in_capsule_size
-        self.recv_count = self.depth + 1
+        self.recv_count, self.send_queue = queue_resources(self.depth)
         if recv.length < self.recv_count * self.recv_size:
             raise ValueError(f"receive region of {recv.length} bytes; {self.recv_count} x {self.recv_size} needed")
         self.chunks = chunks
@@ -124,19 +152,18 @@ class NativeTargetQueue(TargetQueue):
         self.watch = watch
         self.unwatch = unwatch
         self._on_released = on_released  # the bounce memory is the owner's again: the ring's last command is back
-        self.held = 0  # closed with this many commands still in the kernel (CLOSING), reaped on the ring's eventfd
+        self.life = QueueLife.SERVING  # moved by _move only (ALLOWED_FROM)
+        self.closed = False  # torn down (CLOSED, HELD, RELEASED): nothing of it is served any more (_move sets it)
+        self.closing = False  # closed for new commands, its last responses still leaving (CLOSING; _move sets it)
+        self.held = 0  # HELD: this many commands still in the kernel (CLOSING), reaped on the ring's eventfd
         self.closed_at = 0.0
         self.serves_files = bounce_of is not None
         self.bounce: Optional[Region] = None
         self.ring_fd: Optional[int] = None
-        self.closed = False
-        self.closing = False  # closed for new commands; the QP stays until the responses already made have left
         self.in_poll = False
-        self.peer_gone = getattr(self, "peer_gone", False)  # the host disconnected (set by the CM): nothing leaves
         self.refused_post: Optional[ConnectionError] = None  # the C queue refused a post: it failed (flush closes)
         # Send queue as the RDMA transport sizes it (transport/rdma/queue.py): per command a READ, or a WRITE and a SEND,
         # twice over; the Python side's book gets a quarter of it (its commands are the rare ones).
-        self.send_queue = 4 * self.depth + 8
         python_send = max(8, self.send_queue // 4)
         # The host's RDMA READ credits are the C queue's: it counts every READ posted on the QP, its own and the
         # Python side's (post_read takes one, or waits in the C queue for the next one given back), so together
@@ -162,10 +189,31 @@ class NativeTargetQueue(TargetQueue):
         self.tracing = False  # the per-command trace is on: its records are taken at each poll and tick
         TRACING.attach(self)
 
+    # -- the lifetime
+
+    def _move(self, new: QueueLife) -> None:
+        if self.life not in ALLOWED_FROM[new]:
+            raise IllegalQueueMove(f"queue {self.qid}: {self.life.value} -> {new.value}")
+        self.life = new
+        # Read on every poll: plain attributes.  An Enum member's hash and lookup are Python calls that allocate
+        # (make bench-native counted 6 mallocs per poll with them).
+        self.closed = new in _TORN_DOWN
+        self.closing = new is QueueLife.CLOSING
+
+    @property
+    def peer_gone(self) -> bool:
+        return self.life is QueueLife.PEER_GONE
+
+    @peer_gone.setter
+    def peer_gone(self, gone: bool) -> None:
+        """The CM's word that the host disconnected (RdmaListener): the close that follows sends nothing more."""
+        if gone and self.life in ALLOWED_FROM[QueueLife.PEER_GONE]:
+            self._move(QueueLife.PEER_GONE)
+
     # -- the C queue's callbacks (during poll(); through _weak)
 
     def _on_capsule(self, capsule: bytes, handed_back: bool = False) -> None:
-        if self.closed or self.closing:
+        if self.life is not QueueLife.SERVING:
             return  # no new command on a closing queue
         if len(capsule) < SQE_SIZE:
             log.warning("queue %d: capsule of %d bytes (< 64): closing the queue", self.qid, len(capsule))
@@ -232,7 +280,7 @@ class NativeTargetQueue(TargetQueue):
             self.log_trace()
         if done and self.drain_check is not None:
             self.drain_check()  # a change waits for commands in flight: these may have been the last
-        if self.closing and not self.closed and self.native.close_ready:
+        if self.closing and self.native.close_ready:
             self._teardown(None)  # the last response of a closing queue has left
 
     def start_polling(self, loop, mode: str, channels=(), on_channel_event: Optional[Callable] = None,
@@ -265,7 +313,7 @@ class NativeTargetQueue(TargetQueue):
                 self.in_poll = False
             if self.tracing:
                 self.log_trace()
-            if self.closing and not self.closed and self.native.close_ready:
+            if self.closing and self.native.close_ready:
                 self._teardown(None)
 
     # -- the per-command trace (transport/rdma/native_trace.py)
@@ -463,9 +511,9 @@ class NativeTargetQueue(TargetQueue):
         a keep-alive's expiry: nothing is batched then) ends it at once."""
         if self.closed:
             return
-        if (error is None and self.in_poll and not self.peer_gone and not self.closing and
+        if (error is None and self.in_poll and self.life is QueueLife.SERVING and
                 self._send_responses_before_close()):
-            self.closing = True
+            self._move(QueueLife.CLOSING)
             log.info("queue %d closing: its last responses are still to leave", self.qid)
             return
         self._teardown(error)
@@ -479,7 +527,7 @@ class NativeTargetQueue(TargetQueue):
     def _teardown(self, error: Optional[TransportError]) -> None:
         if self.closed:
             return
-        self.closed = True
+        self._move(QueueLife.CLOSED)
         self._leave_poll_group()  # first: no thread polls or posts on the queue from here on
         try:
             # The owner destroys the QP (or puts it in the error state) before the core hears of the close: from
@@ -502,6 +550,7 @@ class NativeTargetQueue(TargetQueue):
         self.book.close(error or TransportError("queue closed"))
         self.share.close()
         if self.held:
+            self._move(QueueLife.HELD)
             self.closed_at = time.monotonic()
             CLOSING[id(self)] = self
             log.warning("queue %d closed with %d commands still on the device: its bounce memory is kept until "
@@ -528,6 +577,7 @@ class NativeTargetQueue(TargetQueue):
         self._released()
 
     def _released(self) -> None:
+        self._move(QueueLife.RELEASED)
         self.bounce = None
         self.ring_fd = None
         self._on_released(self)

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, List, Optional
 from ...nvme import cm as cmdata
 from ..contracts import ReadDone, RemoteAccessError, TargetQueue, TransportError
 from ..resources import PoolShare
-from .connect import RdmaConnectRequest
+from .connect import RdmaConnectRequest, queue_resources
 from .memory import RegisteredMemory
 from .requests import RequestBook, TxRequest
-from .verbs import (ADMIN_CAPSULE, PYVERBS_ERROR, QPS_INIT, QPS_RTR, QPS_RTS, RESPONSE_SIZE, SEND_WR_BASE,
-                    create_with_fd, eagain, qp_attr)
+from .verbs import (ACK_TIMEOUT, ADMIN_CAPSULE, PYVERBS_ERROR, QPS_INIT, QPS_RTR, QPS_RTS, RESPONSE_SIZE, RNR_RETRY,
+                    SEND_WR_BASE, create_with_fd, eagain, qp_attr)
 
 if PYVERBS_ERROR is None:
     from .verbs import (CQ, QP, SGE, CompChannel, PyverbsRDMAError, QPCap, QPEx, QPInitAttr, QPInitAttrEx, RecvWR,
@@ -40,9 +40,6 @@ log = logging.getLogger(__name__)
 wire_log = logging.getLogger(__name__ + ".wire")
 
 WRITE_WR_ID = SEND_WR_BASE + (1 << 31)  # the unsignaled data WRITEs (SEND_WR_BASE + n: request n)
-# QP local ACK timeout exponent, at most (4.096 us << 19 = 2.1 s): what rdma_cm computes for RoCE here and what
-# the Linux host asks for in its REQ, so the target retransmits no sooner than nvmet_rdma or the host do.
-ACK_TIMEOUT = 19
 POLL_BATCH = 32  # completions asked of one CQ.poll
 CQ_BUDGET = 64  # completions one queue handles per loop pass before the others get their turn
 
@@ -150,8 +147,8 @@ class RdmaTargetQueue(TargetQueue):
         pd, ctx = listener.pd, listener.context
         local = e.IBV_ACCESS_LOCAL_WRITE
 
-        # Receive slots: at least HSQSIZE + 1 posted at all times (§1.6), one spare.
-        self.recv_count = self.depth + 1
+        # Receive slots and send-queue entries: connect.queue_resources says why these numbers.
+        self.recv_count, self.max_send_wr = queue_resources(self.depth)
         self.recv_mem = RegisteredMemory(pd, self.recv_count * self.recv_size, local)
         self.recv_wrs = [RecvWR(wr_id=i, num_sge=1, sg=[SGE(self.recv_mem.addr + i * self.recv_size,
                                                               self.recv_size, self.recv_mem.lkey)])
@@ -163,10 +160,7 @@ class RdmaTargetQueue(TargetQueue):
         self.sge = SGE(0, 0, 0)  # the one scatter entry every data work request is built from
 
         self.comp_channel, self.cq_fd = create_with_fd(lambda: CompChannel(ctx))
-        # Send queue: per command a READ, or a WRITE and a SEND.  Twice that, so that a whole queue's responses
-        # in one poll leave it at least half free: their SENDs are then signaled selectively, not all
-        # (RequestBook.flush signals every one once under a quarter is free).
-        self.max_send_wr = 4 * self.depth + 8
+        # (RequestBook.flush signals every SEND once under a quarter of the send queue is free.)
         self.cq = CQ(ctx, self.recv_count + self.max_send_wr, None, self.comp_channel, 0)
         self.cq.req_notify()
         cap = QPCap(max_send_wr=self.max_send_wr, max_recv_wr=self.recv_count, max_send_sge=1, max_recv_sge=1,
@@ -209,8 +203,12 @@ class RdmaTargetQueue(TargetQueue):
             self._release_rings()
             raise AcceptRefused(cmdata.STS_INVALID_IRD, "host offers no RDMA READ resources (responder_resources 0)")
         attr.max_rd_atomic = self.max_reads
-        log.debug("queue %d RTS: local ack timeout %d, retry %d, rnr retry %d", request.qid, attr.timeout,
-                  attr.retry_cnt, attr.rnr_retry)
+        log.debug("queue %d RTS: local ack timeout %d, retry %d, rnr retry %d (the host's; %d here)", request.qid,
+                  attr.timeout, attr.retry_cnt, attr.rnr_retry, RNR_RETRY)
+        # Finite (verbs.RNR_RETRY): the CM gives the host's REQ's count, 7 (for ever) from a Linux host, and a host
+        # that stopped posting receives would then hold our responses for ever.  The CM's RTS mask has
+        # IBV_QP_RNR_RETRY on RoCE and InfiniBand; iWARP has no RNR NAK (nor the bit), and then this is unused.
+        attr.rnr_retry = RNR_RETRY
         # rdma_cm's ACK timeout, as nvmet_rdma keeps it, bounded: 0 (infinite) would leave a work request to a
         # vanished host pending for ever.  A shorter one (14, 67 ms) retransmitted WRITEs the host had already
         # acknowledged whenever an emulated CPU delayed the ACK (docs/two-node.md, lossy link).

@@ -42,6 +42,16 @@ CM_TIMEOUT_MS = 3000
 SEND_WR_BASE = 1 << 32  # wr_ids below this are receive slots
 # ibv_qp_state numbers (verbs.h, a stable ABI): the states the CM computes attributes for (CmId.qp_attr)
 QPS_INIT, QPS_RTR, QPS_RTS = 1, 2, 3
+# QP local ACK timeout exponent, at most (4.096 us << 19 = 2.1 s): what rdma_cm computes for RoCE here and what
+# the Linux host asks for in its REQ, so the target retransmits no sooner than nvmet_rdma or the host do.
+ACK_TIMEOUT = 19
+# The target QPs' RNR retry count (both data paths; docs/native.md "The QP's retries"): the largest finite one (7
+# retries for ever).  rdma_init_qp_attr would give the host's REQ's count (the Linux host asks for 7), so a host
+# that stops posting receives would hold our responses, and the namespace references of their commands, for ever;
+# with 6 the seventh RNR NAK fails the SEND (IBV_WC_RNR_RETRY_EXC_ERR) and the queue closes.  How long that takes
+# is the host's to say: each RNR NAK carries its QP's min_rnr_timer (rdma_cm's RTR gives 0, 655.36 ms), so about
+# 4 s with a Linux host.
+RNR_RETRY = 6
 
 
 class CachedLoggers:
