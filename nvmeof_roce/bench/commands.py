@@ -126,11 +126,16 @@ def build_targets(args, out_dir: Path) -> List[TargetUnderTest]:
     if data_path and rbd.USERSPACE not in names:
         raise NvmeofError(f"--data-path {data_path} is for the {rbd.USERSPACE} target (bench --rbd)",
                           "add userspace-rbd to --targets, or measure the data paths with --targets native,userspace-py")
+    rbd_path = getattr(args, "rbd_path", None)
+    if rbd_path and rbd.USERSPACE not in names:
+        raise NvmeofError(f"--rbd-path {rbd_path} is for the {rbd.USERSPACE} target (bench --rbd)",
+                          "add userspace-rbd to --targets")
     image = _rbd_image(args, size_mb, out_dir) if any(n in rbd.TARGET_NAMES for n in names) else None
     targets: List[TargetUnderTest] = []
     for name in names:
         if name == rbd.USERSPACE:
-            targets.append(rbd.RbdUserspaceTarget(args.traddr, image, work_dir=out_dir, data_path=data_path, cpus=cpus))
+            targets.append(rbd.RbdUserspaceTarget(args.traddr, image, work_dir=out_dir, data_path=data_path, cpus=cpus,
+                                                  rbd_path=rbd_path or rbd.DEFAULT_RBD_PATH))
         elif name == rbd.KERNEL:
             targets.append(rbd.KrbdNvmetTarget(args.traddr, image))
         elif name == rbd.FIO:
@@ -192,7 +197,8 @@ def _rbd_config(targets: List[TargetUnderTest], ratio) -> dict:
     return {"ratios": [p for p in ratios if all(n in names for n in p)],
             "rbd": {"image": image.spec.spec, "conf": image.spec.conf, "client": f"client.{image.spec.client_id}",
                     "image_size_mb": image.size_mb, "region": image.region,
-                    "data_path_requested": (ours.data_path or "default") if ours else None}}
+                    "data_path_requested": (ours.data_path or "default") if ours else None,
+                    "rbd_path_requested": ours.rbd_path if ours else None}}
 
 
 def _default_out() -> Path:
@@ -371,9 +377,13 @@ def register(subparsers) -> None:
     p.add_argument("--rbd-conf", metavar="FILE", help="the cluster's ceph.conf (default $CEPH_CONF, else "
                                                       "/etc/ceph/ceph.conf; lab run --ceph sets CEPH_CONF)")
     p.add_argument("--rbd-id", metavar="ID", default="admin", help="the Ceph client's id (default admin)")
+    p.add_argument("--rbd-path", choices=rbd.RBD_PATHS,
+                   help="how userspace-rbd serves the image: native (the default: the namespace's \"native\": true, "
+                        "librbd's C API from the native queues) or python (the reference path: the core through "
+                        "python3-rbd); the report says which one served it")
     p.add_argument("--data-path", choices=("native", "python"),
-                   help="the data path of userspace-rbd (target serve --data-path; default: the target's, native "
-                        "when the extension is built); the report says which one served the rbd namespace")
+                   help="the I/O queues' data path of userspace-rbd (target serve --data-path; default: native with "
+                        "--rbd-path native, else the target's own)")
     p.add_argument("--ratio", metavar="A/B",
                    help="the ratio the report leads with (default userspace/kernel; before and after: "
                         "userspace/baseline)")

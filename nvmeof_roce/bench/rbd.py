@@ -1,8 +1,10 @@
 """The bench's RBD job set (`bench --rbd`): one RBD image served three ways, each measured with the same fio jobs.
 
 - `userspace-rbd` (RbdUserspaceTarget): our target serving the image as an rbd namespace (librbd in the
-  target's process; `--data-path native|python` picks the I/O queues' data path, and the run records which of
-  them served the rbd namespace: `served_by`);
+  target's process).  `rbd_path` picks how: `native` (the default: the namespace's `"native": true`, its
+  commands served in C by the native queues through librbd's C API, csrc/be_rbd.c) or `python` (the reference
+  path: the core's engine through python3-rbd); `--data-path` the I/O queues' data path.  The run records which
+  path served the rbd namespace (`served_by`);
 - `kernel-krbd` (KrbdNvmetTarget): the kernel's nvmet serving the image mapped with krbd (`rbd map`, /dev/rbdN);
 - `fio-rbd` (FioRbdTarget): no target at all, fio's own `rbd` engine on the image (librbd in fio): the floor of
   what librbd gives here.
@@ -13,22 +15,22 @@ it; its first `--size` bytes are written once before the first job (so reads fin
 Every librbd client of the bench runs with its cache off (`rbd_cache = false`), as our target's does (docs/rbd.md),
 so neither fio's engine nor ours answers from client memory; krbd has no client cache (O_DIRECT on /dev/rbdN).
 
-The `rbd` tool is called through `RbdCli` (map, unmap, create, rm, info): kernel/rbd_map.py, the project's
-wrapper of `rbd map` for `nvmet apply`, was not on main when this was written; this one is the bench's own, small,
-with `--options noudev` where no udevd runs (the lab's guest), as that one does.
+The `rbd` tool is called through kernel/rbd_map.py's `RbdTool` (info, create, rm, map, unmap), the project's one
+wrapper of it.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
-import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
+from ..config.rbd import RbdSettings
 from ..errors import NvmeofError
+from ..kernel.rbd_map import RbdTool
 from . import kernel_glue
 from .fio import FioJobFile
 from .targets import DEFAULT_PORTS, ROCE, Fabric, KernelNvmetTarget, TargetUnderTest, UserspaceTarget
@@ -42,9 +44,9 @@ JOBS_DIR = "rbd"  # fio-jobs/rbd/: the job set, not in the default selection
 JOBS = ("rbd-randread-4k-qd32", "rbd-randwrite-4k-qd32", "rbd-randread-4k-qd1", "rbd-randwrite-4k-qd1")
 DEFAULT_IMAGE = "rbd/nvmeof-bench"
 DEFAULT_PORT = {USERSPACE: 4460, KERNEL: 4461}
-UDEV_CONTROL = "/run/udev/control"
+RBD_PATHS = ("native", "python")  # how our target serves the namespace: librbd in C, or the core's python3-rbd
+DEFAULT_RBD_PATH = "native"
 CEPH_DAEMONS = ("ceph-osd", "ceph-mon")  # sampled for their CPU beside every target (they serve all three)
-_DEVICE = re.compile(r"/dev/rbd\d+")
 
 
 def default_conf() -> str:
@@ -71,87 +73,29 @@ class RbdImageSpec:
     def spec(self) -> str:
         return f"{self.pool}/{self.image}"
 
-    def namespace_config(self) -> dict:
-        """The rbd namespace of our target's config (docs/rbd.md)."""
-        return {"nsid": 1, "enable": 1,
-                "nvmeof_roce": {"backend": "rbd", "rbd": {"pool": self.pool, "image": self.image, "conf": self.conf,
-                                                          "id": self.client_id}}}
+    @property
+    def settings(self) -> RbdSettings:
+        """The image as kernel/rbd_map.py's RbdTool and our target's config name it."""
+        return RbdSettings(pool=self.pool, image=self.image, conf=self.conf, client_id=self.client_id)
+
+    def namespace_config(self, rbd_path: str = DEFAULT_RBD_PATH) -> dict:
+        """The rbd namespace of our target's config (docs/rbd.md): `"native": true` on the native RBD path."""
+        rbd = {"pool": self.pool, "image": self.image, "conf": self.conf, "id": self.client_id}
+        if rbd_path == "native":
+            rbd["native"] = True
+        return {"nsid": 1, "enable": 1, "nvmeof_roce": {"backend": "rbd", "rbd": rbd}}
 
 
-Runner = Callable[..., subprocess.CompletedProcess]  # (argv, timeout, env=None)
+Runner = Callable[..., subprocess.CompletedProcess]  # (argv, timeout, env=None): fio's prefill
 
 
 def _run(args: List[str], timeout: float, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
     except FileNotFoundError:
-        raise NvmeofError(f"{args[0]} is not installed", "apt-get install ceph-common fio")
+        raise NvmeofError(f"{args[0]} is not installed", "apt-get install fio")
     except subprocess.TimeoutExpired:
         raise NvmeofError(f"{' '.join(args[:3])} did not answer within {timeout:.0f} s", "check the cluster: ceph -s")
-
-
-class RbdCli:
-    """The `rbd` tool for one image (`runner(argv, timeout)`: subprocess.run; the tests pass a fake)."""
-
-    def __init__(self, spec: RbdImageSpec, runner: Runner = _run, udev: Optional[bool] = None):
-        self.spec = spec
-        self.runner = runner
-        # without udevd (the lab's guest: devtmpfs only) `rbd map` would wait for an event no one sends
-        self.udev = os.path.exists(UDEV_CONTROL) if udev is None else udev
-
-    def _rbd(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return self.runner(["rbd", "-c", self.spec.conf, "--id", self.spec.client_id, *args], timeout)
-
-    def _check(self, res: subprocess.CompletedProcess, what: str, fix: str) -> str:
-        if res.returncode != 0:
-            raise NvmeofError(f"rbd {what} {self.spec.spec}: {(res.stderr or res.stdout).strip()[-400:]}", fix)
-        return res.stdout
-
-    def exists(self) -> bool:
-        res = self._rbd("info", "--format", "json", self.spec.spec)
-        if res.returncode == 0:
-            return True
-        if "No such file" in res.stderr or "(2)" in res.stderr:
-            return False
-        self._check(res, "info", "check the cluster (ceph -s) and --rbd-conf")
-        return False
-
-    def create(self, size_mb: int) -> None:
-        self._check(self._rbd("create", "--size", f"{size_mb}M", "--image-feature", "layering", self.spec.spec),
-                    "create", "check the pool exists (ceph osd pool ls) and has room")
-
-    def remove(self) -> None:
-        self._check(self._rbd("rm", "--no-progress", self.spec.spec), "rm", "rbd status: who still has it open")
-
-    def _options(self) -> List[str]:
-        return [] if self.udev else ["--options", "noudev"]
-
-    def showmapped(self) -> List[dict]:
-        out = self._check(self._rbd("showmapped", "--format", "json"), "showmapped", "modprobe rbd")
-        mapped = json.loads(out or "[]")
-        return list(mapped.values()) if isinstance(mapped, dict) else list(mapped)  # older rbd: {id: entry}
-
-    def mapped_device(self) -> Optional[str]:
-        for m in self.showmapped():
-            if (m.get("pool"), m.get("name"), m.get("snap", "-"), m.get("namespace") or "") == \
-                    (self.spec.pool, self.spec.image, "-", ""):
-                return m.get("device")
-        return None
-
-    def map(self) -> str:
-        """krbd maps the image: its /dev/rbdN."""
-        res = self._rbd("map", *self._options(), self.spec.spec)
-        out = self._check(res, "map", "the kernel's rbd module (modprobe rbd), and an image whose features krbd "
-                                      "has (rbd info; rbd feature disable ... object-map fast-diff deep-flatten)")
-        device = out.strip().splitlines()[-1].strip() if out.strip() else ""
-        if not _DEVICE.fullmatch(device):
-            raise NvmeofError(f"rbd map {self.spec.spec} printed no /dev/rbdN: {out.strip()[-200:]!r}",
-                              "rbd showmapped")
-        return device
-
-    def unmap(self, device: str) -> None:
-        self._check(self._rbd("unmap", *self._options(), device), "unmap",
-                    "something holds the device open (nvmet's namespace, fio): close it, then rbd unmap")
 
 
 def client_conf(conf: str, directory: Path) -> Path:
@@ -215,12 +159,12 @@ class BenchImage:
     written once), removed by the last one's teardown when the bench created it."""
 
     def __init__(self, spec: RbdImageSpec, size_mb: int, region: str, work_dir: Path,
-                 cli: Optional[RbdCli] = None, runner: Runner = _run, progress: Callable[[str], None] = log.info):
+                 tool: Optional[RbdTool] = None, runner: Runner = _run, progress: Callable[[str], None] = log.info):
         self.spec = spec
         self.size_mb = int(size_mb)
         self.region = region
         self.work_dir = Path(work_dir)
-        self.cli = cli or RbdCli(spec)
+        self.tool = tool or RbdTool()
         self.runner = runner
         self.progress = progress
         self.users = 0
@@ -242,9 +186,9 @@ class BenchImage:
         self.users += 1
         if self.users > 1:
             return
-        if not self.cli.exists():
+        if not self.tool.exists(self.spec.settings):
             self.progress(f"bench: creating the rbd image {self.spec.spec} ({self.size_mb} MiB, layering only)")
-            self.cli.create(self.size_mb)
+            self.tool.create(self.spec.settings, self.size_mb << 20, features=("layering",))
             self.created = True
         self.progress(f"bench: writing the first {self.region} of {self.spec.spec} once (fio's rbd engine)")
         res = self.runner(prefill_command(self.spec, self.region), 1800, env=dict(os.environ,
@@ -257,7 +201,7 @@ class BenchImage:
         self.users = max(0, self.users - 1)
         if self.users == 0 and self.created:
             self.created = False
-            self.cli.remove()
+            self.tool.remove(self.spec.settings)
 
 
 def ceph_pids(conf: Optional[str] = None, proc: str = "/proc") -> Dict[str, int]:
@@ -291,23 +235,35 @@ class RbdTarget:
 
 
 class RbdUserspaceTarget(RbdTarget, UserspaceTarget):
-    """Our target with one rbd namespace on the image; `data_path` as `target serve --data-path`."""
+    """Our target with one rbd namespace on the image; `rbd_path` native (the namespace's `"native": true`: the
+    native queues serve it in C) or python (the core's engine, python3-rbd); `data_path` as `target serve
+    --data-path` (the native RBD path needs the native queues: native when not given)."""
 
     name = USERSPACE
 
     def __init__(self, traddr: str, image: BenchImage, trsvcid: int = DEFAULT_PORT[USERSPACE],
                  data_path: Optional[str] = None, work_dir: Optional[Path] = None, cpus: Optional[str] = None,
-                 fabric: Fabric = ROCE):
+                 fabric: Fabric = ROCE, rbd_path: str = DEFAULT_RBD_PATH):
+        if rbd_path not in RBD_PATHS:
+            raise NvmeofError(f"--rbd-path {rbd_path!r} is not one of {', '.join(RBD_PATHS)}", "--rbd-path native")
+        if rbd_path == "native":
+            if data_path == "python":
+                raise NvmeofError("--rbd-path native needs the native I/O queues, not --data-path python",
+                                  "--rbd-path python for the reference path, or leave --data-path out")
+            data_path = "native"
         super().__init__(traddr, trsvcid, name=USERSPACE, work_dir=work_dir, data_path=data_path, cpus=cpus,
                          fabric=fabric)
         self.image = image
-        self.kind += f", rbd namespace {image.spec.spec} (librbd)"
+        self.rbd_path = rbd_path
+        self.kind += f", rbd namespace {image.spec.spec} (librbd, the {rbd_path} RBD path)"
         self._acquired = False
 
     def describe(self) -> dict:
         d = super().describe()
-        d["backend"] = f"rbd {self.image.spec.spec} (librbd in the target, cache off)"
+        how = "librbd's C API from the native queues" if self.rbd_path == "native" else "python3-rbd in the core"
+        d["backend"] = f"rbd {self.image.spec.spec} ({how}, cache off)"
         d["data_path_requested"] = self.data_path or "default"
+        d["rbd_path_requested"] = self.rbd_path
         return d
 
     def check(self) -> None:
@@ -328,7 +284,8 @@ class RbdUserspaceTarget(RbdTarget, UserspaceTarget):
                                                     "trsvcid": str(self.trsvcid), "treq": "not specified"},
                               "subsystems": [self.subnqn], "referrals": []}],
                    "subsystems": [{"nqn": self.subnqn, "attr": {"allow_any_host": "1", "model": "nvmeof-roce"},
-                                   "allowed_hosts": [], "namespaces": [self.image.spec.namespace_config()]}]}
+                                   "allowed_hosts": [],
+                                   "namespaces": [self.image.spec.namespace_config(self.rbd_path)]}]}
             self.config_path.write_text(json.dumps(cfg, indent=2) + "\n")
             self.ready_timeout = max(self.ready_timeout, 180.0)  # the image opens before the target listens
             super().setup()
@@ -371,7 +328,7 @@ class KrbdNvmetTarget(RbdTarget, KernelNvmetTarget):
     def setup(self) -> None:
         self.image.acquire()
         self._acquired = True
-        self.mapped = self.image.cli.mapped_device() or self.image.cli.map()
+        self.mapped = self.image.tool.map(self.image.spec.settings)  # or the device it is mapped at already
         self._export = kernel_glue.NvmetExport(nqn=self.subnqn, device_path=self.mapped, traddr=self.traddr,
                                                trsvcid=self.trsvcid, trtype=self.fabric.trtype)
         self._export.create()
@@ -383,7 +340,7 @@ class KrbdNvmetTarget(RbdTarget, KernelNvmetTarget):
             mapped, self.mapped = self.mapped, None
             try:
                 if mapped:
-                    self.image.cli.unmap(mapped)
+                    self.image.tool.unmap(mapped)
             finally:
                 if self._acquired:
                     self._acquired = False
@@ -431,9 +388,11 @@ class FioRbdTarget(RbdTarget, TargetUnderTest):
 def served_by(status: dict, nqn: str, nsid: int = 1) -> Optional[dict]:
     """Which data path served the rbd namespace `nsid` of `nqn`, from `target status --json`: the I/O queues'
     data path, and the namespace's engine figures. A namespace the native queues serve in C has
-    `native_in_flight` in its `io` (its handle is in the queues' view); `most_in_flight` is the reference path's
-    (the engine's librbd aio calls) high-water mark since the target started, `native_most_in_flight` the C
-    path's."""
+    `native_in_flight` in its `io` (its handle is in the queues' view) and `native_most_in_flight`, the C path's
+    high-water mark since the target started, above 0 once librbd's C API had a command; `most_in_flight` is the
+    reference path's (the core's librbd aio calls).  On the native RBD path the core serves the first commands
+    while the handle opens in C (the host's connect and partition scan): its `most_in_flight` is then small and
+    stays (a high-water mark), so it is recorded, not taken as the path that served the job."""
     for sub in status.get("subsystems", []):
         if sub.get("nqn") != nqn:
             continue
@@ -443,16 +402,12 @@ def served_by(status: dict, nqn: str, nsid: int = 1) -> Optional[dict]:
             io = ns.get("io") or {}
             native = int(io.get("native_most_in_flight") or 0)
             python = int(io.get("most_in_flight") or 0)
-            if "native_in_flight" in io and native:
-                rbd = "native" if not python else "native (the core's engine served some: most_in_flight " \
-                                                  f"{python})"
-            else:
-                rbd = "python"
+            rbd = "native" if "native_in_flight" in io and native else "python"
             return {"queues": status.get("data_path"), "rbd": rbd, "engine": io.get("engine"),
                     "most_in_flight": python, "native_most_in_flight": native if "native_in_flight" in io else None}
     return None
 
 
-__all__ = ["USERSPACE", "KERNEL", "FIO", "TARGET_NAMES", "RATIOS", "JOBS", "RbdImageSpec", "RbdCli", "BenchImage",
+__all__ = ["USERSPACE", "KERNEL", "FIO", "TARGET_NAMES", "RATIOS", "JOBS", "RBD_PATHS", "RbdImageSpec", "BenchImage",
            "RbdUserspaceTarget", "KrbdNvmetTarget", "FioRbdTarget", "rbd_engine_job_text", "served_by",
            "client_conf", "ceph_pids"]

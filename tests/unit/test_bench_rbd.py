@@ -1,4 +1,4 @@
-"""`bench --rbd` (bench/rbd.py): the job set turned to fio's rbd engine, the rbd tool's wrapper, the shared image,
+"""`bench --rbd` (bench/rbd.py): the job set turned to fio's rbd engine, the shared image (made and removed through kernel/rbd_map.py's RbdTool), which RBD path our target runs,
 which data path served our namespace, the run of a target that is no target (fio-rbd), the Ceph daemons' CPU, the
 ratios and the report's rbd table; fio's outputs are recorded ones (tests/unit/fixtures/bench/)."""
 import argparse
@@ -16,6 +16,8 @@ from nvmeof_roce.bench.runner import BenchConfig, BenchRunner, available_jobs, r
 from nvmeof_roce.bench.procstat import ProcessCpu
 from nvmeof_roce.bench.targets import Host, TargetUnderTest
 from nvmeof_roce.errors import NvmeofError
+from nvmeof_roce.kernel.rbd_map import RbdTool
+from nvmeof_roce.kernel.tool import ToolResult
 
 FIXTURES = Path(__file__).parent / "fixtures" / "bench"
 SPEC = rbd.RbdImageSpec("rbd", "img", "/etc/ceph/ceph.conf")
@@ -59,8 +61,14 @@ def test_a_job_without_global_cannot_be_turned():
 def test_the_image_spec():
     spec = rbd.RbdImageSpec.parse("pool/image", "/c/ceph.conf", "bench")
     assert (spec.spec, spec.conf, spec.client_id) == ("pool/image", "/c/ceph.conf", "bench")
-    assert spec.namespace_config() == {"nsid": 1, "enable": 1, "nvmeof_roce": {"backend": "rbd", "rbd": {
+    assert spec.namespace_config("python") == {"nsid": 1, "enable": 1, "nvmeof_roce": {"backend": "rbd", "rbd": {
         "pool": "pool", "image": "image", "conf": "/c/ceph.conf", "id": "bench"}}}
+    # the native RBD path by default: the namespace's "native": true (config/rbd.py), which the config parser takes
+    native = spec.namespace_config()
+    assert native["nvmeof_roce"]["rbd"] == dict(spec.namespace_config("python")["nvmeof_roce"]["rbd"], native=True)
+    from nvmeof_roce.config.rbd import parse_rbd
+    assert parse_rbd(native["nvmeof_roce"]["rbd"], "t.json", "ns").native is True
+    assert spec.settings.spec() == "pool/image" and spec.settings.client_id == "bench"
     for bad in ("image", "/image", "pool/", "a/b/c", "pool/img@snap"):
         with pytest.raises(NvmeofError, match="POOL/IMAGE"):
             rbd.RbdImageSpec.parse(bad)
@@ -82,61 +90,26 @@ def test_fio_s_client_runs_with_the_cache_off(tmp_path):
         rbd.client_conf(str(tmp_path / "none"), tmp_path)
 
 
-# --- the rbd tool ---------------------------------------------------------------------------------------------
+# --- the rbd tool: kernel/rbd_map.py's RbdTool, stubbed at the process boundary ---------------------------------
 
 class FakeRbd:
+    """`rbd` through RbdTool's runner (tool.run's signature) and fio's prefill through the bench's runner."""
+
     def __init__(self, answers=None):
         self.calls = []
         self.answers = answers or {}
 
-    def __call__(self, argv, timeout, env=None):
+    def __call__(self, argv, *a, **kw):
+        if argv == "rbd":  # RbdTool: runner("rbd", args, package=..., timeout=...)
+            argv = ["rbd", *a[0]]
+            assert kw["package"] == "ceph-common"
         self.calls.append(argv)
-        verb = argv[0] if argv[0] != "rbd" else argv[5]
+        verb = argv[1] if argv[0] == "rbd" else argv[0]
         answer = self.answers.get(verb, done())
-        return answer(argv) if callable(answer) else answer
-
-
-def test_map_without_udev_and_unmap():
-    fake = FakeRbd({"map": done("/dev/rbd3\n")})
-    cli = rbd.RbdCli(SPEC, fake, udev=False)
-    assert cli.map() == "/dev/rbd3"
-    cli.unmap("/dev/rbd3")
-    assert fake.calls == [
-        ["rbd", "-c", "/etc/ceph/ceph.conf", "--id", "admin", "map", "--options", "noudev", "rbd/img"],
-        ["rbd", "-c", "/etc/ceph/ceph.conf", "--id", "admin", "unmap", "--options", "noudev", "/dev/rbd3"]]
-    assert rbd.RbdCli(SPEC, FakeRbd({"map": done("/dev/rbd0")}), udev=True).map() == "/dev/rbd0"
-
-
-def test_map_failures_name_the_fix():
-    with pytest.raises(NvmeofError, match="rbd map rbd/img: rbd: sysfs write failed") as exc:
-        rbd.RbdCli(SPEC, FakeRbd({"map": done(returncode=6, stderr="rbd: sysfs write failed")}), udev=True).map()
-    assert "feature" in exc.value.fix
-    with pytest.raises(NvmeofError, match="printed no /dev/rbdN"):
-        rbd.RbdCli(SPEC, FakeRbd({"map": done("hello\n")}), udev=True).map()
-
-
-def test_showmapped_finds_the_image_in_either_shape():
-    listed = json.dumps([{"id": "0", "pool": "rbd", "namespace": "", "name": "other", "snap": "-",
-                          "device": "/dev/rbd0"},
-                         {"id": "1", "pool": "rbd", "namespace": "", "name": "img", "snap": "-",
-                          "device": "/dev/rbd1"}])
-    assert rbd.RbdCli(SPEC, FakeRbd({"showmapped": done(listed)})).mapped_device() == "/dev/rbd1"
-    older = json.dumps({"0": {"pool": "rbd", "name": "img", "snap": "-", "device": "/dev/rbd4"}})
-    assert rbd.RbdCli(SPEC, FakeRbd({"showmapped": done(older)})).mapped_device() == "/dev/rbd4"
-    snap = json.dumps([{"pool": "rbd", "name": "img", "snap": "s1", "device": "/dev/rbd2"}])
-    assert rbd.RbdCli(SPEC, FakeRbd({"showmapped": done(snap)})).mapped_device() is None
-
-
-def test_exists_and_create():
-    missing = FakeRbd({"info": done(returncode=2, stderr="rbd: error opening image img: (2) No such file or "
-                                                          "directory")})
-    cli = rbd.RbdCli(SPEC, missing)
-    assert cli.exists() is False
-    cli.create(512)
-    assert missing.calls[-1][5:] == ["create", "--size", "512M", "--image-feature", "layering", "rbd/img"]
-    assert rbd.RbdCli(SPEC, FakeRbd()).exists() is True
-    with pytest.raises(NvmeofError, match="timed out"):
-        rbd.RbdCli(SPEC, FakeRbd({"info": done(returncode=110, stderr="timed out")})).exists()
+        res = answer(argv) if callable(answer) else answer
+        if argv[0] == "rbd":
+            return ToolResult(argv, res.returncode, res.stdout, res.stderr)
+        return res
 
 
 # --- the shared image -----------------------------------------------------------------------------------------
@@ -144,10 +117,10 @@ def test_exists_and_create():
 def _image(tmp_path, exists, prefill=0):
     conf = tmp_path / "ceph.conf"
     conf.write_text("[global]\n")
-    fake = FakeRbd({"info": done() if exists else done(returncode=2, stderr="(2) No such file or directory"),
+    fake = FakeRbd({"info": done("{}") if exists else done(returncode=2, stderr="(2) No such file or directory"),
                     "fio": done(returncode=prefill, stderr="fio: engine rbd not loadable" if prefill else "")})
     spec = rbd.RbdImageSpec("rbd", "img", str(conf))
-    return rbd.BenchImage(spec, 64, "32M", tmp_path, cli=rbd.RbdCli(spec, fake), runner=fake,
+    return rbd.BenchImage(spec, 64, "32M", tmp_path, tool=RbdTool(fake, udev=False), runner=fake,
                           progress=lambda m: None), fake
 
 
@@ -155,20 +128,31 @@ def test_the_image_is_made_once_for_every_target_and_removed_by_the_last(tmp_pat
     image, fake = _image(tmp_path, exists=False)
     image.acquire()
     image.acquire()
-    verbs = [c[5] if c[0] == "rbd" else c[0] for c in fake.calls]
+    verbs = [c[1] if c[0] == "rbd" else c[0] for c in fake.calls]
     assert verbs == ["info", "create", "fio"]  # created and its region written once
+    assert fake.calls[1] == ["rbd", "create", "--size", "64M", "--image-feature", "layering",
+                             "-c", image.spec.conf, "--id", "admin", "--pool", "rbd", "img"]
     assert fake.calls[-1] == rbd.prefill_command(image.spec, "32M")
     image.release()
     assert len(fake.calls) == 3
     image.release()
-    assert fake.calls[-1][5:] == ["rm", "--no-progress", "rbd/img"]
+    assert fake.calls[-1] == ["rbd", "rm", "--no-progress", "-c", image.spec.conf, "--id", "admin", "--pool", "rbd",
+                              "img"]
+
+
+def test_a_cluster_that_does_not_answer_names_the_fix(tmp_path):
+    image, fake = _image(tmp_path, exists=True)
+    fake.answers["info"] = done(returncode=110, stderr="rbd: couldn't connect to the cluster!")
+    with pytest.raises(NvmeofError, match="rbd info rbd/img: rbd: couldn't connect") as err:
+        image.acquire()
+    assert "ceph -s" in err.value.fix
 
 
 def test_an_image_of_the_user_s_is_written_but_never_removed(tmp_path):
     image, fake = _image(tmp_path, exists=True)
     image.acquire()
     image.release()
-    assert [c[5] if c[0] == "rbd" else c[0] for c in fake.calls] == ["info", "fio"]
+    assert [c[1] if c[0] == "rbd" else c[0] for c in fake.calls] == ["info", "fio"]
 
 
 def test_a_failed_prefill_says_why(tmp_path):
@@ -193,7 +177,10 @@ def test_served_by_the_reference_path_or_the_native_one():
     native = {"engine": "async", "most_in_flight": 0, "native_in_flight": 0, "native_most_in_flight": 32}
     assert rbd.served_by(_status(native), "nqn.x")["rbd"] == "native"
     both = dict(native, most_in_flight=3)  # the core served the first commands while the handle opened
-    assert rbd.served_by(_status(both), "nqn.x")["rbd"].startswith("native (the core's engine served some")
+    assert rbd.served_by(_status(both), "nqn.x")["rbd"] == "native"
+    assert rbd.served_by(_status(both), "nqn.x")["most_in_flight"] == 3  # recorded
+    opened_late = dict(native, native_most_in_flight=0)  # in the view, but no command went through C
+    assert rbd.served_by(_status(opened_late), "nqn.x")["rbd"] == "python"
     assert rbd.served_by(_status(core), "nqn.y") is None
 
 
@@ -365,13 +352,14 @@ def test_a_failed_fio_rbd_run_is_recorded_and_the_run_goes_on(tmp_path):
 def _args(tmp_path, **kw):
     a = dict(targets=",".join(rbd.TARGET_NAMES), traddr="10.99.0.1", kernel_port=4420, userspace_port=4421,
              baseline_port=4422, baseline_checkout=None, ns_size="512M", userspace_config=None, size="256M",
-             rbd_image="rbd/bench", rbd_conf=str(tmp_path / "ceph.conf"), rbd_id="admin", data_path=None)
+             rbd_image="rbd/bench", rbd_conf=str(tmp_path / "ceph.conf"), rbd_id="admin", data_path=None,
+             rbd_path=None)
     a.update(kw)
     return argparse.Namespace(**a)
 
 
 def test_build_targets_shares_one_image(tmp_path):
-    ours, kernel, fio = build_targets(_args(tmp_path, data_path="python"), tmp_path)
+    ours, kernel, fio = build_targets(_args(tmp_path, data_path="python", rbd_path="python"), tmp_path)
     assert (type(ours), type(kernel), type(fio)) == (rbd.RbdUserspaceTarget, rbd.KrbdNvmetTarget, rbd.FioRbdTarget)
     assert ours.image is kernel.image is fio.image
     assert ours.image.spec == rbd.RbdImageSpec("rbd", "bench", str(tmp_path / "ceph.conf"))
@@ -381,12 +369,27 @@ def test_build_targets_shares_one_image(tmp_path):
     config = _rbd_config([ours, kernel, fio], rbd.RATIOS[0])
     assert config["ratios"] == list(rbd.RATIOS)
     assert config["rbd"]["data_path_requested"] == "python" and config["rbd"]["image"] == "rbd/bench"
+    assert config["rbd"]["rbd_path_requested"] == "python" and ours.rbd_path == "python"
     assert _rbd_config([kernel, fio], ("kernel-krbd", "fio-rbd"))["ratios"] == [("kernel-krbd", "fio-rbd")]
 
 
 def test_data_path_is_for_our_rbd_target_only(tmp_path):
     with pytest.raises(NvmeofError, match="--data-path native is for the userspace-rbd target"):
         build_targets(_args(tmp_path, targets="kernel,userspace", data_path="native"), tmp_path)
+    with pytest.raises(NvmeofError, match="--rbd-path python is for the userspace-rbd target"):
+        build_targets(_args(tmp_path, targets="kernel-krbd,fio-rbd", rbd_path="python"), tmp_path)
+
+
+def test_the_native_rbd_path_is_the_default_on_the_native_queues(tmp_path):
+    ours = build_targets(_args(tmp_path), tmp_path)[0]
+    assert (ours.rbd_path, ours.data_path) == ("native", "native")
+    assert ours.describe()["rbd_path_requested"] == "native" and "native RBD path" in ours.kind
+    assert _rbd_config([ours], rbd.RATIOS[0])["rbd"]["rbd_path_requested"] == "native"
+    # the reference path keeps the target's own queues unless --data-path says
+    ref = build_targets(_args(tmp_path, rbd_path="python"), tmp_path)[0]
+    assert (ref.rbd_path, ref.data_path) == ("python", None)
+    with pytest.raises(NvmeofError, match="--rbd-path native needs the native I/O queues"):
+        build_targets(_args(tmp_path, data_path="python"), tmp_path)
 
 
 def test_our_rbd_target_writes_its_config_and_gives_the_image_back(tmp_path, monkeypatch):
@@ -397,7 +400,8 @@ def test_our_rbd_target_writes_its_config_and_gives_the_image_back(tmp_path, mon
     target.setup()
     cfg = json.loads(started[0].read_text())
     assert cfg["ports"][0]["addr"]["trsvcid"] == "4460"
-    assert cfg["subsystems"][0]["namespaces"] == [SPEC.namespace_config()]
+    assert cfg["subsystems"][0]["namespaces"] == [SPEC.namespace_config("native")]
+    assert cfg["subsystems"][0]["namespaces"][0]["nvmeof_roce"]["rbd"]["native"] is True
     target.teardown()
     target.teardown()
     assert image.users == ["+", "-"]
