@@ -74,6 +74,9 @@ def test_reads_writes_flush_and_write_zeroes_go_through_librbd_in_c(rbd):
     assert fake.conf("rbd_cache") == "false" and fake.conf("rados_osd_op_timeout") == "10"
     assert fake.conf("rados_mon_op_timeout") == "10" and fake.conf("name") == "client.admin"
     assert fake.conf("pool") == "rbd"
+    # and its own: librbd dispatches in the poll's thread, librados' throttle (which would sleep there) off
+    assert fake.conf("rbd_non_blocking_aio") == "false"
+    assert fake.conf("objecter_inflight_ops") == fake.conf("objecter_inflight_op_bytes") == "0"
     # the figures reach the namespace, the native handle's status with them
     ns = ep.env.target.subsystem("nqn.2024-01.io.test:rbd-native").namespaces[1]
     ep.env.target.tick(ep.env.clock())
