@@ -26,14 +26,14 @@ import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional
 
-from ..config.rbd import RbdSettings
+from ..config.rbd import NATIVE_RBD_OPTIONS, RbdSettings
 from ..errors import NvmeofError
 from ..kernel.rbd_map import RbdTool
 from . import kernel_glue
 from .fio import FioJobFile
-from .targets import DEFAULT_PORTS, ROCE, Fabric, KernelNvmetTarget, TargetUnderTest, UserspaceTarget
+from .targets import ROCE, Fabric, KernelNvmetTarget, TargetUnderTest, UserspaceTarget
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,8 @@ def _run(args: List[str], timeout: float, env: Optional[Dict[str, str]] = None) 
 
 
 def client_conf(conf: str, directory: Path) -> Path:
-    """A ceph.conf for fio's librbd: the cluster's own, plus the client settings our target uses (cache off)."""
+    """A ceph.conf for fio's librbd: the cluster's own, plus the client settings our target uses (cache off, and
+    the native path's own: librbd's dispatch in the caller's thread, librados' throttle off)."""
     try:
         text = Path(conf).read_text()
     except OSError as exc:
@@ -108,7 +109,8 @@ def client_conf(conf: str, directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "ceph-fio-rbd.conf"
     path.write_text(text.rstrip("\n") + "\n\n# nvmeof-roce bench: fio's librbd as our target's (docs/rbd.md)\n"
-                    "[client]\nrbd cache = false\n")
+                    "[client]\nrbd cache = false\n"
+                    + "".join(f"{key.replace('_', ' ')} = {value}\n" for key, value in NATIVE_RBD_OPTIONS))
     return path
 
 

@@ -85,7 +85,8 @@ def test_fio_s_client_runs_with_the_cache_off(tmp_path):
     conf = tmp_path / "ceph.conf"
     conf.write_text("[global]\nmon host = 127.0.0.1:6789\n")
     text = rbd.client_conf(str(conf), tmp_path / "out").read_text()
-    assert text.startswith("[global]\nmon host = 127.0.0.1:6789\n") and text.endswith("[client]\nrbd cache = false\n")
+    assert text.startswith("[global]\nmon host = 127.0.0.1:6789\n") and text.endswith("[client]\nrbd cache = false\nrbd non blocking aio = false\n"
+                                                 "objecter inflight ops = 0\nobjecter inflight op bytes = 0\n")
     with pytest.raises(NvmeofError, match="cannot read"):
         rbd.client_conf(str(tmp_path / "none"), tmp_path)
 
