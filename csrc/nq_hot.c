@@ -555,7 +555,7 @@ static __attribute__((noinline)) int nq_capsule_entry(struct nq_queue *q, struct
     } else if (q->nchunks_free) {
         nq_chunk_take(q, r);
         nq_move(q, r, opc == OPC_WRITE ? NQ_NEED_READ : NQ_NEED_FILE);
-    } else { /* every chunk taken: the next one given back is its (nq_release_slot) */
+    } else { /* every chunk taken: the next one given back is its (nq_chunk_give) */
         nq_move(q, r, NQ_NEED_CHUNK);
         r->pending_next = UINT32_MAX;
         if (q->chunk_wait_tail == UINT32_MAX)
@@ -627,16 +627,9 @@ python:
     nq_to_python(q, slot, len);
 }
 
-static inline void nq_release_slot(struct nq_queue *q, uint32_t idx)
+/* A bounce chunk given back: the oldest command waiting for one takes it and moves on. */
+static void nq_chunk_give(struct nq_queue *q, uint32_t chunk)
 {
-    struct nq_req *r = &q->reqs[idx];
-    uint32_t chunk = r->chunk;
-    r->chunk = NQ_NO_CHUNK;
-    nq_move(q, r, NQ_FREE);
-    nq_let_go(r); /* nothing of it reaches the namespace any more */
-    q->free_stack[q->nfree++] = idx;
-    if (chunk == NQ_NO_CHUNK)
-        return;
     q->chunk_free[q->nchunks_free++] = chunk;
     uint32_t next = q->chunk_wait_head;
     if (next == UINT32_MAX)
@@ -649,6 +642,18 @@ static inline void nq_release_slot(struct nq_queue *q, uint32_t idx)
     nq_chunk_take(q, w);
     nq_move(q, w, w->opc == OPC_WRITE ? NQ_NEED_READ : NQ_NEED_FILE);
     nq_advance(q, next);
+}
+
+static inline void nq_release_slot(struct nq_queue *q, uint32_t idx)
+{
+    struct nq_req *r = &q->reqs[idx];
+    uint32_t chunk = r->chunk;
+    r->chunk = NQ_NO_CHUNK;
+    nq_move(q, r, NQ_FREE);
+    nq_let_go(r); /* nothing of it reaches the namespace any more */
+    q->free_stack[q->nfree++] = idx;
+    if (chunk != NQ_NO_CHUNK)
+        nq_chunk_give(q, chunk);
 }
 
 /* A Write's data is in: count it (or answer Invalid Namespace when its namespace left meanwhile), respond. */
@@ -749,8 +754,15 @@ void nq_backend_done(struct nq_queue *q, uint32_t idx, int res)
     }
     if (r->icd_len)
         r->len = 0; /* a Write's response carries no data */
+    /* A Write done on its backend needs its chunk no more (its response is a SEND alone): given back now, not at
+     * the response's completion, so a Write arriving meanwhile (in-capsule data has nowhere to wait) finds it. */
+    uint32_t chunk = r->opc == OPC_WRITE ? r->chunk : NQ_NO_CHUNK;
+    if (chunk != NQ_NO_CHUNK)
+        r->chunk = NQ_NO_CHUNK;
     nq_move(q, r, NQ_NEED_RESPONSE);
     nq_advance(q, idx);
+    if (chunk != NQ_NO_CHUNK)
+        nq_chunk_give(q, chunk);
 }
 
 /* A staged backend answered a command with a status of its own (csrc/backend.h): its response, no data. */

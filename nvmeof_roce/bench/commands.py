@@ -14,8 +14,8 @@ from ..output import emit, progress, table
 from . import report
 from .fio import default_jobs_dir
 from .perftest import DEFAULT_TESTS
-from .runner import BenchConfig, BenchRunner, available_jobs, qd_sweep_jobs, select_jobs
-from . import twonode
+from .runner import BenchConfig, BenchRunner, available_jobs, qd_sweep_jobs, rbd_jobs, select_jobs
+from . import rbd, twonode
 from .perftest import rdma_device_for
 from .runner import machine_info
 from .targets import DEFAULT_PORTS, FABRICS, DeviceModel, KernelHost, KernelNvmetTarget, TargetUnderTest, \
@@ -86,7 +86,7 @@ def _fabric_target(args, name: str, size_mb: int, device: DeviceModel, kernel_ba
 def build_targets(args, out_dir: Path) -> List[TargetUnderTest]:
     names = [n.strip() for n in args.targets.split(",") if n.strip()]
     bad = [n for n in names if n not in TARGET_NAMES and not WORKERS_TARGET.fullmatch(n)
-           and not NATIVE_TARGET.fullmatch(n) and "@" not in n]
+           and not NATIVE_TARGET.fullmatch(n) and "@" not in n and n not in rbd.TARGET_NAMES]
     if bad or not names:
         raise NvmeofError(f"--targets {args.targets!r}: unknown target {', '.join(bad) or '(none)'}",
                           "--targets kernel,userspace[,userspace-py][,baseline][,userspace-2w][,kernel@iwarp,"
@@ -94,7 +94,8 @@ def build_targets(args, out_dir: Path) -> List[TargetUnderTest]:
                           "(any of them, in the order to interleave; userspace-py: our target on its Python data "
                           "path; userspace-Nw: our target with N workers; NAME@FABRIC: over iWARP or NVMe/TCP instead "
                           "of RoCE v2; native...: our target on the native data path, interrupt, busy or adaptively "
-                          "polled (a spin of US µs), on N poll-group threads)")
+                          "polled (a spin of US µs), on N poll-group threads; userspace-rbd, kernel-krbd, fio-rbd: "
+                          "one RBD image three ways, bench --rbd)")
     if len(set(names)) != len(names):
         raise NvmeofError(f"--targets {args.targets!r} names a target twice", "name each target once")
     multi = [n for n in names if WORKERS_TARGET.fullmatch(n)]
@@ -121,9 +122,25 @@ def build_targets(args, out_dir: Path) -> List[TargetUnderTest]:
     if device.kind != "ram" and multi:
         raise NvmeofError(f"--device {device.label} is for the kernel, userspace and baseline targets",
                           "measure userspace-Nw on the default RAM device")
+    data_path = getattr(args, "data_path", None)
+    if data_path and rbd.USERSPACE not in names:
+        raise NvmeofError(f"--data-path {data_path} is for the {rbd.USERSPACE} target (bench --rbd)",
+                          "add userspace-rbd to --targets, or measure the data paths with --targets native,userspace-py")
+    rbd_path = getattr(args, "rbd_path", None)
+    if rbd_path and rbd.USERSPACE not in names:
+        raise NvmeofError(f"--rbd-path {rbd_path} is for the {rbd.USERSPACE} target (bench --rbd)",
+                          "add userspace-rbd to --targets")
+    image = _rbd_image(args, size_mb, out_dir) if any(n in rbd.TARGET_NAMES for n in names) else None
     targets: List[TargetUnderTest] = []
     for name in names:
-        if "@" in name:
+        if name == rbd.USERSPACE:
+            targets.append(rbd.RbdUserspaceTarget(args.traddr, image, work_dir=out_dir, data_path=data_path, cpus=cpus,
+                                                  rbd_path=rbd_path or rbd.DEFAULT_RBD_PATH))
+        elif name == rbd.KERNEL:
+            targets.append(rbd.KrbdNvmetTarget(args.traddr, image))
+        elif name == rbd.FIO:
+            targets.append(rbd.FioRbdTarget(image))
+        elif "@" in name:
             targets.append(_fabric_target(args, name, size_mb, device, kernel_backend, out_dir))
         elif name == "kernel":
             targets.append(KernelNvmetTarget(args.traddr, args.kernel_port, backend=kernel_backend or "null_blk",
@@ -158,6 +175,30 @@ def build_targets(args, out_dir: Path) -> List[TargetUnderTest]:
         raise NvmeofError("--baseline-checkout is given but 'baseline' is not in --targets",
                           "--targets kernel,userspace,baseline")
     return targets
+
+
+def _rbd_image(args, size_mb: int, out_dir: Path) -> "rbd.BenchImage":
+    """The image the rbd targets share (bench --rbd): --rbd-image on --rbd-conf as --rbd-id, --ns-size when it is
+    created, its first --size written once."""
+    spec = rbd.RbdImageSpec.parse(getattr(args, "rbd_image", None) or rbd.DEFAULT_IMAGE,
+                                  getattr(args, "rbd_conf", None), getattr(args, "rbd_id", None) or "admin")
+    return rbd.BenchImage(spec, size_mb, getattr(args, "size", "256M"), out_dir, progress=progress)
+
+
+def _rbd_config(targets: List[TargetUnderTest], ratio) -> dict:
+    """BenchConfig's ratios and rbd record when rbd targets are measured: every pair of rbd.RATIOS both of whose
+    targets are (after the headline ratio's), and the image and data path."""
+    names = [t.name for t in targets]
+    image = next((t.image for t in targets if t.name in rbd.TARGET_NAMES), None)
+    if image is None:
+        return {}
+    ratios = [tuple(ratio)] + [p for p in rbd.RATIOS if p != tuple(ratio)]
+    ours = next((t for t in targets if t.name == rbd.USERSPACE), None)
+    return {"ratios": [p for p in ratios if all(n in names for n in p)],
+            "rbd": {"image": image.spec.spec, "conf": image.spec.conf, "client": f"client.{image.spec.client_id}",
+                    "image_size_mb": image.size_mb, "region": image.region,
+                    "data_path_requested": (ours.data_path or "default") if ours else None,
+                    "rbd_path_requested": ours.rbd_path if ours else None}}
 
 
 def _default_out() -> Path:
@@ -232,12 +273,19 @@ def cmd_bench(args) -> int:
     if args.soak_skip is not None and not 0 <= args.soak_skip < args.soak_ios:
         raise NvmeofError(f"--soak-skip {args.soak_skip} must be from 0 to below --soak-ios ({args.soak_ios})",
                           "e.g. --soak-skip 20000")
+    use_rbd = getattr(args, "rbd", False)
+    if args.targets is None:
+        args.targets = ",".join(rbd.TARGET_NAMES) if use_rbd else "kernel,userspace"
+    if use_rbd and not args.ratio:
+        args.ratio = "/".join(rbd.RATIOS[0])
     ratio = tuple(x.strip() for x in (args.ratio or "/".join(report.DEFAULT_RATIO)).split("/"))
     if len(ratio) != 2 or not all(ratio) or ratio[0] == ratio[1]:
         raise NvmeofError(f"--ratio {args.ratio!r} is not two targets as A/B", "e.g. --ratio userspace/baseline")
     out_dir = Path(args.out) if args.out else _default_out()
     if getattr(args, "qd_sweep", False):  # the sweep, after any --jobs named
         jobs = (select_jobs(args.jobs, args.jobs_dir) if args.jobs else []) + qd_sweep_jobs(args.jobs_dir)
+    elif use_rbd and not args.jobs:
+        jobs = rbd_jobs(args.jobs_dir)
     else:
         jobs = select_jobs(args.jobs, args.jobs_dir)
     if args.two_node and not args.node:
@@ -261,7 +309,8 @@ def cmd_bench(args) -> int:
                          soak_interval=args.soak_interval, soak_timeout=args.soak_timeout,
                          soak_skip=args.soak_skip, soak_change_interval=args.soak_change_interval, ratio=ratio,
                          host_cpus=cpu_list("--host-cpus", args.host_cpus, here=True)
-                         if getattr(args, "host_cpus", None) else None)
+                         if getattr(args, "host_cpus", None) else None,
+                         **_rbd_config(targets, ratio))
     if not remote and args.node is None:
         missing = [r for r in ratio if r not in [t.name for t in targets]]
         if missing and args.ratio:  # the default ratio is simply left out when a target is not measured
@@ -314,9 +363,27 @@ def register(subparsers) -> None:
                     "a JSON file and PNG charts. Needs root and an RDMA device; in the lab: "
                     "nvmeof-roce lab run -- nvmeof-roce bench.")
     p.add_argument("--jobs", metavar="LIST", help="comma-separated jobs (default: every fio job; see --list-jobs)")
-    p.add_argument("--targets", default="kernel,userspace", metavar="LIST",
-                   help="targets to measure, in interleaving order (default kernel,userspace; userspace-2w: "
-                        "our target with --workers 2, reported as scaling over userspace, docs/multipath.md)")
+    p.add_argument("--targets", metavar="LIST",
+                   help="targets to measure, in interleaving order (default kernel,userspace, or with --rbd "
+                        "userspace-rbd,kernel-krbd,fio-rbd; userspace-2w: our target with --workers 2, reported as "
+                        "scaling over userspace, docs/multipath.md)")
+    p.add_argument("--rbd", action="store_true",
+                   help="the RBD job set (4 KiB random read and write at QD32 and QD1) on one RBD image three ways: "
+                        "our target's rbd namespace (userspace-rbd), kernel nvmet on the image mapped with krbd "
+                        "(kernel-krbd), and fio's own rbd engine (fio-rbd, no target); docs/rbd.md")
+    p.add_argument("--rbd-image", metavar="POOL/IMAGE", default=rbd.DEFAULT_IMAGE,
+                   help=f"the image of the rbd targets (default {rbd.DEFAULT_IMAGE}: created at --ns-size with the "
+                        "layering feature when missing, removed at the end); its first --size is written once first")
+    p.add_argument("--rbd-conf", metavar="FILE", help="the cluster's ceph.conf (default $CEPH_CONF, else "
+                                                      "/etc/ceph/ceph.conf; lab run --ceph sets CEPH_CONF)")
+    p.add_argument("--rbd-id", metavar="ID", default="admin", help="the Ceph client's id (default admin)")
+    p.add_argument("--rbd-path", choices=rbd.RBD_PATHS,
+                   help="how userspace-rbd serves the image: native (the default: the namespace's \"native\": true, "
+                        "librbd's C API from the native queues) or python (the reference path: the core through "
+                        "python3-rbd); the report says which one served it")
+    p.add_argument("--data-path", choices=("native", "python"),
+                   help="the I/O queues' data path of userspace-rbd (target serve --data-path; default: native with "
+                        "--rbd-path native, else the target's own)")
     p.add_argument("--ratio", metavar="A/B",
                    help="the ratio the report leads with (default userspace/kernel; before and after: "
                         "userspace/baseline)")

@@ -26,6 +26,12 @@ kernel target); each repeat on it carries `paths` {trsvcid: I/Os the host sent d
 userspace repeat's `cpu` carries `processes` {name: {"user_s", "system_s", "cpu_percent"}} (`target`, or
 `supervisor` and `worker0`..), whose medians are in `median.processes`.
 
+`bench --rbd` (bench/rbd.py) adds `params.rbd` (the image, the data path asked for) and `params.ratios` (more pairs
+than `ratio`); each job then has `ratios`: [{"numerator", "denominator", "iops", "lat_mean_us", "p50", "p99",
+"guest_us_per_io"}], each repeat `served` (our rbd namespace's data path, bench/rbd.py served_by) and `cpu.side`
+({"ceph-osd", "ceph-mon": {"cpu_s", "us_per_io", "cpu_percent"}}), and `median` `lat_mean_us` and
+`side_us_per_io`.
+
 Medians are taken per metric across repeats (the median IOPS and the median p99 may come from different
 repeats). A ratio is numerator/denominator of those medians: above 1 means more IOPS or bandwidth, or a
 higher (worse) latency, for the numerator.
@@ -53,9 +59,11 @@ SINGLE, KERNEL = "userspace", "kernel"  # what a multi-worker target is compared
 # --- building -------------------------------------------------------------------------------------
 
 def new_result(*, date: str, machine: dict, params: dict, targets: Dict[str, dict],
-               ratio: Sequence[str] = DEFAULT_RATIO) -> dict:
+               ratio: Sequence[str] = DEFAULT_RATIO, ratios: Sequence[Sequence[str]] = ()) -> dict:
     params = dict(params)
     params["ratio"] = list(ratio)
+    if ratios:  # more pairs, each job's `ratios` (bench --rbd: ours over nvmet on krbd, ours over fio's rbd engine)
+        params["ratios"] = [list(r) for r in ratios]
     return {"schema": SCHEMA, "date": date, "machine": machine, "params": params, "targets": targets,
             "jobs": {}, "perftest": {}, "errors": [], "ok": True}
 
@@ -106,7 +114,13 @@ def finalize(result: dict) -> dict:
                 "iops": _median(r.get("iops") for r in reps),
                 "bw_bytes": _median(r.get("bw_bytes") for r in reps),
                 "lat_us": {k: _median((r.get("lat_us") or {}).get(k) for r in reps) for k in LAT_KEYS},
+                "lat_mean_us": _median(r.get("lat_mean_us") for r in reps),
             }
+            sides = [n for r in reps for n in ((r.get("cpu") or {}).get("side") or {})]
+            if sides:  # processes beside the target (bench --rbd: the Ceph daemons), µs per I/O
+                slot["median"]["side_us_per_io"] = {
+                    n: _median((((r.get("cpu") or {}).get("side") or {}).get(n) or {}).get("us_per_io") for r in reps)
+                    for n in dict.fromkeys(sides)}
             if any(r.get("cpu") for r in reps):
                 slot["median"]["cpu"] = {k: _median((r.get("cpu") or {}).get(k) for r in reps) for k in CPU_KEYS}
             names = [n for r in reps for n in ((r.get("cpu") or {}).get("processes") or {})]
@@ -136,11 +150,27 @@ def finalize(result: dict) -> dict:
             job["ratio"] = ratio
         else:
             job["ratio"] = None
+        if result["params"].get("ratios"):
+            job["ratios"] = [r for r in (pair_ratio(job, a, b) for a, b in result["params"]["ratios"]) if r]
         job["scaling"] = scaling(job) or None
     for p in result["perftest"].values():
         any_errors = any_errors or bool(p.get("error"))
     result["ok"] = not any_errors
     return result
+
+
+def pair_ratio(job: dict, num: str, den: str) -> Optional[dict]:
+    """num/den of a job's medians: IOPS, mean and p99 latency, and the guest's CPU per I/O; None when either
+    target has no result."""
+    a, b = (((job["results"].get(n) or {}).get("median")) for n in (num, den))
+    if not a or not b:
+        return None
+    return {"numerator": num, "denominator": den, "iops": _ratio(a.get("iops"), b.get("iops")),
+            "lat_mean_us": _ratio(a.get("lat_mean_us"), b.get("lat_mean_us")),
+            "p50": _ratio(a["lat_us"].get("p50"), b["lat_us"].get("p50")),
+            "p99": _ratio(a["lat_us"].get("p99"), b["lat_us"].get("p99")),
+            "guest_us_per_io": _ratio((a.get("cpu") or {}).get("guest_us_per_io"),
+                                      (b.get("cpu") or {}).get("guest_us_per_io"))}
 
 
 def scaling(job: dict) -> List[dict]:
@@ -358,6 +388,48 @@ def cost_table(result: dict) -> str:
 
 
 
+RBD_HEADERS = ["job", "target", "served by", "IOPS", "mean", "p99", "target CPU µs/IO", "guest CPU µs/IO",
+               "Ceph µs/IO", "guest - Ceph µs/IO"]
+
+
+def _served_text(slot: dict) -> str:
+    served = [r.get("served") for r in slot["repeats"] if r.get("served")]
+    if not served:
+        return ""
+    if any("error" in s for s in served):
+        return "unknown (" + next(s["error"] for s in served if "error" in s)[:60] + ")"
+    paths = sorted({str(s.get("rbd", "?")).split(" ")[0] for s in served})
+    queues = sorted({str(s.get("queues")) for s in served})
+    return f"{'/'.join(paths)} (queues {'/'.join(queues)})"
+
+
+def rbd_rows(result: dict) -> List[List[str]]:
+    """bench --rbd: per job and target IOPS, mean and p99 latency, what served the namespace, the target's CPU
+    per I/O (ours: its process; the kernel's has none), the guest's, the Ceph daemons' and the guest's without
+    them; then a row per ratio of `ratio` and `ratios` (IOPS, mean, p99, guest CPU)."""
+    rows: List[List[str]] = []
+    for name, job in result.get("jobs", {}).items():
+        first = True
+        for t in _targets_in_order(result, job):
+            slot = job["results"][t]
+            med = slot.get("median") or {}
+            cpu = med.get("cpu") or {}
+            side = med.get("side_us_per_io") or {}
+            ceph = sum(v for v in side.values() if v is not None) if side else None
+            guest = cpu.get("guest_us_per_io")
+            served = _served_text(slot) or (result.get("targets", {}).get(t, {}).get("served_by") or "")
+            rows.append([name if first else "", t, served, fmt_iops(med.get("iops")), fmt_lat(med.get("lat_mean_us")),
+                         fmt_lat((med.get("lat_us") or {}).get("p99")),
+                         fmt_us(cpu.get("target_us_per_io")) if cpu.get("target_us_per_io") is not None else "-",
+                         fmt_us(guest), fmt_us(ceph),
+                         fmt_us(guest - ceph) if guest is not None and ceph is not None else "-"])
+            first = False
+        for r in job.get("ratios") or []:
+            rows.append(["", f"{r['numerator']}/{r['denominator']}", "", fmt_ratio(r["iops"]),
+                         fmt_ratio(r["lat_mean_us"]), fmt_ratio(r["p99"]), "", fmt_ratio(r["guest_us_per_io"]), "", ""])
+    return rows
+
+
 def topology_text(result: dict) -> str:
     """Which topology was measured: one guest for everything, or two nodes on a wire (bench --two-node)."""
     t = result.get("topology")
@@ -390,6 +462,10 @@ def render(result: dict) -> str:
         what = "fio (completion latency" if kinds == {"fio"} else \
             "jobs (fio: completion latency; uinit-*: our initiator's per-command latency"
         lines += ["", f"{what}; ratio above 1 = more IOPS/bandwidth or more latency):", fio_table(result)]
+    if result.get("params", {}).get("rbd"):
+        lines += ["", "rbd (one image three ways; served by: which data path served our rbd namespace; Ceph: the "
+                      "cluster's daemons' CPU, in the guest beside everything; ratios of medians):",
+                  table(RBD_HEADERS, rbd_rows(result))]
     if _scaling_rows(result):
         lines += ["", "scaling over workers (target serve --workers N through native multipath, iopolicy round-robin; "
                       "IOPS medians divided; I/Os per path: the host's per-path counts; CPU %: each process's "
@@ -434,6 +510,17 @@ def render_markdown(result: dict, plots_dir: str = "") -> str:
             lines.append(f"| | **{num}/{den}** | **{fmt_ratio(ratio.get('iops'))}** | {fmt_ratio(ratio.get('bw_bytes'))} | "
                          f"{fmt_ratio(ratio.get('p50'))} | {fmt_ratio(ratio.get('p99'))} | "
                          f"{fmt_ratio(ratio.get('p99.9'))} | |")
+    if params.get("rbd"):
+        lines += ["", "One RBD image three ways (`bench --rbd`): medians; mean and p99 are fio's completion latency; "
+                      "target CPU: our target's process (librbd's threads included); guest CPU: every process and "
+                      "the kernel in the guest, fio and the Ceph daemons included; Ceph: the OSD's and the monitor's "
+                      "CPU (/proc/PID/stat); ratios: numerator/denominator of the medians.", "",
+                  "| " + " | ".join(RBD_HEADERS) + " |", "|" + "---|" * len(RBD_HEADERS)]
+        for row in rbd_rows(result):
+            cells = [f"`{row[0]}`" if row[0] else ""] + row[1:]
+            if "/" in row[1]:
+                cells = [cells[0], f"**{row[1]}**", "", f"**{row[3]}**"] + row[4:]
+            lines.append("| " + " | ".join(cells) + " |")
     if _scaling_rows(result):
         lines += ["", "Scaling over workers (`target serve --workers N` reached through native NVMe multipath, iopolicy "
                       "round-robin; IOPS medians divided; I/Os per path: the kernel host's per-path counts, median; "

@@ -25,6 +25,11 @@ memory (`memory`: its RSS at the end, the highest sampled during the job, its Vm
 MEMORY_INTERVAL seconds while the job runs. A fio job on our native target also records how its I/O queues were
 polled (`polling`, from `target status` before the host disconnects: polls, spin hits, spin yields, arms), so an
 adaptive target's record says whether its spin caught the next command or it slept per I/O.
+
+`bench --rbd` (rbd.py) adds two things a target may have: `direct_job` (fio-rbd: no host connects, fio runs the
+job as the target turns it, with the target's `fio_env`), and `side_processes` (the Ceph daemons, sampled for their
+CPU on their own: `cpu.side`); a target with `served_by` records which data path served its namespace (`served`,
+from the same `target status` answer as the polling figures).
 """
 from __future__ import annotations
 
@@ -86,6 +91,7 @@ INITIATOR_PERF_JOBS = {
 
 QD_SWEEP_DIR = "qd-sweep"  # fio-jobs/qd-sweep/sweep-randread-4k-qdN.fio: `bench --qd-sweep`, plotted IOPS vs QD
 QD_SWEEP_DEPTHS = (1, 4, 16, 32, 128)
+RBD_DIR = "rbd"  # fio-jobs/rbd/rbd-*.fio: `bench --rbd`, one RBD image served three ways (bench/rbd.py)
 SOAK_JOB = "soak"
 SOAK_FILE = Path("soak") / "soak-randrw-verify-4k-qd32.fio"
 SOAK_BLOCK = 4096
@@ -105,6 +111,10 @@ def available_jobs(jobs_dir: Optional[Path] = None) -> Dict[str, JobSpec]:
         for name, f in list_job_files(sweep_dir).items():
             jobs[name] = JobSpec(name=name, kind="fio", description=f.description, fio_job=f,
                                  params={"sweep": True})
+    rbd_dir = (Path(jobs_dir) if jobs_dir else default_jobs_dir()) / RBD_DIR
+    if rbd_dir.is_dir():  # not in the default selection: --rbd names them
+        for name, f in list_job_files(rbd_dir).items():
+            jobs[name] = JobSpec(name=name, kind="fio", description=f.description, fio_job=f, params={"rbd": True})
     for name, params in INITIATOR_PERF_JOBS.items():
         jobs[name] = JobSpec(name=name, kind="initiator-perf", params=dict(params),
                              description=f"userspace initiator perf: {params['rw']} {params['bs']} B, "
@@ -117,7 +127,8 @@ def select_jobs(names: Optional[str], jobs_dir: Optional[Path] = None) -> List[J
     """`names`: comma-separated job names, or None/'all' for every fio job."""
     jobs = available_jobs(jobs_dir)
     if not names or names.strip() == "all":
-        chosen = [j for j in jobs.values() if j.kind == "fio" and not j.params.get("sweep")]
+        chosen = [j for j in jobs.values() if j.kind == "fio" and not j.params.get("sweep")
+                  and not j.params.get("rbd")]
         if not chosen:
             raise NvmeofError("no fio job files found", f"put *.fio files in {jobs_dir or default_jobs_dir()} or pass "
                               "--jobs-dir")
@@ -144,6 +155,17 @@ def qd_sweep_jobs(jobs_dir: Optional[Path] = None) -> List[JobSpec]:
         raise NvmeofError(f"the QD sweep's job files are missing: {', '.join(missing)}",
                           f"restore them in {jobs_dir or default_jobs_dir()}/{QD_SWEEP_DIR}/, or pass --jobs-dir")
     return [jobs[n] for n in names]
+
+
+def rbd_jobs(jobs_dir: Optional[Path] = None) -> List[JobSpec]:
+    """`bench --rbd`: the RBD job set (bench/rbd.py JOBS), in that order."""
+    from .rbd import JOBS
+    jobs = available_jobs(jobs_dir)
+    missing = [n for n in JOBS if n not in jobs]
+    if missing:
+        raise NvmeofError(f"the RBD job set's files are missing: {', '.join(missing)}",
+                          f"restore them in {jobs_dir or default_jobs_dir()}/{RBD_DIR}/, or pass --jobs-dir")
+    return [jobs[n] for n in JOBS]
 
 
 # --- config and machine -----------------------------------------------------------------------------
@@ -173,6 +195,8 @@ class BenchConfig:
     soak_skip: Optional[int] = None
     soak_change_interval: float = 3.0  # s between the soak's live changes (0: none)
     host_cpus: Optional[Sequence[int]] = None  # bench --host-cpus: fio and our initiator run on these CPUs only
+    ratios: Sequence[Sequence[str]] = ()  # more A/B pairs than `ratio`, each job's `ratios` (bench --rbd)
+    rbd: Optional[dict] = None  # bench --rbd: the image and the data path asked for (params["rbd"])
 
 
 def _read(path: str) -> str:
@@ -385,7 +409,9 @@ class BenchRunner:
                     "host_cpus": list(cfg.host_cpus) if cfg.host_cpus else None,
                     "clk_tck": procstat.CLK_TCK,
                     "order": "for each repeat, for each job, each target in turn (interleaved)"},
-            targets={t.name: t.describe() for t in self.targets}, ratio=cfg.ratio)
+            targets={t.name: t.describe() for t in self.targets}, ratio=cfg.ratio, ratios=cfg.ratios)
+        if cfg.rbd:
+            result["params"]["rbd"] = dict(cfg.rbd)
         if cfg.topology:
             result["topology"] = dict(cfg.topology)
         for j in self.jobs:
@@ -453,10 +479,14 @@ class BenchRunner:
                 before, after, ios, "estimated: perf IOPS x (runtime + ramp)"),
                 memory=procstat.memory(sampler.samples), **got)
 
+        if job.kind == "fio" and callable(getattr(target, "direct_job", None)):
+            return self._one_direct(job, target, repeat, raw, rel)
         soak = job.kind == "soak"
         device = None
         sampler = None
         changes = None
+        side = _side_processes(target)
+        side_before: Dict[str, procstat.ProcessCpu] = {}
         try:
             try:
                 device = self.host.connect(target)
@@ -482,6 +512,7 @@ class BenchRunner:
             multipath = len(target.trsvcids) > 1
             paths_before = self.host.path_ios(device) if multipath else {}
             sampler.start()  # RSS every soak_interval (or MEMORY_INTERVAL) seconds
+            side_before = _side_reading(side)
             if changes is not None:
                 changes.start()
             try:
@@ -499,15 +530,21 @@ class BenchRunner:
                 if changes is not None:
                     changes.stop()
                 sampler.stop()
+                side_after = _side_reading(side)
             if multipath:  # what each worker's path carried: both must, or the figure is not scaling
                 after = self.host.path_ios(device)
                 extra_paths = {svc: after[svc] - paths_before.get(svc, 0) for svc in sorted(after)}
-            polling = self._polling(target)  # before the disconnect: the queues' figures go with them
+            # before the disconnect: the queues' figures go with them
+            status = self._status(target)
+            polling = self._polling(target, status)
+            served = _served(target, status)
         finally:
             self.host.disconnect(target)
         extra = {}
         if polling is not None:
             extra["polling"] = polling
+        if served is not None:
+            extra["served"] = served
         errors, error_text = res.errors, res.error_text
         if multipath:
             extra["paths"] = extra_paths
@@ -521,6 +558,8 @@ class BenchRunner:
         fio_ios = sum(s.total_ios for s in res.directions.values() if s.total_ios) if res.directions else 0
         ios, source = _window_ios(samples, fio_ios, 0.0 if soak else cfg.ramp)
         extra["cpu"] = procstat.cpu_cost(samples[0], samples[-1], ios, source)
+        if side:
+            extra["cpu"]["side"] = side_cost(side_before, side_after, ios, samples[-1].t - samples[0].t)
         extra["memory"] = procstat.memory(samples)
         if soak:
             extra["soak"] = self._soak_record(samples, fio_ios, target, res, changes)
@@ -530,15 +569,56 @@ class BenchRunner:
             directions={d: {"iops": s.iops, "bw_bytes": s.bw_bytes, "lat_us": s.clat_us}
                         for d, s in res.directions.items() if s.total_ios}, **extra)
 
-    def _polling(self, target: TargetUnderTest) -> Optional[dict]:
-        """How the target's native I/O queues were polled since the host connected (queue_polling), or None."""
+    def _status(self, target: TargetUnderTest) -> Optional[dict]:
+        """The target's `target status --json` answer ({"error": ...} when it gave none), None without a socket."""
         if not target.rpc_socket:
             return None
         try:
-            status = self.status_call(target.rpc_socket, "nvmeof_get_status", {}, timeout=10.0)
+            return self.status_call(target.rpc_socket, "nvmeof_get_status", {}, timeout=10.0)
         except (RpcError, OSError, NvmeofError) as exc:
             return {"error": f"target status: {exc}"}
+
+    def _polling(self, target: TargetUnderTest, status: Optional[dict] = None) -> Optional[dict]:
+        """How the target's native I/O queues were polled since the host connected (queue_polling), or None."""
+        if status is None:
+            status = self._status(target)
+        if status is None:
+            return None
+        if "error" in status and "subsystems" not in status:
+            return {"error": status["error"]}
         return queue_polling(status, target.subnqn)
+
+    def _one_direct(self, job: JobSpec, target: TargetUnderTest, repeat: int, raw: Path, rel: str) -> dict:
+        """A job on a target that is no target (bench/rbd.py FioRbdTarget: fio's own rbd engine): fio runs the job
+        as the target turns it (`direct_job`), with its environment (`fio_env`); no host connects, and only the
+        guest's CPU (and the side processes', the Ceph daemons') says what it cost."""
+        cfg = self.config
+        side = _side_processes(target)
+        sampler = procstat.Sampler(None, interval=MEMORY_INTERVAL)
+        try:
+            fio_job = target.direct_job(job.fio_job, self.raw_dir / target.name)
+            sampler.start()
+            side_before = _side_reading(side)
+            try:
+                res = self.fio_runner(fio_job, target.device_label, cfg.runtime, cfg.size, cfg.ramp, output_path=raw,
+                                      extra_env=target.fio_env(), cpus=cfg.host_cpus)
+            finally:
+                sampler.stop()
+                side_after = _side_reading(side)
+        except NvmeofError as exc:
+            return report.repeat_record(repeat, iops=None, bw_bytes=None, lat_us={}, errors=1, error_text=exc.message,
+                                        raw=rel)
+        samples = sampler.samples
+        ios = sum(s.total_ios for s in res.directions.values() if s.total_ios) if res.directions else 0
+        source = "fio's count" + (" (its ramp excluded, so µs per I/O is a little high)" if cfg.ramp else "")
+        cpu = procstat.cpu_cost(samples[0], samples[-1], ios or None, source if ios else "")
+        if side:
+            cpu["side"] = side_cost(side_before, side_after, ios or None, samples[-1].t - samples[0].t)
+        return report.repeat_record(
+            repeat, iops=res.iops, bw_bytes=res.bw_bytes, lat_us=res.clat_us, lat_mean_us=res.lat_mean_us,
+            errors=res.errors, error_text=res.error_text, raw=rel, device=target.device_label, headline=res.report,
+            directions={d: {"iops": s.iops, "bw_bytes": s.bw_bytes, "lat_us": s.clat_us}
+                        for d, s in res.directions.items() if s.total_ios}, cpu=cpu)
 
     def _soak_prefill(self, device: str, target: TargetUnderTest) -> Optional[str]:
         """Write the soak's region once, sequentially, before anything is sampled: the RAM namespace's pages
@@ -587,6 +667,41 @@ class BenchRunner:
                 rec["rss"]["fitted_on"] = (f"{len(fitted)} of {len(samples)} samples, those taken while the scratch "
                                            f"namespace was out")
         return rec
+
+
+def _side_processes(target: TargetUnderTest) -> Dict[str, int]:
+    """Processes that serve the target without being it (bench/rbd.py: the Ceph daemons), sampled on their own:
+    {name: pid}, empty for most targets."""
+    fn = getattr(target, "side_processes", None)
+    return dict(fn()) if callable(fn) else {}
+
+
+def _side_reading(side: Dict[str, int]) -> Dict[str, procstat.ProcessCpu]:
+    return {name: c for name, pid in side.items() if (c := procstat.process_cpu(pid)) is not None}
+
+
+def side_cost(before: Dict[str, procstat.ProcessCpu], after: Dict[str, procstat.ProcessCpu], ios: Optional[int],
+              wall: float, clk_tck: int = procstat.CLK_TCK) -> Dict[str, dict]:
+    """{name: {"cpu_s", "us_per_io", "cpu_percent"}} of each side process between two readings."""
+    out = {}
+    for name, b in before.items():
+        a = after.get(name)
+        if a is None:
+            continue
+        secs = (a.utime_ticks - b.utime_ticks + a.stime_ticks - b.stime_ticks) / clk_tck
+        out[name] = {"cpu_s": round(secs, 3), "us_per_io": round(secs * 1e6 / ios, 1) if ios else None,
+                     "cpu_percent": round(100.0 * secs / wall, 1) if wall > 0 else None}
+    return out
+
+
+def _served(target: TargetUnderTest, status: Optional[dict]) -> Optional[dict]:
+    """Which data path served the target's namespace (bench/rbd.py served_by), for targets that say."""
+    fn = getattr(target, "served_by", None)
+    if not callable(fn) or status is None:
+        return None
+    if "subsystems" not in status:
+        return {"error": status.get("error", "no status")}
+    return fn(status)
 
 
 def _counted(samples: Sequence[procstat.Sample]) -> bool:

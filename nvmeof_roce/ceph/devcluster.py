@@ -202,11 +202,15 @@ class DevCluster:
                 os.kill(pid, signal.SIGKILL)
 
     def pause(self) -> None:
-        """Freeze both daemons (SIGSTOP): to clients the cluster is gone, nothing of it is lost."""
-        for daemon in ("osd.0", "mon.a"):
-            pid = self._pid(daemon)
-            if pid is not None:
-                os.kill(pid, signal.SIGSTOP)
+        """Freeze both daemons (SIGSTOP): to clients the cluster is gone, nothing of it is lost.  Returns once
+        every thread of theirs is stopped (a signal takes effect as each thread next runs: a request sent at once
+        could still be answered)."""
+        pids = [pid for pid in (self._pid(d) for d in ("osd.0", "mon.a")) if pid is not None]
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not all(_stopped(pid) for pid in pids):
+            time.sleep(0.01)
 
     def resume(self) -> None:
         for daemon in ("mon.a", "osd.0"):
@@ -219,3 +223,19 @@ class DevCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _stopped(pid: int) -> bool:
+    """Every thread of `pid` stopped (state T in /proc), or the process gone."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    for tid in tasks:
+        try:
+            stat = open(f"/proc/{pid}/task/{tid}/stat").read()
+        except OSError:
+            continue
+        if stat[stat.rindex(")") + 2] not in "Tt":
+            return False
+    return True

@@ -26,6 +26,16 @@ from .model import parse_size
 DEFAULT_CONF = "/etc/ceph/ceph.conf"
 DEFAULT_ID = "admin"
 RBD_KEYS = {"pool", "image", "conf", "id", "namespace", "keyring", "create", "native"}
+
+# The native path's client (csrc/be_rbd.c), beside the settings both paths share: librbd dispatches a call in the
+# caller's thread (the queue's poll) instead of handing it to its io_context thread first, a thread hop fewer per
+# command (docs/rbd.md "Figures"); librbd's dispatch layers queue what must wait (a refresh, the exclusive lock) and
+# go on later, so the call does not wait for the cluster.  What could wait in it is librados' own throttle of ops in
+# flight (objecter_inflight_ops, objecter_inflight_op_bytes: the caller sleeps until enough complete): off (0), the
+# namespace's depth bounds the calls instead (be_rbd.c rbd_start).
+NATIVE_RBD_OPTIONS = (("rbd_non_blocking_aio", "false"), ("objecter_inflight_ops", "0"),
+                      ("objecter_inflight_op_bytes", "0"))
+
 # RADOS pool, namespace and image names: what rbd's CLI takes without quoting surprises
 _NAME = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.+-]{0,253}")
 

@@ -1,9 +1,13 @@
-"""The `rbd` tool (ceph-common) for the kernel target: an rbd namespace of the config mapped with krbd, so nvmet
-serves the block device it gives (`nvmeof-roce nvmet apply`, kernel/apply.py).
+"""The `rbd` tool (ceph-common), the project's one wrapper of it: for the kernel target an rbd namespace of the
+config mapped with krbd, so nvmet serves the block device it gives (`nvmeof-roce nvmet apply`, kernel/apply.py);
+for `bench --rbd` (bench/rbd.py) the bench's image made, looked at and removed.
 
     rbd map -c CONF --id ID --pool POOL [--namespace NS] [--keyring K] IMAGE   -> /dev/rbdN
     rbd showmapped --format json                                             -> what is mapped already
     rbd unmap /dev/rbdN
+    rbd info --format json -c CONF --id ID --pool POOL ... IMAGE             -> the image, or None when missing
+    rbd create --size SIZE --image-feature F[,F] -c CONF ... IMAGE
+    rbd rm --no-progress -c CONF ... IMAGE
 
 Without udevd (no /run/udev/control: the lab's guest) map and unmap take `--options noudev`, else rbd waits for
 an event no one sends.  Mapping is idempotent: an image already mapped (same pool, RADOS namespace and image, no snapshot) is reused.
@@ -15,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 from ..config.rbd import RbdSettings
 from . import tool
@@ -33,7 +37,7 @@ class RbdTool:
     def __init__(self, runner: Optional[Runner] = None, exists: Callable[[str], bool] = os.path.exists,
                  realpath: Callable[[str], str] = os.path.realpath, udev: Optional[bool] = None):
         self.runner = runner or tool.run
-        self.exists = exists
+        self.path_exists = exists  # os.path.exists (the udev link); tests pass a fake
         self.realpath = realpath
         # without udevd (the lab's guest: devtmpfs only) `rbd map` would wait for its event: -o noudev
         self.udev = os.path.exists(UDEV_CONTROL) if udev is None else udev
@@ -64,17 +68,22 @@ class RbdTool:
                 return m.get("device")
         return None
 
+    @staticmethod
+    def _image_args(settings: RbdSettings) -> List[str]:
+        """Which cluster, as which client, which pool and RADOS namespace (the image itself goes last)."""
+        args = ["-c", settings.conf, "--id", settings.client_id, "--pool", settings.pool]
+        if settings.namespace:
+            args += ["--namespace", settings.namespace]
+        if settings.keyring:
+            args += ["--keyring", settings.keyring]
+        return args
+
     def map(self, settings: RbdSettings) -> str:
         """Map the image (or find it mapped); its /dev/rbdN."""
         device = self.mapped_device(settings)
         if device:
             return device
-        args = ["map", "-c", settings.conf, "--id", settings.client_id, "--pool", settings.pool]
-        if settings.namespace:
-            args += ["--namespace", settings.namespace]
-        if settings.keyring:
-            args += ["--keyring", settings.keyring]
-        res = self._run(args + self._options() + [settings.image], timeout=120)
+        res = self._run(["map"] + self._image_args(settings) + self._options() + [settings.image], timeout=120)
         device = res.stdout.strip().splitlines()[-1].strip() if res.ok and res.stdout.strip() else ""
         if not res.ok or not _DEVICE.fullmatch(device):
             err = (res.stderr or res.stdout).strip()
@@ -92,10 +101,44 @@ class RbdTool:
                              "something still holds the device open (lsof, or an nvmet namespace): close it, "
                              "then rbd unmap")
 
+    def info(self, settings: RbdSettings) -> Optional[dict]:
+        """`rbd info` of the image (its size, features, id ...), or None when the image does not exist."""
+        res = self._run(["info", "--format", "json"] + self._image_args(settings) + [settings.image])
+        if not res.ok:
+            err = (res.stderr or res.stdout).strip()
+            if "(2) No such file" in err:
+                return None
+            raise NvmetError(f"rbd info {settings.spec()}: {err[-400:]}",
+                             "check the cluster (ceph -s), the pool (ceph osd pool ls) and the client's caps")
+        try:
+            return json.loads(res.stdout)
+        except json.JSONDecodeError:
+            raise NvmetError(f"rbd info {settings.spec()}: not JSON: {res.stdout[:200]!r}",
+                             "check the rbd tool (rbd --version)")
+
+    def exists(self, settings: RbdSettings) -> bool:
+        return self.info(settings) is not None
+
+    def create(self, settings: RbdSettings, size_bytes: int, features: Sequence[str] = ("layering",)) -> None:
+        """Create the image, `size_bytes` rounded up to MiB, with only `features` (layering alone: krbd maps it
+        and no exclusive lock passes between clients that take turns)."""
+        size_mb = max(1, -(-int(size_bytes) // (1 << 20)))
+        res = self._run(["create", "--size", f"{size_mb}M", "--image-feature", ",".join(features)]
+                        + self._image_args(settings) + [settings.image], timeout=120)
+        if not res.ok:
+            raise NvmetError(f"rbd create {settings.spec()}: {(res.stderr or res.stdout).strip()[-400:]}",
+                             "check the pool exists (ceph osd pool ls) and has room (ceph df)")
+
+    def remove(self, settings: RbdSettings) -> None:
+        res = self._run(["rm", "--no-progress"] + self._image_args(settings) + [settings.image], timeout=300)
+        if not res.ok:
+            raise NvmetError(f"rbd rm {settings.spec()}: {(res.stderr or res.stdout).strip()[-400:]}",
+                             f"a client still has it open (rbd status {settings.spec()}): close it, then rbd rm")
+
     def device_path(self, settings: RbdSettings, device: str) -> str:
         """The path nvmet is given: the udev link /dev/rbd/POOL[/NS]/IMAGE when it leads to `device`."""
         link = stable_path(settings)
-        if self.exists(link) and self.realpath(link) == self.realpath(device):
+        if self.path_exists(link) and self.realpath(link) == self.realpath(device):
             return link
         return device
 

@@ -136,3 +136,70 @@ def test_a_map_the_kernel_refuses_names_the_image_and_the_fix(kernel, tmp_path):
         applymod.apply(kernel, config(tmp_path), rbd=RbdTool(rbd, exists=lambda p: False))
     assert "rbd map rbd/img1" in str(err.value) and "rbd feature disable rbd/img1" in err.value.fix
     assert kernel.dump()["subsystems"] == []  # nothing changed in nvmet
+
+
+# --- the image itself (bench --rbd makes, looks at and removes its image through the same wrapper) -------------
+
+class FakeImages:
+    """`rbd info/create/rm` as the cluster answers them, the images kept by name."""
+
+    def __init__(self, fail=""):
+        self.images = {}
+        self.calls = []
+        self.fail = fail
+
+    def __call__(self, tool, args, package=None, timeout=None):
+        assert tool == "rbd" and package == "ceph-common"
+        args = [str(a) for a in args]
+        self.calls.append(args)
+        name = args[-1]
+        if self.fail:
+            return ToolResult(["rbd"] + args, 110, "", self.fail)
+        if args[0] == "info":
+            if name not in self.images:
+                return ToolResult(["rbd"] + args, 2, "", f"rbd: error opening image {name}: (2) No such file or "
+                                                          "directory")
+            return ToolResult(["rbd"] + args, 0, json.dumps(self.images[name]), "")
+        if args[0] == "create":
+            opts = dict(zip(args[1:-1:2], args[2:-1:2]))
+            self.images[name] = {"name": name, "size": int(opts["--size"].rstrip("M")) << 20,
+                                 "features": opts["--image-feature"].split(",")}
+            return ToolResult(["rbd"] + args, 0, "", "")
+        if args[0] == "rm":
+            self.images.pop(name)
+            return ToolResult(["rbd"] + args, 0, "", "")
+        raise AssertionError(args)
+
+
+def test_create_info_exists_and_remove_an_image():
+    from nvmeof_roce.config.rbd import RbdSettings
+    rbd = FakeImages()
+    tool = RbdTool(rbd, udev=False)
+    s = RbdSettings(pool="rbd", image="bench", conf="/etc/ceph/c.conf", client_id="gw", namespace="ns",
+                    keyring="/k")
+    assert tool.info(s) is None and tool.exists(s) is False
+    tool.create(s, (512 << 20) + 1)  # rounded up to the next MiB
+    assert rbd.calls[-1] == ["create", "--size", "513M", "--image-feature", "layering", "-c", "/etc/ceph/c.conf",
+                             "--id", "gw", "--pool", "rbd", "--namespace", "ns", "--keyring", "/k", "bench"]
+    created = rbd.calls[-1]
+    assert tool.exists(s) and tool.info(s)["size"] == 513 << 20
+    assert rbd.calls[-1][:3] == ["info", "--format", "json"] and rbd.calls[-1][3:] == created[5:]
+    tool.create(RbdSettings(pool="rbd", image="two"), 1 << 20, features=("layering", "exclusive-lock"))
+    assert rbd.calls[-1][:5] == ["create", "--size", "1M", "--image-feature", "layering,exclusive-lock"]
+    tool.remove(s)
+    assert rbd.calls[-1][:2] == ["rm", "--no-progress"] and tool.exists(s) is False
+
+
+def test_a_cluster_that_fails_names_the_image_and_the_fix():
+    from nvmeof_roce.config.rbd import RbdSettings
+    tool = RbdTool(FakeImages(fail="rbd: couldn't connect to the cluster!\n(110) Connection timed out"), udev=True)
+    s = RbdSettings(pool="rbd", image="bench")
+    with pytest.raises(NvmetError, match="(?s)rbd info rbd/bench: .*timed out") as err:
+        tool.exists(s)
+    assert "ceph -s" in err.value.fix
+    with pytest.raises(NvmetError, match="rbd create rbd/bench") as err:
+        tool.create(s, 1 << 20)
+    assert "ceph df" in err.value.fix
+    with pytest.raises(NvmetError, match="rbd rm rbd/bench") as err:
+        tool.remove(s)
+    assert "rbd status rbd/bench" in err.value.fix

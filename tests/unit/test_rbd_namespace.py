@@ -310,7 +310,7 @@ def test_the_native_path_answers_a_cluster_that_does_not_answer_with_ana_transit
     cluster is back the next command is served."""
     from native_diff import io_capsule
     from native_fake import needs_native
-    from rbd_fake import collect, rbd_endpoint, rbd_ns as fake_rbd_ns, status_of
+    from rbd_fake import cid_of, collect, rbd_endpoint, rbd_ns as fake_rbd_ns, status_of
     from nvmeof_roce.nvme import status as S
     if needs_native.args[0]:
         pytest.skip(needs_native.kwargs["reason"])
@@ -320,10 +320,17 @@ def test_the_native_path_answers_a_cluster_that_does_not_answer_with_ana_transit
         cluster.pause()
         try:
             assert ep.device.deliver(io_capsule(ep, 0x02, 1, 0, 7, 4096, cid=1)) == 0
-            (c,) = collect(ep, 1, timeout=40)
+            ep.buf.view[:4096] = bytes(range(256)) * 16
+            assert ep.device.deliver(io_capsule(ep, 0x01, 1, 8, 7, 4096, cid=3)) == 0
+            started = time.monotonic()
+            collect(ep, 0)  # both calls made on librbd in this poll's thread (rbd_non_blocking_aio false)
+            assert time.monotonic() - started < 3, "librbd's calls waited for the frozen cluster in the poll"
+            answers = collect(ep, 2, timeout=40)
         finally:
             cluster.resume()
-        assert status_of(c) == S.ANA_TRANSITION and not status_of(c) & S.DNR
+        assert sorted(cid_of(c) for c in answers) == [1, 3]
+        for c in answers:
+            assert status_of(c) == S.ANA_TRANSITION and not status_of(c) & S.DNR
         assert ep.device.deliver(io_capsule(ep, 0x02, 1, 0, 7, 4096, cid=2)) == 0
         assert [status_of(c) for c in collect(ep, 1, timeout=40)] == [0]
     finally:

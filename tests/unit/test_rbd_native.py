@@ -74,6 +74,9 @@ def test_reads_writes_flush_and_write_zeroes_go_through_librbd_in_c(rbd):
     assert fake.conf("rbd_cache") == "false" and fake.conf("rados_osd_op_timeout") == "10"
     assert fake.conf("rados_mon_op_timeout") == "10" and fake.conf("name") == "client.admin"
     assert fake.conf("pool") == "rbd"
+    # and its own: librbd dispatches in the poll's thread, librados' throttle (which would sleep there) off
+    assert fake.conf("rbd_non_blocking_aio") == "false"
+    assert fake.conf("objecter_inflight_ops") == fake.conf("objecter_inflight_op_bytes") == "0"
     # the figures reach the namespace, the native handle's status with them
     ns = ep.env.target.subsystem("nqn.2024-01.io.test:rbd-native").namespaces[1]
     ep.env.target.tick(ep.env.clock())
@@ -97,6 +100,34 @@ def test_in_capsule_writes_and_many_at_once_are_all_in_the_image(rbd):
     answers = collect(ep, 32)
     assert sorted(cid_of(c) for c in answers) == list(range(100, 132)) and not any(map(status_of, answers))
     assert image(fake, 1000 * 512, len(data)) == data
+
+
+def test_a_write_gives_its_bounce_chunk_back_once_librbd_has_it_so_in_capsule_writes_stay_in_c(monkeypatch):
+    # One chunk, the responses held on the wire: the first Write's chunk goes back when librbd completes it, not
+    # when its response's SEND completes, so the next in-capsule Write (whose data has nowhere to wait for a
+    # chunk) is the C queue's too instead of the core's (bench --rbd's 4 KiB writes at QD32 on 32 chunks).
+    fake = use_fake_rbd(monkeypatch, {"img": SIZE})
+    ep = rbd_endpoint([rbd_ns(1, "img")], file_buffers=1)
+    try:
+        first, second = pattern(4096, seed=21), pattern(4096, seed=22)
+        ep.device.hold()
+        assert ep.device.deliver(io_capsule(ep, WRITE, 1, 8, 7, 4096, sgl_id=0x01, offset=0, cid=1,
+                                            extra=first)) == 0
+        collect(ep, 0)  # librbd completed it: its response is on the (held) wire
+        assert ep.queue.stats()["bounce_chunks_free"] == 1
+        assert ep.device.deliver(io_capsule(ep, WRITE, 1, 16, 7, 4096, sgl_id=0x01, offset=0, cid=2,
+                                            extra=second)) == 0
+        collect(ep, 0)
+        ep.device.hold(False)
+        ep.device.release()
+        answers = collect(ep, 2)
+        assert sorted(map(cid_of, answers)) == [1, 2] and not any(map(status_of, answers))
+        assert image(fake, 8 * 512, 4096) == first and image(fake, 16 * 512, 4096) == second
+        stats = ep.queue.stats()
+        assert stats["python_commands"] == 1 and stats["file_commands"] == 2  # the Connect alone went to the core
+        assert stats["bounce_chunks_free"] == 1
+    finally:
+        ep.close()
 
 
 def test_a_reads_data_is_what_the_image_holds_when_librbd_completes_it(rbd):

@@ -40,7 +40,7 @@ from typing import Callable, Deque, Optional, Tuple
 from ...ceph import clients
 from ...ceph.bindings import rados_and_rbd
 from ...config import NamespaceConfig
-from ...config.rbd import RbdSettings
+from ...config.rbd import NATIVE_RBD_OPTIONS, RbdSettings
 from .base import Backend, BackendError, Op
 
 log = logging.getLogger(__name__)
@@ -349,8 +349,8 @@ class RbdBackend(Backend):
     def native_handle(self, engine, depth):
         """The C queue's `_native.RbdImage` (csrc/nq_rbd.c): a RADOS client and image of its own, opened in C
         through the dlopen'd librbd (ceph/bindings.py LIBRADOS, LIBRBD) with this client's settings, cache off and
-        timeouts, by a thread (`native_opening`: librados waits for the cluster up to its mount timeout, never on
-        the loop).  None until it has opened (the core serves the namespace meanwhile; the view takes the handle
+        timeouts (and config/rbd.py NATIVE_RBD_OPTIONS), by a thread (`native_opening`: librados waits for the
+        cluster up to its mount timeout, never on the loop).  None until it has opened (the core serves the namespace meanwhile; the view takes the handle
         at a later refresh), when it did not (said once, not tried again), or with no native module or once
         closed.  Handed over once: the namespace holds it (Namespace.native_file)."""
         from ... import native
@@ -361,7 +361,7 @@ class RbdBackend(Backend):
             s = self.settings
             options = [("rbd_cache", "false"), ("rados_osd_op_timeout", str(RBD_OP_TIMEOUT)),
                        ("rados_mon_op_timeout", str(RBD_OP_TIMEOUT)),
-                       ("client_mount_timeout", str(RBD_CONNECT_TIMEOUT))]
+                       ("client_mount_timeout", str(RBD_CONNECT_TIMEOUT)), *NATIVE_RBD_OPTIONS]
             if s.keyring:
                 options.append(("keyring", s.keyring))
             args = (bindings.LIBRADOS, bindings.LIBRBD, s.conf, f"client.{s.client_id}", s.pool, s.namespace,
