@@ -265,6 +265,23 @@ def host_kill():
     RESULT["paths_at_start"] = {"1": wait_for("two paths of ns 1", lambda: len(ana_paths(1)) == 2 and ana_paths(1)),
                                 "2": wait_for("two paths of ns 2", lambda: len(ana_paths(2)) == 2 and ana_paths(2))}
     step(f"paths {RESULT['paths_at_start']}")
+    # a resize by RPC on gw-b (ns 2's owner): the image grows; gw-a follows it through the image's header watch;
+    # the host sees the new size on the head and on both paths (each gateway's notice)
+    RESULT["resize"] = rpc("gw-b", "nvmf_subsystem_resize_ns", {"nqn": NQN, "nsid": 2, "size": "320M"})
+    dev2 = os.path.basename(ns2)
+    RESULT["resized_head_bytes"] = wait_for("the host sees ns 2 at 320M", lambda: (
+        int(open(f"/sys/block/{dev2}/size").read()) * 512 == 320 << 20
+        and int(open(f"/sys/block/{dev2}/size").read()) * 512), 120)
+
+    def path_sizes():
+        return {os.path.basename(p): int(open(f"{p}/size").read()) * 512
+                for p in glob.glob("/sys/class/nvme-subsystem/*/nvme[0-9]*/nvme*c*n*")
+                if int(open(f"{p}/nsid").read()) == 2}
+    try:
+        RESULT["path_sizes_ns2"] = wait_for("both paths of ns 2 at 320M", lambda: (
+            len(path_sizes()) == 2 and set(path_sizes().values()) == {320 << 20} and path_sizes()), 60)
+    except SystemExit:
+        RESULT["path_sizes_ns2"] = path_sizes()
     # a reservation through gw-a (the owner of ns 1's group): Register, then Acquire Write Exclusive
     sh("nvme", "resv-register", ns1, "--nrkey=0xabc", "--rrega=0")
     sh("nvme", "resv-acquire", ns1, "--crkey=0xabc", "--rtype=1", "--racqa=0")
@@ -289,22 +306,13 @@ def host_kill():
     for nsid, proc in runs.items():
         RESULT[f"fio_{nsid}"] = fio_result(proc)
     step(f"fio {RESULT['fio_1']} {RESULT['fio_2']}")
-    # a resize by RPC on gw-b: the image grows, gw-a's watch and the host see it on both paths
-    RESULT["resize"] = rpc("gw-b", "nvmf_subsystem_resize_ns", {"nqn": NQN, "nsid": 2, "size": "320M"})
-    dev2 = os.path.basename(ns2)
-    RESULT["resized_head_bytes"] = wait_for("the host sees ns 2 at 320M", lambda: (
-        int(open(f"/sys/block/{dev2}/size").read()) * 512 == 320 << 20
-        and int(open(f"/sys/block/{dev2}/size").read()) * 512), 120)
     rendezvous.signal("restart-a")
     wait("a-restarted", 300)
     wait_for("gw-a's path back", lambda: len(ana_paths(1)) == 2 and "?" not in ana_paths(1).values(), 180)
-    RESULT["path_sizes_ns2"] = {os.path.basename(p): int(open(f"{p}/size").read()) * 512
-                                for p in glob.glob("/sys/class/nvme-subsystem/*/nvme[0-9]*/nvme*c*n*")
-                                if int(open(f"{p}/nsid").read()) == 2}
     rendezvous.signal("failback-asked")
-    RESULT["paths_after_failback"] = {"1": wait_for("ns 1 optimized through gw-a again",
-                                                    lambda: ana_paths(1).get(f"traddr={TARGET_IP}") == "optimized"
-                                                    and ana_paths(1), 180)}
+    back = {f"traddr={TARGET_IP}": "optimized", f"traddr={HOST_IP}": "inaccessible"}
+    RESULT["paths_after_failback"] = {"1": wait_for("ns 1 optimized through gw-a again, inaccessible through gw-b",
+                                                    lambda: ana_paths(1) == back and ana_paths(1), 180)}
     RESULT["fio_after_failback"] = fio_result(fio(ns1, "ns1-back", 15, size="32M"))
     RESULT["gw_b_status"] = rpc("gw-b", "nvmeof_group_status")
     save()
