@@ -5,34 +5,26 @@ gw-b and the kernel host on the other; one subsystem, two RBD namespaces in two 
 still up) for a few leases.
 The checks read what the nodes left in the share: results, both gateways' logs."""
 import datetime
-import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from lab_nodes import two_nodes
+
 pytestmark = pytest.mark.twonode
 
-ROOT = Path(__file__).resolve().parents[2]
 TARGET_IP, HOST_IP = "10.99.1.1", "10.99.1.2"
 LEASE = 10
 
 
-def two_nodes(share: Path, scenario: str, timeout: int = 2400):
-    share.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run([sys.executable, "-m", "nvmeof_roce", "lab", "run", "--nodes", "2", "--share", str(share),
-                           "--timeout", str(timeout),
-                           "--target-cmd", f"python3 tests/twonode/group_node.py target {scenario}",
-                           "--host-cmd", f"python3 tests/twonode/group_node.py host {scenario}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout + 120)
-    (share / "console.log").write_text(proc.stdout + proc.stderr)
-    results = {}
-    for node in ("target", "host"):
-        path = share / f"{node}-result.json"
-        results[node] = json.loads(path.read_text()) if path.exists() else None
-    return proc, results
+def group_scenario(tmp_path_factory, scenario: str):
+    """Run one scenario of group_node.py on two guests: the share it left and both nodes' results."""
+    share = tmp_path_factory.mktemp(f"group-{scenario}")
+    proc, results = two_nodes(share, scenario, script="group_node.py", timeout=2400)
+    assert proc.returncode == 0 and results["host"] and results["target"], \
+        proc.stdout[-6000:] + proc.stderr[-3000:]
+    return share, results
 
 
 def log_time(share: Path, log: str, pattern: str, offset: float) -> float:
@@ -51,11 +43,7 @@ def two_paths(paths: dict, optimized: str):
 
 @pytest.fixture(scope="module")
 def kill(tmp_path_factory):
-    share = tmp_path_factory.mktemp("group-kill")
-    proc, results = two_nodes(share, "kill")
-    assert proc.returncode == 0 and results["host"] and results["target"], \
-        proc.stdout[-6000:] + proc.stderr[-3000:]
-    return share, results
+    return group_scenario(tmp_path_factory, "kill")
 
 
 def test_each_namespace_has_an_optimized_path_through_its_owner_and_an_inaccessible_one(kill):
@@ -116,11 +104,7 @@ def test_the_restarted_gateway_rejoins_and_takes_its_group_back_on_failback(kill
 
 @pytest.fixture(scope="module")
 def cut(tmp_path_factory):
-    share = tmp_path_factory.mktemp("group-cut")
-    proc, results = two_nodes(share, "cut")
-    assert proc.returncode == 0 and results["host"] and results["target"], \
-        proc.stdout[-6000:] + proc.stderr[-3000:]
-    return share, results
+    return group_scenario(tmp_path_factory, "cut")
 
 
 def test_the_isolated_gateway_stops_before_the_survivor_takes_over_and_nothing_is_lost(cut):

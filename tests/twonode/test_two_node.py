@@ -5,33 +5,16 @@ Each scenario is one `nvmeof-roce lab run --nodes 2` whose nodes run tests/twono
 read what the nodes left in the share (results, target log, pcap)."""
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from lab_nodes import two_nodes
 from nvmeof_roce.capture import pcap, roce
 
 pytestmark = pytest.mark.twonode
 
-ROOT = Path(__file__).resolve().parents[2]
 TARGET_IP, HOST_IP = "10.99.1.1", "10.99.1.2"
-
-
-def two_nodes(share: Path, scenario: str, timeout: int = 1800):
-    share.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run([sys.executable, "-m", "nvmeof_roce", "lab", "run", "--nodes", "2", "--share", str(share),
-                           "--timeout", str(timeout),
-                           "--target-cmd", f"python3 tests/twonode/node.py target {scenario}",
-                           "--host-cmd", f"python3 tests/twonode/node.py host {scenario}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout + 120)
-    (share / "console.log").write_text(proc.stdout + proc.stderr)
-    results = {}
-    for node in ("target", "host"):
-        path = share / f"{node}-result.json"
-        results[node] = json.loads(path.read_text()) if path.exists() else None
-    return proc, results
 
 
 @pytest.fixture(scope="module")
