@@ -15,6 +15,7 @@ from datetime import datetime
 
 import pytest
 
+from group_env import dev_cluster, needs_ceph
 from nvmeof_roce.ceph import devcluster
 from nvmeof_roce.ceph.group import (AnaLease, Fenced, GroupConflict, GroupError, GroupStore, IllegalLeaseTransition,
                                     LeaseBusy, LeaseLost, LeaseMachine, LeaseState, LeaseStillHeld, LeaseTiming,
@@ -23,10 +24,6 @@ from nvmeof_roce.ceph.group import (AnaLease, Fenced, GroupConflict, GroupError,
 from nvmeof_roce.ceph.group import clslock, store as store_module
 from nvmeof_roce.ceph.group.records import blocklist_address
 
-needs_ceph = pytest.mark.skipif(devcluster.missing_tools() != [],
-                                reason=f"Ceph is not installed: apt-get install {' '.join(devcluster.missing_tools())} "
-                                       "(make deps installs it)")
-
 NQN = "nqn.2024-01.io.test:group"
 
 
@@ -34,9 +31,7 @@ NQN = "nqn.2024-01.io.test:group"
 def cluster(tmp_path_factory):
     if devcluster.missing_tools():
         pytest.skip("Ceph is not installed")
-    c = devcluster.DevCluster(tmp_path_factory.mktemp("ceph") / "c", port=0)
-    with c:
-        yield c
+    yield from dev_cluster(tmp_path_factory)
 
 
 class Gateway:
