@@ -26,6 +26,9 @@ from pathlib import Path
 sys.path.insert(0, "/mnt/project")
 from nvmeof_roce import rendezvous  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from node import sh  # noqa: E402  (the two-node scenarios' one subprocess helper)
+
 SHARE = "/mnt/share"
 TARGET_IP, HOST_IP = "10.99.1.1", "10.99.1.2"
 NQN = "nqn.2024-01.io.nvmeof-roce:group"
@@ -51,13 +54,6 @@ def wait(name, timeout):
 
 def step(name):
     print(f"[group {ROLE}] {time.strftime('%H:%M:%S')} {name}", flush=True)
-
-
-def sh(*args, check=True, timeout=600, **kw):
-    proc = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, **kw)
-    if check and proc.returncode != 0:
-        raise SystemExit(f"{' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stderr}\n{proc.stdout}")
-    return proc
 
 
 def save():
@@ -228,12 +224,37 @@ def fio_result(proc, timeout=600):
 
 # -- scenario kill
 
-def target_kill():
+def target_up():
+    """The Ceph cluster and gw-a (seeding the group), then the host node is told."""
     RESULT["clock_offset"] = clock_offset()
     step("Ceph cluster")
     cluster = start_cluster()
     gw_a = start_gateway("gw-a", TARGET_IP, 2, seed=True)
     rendezvous.signal("gw-a-ready")
+    return cluster, gw_a
+
+
+def target_down(cluster, gw_a):
+    """Once the host node is done: the group's state and the blocklist as Ceph has them, gw-a stopped."""
+    wait("host.done", 1500)
+    RESULT["blocklist"] = RESULT.get("blocklist") or blocklist()
+    RESULT["state_at_end"] = group_state()
+    gw_a.send_signal(signal.SIGTERM)
+    RESULT["gw_a_exit"] = gw_a.wait(60)
+    save()
+    cluster.stop()
+
+
+def host_up():
+    """gw-b, once gw-a serves; the kernel host connected to both: the heads of namespaces 1 and 2."""
+    RESULT["clock_offset"] = clock_offset()
+    wait("gw-a-ready", 900)
+    gw_b = start_gateway("gw-b", HOST_IP, 3)
+    return (gw_b,) + connect_both()
+
+
+def target_kill():
+    cluster, gw_a = target_up()
     wait("kill-a", 900)
     gw_a.send_signal(signal.SIGKILL)
     RESULT["killed_at"] = time.time()
@@ -249,19 +270,11 @@ def target_kill():
     rendezvous.signal("a-restarted")
     wait("failback-asked", 600)
     RESULT["failback"] = rpc("gw-a", "nvmeof_group_failback", {"ana_group": 2})
-    wait("host.done", 1500)
-    RESULT["state_at_end"] = group_state()
-    gw_a.send_signal(signal.SIGTERM)
-    RESULT["gw_a_exit"] = gw_a.wait(60)
-    save()
-    cluster.stop()
+    target_down(cluster, gw_a)
 
 
 def host_kill():
-    RESULT["clock_offset"] = clock_offset()
-    wait("gw-a-ready", 900)
-    gw_b = start_gateway("gw-b", HOST_IP, 3)
-    ns1, ns2 = connect_both()
+    gw_b, ns1, ns2 = host_up()
     RESULT["paths_at_start"] = {"1": wait_for("two paths of ns 1", lambda: len(ana_paths(1)) == 2 and ana_paths(1)),
                                 "2": wait_for("two paths of ns 2", lambda: len(ana_paths(2)) == 2 and ana_paths(2))}
     step(f"paths {RESULT['paths_at_start']}")
@@ -337,24 +350,11 @@ def cut_from_cluster():
         sh("nft", "add", "rule", "inet", "groupcut", chain, "ip", match, TARGET_IP, "meta", "l4proto", "tcp", "drop")
 
 def target_cut():
-    RESULT["clock_offset"] = clock_offset()
-    cluster = start_cluster()
-    gw_a = start_gateway("gw-a", TARGET_IP, 2, seed=True)
-    rendezvous.signal("gw-a-ready")
-    wait("host.done", 1500)
-    RESULT["blocklist"] = blocklist()
-    RESULT["state_at_end"] = group_state()
-    gw_a.send_signal(signal.SIGTERM)
-    RESULT["gw_a_exit"] = gw_a.wait(60)
-    save()
-    cluster.stop()
+    target_down(*target_up())
 
 
 def host_cut():
-    RESULT["clock_offset"] = clock_offset()
-    wait("gw-a-ready", 900)
-    gw_b = start_gateway("gw-b", HOST_IP, 3)
-    _ns1, ns2 = connect_both()
+    gw_b, _ns1, ns2 = host_up()
     RESULT["paths_at_start"] = {"2": wait_for("two paths of ns 2", lambda: len(ana_paths(2)) == 2 and ana_paths(2))}
     run = fio(ns2, "ns2", 120)
     time.sleep(15)
