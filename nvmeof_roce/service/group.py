@@ -187,6 +187,10 @@ class GroupMember:
         self.history: List[dict] = []  # take-overs, hand-backs, losses: for status (the last few)
         self.event_counts: Dict[str, int] = {}  # ... counted since start (metrics)
         self._handing_back: Set[int] = set()
+        # other gateways' leases as the keeper last read them: grpid -> (ceph.group.Locker or None, wall time)
+        self.holders: Dict[int, Tuple[Any, float]] = {}
+        self.read_at: Optional[float] = None  # wall time of the keeper's last pass that read the group's state
+        self.read_error: Optional[str] = None  # what the last pass that failed said (None: the last one worked)
         self._stop = threading.Event()
         self._keeper: Optional[threading.Thread] = None
         self._watch = None
@@ -371,11 +375,13 @@ class GroupMember:
         while not self._stop.wait(interval):
             try:
                 self._keep_once()
+                self.read_error = None
             except Exception as exc:
                 g = _group()
                 if isinstance(exc, g.Fenced) or errno_of(exc) == errno.ESHUTDOWN:
                     self._post(self._fenced)
                     return
+                self.read_error = words(exc)
                 log.warning("gateway group %s: %s", self.settings.name, words(exc))
 
     def _keep_once(self) -> None:
@@ -394,6 +400,7 @@ class GroupMember:
                 except g.GroupError as exc:  # a timeout: the deadline stands, the loop stops serving at it
                     log.warning("gateway group %s: ANA group %d: renew: %s", s.name, grpid, exc.message)
         snapshot = self.snapshot = self.store.read()
+        self.read_at = self.wall()
         for grpid, ana in sorted(snapshot.ana_groups.items()):
             lease = self.lease(grpid)
             request = snapshot.failbacks.get(grpid)
@@ -422,7 +429,9 @@ class GroupMember:
             elif ana.owner is not None and not mine and request is None:
                 # 3. its owner's lease ended (another gateway's, or this gateway's before a restart): fence the
                 # owner's clients, then take the group
-                if lease.holder() is None:
+                holder = lease.holder()
+                self.holders[grpid] = (holder, self.wall())
+                if holder is None:
                     self._take(grpid, lambda: g.fail_over(self.store, lease, now=self.wall), "took over",
                                previous=ana.owner.gateway)
 
@@ -629,21 +638,45 @@ class GroupMember:
 
     # ---------------------------------------------------------------------------------------- status, end
     def status(self) -> dict:
+        """This gateway's view of the group (nvmeof_group_status, `target status`, the doctor's group checks):
+        members, each ANA group's home, owner, state here and lease (this gateway's own deadline, or the holder
+        and expiry of another gateway's lease as the keeper last read it), the last events, the cluster."""
         snapshot = self.snapshot
+        now = self.wall()
         groups = []
         for grpid in sorted(snapshot.ana_groups if snapshot else []):
             ana = snapshot.ana_groups[grpid]
             lease = self.leases.get(grpid)
             deadline = lease.serving_deadline() if lease is not None else None
+            serving_for = round(deadline - self.clock(), 3) if deadline is not None else None
+            holder, remaining, read = None, serving_for, None
+            if serving_for is not None:
+                holder = {"gateway": self.settings.gateway, "instance_id": self.instance_id}
+            elif grpid in self.holders:
+                locker, read = self.holders[grpid]
+                remaining = 0.0
+                if locker is not None:
+                    holder = {"gateway": locker.cookie, "instance_id": locker.instance_id}
+                    remaining = round(max(0.0, locker.expires - now), 3)
             groups.append({"ana_group": grpid, "home": ana.home, "owner": ana.owner.gateway if ana.owner else None,
+                           "owner_instance": ana.owner.instance_id if ana.owner else None,
                            "since": ana.since, "here": "optimized" if grpid in self.serving else "inaccessible",
                            "lease": lease.state.value if lease is not None else "standby",
-                           "serving_for": round(deadline - self.clock(), 3) if deadline is not None else None,
+                           "serving_for": serving_for, "holder": holder, "lease_remaining": remaining,
+                           "holder_read_ago": round(now - read, 3) if read is not None else None,
                            "failback": snapshot.failbacks[grpid].to if grpid in snapshot.failbacks else None})
-        return {"group": self.settings.name, "gateway": self.settings.gateway, "epoch": self.applied_epoch,
-                "lease_seconds": self.settings.lease, "failback": self.settings.failback, "fenced": self.fenced,
-                "members": sorted(snapshot.members) if snapshot else [], "ana_groups": groups,
-                "events": list(self.history), "event_counts": dict(self.event_counts)}
+        s = self.settings
+        records = [{"gateway": m.gateway, "addr": m.addr, "instance_id": m.instance_id, "started": m.started,
+                    "fence_addrs": list(m.fence_addrs)}
+                   for _, m in sorted(snapshot.members.items())] if snapshot else []
+        return {"group": s.name, "gateway": s.gateway, "instance_id": self.instance_id, "epoch": self.applied_epoch,
+                "lease_seconds": s.lease, "failback": s.failback, "fenced": self.fenced,
+                "members": sorted(snapshot.members) if snapshot else [], "member_records": records,
+                "ana_groups": groups, "events": list(self.history), "event_counts": dict(self.event_counts),
+                "cluster": {"conf": s.conf, "id": s.client_id, "keyring": s.keyring, "pool": s.pool,
+                            "namespace": s.namespace,
+                            "read_ago": round(now - self.read_at, 3) if self.read_at is not None else None,
+                            "error": self.read_error}}
 
     def close(self) -> None:
         from ..ceph import clients
