@@ -92,6 +92,24 @@ def shared_sections(running: dict) -> dict:
     return sections
 
 
+def namespaces_of(config: dict) -> Set[Tuple[str, int]]:
+    """(subsystem NQN, NSID) of every namespace of a config's (or the group's) subsystems."""
+    return {(sub.get("nqn"), int(ns["nsid"])) for sub in config.get("subsystems", []) or []
+            for ns in sub.get("namespaces", []) or [] if "nsid" in ns}
+
+
+def stale_reservations(before, state) -> Set[Tuple[str, int]]:
+    """The reservation records a change by RPC removes with its config (`before`: the group's state when the
+    change began, under the config lock; `state`: the update's, the change's config in it): the record of each
+    namespace the new config does not have (removed: a namespace added later with its NSID must not inherit its
+    registrants), and the record of each namespace the change adds that was there, unchanged, before it (left by
+    a registration that met the removal on another gateway).  A record written since the change began (a host
+    registering with the new namespace already) is kept."""
+    now, earlier = namespaces_of(state.config), namespaces_of(before.config)
+    return {key for key, raw in state.reservation_values.items()
+            if key not in now or (key not in earlier and before.reservation_values.get(key) == raw)}
+
+
 def merged_config(local: dict, snapshot, serving: Set[int], home: List[int]) -> dict:
     """This gateway's config (ports, settings) with the group's sections; each port exports every subsystem and
     gives each ANA group the state this gateway has for it (optimized where it owns the lease); each subsystem
@@ -546,11 +564,11 @@ class GroupMember:
                 answer.fail(exc if isinstance(exc, RpcError) else RpcError(str(exc), "group", "see the log"))
                 return
             if isinstance(result, DeferredAnswer):
-                result.when_done(lambda part: publish(part))
+                result.when_done(lambda part: publish(part, snapshot))
             else:
-                publish({"result": result})
+                publish({"result": result}, snapshot)
 
-        def publish(part: dict) -> None:
+        def publish(part: dict, snapshot) -> None:
             sections = shared_sections(self.target.config.to_dict())
 
             def run() -> None:
@@ -558,6 +576,7 @@ class GroupMember:
                     if "error" not in part:
                         def put(state):
                             state.config.update(copy.deepcopy(sections))
+                            state.dropped_reservations.update(stale_reservations(snapshot, state))
                         snap = self.store.update(put, "rpc")
                         self.applied_epoch = max(self.applied_epoch, snap.epoch)
                     self._post(lambda: answer._finish(part))
