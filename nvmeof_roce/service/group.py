@@ -389,7 +389,7 @@ class GroupMember:
 
     # ---------------------------------------------------------------------------------------- the keeper
     def _keep(self) -> None:
-        interval = max(0.2, self.settings.lease / 6)
+        interval = self._interval()
         while not self._stop.wait(interval):
             try:
                 self._keep_once()
@@ -417,8 +417,7 @@ class GroupMember:
                     self._post(lambda grpid=grpid: self._lost(grpid))
                 except g.GroupError as exc:  # a timeout: the deadline stands, the loop stops serving at it
                     log.warning("gateway group %s: ANA group %d: renew: %s", s.name, grpid, exc.message)
-        snapshot = self.snapshot = self.store.read()
-        self.read_at = self.wall()
+        snapshot = self.snapshot = self._state()
         for grpid, ana in sorted(snapshot.ana_groups.items()):
             lease = self.lease(grpid)
             request = snapshot.failbacks.get(grpid)
@@ -452,6 +451,28 @@ class GroupMember:
                 if holder is None:
                     self._take(grpid, lambda: g.fail_over(self.store, lease, now=self.wall), "took over",
                                previous=ana.owner.gateway)
+
+    def _state(self):
+        """The group's state for a keeper pass: the watch's latest read when it is recent enough (the watch reads
+        at every notify and at least every poll interval: a healthy one's snapshot is never older than that), or
+        this gateway's own later one (an update it made), else a read of its own.  Safe with a snapshot some
+        seconds old: the lease's serving deadline does not depend on it (renewals follow the lease machine, the
+        loop stops serving at the deadline), and every step the keeper takes from it is decided again on the
+        cluster (a lock call that fails when another client holds the lease, fail_over's read and holder
+        check, an update's compare-and-swap): an old snapshot delays a reaction, it does not make a wrong one."""
+        watch = self._watch
+        if watch is not None:
+            snapshot = watch.fresh(watch.poll_interval + self._interval())
+            if snapshot is not None:
+                self.read_at = self.wall() - (time.monotonic() - watch.read_at)
+                own = self.snapshot
+                return own if own is not None and own.epoch > snapshot.epoch else snapshot
+        snapshot = self.store.read()
+        self.read_at = self.wall()
+        return snapshot
+
+    def _interval(self) -> float:
+        return max(0.2, self.settings.lease / 6)
 
     def _take(self, grpid: int, take: Callable[[], Any], what: str, previous: str = "") -> None:
         g = _group()

@@ -256,9 +256,17 @@ class GroupWatch:
         self._next_register = 0.0
         store.ensure()
         self.last = store.read()
+        self.read_at = time.monotonic()  # when `last` was read (or found unchanged) last
         self._register()
         self._thread = threading.Thread(target=self._run, name=f"group {store.group} watch", daemon=True)
         self._thread.start()
+
+    def fresh(self, max_age: float) -> Optional[GroupSnapshot]:
+        """The latest snapshot when it was read at most `max_age` seconds ago (None: older, the watch's reads are
+        failing or it is closed): what another reader of the group's state may use instead of reading it."""
+        if self._closed.is_set() or time.monotonic() - self.read_at > max_age:
+            return None
+        return self.last
 
     @property
     def watching(self) -> bool:
@@ -312,6 +320,7 @@ class GroupWatch:
             except Exception as exc:
                 log.warning("group %s: reading the state: %s", self.store.group, exc)
                 continue
+            self.read_at = time.monotonic()
             if snapshot != self.last:
                 self.last = snapshot
                 try:
