@@ -25,7 +25,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import errno
-import json
 import logging
 import threading
 import time
@@ -177,6 +176,82 @@ def reservation_timeout(settings: GroupSettings) -> float:
     (engine/shared_resv.py): a round of the store's update (a read and a write, each within the OSD op timeout,
     then a notify of at most a second) fits, so the store's own error (a timeout) usually answers first."""
     return 3.0 * osd_op_timeout(settings) + 1.0
+
+
+class RpcChange:
+    """One change by RPC on a gateway of a group (`GroupMember.run_change`), in four steps, each on its side of
+    the event loop:
+
+    1. `_lock` (a thread): this gateway's turn (one change at a time), the group's config lock, the group's state;
+    2. `_make` (the loop): catch up with that state, then the change itself (`call()`);
+    3. `_publish` (the loop, once the call's answer is there): the shared sections as the change left them;
+    4. `_write` (a thread): the group's update (the sections, and the records of the namespaces it removed), then
+       the answer on the loop; the config lock released whatever happened.
+
+    An error before the change is made answers the RPC with it; one after (the update failed) says the change is
+    made here but not published."""
+
+    def __init__(self, member: "GroupMember", call: Callable[[], Any], answer):
+        self.member, self.call, self.answer = member, call, answer
+        self.before = None  # the group's state under the lock, before the change
+
+    def start(self) -> None:
+        threading.Thread(target=self._lock, name="group change", daemon=True).start()
+
+    def _fail(self, message: str, fix: str) -> None:
+        from ..control.protocol import RpcError
+        self.member._post(lambda: self.answer.fail(RpcError(message, "group", fix)))
+
+    def _lock(self) -> None:
+        m = self.member
+        m._changes.acquire()
+        try:
+            m._lock_config()
+            self.before = m.store.read()
+        except Exception as exc:
+            m._changes.release()
+            self._fail(f"gateway group {m.settings.name}: the change is not made: {words(exc)}",
+                       "check the cluster (ceph -s) and try again")
+            return
+        m._post(self._make)
+
+    def _make(self) -> None:
+        from ..control.protocol import RpcError
+        from ..control.server import DeferredAnswer
+        m = self.member
+        try:
+            if self.before.epoch > m.applied_epoch:
+                m._apply(self.before)  # catch up first: the change is made on the group's state
+            result = self.call()
+        except Exception as exc:
+            threading.Thread(target=m._unlock_config, daemon=True).start()
+            self.answer.fail(exc if isinstance(exc, RpcError) else RpcError(str(exc), "group", "see the log"))
+            return
+        if isinstance(result, DeferredAnswer):
+            result.when_done(self._publish)
+        else:
+            self._publish({"result": result})
+
+    def _publish(self, part: dict) -> None:
+        sections = shared_sections(self.member.target.config.to_dict())
+        threading.Thread(target=self._write, args=(part, sections), name="group publish", daemon=True).start()
+
+    def _write(self, part: dict, sections: dict) -> None:
+        m = self.member
+        try:
+            if "error" not in part:
+                def put(state):
+                    state.config.update(copy.deepcopy(sections))
+                    state.dropped_reservations.update(stale_reservations(self.before, state))
+                snap = m.store.update(put, "rpc")
+                m.applied_epoch = max(m.applied_epoch, snap.epoch)
+            m._post(lambda: self.answer._finish(part))
+        except Exception as exc:
+            log.error("gateway group %s: a change made here was not published: %s", m.settings.name, words(exc))
+            self._fail(f"the change is made on {m.settings.gateway} but not published to the group: {words(exc)}",
+                       "check the cluster (ceph -s), then make it again")
+        finally:
+            m._unlock_config()
 
 
 class GroupMember:
@@ -557,63 +632,8 @@ class GroupMember:
 
     def run_change(self, call: Callable[[], Any], answer) -> None:
         """A change by RPC (`call()` on the loop, its result or a DeferredAnswer): under the group's config lock,
-        on the group's latest state, published to the group before `answer` settles."""
-        from ..control.protocol import RpcError
-        from ..control.server import DeferredAnswer
-
-        def fail(message: str, fix: str) -> None:
-            self._post(lambda: answer.fail(RpcError(message, "group", fix)))
-
-        def locked() -> None:
-            try:
-                self._lock_config()
-                snapshot = self.store.read()
-            except Exception as exc:
-                self._changes.release()
-                fail(f"gateway group {self.settings.name}: the change is not made: {words(exc)}",
-                     "check the cluster (ceph -s) and try again")
-                return
-            self._post(lambda: on_loop(snapshot))
-
-        def on_loop(snapshot) -> None:
-            try:
-                if snapshot.epoch > self.applied_epoch:
-                    self._apply(snapshot)  # catch up first: the change is made on the group's state
-                result = call()
-            except Exception as exc:
-                threading.Thread(target=self._unlock_config, daemon=True).start()
-                answer.fail(exc if isinstance(exc, RpcError) else RpcError(str(exc), "group", "see the log"))
-                return
-            if isinstance(result, DeferredAnswer):
-                result.when_done(lambda part: publish(part, snapshot))
-            else:
-                publish({"result": result}, snapshot)
-
-        def publish(part: dict, snapshot) -> None:
-            sections = shared_sections(self.target.config.to_dict())
-
-            def run() -> None:
-                try:
-                    if "error" not in part:
-                        def put(state):
-                            state.config.update(copy.deepcopy(sections))
-                            state.dropped_reservations.update(stale_reservations(snapshot, state))
-                        snap = self.store.update(put, "rpc")
-                        self.applied_epoch = max(self.applied_epoch, snap.epoch)
-                    self._post(lambda: answer._finish(part))
-                except Exception as exc:
-                    log.error("gateway group %s: a change made here was not published: %s", self.settings.name,
-                              words(exc))
-                    fail(f"the change is made on {self.settings.gateway} but not published to the group: "
-                         f"{words(exc)}", "check the cluster (ceph -s), then make it again")
-                finally:
-                    self._unlock_config()
-            threading.Thread(target=run, name="group publish", daemon=True).start()
-
-        def start() -> None:
-            self._changes.acquire()
-            locked()
-        threading.Thread(target=start, name="group change", daemon=True).start()
+        on the group's latest state, published to the group before `answer` settles (RpcChange)."""
+        RpcChange(self, call, answer).start()
 
     def _lock_config(self) -> None:
         deadline = self.clock() + CONFIG_LOCK_SECONDS
