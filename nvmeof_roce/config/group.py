@@ -15,11 +15,11 @@ Checked offline here; the cluster, the pool and the key are checked when `target
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple, Union
 
 from .errors import ConfigError
+from .rados_names import rados_names
 
 GROUP_KEY = "group"
 GROUP_KEYS = {"name", "gateway", "ana_groups", "conf", "id", "keyring", "pool", "namespace", "lease", "failback"}
@@ -29,7 +29,7 @@ DEFAULT_POOL = "rbd"
 DEFAULT_LEASE = 10  # seconds: the host's ANA transition time (ANATT) is 10 s too
 LEASE_RANGE = (3, 120)
 ANA_GRPID_MAX = 128  # as config.ANA_GRPID_MAX (kept here to stay free of the loader)
-_NAME = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.+-]{0,63}")
+NAME_LONGEST = 64
 
 
 @dataclass(frozen=True)
@@ -69,13 +69,9 @@ def parse_group(value: Any, source: str, where: str = "nvmeof_roce.group") -> Gr
     for key in ("name", "gateway", "ana_groups"):
         if key not in value:
             raise err(key, "is required", f"write {example}")
-    names = {}
-    for key, default in (("name", None), ("gateway", None), ("id", DEFAULT_ID), ("pool", DEFAULT_POOL),
-                         ("namespace", "")):
-        v = value.get(key, default)
-        if not isinstance(v, str) or (v and not _NAME.fullmatch(v)) or (not v and key != "namespace"):
-            raise err(key, f"is not a RADOS name: {v!r}", "letters, digits, '_', '.', '+', '-' (at most 64)")
-        names[key] = v
+    names = rados_names(value, {"name": None, "gateway": None, "id": DEFAULT_ID, "pool": DEFAULT_POOL,
+                                "namespace": ""}, NAME_LONGEST, err, "letters, digits, '_', '.', '+', '-' (at most "
+                        f"{NAME_LONGEST})")
     groups = value["ana_groups"]
     if (not isinstance(groups, list) or not groups
             or not all(isinstance(g, int) and not isinstance(g, bool) and 1 <= g <= ANA_GRPID_MAX for g in groups)

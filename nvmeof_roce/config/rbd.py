@@ -15,13 +15,13 @@ the cluster can tell (the pool, the image, the key) is said by `target check` as
 from __future__ import annotations
 
 import os
-import re
 import stat
 from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple
 
 from .errors import ConfigError
 from .model import parse_size
+from .rados_names import rados_names
 
 DEFAULT_CONF = "/etc/ceph/ceph.conf"
 DEFAULT_ID = "admin"
@@ -36,8 +36,7 @@ RBD_KEYS = {"pool", "image", "conf", "id", "namespace", "keyring", "create", "na
 NATIVE_RBD_OPTIONS = (("rbd_non_blocking_aio", "false"), ("objecter_inflight_ops", "0"),
                       ("objecter_inflight_op_bytes", "0"))
 
-# RADOS pool, namespace and image names: what rbd's CLI takes without quoting surprises
-_NAME = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.+-]{0,253}")
+NAME_LONGEST = 254  # RADOS pool, namespace and image names: what rbd's CLI takes (config/rados_names.py)
 
 
 @dataclass(frozen=True)
@@ -82,12 +81,8 @@ def parse_rbd(value: Any, source: str, where: str) -> RbdSettings:
     for key in ("pool", "image"):
         if key not in value:
             raise err(key, "is required", f"write {example}")
-    names = {}
-    for key in ("pool", "image", "namespace", "id"):
-        v = value.get(key, {"namespace": "", "id": DEFAULT_ID}.get(key))
-        if not isinstance(v, str) or (v and not _NAME.fullmatch(v)) or (not v and key != "namespace"):
-            raise err(key, f"is not a RADOS name: {v!r}", "letters, digits, '_', '.', '+', '-' (as rbd's CLI takes)")
-        names[key] = v
+    names = rados_names(value, {"pool": None, "image": None, "namespace": "", "id": DEFAULT_ID}, NAME_LONGEST, err,
+                        "letters, digits, '_', '.', '+', '-' (as rbd's CLI takes)")
     conf = value.get("conf", DEFAULT_CONF)
     if not isinstance(conf, str) or not os.path.isabs(conf):
         raise err("conf", f"must be an absolute path to a ceph.conf, got {conf!r}", f'e.g. "conf": "{DEFAULT_CONF}"')

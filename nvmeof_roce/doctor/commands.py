@@ -18,7 +18,8 @@ def register(subparsers) -> None:
         "doctor",
         help="diagnose the RoCE fabric and this host's RDMA/NVMe-oF setup",
         description="Check the RDMA stack, devices and ports, RoCE v2 addressing, the lossless fabric "
-        "(PFC/ECN/counters), NVMe-oF identity, firewall and target reachability, and kernel messages. "
+        "(PFC/ECN/counters), NVMe-oF identity, firewall and target reachability, kernel messages, and a gateway "
+        "group's members, ANA groups and cluster. "
         "Each check prints ok / warn / fail / skipped with what it read and the fix. "
         "Exit code 1 when any check fails.",
     )
@@ -37,6 +38,12 @@ def register(subparsers) -> None:
     parser.add_argument("--plan", metavar="FILE",
                         help="also compare PFC, ECN, DCQCN, MTU and DSCP settings with a plan saved by "
                         "`nvmeof-roce fabric plan --save FILE` (check fabric.plan)")
+    parser.add_argument("--config", metavar="FILE",
+                        help="a gateway's target config: check its gateway group (nvmeof_roce.group), through the "
+                        "running gateway's control socket, else by reading the group's RADOS state (checks group.*)")
+    parser.add_argument("-S", "--socket", metavar="PATH",
+                        help="the running target's control socket for the group checks (default: the only one "
+                        "under /run/nvmeof-roce)")
     parser.add_argument("--json", action="store_true", help="print a JSON list of {check, status, evidence, fix, details}")
     parser.set_defaults(func=run)
 
@@ -44,7 +51,8 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan) if args.plan else None
     options = DoctorOptions(device=args.device, traddr=args.traddr, trsvcid=args.trsvcid,
-                            interval=max(0.0, args.interval), connect_timeout=args.timeout, plan=plan)
+                            interval=max(0.0, args.interval), connect_timeout=args.timeout, plan=plan,
+                            config=args.config, socket=args.socket)
     if args.capture:
         machine = CapturingMachine(args.capture, root=args.root)
     else:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable, Dict, List, Optional
 
+from .group_source import GroupView, InspectFunction, RpcFunction, read_group_view
 from .machine import Machine
 from .sysfs import Device, Netdev, Port, read_devices, read_netdev
 from .tools import Route, ip_route_get
@@ -23,6 +24,8 @@ class DoctorOptions:
     interval: float = DEFAULT_INTERVAL  # seconds between the two counter samples (0: one sample)
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     plan: Optional[dict] = None  # a fabric plan (`fabric plan --save`) to compare the host with
+    config: Optional[str] = None  # a target config: its nvmeof_roce.group is the gateway group to check
+    socket: Optional[str] = None  # a running target's control socket (default: the only one under /run/nvmeof-roce)
 
 
 # discover(traddr, trsvcid, timeout, hostnqn) -> list of discovery log entries.
@@ -34,12 +37,14 @@ class Context:
     """Shared state for one doctor run.  Facts are read lazily and cached."""
 
     def __init__(self, machine: Machine, options: Optional[DoctorOptions] = None,
-                 discover: Optional[DiscoverFunction] = None):
+                 discover: Optional[DiscoverFunction] = None, group_rpc: Optional[RpcFunction] = None,
+                 group_inspect: Optional[InspectFunction] = None):
         self.machine = machine
         self.options = options or DoctorOptions()
         if discover is None:
             from .discovery_probe import discover_with_userspace_initiator as discover
         self.discover = discover
+        self.group_rpc, self.group_inspect = group_rpc, group_inspect  # None: the control socket, RADOS
         self._netdevs: Dict[str, Netdev] = {}
         self.roce_priority: Dict[str, int] = {}  # port name -> priority RoCE traffic uses, when known
 
@@ -85,6 +90,14 @@ class Context:
     def route_to_traddr(self) -> Route:
         """`ip route get TRADDR`; raises like the tool wrapper (ToolMissing, ToolFailed)."""
         return ip_route_get(self.machine, self.traddr)
+
+    @cached_property
+    def group_view(self) -> GroupView:
+        """The gateway group to check (group_source.py): the running gateway's status, else --config's RADOS
+        state.  A captured tree (--root) asks no running target unless --socket names one."""
+        o = self.options
+        return read_group_view(o.config, o.socket, o.connect_timeout, self.machine.is_live, self.group_rpc,
+                               self.group_inspect)
 
     @cached_property
     def hostnqn(self) -> Optional[str]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import errno
-import json
 import logging
 import threading
 import time
@@ -90,6 +89,24 @@ def shared_sections(running: dict) -> dict:
         for key in GATEWAY_ATTRS:
             attrs.pop(key, None)
     return sections
+
+
+def namespaces_of(config: dict) -> Set[Tuple[str, int]]:
+    """(subsystem NQN, NSID) of every namespace of a config's (or the group's) subsystems."""
+    return {(sub.get("nqn"), int(ns["nsid"])) for sub in config.get("subsystems", []) or []
+            for ns in sub.get("namespaces", []) or [] if "nsid" in ns}
+
+
+def stale_reservations(before, state) -> Set[Tuple[str, int]]:
+    """The reservation records a change by RPC removes with its config (`before`: the group's state when the
+    change began, under the config lock; `state`: the update's, the change's config in it): the record of each
+    namespace the new config does not have (removed: a namespace added later with its NSID must not inherit its
+    registrants), and the record of each namespace the change adds that was there, unchanged, before it (left by
+    a registration that met the removal on another gateway).  A record written since the change began (a host
+    registering with the new namespace already) is kept."""
+    now, earlier = namespaces_of(state.config), namespaces_of(before.config)
+    return {key for key, raw in state.reservation_values.items()
+            if key not in now or (key not in earlier and before.reservation_values.get(key) == raw)}
 
 
 def merged_config(local: dict, snapshot, serving: Set[int], home: List[int]) -> dict:
@@ -161,6 +178,82 @@ def reservation_timeout(settings: GroupSettings) -> float:
     return 3.0 * osd_op_timeout(settings) + 1.0
 
 
+class RpcChange:
+    """One change by RPC on a gateway of a group (`GroupMember.run_change`), in four steps, each on its side of
+    the event loop:
+
+    1. `_lock` (a thread): this gateway's turn (one change at a time), the group's config lock, the group's state;
+    2. `_make` (the loop): catch up with that state, then the change itself (`call()`);
+    3. `_publish` (the loop, once the call's answer is there): the shared sections as the change left them;
+    4. `_write` (a thread): the group's update (the sections, and the records of the namespaces it removed), then
+       the answer on the loop; the config lock released whatever happened.
+
+    An error before the change is made answers the RPC with it; one after (the update failed) says the change is
+    made here but not published."""
+
+    def __init__(self, member: "GroupMember", call: Callable[[], Any], answer):
+        self.member, self.call, self.answer = member, call, answer
+        self.before = None  # the group's state under the lock, before the change
+
+    def start(self) -> None:
+        threading.Thread(target=self._lock, name="group change", daemon=True).start()
+
+    def _fail(self, message: str, fix: str) -> None:
+        from ..control.protocol import RpcError
+        self.member._post(lambda: self.answer.fail(RpcError(message, "group", fix)))
+
+    def _lock(self) -> None:
+        m = self.member
+        m._changes.acquire()
+        try:
+            m._lock_config()
+            self.before = m.store.read()
+        except Exception as exc:
+            m._changes.release()
+            self._fail(f"gateway group {m.settings.name}: the change is not made: {words(exc)}",
+                       "check the cluster (ceph -s) and try again")
+            return
+        m._post(self._make)
+
+    def _make(self) -> None:
+        from ..control.protocol import RpcError
+        from ..control.server import DeferredAnswer
+        m = self.member
+        try:
+            if self.before.epoch > m.applied_epoch:
+                m._apply(self.before)  # catch up first: the change is made on the group's state
+            result = self.call()
+        except Exception as exc:
+            threading.Thread(target=m._unlock_config, daemon=True).start()
+            self.answer.fail(exc if isinstance(exc, RpcError) else RpcError(str(exc), "group", "see the log"))
+            return
+        if isinstance(result, DeferredAnswer):
+            result.when_done(self._publish)
+        else:
+            self._publish({"result": result})
+
+    def _publish(self, part: dict) -> None:
+        sections = shared_sections(self.member.target.config.to_dict())
+        threading.Thread(target=self._write, args=(part, sections), name="group publish", daemon=True).start()
+
+    def _write(self, part: dict, sections: dict) -> None:
+        m = self.member
+        try:
+            if "error" not in part:
+                def put(state):
+                    state.config.update(copy.deepcopy(sections))
+                    state.dropped_reservations.update(stale_reservations(self.before, state))
+                snap = m.store.update(put, "rpc")
+                m.applied_epoch = max(m.applied_epoch, snap.epoch)
+            m._post(lambda: self.answer._finish(part))
+        except Exception as exc:
+            log.error("gateway group %s: a change made here was not published: %s", m.settings.name, words(exc))
+            self._fail(f"the change is made on {m.settings.gateway} but not published to the group: {words(exc)}",
+                       "check the cluster (ceph -s), then make it again")
+        finally:
+            m._unlock_config()
+
+
 class GroupMember:
     """This gateway in its group: connect and join (blocking, before serving), then `attach` to the running
     server; `close` leaves (the leases are released, the member record stays for the status)."""
@@ -187,6 +280,10 @@ class GroupMember:
         self.history: List[dict] = []  # take-overs, hand-backs, losses: for status (the last few)
         self.event_counts: Dict[str, int] = {}  # ... counted since start (metrics)
         self._handing_back: Set[int] = set()
+        # other gateways' leases as the keeper last read them: grpid -> (ceph.group.Locker or None, wall time)
+        self.holders: Dict[int, Tuple[Any, float]] = {}
+        self.read_at: Optional[float] = None  # wall time of the keeper's last pass that read the group's state
+        self.read_error: Optional[str] = None  # what the last pass that failed said (None: the last one worked)
         self._stop = threading.Event()
         self._keeper: Optional[threading.Thread] = None
         self._watch = None
@@ -367,15 +464,17 @@ class GroupMember:
 
     # ---------------------------------------------------------------------------------------- the keeper
     def _keep(self) -> None:
-        interval = max(0.2, self.settings.lease / 6)
+        interval = self._interval()
         while not self._stop.wait(interval):
             try:
                 self._keep_once()
+                self.read_error = None
             except Exception as exc:
                 g = _group()
                 if isinstance(exc, g.Fenced) or errno_of(exc) == errno.ESHUTDOWN:
                     self._post(self._fenced)
                     return
+                self.read_error = words(exc)
                 log.warning("gateway group %s: %s", self.settings.name, words(exc))
 
     def _keep_once(self) -> None:
@@ -393,7 +492,7 @@ class GroupMember:
                     self._post(lambda grpid=grpid: self._lost(grpid))
                 except g.GroupError as exc:  # a timeout: the deadline stands, the loop stops serving at it
                     log.warning("gateway group %s: ANA group %d: renew: %s", s.name, grpid, exc.message)
-        snapshot = self.snapshot = self.store.read()
+        snapshot = self.snapshot = self._state()
         for grpid, ana in sorted(snapshot.ana_groups.items()):
             lease = self.lease(grpid)
             request = snapshot.failbacks.get(grpid)
@@ -422,9 +521,33 @@ class GroupMember:
             elif ana.owner is not None and not mine and request is None:
                 # 3. its owner's lease ended (another gateway's, or this gateway's before a restart): fence the
                 # owner's clients, then take the group
-                if lease.holder() is None:
+                holder = lease.holder()
+                self.holders[grpid] = (holder, self.wall())
+                if holder is None:
                     self._take(grpid, lambda: g.fail_over(self.store, lease, now=self.wall), "took over",
                                previous=ana.owner.gateway)
+
+    def _state(self):
+        """The group's state for a keeper pass: the watch's latest read when it is recent enough (the watch reads
+        at every notify and at least every poll interval: a healthy one's snapshot is never older than that), or
+        this gateway's own later one (an update it made), else a read of its own.  Safe with a snapshot some
+        seconds old: the lease's serving deadline does not depend on it (renewals follow the lease machine, the
+        loop stops serving at the deadline), and every step the keeper takes from it is decided again on the
+        cluster (a lock call that fails when another client holds the lease, fail_over's read and holder
+        check, an update's compare-and-swap): an old snapshot delays a reaction, it does not make a wrong one."""
+        watch = self._watch
+        if watch is not None:
+            snapshot = watch.fresh(watch.poll_interval + self._interval())
+            if snapshot is not None:
+                self.read_at = self.wall() - (time.monotonic() - watch.read_at)
+                own = self.snapshot
+                return own if own is not None and own.epoch > snapshot.epoch else snapshot
+        snapshot = self.store.read()
+        self.read_at = self.wall()
+        return snapshot
+
+    def _interval(self) -> float:
+        return max(0.2, self.settings.lease / 6)
 
     def _take(self, grpid: int, take: Callable[[], Any], what: str, previous: str = "") -> None:
         g = _group()
@@ -509,62 +632,8 @@ class GroupMember:
 
     def run_change(self, call: Callable[[], Any], answer) -> None:
         """A change by RPC (`call()` on the loop, its result or a DeferredAnswer): under the group's config lock,
-        on the group's latest state, published to the group before `answer` settles."""
-        from ..control.protocol import RpcError
-        from ..control.server import DeferredAnswer
-
-        def fail(message: str, fix: str) -> None:
-            self._post(lambda: answer.fail(RpcError(message, "group", fix)))
-
-        def locked() -> None:
-            try:
-                self._lock_config()
-                snapshot = self.store.read()
-            except Exception as exc:
-                self._changes.release()
-                fail(f"gateway group {self.settings.name}: the change is not made: {words(exc)}",
-                     "check the cluster (ceph -s) and try again")
-                return
-            self._post(lambda: on_loop(snapshot))
-
-        def on_loop(snapshot) -> None:
-            try:
-                if snapshot.epoch > self.applied_epoch:
-                    self._apply(snapshot)  # catch up first: the change is made on the group's state
-                result = call()
-            except Exception as exc:
-                threading.Thread(target=self._unlock_config, daemon=True).start()
-                answer.fail(exc if isinstance(exc, RpcError) else RpcError(str(exc), "group", "see the log"))
-                return
-            if isinstance(result, DeferredAnswer):
-                result.when_done(lambda part: publish(part))
-            else:
-                publish({"result": result})
-
-        def publish(part: dict) -> None:
-            sections = shared_sections(self.target.config.to_dict())
-
-            def run() -> None:
-                try:
-                    if "error" not in part:
-                        def put(state):
-                            state.config.update(copy.deepcopy(sections))
-                        snap = self.store.update(put, "rpc")
-                        self.applied_epoch = max(self.applied_epoch, snap.epoch)
-                    self._post(lambda: answer._finish(part))
-                except Exception as exc:
-                    log.error("gateway group %s: a change made here was not published: %s", self.settings.name,
-                              words(exc))
-                    fail(f"the change is made on {self.settings.gateway} but not published to the group: "
-                         f"{words(exc)}", "check the cluster (ceph -s), then make it again")
-                finally:
-                    self._unlock_config()
-            threading.Thread(target=run, name="group publish", daemon=True).start()
-
-        def start() -> None:
-            self._changes.acquire()
-            locked()
-        threading.Thread(target=start, name="group change", daemon=True).start()
+        on the group's latest state, published to the group before `answer` settles (RpcChange)."""
+        RpcChange(self, call, answer).start()
 
     def _lock_config(self) -> None:
         deadline = self.clock() + CONFIG_LOCK_SECONDS
@@ -629,21 +698,45 @@ class GroupMember:
 
     # ---------------------------------------------------------------------------------------- status, end
     def status(self) -> dict:
+        """This gateway's view of the group (nvmeof_group_status, `target status`, the doctor's group checks):
+        members, each ANA group's home, owner, state here and lease (this gateway's own deadline, or the holder
+        and expiry of another gateway's lease as the keeper last read it), the last events, the cluster."""
         snapshot = self.snapshot
+        now = self.wall()
         groups = []
         for grpid in sorted(snapshot.ana_groups if snapshot else []):
             ana = snapshot.ana_groups[grpid]
             lease = self.leases.get(grpid)
             deadline = lease.serving_deadline() if lease is not None else None
+            serving_for = round(deadline - self.clock(), 3) if deadline is not None else None
+            holder, remaining, read = None, serving_for, None
+            if serving_for is not None:
+                holder = {"gateway": self.settings.gateway, "instance_id": self.instance_id}
+            elif grpid in self.holders:
+                locker, read = self.holders[grpid]
+                remaining = 0.0
+                if locker is not None:
+                    holder = {"gateway": locker.cookie, "instance_id": locker.instance_id}
+                    remaining = round(max(0.0, locker.expires - now), 3)
             groups.append({"ana_group": grpid, "home": ana.home, "owner": ana.owner.gateway if ana.owner else None,
+                           "owner_instance": ana.owner.instance_id if ana.owner else None,
                            "since": ana.since, "here": "optimized" if grpid in self.serving else "inaccessible",
                            "lease": lease.state.value if lease is not None else "standby",
-                           "serving_for": round(deadline - self.clock(), 3) if deadline is not None else None,
+                           "serving_for": serving_for, "holder": holder, "lease_remaining": remaining,
+                           "holder_read_ago": round(now - read, 3) if read is not None else None,
                            "failback": snapshot.failbacks[grpid].to if grpid in snapshot.failbacks else None})
-        return {"group": self.settings.name, "gateway": self.settings.gateway, "epoch": self.applied_epoch,
-                "lease_seconds": self.settings.lease, "failback": self.settings.failback, "fenced": self.fenced,
-                "members": sorted(snapshot.members) if snapshot else [], "ana_groups": groups,
-                "events": list(self.history), "event_counts": dict(self.event_counts)}
+        s = self.settings
+        records = [{"gateway": m.gateway, "addr": m.addr, "instance_id": m.instance_id, "started": m.started,
+                    "fence_addrs": list(m.fence_addrs)}
+                   for _, m in sorted(snapshot.members.items())] if snapshot else []
+        return {"group": s.name, "gateway": s.gateway, "instance_id": self.instance_id, "epoch": self.applied_epoch,
+                "lease_seconds": s.lease, "failback": s.failback, "fenced": self.fenced,
+                "members": sorted(snapshot.members) if snapshot else [], "member_records": records,
+                "ana_groups": groups, "events": list(self.history), "event_counts": dict(self.event_counts),
+                "cluster": {"conf": s.conf, "id": s.client_id, "keyring": s.keyring, "pool": s.pool,
+                            "namespace": s.namespace,
+                            "read_ago": round(now - self.read_at, 3) if self.read_at is not None else None,
+                            "error": self.read_error}}
 
     def close(self) -> None:
         from ..ceph import clients

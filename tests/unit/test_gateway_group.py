@@ -5,6 +5,7 @@ by RPC on one gateway reaches the other; a gateway that stops renewing stops ser
 survivor takes its group only after blocklisting its client (whose writes the cluster then refuses); failback
 moves the group home when the admin asks."""
 import errno
+import time
 
 import pytest
 
@@ -147,4 +148,31 @@ def test_every_client_a_gateway_serves_through_is_announced_before_it_serves_and
         extra.shutdown()
         b.member.fenced = True
         b.close()
+        a.close()
+
+
+def test_the_keeper_works_from_the_watchs_latest_read_and_reads_itself_only_when_it_is_old(cluster):
+    """The watch reads the group's state at every notify and at least every poll interval; the keeper's passes
+    (every lease/6) use that read while it is recent, and read the state themselves once it is not."""
+    import threading
+    a = Gateway(cluster, "g5", "gw-a", [2], ADDR1, seed=seed())
+    reads = []
+    real = a.member.store.read
+
+    def counted():
+        reads.append(threading.current_thread().name)
+        return real()
+    a.member.store.read = counted
+    try:
+        passes = a.member.read_at
+        run([a], lambda: a.state(2) == "optimized", what="A serving")
+        time.sleep(4 * a.member._interval())
+        assert a.member.read_at != passes  # the keeper's passes went on
+        assert "group g5" not in reads, reads  # ... on the watch's reads
+        a.member._watch.poll_interval = 0.5  # a watch that stops reading: its snapshot grows old
+        a.member._watch.close()
+        run([a], lambda: "group g5" in reads, timeout=5, what="the keeper reading the state itself")
+        assert a.state(2) == "optimized" and a.member.lease(2).may_serve()
+    finally:
+        a.member.store.read = real
         a.close()

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from group_env import Gateway, dev_cluster, needs_ceph, run
+from group_env import Gateway, call, dev_cluster, needs_ceph, run
 from held import hold
 from loopback_env import ADDR1, ADDR2, HOST_A, HOST_B, file_ns, ram_ns
 from nvmeof_roce.nvme import reservation as R
@@ -225,4 +225,42 @@ def test_a_cluster_that_does_not_answer_fails_the_command_within_its_bound_and_i
         assert len(io) >= 4 and set(io) == {0}, io  # reads and writes served while the store was frozen
         run([a], lambda: a.member.lease(2).may_serve(), what="A serving again")
     finally:
+        a.close()
+
+
+def set_reservations(gw, others, nsid):
+    """Reservations on for a namespace added by RPC (nvmeof_ns_set_reservation: this gateway's own method)."""
+    answer = gw.control.call("nvmeof_ns_set_reservation", {"nqn": SUB, "nsid": nsid, "enable": True})
+    if hasattr(answer, "part"):
+        run([gw] + others, lambda: answer.part is not None, what="reservations on")
+
+
+def test_a_namespace_removed_from_the_group_takes_its_reservation_record_with_it(cluster):
+    """Removed by RPC, the namespace's record goes in the same update as the config; added again with the same
+    NSID, it has no registrant.  A record left for an NSID the group does not have (a registration that met the
+    removal on another gateway) is dropped when a namespace with that NSID is added."""
+    a, b = two_gateways(cluster, "r6")
+    try:
+        h1 = a.env.connect(SUB, ADDR1, hostnqn=HOST_A, hostid=ID1, num_io_queues=1)
+        h1.resv_register(NS_RAM, nrkey=K1)
+        h1.resv_acquire(NS_RAM, R.WRITE_EXCLUSIVE, K1)
+        assert (SUB, NS_RAM) in a.member.store.read().reservations
+        epoch = a.member.store.read().epoch
+        call(b, [a], "nvmf_subsystem_remove_ns", {"nqn": SUB, "nsid": NS_RAM})
+        after = a.member.store.read()
+        assert (SUB, NS_RAM) not in after.reservations and after.epoch == epoch + 1  # one update: both
+        run([a, b], lambda: NS_RAM not in a.env.target.subsystems[SUB].namespaces, what="A removing it")
+        call(a, [b], "nvmf_subsystem_add_ns",
+             {"nqn": SUB, "namespace": {"nsid": NS_RAM, "backend": "ram", "size": "1M", "anagrpid": 2}})
+        set_reservations(a, [b], NS_RAM)
+        report = h1.resv_report(NS_RAM)
+        assert (report.generation, report.rtype, registrants(report)) == (0, 0, [])
+        # a stale record for an NSID the group does not have: the namespace added with it does not inherit it
+        from nvmeof_roce.ceph.group import ReservationStore
+        ReservationStore(a.member.ioctx, "r6").update(SUB, 9, lambda r: r.registrants.__setitem__(ID2, K2))
+        call(b, [a], "nvmf_subsystem_add_ns",
+             {"nqn": SUB, "namespace": {"nsid": 9, "backend": "ram", "size": "1M", "anagrpid": 2}})
+        assert (SUB, 9) not in a.member.store.read().reservations
+    finally:
+        b.close()
         a.close()

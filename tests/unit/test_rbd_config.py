@@ -80,3 +80,21 @@ def test_the_native_data_path_is_opt_in_for_an_rbd_namespace():
         "t.json").subsystems[0].namespaces
     assert not plain.backend_settings.native and native.backend_settings.native
     assert "native" not in plain.backend_settings.to_dict() and native.backend_settings.to_dict()["native"] is True
+
+
+def test_rados_names_are_checked_by_one_rule_for_rbd_namespaces_and_gateway_groups():
+    from nvmeof_roce.config.errors import ConfigError
+    from nvmeof_roce.config.group import parse_group
+    from nvmeof_roce.config.rados_names import is_rados_name
+    from nvmeof_roce.config.rbd import parse_rbd
+    assert is_rados_name("rbd.pool_1+x", 64) and not is_rados_name("-rbd", 64) and not is_rados_name("a b", 64)
+    assert is_rados_name("p" * 64, 64) and not is_rados_name("p" * 65, 64) and is_rados_name("p" * 254, 254)
+    long_pool = "p" * 65  # too long for a group's pool (64), not for an rbd namespace's (254)
+    assert parse_rbd({"pool": long_pool, "image": "i"}, "c.json", "ns").pool == long_pool
+    with pytest.raises(ConfigError) as bad:
+        parse_group({"name": "g", "gateway": "gw", "ana_groups": [1], "pool": long_pool}, "c.json")
+    assert "nvmeof_roce.group.pool" in str(bad.value) and "is not a RADOS name" in str(bad.value)
+    with pytest.raises(ConfigError) as bad:
+        parse_rbd({"pool": "rbd", "image": "i", "id": ""}, "c.json", "ns")
+    assert "ns.id" in str(bad.value)
+    assert parse_group({"name": "g", "gateway": "gw", "ana_groups": [1]}, "c.json").namespace == ""

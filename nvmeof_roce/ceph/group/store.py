@@ -14,7 +14,9 @@
   when it differs from the last one; never on the target's event loop.
 
 Reservation records (`resv.*`) are not epoch-governed: `ReservationStore` (reservations.py) changes each by its
-own compare-and-swap; they are in the snapshot and read-only in `update`.
+own compare-and-swap; they are in the snapshot and read-only in `update`, but for the removal of records whose
+namespace is gone from the config (`GroupState.dropped_reservations`: in the same write op as the config, each
+compared with the value read).
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ..bindings import rados_and_rbd
 from . import records as R
@@ -47,11 +49,16 @@ def rados_module():
 
 @dataclass
 class GroupState:
-    """The editable part of the group's state, given to `update`'s `change`: edit it in place."""
+    """The editable part of the group's state, given to `update`'s `change`: edit it in place.  The reservation
+    records are not epoch-governed (ReservationStore changes them): `reservation_values` (the records' bytes as
+    read) is read-only; a change may only add records to `dropped_reservations`, removed in the same write op
+    when each is still the value read (a namespace gone from the config takes its record with it)."""
     config: Dict[str, Any]
     members: Dict[str, Member]
     ana_groups: Dict[int, AnaGroup]
     failbacks: Dict[int, FailbackRequest]
+    reservation_values: Dict[Tuple[str, int], bytes] = field(default_factory=dict)
+    dropped_reservations: Set[Tuple[str, int]] = field(default_factory=set)
 
     def omap(self) -> Dict[str, bytes]:
         """Every epoch-governed key and its value (the epoch itself left out)."""
@@ -73,14 +80,16 @@ class GroupSnapshot:
     failbacks: Dict[int, FailbackRequest] = field(default_factory=dict)
     reservations: Dict[Tuple[str, int], Reservation] = field(default_factory=dict)
     exists: bool = False  # the object exists (epoch 0 and absent: nothing was ever written)
+    # the reservation records' bytes as read (what a removal compares with: GroupState.dropped_reservations)
+    reservation_values: Dict[Tuple[str, int], bytes] = field(default_factory=dict, compare=False, repr=False)
 
     def editable(self) -> GroupState:
         return GroupState(copy.deepcopy(self.config), dict(self.members), dict(self.ana_groups),
-                          dict(self.failbacks))
+                          dict(self.failbacks), dict(self.reservation_values))
 
     @classmethod
     def from_omap(cls, group: str, values: Dict[str, bytes], exists: bool) -> "GroupSnapshot":
-        config, members, ana, failbacks, resv = {}, {}, {}, {}, {}
+        config, members, ana, failbacks, resv, resv_values = {}, {}, {}, {}, {}, {}
         for key, raw in values.items():
             if key == R.EPOCH_KEY:
                 continue
@@ -95,9 +104,10 @@ class GroupSnapshot:
                 failbacks[int(key[len(R.FAILBACK_PREFIX):])] = FailbackRequest.from_json(value)
             elif key.startswith(R.RESERVATION_PREFIX):
                 resv[R.parse_reservation_key(key)] = Reservation.from_json(value)
+                resv_values[R.parse_reservation_key(key)] = raw
             # other keys: a newer gateway's; kept as they are (update writes only the keys it knows)
         epoch = int(values.get(R.EPOCH_KEY, b"0") or b"0")
-        return cls(group, epoch, config, members, ana, failbacks, resv, exists)
+        return cls(group, epoch, config, members, ana, failbacks, resv, exists, resv_values)
 
 
 class GroupStore:
@@ -156,7 +166,9 @@ class GroupStore:
             change(state)
             old, new = before.editable().omap(), state.omap()
             changed = {k: v for k, v in new.items() if old.get(k) != v}
-            removed = tuple(k for k in old if k not in new)
+            dropped = {k: before.reservation_values[k] for k in state.dropped_reservations
+                       if k in before.reservation_values}
+            removed = tuple(k for k in old if k not in new) + tuple(R.reservation_key(*k) for k in dropped)
             if not changed and not removed:
                 return before
             epoch = before.epoch + 1
@@ -165,6 +177,8 @@ class GroupStore:
                     op.omap_cmp(R.EPOCH_KEY, str(before.epoch), rados.LIBRADOS_CMPXATTR_OP_EQ)
                 else:
                     op.new(rados.LIBRADOS_CREATE_EXCLUSIVE)  # two first writers: one gets EEXIST and retries
+                for key, raw in dropped.items():  # a record changed since the read is not dropped: done again
+                    op.omap_cmp(R.reservation_key(*key), raw.decode(), rados.LIBRADOS_CMPXATTR_OP_EQ)
                 keys = tuple(changed) + (R.EPOCH_KEY,)
                 self.ioctx.set_omap(op, keys, tuple(changed.values()) + (str(epoch).encode(),))
                 if removed:
@@ -177,9 +191,10 @@ class GroupStore:
                         continue
                     raise call_failed(f"group {self.group}: writing {self.object}", exc)
             self.notify(note or f"epoch {epoch}")
-            resv = before.reservations
+            resv = {k: v for k, v in before.reservations.items() if k not in dropped}
+            values = {k: v for k, v in before.reservation_values.items() if k not in dropped}
             return GroupSnapshot(self.group, epoch, state.config, state.members, state.ana_groups,
-                                 state.failbacks, resv, True)
+                                 state.failbacks, resv, True, values)
         raise GroupConflict(f"group {self.group}: {UPDATE_ATTEMPTS} attempts to change {self.object} each met "
                             "another gateway's change", "retry; if it persists, look for a gateway updating "
                             "the group in a loop")
@@ -241,9 +256,17 @@ class GroupWatch:
         self._next_register = 0.0
         store.ensure()
         self.last = store.read()
+        self.read_at = time.monotonic()  # when `last` was read (or found unchanged) last
         self._register()
         self._thread = threading.Thread(target=self._run, name=f"group {store.group} watch", daemon=True)
         self._thread.start()
+
+    def fresh(self, max_age: float) -> Optional[GroupSnapshot]:
+        """The latest snapshot when it was read at most `max_age` seconds ago (None: older, the watch's reads are
+        failing or it is closed): what another reader of the group's state may use instead of reading it."""
+        if self._closed.is_set() or time.monotonic() - self.read_at > max_age:
+            return None
+        return self.last
 
     @property
     def watching(self) -> bool:
@@ -297,6 +320,7 @@ class GroupWatch:
             except Exception as exc:
                 log.warning("group %s: reading the state: %s", self.store.group, exc)
                 continue
+            self.read_at = time.monotonic()
             if snapshot != self.last:
                 self.last = snapshot
                 try:

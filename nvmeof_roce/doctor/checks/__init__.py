@@ -4,7 +4,7 @@ Each check is one function with a docstring saying what it detects and why, list
 (scope, check id, function).  The scope says how it is called: "host" checks take the Context, "device" checks (Context, Device), "port"
 checks (Context, Port); each returns a CheckResult (or a list of them).
 """
-from . import addressing, device, fabric, kernel_log, nvme, stack
+from . import addressing, device, fabric, group, kernel_log, nvme, stack
 
 CHECKS = [
     ("host", "stack.modules", stack.check_kernel_modules),
@@ -30,4 +30,5 @@ CHECKS = [
     ("host", "nvme.firewall", nvme.check_firewall),
     ("host", "nvme.target", nvme.check_target_reachable),
     ("host", "kernel.messages", kernel_log.check_kernel_messages),
+    ("host", "group", group.check_gateway_group),  # group.cluster, group.members, group.ana (a gateway group)
 ]
