@@ -15,6 +15,7 @@ Checked offline here; the cluster, the pool and the key are checked when `target
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple, Union
 
@@ -30,6 +31,10 @@ DEFAULT_LEASE = 10  # seconds: the host's ANA transition time (ANATT) is 10 s to
 LEASE_RANGE = (3, 120)
 ANA_GRPID_MAX = 128  # as config.ANA_GRPID_MAX (kept here to stay free of the loader)
 NAME_LONGEST = 64
+# The group's and the gateway's names are part of RADOS object names, omap keys and lock cookies: the same rule as
+# the group's records keep (ceph/group/records.py check_name), stricter than other RADOS names (no '+', a letter
+# or digit first), so that a file `target check` passes does not fail at the gateway's start.
+MEMBER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,10 @@ def parse_group(value: Any, source: str, where: str = "nvmeof_roce.group") -> Gr
     names = rados_names(value, {"name": None, "gateway": None, "id": DEFAULT_ID, "pool": DEFAULT_POOL,
                                 "namespace": ""}, NAME_LONGEST, err, "letters, digits, '_', '.', '+', '-' (at most "
                         f"{NAME_LONGEST})")
+    for key in ("name", "gateway"):
+        if not MEMBER_NAME.fullmatch(names[key]):
+            raise err(key, f"is not usable as a group's {'gateway' if key == 'gateway' else 'group'} name: "
+                           f"{names[key]!r}", "letters, digits, '.', '_' and '-', a letter or digit first")
     groups = value["ana_groups"]
     if (not isinstance(groups, list) or not groups
             or not all(isinstance(g, int) and not isinstance(g, bool) and 1 <= g <= ANA_GRPID_MAX for g in groups)

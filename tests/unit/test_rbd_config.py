@@ -98,3 +98,26 @@ def test_rados_names_are_checked_by_one_rule_for_rbd_namespaces_and_gateway_grou
         parse_rbd({"pool": "rbd", "image": "i", "id": ""}, "c.json", "ns")
     assert "ns.id" in str(bad.value)
     assert parse_group({"name": "g", "gateway": "gw", "ana_groups": [1]}, "c.json").namespace == ""
+
+
+@pytest.mark.parametrize("name", ["gw-a", "g.1", "G_2", "+g", "_g", ".g", "g+1", "-g", "g" * 64])
+def test_a_group_or_gateway_name_the_config_takes_is_one_the_groups_records_take(name):
+    """`target check` and the gateway's start agree: config/group.py takes a name exactly when the group's records
+    (ceph/group/records.py, the object names, omap keys and cookies) do."""
+    from nvmeof_roce.ceph.group.errors import GroupError
+    from nvmeof_roce.ceph.group.records import check_name
+    from nvmeof_roce.config.group import parse_group
+    try:
+        check_name("gateway", name)
+        records_take = True
+    except GroupError:
+        records_take = False
+    for key in ("name", "gateway"):
+        settings = {"name": "g", "gateway": "gw", "ana_groups": [1], key: name}
+        try:
+            parse_group(settings, "c.json")
+            config_takes = True
+        except ConfigError as exc:
+            config_takes = False
+            assert key in str(exc)
+        assert config_takes == records_take, (key, name)
