@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ..ceph.group.errors import errno_of
 from ..config.group import GroupSettings
+from ..config.model import parse_flag
 from ..engine.shared_resv import StoreError
 from ..errors import NvmeofError
 
@@ -50,7 +51,7 @@ SHARED_CHANGES = frozenset({
     "nvmf_create_subsystem", "nvmf_delete_subsystem", "nvmf_subsystem_allow_any_host",
     "nvmeof_subsystem_set_qid_max", "nvmf_subsystem_add_ns", "nvmf_subsystem_remove_ns", "nvmf_subsystem_resize_ns",
     "nvmf_ns_add_host", "nvmf_ns_remove_host", "bdev_set_qos_limit", "nvmf_subsystem_add_host",
-    "nvmf_subsystem_remove_host", "nvmf_subsystem_set_keys", "nvmeof_set_host_keys"})
+    "nvmf_subsystem_remove_host", "nvmf_subsystem_set_keys", "nvmeof_set_host_keys", "nvmeof_ns_set_reservation"})
 
 
 class GroupMemberError(NvmeofError):
@@ -91,20 +92,29 @@ def shared_sections(running: dict) -> dict:
     return sections
 
 
-def namespaces_of(config: dict) -> Set[Tuple[str, int]]:
-    """(subsystem NQN, NSID) of every namespace of a config's (or the group's) subsystems."""
+def namespaces_of(config: dict, reserving: bool = False) -> Set[Tuple[str, int]]:
+    """(subsystem NQN, NSID) of every namespace of a config's (or the group's) subsystems (`reserving`: of those
+    with reservations on)."""
     return {(sub.get("nqn"), int(ns["nsid"])) for sub in config.get("subsystems", []) or []
-            for ns in sub.get("namespaces", []) or [] if "nsid" in ns}
+            for ns in sub.get("namespaces", []) or []
+            if "nsid" in ns and (not reserving or reservations_on(ns))}
+
+
+def reservations_on(ns: dict) -> bool:
+    """A namespace section's "resv": {"enable": ...} (config/model.py resv_enabled)."""
+    resv = ns.get("resv")
+    return isinstance(resv, dict) and parse_flag(resv.get("enable", 0)) is True
 
 
 def stale_reservations(before, state) -> Set[Tuple[str, int]]:
     """The reservation records a change by RPC removes with its config (`before`: the group's state when the
     change began, under the config lock; `state`: the update's, the change's config in it): the record of each
-    namespace the new config does not have (removed: a namespace added later with its NSID must not inherit its
-    registrants), and the record of each namespace the change adds that was there, unchanged, before it (left by
-    a registration that met the removal on another gateway).  A record written since the change began (a host
-    registering with the new namespace already) is kept."""
-    now, earlier = namespaces_of(state.config), namespaces_of(before.config)
+    namespace the new config does not have, or has with reservations off (removed: a namespace added later with
+    its NSID, or reservations on again, must not inherit its registrants), and the record of each namespace the
+    change adds (or turns reservations on for) that was there, unchanged, before it (left by a registration that
+    met the removal on another gateway).  A record written since the change began (a host registering with the
+    new namespace already) is kept."""
+    now, earlier = namespaces_of(state.config, reserving=True), namespaces_of(before.config, reserving=True)
     return {key for key, raw in state.reservation_values.items()
             if key not in now or (key not in earlier and before.reservation_values.get(key) == raw)}
 

@@ -264,3 +264,29 @@ def test_a_namespace_removed_from_the_group_takes_its_reservation_record_with_it
     finally:
         b.close()
         a.close()
+
+
+def test_reservations_turned_on_by_rpc_on_one_gateway_are_on_for_the_group_and_off_drops_the_record(cluster):
+    """nvmeof_ns_set_reservation is a change of the group's config: made on A, B serves the namespace with
+    reservations too (a registration through B is in A's copy); turned off again, the namespace's record
+    goes with it, so turning them on later starts from none."""
+    a, b = two_gateways(cluster, "r7")
+    try:
+        assert b.env.target.subsystems[SUB].namespaces[2].resv is None
+        set_reservations(a, [b], 2)
+        run([a, b], lambda: b.env.target.subsystems[SUB].namespaces[2].resv is not None, what="B turning them on")
+        h2 = b.env.connect(SUB, ADDR2, hostnqn=HOST_B, hostid=ID2, num_io_queues=1)
+        h2.resv_register(2, nrkey=K2)
+        assert registrants(h2.resv_report(2))[0][1:] == (K2, False)
+        # A (inaccessible for namespace 2's ANA group 3) keeps the group's record too
+        run([a, b], lambda: copy_of(a, 2).generation == 1 and len(copy_of(a, 2).registrants) == 1, what="A's copy")
+        assert (SUB, 2) in a.member.store.read().reservations
+        h2.resv_register(2, crkey=K2, action=R.UNREGISTER)
+        answer = b.control.call("nvmeof_ns_set_reservation", {"nqn": SUB, "nsid": 2, "enable": False})
+        if hasattr(answer, "part"):
+            run([a, b], lambda: answer.part is not None, what="reservations off")
+        run([a, b], lambda: a.env.target.subsystems[SUB].namespaces[2].resv is None, what="A turning them off")
+        assert (SUB, 2) not in a.member.store.read().reservations
+    finally:
+        b.close()
+        a.close()
