@@ -48,7 +48,7 @@ class RbdSettings:
     namespace: str = ""
     keyring: Optional[str] = None
     create_size: Optional[int] = None  # bytes: create the image at this size when it does not exist
-    native: bool = False  # the native data path serves it through librbd in C (docs/rbd.md: opt-in for now)
+    native: bool = True  # the native data path serves it through librbd in C; false: the reference (core) path
 
     def spec(self) -> str:
         """pool[/namespace]/image, as rbd's CLI names an image."""
@@ -62,8 +62,8 @@ class RbdSettings:
             d["keyring"] = self.keyring
         if self.create_size is not None:
             d["create"] = {"size": self.create_size}
-        if self.native:
-            d["native"] = True
+        if not self.native:
+            d["native"] = False
         return d
 
 
@@ -101,10 +101,11 @@ def parse_rbd(value: Any, source: str, where: str) -> RbdSettings:
             raise err("create.size", f"is not a size: {create['size']!r}", 'use bytes or K/M/G/T, e.g. "1G"') from None
         if create_size <= 0:
             raise err("create.size", "must be more than 0", 'e.g. "1G"')
-    native = value.get("native", False)
+    native = value.get("native", True)
     if not isinstance(native, bool):
         raise err("native", f"must be true or false, got {native!r}",
-                  '"native": true serves it on the native data path through librbd in C (docs/rbd.md)')
+                  '"native": false serves it on the reference (core) path; the default, true, on the native data path '
+                  'through librbd in C (docs/rbd.md)')
     return RbdSettings(pool=names["pool"], image=names["image"], conf=conf, client_id=names["id"],
                        namespace=names["namespace"], keyring=keyring, create_size=create_size, native=native)
 

@@ -39,7 +39,7 @@ def cluster():
         yield c
 
 
-def rbd_namespace(nsid, cluster, image, native=False):
+def rbd_namespace(nsid, cluster, image, native=True):
     return {"nsid": nsid, "enable": 1,
             "nvmeof_roce": {"backend": "rbd", "rbd": {"pool": "rbd", "image": image, "conf": str(cluster.conf),
                                                       "native": native}}}
@@ -57,7 +57,7 @@ WRITE_JOB = ["--name=rbd", "--rw=randwrite", "--bsrange=4k-128k", "--iodepth=32"
              "--verify=crc32c", "--verify_fatal=1", "--verify_state_save=0", "--randseed=4242", "--norandommap"]
 
 
-def served(cluster, tmp_path, image, native=False):
+def served(cluster, tmp_path, image, native=True):
     cluster.rbd("create", "--size", SIZE, f"rbd/{image}")
     cfg = config([{"nqn": NQN, "attr": {"allow_any_host": "1"}, "allowed_hosts": [],
                    "namespaces": [rbd_namespace(1, cluster, image, native), ram_namespace(2, "16M")]}])

@@ -73,13 +73,13 @@ def test_target_check_refuses_a_missing_conf_and_an_open_keyring(tmp_path):
     assert "nvmeof_roce.rbd.keyring" in str(err.value) and "0644" in str(err.value) and "chmod 600" in str(err.value)
 
 
-def test_the_native_data_path_is_opt_in_for_an_rbd_namespace():
-    plain, native = parse_config(config([
+def test_the_native_data_path_serves_an_rbd_namespace_unless_it_says_native_false():
+    native, reference = parse_config(config([
         {"nsid": 1, "nvmeof_roce": {"backend": "rbd", "rbd": {"pool": "rbd", "image": "a"}}},
-        {"nsid": 2, "nvmeof_roce": {"backend": "rbd", "rbd": {"pool": "rbd", "image": "b", "native": True}}}]),
+        {"nsid": 2, "nvmeof_roce": {"backend": "rbd", "rbd": {"pool": "rbd", "image": "b", "native": False}}}]),
         "t.json").subsystems[0].namespaces
-    assert not plain.backend_settings.native and native.backend_settings.native
-    assert "native" not in plain.backend_settings.to_dict() and native.backend_settings.to_dict()["native"] is True
+    assert native.backend_settings.native and not reference.backend_settings.native
+    assert "native" not in native.backend_settings.to_dict() and reference.backend_settings.to_dict()["native"] is False
 
 
 def test_rados_names_are_checked_by_one_rule_for_rbd_namespaces_and_gateway_groups():

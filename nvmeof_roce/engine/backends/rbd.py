@@ -93,7 +93,7 @@ class RbdBackend(Backend):
     def __init__(self, settings: RbdSettings, block_size: int = 512, image=None):
         """`image`: an object with librbd's Image calls to use instead of opening one (the unit tests')."""
         self.settings = settings
-        if not settings.native:  # opt-in for now (docs/rbd.md "The native data path"): the core serves it
+        if not settings.native:  # "native": false (docs/rbd.md "The native path"): the core serves it
             self.native = None
         self.block_size = block_size
         self.path = settings.spec()
