@@ -14,6 +14,8 @@ namespaces in one shared file) and its control socket answers from every worker 
   workers' configs from CONFIG, checks them on every worker (dry run) and then applies them on every worker,
   answering only when all have; `--metrics` serves every worker's figures with a `worker` label (each worker
   hands its own over its socket, RUN_DIR/worker-I.sock);
+- NVMe reservations are kept by the supervisor for every worker (worker_resv.py: RUN_DIR/reservations.sock,
+  each change in force on every worker before it is answered);
 - under systemd (Type=notify) the supervisor alone notifies: READY=1 once every worker listens, RELOADING=1
   and READY=1 around a reload, STOPPING=1; the workers do not see $NOTIFY_SOCKET.
 
