@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List
 
 from ..errors import NvmeofError
 from ..config.backends import facts
-from .protocol import RequestFramer, RpcError, answer_framed
+from .protocol import METHOD_NOT_FOUND, RequestFramer, RpcError, answer_framed
 
 
 # How the supervisor answers a control call: methods whose answers are joined from every worker; methods it
@@ -30,6 +30,9 @@ REFUSED = {
     "nvmf_create_transport": "its port parameters are for listeners added by RPC, which each worker opens on its "
                              "own port",
 }
+# The supervisor's own call to its workers (service/worker_resv.py: a reservation change pushed to each worker),
+# not a method of the control socket: not answered there, nor passed on.
+WORKER_RESV_PUSH = "nvmeof_worker_reservations"
 # nvmf_subsystem_listener_set_ana_state goes to every worker: each knows every worker's ports (the discovery log
 # lists them all), so each sets the state of that port's group, and a worker restarted later starts with it.
 
@@ -58,6 +61,9 @@ class SupervisorControl:
             return self._reload(p.get("path") or "", bool(p.get("dry_run", False)))
         if method == "nvmeof_get_metrics":
             return self._metrics_text()
+        if method == WORKER_RESV_PUSH:
+            raise RpcError(f"method {method!r} not found", "method",
+                           "rpc_get_methods lists the methods (nvmeof-roce rpc rpc_get_methods)", METHOD_NOT_FOUND)
         if method in REFUSED:
             raise RpcError(f"{method} is not available under serve --workers: {REFUSED[method]}", "method",
                            "edit CONFIG and run 'nvmeof-roce target reload' (every worker applies it)")
@@ -154,20 +160,26 @@ class ControlSocket:
         except (BlockingIOError, InterruptedError):
             return
         with conn:
-            conn.settimeout(5.0)
-            framer = RequestFramer()  # the size and depth limits of the single-process server
-            try:
-                items: List[tuple] = []
-                while not items:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        return
-                    items = framer.feed(chunk)
-                response = answer_framed(self.call, items[0])
-            except OSError:
+            answer_connection(conn, self.call)
+
+
+def answer_connection(conn: socket.socket, call: Callable[[str, Any], Any], read_timeout: float = 5.0) -> None:
+    """One request read from `conn` and answered (`call(method, params)`), with the single-process server's size
+    and depth limits; the caller closes it."""
+    conn.settimeout(read_timeout)
+    framer = RequestFramer()
+    try:
+        items: List[tuple] = []
+        while not items:
+            chunk = conn.recv(65536)
+            if not chunk:
                 return
-            if response is not None:
-                try:
-                    conn.sendall(json.dumps(response).encode("utf-8") + b"\n")
-                except OSError:
-                    pass
+            items = framer.feed(chunk)
+        response = answer_framed(call, items[0])
+    except OSError:
+        return
+    if response is not None:
+        try:
+            conn.sendall(json.dumps(response).encode("utf-8") + b"\n")
+        except OSError:
+            pass

@@ -56,6 +56,8 @@ class Control(SubsystemMethods, NamespaceMethods, HostMethods, TransportMethods,
         self.transport_params: Dict[str, int] = {}  # nvmf_create_transport's port parameters, for new listeners
         self.group = None  # service/group.py GroupMember: this target is a gateway of a group
         self.methods: Dict[str, Callable[[Any], Any]] = {}
+        # A serving process's own methods for its supervisor (service/worker_resv.py), not listed for users
+        self.internal: Dict[str, Callable[[Any], Any]] = {}
         for name in dir(self):
             if name.startswith("rpc_"):
                 self.methods[name[4:]] = getattr(self, name)
@@ -70,7 +72,7 @@ class Control(SubsystemMethods, NamespaceMethods, HostMethods, TransportMethods,
         return self._call(method, params)
 
     def _call(self, method: str, params: Any = None) -> Any:
-        fn = self.methods.get(method)
+        fn = self.methods.get(method) or self.internal.get(method)
         if fn is None:
             raise RpcError(f"method {method!r} not found", "method",
                            "rpc_get_methods lists the methods (nvmeof-roce rpc rpc_get_methods)", METHOD_NOT_FOUND)

@@ -1,9 +1,10 @@
 """NVMe reservations shared by the gateways of a group (docs/gateway-group.md "Reservations").
 
 A target alone keeps each namespace's reservation in memory (engine/reservations.py).  A gateway of a group is
-given a store all the gateways share (`SharedReservations`: the service's adapter over RADOS, service/group.py)
-and keeps in memory a copy of the store's record of each namespace, which the I/O path checks as before
-(conflicts at a command's start and when its data arrived, the fast-path queues' views).
+given a store all the gateways share (`SharedReservations`: the service's adapter over RADOS, service/group.py;
+the workers of `serve --workers` share their supervisor's the same way, service/worker_resv.py) and keeps in
+memory a copy of the store's record of each namespace, which the I/O path checks as before (conflicts at a
+command's start and when its data arrived, the fast-path queues' views).
 
 - **A command** (Register, Acquire, Release) is decided on the record as the store has it, inside the store's
   atomic update: `update(nqn, nsid, change)` calls `change(record)` and writes what it returns only if nobody

@@ -166,7 +166,8 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
           listen_portids: Optional[List[int]] = None, path_groups: Optional[List[str]] = None,
           rpc_socket: Optional[str] = "", metrics: Optional[str] = None, persist: Optional[bool] = None,
           data_path: Optional[str] = None, poll: str = POLL.default, cores: int = CORES.default,
-          trace: str = TRACE.default, poll_spin_us: Optional[int] = None, cpus: Optional[str] = None) -> int:
+          trace: str = TRACE.default, poll_spin_us: Optional[int] = None, cpus: Optional[str] = None,
+          resv_store: Optional[str] = None) -> int:
     config = load_userspace_config(path)  # the same loader and checks as `target check`
     member = None
     if config.group is not None:  # a gateway of a group: the group's subsystems on this file's ports
@@ -209,6 +210,14 @@ def serve(path: str, *, ready_file: Optional[str] = None, limits: Optional[Resou
         if member is not None:
             member.close()
         raise
+    if worker is not None and resv_store:  # the supervisor's reservations, before this worker serves any host
+        from .worker_resv import attach_worker
+        try:
+            attach_worker(server.target, ops.control, resv_store, worker)
+        except BaseException:
+            ops.close()
+            server.close()
+            raise
     if member is not None:
         ops.control.group = member
         if ops.metrics is not None:
@@ -416,7 +425,7 @@ def _cmd_serve(args) -> int:
                  listen_portids=args.listen_port, path_groups=args.path_group,
                  rpc_socket=None if args.no_rpc_socket else (args.rpc_socket or ""), metrics=args.metrics,
                  persist=args.persist, data_path=args.data_path, poll=args.poll, cores=args.cores,
-                 trace=args.trace, poll_spin_us=args.poll_spin_us, cpus=args.cpus)
+                 trace=args.trace, poll_spin_us=args.poll_spin_us, cpus=args.cpus, resv_store=args.resv_store)
 
 
 def register_serve(commands) -> None:

@@ -14,6 +14,8 @@ namespaces in one shared file) and its control socket answers from every worker 
   workers' configs from CONFIG, checks them on every worker (dry run) and then applies them on every worker,
   answering only when all have; `--metrics` serves every worker's figures with a `worker` label (each worker
   hands its own over its socket, RUN_DIR/worker-I.sock);
+- NVMe reservations are kept by the supervisor for every worker (worker_resv.py: RUN_DIR/reservations.sock,
+  each change in force on every worker before it is answered);
 - under systemd (Type=notify) the supervisor alone notifies: READY=1 once every worker listens, RELOADING=1
   and READY=1 around a reload, STOPPING=1; the workers do not see $NOTIFY_SOCKET.
 
@@ -44,6 +46,8 @@ from ..securefile import write_file
 from ..tunables import RESOURCE_LIMITS, WORKERS
 from . import run_dir as run_directory
 from .sdnotify import notify
+from .worker_resv import SOCKET as RESV_SOCKET
+from .worker_resv import BoardServer, ReservationBoard, refuse_kept_reservations, reservation_keys
 from .worker_configs import config_from_worker, config_workers, create_shared_files, worker_configs
 
 log = logging.getLogger(__name__)
@@ -68,6 +72,7 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--worker-index", type=int, help=argparse.SUPPRESS)
     p.add_argument("--listen-port", type=int, action="append", help=argparse.SUPPRESS)
     p.add_argument("--path-group", action="append", help=argparse.SUPPRESS)
+    p.add_argument("--resv-store", help=argparse.SUPPRESS)  # the supervisor's reservation store (worker_resv.py)
 
 
 def workers_requested(args) -> Optional[int]:
@@ -119,6 +124,11 @@ class Supervisor:
         self.stopping = False
         self.reload_pending = False
         self.shm_files: List[str] = []
+        # The workers' reservations: kept here, every change in force on every worker before it is answered
+        refuse_kept_reservations(config_path)
+        self.resv = ReservationBoard(self._call_worker_within, self._fence)
+        self.resv_socket = os.path.join(run_dir, RESV_SOCKET)
+        self.resv_server: Optional[BoardServer] = None
         self.control = SupervisorControl(n, self.call_worker, self.reload, self.metrics_text, self._keep_running,
                                          lambda: {"config": self.config_path, "socket": self.rpc_socket or ""},
                                          self._save_change)
@@ -127,7 +137,6 @@ class Supervisor:
 
     def _derive(self, config: TargetConfig) -> List[dict]:
         """Each worker's config from `config`, each checked as the worker will load it."""
-        refuse_reservations(config)
         try:
             configs, self.listen, self.groups = worker_configs(config, self.n, self.run_dir)
         except ValueError as exc:
@@ -140,10 +149,34 @@ class Supervisor:
     def call_worker(self, i: int, method: str, params: Any = None) -> Any:
         return rpc_call(self.sockets[i], method, params, timeout=WORKER_RPC_TIMEOUT)
 
-    def _keep_running(self, i: int) -> None:
-        """After a live change: worker i's running config becomes what it starts from if it dies."""
+    def _call_worker_within(self, i: int, method: str, params: Any, timeout: float) -> Any:
+        return rpc_call(self.sockets[i], method, params, timeout=timeout)
+
+    def _fence(self, i: int, timeout: float) -> bool:
+        """Kill worker i (it did not take a reservation change): True once it is gone.  The watch restarts it."""
+        proc = self.procs[i]
+        if proc is None:
+            return True
+        proc.kill()
         try:
-            _write_json(self.paths[i], self.call_worker(i, "save_config"))
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log.error("worker %d (pid %d) killed but not gone after %.1f s", i, proc.pid, timeout)
+            return False
+        return True
+
+    def serve_reservations(self) -> None:
+        """The workers' reservation store on RUN_DIR/reservations.sock (threads of its own)."""
+        self.resv_server = BoardServer(self.resv, self.resv_socket)
+
+    def _keep_running(self, i: int) -> None:
+        """After a live change: worker i's running config becomes what it starts from if it dies; the
+        reservation records of namespaces gone (or without reservations now) are forgotten."""
+        try:
+            running = self.call_worker(i, "save_config")
+            if i == 0:
+                self.resv.keep_only(reservation_keys(running))
+            _write_json(self.paths[i], running)
         except (RpcError, NvmeofError, OSError) as exc:
             log.warning("worker %d: could not keep its running config for a restart: %s", i, exc)
 
@@ -215,9 +248,12 @@ class Supervisor:
             for p in pending:
                 if os.path.exists(p):
                     os.unlink(p)
+        changes = answers[0]["changes"] if answers else []
         if not dry_run:
             self.config, self.config_path = new, path
-        changes = answers[0]["changes"] if answers else []
+            renewed = {(c.get("nqn"), c.get("nsid")) for c in changes
+                       if c.get("action") in ("add-namespace", "remove-namespace", "replace-namespace")}
+            self.resv.keep_only(reservation_keys(new.to_dict()), renewed)
         return {"config": path, "dry_run": dry_run, "applied": not dry_run, "changes": changes,
                 "workers": [{"worker": i, "changes": len(a["changes"])} for i, a in enumerate(answers)]}
 
@@ -247,7 +283,8 @@ class Supervisor:
     def _spawn(self, i: int) -> None:
         cmd = [sys.executable, "-m", "nvmeof_roce"] + ["-v"] * self.verbose + [
             "target", "serve", self.paths[i], "--worker-index", str(i),
-            "--ready-file", self._ready(i), "--rpc-socket", self.sockets[i]] + self.worker_args
+            "--ready-file", self._ready(i), "--rpc-socket", self.sockets[i],
+            "--resv-store", self.resv_socket] + self.worker_args
         for portid in self.listen[i]:
             cmd += ["--listen-port", str(portid)]
         for group in self.groups:
@@ -291,6 +328,7 @@ class Supervisor:
         selector = selectors.DefaultSelector()
         try:
             self.shm_files = create_shared_files(self.config, self.run_dir)
+            self.serve_reservations()
             for i in range(self.n):
                 self._spawn(i)
             self._wait_ready()
@@ -323,6 +361,8 @@ class Supervisor:
             if control is not None:
                 _close_socket(control.sock, self.rpc_socket)
             self._stop_all()
+            if self.resv_server is not None:
+                self.resv_server.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             for path in self.shm_files:
@@ -376,6 +416,7 @@ class Supervisor:
                 if now - self.started_at[i] > 30:
                     self.delay[i] = RESTART_DELAY  # ran a while: the next crash restarts quickly again
                 continue
+            self.resv.detach(i)
             log.error("worker %d (pid %d) exited with %s; restarting in %.1f s", i, proc.pid,
                       f"signal {-code}" if code < 0 else code, self.delay[i])
             notify(f"STATUS=worker {i} exited with {code}; restarting")
@@ -394,20 +435,6 @@ class Supervisor:
                 log.error("worker pid %d did not stop in %.0f s: killing it", proc.pid, STOP_TIMEOUT)
                 proc.kill()
                 proc.wait()
-
-
-def refuse_reservations(config: TargetConfig) -> None:
-    """Reservations are refused under --workers (docs/reservations.md): each worker would keep its own state, so a
-    host fenced through one worker's port could still write through another's."""
-    for i, s in enumerate(config.subsystems):
-        for j, n in enumerate(s.namespaces):
-            if n.resv_enabled:
-                raise ConfigError(config.source, f"subsystems[{i}].namespaces[{j}].resv.enable",
-                                  f"{s.nqn} namespace {n.nsid}: reservations under serve --workers: each worker "
-                                  "process would keep its own reservation state, and a host fenced through one "
-                                  "worker could still write through another",
-                                  "serve this config in one process (without --workers), or disable reservations "
-                                  "on the namespace")
 
 
 def _write_json(path: str, data: dict) -> None:

@@ -481,18 +481,3 @@ def test_target_status_shows_the_reservation(env, hosts):
     assert ns[0]["reservation"]["type"] == "exclusive-access-registrants-only"
     assert ns[0]["reservation"]["holder"] == ID_B.replace("-", "")
     assert ns[1]["reservation"] is None
-
-
-def test_serve_workers_refuses_reservations_with_the_reason(tmp_path, monkeypatch):
-    from nvmeof_roce.service import worker_configs as wc
-    from nvmeof_roce.service import workers
-    monkeypatch.setattr(wc, "SHM_DIR", str(tmp_path))
-    path = tmp_path / "c.json"
-    path.write_text(json.dumps(config()))
-    with pytest.raises(ConfigError) as ei:
-        workers.Supervisor(str(path), 2, cpus=None, run_dir=str(tmp_path / "run"), ready_file=None, worker_args=[])
-    assert ei.value.where == "subsystems[0].namespaces[0].resv.enable"
-    assert "each worker process would keep its own reservation state" in ei.value.problem
-    assert "without --workers" in ei.value.fix
-    path.write_text(json.dumps(config(resv=False)))
-    workers.Supervisor(str(path), 2, cpus=None, run_dir=str(tmp_path / "run2"), ready_file=None, worker_args=[])
