@@ -34,9 +34,16 @@ def cluster():
     if missing:
         pytest.skip(f"this lab image has no Ceph ({', '.join(missing)}): rebuild it (nvmeof-roce lab build --force)")
     c = DevCluster(Path("/run/nvmeof-roce/ceph-test"), memstore_bytes=1 << 30)
+    before = os.environ.get("CEPH_CONF")
     with c:
         os.environ["CEPH_CONF"] = str(c.conf)  # fio's rbd engine and librados find the cluster by it
-        yield c
+        try:
+            yield c
+        finally:  # a later module (test_rbd_bench.py) must not take this stopped cluster for `lab run --ceph`'s
+            if before is None:
+                os.environ.pop("CEPH_CONF", None)
+            else:
+                os.environ["CEPH_CONF"] = before
 
 
 def rbd_namespace(nsid, cluster, image, native=True):
