@@ -54,6 +54,9 @@ SHARED_CHANGES = frozenset({
     "nvmf_subsystem_remove_host", "nvmf_subsystem_set_keys", "nvmeof_set_host_keys", "nvmeof_ns_set_reservation"})
 
 
+EXPIRY_RECHECK = 0.25  # seconds: the keeper's pass after another gateway's lease expiry, and again while it holds
+
+
 class GroupMemberError(NvmeofError):
     pass
 
@@ -292,6 +295,7 @@ class GroupMember:
         self._handing_back: Set[int] = set()
         # other gateways' leases as the keeper last read them: grpid -> (ceph.group.Locker or None, wall time)
         self.holders: Dict[int, Tuple[Any, float]] = {}
+        self._expiries: List[float] = []  # another gateway's leases' expiries the keeper's last pass read
         self.read_at: Optional[float] = None  # wall time of the keeper's last pass that read the group's state
         self.read_error: Optional[str] = None  # what the last pass that failed said (None: the last one worked)
         self._stop = threading.Event()
@@ -474,8 +478,7 @@ class GroupMember:
 
     # ---------------------------------------------------------------------------------------- the keeper
     def _keep(self) -> None:
-        interval = self._interval()
-        while not self._stop.wait(interval):
+        while not self._stop.wait(self._next_pass()):
             try:
                 self._keep_once()
                 self.read_error = None
@@ -503,6 +506,7 @@ class GroupMember:
                 except g.GroupError as exc:  # a timeout: the deadline stands, the loop stops serving at it
                     log.warning("gateway group %s: ANA group %d: renew: %s", s.name, grpid, exc.message)
         snapshot = self.snapshot = self._state()
+        self._expiries = []
         for grpid, ana in sorted(snapshot.ana_groups.items()):
             lease = self.lease(grpid)
             request = snapshot.failbacks.get(grpid)
@@ -533,6 +537,8 @@ class GroupMember:
                 # owner's clients, then take the group
                 holder = lease.holder()
                 self.holders[grpid] = (holder, self.wall())
+                if holder is not None:
+                    self._expiries.append(holder.expires)
                 if holder is None:
                     self._take(grpid, lambda: g.fail_over(self.store, lease, now=self.wall), "took over",
                                previous=ana.owner.gateway)
@@ -558,6 +564,16 @@ class GroupMember:
 
     def _interval(self) -> float:
         return max(0.2, self.settings.lease / 6)
+
+    def _next_pass(self) -> float:
+        """Seconds to the keeper's next pass: lease/6, or sooner, just after the earliest expiry of another
+        gateway's lease it read (a dead owner's group is taken that much sooner: up to lease/6 of a failover's
+        gap).  The expiry is the OSD's wall clock: a clock of ours behind it makes the pass early and the lock still
+        held, and the passes then come every EXPIRY_RECHECK seconds until it is not."""
+        interval = self._interval()
+        if not self._expiries:
+            return interval
+        return min(interval, max(EXPIRY_RECHECK, min(self._expiries) - self.wall() + EXPIRY_RECHECK))
 
     def _take(self, grpid: int, take: Callable[[], Any], what: str, previous: str = "") -> None:
         g = _group()

@@ -100,6 +100,32 @@ def test_a_gateway_that_stops_renewing_stops_serving_before_the_survivor_fences_
         a.close()
 
 
+def test_the_keeper_passes_just_after_another_gateways_lease_expires_not_a_whole_interval_later(cluster):
+    """The keeper's pass is every lease/6, or sooner: just after the earliest expiry of another gateway's lease
+    its last pass read (a dead owner's group is taken up to lease/6 sooner), never more often than every
+    EXPIRY_RECHECK seconds (an OSD clock ahead of ours: the lock still held at the pass)."""
+    from nvmeof_roce.service.group import EXPIRY_RECHECK
+    a = Gateway(cluster, "g6", "gw-a", [2], ADDR1, seed=seed())
+    b = Gateway(cluster, "g6", "gw-b", [3], ADDR2)
+    try:
+        run([a, b], lambda: b.state(3) == "optimized" and a.state(2) == "optimized", what="both serving")
+        m = a.member
+        interval = m._interval()
+        run([a, b], lambda: m._expiries, what="A's keeper reading B's lease")  # B's lease, renewed: in the future
+        held = b.member.lease(3).holder().expires
+        assert any(abs(e - held) < LEASE for e in m._expiries), (m._expiries, held)
+        soon = interval - EXPIRY_RECHECK - 0.1  # expires before the next regular pass
+        m._expiries = [m.wall() + soon]
+        assert soon <= m._next_pass() <= soon + EXPIRY_RECHECK + 0.05 < interval
+        m._expiries = [m.wall() - 5]  # expired by the OSD's clock, held still at the last read
+        assert m._next_pass() == EXPIRY_RECHECK
+        m._expiries = [m.wall() + 10 * LEASE]
+        assert m._next_pass() == interval
+    finally:
+        b.close()
+        a.close()
+
+
 def test_failback_moves_the_group_home_when_the_admin_asks(cluster):
     a = Gateway(cluster, "g3", "gw-a", [2], ADDR1, seed=seed())
     b = Gateway(cluster, "g3", "gw-b", [3], ADDR2)
