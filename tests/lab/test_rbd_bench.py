@@ -30,7 +30,9 @@ def ceph_conf():
     missing = devcluster.missing_tools()
     if missing:
         pytest.skip(f"this lab image has no Ceph ({', '.join(missing)}): rebuild it (nvmeof-roce lab build --force)")
-    with DevCluster(Path("/run/nvmeof-roce/ceph-bench"), port=0, memstore_bytes=1 << 30) as c:
+    # the monitor's default port: krbd (kernel-krbd's `rbd map`) takes a bare monitor address for msgr v1 only
+    # there ("failed to get mon address" on any other port)
+    with DevCluster(Path("/run/nvmeof-roce/ceph-bench"), memstore_bytes=1 << 30) as c:
         yield str(c.conf)
 
 
