@@ -11,7 +11,7 @@ import os
 import re
 import uuid as uuidlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
 from ..errors import NvmeofError
 from ..nvme.command import NSID_MAX  # the schema's limit, for the loader and the config's users
@@ -305,9 +305,7 @@ class NamespaceConfig:
 
     @property
     def resv_enabled(self) -> bool:
-        """nvmet's resv_enable, which nvmetcli saves as "resv": {"enable": "1"}: reservations on the namespace."""
-        group = self.raw.get("resv")
-        return isinstance(group, dict) and parse_flag(group.get("enable", 0)) is True
+        return resv_enabled_in(self.raw)
 
     def to_dict(self) -> dict:
         d = copy.deepcopy(self.raw)
@@ -369,6 +367,19 @@ class SubsystemConfig:
         if self.userspace:
             d[USERSPACE_KEY] = copy.deepcopy(self.userspace)
         return d
+
+
+def resv_enabled_in(section: dict) -> bool:
+    """nvmet's resv_enable in a namespace's section, which nvmetcli saves as "resv": {"enable": "1"}: reservations
+    on the namespace."""
+    group = section.get("resv")
+    return isinstance(group, dict) and parse_flag(group.get("enable", 0)) is True
+
+
+def reserving_namespaces(data: dict) -> Set[Tuple[str, int]]:
+    """(subsystem NQN, NSID) of every namespace with reservations on in a config (as a dict)."""
+    return {(sub.get("nqn"), int(ns["nsid"])) for sub in data.get("subsystems") or ()
+            for ns in sub.get("namespaces") or () if "nsid" in ns and resv_enabled_in(ns)}
 
 
 def parse_cpus(text: str) -> List[int]:

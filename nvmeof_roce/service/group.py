@@ -32,7 +32,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ..ceph.group.errors import errno_of
 from ..config.group import GroupSettings
-from ..config.model import parse_flag
+from ..config.model import reserving_namespaces
 from ..engine.shared_resv import StoreError
 from ..errors import NvmeofError
 
@@ -95,20 +95,6 @@ def shared_sections(running: dict) -> dict:
     return sections
 
 
-def namespaces_of(config: dict, reserving: bool = False) -> Set[Tuple[str, int]]:
-    """(subsystem NQN, NSID) of every namespace of a config's (or the group's) subsystems (`reserving`: of those
-    with reservations on)."""
-    return {(sub.get("nqn"), int(ns["nsid"])) for sub in config.get("subsystems", []) or []
-            for ns in sub.get("namespaces", []) or []
-            if "nsid" in ns and (not reserving or reservations_on(ns))}
-
-
-def reservations_on(ns: dict) -> bool:
-    """A namespace section's "resv": {"enable": ...} (config/model.py resv_enabled)."""
-    resv = ns.get("resv")
-    return isinstance(resv, dict) and parse_flag(resv.get("enable", 0)) is True
-
-
 def stale_reservations(before, state) -> Set[Tuple[str, int]]:
     """The reservation records a change by RPC removes with its config (`before`: the group's state when the
     change began, under the config lock; `state`: the update's, the change's config in it): the record of each
@@ -117,7 +103,7 @@ def stale_reservations(before, state) -> Set[Tuple[str, int]]:
     change adds (or turns reservations on for) that was there, unchanged, before it (left by a registration that
     met the removal on another gateway).  A record written since the change began (a host registering with the
     new namespace already) is kept."""
-    now, earlier = namespaces_of(state.config, reserving=True), namespaces_of(before.config, reserving=True)
+    now, earlier = reserving_namespaces(state.config), reserving_namespaces(before.config)
     return {key for key, raw in state.reservation_values.items()
             if key not in now or (key not in earlier and before.reservation_values.get(key) == raw)}
 

@@ -41,7 +41,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from ..config.model import parse_flag
 from ..control.client import call as rpc_call
 from ..control.fanout import WORKER_RESV_PUSH, answer_connection
 from ..control.protocol import RpcError
@@ -266,13 +265,6 @@ class ReservationBoard:
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
-
-
-def reservation_keys(config_dict: dict) -> Set[Key]:
-    """The (nqn, nsid) of every namespace with reservations in a config (as a dict)."""
-    return {(s["nqn"], int(n["nsid"])) for s in config_dict.get("subsystems") or ()
-            for n in s.get("namespaces") or () if isinstance(n.get("resv"), dict)
-            and parse_flag(n["resv"].get("enable", 0)) is True}
 
 
 class BoardServer:

@@ -36,6 +36,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from ..config import USERSPACE_KEY, ConfigError, TargetConfig, load_userspace_config, parse_config, parse_cpus
+from ..config.model import reserving_namespaces
 from ..control.client import call as rpc_call
 from ..control.fanout import ControlSocket, SupervisorControl
 from ..control.protocol import RpcError
@@ -47,7 +48,7 @@ from ..tunables import RESOURCE_LIMITS, WORKERS
 from . import run_dir as run_directory
 from .sdnotify import notify
 from .worker_resv import SOCKET as RESV_SOCKET
-from .worker_resv import BoardServer, ReservationBoard, refuse_kept_reservations, reservation_keys
+from .worker_resv import BoardServer, ReservationBoard, refuse_kept_reservations
 from .worker_configs import config_from_worker, config_workers, create_shared_files, worker_configs
 
 log = logging.getLogger(__name__)
@@ -175,7 +176,7 @@ class Supervisor:
         try:
             running = self.call_worker(i, "save_config")
             if i == 0:
-                self.resv.keep_only(reservation_keys(running))
+                self.resv.keep_only(reserving_namespaces(running))
             _write_json(self.paths[i], running)
         except (RpcError, NvmeofError, OSError) as exc:
             log.warning("worker %d: could not keep its running config for a restart: %s", i, exc)
@@ -253,7 +254,7 @@ class Supervisor:
             self.config, self.config_path = new, path
             renewed = {(c.get("nqn"), c.get("nsid")) for c in changes
                        if c.get("action") in ("add-namespace", "remove-namespace", "replace-namespace")}
-            self.resv.keep_only(reservation_keys(new.to_dict()), renewed)
+            self.resv.keep_only(reserving_namespaces(new.to_dict()), renewed)
         return {"config": path, "dry_run": dry_run, "applied": not dry_run, "changes": changes,
                 "workers": [{"worker": i, "changes": len(a["changes"])} for i, a in enumerate(answers)]}
 
