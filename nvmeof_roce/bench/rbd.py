@@ -231,9 +231,19 @@ class RbdTarget:
     """What the three rbd targets share: the image, and the Ceph daemons sampled beside them."""
 
     image: BenchImage
+    _acquired = False  # this target holds the image (BenchImage.acquire) and gives it back once
 
     def side_processes(self) -> Dict[str, int]:
         return ceph_pids(self.image.spec.conf)
+
+    def _acquire_image(self) -> None:
+        self.image.acquire()
+        self._acquired = True
+
+    def _release_image(self) -> None:
+        if self._acquired:
+            self._acquired = False
+            self.image.release()
 
 
 class RbdUserspaceTarget(RbdTarget, UserspaceTarget):
@@ -258,7 +268,6 @@ class RbdUserspaceTarget(RbdTarget, UserspaceTarget):
         self.image = image
         self.rbd_path = rbd_path
         self.kind += f", rbd namespace {image.spec.spec} (librbd, the {rbd_path} RBD path)"
-        self._acquired = False
 
     def describe(self) -> dict:
         d = super().describe()
@@ -276,8 +285,7 @@ class RbdUserspaceTarget(RbdTarget, UserspaceTarget):
         return served_by(status, self.subnqn)
 
     def setup(self) -> None:
-        self.image.acquire()
-        self._acquired = True
+        self._acquire_image()
         try:
             self.work_dir.mkdir(parents=True, exist_ok=True)
             self.config_path = self.work_dir / f"{self.name}-target.json"
@@ -292,17 +300,14 @@ class RbdUserspaceTarget(RbdTarget, UserspaceTarget):
             self.ready_timeout = max(self.ready_timeout, 180.0)  # the image opens before the target listens
             super().setup()
         except BaseException:
-            self._acquired = False
-            self.image.release()
+            self._release_image()
             raise
 
     def teardown(self) -> None:
         try:
             super().teardown()
         finally:
-            if self._acquired:
-                self._acquired = False
-                self.image.release()
+            self._release_image()
 
 
 class KrbdNvmetTarget(RbdTarget, KernelNvmetTarget):
@@ -315,7 +320,6 @@ class KrbdNvmetTarget(RbdTarget, KernelNvmetTarget):
         self.image = image
         self.kind = f"kernel nvmet-{fabric.trtype} (configfs) on krbd"
         self.mapped: Optional[str] = None
-        self._acquired = False
 
     def describe(self) -> dict:
         d = super().describe()
@@ -328,8 +332,7 @@ class KrbdNvmetTarget(RbdTarget, KernelNvmetTarget):
         super().check()
 
     def setup(self) -> None:
-        self.image.acquire()
-        self._acquired = True
+        self._acquire_image()
         self.mapped = self.image.tool.map(self.image.spec.settings)  # or the device it is mapped at already
         self._export = kernel_glue.NvmetExport(nqn=self.subnqn, device_path=self.mapped, traddr=self.traddr,
                                                trsvcid=self.trsvcid, trtype=self.fabric.trtype)
@@ -344,9 +347,7 @@ class KrbdNvmetTarget(RbdTarget, KernelNvmetTarget):
                 if mapped:
                     self.image.tool.unmap(mapped)
             finally:
-                if self._acquired:
-                    self._acquired = False
-                    self.image.release()
+                self._release_image()
 
 
 class FioRbdTarget(RbdTarget, TargetUnderTest):
@@ -358,7 +359,6 @@ class FioRbdTarget(RbdTarget, TargetUnderTest):
     def __init__(self, image: BenchImage):
         super().__init__("-", 0, name=FIO)
         self.image = image
-        self._acquired = False
 
     def describe(self) -> dict:
         return {"kind": self.kind, "fabric": "none", "traddr": "", "trsvcid": "", "subnqn": "",
@@ -368,13 +368,10 @@ class FioRbdTarget(RbdTarget, TargetUnderTest):
         self.image.check()
 
     def setup(self) -> None:
-        self.image.acquire()
-        self._acquired = True
+        self._acquire_image()
 
     def teardown(self) -> None:
-        if self._acquired:
-            self._acquired = False
-            self.image.release()
+        self._release_image()
 
     def direct_job(self, job: FioJobFile, directory: Path) -> FioJobFile:
         return rbd_engine_job(job, self.image.spec, directory)
