@@ -118,6 +118,22 @@ def hosts(w):
     return a, b
 
 
+def a_holds_with_a_write_held(w, a, b, i):
+    """Host A (its queue on worker i) holds the file namespace Write Exclusive, host B is registered, and A has a
+    Write held on worker i's device: what a preempt through the other worker meets.  Each change is made with the
+    other worker's loop run, for it takes the change before the answer."""
+    with serving(w.envs[1 - i]):
+        a.resv_register(NS_FILE, nrkey=K1)
+        a.resv_acquire(NS_FILE, R.WRITE_EXCLUSIVE, K1)
+    with serving(w.envs[i]):
+        b.resv_register(NS_FILE, nrkey=K2)
+    device = hold(w.envs[i].target, SUB, NS_FILE, "write")
+    written = []
+    a.submit_write(NS_FILE, 0, b"1" * 4096, written.append)
+    until([w.envs[i]], lambda: device.running >= 1, f"A's Write on worker {i}'s device")
+    return device, written
+
+
 def conflict(write):
     with pytest.raises(NvmeStatusError) as refused:
         write()
@@ -152,15 +168,7 @@ def test_a_preempt_is_in_force_on_every_worker_before_it_is_answered(w):
     fenced (A's Write from before gone).  The device is released once worker 0 has the new state: had the
     supervisor answered before its push, worker 0 would still have A as the holder at the answer."""
     a, b = hosts(w)
-    with serving(w.envs[1]):
-        a.resv_register(NS_FILE, nrkey=K1)
-        a.resv_acquire(NS_FILE, R.WRITE_EXCLUSIVE, K1)
-    with serving(w.envs[0]):
-        b.resv_register(NS_FILE, nrkey=K2)
-    device = hold(w.envs[0].target, SUB, NS_FILE, "write")
-    written = []
-    a.submit_write(NS_FILE, 0, b"1" * 4096, written.append)
-    until([w.envs[0]], lambda: device.running >= 1, "A's Write on worker 0's device")
+    device, written = a_holds_with_a_write_held(w, a, b, 0)
     released = []
 
     def release_once_restored():  # the push reached worker 0: its fence waits for the Write
@@ -265,15 +273,7 @@ def test_a_change_not_in_force_on_a_worker_in_time_is_answered_not_ready(w):
     serving."""
     b = w.envs[0].connect(SUB, W0, hostnqn=HOST_B, hostid=ID2, num_io_queues=1)
     a = w.envs[1].connect(SUB, W1, hostnqn=HOST_A, hostid=ID1, num_io_queues=1)
-    with serving(w.envs[0]):
-        a.resv_register(NS_FILE, nrkey=K1)
-        a.resv_acquire(NS_FILE, R.WRITE_EXCLUSIVE, K1)
-    with serving(w.envs[1]):
-        b.resv_register(NS_FILE, nrkey=K2)
-    device = hold(w.envs[1].target, SUB, NS_FILE, "write")
-    written = []
-    a.submit_write(NS_FILE, 0, b"1" * 4096, written.append)
-    until([w.envs[1]], lambda: device.running >= 1, "A's Write on worker 1's device")
+    device, written = a_holds_with_a_write_held(w, a, b, 1)
     with serving(w.envs[1]):
         with pytest.raises(NvmeStatusError) as failed:
             b.resv_acquire(NS_FILE, R.WRITE_EXCLUSIVE, K2, action=R.PREEMPT, prkey=K1)
